@@ -1,0 +1,1 @@
+//! The narrow Backend trait. Pending.

@@ -1,0 +1,1 @@
+//! Chat templates rendered with minijinja, sandboxed and size-limited. Pending.

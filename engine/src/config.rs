@@ -1,0 +1,299 @@
+//! ModelConfig: the shape and hyper-parameters of a model, from GGUF metadata or config.json.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::formats::gguf::Gguf;
+
+/// Supported architectures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    Llama,
+    Qwen2,
+    Qwen3,
+}
+
+impl Arch {
+    /// The GGUF `general.architecture` name.
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+
+    pub fn from_gguf_name(s: &str) -> Result<Arch> {
+        match s {
+            "llama" => Ok(Arch::Llama),
+            "qwen2" => Ok(Arch::Qwen2),
+            "qwen3" => Ok(Arch::Qwen3),
+            other => Err(Error::Unsupported(format!(
+                "architecture `{other}` (supported: llama, qwen2, qwen3)"
+            ))),
+        }
+    }
+
+    /// The HF `architectures[0]` class name.
+    pub fn hf_class(self) -> &'static str {
+        match self {
+            Arch::Llama => "LlamaForCausalLM",
+            Arch::Qwen2 => "Qwen2ForCausalLM",
+            Arch::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+
+    pub fn from_hf_class(s: &str) -> Result<Arch> {
+        match s {
+            "LlamaForCausalLM" => Ok(Arch::Llama),
+            "Qwen2ForCausalLM" => Ok(Arch::Qwen2),
+            "Qwen3ForCausalLM" => Ok(Arch::Qwen3),
+            other => Err(Error::Unsupported(format!(
+                "architecture `{other}` (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)"
+            ))),
+        }
+    }
+
+    /// Attention projections carry a bias (qwen2).
+    pub fn qkv_bias(self) -> bool {
+        matches!(self, Arch::Qwen2)
+    }
+
+    /// Per-head RMSNorm of q and k before RoPE (qwen3).
+    pub fn qk_norm(self) -> bool {
+        matches!(self, Arch::Qwen3)
+    }
+}
+
+/// Llama 3 style RoPE frequency scaling.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Llama3RopeScaling {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub original_max_position_embeddings: u32,
+}
+
+/// The model's shape and hyper-parameters, shared by every format and backend.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub n_layers: usize,
+    pub hidden: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub ffn: usize,
+    pub vocab: usize,
+    pub rope_theta: f32,
+    pub rope_scaling: Option<Llama3RopeScaling>,
+    pub rms_eps: f32,
+    pub max_ctx: usize,
+    pub tie_embeddings: bool,
+}
+
+impl ModelConfig {
+    /// Checks the values are usable (non-zero, divisible, bounded).
+    pub fn validate(&self) -> Result<()> {
+        let c = self;
+        let nz = [
+            ("n_layers", c.n_layers),
+            ("hidden", c.hidden),
+            ("n_heads", c.n_heads),
+            ("n_kv_heads", c.n_kv_heads),
+            ("head_dim", c.head_dim),
+            ("ffn", c.ffn),
+            ("vocab", c.vocab),
+            ("max_ctx", c.max_ctx),
+        ];
+        for (name, v) in nz {
+            if v == 0 {
+                return Err(Error::Config(format!("{name} is 0")));
+            }
+            if v > (1 << 24) {
+                return Err(Error::Config(format!("{name} = {v} is implausibly large")));
+            }
+        }
+        if c.n_heads % c.n_kv_heads != 0 {
+            return Err(Error::Config(format!(
+                "n_heads {} is not a multiple of n_kv_heads {}",
+                c.n_heads, c.n_kv_heads
+            )));
+        }
+        if c.head_dim % 2 != 0 {
+            return Err(Error::Config(format!("head_dim {} is odd", c.head_dim)));
+        }
+        if !(c.rope_theta.is_finite() && c.rope_theta > 0.0) {
+            return Err(Error::Config(format!("rope theta {} is invalid", c.rope_theta)));
+        }
+        if !(c.rms_eps.is_finite() && c.rms_eps > 0.0) {
+            return Err(Error::Config(format!("rms eps {} is invalid", c.rms_eps)));
+        }
+        Ok(())
+    }
+
+    /// Reads the config from GGUF metadata (`{arch}.block_count`, ...).
+    pub fn from_gguf(g: &Gguf) -> Result<ModelConfig> {
+        let arch_name = g
+            .get("general.architecture")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| Error::Config("GGUF has no general.architecture".into()))?;
+        let arch = Arch::from_gguf_name(arch_name)?;
+        let a = arch.gguf_name();
+        let uint = |key: &str| -> Result<usize> {
+            let k = format!("{a}.{key}");
+            g.get(&k)
+                .and_then(|v| v.as_u64())
+                .map(|v| v as usize)
+                .ok_or_else(|| Error::Config(format!("GGUF metadata `{k}` is missing or not an integer")))
+        };
+        let float = |key: &str| -> Option<f32> {
+            g.get(&format!("{a}.{key}")).and_then(|v| v.as_f64()).map(|v| v as f32)
+        };
+        let hidden = uint("embedding_length")?;
+        let n_heads = uint("attention.head_count")?;
+        let n_kv_heads = uint("attention.head_count_kv").unwrap_or(n_heads);
+        let head_dim = match uint("attention.key_length") {
+            Ok(v) => v,
+            Err(_) if n_heads > 0 => hidden / n_heads,
+            Err(e) => return Err(e),
+        };
+        let token_embd = g.tensor_info("token_embd.weight");
+        let vocab = match g.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()) {
+            Some(t) => t.len(),
+            None => token_embd
+                .and_then(|t| t.dims.get(1).copied())
+                .ok_or_else(|| Error::Config("cannot determine the vocabulary size".into()))?
+                as usize,
+        };
+        let vocab = token_embd
+            .and_then(|t| t.dims.get(1).copied())
+            .map(|v| v as usize)
+            .unwrap_or(vocab);
+        let rope_scaling = match g
+            .get(&format!("{a}.rope.scaling.type"))
+            .and_then(|v| v.as_str())
+        {
+            Some("llama3") => Some(Llama3RopeScaling {
+                factor: float("rope.scaling.factor").unwrap_or(8.0),
+                low_freq_factor: float("rope.scaling.low_freq_factor").unwrap_or(1.0),
+                high_freq_factor: float("rope.scaling.high_freq_factor").unwrap_or(4.0),
+                original_max_position_embeddings: uint("rope.scaling.original_context_length")
+                    .unwrap_or(8192) as u32,
+            }),
+            _ => None,
+        };
+        let cfg = ModelConfig {
+            arch,
+            n_layers: uint("block_count")?,
+            hidden,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ffn: uint("feed_forward_length")?,
+            vocab,
+            rope_theta: float("rope.freq_base").unwrap_or(10000.0),
+            rope_scaling,
+            rms_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+            max_ctx: uint("context_length").unwrap_or(2048),
+            tie_embeddings: g.tensor_info("output.weight").is_none(),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads the config from an HF `config.json` value.
+    pub fn from_hf_json(v: &serde_json::Value) -> Result<ModelConfig> {
+        let class = v
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(|a| a.as_str())
+            .ok_or_else(|| Error::Config("config.json has no `architectures`".into()))?;
+        let arch = Arch::from_hf_class(class)?;
+        let uint = |key: &str| -> Result<usize> {
+            v.get(key)
+                .and_then(|x| x.as_u64())
+                .map(|x| x as usize)
+                .ok_or_else(|| Error::Config(format!("config.json `{key}` is missing or not an integer")))
+        };
+        let float = |key: &str| v.get(key).and_then(|x| x.as_f64()).map(|x| x as f32);
+        let hidden = uint("hidden_size")?;
+        let n_heads = uint("num_attention_heads")?;
+        let rope_scaling = match v.get("rope_scaling") {
+            Some(rs) if rs.get("rope_type").or_else(|| rs.get("type")).and_then(|t| t.as_str()) == Some("llama3") => {
+                let f = |k: &str, d: f64| rs.get(k).and_then(|x| x.as_f64()).unwrap_or(d) as f32;
+                Some(Llama3RopeScaling {
+                    factor: f("factor", 8.0),
+                    low_freq_factor: f("low_freq_factor", 1.0),
+                    high_freq_factor: f("high_freq_factor", 4.0),
+                    original_max_position_embeddings: rs
+                        .get("original_max_position_embeddings")
+                        .and_then(|x| x.as_u64())
+                        .unwrap_or(8192) as u32,
+                })
+            }
+            _ => None,
+        };
+        let cfg = ModelConfig {
+            arch,
+            n_layers: uint("num_hidden_layers")?,
+            hidden,
+            n_heads,
+            n_kv_heads: uint("num_key_value_heads").unwrap_or(n_heads),
+            head_dim: uint("head_dim").unwrap_or(hidden / n_heads.max(1)),
+            ffn: uint("intermediate_size")?,
+            vocab: uint("vocab_size")?,
+            rope_theta: float("rope_theta").unwrap_or(10000.0),
+            rope_scaling,
+            rms_eps: float("rms_norm_eps").unwrap_or(1e-6),
+            max_ctx: uint("max_position_embeddings").unwrap_or(2048),
+            tie_embeddings: v
+                .get("tie_word_embeddings")
+                .and_then(|x| x.as_bool())
+                .unwrap_or(false),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The HF `config.json` value for this config (used by conversions).
+    pub fn to_hf_json(&self, bos: Option<u32>, eos: Option<u32>) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "architectures": [self.arch.hf_class()],
+            "model_type": self.arch.gguf_name(),
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.n_layers,
+            "num_attention_heads": self.n_heads,
+            "num_key_value_heads": self.n_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.ffn,
+            "vocab_size": self.vocab,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_eps,
+            "max_position_embeddings": self.max_ctx,
+            "tie_word_embeddings": self.tie_embeddings,
+            "hidden_act": "silu",
+            "torch_dtype": "float32",
+        });
+        if let Some(rs) = self.rope_scaling {
+            v["rope_scaling"] = serde_json::json!({
+                "rope_type": "llama3",
+                "factor": rs.factor,
+                "low_freq_factor": rs.low_freq_factor,
+                "high_freq_factor": rs.high_freq_factor,
+                "original_max_position_embeddings": rs.original_max_position_embeddings,
+            });
+        }
+        if self.arch == Arch::Qwen2 {
+            v["attention_bias"] = true.into();
+        }
+        if let Some(b) = bos {
+            v["bos_token_id"] = b.into();
+        }
+        if let Some(e) = eos {
+            v["eos_token_id"] = e.into();
+        }
+        v
+    }
+}

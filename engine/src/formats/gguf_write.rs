@@ -1,0 +1,1 @@
+//! GGUF writer (version 3), for synthetic models, conversions and tests. Implementation pending.

@@ -1,0 +1,15 @@
+//! memra-engine: model formats, tokenizer, chat templates, the CPU reference backend and sampling.
+
+pub mod backend;
+pub mod chat;
+pub mod config;
+pub mod error;
+pub mod formats;
+pub mod loader;
+pub mod models;
+pub mod quant;
+pub mod sampling;
+pub mod tokenizer;
+pub mod weights;
+
+pub use error::{Error, Result};

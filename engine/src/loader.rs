@@ -1,0 +1,1 @@
+//! Opens a model path (GGUF file or HF folder). Pending.

@@ -1,0 +1,1 @@
+//! Tokenizer on the `tokenizers` crate: from tokenizer.json or built from GGUF metadata. Pending.

@@ -1,0 +1,1 @@
+//! memra-kernels: CUDA kernel sources and their NVRTC build (filled by the CUDA backend work).
