@@ -11,7 +11,7 @@ use std::process::Command;
 
 use memra_engine::error::Error;
 use memra_engine::quant::{
-    DType, dequantize_row, dequantize_rows_into, dot_f32, dot_row, quantize, QUANTIZABLE,
+    DType, QUANTIZABLE, dequantize_row, dequantize_rows_into, dot_f32, dot_row, quantize,
 };
 
 fn fixture_dir() -> PathBuf {
@@ -45,7 +45,11 @@ struct Meta {
 fn meta() -> Meta {
     let json: serde_json::Value =
         serde_json::from_slice(&read_fixture("meta.json")).expect("meta.json is JSON");
-    let get = |k: &str| json[k].as_u64().unwrap_or_else(|| panic!("meta.json lacks {k}")) as usize;
+    let get = |k: &str| {
+        json[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("meta.json lacks {k}")) as usize
+    };
     Meta {
         rows: get("rows"),
         cols: get("cols"),
@@ -64,7 +68,11 @@ fn inputs(m: &Meta) -> Vec<f32> {
 fn assert_bits_eq(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
-        let n = got.iter().zip(want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        let n = got
+            .iter()
+            .zip(want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
         panic!(
             "{what}: {n} values differ; first at {i}: got {:e} ({:#010x}), want {:e} ({:#010x})",
             got[i],
@@ -89,7 +97,11 @@ fn rms(v: impl Iterator<Item = f32>) -> f64 {
 #[test]
 fn fixture_metadata_covers_every_type() {
     let m = meta();
-    assert!(m.json["gguf_version"].as_str().is_some_and(|v| v.starts_with("0.19")));
+    assert!(
+        m.json["gguf_version"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("0.19"))
+    );
     assert!(m.json["numpy_version"].as_str().is_some());
     for d in DType::ALL {
         assert!(
@@ -137,9 +149,16 @@ fn quantize_matches_gguf_py_bytes_and_dequantization() {
             );
         }
         let deq = f32s(&read_fixture(&format!("{}.quant.deq.f32", d.name())));
-        assert_bits_eq(&format!("{d} quantized input"), &dequant(d, &got, x.len()), &deq);
+        assert_bits_eq(
+            &format!("{d} quantized input"),
+            &dequant(d, &got, x.len()),
+            &deq,
+        );
     }
-    assert_eq!(checked, 8, "gguf-py quantizes F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0");
+    assert_eq!(
+        checked, 8,
+        "gguf-py quantizes F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0"
+    );
 }
 
 #[test]
@@ -209,7 +228,10 @@ fn quantize_round_trip_error_is_bounded() {
             let y2 = dequant(d, &quantize(d, &y).expect("requantize"), y.len());
             let first = rms(x.iter().zip(&y).map(|(a, b)| a - b));
             let drift = rms(y.iter().zip(&y2).map(|(a, b)| a - b));
-            assert!(drift <= first + 1e-12, "{d} {name}: requantize drift {drift:e} > {first:e}");
+            assert!(
+                drift <= first + 1e-12,
+                "{d} {name}: requantize drift {drift:e} > {first:e}"
+            );
         }
     }
 }
@@ -261,7 +283,11 @@ fn kquant_bytes_decode_identically_in_gguf_py() {
     x.extend(pseudo_normal(8 * 256, 11));
     for d in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
         let q = quantize(d, &x).expect("quantize");
-        assert_bits_eq(&format!("{d} via gguf-py"), &dequant(d, &q, x.len()), &gguf_py_dequantize(d, &q));
+        assert_bits_eq(
+            &format!("{d} via gguf-py"),
+            &dequant(d, &q, x.len()),
+            &gguf_py_dequantize(d, &q),
+        );
     }
 }
 
@@ -290,10 +316,17 @@ fn dot_f32_follows_the_documented_order() {
     let b = pseudo_normal(1000, 5);
     for n in (0..70).chain([255, 256, 257, 999, 1000]) {
         let got = dot_f32(&a[..n], &b[..n]);
-        assert_eq!(got.to_bits(), dot_reference(&a[..n], &b[..n]).to_bits(), "n = {n}");
+        assert_eq!(
+            got.to_bits(),
+            dot_reference(&a[..n], &b[..n]).to_bits(),
+            "n = {n}"
+        );
     }
     // Mismatched lengths use the common prefix.
-    assert_eq!(dot_f32(&a[..40], &b[..33]).to_bits(), dot_f32(&a[..33], &b[..33]).to_bits());
+    assert_eq!(
+        dot_f32(&a[..40], &b[..33]).to_bits(),
+        dot_f32(&a[..33], &b[..33]).to_bits()
+    );
     // Lane order, not a sequential sum: 1e8 and -1e8 share lane 0 and cancel before the 1.0 of
     // lane 1 is added (a left-to-right sum would lose the 1.0 in 1e8 and return 0).
     let mut x = [0f32; 32];
@@ -345,13 +378,19 @@ fn length_errors_are_quant_errors() {
         let mut out = vec![0f32; 2 * bs];
         // One byte short, one byte long, and half the blocks.
         for len in [2 * bb - 1, 2 * bb + 1, bb] {
-            assert_quant_err(&format!("{d} {len} bytes"), dequantize_row(d, &vec![0u8; len], &mut out));
+            assert_quant_err(
+                &format!("{d} {len} bytes"),
+                dequantize_row(d, &vec![0u8; len], &mut out),
+            );
         }
         assert_quant_err(&format!("{d} dot_row"), dot_row(d, &vec![0u8; bb], &out));
         if bs > 1 {
             // Element counts that are not whole blocks.
             let mut odd = vec![0f32; bs + 1];
-            assert_quant_err(&format!("{d} partial block"), dequantize_row(d, &vec![0u8; 2 * bb], &mut odd));
+            assert_quant_err(
+                &format!("{d} partial block"),
+                dequantize_row(d, &vec![0u8; 2 * bb], &mut odd),
+            );
             assert_quant_err(&format!("{d} quantize partial"), quantize(d, &odd));
             let mut rows = vec![0f32; 2 * (bs + 1)];
             assert_quant_err(
@@ -367,6 +406,9 @@ fn length_errors_are_quant_errors() {
         dequantize_row(d, &[], &mut []).expect("empty row");
     }
     for d in [DType::Q2_K, DType::Q3_K, DType::IQ4_XS] {
-        assert!(matches!(quantize(d, &[0f32; 256]), Err(Error::Unsupported(_))), "{d}");
+        assert!(
+            matches!(quantize(d, &[0f32; 256]), Err(Error::Unsupported(_))),
+            "{d}"
+        );
     }
 }

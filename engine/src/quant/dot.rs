@@ -16,8 +16,8 @@
 //! [`dot_row`] computes exactly `dot_f32(dequantized row, x)` without materializing the row.
 
 use super::simd::multiversion;
-use super::{DType, QK_K, check_len, dequantize_row};
-use crate::error::{Error, Result};
+use super::{DType, QK_K, check_len};
+use crate::error::Result;
 
 /// Lanes of the fixed accumulation order.
 pub const DOT_LANES: usize = 16;
@@ -87,30 +87,34 @@ const DOT_ROW_CHUNK: usize = QK_K;
 
 /// `dot_f32(&dequantized, x)` for one row `src` of `dtype` holding `x.len()` elements, without
 /// writing the dequantized row to memory: bit-identical to dequantizing with
-/// [`dequantize_row`] and then calling [`dot_f32`]. Errors if `src` is not exactly the bytes of
+/// [`super::dequantize_row`] and then calling [`dot_f32`]. Errors if `src` is not exactly the bytes of
 /// `x.len()` elements.
 pub fn dot_row(dtype: DType, src: &[u8], x: &[f32]) -> Result<f32> {
     check_len(dtype, src, x.len())?;
-    let chunk_bytes = DOT_ROW_CHUNK / dtype.block_size() * dtype.block_bytes();
-    let mut buf = [0f32; DOT_ROW_CHUNK];
-    let mut lanes = Lanes::new();
-    for (s, xs) in src.chunks(chunk_bytes).zip(x.chunks(DOT_ROW_CHUNK)) {
-        let vals = buf
-            .get_mut(..xs.len())
-            .ok_or_else(|| Error::Quant("dot_row: chunk larger than its buffer".into()))?;
-        dequantize_row(dtype, s, vals)?;
-        let m = xs.len() - xs.len() % DOT_LANES;
-        add_chunks(&mut lanes, &vals[..m], &xs[..m]);
-        if m < xs.len() {
-            // Only the last chunk can have a tail: all others hold DOT_ROW_CHUNK elements.
-            return Ok(lanes.finish(&vals[m..], &xs[m..]));
-        }
-    }
-    Ok(lanes.finish(&[], &[]))
+    Ok(dot_row_unchecked(dtype, src, x))
 }
 
 multiversion! {
-    fn add_chunks(lanes: &mut Lanes, a: &[f32], b: &[f32]) {
-        lanes.add_chunks(a, b)
+    /// [`dot_row`] after the length check.
+    fn dot_row_unchecked(dtype: DType, src: &[u8], x: &[f32]) -> f32 {
+        let chunk_bytes = DOT_ROW_CHUNK / dtype.block_size() * dtype.block_bytes();
+        // Dequantize DOT_ROW_CHUNK elements at a time and feed the lanes: the same operations
+        // in the same order as `dot_f32` on the whole dequantized row.
+        with_codec!(dtype, codec => {
+            let mut buf = [0f32; DOT_ROW_CHUNK];
+            let mut lanes = Lanes::new();
+            let mut tail = None;
+            for (s, xs) in src.chunks(chunk_bytes).zip(x.chunks(DOT_ROW_CHUNK)) {
+                let vals = &mut buf[..xs.len()];
+                codec(s, vals);
+                let m = xs.len() - xs.len() % DOT_LANES;
+                lanes.add_chunks(&vals[..m], &xs[..m]);
+                if m < xs.len() {
+                    // Only the last chunk can have a tail: the others hold DOT_ROW_CHUNK values.
+                    tail = Some(lanes.finish(&vals[m..], &xs[m..]));
+                }
+            }
+            tail.unwrap_or_else(|| lanes.finish(&[], &[]))
+        })
     }
 }

@@ -6,27 +6,26 @@
 //! element `16 + l` the high nibble. Value `(d * ls) * kvalue`, as gguf-py 0.19.
 
 use super::QK_K;
-use super::simd::{blocks, f16_le, multiversion};
+use super::simd::{blocks, f16_le};
 
 /// The IQ4_NL / IQ4_XS value table (ggml `kvalues_iq4nl`).
 const KVALUES: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
-multiversion! {
-    pub(super) fn dequant_iq4_xs(src: &[u8], dst: &mut [f32]) {
-        for (b, out) in blocks::<136, QK_K>(src, dst) {
-            let d = f16_le(b[0], b[1]);
-            let scales_h = u16::from_le_bytes([b[2], b[3]]);
-            for i in 0..8 {
-                let low = (b[4 + i / 2] >> (4 * (i % 2))) & 0x0f;
-                let high = ((scales_h >> (2 * i)) & 3) as u8;
-                let dl = d * ((low | (high << 4)) as i8 - 32) as f32;
-                for l in 0..16 {
-                    let q = b[8 + 16 * i + l];
-                    out[32 * i + l] = dl * KVALUES[(q & 0x0f) as usize] as f32;
-                    out[32 * i + 16 + l] = dl * KVALUES[(q >> 4) as usize] as f32;
-                }
+#[inline(always)]
+pub(super) fn dequant_iq4_xs(src: &[u8], dst: &mut [f32]) {
+    for (b, out) in blocks::<136, QK_K>(src, dst) {
+        let d = f16_le(b[0], b[1]);
+        let scales_h = u16::from_le_bytes([b[2], b[3]]);
+        for i in 0..8 {
+            let low = (b[4 + i / 2] >> (4 * (i % 2))) & 0x0f;
+            let high = ((scales_h >> (2 * i)) & 3) as u8;
+            let dl = d * ((low | (high << 4)) as i8 - 32) as f32;
+            for l in 0..16 {
+                let q = b[8 + 16 * i + l];
+                out[32 * i + l] = dl * KVALUES[(q & 0x0f) as usize] as f32;
+                out[32 * i + 16 + l] = dl * KVALUES[(q >> 4) as usize] as f32;
             }
         }
     }

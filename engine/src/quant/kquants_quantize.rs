@@ -41,7 +41,8 @@ fn make_qkx2(x: &[f32; 32], w: &[f32; 32], l: &mut [u8; 32], p: &SearchParams) -
         *l = [0; 32];
         return (0.0, -min);
     }
-    let code = |iscale: f32, v: f32, min: f32| nearest_int(iscale * (v - min)).clamp(0, p.nmax as i32);
+    let code =
+        |iscale: f32, v: f32, min: f32| nearest_int(iscale * (v - min)).clamp(0, p.nmax as i32);
     let mut iscale = nmax / (max - min);
     let mut scale = 1.0 / iscale;
     let mut best_error = 0f32;
@@ -132,10 +133,8 @@ fn make_qx(x: &[f32; 16]) -> f32 {
 /// Packs 8 6-bit scales and mins as ggml's Q4_K/Q5_K `scales[12]`.
 fn pack_scales(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
     let mut s = [0u8; 12];
-    for j in 0..4 {
-        s[j] = ls[j];
-        s[j + 4] = lm[j];
-    }
+    s[..4].copy_from_slice(&ls[..4]);
+    s[4..8].copy_from_slice(&lm[..4]);
     for j in 4..8 {
         s[j + 4] = (ls[j] & 0x0f) | ((lm[j] & 0x0f) << 4);
         s[j - 4] |= (ls[j] >> 4) << 6;
@@ -164,7 +163,11 @@ fn quantize_qk_block(x: &[f32; QK_K], p: &SearchParams) -> ([u8; QK_K], u16, u16
         max_scale = max_scale.max(s);
         max_min = max_min.max(m);
     }
-    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let ls = scales.map(|s| nearest_int(inv_scale * s).clamp(0, 63) as u8);
     let lm = mins.map(|m| nearest_int(inv_min * m).clamp(0, 63) as u8);

@@ -11,80 +11,75 @@
 //! Dequantization and quantization reproduce `gguf.quants` (gguf-py 0.19) bit for bit, including
 //! its float operation order (products and sums rounded to f32 one at a time).
 
-use super::simd::{blocks, blocks_out, f16_le, f32_to_f16, multiversion};
+use super::simd::{blocks, blocks_out, f16_le, f32_to_f16};
 
 /// Elements per block.
 const QK: usize = 32;
 /// Half a block: the nibble split point.
 const H: usize = QK / 2;
 
-multiversion! {
-    pub(super) fn dequant_q4_0(src: &[u8], dst: &mut [f32]) {
-        for (b, out) in blocks::<18, QK>(src, dst) {
-            let d = f16_le(b[0], b[1]);
-            for j in 0..H {
-                let q = b[2 + j];
-                out[j] = d * ((q & 0x0f) as i8 - 8) as f32;
-                out[j + H] = d * ((q >> 4) as i8 - 8) as f32;
-            }
+#[inline(always)]
+pub(super) fn dequant_q4_0(src: &[u8], dst: &mut [f32]) {
+    for (b, out) in blocks::<18, QK>(src, dst) {
+        let d = f16_le(b[0], b[1]);
+        for j in 0..H {
+            let q = b[2 + j];
+            out[j] = d * ((q & 0x0f) as i8 - 8) as f32;
+            out[j + H] = d * ((q >> 4) as i8 - 8) as f32;
         }
     }
 }
 
-multiversion! {
-    pub(super) fn dequant_q4_1(src: &[u8], dst: &mut [f32]) {
-        for (b, out) in blocks::<20, QK>(src, dst) {
-            let d = f16_le(b[0], b[1]);
-            let m = f16_le(b[2], b[3]);
-            for j in 0..H {
-                let q = b[4 + j];
-                out[j] = d * (q & 0x0f) as f32 + m;
-                out[j + H] = d * (q >> 4) as f32 + m;
-            }
+#[inline(always)]
+pub(super) fn dequant_q4_1(src: &[u8], dst: &mut [f32]) {
+    for (b, out) in blocks::<20, QK>(src, dst) {
+        let d = f16_le(b[0], b[1]);
+        let m = f16_le(b[2], b[3]);
+        for j in 0..H {
+            let q = b[4 + j];
+            out[j] = d * (q & 0x0f) as f32 + m;
+            out[j + H] = d * (q >> 4) as f32 + m;
         }
     }
 }
 
-multiversion! {
-    pub(super) fn dequant_q5_0(src: &[u8], dst: &mut [f32]) {
-        for (b, out) in blocks::<22, QK>(src, dst) {
-            let d = f16_le(b[0], b[1]);
-            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-            for j in 0..H {
-                let q = b[6 + j];
-                let lo = (q & 0x0f) | ((((qh >> j) & 1) as u8) << 4);
-                let hi = (q >> 4) | ((((qh >> (j + H)) & 1) as u8) << 4);
-                out[j] = d * (lo as i8 - 16) as f32;
-                out[j + H] = d * (hi as i8 - 16) as f32;
-            }
+#[inline(always)]
+pub(super) fn dequant_q5_0(src: &[u8], dst: &mut [f32]) {
+    for (b, out) in blocks::<22, QK>(src, dst) {
+        let d = f16_le(b[0], b[1]);
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        for j in 0..H {
+            let q = b[6 + j];
+            let lo = (q & 0x0f) | ((((qh >> j) & 1) as u8) << 4);
+            let hi = (q >> 4) | ((((qh >> (j + H)) & 1) as u8) << 4);
+            out[j] = d * (lo as i8 - 16) as f32;
+            out[j + H] = d * (hi as i8 - 16) as f32;
         }
     }
 }
 
-multiversion! {
-    pub(super) fn dequant_q5_1(src: &[u8], dst: &mut [f32]) {
-        for (b, out) in blocks::<24, QK>(src, dst) {
-            let d = f16_le(b[0], b[1]);
-            let m = f16_le(b[2], b[3]);
-            let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-            for j in 0..H {
-                let q = b[8 + j];
-                let lo = (q & 0x0f) | ((((qh >> j) & 1) as u8) << 4);
-                let hi = (q >> 4) | ((((qh >> (j + H)) & 1) as u8) << 4);
-                out[j] = d * lo as f32 + m;
-                out[j + H] = d * hi as f32 + m;
-            }
+#[inline(always)]
+pub(super) fn dequant_q5_1(src: &[u8], dst: &mut [f32]) {
+    for (b, out) in blocks::<24, QK>(src, dst) {
+        let d = f16_le(b[0], b[1]);
+        let m = f16_le(b[2], b[3]);
+        let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+        for j in 0..H {
+            let q = b[8 + j];
+            let lo = (q & 0x0f) | ((((qh >> j) & 1) as u8) << 4);
+            let hi = (q >> 4) | ((((qh >> (j + H)) & 1) as u8) << 4);
+            out[j] = d * lo as f32 + m;
+            out[j + H] = d * hi as f32 + m;
         }
     }
 }
 
-multiversion! {
-    pub(super) fn dequant_q8_0(src: &[u8], dst: &mut [f32]) {
-        for (b, out) in blocks::<34, QK>(src, dst) {
-            let d = f16_le(b[0], b[1]);
-            for j in 0..QK {
-                out[j] = (b[2 + j] as i8) as f32 * d;
-            }
+#[inline(always)]
+pub(super) fn dequant_q8_0(src: &[u8], dst: &mut [f32]) {
+    for (b, out) in blocks::<34, QK>(src, dst) {
+        let d = f16_le(b[0], b[1]);
+        for j in 0..QK {
+            out[j] = (b[2 + j] as i8) as f32 * d;
         }
     }
 }

@@ -7,6 +7,73 @@
 
 use crate::error::{Error, Result};
 
+/// Evaluates `$body` with `$codec` bound to the whole-block dequantizer of `$dtype`. The codecs
+/// are `#[inline(always)]` and called directly, so each is compiled into the (multiversioned)
+/// function that uses this macro, with that function's instruction set.
+macro_rules! with_codec {
+    ($dtype:expr, $codec:ident => $body:expr) => {{
+        use $crate::quant::{iq4_xs, kquants, legacy, simple};
+        match $dtype {
+            DType::F32 => {
+                let $codec = simple::dequant_f32;
+                $body
+            }
+            DType::F16 => {
+                let $codec = simple::dequant_f16;
+                $body
+            }
+            DType::BF16 => {
+                let $codec = simple::dequant_bf16;
+                $body
+            }
+            DType::Q4_0 => {
+                let $codec = legacy::dequant_q4_0;
+                $body
+            }
+            DType::Q4_1 => {
+                let $codec = legacy::dequant_q4_1;
+                $body
+            }
+            DType::Q5_0 => {
+                let $codec = legacy::dequant_q5_0;
+                $body
+            }
+            DType::Q5_1 => {
+                let $codec = legacy::dequant_q5_1;
+                $body
+            }
+            DType::Q8_0 => {
+                let $codec = legacy::dequant_q8_0;
+                $body
+            }
+            DType::Q2_K => {
+                let $codec = kquants::dequant_q2_k;
+                $body
+            }
+            DType::Q3_K => {
+                let $codec = kquants::dequant_q3_k;
+                $body
+            }
+            DType::Q4_K => {
+                let $codec = kquants::dequant_q4_k;
+                $body
+            }
+            DType::Q5_K => {
+                let $codec = kquants::dequant_q5_k;
+                $body
+            }
+            DType::Q6_K => {
+                let $codec = kquants::dequant_q6_k;
+                $body
+            }
+            DType::IQ4_XS => {
+                let $codec = iq4_xs::dequant_iq4_xs;
+                $body
+            }
+        }
+    }};
+}
+
 mod dot;
 mod iq4_xs;
 mod kquants;
@@ -109,12 +176,9 @@ impl DType {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
             DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => 32,
-            DType::Q2_K
-            | DType::Q3_K
-            | DType::Q4_K
-            | DType::Q5_K
-            | DType::Q6_K
-            | DType::IQ4_XS => QK_K,
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => {
+                QK_K
+            }
         }
     }
 
@@ -141,7 +205,7 @@ impl DType {
     /// the byte count overflows.
     pub fn bytes_for(self, n: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        if n % bs != 0 {
+        if !n.is_multiple_of(bs) {
             return None;
         }
         (n / bs).checked_mul(self.block_bytes() as u64)
@@ -192,23 +256,15 @@ pub(crate) fn check_len(dtype: DType, src: &[u8], n: usize) -> Result<()> {
 /// `gguf.quants.dequantize` (gguf-py 0.19).
 pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
     check_len(dtype, src, dst.len())?;
-    match dtype {
-        DType::F32 => simple::dequant_f32(src, dst),
-        DType::F16 => simple::dequant_f16(src, dst),
-        DType::BF16 => simple::dequant_bf16(src, dst),
-        DType::Q4_0 => legacy::dequant_q4_0(src, dst),
-        DType::Q4_1 => legacy::dequant_q4_1(src, dst),
-        DType::Q5_0 => legacy::dequant_q5_0(src, dst),
-        DType::Q5_1 => legacy::dequant_q5_1(src, dst),
-        DType::Q8_0 => legacy::dequant_q8_0(src, dst),
-        DType::Q2_K => kquants::dequant_q2_k(src, dst),
-        DType::Q3_K => kquants::dequant_q3_k(src, dst),
-        DType::Q4_K => kquants::dequant_q4_k(src, dst),
-        DType::Q5_K => kquants::dequant_q5_k(src, dst),
-        DType::Q6_K => kquants::dequant_q6_k(src, dst),
-        DType::IQ4_XS => iq4_xs::dequant_iq4_xs(src, dst),
-    }
+    dequantize_unchecked(dtype, src, dst);
     Ok(())
+}
+
+simd::multiversion! {
+    /// [`dequantize_row`] after the length check.
+    fn dequantize_unchecked(dtype: DType, src: &[u8], dst: &mut [f32]) {
+        with_codec!(dtype, codec => codec(src, dst))
+    }
 }
 
 /// Dequantizes `rows` rows of `cols` elements each, stored back to back in `src`, into `dst`
@@ -221,7 +277,7 @@ pub fn dequantize_rows_into(
     cols: usize,
     dst: &mut [f32],
 ) -> Result<()> {
-    if cols % dtype.block_size() != 0 {
+    if !cols.is_multiple_of(dtype.block_size()) {
         return Err(Error::Quant(format!(
             "{dtype}: row length {cols} is not a multiple of the block size {}",
             dtype.block_size()
@@ -260,7 +316,7 @@ pub const QUANTIZABLE: [DType; 11] = [
 /// Q4_K, Q5_K and Q6_K follow llama.cpp's reference quantizers (no gguf-py counterpart). Q2_K,
 /// Q3_K and IQ4_XS are not supported (`Error::Unsupported`).
 pub fn quantize(dtype: DType, src: &[f32]) -> Result<Vec<u8>> {
-    if src.len() % dtype.block_size() != 0 {
+    if !src.len().is_multiple_of(dtype.block_size()) {
         return Err(Error::Quant(format!(
             "{dtype}: cannot quantize {} values, not a multiple of the block size {}",
             src.len(),
