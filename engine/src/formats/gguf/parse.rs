@@ -192,15 +192,18 @@ fn read_tensor_info(
         )
     })?;
     let row = dims.first().copied().unwrap_or(1);
-    let row_bytes = dtype.bytes_for(row).ok_or_else(|| {
-        cur.err_at(
+    if row % dtype.block_size() as u64 != 0 {
+        return Err(cur.err_at(
             nd_at,
             format!(
                 "tensor `{name}` row length {row} is not a multiple of the {dtype} block size {}",
                 dtype.block_size()
             ),
-        )
-    })?;
+        ));
+    }
+    let row_bytes = dtype
+        .bytes_for(row)
+        .ok_or_else(|| cur.err_at(nd_at, format!("tensor `{name}` byte size overflows")))?;
     let nbytes = row_bytes
         .checked_mul(numel / row)
         .ok_or_else(|| cur.err_at(nd_at, format!("tensor `{name}` byte size overflows")))?;
