@@ -410,7 +410,8 @@ fn writer_rejects_bad_input_and_leaves_nothing() {
     w.add_tensor("a", DType::F32, &[1]).expect("ok");
     expect_input_err(w.add_tensor("a", DType::F32, &[1]), "declared twice");
 
-    let cases: Vec<(u32, Vec<(&str, MetaValue)>, &str)> = vec![
+    type Case = (u32, Vec<(&'static str, MetaValue)>, &'static str);
+    let cases: Vec<Case> = vec![
         (3, vec![], "alignment 3 is not a non-zero power of two"),
         (0, vec![], "alignment 0 is not a non-zero power of two"),
         (

@@ -90,7 +90,7 @@ impl GgufWriter {
             return Err(input_err(format!("tensor `{name}` dim {d} is {}", dims[d])));
         }
         let row = dims[0];
-        if row % dtype.block_size() as u64 != 0 {
+        if !row.is_multiple_of(dtype.block_size() as u64) {
             return Err(input_err(format!(
                 "tensor `{name}` row length {row} is not a multiple of the {dtype} block size {}",
                 dtype.block_size()
@@ -191,11 +191,9 @@ impl GgufWriter {
         let mut part_of = Vec::with_capacity(count);
         let mut before: u128 = 0;
         for (i, t) in self.tensors.iter().enumerate() {
-            let p = if total == 0 {
-                i * n / count.max(1)
-            } else {
-                (before * n as u128 / total) as usize
-            };
+            let p = (before * n as u128)
+                .checked_div(total)
+                .map_or(i * n / count.max(1), |p| p as usize);
             part_of.push(p.min(n - 1));
             before += t.nbytes as u128;
         }

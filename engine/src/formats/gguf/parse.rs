@@ -192,7 +192,7 @@ fn read_tensor_info(
         )
     })?;
     let row = dims.first().copied().unwrap_or(1);
-    if row % dtype.block_size() as u64 != 0 {
+    if !row.is_multiple_of(dtype.block_size() as u64) {
         return Err(cur.err_at(
             nd_at,
             format!(
@@ -209,7 +209,7 @@ fn read_tensor_info(
         .ok_or_else(|| cur.err_at(nd_at, format!("tensor `{name}` byte size overflows")))?;
     let off_at = cur.pos();
     let offset = cur.u64(&|| format!("tensor `{name}` offset"))?;
-    if offset % alignment != 0 {
+    if !offset.is_multiple_of(alignment) {
         return Err(cur.err_at(
             off_at,
             format!(
