@@ -9,10 +9,14 @@ use memra_engine::formats::gguf::{Gguf, MetaValue};
 use memra_engine::tokenizer::{StreamDecoder, Tokenizer};
 
 fn model_path() -> PathBuf {
-    let path = std::env::var_os("MEMRA_TEST_MODEL").map(PathBuf::from).unwrap_or_else(|| {
-        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-        home.join(".cache/memra/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    });
+    let path = std::env::var_os("MEMRA_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_default();
+            home.join(".cache/memra/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
     assert!(
         path.exists(),
         "test model {} is missing: run tools/fetch-models.sh (or set MEMRA_TEST_MODEL)",
@@ -24,17 +28,32 @@ fn model_path() -> PathBuf {
 fn smollm() -> Tokenizer {
     // TEMP until the GGUF reader lands on main.
     if let Some(p) = std::env::var_os("MEMRA_TOK_META_JSON") {
-        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
         fn conv(v: &serde_json::Value) -> MetaValue {
             match v {
                 serde_json::Value::String(s) => MetaValue::Str(s.clone()),
                 serde_json::Value::Bool(b) => MetaValue::Bool(*b),
                 serde_json::Value::Number(n) => MetaValue::U32(n.as_u64().unwrap() as u32),
-                serde_json::Value::Array(a) => MetaValue::Array(a.iter().map(|x| match x { serde_json::Value::Number(n) => MetaValue::I32(n.as_i64().unwrap() as i32), o => conv(o)}).collect()),
+                serde_json::Value::Array(a) => MetaValue::Array(
+                    a.iter()
+                        .map(|x| match x {
+                            serde_json::Value::Number(n) => {
+                                MetaValue::I32(n.as_i64().unwrap() as i32)
+                            }
+                            o => conv(o),
+                        })
+                        .collect(),
+                ),
                 _ => unreachable!(),
             }
         }
-        let m: Vec<(String, MetaValue)> = v.as_object().unwrap().iter().map(|(k, v)| (k.clone(), conv(v))).collect();
+        let m: Vec<(String, MetaValue)> = v
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), conv(v)))
+            .collect();
         return from_meta(&m).unwrap();
     }
     let g = Gguf::open(&model_path()).expect("open test model");
@@ -54,7 +73,10 @@ struct Case {
 }
 
 fn fixture() -> Fixture {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizer/smollm2.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/tokenizer/smollm2.json"
+    );
     let text = std::fs::read_to_string(path).expect("read fixture");
     serde_json::from_str(&text).expect("parse fixture")
 }
@@ -68,7 +90,12 @@ fn real_vocab_matches_independent_bpe() {
     for case in &fx.cases {
         let ids = tok.encode(&case.text, false).unwrap();
         assert_eq!(ids, case.ids, "encoding {:?}", case.text);
-        assert_eq!(tok.decode(&ids).unwrap(), case.text, "round trip {:?}", case.text);
+        assert_eq!(
+            tok.decode(&ids).unwrap(),
+            case.text,
+            "round trip {:?}",
+            case.text
+        );
     }
 }
 
@@ -115,9 +142,15 @@ fn stream_decoder_holds_back_split_characters() {
     assert!(partial > 0, "expected tokens that split a character");
     let pieces = stream(&tok, &ids);
     for p in &pieces {
-        assert!(!p.contains('\u{FFFD}'), "piece {p:?} holds a broken character");
+        assert!(
+            !p.contains('\u{FFFD}'),
+            "piece {p:?} holds a broken character"
+        );
     }
-    assert!(pieces[..ids.len()].iter().any(String::is_empty), "nothing was held back");
+    assert!(
+        pieces[..ids.len()].iter().any(String::is_empty),
+        "nothing was held back"
+    );
     assert_eq!(pieces.concat(), text);
     assert_eq!(pieces.concat(), tok.decode(&ids).unwrap());
 }
@@ -138,7 +171,12 @@ fn stream_decoder_flushes_incomplete_tail() {
 fn stream_matches_decode_on_fixture() {
     let tok = smollm();
     for case in &fixture().cases {
-        assert_eq!(stream(&tok, &case.ids).concat(), case.text, "{:?}", case.text);
+        assert_eq!(
+            stream(&tok, &case.ids).concat(),
+            case.text,
+            "{:?}",
+            case.text
+        );
     }
 }
 
@@ -160,7 +198,12 @@ fn hf_json_round_trip() {
     assert!(!back.add_bos_default());
     assert_eq!(back.stop_ids(), tok.stop_ids());
     for case in &fixture().cases {
-        assert_eq!(back.encode(&case.text, false).unwrap(), case.ids, "{:?}", case.text);
+        assert_eq!(
+            back.encode(&case.text, false).unwrap(),
+            case.ids,
+            "{:?}",
+            case.text
+        );
     }
 }
 
@@ -252,17 +295,26 @@ fn sentencepiece_byte_fallback() {
     // A 4-byte character split over four byte tokens streams as one piece.
     let ids = tok.encode("hello 😀", false).unwrap();
     let bytes = "😀".as_bytes();
-    assert_eq!(ids[ids.len() - 4..], bytes.iter().map(|&b| byte_token(b)).collect::<Vec<_>>()[..]);
+    assert_eq!(
+        ids[ids.len() - 4..],
+        bytes.iter().map(|&b| byte_token(b)).collect::<Vec<_>>()[..]
+    );
     let pieces = stream(&tok, &ids);
     assert_eq!(pieces.concat(), "hello 😀");
     assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')));
-    assert!(pieces.contains(&" 😀".to_string()) || pieces.contains(&"😀".to_string()), "{pieces:?}");
+    assert!(
+        pieces.contains(&" 😀".to_string()) || pieces.contains(&"😀".to_string()),
+        "{pieces:?}"
+    );
 }
 
 #[test]
 fn sentencepiece_without_space_prefix() {
     let mut m = spm_meta();
-    m.push(("tokenizer.ggml.add_space_prefix".into(), MetaValue::Bool(false)));
+    m.push((
+        "tokenizer.ggml.add_space_prefix".into(),
+        MetaValue::Bool(false),
+    ));
     let tok = from_meta(&m).unwrap();
     // No leading ▁: "hello" cannot use ▁hello; l l -> ll, h e -> he, ll o -> llo.
     let ids = tok.encode("hello", false).unwrap();
@@ -295,7 +347,10 @@ fn bpe_meta() -> Vec<(String, MetaValue)> {
         ("tokenizer.ggml.pre".into(), s("gpt2")),
         ("tokenizer.ggml.tokens".into(), MetaValue::Array(tokens)),
         ("tokenizer.ggml.token_type".into(), MetaValue::Array(types)),
-        ("tokenizer.ggml.merges".into(), MetaValue::Array(vec![s("a b"), s("ab c")])),
+        (
+            "tokenizer.ggml.merges".into(),
+            MetaValue::Array(vec![s("a b"), s("ab c")]),
+        ),
         ("tokenizer.ggml.eos_token_id".into(), MetaValue::U32(258)),
     ]
 }
@@ -314,8 +369,14 @@ fn gpt2_byte(b: u8) -> char {
 fn tiny_byte_level_bpe() {
     let tok = from_meta(&bpe_meta()).unwrap();
     // "abc", " ab" (Ġ + ab: no merge for Ġ a), then the special token.
-    assert_eq!(tok.encode("abc ab<|end|>", false).unwrap(), [257, space_id(), 256, 258]);
-    assert_eq!(tok.decode(&[257, space_id(), 256, 258]).unwrap(), "abc ab<|end|>");
+    assert_eq!(
+        tok.encode("abc ab<|end|>", false).unwrap(),
+        [257, space_id(), 256, 258]
+    );
+    assert_eq!(
+        tok.decode(&[257, space_id(), 256, 258]).unwrap(),
+        "abc ab<|end|>"
+    );
     assert_eq!(tok.stop_ids(), &[258]);
     assert_eq!(tok.bos_id(), None);
     assert!(matches!(tok.encode("x", true), Err(Error::Tokenizer(_))));
@@ -339,24 +400,84 @@ fn bad_metadata_is_a_clean_error() {
     let ok = bpe_meta();
     from_meta(&ok).unwrap();
     let cases: Vec<(&str, Option<MetaValue>, &str)> = vec![
-        ("tokenizer.ggml.tokens", None, "tokenizer.ggml.tokens is missing"),
+        (
+            "tokenizer.ggml.tokens",
+            None,
+            "tokenizer.ggml.tokens is missing",
+        ),
         ("tokenizer.ggml.tokens", Some(s("abc")), "must be an array"),
-        ("tokenizer.ggml.tokens", Some(MetaValue::Array(vec![MetaValue::U32(1)])), "tokens[0] must be a string"),
-        ("tokenizer.ggml.tokens", Some(MetaValue::Array(vec![])), "holds 0 tokens"),
-        ("tokenizer.ggml.merges", Some(MetaValue::Array(vec![s("a zz")])), "unknown token \"zz\""),
-        ("tokenizer.ggml.merges", Some(MetaValue::Array(vec![s("b c")])), "not in the vocabulary"),
-        ("tokenizer.ggml.merges", Some(MetaValue::Array(vec![s("abc")])), "separated by a space"),
-        ("tokenizer.ggml.merges", Some(MetaValue::U8(3)), "merges must be an array"),
+        (
+            "tokenizer.ggml.tokens",
+            Some(MetaValue::Array(vec![MetaValue::U32(1)])),
+            "tokens[0] must be a string",
+        ),
+        (
+            "tokenizer.ggml.tokens",
+            Some(MetaValue::Array(vec![])),
+            "holds 0 tokens",
+        ),
+        (
+            "tokenizer.ggml.merges",
+            Some(MetaValue::Array(vec![s("a zz")])),
+            "unknown token \"zz\"",
+        ),
+        (
+            "tokenizer.ggml.merges",
+            Some(MetaValue::Array(vec![s("b c")])),
+            "not in the vocabulary",
+        ),
+        (
+            "tokenizer.ggml.merges",
+            Some(MetaValue::Array(vec![s("abc")])),
+            "separated by a space",
+        ),
+        (
+            "tokenizer.ggml.merges",
+            Some(MetaValue::U8(3)),
+            "merges must be an array",
+        ),
         ("tokenizer.ggml.merges", None, "merges is missing"),
         ("tokenizer.ggml.model", None, "model is missing"),
-        ("tokenizer.ggml.model", Some(s("wordpiece")), "unsupported tokenizer model"),
-        ("tokenizer.ggml.model", Some(MetaValue::U32(1)), "model must be a string"),
-        ("tokenizer.ggml.pre", Some(s("no-such-pre")), "unsupported pre-tokenizer"),
-        ("tokenizer.ggml.token_type", Some(MetaValue::Array(vec![MetaValue::I32(1)])), "has 1 entries"),
-        ("tokenizer.ggml.token_type", Some(MetaValue::Array(vec![s("x"); 259])), "token_type[0] must be an integer"),
-        ("tokenizer.ggml.eos_token_id", Some(MetaValue::U32(259)), "is not a token id"),
-        ("tokenizer.ggml.bos_token_id", Some(s("1")), "must be an unsigned integer"),
-        ("tokenizer.ggml.add_bos_token", Some(MetaValue::U8(1)), "must be a bool"),
+        (
+            "tokenizer.ggml.model",
+            Some(s("wordpiece")),
+            "unsupported tokenizer model",
+        ),
+        (
+            "tokenizer.ggml.model",
+            Some(MetaValue::U32(1)),
+            "model must be a string",
+        ),
+        (
+            "tokenizer.ggml.pre",
+            Some(s("no-such-pre")),
+            "unsupported pre-tokenizer",
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            Some(MetaValue::Array(vec![MetaValue::I32(1)])),
+            "has 1 entries",
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            Some(MetaValue::Array(vec![s("x"); 259])),
+            "token_type[0] must be an integer",
+        ),
+        (
+            "tokenizer.ggml.eos_token_id",
+            Some(MetaValue::U32(259)),
+            "is not a token id",
+        ),
+        (
+            "tokenizer.ggml.bos_token_id",
+            Some(s("1")),
+            "must be an unsigned integer",
+        ),
+        (
+            "tokenizer.ggml.add_bos_token",
+            Some(MetaValue::U8(1)),
+            "must be a bool",
+        ),
     ];
     for (key, value, needle) in cases {
         let mut m = ok.clone();
@@ -365,7 +486,8 @@ fn bad_metadata_is_a_clean_error() {
     }
     // A duplicated token string.
     let mut m = ok.clone();
-    if let Some((_, MetaValue::Array(t))) = m.iter_mut().find(|(k, _)| k == "tokenizer.ggml.tokens") {
+    if let Some((_, MetaValue::Array(t))) = m.iter_mut().find(|(k, _)| k == "tokenizer.ggml.tokens")
+    {
         t[257] = s("ab");
     }
     expect_err(&m, "twice");
@@ -373,8 +495,16 @@ fn bad_metadata_is_a_clean_error() {
     let mut m = spm_meta();
     set(&mut m, "tokenizer.ggml.scores", None);
     expect_err(&m, "scores is missing");
-    set(&mut m, "tokenizer.ggml.scores", Some(MetaValue::Array(vec![s("x"); 275])));
+    set(
+        &mut m,
+        "tokenizer.ggml.scores",
+        Some(MetaValue::Array(vec![s("x"); 275])),
+    );
     expect_err(&m, "scores[0] must be a float");
-    set(&mut m, "tokenizer.ggml.scores", Some(MetaValue::Array(vec![MetaValue::F32(0.0); 3])));
+    set(
+        &mut m,
+        "tokenizer.ggml.scores",
+        Some(MetaValue::Array(vec![MetaValue::F32(0.0); 3])),
+    );
     expect_err(&m, "has 3 entries");
 }

@@ -115,7 +115,9 @@ impl Tokenizer {
             Some(serde_json::Value::Bool(b)) => *b,
             _ => {
                 // Does the post-processor add BOS?
-                let with = inner.encode_fast("a", true).map_err(|e| tok_err("encode", e))?;
+                let with = inner
+                    .encode_fast("a", true)
+                    .map_err(|e| tok_err("encode", e))?;
                 bos.is_some() && with.get_ids().first().copied() == bos
             }
         };
@@ -145,7 +147,9 @@ impl Tokenizer {
     }
 
     /// Builds the tokenizer from GGUF metadata looked up by key (tests pass hand-made metadata).
-    pub fn from_gguf_metadata<'a>(get: impl Fn(&str) -> Option<&'a MetaValue>) -> Result<Tokenizer> {
+    pub fn from_gguf_metadata<'a>(
+        get: impl Fn(&str) -> Option<&'a MetaValue>,
+    ) -> Result<Tokenizer> {
         let b = gguf_vocab::build(get)?;
         Ok(Tokenizer {
             inner: Arc::new(b.inner),

@@ -61,7 +61,13 @@ const LLAMA3_FAMILY: &[&str] = &[
     "lfm2",
 ];
 const LLAMA3_REGEX_ONLY: &[&str] = &["dbrx", "smaug-bpe"];
-const QWEN2_FAMILY: &[&str] = &["qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan", "megrez"];
+const QWEN2_FAMILY: &[&str] = &[
+    "qwen2",
+    "deepseek-r1-qwen",
+    "stablelm2",
+    "hunyuan",
+    "megrez",
+];
 
 /// The pre-tokenizer for a `tokenizer.ggml.pre` name (`None`: the key is absent).
 pub(crate) fn spec_for(pre: Option<&str>) -> Result<PreTokenizerSpec> {
