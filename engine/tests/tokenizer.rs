@@ -508,3 +508,55 @@ fn bad_metadata_is_a_clean_error() {
     );
     expect_err(&m, "has 3 entries");
 }
+
+// ---- property: any text round-trips and streams whole ------------------------------------------
+
+/// Bytes that have a single-byte token, found by scanning the vocabulary (not through encode).
+fn representable_bytes() -> &'static [bool; 256] {
+    static TABLE: std::sync::OnceLock<[bool; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let tok = shared_smollm();
+        let pieces: std::collections::HashSet<String> =
+            (0..tok.vocab_size() as u32).filter_map(|id| tok.token_text(id)).collect();
+        let mut table = [false; 256];
+        for b in 0..=255u8 {
+            table[b as usize] = pieces.contains(&gpt2_byte(b).to_string());
+        }
+        table
+    })
+}
+
+#[test]
+fn unrepresentable_bytes_are_dropped() {
+    // Like llama.cpp and HF without an unk token: a byte with no token is left out.
+    let tok = shared_smollm();
+    assert!(!representable_bytes()[0x04] && !representable_bytes()[0xF1]);
+    assert!(representable_bytes()[b'a' as usize]);
+    assert_eq!(tok.decode(&tok.encode("a\u{4}b", false).unwrap()).unwrap(), "ab");
+    // U+40000 is F1 80 80 80: the lead byte is dropped, the continuation bytes decode lossily.
+    let ids = tok.encode("x\u{40000}", false).unwrap();
+    assert_eq!(tok.decode(&ids).unwrap(), "x\u{FFFD}\u{FFFD}\u{FFFD}");
+}
+
+const REPLACEMENT: char = '\u{FFFD}';
+
+fn shared_smollm() -> &'static Tokenizer {
+    static TOK: std::sync::OnceLock<Tokenizer> = std::sync::OnceLock::new();
+    TOK.get_or_init(smollm)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+    #[test]
+    fn any_text_round_trips_and_streams(text in r"(?s)[a-zA-Z0-9 \t\n.,'éüß€你好世界😀🎉👍🏽\u{200d}\u{20}-\u{7e}\u{80}-\u{3ffff}\u{c0000}-\u{10ffff}\r\u{b}\u{c}]{0,40}") {
+        let tok = shared_smollm();
+        // SmolLM2's vocabulary lacks some bytes (0x04, 0xF1, ...); those are dropped (see below).
+        proptest::prop_assume!(text.bytes().all(|b| representable_bytes()[b as usize]));
+        let ids = tok.encode(&text, false).unwrap();
+        proptest::prop_assert_eq!(tok.decode(&ids).unwrap(), text.clone());
+        let pieces = stream(tok, &ids);
+        let clean = pieces.iter().all(|p| !p.contains(REPLACEMENT) || text.contains(REPLACEMENT));
+        proptest::prop_assert!(clean, "a piece holds a broken character: {:?}", pieces);
+        proptest::prop_assert_eq!(pieces.concat(), text);
+    }
+}
