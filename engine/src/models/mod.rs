@@ -7,6 +7,7 @@
 pub mod llama;
 pub mod weights;
 pub mod qwen2;
+pub mod random;
 pub mod qwen3;
 
 pub use weights::{LayerWeights, ModelWeights, TensorSource};
