@@ -15,6 +15,7 @@ use memra_engine::formats::safetensors::{HfFolderSpec, TensorDecl};
 use memra_engine::models::{Role, spec, unpermute_qk_rows};
 use memra_engine::quant::{DType, dequantize_row, quantize};
 
+use crate::rope::{ROPE_FREQS, recognise};
 use crate::sink::hf_sink;
 use crate::synth::stream_tensors;
 
@@ -130,11 +131,25 @@ pub fn convert_gguf_to_hf(args: &ConvertArgs) -> Result<ConvertReport> {
         )));
     }
     let g = Gguf::open(&args.input)?;
-    let cfg = ModelConfig::from_gguf(&g)?;
+    let mut cfg = ModelConfig::from_gguf(&g)?;
     let mut jobs = Vec::new();
     for info in g.tensors() {
-        if info.name == "rope_freqs.weight" && cfg.rope_scaling.is_some() {
-            continue; // llama3 RoPE factors: config.json's rope_scaling says the same
+        if info.name == ROPE_FREQS {
+            // llama3 RoPE factors: config.json's rope_scaling says the same.
+            if cfg.rope_scaling.is_none() {
+                let f = g
+                    .tensor(ROPE_FREQS)
+                    .filter(|t| t.dtype == DType::F32)
+                    .map(|t| t.to_f32())
+                    .transpose()?
+                    .unwrap_or_default();
+                cfg.rope_scaling = Some(recognise(&cfg, &f).ok_or_else(|| {
+                    Error::Unsupported(format!(
+                        "{ROPE_FREQS} holds RoPE factors that are not Llama 3.1's; HF config.json cannot express them"
+                    ))
+                })?);
+            }
+            continue;
         }
         let role = Role::from_gguf_name(&info.name).ok_or_else(|| {
             Error::Unsupported(format!(

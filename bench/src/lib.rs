@@ -5,6 +5,7 @@ pub mod generate;
 pub mod gguf_out;
 pub mod plan;
 pub mod rng;
+pub mod rope;
 pub mod shapes;
 pub mod sink;
 pub mod synth;

@@ -59,6 +59,10 @@ enum Cmd {
         /// Directory of the fetched models (tools/fetch-models.sh).
         #[arg(long, env = "MEMRA_MODELS_DIR")]
         models_dir: Option<PathBuf>,
+        /// GGUF: store llama3 RoPE scaling as llama.cpp does (rope_freqs.weight, no
+        /// rope.scaling.* keys) so llama.cpp can load the file.
+        #[arg(long)]
+        llamacpp_rope: bool,
         #[arg(long)]
         quiet: bool,
     },
@@ -91,6 +95,7 @@ fn run(cli: Cli) -> Result<()> {
             threads,
             shard_bytes,
             models_dir,
+            llamacpp_rope,
             quiet,
         } => {
             let home = std::env::var_os("HOME").map(PathBuf::from);
@@ -113,6 +118,7 @@ fn run(cli: Cli) -> Result<()> {
                 threads,
                 shard_bytes,
                 progress: !quiet,
+                llamacpp_rope,
             };
             synth(&args).map(|_| ())
         }

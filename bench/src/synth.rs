@@ -13,7 +13,10 @@ use memra_engine::formats::gguf::{Gguf, MetaValue};
 use memra_engine::formats::safetensors::{HfFolderSpec, TensorDecl};
 
 use crate::generate::tensor_bytes;
+use memra_engine::quant::DType;
+
 use crate::plan::{SynthDType, TensorPlan, plan};
+use crate::rope::{ROPE_FREQS, llama3_rope_factors};
 use crate::shapes::Shape;
 use crate::sink::{GgufDecl, TensorSink, gguf_sink, hf_sink};
 
@@ -60,6 +63,9 @@ pub struct SynthArgs {
     pub shard_bytes: u64,
     /// Print progress to stderr.
     pub progress: bool,
+    /// GGUF: store llama3 RoPE scaling as llama.cpp does (a `rope_freqs.weight` tensor and no
+    /// `rope.scaling.*` keys, which llama.cpp rejects) so llama.cpp can load the file.
+    pub llamacpp_rope: bool,
 }
 
 /// What was written.
@@ -127,7 +133,13 @@ pub fn synth_config(args: &SynthArgs, vocab: usize) -> Result<ModelConfig> {
 }
 
 /// GGUF metadata for `cfg`: every key `ModelConfig::from_gguf` reads, plus llama.cpp's usual ones.
-pub fn gguf_metadata(cfg: &ModelConfig, name: &str, dtype: SynthDType) -> Vec<(String, MetaValue)> {
+/// With `llamacpp_rope`, llama3 RoPE scaling keys are left out (see [`SynthArgs::llamacpp_rope`]).
+pub fn gguf_metadata(
+    cfg: &ModelConfig,
+    name: &str,
+    dtype: SynthDType,
+    llamacpp_rope: bool,
+) -> Vec<(String, MetaValue)> {
     let a = cfg.arch.gguf_name();
     let u = |v: usize| MetaValue::U32(v as u32);
     let mut m = vec![
@@ -156,7 +168,7 @@ pub fn gguf_metadata(cfg: &ModelConfig, name: &str, dtype: SynthDType) -> Vec<(S
             MetaValue::F32(cfg.rms_eps),
         ),
     ];
-    if let Some(rs) = cfg.rope_scaling {
+    if let Some(rs) = cfg.rope_scaling.filter(|_| !llamacpp_rope) {
         m.push((
             format!("{a}.rope.scaling.type"),
             MetaValue::Str("llama3".into()),
@@ -285,23 +297,14 @@ pub fn synth(args: &SynthArgs) -> Result<SynthReport> {
         .build()
         .map_err(|e| Error::Input(format!("thread pool: {e}")))?;
     let gguf_order = args.format == Format::Gguf;
-    let sink = match args.format {
-        Format::Gguf => {
-            let mut meta = gguf_metadata(&cfg, &format!("memra-synth {}", args.shape), args.dtype);
-            meta.extend(tok.gguf_meta.iter().cloned());
-            let decls: Vec<GgufDecl> = tensors
-                .iter()
-                .map(|t| GgufDecl {
-                    name: t.gguf_name(),
-                    dtype: t.dtype,
-                    dims: t.gguf_dims(),
-                })
-                .collect();
-            gguf_sink(&args.out, meta, &decls)?
+    // llama.cpp-style llama3 RoPE factors, written after the weights.
+    let rope_factors = match cfg.rope_scaling {
+        Some(rs) if gguf_order && args.llamacpp_rope => {
+            Some(llama3_rope_factors(cfg.rope_theta, cfg.head_dim, &rs))
         }
-        Format::Hf => hf_folder_sink(args, &cfg, &tensors, &tok)?,
+        _ => None,
     };
-    let names: Vec<String> = tensors
+    let mut names: Vec<String> = tensors
         .iter()
         .map(|t| {
             if gguf_order {
@@ -311,12 +314,38 @@ pub fn synth(args: &SynthArgs) -> Result<SynthReport> {
             }
         })
         .collect();
+    let sink = match args.format {
+        Format::Gguf => {
+            let name = format!("memra-synth {}", args.shape);
+            let mut meta = gguf_metadata(&cfg, &name, args.dtype, args.llamacpp_rope);
+            meta.extend(tok.gguf_meta.iter().cloned());
+            let mut decls: Vec<GgufDecl> = tensors
+                .iter()
+                .map(|t| GgufDecl {
+                    name: t.gguf_name(),
+                    dtype: t.dtype,
+                    dims: t.gguf_dims(),
+                })
+                .collect();
+            if let Some(f) = &rope_factors {
+                decls.push(GgufDecl {
+                    name: ROPE_FREQS.into(),
+                    dtype: DType::F32,
+                    dims: vec![f.len() as u64],
+                });
+                names.push(ROPE_FREQS.into());
+            }
+            gguf_sink(&args.out, meta, &decls)?
+        }
+        Format::Hf => hf_folder_sink(args, &cfg, &tensors, &tok)?,
+    };
     let seed = args.seed;
     let produce = |i: usize| -> Result<Vec<u8>> {
-        let t = tensors
-            .get(i)
-            .ok_or_else(|| Error::Input(format!("tensor {i} out of range")))?;
-        pool.install(|| tensor_bytes(seed, t, &cfg, gguf_order))
+        match (tensors.get(i), &rope_factors) {
+            (Some(t), _) => pool.install(|| tensor_bytes(seed, t, &cfg, gguf_order)),
+            (None, Some(f)) => Ok(f.iter().flat_map(|v| v.to_le_bytes()).collect()),
+            (None, None) => Err(Error::Input(format!("tensor {i} out of range"))),
+        }
     };
     let bytes = stream_tensors(&names, &produce, sink, args.progress)?;
     let seconds = start.elapsed().as_secs_f64();
@@ -324,13 +353,13 @@ pub fn synth(args: &SynthArgs) -> Result<SynthReport> {
         eprintln!(
             "wrote {} ({} tensors, {:.2} GB) in {seconds:.1} s",
             args.out.display(),
-            tensors.len(),
+            names.len(),
             bytes as f64 / 1e9
         );
     }
     Ok(SynthReport {
         config: cfg,
-        tensors: tensors.len(),
+        tensors: names.len(),
         bytes,
         seconds,
     })

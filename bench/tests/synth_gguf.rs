@@ -29,13 +29,19 @@ fn args(shape: Shape, dtype: SynthDType, seed: u64, out: PathBuf) -> SynthArgs {
         threads: None,
         shard_bytes: 1 << 30,
         progress: false,
+        llamacpp_rope: false,
     }
 }
 
 /// Opens a synthetic GGUF and checks config, tensor list, types and bytes against the plan.
 fn check_gguf(path: &Path, a: &SynthArgs, cfg: &ModelConfig) {
     let g = Gguf::open(path).unwrap();
-    assert_eq!(&ModelConfig::from_gguf(&g).unwrap(), cfg, "{}", path.display());
+    assert_eq!(
+        &ModelConfig::from_gguf(&g).unwrap(),
+        cfg,
+        "{}",
+        path.display()
+    );
     let p = plan(cfg, a.dtype);
     let names: Vec<String> = g.tensors().iter().map(|t| t.name.clone()).collect();
     let want: Vec<String> = p.iter().map(|t| t.gguf_name()).collect();
@@ -47,7 +53,11 @@ fn check_gguf(path: &Path, a: &SynthArgs, cfg: &ModelConfig) {
         let want = tensor_bytes(a.seed, t, cfg, true).unwrap();
         assert_eq!(&got.data[..], &want[..], "{}", t.gguf_name());
         let vals = got.to_f32().unwrap();
-        assert!(vals.iter().all(|v| v.is_finite() && v.abs() < 1.2), "{}", t.gguf_name());
+        assert!(
+            vals.iter().all(|v| v.is_finite() && v.abs() < 1.2),
+            "{}",
+            t.gguf_name()
+        );
     }
 }
 
@@ -87,7 +97,10 @@ fn q4_k_m_on_k_quant_friendly_rows() {
     assert_eq!(ty("blk.0.ffn_down.weight"), DType::Q6_K);
     assert_eq!(ty("blk.0.attn_q.weight"), DType::Q5_0);
     assert_eq!(ty("token_embd.weight"), DType::Q8_0);
-    assert_eq!(g.get("general.file_type").and_then(|v| v.as_u64()), Some(15));
+    assert_eq!(
+        g.get("general.file_type").and_then(|v| v.as_u64()),
+        Some(15)
+    );
 }
 
 #[test]
@@ -120,7 +133,43 @@ fn llama3_rope_scaling_round_trips() {
     let rep = synth(&a).unwrap();
     let g = Gguf::open(&out).unwrap();
     assert_eq!(ModelConfig::from_gguf(&g).unwrap(), rep.config);
-    assert_eq!(rep.config.rope_scaling, Shape::Llama3_8b.config(VOCAB).rope_scaling);
+    assert_eq!(
+        rep.config.rope_scaling,
+        Shape::Llama3_8b.config(VOCAB).rope_scaling
+    );
+}
+
+#[test]
+fn llama3_rope_scaling_the_llama_cpp_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("l3.gguf");
+    let mut a = args(Shape::Llama3_8b, SynthDType::F16, 1, out.clone());
+    a.layers = Some(1);
+    a.llamacpp_rope = true;
+    let rep = synth(&a).unwrap();
+    let g = Gguf::open(&out).unwrap();
+    assert!(g.get("llama.rope.scaling.type").is_none());
+    let f = g.tensor("rope_freqs.weight").unwrap();
+    assert_eq!(f.dtype, DType::F32);
+    assert_eq!(f.shape, vec![64]);
+    let f = f.to_f32().unwrap();
+    assert_eq!((f[0], f[63]), (1.0, 8.0));
+    let mut cfg = rep.config.clone();
+    cfg.rope_scaling = None; // the keys are not there; the tensor carries the scaling
+    assert_eq!(ModelConfig::from_gguf(&g).unwrap(), cfg);
+    // convert recognises the factors and writes rope_scaling into config.json.
+    let hf = dir.path().join("hf");
+    let c = ConvertArgs {
+        input: out,
+        out: hf.clone(),
+        dtype: None,
+        shard_bytes: 1 << 30,
+        progress: false,
+    };
+    convert_gguf_to_hf(&c).unwrap();
+    let m = HfModel::open(&hf).unwrap();
+    assert_eq!(m.config, rep.config);
+    assert!(m.tensor_names().iter().all(|n| !n.contains("rope")));
 }
 
 fn synth_config_small(a: &SynthArgs) -> ModelConfig {
@@ -139,14 +188,26 @@ fn check_converted(gguf: &Path, hf: &Path, forced: Option<DType>) {
         let gt = g.tensor(&info.name).unwrap();
         let ht = m.tensor(&role.hf_name()).unwrap().unwrap();
         assert_eq!(ht.shape, gt.shape, "{}", info.name);
-        let want_dtype = forced.unwrap_or(if gt.dtype.is_float() { gt.dtype } else { DType::F32 });
+        let want_dtype = forced.unwrap_or(if gt.dtype.is_float() {
+            gt.dtype
+        } else {
+            DType::F32
+        });
         assert_eq!(ht.dtype, want_dtype, "{}", info.name);
-        let mut want: Vec<u8> = gt.to_f32().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut want: Vec<u8> = gt
+            .to_f32()
+            .unwrap()
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
         let permuted = matches!(role, Role::Q(_) | Role::K(_)) && spec(cfg.arch).gguf_qk_permuted;
         if permuted {
             want = unpermute_qk_rows(&want, gt.shape[1] * 4, cfg.head_dim);
         }
-        let want: Vec<f32> = want.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let want: Vec<f32> = want
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
         let got = ht.to_f32().unwrap();
         if want_dtype == DType::F32 || want_dtype == gt.dtype {
             assert_eq!(got, want, "{}", info.name);
@@ -207,7 +268,10 @@ fn gguf_f32_converted_equals_hf_synth() {
         let mut a = args(shape, SynthDType::F32, 33, direct.clone());
         a.format = Format::Hf;
         synth(&a).unwrap();
-        let (m1, m2) = (HfModel::open(&conv).unwrap(), HfModel::open(&direct).unwrap());
+        let (m1, m2) = (
+            HfModel::open(&conv).unwrap(),
+            HfModel::open(&direct).unwrap(),
+        );
         assert_eq!(m1.config, m2.config);
         let p = plan(&m1.config, SynthDType::F32);
         for t in &p {
@@ -220,7 +284,10 @@ fn gguf_f32_converted_equals_hf_synth() {
             // The GGUF really is permuted: its q rows differ from the HF ones.
             let g = Gguf::open(&dir.path().join(format!("{shape}.gguf"))).unwrap();
             let gq = g.tensor("blk.0.attn_q.weight").unwrap();
-            let hq = m2.tensor("model.layers.0.self_attn.q_proj.weight").unwrap().unwrap();
+            let hq = m2
+                .tensor("model.layers.0.self_attn.q_proj.weight")
+                .unwrap()
+                .unwrap();
             assert_ne!(&gq.data[..], &hq.data[..]);
         }
     }

@@ -25,6 +25,7 @@ fn args(shape: Shape, dtype: SynthDType, seed: u64, out: PathBuf) -> SynthArgs {
         threads: None,
         shard_bytes: 1 << 30,
         progress: false,
+        llamacpp_rope: false,
     }
 }
 
