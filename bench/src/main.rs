@@ -1,1 +1,165 @@
-fn main() {}
+//! `memra-bench`: synthetic models and format conversion. Every flag and environment variable
+//! of the binary is declared here.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use memra_bench::convert::{ConvertArgs, convert_gguf_to_hf};
+use memra_bench::plan::SynthDType;
+use memra_bench::shapes::Shape;
+use memra_bench::synth::{Format, SynthArgs, TokenizerSource, default_tokenizer_path, synth};
+use memra_engine::error::{Error, Result};
+use memra_engine::quant::DType;
+
+#[derive(Parser)]
+#[command(
+    name = "memra-bench",
+    about = "memra benchmarks, synthetic models and conversions"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Write a deterministic synthetic model of a real shape (random weights, real tokenizer).
+    Synth {
+        /// smollm2-135m, llama3-8b, qwen3-8b, tiny-llama, tiny-qwen2, tiny-qwen3.
+        #[arg(long)]
+        shape: String,
+        /// f32, f16, bf16, q8_0, q4_0, q4_k_m (llama.cpp's mix).
+        #[arg(long, default_value = "f16")]
+        dtype: String,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Output GGUF file or HF folder.
+        #[arg(long)]
+        out: PathBuf,
+        /// gguf or hf.
+        #[arg(long, default_value = "gguf")]
+        format: String,
+        /// Override the number of layers.
+        #[arg(long)]
+        layers: Option<usize>,
+        /// GGUF whose tokenizer is copied ("none": no tokenizer, see --vocab).
+        #[arg(long)]
+        tokenizer_from: Option<String>,
+        /// Vocabulary size when --tokenizer-from none.
+        #[arg(long, default_value_t = 49152)]
+        vocab: usize,
+        /// Worker threads (default: one per core). The output does not depend on it.
+        #[arg(long)]
+        threads: Option<usize>,
+        /// HF shard size limit in bytes.
+        #[arg(long, default_value_t = 5_000_000_000)]
+        shard_bytes: u64,
+        /// Directory of the fetched models (tools/fetch-models.sh).
+        #[arg(long, env = "MEMRA_MODELS_DIR")]
+        models_dir: Option<PathBuf>,
+        /// GGUF: store llama3 RoPE scaling as llama.cpp does (rope_freqs.weight, no
+        /// rope.scaling.* keys) so llama.cpp can load the file.
+        #[arg(long)]
+        llamacpp_rope: bool,
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Convert a GGUF file to an HF folder (config.json, model.safetensors, tokenizer files).
+    Convert {
+        input: PathBuf,
+        out: PathBuf,
+        /// f32, f16 or bf16 for every tensor (default: keep float tensors, quantized -> f32).
+        #[arg(long)]
+        dtype: Option<String>,
+        /// Shard size limit in bytes.
+        #[arg(long, default_value_t = 5_000_000_000)]
+        shard_bytes: u64,
+        #[arg(long)]
+        quiet: bool,
+    },
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Synth {
+            shape,
+            dtype,
+            seed,
+            out,
+            format,
+            layers,
+            tokenizer_from,
+            vocab,
+            threads,
+            shard_bytes,
+            models_dir,
+            llamacpp_rope,
+            quiet,
+        } => {
+            let home = std::env::var_os("HOME").map(PathBuf::from);
+            let tokenizer = match tokenizer_from.as_deref() {
+                Some("none") => TokenizerSource::None { vocab },
+                Some(p) => TokenizerSource::Gguf(PathBuf::from(p)),
+                None => TokenizerSource::Gguf(default_tokenizer_path(
+                    models_dir.as_deref(),
+                    home.as_deref(),
+                )),
+            };
+            let args = SynthArgs {
+                shape: shape.parse::<Shape>()?,
+                dtype: dtype.parse::<SynthDType>()?,
+                seed,
+                out,
+                format: format.parse::<Format>()?,
+                layers,
+                tokenizer,
+                threads,
+                shard_bytes,
+                progress: !quiet,
+                llamacpp_rope,
+            };
+            synth(&args).map(|_| ())
+        }
+        Cmd::Convert {
+            input,
+            out,
+            dtype,
+            shard_bytes,
+            quiet,
+        } => {
+            let dtype = dtype
+                .map(|d| d.parse::<DType>())
+                .transpose()
+                .map_err(|e| Error::Input(format!("--dtype: {e}")))?;
+            let args = ConvertArgs {
+                input,
+                out,
+                dtype,
+                shard_bytes,
+                progress: !quiet,
+            };
+            let r = convert_gguf_to_hf(&args)?;
+            if !quiet {
+                eprintln!(
+                    "converted {} tensors ({:.2} GB) in {:.1} s",
+                    r.tensors,
+                    r.bytes as f64 / 1e9,
+                    r.seconds
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("memra-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

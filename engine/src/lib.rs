@@ -5,6 +5,7 @@ pub mod chat;
 pub mod config;
 pub mod error;
 pub mod formats;
+pub mod generate;
 pub mod loader;
 pub mod models;
 pub mod quant;

@@ -5,8 +5,12 @@
 //! with [`unpermute_qk_rows`], so GGUF and HF copies of a model give identical weights.
 
 pub mod llama;
+pub mod weights;
 pub mod qwen2;
+pub mod random;
 pub mod qwen3;
+
+pub use weights::{LayerWeights, ModelWeights, TensorSource};
 
 use crate::config::Arch;
 

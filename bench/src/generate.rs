@@ -1,0 +1,84 @@
+//! Tensor data of synthetic models, generated in parallel row chunks.
+
+use rayon::prelude::*;
+
+use memra_engine::config::ModelConfig;
+use memra_engine::error::{Error, Result};
+use memra_engine::models::{Role, permute_qk_rows, spec};
+use memra_engine::quant::quantize;
+
+use crate::plan::{Init, TensorPlan};
+use crate::rng;
+
+/// Elements generated per parallel work item (whole rows, at least one).
+const CHUNK_ELEMS: usize = 1 << 16;
+
+/// The f32 values of elements `first..first + out.len()` of tensor `t` (row-major, HF order).
+pub fn fill_values(seed: u64, t: &TensorPlan, first: u64, out: &mut [f32]) {
+    let key = rng::tensor_key(seed, &t.hf_name());
+    match t.init {
+        Init::Normal { std } => rng::fill_normal(key, first, 0.0, std, out),
+        Init::NearOne { std } => rng::fill_normal(key, first, 1.0, std, out),
+    }
+}
+
+/// All f32 values of a tensor, in HF row order (for tests and conversions).
+pub fn tensor_values(seed: u64, t: &TensorPlan) -> Vec<f32> {
+    let n: usize = t.shape.iter().product();
+    let mut v = vec![0f32; n];
+    fill_values(seed, t, 0, &mut v);
+    v
+}
+
+/// The stored bytes of tensor `t`: values quantized to `t.dtype`, generated and quantized in
+/// parallel chunks of whole rows. With `gguf_order`, llama q/k rows are permuted the way GGUF
+/// files store them. The result depends only on (seed, t, cfg), never on the thread count.
+pub fn tensor_bytes(
+    seed: u64,
+    t: &TensorPlan,
+    cfg: &ModelConfig,
+    gguf_order: bool,
+) -> Result<Vec<u8>> {
+    let (rows, cols) = t.rows_cols();
+    let row_bytes = t.dtype.bytes_for(cols as u64).ok_or_else(|| {
+        Error::Quant(format!(
+            "{}: row length {cols} does not fit {}",
+            t.hf_name(),
+            t.dtype
+        ))
+    })? as usize;
+    let rows_per_chunk = (CHUNK_ELEMS / cols.max(1)).max(1);
+    let mut out = vec![0u8; rows * row_bytes];
+    out.par_chunks_mut(rows_per_chunk * row_bytes)
+        .enumerate()
+        .try_for_each(|(ci, dst)| -> Result<()> {
+            let first = (ci * rows_per_chunk * cols) as u64;
+            let mut vals = vec![0f32; dst.len() / row_bytes * cols];
+            fill_values(seed, t, first, &mut vals);
+            let q = quantize(t.dtype, &vals)?;
+            if q.len() != dst.len() {
+                return Err(Error::Quant(format!(
+                    "{}: quantizer returned {} bytes, expected {}",
+                    t.hf_name(),
+                    q.len(),
+                    dst.len()
+                )));
+            }
+            dst.copy_from_slice(&q);
+            Ok(())
+        })?;
+    let permuted = matches!(
+        t.role,
+        Role::Q(_) | Role::K(_) | Role::QBias(_) | Role::KBias(_)
+    );
+    if gguf_order && permuted && spec(cfg.arch).gguf_qk_permuted {
+        // A 1-D bias is one row of `rows` elements here; permute element-wise then.
+        out = if t.shape.len() == 1 {
+            let eb = t.dtype.bytes_for(1).unwrap_or(4) as usize;
+            permute_qk_rows(&out, eb, cfg.head_dim)
+        } else {
+            permute_qk_rows(&out, row_bytes, cfg.head_dim)
+        };
+    }
+    Ok(out)
+}

@@ -1,0 +1,12 @@
+//! memra-bench: synthetic models (`synth`), GGUF -> HF conversion (`convert`) and benchmarks.
+
+pub mod convert;
+pub mod generate;
+pub mod gguf_out;
+pub mod plan;
+pub mod rng;
+pub mod rope;
+pub mod shapes;
+pub mod sink;
+pub mod synth;
+pub mod tok;

@@ -1,0 +1,276 @@
+//! Which tensors a synthetic model has, their shapes, storage types and initialisation.
+
+use memra_engine::config::ModelConfig;
+use memra_engine::error::{Error, Result};
+use memra_engine::models::{Role, spec};
+use memra_engine::quant::DType;
+
+/// The `--dtype` of `synth`: one type for every matrix, or llama.cpp's Q4_K_M mix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SynthDType {
+    F32,
+    F16,
+    BF16,
+    Q8_0,
+    Q4_0,
+    Q4KM,
+}
+
+impl SynthDType {
+    pub const ALL: [SynthDType; 6] = [
+        SynthDType::F32,
+        SynthDType::F16,
+        SynthDType::BF16,
+        SynthDType::Q8_0,
+        SynthDType::Q4_0,
+        SynthDType::Q4KM,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SynthDType::F32 => "f32",
+            SynthDType::F16 => "f16",
+            SynthDType::BF16 => "bf16",
+            SynthDType::Q8_0 => "q8_0",
+            SynthDType::Q4_0 => "q4_0",
+            SynthDType::Q4KM => "q4_k_m",
+        }
+    }
+
+    /// llama.cpp's `general.file_type` (enum llama_ftype).
+    pub fn gguf_file_type(self) -> u32 {
+        match self {
+            SynthDType::F32 => 0,
+            SynthDType::F16 => 1,
+            SynthDType::Q4_0 => 2,
+            SynthDType::Q8_0 => 7,
+            SynthDType::Q4KM => 15,
+            SynthDType::BF16 => 32,
+        }
+    }
+
+    /// The plain float type, for formats that hold only floats (HF folders).
+    pub fn float_type(self) -> Option<DType> {
+        match self {
+            SynthDType::F32 => Some(DType::F32),
+            SynthDType::F16 => Some(DType::F16),
+            SynthDType::BF16 => Some(DType::BF16),
+            _ => None,
+        }
+    }
+}
+
+impl std::str::FromStr for SynthDType {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<SynthDType> {
+        let l = s.to_ascii_lowercase();
+        SynthDType::ALL
+            .into_iter()
+            .find(|d| d.name() == l)
+            .ok_or_else(|| {
+                let names: Vec<&str> = SynthDType::ALL.iter().map(|d| d.name()).collect();
+                Error::Input(format!(
+                    "unknown --dtype `{s}` (known: {})",
+                    names.join(", ")
+                ))
+            })
+    }
+}
+
+/// How a tensor's values are drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Init {
+    /// Roughly normal, mean 0, standard deviation `std`.
+    Normal { std: f32 },
+    /// Roughly normal around 1 (norm weights).
+    NearOne { std: f32 },
+}
+
+/// One tensor of a synthetic model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorPlan {
+    pub role: Role,
+    /// Shape outermost first (HF order).
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    pub init: Init,
+}
+
+impl TensorPlan {
+    pub fn hf_name(&self) -> String {
+        self.role.hf_name()
+    }
+    pub fn gguf_name(&self) -> String {
+        self.role.gguf_name()
+    }
+    /// Dimensions in ggml order (row length first).
+    pub fn gguf_dims(&self) -> Vec<u64> {
+        self.shape.iter().rev().map(|&d| d as u64).collect()
+    }
+    /// (rows, row length).
+    pub fn rows_cols(&self) -> (usize, usize) {
+        let cols = *self.shape.last().unwrap_or(&1);
+        (self.shape.iter().product::<usize>() / cols.max(1), cols)
+    }
+    pub fn nbytes(&self) -> u64 {
+        let (rows, cols) = self.rows_cols();
+        self.dtype.bytes_for(cols as u64).unwrap_or(0) * rows as u64
+    }
+}
+
+/// llama.cpp's `use_more_bits`: the first and last eighth of the layers and every third between.
+pub fn use_more_bits(layer: usize, n_layers: usize) -> bool {
+    layer < n_layers / 8
+        || layer >= 7 * n_layers / 8
+        || (layer >= n_layers / 8 && (layer - n_layers / 8) % 3 == 2)
+}
+
+/// llama.cpp's fallback when a row is not a multiple of the k-quant super-block.
+fn fallback(d: DType, cols: usize) -> DType {
+    if cols % d.block_size() == 0 {
+        return d;
+    }
+    let alt = match d {
+        DType::Q4_K => DType::Q5_0,
+        DType::Q5_K => DType::Q5_1,
+        DType::Q6_K => DType::Q8_0,
+        _ => DType::F16,
+    };
+    if cols % alt.block_size() == 0 {
+        alt
+    } else {
+        DType::F16
+    }
+}
+
+/// The storage type of a 2-D tensor with role `role` and row length `cols`.
+fn matrix_type(dt: SynthDType, role: Role, cfg: &ModelConfig, cols: usize) -> DType {
+    let base = match dt {
+        SynthDType::F32 => DType::F32,
+        SynthDType::F16 => DType::F16,
+        SynthDType::BF16 => DType::BF16,
+        SynthDType::Q8_0 => DType::Q8_0,
+        SynthDType::Q4_0 => DType::Q4_0,
+        SynthDType::Q4KM => match role {
+            Role::Output => DType::Q6_K,
+            // Tied: the embedding is also the LM head, which llama.cpp keeps at Q6_K.
+            Role::TokenEmbd if cfg.tie_embeddings => DType::Q6_K,
+            Role::V(l) | Role::Down(l) if use_more_bits(l, cfg.n_layers) => DType::Q6_K,
+            _ => DType::Q4_K,
+        },
+    };
+    fallback(base, cols)
+}
+
+/// Every tensor of a model of config `cfg`, in file order: embedding, layers, final norm, output.
+pub fn plan(cfg: &ModelConfig, dt: SynthDType) -> Vec<TensorPlan> {
+    let s = spec(cfg.arch);
+    let (h, hd) = (cfg.hidden, cfg.head_dim);
+    let (qd, kvd) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
+    let w = Init::Normal { std: 0.02 };
+    let norm = Init::NearOne { std: 0.02 };
+    let bias = Init::Normal { std: 0.01 };
+    let mut out = Vec::new();
+    let mat = |role: Role, rows: usize, cols: usize| TensorPlan {
+        role,
+        shape: vec![rows, cols],
+        dtype: matrix_type(dt, role, cfg, cols),
+        init: w,
+    };
+    let vec1 = |role: Role, n: usize, init: Init| TensorPlan {
+        role,
+        shape: vec![n],
+        dtype: DType::F32,
+        init,
+    };
+    out.push(mat(Role::TokenEmbd, cfg.vocab, h));
+    for l in 0..cfg.n_layers {
+        out.push(vec1(Role::AttnNorm(l), h, norm));
+        out.push(mat(Role::Q(l), qd, h));
+        out.push(mat(Role::K(l), kvd, h));
+        out.push(mat(Role::V(l), kvd, h));
+        if s.qkv_bias {
+            out.push(vec1(Role::QBias(l), qd, bias));
+            out.push(vec1(Role::KBias(l), kvd, bias));
+            out.push(vec1(Role::VBias(l), kvd, bias));
+        }
+        if s.qk_norm {
+            out.push(vec1(Role::QNorm(l), hd, norm));
+            out.push(vec1(Role::KNorm(l), hd, norm));
+        }
+        out.push(mat(Role::AttnOut(l), h, qd));
+        out.push(vec1(Role::FfnNorm(l), h, norm));
+        out.push(mat(Role::Gate(l), cfg.ffn, h));
+        out.push(mat(Role::Up(l), cfg.ffn, h));
+        out.push(mat(Role::Down(l), h, cfg.ffn));
+    }
+    out.push(vec1(Role::OutputNorm, h, norm));
+    if !cfg.tie_embeddings {
+        out.push(mat(Role::Output, cfg.vocab, h));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shapes::Shape;
+
+    #[test]
+    fn more_bits_rule_matches_llama_cpp() {
+        // 32 layers: 0..4, 28..32, and 4 + 2, 4 + 5, ... between.
+        let picked: Vec<usize> = (0..32).filter(|&l| use_more_bits(l, 32)).collect();
+        assert_eq!(
+            picked,
+            vec![0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
+        );
+    }
+
+    #[test]
+    fn q4_k_m_mix() {
+        let cfg = Shape::Llama3_8b.config(49152);
+        let p = plan(&cfg, SynthDType::Q4KM);
+        let ty = |r: Role| p.iter().find(|t| t.role == r).map(|t| t.dtype);
+        assert_eq!(ty(Role::Output), Some(DType::Q6_K));
+        assert_eq!(ty(Role::TokenEmbd), Some(DType::Q4_K));
+        assert_eq!(ty(Role::V(0)), Some(DType::Q6_K));
+        assert_eq!(ty(Role::V(4)), Some(DType::Q4_K));
+        assert_eq!(ty(Role::Down(6)), Some(DType::Q6_K));
+        assert_eq!(ty(Role::Q(0)), Some(DType::Q4_K));
+        assert_eq!(ty(Role::AttnNorm(0)), Some(DType::F32));
+        // 32 layers * 9 + embedding + norm + output.
+        assert_eq!(p.len(), 32 * 9 + 3);
+        // SmolLM2's 576-wide rows are not a multiple of 256: llama.cpp's Q5_0 / Q8_0 fallback.
+        let p = plan(&Shape::Smollm2_135m.config(49152), SynthDType::Q4KM);
+        assert!(
+            p.iter()
+                .all(|t| t.dtype != DType::Q4_K || t.shape[1] % 256 == 0)
+        );
+        let ty = |r: Role| p.iter().find(|t| t.role == r).map(|t| t.dtype);
+        assert_eq!(ty(Role::Q(1)), Some(DType::Q5_0));
+        assert_eq!(ty(Role::TokenEmbd), Some(DType::Q8_0));
+        assert_eq!(ty(Role::Down(4)), Some(DType::Q4_K)); // row length 1536 = 6 * 256
+        assert_eq!(ty(Role::Down(5)), Some(DType::Q6_K)); // use_more_bits(5, 30)
+    }
+
+    #[test]
+    fn arch_specific_tensors() {
+        let p = plan(&Shape::TinyQwen2.config(100), SynthDType::F16);
+        assert!(
+            p.iter()
+                .any(|t| t.role == Role::QBias(1) && t.dtype == DType::F32)
+        );
+        assert!(p.iter().any(|t| t.role == Role::Output));
+        let p = plan(&Shape::TinyQwen3.config(100), SynthDType::F16);
+        assert!(
+            p.iter()
+                .any(|t| t.role == Role::KNorm(0) && t.shape == vec![16])
+        );
+        assert!(!p.iter().any(|t| t.role == Role::Output));
+        let p = plan(&Shape::TinyLlama.config(100), SynthDType::Q8_0);
+        assert!(
+            p.iter()
+                .all(|t| t.shape.len() == 1 || t.dtype == DType::Q8_0)
+        );
+    }
+}

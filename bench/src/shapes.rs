@@ -1,0 +1,135 @@
+//! The model shapes `memra-bench synth` can generate.
+
+use memra_engine::config::{Arch, Llama3RopeScaling, ModelConfig};
+use memra_engine::error::{Error, Result};
+
+/// A named model shape. The vocabulary comes from the tokenizer the model is paired with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// SmolLM2-135M: llama, 30 layers, hidden 576, 9/3 heads, tied embeddings.
+    Smollm2_135m,
+    /// Llama-3-8B body (llama3 RoPE scaling, untied) with the SmolLM2 vocabulary.
+    Llama3_8b,
+    /// Qwen3-8B body (q/k norm, untied) with the SmolLM2 vocabulary.
+    Qwen3_8b,
+    /// 2 layers, hidden 64, 4/2 heads of 16, ffn 128: for tests.
+    TinyLlama,
+    TinyQwen2,
+    TinyQwen3,
+}
+
+impl Shape {
+    pub const ALL: [Shape; 6] = [
+        Shape::Smollm2_135m,
+        Shape::Llama3_8b,
+        Shape::Qwen3_8b,
+        Shape::TinyLlama,
+        Shape::TinyQwen2,
+        Shape::TinyQwen3,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Shape::Smollm2_135m => "smollm2-135m",
+            Shape::Llama3_8b => "llama3-8b",
+            Shape::Qwen3_8b => "qwen3-8b",
+            Shape::TinyLlama => "tiny-llama",
+            Shape::TinyQwen2 => "tiny-qwen2",
+            Shape::TinyQwen3 => "tiny-qwen3",
+        }
+    }
+
+    /// The config of this shape with vocabulary `vocab`.
+    pub fn config(self, vocab: usize) -> ModelConfig {
+        let base = ModelConfig {
+            arch: Arch::Llama,
+            n_layers: 2,
+            hidden: 64,
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 16,
+            ffn: 128,
+            vocab,
+            rope_theta: 10000.0,
+            rope_scaling: None,
+            rms_eps: 1e-5,
+            max_ctx: 8192,
+            tie_embeddings: true,
+        };
+        match self {
+            Shape::Smollm2_135m => ModelConfig {
+                n_layers: 30,
+                hidden: 576,
+                n_heads: 9,
+                n_kv_heads: 3,
+                head_dim: 64,
+                ffn: 1536,
+                rope_theta: 100000.0,
+                ..base
+            },
+            Shape::Llama3_8b => ModelConfig {
+                n_layers: 32,
+                hidden: 4096,
+                n_heads: 32,
+                n_kv_heads: 8,
+                head_dim: 128,
+                ffn: 14336,
+                rope_theta: 500000.0,
+                rope_scaling: Some(Llama3RopeScaling {
+                    factor: 8.0,
+                    low_freq_factor: 1.0,
+                    high_freq_factor: 4.0,
+                    original_max_position_embeddings: 8192,
+                }),
+                tie_embeddings: false,
+                ..base
+            },
+            Shape::Qwen3_8b => ModelConfig {
+                arch: Arch::Qwen3,
+                n_layers: 36,
+                hidden: 4096,
+                n_heads: 32,
+                n_kv_heads: 8,
+                head_dim: 128,
+                ffn: 12288,
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                tie_embeddings: false,
+                ..base
+            },
+            Shape::TinyLlama => base,
+            Shape::TinyQwen2 => ModelConfig {
+                arch: Arch::Qwen2,
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                tie_embeddings: false,
+                ..base
+            },
+            Shape::TinyQwen3 => ModelConfig {
+                arch: Arch::Qwen3,
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                ..base
+            },
+        }
+    }
+}
+
+impl std::str::FromStr for Shape {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Shape> {
+        Shape::ALL
+            .into_iter()
+            .find(|x| x.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Shape::ALL.iter().map(|x| x.name()).collect();
+                Error::Input(format!("unknown shape `{s}` (known: {})", names.join(", ")))
+            })
+    }
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

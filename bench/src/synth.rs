@@ -1,0 +1,415 @@
+//! `memra-bench synth`: deterministic synthetic models (GGUF or HF folder) of real shapes.
+//!
+//! Tensors are generated one after another, each in parallel row chunks (rayon), and handed
+//! to a writer thread through a one-slot channel, so at most about three tensors are in memory.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Instant;
+
+use memra_engine::config::ModelConfig;
+use memra_engine::error::{Error, Result};
+use memra_engine::formats::gguf::{Gguf, MetaValue};
+use memra_engine::formats::safetensors::{HfFolderSpec, TensorDecl};
+
+use crate::generate::tensor_bytes;
+use memra_engine::quant::DType;
+
+use crate::plan::{SynthDType, TensorPlan, plan};
+use crate::rope::{ROPE_FREQS, llama3_rope_factors};
+use crate::shapes::Shape;
+use crate::sink::{GgufDecl, TensorSink, gguf_sink, hf_sink};
+
+/// Output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Gguf,
+    Hf,
+}
+
+impl std::str::FromStr for Format {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Format> {
+        match s {
+            "gguf" => Ok(Format::Gguf),
+            "hf" => Ok(Format::Hf),
+            _ => Err(Error::Input(format!("unknown --format `{s}` (gguf or hf)"))),
+        }
+    }
+}
+
+/// Where the tokenizer comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TokenizerSource {
+    /// Copy tokenizer.* metadata (and the chat template) from this GGUF.
+    Gguf(PathBuf),
+    /// No tokenizer; the vocabulary size is given.
+    None { vocab: usize },
+}
+
+/// Everything `synth` needs.
+#[derive(Clone, Debug)]
+pub struct SynthArgs {
+    pub shape: Shape,
+    pub dtype: SynthDType,
+    pub seed: u64,
+    pub out: PathBuf,
+    pub format: Format,
+    pub layers: Option<usize>,
+    pub tokenizer: TokenizerSource,
+    /// Worker threads (None: rayon's default, one per core).
+    pub threads: Option<usize>,
+    /// HF shard size limit.
+    pub shard_bytes: u64,
+    /// Print progress to stderr.
+    pub progress: bool,
+    /// GGUF: store llama3 RoPE scaling as llama.cpp does (a `rope_freqs.weight` tensor and no
+    /// `rope.scaling.*` keys, which llama.cpp rejects) so llama.cpp can load the file.
+    pub llamacpp_rope: bool,
+}
+
+/// What was written.
+#[derive(Clone, Debug)]
+pub struct SynthReport {
+    pub config: ModelConfig,
+    pub tensors: usize,
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+/// The tokenizer of a synthetic model: GGUF metadata entries and, for HF output, files.
+pub struct TokenizerParts {
+    pub vocab: usize,
+    pub gguf_meta: Vec<(String, MetaValue)>,
+    pub source: Option<Gguf>,
+}
+
+/// Reads the tokenizer source.
+pub fn load_tokenizer(src: &TokenizerSource) -> Result<TokenizerParts> {
+    match src {
+        TokenizerSource::None { vocab } => Ok(TokenizerParts {
+            vocab: *vocab,
+            gguf_meta: Vec::new(),
+            source: None,
+        }),
+        TokenizerSource::Gguf(p) => {
+            if !p.is_file() {
+                return Err(Error::Input(format!(
+                    "tokenizer source {} not found: run tools/fetch-models.sh (or pass --tokenizer-from)",
+                    p.display()
+                )));
+            }
+            let g = Gguf::open(p)?;
+            let gguf_meta: Vec<(String, MetaValue)> = g
+                .metadata()
+                .iter()
+                .filter(|(k, _)| k.starts_with("tokenizer."))
+                .cloned()
+                .collect();
+            let vocab = g
+                .get("tokenizer.ggml.tokens")
+                .and_then(|v| v.as_array())
+                .map(|a| a.len())
+                .ok_or_else(|| {
+                    Error::Tokenizer(format!("{} has no tokenizer.ggml.tokens", p.display()))
+                })?;
+            Ok(TokenizerParts {
+                vocab,
+                gguf_meta,
+                source: Some(g),
+            })
+        }
+    }
+}
+
+/// The config of the model `args` describes.
+pub fn synth_config(args: &SynthArgs, vocab: usize) -> Result<ModelConfig> {
+    let mut cfg = args.shape.config(vocab);
+    if let Some(l) = args.layers {
+        cfg.n_layers = l;
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// GGUF metadata for `cfg`: every key `ModelConfig::from_gguf` reads, plus llama.cpp's usual ones.
+/// With `llamacpp_rope`, llama3 RoPE scaling keys are left out (see [`SynthArgs::llamacpp_rope`]).
+pub fn gguf_metadata(
+    cfg: &ModelConfig,
+    name: &str,
+    dtype: SynthDType,
+    llamacpp_rope: bool,
+) -> Vec<(String, MetaValue)> {
+    let a = cfg.arch.gguf_name();
+    let u = |v: usize| MetaValue::U32(v as u32);
+    let mut m = vec![
+        ("general.architecture".to_string(), MetaValue::Str(a.into())),
+        ("general.name".to_string(), MetaValue::Str(name.into())),
+        (
+            "general.file_type".to_string(),
+            MetaValue::U32(dtype.gguf_file_type()),
+        ),
+        (format!("{a}.vocab_size"), u(cfg.vocab)),
+        (format!("{a}.context_length"), u(cfg.max_ctx)),
+        (format!("{a}.embedding_length"), u(cfg.hidden)),
+        (format!("{a}.block_count"), u(cfg.n_layers)),
+        (format!("{a}.feed_forward_length"), u(cfg.ffn)),
+        (format!("{a}.attention.head_count"), u(cfg.n_heads)),
+        (format!("{a}.attention.head_count_kv"), u(cfg.n_kv_heads)),
+        (format!("{a}.attention.key_length"), u(cfg.head_dim)),
+        (format!("{a}.attention.value_length"), u(cfg.head_dim)),
+        (format!("{a}.rope.dimension_count"), u(cfg.head_dim)),
+        (
+            format!("{a}.rope.freq_base"),
+            MetaValue::F32(cfg.rope_theta),
+        ),
+        (
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            MetaValue::F32(cfg.rms_eps),
+        ),
+    ];
+    if let Some(rs) = cfg.rope_scaling.filter(|_| !llamacpp_rope) {
+        m.push((
+            format!("{a}.rope.scaling.type"),
+            MetaValue::Str("llama3".into()),
+        ));
+        m.push((
+            format!("{a}.rope.scaling.factor"),
+            MetaValue::F32(rs.factor),
+        ));
+        m.push((
+            format!("{a}.rope.scaling.low_freq_factor"),
+            MetaValue::F32(rs.low_freq_factor),
+        ));
+        m.push((
+            format!("{a}.rope.scaling.high_freq_factor"),
+            MetaValue::F32(rs.high_freq_factor),
+        ));
+        m.push((
+            format!("{a}.rope.scaling.original_context_length"),
+            MetaValue::U32(rs.original_max_position_embeddings),
+        ));
+    }
+    m
+}
+
+/// Streams `tensors` through `produce` (parallel inside) to `sink` on a writer thread.
+/// `produce(i)` returns tensor i's bytes; progress lines go to stderr.
+pub fn stream_tensors(
+    names: &[String],
+    produce: &(dyn Fn(usize) -> Result<Vec<u8>> + Sync),
+    sink: Box<dyn TensorSink>,
+    progress: bool,
+) -> Result<u64> {
+    let start = Instant::now();
+    let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(1);
+    let writer = std::thread::spawn(move || -> Result<u64> {
+        let mut sink = sink;
+        let mut total = 0u64;
+        for bytes in rx {
+            sink.write_tensor(&bytes)?;
+            total += bytes.len() as u64;
+        }
+        sink.finish()?;
+        Ok(total)
+    });
+    let mut produced = Ok(());
+    let mut bytes_made = 0u64;
+    for (i, name) in names.iter().enumerate() {
+        match produce(i) {
+            Ok(b) => {
+                bytes_made += b.len() as u64;
+                if progress {
+                    eprintln!(
+                        "[{:>4}/{}] {name:<44} {:>9.1} MB  {:>6.1} s",
+                        i + 1,
+                        names.len(),
+                        bytes_made as f64 / 1e6,
+                        start.elapsed().as_secs_f64()
+                    );
+                }
+                if tx.send(b).is_err() {
+                    break; // the writer failed; its error is reported below
+                }
+            }
+            Err(e) => {
+                produced = Err(e);
+                break;
+            }
+        }
+    }
+    drop(tx);
+    let written = writer
+        .join()
+        .map_err(|_| Error::Input("the writer thread panicked".into()))?;
+    produced?;
+    let total = written?;
+    if total != bytes_made {
+        return Err(Error::Input(format!("wrote {total} bytes of {bytes_made}")));
+    }
+    Ok(total)
+}
+
+/// HF `tokenizer_config.json` values from GGUF tokenizer metadata.
+pub fn tokenizer_config_from_gguf(
+    g: &Gguf,
+    tok_text: &dyn Fn(u32) -> Option<String>,
+) -> serde_json::Value {
+    let mut v = serde_json::json!({});
+    if let Some(t) = g.get("tokenizer.chat_template").and_then(|t| t.as_str()) {
+        v["chat_template"] = t.into();
+    }
+    let id = |k: &str| g.get(k).and_then(|x| x.as_u64()).map(|x| x as u32);
+    if let Some(t) = id("tokenizer.ggml.bos_token_id").and_then(tok_text) {
+        v["bos_token"] = t.into();
+    }
+    if let Some(t) = id("tokenizer.ggml.eos_token_id").and_then(tok_text) {
+        v["eos_token"] = t.into();
+    }
+    if let Some(t) = id("tokenizer.ggml.padding_token_id").and_then(tok_text) {
+        v["pad_token"] = t.into();
+    }
+    if let Some(t) = id("tokenizer.ggml.unknown_token_id").and_then(tok_text) {
+        v["unk_token"] = t.into();
+    }
+    let add_bos = g
+        .get("tokenizer.ggml.add_bos_token")
+        .and_then(|b| b.as_bool())
+        .unwrap_or(false);
+    v["add_bos_token"] = add_bos.into();
+    v["tokenizer_class"] = "PreTrainedTokenizerFast".into();
+    v
+}
+
+/// `tokenizer.json` and `tokenizer_config.json` for an HF folder, from a GGUF's tokenizer.
+pub fn hf_tokenizer_files(g: &Gguf) -> Result<(String, serde_json::Value)> {
+    crate::tok::hf_tokenizer_files(g)
+}
+
+/// Writes the synthetic model `args` describes.
+pub fn synth(args: &SynthArgs) -> Result<SynthReport> {
+    let start = Instant::now();
+    let tok = load_tokenizer(&args.tokenizer)?;
+    let cfg = synth_config(args, tok.vocab)?;
+    let tensors = plan(&cfg, args.dtype);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads.unwrap_or(0))
+        .build()
+        .map_err(|e| Error::Input(format!("thread pool: {e}")))?;
+    let gguf_order = args.format == Format::Gguf;
+    // llama.cpp-style llama3 RoPE factors, written after the weights.
+    let rope_factors = match cfg.rope_scaling {
+        Some(rs) if gguf_order && args.llamacpp_rope => {
+            Some(llama3_rope_factors(cfg.rope_theta, cfg.head_dim, &rs))
+        }
+        _ => None,
+    };
+    let mut names: Vec<String> = tensors
+        .iter()
+        .map(|t| {
+            if gguf_order {
+                t.gguf_name()
+            } else {
+                t.hf_name()
+            }
+        })
+        .collect();
+    let sink = match args.format {
+        Format::Gguf => {
+            let name = format!("memra-synth {}", args.shape);
+            let mut meta = gguf_metadata(&cfg, &name, args.dtype, args.llamacpp_rope);
+            meta.extend(tok.gguf_meta.iter().cloned());
+            let mut decls: Vec<GgufDecl> = tensors
+                .iter()
+                .map(|t| GgufDecl {
+                    name: t.gguf_name(),
+                    dtype: t.dtype,
+                    dims: t.gguf_dims(),
+                })
+                .collect();
+            if let Some(f) = &rope_factors {
+                decls.push(GgufDecl {
+                    name: ROPE_FREQS.into(),
+                    dtype: DType::F32,
+                    dims: vec![f.len() as u64],
+                });
+                names.push(ROPE_FREQS.into());
+            }
+            gguf_sink(&args.out, meta, &decls)?
+        }
+        Format::Hf => hf_folder_sink(args, &cfg, &tensors, &tok)?,
+    };
+    let seed = args.seed;
+    let produce = |i: usize| -> Result<Vec<u8>> {
+        match (tensors.get(i), &rope_factors) {
+            (Some(t), _) => pool.install(|| tensor_bytes(seed, t, &cfg, gguf_order)),
+            (None, Some(f)) => Ok(f.iter().flat_map(|v| v.to_le_bytes()).collect()),
+            (None, None) => Err(Error::Input(format!("tensor {i} out of range"))),
+        }
+    };
+    let bytes = stream_tensors(&names, &produce, sink, args.progress)?;
+    let seconds = start.elapsed().as_secs_f64();
+    if args.progress {
+        eprintln!(
+            "wrote {} ({} tensors, {:.2} GB) in {seconds:.1} s",
+            args.out.display(),
+            names.len(),
+            bytes as f64 / 1e9
+        );
+    }
+    Ok(SynthReport {
+        config: cfg,
+        tensors: names.len(),
+        bytes,
+        seconds,
+    })
+}
+
+fn hf_folder_sink(
+    args: &SynthArgs,
+    cfg: &ModelConfig,
+    tensors: &[TensorPlan],
+    tok: &TokenizerParts,
+) -> Result<Box<dyn TensorSink>> {
+    if args.dtype.float_type().is_none() {
+        return Err(Error::Input(format!(
+            "--format hf holds f32/f16/bf16 tensors only, not {}",
+            args.dtype.name()
+        )));
+    }
+    let (tokenizer_json, tokenizer_config_json, bos, eos) = match &tok.source {
+        Some(g) => {
+            let (tj, tc) = hf_tokenizer_files(g)?;
+            let id = |k: &str| g.get(k).and_then(|x| x.as_u64()).map(|x| x as u32);
+            (
+                Some(tj),
+                Some(tc),
+                id("tokenizer.ggml.bos_token_id"),
+                id("tokenizer.ggml.eos_token_id"),
+            )
+        }
+        None => (None, None, None, None),
+    };
+    let spec = HfFolderSpec {
+        config_json: cfg.to_hf_json(bos, eos),
+        tokenizer_json,
+        tokenizer_config_json,
+        max_shard_bytes: args.shard_bytes,
+    };
+    let decls = tensors
+        .iter()
+        .map(|t| TensorDecl::new(t.hf_name(), t.dtype, t.shape.clone()))
+        .collect();
+    hf_sink(&args.out, &spec, decls)
+}
+
+/// The default tokenizer source: `$MEMRA_MODELS_DIR` (or `~/.cache/memra/models`) /
+/// SmolLM2-135M-Instruct.Q4_1.gguf.
+pub fn default_tokenizer_path(models_dir: Option<&Path>, home: Option<&Path>) -> PathBuf {
+    let dir = match (models_dir, home) {
+        (Some(d), _) => d.to_path_buf(),
+        (None, Some(h)) => h.join(".cache/memra/models"),
+        (None, None) => PathBuf::from(".cache/memra/models"),
+    };
+    dir.join("SmolLM2-135M-Instruct.Q4_1.gguf")
+}

@@ -1,0 +1,170 @@
+//! Single-sequence generation on a backend: prefill (optionally in chunks), then decode until a
+//! stop token, `max_tokens` or the context length. Used by `run-gen` and the exactness tests; the
+//! multi-request engine loop builds on the same Backend step.
+
+use std::time::Instant;
+
+use crate::backend::{Backend, StepBatch, StepRow};
+use crate::error::{Error, Result};
+use crate::sampling::{SamplingParams, sample};
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub params: SamplingParams,
+    /// Token ids that end generation (not included in the output).
+    pub stop_ids: Vec<u32>,
+    /// Prefill chunk size in tokens (0 = the whole prompt in one step).
+    pub prefill_chunk: usize,
+    /// Keep the top-K logits of every generated position (0 = none).
+    pub logits_top: usize,
+    /// Keep every generated position's full logits (tests).
+    pub keep_logits: bool,
+}
+
+impl GenRequest {
+    pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenRequest {
+        GenRequest {
+            prompt,
+            max_tokens,
+            params: SamplingParams::default(),
+            stop_ids: Vec::new(),
+            prefill_chunk: 0,
+            logits_top: 0,
+            keep_logits: false,
+        }
+    }
+}
+
+/// The result of a generation.
+#[derive(Clone, Debug)]
+pub struct GenOutput {
+    pub tokens: Vec<u32>,
+    pub finish_reason: FinishReason,
+    /// Per generated position, the top-K `(id, logit)` pairs, descending.
+    pub logits_top: Vec<Vec<(u32, f32)>>,
+    /// Per generated position, all logits (with `keep_logits`).
+    pub logits: Vec<Vec<f32>>,
+    pub prompt_secs: f64,
+    pub decode_secs: f64,
+}
+
+/// The top `k` `(id, logit)` pairs, descending by logit, lowest id first on ties.
+pub fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut v: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    v.truncate(k);
+    v
+}
+
+/// Runs one request alone on `backend`, using KV blocks `0..n` as its block table.
+/// `on_token` sees each generated token as it is produced.
+pub fn generate(
+    backend: &mut dyn Backend,
+    req: &GenRequest,
+    on_token: &mut dyn FnMut(u32) -> Result<()>,
+) -> Result<GenOutput> {
+    req.params.validate()?;
+    let ctx = backend.config().max_ctx;
+    let n_prompt = req.prompt.len();
+    if n_prompt == 0 {
+        return Err(Error::Input("the prompt is empty".into()));
+    }
+    if n_prompt >= ctx {
+        return Err(Error::Input(format!(
+            "the prompt has {n_prompt} tokens; the model's context is {ctx}"
+        )));
+    }
+    let total = (n_prompt + req.max_tokens).min(ctx);
+    let bs = backend.kv_block_size();
+    let blocks = total.div_ceil(bs);
+    if blocks > backend.kv_blocks() {
+        return Err(Error::Input(format!(
+            "{total} positions need {blocks} KV blocks; the backend has {}",
+            backend.kv_blocks()
+        )));
+    }
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let t0 = Instant::now();
+    let chunk = if req.prefill_chunk == 0 { n_prompt } else { req.prefill_chunk };
+    let mut logits = Vec::new();
+    for start in (0..n_prompt).step_by(chunk) {
+        let end = (start + chunk).min(n_prompt);
+        let batch = StepBatch {
+            rows: (start..end)
+                .map(|p| StepRow {
+                    token: req.prompt[p],
+                    pos: p as u32,
+                    seq: 0,
+                    want_logits: p + 1 == n_prompt,
+                })
+                .collect(),
+            block_tables: vec![table.clone()],
+        };
+        let out = backend.step(&batch)?;
+        if end == n_prompt {
+            logits = out.logits.into_iter().next().unwrap_or_default();
+        }
+    }
+    let prompt_secs = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let mut history = req.prompt.clone();
+    let mut out = GenOutput {
+        tokens: Vec::new(),
+        finish_reason: FinishReason::Length,
+        logits_top: Vec::new(),
+        logits: Vec::new(),
+        prompt_secs,
+        decode_secs: 0.0,
+    };
+    while history.len() < total {
+        let pos = history.len();
+        let tok = sample(&logits, &history, &req.params, pos as u64);
+        if req.logits_top > 0 {
+            out.logits_top.push(top_k(&logits, req.logits_top));
+        }
+        if req.keep_logits {
+            out.logits.push(std::mem::take(&mut logits));
+        }
+        if req.stop_ids.contains(&tok) {
+            out.finish_reason = FinishReason::Stop;
+            break;
+        }
+        out.tokens.push(tok);
+        history.push(tok);
+        on_token(tok)?;
+        if history.len() >= total {
+            break;
+        }
+        let batch = StepBatch {
+            rows: vec![StepRow {
+                token: tok,
+                pos: pos as u32,
+                seq: 0,
+                want_logits: true,
+            }],
+            block_tables: vec![table.clone()],
+        };
+        logits = backend.step(&batch)?.logits.into_iter().next().unwrap_or_default();
+    }
+    out.decode_secs = t1.elapsed().as_secs_f64();
+    Ok(out)
+}

@@ -1,0 +1,85 @@
+//! Small models with deterministic random weights, built in memory (tests, examples).
+
+use super::{ModelWeights, Role, spec};
+use crate::config::{Arch, ModelConfig};
+use crate::error::Result;
+use crate::quant::{DType, quantize};
+use crate::weights::{Bytes, Tensor};
+
+/// splitmix64: the value for `(seed, stream, index)`, uniform over u64.
+pub fn splitmix(seed: u64, stream: u64, index: u64) -> u64 {
+    let mut z = seed
+        .wrapping_add(stream.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .wrapping_add(index.wrapping_mul(0xD1B5_4A32_D192_ED03));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Uniform in [-1, 1) for `(seed, stream, index)`.
+pub fn unit(seed: u64, stream: u64, index: u64) -> f32 {
+    (splitmix(seed, stream, index) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+}
+
+/// A tiny config of the given architecture (2 layers, hidden 64, 4/2 heads, head dim 16).
+pub fn tiny_config(arch: Arch, vocab: usize) -> ModelConfig {
+    ModelConfig {
+        arch,
+        n_layers: 2,
+        hidden: 64,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 16,
+        ffn: 128,
+        vocab,
+        rope_theta: 10000.0,
+        rope_scaling: None,
+        rms_eps: 1e-5,
+        max_ctx: 256,
+        tie_embeddings: arch == Arch::Llama,
+    }
+}
+
+/// Random weights for `config`: matrices in `dtype` (F32 where a row is not a multiple of the
+/// block), norms near 1 and small biases in F32.
+pub fn random_weights(config: &ModelConfig, seed: u64, dtype: DType) -> Result<ModelWeights> {
+    let sp = spec(config.arch);
+    let mut stream = 0u64;
+    let mut get = |role: Role| -> Result<Option<Tensor>> {
+        let c = config;
+        let (h, hd) = (c.hidden, c.head_dim);
+        let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let shape: Vec<usize> = match role {
+            Role::TokenEmbd => vec![c.vocab, h],
+            Role::Output if c.tie_embeddings => return Ok(None),
+            Role::Output => vec![c.vocab, h],
+            Role::OutputNorm | Role::AttnNorm(_) | Role::FfnNorm(_) => vec![h],
+            Role::Q(_) => vec![qd, h],
+            Role::K(_) | Role::V(_) => vec![kvd, h],
+            Role::QBias(_) => vec![qd],
+            Role::KBias(_) | Role::VBias(_) => vec![kvd],
+            Role::QNorm(_) | Role::KNorm(_) => vec![hd],
+            Role::AttnOut(_) => vec![h, qd],
+            Role::Gate(_) | Role::Up(_) => vec![c.ffn, h],
+            Role::Down(_) => vec![h, c.ffn],
+        };
+        stream += 1;
+        let n: usize = shape.iter().product();
+        let is_vec = shape.len() == 1;
+        let is_norm = matches!(
+            role,
+            Role::OutputNorm | Role::AttnNorm(_) | Role::FfnNorm(_) | Role::QNorm(_) | Role::KNorm(_)
+        );
+        let vals: Vec<f32> = (0..n as u64)
+            .map(|i| {
+                let u = unit(seed, stream, i);
+                if is_norm { 1.0 + 0.1 * u } else if is_vec { 0.05 * u } else { 0.15 * u }
+            })
+            .collect();
+        let cols = *shape.last().unwrap_or(&1);
+        let dt = if is_vec || cols % dtype.block_size() != 0 { DType::F32 } else { dtype };
+        let bytes = quantize(dt, &vals)?;
+        Tensor::new(role.gguf_name(), dt, shape, Bytes::owned(bytes)).map(Some)
+    };
+    ModelWeights::build(config, sp, &mut get)
+}

@@ -1,0 +1,145 @@
+//! Row invariance of the CPU reference backend (EXACTNESS.md): the same rows give the same bits
+//! whatever the thread count, the prefill chunking, or the other rows in the batch.
+
+use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
+use memra_engine::backend::{Backend, StepBatch, StepRow};
+use memra_engine::config::Arch;
+use memra_engine::generate::{GenRequest, generate};
+use memra_engine::models::random::{random_weights, tiny_config};
+use memra_engine::quant::DType;
+
+fn backend(arch: Arch, threads: usize, dtype: DType) -> CpuBackend {
+    let cfg = tiny_config(arch, 300);
+    let w = random_weights(&cfg, 7, dtype).expect("weights");
+    let opts = CpuOptions {
+        threads,
+        kv_blocks: 32,
+        block_size: 16,
+    };
+    CpuBackend::new(w, &opts).expect("backend")
+}
+
+fn prompt(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 37 + 11) % 300).collect()
+}
+
+fn run(b: &mut CpuBackend, chunk: usize) -> (Vec<u32>, Vec<Vec<u32>>, Vec<Vec<u8>>) {
+    let mut req = GenRequest::greedy(prompt(45), 12);
+    req.prefill_chunk = chunk;
+    req.keep_logits = true;
+    let out = generate(b, &req, &mut |_| Ok(())).expect("generate");
+    let bits = out
+        .logits
+        .iter()
+        .map(|l| l.iter().map(|v| v.to_bits()).collect())
+        .collect();
+    let kv = (0..4).map(|blk| b.kv_block_bytes(blk).expect("kv")).collect();
+    (out.tokens, bits, kv)
+}
+
+#[test]
+fn thread_count_does_not_change_bits() {
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+        let base = run(&mut backend(arch, 1, DType::F32), 0);
+        for threads in [2, 3, 5] {
+            let other = run(&mut backend(arch, threads, DType::F32), 0);
+            assert_eq!(base, other, "{arch:?} with {threads} threads");
+        }
+    }
+}
+
+#[test]
+fn prefill_chunking_does_not_change_bits() {
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+        let whole = run(&mut backend(arch, 2, DType::F32), 0);
+        for chunk in [1, 7, 16] {
+            let chunked = run(&mut backend(arch, 2, DType::F32), chunk);
+            assert_eq!(whole, chunked, "{arch:?} chunk {chunk}");
+        }
+        assert_eq!(whole.0.len(), 12);
+    }
+}
+
+/// Two sequences at different depths in one step give the rows they give alone.
+#[test]
+fn batch_neighbours_do_not_change_bits() {
+    let mut solo = backend(Arch::Qwen3, 2, DType::F32);
+    let mut pair = backend(Arch::Qwen3, 2, DType::F32);
+    let a = prompt(20);
+    let b: Vec<u32> = prompt(33).into_iter().rev().collect();
+    let row = |t: u32, p: usize, seq: usize| StepRow {
+        token: t,
+        pos: p as u32,
+        seq,
+        want_logits: true,
+    };
+    // Alone: a in blocks 0..2, then b in blocks 4..7.
+    let ta: Vec<u32> = vec![0, 1];
+    let tb: Vec<u32> = vec![4, 5, 6];
+    let solo_a = solo
+        .step(&StepBatch {
+            rows: a.iter().enumerate().map(|(p, &t)| row(t, p, 0)).collect(),
+            block_tables: vec![ta.clone()],
+        })
+        .expect("step a");
+    let solo_b = solo
+        .step(&StepBatch {
+            rows: b.iter().enumerate().map(|(p, &t)| row(t, p, 0)).collect(),
+            block_tables: vec![tb.clone()],
+        })
+        .expect("step b");
+    // Together, interleaved in one step.
+    let mut rows = Vec::new();
+    for i in 0..b.len() {
+        if i < a.len() {
+            rows.push(row(a[i], i, 0));
+        }
+        rows.push(row(b[i], i, 1));
+    }
+    let both = pair
+        .step(&StepBatch {
+            rows: rows.clone(),
+            block_tables: vec![ta, tb],
+        })
+        .expect("step both");
+    let (mut ia, mut ib) = (0, 0);
+    for (r, l) in rows.iter().zip(&both.logits) {
+        let want = if r.seq == 0 {
+            ia += 1;
+            &solo_a.logits[ia - 1]
+        } else {
+            ib += 1;
+            &solo_b.logits[ib - 1]
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(l), bits(want), "row {r:?}");
+    }
+    for blk in [0, 1, 4, 5, 6] {
+        assert_eq!(solo.kv_block_bytes(blk).unwrap(), pair.kv_block_bytes(blk).unwrap());
+    }
+}
+
+#[test]
+fn bad_rows_are_clean_errors() {
+    let mut b = backend(Arch::Llama, 1, DType::F32);
+    let bad_token = StepBatch {
+        rows: vec![StepRow {
+            token: 999,
+            pos: 0,
+            seq: 0,
+            want_logits: true,
+        }],
+        block_tables: vec![vec![0]],
+    };
+    assert!(b.step(&bad_token).unwrap_err().to_string().contains("vocabulary"));
+    let beyond = StepBatch {
+        rows: vec![StepRow {
+            token: 1,
+            pos: 40,
+            seq: 0,
+            want_logits: true,
+        }],
+        block_tables: vec![vec![0]],
+    };
+    assert!(b.step(&beyond).unwrap_err().to_string().contains("block table"));
+}
