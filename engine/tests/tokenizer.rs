@@ -26,36 +26,6 @@ fn model_path() -> PathBuf {
 }
 
 fn smollm() -> Tokenizer {
-    // TEMP until the GGUF reader lands on main.
-    if let Some(p) = std::env::var_os("MEMRA_TOK_META_JSON") {
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-        fn conv(v: &serde_json::Value) -> MetaValue {
-            match v {
-                serde_json::Value::String(s) => MetaValue::Str(s.clone()),
-                serde_json::Value::Bool(b) => MetaValue::Bool(*b),
-                serde_json::Value::Number(n) => MetaValue::U32(n.as_u64().unwrap() as u32),
-                serde_json::Value::Array(a) => MetaValue::Array(
-                    a.iter()
-                        .map(|x| match x {
-                            serde_json::Value::Number(n) => {
-                                MetaValue::I32(n.as_i64().unwrap() as i32)
-                            }
-                            o => conv(o),
-                        })
-                        .collect(),
-                ),
-                _ => unreachable!(),
-            }
-        }
-        let m: Vec<(String, MetaValue)> = v
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| (k.clone(), conv(v)))
-            .collect();
-        return from_meta(&m).unwrap();
-    }
     let g = Gguf::open(&model_path()).expect("open test model");
     Tokenizer::from_gguf(&g).expect("tokenizer from GGUF metadata")
 }
