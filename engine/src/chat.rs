@@ -54,6 +54,8 @@ impl ChatMessage {
 pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,
+    /// `source` without HF's `{% generation %}` markers.
+    compiled: String,
     bos_token: String,
     eos_token: String,
     max_output: usize,
@@ -85,11 +87,13 @@ impl ChatTemplate {
     /// Compiles `source`; syntax errors are `Error::Template`.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate> {
         let env = sandbox_env(DEFAULT_FUEL);
-        env.template_from_str(source)
+        let compiled = strip_generation_tags(source);
+        env.template_from_str(&compiled)
             .map_err(|e| template_error(&e))?;
         Ok(ChatTemplate {
             env,
             source: source.to_string(),
+            compiled,
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
             max_output: DEFAULT_MAX_OUTPUT,
@@ -152,7 +156,7 @@ impl ChatTemplate {
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         let tmpl = self
             .env
-            .template_from_str(&self.source)
+            .template_from_str(&self.compiled)
             .map_err(|e| template_error(&e))?;
         let input: usize = messages
             .iter()
@@ -186,6 +190,31 @@ impl ChatTemplate {
         String::from_utf8(sink.buf)
             .map_err(|_| Error::Template("rendered prompt is not valid UTF-8".into()))
     }
+}
+
+/// Removes `{% generation %}` / `{% endgeneration %}` (HF's assistant-mask markers, which render
+/// nothing), whitespace-control dashes included.
+fn strip_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        let (before, tag) = rest.split_at(start);
+        out.push_str(before);
+        let end = tag.find("%}").map(|e| e + 2);
+        let is_marker = end
+            .and_then(|e| tag.get(2..e - 2))
+            .map(|inner| inner.trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace()))
+            .is_some_and(|word| word == "generation" || word == "endgeneration");
+        match end {
+            Some(e) if is_marker => rest = &tag[e..],
+            _ => {
+                out.push_str("{%");
+                rest = &tag[2..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 fn special_strings(tok: &Tokenizer) -> (String, String) {

@@ -219,6 +219,18 @@ fn tojson_writes_like_python() {
 }
 
 #[test]
+fn generation_markers_render_nothing() {
+    let src = "{% for m in messages %}{% if m.role == 'assistant' %}{%- generation -%}[{{ m.content }}]{%- endgeneration %}{% else %}{{ m.content }}{% endif %}{% endfor %}";
+    let t = ChatTemplate::new(src, "", "").unwrap();
+    assert_eq!(t.source(), src);
+    assert_eq!(
+        t.render(&msgs(&[("user", "q"), ("assistant", "a")]), false)
+            .unwrap(),
+        "q[a]"
+    );
+}
+
+#[test]
 fn undefined_is_lenient() {
     let t = ChatTemplate::new(
         "[{{ foo.bar.baz }}]{% if messages[0].tool_calls %}T{% endif %}{{ tools|default('none') }}",

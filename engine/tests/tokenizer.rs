@@ -26,36 +26,6 @@ fn model_path() -> PathBuf {
 }
 
 fn smollm() -> Tokenizer {
-    // TEMP until the GGUF reader lands on main.
-    if let Some(p) = std::env::var_os("MEMRA_TOK_META_JSON") {
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-        fn conv(v: &serde_json::Value) -> MetaValue {
-            match v {
-                serde_json::Value::String(s) => MetaValue::Str(s.clone()),
-                serde_json::Value::Bool(b) => MetaValue::Bool(*b),
-                serde_json::Value::Number(n) => MetaValue::U32(n.as_u64().unwrap() as u32),
-                serde_json::Value::Array(a) => MetaValue::Array(
-                    a.iter()
-                        .map(|x| match x {
-                            serde_json::Value::Number(n) => {
-                                MetaValue::I32(n.as_i64().unwrap() as i32)
-                            }
-                            o => conv(o),
-                        })
-                        .collect(),
-                ),
-                _ => unreachable!(),
-            }
-        }
-        let m: Vec<(String, MetaValue)> = v
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| (k.clone(), conv(v)))
-            .collect();
-        return from_meta(&m).unwrap();
-    }
     let g = Gguf::open(&model_path()).expect("open test model");
     Tokenizer::from_gguf(&g).expect("tokenizer from GGUF metadata")
 }
@@ -284,6 +254,20 @@ fn sentencepiece_merges_from_scores() {
     assert_eq!(tok.decode(&ids[1..]).unwrap(), "hello world");
     // Special tokens in the text are matched whole; the text after one gets the space prefix.
     assert_eq!(tok.encode("<s>hello", false).unwrap(), [1, SPM_HELLO]);
+    // tokenizer.json keeps merges, byte fallback and (through its post-processor) add_bos.
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("tokenizer.json");
+    std::fs::write(&json, tok.to_hf_json().unwrap()).unwrap();
+    let back = Tokenizer::from_hf_files(&json, None).unwrap();
+    assert!(back.add_bos_default());
+    assert_eq!((back.bos_id(), back.eos_id()), (Some(1), Some(2)));
+    for text in ["hello world", "hé 😀", "<s>hello</s>"] {
+        assert_eq!(
+            back.encode(text, true).unwrap(),
+            tok.encode(text, true).unwrap(),
+            "{text:?}"
+        );
+    }
 }
 
 #[test]
@@ -516,8 +500,9 @@ fn representable_bytes() -> &'static [bool; 256] {
     static TABLE: std::sync::OnceLock<[bool; 256]> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| {
         let tok = shared_smollm();
-        let pieces: std::collections::HashSet<String> =
-            (0..tok.vocab_size() as u32).filter_map(|id| tok.token_text(id)).collect();
+        let pieces: std::collections::HashSet<String> = (0..tok.vocab_size() as u32)
+            .filter_map(|id| tok.token_text(id))
+            .collect();
         let mut table = [false; 256];
         for b in 0..=255u8 {
             table[b as usize] = pieces.contains(&gpt2_byte(b).to_string());
@@ -532,7 +517,10 @@ fn unrepresentable_bytes_are_dropped() {
     let tok = shared_smollm();
     assert!(!representable_bytes()[0x04] && !representable_bytes()[0xF1]);
     assert!(representable_bytes()[b'a' as usize]);
-    assert_eq!(tok.decode(&tok.encode("a\u{4}b", false).unwrap()).unwrap(), "ab");
+    assert_eq!(
+        tok.decode(&tok.encode("a\u{4}b", false).unwrap()).unwrap(),
+        "ab"
+    );
     // U+40000 is F1 80 80 80: the lead byte is dropped, the continuation bytes decode lossily.
     let ids = tok.encode("x\u{40000}", false).unwrap();
     assert_eq!(tok.decode(&ids).unwrap(), "x\u{FFFD}\u{FFFD}\u{FFFD}");

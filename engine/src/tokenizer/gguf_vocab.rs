@@ -204,6 +204,13 @@ pub(crate) fn build<'a>(get: impl Fn(&str) -> Option<&'a MetaValue>) -> Result<B
     let add_bos = meta
         .bool("tokenizer.ggml.add_bos_token")?
         .unwrap_or(model == "llama" && bos.is_some());
+    if add_bos
+        && let Some(id) = bos
+        && let Some(text) = tokens.get(id as usize)
+    {
+        // For tokenizer.json consumers (GGUF -> HF conversion); `encode` adds BOS itself.
+        inner.with_post_processor(Some(bos_post_processor(text, id)?));
+    }
     Ok(Built {
         inner,
         vocab_size: n,
@@ -212,6 +219,20 @@ pub(crate) fn build<'a>(get: impl Fn(&str) -> Option<&'a MetaValue>) -> Result<B
         add_bos,
         stop_ids,
     })
+}
+
+/// A TemplateProcessing post-processor that puts BOS before each sequence.
+fn bos_post_processor(bos: &str, id: u32) -> Result<tokenizers::processors::PostProcessorWrapper> {
+    let bos_piece = serde_json::json!({"SpecialToken": {"id": bos, "type_id": 0}});
+    let seq =
+        |s: &str, type_id: u32| serde_json::json!({"Sequence": {"id": s, "type_id": type_id}});
+    let json = serde_json::json!({
+        "type": "TemplateProcessing",
+        "single": [bos_piece, seq("A", 0)],
+        "pair": [bos_piece, seq("A", 0), bos_piece, seq("B", 1)],
+        "special_tokens": {bos: {"id": bos, "ids": [id], "tokens": [bos]}},
+    });
+    serde_json::from_value(json).map_err(|e| Error::Tokenizer(format!("BOS post-processor: {e}")))
 }
 
 fn token_types<'a, F: Fn(&str) -> Option<&'a MetaValue>>(
