@@ -29,7 +29,7 @@ fn unpermute(t: Tensor, head_dim: usize) -> Result<Tensor> {
     } else {
         t.row_bytes()
     };
-    if row_bytes == 0 || t.data.len() % (row_bytes * head_dim) != 0 {
+    if row_bytes == 0 || !t.data.len().is_multiple_of(row_bytes * head_dim) {
         return Err(Error::Weights(format!(
             "{}: {} rows are not whole heads of {head_dim}",
             t.name,
@@ -50,7 +50,10 @@ pub fn gguf_weights(g: &Gguf) -> Result<ModelWeights> {
         let Some(t) = g.tensor(&name) else {
             return Ok(None);
         };
-        let permuted = matches!(role, Role::Q(_) | Role::K(_) | Role::QBias(_) | Role::KBias(_));
+        let permuted = matches!(
+            role,
+            Role::Q(_) | Role::K(_) | Role::QBias(_) | Role::KBias(_)
+        );
         if sp.gguf_qk_permuted && permuted {
             return unpermute(t, hd).map(Some);
         }
@@ -83,9 +86,9 @@ pub fn load_model(path: &Path) -> Result<Model> {
     if path.is_dir() {
         let m = HfModel::open(path)?;
         let weights = hf_weights(&m)?;
-        let tj = m.tokenizer_json().ok_or_else(|| {
-            Error::Tokenizer(format!("{} has no tokenizer.json", path.display()))
-        })?;
+        let tj = m
+            .tokenizer_json()
+            .ok_or_else(|| Error::Tokenizer(format!("{} has no tokenizer.json", path.display())))?;
         let tokenizer = Tokenizer::from_hf_files(&tj, m.tokenizer_config_json().as_deref())?;
         let chat = ChatTemplate::from_hf_dir(path, &tokenizer)?;
         Ok(Model {

@@ -35,7 +35,10 @@ fn cpu_forward_matches_independent_reference() {
     let path = common::repo_path("verify/fixtures/smollm2-135m-reference.json");
     let text = std::fs::read_to_string(&path).expect("reference fixture");
     let fx: Fixture = serde_json::from_str(&text).expect("fixture JSON");
-    assert!(fx.prompts.len() >= 8, "fixture should have at least 8 prompts");
+    assert!(
+        fx.prompts.len() >= 8,
+        "fixture should have at least 8 prompts"
+    );
     let weights = load_weights(&common::real_model()).expect("load model");
     let mut worst = 0f64;
     for p in &fx.prompts {

@@ -22,7 +22,11 @@ fn chat_answers_paris() {
         "--max-tokens",
         "24",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.trim(), "The capital of France is Paris.");
 }
@@ -40,7 +44,11 @@ fn json_output_has_the_documented_fields() {
         "--logits-top",
         "3",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     let tokens = v["tokens"].as_array().expect("tokens");
     assert_eq!(tokens.len(), 5);
@@ -92,8 +100,14 @@ fn user_errors_are_clear_and_non_zero() {
     let m = common::real_model();
     let m = m.to_str().unwrap();
     let cases: [(&[&str], &str); 5] = [
-        (&["/nonexistent/model.gguf", "--prompt", "x"], "no such model"),
-        (&[m, "--prompt", "x", "--device", "tpu"], "expected auto, cpu, cuda"),
+        (
+            &["/nonexistent/model.gguf", "--prompt", "x"],
+            "no such model",
+        ),
+        (
+            &[m, "--prompt", "x", "--device", "tpu"],
+            "expected auto, cpu, cuda",
+        ),
         (&[m, "--prompt", "x", "--top-p", "0"], "top_p"),
         (&[m, "--prompt-ids", "999999"], "outside the vocabulary"),
         (&[m, "--prompt", "x", "--device", "cuda"], "no CUDA backend"),
@@ -102,6 +116,9 @@ fn user_errors_are_clear_and_non_zero() {
         let out = run_gen(args);
         assert!(!out.status.success(), "{args:?} should fail");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(want), "{args:?}: stderr {err:?} lacks {want:?}");
+        assert!(
+            err.contains(want),
+            "{args:?}: stderr {err:?} lacks {want:?}"
+        );
     }
 }

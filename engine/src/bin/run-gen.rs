@@ -20,12 +20,20 @@ use memra_engine::{Error, Result};
 
 /// Every flag of run-gen (docs/FLAGS.md lists them).
 #[derive(Parser, Debug)]
-#[command(name = "run-gen", version, about = "Generate text with a GGUF file or HF safetensors folder")]
+#[command(
+    name = "run-gen",
+    version,
+    about = "Generate text with a GGUF file or HF safetensors folder"
+)]
 struct Args {
     /// A GGUF file (or the first part of a split GGUF) or an HF safetensors folder.
     model: PathBuf,
     /// The prompt text.
-    #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
+    #[arg(
+        long,
+        conflicts_with = "prompt_ids",
+        required_unless_present = "prompt_ids"
+    )]
     prompt: Option<String>,
     /// The prompt as comma-separated token ids.
     #[arg(long, value_delimiter = ',')]
@@ -78,12 +86,16 @@ fn prompt_ids(args: &Args, model: &memra_engine::loader::Model) -> Result<Vec<u3
     }
     let text = args.prompt.clone().unwrap_or_default();
     if !args.chat {
-        return model.tokenizer.encode(&text, model.tokenizer.add_bos_default());
+        return model
+            .tokenizer
+            .encode(&text, model.tokenizer.add_bos_default());
     }
-    let tmpl = model
-        .chat
-        .as_ref()
-        .ok_or_else(|| Error::Input(format!("--chat: {} has no chat template", args.model.display())))?;
+    let tmpl = model.chat.as_ref().ok_or_else(|| {
+        Error::Input(format!(
+            "--chat: {} has no chat template",
+            args.model.display()
+        ))
+    })?;
     let mut msgs = Vec::new();
     if let Some(s) = &args.system {
         msgs.push(ChatMessage {

@@ -11,7 +11,8 @@ pub fn real_model() -> PathBuf {
             let dir = std::env::var_os("MEMRA_MODELS_DIR")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/memra/models")
+                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                        .join(".cache/memra/models")
                 });
             dir.join("SmolLM2-135M-Instruct.Q4_1.gguf")
         });
@@ -25,5 +26,7 @@ pub fn real_model() -> PathBuf {
 
 /// A path relative to the repository root.
 pub fn repo_path(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel)
 }

@@ -25,7 +25,11 @@ pub fn matmul(pool: &rayon::ThreadPool, w: &Tensor, x: &[f32], m: usize) -> Resu
     if x.len() != m * k {
         return Err(Error::Backend {
             backend: "cpu".into(),
-            what: format!("matmul {}: input has {} values, expected {m} x {k}", w.name, x.len()),
+            what: format!(
+                "matmul {}: input has {} values, expected {m} x {k}",
+                w.name,
+                x.len()
+            ),
         });
     }
     let mut t = vec![0f32; n * m];
