@@ -656,3 +656,30 @@ fn split_part_number_mismatch() {
     std::fs::write(&p2, part(1)).expect("write");
     assert!(Gguf::open(&p1).is_ok(), "a consistent pair opens");
 }
+
+/// Opening files from disk: an empty file, a truncated copy and a missing file.
+#[test]
+fn open_from_disk_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let empty = dir.path().join("empty.gguf");
+    std::fs::write(&empty, b"").expect("write");
+    match Gguf::open(&empty) {
+        Err(Error::Gguf { path, what, .. }) => {
+            assert_eq!(path, empty);
+            assert!(what.contains("magic"), "{what}");
+        }
+        other => panic!("expected Error::Gguf, got {:?}", other.err()),
+    }
+    let short = dir.path().join("short.gguf");
+    let v = valid();
+    std::fs::write(&short, &v[..v.len() - 7]).expect("write");
+    match Gguf::open(&short) {
+        Err(Error::Gguf { what, .. }) => assert!(what.contains("outside the file"), "{what}"),
+        other => panic!("expected Error::Gguf, got {:?}", other.err()),
+    }
+    let missing = dir.path().join("missing.gguf");
+    match Gguf::open(&missing) {
+        Err(Error::Io { path, .. }) => assert_eq!(path, missing),
+        other => panic!("expected Error::Io, got {:?}", other.err()),
+    }
+}
