@@ -378,7 +378,10 @@ fn writer_rejects_bad_input_and_leaves_nothing() {
     w.add_tensor("b", DType::F32, &[4]).expect("decl");
     let mut d = w.begin(&path).expect("begin");
     d.write_tensor(&[0u8; 16]).expect("a");
-    expect_input_err(d.finish(), "finish after 1 of 2 tensors (next: `b`, 0 bytes of it written)");
+    expect_input_err(
+        d.finish(),
+        "finish after 1 of 2 tensors (next: `b`, 0 bytes of it written)",
+    );
     no_files_left(dir.path());
 
     // Too many tensors written.
