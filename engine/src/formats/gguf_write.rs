@@ -80,16 +80,23 @@ impl GgufWriter {
         if self.names.contains(&name) {
             return Err(input_err(format!("tensor `{name}` declared twice")));
         }
-        if dims.is_empty() || dims.len() > MAX_DIMS as usize {
-            return Err(input_err(format!(
-                "tensor `{name}` has {} dims, must be 1..={MAX_DIMS}",
-                dims.len()
-            )));
+        let (row, rest) = match dims.split_first() {
+            Some(split) if dims.len() <= MAX_DIMS as usize => split,
+            _ => {
+                return Err(input_err(format!(
+                    "tensor `{name}` has {} dims, must be 1..={MAX_DIMS}",
+                    dims.len()
+                )));
+            }
+        };
+        let row = *row;
+        if let Some((i, d)) = dims
+            .iter()
+            .enumerate()
+            .find(|&(_, &d)| d == 0 || d > i64::MAX as u64)
+        {
+            return Err(input_err(format!("tensor `{name}` dim {i} is {d}")));
         }
-        if let Some(d) = dims.iter().position(|&d| d == 0 || d > i64::MAX as u64) {
-            return Err(input_err(format!("tensor `{name}` dim {d} is {}", dims[d])));
-        }
-        let row = dims[0];
         if !row.is_multiple_of(dtype.block_size() as u64) {
             return Err(input_err(format!(
                 "tensor `{name}` row length {row} is not a multiple of the {dtype} block size {}",
@@ -99,7 +106,7 @@ impl GgufWriter {
         let row_bytes = dtype
             .bytes_for(row)
             .ok_or_else(|| input_err(format!("tensor `{name}` byte size overflows")))?;
-        let nbytes = dims[1..]
+        let nbytes = rest
             .iter()
             .try_fold(row_bytes, |a, &d| a.checked_mul(d))
             .ok_or_else(|| input_err(format!("tensor `{name}` byte size overflows")))?;
