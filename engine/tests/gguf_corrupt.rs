@@ -198,6 +198,11 @@ fn corpus() -> Vec<(&'static str, Vec<u8>, &'static [&'static str])> {
             &["version 0 is not supported"],
         ),
         (
+            "big-endian version 3",
+            file_raw(3u32.swap_bytes(), 0, 0, &[], &[], 32, 0),
+            &["big-endian GGUF files are not supported"],
+        ),
+        (
             "version 4",
             file_raw(4, 0, 0, &[], &[], 32, 0),
             &["version 4 is not supported"],

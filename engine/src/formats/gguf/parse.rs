@@ -254,6 +254,9 @@ pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Parsed> {
     match version {
         2 | 3 => {}
         1 => return Err(cur.err_at(4, "version 1 is not supported (only 2 and 3)")),
+        v if (1..=3).contains(&v.swap_bytes()) => {
+            return Err(cur.err_at(4, "big-endian GGUF files are not supported"));
+        }
         v => return Err(cur.err_at(4, format!("version {v} is not supported (only 2 and 3)"))),
     }
     let n_tensors = cur.count(MIN_TENSOR_INFO_BYTES, &|| "tensor count".to_string())?;
