@@ -378,7 +378,10 @@ fn writer_rejects_bad_input_and_leaves_nothing() {
     w.add_tensor("b", DType::F32, &[4]).expect("decl");
     let mut d = w.begin(&path).expect("begin");
     d.write_tensor(&[0u8; 16]).expect("a");
-    expect_input_err(d.finish(), "finish after 1 of 2 tensors (next: `b`)");
+    expect_input_err(
+        d.finish(),
+        "finish after 1 of 2 tensors (next: `b`, 0 bytes of it written)",
+    );
     no_files_left(dir.path());
 
     // Too many tensors written.
@@ -526,4 +529,63 @@ fn real_smollm2_rewrite_is_identical() {
             t.name
         );
     }
+}
+
+/// Writing tensors in chunks gives the same file as writing them whole, across split parts too.
+#[test]
+fn chunked_writes_match_whole_writes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = bytes(34 * 6, 7);
+    let b = bytes(4 * 3, 8);
+    let declare = || {
+        let mut w = GgufWriter::new(64);
+        w.add_meta("k", MetaValue::Str("v".into()));
+        w.add_tensor("a", DType::Q8_0, &[64, 3]).expect("a");
+        w.add_tensor("b", DType::F32, &[3]).expect("b");
+        w
+    };
+    let mut d = declare()
+        .begin(&dir.path().join("whole.gguf"))
+        .expect("begin");
+    d.write_tensor(&a).expect("a");
+    d.write_tensor(&b).expect("b");
+    d.finish().expect("finish");
+    let mut d = declare()
+        .begin(&dir.path().join("chunks.gguf"))
+        .expect("begin");
+    for c in a.chunks(50) {
+        d.write_tensor_chunk(c).expect("chunk of a");
+    }
+    d.write_tensor_chunk(&[]).expect("empty chunk");
+    d.write_tensor_chunk(&b[..5]).expect("chunk of b");
+    expect_input_err(d.write_tensor(&b), "needs 12 bytes, got 17");
+    expect_input_err(d.write_tensor_chunk(&b), "needs 12 bytes, got 17 so far");
+    d.write_tensor_chunk(&b[5..]).expect("rest of b");
+    d.finish().expect("finish");
+    let whole = std::fs::read(dir.path().join("whole.gguf")).expect("whole");
+    let chunks = std::fs::read(dir.path().join("chunks.gguf")).expect("chunks");
+    assert!(whole == chunks, "chunked file differs");
+
+    let mut d = declare()
+        .begin_split(&dir.path().join("sp"), 2)
+        .expect("split");
+    d.write_tensor_chunk(&a[..100]).expect("part of a");
+    expect_input_err(
+        d.finish(),
+        "finish after 0 of 2 tensors (next: `a`, 100 bytes of it written)",
+    );
+    let mut d = declare()
+        .begin_split(&dir.path().join("sp"), 2)
+        .expect("split");
+    d.write_tensor_chunk(&a[..100]).expect("part of a");
+    d.write_tensor_chunk(&a[100..]).expect("rest of a");
+    for c in b.chunks(4) {
+        d.write_tensor_chunk(c).expect("b");
+    }
+    d.finish().expect("finish");
+    let g = Gguf::open(&dir.path().join("sp-00002-of-00002.gguf")).expect("open");
+    assert_eq!(g.tensor_bytes("a"), Some(&a[..]));
+    assert_eq!(g.tensor_bytes("b"), Some(&b[..]));
+    assert_eq!(g.tensor_info("b").map(|t| t.file), Some(1));
+    assert_eq!(g.alignment(), 64);
 }

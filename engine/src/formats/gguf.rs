@@ -72,6 +72,25 @@ impl MetaValue {
         }
     }
 
+    /// The type's name as in the GGUF spec (`u32`, `string`, `array`, ...).
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            MetaValue::U8(_) => "u8",
+            MetaValue::I8(_) => "i8",
+            MetaValue::U16(_) => "u16",
+            MetaValue::I16(_) => "i16",
+            MetaValue::U32(_) => "u32",
+            MetaValue::I32(_) => "i32",
+            MetaValue::F32(_) => "f32",
+            MetaValue::Bool(_) => "bool",
+            MetaValue::Str(_) => "string",
+            MetaValue::Array(_) => "array",
+            MetaValue::U64(_) => "u64",
+            MetaValue::I64(_) => "i64",
+            MetaValue::F64(_) => "f64",
+        }
+    }
+
     /// Any non-negative integer value as u64.
     pub fn as_u64(&self) -> Option<u64> {
         match *self {

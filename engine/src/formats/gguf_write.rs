@@ -80,16 +80,23 @@ impl GgufWriter {
         if self.names.contains(&name) {
             return Err(input_err(format!("tensor `{name}` declared twice")));
         }
-        if dims.is_empty() || dims.len() > MAX_DIMS as usize {
-            return Err(input_err(format!(
-                "tensor `{name}` has {} dims, must be 1..={MAX_DIMS}",
-                dims.len()
-            )));
+        let (row, rest) = match dims.split_first() {
+            Some(split) if dims.len() <= MAX_DIMS as usize => split,
+            _ => {
+                return Err(input_err(format!(
+                    "tensor `{name}` has {} dims, must be 1..={MAX_DIMS}",
+                    dims.len()
+                )));
+            }
+        };
+        let row = *row;
+        if let Some((i, d)) = dims
+            .iter()
+            .enumerate()
+            .find(|&(_, &d)| d == 0 || d > i64::MAX as u64)
+        {
+            return Err(input_err(format!("tensor `{name}` dim {i} is {d}")));
         }
-        if let Some(d) = dims.iter().position(|&d| d == 0 || d > i64::MAX as u64) {
-            return Err(input_err(format!("tensor `{name}` dim {d} is {}", dims[d])));
-        }
-        let row = dims[0];
         if !row.is_multiple_of(dtype.block_size() as u64) {
             return Err(input_err(format!(
                 "tensor `{name}` row length {row} is not a multiple of the {dtype} block size {}",
@@ -99,7 +106,7 @@ impl GgufWriter {
         let row_bytes = dtype
             .bytes_for(row)
             .ok_or_else(|| input_err(format!("tensor `{name}` byte size overflows")))?;
-        let nbytes = dims[1..]
+        let nbytes = rest
             .iter()
             .try_fold(row_bytes, |a, &d| a.checked_mul(d))
             .ok_or_else(|| input_err(format!("tensor `{name}` byte size overflows")))?;
@@ -337,6 +344,8 @@ pub struct GgufDataWriter {
     /// Number of temporary files created so far (parts `0..created`).
     created: usize,
     next_tensor: usize,
+    /// Bytes of tensor `next_tensor` written so far by `write_tensor_chunk`.
+    partial: u64,
     finished: bool,
 }
 
@@ -349,6 +358,7 @@ impl GgufDataWriter {
             out: None,
             created: 0,
             next_tensor: 0,
+            partial: 0,
             finished: false,
         }
     }
@@ -415,26 +425,33 @@ impl GgufDataWriter {
 
     /// Writes the next declared tensor's bytes (exactly its declared size), then the padding.
     pub fn write_tensor(&mut self, bytes: &[u8]) -> Result<()> {
-        let t = self.next_tensor;
-        let Some(decl) = self.decl.tensors.get(t) else {
-            return Err(input_err(format!(
-                "write_tensor called more often than the {} declared tensors",
-                self.decl.tensors.len()
-            )));
-        };
-        if bytes.len() as u64 != decl.nbytes {
+        let decl = self.current_decl("write_tensor")?;
+        if self.partial != 0 || bytes.len() as u64 != decl.nbytes {
             return Err(input_err(format!(
                 "tensor `{}` ({} {:?}) needs {} bytes, got {}",
                 decl.name,
                 decl.dtype,
                 decl.dims,
                 decl.nbytes,
-                bytes.len()
+                self.partial + bytes.len() as u64
             )));
         }
-        let pad = align_up(decl.nbytes, self.decl.alignment as u64)
-            .map_or(0, |a| (a - decl.nbytes) as usize);
-        self.advance_to(Some(t))?;
+        self.write_tensor_chunk(bytes)
+    }
+
+    /// Streams the next declared tensor in pieces: appends `bytes` to it; once its declared size
+    /// is reached the padding follows and the next call starts the next tensor.
+    pub fn write_tensor_chunk(&mut self, bytes: &[u8]) -> Result<()> {
+        let decl = self.current_decl("write_tensor_chunk")?;
+        let (name, nbytes) = (decl.name.clone(), decl.nbytes);
+        let total = self.partial + bytes.len() as u64;
+        if total > nbytes {
+            return Err(input_err(format!(
+                "tensor `{name}` needs {nbytes} bytes, got {total} so far"
+            )));
+        }
+        self.advance_to(Some(self.next_tensor))?;
+        let align = self.decl.alignment as u64;
         let tmp = self
             .parts
             .get(self.part)
@@ -445,23 +462,39 @@ impl GgufDataWriter {
             .as_mut()
             .ok_or_else(|| input_err("no open output file"))?;
         out.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
-        out.write_all(&vec![0u8; pad])
-            .map_err(|e| Error::io(&tmp, e))?;
-        self.next_tensor += 1;
+        self.partial = total;
+        if total == nbytes {
+            let pad = align_up(nbytes, align).map_or(0, |a| (a - nbytes) as usize);
+            out.write_all(&vec![0u8; pad])
+                .map_err(|e| Error::io(&tmp, e))?;
+            self.next_tensor += 1;
+            self.partial = 0;
+        }
         Ok(())
+    }
+
+    /// The declaration of the tensor to write next.
+    fn current_decl(&self, op: &str) -> Result<&TensorDecl> {
+        self.decl.tensors.get(self.next_tensor).ok_or_else(|| {
+            input_err(format!(
+                "{op} called more often than the {} declared tensors",
+                self.decl.tensors.len()
+            ))
+        })
     }
 
     /// Checks that every declared tensor was written, then moves the files into place.
     pub fn finish(mut self) -> Result<()> {
         if self.next_tensor != self.decl.tensors.len() {
             return Err(input_err(format!(
-                "finish after {} of {} tensors (next: `{}`)",
+                "finish after {} of {} tensors (next: `{}`, {} bytes of it written)",
                 self.next_tensor,
                 self.decl.tensors.len(),
                 self.decl
                     .tensors
                     .get(self.next_tensor)
-                    .map_or("", |t| t.name.as_str())
+                    .map_or("", |t| t.name.as_str()),
+                self.partial
             )));
         }
         self.advance_to(None)?;

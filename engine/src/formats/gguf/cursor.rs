@@ -87,11 +87,11 @@ impl<'a> Cursor<'a> {
         let need = n.checked_mul(min_each.max(1) as u64);
         match need {
             Some(need) if need <= self.remaining() as u64 => usize::try_from(n)
-                .map_err(|_| self.err_at(at, format!("{}: {n} is too large", what()))),
+                .map_err(|_| self.err_at(at, format!("{} {n} is too large", what()))),
             _ => Err(self.err_at(
                 at,
                 format!(
-                    "{}: {n} is too large ({} bytes left, each element needs at least {min_each})",
+                    "{} {n} is too large ({} bytes left, each element needs at least {min_each})",
                     what(),
                     self.remaining()
                 ),

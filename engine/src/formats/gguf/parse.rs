@@ -119,25 +119,40 @@ fn read_metadata(cur: &mut Cursor<'_>, n: usize) -> Result<Vec<(String, MetaValu
             ));
         }
         let value = read_value(cur, ty, 0, &|| format!("metadata key `{key}` value"))?;
+        if key == KEY_ALIGNMENT {
+            check_alignment(cur, ty_at, &value)?;
+        }
         seen.insert(key.clone());
         out.push((key, value));
     }
     Ok(out)
 }
 
-/// Reads `general.alignment` if present: a u32 power of two.
-fn alignment(cur: &Cursor<'_>, metadata: &[(String, MetaValue)]) -> Result<u64> {
-    match metadata.iter().find(|(k, _)| k == "general.alignment") {
-        None => Ok(DEFAULT_ALIGNMENT),
-        Some((_, MetaValue::U32(a))) if a.is_power_of_two() => Ok(*a as u64),
-        Some((_, MetaValue::U32(a))) => Err(cur.err_at(
-            0,
-            format!("metadata key `general.alignment` value {a} is not a non-zero power of two"),
+const KEY_ALIGNMENT: &str = "general.alignment";
+
+/// `general.alignment` must be a u32 power of two (`at`: offset of its value type).
+fn check_alignment(cur: &Cursor<'_>, at: usize, value: &MetaValue) -> Result<()> {
+    match value {
+        MetaValue::U32(a) if a.is_power_of_two() => Ok(()),
+        MetaValue::U32(a) => Err(cur.err_at(
+            at,
+            format!("metadata key `{KEY_ALIGNMENT}` value {a} is not a non-zero power of two"),
         )),
-        Some((_, v)) => Err(cur.err_at(
-            0,
-            format!("metadata key `general.alignment` must be a u32, found {v:?}"),
+        v => Err(cur.err_at(
+            at,
+            format!(
+                "metadata key `{KEY_ALIGNMENT}` must be a u32, found a {}",
+                v.type_name()
+            ),
         )),
+    }
+}
+
+/// The data alignment: `general.alignment` (checked while reading) or the default.
+fn alignment(metadata: &[(String, MetaValue)]) -> u64 {
+    match metadata.iter().find(|(k, _)| k == KEY_ALIGNMENT) {
+        Some((_, MetaValue::U32(a))) => *a as u64,
+        _ => DEFAULT_ALIGNMENT,
     }
 }
 
@@ -239,12 +254,15 @@ pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Parsed> {
     match version {
         2 | 3 => {}
         1 => return Err(cur.err_at(4, "version 1 is not supported (only 2 and 3)")),
+        v if (1..=3).contains(&v.swap_bytes()) => {
+            return Err(cur.err_at(4, "big-endian GGUF files are not supported"));
+        }
         v => return Err(cur.err_at(4, format!("version {v} is not supported (only 2 and 3)"))),
     }
     let n_tensors = cur.count(MIN_TENSOR_INFO_BYTES, &|| "tensor count".to_string())?;
     let n_kv = cur.count(MIN_KV_BYTES, &|| "metadata kv count".to_string())?;
     let metadata = read_metadata(&mut cur, n_kv)?;
-    let alignment = alignment(&cur, &metadata)?;
+    let alignment = alignment(&metadata);
     // Re-check the tensor count now that the metadata has consumed its bytes.
     if (n_tensors as u64).saturating_mul(MIN_TENSOR_INFO_BYTES as u64) > cur.remaining() as u64 {
         return Err(cur.err_at(
