@@ -1,1 +1,521 @@
-//! Chat templates rendered with minijinja, sandboxed and size-limited. Pending.
+//! Chat templates (Jinja, as in HF tokenizer_config.json / GGUF `tokenizer.chat_template`) rendered
+//! with minijinja in a sandbox. Templates from model files are untrusted code:
+//!
+//! - no loader: `include`/`import`/`extends` find nothing; each render compiles the source afresh,
+//!   so a template cannot include itself either;
+//! - fuel (instructions per render) and a recursion limit stop endless loops and deep recursion;
+//! - output is written through a size-limited sink (1 MiB plus 4x the message text), and the string
+//!   `replace` filter/method refuses results over that size, so a render cannot grow without bound
+//!   through its output or through repeated replacing;
+//! - HF compatibility: trim_blocks + lstrip_blocks, chainable (lenient) undefined values, Python
+//!   string/dict methods (`.strip()`, `.startswith()`, `.items()`, ... via minijinja-contrib
+//!   pycompat), `raise_exception(msg)` (an `Error::Template` carrying `msg`), `strftime_now(fmt)`
+//!   (UTC) and a `tojson` that writes like Python's `json.dumps` (`", "`/`": "`, non-ASCII kept,
+//!   optional `indent`).
+//!
+//! Known gap: string concatenation (`~`, `+`) is not size-checked by minijinja, so a hostile
+//! template that doubles a string in a loop can still allocate a lot before fuel runs out.
+
+use std::io;
+use std::path::Path;
+
+use minijinja::value::{Kwargs, Value};
+use minijinja::{Environment, ErrorKind, UndefinedBehavior, context};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::formats::gguf::Gguf;
+use crate::tokenizer::Tokenizer;
+
+/// Instructions one render may execute.
+pub const DEFAULT_FUEL: u64 = 20_000_000;
+/// Output bytes always allowed; 4x the message text is allowed on top.
+pub const DEFAULT_MAX_OUTPUT: usize = 1 << 20;
+/// Largest string the `replace` filter may build.
+const MAX_REPLACE_OUTPUT: usize = 16 << 20;
+const RECURSION_LIMIT: usize = 100;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A compiled (validated) chat template with its BOS/EOS strings.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    /// `source` without HF's `{% generation %}` markers.
+    compiled: String,
+    bos_token: String,
+    eos_token: String,
+    max_output: usize,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("source_len", &self.source.len())
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish_non_exhaustive()
+    }
+}
+
+fn template_error(e: &minijinja::Error) -> Error {
+    // Show the whole chain (minijinja puts the location in the top error).
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    Error::Template(msg)
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; syntax errors are `Error::Template`.
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate> {
+        let env = sandbox_env(DEFAULT_FUEL);
+        let compiled = strip_generation_tags(source);
+        env.template_from_str(&compiled)
+            .map_err(|e| template_error(&e))?;
+        Ok(ChatTemplate {
+            env,
+            source: source.to_string(),
+            compiled,
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+            max_output: DEFAULT_MAX_OUTPUT,
+        })
+    }
+
+    /// Overrides the fuel per render and the base output limit (tests, operators).
+    pub fn set_limits(&mut self, fuel: u64, max_output: usize) {
+        self.env.set_fuel(Some(fuel));
+        self.max_output = max_output;
+    }
+
+    /// The template in `tokenizer.chat_template`, if any.
+    pub fn from_gguf(g: &Gguf, tok: &Tokenizer) -> Result<Option<ChatTemplate>> {
+        let key = "tokenizer.chat_template";
+        let Some(v) = g.get(key) else {
+            return Ok(None);
+        };
+        let source = v
+            .as_str()
+            .ok_or_else(|| Error::Template(format!("metadata {key} must be a string")))?;
+        let (bos, eos) = special_strings(tok);
+        Self::new(source, &bos, &eos).map(Some)
+    }
+
+    /// `chat_template.jinja` in `dir`, else `chat_template` in tokenizer_config.json (a string,
+    /// or a list of `{name, template}` of which "default" is used).
+    pub fn from_hf_dir(dir: &Path, tok: &Tokenizer) -> Result<Option<ChatTemplate>> {
+        let (bos, eos) = special_strings(tok);
+        let jinja = dir.join("chat_template.jinja");
+        if jinja.is_file() {
+            let source = std::fs::read_to_string(&jinja).map_err(|e| Error::io(&jinja, e))?;
+            return Self::new(&source, &bos, &eos).map(Some);
+        }
+        let cfg_path = dir.join("tokenizer_config.json");
+        if !cfg_path.is_file() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
+        let cfg: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::Template(format!("{}: {e}", cfg_path.display())))?;
+        let source = match cfg.get("chat_template") {
+            None | Some(serde_json::Value::Null) => return Ok(None),
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(serde_json::Value::Array(list)) => named_default(list)?,
+            Some(_) => {
+                return Err(Error::Template(
+                    "tokenizer_config.json chat_template must be a string or a list".into(),
+                ));
+            }
+        };
+        Self::new(&source, &bos, &eos).map(Some)
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Renders the conversation; `add_generation_prompt` opens the assistant's turn.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let tmpl = self
+            .env
+            .template_from_str(&self.compiled)
+            .map_err(|e| template_error(&e))?;
+        let input: usize = messages
+            .iter()
+            .map(|m| m.content.len() + m.role.len())
+            .sum();
+        let limit = self.max_output.saturating_add(input.saturating_mul(4));
+        let mut sink = LimitedSink {
+            buf: Vec::new(),
+            limit,
+            overflow: false,
+        };
+        let ctx = context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+        };
+        if let Err(e) = tmpl.render_captured_to(ctx, &mut sink) {
+            if sink.overflow {
+                return Err(Error::Template(format!(
+                    "rendered prompt exceeds the output limit of {limit} bytes"
+                )));
+            }
+            if e.kind() == ErrorKind::OutOfFuel {
+                return Err(Error::Template(
+                    "template ran out of fuel (too many instructions; endless loop?)".into(),
+                ));
+            }
+            return Err(template_error(&e));
+        }
+        String::from_utf8(sink.buf)
+            .map_err(|_| Error::Template("rendered prompt is not valid UTF-8".into()))
+    }
+}
+
+/// Removes `{% generation %}` / `{% endgeneration %}` (HF's assistant-mask markers, which render
+/// nothing), whitespace-control dashes included.
+fn strip_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        let (before, tag) = rest.split_at(start);
+        out.push_str(before);
+        let end = tag.find("%}").map(|e| e + 2);
+        let is_marker = end
+            .and_then(|e| tag.get(2..e - 2))
+            .map(|inner| inner.trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace()))
+            .is_some_and(|word| word == "generation" || word == "endgeneration");
+        match end {
+            Some(e) if is_marker => rest = &tag[e..],
+            _ => {
+                out.push_str("{%");
+                rest = &tag[2..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+fn special_strings(tok: &Tokenizer) -> (String, String) {
+    let text = |id: Option<u32>| id.and_then(|id| tok.token_text(id)).unwrap_or_default();
+    (text(tok.bos_id()), text(tok.eos_id()))
+}
+
+fn named_default(list: &[serde_json::Value]) -> Result<String> {
+    let mut names = Vec::new();
+    for entry in list {
+        let name = entry.get("name").and_then(|v| v.as_str());
+        let template = entry.get("template").and_then(|v| v.as_str());
+        match (name, template) {
+            (Some("default"), Some(t)) => return Ok(t.to_string()),
+            (Some(n), Some(_)) => names.push(n.to_string()),
+            _ => {
+                return Err(Error::Template(
+                    "tokenizer_config.json chat_template list entries need \"name\" and \"template\" strings".into(),
+                ));
+            }
+        }
+    }
+    Err(Error::Template(format!(
+        "tokenizer_config.json has no chat template named \"default\" (found: {})",
+        names.join(", ")
+    )))
+}
+
+/// Collects output until `limit` bytes, then fails the render.
+struct LimitedSink {
+    buf: Vec<u8>,
+    limit: usize,
+    overflow: bool,
+}
+
+impl io::Write for LimitedSink {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.buf.len().saturating_add(data.len()) > self.limit {
+            self.overflow = true;
+            return Err(io::Error::other("output limit exceeded"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn sandbox_env(fuel: u64) -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_fuel(Some(fuel));
+    env.set_recursion_limit(RECURSION_LIMIT);
+    env.set_undefined_behavior(UndefinedBehavior::Chainable);
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_unknown_method_callback(|state, value, method, args| {
+        if method == "replace"
+            && let Some(s) = value.as_str()
+        {
+            return checked_replace_args(s, args);
+        }
+        minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+    });
+    env.add_function("raise_exception", raise_exception);
+    env.add_function("strftime_now", strftime_now);
+    env.add_filter("tojson", tojson);
+    env.add_filter("replace", replace_filter);
+    env
+}
+
+fn raise_exception(msg: String) -> std::result::Result<Value, minijinja::Error> {
+    Err(minijinja::Error::new(
+        ErrorKind::InvalidOperation,
+        format!("raise_exception: {msg}"),
+    ))
+}
+
+fn checked_replace(
+    s: &str,
+    from: &str,
+    to: &str,
+    count: Option<usize>,
+) -> std::result::Result<Value, minijinja::Error> {
+    let n = if from.is_empty() {
+        s.chars().count() + 1
+    } else {
+        s.matches(from).count()
+    };
+    let n = count.map_or(n, |c| c.min(n));
+    let size = s
+        .len()
+        .saturating_add(n.saturating_mul(to.len()))
+        .saturating_sub(n.saturating_mul(from.len()));
+    if size > MAX_REPLACE_OUTPUT {
+        return Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            format!("replace would build a {size}-byte string (limit {MAX_REPLACE_OUTPUT})"),
+        ));
+    }
+    Ok(Value::from(match count {
+        Some(c) => s.replacen(from, to, c),
+        None => s.replace(from, to),
+    }))
+}
+
+fn checked_replace_args(s: &str, args: &[Value]) -> std::result::Result<Value, minijinja::Error> {
+    let arg = |i: usize| args.get(i).and_then(|v| v.as_str());
+    match (arg(0), arg(1)) {
+        (Some(from), Some(to)) => {
+            let count = args
+                .get(2)
+                .and_then(|v| i64::try_from(v.clone()).ok())
+                .and_then(|c| usize::try_from(c).ok());
+            checked_replace(s, from, to, count)
+        }
+        _ => Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            "str.replace takes two strings",
+        )),
+    }
+}
+
+fn replace_filter(
+    value: String,
+    from: String,
+    to: String,
+    count: Option<i64>,
+) -> std::result::Result<Value, minijinja::Error> {
+    checked_replace(
+        &value,
+        &from,
+        &to,
+        count.and_then(|c| usize::try_from(c).ok()),
+    )
+}
+
+/// Python's `json.dumps(value, ensure_ascii=False, indent=indent)`.
+fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja::Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let err = |e: serde_json::Error| {
+        minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}"))
+    };
+    let mut out = Vec::new();
+    match indent {
+        Some(n) => {
+            let pad = vec![b' '; n.min(64)];
+            let fmt = serde_json::ser::PrettyFormatter::with_indent(&pad);
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
+            value.serialize(&mut ser).map_err(err)?;
+        }
+        None => {
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, PyCompact);
+            value.serialize(&mut ser).map_err(err)?;
+        }
+    }
+    let s = String::from_utf8(out)
+        .map_err(|_| minijinja::Error::new(ErrorKind::InvalidOperation, "tojson: bad UTF-8"))?;
+    Ok(Value::from_safe_string(s))
+}
+
+/// serde_json formatter with Python's default separators `", "` and `": "`.
+struct PyCompact;
+
+impl serde_json::ser::Formatter for PyCompact {
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+
+    fn begin_object_key<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+
+    fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
+/// `strftime_now(fmt)`: the current UTC time formatted with the common strftime codes
+/// (%Y %y %m %d %e %H %I %M %S %p %j %b %B %a %A %%, and %-d %-m %-H %-I %-M %-S).
+fn strftime_now(fmt: String) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format_time(secs, &fmt)
+}
+
+/// Formats UNIX time `secs` (UTC); public for tests through `chat::format_unix_time`.
+pub fn format_unix_time(secs: u64, fmt: &str) -> String {
+    format_time(secs, fmt)
+}
+
+fn format_time(secs: u64, fmt: &str) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (hour, minute, second) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    let (year, month, day) = civil_from_days(days);
+    // 1970-01-01 was a Thursday (index 3 from Monday).
+    let weekday = (days + 3).rem_euclid(7) as usize;
+    let yday = days - days_from_civil(year, 1, 1) + 1;
+    let month_name = MONTHS.get(month as usize - 1).copied().unwrap_or("");
+    let day_name = DAYS.get(weekday).copied().unwrap_or("");
+    let hour12 = if hour % 12 == 0 { 12 } else { hour % 12 };
+    let mut out = String::new();
+    let mut chars = fmt.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let mut code = chars.next();
+        let no_pad = code == Some('-');
+        if no_pad {
+            code = chars.next();
+        }
+        let num = |v: u64, w: usize| {
+            if no_pad {
+                v.to_string()
+            } else {
+                format!("{v:0w$}")
+            }
+        };
+        let piece = match code {
+            Some('Y') => year.to_string(),
+            Some('y') => format!("{:02}", year.rem_euclid(100)),
+            Some('m') => num(month as u64, 2),
+            Some('d') => num(day as u64, 2),
+            Some('e') => format!("{day:>2}"),
+            Some('H') => num(hour, 2),
+            Some('I') => num(hour12, 2),
+            Some('M') => num(minute, 2),
+            Some('S') => num(second, 2),
+            Some('p') => (if hour < 12 { "AM" } else { "PM" }).to_string(),
+            Some('j') => num(yday as u64, 3),
+            Some('b') => month_name.chars().take(3).collect(),
+            Some('B') => month_name.to_string(),
+            Some('a') => day_name.chars().take(3).collect(),
+            Some('A') => day_name.to_string(),
+            Some('%') => "%".to_string(),
+            Some(other) => format!("%{}{other}", if no_pad { "-" } else { "" }),
+            None => "%".to_string(),
+        };
+        out.push_str(&piece);
+    }
+    out
+}
+
+/// Days since 1970-01-01 -> (year, month 1..=12, day 1..=31) (proleptic Gregorian).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}

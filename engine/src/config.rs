@@ -115,17 +115,20 @@ impl ModelConfig {
                 return Err(Error::Config(format!("{name} = {v} is implausibly large")));
             }
         }
-        if c.n_heads % c.n_kv_heads != 0 {
+        if !c.n_heads.is_multiple_of(c.n_kv_heads) {
             return Err(Error::Config(format!(
                 "n_heads {} is not a multiple of n_kv_heads {}",
                 c.n_heads, c.n_kv_heads
             )));
         }
-        if c.head_dim % 2 != 0 {
+        if !c.head_dim.is_multiple_of(2) {
             return Err(Error::Config(format!("head_dim {} is odd", c.head_dim)));
         }
         if !(c.rope_theta.is_finite() && c.rope_theta > 0.0) {
-            return Err(Error::Config(format!("rope theta {} is invalid", c.rope_theta)));
+            return Err(Error::Config(format!(
+                "rope theta {} is invalid",
+                c.rope_theta
+            )));
         }
         if !(c.rms_eps.is_finite() && c.rms_eps > 0.0) {
             return Err(Error::Config(format!("rms eps {} is invalid", c.rms_eps)));
@@ -146,10 +149,14 @@ impl ModelConfig {
             g.get(&k)
                 .and_then(|v| v.as_u64())
                 .map(|v| v as usize)
-                .ok_or_else(|| Error::Config(format!("GGUF metadata `{k}` is missing or not an integer")))
+                .ok_or_else(|| {
+                    Error::Config(format!("GGUF metadata `{k}` is missing or not an integer"))
+                })
         };
         let float = |key: &str| -> Option<f32> {
-            g.get(&format!("{a}.{key}")).and_then(|v| v.as_f64()).map(|v| v as f32)
+            g.get(&format!("{a}.{key}"))
+                .and_then(|v| v.as_f64())
+                .map(|v| v as f32)
         };
         let hidden = uint("embedding_length")?;
         let n_heads = uint("attention.head_count")?;
@@ -215,13 +222,21 @@ impl ModelConfig {
             v.get(key)
                 .and_then(|x| x.as_u64())
                 .map(|x| x as usize)
-                .ok_or_else(|| Error::Config(format!("config.json `{key}` is missing or not an integer")))
+                .ok_or_else(|| {
+                    Error::Config(format!("config.json `{key}` is missing or not an integer"))
+                })
         };
         let float = |key: &str| v.get(key).and_then(|x| x.as_f64()).map(|x| x as f32);
         let hidden = uint("hidden_size")?;
         let n_heads = uint("num_attention_heads")?;
         let rope_scaling = match v.get("rope_scaling") {
-            Some(rs) if rs.get("rope_type").or_else(|| rs.get("type")).and_then(|t| t.as_str()) == Some("llama3") => {
+            Some(rs)
+                if rs
+                    .get("rope_type")
+                    .or_else(|| rs.get("type"))
+                    .and_then(|t| t.as_str())
+                    == Some("llama3") =>
+            {
                 let f = |k: &str, d: f64| rs.get(k).and_then(|x| x.as_f64()).unwrap_or(d) as f32;
                 Some(Llama3RopeScaling {
                     factor: f("factor", 8.0),
@@ -230,7 +245,8 @@ impl ModelConfig {
                     original_max_position_embeddings: rs
                         .get("original_max_position_embeddings")
                         .and_then(|x| x.as_u64())
-                        .unwrap_or(8192) as u32,
+                        .unwrap_or(8192)
+                        as u32,
                 })
             }
             _ => None,

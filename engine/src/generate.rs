@@ -69,7 +69,11 @@ pub struct GenOutput {
 
 /// The top `k` `(id, logit)` pairs, descending by logit, lowest id first on ties.
 pub fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let mut v: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+    let mut v: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, l))
+        .collect();
     v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     v.truncate(k);
     v
@@ -104,7 +108,11 @@ pub fn generate(
     }
     let table: Vec<u32> = (0..blocks as u32).collect();
     let t0 = Instant::now();
-    let chunk = if req.prefill_chunk == 0 { n_prompt } else { req.prefill_chunk };
+    let chunk = if req.prefill_chunk == 0 {
+        n_prompt
+    } else {
+        req.prefill_chunk
+    };
     let mut logits = Vec::new();
     for start in (0..n_prompt).step_by(chunk) {
         let end = (start + chunk).min(n_prompt);
@@ -163,7 +171,12 @@ pub fn generate(
             }],
             block_tables: vec![table.clone()],
         };
-        logits = backend.step(&batch)?.logits.into_iter().next().unwrap_or_default();
+        logits = backend
+            .step(&batch)?
+            .logits
+            .into_iter()
+            .next()
+            .unwrap_or_default();
     }
     out.decode_secs = t1.elapsed().as_secs_f64();
     Ok(out)

@@ -1,1 +1,128 @@
-//! Opens a model path (GGUF file or HF folder). Pending.
+//! Opens a model path: a GGUF file (or the first part of a split GGUF) or an HF safetensors folder.
+//! Produces the config, the weights in memra's internal (HF) layout, the tokenizer and the chat
+//! template.
+
+use std::path::{Path, PathBuf};
+
+use crate::chat::ChatTemplate;
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::formats::gguf::Gguf;
+use crate::formats::safetensors::HfModel;
+use crate::models::{ModelWeights, Role, spec, unpermute_qk_rows};
+use crate::tokenizer::Tokenizer;
+use crate::weights::{Bytes, Tensor};
+
+/// A loaded model, ready to hand to a backend.
+pub struct Model {
+    pub path: PathBuf,
+    pub config: ModelConfig,
+    pub weights: ModelWeights,
+    pub tokenizer: Tokenizer,
+    pub chat: Option<ChatTemplate>,
+}
+
+/// Un-permutes a GGUF llama q/k tensor (weight rows or bias values) into HF order.
+fn unpermute(t: Tensor, head_dim: usize) -> Result<Tensor> {
+    let row_bytes = if t.shape.len() == 1 {
+        t.data.len() / t.shape[0].max(1)
+    } else {
+        t.row_bytes()
+    };
+    if row_bytes == 0 || !t.data.len().is_multiple_of(row_bytes * head_dim) {
+        return Err(Error::Weights(format!(
+            "{}: {} rows are not whole heads of {head_dim}",
+            t.name,
+            t.shape.first().copied().unwrap_or(0)
+        )));
+    }
+    let data = unpermute_qk_rows(&t.data, row_bytes, head_dim);
+    Tensor::new(t.name, t.dtype, t.shape, Bytes::owned(data))
+}
+
+/// Config and weights of a GGUF model.
+pub fn gguf_weights(g: &Gguf) -> Result<ModelWeights> {
+    let config = ModelConfig::from_gguf(g)?;
+    let sp = spec(config.arch);
+    let hd = config.head_dim;
+    let mut get = |role: Role| -> Result<Option<Tensor>> {
+        let name = role.gguf_name();
+        let Some(t) = g.tensor(&name) else {
+            return Ok(None);
+        };
+        let permuted = matches!(
+            role,
+            Role::Q(_) | Role::K(_) | Role::QBias(_) | Role::KBias(_)
+        );
+        if sp.gguf_qk_permuted && permuted {
+            return unpermute(t, hd).map(Some);
+        }
+        Ok(Some(t))
+    };
+    let mut w = ModelWeights::build(&config, sp, &mut get)?;
+    if let Some(f) = g.tensor("rope_freqs.weight") {
+        let v = f.to_f32()?;
+        if v.len() != hd / 2 {
+            return Err(Error::Weights(format!(
+                "rope_freqs.weight has {} values, expected {}",
+                v.len(),
+                hd / 2
+            )));
+        }
+        w.rope_freq_factors = Some(v);
+    }
+    Ok(w)
+}
+
+/// Config and weights of an HF safetensors folder.
+pub fn hf_weights(m: &HfModel) -> Result<ModelWeights> {
+    let config = m.config.clone();
+    let mut get = |role: Role| m.tensor(&role.hf_name());
+    ModelWeights::build(&config, spec(config.arch), &mut get)
+}
+
+/// Opens a GGUF file or HF folder with its tokenizer and chat template.
+pub fn load_model(path: &Path) -> Result<Model> {
+    if path.is_dir() {
+        let m = HfModel::open(path)?;
+        let weights = hf_weights(&m)?;
+        let tj = m
+            .tokenizer_json()
+            .ok_or_else(|| Error::Tokenizer(format!("{} has no tokenizer.json", path.display())))?;
+        let tokenizer = Tokenizer::from_hf_files(&tj, m.tokenizer_config_json().as_deref())?;
+        let chat = ChatTemplate::from_hf_dir(path, &tokenizer)?;
+        Ok(Model {
+            path: path.to_path_buf(),
+            config: weights.config.clone(),
+            weights,
+            tokenizer,
+            chat,
+        })
+    } else if path.exists() {
+        let g = Gguf::open(path)?;
+        let weights = gguf_weights(&g)?;
+        let tokenizer = Tokenizer::from_gguf(&g)?;
+        let chat = ChatTemplate::from_gguf(&g, &tokenizer)?;
+        Ok(Model {
+            path: path.to_path_buf(),
+            config: weights.config.clone(),
+            weights,
+            tokenizer,
+            chat,
+        })
+    } else {
+        Err(Error::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no such model file or folder"),
+        ))
+    }
+}
+
+/// Opens just the weights of a GGUF file or HF folder (no tokenizer).
+pub fn load_weights(path: &Path) -> Result<ModelWeights> {
+    if path.is_dir() {
+        hf_weights(&HfModel::open(path)?)
+    } else {
+        gguf_weights(&Gguf::open(path)?)
+    }
+}

@@ -42,7 +42,9 @@ impl SamplingParams {
     /// Checks ranges; the message names the parameter.
     pub fn validate(&self) -> Result<()> {
         let bad = |name: &str, v: f32, range: &str| {
-            Err(Error::Input(format!("{name} = {v} is out of range ({range})")))
+            Err(Error::Input(format!(
+                "{name} = {v} is out of range ({range})"
+            )))
         };
         if !(self.temperature.is_finite() && (0.0..=100.0).contains(&self.temperature)) {
             return bad("temperature", self.temperature, "0 to 100");
@@ -54,7 +56,11 @@ impl SamplingParams {
             return bad("min_p", self.min_p, "0 to 1");
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty <= 10.0) {
-            return bad("repetition_penalty", self.repetition_penalty, "greater than 0, at most 10");
+            return bad(
+                "repetition_penalty",
+                self.repetition_penalty,
+                "greater than 0, at most 10",
+            );
         }
         if !(-2.0..=2.0).contains(&self.presence_penalty) {
             return bad("presence_penalty", self.presence_penalty, "-2 to 2");
@@ -93,7 +99,10 @@ pub fn philox4x32(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 
 /// The uniform number in [0, 1) for (seed, position): 24 random bits of the first Philox word.
 pub fn uniform(seed: u64, pos: u64) -> f32 {
-    let r = philox4x32([pos as u32, (pos >> 32) as u32, 0, 0], [seed as u32, (seed >> 32) as u32]);
+    let r = philox4x32(
+        [pos as u32, (pos >> 32) as u32, 0, 0],
+        [seed as u32, (seed >> 32) as u32],
+    );
     (r[0] >> 8) as f32 * (1.0 / 16_777_216.0)
 }
 
@@ -197,7 +206,10 @@ mod tests {
     #[test]
     fn philox_known_answer() {
         // Random123 known-answer test vectors for philox4x32-10.
-        assert_eq!(philox4x32([0; 4], [0; 2]), [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]);
+        assert_eq!(
+            philox4x32([0; 4], [0; 2]),
+            [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]
+        );
         assert_eq!(
             philox4x32([u32::MAX; 4], [u32::MAX; 2]),
             [0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd]

@@ -51,7 +51,12 @@ pub struct Tensor {
 
 impl Tensor {
     /// Builds a tensor, checking that the byte length matches shape and dtype.
-    pub fn new(name: impl Into<String>, dtype: DType, shape: Vec<usize>, data: Bytes) -> Result<Self> {
+    pub fn new(
+        name: impl Into<String>,
+        dtype: DType,
+        shape: Vec<usize>,
+        data: Bytes,
+    ) -> Result<Self> {
         let name = name.into();
         let n = shape
             .iter()

@@ -33,7 +33,9 @@ fn run(b: &mut CpuBackend, chunk: usize) -> (Vec<u32>, Vec<Vec<u32>>, Vec<Vec<u8
         .iter()
         .map(|l| l.iter().map(|v| v.to_bits()).collect())
         .collect();
-    let kv = (0..4).map(|blk| b.kv_block_bytes(blk).expect("kv")).collect();
+    let kv = (0..4)
+        .map(|blk| b.kv_block_bytes(blk).expect("kv"))
+        .collect();
     (out.tokens, bits, kv)
 }
 
@@ -115,7 +117,10 @@ fn batch_neighbours_do_not_change_bits() {
         assert_eq!(bits(l), bits(want), "row {r:?}");
     }
     for blk in [0, 1, 4, 5, 6] {
-        assert_eq!(solo.kv_block_bytes(blk).unwrap(), pair.kv_block_bytes(blk).unwrap());
+        assert_eq!(
+            solo.kv_block_bytes(blk).unwrap(),
+            pair.kv_block_bytes(blk).unwrap()
+        );
     }
 }
 
@@ -131,7 +136,12 @@ fn bad_rows_are_clean_errors() {
         }],
         block_tables: vec![vec![0]],
     };
-    assert!(b.step(&bad_token).unwrap_err().to_string().contains("vocabulary"));
+    assert!(
+        b.step(&bad_token)
+            .unwrap_err()
+            .to_string()
+            .contains("vocabulary")
+    );
     let beyond = StepBatch {
         rows: vec![StepRow {
             token: 1,
@@ -141,5 +151,10 @@ fn bad_rows_are_clean_errors() {
         }],
         block_tables: vec![vec![0]],
     };
-    assert!(b.step(&beyond).unwrap_err().to_string().contains("block table"));
+    assert!(
+        b.step(&beyond)
+            .unwrap_err()
+            .to_string()
+            .contains("block table")
+    );
 }

@@ -1,1 +1,191 @@
-fn main() {}
+//! run-gen: generate text with a model on the CPU reference backend (or the GPU when built in).
+//!
+//! `run-gen MODEL (--prompt TEXT | --prompt-ids 1,2,3) [--chat] [--system TEXT] [--max-tokens N]
+//!  [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--device auto|cpu|cuda[:N]]
+//!  [--threads N] [--json] [--logits-top K]`
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use memra_engine::backend::Device;
+use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
+use memra_engine::chat::ChatMessage;
+use memra_engine::generate::{GenRequest, generate};
+use memra_engine::loader::load_model;
+use memra_engine::sampling::SamplingParams;
+use memra_engine::tokenizer::StreamDecoder;
+use memra_engine::{Error, Result};
+
+/// Every flag of run-gen (docs/FLAGS.md lists them).
+#[derive(Parser, Debug)]
+#[command(
+    name = "run-gen",
+    version,
+    about = "Generate text with a GGUF file or HF safetensors folder"
+)]
+struct Args {
+    /// A GGUF file (or the first part of a split GGUF) or an HF safetensors folder.
+    model: PathBuf,
+    /// The prompt text.
+    #[arg(
+        long,
+        conflicts_with = "prompt_ids",
+        required_unless_present = "prompt_ids"
+    )]
+    prompt: Option<String>,
+    /// The prompt as comma-separated token ids.
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    /// Render the prompt as one user message with the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// A system message (with --chat).
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// 0 means greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    frequency_penalty: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    device: Device,
+    /// CPU threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Prefill chunk size in tokens (0 = whole prompt).
+    #[arg(long, default_value_t = 0)]
+    prefill_chunk: usize,
+    /// Print one JSON object at the end instead of streaming text.
+    #[arg(long)]
+    json: bool,
+    /// Include the top K logits of every generated position in the JSON.
+    #[arg(long, default_value_t = 0)]
+    logits_top: usize,
+}
+
+fn prompt_ids(args: &Args, model: &memra_engine::loader::Model) -> Result<Vec<u32>> {
+    if let Some(ids) = &args.prompt_ids {
+        return Ok(ids.clone());
+    }
+    let text = args.prompt.clone().unwrap_or_default();
+    if !args.chat {
+        return model
+            .tokenizer
+            .encode(&text, model.tokenizer.add_bos_default());
+    }
+    let tmpl = model.chat.as_ref().ok_or_else(|| {
+        Error::Input(format!(
+            "--chat: {} has no chat template",
+            args.model.display()
+        ))
+    })?;
+    let mut msgs = Vec::new();
+    if let Some(s) = &args.system {
+        msgs.push(ChatMessage {
+            role: "system".into(),
+            content: s.clone(),
+        });
+    }
+    msgs.push(ChatMessage {
+        role: "user".into(),
+        content: text,
+    });
+    let rendered = tmpl.render(&msgs, true)?;
+    model.tokenizer.encode(&rendered, false)
+}
+
+fn run(args: Args) -> Result<()> {
+    let model = load_model(&args.model)?;
+    let ids = prompt_ids(&args, &model)?;
+    let params = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repetition_penalty: args.repetition_penalty,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
+        seed: args.seed,
+    };
+    params.validate()?;
+    if let Device::Cuda(n) = args.device {
+        return Err(Error::Unsupported(format!(
+            "--device cuda:{n}: this build has no CUDA backend yet; use --device cpu"
+        )));
+    }
+    let total = (ids.len() + args.max_tokens).min(model.config.max_ctx);
+    let opts = CpuOptions {
+        threads: args.threads,
+        kv_blocks: total.div_ceil(16).max(1),
+        block_size: 16,
+    };
+    let tokenizer = model.tokenizer.clone();
+    let mut backend = CpuBackend::new(model.weights, &opts)?;
+    let req = GenRequest {
+        prompt: ids.clone(),
+        max_tokens: args.max_tokens,
+        params,
+        stop_ids: tokenizer.stop_ids().to_vec(),
+        prefill_chunk: args.prefill_chunk,
+        logits_top: args.logits_top,
+        keep_logits: false,
+    };
+    let mut dec = StreamDecoder::new(&tokenizer);
+    let mut stdout = std::io::stdout().lock();
+    let json = args.json;
+    let mut on_token = |t: u32| -> Result<()> {
+        if !json {
+            let piece = dec.push(t)?;
+            let _ = stdout.write_all(piece.as_bytes());
+            let _ = stdout.flush();
+        }
+        Ok(())
+    };
+    let out = generate(&mut backend, &req, &mut on_token)?;
+    if !json {
+        let rest = dec.finish();
+        let _ = writeln!(stdout, "{rest}");
+        return Ok(());
+    }
+    let mut v = serde_json::json!({
+        "prompt_ids": ids,
+        "tokens": out.tokens,
+        "text": tokenizer.decode(&out.tokens)?,
+        "finish_reason": out.finish_reason.as_str(),
+        "prompt_tok_per_s": ids.len() as f64 / out.prompt_secs.max(1e-9),
+        "decode_tok_per_s": out.tokens.len().saturating_sub(1) as f64 / out.decode_secs.max(1e-9),
+    });
+    if args.logits_top > 0 {
+        v["logits_top"] = serde_json::json!(out.logits_top);
+    }
+    let _ = writeln!(stdout, "{v}");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("run-gen: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

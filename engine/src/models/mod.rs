@@ -5,10 +5,10 @@
 //! with [`unpermute_qk_rows`], so GGUF and HF copies of a model give identical weights.
 
 pub mod llama;
-pub mod weights;
 pub mod qwen2;
-pub mod random;
 pub mod qwen3;
+pub mod random;
+pub mod weights;
 
 pub use weights::{LayerWeights, ModelWeights, TensorSource};
 
@@ -204,7 +204,8 @@ pub fn permute_qk_rows(data: &[u8], row_bytes: usize, head_dim: usize) -> Vec<u8
     let mut out = vec![0u8; rows * row_bytes];
     for r in 0..rows {
         let g = gguf_row_of_hf_row(r, head_dim);
-        out[g * row_bytes..(g + 1) * row_bytes].copy_from_slice(&data[r * row_bytes..(r + 1) * row_bytes]);
+        out[g * row_bytes..(g + 1) * row_bytes]
+            .copy_from_slice(&data[r * row_bytes..(r + 1) * row_bytes]);
     }
     out
 }

@@ -68,16 +68,30 @@ pub fn random_weights(config: &ModelConfig, seed: u64, dtype: DType) -> Result<M
         let is_vec = shape.len() == 1;
         let is_norm = matches!(
             role,
-            Role::OutputNorm | Role::AttnNorm(_) | Role::FfnNorm(_) | Role::QNorm(_) | Role::KNorm(_)
+            Role::OutputNorm
+                | Role::AttnNorm(_)
+                | Role::FfnNorm(_)
+                | Role::QNorm(_)
+                | Role::KNorm(_)
         );
         let vals: Vec<f32> = (0..n as u64)
             .map(|i| {
                 let u = unit(seed, stream, i);
-                if is_norm { 1.0 + 0.1 * u } else if is_vec { 0.05 * u } else { 0.15 * u }
+                if is_norm {
+                    1.0 + 0.1 * u
+                } else if is_vec {
+                    0.05 * u
+                } else {
+                    0.15 * u
+                }
             })
             .collect();
         let cols = *shape.last().unwrap_or(&1);
-        let dt = if is_vec || cols % dtype.block_size() != 0 { DType::F32 } else { dtype };
+        let dt = if is_vec || !cols.is_multiple_of(dtype.block_size()) {
+            DType::F32
+        } else {
+            dtype
+        };
         let bytes = quantize(dt, &vals)?;
         Tensor::new(role.gguf_name(), dt, shape, Bytes::owned(bytes)).map(Some)
     };

@@ -59,14 +59,23 @@ fn expect_shape(t: &Tensor, shape: &[usize]) -> Result<()> {
 }
 
 fn required(src: &mut dyn TensorSource, role: Role, shape: &[usize]) -> Result<Tensor> {
-    let t = src
-        .get(role)?
-        .ok_or_else(|| Error::Weights(format!("missing tensor `{}` / `{}`", role.gguf_name(), role.hf_name())))?;
+    let t = src.get(role)?.ok_or_else(|| {
+        Error::Weights(format!(
+            "missing tensor `{}` / `{}`",
+            role.gguf_name(),
+            role.hf_name()
+        ))
+    })?;
     expect_shape(&t, shape)?;
     Ok(t)
 }
 
-fn optional(src: &mut dyn TensorSource, role: Role, shape: &[usize], want: bool) -> Result<Option<Tensor>> {
+fn optional(
+    src: &mut dyn TensorSource,
+    role: Role,
+    shape: &[usize],
+    want: bool,
+) -> Result<Option<Tensor>> {
     if !want {
         return Ok(None);
     }
@@ -75,7 +84,11 @@ fn optional(src: &mut dyn TensorSource, role: Role, shape: &[usize], want: bool)
 
 impl ModelWeights {
     /// Collects and checks every tensor the architecture needs.
-    pub fn build(config: &ModelConfig, spec: ArchSpec, src: &mut dyn TensorSource) -> Result<ModelWeights> {
+    pub fn build(
+        config: &ModelConfig,
+        spec: ArchSpec,
+        src: &mut dyn TensorSource,
+    ) -> Result<ModelWeights> {
         let c = config;
         let (h, hd) = (c.hidden, c.head_dim);
         let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
@@ -106,7 +119,11 @@ impl ModelWeights {
                 t
             }
             None if c.tie_embeddings => embed.clone(),
-            None => return Err(Error::Weights("missing tensor `output.weight` / `lm_head.weight`".into())),
+            None => {
+                return Err(Error::Weights(
+                    "missing tensor `output.weight` / `lm_head.weight`".into(),
+                ));
+            }
         };
         Ok(ModelWeights {
             config: config.clone(),
@@ -126,10 +143,24 @@ impl ModelWeights {
             n += self.output.data.len();
         }
         for l in &self.layers {
-            let ts = [&l.attn_norm, &l.q, &l.k, &l.v, &l.attn_out, &l.ffn_norm, &l.gate, &l.up, &l.down];
+            let ts = [
+                &l.attn_norm,
+                &l.q,
+                &l.k,
+                &l.v,
+                &l.attn_out,
+                &l.ffn_norm,
+                &l.gate,
+                &l.up,
+                &l.down,
+            ];
             n += ts.iter().map(|t| t.data.len()).sum::<usize>();
             let opt = [&l.q_bias, &l.k_bias, &l.v_bias, &l.q_norm, &l.k_norm];
-            n += opt.iter().filter_map(|t| t.as_ref()).map(|t| t.data.len()).sum::<usize>();
+            n += opt
+                .iter()
+                .filter_map(|t| t.as_ref())
+                .map(|t| t.data.len())
+                .sum::<usize>();
         }
         n
     }

@@ -7,6 +7,83 @@
 
 use crate::error::{Error, Result};
 
+/// Evaluates `$body` with `$codec` bound to the whole-block dequantizer of `$dtype`. The codecs
+/// are `#[inline(always)]` and called directly, so each is compiled into the (multiversioned)
+/// function that uses this macro, with that function's instruction set.
+macro_rules! with_codec {
+    ($dtype:expr, $codec:ident => $body:expr) => {{
+        use $crate::quant::{iq4_xs, kquants, legacy, simple};
+        match $dtype {
+            DType::F32 => {
+                let $codec = simple::dequant_f32;
+                $body
+            }
+            DType::F16 => {
+                let $codec = simple::dequant_f16;
+                $body
+            }
+            DType::BF16 => {
+                let $codec = simple::dequant_bf16;
+                $body
+            }
+            DType::Q4_0 => {
+                let $codec = legacy::dequant_q4_0;
+                $body
+            }
+            DType::Q4_1 => {
+                let $codec = legacy::dequant_q4_1;
+                $body
+            }
+            DType::Q5_0 => {
+                let $codec = legacy::dequant_q5_0;
+                $body
+            }
+            DType::Q5_1 => {
+                let $codec = legacy::dequant_q5_1;
+                $body
+            }
+            DType::Q8_0 => {
+                let $codec = legacy::dequant_q8_0;
+                $body
+            }
+            DType::Q2_K => {
+                let $codec = kquants::dequant_q2_k;
+                $body
+            }
+            DType::Q3_K => {
+                let $codec = kquants::dequant_q3_k;
+                $body
+            }
+            DType::Q4_K => {
+                let $codec = kquants::dequant_q4_k;
+                $body
+            }
+            DType::Q5_K => {
+                let $codec = kquants::dequant_q5_k;
+                $body
+            }
+            DType::Q6_K => {
+                let $codec = kquants::dequant_q6_k;
+                $body
+            }
+            DType::IQ4_XS => {
+                let $codec = iq4_xs::dequant_iq4_xs;
+                $body
+            }
+        }
+    }};
+}
+
+mod dot;
+mod iq4_xs;
+mod kquants;
+mod kquants_quantize;
+mod legacy;
+mod simd;
+mod simple;
+
+pub use dot::{DOT_LANES, dot_f32, dot_row};
+
 /// ggml tensor types, numbered as in the GGUF format.
 #[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -99,12 +176,9 @@ impl DType {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
             DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => 32,
-            DType::Q2_K
-            | DType::Q3_K
-            | DType::Q4_K
-            | DType::Q5_K
-            | DType::Q6_K
-            | DType::IQ4_XS => QK_K,
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => {
+                QK_K
+            }
         }
     }
 
@@ -131,7 +205,7 @@ impl DType {
     /// the byte count overflows.
     pub fn bytes_for(self, n: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        if n % bs != 0 {
+        if !n.is_multiple_of(bs) {
             return None;
         }
         (n / bs).checked_mul(self.block_bytes() as u64)
@@ -176,47 +250,95 @@ pub(crate) fn check_len(dtype: DType, src: &[u8], n: usize) -> Result<()> {
 }
 
 /// Dequantizes `dst.len()` elements of `dtype` from `src` into `dst`.
+///
+/// `src` must hold exactly the bytes of `dst.len()` elements (a whole number of blocks); several
+/// consecutive rows can be dequantized in one call. The values are exactly those of
+/// `gguf.quants.dequantize` (gguf-py 0.19).
 pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
     check_len(dtype, src, dst.len())?;
-    match dtype {
-        DType::F32 => {
-            for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
-                *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-            Ok(())
-        }
-        DType::F16 => {
-            for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                *d = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
-            }
-            Ok(())
-        }
-        DType::BF16 => {
-            for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                *d = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
-            }
-            Ok(())
-        }
-        other => Err(Error::Unsupported(format!(
-            "dequantization of {other} is not implemented yet"
-        ))),
+    dequantize_unchecked(dtype, src, dst);
+    Ok(())
+}
+
+simd::multiversion! {
+    /// [`dequantize_row`] after the length check.
+    fn dequantize_unchecked(dtype: DType, src: &[u8], dst: &mut [f32]) {
+        with_codec!(dtype, codec => codec(src, dst))
     }
 }
 
-/// Quantizes `src` (a multiple of the block size) to `dtype`, returning the bytes.
-pub fn quantize(dtype: DType, src: &[f32]) -> Result<Vec<u8>> {
-    match dtype {
-        DType::F32 => Ok(src.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        DType::F16 => Ok(src
-            .iter()
-            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
-            .collect()),
-        DType::BF16 => Ok(src
-            .iter()
-            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-            .collect()),
-        other => Err(Error::Unsupported(format!(
-            "quantization to {other} is not implemented yet"
-        ))),
+/// Dequantizes `rows` rows of `cols` elements each, stored back to back in `src`, into `dst`
+/// (row-major, `rows * cols` values). Errors if `cols` is not a multiple of the block size or
+/// the lengths do not match.
+pub fn dequantize_rows_into(
+    dtype: DType,
+    src: &[u8],
+    rows: usize,
+    cols: usize,
+    dst: &mut [f32],
+) -> Result<()> {
+    if !cols.is_multiple_of(dtype.block_size()) {
+        return Err(Error::Quant(format!(
+            "{dtype}: row length {cols} is not a multiple of the block size {}",
+            dtype.block_size()
+        )));
     }
+    let n = rows
+        .checked_mul(cols)
+        .ok_or_else(|| Error::Quant(format!("{dtype}: {rows} x {cols} elements overflow")))?;
+    if dst.len() != n {
+        return Err(Error::Quant(format!(
+            "{dtype}: output holds {} values, {rows} x {cols} = {n} needed",
+            dst.len()
+        )));
+    }
+    dequantize_row(dtype, src, dst)
+}
+
+/// Types [`quantize`] can produce.
+pub const QUANTIZABLE: [DType; 11] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
+
+/// Quantizes `src` (a multiple of the block size) to `dtype`, returning the bytes.
+///
+/// F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 give exactly the bytes of `gguf.quants.quantize`;
+/// Q4_K, Q5_K and Q6_K follow llama.cpp's reference quantizers (no gguf-py counterpart). Q2_K,
+/// Q3_K and IQ4_XS are not supported (`Error::Unsupported`).
+pub fn quantize(dtype: DType, src: &[f32]) -> Result<Vec<u8>> {
+    if !src.len().is_multiple_of(dtype.block_size()) {
+        return Err(Error::Quant(format!(
+            "{dtype}: cannot quantize {} values, not a multiple of the block size {}",
+            src.len(),
+            dtype.block_size()
+        )));
+    }
+    Ok(match dtype {
+        DType::F32 => simple::quant_f32(src),
+        DType::F16 => simple::quant_f16(src),
+        DType::BF16 => simple::quant_bf16(src),
+        DType::Q4_0 => legacy::quant_q4_0(src),
+        DType::Q4_1 => legacy::quant_q4_1(src),
+        DType::Q5_0 => legacy::quant_q5_0(src),
+        DType::Q5_1 => legacy::quant_q5_1(src),
+        DType::Q8_0 => legacy::quant_q8_0(src),
+        DType::Q4_K => kquants_quantize::quant_q4_k(src),
+        DType::Q5_K => kquants_quantize::quant_q5_k(src),
+        DType::Q6_K => kquants_quantize::quant_q6_k(src),
+        DType::Q2_K | DType::Q3_K | DType::IQ4_XS => {
+            return Err(Error::Unsupported(format!(
+                "quantization to {dtype} is not implemented (dequantization is)"
+            )));
+        }
+    })
 }

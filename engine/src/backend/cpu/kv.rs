@@ -41,7 +41,10 @@ impl KvStore {
     /// K and V of one position (all KV heads).
     pub fn read(&self, layer: usize, block: u32, slot: usize) -> (&[f32], &[f32]) {
         let o = self.offset(block, slot);
-        (&self.k[layer][o..o + self.width], &self.v[layer][o..o + self.width])
+        (
+            &self.k[layer][o..o + self.width],
+            &self.v[layer][o..o + self.width],
+        )
     }
 
     pub fn copy_block(&mut self, src: u32, dst: u32) {

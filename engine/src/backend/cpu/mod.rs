@@ -95,9 +95,16 @@ impl CpuBackend {
         let out_norm = w.out_norm.to_f32()?;
         let rope = Rope::new(c, w.rope_freq_factors.as_deref());
         if opts.block_size == 0 || opts.kv_blocks == 0 {
-            return Err(Error::Input("KV block size and block count must be > 0".into()));
+            return Err(Error::Input(
+                "KV block size and block count must be > 0".into(),
+            ));
         }
-        let kv = KvStore::new(c.n_layers, opts.kv_blocks, opts.block_size, c.n_kv_heads * c.head_dim)?;
+        let kv = KvStore::new(
+            c.n_layers,
+            opts.kv_blocks,
+            opts.block_size,
+            c.n_kv_heads * c.head_dim,
+        )?;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(opts.threads)
             .build()
@@ -128,9 +135,15 @@ impl CpuBackend {
                 .ok_or_else(|| err(format!("row {i}: sequence {} has no block table", r.seq)))?;
             let need = r.pos as usize / self.kv.block_size;
             if need >= table.len() {
-                return Err(err(format!("row {i}: position {} is beyond its block table", r.pos)));
+                return Err(err(format!(
+                    "row {i}: position {} is beyond its block table",
+                    r.pos
+                )));
             }
-            if let Some(b) = table[..=need].iter().find(|&&b| b as usize >= self.kv.blocks) {
+            if let Some(b) = table[..=need]
+                .iter()
+                .find(|&&b| b as usize >= self.kv.blocks)
+            {
                 return Err(err(format!("row {i}: KV block {b} does not exist")));
             }
         }
@@ -191,7 +204,13 @@ impl CpuBackend {
             let p = row.pos as usize;
             let block = batch.block_tables[row.seq][p / self.kv.block_size];
             let slot = p % self.kv.block_size;
-            self.kv.write(l, block, slot, &k[i * kw..(i + 1) * kw], &v[i * kw..(i + 1) * kw]);
+            self.kv.write(
+                l,
+                block,
+                slot,
+                &k[i * kw..(i + 1) * kw],
+                &v[i * kw..(i + 1) * kw],
+            );
         }
         let shape = AttnShape {
             n_heads: c.n_heads,

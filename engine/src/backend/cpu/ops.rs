@@ -1,35 +1,7 @@
 //! Row-wise f32 operations of the CPU reference backend. Each works on one row at a time in a
 //! fixed order, so a row's result never depends on other rows, the batch size or the thread count.
 
-/// Dot product in a fixed order that depends only on the length: 16 lane accumulators over
-/// chunks of 16 (lane i sums elements i, i+16, ...), a fixed pairwise tree over the lanes, then
-/// the tail elements in order. Written so the compiler vectorizes it (Rust never fuses a*b+c).
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0f32; 16];
-    let ca = a.chunks_exact(16);
-    let cb = b.chunks_exact(16);
-    let (ta, tb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..16 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut w = 8;
-    while w > 0 {
-        for i in 0..w {
-            acc[i] += acc[i + w];
-        }
-        w /= 2;
-    }
-    let mut s = acc[0];
-    for (x, y) in ta.iter().zip(tb) {
-        s += x * y;
-    }
-    s
-}
+pub use crate::quant::dot_f32 as dot;
 
 /// RMSNorm of one row: `out = (x * (1 / sqrt(mean(x^2) + eps))) * w`.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -122,17 +94,6 @@ impl Rope {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dot_matches_naive_closely_and_is_order_fixed() {
-        let a: Vec<f32> = (0..1000).map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0).collect();
-        let b: Vec<f32> = (0..1000).map(|i| ((i * 53 % 97) as f32 - 48.0) / 7.0).collect();
-        let naive: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
-        let d = dot(&a, &b);
-        assert!((d as f64 - naive).abs() < 1e-3 * naive.abs().max(1.0), "{d} vs {naive}");
-        assert_eq!(dot(&a, &b).to_bits(), dot(&a.clone(), &b.clone()).to_bits());
-        assert_eq!(dot(&a[..3], &b[..3]), a[0] * b[0] + a[1] * b[1] + a[2] * b[2]);
-    }
 
     #[test]
     fn rms_norm_unit_weight_has_unit_rms() {

@@ -1,1 +1,0 @@
-//! Tokenizer on the `tokenizers` crate: from tokenizer.json or built from GGUF metadata. Pending.
