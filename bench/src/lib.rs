@@ -9,4 +9,5 @@ pub mod rope;
 pub mod shapes;
 pub mod sink;
 pub mod synth;
+pub mod to_gguf;
 pub mod tok;

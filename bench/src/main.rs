@@ -10,6 +10,7 @@ use memra_bench::convert::{ConvertArgs, convert_gguf_to_hf};
 use memra_bench::plan::SynthDType;
 use memra_bench::shapes::Shape;
 use memra_bench::synth::{Format, SynthArgs, TokenizerSource, default_tokenizer_path, synth};
+use memra_bench::to_gguf::{ToGgufArgs, convert_hf_to_gguf};
 use memra_engine::error::{Error, Result};
 use memra_engine::quant::DType;
 
@@ -66,10 +67,17 @@ enum Cmd {
         #[arg(long)]
         quiet: bool,
     },
-    /// Convert a GGUF file to an HF folder (config.json, model.safetensors, tokenizer files).
+    /// Convert a GGUF file to an HF folder (config.json, model.safetensors, tokenizer files),
+    /// or with `--to gguf` an HF folder to a GGUF file.
     Convert {
         input: PathBuf,
         out: PathBuf,
+        /// hf (GGUF file -> HF folder) or gguf (HF folder -> GGUF file).
+        #[arg(long, default_value = "hf")]
+        to: String,
+        /// --to gguf: copy the tokenizer metadata from this GGUF.
+        #[arg(long)]
+        tokenizer_from: Option<PathBuf>,
         /// f32, f16 or bf16 for every tensor (default: keep float tensors, quantized -> f32).
         #[arg(long)]
         dtype: Option<String>,
@@ -125,10 +133,39 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Convert {
             input,
             out,
+            to,
+            tokenizer_from,
             dtype,
             shard_bytes,
             quiet,
         } => {
+            let r = match to.as_str() {
+                "hf" => None,
+                "gguf" => {
+                    if dtype.is_some() {
+                        return Err(Error::Input("--dtype applies to --to hf only".into()));
+                    }
+                    let a = ToGgufArgs {
+                        input: input.clone(),
+                        out: out.clone(),
+                        tokenizer_from: tokenizer_from.clone(),
+                        progress: !quiet,
+                    };
+                    Some(convert_hf_to_gguf(&a)?)
+                }
+                other => return Err(Error::Input(format!("unknown --to `{other}` (hf or gguf)"))),
+            };
+            if let Some(r) = r {
+                if !quiet {
+                    eprintln!(
+                        "converted {} tensors ({:.2} GB) in {:.1} s",
+                        r.tensors,
+                        r.bytes as f64 / 1e9,
+                        r.seconds
+                    );
+                }
+                return Ok(());
+            }
             let dtype = dtype
                 .map(|d| d.parse::<DType>())
                 .transpose()

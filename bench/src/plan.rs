@@ -120,14 +120,13 @@ impl TensorPlan {
 
 /// llama.cpp's `use_more_bits`: the first and last eighth of the layers and every third between.
 pub fn use_more_bits(layer: usize, n_layers: usize) -> bool {
-    layer < n_layers / 8
-        || layer >= 7 * n_layers / 8
-        || (layer >= n_layers / 8 && (layer - n_layers / 8) % 3 == 2)
+    // The first test guards the subtraction.
+    layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2
 }
 
 /// llama.cpp's fallback when a row is not a multiple of the k-quant super-block.
 fn fallback(d: DType, cols: usize) -> DType {
-    if cols % d.block_size() == 0 {
+    if cols.is_multiple_of(d.block_size()) {
         return d;
     }
     let alt = match d {
@@ -136,7 +135,7 @@ fn fallback(d: DType, cols: usize) -> DType {
         DType::Q6_K => DType::Q8_0,
         _ => DType::F16,
     };
-    if cols % alt.block_size() == 0 {
+    if cols.is_multiple_of(alt.block_size()) {
         alt
     } else {
         DType::F16

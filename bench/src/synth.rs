@@ -250,42 +250,6 @@ pub fn stream_tensors(
     Ok(total)
 }
 
-/// HF `tokenizer_config.json` values from GGUF tokenizer metadata.
-pub fn tokenizer_config_from_gguf(
-    g: &Gguf,
-    tok_text: &dyn Fn(u32) -> Option<String>,
-) -> serde_json::Value {
-    let mut v = serde_json::json!({});
-    if let Some(t) = g.get("tokenizer.chat_template").and_then(|t| t.as_str()) {
-        v["chat_template"] = t.into();
-    }
-    let id = |k: &str| g.get(k).and_then(|x| x.as_u64()).map(|x| x as u32);
-    if let Some(t) = id("tokenizer.ggml.bos_token_id").and_then(tok_text) {
-        v["bos_token"] = t.into();
-    }
-    if let Some(t) = id("tokenizer.ggml.eos_token_id").and_then(tok_text) {
-        v["eos_token"] = t.into();
-    }
-    if let Some(t) = id("tokenizer.ggml.padding_token_id").and_then(tok_text) {
-        v["pad_token"] = t.into();
-    }
-    if let Some(t) = id("tokenizer.ggml.unknown_token_id").and_then(tok_text) {
-        v["unk_token"] = t.into();
-    }
-    let add_bos = g
-        .get("tokenizer.ggml.add_bos_token")
-        .and_then(|b| b.as_bool())
-        .unwrap_or(false);
-    v["add_bos_token"] = add_bos.into();
-    v["tokenizer_class"] = "PreTrainedTokenizerFast".into();
-    v
-}
-
-/// `tokenizer.json` and `tokenizer_config.json` for an HF folder, from a GGUF's tokenizer.
-pub fn hf_tokenizer_files(g: &Gguf) -> Result<(String, serde_json::Value)> {
-    crate::tok::hf_tokenizer_files(g)
-}
-
 /// Writes the synthetic model `args` describes.
 pub fn synth(args: &SynthArgs) -> Result<SynthReport> {
     let start = Instant::now();
@@ -379,7 +343,7 @@ fn hf_folder_sink(
     }
     let (tokenizer_json, tokenizer_config_json, bos, eos) = match &tok.source {
         Some(g) => {
-            let (tj, tc) = hf_tokenizer_files(g)?;
+            let (tj, tc) = crate::tok::hf_tokenizer_files(g)?;
             let id = |k: &str| g.get(k).and_then(|x| x.as_u64()).map(|x| x as u32);
             (
                 Some(tj),

@@ -94,7 +94,10 @@ fn q4_k_m_on_k_quant_friendly_rows() {
     check_gguf(&out, &a, &rep.config);
     let g = Gguf::open(&out).unwrap();
     let ty = |n: &str| g.tensor_info(n).unwrap().dtype;
-    assert_eq!(ty("blk.0.ffn_down.weight"), DType::Q6_K);
+    // use_more_bits(l, 2): layer 0 no, layer 1 (>= 7 * 2 / 8) yes.
+    assert_eq!(ty("blk.0.ffn_down.weight"), DType::Q4_K);
+    assert_eq!(ty("blk.1.ffn_down.weight"), DType::Q6_K);
+    assert_eq!(ty("blk.1.attn_v.weight"), DType::Q8_0); // Q6_K falls back on 576-wide rows
     assert_eq!(ty("blk.0.attn_q.weight"), DType::Q5_0);
     assert_eq!(ty("token_embd.weight"), DType::Q8_0);
     assert_eq!(
@@ -312,4 +315,64 @@ fn convert_rejects_bad_input() {
     assert!(convert_gguf_to_hf(&c).is_err());
     assert!(!dir.path().join("hf").exists());
     assert!(!dir.path().join("hf.tmp").exists());
+}
+
+#[test]
+fn hf_to_gguf_and_back() {
+    use memra_bench::to_gguf::{ToGgufArgs, convert_hf_to_gguf};
+    let dir = tempfile::tempdir().unwrap();
+    for (shape, dtype) in [
+        (Shape::TinyLlama, SynthDType::F32),
+        (Shape::TinyQwen2, SynthDType::BF16),
+        (Shape::TinyQwen3, SynthDType::F16),
+    ] {
+        let hf = dir.path().join(format!("{shape}-hf"));
+        let mut a = args(shape, dtype, 4, hf.clone());
+        a.format = Format::Hf;
+        synth(&a).unwrap();
+        let gguf = dir.path().join(format!("{shape}.gguf"));
+        let t = ToGgufArgs {
+            input: hf.clone(),
+            out: gguf.clone(),
+            tokenizer_from: None,
+            progress: false,
+        };
+        convert_hf_to_gguf(&t).unwrap();
+        // Same tensors, bytes and order as a GGUF synthesised directly (llama q/k permuted).
+        let direct = dir.path().join(format!("{shape}-direct.gguf"));
+        synth(&args(shape, dtype, 4, direct.clone())).unwrap();
+        let (g1, g2) = (Gguf::open(&gguf).unwrap(), Gguf::open(&direct).unwrap());
+        assert_eq!(
+            ModelConfig::from_gguf(&g1).unwrap(),
+            ModelConfig::from_gguf(&g2).unwrap()
+        );
+        assert_eq!(g1.tensors().len(), g2.tensors().len());
+        for info in g2.tensors() {
+            let (x, y) = (
+                g1.tensor(&info.name).unwrap(),
+                g2.tensor(&info.name).unwrap(),
+            );
+            assert_eq!((x.dtype, &x.shape), (y.dtype, &y.shape), "{}", info.name);
+            assert_eq!(&x.data[..], &y.data[..], "{shape} {}", info.name);
+        }
+        // And back to HF: identical to the original folder's tensors.
+        let back = dir.path().join(format!("{shape}-back"));
+        let c = ConvertArgs {
+            input: gguf,
+            out: back.clone(),
+            dtype: None,
+            shard_bytes: 1 << 30,
+            progress: false,
+        };
+        convert_gguf_to_hf(&c).unwrap();
+        let (m1, m2) = (HfModel::open(&hf).unwrap(), HfModel::open(&back).unwrap());
+        assert_eq!(m1.config, m2.config);
+        for n in m1.tensor_names() {
+            let (x, y) = (
+                m1.tensor(&n).unwrap().unwrap(),
+                m2.tensor(&n).unwrap().unwrap(),
+            );
+            assert_eq!(&x.data[..], &y.data[..], "{shape} {n}");
+        }
+    }
 }

@@ -1,0 +1,109 @@
+//! `memra-bench convert --to gguf`: an HF folder (F32/F16/BF16) to a GGUF file. Tensors keep
+//! their type; llama q/k rows are permuted into llama.cpp's order. The tokenizer metadata can be
+//! copied from a GGUF (`--tokenizer-from`), since tokenizer.json holds no GGUF pre-tokenizer name.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use memra_engine::error::{Error, Result};
+use memra_engine::formats::safetensors::HfModel;
+use memra_engine::models::{Role, permute_qk_rows, spec};
+use memra_engine::quant::DType;
+
+use crate::convert::ConvertReport;
+use crate::plan::SynthDType;
+use crate::sink::{GgufDecl, gguf_sink};
+use crate::synth::{TokenizerSource, gguf_metadata, load_tokenizer, stream_tensors};
+
+/// Arguments of `convert --to gguf`.
+#[derive(Clone, Debug)]
+pub struct ToGgufArgs {
+    pub input: PathBuf,
+    pub out: PathBuf,
+    pub tokenizer_from: Option<PathBuf>,
+    pub progress: bool,
+}
+
+/// Converts an HF folder into a GGUF file.
+pub fn convert_hf_to_gguf(args: &ToGgufArgs) -> Result<ConvertReport> {
+    let start = Instant::now();
+    let m = HfModel::open(&args.input)?;
+    let cfg = m.config.clone();
+    let mut jobs: Vec<(String, Role)> = Vec::new();
+    for name in m.tensor_names() {
+        let role = Role::from_hf_name(&name).ok_or_else(|| {
+            Error::Unsupported(format!("HF tensor `{name}` has no GGUF equivalent"))
+        })?;
+        if role == Role::Output && cfg.tie_embeddings {
+            continue; // tied: GGUF marks it by leaving output.weight out
+        }
+        jobs.push((name, role));
+    }
+    if !cfg.tie_embeddings && !jobs.iter().any(|(_, r)| *r == Role::Output) {
+        return Err(Error::Weights("untied model without lm_head.weight".into()));
+    }
+    let mut decls = Vec::with_capacity(jobs.len());
+    let mut file_type = SynthDType::F32;
+    for (name, role) in &jobs {
+        let t = m
+            .tensor(name)?
+            .ok_or_else(|| Error::Weights(format!("`{name}` vanished")))?;
+        if t.shape.len() == 2 && *role != Role::TokenEmbd {
+            file_type = match t.dtype {
+                DType::F16 => SynthDType::F16,
+                DType::BF16 => SynthDType::BF16,
+                _ => SynthDType::F32,
+            };
+        }
+        decls.push(GgufDecl {
+            name: role.gguf_name(),
+            dtype: t.dtype,
+            dims: t.shape.iter().rev().map(|&d| d as u64).collect(),
+        });
+    }
+    let tok = match &args.tokenizer_from {
+        Some(p) => load_tokenizer(&TokenizerSource::Gguf(p.clone()))?,
+        None => load_tokenizer(&TokenizerSource::None { vocab: cfg.vocab })?,
+    };
+    if !tok.gguf_meta.is_empty() && tok.vocab != cfg.vocab {
+        return Err(Error::Input(format!(
+            "the tokenizer has {} tokens but the model's vocabulary is {}",
+            tok.vocab, cfg.vocab
+        )));
+    }
+    let mut meta = gguf_metadata(&cfg, "memra-convert", file_type, false);
+    meta.extend(tok.gguf_meta);
+    let sink = gguf_sink(&args.out, meta, &decls)?;
+    let permuted = spec(cfg.arch).gguf_qk_permuted;
+    let produce = |i: usize| -> Result<Vec<u8>> {
+        let (name, role) = jobs
+            .get(i)
+            .ok_or_else(|| Error::Input(format!("tensor {i} out of range")))?;
+        let t = m
+            .tensor(name)?
+            .ok_or_else(|| Error::Weights(format!("`{name}` vanished")))?;
+        let qk = matches!(
+            role,
+            Role::Q(_) | Role::K(_) | Role::QBias(_) | Role::KBias(_)
+        );
+        if permuted && qk {
+            let unit = if t.shape.len() == 1 {
+                1
+            } else {
+                t.rows_cols().1
+            };
+            let ub = t.dtype.bytes_for(unit as u64).unwrap_or(0) as usize;
+            Ok(permute_qk_rows(&t.data, ub, cfg.head_dim))
+        } else {
+            Ok(t.data.to_vec())
+        }
+    };
+    let names: Vec<String> = decls.iter().map(|d| d.name.clone()).collect();
+    let bytes = stream_tensors(&names, &produce, sink, args.progress)?;
+    Ok(ConvertReport {
+        config: cfg,
+        tensors: names.len(),
+        bytes,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
