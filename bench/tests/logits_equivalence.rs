@@ -28,7 +28,11 @@ fn real_model() -> PathBuf {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
                 .join(".cache/memra/models/SmolLM2-135M-Instruct.Q4_1.gguf")
         });
-    assert!(p.exists(), "{} is missing: run tools/fetch-models.sh", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run tools/fetch-models.sh",
+        p.display()
+    );
     p
 }
 
@@ -68,8 +72,15 @@ fn smollm2_gguf_and_converted_hf_folder_agree_bitwise() {
     let dir = tempfile::tempdir().unwrap();
     let hf = dir.path().join("smollm2-hf");
     let src = real_model();
-    bench(&["convert", src.to_str().unwrap(), hf.to_str().unwrap(), "--quiet"]);
-    let prompt = [1u32, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 314, 260];
+    bench(&[
+        "convert",
+        src.to_str().unwrap(),
+        hf.to_str().unwrap(),
+        "--quiet",
+    ]);
+    let prompt = [
+        1u32, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 314, 260,
+    ];
     assert_same(&src, &hf, &prompt);
 }
 
