@@ -1,0 +1,94 @@
+//! The same model as a GGUF file and as the HF safetensors folder converted from it gives
+//! bitwise-identical logits on the CPU. This pins the rope layout trap: GGUF llama stores q/k
+//! rows permuted for adjacent-pair RoPE, HF checkpoints use half rotation.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
+use memra_engine::generate::{GenRequest, generate};
+use memra_engine::loader::load_weights;
+
+fn bench(args: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-bench"))
+        .args(args)
+        .output()
+        .expect("run memra-bench");
+    assert!(
+        out.status.success(),
+        "memra-bench {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn real_model() -> PathBuf {
+    let p = std::env::var_os("MEMRA_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/memra/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(p.exists(), "{} is missing: run tools/fetch-models.sh", p.display());
+    p
+}
+
+/// Logit bits of a greedy run: every prompt position's successor and 6 decoded tokens.
+fn logit_bits(model: &Path, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<u32>>) {
+    let w = load_weights(model).expect("load");
+    let opts = CpuOptions {
+        threads: 2,
+        kv_blocks: 8,
+        block_size: 16,
+    };
+    let mut b = CpuBackend::new(w, &opts).expect("backend");
+    let mut req = GenRequest::greedy(prompt.to_vec(), 6);
+    req.keep_logits = true;
+    req.prefill_chunk = 5;
+    let out = generate(&mut b, &req, &mut |_| Ok(())).expect("generate");
+    let bits = out
+        .logits
+        .iter()
+        .map(|l| l.iter().map(|v| v.to_bits()).collect())
+        .collect();
+    (out.tokens, bits)
+}
+
+fn assert_same(gguf: &Path, hf: &Path, prompt: &[u32]) {
+    let a = logit_bits(gguf, prompt);
+    let b = logit_bits(hf, prompt);
+    assert_eq!(a.0, b.0, "greedy tokens differ");
+    for (i, (x, y)) in a.1.iter().zip(&b.1).enumerate() {
+        let diff = x.iter().zip(y).filter(|(p, q)| p != q).count();
+        assert_eq!(diff, 0, "position {i}: {diff} logits differ in bits");
+    }
+}
+
+#[test]
+fn smollm2_gguf_and_converted_hf_folder_agree_bitwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = dir.path().join("smollm2-hf");
+    let src = real_model();
+    bench(&["convert", src.to_str().unwrap(), hf.to_str().unwrap(), "--quiet"]);
+    let prompt = [1u32, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 314, 260];
+    assert_same(&src, &hf, &prompt);
+}
+
+#[test]
+fn synthetic_models_in_both_formats_agree_bitwise() {
+    let dir = tempfile::tempdir().unwrap();
+    for (shape, dtype) in [
+        ("tiny-qwen3", "q8_0"),
+        ("tiny-qwen3", "f16"),
+        ("tiny-llama", "q4_0"),
+        ("tiny-qwen2", "bf16"),
+    ] {
+        let gguf = dir.path().join(format!("{shape}-{dtype}.gguf"));
+        let hf = dir.path().join(format!("{shape}-{dtype}-hf"));
+        let (g, h) = (gguf.to_str().unwrap(), hf.to_str().unwrap());
+        bench(&[
+            "synth", "--shape", shape, "--dtype", dtype, "--seed", "5", "--out", g, "--quiet",
+        ]);
+        bench(&["convert", g, h, "--quiet"]);
+        assert_same(&gguf, &hf, &[3, 17, 250, 9, 4000, 77, 12, 5, 6, 1000, 2]);
+    }
+}
