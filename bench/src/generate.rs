@@ -5,10 +5,10 @@ use rayon::prelude::*;
 use memra_engine::config::ModelConfig;
 use memra_engine::error::{Error, Result};
 use memra_engine::models::{Role, permute_qk_rows, spec};
-use memra_engine::quant::quantize;
+use memra_engine::quant::{DType, QK_K, quantize};
 
 use crate::plan::{Init, TensorPlan};
-use crate::rng;
+use crate::{kblocks, rng};
 
 /// Elements generated per parallel work item (whole rows, at least one).
 const CHUNK_ELEMS: usize = 1 << 16;
@@ -30,14 +30,24 @@ pub fn tensor_values(seed: u64, t: &TensorPlan) -> Vec<f32> {
     v
 }
 
+/// Whether tensor `t` is generated as random k-quant blocks (see [`crate::kblocks`]) rather than
+/// quantized from its f32 values.
+pub fn is_direct(t: &TensorPlan, direct_kquants: bool) -> bool {
+    direct_kquants
+        && matches!(t.dtype, DType::Q4_K | DType::Q6_K)
+        && matches!(t.init, Init::Normal { .. })
+}
+
 /// The stored bytes of tensor `t`: values quantized to `t.dtype`, generated and quantized in
-/// parallel chunks of whole rows. With `gguf_order`, llama q/k rows are permuted the way GGUF
-/// files store them. The result depends only on (seed, t, cfg), never on the thread count.
+/// parallel chunks of whole rows. With `direct_kquants`, Q4_K/Q6_K matrices are random valid
+/// blocks instead (fast). With `gguf_order`, llama q/k rows are permuted the way GGUF files
+/// store them. The result depends only on the arguments, never on the thread count.
 pub fn tensor_bytes(
     seed: u64,
     t: &TensorPlan,
     cfg: &ModelConfig,
     gguf_order: bool,
+    direct_kquants: bool,
 ) -> Result<Vec<u8>> {
     let (rows, cols) = t.rows_cols();
     let row_bytes = t.dtype.bytes_for(cols as u64).ok_or_else(|| {
@@ -49,9 +59,22 @@ pub fn tensor_bytes(
     })? as usize;
     let rows_per_chunk = (CHUNK_ELEMS / cols.max(1)).max(1);
     let mut out = vec![0u8; rows * row_bytes];
+    let direct = is_direct(t, direct_kquants);
+    let block_key = rng::tensor_key(seed, &format!("{}#kblocks", t.hf_name()));
+    let std = match t.init {
+        Init::Normal { std } | Init::NearOne { std } => std,
+    };
     out.par_chunks_mut(rows_per_chunk * row_bytes)
         .enumerate()
         .try_for_each(|(ci, dst)| -> Result<()> {
+            if direct {
+                let first_block = (ci * rows_per_chunk * cols / QK_K) as u64;
+                match t.dtype {
+                    DType::Q4_K => kblocks::fill_q4_k(block_key, first_block, std, dst),
+                    _ => kblocks::fill_q6_k(block_key, first_block, std, dst),
+                }
+                return Ok(());
+            }
             let first = (ci * rows_per_chunk * cols) as u64;
             let mut vals = vec![0f32; dst.len() / row_bytes * cols];
             fill_values(seed, t, first, &mut vals);

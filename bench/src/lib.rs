@@ -3,6 +3,7 @@
 pub mod convert;
 pub mod generate;
 pub mod gguf_out;
+pub mod kblocks;
 pub mod plan;
 pub mod rng;
 pub mod rope;

@@ -64,6 +64,10 @@ enum Cmd {
         /// rope.scaling.* keys) so llama.cpp can load the file.
         #[arg(long)]
         llamacpp_rope: bool,
+        /// Quantize Q4_K/Q6_K from the f32 weights with the reference quantizer (minutes for an
+        /// 8B model) instead of drawing random valid blocks.
+        #[arg(long)]
+        exact_kquants: bool,
         #[arg(long)]
         quiet: bool,
     },
@@ -104,6 +108,7 @@ fn run(cli: Cli) -> Result<()> {
             shard_bytes,
             models_dir,
             llamacpp_rope,
+            exact_kquants,
             quiet,
         } => {
             let home = std::env::var_os("HOME").map(PathBuf::from);
@@ -127,6 +132,7 @@ fn run(cli: Cli) -> Result<()> {
                 shard_bytes,
                 progress: !quiet,
                 llamacpp_rope,
+                exact_kquants,
             };
             synth(&args).map(|_| ())
         }

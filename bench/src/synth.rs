@@ -66,6 +66,9 @@ pub struct SynthArgs {
     /// GGUF: store llama3 RoPE scaling as llama.cpp does (a `rope_freqs.weight` tensor and no
     /// `rope.scaling.*` keys, which llama.cpp rejects) so llama.cpp can load the file.
     pub llamacpp_rope: bool,
+    /// Quantize Q4_K/Q6_K tensors from their f32 values with the reference quantizer (slow)
+    /// instead of drawing random valid blocks.
+    pub exact_kquants: bool,
 }
 
 /// What was written.
@@ -306,7 +309,9 @@ pub fn synth(args: &SynthArgs) -> Result<SynthReport> {
     let seed = args.seed;
     let produce = |i: usize| -> Result<Vec<u8>> {
         match (tensors.get(i), &rope_factors) {
-            (Some(t), _) => pool.install(|| tensor_bytes(seed, t, &cfg, gguf_order)),
+            (Some(t), _) => {
+                pool.install(|| tensor_bytes(seed, t, &cfg, gguf_order, !args.exact_kquants))
+            }
             (None, Some(f)) => Ok(f.iter().flat_map(|v| v.to_le_bytes()).collect()),
             (None, None) => Err(Error::Input(format!("tensor {i} out of range"))),
         }

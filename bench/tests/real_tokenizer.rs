@@ -57,6 +57,7 @@ fn args(shape: Shape, dtype: SynthDType, format: Format, out: PathBuf) -> SynthA
         shard_bytes: 1 << 30,
         progress: false,
         llamacpp_rope: false,
+        exact_kquants: false,
     }
 }
 

@@ -30,6 +30,7 @@ fn args(shape: Shape, dtype: SynthDType, seed: u64, out: PathBuf) -> SynthArgs {
         shard_bytes: 1 << 30,
         progress: false,
         llamacpp_rope: false,
+        exact_kquants: false,
     }
 }
 
@@ -50,7 +51,7 @@ fn check_gguf(path: &Path, a: &SynthArgs, cfg: &ModelConfig) {
         let got = g.tensor(&t.gguf_name()).unwrap();
         assert_eq!(got.dtype, t.dtype, "{}", t.gguf_name());
         assert_eq!(got.shape, t.shape, "{}", t.gguf_name());
-        let want = tensor_bytes(a.seed, t, cfg, true).unwrap();
+        let want = tensor_bytes(a.seed, t, cfg, true, !a.exact_kquants).unwrap();
         assert_eq!(&got.data[..], &want[..], "{}", t.gguf_name());
         let vals = got.to_f32().unwrap();
         assert!(
@@ -86,24 +87,40 @@ fn tiny_models_all_archs_and_types() {
 #[test]
 fn q4_k_m_on_k_quant_friendly_rows() {
     // SmolLM2's shape cut to 2 layers: 1536-wide down rows take Q4_K/Q6_K, 576-wide ones fall back.
+    // Both k-quant paths: random valid blocks (default) and the reference quantizer.
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("s.gguf");
-    let mut a = args(Shape::Smollm2_135m, SynthDType::Q4KM, 9, out.clone());
-    a.layers = Some(2);
-    let rep = synth(&a).unwrap();
-    check_gguf(&out, &a, &rep.config);
-    let g = Gguf::open(&out).unwrap();
-    let ty = |n: &str| g.tensor_info(n).unwrap().dtype;
-    // use_more_bits(l, 2): layer 0 no, layer 1 (>= 7 * 2 / 8) yes.
-    assert_eq!(ty("blk.0.ffn_down.weight"), DType::Q4_K);
-    assert_eq!(ty("blk.1.ffn_down.weight"), DType::Q6_K);
-    assert_eq!(ty("blk.1.attn_v.weight"), DType::Q8_0); // Q6_K falls back on 576-wide rows
-    assert_eq!(ty("blk.0.attn_q.weight"), DType::Q5_0);
-    assert_eq!(ty("token_embd.weight"), DType::Q8_0);
-    assert_eq!(
-        g.get("general.file_type").and_then(|v| v.as_u64()),
-        Some(15)
-    );
+    let mut files = Vec::new();
+    for exact in [false, true] {
+        let out = dir.path().join(format!("s-{exact}.gguf"));
+        let mut a = args(Shape::Smollm2_135m, SynthDType::Q4KM, 9, out.clone());
+        a.layers = Some(2);
+        a.exact_kquants = exact;
+        let rep = synth(&a).unwrap();
+        check_gguf(&out, &a, &rep.config);
+        let g = Gguf::open(&out).unwrap();
+        let ty = |n: &str| g.tensor_info(n).unwrap().dtype;
+        // use_more_bits(l, 2): layer 0 no, layer 1 (>= 7 * 2 / 8) yes.
+        assert_eq!(ty("blk.0.ffn_down.weight"), DType::Q4_K);
+        assert_eq!(ty("blk.1.ffn_down.weight"), DType::Q6_K);
+        assert_eq!(ty("blk.1.attn_v.weight"), DType::Q8_0); // Q6_K falls back on 576-wide rows
+        assert_eq!(ty("blk.0.attn_q.weight"), DType::Q5_0);
+        assert_eq!(ty("token_embd.weight"), DType::Q8_0);
+        assert_eq!(
+            g.get("general.file_type").and_then(|v| v.as_u64()),
+            Some(15)
+        );
+        // Dequantized k-quant weights look like the f32 ones: mean ~0, std ~0.02.
+        let v = g.tensor("blk.1.ffn_down.weight").unwrap().to_f32().unwrap();
+        let mean = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
+        let std =
+            (v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / v.len() as f64).sqrt();
+        assert!(
+            mean.abs() < 0.001 && (std - 0.02).abs() < 0.003,
+            "exact={exact}: mean {mean} std {std}"
+        );
+        files.push(std::fs::read(&out).unwrap());
+    }
+    assert_ne!(files[0], files[1]);
 }
 
 #[test]

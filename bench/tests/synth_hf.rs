@@ -26,6 +26,7 @@ fn args(shape: Shape, dtype: SynthDType, seed: u64, out: PathBuf) -> SynthArgs {
         shard_bytes: 1 << 30,
         progress: false,
         llamacpp_rope: false,
+        exact_kquants: false,
     }
 }
 
