@@ -16,6 +16,33 @@ use sha2::{Digest, Sha256};
 /// The prelude prepended to every module source.
 pub const PRELUDE: &str = include_str!("../cu/prelude.cuh");
 
+/// Block-format dequantization shared by the matmul and embedding modules.
+pub const DEQUANT: &str = include_str!("../cu/dequant.cuh");
+
+/// Weight types the matmul and embedding kernels read, as kernel-name suffixes
+/// (`matmul_q4_k`, `embed_q8_0`): the ggml names of `memra_engine::quant::DType`.
+pub const WEIGHT_TYPES: &[&str] = &[
+    "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k",
+];
+
+macro_rules! per_type {
+    ($prefix:literal) => {
+        &[
+            concat!($prefix, "f32"),
+            concat!($prefix, "f16"),
+            concat!($prefix, "bf16"),
+            concat!($prefix, "q4_0"),
+            concat!($prefix, "q4_1"),
+            concat!($prefix, "q5_0"),
+            concat!($prefix, "q5_1"),
+            concat!($prefix, "q8_0"),
+            concat!($prefix, "q4_k"),
+            concat!($prefix, "q5_k"),
+            concat!($prefix, "q6_k"),
+        ]
+    };
+}
+
 /// One compilation unit: a `.cu` file and the `extern "C"` kernels it defines.
 #[derive(Clone, Copy, Debug)]
 pub struct Module {
@@ -24,23 +51,70 @@ pub struct Module {
     /// The file under `kernels/cu/`, named in compile errors.
     pub file: &'static str,
     pub source: &'static str,
+    /// Shared headers prepended after the prelude (e.g. [`DEQUANT`]).
+    pub headers: &'static [&'static str],
     pub kernels: &'static [&'static str],
 }
 
 /// Every kernel module.
-pub const MODULES: &[Module] = &[Module {
-    name: "elementwise",
-    file: "kernels/cu/elementwise.cu",
-    source: include_str!("../cu/elementwise.cu"),
-    kernels: &[
-        "add_in_place",
-        "add_bias",
-        "swiglu",
-        "gather_rows",
-        "copy_range",
-        "fill_f32",
-    ],
-}];
+pub const MODULES: &[Module] = &[
+    Module {
+        name: "elementwise",
+        file: "kernels/cu/elementwise.cu",
+        source: include_str!("../cu/elementwise.cu"),
+        headers: &[],
+        kernels: &[
+            "add_in_place",
+            "add_bias",
+            "swiglu",
+            "gather_rows",
+            "copy_range",
+            "fill_f32",
+        ],
+    },
+    Module {
+        name: "matmul",
+        file: "kernels/cu/matmul.cu",
+        source: include_str!("../cu/matmul.cu"),
+        headers: &[DEQUANT],
+        kernels: per_type!("matmul_"),
+    },
+    Module {
+        name: "embed",
+        file: "kernels/cu/embed.cu",
+        source: include_str!("../cu/embed.cu"),
+        headers: &[DEQUANT],
+        kernels: per_type!("embed_"),
+    },
+    Module {
+        name: "norm",
+        file: "kernels/cu/norm.cu",
+        source: include_str!("../cu/norm.cu"),
+        headers: &[],
+        kernels: &["rms_norm"],
+    },
+    Module {
+        name: "rope",
+        file: "kernels/cu/rope.cu",
+        source: include_str!("../cu/rope.cu"),
+        headers: &[],
+        kernels: &["rope", "kv_write"],
+    },
+    Module {
+        name: "attention",
+        file: "kernels/cu/attention.cu",
+        source: include_str!("../cu/attention.cu"),
+        headers: &[],
+        kernels: &["attention"],
+    },
+    Module {
+        name: "sample",
+        file: "kernels/cu/sample.cu",
+        source: include_str!("../cu/sample.cu"),
+        headers: &[],
+        kernels: &["argmax_rows"],
+    },
+];
 
 /// The module named `name`.
 pub fn module(name: &str) -> Option<&'static Module> {
@@ -118,7 +192,13 @@ pub const COMPILE_OPTIONS: &[&str] = &["--fmad=false", "--std=c++17", "-default-
 
 /// The full source NVRTC sees for `m`: the prelude, then the module.
 pub fn full_source(m: &Module) -> String {
-    format!("{PRELUDE}\n#line 1 \"{}\"\n{}", m.file, m.source)
+    let mut s = String::from(PRELUDE);
+    for h in m.headers {
+        s.push('\n');
+        s.push_str(h);
+    }
+    s.push_str(&format!("\n#line 1 \"{}\"\n{}", m.file, m.source));
+    s
 }
 
 /// Compiles `m` for `arch` (e.g. `compute_90a`) and returns the PTX text.
@@ -224,8 +304,20 @@ mod tests {
         for (i, m) in MODULES.iter().enumerate() {
             assert!(MODULES[..i].iter().all(|o| o.name != m.name), "{}", m.name);
             for k in m.kernels {
-                let decl = format!("void {k}(");
-                assert!(m.source.contains(&decl), "{} does not define {k}", m.file);
+                // Per-type kernels come from a `prefix##suffix` macro over FOR_EACH_DTYPE.
+                let uses_macro = m.source.contains("FOR_EACH_DTYPE(");
+                let per_type = WEIGHT_TYPES.iter().filter(|_| uses_macro).find_map(|t| {
+                    let prefix = k.strip_suffix(t).filter(|p| p.ends_with('_'))?;
+                    Some((prefix, t))
+                });
+                let defined = match per_type {
+                    Some((prefix, t)) => {
+                        m.source.contains(&format!("{prefix}##suffix("))
+                            && DEQUANT.contains(&format!("MACRO({t}, "))
+                    }
+                    None => m.source.contains(&format!(" {k}(")),
+                };
+                assert!(defined, "{} does not define {k}", m.file);
             }
         }
     }

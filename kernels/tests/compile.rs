@@ -49,6 +49,7 @@ fn compile_error_names_the_file_and_shows_the_log() {
     let bad = memra_kernels::Module {
         name: "bad",
         file: "kernels/cu/bad.cu",
+        headers: &[],
         source: "extern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }",
         kernels: &["k"],
     };
