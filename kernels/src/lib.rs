@@ -270,10 +270,9 @@ pub fn cache_path(dir: &Path, m: &Module, arch: &str, version: (i32, i32)) -> Pa
 pub fn compile_cached(m: &Module, arch: &'static str, dir: &Path) -> Result<String, KernelError> {
     let version = nvrtc_version()?;
     let path = cache_path(dir, m, arch, version);
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        if text.contains(".entry") {
-            return Ok(text);
-        }
+    match std::fs::read_to_string(&path) {
+        Ok(text) if text.contains(".entry") => return Ok(text),
+        _ => {}
     }
     let ptx = compile(m, arch)?;
     if std::fs::create_dir_all(dir).is_ok() {

@@ -261,6 +261,7 @@ impl Gpu {
     }
 
     /// `y[r] = dequantize(W[tokens[r]])` for `rows` rows of `k` values.
+    #[allow(clippy::too_many_arguments)]
     pub fn embed(
         &self,
         dtype: DType,
@@ -463,7 +464,7 @@ pub struct AttnArgs {
 impl Gpu {
     /// Causal paged attention, one warp per (row, head).
     pub fn attention(&self, a: &AttnArgs) -> Result<()> {
-        if a.head_dim > 256 || a.n_kv_heads == 0 || a.n_heads % a.n_kv_heads != 0 {
+        if a.head_dim > 256 || a.n_kv_heads == 0 || !a.n_heads.is_multiple_of(a.n_kv_heads) {
             return Err(self.err(format!(
                 "attention: head_dim {} (max 256), {} heads over {} KV heads",
                 a.head_dim, a.n_heads, a.n_kv_heads
