@@ -1,1 +1,332 @@
-//! memra-kernels: CUDA kernel sources and their NVRTC build (filled by the CUDA backend work).
+//! memra-kernels: the CUDA kernel sources (one `.cu` file per op family under `kernels/cu/`),
+//! their module table, and their NVRTC build with an on-disk PTX cache.
+//!
+//! Sources include no CUDA toolkit header: [`PRELUDE`] (our own `prelude.cuh`) is prepended to
+//! each, providing f16/bf16 conversions and the fixed reduction tree. Every module is compiled
+//! with `--fmad=false` so products are rounded before they are added, as on the CPU reference.
+//!
+//! cudarc loads `libnvrtc` dynamically and panics when it is missing; every entry point here
+//! catches that and returns [`KernelError::NvrtcMissing`] instead.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+/// The prelude prepended to every module source.
+pub const PRELUDE: &str = include_str!("../cu/prelude.cuh");
+
+/// Block-format dequantization shared by the matmul and embedding modules.
+pub const DEQUANT: &str = include_str!("../cu/dequant.cuh");
+
+/// Weight types the matmul and embedding kernels read, as kernel-name suffixes
+/// (`matmul_q4_k`, `embed_q8_0`): the ggml names of `memra_engine::quant::DType`.
+pub const WEIGHT_TYPES: &[&str] = &[
+    "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k",
+];
+
+macro_rules! per_type {
+    ($prefix:literal) => {
+        &[
+            concat!($prefix, "f32"),
+            concat!($prefix, "f16"),
+            concat!($prefix, "bf16"),
+            concat!($prefix, "q4_0"),
+            concat!($prefix, "q4_1"),
+            concat!($prefix, "q5_0"),
+            concat!($prefix, "q5_1"),
+            concat!($prefix, "q8_0"),
+            concat!($prefix, "q4_k"),
+            concat!($prefix, "q5_k"),
+            concat!($prefix, "q6_k"),
+        ]
+    };
+}
+
+/// One compilation unit: a `.cu` file and the `extern "C"` kernels it defines.
+#[derive(Clone, Copy, Debug)]
+pub struct Module {
+    /// Short name (`matmul`), also the cache file prefix.
+    pub name: &'static str,
+    /// The file under `kernels/cu/`, named in compile errors.
+    pub file: &'static str,
+    pub source: &'static str,
+    /// Shared headers prepended after the prelude (e.g. [`DEQUANT`]).
+    pub headers: &'static [&'static str],
+    pub kernels: &'static [&'static str],
+}
+
+/// Every kernel module.
+pub const MODULES: &[Module] = &[
+    Module {
+        name: "elementwise",
+        file: "kernels/cu/elementwise.cu",
+        source: include_str!("../cu/elementwise.cu"),
+        headers: &[],
+        kernels: &[
+            "add_in_place",
+            "add_bias",
+            "swiglu",
+            "gather_rows",
+            "copy_range",
+            "fill_f32",
+        ],
+    },
+    Module {
+        name: "matmul",
+        file: "kernels/cu/matmul.cu",
+        source: include_str!("../cu/matmul.cu"),
+        headers: &[DEQUANT],
+        kernels: per_type!("matmul_"),
+    },
+    Module {
+        name: "embed",
+        file: "kernels/cu/embed.cu",
+        source: include_str!("../cu/embed.cu"),
+        headers: &[DEQUANT],
+        kernels: per_type!("embed_"),
+    },
+    Module {
+        name: "norm",
+        file: "kernels/cu/norm.cu",
+        source: include_str!("../cu/norm.cu"),
+        headers: &[],
+        kernels: &["rms_norm"],
+    },
+    Module {
+        name: "rope",
+        file: "kernels/cu/rope.cu",
+        source: include_str!("../cu/rope.cu"),
+        headers: &[],
+        kernels: &["rope", "kv_write"],
+    },
+    Module {
+        name: "attention",
+        file: "kernels/cu/attention.cu",
+        source: include_str!("../cu/attention.cu"),
+        headers: &[],
+        kernels: &["attention"],
+    },
+    Module {
+        name: "sample",
+        file: "kernels/cu/sample.cu",
+        source: include_str!("../cu/sample.cu"),
+        headers: &[],
+        kernels: &["argmax_rows"],
+    },
+];
+
+/// The module named `name`.
+pub fn module(name: &str) -> Option<&'static Module> {
+    MODULES.iter().find(|m| m.name == name)
+}
+
+/// Errors of the kernel build.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error(
+        "NVRTC (libnvrtc.so) could not be loaded: {0}. Install the CUDA toolkit's NVRTC or the \
+         PyPI wheel nvidia-cuda-nvrtc and put its lib folder on LD_LIBRARY_PATH \
+         (tools/test.sh does this)"
+    )]
+    NvrtcMissing(String),
+    #[error("NVRTC failed to compile {file} for {arch}: {what}\n--- NVRTC log ---\n{log}")]
+    Compile {
+        file: String,
+        arch: String,
+        what: String,
+        log: String,
+    },
+    #[error(
+        "compute capability {0}.{1} is not supported (supported: 8.0, 8.6, 8.9, 9.0, 10.0, 12.x)"
+    )]
+    UnsupportedArch(i32, i32),
+    #[error("kernel cache {path}: {what}")]
+    Cache { path: PathBuf, what: String },
+}
+
+/// The NVRTC virtual architecture for a device's compute capability: 9.0 -> `compute_90a`,
+/// 12.0 -> `compute_120a`. PTX for it is JIT-compiled by the driver to that exact chip.
+pub fn arch_for(major: i32, minor: i32) -> Result<&'static str, KernelError> {
+    Ok(match (major, minor) {
+        (8, 0) => "compute_80",
+        (8, 6) => "compute_86",
+        (8, 9) => "compute_89",
+        (9, 0) => "compute_90a",
+        (10, 0) => "compute_100a",
+        (12, 0) => "compute_120a",
+        // Arch-specific ("a") PTX runs only on the exact chip; other 12.x get the portable one.
+        (12, _) => "compute_120",
+        _ => return Err(KernelError::UnsupportedArch(major, minor)),
+    })
+}
+
+/// Runs `f`, turning a panic (cudarc's dynamic loader panics when a library is missing) into
+/// an error carrying the panic message.
+pub fn catch_panic<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|p| {
+        p.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "panic without a message".into())
+    })
+}
+
+/// NVRTC's (major, minor) version, or why NVRTC cannot be used.
+pub fn nvrtc_version() -> Result<(i32, i32), KernelError> {
+    let r = catch_panic(|| {
+        let (mut major, mut minor) = (0i32, 0i32);
+        // SAFETY: nvrtcVersion writes two ints through valid pointers.
+        let res = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+        (res, major, minor)
+    })
+    .map_err(KernelError::NvrtcMissing)?;
+    match r {
+        (cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS, major, minor) => Ok((major, minor)),
+        (e, _, _) => Err(KernelError::NvrtcMissing(format!("nvrtcVersion: {e:?}"))),
+    }
+}
+
+/// The NVRTC options every module is compiled with (besides the architecture).
+pub const COMPILE_OPTIONS: &[&str] = &["--fmad=false", "--std=c++17", "-default-device"];
+
+/// The full source NVRTC sees for `m`: the prelude, then the module.
+pub fn full_source(m: &Module) -> String {
+    let mut s = String::from(PRELUDE);
+    for h in m.headers {
+        s.push('\n');
+        s.push_str(h);
+    }
+    s.push_str(&format!("\n#line 1 \"{}\"\n{}", m.file, m.source));
+    s
+}
+
+/// Compiles `m` for `arch` (e.g. `compute_90a`) and returns the PTX text.
+pub fn compile(m: &Module, arch: &'static str) -> Result<String, KernelError> {
+    let src = full_source(m);
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(arch),
+        options: COMPILE_OPTIONS.iter().map(|s| s.to_string()).collect(),
+        name: Some(m.file.to_string()),
+        ..Default::default()
+    };
+    let res = catch_panic(|| cudarc::nvrtc::compile_ptx_with_opts(src, opts))
+        .map_err(KernelError::NvrtcMissing)?;
+    let ptx = res.map_err(|e| {
+        let (what, log) = match &e {
+            cudarc::nvrtc::CompileError::CompileError { nvrtc, log, .. } => {
+                (format!("{nvrtc:?}"), log.to_string_lossy().into_owned())
+            }
+            other => (format!("{other:?}"), String::new()),
+        };
+        KernelError::Compile {
+            file: m.file.to_string(),
+            arch: arch.to_string(),
+            what,
+            log,
+        }
+    })?;
+    let text = catch_panic(|| ptx.to_src()).map_err(|what| KernelError::Compile {
+        file: m.file.to_string(),
+        arch: arch.to_string(),
+        what: format!("PTX is not text: {what}"),
+        log: String::new(),
+    })?;
+    Ok(text.trim_end_matches('\0').to_string())
+}
+
+/// The cache folder: `$MEMRA_KERNEL_CACHE`, else `~/.cache/memra/kernels`.
+pub fn default_cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("MEMRA_KERNEL_CACHE") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    home.join(".cache/memra/kernels")
+}
+
+/// The cache file of `m` for `arch` under NVRTC `version`: keyed by the hash of the full source
+/// and options, the architecture and the NVRTC version.
+pub fn cache_path(dir: &Path, m: &Module, arch: &str, version: (i32, i32)) -> PathBuf {
+    let mut h = Sha256::new();
+    h.update(full_source(m).as_bytes());
+    for o in COMPILE_OPTIONS {
+        h.update(o.as_bytes());
+        h.update([0u8]);
+    }
+    let hex: String = h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    dir.join(format!(
+        "{}-{arch}-nvrtc{}.{}-{hex}.ptx",
+        m.name, version.0, version.1
+    ))
+}
+
+/// PTX of `m` for `arch`, from the disk cache under `dir` or compiled (and then stored). A cache
+/// that cannot be written is not an error (the PTX is still returned).
+pub fn compile_cached(m: &Module, arch: &'static str, dir: &Path) -> Result<String, KernelError> {
+    let version = nvrtc_version()?;
+    let path = cache_path(dir, m, arch, version);
+    match std::fs::read_to_string(&path) {
+        Ok(text) if text.contains(".entry") => return Ok(text),
+        _ => {}
+    }
+    let ptx = compile(m, arch)?;
+    if std::fs::create_dir_all(dir).is_ok() {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, &ptx).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+    Ok(ptx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arch_table() {
+        assert_eq!(arch_for(9, 0).ok(), Some("compute_90a"));
+        assert_eq!(arch_for(12, 0).ok(), Some("compute_120a"));
+        assert!(matches!(
+            arch_for(7, 5),
+            Err(KernelError::UnsupportedArch(7, 5))
+        ));
+    }
+
+    #[test]
+    fn module_table_names_unique_and_kernels_defined() {
+        for (i, m) in MODULES.iter().enumerate() {
+            assert!(MODULES[..i].iter().all(|o| o.name != m.name), "{}", m.name);
+            for k in m.kernels {
+                // Per-type kernels come from a `prefix##suffix` macro over FOR_EACH_DTYPE.
+                let uses_macro = m.source.contains("FOR_EACH_DTYPE(");
+                let per_type = WEIGHT_TYPES.iter().filter(|_| uses_macro).find_map(|t| {
+                    let prefix = k.strip_suffix(t).filter(|p| p.ends_with('_'))?;
+                    Some((prefix, t))
+                });
+                let defined = match per_type {
+                    Some((prefix, t)) => {
+                        m.source.contains(&format!("{prefix}##suffix("))
+                            && DEQUANT.contains(&format!("MACRO({t}, "))
+                    }
+                    None => m.source.contains(&format!(" {k}(")),
+                };
+                assert!(defined, "{} does not define {k}", m.file);
+            }
+        }
+    }
+
+    #[test]
+    fn cache_key_depends_on_arch_and_version() {
+        let m = &MODULES[0];
+        let d = Path::new("/x");
+        let a = cache_path(d, m, "compute_90a", (13, 0));
+        assert_ne!(a, cache_path(d, m, "compute_120a", (13, 0)));
+        assert_ne!(a, cache_path(d, m, "compute_90a", (13, 1)));
+    }
+}

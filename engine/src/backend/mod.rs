@@ -5,6 +5,7 @@
 //! that row's token, position and its sequence's earlier KV, never on the other rows or on M.
 
 pub mod cpu;
+pub mod cuda;
 
 use crate::config::ModelConfig;
 use crate::error::Result;

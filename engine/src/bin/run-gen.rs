@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use memra_engine::backend::Device;
-use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
+use memra_engine::backend::cuda::open_backend;
 use memra_engine::chat::ChatMessage;
 use memra_engine::generate::{GenRequest, generate};
 use memra_engine::loader::load_model;
@@ -125,19 +125,15 @@ fn run(args: Args) -> Result<()> {
         seed: args.seed,
     };
     params.validate()?;
-    if let Device::Cuda(n) = args.device {
-        return Err(Error::Unsupported(format!(
-            "--device cuda:{n}: this build has no CUDA backend yet; use --device cpu"
-        )));
-    }
     let total = (ids.len() + args.max_tokens).min(model.config.max_ctx);
-    let opts = CpuOptions {
-        threads: args.threads,
-        kv_blocks: total.div_ceil(16).max(1),
-        block_size: 16,
-    };
     let tokenizer = model.tokenizer.clone();
-    let mut backend = CpuBackend::new(model.weights, &opts)?;
+    let mut backend = open_backend(
+        args.device,
+        model.weights,
+        total.div_ceil(16).max(1),
+        16,
+        args.threads,
+    )?;
     let req = GenRequest {
         prompt: ids.clone(),
         max_tokens: args.max_tokens,
@@ -158,7 +154,7 @@ fn run(args: Args) -> Result<()> {
         }
         Ok(())
     };
-    let out = generate(&mut backend, &req, &mut on_token)?;
+    let out = generate(backend.as_mut(), &req, &mut on_token)?;
     if !json {
         let rest = dec.finish();
         let _ = writeln!(stdout, "{rest}");

@@ -1,0 +1,495 @@
+//! One CUDA device: context, stream, the NVRTC-built kernel modules, memory helpers and typed
+//! launch wrappers for every kernel (used by the backend and by `memra-verify kernels`).
+//!
+//! Kernel arguments are raw device addresses (`u64`): buffers are owned by the caller and used
+//! on the one stream, with cudarc's multi-stream event tracking disabled.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
+};
+
+use crate::error::{Error, Result};
+use crate::quant::DType;
+
+/// A kernel argument.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    /// A device address.
+    Ptr(u64),
+    U32(u32),
+    U64(u64),
+    F32(f32),
+}
+
+/// Runs `f`, turning a panic (cudarc panics when libcuda/libnvrtc is missing) into `Err` with
+/// its message, without printing the panic.
+pub fn quiet_catch<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    let prev = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let r = memra_kernels::catch_panic(f);
+    std::panic::set_hook(prev);
+    r
+}
+
+/// Number of CUDA devices, or why CUDA cannot be used. Never panics.
+pub fn device_count() -> std::result::Result<usize, String> {
+    match quiet_catch(CudaContext::device_count) {
+        Ok(Ok(n)) => Ok(n.max(0) as usize),
+        Ok(Err(e)) => Err(format!("CUDA driver: {e:?}")),
+        Err(msg) if msg.contains("dynamically load") => {
+            Err("the NVIDIA driver library (libcuda.so) was not found".into())
+        }
+        Err(msg) => Err(msg),
+    }
+}
+
+/// The weight types the matmul and embedding kernels read.
+pub fn kernel_supports(dtype: DType) -> bool {
+    memra_kernels::WEIGHT_TYPES.contains(&dtype.name())
+}
+
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    /// `cuda:N`.
+    pub name: String,
+    /// The NVRTC architecture the kernels were built for.
+    pub arch: &'static str,
+    funcs: HashMap<&'static str, CudaFunction>,
+}
+
+const BLOCK: u32 = 256;
+/// Grid-stride kernels use at most this many blocks.
+const MAX_BLOCKS: u64 = 1 << 16;
+
+impl Gpu {
+    /// Opens device `device`, builds (or loads from the disk cache) every kernel module.
+    pub fn open(device: usize) -> Result<Gpu> {
+        let name = format!("cuda:{device}");
+        let fail = |what: String| Error::Backend {
+            backend: name.clone(),
+            what,
+        };
+        let n = device_count().map_err(|e| fail(format!("CUDA is not available: {e}")))?;
+        if device >= n {
+            return Err(fail(format!(
+                "no such device: {n} CUDA device(s) present (0..{n})"
+            )));
+        }
+        let ctx = quiet_catch(|| CudaContext::new(device))
+            .map_err(&fail)?
+            .map_err(|e| fail(format!("creating the context: {e:?}")))?;
+        // SAFETY: all work goes to the one stream below, in order; buffers outlive their use
+        // (the backend synchronizes before freeing or reading back).
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| fail(format!("compute capability: {e:?}")))?;
+        let arch = memra_kernels::arch_for(major, minor).map_err(|e| fail(e.to_string()))?;
+        let dir = memra_kernels::default_cache_dir();
+        let mut funcs = HashMap::new();
+        for m in memra_kernels::MODULES {
+            let ptx =
+                memra_kernels::compile_cached(m, arch, &dir).map_err(|e| fail(e.to_string()))?;
+            let module = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                .map_err(|e| fail(format!("loading {} for {arch}: {e:?}", m.file)))?;
+            for &k in m.kernels {
+                let f = module
+                    .load_function(k)
+                    .map_err(|e| fail(format!("kernel {k} of {}: {e:?}", m.file)))?;
+                funcs.insert(k, f);
+            }
+        }
+        Ok(Gpu {
+            ctx,
+            stream,
+            name,
+            arch,
+            funcs,
+        })
+    }
+
+    /// An error of this device.
+    pub fn err(&self, what: impl Into<String>) -> Error {
+        Error::Backend {
+            backend: self.name.clone(),
+            what: what.into(),
+        }
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.ctx
+            .mem_get_info()
+            .map_err(|e| self.err(format!("memory info: {e:?}")))
+    }
+
+    pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
+        self.stream.clone_htod(data).map_err(|e| {
+            self.err(format!(
+                "upload of {} bytes: {e:?}",
+                std::mem::size_of_val(data)
+            ))
+        })
+    }
+
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>> {
+        self.stream.alloc_zeros(n.max(1)).map_err(|e| {
+            self.err(format!(
+                "allocating {} bytes: {e:?}",
+                n * std::mem::size_of::<T>()
+            ))
+        })
+    }
+
+    pub fn download<T: DeviceRepr + Default + Clone>(&self, s: &CudaSlice<T>) -> Result<Vec<T>> {
+        let v = self
+            .stream
+            .clone_dtoh(s)
+            .map_err(|e| self.err(format!("download: {e:?}")))?;
+        self.sync()?;
+        Ok(v)
+    }
+
+    /// `len` values of `s` from `start`.
+    pub fn download_range<T: DeviceRepr + Default + Clone>(
+        &self,
+        s: &CudaSlice<T>,
+        start: usize,
+        len: usize,
+    ) -> Result<Vec<T>> {
+        let view = s
+            .try_slice(start..start + len)
+            .ok_or_else(|| self.err(format!("download of {start}+{len} beyond {}", s.len())))?;
+        let v = self
+            .stream
+            .clone_dtoh(&view)
+            .map_err(|e| self.err(format!("download: {e:?}")))?;
+        self.sync()?;
+        Ok(v)
+    }
+
+    /// Waits for the stream; reports asynchronous kernel faults.
+    pub fn sync(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| self.err(format!("kernel execution failed: {e:?}")))
+    }
+
+    /// The device address of `s`.
+    pub fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        let (p, _guard) = s.device_ptr(&self.stream);
+        p
+    }
+
+    /// Launches kernel `name`.
+    pub fn launch(&self, name: &str, grid: (u32, u32), block: u32, args: &[Arg]) -> Result<()> {
+        let f = self
+            .funcs
+            .get(name)
+            .ok_or_else(|| self.err(format!("kernel {name} is not built")))?;
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                Arg::Ptr(v) | Arg::U64(v) => b.arg(v),
+                Arg::U32(v) => b.arg(v),
+                Arg::F32(v) => b.arg(v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0.max(1), grid.1.max(1), 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every kernel's parameter list matches its wrapper below; pointers come from
+        // live allocations sized by the wrappers' callers.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| self.err(format!("launch {name}: {e:?}")))
+    }
+
+    /// Grid for a grid-stride kernel over `n` elements.
+    fn stride_grid(n: u64) -> (u32, u32) {
+        (n.div_ceil(BLOCK as u64).clamp(1, MAX_BLOCKS) as u32, 1)
+    }
+
+    fn u32_of(&self, v: usize, what: &str) -> Result<u32> {
+        u32::try_from(v)
+            .map_err(|_| self.err(format!("{what} = {v} exceeds the kernel's u32 range")))
+    }
+
+    /// `y[m][n] = dot(W[n], x[m])` for `m` rows: W is `n x k` in `dtype`, rows of `row_bytes`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul(
+        &self,
+        dtype: DType,
+        w: u64,
+        row_bytes: usize,
+        x: u64,
+        y: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
+        if !kernel_supports(dtype) {
+            return Err(self.err(format!("no matmul kernel for {dtype}")));
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let name = format!("matmul_{}", dtype.name());
+        let grid = (
+            self.u32_of(n.div_ceil(16), "matmul blocks")?,
+            m.div_ceil(8).min(65535) as u32,
+        );
+        let args = [
+            Arg::Ptr(w),
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::U32(self.u32_of(m, "M")?),
+            Arg::U32(self.u32_of(n, "N")?),
+            Arg::U32(self.u32_of(k, "K")?),
+            Arg::U64(row_bytes as u64),
+        ];
+        self.launch(&name, grid, BLOCK, &args)
+    }
+
+    /// `y[r] = dequantize(W[tokens[r]])` for `rows` rows of `k` values.
+    #[allow(clippy::too_many_arguments)]
+    pub fn embed(
+        &self,
+        dtype: DType,
+        w: u64,
+        row_bytes: usize,
+        tokens: u64,
+        y: u64,
+        rows: usize,
+        k: usize,
+    ) -> Result<()> {
+        if !kernel_supports(dtype) {
+            return Err(self.err(format!("no embedding kernel for {dtype}")));
+        }
+        let name = format!("embed_{}", dtype.name());
+        let args = [
+            Arg::Ptr(w),
+            Arg::Ptr(tokens),
+            Arg::Ptr(y),
+            Arg::U32(self.u32_of(k, "K")?),
+            Arg::U64(row_bytes as u64),
+        ];
+        self.launch(&name, (self.u32_of(rows, "rows")?, 1), BLOCK, &args)
+    }
+
+    /// RMSNorm of `rows` rows of `width` (`y` may equal `x`).
+    pub fn rms_norm(
+        &self,
+        x: u64,
+        w: u64,
+        y: u64,
+        rows: usize,
+        width: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let blocks = self.u32_of(rows.div_ceil((BLOCK / 32) as usize), "norm blocks")?;
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::Ptr(y),
+            Arg::U32(self.u32_of(rows, "rows")?),
+            Arg::U32(self.u32_of(width, "width")?),
+            Arg::F32(eps),
+        ];
+        self.launch("rms_norm", (blocks, 1), BLOCK, &args)
+    }
+
+    /// `x[i] += y[i]` for `n` values.
+    pub fn add_in_place(&self, x: u64, y: u64, n: usize) -> Result<()> {
+        let args = [Arg::Ptr(x), Arg::Ptr(y), Arg::U64(n as u64)];
+        self.launch("add_in_place", Self::stride_grid(n as u64), BLOCK, &args)
+    }
+
+    /// `x[r][j] += b[j]` over `rows` rows of `width`.
+    pub fn add_bias(&self, x: u64, b: u64, rows: usize, width: usize) -> Result<()> {
+        let n = (rows * width) as u64;
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(b),
+            Arg::U64(n),
+            Arg::U32(self.u32_of(width, "width")?),
+        ];
+        self.launch("add_bias", Self::stride_grid(n), BLOCK, &args)
+    }
+
+    /// `g = silu(g) * u` for `n` values.
+    pub fn swiglu(&self, g: u64, u: u64, n: usize) -> Result<()> {
+        let args = [Arg::Ptr(g), Arg::Ptr(u), Arg::U64(n as u64)];
+        self.launch("swiglu", Self::stride_grid(n as u64), BLOCK, &args)
+    }
+
+    /// `dst[r] = src[idx[r]]` for `rows` rows of `width`.
+    pub fn gather_rows(
+        &self,
+        dst: u64,
+        src: u64,
+        idx: u64,
+        rows: usize,
+        width: usize,
+    ) -> Result<()> {
+        let args = [
+            Arg::Ptr(dst),
+            Arg::Ptr(src),
+            Arg::Ptr(idx),
+            Arg::U32(self.u32_of(rows, "rows")?),
+            Arg::U32(self.u32_of(width, "width")?),
+        ];
+        self.launch(
+            "gather_rows",
+            Self::stride_grid((rows * width) as u64),
+            BLOCK,
+            &args,
+        )
+    }
+
+    /// Copies `n` values within one buffer from element `src` to element `dst`.
+    pub fn copy_range(&self, buf: u64, src: usize, dst: usize, n: usize) -> Result<()> {
+        let args = [
+            Arg::Ptr(buf),
+            Arg::U64(src as u64),
+            Arg::U64(dst as u64),
+            Arg::U64(n as u64),
+        ];
+        self.launch("copy_range", Self::stride_grid(n as u64), BLOCK, &args)
+    }
+
+    /// Sets `n` values to `v`.
+    pub fn fill(&self, x: u64, v: f32, n: usize) -> Result<()> {
+        let args = [Arg::Ptr(x), Arg::F32(v), Arg::U64(n as u64)];
+        self.launch("fill_f32", Self::stride_grid(n as u64), BLOCK, &args)
+    }
+
+    /// Half-rotation RoPE of `rows` rows of `heads` heads, angles from the `cos`/`sin` tables
+    /// (`[position][head_dim / 2]`) at `pos[r]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope(
+        &self,
+        x: u64,
+        pos: u64,
+        cos: u64,
+        sin: u64,
+        rows: usize,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        let n = (rows * heads * (head_dim / 2)) as u64;
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(pos),
+            Arg::Ptr(cos),
+            Arg::Ptr(sin),
+            Arg::U32(self.u32_of(rows, "rows")?),
+            Arg::U32(self.u32_of(heads, "heads")?),
+            Arg::U32(self.u32_of(head_dim, "head_dim")?),
+        ];
+        self.launch("rope", Self::stride_grid(n), BLOCK, &args)
+    }
+
+    /// Writes rows of K and V (`width` values) into the caches at position indices `slot[r]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_write(
+        &self,
+        kc: u64,
+        vc: u64,
+        k: u64,
+        v: u64,
+        slot: u64,
+        rows: usize,
+        width: usize,
+    ) -> Result<()> {
+        let args = [
+            Arg::Ptr(kc),
+            Arg::Ptr(vc),
+            Arg::Ptr(k),
+            Arg::Ptr(v),
+            Arg::Ptr(slot),
+            Arg::U32(self.u32_of(rows, "rows")?),
+            Arg::U32(self.u32_of(width, "width")?),
+        ];
+        self.launch(
+            "kv_write",
+            Self::stride_grid((rows * width) as u64),
+            BLOCK,
+            &args,
+        )
+    }
+
+    /// Greedy argmax of `rows` rows of `width` logits into `out` (u32 per row).
+    pub fn argmax_rows(&self, logits: u64, out: u64, rows: usize, width: usize) -> Result<()> {
+        let args = [
+            Arg::Ptr(logits),
+            Arg::Ptr(out),
+            Arg::U32(self.u32_of(width, "width")?),
+        ];
+        self.launch("argmax_rows", (self.u32_of(rows, "rows")?, 1), BLOCK, &args)
+    }
+}
+
+/// Pointers and shapes of one attention launch (rows `0..rows` of the launch).
+#[derive(Clone, Copy, Debug)]
+pub struct AttnArgs {
+    pub q: u64,
+    pub out: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub pos: u64,
+    pub row_seq: u64,
+    pub table_off: u64,
+    pub tables: u64,
+    pub scores: u64,
+    /// Floats of `scores` per (row, head): at least the largest `pos + 1` of the launch.
+    pub score_stride: usize,
+    pub rows: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub scale: f32,
+}
+
+impl Gpu {
+    /// Causal paged attention, one warp per (row, head).
+    pub fn attention(&self, a: &AttnArgs) -> Result<()> {
+        if a.head_dim > 256 || a.n_kv_heads == 0 || !a.n_heads.is_multiple_of(a.n_kv_heads) {
+            return Err(self.err(format!(
+                "attention: head_dim {} (max 256), {} heads over {} KV heads",
+                a.head_dim, a.n_heads, a.n_kv_heads
+            )));
+        }
+        let warps = a.rows * a.n_heads;
+        let blocks = self.u32_of(warps.div_ceil(4), "attention blocks")?;
+        let args = [
+            Arg::Ptr(a.q),
+            Arg::Ptr(a.out),
+            Arg::Ptr(a.k_cache),
+            Arg::Ptr(a.v_cache),
+            Arg::Ptr(a.pos),
+            Arg::Ptr(a.row_seq),
+            Arg::Ptr(a.table_off),
+            Arg::Ptr(a.tables),
+            Arg::Ptr(a.scores),
+            Arg::U64(a.score_stride as u64),
+            Arg::U32(self.u32_of(a.rows, "rows")?),
+            Arg::U32(self.u32_of(a.n_heads, "heads")?),
+            Arg::U32(self.u32_of(a.n_kv_heads, "kv heads")?),
+            Arg::U32(self.u32_of(a.head_dim, "head_dim")?),
+            Arg::U32(self.u32_of(a.block_size, "block_size")?),
+            Arg::F32(a.scale),
+        ];
+        self.launch("attention", (blocks, 1), 128, &args)
+    }
+}

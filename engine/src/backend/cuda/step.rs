@@ -1,0 +1,271 @@
+//! One step on the device: upload the rows' metadata, run the layers, read back the logits.
+//! The same sequence of kernels as the CPU backend's `layer` (backend/cpu/mod.rs).
+
+use cudarc::driver::CudaSlice;
+
+use super::{AttnArgs, CudaBackend, Mat};
+use crate::backend::{StepBatch, StepOutput};
+use crate::error::{Error, Result};
+
+/// Scratch buffers, by index: per-row widths are given by `widths`.
+const X: usize = 0;
+const H: usize = 1;
+const Q: usize = 2;
+const K: usize = 3;
+const V: usize = 4;
+const ATT: usize = 5;
+const O: usize = 6;
+const G: usize = 7;
+const U: usize = 8;
+
+/// Bound on the attention score scratch of one launch (floats); launches are split by rows.
+const SCORE_FLOATS: usize = 64 << 20;
+
+/// Row metadata on the device.
+struct Meta {
+    tokens: CudaSlice<u32>,
+    pos: CudaSlice<u32>,
+    row_seq: CudaSlice<u32>,
+    slot: CudaSlice<u32>,
+    table_off: CudaSlice<u32>,
+    tables: CudaSlice<u32>,
+    /// Largest `pos + 1` of the batch.
+    ctx: usize,
+}
+
+fn u32_of(v: usize, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::Input(format!("{what} {v} exceeds u32")))
+}
+
+impl CudaBackend {
+    fn widths(&self) -> [usize; 9] {
+        let c = &self.config;
+        let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        [c.hidden, c.hidden, qd, kvd, kvd, qd, c.hidden, c.ffn, c.ffn]
+    }
+
+    fn ensure_scratch(&mut self, rows: usize) -> Result<()> {
+        if rows <= self.scratch.rows {
+            return Ok(());
+        }
+        let cap = rows.next_power_of_two();
+        self.scratch.bufs.clear();
+        self.gpu.sync()?;
+        for w in self.widths() {
+            let b = self.gpu.zeros::<f32>(cap * w)?;
+            self.scratch.bufs.push(b);
+        }
+        self.scratch.rows = cap;
+        Ok(())
+    }
+
+    fn check_batch(&self, batch: &StepBatch) -> Result<()> {
+        let c = &self.config;
+        for (i, r) in batch.rows.iter().enumerate() {
+            if r.token as usize >= c.vocab {
+                return Err(Error::Input(format!(
+                    "token id {} is outside the vocabulary (size {})",
+                    r.token, c.vocab
+                )));
+            }
+            let table = batch.block_tables.get(r.seq).ok_or_else(|| {
+                self.gpu
+                    .err(format!("row {i}: sequence {} has no block table", r.seq))
+            })?;
+            let need = r.pos as usize / self.block_size;
+            let used = table.get(..=need).ok_or_else(|| {
+                self.gpu.err(format!(
+                    "row {i}: position {} is beyond its block table",
+                    r.pos
+                ))
+            })?;
+            if let Some(b) = used.iter().find(|&&b| b as usize >= self.kv_blocks) {
+                return Err(self
+                    .gpu
+                    .err(format!("row {i}: KV block {b} does not exist")));
+            }
+        }
+        Ok(())
+    }
+
+    fn upload_meta(&self, batch: &StepBatch) -> Result<Meta> {
+        let bs = self.block_size;
+        let mut tokens = Vec::with_capacity(batch.rows.len());
+        let mut pos = Vec::with_capacity(batch.rows.len());
+        let mut row_seq = Vec::with_capacity(batch.rows.len());
+        let mut slot = Vec::with_capacity(batch.rows.len());
+        let mut ctx = 0usize;
+        for r in &batch.rows {
+            let p = r.pos as usize;
+            // check_batch ran: the table and block exist.
+            let block = batch.block_tables[r.seq][p / bs] as usize;
+            tokens.push(r.token);
+            pos.push(r.pos);
+            row_seq.push(u32_of(r.seq, "sequence index")?);
+            slot.push(u32_of(block * bs + p % bs, "KV position index")?);
+            ctx = ctx.max(p + 1);
+        }
+        let mut table_off = Vec::with_capacity(batch.block_tables.len());
+        let mut tables = Vec::new();
+        for t in &batch.block_tables {
+            table_off.push(u32_of(tables.len(), "block table offset")?);
+            tables.extend_from_slice(t);
+        }
+        let g = &self.gpu;
+        Ok(Meta {
+            tokens: g.upload(&tokens)?,
+            pos: g.upload(&pos)?,
+            row_seq: g.upload(&row_seq)?,
+            slot: g.upload(&slot)?,
+            table_off: g.upload(&table_off)?,
+            tables: g.upload(if tables.is_empty() {
+                &[0u32][..]
+            } else {
+                &tables
+            })?,
+            ctx,
+        })
+    }
+
+    fn matmul(&self, w: &Mat, x: u64, y: u64, m: usize) -> Result<()> {
+        let g = &self.gpu;
+        g.matmul(
+            w.dtype,
+            g.ptr(&w.data),
+            w.row_bytes,
+            x,
+            y,
+            m,
+            w.rows,
+            w.cols,
+        )
+    }
+
+    fn layer(&self, l: usize, m: usize, meta: &Meta, scores: &CudaSlice<f32>) -> Result<()> {
+        let c = &self.config;
+        let g = &self.gpu;
+        let lw = &self.layers[l];
+        let p: Vec<u64> = self.scratch.bufs.iter().map(|b| g.ptr(b)).collect();
+        let (hd, eps) = (c.head_dim, c.rms_eps);
+        let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
+        g.rms_norm(p[X], g.ptr(&lw.attn_norm), p[H], m, c.hidden, eps)?;
+        self.matmul(&lw.q, p[H], p[Q], m)?;
+        self.matmul(&lw.k, p[H], p[K], m)?;
+        self.matmul(&lw.v, p[H], p[V], m)?;
+        for (bias, buf, width) in [
+            (&lw.q_bias, p[Q], qd),
+            (&lw.k_bias, p[K], kvd),
+            (&lw.v_bias, p[V], kvd),
+        ] {
+            if let Some(b) = bias {
+                g.add_bias(buf, g.ptr(b), m, width)?;
+            }
+        }
+        if let Some(w) = &lw.q_norm {
+            g.rms_norm(p[Q], g.ptr(w), p[Q], m * c.n_heads, hd, eps)?;
+        }
+        if let Some(w) = &lw.k_norm {
+            g.rms_norm(p[K], g.ptr(w), p[K], m * c.n_kv_heads, hd, eps)?;
+        }
+        let (cos, sin) = match (&self.rope_cos, &self.rope_sin) {
+            (Some(cs), Some(sn)) => (g.ptr(cs), g.ptr(sn)),
+            _ => return Err(g.err("RoPE tables missing")),
+        };
+        let pos = g.ptr(&meta.pos);
+        g.rope(p[Q], pos, cos, sin, m, c.n_heads, hd)?;
+        g.rope(p[K], pos, cos, sin, m, c.n_kv_heads, hd)?;
+        let (kc, vc) = (g.ptr(&lw.k_cache), g.ptr(&lw.v_cache));
+        g.kv_write(kc, vc, p[K], p[V], g.ptr(&meta.slot), m, kvd)?;
+        // Attention, split into launches of `chunk` rows to bound the score scratch.
+        let per_row = c.n_heads * meta.ctx;
+        let chunk = (scores.len() / per_row.max(1)).clamp(1, m);
+        let mut r0 = 0;
+        while r0 < m {
+            let rows = chunk.min(m - r0);
+            let a = AttnArgs {
+                q: p[Q] + (r0 * qd * 4) as u64,
+                out: p[ATT] + (r0 * qd * 4) as u64,
+                k_cache: kc,
+                v_cache: vc,
+                pos: pos + (r0 * 4) as u64,
+                row_seq: g.ptr(&meta.row_seq) + (r0 * 4) as u64,
+                table_off: g.ptr(&meta.table_off),
+                tables: g.ptr(&meta.tables),
+                scores: g.ptr(scores),
+                score_stride: meta.ctx,
+                rows,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: hd,
+                block_size: self.block_size,
+                scale: 1.0 / (hd as f32).sqrt(),
+            };
+            g.attention(&a)?;
+            r0 += rows;
+        }
+        self.matmul(&lw.attn_out, p[ATT], p[O], m)?;
+        g.add_in_place(p[X], p[O], m * c.hidden)?;
+        g.rms_norm(p[X], g.ptr(&lw.ffn_norm), p[H], m, c.hidden, eps)?;
+        self.matmul(&lw.gate, p[H], p[G], m)?;
+        self.matmul(&lw.up, p[H], p[U], m)?;
+        g.swiglu(p[G], p[U], m * c.ffn)?;
+        self.matmul(&lw.down, p[G], p[O], m)?;
+        g.add_in_place(p[X], p[O], m * c.hidden)
+    }
+
+    pub(super) fn run_step(&mut self, batch: &StepBatch) -> Result<StepOutput> {
+        self.check_batch(batch)?;
+        let m = batch.rows.len();
+        if m == 0 {
+            return Ok(StepOutput::default());
+        }
+        let meta = self.upload_meta(batch)?;
+        self.ensure_scratch(m)?;
+        self.ensure_rope(meta.ctx - 1)?;
+        let c = self.config.clone();
+        let g = &self.gpu;
+        let per_row = c.n_heads * meta.ctx;
+        let score_rows = (SCORE_FLOATS / per_row.max(1)).clamp(1, m);
+        let scores = g.zeros::<f32>(score_rows * per_row)?;
+        let x = g.ptr(&self.scratch.bufs[X]);
+        g.embed(
+            self.embed.dtype,
+            g.ptr(&self.embed.data),
+            self.embed.row_bytes,
+            g.ptr(&meta.tokens),
+            x,
+            m,
+            c.hidden,
+        )?;
+        for l in 0..c.n_layers {
+            self.layer(l, m, &meta, &scores)?;
+        }
+        let want: Vec<u32> = (0..m)
+            .filter(|&i| batch.rows[i].want_logits)
+            .map(|i| i as u32)
+            .collect();
+        if want.is_empty() {
+            g.sync()?;
+            return Ok(StepOutput::default());
+        }
+        let n = want.len();
+        let idx = g.upload(&want)?;
+        let sel = g.zeros::<f32>(n * c.hidden)?;
+        g.gather_rows(g.ptr(&sel), x, g.ptr(&idx), n, c.hidden)?;
+        g.rms_norm(
+            g.ptr(&sel),
+            g.ptr(&self.out_norm),
+            g.ptr(&sel),
+            n,
+            c.hidden,
+            c.rms_eps,
+        )?;
+        let logits = g.zeros::<f32>(n * c.vocab)?;
+        let out = self.output.as_ref().unwrap_or(&self.embed);
+        self.matmul(out, g.ptr(&sel), g.ptr(&logits), n)?;
+        let host = g.download(&logits)?;
+        Ok(StepOutput {
+            logits: host.chunks_exact(c.vocab).map(|r| r.to_vec()).collect(),
+        })
+    }
+}

@@ -1,0 +1,48 @@
+// Elementwise and row-gather kernels. Each output element is computed by one thread from its
+// own inputs only, so nothing depends on the launch geometry.
+
+// x[i] += y[i] (residual add), i < n.
+extern "C" __global__ void add_in_place(float* x, const float* y, u64 n) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        x[i] = x[i] + y[i];
+    }
+}
+
+// x[m][j] += b[j] for rows of `width`, n = rows * width.
+extern "C" __global__ void add_bias(float* x, const float* b, u64 n, u32 width) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        x[i] = x[i] + b[i % width];
+    }
+}
+
+// SwiGLU: g = (g / (1 + exp(-g))) * u, as the CPU's ops::swiglu.
+extern "C" __global__ void swiglu(float* g, const float* u, u64 n) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        float x = g[i];
+        float s = x / (1.0f + expf(-x));
+        g[i] = s * u[i];
+    }
+}
+
+// dst[r][j] = src[idx[r]][j] for r < rows, j < width.
+extern "C" __global__ void gather_rows(float* dst, const float* src, const u32* idx, u32 rows, u32 width) {
+    u64 n = (u64)rows * width;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        u64 r = i / width, j = i % width;
+        dst[i] = src[(u64)idx[r] * width + j];
+    }
+}
+
+// dst[dst_off + i] = src[src_off + i] for i < n (KV block copies within one cache buffer).
+extern "C" __global__ void copy_range(float* buf, u64 src_off, u64 dst_off, u64 n) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        buf[dst_off + i] = buf[src_off + i];
+    }
+}
+
+// Fills x[0..n) with v (poisoning output buffers in tests).
+extern "C" __global__ void fill_f32(float* x, float v, u64 n) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        x[i] = v;
+    }
+}

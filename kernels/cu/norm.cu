@@ -1,0 +1,21 @@
+// RMSNorm, one warp per row of `width`: Y = (X * (1 / sqrt(mean(X^2) + eps))) * W, with the sum
+// of squares in the CPU's dot_f32 order (16 lane sums, tree16, tail in order); every lane
+// computes the same total. Y may alias X (per-head q/k norm in place): the __syncwarp orders
+// every read before the first write.
+extern "C" __global__ void __launch_bounds__(256) rms_norm(const float* X, const float* W, float* Y,
+                                                            u32 rows, u32 width, float eps) {
+    const u32 r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (r >= rows) return;  // uniform over the warp
+    const int lane = threadIdx.x & 31;
+    const int l = lane & 15;
+    const float* x = X + (u64)r * width;
+    float* y = Y + (u64)r * width;
+    const u32 w16 = width - width % 16;
+    float acc = 0.0f;
+    for (u32 e = l; e < w16; e += 16) acc = acc + x[e] * x[e];
+    float ss = tree16(acc);
+    for (u32 e = w16; e < width; ++e) ss = ss + x[e] * x[e];
+    const float scale = 1.0f / sqrtf(ss / (float)width + eps);
+    __syncwarp();
+    for (u32 e = lane; e < width; e += 32) y[e] = (x[e] * scale) * W[e];
+}

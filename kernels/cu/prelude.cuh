@@ -1,0 +1,39 @@
+// memra kernel prelude: prepended to every kernel source. No CUDA toolkit header is included;
+// NVRTC's built-in declarations (threadIdx, __shfl_xor_sync, expf, sqrtf, ...) are all we use.
+// Sources are compiled with --fmad=false so every `a * b + c` rounds the product, as the CPU
+// reference does.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+
+#define FULL_MASK 0xffffffffu
+
+// f16 bits -> f32 (exact) by the PTX conversion instruction.
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("{ .reg .b16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// bf16 bits -> f32 (exact): the high half of an f32.
+__device__ __forceinline__ float bf16_to_f32(u16 b) { return __uint_as_float(((u32)b) << 16); }
+
+// Little-endian u16 at any 1-byte-aligned address.
+__device__ __forceinline__ u16 ld_u16(const u8* p) { return (u16)((u32)p[0] | ((u32)p[1] << 8)); }
+
+// f16 stored little-endian at p (GGUF block scales are only 2-byte aligned).
+__device__ __forceinline__ float ld_f16(const u8* p) { return f16_to_f32(ld_u16(p)); }
+
+// The 16-lane fixed tree of the CPU's dot_f32 (acc[l] += acc[l + 8], + 4, + 2, + 1) over the
+// 16 lanes of a half-warp; every lane of the half gets the total. All 32 lanes must call it.
+__device__ __forceinline__ float tree16(float s) {
+    s += __shfl_xor_sync(FULL_MASK, s, 8);
+    s += __shfl_xor_sync(FULL_MASK, s, 4);
+    s += __shfl_xor_sync(FULL_MASK, s, 2);
+    s += __shfl_xor_sync(FULL_MASK, s, 1);
+    return s;
+}

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The device battery (runs ON the GPU machine, from the repo root, after tools/device/pack.sh
+# here and with .device carried). Logs go to $OUT (the device tool's output folder); a short
+# table is printed last.
+#   nvidia-smi; memra-verify kernels; synthetic models into $HOME/models if absent;
+#   memra-verify invariance (SmolLM2, synthetic llama3-8b q4_k_m); memra-verify tokens (SmolLM2);
+#   run-gen --device cuda --json tok/s (512-token prompt, 128 new tokens) for SmolLM2 and
+#   synthetic llama3-8b at q4_k_m, q8_0, f16.
+# Needs $HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf staged (docs/DEVICE.md).
+# Env: BATTERY_STEPS (default "smi kernels synth inv tokens speed"), BATTERY_SYNTH (llama3-8b
+# dtypes to generate/measure, default "q4_k_m q8_0 f16").
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-/tmp/memra-battery}"
+mkdir -p "$OUT"
+BIN="$PWD/.device/bin"
+MODELS="$HOME/models"
+SMOL="$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf"
+STEPS="${BATTERY_STEPS:-smi kernels synth inv tokens speed}"
+SYNTH="${BATTERY_SYNTH:-q4_k_m q8_0 f16}"
+export MEMRA_KERNEL_CACHE="$HOME/.cache/memra/kernels"
+if [ -n "${CUDA_HOME:-}" ]; then
+  export LD_LIBRARY_PATH="$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+mkdir -p "$MODELS"
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
+row() { printf '%-44s %s\n' "$1" "$2" | tee -a "$SUMMARY"; }
+# run NAME TIMEOUT CMD...: logs to $OUT/NAME.log, records ALL GREEN / exit status.
+run() {
+  local name=$1 t=$2; shift 2
+  local t0=$SECONDS
+  timeout "$t" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  local dt=$((SECONDS - t0))
+  if [ $rc -eq 0 ]; then row "$name" "ok (${dt}s)"; else row "$name" "FAIL rc=$rc (${dt}s): $(tail -n 3 "$OUT/$name.log" | tr '\n' ' ' | cut -c1-160)"; fi
+  return $rc
+}
+llama() { echo "$MODELS/synth-llama3-8b-$1.gguf"; }
+
+if has smi; then nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1; head -n 12 "$OUT/nvidia-smi.txt"; fi
+[ -e "$SMOL" ] || row "SmolLM2" "MISSING $SMOL (stage it, docs/DEVICE.md)"
+
+if has kernels; then run verify-kernels 300 "$BIN/memra-verify" kernels --device cuda:0; fi
+
+if has synth; then
+  for d in $SYNTH; do
+    f=$(llama "$d")
+    if [ ! -e "$f" ]; then
+      run "synth-llama3-8b-$d" 240 "$BIN/memra-bench" synth --shape llama3-8b --dtype "$d" \
+        --tokenizer-from "$SMOL" --out "$f.tmp" --quiet && mv "$f.tmp" "$f"
+    fi
+  done
+fi
+
+if has inv; then
+  [ -e "$SMOL" ] && run invariance-smollm2 240 "$BIN/memra-verify" invariance --device cuda:0 "$SMOL" --max-m 64
+  f=$(llama q4_k_m)
+  [ -e "$f" ] && run invariance-llama3-8b-q4_k_m 300 "$BIN/memra-verify" invariance --device cuda:0 "$f" --max-m 64
+fi
+
+if has tokens && [ -e "$SMOL" ]; then
+  run tokens-smollm2 180 "$BIN/memra-verify" tokens --device cuda:0 "$SMOL" \
+    --fixture verify/fixtures/smollm2-135m-reference.json
+fi
+
+if has speed; then
+  IDS=$(python3 -c "print(','.join(str(100 + i * 7 % 40000) for i in range(512)))")
+  speed() {
+    local name=$1 model=$2
+    [ -e "$model" ] || { row "tok/s $name" "missing $model"; return; }
+    if timeout 240 "$BIN/run-gen" "$model" --device cuda:0 --json --prompt-ids "$IDS" \
+        --max-tokens 128 > "$OUT/speed-$name.json" 2> "$OUT/speed-$name.err"; then
+      row "tok/s $name" "$(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('prefill %.0f tok/s, decode %.1f tok/s (%d tokens)' % (j['prompt_tok_per_s'], j['decode_tok_per_s'], len(j['tokens'])))" "$OUT/speed-$name.json")"
+    else
+      row "tok/s $name" "FAIL: $(tail -n 2 "$OUT/speed-$name.err" | tr '\n' ' ' | cut -c1-160)"
+    fi
+  }
+  speed smollm2-q4_1 "$SMOL"
+  for d in $SYNTH; do speed "llama3-8b-$d" "$(llama "$d")"; done
+fi
+
+echo
+echo "== memra device battery ($(date -u +%FT%TZ))"
+cat "$SUMMARY"

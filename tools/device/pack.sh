@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Builds stripped release binaries of run-gen, memra-verify and memra-bench into .device/bin
+# (git-ignored), ready to carry to the GPU machine:  tools/device/pack.sh
+# Then, on the device (tool `run`, carry [".device"]):  tools/device/battery.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+cargo build --release -p memra-engine --bin run-gen -p memra-verify -p memra-bench
+TARGET="${CARGO_TARGET_DIR:-target}"
+mkdir -p .device/bin
+for b in run-gen memra-verify memra-bench; do
+  cp "$TARGET/release/$b" .device/bin/
+  strip .device/bin/$b 2>/dev/null || true
+done
+ls -l .device/bin
+du -sh .device

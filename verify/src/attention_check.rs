@@ -1,0 +1,170 @@
+//! The attention kernel against the CPU backend's formula (backend/cpu/attention.rs) on a random
+//! paged cache: permuted block tables, GQA, several sequences and depths in one launch.
+
+use memra_engine::Result;
+use memra_engine::backend::cuda::{AttnArgs, Gpu};
+use memra_engine::models::random::{splitmix, unit};
+
+use super::kernels::{Case, dot};
+
+struct Shape {
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    block_size: usize,
+}
+
+/// The CPU's attention for one (row, head): scores, max, exp-sum, weighted V sum, in order.
+#[allow(clippy::too_many_arguments)]
+fn reference(
+    s: &Shape,
+    kc: &[f32],
+    vc: &[f32],
+    table: &[u32],
+    pos: usize,
+    q: &[f32],
+    h: usize,
+    out: &mut [f32],
+) {
+    let hd = s.head_dim;
+    let width = s.n_kv_heads * hd;
+    let kvh = h / (s.n_heads / s.n_kv_heads);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let at = |p: usize| {
+        (table[p / s.block_size] as usize * s.block_size + p % s.block_size) * width + kvh * hd
+    };
+    let mut scores: Vec<f32> = (0..=pos)
+        .map(|p| dot(q, &kc[at(p)..at(p) + hd]) * scale)
+        .collect();
+    let max = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mut sum = 0f32;
+    for sc in scores.iter_mut() {
+        *sc = (*sc - max).exp();
+        sum += *sc;
+    }
+    out.fill(0.0);
+    for (p, &w) in scores.iter().enumerate() {
+        for (o, &v) in out.iter_mut().zip(&vc[at(p)..at(p) + hd]) {
+            *o += w * v;
+        }
+    }
+    let inv = 1.0 / sum;
+    for o in out.iter_mut() {
+        *o *= inv;
+    }
+}
+
+pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    let shapes = [
+        Shape {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 64,
+            block_size: 16,
+        },
+        Shape {
+            n_heads: 9,
+            n_kv_heads: 3,
+            head_dim: 64,
+            block_size: 16,
+        },
+        Shape {
+            n_heads: 8,
+            n_kv_heads: 2,
+            head_dim: 128,
+            block_size: 32,
+        },
+        Shape {
+            n_heads: 2,
+            n_kv_heads: 2,
+            head_dim: 40,
+            block_size: 8,
+        },
+    ];
+    for (si, s) in shapes.iter().enumerate() {
+        let st = 2000 + 100 * si as u64;
+        let blocks = 40usize;
+        let width = s.n_kv_heads * s.head_dim;
+        let cache = blocks * s.block_size * width;
+        let kc: Vec<f32> = (0..cache as u64).map(|i| unit(seed, st, i)).collect();
+        let vc: Vec<f32> = (0..cache as u64).map(|i| unit(seed, st + 1, i)).collect();
+        // Three sequences, each a permutation slice of the blocks.
+        let mut perm: Vec<u32> = (0..blocks as u32).collect();
+        for i in (1..perm.len()).rev() {
+            let j = (splitmix(seed, st + 2, i as u64) % (i as u64 + 1)) as usize;
+            perm.swap(i, j);
+        }
+        let per_seq = blocks / 3;
+        let tables: Vec<Vec<u32>> = (0..3)
+            .map(|i| perm[i * per_seq..(i + 1) * per_seq].to_vec())
+            .collect();
+        let max_pos = per_seq * s.block_size - 1;
+        let rows = 11usize;
+        let row_seq: Vec<u32> = (0..rows as u64)
+            .map(|r| (splitmix(seed, st + 3, r) % 3) as u32)
+            .collect();
+        let mut pos: Vec<u32> = (0..rows as u64)
+            .map(|r| (splitmix(seed, st + 4, r) % (max_pos as u64 + 1)) as u32)
+            .collect();
+        pos[0] = 0;
+        pos[1] = max_pos as u32;
+        let qd = s.n_heads * s.head_dim;
+        let q: Vec<f32> = (0..(rows * qd) as u64)
+            .map(|i| unit(seed, st + 5, i))
+            .collect();
+        let mut want = vec![0f32; rows * qd];
+        for r in 0..rows {
+            for h in 0..s.n_heads {
+                let o = (r * s.n_heads + h) * s.head_dim;
+                let table = &tables[row_seq[r] as usize];
+                let (qh, oh) = (&q[o..o + s.head_dim], &mut want[o..o + s.head_dim]);
+                reference(s, &kc, &vc, table, pos[r] as usize, qh, h, oh);
+            }
+        }
+        let flat: Vec<u32> = tables.concat();
+        let offs: Vec<u32> = (0..3).map(|i| (i * per_seq) as u32).collect();
+        let ctx = *pos.iter().max().unwrap_or(&0) as usize + 1;
+        let (dq, dk, dv) = (g.upload(&q)?, g.upload(&kc)?, g.upload(&vc)?);
+        let (dpos, dseq, doff, dtab) = (
+            g.upload(&pos)?,
+            g.upload(&row_seq)?,
+            g.upload(&offs)?,
+            g.upload(&flat)?,
+        );
+        let dout = g.zeros::<f32>(rows * qd)?;
+        let dsc = g.zeros::<f32>(rows * s.n_heads * ctx)?;
+        g.fill(g.ptr(&dout), f32::NAN, rows * qd)?;
+        let a = AttnArgs {
+            q: g.ptr(&dq),
+            out: g.ptr(&dout),
+            k_cache: g.ptr(&dk),
+            v_cache: g.ptr(&dv),
+            pos: g.ptr(&dpos),
+            row_seq: g.ptr(&dseq),
+            table_off: g.ptr(&doff),
+            tables: g.ptr(&dtab),
+            scores: g.ptr(&dsc),
+            score_stride: ctx,
+            rows,
+            n_heads: s.n_heads,
+            n_kv_heads: s.n_kv_heads,
+            head_dim: s.head_dim,
+            block_size: s.block_size,
+            scale: 1.0 / (s.head_dim as f32).sqrt(),
+        };
+        g.attention(&a)?;
+        let got = g.download(&dout)?;
+        let shape = format!(
+            "rows={rows} heads={}/{} hd={} bs={} ctx={ctx}",
+            s.n_heads, s.n_kv_heads, s.head_dim, s.block_size
+        );
+        out.push(super::kernels::compare_pub(
+            "attention",
+            shape,
+            &got,
+            &want,
+            1e-5,
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,435 @@
+//! `memra-verify kernels`: every CUDA kernel against the CPU reference on fresh random inputs,
+//! odd shapes included. Output buffers are poisoned with NaN before each launch, so an
+//! unwritten element fails. Matmul rows are also checked bitwise across M (row invariance).
+
+use memra_engine::backend::cpu::ops::{self, Rope};
+use memra_engine::backend::cuda::Gpu;
+use memra_engine::config::Arch;
+use memra_engine::models::random::{splitmix, tiny_config, unit};
+use memra_engine::quant::{DType, dequantize_row, dot_f32, dot_row, quantize};
+use memra_engine::{Error, Result};
+
+/// One checked case.
+pub struct Case {
+    pub kernel: String,
+    pub shape: String,
+    /// max |gpu - cpu| / max(|cpu|, 1e-6) over the output.
+    pub rel_err: f64,
+    pub tol: f64,
+    /// Extra failure (unwritten elements, invariance).
+    pub problem: Option<String>,
+}
+
+impl Case {
+    pub fn ok(&self) -> bool {
+        self.problem.is_none() && self.rel_err <= self.tol
+    }
+}
+
+/// Fresh random values in `[-scale, scale)` for stream `s`.
+fn rand_vec(seed: u64, s: u64, n: usize, scale: f32) -> Vec<f32> {
+    (0..n as u64).map(|i| scale * unit(seed, s, i)).collect()
+}
+
+fn compare(kernel: &str, shape: String, got: &[f32], want: &[f32], tol: f64) -> Case {
+    let mut problem = None;
+    let mut max_ref = 1e-6f64;
+    let mut max_diff = 0f64;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if g.is_nan() && !w.is_nan() {
+            problem.get_or_insert_with(|| format!("element {i} not written (NaN)"));
+        }
+        max_ref = max_ref.max(w.abs() as f64);
+        max_diff = max_diff.max((g as f64 - w as f64).abs());
+    }
+    if got.len() != want.len() {
+        problem = Some(format!("{} values, expected {}", got.len(), want.len()));
+    }
+    Case {
+        kernel: kernel.into(),
+        shape,
+        rel_err: max_diff / max_ref,
+        tol,
+        problem,
+    }
+}
+
+/// Relative tolerance per weight type. The kernels follow the CPU's operation order, so all
+/// are expected to be exact; the tolerance only absorbs what cannot be (none for matmul).
+fn matmul_tol(_d: DType) -> f64 {
+    1e-5
+}
+
+const MATMUL_TYPES: [DType; 11] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
+const NS: [usize; 5] = [1, 3, 17, 576, 1000];
+const MS: [usize; 6] = [1, 2, 7, 8, 9, 33];
+
+fn ks(d: DType) -> Vec<usize> {
+    match d.block_size() {
+        1 => vec![16, 77, 576],
+        32 => vec![32, 96, 576],
+        _ => vec![256, 768],
+    }
+}
+
+fn matmul_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    let mut stream = 100;
+    for dtype in MATMUL_TYPES {
+        for &n in &NS {
+            for k in ks(dtype) {
+                stream += 1;
+                let wv = rand_vec(seed, stream, n * k, 1.0);
+                let wq = quantize(dtype, &wv)?;
+                let row_bytes = wq.len() / n;
+                let mmax = *MS.iter().max().unwrap_or(&1);
+                let x = rand_vec(seed, stream + 50_000, mmax * k, 1.0);
+                let dw = g.upload(&wq)?;
+                let dx = g.upload(&x)?;
+                let dy = g.zeros::<f32>(mmax * n)?;
+                let mut first: Option<Vec<f32>> = None;
+                for &m in &MS {
+                    g.fill(g.ptr(&dy), f32::NAN, mmax * n)?;
+                    g.matmul(
+                        dtype,
+                        g.ptr(&dw),
+                        row_bytes,
+                        g.ptr(&dx),
+                        g.ptr(&dy),
+                        m,
+                        n,
+                        k,
+                    )?;
+                    let got = g.download_range(&dy, 0, m * n)?;
+                    let mut want = vec![0f32; m * n];
+                    for mi in 0..m {
+                        for ni in 0..n {
+                            let row = &wq[ni * row_bytes..(ni + 1) * row_bytes];
+                            want[mi * n + ni] = dot_row(dtype, row, &x[mi * k..(mi + 1) * k])?;
+                        }
+                    }
+                    let mut c = compare(
+                        &format!("matmul_{dtype}"),
+                        format!("M={m} N={n} K={k}"),
+                        &got,
+                        &want,
+                        matmul_tol(dtype),
+                    );
+                    // Row invariance: row 0 has the same bits at every M.
+                    match &first {
+                        None => first = Some(got[..n].to_vec()),
+                        Some(f) => {
+                            let same = f
+                                .iter()
+                                .zip(&got[..n])
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            if !same && c.problem.is_none() {
+                                c.problem = Some("row 0 differs from its M=1 bits".into());
+                            }
+                        }
+                    }
+                    out.push(c);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn embed_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    let vocab = 37;
+    for (si, dtype) in MATMUL_TYPES.into_iter().enumerate() {
+        for k in ks(dtype) {
+            let wv = rand_vec(seed, 900 + si as u64, vocab * k, 1.0);
+            let wq = quantize(dtype, &wv)?;
+            let row_bytes = wq.len() / vocab;
+            let tokens: Vec<u32> = (0..9u64)
+                .map(|i| (splitmix(seed, 77, i) % vocab as u64) as u32)
+                .collect();
+            let (dw, dt) = (g.upload(&wq)?, g.upload(&tokens)?);
+            let dy = g.zeros::<f32>(tokens.len() * k)?;
+            g.fill(g.ptr(&dy), f32::NAN, tokens.len() * k)?;
+            g.embed(
+                dtype,
+                g.ptr(&dw),
+                row_bytes,
+                g.ptr(&dt),
+                g.ptr(&dy),
+                tokens.len(),
+                k,
+            )?;
+            let got = g.download(&dy)?;
+            let mut want = vec![0f32; tokens.len() * k];
+            for (t, w) in tokens.iter().zip(want.chunks_exact_mut(k)) {
+                let r = *t as usize * row_bytes;
+                dequantize_row(dtype, &wq[r..r + row_bytes], w)?;
+            }
+            let shape = format!("rows={} K={k}", tokens.len());
+            out.push(compare(&format!("embed_{dtype}"), shape, &got, &want, 0.0));
+        }
+    }
+    Ok(())
+}
+
+fn norm_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    for (i, &(rows, width)) in [(1, 64), (7, 576), (33, 77), (3, 4096)].iter().enumerate() {
+        let x = rand_vec(seed, 1000 + i as u64, rows * width, 2.0);
+        let w: Vec<f32> = rand_vec(seed, 1100 + i as u64, width, 0.2)
+            .iter()
+            .map(|v| 1.0 + v)
+            .collect();
+        let mut want = vec![0f32; rows * width];
+        for (o, r) in want.chunks_exact_mut(width).zip(x.chunks_exact(width)) {
+            ops::rms_norm(r, &w, 1e-5, o);
+        }
+        let (dx, dw) = (g.upload(&x)?, g.upload(&w)?);
+        let dy = g.zeros::<f32>(rows * width)?;
+        g.fill(g.ptr(&dy), f32::NAN, rows * width)?;
+        g.rms_norm(g.ptr(&dx), g.ptr(&dw), g.ptr(&dy), rows, width, 1e-5)?;
+        let got = g.download(&dy)?;
+        out.push(compare(
+            "rms_norm",
+            format!("rows={rows} width={width}"),
+            &got,
+            &want,
+            1e-6,
+        ));
+        // In place (per-head q/k norm).
+        g.rms_norm(g.ptr(&dx), g.ptr(&dw), g.ptr(&dx), rows, width, 1e-5)?;
+        let got = g.download(&dx)?;
+        out.push(compare(
+            "rms_norm (in place)",
+            format!("rows={rows} width={width}"),
+            &got,
+            &want,
+            1e-6,
+        ));
+    }
+    Ok(())
+}
+
+fn rope_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    for (i, &(rows, heads, hd)) in [(1, 1, 64), (7, 3, 64), (9, 4, 128)].iter().enumerate() {
+        let mut cfg = tiny_config(Arch::Llama, 10);
+        cfg.head_dim = hd;
+        let rope = Rope::new(&cfg, None);
+        let len = 512;
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for p in 0..len {
+            let (c, s) = rope.cos_sin(p);
+            cos.extend(c);
+            sin.extend(s);
+        }
+        let pos: Vec<u32> = (0..rows as u64)
+            .map(|r| (splitmix(seed, 1200 + i as u64, r) % len as u64) as u32)
+            .collect();
+        let x = rand_vec(seed, 1300 + i as u64, rows * heads * hd, 1.0);
+        let mut want = x.clone();
+        for (r, row) in want.chunks_exact_mut(heads * hd).enumerate() {
+            let (c, s) = rope.cos_sin(pos[r]);
+            Rope::apply(row, hd, &c, &s);
+        }
+        let (dx, dp, dc, ds) = (
+            g.upload(&x)?,
+            g.upload(&pos)?,
+            g.upload(&cos)?,
+            g.upload(&sin)?,
+        );
+        g.rope(
+            g.ptr(&dx),
+            g.ptr(&dp),
+            g.ptr(&dc),
+            g.ptr(&ds),
+            rows,
+            heads,
+            hd,
+        )?;
+        let got = g.download(&dx)?;
+        out.push(compare(
+            "rope",
+            format!("rows={rows} heads={heads} hd={hd}"),
+            &got,
+            &want,
+            1e-6,
+        ));
+    }
+    Ok(())
+}
+
+fn elementwise_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    for (i, &(rows, width)) in [(1, 17), (33, 1000)].iter().enumerate() {
+        let n = rows * width;
+        let s = 1400 + 10 * i as u64;
+        let (a, b, bias) = (
+            rand_vec(seed, s, n, 3.0),
+            rand_vec(seed, s + 1, n, 3.0),
+            rand_vec(seed, s + 2, width, 1.0),
+        );
+        let shape = format!("rows={rows} width={width}");
+        let (da, db, dbias) = (g.upload(&a)?, g.upload(&b)?, g.upload(&bias)?);
+        g.swiglu(g.ptr(&da), g.ptr(&db), n)?;
+        let mut want = a.clone();
+        ops::swiglu(&mut want, &b);
+        out.push(compare(
+            "swiglu",
+            shape.clone(),
+            &g.download(&da)?,
+            &want,
+            1e-6,
+        ));
+        let da = g.upload(&a)?;
+        g.add_in_place(g.ptr(&da), g.ptr(&db), n)?;
+        let mut want = a.clone();
+        ops::add_in_place(&mut want, &b);
+        out.push(compare(
+            "add_in_place",
+            shape.clone(),
+            &g.download(&da)?,
+            &want,
+            0.0,
+        ));
+        let da = g.upload(&a)?;
+        g.add_bias(g.ptr(&da), g.ptr(&dbias), rows, width)?;
+        let mut want = a.clone();
+        for r in want.chunks_exact_mut(width) {
+            ops::add_in_place(r, &bias);
+        }
+        out.push(compare(
+            "add_bias",
+            shape.clone(),
+            &g.download(&da)?,
+            &want,
+            0.0,
+        ));
+        // gather_rows: reversed row order.
+        let idx: Vec<u32> = (0..rows as u32).rev().collect();
+        let (dsrc, didx) = (g.upload(&a)?, g.upload(&idx)?);
+        let ddst = g.zeros::<f32>(n)?;
+        g.fill(g.ptr(&ddst), f32::NAN, n)?;
+        g.gather_rows(g.ptr(&ddst), g.ptr(&dsrc), g.ptr(&didx), rows, width)?;
+        let want: Vec<f32> = idx
+            .iter()
+            .flat_map(|&r| a[r as usize * width..(r as usize + 1) * width].to_vec())
+            .collect();
+        out.push(compare(
+            "gather_rows",
+            shape,
+            &g.download(&ddst)?,
+            &want,
+            0.0,
+        ));
+    }
+    Ok(())
+}
+
+fn argmax_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    let (rows, width) = (5, 49_152);
+    let mut x = rand_vec(seed, 1500, rows * width, 10.0);
+    // Row r: a planted maximum at two places; the lower index must win.
+    let mut want = Vec::new();
+    for r in 0..rows {
+        let a = (splitmix(seed, 1501, r as u64) % width as u64) as usize;
+        let b = (splitmix(seed, 1502, r as u64) % width as u64) as usize;
+        x[r * width + a] = 50.0;
+        x[r * width + b] = 50.0;
+        want.push(a.min(b) as f32);
+    }
+    let dx = g.upload(&x)?;
+    let di = g.zeros::<u32>(rows)?;
+    g.argmax_rows(g.ptr(&dx), g.ptr(&di), rows, width)?;
+    let got: Vec<f32> = g.download(&di)?.iter().map(|&v| v as f32).collect();
+    out.push(compare(
+        "argmax_rows",
+        format!("rows={rows} width={width}"),
+        &got,
+        &want,
+        0.0,
+    ));
+    Ok(())
+}
+
+/// Runs every kernel check on device `device`; returns the cases (failures included).
+pub fn run(device: usize, seed: u64) -> Result<Vec<Case>> {
+    let g = Gpu::open(device)?;
+    let mut out = Vec::new();
+    matmul_cases(&g, seed, &mut out)?;
+    embed_cases(&g, seed, &mut out)?;
+    norm_cases(&g, seed, &mut out)?;
+    rope_cases(&g, seed, &mut out)?;
+    elementwise_cases(&g, seed, &mut out)?;
+    argmax_cases(&g, seed, &mut out)?;
+    super::attention_check::attention_cases(&g, seed, &mut out)?;
+    Ok(out)
+}
+
+/// The table of cases: failures in full, passes summarized per kernel.
+pub fn report(cases: &[Case]) -> String {
+    let mut s = String::new();
+    let mut kernels: Vec<&str> = cases.iter().map(|c| c.kernel.as_str()).collect();
+    kernels.dedup();
+    s.push_str(&format!(
+        "{:<22} {:>6} {:>12} {:>10}  status\n",
+        "kernel", "cases", "max rel err", "tol"
+    ));
+    for k in kernels {
+        let cs: Vec<&Case> = cases.iter().filter(|c| c.kernel == k).collect();
+        let worst = cs.iter().map(|c| c.rel_err).fold(0f64, f64::max);
+        let tol = cs.iter().map(|c| c.tol).fold(0f64, f64::max);
+        let bad = cs.iter().filter(|c| !c.ok()).count();
+        let status = if bad == 0 {
+            "ok".to_string()
+        } else {
+            format!("FAIL ({bad})")
+        };
+        s.push_str(&format!(
+            "{k:<22} {:>6} {worst:>12.3e} {tol:>10.1e}  {status}\n",
+            cs.len()
+        ));
+    }
+    for c in cases.iter().filter(|c| !c.ok()) {
+        s.push_str(&format!(
+            "FAIL {} {}: rel err {:.3e} (tol {:.1e}){}\n",
+            c.kernel,
+            c.shape,
+            c.rel_err,
+            c.tol,
+            c.problem
+                .as_ref()
+                .map(|p| format!(", {p}"))
+                .unwrap_or_default()
+        ));
+    }
+    s
+}
+
+/// [`compare`] for the other check modules.
+pub(crate) fn compare_pub(
+    kernel: &str,
+    shape: String,
+    got: &[f32],
+    want: &[f32],
+    tol: f64,
+) -> Case {
+    compare(kernel, shape, got, want, tol)
+}
+
+/// `dot_f32` re-exported for the attention reference.
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_f32(a, b)
+}
+
+/// An error for a failed gate.
+pub fn gate_error(what: &str) -> Error {
+    Error::Input(what.to_string())
+}

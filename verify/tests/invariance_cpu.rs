@@ -1,0 +1,73 @@
+//! The invariance gate on the CPU backend (CI): passes for every architecture, and catches a
+//! backend whose logits depend on the batch.
+
+use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
+use memra_engine::backend::{Backend, StepBatch, StepOutput};
+use memra_engine::config::{Arch, ModelConfig};
+use memra_engine::models::random::{random_weights, tiny_config};
+use memra_engine::quant::DType;
+use memra_verify::invariance;
+
+fn cpu(arch: Arch) -> CpuBackend {
+    let w = random_weights(&tiny_config(arch, 97), 5, DType::Q8_0).expect("weights");
+    let opts = CpuOptions {
+        threads: 2,
+        kv_blocks: invariance::blocks_needed(20, 16),
+        block_size: 16,
+    };
+    CpuBackend::new(w, &opts).expect("backend")
+}
+
+#[test]
+fn cpu_backend_is_invariant() {
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+        let mut b = cpu(arch);
+        let rep = invariance::run(&mut b, 3, 20, 12).expect("run");
+        assert!(rep.checks > 30, "{arch:?}: only {} checks", rep.checks);
+        assert!(rep.failures.is_empty(), "{arch:?}: {:?}", rep.failures);
+    }
+}
+
+/// Adds a batch-size-dependent rounding error to every logit: not row-invariant.
+struct Leaky(CpuBackend);
+
+impl Backend for Leaky {
+    fn name(&self) -> String {
+        "leaky".into()
+    }
+    fn config(&self) -> &ModelConfig {
+        self.0.config()
+    }
+    fn kv_block_size(&self) -> usize {
+        self.0.kv_block_size()
+    }
+    fn kv_blocks(&self) -> usize {
+        self.0.kv_blocks()
+    }
+    fn step(&mut self, batch: &StepBatch) -> memra_engine::Result<StepOutput> {
+        let mut out = self.0.step(batch)?;
+        let m = batch.rows.len() as f32;
+        for l in out.logits.iter_mut().flatten() {
+            *l += 1e-3 * m;
+        }
+        Ok(out)
+    }
+    fn copy_kv_block(&mut self, src: u32, dst: u32) -> memra_engine::Result<()> {
+        self.0.copy_kv_block(src, dst)
+    }
+    fn kv_block_bytes(&self, block: u32) -> memra_engine::Result<Vec<u8>> {
+        self.0.kv_block_bytes(block)
+    }
+}
+
+#[test]
+fn batch_dependent_backend_fails_the_gate() {
+    let mut b = Leaky(cpu(Arch::Llama));
+    let rep = invariance::run(&mut b, 3, 20, 8).expect("run");
+    assert!(
+        rep.failures.iter().any(|f| f.contains("M=2")),
+        "failures: {:?}",
+        rep.failures
+    );
+    assert!(rep.failures.iter().any(|f| f.contains("prefill chunk 1")));
+}
