@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/memra-battery}"
 mkdir -p "$OUT"
-BIN="$PWD/.device/bin"
+BIN="${MEMRA_BIN:-$PWD/.device/bin}"
 MODELS="$HOME/models"
 SMOL="$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf"
 STEPS="${BATTERY_STEPS:-smi kernels synth inv tokens speed}"
@@ -71,7 +71,7 @@ if has speed; then
     local name=$1 model=$2
     [ -e "$model" ] || { row "tok/s $name" "missing $model"; return; }
     if timeout 240 "$BIN/run-gen" "$model" --device cuda:0 --json --prompt-ids "$IDS" \
-        --max-tokens 128 > "$OUT/speed-$name.json" 2> "$OUT/speed-$name.err"; then
+        --max-tokens 128 --ignore-eos > "$OUT/speed-$name.json" 2> "$OUT/speed-$name.err"; then
       row "tok/s $name" "$(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('prefill %.0f tok/s, decode %.1f tok/s (%d tokens)' % (j['prompt_tok_per_s'], j['decode_tok_per_s'], len(j['tokens'])))" "$OUT/speed-$name.json")"
     else
       row "tok/s $name" "FAIL: $(tail -n 2 "$OUT/speed-$name.err" | tr '\n' ' ' | cut -c1-160)"

@@ -4,7 +4,7 @@
 # Then, on the device (tool `run`, carry [".device"]):  tools/device/battery.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cargo build --release -p memra-engine --bin run-gen -p memra-verify -p memra-bench
+cargo build --release -p memra-engine -p memra-verify -p memra-bench --bins
 TARGET="${CARGO_TARGET_DIR:-target}"
 mkdir -p .device/bin
 for b in run-gen memra-verify memra-bench; do

@@ -72,6 +72,9 @@ struct Args {
     /// Prefill chunk size in tokens (0 = whole prompt).
     #[arg(long, default_value_t = 0)]
     prefill_chunk: usize,
+    /// Do not stop at EOS / end-of-turn tokens (benchmarks: always generate --max-tokens).
+    #[arg(long)]
+    ignore_eos: bool,
     /// Print one JSON object at the end instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -138,7 +141,11 @@ fn run(args: Args) -> Result<()> {
         prompt: ids.clone(),
         max_tokens: args.max_tokens,
         params,
-        stop_ids: tokenizer.stop_ids().to_vec(),
+        stop_ids: if args.ignore_eos {
+            Vec::new()
+        } else {
+            tokenizer.stop_ids().to_vec()
+        },
         prefill_chunk: args.prefill_chunk,
         logits_top: args.logits_top,
         keep_logits: false,
