@@ -12,7 +12,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/memra-battery}"
-mkdir -p "$OUT"
+LOG="$OUT/logs"
+mkdir -p "$LOG"
 BIN="${MEMRA_BIN:-$PWD/.device/bin}"
 MODELS="$HOME/models"
 SMOL="$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -31,15 +32,15 @@ row() { printf '%-44s %s\n' "$1" "$2" | tee -a "$SUMMARY"; }
 run() {
   local name=$1 t=$2; shift 2
   local t0=$SECONDS
-  timeout "$t" "$@" > "$OUT/$name.log" 2>&1
+  timeout "$t" "$@" > "$LOG/$name.log" 2>&1
   local rc=$?
   local dt=$((SECONDS - t0))
-  if [ $rc -eq 0 ]; then row "$name" "ok (${dt}s)"; else row "$name" "FAIL rc=$rc (${dt}s): $(tail -n 3 "$OUT/$name.log" | tr '\n' ' ' | cut -c1-160)"; fi
+  if [ $rc -eq 0 ]; then row "$name" "ok (${dt}s)"; else row "$name" "FAIL rc=$rc (${dt}s): $(tail -n 3 "$LOG/$name.log" | tr '\n' ' ' | cut -c1-160)"; fi
   return $rc
 }
 llama() { echo "$MODELS/synth-llama3-8b-$1.gguf"; }
 
-if has smi; then nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1; head -n 12 "$OUT/nvidia-smi.txt"; fi
+if has smi; then nvidia-smi > "$LOG/nvidia-smi.txt" 2>&1; head -n 12 "$LOG/nvidia-smi.txt"; fi
 [ -e "$SMOL" ] || row "SmolLM2" "MISSING $SMOL (stage it, docs/DEVICE.md)"
 
 if has kernels; then run verify-kernels 300 "$BIN/memra-verify" kernels --device cuda:0; fi
@@ -71,10 +72,10 @@ if has speed; then
     local name=$1 model=$2
     [ -e "$model" ] || { row "tok/s $name" "missing $model"; return; }
     if timeout 240 "$BIN/run-gen" "$model" --device cuda:0 --json --prompt-ids "$IDS" \
-        --max-tokens 128 --ignore-eos > "$OUT/speed-$name.json" 2> "$OUT/speed-$name.err"; then
-      row "tok/s $name" "$(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('prefill %.0f tok/s, decode %.1f tok/s (%d tokens)' % (j['prompt_tok_per_s'], j['decode_tok_per_s'], len(j['tokens'])))" "$OUT/speed-$name.json")"
+        --max-tokens 128 --ignore-eos > "$LOG/speed-$name.json" 2> "$LOG/speed-$name.err"; then
+      row "tok/s $name" "$(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('prefill %.0f tok/s, decode %.1f tok/s (%d tokens)' % (j['prompt_tok_per_s'], j['decode_tok_per_s'], len(j['tokens'])))" "$LOG/speed-$name.json")"
     else
-      row "tok/s $name" "FAIL: $(tail -n 2 "$OUT/speed-$name.err" | tr '\n' ' ' | cut -c1-160)"
+      row "tok/s $name" "FAIL: $(tail -n 2 "$LOG/speed-$name.err" | tr '\n' ' ' | cut -c1-160)"
     fi
   }
   speed smollm2-q4_1 "$SMOL"
@@ -84,3 +85,5 @@ fi
 echo
 echo "== memra device battery ($(date -u +%FT%TZ))"
 cat "$SUMMARY"
+# Everything but the summary goes back as one archive (the device tool returns at most 8 files).
+tar czf "$OUT/battery-logs.tgz" -C "$OUT" logs && rm -rf "$LOG"
