@@ -9,6 +9,7 @@ pub mod generate;
 pub mod loader;
 pub mod models;
 pub mod quant;
+pub mod request;
 pub mod sampling;
 pub mod tokenizer;
 pub mod weights;

@@ -1,0 +1,114 @@
+//! The engine/server seam: a validated request in, a stream of events out.
+//!
+//! `EngineHandle::submit(ValidRequest) -> Result<EventStream, SubmitError>` (engine.rs). Each
+//! request has its own channel; dropping the [`EventStream`] cancels the request and frees its
+//! KV blocks. The server never sees a tensor; the engine never sees HTTP.
+
+use tokio::sync::mpsc;
+
+use crate::generate::FinishReason;
+use crate::sampling::SamplingParams;
+
+/// A request already parsed, tokenized and checked by the server.
+#[derive(Clone, Debug)]
+pub struct ValidRequest {
+    /// Model alias.
+    pub model: String,
+    /// Tenant (from the API key; `default` when the server is open).
+    pub tenant: String,
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub params: SamplingParams,
+    /// Stop strings: generation ends when the text contains one; it is not emitted.
+    pub stop: Vec<String>,
+    /// `Some(n)`: report each token's logprob and the `n` most likely alternatives.
+    pub logprobs: Option<usize>,
+    /// Extra prefix-cache namespace (with the tenant).
+    pub cache_salt: Option<String>,
+    pub ignore_eos: bool,
+}
+
+/// One generated token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenEvent {
+    pub id: u32,
+    /// The text this token completes (may be empty while a UTF-8 sequence or a possible stop
+    /// string is held back).
+    pub text: String,
+    /// Natural-log probability of the token under the model's distribution (after penalties,
+    /// before temperature), when asked.
+    pub logprob: Option<f32>,
+    /// The most likely tokens and their logprobs, descending, when asked.
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+/// Token counts of a finished request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// What a request's stream carries: tokens, then exactly one `Done` or `Error`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Token(TokenEvent),
+    /// Final text held back at the end (flushed partial UTF-8), if any, comes as a last Token.
+    Done {
+        finish_reason: FinishReason,
+        usage: Usage,
+    },
+    Error(String),
+}
+
+/// Why a request was refused at submission (nothing was started).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("model `{0}` does not exist")]
+    ModelNotFound(String),
+    #[error(
+        "this model's maximum context length is {ctx} tokens; the request has {prompt} prompt tokens and asks for {max_tokens} more"
+    )]
+    ContextLength {
+        prompt: usize,
+        max_tokens: usize,
+        ctx: usize,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    /// The tenant's concurrent or queued request limit is reached (HTTP 429).
+    #[error("tenant `{tenant}` has too many requests in flight; retry after {retry_after_s} s")]
+    TenantLimit { tenant: String, retry_after_s: u64 },
+    /// The global queue is full (HTTP 503).
+    #[error("the server is overloaded; retry after {retry_after_s} s")]
+    Overloaded { retry_after_s: u64 },
+    /// The engine is shutting down (HTTP 503).
+    #[error("the server is shutting down")]
+    Draining,
+}
+
+/// The receiving end of a request. Dropping it cancels the request.
+pub struct EventStream {
+    rx: mpsc::UnboundedReceiver<Event>,
+}
+
+impl EventStream {
+    /// A stream and its sending end (the engine keeps the sender; `is_closed()` tells it the
+    /// client went away).
+    pub fn channel() -> (mpsc::UnboundedSender<Event>, EventStream) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (tx, EventStream { rx })
+    }
+
+    /// The next event; `None` after the last one.
+    pub async fn recv(&mut self) -> Option<Event> {
+        self.rx.recv().await
+    }
+
+    /// The next event, blocking the thread (not for async code).
+    pub fn blocking_recv(&mut self) -> Option<Event> {
+        self.rx.blocking_recv()
+    }
+}
