@@ -1,0 +1,207 @@
+//! Every flag and environment variable of memra-server, in one place (clap with env).
+//! Nothing else reads the environment. docs/FLAGS.md lists each one (a test checks it).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// The default model's file name (fetched by tools/fetch-models.sh).
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+/// The alias the default model is served under.
+pub const DEFAULT_MODEL_ALIAS: &str = "smollm2-135m-instruct";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "memra-server",
+    version,
+    about = "memra's OpenAI-compatible HTTP server"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Manage the API keyring (the file named by --api-keys / MEMRA_API_KEYS).
+    Keys {
+        #[command(subcommand)]
+        action: KeysAction,
+        /// The keyring file.
+        #[arg(long, env = "MEMRA_API_KEYS")]
+        api_keys: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum KeysAction {
+    /// Creates a key for TENANT, prints it once and stores only its SHA-256 hash.
+    Add {
+        tenant: String,
+        /// Requests this tenant may have in flight at once (default: --tenant-max-in-flight).
+        #[arg(long)]
+        max_in_flight: Option<usize>,
+    },
+    /// Revokes the key whose printed prefix starts with PREFIX (e.g. `mk-1a2b3c4d`).
+    Revoke { prefix: String },
+    /// Lists keys (prefix, tenant, state); never the keys themselves.
+    List,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct ServeArgs {
+    /// Models to serve: `alias=path[,alias2=path2]` (a path is a GGUF file or an HF folder; a
+    /// bare path is served under its file name). Default: the model fetched by
+    /// tools/fetch-models.sh.
+    #[arg(long, env = "MEMRA_MODELS")]
+    pub models: Option<String>,
+    /// Where tools/fetch-models.sh keeps models (default ~/.cache/memra/models).
+    #[arg(long, env = "MEMRA_MODELS_DIR")]
+    pub models_dir: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, env = "MEMRA_ADDR", default_value = "127.0.0.1:8080")]
+    pub addr: SocketAddr,
+    /// `auto`, `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, env = "MEMRA_DEVICE", default_value = "auto")]
+    pub device: String,
+    /// CPU threads for the CPU backend (0 = all cores).
+    #[arg(long, env = "MEMRA_THREADS", default_value_t = 0)]
+    pub threads: usize,
+    /// Keyring file of hashed API keys; without it the server is open (tenant `default`).
+    #[arg(long, env = "MEMRA_API_KEYS")]
+    pub api_keys: Option<PathBuf>,
+    /// How often the keyring file is checked for changes, in milliseconds.
+    #[arg(long, env = "MEMRA_KEYS_POLL_MS", default_value_t = 1000)]
+    pub keys_poll_ms: u64,
+    /// Largest request body in bytes (413 above).
+    #[arg(long, env = "MEMRA_MAX_BODY_BYTES", default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// Largest `max_tokens` a request may ask for.
+    #[arg(long, env = "MEMRA_MAX_TOKENS", default_value_t = 4096)]
+    pub max_tokens: usize,
+    /// Requests in flight in the whole server before new ones get 503 + Retry-After.
+    #[arg(long, env = "MEMRA_MAX_IN_FLIGHT", default_value_t = 256)]
+    pub max_in_flight: usize,
+    /// Requests waiting for the engine's scheduler before it refuses with 503.
+    #[arg(long, env = "MEMRA_MAX_QUEUE", default_value_t = 128)]
+    pub max_queue: usize,
+    /// Requests one tenant may have in flight before new ones get 429 + Retry-After (a keyring
+    /// entry can set its own).
+    #[arg(long, env = "MEMRA_TENANT_MAX_IN_FLIGHT", default_value_t = 64)]
+    pub tenant_max_in_flight: usize,
+    /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
+    #[arg(long, env = "MEMRA_DRAIN_TIMEOUT_S", default_value_t = 30)]
+    pub drain_timeout_s: u64,
+    /// Log filter (tracing-subscriber EnvFilter syntax).
+    #[arg(long, env = "MEMRA_LOG", default_value = "info")]
+    pub log: String,
+    /// Home folder, for the default models dir.
+    #[arg(long, env = "HOME", hide = true)]
+    pub home: Option<PathBuf>,
+}
+
+/// One model to serve.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelSpec {
+    pub alias: String,
+    pub path: PathBuf,
+}
+
+/// Parses `alias=path[,alias2=path2]`.
+pub fn parse_models(s: &str) -> Result<Vec<ModelSpec>, String> {
+    let mut out: Vec<ModelSpec> = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (alias, path) = match item.split_once('=') {
+            Some((a, p)) => (a.trim().to_string(), PathBuf::from(p.trim())),
+            None => {
+                let p = PathBuf::from(item);
+                let stem = p
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                (stem, p)
+            }
+        };
+        if alias.is_empty() || path.as_os_str().is_empty() {
+            return Err(format!(
+                "MEMRA_MODELS entry `{item}` must be `alias=path` with both parts non-empty"
+            ));
+        }
+        if out.iter().any(|m| m.alias == alias) {
+            return Err(format!("MEMRA_MODELS names the alias `{alias}` twice"));
+        }
+        out.push(ModelSpec { alias, path });
+    }
+    if out.is_empty() {
+        return Err("MEMRA_MODELS is set but names no model (expected `alias=path`)".into());
+    }
+    Ok(out)
+}
+
+impl ServeArgs {
+    /// The models folder of tools/fetch-models.sh.
+    pub fn models_dir(&self) -> Option<PathBuf> {
+        self.models_dir.clone().or_else(|| {
+            self.home
+                .as_ref()
+                .map(|h| h.join(".cache").join("memra").join("models"))
+        })
+    }
+
+    /// The models to serve: MEMRA_MODELS, else the default model if it was fetched, else an
+    /// error that says how to get one.
+    pub fn model_specs(&self) -> Result<Vec<ModelSpec>, String> {
+        if let Some(s) = &self.models {
+            return parse_models(s);
+        }
+        let dir = self.models_dir();
+        if let Some(path) = dir.as_ref().map(|d| d.join(DEFAULT_MODEL_FILE)) {
+            if path.exists() {
+                return Ok(vec![ModelSpec {
+                    alias: DEFAULT_MODEL_ALIAS.into(),
+                    path,
+                }]);
+            }
+        }
+        let where_ = dir
+            .map(|d| d.display().to_string())
+            .unwrap_or_else(|| "~/.cache/memra/models".into());
+        Err(format!(
+            "no model to serve: MEMRA_MODELS is not set and the default model {DEFAULT_MODEL_FILE} \
+             is not in {where_}.\n  Fetch it with `tools/fetch-models.sh`, or set \
+             MEMRA_MODELS=alias=/path/to/model.gguf (or an HF folder)."
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn models_parse() {
+        let m = parse_models("a=/x/a.gguf, b=/y/hf").unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[1].alias, "b");
+        assert_eq!(m[1].path, PathBuf::from("/y/hf"));
+        let m = parse_models("/m/SmolLM2.Q4.gguf").unwrap();
+        assert_eq!(m[0].alias, "SmolLM2.Q4");
+        assert!(parse_models("a=/x,a=/y").unwrap_err().contains("twice"));
+        assert!(parse_models("=/x").is_err());
+        assert!(parse_models(" , ").is_err());
+    }
+
+    #[test]
+    fn missing_default_model_says_how_to_get_it() {
+        let cli =
+            Cli::try_parse_from(["memra-server", "--models-dir", "/nonexistent/dir"]).unwrap();
+        let mut args = cli.serve;
+        args.models = None;
+        let e = args.model_specs().unwrap_err();
+        assert!(e.contains("tools/fetch-models.sh"), "{e}");
+        assert!(e.contains("MEMRA_MODELS"), "{e}");
+    }
+}

@@ -1,0 +1,60 @@
+//! What the server needs from an engine: submit a validated request, list models with their
+//! tokenizer / chat template, report stats, drain. The real `EngineHandle` and the test
+//! [`crate::fake::FakeEngine`] both implement [`Generate`].
+
+use std::sync::Arc;
+
+use memra_engine::Result;
+use memra_engine::chat::ChatMessage;
+use memra_engine::request::{EventStream, SubmitError, ValidRequest};
+
+/// The text side of one model (tokenizer + chat template). Called off the async executor
+/// (`spawn_blocking`): encoding and template rendering can be slow for long inputs.
+pub trait ModelText: Send + Sync {
+    /// Tokenizes a completion prompt (BOS as the model wants it).
+    fn encode(&self, text: &str) -> Result<Vec<u32>>;
+    /// Renders the conversation with the chat template (opening the assistant turn) and
+    /// tokenizes it.
+    fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>>;
+    /// The text of one token (for logprobs); empty for an unknown id.
+    fn token_text(&self, id: u32) -> String;
+    fn vocab_size(&self) -> usize;
+}
+
+/// One served model.
+#[derive(Clone)]
+pub struct ModelInfo {
+    /// The name clients pass as `model`.
+    pub alias: String,
+    /// Context length in tokens (prompt + generated).
+    pub context_len: usize,
+    /// Unix seconds when it was loaded.
+    pub created: u64,
+    pub text: Arc<dyn ModelText>,
+}
+
+/// A snapshot of the engine's load, exported as gauges on `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Requests waiting to be scheduled.
+    pub queue_depth: usize,
+    /// Sequences being generated.
+    pub running: usize,
+    pub kv_blocks_used: usize,
+    pub kv_blocks_free: usize,
+}
+
+/// The engine as the server sees it.
+pub trait Generate: Send + Sync + 'static {
+    /// Starts a request; dropping the returned stream cancels it and frees its KV.
+    fn submit(&self, req: ValidRequest) -> std::result::Result<EventStream, SubmitError>;
+    /// The loaded models (empty while loading).
+    fn models(&self) -> Vec<ModelInfo>;
+    fn stats(&self) -> EngineStats;
+    /// Whether every configured model is loaded.
+    fn ready(&self) -> bool;
+    /// Refuses new submissions from now on (in-flight ones continue).
+    fn drain(&self);
+    /// Short device description for `system_fingerprint` (`cpu`, `cuda:0`, `fake`).
+    fn device(&self) -> String;
+}

@@ -1,0 +1,303 @@
+//! A scripted engine for tests: a byte tokenizer, a plain chat template and a fixed reply,
+//! with behaviours picked by markers in the prompt text:
+//!
+//! - `[overload]` / `[tenant-limit]` / `[draining]`: refused at submission;
+//! - `[fail]`: two tokens, then an error event;
+//! - `[slow]`: 20 ms between tokens (disconnect and drain tests).
+//!
+//! Sampling with temperature > 0 rotates the reply by the seed, so equal seeds give equal text.
+//! Stop strings, `max_tokens` and `ignore_eos` behave as the seam describes.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use memra_engine::Result;
+use memra_engine::chat::ChatMessage;
+use memra_engine::generate::FinishReason;
+use memra_engine::request::{Event, EventStream, SubmitError, TokenEvent, Usage, ValidRequest};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::engine::{EngineStats, Generate, ModelInfo, ModelText};
+
+/// The fake model's alias.
+pub const FAKE_MODEL: &str = "tiny";
+/// What the fake model says.
+pub const REPLY: &str = "The quick brown fox jumps over the lazy dog.";
+/// The fake model's context length.
+pub const FAKE_CONTEXT: usize = 512;
+const BOS: u32 = 1;
+const BYTE_BASE: u32 = 3;
+const KV_BLOCKS: usize = 128;
+
+/// Byte-level tokenizer: token `b + 3` is byte `b`; BOS is 1.
+pub struct ByteText;
+
+impl ModelText for ByteText {
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = vec![BOS];
+        ids.extend(text.bytes().map(|b| u32::from(b) + BYTE_BASE));
+        Ok(ids)
+    }
+
+    fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        let mut s = String::new();
+        for m in messages {
+            s.push_str(&format!("<|{}|>\n{}\n", m.role, m.content));
+        }
+        s.push_str("<|assistant|>\n");
+        self.encode(&s)
+    }
+
+    fn token_text(&self, id: u32) -> String {
+        match id.checked_sub(BYTE_BASE).and_then(|b| u8::try_from(b).ok()) {
+            Some(b) => String::from_utf8_lossy(&[b]).into_owned(),
+            None => String::new(),
+        }
+    }
+
+    fn vocab_size(&self) -> usize {
+        256 + BYTE_BASE as usize
+    }
+}
+
+fn decode(ids: &[u32]) -> String {
+    let bytes: Vec<u8> = ids
+        .iter()
+        .filter_map(|&i| i.checked_sub(BYTE_BASE).and_then(|b| u8::try_from(b).ok()))
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The scripted engine. Counters are public for tests.
+pub struct FakeEngine {
+    ready: AtomicBool,
+    draining: AtomicBool,
+    /// Requests whose generation task is still running.
+    pub live: Arc<AtomicUsize>,
+    /// Requests that ended because the client went away.
+    pub cancelled: Arc<AtomicUsize>,
+    /// Every request submitted, in order.
+    pub submitted: Mutex<Vec<ValidRequest>>,
+    seen_prompts: Mutex<HashSet<(String, Option<String>, Vec<u32>)>>,
+    created: u64,
+}
+
+impl Default for FakeEngine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FakeEngine {
+    pub fn new() -> FakeEngine {
+        FakeEngine {
+            ready: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
+            live: Arc::new(AtomicUsize::new(0)),
+            cancelled: Arc::new(AtomicUsize::new(0)),
+            submitted: Mutex::new(Vec::new()),
+            seen_prompts: Mutex::new(HashSet::new()),
+            created: 1_700_000_000,
+        }
+    }
+
+    /// Marks the models loaded or not (`/ready`).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// The reply text for a request, before stop strings.
+    fn script(req: &ValidRequest) -> String {
+        let rot = if req.params.temperature > 0.0 {
+            (req.params.seed % REPLY.len() as u64) as usize
+        } else {
+            0
+        };
+        let base: String = REPLY.chars().cycle().skip(rot).take(REPLY.len()).collect();
+        if req.ignore_eos {
+            base.chars().cycle().take(req.max_tokens).collect()
+        } else {
+            base
+        }
+    }
+}
+
+/// Decrements the live count when the generation task ends, however it ends.
+struct LiveGuard(Arc<AtomicUsize>);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+struct Job {
+    tx: UnboundedSender<Event>,
+    text: String,
+    reason: FinishReason,
+    usage: Usage,
+    logprobs: Option<usize>,
+    fail: bool,
+    delay: Duration,
+    cancelled: Arc<AtomicUsize>,
+    _live: LiveGuard,
+}
+
+async fn run_job(job: Job) {
+    let mut sent = 0;
+    for (i, b) in job.text.bytes().enumerate() {
+        if job.fail && i == 2 {
+            let _ = job.tx.send(Event::Error("fake engine failure".into()));
+            return;
+        }
+        let id = u32::from(b) + BYTE_BASE;
+        let top = job
+            .logprobs
+            .map(|n| (0..n as u32).map(|k| (id + k, -0.5 - k as f32)).collect())
+            .unwrap_or_default();
+        let ev = Event::Token(TokenEvent {
+            id,
+            text: String::from_utf8_lossy(&[b]).into_owned(),
+            logprob: job.logprobs.map(|_| -0.5),
+            top_logprobs: top,
+        });
+        if job.tx.send(ev).is_err() {
+            job.cancelled.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
+        sent += 1;
+        tokio::select! {
+            _ = job.tx.closed() => {
+                job.cancelled.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+            _ = tokio::time::sleep(job.delay) => {}
+        }
+    }
+    let usage = Usage {
+        completion_tokens: sent,
+        ..job.usage
+    };
+    let _ = job.tx.send(Event::Done {
+        finish_reason: job.reason,
+        usage,
+    });
+}
+
+impl Generate for FakeEngine {
+    fn submit(&self, req: ValidRequest) -> std::result::Result<EventStream, SubmitError> {
+        if let Ok(mut s) = self.submitted.lock() {
+            s.push(req.clone());
+        }
+        if req.model != FAKE_MODEL {
+            return Err(SubmitError::ModelNotFound(req.model));
+        }
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(SubmitError::Draining);
+        }
+        let prompt_text = decode(&req.prompt);
+        if prompt_text.contains("[overload]") {
+            return Err(SubmitError::Overloaded { retry_after_s: 2 });
+        }
+        if prompt_text.contains("[tenant-limit]") {
+            return Err(SubmitError::TenantLimit {
+                tenant: req.tenant.clone(),
+                retry_after_s: 3,
+            });
+        }
+        if prompt_text.contains("[draining]") {
+            return Err(SubmitError::Draining);
+        }
+        if req.prompt.len() + req.max_tokens > FAKE_CONTEXT {
+            return Err(SubmitError::ContextLength {
+                prompt: req.prompt.len(),
+                max_tokens: req.max_tokens,
+                ctx: FAKE_CONTEXT,
+            });
+        }
+        let mut text = Self::script(&req);
+        let mut reason = FinishReason::Stop;
+        if text.len() > req.max_tokens {
+            text.truncate(req.max_tokens);
+            reason = FinishReason::Length;
+        }
+        let cut = req.stop.iter().filter_map(|s| text.find(s.as_str())).min();
+        if let Some(cut) = cut {
+            text.truncate(cut);
+            reason = FinishReason::Stop;
+        }
+        let key = (
+            req.tenant.clone(),
+            req.cache_salt.clone(),
+            req.prompt.clone(),
+        );
+        let seen = match self.seen_prompts.lock() {
+            Ok(mut s) => !s.insert(key),
+            Err(_) => false,
+        };
+        let (tx, stream) = EventStream::channel();
+        self.live.fetch_add(1, Ordering::SeqCst);
+        let job = Job {
+            tx,
+            text,
+            reason,
+            usage: Usage {
+                prompt_tokens: req.prompt.len(),
+                completion_tokens: 0,
+                cached_tokens: if seen { req.prompt.len() / 16 * 16 } else { 0 },
+            },
+            logprobs: req.logprobs,
+            fail: prompt_text.contains("[fail]"),
+            delay: Duration::from_millis(if prompt_text.contains("[slow]") {
+                20
+            } else {
+                0
+            }),
+            cancelled: self.cancelled.clone(),
+            _live: LiveGuard(self.live.clone()),
+        };
+        tokio::spawn(run_job(job));
+        Ok(stream)
+    }
+
+    fn models(&self) -> Vec<ModelInfo> {
+        if !self.ready.load(Ordering::SeqCst) {
+            return Vec::new();
+        }
+        vec![ModelInfo {
+            alias: FAKE_MODEL.into(),
+            context_len: FAKE_CONTEXT,
+            created: self.created,
+            text: Arc::new(ByteText),
+        }]
+    }
+
+    fn stats(&self) -> EngineStats {
+        let running = self.live.load(Ordering::SeqCst);
+        let used = (running * 2).min(KV_BLOCKS);
+        EngineStats {
+            queue_depth: 0,
+            running,
+            kv_blocks_used: used,
+            kv_blocks_free: KV_BLOCKS - used,
+        }
+    }
+
+    fn ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    fn device(&self) -> String {
+        "fake".into()
+    }
+}

@@ -1,0 +1,80 @@
+//! The HTTP/1.1 server on hyper 1 + tokio: accept loop, per-connection service, graceful drain.
+
+pub mod body;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+use crate::routes;
+use crate::state::State;
+
+/// Serves until `shutdown` resolves, then drains: stops accepting, marks the server draining
+/// (`/ready` 503, new inference requests 503), lets in-flight requests finish up to the drain
+/// timeout, and tells the engine to drain. Returns when done.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<State>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let graceful = GracefulShutdown::new();
+    // Connection tasks, to reap them as they end and abort the rest after the drain timeout.
+    let mut conns = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            acc = listener.accept() => {
+                let stream = match acc {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let st = state.clone();
+                let svc = service_fn(move |req| {
+                    let st = st.clone();
+                    async move { Ok::<_, Infallible>(routes::handle(req, st).await) }
+                });
+                let conn = http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(Duration::from_secs(30))
+                    .serve_connection(TokioIo::new(stream), svc);
+                let conn = graceful.watch(conn);
+                conns.spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!("connection ended: {e}");
+                    }
+                });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+    state.start_draining();
+    drop(listener);
+    tracing::info!("draining: {} requests in flight", state.in_flight());
+    match tokio::time::timeout(state.limits.drain_timeout, graceful.shutdown()).await {
+        Ok(()) => tracing::info!("drained"),
+        Err(_) => {
+            tracing::warn!(
+                "drain timeout: cutting off {} requests still in flight",
+                state.in_flight()
+            );
+            conns.abort_all();
+            while conns.join_next().await.is_some() {}
+        }
+    }
+    state.engine.drain();
+    Ok(())
+}

@@ -1,0 +1,25 @@
+//! memra-server: the OpenAI-compatible HTTP API over the engine's `submit -> EventStream` seam.
+//!
+//! Layout: `config` (every flag and env var), `engine` (the narrow trait the server needs from
+//! the engine), `fake` (a scripted engine for tests), `validation` (JSON -> typed request),
+//! `openai` (response shapes), `errors` (the one error -> HTTP mapping), `auth` (keyring),
+//! `metrics`, `sse`, `http` (listener, bodies, drain) and `routes`.
+
+pub mod auth;
+pub mod config;
+pub mod engine;
+pub mod errors;
+pub mod fake;
+pub mod http;
+pub mod keys;
+pub mod local;
+pub mod metrics;
+pub mod openai;
+pub mod routes;
+pub mod sse;
+pub mod state;
+pub mod validation;
+
+pub use engine::{EngineStats, Generate, ModelInfo, ModelText};
+pub use http::serve;
+pub use state::{Limits, State};

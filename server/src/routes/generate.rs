@@ -1,0 +1,154 @@
+//! `POST /v1/chat/completions` and `POST /v1/completions`: auth, admission, body, parse,
+//! tokenize (off the executor), submit, then a whole response or an SSE stream.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use hyper::body::Incoming;
+use hyper::header::CONTENT_TYPE;
+use hyper::{Request, Response, StatusCode};
+use memra_engine::request::{Event, EventStream};
+
+use super::shape::{Shaper, ShaperInit};
+use super::stream;
+use crate::errors::ApiError;
+use crate::http::body::{self, Body};
+use crate::state::{Permit, State};
+use crate::validation::{self, Kind, Parsed, PromptInput};
+
+/// Everything a running request carries to its response.
+pub struct Running {
+    pub events: EventStream,
+    pub shaper: Shaper,
+    pub state: Arc<State>,
+    pub started: Instant,
+    pub permit: Permit,
+}
+
+fn check_content_type(req: &Request<Incoming>) -> Result<(), ApiError> {
+    match req.headers().get(CONTENT_TYPE) {
+        None => Ok(()),
+        Some(v) => {
+            let v = v.to_str().unwrap_or("").to_ascii_lowercase();
+            if v.starts_with("application/json") {
+                Ok(())
+            } else {
+                Err(ApiError::invalid(
+                    "the Content-Type must be application/json",
+                ))
+            }
+        }
+    }
+}
+
+/// Serves one inference request; sets `tenant` once it is known (for metrics).
+pub async fn handle(
+    kind: Kind,
+    req: Request<Incoming>,
+    st: &Arc<State>,
+    request_id: &str,
+    tenant: &mut String,
+) -> Result<Response<Body>, ApiError> {
+    let started = Instant::now();
+    let who = super::authenticate(st, &req)?;
+    *tenant = who.name.clone();
+    check_content_type(&req)?;
+    let permit = st.admit(&who)?;
+    let (parts, incoming) = req.into_parts();
+    let bytes = body::read_limited(&parts.headers, incoming, st.limits.max_body_bytes).await?;
+    let parsed = validation::parse(kind, &bytes, st.limits.max_tokens)?;
+    drop(bytes);
+    let model = st
+        .engine
+        .models()
+        .into_iter()
+        .find(|m| m.alias == parsed.model)
+        .ok_or_else(|| ApiError::model_not_found(&parsed.model))?;
+    let text = model.text.clone();
+    let input = parsed.prompt.clone();
+    let ids = tokio::task::spawn_blocking(move || match input {
+        PromptInput::Text(s) => text.encode(&s),
+        PromptInput::Chat(m) => text.encode_chat(&m),
+        PromptInput::Ids(ids) => Ok(ids),
+    })
+    .await
+    .map_err(|e| ApiError::engine(format!("tokenizer task failed: {e}")))??;
+    let shaper = Shaper::new(ShaperInit {
+        kind,
+        request_id: request_id.to_string(),
+        model: parsed.model.clone(),
+        fingerprint: st.fingerprint(),
+        logprobs: parsed.logprobs.is_some(),
+        include_usage: parsed.include_usage,
+        text: model.text.clone(),
+    });
+    let Parsed {
+        stream: streaming, ..
+    } = parsed;
+    let vocab = model.text.vocab_size();
+    let vr = validation::finish(
+        parsed,
+        ids,
+        &who.name,
+        vocab,
+        model.context_len,
+        st.limits.max_tokens,
+    )?;
+    let events = st.engine.submit(vr)?;
+    let run = Running {
+        events,
+        shaper,
+        state: st.clone(),
+        started,
+        permit,
+    };
+    if streaming {
+        Ok(stream::respond(run))
+    } else {
+        collect(run).await
+    }
+}
+
+/// Gathers the whole generation into one response.
+async fn collect(mut run: Running) -> Result<Response<Body>, ApiError> {
+    let mut last: Option<Instant> = None;
+    loop {
+        match run.events.recv().await {
+            Some(Event::Token(t)) => {
+                observe_token(&run, &mut last);
+                let _ = run.shaper.token_chunk(&t);
+            }
+            Some(Event::Done {
+                finish_reason,
+                usage,
+            }) => {
+                run.state.metrics.usage(&usage);
+                let v = run.shaper.full(finish_reason.as_str(), usage);
+                drop(run.permit);
+                return Ok(body::json(StatusCode::OK, &v));
+            }
+            Some(Event::Error(m)) => return Err(ApiError::engine(m)),
+            None => {
+                return Err(ApiError::engine(
+                    "the engine ended the request without finishing it",
+                ));
+            }
+        }
+    }
+}
+
+/// Records TTFT (first token) or the inter-token gap.
+pub fn observe_token(run: &Running, last: &mut Option<Instant>) {
+    let now = Instant::now();
+    match last {
+        None => run
+            .state
+            .metrics
+            .first_token(now.duration_since(run.started).as_secs_f64()),
+        Some(t) => run
+            .state
+            .metrics
+            .inter_token(now.duration_since(*t).as_secs_f64()),
+    }
+    *last = Some(now);
+}

@@ -1,0 +1,65 @@
+//! `/health`, `/ready`, `/metrics` and `/v1/models`.
+
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use serde_json::json;
+
+use crate::errors::ApiError;
+use crate::http::body::{self, Body};
+use crate::metrics::CONTENT_TYPE;
+use crate::openai::{ModelJson, ModelList};
+use crate::state::State;
+
+/// Liveness: 200 whenever the process serves HTTP (also while loading and draining).
+pub fn health() -> Response<Body> {
+    body::json(StatusCode::OK, &json!({"status": "ok"}))
+}
+
+/// Readiness: 503 until every model is loaded, and while draining.
+pub fn ready(st: &State) -> Response<Body> {
+    if st.is_draining() {
+        return body::json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"status": "draining"}),
+        );
+    }
+    if !st.engine.ready() {
+        return body::json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"status": "loading"}),
+        );
+    }
+    body::json(StatusCode::OK, &json!({"status": "ready"}))
+}
+
+pub fn metrics(st: &State) -> Response<Body> {
+    let text = st.metrics.render(st.engine.stats(), st.in_flight());
+    body::text(StatusCode::OK, CONTENT_TYPE, text)
+}
+
+pub fn models(
+    st: &State,
+    req: &Request<Incoming>,
+    tenant: &mut String,
+) -> Result<Response<Body>, ApiError> {
+    *tenant = super::authenticate(st, req)?.name;
+    let data = st
+        .engine
+        .models()
+        .into_iter()
+        .map(|m| ModelJson {
+            id: m.alias,
+            object: "model",
+            created: m.created,
+            owned_by: "memra",
+            max_model_len: m.context_len,
+        })
+        .collect();
+    Ok(body::json(
+        StatusCode::OK,
+        &ModelList {
+            object: "list",
+            data,
+        },
+    ))
+}

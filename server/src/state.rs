@@ -1,0 +1,143 @@
+//! Shared server state: the engine, auth, limits, metrics, the drain flag and the in-flight
+//! counters (global and per tenant) behind RAII permits.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::auth::{Auth, Tenant};
+use crate::engine::Generate;
+use crate::errors::ApiError;
+use crate::metrics::Metrics;
+
+/// Request limits.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    /// Largest `max_tokens` a request may ask for.
+    pub max_tokens: usize,
+    /// Requests in flight in the whole server (503 above).
+    pub max_in_flight: usize,
+    /// Default per-tenant in-flight limit (429 above).
+    pub tenant_max_in_flight: usize,
+    /// How long in-flight requests may take to finish on shutdown.
+    pub drain_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 4 << 20,
+            max_tokens: 4096,
+            max_in_flight: 256,
+            tenant_max_in_flight: 64,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Seconds a client is told to wait after a 429 / 503 from the server's own limits.
+pub const RETRY_AFTER_S: u64 = 1;
+
+pub struct State {
+    pub engine: Arc<dyn Generate>,
+    pub auth: Auth,
+    pub limits: Limits,
+    pub metrics: Metrics,
+    draining: AtomicBool,
+    in_flight: AtomicUsize,
+    tenants: Mutex<HashMap<String, usize>>,
+}
+
+/// Holds one in-flight slot (global and tenant) until dropped.
+pub struct Permit {
+    state: Arc<State>,
+    tenant: String,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if let Ok(mut t) = self.state.tenants.lock() {
+            if let Some(n) = t.get_mut(&self.tenant) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    t.remove(&self.tenant);
+                }
+            }
+        }
+    }
+}
+
+impl State {
+    pub fn new(engine: Arc<dyn Generate>, auth: Auth, limits: Limits) -> State {
+        State {
+            engine,
+            auth,
+            limits,
+            metrics: Metrics::new(),
+            draining: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            tenants: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `system_fingerprint`: the server version and the engine's device.
+    pub fn fingerprint(&self) -> String {
+        format!(
+            "fp_memra_{}_{}",
+            env!("CARGO_PKG_VERSION"),
+            self.engine.device()
+        )
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Requests being served now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Takes an in-flight slot for `tenant`: 503 when draining or the server is full, 429 when
+    /// the tenant is at its limit.
+    pub fn admit(self: &Arc<Self>, tenant: &Tenant) -> Result<Permit, ApiError> {
+        if self.is_draining() {
+            return Err(ApiError::from(memra_engine::request::SubmitError::Draining));
+        }
+        let limit = tenant
+            .max_in_flight
+            .unwrap_or(self.limits.tenant_max_in_flight);
+        let mut t = self
+            .tenants
+            .lock()
+            .map_err(|_| ApiError::engine("tenant table poisoned"))?;
+        let n = t.entry(tenant.name.clone()).or_insert(0);
+        if *n >= limit {
+            let e = memra_engine::request::SubmitError::TenantLimit {
+                tenant: tenant.name.clone(),
+                retry_after_s: RETRY_AFTER_S,
+            };
+            return Err(ApiError::from(e));
+        }
+        let prev = self.in_flight.fetch_add(1, Ordering::SeqCst);
+        if prev >= self.limits.max_in_flight {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            let e = memra_engine::request::SubmitError::Overloaded {
+                retry_after_s: RETRY_AFTER_S,
+            };
+            return Err(ApiError::from(e));
+        }
+        *n += 1;
+        Ok(Permit {
+            state: self.clone(),
+            tenant: tenant.name.clone(),
+        })
+    }
+}

@@ -1,0 +1,168 @@
+use super::*;
+
+fn chat(body: &str) -> Result<Parsed, ApiError> {
+    parse(Kind::Chat, body.as_bytes(), 1000)
+}
+
+fn cmpl(body: &str) -> Result<Parsed, ApiError> {
+    parse(Kind::Completion, body.as_bytes(), 1000)
+}
+
+fn param_of(r: Result<Parsed, ApiError>) -> String {
+    let e = r.expect_err("expected an error");
+    assert_eq!(e.status.as_u16(), 400, "{e:?}");
+    e.param.unwrap_or_default()
+}
+
+#[test]
+fn full_chat_request_parses() {
+    let p = chat(
+        r#"{"model":"m","messages":[{"role":"system","content":"s"},
+        {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],
+        "max_completion_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":40,"min_p":0.1,"seed":-1,
+        "stop":"x","stream":true,"stream_options":{"include_usage":true},"presence_penalty":0.1,
+        "frequency_penalty":-0.1,"repetition_penalty":1.1,"logprobs":true,"top_logprobs":3,
+        "user":"u","cache_salt":"salt","n":1,"unknown_field":{"x":1}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        p.prompt,
+        PromptInput::Chat(vec![
+            ChatMessage::new("system", "s"),
+            ChatMessage::new("user", "ab")
+        ])
+    );
+    assert_eq!(p.max_tokens, Some(5));
+    assert_eq!(p.params.top_k, 40);
+    assert_eq!(p.params.seed, u64::MAX);
+    assert_eq!(p.params.temperature, 0.5);
+    assert_eq!(p.stop, vec!["x".to_string()]);
+    assert!(p.stream && p.include_usage);
+    assert_eq!(p.logprobs, Some(3));
+    assert_eq!(p.cache_salt.as_deref(), Some("salt"));
+}
+
+#[test]
+fn completion_prompts() {
+    let p = cmpl(r#"{"model":"m","prompt":"hi","logprobs":2}"#).unwrap();
+    assert_eq!(p.prompt, PromptInput::Text("hi".into()));
+    assert_eq!(p.logprobs, Some(2));
+    let p = cmpl(r#"{"model":"m","prompt":[1,2,3]}"#).unwrap();
+    assert_eq!(p.prompt, PromptInput::Ids(vec![1, 2, 3]));
+    let p = cmpl(r#"{"model":"m","prompt":[[4,5]]}"#).unwrap();
+    assert_eq!(p.prompt, PromptInput::Ids(vec![4, 5]));
+    let p = cmpl(r#"{"model":"m","prompt":["one"]}"#).unwrap();
+    assert_eq!(p.prompt, PromptInput::Text("one".into()));
+    assert_eq!(
+        param_of(cmpl(r#"{"model":"m","prompt":["a","b"]}"#)),
+        "prompt"
+    );
+    assert_eq!(param_of(cmpl(r#"{"model":"m","prompt":[1,-2]}"#)), "prompt");
+    assert_eq!(param_of(cmpl(r#"{"model":"m","prompt":""}"#)), "prompt");
+    assert_eq!(param_of(cmpl(r#"{"model":"m","prompt":[]}"#)), "prompt");
+    assert_eq!(param_of(cmpl(r#"{"model":"m"}"#)), "prompt");
+}
+
+#[test]
+fn bad_requests_name_their_parameter() {
+    let m = r#""model":"m","messages":[{"role":"user","content":"x"}]"#;
+    let cases = [
+        (format!("{{{m},\"n\":2}}"), "n"),
+        (format!("{{{m},\"temperature\":3}}"), "temperature"),
+        (format!("{{{m},\"temperature\":\"hot\"}}"), "temperature"),
+        (format!("{{{m},\"top_p\":0}}"), "top_p"),
+        (format!("{{{m},\"min_p\":2}}"), "min_p"),
+        (format!("{{{m},\"top_k\":-5}}"), "top_k"),
+        (format!("{{{m},\"max_tokens\":-1}}"), "max_tokens"),
+        (format!("{{{m},\"max_tokens\":0}}"), "max_tokens"),
+        (format!("{{{m},\"max_tokens\":1000000}}"), "max_tokens"),
+        (
+            format!("{{{m},\"max_completion_tokens\":1.5}}"),
+            "max_completion_tokens",
+        ),
+        (
+            format!("{{{m},\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\"]}}"),
+            "stop",
+        ),
+        (format!("{{{m},\"stop\":[1]}}"), "stop"),
+        (format!("{{{m},\"stop\":\"\"}}"), "stop"),
+        (
+            format!("{{{m},\"presence_penalty\":5}}"),
+            "presence_penalty",
+        ),
+        (
+            format!("{{{m},\"repetition_penalty\":0}}"),
+            "repetition_penalty",
+        ),
+        (format!("{{{m},\"top_logprobs\":2}}"), "top_logprobs"),
+        (
+            format!("{{{m},\"logprobs\":true,\"top_logprobs\":21}}"),
+            "top_logprobs",
+        ),
+        (format!("{{{m},\"stream\":\"yes\"}}"), "stream"),
+        (format!("{{{m},\"seed\":\"x\"}}"), "seed"),
+        (format!("{{{m},\"user\":\"{}\"}}", "u".repeat(300)), "user"),
+        (
+            r#"{"messages":[{"role":"user","content":"x"}]}"#.to_string(),
+            "model",
+        ),
+        (r#"{"model":"m","messages":[]}"#.to_string(), "messages"),
+        (r#"{"model":"m"}"#.to_string(), "messages"),
+        (
+            r#"{"model":"m","messages":[{"role":"tool","content":"x"}]}"#.to_string(),
+            "messages[0].role",
+        ),
+        (
+            r#"{"model":"m","messages":[{"role":"user"}]}"#.to_string(),
+            "messages[0].content",
+        ),
+        (
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#
+                .to_string(),
+            "messages[0].content",
+        ),
+    ];
+    for (body, param) in cases {
+        assert_eq!(param_of(chat(&body)), param, "{body}");
+    }
+}
+
+#[test]
+fn malformed_bodies_are_400_without_echo() {
+    for body in [&b"not json"[..], b"[1,2]", b"{\"model\":", b"\xff\xfe"] {
+        let e = parse(Kind::Chat, body, 10).unwrap_err();
+        assert_eq!(e.status.as_u16(), 400);
+        assert!(e.param.is_none());
+    }
+    let secret = "SECRET".repeat(1000);
+    let e = chat(&format!("{{\"model\":\"m\",\"messages\":{secret}}}")).unwrap_err();
+    assert!(!e.message.contains("SECRET"), "{}", e.message);
+}
+
+#[test]
+fn finish_checks_context_and_vocab() {
+    let p = cmpl(r#"{"model":"m","prompt":"x","max_tokens":10}"#).unwrap();
+    let r = finish(p.clone(), vec![1, 2, 3], "t", 100, 20, 1000).unwrap();
+    assert_eq!(r.max_tokens, 10);
+    assert_eq!(r.tenant, "t");
+    let e = finish(p.clone(), vec![1; 15], "t", 100, 20, 1000).unwrap_err();
+    assert_eq!(e.code, Some("context_length_exceeded"));
+    let e = finish(p.clone(), vec![1, 200], "t", 100, 20, 1000).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("prompt"));
+    let mut q = p;
+    q.max_tokens = None;
+    assert_eq!(
+        finish(q.clone(), vec![1; 5], "t", 100, 20, 1000)
+            .unwrap()
+            .max_tokens,
+        15
+    );
+    assert_eq!(
+        finish(q.clone(), vec![1; 5], "t", 100, 20, 4)
+            .unwrap()
+            .max_tokens,
+        4
+    );
+    let e = finish(q, vec![1; 20], "t", 100, 20, 1000).unwrap_err();
+    assert_eq!(e.code, Some("context_length_exceeded"));
+}
