@@ -158,13 +158,13 @@ impl ServeArgs {
             return parse_models(s);
         }
         let dir = self.models_dir();
-        if let Some(path) = dir.as_ref().map(|d| d.join(DEFAULT_MODEL_FILE)) {
-            if path.exists() {
-                return Ok(vec![ModelSpec {
-                    alias: DEFAULT_MODEL_ALIAS.into(),
-                    path,
-                }]);
-            }
+        if let Some(path) = dir.as_ref().map(|d| d.join(DEFAULT_MODEL_FILE))
+            && path.exists()
+        {
+            return Ok(vec![ModelSpec {
+                alias: DEFAULT_MODEL_ALIAS.into(),
+                path,
+            }]);
         }
         let where_ = dir
             .map(|d| d.display().to_string())

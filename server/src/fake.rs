@@ -70,6 +70,9 @@ fn decode(ids: &[u32]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// (tenant, cache_salt, prompt) of a simulated prefix-cache entry.
+type CacheKey = (String, Option<String>, Vec<u32>);
+
 /// The scripted engine. Counters are public for tests.
 pub struct FakeEngine {
     ready: AtomicBool,
@@ -80,7 +83,7 @@ pub struct FakeEngine {
     pub cancelled: Arc<AtomicUsize>,
     /// Every request submitted, in order.
     pub submitted: Mutex<Vec<ValidRequest>>,
-    seen_prompts: Mutex<HashSet<(String, Option<String>, Vec<u32>)>>,
+    seen_prompts: Mutex<HashSet<CacheKey>>,
     created: u64,
 }
 

@@ -59,12 +59,12 @@ pub struct Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
-        if let Ok(mut t) = self.state.tenants.lock() {
-            if let Some(n) = t.get_mut(&self.tenant) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    t.remove(&self.tenant);
-                }
+        if let Ok(mut t) = self.state.tenants.lock()
+            && let Some(n) = t.get_mut(&self.tenant)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                t.remove(&self.tenant);
             }
         }
     }

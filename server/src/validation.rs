@@ -306,10 +306,10 @@ pub fn parse(kind: Kind, body: &[u8], max_tokens_cap: usize) -> Result<Parsed, A
     let o = parse_object(body)?;
     let model =
         get_str(&o, "model")?.ok_or_else(|| ApiError::param("model", "`model` is required"))?;
-    if let Some(n) = present(&o, "n") {
-        if n.as_u64() != Some(1) {
-            return Err(ApiError::param("n", "only `n` = 1 is supported"));
-        }
+    if let Some(n) = present(&o, "n")
+        && n.as_u64() != Some(1)
+    {
+        return Err(ApiError::param("n", "only `n` = 1 is supported"));
     }
     let prompt = match kind {
         Kind::Chat => PromptInput::Chat(parse_messages(&o)?),

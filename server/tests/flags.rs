@@ -23,10 +23,11 @@ fn walk(cmd: &clap::Command, envs: &mut Vec<String>, flags: &mut Vec<String>) {
         if let Some(e) = a.get_env() {
             envs.push(e.to_string_lossy().into_owned());
         }
-        if let Some(l) = a.get_long() {
-            if l != "help" && l != "version" {
-                flags.push(format!("--{l}"));
-            }
+        if let Some(l) = a.get_long()
+            && l != "help"
+            && l != "version"
+        {
+            flags.push(format!("--{l}"));
         }
     }
     for s in cmd.get_subcommands() {

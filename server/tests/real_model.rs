@@ -61,12 +61,10 @@ fn start(keys: &std::path::Path) -> Server {
         let mut sent = false;
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             eprintln!("[server] {line}");
-            if !sent {
-                if let Some(rest) = line.split("listening on http://").nth(1) {
-                    let addr = rest.split_whitespace().next().unwrap_or("").to_string();
-                    let _ = tx.send(addr);
-                    sent = true;
-                }
+            if !sent && let Some(rest) = line.split("listening on http://").nth(1) {
+                let addr = rest.split_whitespace().next().unwrap_or("").to_string();
+                let _ = tx.send(addr);
+                sent = true;
             }
         }
     });

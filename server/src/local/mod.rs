@@ -8,7 +8,7 @@ mod stop;
 pub mod text;
 mod worker;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, mpsc};
 
@@ -80,7 +80,7 @@ impl LocalEngine {
         engine
     }
 
-    fn load_one(&self, cfg: &LocalConfig, alias: &str, path: &PathBuf) -> Result<(), String> {
+    fn load_one(&self, cfg: &LocalConfig, alias: &str, path: &Path) -> Result<(), String> {
         let bar = indicatif::ProgressBar::new_spinner();
         bar.set_message(format!("loading {alias} from {}", path.display()));
         bar.enable_steady_tick(std::time::Duration::from_millis(120));

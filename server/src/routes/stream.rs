@@ -22,10 +22,10 @@ pub fn respond(run: Running) -> Response<Body> {
 }
 
 async fn forward(mut run: Running, tx: mpsc::Sender<bytes::Bytes>) {
-    if let Some(c) = run.shaper.role_chunk() {
-        if tx.send(sse::event(&c)).await.is_err() {
-            return;
-        }
+    if let Some(c) = run.shaper.role_chunk()
+        && tx.send(sse::event(&c)).await.is_err()
+    {
+        return;
     }
     let mut last = None;
     loop {
