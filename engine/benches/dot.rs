@@ -1,7 +1,7 @@
 //! Throughput of the fused dequantize-dot `quant::dot_row` per dtype, next to the portable path
 //! `dot_row_generic` (the code before the AVX2 kernels), in G elements/s of weight.
 //!
-//! Shapes: a 1536 x 576 matrix (SmolLM2-135M's FFN) per dtype, the 49152 x 576 Q8_0 LM head, and
+//! Shapes: a 1536 x 576 matrix (SmolLM2-135M's FFN; 1536 x 512 for the k-quants) per dtype, the 49152 x 576 Q8_0 LM head, and
 //! `dot_row_multi` (prefill, 16 activation rows). Every benchmark first checks that the fast
 //! and the generic path agree bit for bit. Run: `cargo bench -p memra-engine --bench dot`
 //! (filter with e.g. `-- q4_1`).
@@ -10,7 +10,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use memra_engine::quant::{DType, dot_row, dot_row_generic, dot_row_multi, quantize};
+use memra_engine::quant::{
+    DType, dot_f32, dot_f32_generic, dot_row, dot_row_generic, dot_row_multi, quantize,
+};
 
 /// Deterministic values in about [-3.5, 3.5).
 fn pseudo_normal(n: usize, seed: u64) -> Vec<f32> {
@@ -113,6 +115,26 @@ fn bench_multi(c: &mut Criterion, m: &Matrix, rows: usize) {
     g.finish();
 }
 
+/// `dot_f32` (dequantized weights times activations, as in attention or the buffered matmul).
+fn bench_dot_f32(c: &mut Criterion, rows: usize, cols: usize) {
+    let w = pseudo_normal(rows * cols, 3);
+    let x = pseudo_normal(cols, 5);
+    for r in w.chunks_exact(cols) {
+        assert_eq!(dot_f32(r, &x).to_bits(), dot_f32_generic(r, &x).to_bits());
+    }
+    let mut g = c.benchmark_group(format!("dot_f32/{rows}x{cols}"));
+    g.throughput(Throughput::Elements((rows * cols) as u64));
+    for (name, f) in [
+        ("fast", dot_f32 as fn(&[f32], &[f32]) -> f32),
+        ("generic", dot_f32_generic),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| w.chunks_exact(cols).map(|r| f(r, black_box(&x))).sum::<f32>())
+        });
+    }
+    g.finish();
+}
+
 fn benches(c: &mut Criterion) {
     for d in [
         DType::Q4_1,
@@ -125,10 +147,13 @@ fn benches(c: &mut Criterion) {
         DType::BF16,
         DType::F32,
     ] {
-        bench_matvec(c, &Matrix::new(d, 1536, 576), "1536x576");
+        // K-quant rows hold whole 256-element super-blocks: 512 columns instead of 576.
+        let cols = if d.block_size() == 256 { 512 } else { 576 };
+        bench_matvec(c, &Matrix::new(d, 1536, cols), &format!("1536x{cols}"));
     }
     bench_matvec(c, &Matrix::new(DType::Q8_0, 49152, 576), "49152x576");
     bench_multi(c, &Matrix::new(DType::Q4_1, 1536, 576), 16);
+    bench_dot_f32(c, 1536, 576);
 }
 
 criterion_group! {

@@ -1,13 +1,13 @@
 //! The fast dot paths (hand-written AVX2/F16C kernels where the CPU has them) against the
 //! portable path and against the definition, bit for bit: `dot_row == dot_row_generic ==
-//! dot_f32(dequantize_row)` for every dtype, on random blocks (scales sane or arbitrary) and
+//! dot_f32_generic(dequantize_row)` for every dtype, `dot_f32 == dot_f32_generic`, on random blocks (scales sane or arbitrary) and
 //! quantized random data, over many lengths (float rows with tails) and awkward activations; and
 //! `dot_row_multi` / `dot_rows_f32` equal to the one-row products.
 
 use memra_engine::error::Error;
 use memra_engine::quant::{
-    DType, QUANTIZABLE, dequantize_row, dot_f32, dot_row, dot_row_generic, dot_row_multi,
-    dot_rows_f32, quantize,
+    DType, QUANTIZABLE, dequantize_row, dot_f32, dot_f32_generic, dot_row, dot_row_generic,
+    dot_row_multi, dot_rows_f32, quantize,
 };
 
 /// xorshift64 stream.
@@ -100,7 +100,8 @@ fn same(a: f32, b: f32) -> bool {
 fn check(what: &str, d: DType, src: &[u8], x: &[f32]) -> bool {
     let mut row = vec![0f32; x.len()];
     dequantize_row(d, src, &mut row).expect("dequantize_row");
-    let want = dot_f32(&row, x);
+    let want = dot_f32_generic(&row, x);
+    assert!(same(dot_f32(&row, x), want), "{what}: dot_f32 != dot_f32_generic");
     let generic = dot_row_generic(d, src, x).expect("dot_row_generic");
     let fast = dot_row(d, src, x).expect("dot_row");
     assert!(
@@ -155,6 +156,21 @@ fn dot_row_fast_equals_generic_equals_definition() {
 }
 
 #[test]
+fn dot_f32_fast_equals_generic() {
+    let mut rng = Rng(1234);
+    for n in (0..=70).chain([127, 128, 129, 576, 1000, 4095, 4096]) {
+        for _ in 0..3 {
+            let a = rng.activations(n);
+            let b = rng.activations(n + 5);
+            let (fast, want) = (dot_f32(&a, &b), dot_f32_generic(&a, &b));
+            assert!(same(fast, want), "n={n}: {fast:e} != {want:e}");
+            // Only the common prefix counts.
+            assert!(same(dot_f32(&b, &a), want), "n={n}: swapped lengths");
+        }
+    }
+}
+
+#[test]
 fn dot_row_fast_on_quantized_data() {
     let mut rng = Rng(77);
     for d in QUANTIZABLE {
@@ -205,7 +221,7 @@ fn dot_row_multi_equals_dot_row_per_row() {
                     let want = dot_row(d, &src, x).expect("dot_row");
                     assert!(same(out[i], want), "{d} n={n} m={m} row {i}: multi");
                     assert!(
-                        same(out_f32[i], dot_f32(&row, x)),
+                        same(out_f32[i], dot_f32_generic(&row, x)),
                         "{d} n={n} m={m} row {i}: dot_rows_f32"
                     );
                 }

@@ -15,10 +15,11 @@
 //! builds run the same operations), the thread, or how the caller batches rows.
 //! [`dot_row`] computes exactly `dot_f32(dequantized row, x)` without materializing the row.
 //!
-//! On x86_64 CPUs with AVX2 and F16C, [`dot_row`], [`dot_row_multi`] and [`dot_rows_f32`] run the
-//! hand-written kernels of `super::dot_avx2` (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K,
-//! Q6_K); they perform the same operations in the same order, so they return the same bits as
-//! [`dot_row_generic`], the portable path kept as fallback and oracle.
+//! On x86_64 CPUs with AVX2 and F16C, [`dot_f32`], [`dot_row`], [`dot_row_multi`] and
+//! [`dot_rows_f32`] run the hand-written kernels of `super::dot_avx2` (for `dot_row`: F32, F16,
+//! BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K); they perform the same operations in the same order,
+//! so they return the same bits as [`dot_f32_generic`] and [`dot_row_generic`], the portable
+//! paths kept as fallback and oracle.
 
 use super::simd::multiversion;
 use super::{DType, QK_K, check_len, dequantize_unchecked};
@@ -74,10 +75,19 @@ impl Lanes {
     }
 }
 
+/// Dot product of `a` and `b` in the fixed order documented in this module. Only the first
+/// `min(a.len(), b.len())` elements take part (callers pass equal lengths).
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(v) = super::dot_avx2::dot_f32(a, b) {
+        return v;
+    }
+    dot_f32_generic(a, b)
+}
+
 multiversion! {
-    /// Dot product of `a` and `b` in the fixed order documented in this module. Only the first
-    /// `min(a.len(), b.len())` elements take part (callers pass equal lengths).
-    pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    /// [`dot_f32`] on the portable path only: the oracle of the hand-written kernel.
+    pub fn dot_f32_generic(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());
         let m = n - n % DOT_LANES;
         let (a, b) = (&a[..n], &b[..n]);

@@ -95,6 +95,16 @@ pub(super) fn dequantize(dtype: DType, src: &[u8], out: &mut [f32]) -> bool {
     true
 }
 
+/// `dot_f32(a, b)` (over the common length), or `None` when the CPU lacks the features.
+pub(super) fn dot_f32(a: &[f32], b: &[f32]) -> Option<f32> {
+    if !available() {
+        return None;
+    }
+    let n = a.len().min(b.len());
+    // SAFETY: the kernel only requires AVX2 and F16C, which the CPU has (checked just above).
+    Some(unsafe { dot1(&a[..n], &b[..n]) })
+}
+
 /// `out[i] = dot_f32(a, xs[i k .. (i + 1) k])` with `k = a.len() > 0` and
 /// `xs.len() == out.len() * k` (checked by the caller). Returns `false` when the CPU lacks the
 /// features (nothing written).
@@ -144,6 +154,18 @@ fn store8(out: &mut [f32], at: usize, v: __m256) {
     let s = &mut out[at..at + 8];
     // SAFETY: `s` holds 8 writable f32; `storeu` has no alignment requirement.
     unsafe { _mm256_storeu_ps(s.as_mut_ptr(), v) }
+}
+
+/// How far ahead of the current block [`prefetch_ahead`] asks for weight bytes.
+const PREFETCH_BYTES: usize = 768;
+
+/// Hints the cache to fetch the line [`PREFETCH_BYTES`] past the start of `b`: weights stream
+/// row after row, so this runs on into the next row.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn prefetch_ahead(b: &[u8]) {
+    // Only a hint: a prefetch never faults, whatever the address.
+    _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH_BYTES).cast());
 }
 
 /// The little-endian f16 at `b[at..at + 2]` as f32 (exact).
@@ -241,6 +263,7 @@ macro_rules! block_kernels {
                 .chunks_exact($bytes)
                 .zip(x.chunks_exact($pieces * $piece))
             {
+                prefetch_ahead(b);
                 for (p, xp) in xb.chunks_exact($piece).enumerate() {
                     let w = $decode(b, p);
                     for (i, pair) in w.chunks_exact(2).enumerate() {
@@ -492,7 +515,7 @@ float_kernel!(dot_bf16, 2, conv_bf16, |c: &[u8]| f32::from_bits(
 // ---------------------------------------------------------------------------------------------
 // One f32 row against several activation rows.
 
-/// `dot_f32(a, x)` over whole 16-element chunks of the first `a.len()` values.
+/// `dot_f32(a, x)` for `a` and `x` of equal length.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 fn dot1(a: &[f32], x: &[f32]) -> f32 {

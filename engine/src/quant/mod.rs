@@ -84,7 +84,9 @@ mod legacy;
 mod simd;
 mod simple;
 
-pub use dot::{DOT_LANES, dot_f32, dot_row, dot_row_generic, dot_row_multi, dot_rows_f32};
+pub use dot::{
+    DOT_LANES, dot_f32, dot_f32_generic, dot_row, dot_row_generic, dot_row_multi, dot_rows_f32,
+};
 
 /// ggml tensor types, numbered as in the GGUF format.
 #[allow(non_camel_case_types)]
