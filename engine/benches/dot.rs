@@ -52,7 +52,11 @@ impl Matrix {
     }
 
     /// Sum of all row dots with `f` (so no row can be optimized away).
-    fn matvec(&self, x: &[f32], f: fn(DType, &[u8], &[f32]) -> memra_engine::error::Result<f32>) -> f32 {
+    fn matvec(
+        &self,
+        x: &[f32],
+        f: fn(DType, &[u8], &[f32]) -> memra_engine::error::Result<f32>,
+    ) -> f32 {
         (0..self.rows)
             .map(|r| f(self.dtype, self.row(r), x).expect("dot"))
             .sum()
@@ -129,7 +133,11 @@ fn bench_dot_f32(c: &mut Criterion, rows: usize, cols: usize) {
         ("generic", dot_f32_generic),
     ] {
         g.bench_function(name, |b| {
-            b.iter(|| w.chunks_exact(cols).map(|r| f(r, black_box(&x))).sum::<f32>())
+            b.iter(|| {
+                w.chunks_exact(cols)
+                    .map(|r| f(r, black_box(&x)))
+                    .sum::<f32>()
+            })
         });
     }
     g.finish();

@@ -76,7 +76,9 @@ fn random_row(rng: &mut Rng, d: DType, n: usize, sane: bool) -> Vec<u8> {
     let mut b = rng.bytes(n / d.block_size() * bb);
     if sane {
         match d {
-            DType::F16 => b.chunks_exact_mut(2).for_each(|c| c.copy_from_slice(&rng.finite_f16())),
+            DType::F16 => b
+                .chunks_exact_mut(2)
+                .for_each(|c| c.copy_from_slice(&rng.finite_f16())),
             // Clear the top exponent bit: never inf or NaN.
             DType::BF16 => b.chunks_exact_mut(2).for_each(|c| c[1] &= 0xbf),
             DType::F32 => b.chunks_exact_mut(4).for_each(|c| c[3] &= 0xbf),
@@ -101,7 +103,10 @@ fn check(what: &str, d: DType, src: &[u8], x: &[f32]) -> bool {
     let mut row = vec![0f32; x.len()];
     dequantize_row(d, src, &mut row).expect("dequantize_row");
     let want = dot_f32_generic(&row, x);
-    assert!(same(dot_f32(&row, x), want), "{what}: dot_f32 != dot_f32_generic");
+    assert!(
+        same(dot_f32(&row, x), want),
+        "{what}: dot_f32 != dot_f32_generic"
+    );
     let generic = dot_row_generic(d, src, x).expect("dot_row_generic");
     let fast = dot_row(d, src, x).expect("dot_row");
     assert!(
@@ -122,7 +127,9 @@ fn check(what: &str, d: DType, src: &[u8], x: &[f32]) -> bool {
 /// Row lengths to test: whole blocks from 32 to 4096 elements; any length for float types.
 fn lengths(d: DType) -> Vec<usize> {
     if d.is_float() {
-        (1..=40).chain([63, 255, 256, 257, 576, 999, 1536, 4095, 4096]).collect()
+        (1..=40)
+            .chain([63, 255, 256, 257, 576, 999, 1536, 4095, 4096])
+            .collect()
     } else {
         let bs = d.block_size();
         [32, 64, 96, 256, 480, 512, 576, 768, 1536, 2048, 4096]
@@ -179,7 +186,10 @@ fn dot_row_fast_on_quantized_data() {
             let v: Vec<f32> = rng.activations(n).iter().map(|v| v / 64.0).collect();
             let src = quantize(d, &v).expect("quantize");
             let x = rng.activations(n);
-            assert!(check(&format!("{d} quantized n={n}"), d, &src, &x), "{d}: non-finite");
+            assert!(
+                check(&format!("{d} quantized n={n}"), d, &src, &x),
+                "{d}: non-finite"
+            );
         }
     }
 }
@@ -191,7 +201,14 @@ fn dot_row_fast_special_values() {
     let mut rng = Rng(5);
     for d in DType::ALL {
         let n = if d.is_float() { 67 } else { d.block_size() * 2 };
-        for special in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MAX, 1e-45, -3e38] {
+        for special in [
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MAX,
+            1e-45,
+            -3e38,
+        ] {
             let src = random_row(&mut rng, d, n, true);
             let mut x = rng.activations(n);
             let at = rng.below(n as u64) as usize;
@@ -218,8 +235,10 @@ fn dot_row_multi_equals_dot_row_per_row() {
                 let mut out_f32 = vec![f32::NAN; m];
                 dot_rows_f32(&row, &xs, &mut out_f32).expect("dot_rows_f32");
                 for (i, x) in xs.chunks_exact(n).enumerate() {
-                    let want = dot_row(d, &src, x).expect("dot_row");
+                    let want = dot_row_generic(d, &src, x).expect("dot_row_generic");
+                    let one = dot_row(d, &src, x).expect("dot_row");
                     assert!(same(out[i], want), "{d} n={n} m={m} row {i}: multi");
+                    assert!(same(one, want), "{d} n={n} m={m} row {i}: dot_row");
                     assert!(
                         same(out_f32[i], dot_f32_generic(&row, x)),
                         "{d} n={n} m={m} row {i}: dot_rows_f32"
@@ -248,7 +267,10 @@ fn dot_row_multi_empty_and_errors() {
     quant_err(dot_row_multi(d, &src, &xs[1..], 32, &mut out), "short xs");
     quant_err(dot_row_multi(d, &src[1..], &xs, 32, &mut out), "short row");
     quant_err(dot_row_multi(d, &src, &xs, 31, &mut out), "partial block");
-    quant_err(dot_rows_f32(&[0.0; 32], &xs[..95], &mut out), "dot_rows_f32 short");
+    quant_err(
+        dot_rows_f32(&[0.0; 32], &xs[..95], &mut out),
+        "dot_rows_f32 short",
+    );
     quant_err(
         dot_row_generic(d, &src[1..], &xs[..32]).map(|_| ()),
         "generic short",

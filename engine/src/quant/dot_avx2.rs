@@ -437,10 +437,7 @@ fn decode_q6_k(b: &[u8], p: usize) -> [__m256; 4] {
             _mm_srl_epi16(bytes16(b, 128 + 32 * j + at), hshift),
             _mm_set1_epi8(0x03),
         );
-        _mm_sub_epi8(
-            _mm_or_si128(ql, _mm_slli_epi16::<4>(qh)),
-            _mm_set1_epi8(32),
-        )
+        _mm_sub_epi8(_mm_or_si128(ql, _mm_slli_epi16::<4>(qh)), _mm_set1_epi8(32))
     };
     let (qa, qb) = (codes(0), codes(16));
     let v = |s: __m256, q: __m128i| _mm256_mul_ps(s, i8_ps(q));
@@ -494,17 +491,22 @@ float_kernel!(dot_f32_bytes, 4, conv_f32, |c: &[u8]| f32::from_le_bytes([
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 fn conv_f16(b: &[u8]) -> (__m256, __m256) {
-    (_mm256_cvtph_ps(bytes16(b, 0)), _mm256_cvtph_ps(bytes16(b, 16)))
+    (
+        _mm256_cvtph_ps(bytes16(b, 0)),
+        _mm256_cvtph_ps(bytes16(b, 16)),
+    )
 }
-float_kernel!(dot_f16, 2, conv_f16, |c: &[u8]| f16_to_f32(u16::from_le_bytes([
-    c[0], c[1]
-])));
+float_kernel!(dot_f16, 2, conv_f16, |c: &[u8]| f16_to_f32(
+    u16::from_le_bytes([c[0], c[1]])
+));
 
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 fn conv_bf16(b: &[u8]) -> (__m256, __m256) {
     let v = |at: usize| {
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(bytes16(b, at))))
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(bytes16(
+            b, at,
+        ))))
     };
     (v(0), v(16))
 }
