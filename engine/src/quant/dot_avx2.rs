@@ -168,12 +168,21 @@ fn prefetch_ahead(b: &[u8]) {
     _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH_BYTES).cast());
 }
 
+/// The little-endian f16 at `b[at..at + 2]` as f32 (exact) in all 8 lanes.
+///
+/// A broadcast, not `_mm_cvtsi32_si128`: LLVM lowers the latter to an insert into whatever
+/// register is free, a false dependency that can chain every block onto the accumulator.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16_splat(b: &[u8], at: usize) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes([b[at], b[at + 1]])))
+}
+
 /// The little-endian f16 at `b[at..at + 2]` as f32 (exact).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 fn f16_at(b: &[u8], at: usize) -> f32 {
-    let h = u16::from_le_bytes([b[at], b[at + 1]]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    _mm256_cvtss_f32(f16_splat(b, at))
 }
 
 /// The low 8 bytes of `v` as unsigned integers, to f32 (exact).
@@ -294,7 +303,7 @@ macro_rules! block_kernels {
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 fn decode_q4_0(b: &[u8], _piece: usize) -> [__m256; 4] {
-    let d = _mm256_set1_ps(f16_at(b, 0));
+    let d = f16_splat(b, 0);
     let (lo, hi) = nibbles(bytes16(b, 2));
     let eight = _mm_set1_epi8(8);
     let (lo, hi) = (_mm_sub_epi8(lo, eight), _mm_sub_epi8(hi, eight));
@@ -307,8 +316,8 @@ block_kernels!(dot_q4_0, deq_q4_0, decode_q4_0, 18, 1 x 32);
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 fn decode_q4_1(b: &[u8], _piece: usize) -> [__m256; 4] {
-    let d = _mm256_set1_ps(f16_at(b, 0));
-    let m = _mm256_set1_ps(f16_at(b, 2));
+    let d = f16_splat(b, 0);
+    let m = f16_splat(b, 2);
     let (lo, hi) = nibbles(bytes16(b, 4));
     let v = |q: __m128i| _mm256_add_ps(_mm256_mul_ps(d, u8_ps(q)), m);
     [v(lo), v(high8(lo)), v(hi), v(high8(hi))]
@@ -319,7 +328,7 @@ block_kernels!(dot_q4_1, deq_q4_1, decode_q4_1, 20, 1 x 32);
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 fn decode_q8_0(b: &[u8], _piece: usize) -> [__m256; 4] {
-    let d = _mm256_set1_ps(f16_at(b, 0));
+    let d = f16_splat(b, 0);
     let v = |at: usize| _mm256_mul_ps(i8_ps(bytes8(b, at)), d);
     [v(2), v(10), v(18), v(26)]
 }
