@@ -25,6 +25,7 @@ use std::arch::x86_64::*;
 
 use super::DType;
 use super::dot::{DOT_LANES, Lanes};
+use super::kquants::scale_min_k4;
 use super::simd::f16_to_f32;
 
 /// True when the CPU has AVX2 and F16C, which every kernel here needs.
@@ -178,13 +179,6 @@ fn f16_splat(b: &[u8], at: usize) -> __m256 {
     _mm256_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes([b[at], b[at + 1]])))
 }
 
-/// The little-endian f16 at `b[at..at + 2]` as f32 (exact).
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    _mm256_cvtss_f32(f16_splat(b, at))
-}
-
 /// The low 8 bytes of `v` as unsigned integers, to f32 (exact).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
@@ -262,9 +256,10 @@ impl Acc {
 // consecutive groups of 8 (a piece is a multiple of 16 elements).
 
 /// Defines the dot kernel `$dot` and the dequantizer `$deq` of a block format with `$bytes`-byte
-/// blocks of `$pieces` pieces of `$piece` elements, decoded by `$decode`.
+/// blocks of `$pieces` pieces of `$piece` elements: `$prep(block)` computes what the block's
+/// pieces share (its scales), then `$decode(block, &prepared, piece)` the values of each piece.
 macro_rules! block_kernels {
-    ($dot:ident, $deq:ident, $decode:ident, $bytes:literal, $pieces:literal x $piece:literal) => {
+    ($dot:ident, $deq:ident, $prep:ident, $decode:ident, $bytes:literal, $pieces:literal x $piece:literal) => {
         #[target_feature(enable = "avx2,f16c")]
         fn $dot(src: &[u8], x: &[f32]) -> f32 {
             let mut acc = Acc::new();
@@ -273,8 +268,9 @@ macro_rules! block_kernels {
                 .zip(x.chunks_exact($pieces * $piece))
             {
                 prefetch_ahead(b);
+                let prep = $prep(b);
                 for (p, xp) in xb.chunks_exact($piece).enumerate() {
-                    let w = $decode(b, p);
+                    let w = $decode(b, &prep, p);
                     for (i, pair) in w.chunks_exact(2).enumerate() {
                         acc.add(pair[0], pair[1], xp, 16 * i);
                     }
@@ -289,8 +285,9 @@ macro_rules! block_kernels {
                 .chunks_exact($bytes)
                 .zip(out.chunks_exact_mut($pieces * $piece))
             {
+                let prep = $prep(b);
                 for (p, op) in ob.chunks_exact_mut($piece).enumerate() {
-                    for (i, v) in $decode(b, p).into_iter().enumerate() {
+                    for (i, v) in $decode(b, &prep, p).into_iter().enumerate() {
                         store8(op, 8 * i, v);
                     }
                 }
@@ -299,10 +296,15 @@ macro_rules! block_kernels {
     };
 }
 
+/// Legacy blocks are one piece: nothing to share.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn no_prep(_b: &[u8]) {}
+
 /// Q4_0 (18 B): `d * (q - 8)`; element `j < 16` the low nibble of byte `2 + j`, `j + 16` the high.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn decode_q4_0(b: &[u8], _piece: usize) -> [__m256; 4] {
+fn decode_q4_0(b: &[u8], _prep: &(), _piece: usize) -> [__m256; 4] {
     let d = f16_splat(b, 0);
     let (lo, hi) = nibbles(bytes16(b, 2));
     let eight = _mm_set1_epi8(8);
@@ -310,59 +312,59 @@ fn decode_q4_0(b: &[u8], _piece: usize) -> [__m256; 4] {
     let v = |q: __m128i| _mm256_mul_ps(d, i8_ps(q));
     [v(lo), v(high8(lo)), v(hi), v(high8(hi))]
 }
-block_kernels!(dot_q4_0, deq_q4_0, decode_q4_0, 18, 1 x 32);
+block_kernels!(dot_q4_0, deq_q4_0, no_prep, decode_q4_0, 18, 1 x 32);
 
 /// Q4_1 (20 B): `d * q + m`, nibbles as Q4_0 from byte 4.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn decode_q4_1(b: &[u8], _piece: usize) -> [__m256; 4] {
+fn decode_q4_1(b: &[u8], _prep: &(), _piece: usize) -> [__m256; 4] {
     let d = f16_splat(b, 0);
     let m = f16_splat(b, 2);
     let (lo, hi) = nibbles(bytes16(b, 4));
     let v = |q: __m128i| _mm256_add_ps(_mm256_mul_ps(d, u8_ps(q)), m);
     [v(lo), v(high8(lo)), v(hi), v(high8(hi))]
 }
-block_kernels!(dot_q4_1, deq_q4_1, decode_q4_1, 20, 1 x 32);
+block_kernels!(dot_q4_1, deq_q4_1, no_prep, decode_q4_1, 20, 1 x 32);
 
 /// Q8_0 (34 B): `q * d`, 32 signed bytes from byte 2.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn decode_q8_0(b: &[u8], _piece: usize) -> [__m256; 4] {
+fn decode_q8_0(b: &[u8], _prep: &(), _piece: usize) -> [__m256; 4] {
     let d = f16_splat(b, 0);
     let v = |at: usize| _mm256_mul_ps(i8_ps(bytes8(b, at)), d);
     [v(2), v(10), v(18), v(26)]
 }
-block_kernels!(dot_q8_0, deq_q8_0, decode_q8_0, 34, 1 x 32);
+block_kernels!(dot_q8_0, deq_q8_0, no_prep, decode_q8_0, 34, 1 x 32);
 
-/// Scale and min `j` (0..8) of a Q4_K/Q5_K block (ggml `get_scale_min_k4` on bytes 4..16).
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn scale_min(b: &[u8], j: usize) -> (u8, u8) {
-    if j < 4 {
-        (b[4 + j] & 63, b[8 + j] & 63)
-    } else {
-        let i = j - 4;
-        (
-            (b[12 + i] & 0x0f) | ((b[4 + i] >> 2) & 0x30),
-            (b[12 + i] >> 4) | ((b[8 + i] >> 2) & 0x30),
-        )
-    }
+/// The eight sub-block scales `d * sc` and mins `dmin * m` of a Q4_K/Q5_K block, each rounded to
+/// f32 as the reference codec does (one multiply per lane).
+struct K4Scales {
+    d: [f32; 8],
+    m: [f32; 8],
 }
 
-/// The two (scale, min) pairs of Q4_K/Q5_K piece `c`: `(d * sc, dmin * m)` for sub-blocks `2c`
-/// and `2c + 1`, rounded to f32 as the reference codec does, broadcast.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn k4_scales(b: &[u8], c: usize) -> [(__m256, __m256); 2] {
-    let d = f16_at(b, 0);
-    let dmin = f16_at(b, 2);
-    let s = |j: usize| {
-        let (sc, m) = scale_min(b, j);
-        (
-            _mm256_set1_ps(d * sc as f32),
-            _mm256_set1_ps(dmin * m as f32),
-        )
+fn k4_prep(b: &[u8]) -> K4Scales {
+    let mut packed = [0u8; 12];
+    packed.copy_from_slice(&b[4..16]);
+    let (sc, mn) = scale_min_k4(&packed);
+    let mut out = K4Scales {
+        d: [0.0; 8],
+        m: [0.0; 8],
     };
+    let d = _mm256_mul_ps(f16_splat(b, 0), u8_ps(bytes8(&sc, 0)));
+    let m = _mm256_mul_ps(f16_splat(b, 2), u8_ps(bytes8(&mn, 0)));
+    store8(&mut out.d, 0, d);
+    store8(&mut out.m, 0, m);
+    out
+}
+
+/// The (scale, min) pairs of Q4_K/Q5_K piece `c` (sub-blocks `2c` and `2c + 1`), broadcast.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn k4_scales(k: &K4Scales, c: usize) -> [(__m256, __m256); 2] {
+    let s = |j: usize| (_mm256_set1_ps(k.d[j]), _mm256_set1_ps(k.m[j]));
     [s(2 * c), s(2 * c + 1)]
 }
 
@@ -370,8 +372,8 @@ fn k4_scales(b: &[u8], c: usize) -> [(__m256, __m256); 2] {
 /// (sub-block `2c`) then the high nibbles (`2c + 1`) of bytes `16 + 32c ..`.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn decode_q4_k(b: &[u8], c: usize) -> [__m256; 8] {
-    let [(d1, m1), (d2, m2)] = k4_scales(b, c);
+fn decode_q4_k(b: &[u8], k: &K4Scales, c: usize) -> [__m256; 8] {
+    let [(d1, m1), (d2, m2)] = k4_scales(k, c);
     let (lo0, hi0) = nibbles(bytes16(b, 16 + 32 * c));
     let (lo1, hi1) = nibbles(bytes16(b, 32 + 32 * c));
     let v = |d: __m256, m: __m256, q: __m128i| _mm256_sub_ps(_mm256_mul_ps(d, u8_ps(q)), m);
@@ -386,14 +388,14 @@ fn decode_q4_k(b: &[u8], c: usize) -> [__m256; 8] {
         v(d2, m2, high8(hi1)),
     ]
 }
-block_kernels!(dot_q4_k, deq_q4_k, decode_q4_k, 144, 4 x 64);
+block_kernels!(dot_q4_k, deq_q4_k, k4_prep, decode_q4_k, 144, 4 x 64);
 
 /// Q5_K (176 B): as Q4_K with the nibbles from byte `48 + 32c` and the 5th bits from bits `2c`
 /// and `2c + 1` of `qh` (bytes 16..48).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn decode_q5_k(b: &[u8], c: usize) -> [__m256; 8] {
-    let [(d1, m1), (d2, m2)] = k4_scales(b, c);
+fn decode_q5_k(b: &[u8], k: &K4Scales, c: usize) -> [__m256; 8] {
+    let [(d1, m1), (d2, m2)] = k4_scales(k, c);
     let shift = _mm_cvtsi32_si128(2 * c as i32);
     let bit4 = _mm_set1_epi8(0x10);
     // Bits 2c and 2c + 1 of each qh byte moved to bit 4 of their own byte (16-bit shifts by at
@@ -423,18 +425,28 @@ fn decode_q5_k(b: &[u8], c: usize) -> [__m256; 8] {
         v(d2, m2, high8(q2b)),
     ]
 }
-block_kernels!(dot_q5_k, deq_q5_k, decode_q5_k, 176, 4 x 64);
+block_kernels!(dot_q5_k, deq_q5_k, k4_prep, decode_q5_k, 176, 4 x 64);
+
+/// The 16 scales `d * scale[i]` of a Q6_K block (one f32 multiply each, as the reference).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn q6_prep(b: &[u8]) -> [f32; 16] {
+    let d = f16_splat(b, 208);
+    let mut out = [0f32; 16];
+    store8(&mut out, 0, _mm256_mul_ps(d, i8_ps(bytes8(b, 192))));
+    store8(&mut out, 8, _mm256_mul_ps(d, i8_ps(bytes8(b, 200))));
+    out
+}
 
 /// Q6_K (210 B): piece `p` (32 values: `j = p / 4`, `k = p % 4`) is element `128 j + 32 k + l`:
 /// nibble `k / 2` of `ql[64 j + 32 (k % 2) + l]`, bits `2k..2k + 2` of `qh[128 + 32 j + l]` as
 /// bits 4-5, minus 32, times `d * scale[2p + l / 16]`.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn decode_q6_k(b: &[u8], p: usize) -> [__m256; 4] {
+fn decode_q6_k(b: &[u8], scales: &[f32; 16], p: usize) -> [__m256; 4] {
     let (j, k) = (p / 4, p % 4);
-    let d = f16_at(b, 208);
-    let s0 = _mm256_set1_ps(d * (b[192 + 2 * p] as i8) as f32);
-    let s1 = _mm256_set1_ps(d * (b[193 + 2 * p] as i8) as f32);
+    let s0 = _mm256_set1_ps(scales[2 * p]);
+    let s1 = _mm256_set1_ps(scales[2 * p + 1]);
     let lshift = _mm_cvtsi32_si128(4 * (k / 2) as i32);
     let hshift = _mm_cvtsi32_si128(2 * k as i32);
     let codes = |at: usize| {
@@ -452,7 +464,7 @@ fn decode_q6_k(b: &[u8], p: usize) -> [__m256; 4] {
     let v = |s: __m256, q: __m128i| _mm256_mul_ps(s, i8_ps(q));
     [v(s0, qa), v(s0, high8(qa)), v(s1, qb), v(s1, high8(qb))]
 }
-block_kernels!(dot_q6_k, deq_q6_k, decode_q6_k, 210, 8 x 32);
+block_kernels!(dot_q6_k, deq_q6_k, q6_prep, decode_q6_k, 210, 8 x 32);
 
 // ---------------------------------------------------------------------------------------------
 // Plain floats: 16 values per step, then the tail in order.
