@@ -1,13 +1,15 @@
-//! Hand-written AVX2 + F16C kernels for [`super::dot_row`], [`super::dot_row_multi`] and
-//! [`super::dot_rows_f32`] (x86_64 only, picked at run time by [`available`]).
+//! Hand-written AVX2 + F16C kernels for [`super::dot_f32`], [`super::dot_row`],
+//! [`super::dot_row_multi`] and [`super::dot_rows_f32`] (x86_64 only, picked at run time by
+//! [`available`]).
 //!
 //! # Exactness
 //!
 //! Every kernel performs exactly the float operations of the generic path
 //! (`dot_f32(&dequantize_row(src), x)`), in the same order:
 //! - each element is dequantized with the reference codec's operations (e.g. Q4_1:
-//!   `fl(fl(d * q) + m)`, the scales `d * sc` formed in scalar f32 first); integer codes and f16
-//!   values become f32 exactly (`cvtdq2ps` of small integers, F16C `vcvtph2ps`);
+//!   `fl(fl(d * q) + m)`; the k-quant sub-block scales `d * sc` and mins `dmin * m` are formed
+//!   first, one f32 multiply each); integer codes and f16 values become f32 exactly (`cvtdq2ps`
+//!   of small integers, F16C `vcvtph2ps`);
 //! - products are rounded to f32 and then added (`mulps` then `addps`: never a fused
 //!   multiply-add);
 //! - the 16 lane accumulators of `super::dot` are two `__m256` registers, lanes 0-7 and 8-15,
@@ -17,9 +19,10 @@
 //! Only NaN payloads may differ (which NaN operand propagates is not fixed by Rust either), never
 //! whether the result is NaN.
 //!
-//! All `unsafe` here is a pointer load or store from a slice that is checked to hold the bytes;
-//! callers enter through [`dot_row`], [`dequantize`] and [`dot_rows`], which check the CPU
-//! features first.
+//! `unsafe` here is only: a pointer load or store from a slice that holds the bytes, and the
+//! entry points ([`dot_f32`], [`dot_row`], [`dequantize`], [`dot_rows`]) calling the
+//! `#[target_feature]` kernels after checking the CPU features. The block kernels also issue a
+//! prefetch hint past the current block (into the next row), which never faults.
 
 use std::arch::x86_64::*;
 
