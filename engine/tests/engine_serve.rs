@@ -140,7 +140,7 @@ fn prompts() -> Vec<Vec<u32>> {
 }
 
 fn params(i: usize) -> SamplingParams {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         SamplingParams::default()
     } else {
         SamplingParams {

@@ -74,7 +74,7 @@ fn prompts(tok: &Tokenizer, n: usize) -> Result<Vec<Vec<u32>>> {
 }
 
 fn params(i: usize) -> SamplingParams {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         SamplingParams::default()
     } else {
         SamplingParams {
@@ -112,7 +112,11 @@ fn read(s: &mut EventStream, o: &mut Output) -> Result<bool> {
         Some(Event::Token(t)) => {
             o.tokens.push(t.id);
             o.text.push_str(&t.text);
-            let top = t.top_logprobs.iter().map(|(i, l)| (*i, l.to_bits())).collect();
+            let top = t
+                .top_logprobs
+                .iter()
+                .map(|(i, l)| (*i, l.to_bits()))
+                .collect();
             o.logprobs.push((t.logprob.map_or(0, f32::to_bits), top));
             Ok(true)
         }
@@ -195,7 +199,9 @@ fn compare(phase: &str, base: &[Output], got: &[Output], rep: &mut Report) {
 /// Runs the three phases on `model`.
 pub fn run(model: &Path, opts: &Options) -> Result<Report> {
     if opts.requests == 0 || opts.max_tokens == 0 {
-        return Err(Error::Input("--requests and --max-tokens must be > 0".into()));
+        return Err(Error::Input(
+            "--requests and --max-tokens must be > 0".into(),
+        ));
     }
     let m = load_model(model)?;
     let tok = m.tokenizer.clone();
@@ -228,13 +234,20 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
     };
     let e = Engine::start(vec![("m".into(), m, cfg)], limits)?;
     let mut rep = Report {
-        backend: e.models().first().map(|m| m.backend.clone()).unwrap_or_default(),
+        backend: e
+            .models()
+            .first()
+            .map(|m| m.backend.clone())
+            .unwrap_or_default(),
         requests: p.len(),
         ..Default::default()
     };
     let mut alone = Vec::new();
     for (i, q) in p.iter().enumerate() {
-        alone.push(drain(submit(&e, request(q, i, opts.max_tokens))?, Output::default())?);
+        alone.push(drain(
+            submit(&e, request(q, i, opts.max_tokens))?,
+            Output::default(),
+        )?);
     }
     let cold = together(&e, &p, opts.max_tokens)?;
     compare("together", &alone, &cold, &mut rep);
