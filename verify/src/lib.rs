@@ -5,4 +5,5 @@
 mod attention_check;
 pub mod invariance;
 pub mod kernels;
+pub mod serve_invariance;
 pub mod tokens;

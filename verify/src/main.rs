@@ -3,6 +3,7 @@
 //! - `memra-verify kernels [--device cuda:N] [--seed S]`
 //! - `memra-verify invariance [--device D] (MODEL | --tiny llama|qwen2|qwen3) [--max-m 64] [--prompt-len 40]`
 //! - `memra-verify tokens [--device D] MODEL --fixture verify/fixtures/smollm2-135m-reference.json`
+//! - `memra-verify serve-invariance MODEL [--device D] [--requests N] [--max-tokens T]`
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,7 +16,7 @@ use memra_engine::models::ModelWeights;
 use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::quant::DType;
 use memra_engine::{Error, Result};
-use memra_verify::{invariance, kernels, tokens};
+use memra_verify::{invariance, kernels, serve_invariance, tokens};
 
 #[derive(Parser)]
 #[command(name = "memra-verify", about = "memra exactness gates")]
@@ -56,6 +57,16 @@ enum Cmd {
         fixture: PathBuf,
         #[arg(long, default_value = "auto")]
         device: Device,
+    },
+    /// The same prompts served alone, together (staggered), and with the prefix cache warm.
+    ServeInvariance {
+        model: PathBuf,
+        #[arg(long, default_value = "auto")]
+        device: Device,
+        #[arg(long, default_value_t = 8)]
+        requests: usize,
+        #[arg(long, default_value_t = 16)]
+        max_tokens: usize,
     },
 }
 
@@ -139,6 +150,21 @@ fn run(cli: Cli) -> Result<bool> {
             }
             println!("on {}", b.name());
             Ok(ok)
+        }
+        Cmd::ServeInvariance {
+            model,
+            device,
+            requests,
+            max_tokens,
+        } => {
+            let opts = serve_invariance::Options {
+                device,
+                requests,
+                max_tokens,
+            };
+            let rep = serve_invariance::run(&model, &opts)?;
+            print!("{}", serve_invariance::summary(&rep));
+            Ok(rep.failures.is_empty())
         }
     }
 }
