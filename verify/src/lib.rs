@@ -3,6 +3,8 @@
 //! `tokens` (greedy tokens vs the reference fixture).
 
 mod attention_check;
+pub mod graph;
 pub mod invariance;
 pub mod kernels;
+mod kernels_select;
 pub mod tokens;
