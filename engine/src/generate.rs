@@ -134,7 +134,11 @@ pub fn generate(
         let select = select_for(end == n_prompt, want_logits, &req.params, &history);
         let out = backend.step_select(&batch, &select)?;
         if end == n_prompt {
-            next = out.rows.into_iter().next().unwrap_or(Selected::Logits(Vec::new()));
+            next = out
+                .rows
+                .into_iter()
+                .next()
+                .unwrap_or(Selected::Logits(Vec::new()));
         }
     }
     let prompt_secs = t0.elapsed().as_secs_f64();

@@ -60,7 +60,9 @@ pub fn run(
             b.kv_blocks()
         )));
     }
-    let fill_table: Vec<u32> = (fill_start..fill_start + fill_n).map(|v| v as u32).collect();
+    let fill_table: Vec<u32> = (fill_start..fill_start + fill_n)
+        .map(|v| v as u32)
+        .collect();
     let prompt: Vec<u32> = (0..prompt_len as u64)
         .map(|i| (splitmix(seed, 11, i) % vocab) as u32)
         .collect();

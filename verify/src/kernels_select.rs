@@ -19,9 +19,17 @@ fn logits(seed: u64, s: u64, width: usize, specials: bool) -> Vec<f32> {
         .map(|i| (unit(seed, s, i) * 40.0).round() / 4.0)
         .collect();
     if specials {
-        for (j, x) in [f32::NAN, f32::NEG_INFINITY, f32::INFINITY, 0.0, -0.0, 0.0, -0.0]
-            .into_iter()
-            .enumerate()
+        for (j, x) in [
+            f32::NAN,
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            0.0,
+            -0.0,
+            0.0,
+            -0.0,
+        ]
+        .into_iter()
+        .enumerate()
         {
             let i = (splitmix(seed, s + 1, j as u64) % width as u64) as usize;
             if let Some(slot) = v.get_mut(i) {
@@ -55,7 +63,11 @@ fn argmax_edges(g: &Gpu, out: &mut Vec<Case>) -> Result<()> {
         let want = argmax(&r) as f32;
         let (dx, di) = (g.upload(&r)?, g.zeros::<u32>(1)?);
         g.argmax_rows(g.ptr(&dx), g.ptr(&di), 1, r.len())?;
-        let got = g.download(&di)?.first().map(|&v| v as f32).unwrap_or(f32::NAN);
+        let got = g
+            .download(&di)?
+            .first()
+            .map(|&v| v as f32)
+            .unwrap_or(f32::NAN);
         out.push(compare_pub(
             "argmax_rows (edges)",
             format!("{r:?}").chars().take(60).collect(),
@@ -116,7 +128,12 @@ fn host_candidates(x: &[f32], t: f32, k: usize) -> Vec<(u32, f32)> {
 }
 
 fn topk_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
-    let shapes = [(97, 97, 0.7f32), (1000, 5, 1.0), (49_152, 40, 0.8), (151_936, 1024, 1.3)];
+    let shapes = [
+        (97, 97, 0.7f32),
+        (1000, 5, 1.0),
+        (49_152, 40, 0.8),
+        (151_936, 1024, 1.3),
+    ];
     for (i, (width, k, t)) in shapes.into_iter().enumerate() {
         let x = logits(seed, 2200 + i as u64, width, true);
         let want = host_candidates(&x, t, k);
@@ -126,7 +143,9 @@ fn topk_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         g.topk_row(g.ptr(&dx), width, t, k, kmax, g.ptr(&dout))?;
         let o = g.download(&dout)?;
         let n = o.first().copied().unwrap_or(0) as usize;
-        let got_ids: Vec<f32> = (0..n).map(|j| o.get(1 + j).copied().unwrap_or(0) as f32).collect();
+        let got_ids: Vec<f32> = (0..n)
+            .map(|j| o.get(1 + j).copied().unwrap_or(0) as f32)
+            .collect();
         let want_ids: Vec<f32> = want.iter().map(|c| c.0 as f32).collect();
         let mut c = compare_pub(
             "topk_row",

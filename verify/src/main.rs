@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use memra_engine::backend::{Backend, Device};
 use memra_engine::backend::cuda::{CudaBackend, CudaOptions, open_backend};
+use memra_engine::backend::{Backend, Device};
 use memra_engine::config::Arch;
 use memra_engine::models::ModelWeights;
 use memra_engine::models::random::{random_weights, tiny_config};
@@ -139,7 +139,9 @@ fn run(cli: Cli) -> Result<bool> {
             seed,
         } => {
             let Device::Cuda(n) = device else {
-                return Err(Error::Input("graph: --device must be cuda or cuda:N".into()));
+                return Err(Error::Input(
+                    "graph: --device must be cuda or cuda:N".into(),
+                ));
             };
             let weights = match (&model, &t) {
                 (_, Some(a)) => tiny(a)?,

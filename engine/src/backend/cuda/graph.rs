@@ -160,7 +160,10 @@ impl CudaBackend {
                 .get(r.seq)
                 .and_then(|t| t.get(p / bs))
                 .copied()
-                .ok_or_else(|| self.gpu.err(format!("row {i}: no KV block for its position")))?;
+                .ok_or_else(|| {
+                    self.gpu
+                        .err(format!("row {i}: no KV block for its position"))
+                })?;
             tokens[i] = r.token;
             pos[i] = r.pos;
             row_seq[i] = u32_of(r.seq, "sequence index")?;
@@ -229,9 +232,9 @@ impl CudaBackend {
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| g.err(format!("begin graph capture: {e:?}")))?;
         let x = g.ptr(&self.scratch.bufs[X]);
-        let kernels = self.body(bucket, &meta, &gs.scores).and_then(|()| {
-            self.head(x, g.ptr(&gs.hnorm), g.ptr(&gs.logits), bucket)
-        });
+        let kernels = self
+            .body(bucket, &meta, &gs.scores)
+            .and_then(|()| self.head(x, g.ptr(&gs.hnorm), g.ptr(&gs.logits), bucket));
         // End the capture whatever happened, so the stream leaves capture mode.
         let end = g.stream.end_capture(CUgraphInstantiate_flags(0));
         kernels?;

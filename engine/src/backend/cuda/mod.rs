@@ -383,7 +383,7 @@ impl Backend for CudaBackend {
                 (None, None) => Selected::Logits(logits.next().unwrap_or_default()),
             });
         }
-        Ok(rows_checked(rows, select.len(), &self.gpu)?)
+        rows_checked(rows, select.len(), &self.gpu)
     }
 
     fn copy_kv_block(&mut self, src: u32, dst: u32) -> Result<()> {

@@ -129,3 +129,96 @@ pub fn finish_on_host(ids: &[u32], vals: &[f32], s: &SelectParams) -> u32 {
     let j = sample(vals, &[], &p, s.pos) as usize;
     ids.get(j).copied().unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::random::{splitmix, unit};
+    use crate::sampling::apply_penalties;
+
+    /// What `topk_row` returns, computed on the host: the first k (id, penalized logit) of the
+    /// sampler's order (logit / temperature by total order descending, id ascending, no NaN).
+    fn candidates(l: &[f32], t: f32, k: usize) -> (Vec<u32>, Vec<f32>) {
+        let mut c: Vec<(u32, f32, f32)> = l
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_nan())
+            .map(|(i, &v)| (i as u32, v / t, v))
+            .collect();
+        c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        c.truncate(k);
+        (
+            c.iter().map(|x| x.0).collect(),
+            c.iter().map(|x| x.2).collect(),
+        )
+    }
+
+    #[test]
+    fn first_k_candidates_give_the_full_samplers_token() {
+        let mut checked = 0;
+        for case in 0..400u64 {
+            let width = [5usize, 97, 1000, 3000][(case % 4) as usize];
+            let mut l: Vec<f32> = (0..width as u64)
+                .map(|i| (unit(case, 1, i) * 40.0).round() / 4.0)
+                .collect();
+            for (j, x) in [f32::NAN, f32::NEG_INFINITY, -0.0, 0.0]
+                .into_iter()
+                .enumerate()
+            {
+                let i = (splitmix(case, 2, j as u64) % width as u64) as usize;
+                l[i] = x;
+            }
+            let history: Vec<u32> = (0..20)
+                .map(|i| (splitmix(case, 3, i) % 30) as u32)
+                .collect();
+            let p = SamplingParams {
+                temperature: [0.5f32, 1.0, 1.7][(case % 3) as usize],
+                top_k: [0usize, 1, 3, 40, 1024, 5000][(case % 6) as usize],
+                top_p: [1.0f32, 0.9, 0.4][(case / 3 % 3) as usize],
+                min_p: [0.0f32, 0.05][(case / 2 % 2) as usize],
+                repetition_penalty: if case % 5 == 0 { 1.3 } else { 1.0 },
+                presence_penalty: if case % 7 == 0 { 0.4 } else { 0.0 },
+                frequency_penalty: if case % 11 == 0 { 0.2 } else { 0.0 },
+                seed: case * 31,
+            };
+            let SelectPlan::TopK(k) = plan(&p, width) else {
+                assert!(
+                    p.top_k > TOPK_MAX && width > TOPK_MAX,
+                    "{p:?} width {width}"
+                );
+                continue;
+            };
+            let mut pen = l.clone();
+            apply_penalties(&mut pen, &history, &p);
+            let (ids, vals) = candidates(&pen, p.temperature, k);
+            for pos in [0u64, 7, 12_345] {
+                let s = SelectParams {
+                    params: &p,
+                    history: &history,
+                    pos,
+                };
+                assert_eq!(
+                    finish_on_host(&ids, &vals, &s),
+                    sample(&l, &history, &p, pos),
+                    "case {case} pos {pos} {p:?}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 900, "{checked}");
+    }
+
+    #[test]
+    fn plans() {
+        let g = SamplingParams::default();
+        assert_eq!(plan(&g, 150_000), SelectPlan::Greedy);
+        let t = SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        };
+        assert_eq!(plan(&t, 97), SelectPlan::TopK(97));
+        assert_eq!(plan(&t, 150_000), SelectPlan::Host);
+        let k = SamplingParams { top_k: 50, ..t };
+        assert_eq!(plan(&k, 150_000), SelectPlan::TopK(50));
+    }
+}

@@ -326,7 +326,10 @@ impl CudaBackend {
 
     /// Copies back the logits of `f`'s rows `which` (indices into `f.rows`).
     pub(super) fn download_logits(&self, f: &Fwd, which: &[usize]) -> Result<Vec<Vec<f32>>> {
-        let rows: Vec<usize> = which.iter().filter_map(|&i| f.rows.get(i).copied()).collect();
+        let rows: Vec<usize> = which
+            .iter()
+            .filter_map(|&i| f.rows.get(i).copied())
+            .collect();
         let Some(&last) = rows.iter().max() else {
             return Ok(Vec::new());
         };
