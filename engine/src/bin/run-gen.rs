@@ -180,7 +180,7 @@ fn run(args: Args) -> Result<()> {
         "prompt_tok_per_s": ids.len() as f64 / out.prompt_secs.max(1e-9),
         "decode_tok_per_s": out.tokens.len().saturating_sub(1) as f64 / out.decode_secs.max(1e-9),
         "backend": backend.name(),
-        "cuda_graphs": graphs,
+        "cuda_graphs": graphs && backend.name().starts_with("cuda"),
     });
     if args.logits_top > 0 {
         v["logits_top"] = serde_json::json!(out.logits_top);
