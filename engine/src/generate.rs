@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::backend::{Backend, StepBatch, StepRow};
+use crate::backend::{Backend, SelectParams, Selected, StepBatch, StepRow};
 use crate::error::{Error, Result};
 use crate::sampling::{SamplingParams, sample};
 
@@ -113,7 +113,11 @@ pub fn generate(
     } else {
         req.prefill_chunk
     };
-    let mut logits = Vec::new();
+    // Without logits_top / keep_logits the backend picks the token itself (on the device for
+    // CUDA), so the logits need not come back.
+    let want_logits = req.logits_top > 0 || req.keep_logits;
+    let mut history = req.prompt.clone();
+    let mut next = Selected::Logits(Vec::new());
     for start in (0..n_prompt).step_by(chunk) {
         let end = (start + chunk).min(n_prompt);
         let batch = StepBatch {
@@ -127,14 +131,18 @@ pub fn generate(
                 .collect(),
             block_tables: vec![table.clone()],
         };
-        let out = backend.step(&batch)?;
+        let select = select_for(end == n_prompt, want_logits, &req.params, &history);
+        let out = backend.step_select(&batch, &select)?;
         if end == n_prompt {
-            logits = out.logits.into_iter().next().unwrap_or_default();
+            next = out
+                .rows
+                .into_iter()
+                .next()
+                .unwrap_or(Selected::Logits(Vec::new()));
         }
     }
     let prompt_secs = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    let mut history = req.prompt.clone();
     let mut out = GenOutput {
         tokens: Vec::new(),
         finish_reason: FinishReason::Length,
@@ -145,13 +153,19 @@ pub fn generate(
     };
     while history.len() < total {
         let pos = history.len();
-        let tok = sample(&logits, &history, &req.params, pos as u64);
-        if req.logits_top > 0 {
-            out.logits_top.push(top_k(&logits, req.logits_top));
-        }
-        if req.keep_logits {
-            out.logits.push(std::mem::take(&mut logits));
-        }
+        let tok = match next {
+            Selected::Token(t) => t,
+            Selected::Logits(logits) => {
+                let tok = sample(&logits, &history, &req.params, pos as u64);
+                if req.logits_top > 0 {
+                    out.logits_top.push(top_k(&logits, req.logits_top));
+                }
+                if req.keep_logits {
+                    out.logits.push(logits);
+                }
+                tok
+            }
+        };
         if req.stop_ids.contains(&tok) {
             out.finish_reason = FinishReason::Stop;
             break;
@@ -171,13 +185,33 @@ pub fn generate(
             }],
             block_tables: vec![table.clone()],
         };
-        logits = backend
-            .step(&batch)?
-            .logits
+        let select = select_for(true, want_logits, &req.params, &history);
+        next = backend
+            .step_select(&batch, &select)?
+            .rows
             .into_iter()
             .next()
-            .unwrap_or_default();
+            .unwrap_or(Selected::Logits(Vec::new()));
     }
     out.decode_secs = t1.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// The select entries of a single-sequence step: none when its last row wants no logits, else one
+/// (`None` when the caller keeps logits).
+fn select_for<'a>(
+    last: bool,
+    want_logits: bool,
+    params: &'a SamplingParams,
+    history: &'a [u32],
+) -> Vec<Option<SelectParams<'a>>> {
+    match (last, want_logits) {
+        (false, _) => Vec::new(),
+        (true, true) => vec![None],
+        (true, false) => vec![Some(SelectParams {
+            params,
+            history,
+            pos: history.len() as u64,
+        })],
+    }
 }

@@ -3,14 +3,18 @@
 pub mod backend;
 pub mod chat;
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod formats;
 pub mod generate;
+pub mod kv;
 pub mod loader;
 pub mod models;
+pub mod prefix_cache;
 pub mod quant;
 pub mod request;
 pub mod sampling;
+pub mod scheduler;
 pub mod tokenizer;
 pub mod weights;
 

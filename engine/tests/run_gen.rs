@@ -110,7 +110,10 @@ fn user_errors_are_clear_and_non_zero() {
         ),
         (&[m, "--prompt", "x", "--top-p", "0"], "top_p"),
         (&[m, "--prompt-ids", "999999"], "outside the vocabulary"),
-        (&[m, "--prompt", "x", "--device", "cuda"], "CUDA is not available"),
+        (
+            &[m, "--prompt", "x", "--device", "cuda"],
+            "CUDA is not available",
+        ),
     ];
     for (args, want) in cases {
         let out = run_gen(args);

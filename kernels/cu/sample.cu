@@ -1,6 +1,9 @@
-// Greedy sampling: out[r] = argmax of logits row r (width values), the lowest index on ties.
-// NaN never wins. One block of 256 threads per row; thread t scans t, t + 256, ... keeping the
-// first maximum; a shared-memory tree then prefers the larger value, then the lower index.
+// Token selection on the device, exactly as engine/src/sampling.rs picks on the host.
+//
+// argmax_rows: greedy. out[r] = the lowest index of the largest logit of row r; NaN and -inf
+// never win (the host's `v > best` from best = -inf); a row with no winner gives 0. One block of
+// 256 threads per row; thread t scans t, t + 256, ... keeping its first maximum; a shared-memory
+// tree then prefers the larger value, then the lower index.
 extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* logits, u32* out, u32 width) {
     __shared__ float best_v[256];
     __shared__ u32 best_i[256];
@@ -9,7 +12,7 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* logit
     u32 bi = 0xffffffffu;
     for (u32 i = threadIdx.x; i < width; i += blockDim.x) {
         const float v = x[i];
-        if (v > bv || (bi == 0xffffffffu && v == bv)) {
+        if (v > bv) {
             bv = v;
             bi = i;
         }
@@ -31,4 +34,122 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* logit
         __syncthreads();
     }
     if (threadIdx.x == 0) out[blockIdx.x] = best_i[0] == 0xffffffffu ? 0u : best_i[0];
+}
+
+// penalize_row: the host's apply_penalties for one row. `tok`/`cnt` hold each distinct token of
+// the history once with its count (so no two threads touch one logit); ids >= width are skipped.
+// The same f32 operations in the same order (--fmad=false keeps `freq * n` rounded):
+//   l = rep != 1 ? (l > 0 ? l / rep : l * rep) : l;   l = l - (pres + freq * (float)n).
+extern "C" __global__ void __launch_bounds__(256) penalize_row(float* logits, const u32* tok,
+    const u32* cnt, u32 n, u32 width, float rep, float pres, float freq) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const u32 t = tok[i];
+        if (t >= width) continue;
+        float l = logits[t];
+        if (rep != 1.0f) l = l > 0.0f ? l / rep : l * rep;
+        l = l - (pres + freq * (float)cnt[i]);
+        logits[t] = l;
+    }
+}
+
+#define TOPK_MAX 1024
+
+// The host's candidate order as one unsigned 64-bit key, larger first: the scaled logit
+// v = l / temperature mapped so that unsigned order is f32::total_cmp order, then the id
+// ascending (0xffffffff - id). Keys are unique per id and never 0.
+__device__ __forceinline__ u64 cand_key(float l, float temperature, u32 id) {
+    const u32 b = __float_as_uint(l / temperature);
+    const u32 ord = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((u64)ord << 32) | (u64)(0xffffffffu - id);
+}
+
+// topk_row: the first k candidates of the host sampler's sorted list for one row of `width`
+// logits (NaN excluded; k <= TOPK_MAX; fewer when fewer are not NaN). Writes out[0] = count,
+// out[1 .. 1 + count] = the ids in order, out[1 + kmax .. 1 + kmax + count] = their logits' bits
+// (the unscaled, penalized values: the host finishes with sampling::sample on them).
+// Radix select over the 64-bit keys (8 passes of 8 bits, integer histograms: order-independent),
+// then the k keys >= the k-th are gathered and bitonic-sorted. One block of 1024 threads.
+extern "C" __global__ void __launch_bounds__(1024) topk_row(const float* logits, u32 width,
+    float temperature, u32 k, u32 kmax, u32* out) {
+    __shared__ u64 keys[TOPK_MAX];
+    __shared__ u32 hist[256];
+    __shared__ u32 s_valid, s_count, s_remaining;
+    __shared__ u64 s_prefix;
+    if (threadIdx.x == 0) {
+        s_valid = 0;
+        s_count = 0;
+        s_prefix = 0;
+    }
+    __syncthreads();
+    u32 valid = 0;
+    for (u32 i = threadIdx.x; i < width; i += blockDim.x) valid += logits[i] == logits[i] ? 1u : 0u;
+    atomicAdd(&s_valid, valid);
+    __syncthreads();
+    const u32 want = k < s_valid ? k : s_valid;
+    if (threadIdx.x == 0) s_remaining = want;
+    u64 mask = 0;
+    for (int shift = 56; shift >= 0 && want > 0; shift -= 8) {
+        if (threadIdx.x < 256) hist[threadIdx.x] = 0;
+        __syncthreads();
+        const u64 prefix = s_prefix;
+        for (u32 i = threadIdx.x; i < width; i += blockDim.x) {
+            const float l = logits[i];
+            if (l != l) continue;
+            const u64 key = cand_key(l, temperature, i);
+            if ((key & mask) == prefix) atomicAdd(&hist[(u32)(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            u32 acc = 0;
+            for (int d = 255; d >= 0; --d) {
+                if (acc + hist[d] >= s_remaining) {
+                    s_prefix = prefix | ((u64)d << shift);
+                    s_remaining -= acc;
+                    break;
+                }
+                acc += hist[d];
+            }
+        }
+        mask |= (u64)255 << shift;
+        __syncthreads();
+    }
+    // s_prefix is now the want-th largest key: exactly `want` keys are >= it.
+    for (u32 j = threadIdx.x; j < TOPK_MAX; j += blockDim.x) keys[j] = 0;
+    __syncthreads();
+    const u64 thr = s_prefix;
+    if (want > 0) {
+        for (u32 i = threadIdx.x; i < width; i += blockDim.x) {
+            const float l = logits[i];
+            if (l != l) continue;
+            const u64 key = cand_key(l, temperature, i);
+            if (key >= thr) {
+                const u32 slot = atomicAdd(&s_count, 1u);
+                if (slot < TOPK_MAX) keys[slot] = key;
+            }
+        }
+    }
+    __syncthreads();
+    // Bitonic sort, descending (padding keys are 0, the smallest).
+    for (u32 size = 2; size <= TOPK_MAX; size <<= 1) {
+        for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
+            for (u32 t = threadIdx.x; t < TOPK_MAX; t += blockDim.x) {
+                const u32 o = t ^ stride;
+                if (o > t) {
+                    const u64 a = keys[t], b = keys[o];
+                    const bool desc = (t & size) == 0;
+                    if (desc ? (a < b) : (a > b)) {
+                        keys[t] = b;
+                        keys[o] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    for (u32 j = threadIdx.x; j < want; j += blockDim.x) {
+        const u32 id = 0xffffffffu - (u32)(keys[j] & 0xffffffffu);
+        out[1 + j] = id;
+        out[1 + kmax + j] = __float_as_uint(logits[id]);
+    }
+    if (threadIdx.x == 0) out[0] = want;
 }

@@ -112,7 +112,7 @@ pub const MODULES: &[Module] = &[
         file: "kernels/cu/sample.cu",
         source: include_str!("../cu/sample.cu"),
         headers: &[],
-        kernels: &["argmax_rows"],
+        kernels: &["argmax_rows", "penalize_row", "topk_row"],
     },
 ];
 

@@ -70,6 +70,12 @@ pub struct ServeArgs {
     /// CPU threads for the CPU backend (0 = all cores).
     #[arg(long, env = "MEMRA_THREADS", default_value_t = 0)]
     pub threads: usize,
+    /// Sequences the engine runs at once (per model).
+    #[arg(long, env = "MEMRA_MAX_RUNNING", default_value_t = 64)]
+    pub max_running: usize,
+    /// KV cache blocks per model (0 = sized from free memory at load).
+    #[arg(long, env = "MEMRA_KV_BLOCKS", default_value_t = 0)]
+    pub kv_blocks: usize,
     /// Keyring file of hashed API keys; without it the server is open (tenant `default`).
     #[arg(long, env = "MEMRA_API_KEYS")]
     pub api_keys: Option<PathBuf>,

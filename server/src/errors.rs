@@ -144,6 +144,17 @@ impl ApiError {
         )
     }
 
+    /// 503 while the models are still loading.
+    pub fn loading() -> ApiError {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded_error",
+            "the models are still loading; retry shortly (GET /ready turns 200 when they are)",
+        )
+        .with_code("loading")
+        .retry(5)
+    }
+
     /// 500: the engine failed (before or during generation).
     pub fn engine(message: impl Into<String>) -> ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)

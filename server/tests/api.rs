@@ -166,6 +166,9 @@ async fn models_and_probes() {
     assert_eq!(s.get("/ready").await.status(), 200);
     s.engine.set_ready(false);
     assert_eq!(s.get("/ready").await.status(), 503);
+    let r = s.post("/v1/chat/completions", &chat_body("hi")).await;
+    assert_eq!(r.headers()["retry-after"], "5");
+    expect_error(r, 503, Some("loading")).await;
     assert_eq!(s.get("/health").await.status(), 200);
     s.engine.set_ready(true);
     assert_eq!(s.get("/ready").await.status(), 200);

@@ -52,6 +52,7 @@ fn start(keys: &std::path::Path) -> Server {
         .env("MEMRA_DEVICE", "cpu")
         .env("MEMRA_API_KEYS", keys)
         .env("MEMRA_DRAIN_TIMEOUT_S", "60")
+        .env("MEMRA_KV_BLOCKS", "1024")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

@@ -3,11 +3,13 @@
 # here and with .device carried). Logs go to $OUT (the device tool's output folder); a short
 # table is printed last.
 #   nvidia-smi; memra-verify kernels; synthetic models into $HOME/models if absent;
-#   memra-verify invariance (SmolLM2, synthetic llama3-8b q4_k_m); memra-verify tokens (SmolLM2);
-#   run-gen --device cuda --json tok/s (512-token prompt, 128 new tokens) for SmolLM2 and
-#   synthetic llama3-8b at q4_k_m, q8_0, f16.
+#   memra-verify invariance (SmolLM2, synthetic llama3-8b q4_k_m); memra-verify graph (CUDA graph
+#   vs plain bits, device vs host token selection; SmolLM2, llama3-8b q4_k_m); memra-verify tokens
+#   (SmolLM2); run-gen --device cuda --json tok/s (512-token prompt, 128 new tokens) for SmolLM2
+#   and synthetic llama3-8b at q4_k_m, q8_0, f16 (CUDA graphs on), plus SmolLM2 and q4_k_m with
+#   --no-cuda-graph and with seeded top-k sampling.
 # Needs $HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf staged (docs/DEVICE.md).
-# Env: BATTERY_STEPS (default "smi kernels synth inv tokens speed"), BATTERY_SYNTH (llama3-8b
+# Env: BATTERY_STEPS (default "smi kernels synth inv graph tokens speed"), BATTERY_SYNTH (llama3-8b
 # dtypes to generate/measure, default "q4_k_m q8_0 f16").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,7 +19,7 @@ mkdir -p "$LOG"
 BIN="${MEMRA_BIN:-$PWD/.device/bin}"
 MODELS="$HOME/models"
 SMOL="$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf"
-STEPS="${BATTERY_STEPS:-smi kernels synth inv tokens speed}"
+STEPS="${BATTERY_STEPS:-smi kernels synth inv graph tokens speed}"
 SYNTH="${BATTERY_SYNTH:-q4_k_m q8_0 f16}"
 export MEMRA_KERNEL_CACHE="$HOME/.cache/memra/kernels"
 if [ -n "${CUDA_HOME:-}" ]; then
@@ -61,6 +63,12 @@ if has inv; then
   [ -e "$f" ] && run invariance-llama3-8b-q4_k_m 300 "$BIN/memra-verify" invariance --device cuda:0 "$f" --max-m 64
 fi
 
+if has graph; then
+  [ -e "$SMOL" ] && run graph-smollm2 240 "$BIN/memra-verify" graph --device cuda:0 "$SMOL" --max-m 64
+  f=$(llama q4_k_m)
+  [ -e "$f" ] && run graph-llama3-8b-q4_k_m 300 "$BIN/memra-verify" graph --device cuda:0 "$f" --max-m 64
+fi
+
 if has tokens && [ -e "$SMOL" ]; then
   run tokens-smollm2 180 "$BIN/memra-verify" tokens --device cuda:0 "$SMOL" \
     --fixture verify/fixtures/smollm2-135m-reference.json
@@ -68,18 +76,28 @@ fi
 
 if has speed; then
   IDS=$(python3 -c "print(','.join(str(100 + i * 7 % 40000) for i in range(512)))")
+  # speed NAME MODEL [run-gen flags...]
   speed() {
-    local name=$1 model=$2
+    local name=$1 model=$2; shift 2
     [ -e "$model" ] || { row "tok/s $name" "missing $model"; return; }
     if timeout 240 "$BIN/run-gen" "$model" --device cuda:0 --json --prompt-ids "$IDS" \
-        --max-tokens 128 --ignore-eos > "$LOG/speed-$name.json" 2> "$LOG/speed-$name.err"; then
-      row "tok/s $name" "$(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('prefill %.0f tok/s, decode %.1f tok/s (%d tokens)' % (j['prompt_tok_per_s'], j['decode_tok_per_s'], len(j['tokens'])))" "$LOG/speed-$name.json")"
+        --max-tokens 128 --ignore-eos "$@" > "$LOG/speed-$name.json" 2> "$LOG/speed-$name.err"; then
+      row "tok/s $name" "$(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('prefill %.0f tok/s, decode %.1f tok/s (%d tokens, graphs %s) ids %08x' % (j['prompt_tok_per_s'], j['decode_tok_per_s'], len(j['tokens']), j.get('cuda_graphs'), hash(tuple(j['tokens'])) & 0xffffffff))" "$LOG/speed-$name.json")"
     else
       row "tok/s $name" "FAIL: $(tail -n 2 "$LOG/speed-$name.err" | tr '\n' ' ' | cut -c1-160)"
     fi
   }
+  SAMPLED="--temperature 0.8 --top-k 40 --top-p 0.9 --seed 7"
   speed smollm2-q4_1 "$SMOL"
+  speed smollm2-q4_1-nograph "$SMOL" --no-cuda-graph
+  speed smollm2-q4_1-sampled "$SMOL" $SAMPLED
+  speed smollm2-q4_1-sampled-nograph "$SMOL" $SAMPLED --no-cuda-graph
   for d in $SYNTH; do speed "llama3-8b-$d" "$(llama "$d")"; done
+  if case " $SYNTH " in *" q4_k_m "*) true;; *) false;; esac; then
+    speed llama3-8b-q4_k_m-nograph "$(llama q4_k_m)" --no-cuda-graph
+    speed llama3-8b-q4_k_m-sampled "$(llama q4_k_m)" $SAMPLED
+    speed llama3-8b-q4_k_m-sampled-nograph "$(llama q4_k_m)" $SAMPLED --no-cuda-graph
+  fi
 fi
 
 echo

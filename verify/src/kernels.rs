@@ -369,6 +369,7 @@ pub fn run(device: usize, seed: u64) -> Result<Vec<Case>> {
     rope_cases(&g, seed, &mut out)?;
     elementwise_cases(&g, seed, &mut out)?;
     argmax_cases(&g, seed, &mut out)?;
+    super::kernels_select::select_kernel_cases(&g, seed, &mut out)?;
     super::attention_check::attention_cases(&g, seed, &mut out)?;
     Ok(out)
 }

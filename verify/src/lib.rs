@@ -3,6 +3,9 @@
 //! `tokens` (greedy tokens vs the reference fixture).
 
 mod attention_check;
+pub mod graph;
 pub mod invariance;
 pub mod kernels;
+mod kernels_select;
+pub mod serve_invariance;
 pub mod tokens;

@@ -8,7 +8,8 @@ pub mod cpu;
 pub mod cuda;
 
 use crate::config::ModelConfig;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::sampling::{SamplingParams, sample};
 
 /// One token row of a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +38,32 @@ pub struct StepOutput {
     pub logits: Vec<Vec<f32>>,
 }
 
+/// How to pick the next token from one row's logits: exactly `sampling::sample(logits, history,
+/// params, pos)`.
+#[derive(Clone, Copy, Debug)]
+pub struct SelectParams<'a> {
+    pub params: &'a SamplingParams,
+    /// The sequence's tokens so far (for the penalties).
+    pub history: &'a [u32],
+    /// The position of the token being picked (the RNG counter).
+    pub pos: u64,
+}
+
+/// What [`Backend::step_select`] returns for one row that wanted logits.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Selected {
+    /// The token picked (the row had `Some` select params).
+    Token(u32),
+    /// The row's logits (the row had `None`).
+    Logits(Vec<f32>),
+}
+
+/// Per row that wanted logits, in row order.
+#[derive(Clone, Debug, Default)]
+pub struct StepSelected {
+    pub rows: Vec<Selected>,
+}
+
 /// Receives named intermediates (`attn_norm`, `q`, `k`, `v`, `attn_out`, `ffn_out`, ...) per layer:
 /// `(name, layer, rows, values)` with `values.len()` a multiple of `rows`.
 pub type DumpFn = Box<dyn FnMut(&str, usize, usize, &[f32]) + Send>;
@@ -58,6 +85,44 @@ pub trait Backend: Send {
     fn kv_block_bytes(&self, block: u32) -> Result<Vec<u8>>;
     /// Installs (or removes) a sink for named intermediates; backends may ignore it.
     fn set_dump(&mut self, _dump: Option<DumpFn>) {}
+    /// Runs one step like [`Backend::step`] and picks tokens: `select` has one entry per row
+    /// that wants logits (in row order); `Some` rows get the token `sampling::sample` picks from
+    /// their logits, `None` rows get their logits. The default runs `step` and samples on the
+    /// host; a backend may pick on the device, but must pick exactly the same token.
+    fn step_select(
+        &mut self,
+        batch: &StepBatch,
+        select: &[Option<SelectParams>],
+    ) -> Result<StepSelected> {
+        check_select(batch, select)?;
+        let out = self.step(batch)?;
+        Ok(select_on_host(out.logits, select))
+    }
+}
+
+/// Checks that `select` has one entry per row that wants logits.
+pub fn check_select(batch: &StepBatch, select: &[Option<SelectParams>]) -> Result<()> {
+    let want = batch.rows.iter().filter(|r| r.want_logits).count();
+    if want != select.len() {
+        return Err(Error::Input(format!(
+            "step_select: {} select entries for {want} rows that want logits",
+            select.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The host selection: `sample` for `Some` rows, the logits for `None` rows.
+pub fn select_on_host(logits: Vec<Vec<f32>>, select: &[Option<SelectParams>]) -> StepSelected {
+    let rows = logits
+        .into_iter()
+        .zip(select)
+        .map(|(l, s)| match s {
+            Some(s) => Selected::Token(sample(&l, s.history, s.params, s.pos)),
+            None => Selected::Logits(l),
+        })
+        .collect();
+    StepSelected { rows }
 }
 
 /// Which backend to run on, as given by `--device auto|cpu|cuda[:N]`.

@@ -2,7 +2,7 @@
 //!
 //! `run-gen MODEL (--prompt TEXT | --prompt-ids 1,2,3) [--chat] [--system TEXT] [--max-tokens N]
 //!  [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--device auto|cpu|cuda[:N]]
-//!  [--threads N] [--json] [--logits-top K]`
+//!  [--threads N] [--json] [--logits-top K] [--no-cuda-graph]`
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use memra_engine::backend::Device;
-use memra_engine::backend::cuda::open_backend;
+use memra_engine::backend::cuda::{graphs_default, open_backend_opts};
 use memra_engine::chat::ChatMessage;
 use memra_engine::generate::{GenRequest, generate};
 use memra_engine::loader::load_model;
@@ -81,6 +81,9 @@ struct Args {
     /// Include the top K logits of every generated position in the JSON.
     #[arg(long, default_value_t = 0)]
     logits_top: usize,
+    /// Run every CUDA step plainly, without CUDA graphs (also: MEMRA_CUDA_GRAPHS=0).
+    #[arg(long)]
+    no_cuda_graph: bool,
 }
 
 fn prompt_ids(args: &Args, model: &memra_engine::loader::Model) -> Result<Vec<u32>> {
@@ -130,12 +133,14 @@ fn run(args: Args) -> Result<()> {
     params.validate()?;
     let total = (ids.len() + args.max_tokens).min(model.config.max_ctx);
     let tokenizer = model.tokenizer.clone();
-    let mut backend = open_backend(
+    let graphs = graphs_default() && !args.no_cuda_graph;
+    let mut backend = open_backend_opts(
         args.device,
         model.weights,
         total.div_ceil(16).max(1),
         16,
         args.threads,
+        graphs,
     )?;
     let req = GenRequest {
         prompt: ids.clone(),
@@ -174,6 +179,8 @@ fn run(args: Args) -> Result<()> {
         "finish_reason": out.finish_reason.as_str(),
         "prompt_tok_per_s": ids.len() as f64 / out.prompt_secs.max(1e-9),
         "decode_tok_per_s": out.tokens.len().saturating_sub(1) as f64 / out.decode_secs.max(1e-9),
+        "backend": backend.name(),
+        "cuda_graphs": graphs && backend.name().starts_with("cuda"),
     });
     if args.logits_top > 0 {
         v["logits_top"] = serde_json::json!(out.logits_top);

@@ -75,6 +75,8 @@ macro_rules! with_codec {
 }
 
 mod dot;
+#[cfg(target_arch = "x86_64")]
+mod dot_avx2;
 mod iq4_xs;
 mod kquants;
 mod kquants_quantize;
@@ -82,7 +84,9 @@ mod legacy;
 mod simd;
 mod simple;
 
-pub use dot::{DOT_LANES, dot_f32, dot_row};
+pub use dot::{
+    DOT_LANES, dot_f32, dot_f32_generic, dot_row, dot_row_generic, dot_row_multi, dot_rows_f32,
+};
 
 /// ggml tensor types, numbered as in the GGUF format.
 #[allow(non_camel_case_types)]
@@ -262,7 +266,7 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
 
 simd::multiversion! {
     /// [`dequantize_row`] after the length check.
-    fn dequantize_unchecked(dtype: DType, src: &[u8], dst: &mut [f32]) {
+    pub(super) fn dequantize_unchecked(dtype: DType, src: &[u8], dst: &mut [f32]) {
         with_codec!(dtype, codec => codec(src, dst))
     }
 }

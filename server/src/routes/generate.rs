@@ -63,7 +63,13 @@ pub async fn handle(
         .models()
         .into_iter()
         .find(|m| m.alias == parsed.model)
-        .ok_or_else(|| ApiError::model_not_found(&parsed.model))?;
+        .ok_or_else(|| {
+            if st.engine.ready() {
+                ApiError::model_not_found(&parsed.model)
+            } else {
+                ApiError::loading()
+            }
+        })?;
     let text = model.text.clone();
     let input = parsed.prompt.clone();
     let ids = tokio::task::spawn_blocking(move || match input {

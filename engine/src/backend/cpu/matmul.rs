@@ -1,23 +1,19 @@
 //! Matrix products `out[m][n] = dot(W[n], x[m])` over weights in any stored block format.
 //!
-//! Each weight row is dequantized to exact f32 (or fused into the dot with identical bits) and dotted with each input row in the fixed order
-//! of [`super::ops::dot`]. Threads split the output features only, so neither the thread count nor
+//! Each weight row is dequantized to exact f32 (fused into the dot for one input row, or once
+//! and reused for several: identical bits) and dotted with each input row in the fixed order of
+//! [`crate::quant::dot_f32`]. Threads split the output features only, so neither the thread count nor
 //! the number of rows M can change a single output bit; and a quantized weight gives the same bits
 //! as its dequantized f32 copy.
 
 use rayon::prelude::*;
 
-use super::ops::dot;
 use crate::error::{Error, Result};
-use crate::quant::{dequantize_row, dot_row};
+use crate::quant::{dot_row, dot_row_multi};
 use crate::weights::Tensor;
 
 /// Output features per parallel task.
 const ROWS_PER_TASK: usize = 16;
-
-/// Up to this many input rows, each product is a fused dequantize-dot (`dot_row`, no row buffer);
-/// above it the weight row is dequantized once and reused. Both give identical bits.
-const FUSED_MAX_M: usize = 2;
 
 /// `x` holds `m` rows of `w.cols`; returns `m` rows of `w.rows`.
 pub fn matmul(pool: &rayon::ThreadPool, w: &Tensor, x: &[f32], m: usize) -> Result<Vec<f32>> {
@@ -37,18 +33,12 @@ pub fn matmul(pool: &rayon::ThreadPool, w: &Tensor, x: &[f32], m: usize) -> Resu
         t.par_chunks_mut(ROWS_PER_TASK * m)
             .enumerate()
             .try_for_each(|(ci, chunk)| {
-                let mut buf = vec![0f32; if m > FUSED_MAX_M { k } else { 0 }];
                 for (j, out) in chunk.chunks_mut(m).enumerate() {
                     let r = ci * ROWS_PER_TASK + j;
-                    if m <= FUSED_MAX_M {
-                        for (mi, o) in out.iter_mut().enumerate() {
-                            *o = dot_row(w.dtype, w.row(r), &x[mi * k..(mi + 1) * k])?;
-                        }
-                        continue;
-                    }
-                    dequantize_row(w.dtype, w.row(r), &mut buf)?;
-                    for (mi, o) in out.iter_mut().enumerate() {
-                        *o = dot(&buf, &x[mi * k..(mi + 1) * k]);
+                    if m == 1 {
+                        out[0] = dot_row(w.dtype, w.row(r), x)?;
+                    } else {
+                        dot_row_multi(w.dtype, w.row(r), x, k, out)?;
                     }
                 }
                 Ok(())

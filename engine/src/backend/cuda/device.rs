@@ -86,7 +86,10 @@ impl Gpu {
         // SAFETY: all work goes to the one stream below, in order; buffers outlive their use
         // (the backend synchronizes before freeing or reading back).
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A created stream, not the legacy default one: CUDA graphs capture only such streams.
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| fail(format!("creating the stream: {e:?}")))?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| fail(format!("compute capability: {e:?}")))?;
@@ -437,7 +440,65 @@ impl Gpu {
         ];
         self.launch("argmax_rows", (self.u32_of(rows, "rows")?, 1), BLOCK, &args)
     }
+
+    /// The host's `apply_penalties` on one row of `width` logits: `n` distinct history tokens
+    /// `tok` with their counts `cnt`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn penalize_row(
+        &self,
+        logits: u64,
+        tok: u64,
+        cnt: u64,
+        n: usize,
+        width: usize,
+        p: &crate::sampling::SamplingParams,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::Ptr(logits),
+            Arg::Ptr(tok),
+            Arg::Ptr(cnt),
+            Arg::U32(self.u32_of(n, "history tokens")?),
+            Arg::U32(self.u32_of(width, "width")?),
+            Arg::F32(p.repetition_penalty),
+            Arg::F32(p.presence_penalty),
+            Arg::F32(p.frequency_penalty),
+        ];
+        self.launch("penalize_row", Self::stride_grid(n as u64), BLOCK, &args)
+    }
+
+    /// The first `k` (at most [`TOPK_MAX`]) candidates of the host sampler's order for one row
+    /// of `width` logits into `out`: `[count, ids (kmax slots), logit bits (kmax slots)]`.
+    pub fn topk_row(
+        &self,
+        logits: u64,
+        width: usize,
+        temperature: f32,
+        k: usize,
+        kmax: usize,
+        out: u64,
+    ) -> Result<()> {
+        if k > TOPK_MAX || kmax > TOPK_MAX || k > kmax {
+            return Err(self.err(format!(
+                "topk_row: k = {k}, kmax = {kmax} (at most {TOPK_MAX})"
+            )));
+        }
+        let args = [
+            Arg::Ptr(logits),
+            Arg::U32(self.u32_of(width, "width")?),
+            Arg::F32(temperature),
+            Arg::U32(self.u32_of(k, "k")?),
+            Arg::U32(self.u32_of(kmax, "kmax")?),
+            Arg::Ptr(out),
+        ];
+        self.launch("topk_row", (1, 1), 1024, &args)
+    }
 }
+
+/// The most candidates `topk_row` returns (`TOPK_MAX` in kernels/cu/sample.cu).
+pub const TOPK_MAX: usize = 1024;
 
 /// Pointers and shapes of one attention launch (rows `0..rows` of the launch).
 #[derive(Clone, Copy, Debug)]

@@ -2,17 +2,25 @@
 //! the CPU reference's arithmetic order, so results are row-invariant by construction
 //! (EXACTNESS.md). Activations, norms and the KV cache are f32; weights stay in their GGUF block
 //! format on the device.
+//!
+//! v2: tokens are picked on the device (`step_select`, select.rs) and a step of up to 64 rows
+//! runs as a CUDA graph per row bucket (graph.rs; `CudaOptions::graphs`).
 
 mod device;
+mod graph;
+pub mod select;
 mod step;
 
-pub use device::{Arg, AttnArgs, Gpu, device_count, kernel_supports, quiet_catch};
+pub use device::{Arg, AttnArgs, Gpu, TOPK_MAX, device_count, kernel_supports, quiet_catch};
+pub use graph::BUCKETS;
 
 use cudarc::driver::CudaSlice;
 
 use super::cpu::ops::Rope;
 use super::cpu::{CpuBackend, CpuOptions};
-use super::{Backend, Device, StepBatch, StepOutput};
+use super::{
+    Backend, Device, SelectParams, Selected, StepBatch, StepOutput, StepSelected, check_select,
+};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::models::ModelWeights;
@@ -28,6 +36,13 @@ pub struct CudaOptions {
     pub kv_blocks: usize,
     /// Positions per KV block.
     pub block_size: usize,
+    /// Run steps of up to 64 rows as CUDA graphs.
+    pub graphs: bool,
+}
+
+/// Whether CUDA graphs are on by default: yes, unless `MEMRA_CUDA_GRAPHS=0`.
+pub fn graphs_default() -> bool {
+    std::env::var("MEMRA_CUDA_GRAPHS").map_or(true, |v| v != "0")
 }
 
 /// True when a CUDA driver and at least one device are present. Never panics.
@@ -44,6 +59,25 @@ pub fn open_backend(
     block_size: usize,
     threads: usize,
 ) -> Result<Box<dyn Backend>> {
+    open_backend_opts(
+        device,
+        weights,
+        kv_blocks,
+        block_size,
+        threads,
+        graphs_default(),
+    )
+}
+
+/// [`open_backend`] with CUDA graphs on or off (ignored by the CPU backend).
+pub fn open_backend_opts(
+    device: Device,
+    weights: ModelWeights,
+    kv_blocks: usize,
+    block_size: usize,
+    threads: usize,
+    graphs: bool,
+) -> Result<Box<dyn Backend>> {
     let cpu = |w| -> Result<Box<dyn Backend>> {
         let opts = CpuOptions {
             threads,
@@ -57,6 +91,7 @@ pub fn open_backend(
             device: n,
             kv_blocks,
             block_size,
+            graphs,
         };
         Ok(Box::new(CudaBackend::new(w, &opts)?))
     };
@@ -129,6 +164,10 @@ pub struct CudaBackend {
     kv_blocks: usize,
     block_size: usize,
     scratch: Scratch,
+    graphs_on: bool,
+    graph: Option<graph::GraphState>,
+    /// Bumped whenever a buffer a captured graph reads is reallocated.
+    layout_epoch: u64,
 }
 
 /// Working space kept free beyond weights and KV cache.
@@ -163,8 +202,8 @@ impl CudaBackend {
         }
         let gpu = Gpu::open(opts.device)?;
         let width = c.n_kv_heads * c.head_dim;
-        let kv_bytes = opts
-            .kv_blocks
+        // One block beyond `kv_blocks` for the inert rows of graph buckets.
+        let kv_bytes = (opts.kv_blocks + 1)
             .checked_mul(opts.block_size)
             .and_then(|v| v.checked_mul(width * 4 * 2 * c.n_layers))
             .ok_or_else(|| Error::Input("KV cache size overflows".into()))?;
@@ -197,7 +236,7 @@ impl CudaBackend {
                 row_bytes: t.row_bytes(),
             })
         };
-        let cache_len = opts.kv_blocks * opts.block_size * width;
+        let cache_len = (opts.kv_blocks + 1) * opts.block_size * width;
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in &w.layers {
             layers.push(Layer {
@@ -240,6 +279,9 @@ impl CudaBackend {
             kv_blocks: opts.kv_blocks,
             block_size: opts.block_size,
             scratch: Scratch::default(),
+            graphs_on: opts.graphs,
+            graph: None,
+            layout_epoch: 0,
         })
     }
 
@@ -266,6 +308,7 @@ impl CudaBackend {
         self.rope_cos = Some(self.gpu.upload(&cos)?);
         self.rope_sin = Some(self.gpu.upload(&sin)?);
         self.rope_len = len;
+        self.layout_epoch += 1;
         Ok(())
     }
 
@@ -298,6 +341,51 @@ impl Backend for CudaBackend {
         self.run_step(batch)
     }
 
+    fn step_select(
+        &mut self,
+        batch: &StepBatch,
+        select: &[Option<SelectParams>],
+    ) -> Result<StepSelected> {
+        check_select(batch, select)?;
+        let f = self.forward(batch)?;
+        let vocab = self.config.vocab;
+        let dev: Vec<(usize, SelectParams)> = select
+            .iter()
+            .zip(&f.rows)
+            .filter_map(|(s, &r)| s.map(|s| (r, s)))
+            .collect();
+        let picked = if dev.is_empty() {
+            Vec::new()
+        } else {
+            let ptr = self.gpu.ptr(self.logits_buf(&f)?);
+            select::select_rows(&self.gpu, ptr, vocab, &dev)?
+        };
+        // Rows that need their logits: `None` rows and host-planned ones.
+        let mut picked_iter = picked.into_iter();
+        let mut tokens: Vec<Option<u32>> = Vec::with_capacity(select.len());
+        for s in select {
+            tokens.push(match s {
+                Some(_) => picked_iter.next().flatten(),
+                None => None,
+            });
+        }
+        let need: Vec<usize> = (0..select.len()).filter(|&i| tokens[i].is_none()).collect();
+        let mut logits = self.download_logits(&f, &need)?.into_iter();
+        self.gpu.sync()?;
+        let mut rows = Vec::with_capacity(select.len());
+        for (s, t) in select.iter().zip(tokens) {
+            rows.push(match (t, s) {
+                (Some(t), _) => Selected::Token(t),
+                (None, Some(s)) => {
+                    let l = logits.next().unwrap_or_default();
+                    Selected::Token(crate::sampling::sample(&l, s.history, s.params, s.pos))
+                }
+                (None, None) => Selected::Logits(logits.next().unwrap_or_default()),
+            });
+        }
+        rows_checked(rows, select.len(), &self.gpu)
+    }
+
     fn copy_kv_block(&mut self, src: u32, dst: u32) -> Result<()> {
         self.check_block(src)?;
         self.check_block(dst)?;
@@ -324,4 +412,11 @@ impl Backend for CudaBackend {
         }
         Ok(out)
     }
+}
+
+fn rows_checked(rows: Vec<Selected>, n: usize, g: &Gpu) -> Result<StepSelected> {
+    if rows.len() != n {
+        return Err(g.err(format!("step_select: {} results for {n} rows", rows.len())));
+    }
+    Ok(StepSelected { rows })
 }

@@ -8,7 +8,7 @@ use crate::backend::{StepBatch, StepOutput};
 use crate::error::{Error, Result};
 
 /// Scratch buffers, by index: per-row widths are given by `widths`.
-const X: usize = 0;
+pub(super) const X: usize = 0;
 const H: usize = 1;
 const Q: usize = 2;
 const K: usize = 3;
@@ -19,32 +19,61 @@ const G: usize = 7;
 const U: usize = 8;
 
 /// Bound on the attention score scratch of one launch (floats); launches are split by rows.
-const SCORE_FLOATS: usize = 64 << 20;
+pub(super) const SCORE_FLOATS: usize = 64 << 20;
 
-/// Row metadata on the device.
-struct Meta {
-    tokens: CudaSlice<u32>,
-    pos: CudaSlice<u32>,
-    row_seq: CudaSlice<u32>,
-    slot: CudaSlice<u32>,
-    table_off: CudaSlice<u32>,
-    tables: CudaSlice<u32>,
-    /// Largest `pos + 1` of the batch.
+/// Row metadata on the device (addresses of u32 arrays).
+pub(super) struct Meta {
+    pub tokens: u64,
+    pub pos: u64,
+    pub row_seq: u64,
+    pub slot: u64,
+    pub table_off: u64,
+    pub tables: u64,
+    /// Floats of attention scores per (row, head): at least the largest `pos + 1`.
+    pub ctx: usize,
+}
+
+/// Owned metadata buffers of a plain (non-graph) step.
+struct MetaBufs {
+    bufs: Vec<CudaSlice<u32>>,
     ctx: usize,
 }
 
-fn u32_of(v: usize, what: &str) -> Result<u32> {
+impl MetaBufs {
+    fn meta(&self, g: &super::Gpu) -> Meta {
+        let p = |i: usize| self.bufs.get(i).map(|b| g.ptr(b)).unwrap_or(0);
+        Meta {
+            tokens: p(0),
+            pos: p(1),
+            row_seq: p(2),
+            slot: p(3),
+            table_off: p(4),
+            tables: p(5),
+            ctx: self.ctx,
+        }
+    }
+}
+
+/// Logits a forward pass left on the device: `rows[i]` is the buffer row of the i-th row that
+/// wanted logits; the buffer is `owned`, or the graph state's when `None`.
+#[derive(Default)]
+pub(super) struct Fwd {
+    pub owned: Option<CudaSlice<f32>>,
+    pub rows: Vec<usize>,
+}
+
+pub(super) fn u32_of(v: usize, what: &str) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::Input(format!("{what} {v} exceeds u32")))
 }
 
 impl CudaBackend {
-    fn widths(&self) -> [usize; 9] {
+    pub(super) fn widths(&self) -> [usize; 9] {
         let c = &self.config;
         let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
         [c.hidden, c.hidden, qd, kvd, kvd, qd, c.hidden, c.ffn, c.ffn]
     }
 
-    fn ensure_scratch(&mut self, rows: usize) -> Result<()> {
+    pub(super) fn ensure_scratch(&mut self, rows: usize) -> Result<()> {
         if rows <= self.scratch.rows {
             return Ok(());
         }
@@ -56,6 +85,7 @@ impl CudaBackend {
             self.scratch.bufs.push(b);
         }
         self.scratch.rows = cap;
+        self.layout_epoch += 1;
         Ok(())
     }
 
@@ -88,7 +118,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn upload_meta(&self, batch: &StepBatch) -> Result<Meta> {
+    fn upload_meta(&self, batch: &StepBatch) -> Result<MetaBufs> {
         let bs = self.block_size;
         let mut tokens = Vec::with_capacity(batch.rows.len());
         let mut pos = Vec::with_capacity(batch.rows.len());
@@ -112,22 +142,17 @@ impl CudaBackend {
             tables.extend_from_slice(t);
         }
         let g = &self.gpu;
-        Ok(Meta {
-            tokens: g.upload(&tokens)?,
-            pos: g.upload(&pos)?,
-            row_seq: g.upload(&row_seq)?,
-            slot: g.upload(&slot)?,
-            table_off: g.upload(&table_off)?,
-            tables: g.upload(if tables.is_empty() {
-                &[0u32][..]
-            } else {
-                &tables
-            })?,
-            ctx,
-        })
+        if tables.is_empty() {
+            tables.push(0);
+        }
+        let mut bufs = Vec::with_capacity(6);
+        for v in [&tokens, &pos, &row_seq, &slot, &table_off, &tables] {
+            bufs.push(g.upload(v)?);
+        }
+        Ok(MetaBufs { bufs, ctx })
     }
 
-    fn matmul(&self, w: &Mat, x: u64, y: u64, m: usize) -> Result<()> {
+    pub(super) fn matmul(&self, w: &Mat, x: u64, y: u64, m: usize) -> Result<()> {
         let g = &self.gpu;
         g.matmul(
             w.dtype,
@@ -171,11 +196,11 @@ impl CudaBackend {
             (Some(cs), Some(sn)) => (g.ptr(cs), g.ptr(sn)),
             _ => return Err(g.err("RoPE tables missing")),
         };
-        let pos = g.ptr(&meta.pos);
+        let pos = meta.pos;
         g.rope(p[Q], pos, cos, sin, m, c.n_heads, hd)?;
         g.rope(p[K], pos, cos, sin, m, c.n_kv_heads, hd)?;
         let (kc, vc) = (g.ptr(&lw.k_cache), g.ptr(&lw.v_cache));
-        g.kv_write(kc, vc, p[K], p[V], g.ptr(&meta.slot), m, kvd)?;
+        g.kv_write(kc, vc, p[K], p[V], meta.slot, m, kvd)?;
         // Attention, split into launches of `chunk` rows to bound the score scratch.
         let per_row = c.n_heads * meta.ctx;
         let chunk = (scores.len() / per_row.max(1)).clamp(1, m);
@@ -188,9 +213,9 @@ impl CudaBackend {
                 k_cache: kc,
                 v_cache: vc,
                 pos: pos + (r0 * 4) as u64,
-                row_seq: g.ptr(&meta.row_seq) + (r0 * 4) as u64,
-                table_off: g.ptr(&meta.table_off),
-                tables: g.ptr(&meta.tables),
+                row_seq: meta.row_seq + (r0 * 4) as u64,
+                table_off: meta.table_off,
+                tables: meta.tables,
                 scores: g.ptr(scores),
                 score_stride: meta.ctx,
                 rows,
@@ -213,59 +238,118 @@ impl CudaBackend {
         g.add_in_place(p[X], p[O], m * c.hidden)
     }
 
-    pub(super) fn run_step(&mut self, batch: &StepBatch) -> Result<StepOutput> {
+    /// Embedding and every layer for `m` rows; the residual stream ends in scratch `X`.
+    pub(super) fn body(&self, m: usize, meta: &Meta, scores: &CudaSlice<f32>) -> Result<()> {
+        let c = &self.config;
+        let g = &self.gpu;
+        g.embed(
+            self.embed.dtype,
+            g.ptr(&self.embed.data),
+            self.embed.row_bytes,
+            meta.tokens,
+            g.ptr(&self.scratch.bufs[X]),
+            m,
+            c.hidden,
+        )?;
+        for l in 0..c.n_layers {
+            self.layer(l, m, meta, scores)?;
+        }
+        Ok(())
+    }
+
+    /// The final norm and output projection of `n` rows at `x` into `logits` (`hn`: `n` rows of
+    /// hidden scratch, may equal `x`).
+    pub(super) fn head(&self, x: u64, hn: u64, logits: u64, n: usize) -> Result<()> {
+        let c = &self.config;
+        let g = &self.gpu;
+        g.rms_norm(x, g.ptr(&self.out_norm), hn, n, c.hidden, c.rms_eps)?;
+        let out = self.output.as_ref().unwrap_or(&self.embed);
+        self.matmul(out, hn, logits, n)
+    }
+
+    /// Runs the step's kernels (as a CUDA graph when enabled and the batch fits a bucket);
+    /// the logits stay on the device.
+    pub(super) fn forward(&mut self, batch: &StepBatch) -> Result<Fwd> {
         self.check_batch(batch)?;
         let m = batch.rows.len();
         if m == 0 {
-            return Ok(StepOutput::default());
+            return Ok(Fwd::default());
         }
-        let meta = self.upload_meta(batch)?;
+        if self.graphs_on
+            && let Some(f) = self.forward_graph(batch)?
+        {
+            return Ok(f);
+        }
+        self.forward_plain(batch)
+    }
+
+    fn forward_plain(&mut self, batch: &StepBatch) -> Result<Fwd> {
+        let m = batch.rows.len();
+        let bufs = self.upload_meta(batch)?;
         self.ensure_scratch(m)?;
-        self.ensure_rope(meta.ctx - 1)?;
+        self.ensure_rope(bufs.ctx - 1)?;
+        let meta = bufs.meta(&self.gpu);
         let c = self.config.clone();
         let g = &self.gpu;
         let per_row = c.n_heads * meta.ctx;
         let score_rows = (SCORE_FLOATS / per_row.max(1)).clamp(1, m);
         let scores = g.zeros::<f32>(score_rows * per_row)?;
-        let x = g.ptr(&self.scratch.bufs[X]);
-        g.embed(
-            self.embed.dtype,
-            g.ptr(&self.embed.data),
-            self.embed.row_bytes,
-            g.ptr(&meta.tokens),
-            x,
-            m,
-            c.hidden,
-        )?;
-        for l in 0..c.n_layers {
-            self.layer(l, m, &meta, &scores)?;
-        }
+        self.body(m, &meta, &scores)?;
         let want: Vec<u32> = (0..m)
             .filter(|&i| batch.rows[i].want_logits)
             .map(|i| i as u32)
             .collect();
         if want.is_empty() {
-            g.sync()?;
-            return Ok(StepOutput::default());
+            return Ok(Fwd::default());
         }
         let n = want.len();
         let idx = g.upload(&want)?;
         let sel = g.zeros::<f32>(n * c.hidden)?;
+        let x = g.ptr(&self.scratch.bufs[X]);
         g.gather_rows(g.ptr(&sel), x, g.ptr(&idx), n, c.hidden)?;
-        g.rms_norm(
-            g.ptr(&sel),
-            g.ptr(&self.out_norm),
-            g.ptr(&sel),
-            n,
-            c.hidden,
-            c.rms_eps,
-        )?;
         let logits = g.zeros::<f32>(n * c.vocab)?;
-        let out = self.output.as_ref().unwrap_or(&self.embed);
-        self.matmul(out, g.ptr(&sel), g.ptr(&logits), n)?;
-        let host = g.download(&logits)?;
-        Ok(StepOutput {
-            logits: host.chunks_exact(c.vocab).map(|r| r.to_vec()).collect(),
+        self.head(g.ptr(&sel), g.ptr(&sel), g.ptr(&logits), n)?;
+        Ok(Fwd {
+            owned: Some(logits),
+            rows: (0..n).collect(),
         })
+    }
+
+    /// The device buffer holding `f`'s logits.
+    pub(super) fn logits_buf<'a>(&'a self, f: &'a Fwd) -> Result<&'a CudaSlice<f32>> {
+        match (&f.owned, &self.graph) {
+            (Some(b), _) => Ok(b),
+            (None, Some(gs)) => Ok(&gs.logits),
+            (None, None) => Err(self.gpu.err("logits buffer missing")),
+        }
+    }
+
+    /// Copies back the logits of `f`'s rows `which` (indices into `f.rows`).
+    pub(super) fn download_logits(&self, f: &Fwd, which: &[usize]) -> Result<Vec<Vec<f32>>> {
+        let rows: Vec<usize> = which
+            .iter()
+            .filter_map(|&i| f.rows.get(i).copied())
+            .collect();
+        let Some(&last) = rows.iter().max() else {
+            return Ok(Vec::new());
+        };
+        let v = self.config.vocab;
+        let buf = self.logits_buf(f)?;
+        let host = self.gpu.download_range(buf, 0, (last + 1) * v)?;
+        rows.iter()
+            .map(|&r| {
+                host.get(r * v..(r + 1) * v)
+                    .map(|s| s.to_vec())
+                    .ok_or_else(|| self.gpu.err("logits row beyond the buffer"))
+            })
+            .collect()
+    }
+
+    pub(super) fn run_step(&mut self, batch: &StepBatch) -> Result<StepOutput> {
+        let f = self.forward(batch)?;
+        let all: Vec<usize> = (0..f.rows.len()).collect();
+        let logits = self.download_logits(&f, &all)?;
+        self.gpu.sync()?;
+        Ok(StepOutput { logits })
     }
 }

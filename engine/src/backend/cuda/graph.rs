@@ -1,0 +1,262 @@
+//! The step as a CUDA graph, one per bucket of M rows (1, 2, 4, ..., 64). A batch of m rows runs
+//! in the smallest bucket >= m; rows m.. are inert (token 0 at position 0 of a private KV block
+//! the backend keeps beyond `kv_blocks`; their outputs are never read). All per-step inputs live
+//! in fixed device buffers, refreshed by host-to-device copies on the stream before each replay.
+//! The graph computes logits for every bucket row (the final norm and output projection are
+//! row-invariant), so which rows want logits is not part of the graph.
+//!
+//! A graph is captured on first use of its bucket and re-captured when a buffer it reads moved
+//! (`layout_epoch`: scratch grown or RoPE tables extended). Attention's score stride is the
+//! fixed `ctx_cap` (the KV capacity in positions) instead of the batch's largest `pos + 1`; it
+//! only lays out scratch, so the rows' bits are those of the plain path (`memra-verify graph`).
+
+use std::collections::HashMap;
+
+use cudarc::driver::CudaSlice;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+
+use super::CudaBackend;
+use super::step::{Fwd, Meta, SCORE_FLOATS, X, u32_of};
+use crate::backend::StepBatch;
+use crate::error::Result;
+
+/// Row counts of the captured graphs.
+pub const BUCKETS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+const MAX_BUCKET: usize = 64;
+
+/// A captured graph. `CudaGraph` holds raw driver handles and is not `Send`; it is only used
+/// through `&mut CudaBackend`, one thread at a time, which is the external serialization the
+/// CUDA documentation asks for.
+struct SendGraph(cudarc::driver::CudaGraph);
+// SAFETY: see above; the graph is never shared, only moved with its backend.
+unsafe impl Send for SendGraph {}
+
+struct Captured {
+    epoch: u64,
+    graph: SendGraph,
+}
+
+/// Fixed buffers of the graphs.
+pub(super) struct GraphState {
+    /// Positions covered: the attention score stride and the RoPE table length.
+    ctx_cap: usize,
+    /// Input buffers: tokens, pos, row_seq, slot (MAX_BUCKET each), table_off, tables.
+    inputs: Vec<CudaSlice<u32>>,
+    scores: CudaSlice<f32>,
+    hnorm: CudaSlice<f32>,
+    pub logits: CudaSlice<f32>,
+    graphs: HashMap<usize, Captured>,
+    /// Replays and captures so far.
+    pub replays: u64,
+    pub captures: u64,
+}
+
+const TOKENS: usize = 0;
+const POS: usize = 1;
+const ROW_SEQ: usize = 2;
+const SLOT: usize = 3;
+const TABLE_OFF: usize = 4;
+const TABLES: usize = 5;
+
+impl CudaBackend {
+    /// Positions the graph buffers cover.
+    fn graph_ctx_cap(&self) -> usize {
+        let kv = self.kv_blocks * self.block_size;
+        if self.config.max_ctx > 0 {
+            kv.min(self.config.max_ctx)
+        } else {
+            kv
+        }
+    }
+
+    fn new_graph_state(&self) -> Result<GraphState> {
+        let g = &self.gpu;
+        let c = &self.config;
+        let ctx_cap = self.graph_ctx_cap();
+        let blocks_per_seq = ctx_cap.div_ceil(self.block_size);
+        let sizes = [
+            MAX_BUCKET,
+            MAX_BUCKET,
+            MAX_BUCKET,
+            MAX_BUCKET,
+            MAX_BUCKET + 1,
+            MAX_BUCKET * blocks_per_seq + 1,
+        ];
+        let mut inputs = Vec::with_capacity(sizes.len());
+        for n in sizes {
+            inputs.push(g.zeros::<u32>(n)?);
+        }
+        let per_row = c.n_heads * ctx_cap;
+        let score_rows = (SCORE_FLOATS / per_row.max(1)).clamp(1, MAX_BUCKET);
+        Ok(GraphState {
+            ctx_cap,
+            inputs,
+            scores: g.zeros(score_rows * per_row)?,
+            hnorm: g.zeros(MAX_BUCKET * c.hidden)?,
+            logits: g.zeros(MAX_BUCKET * c.vocab)?,
+            graphs: HashMap::new(),
+            replays: 0,
+            captures: 0,
+        })
+    }
+
+    /// Runs `batch` through the graph of its bucket; `None` when it does not fit one (more than
+    /// 64 rows or sequences, or a position beyond the KV capacity): the caller runs it plainly.
+    /// `check_batch` has passed.
+    pub(super) fn forward_graph(&mut self, batch: &StepBatch) -> Result<Option<Fwd>> {
+        let m = batch.rows.len();
+        let Some(&bucket) = BUCKETS.iter().find(|&&b| b >= m) else {
+            return Ok(None);
+        };
+        let ctx_cap = self.graph_ctx_cap();
+        if batch.block_tables.len() > MAX_BUCKET
+            || batch.rows.iter().any(|r| r.pos as usize >= ctx_cap)
+        {
+            return Ok(None);
+        }
+        self.ensure_scratch(MAX_BUCKET)?;
+        self.ensure_rope(ctx_cap - 1)?;
+        let mut gs = match self.graph.take() {
+            Some(gs) => gs,
+            None => self.new_graph_state()?,
+        };
+        let r = self.replay(&mut gs, batch, bucket);
+        self.graph = Some(gs);
+        r?;
+        Ok(Some(Fwd {
+            owned: None,
+            rows: (0..m).filter(|&i| batch.rows[i].want_logits).collect(),
+        }))
+    }
+
+    /// The host side of the fixed inputs for `batch` padded to `bucket` rows.
+    fn graph_inputs(&self, batch: &StepBatch, bucket: usize) -> Result<[Vec<u32>; 6]> {
+        let bs = self.block_size;
+        let dummy = self.kv_blocks; // the inert rows' private block
+        let n_t = batch.block_tables.len();
+        // Each table cut to the blocks its rows reach.
+        let mut need = vec![0usize; n_t];
+        for r in &batch.rows {
+            if let Some(n) = need.get_mut(r.seq) {
+                *n = (*n).max(r.pos as usize / bs + 1);
+            }
+        }
+        let mut table_off = Vec::with_capacity(n_t + 1);
+        let mut tables = Vec::new();
+        for (t, &n) in batch.block_tables.iter().zip(&need) {
+            table_off.push(u32_of(tables.len(), "block table offset")?);
+            tables.extend_from_slice(t.get(..n).unwrap_or(t));
+        }
+        table_off.push(u32_of(tables.len(), "block table offset")?);
+        tables.push(u32_of(dummy, "KV block")?);
+        let mut tokens = vec![0u32; bucket];
+        let mut pos = vec![0u32; bucket];
+        let mut row_seq = vec![u32_of(n_t, "sequence index")?; bucket];
+        let mut slot = vec![u32_of(dummy * bs, "KV position index")?; bucket];
+        for (i, r) in batch.rows.iter().enumerate() {
+            let p = r.pos as usize;
+            let block = batch
+                .block_tables
+                .get(r.seq)
+                .and_then(|t| t.get(p / bs))
+                .copied()
+                .ok_or_else(|| {
+                    self.gpu
+                        .err(format!("row {i}: no KV block for its position"))
+                })?;
+            tokens[i] = r.token;
+            pos[i] = r.pos;
+            row_seq[i] = u32_of(r.seq, "sequence index")?;
+            slot[i] = u32_of(block as usize * bs + p % bs, "KV position index")?;
+        }
+        Ok([tokens, pos, row_seq, slot, table_off, tables])
+    }
+
+    fn replay(&self, gs: &mut GraphState, batch: &StepBatch, bucket: usize) -> Result<()> {
+        let g = &self.gpu;
+        let host = self.graph_inputs(batch, bucket)?;
+        for (src, dst) in host.iter().zip(gs.inputs.iter_mut()) {
+            if src.len() > dst.len() {
+                return Err(g.err(format!(
+                    "graph input of {} values exceeds its buffer of {}",
+                    src.len(),
+                    dst.len()
+                )));
+            }
+            g.stream
+                .memcpy_htod(src.as_slice(), dst)
+                .map_err(|e| g.err(format!("graph input copy: {e:?}")))?;
+        }
+        let fresh = gs
+            .graphs
+            .get(&bucket)
+            .is_some_and(|c| c.epoch == self.layout_epoch);
+        if !fresh {
+            gs.graphs.remove(&bucket);
+            let graph = self.capture(gs, bucket)?;
+            gs.graphs.insert(
+                bucket,
+                Captured {
+                    epoch: self.layout_epoch,
+                    graph: SendGraph(graph),
+                },
+            );
+            gs.captures += 1;
+        }
+        let c = gs
+            .graphs
+            .get(&bucket)
+            .ok_or_else(|| g.err("graph missing after capture"))?;
+        c.graph
+            .0
+            .launch()
+            .map_err(|e| g.err(format!("graph launch (bucket {bucket}): {e:?}")))?;
+        gs.replays += 1;
+        Ok(())
+    }
+
+    /// Records the kernels of a `bucket`-row step (body and head of every row) into a graph.
+    fn capture(&self, gs: &GraphState, bucket: usize) -> Result<cudarc::driver::CudaGraph> {
+        let g = &self.gpu;
+        let p = |i: usize| gs.inputs.get(i).map(|b| g.ptr(b)).unwrap_or(0);
+        let meta = Meta {
+            tokens: p(TOKENS),
+            pos: p(POS),
+            row_seq: p(ROW_SEQ),
+            slot: p(SLOT),
+            table_off: p(TABLE_OFF),
+            tables: p(TABLES),
+            ctx: gs.ctx_cap,
+        };
+        g.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| g.err(format!("begin graph capture: {e:?}")))?;
+        let x = g.ptr(&self.scratch.bufs[X]);
+        let kernels = self
+            .body(bucket, &meta, &gs.scores)
+            .and_then(|()| self.head(x, g.ptr(&gs.hnorm), g.ptr(&gs.logits), bucket));
+        // End the capture whatever happened, so the stream leaves capture mode.
+        let end = g.stream.end_capture(CUgraphInstantiate_flags(0));
+        kernels?;
+        end.map_err(|e| g.err(format!("end graph capture: {e:?}")))?
+            .ok_or_else(|| g.err("graph capture recorded nothing"))
+    }
+
+    /// Turns CUDA graphs on or off (for A/B runs and `memra-verify graph`).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs_on = on;
+    }
+
+    /// Whether steps may run as CUDA graphs.
+    pub fn graphs(&self) -> bool {
+        self.graphs_on
+    }
+
+    /// (captures, replays) so far.
+    pub fn graph_counts(&self) -> (u64, u64) {
+        self.graph
+            .as_ref()
+            .map(|gs| (gs.captures, gs.replays))
+            .unwrap_or((0, 0))
+    }
+}

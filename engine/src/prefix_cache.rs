@@ -1,0 +1,203 @@
+//! Prefix cache: full KV blocks keyed by a hash chain, shared read-only between sequences, with
+//! LRU eviction of the blocks no sequence references.
+//!
+//! `hash(block i) = sha256(hash(block i-1), namespace, tokens of block i)`, so a block's hash names
+//! its whole prefix. The namespace is the tenant plus the request's `cache_salt`: tenants never
+//! share cache entries. A cached block's KV is bit-identical to a recomputed one (same tokens at
+//! the same positions on a row-invariant backend), so a hit never changes an output byte.
+
+use std::collections::{BTreeMap, HashMap};
+
+use sha2::{Digest, Sha256};
+
+/// A block's chained hash (first 128 bits of SHA-256).
+pub type BlockHash = u128;
+
+/// The prefix-cache namespace of a request: tenant plus optional salt, unambiguously joined.
+pub fn namespace(tenant: &str, cache_salt: Option<&str>) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(&(tenant.len() as u64).to_le_bytes());
+    v.extend_from_slice(tenant.as_bytes());
+    if let Some(s) = cache_salt {
+        v.push(1);
+        v.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        v.extend_from_slice(s.as_bytes());
+    } else {
+        v.push(0);
+    }
+    v
+}
+
+/// The hash of a full block given its parent's hash (`None` for the first block).
+pub fn block_hash(parent: Option<BlockHash>, namespace: &[u8], tokens: &[u32]) -> BlockHash {
+    let mut h = Sha256::new();
+    match parent {
+        Some(p) => {
+            h.update([1u8]);
+            h.update(p.to_le_bytes());
+        }
+        None => h.update([0u8]),
+    }
+    h.update((namespace.len() as u64).to_le_bytes());
+    h.update(namespace);
+    h.update((tokens.len() as u64).to_le_bytes());
+    for t in tokens {
+        h.update(t.to_le_bytes());
+    }
+    let d = h.finalize();
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&d[..16]);
+    u128::from_le_bytes(b)
+}
+
+/// Hashes of the full blocks of `tokens` (a trailing partial block has none).
+pub fn chain_hashes(namespace: &[u8], tokens: &[u32], block_size: usize) -> Vec<BlockHash> {
+    let mut out = Vec::with_capacity(tokens.len() / block_size.max(1));
+    let mut parent = None;
+    for chunk in tokens.chunks_exact(block_size.max(1)) {
+        let h = block_hash(parent, namespace, chunk);
+        out.push(h);
+        parent = Some(h);
+    }
+    out
+}
+
+/// Hash -> block map plus the LRU list of idle (unreferenced) cached blocks.
+#[derive(Debug, Default)]
+pub struct PrefixCache {
+    by_hash: HashMap<BlockHash, u32>,
+    by_block: HashMap<u32, BlockHash>,
+    /// Idle blocks by the tick they became idle (oldest first).
+    lru: BTreeMap<u64, u32>,
+    idle_tick: HashMap<u32, u64>,
+    tick: u64,
+}
+
+impl PrefixCache {
+    pub fn lookup(&self, hash: BlockHash) -> Option<u32> {
+        self.by_hash.get(&hash).copied()
+    }
+
+    pub fn contains_block(&self, b: u32) -> bool {
+        self.by_block.contains_key(&b)
+    }
+
+    pub fn is_idle(&self, b: u32) -> bool {
+        self.idle_tick.contains_key(&b)
+    }
+
+    pub fn idle_len(&self) -> usize {
+        self.lru.len()
+    }
+
+    /// Cached blocks (idle or in use).
+    pub fn len(&self) -> usize {
+        self.by_hash.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_hash.is_empty()
+    }
+
+    /// Publishes an in-use block under `hash`; ignored if either is already cached.
+    pub fn insert(&mut self, hash: BlockHash, b: u32) {
+        if self.by_hash.contains_key(&hash) || self.by_block.contains_key(&b) {
+            return;
+        }
+        self.by_hash.insert(hash, b);
+        self.by_block.insert(b, hash);
+    }
+
+    /// A cached block got a user: it leaves the LRU list.
+    pub fn touch_in_use(&mut self, b: u32) {
+        if let Some(t) = self.idle_tick.remove(&b) {
+            self.lru.remove(&t);
+        }
+    }
+
+    /// A cached block lost its last user: it joins the LRU list (most recent).
+    pub fn make_idle(&mut self, b: u32) {
+        if !self.by_block.contains_key(&b) || self.idle_tick.contains_key(&b) {
+            return;
+        }
+        self.tick += 1;
+        self.lru.insert(self.tick, b);
+        self.idle_tick.insert(b, self.tick);
+    }
+
+    /// Drops the least recently idle block from the cache and returns it.
+    pub fn evict_lru(&mut self) -> Option<u32> {
+        let (_, b) = self.lru.pop_first()?;
+        self.idle_tick.remove(&b);
+        if let Some(h) = self.by_block.remove(&b) {
+            self.by_hash.remove(&h);
+        }
+        Some(b)
+    }
+
+    /// Internal consistency of the maps.
+    pub fn check(&self) -> Result<(), String> {
+        if self.by_hash.len() != self.by_block.len() {
+            return Err("prefix cache: hash and block maps differ in size".into());
+        }
+        for (h, b) in &self.by_hash {
+            if self.by_block.get(b) != Some(h) {
+                return Err(format!("prefix cache: block {b} maps back to another hash"));
+            }
+        }
+        if self.lru.len() != self.idle_tick.len() {
+            return Err("prefix cache: LRU list and idle map differ in size".into());
+        }
+        for (t, b) in &self.lru {
+            if self.idle_tick.get(b) != Some(t) || !self.by_block.contains_key(b) {
+                return Err(format!("prefix cache: idle block {b} is inconsistent"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_chain_and_are_namespaced() {
+        let ns_a = namespace("a", None);
+        let ns_b = namespace("b", None);
+        let toks: Vec<u32> = (0..10).collect();
+        let ha = chain_hashes(&ns_a, &toks, 4);
+        assert_eq!(ha.len(), 2);
+        assert_ne!(ha, chain_hashes(&ns_b, &toks, 4));
+        assert_ne!(ha, chain_hashes(&namespace("a", Some("")), &toks, 4));
+        // Same second block tokens after a different first block: different hash.
+        let mut other = toks.clone();
+        other[0] = 99;
+        let ho = chain_hashes(&ns_a, &other, 4);
+        assert_ne!(ha[1], ho[1]);
+        assert_eq!(ha[0], block_hash(None, &ns_a, &toks[..4]));
+        assert_eq!(ha[1], block_hash(Some(ha[0]), &ns_a, &toks[4..8]));
+        // The tenant/salt boundary is unambiguous.
+        assert_ne!(namespace("ab", None), namespace("a", Some("b")));
+    }
+
+    #[test]
+    fn lru_order_and_reuse() {
+        let mut c = PrefixCache::default();
+        c.insert(10, 0);
+        c.insert(11, 1);
+        c.insert(12, 1); // block already cached: ignored
+        assert_eq!(c.lookup(12), None);
+        c.make_idle(0);
+        c.make_idle(1);
+        c.touch_in_use(0);
+        assert_eq!(c.idle_len(), 1);
+        c.make_idle(0);
+        assert_eq!(c.evict_lru(), Some(1));
+        assert_eq!(c.lookup(11), None);
+        assert_eq!(c.evict_lru(), Some(0));
+        assert_eq!(c.evict_lru(), None);
+        assert!(c.is_empty());
+        c.check().unwrap();
+    }
+}

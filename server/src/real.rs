@@ -1,0 +1,206 @@
+//! [`Generate`] for the engine loop's [`EngineHandle`]: models load on a background thread
+//! (progress bars on stderr) while the server already answers `/health` (and `/ready` 503).
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use memra_engine::Result;
+use memra_engine::chat::ChatMessage;
+use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle, KvBudget};
+use memra_engine::loader::load_model;
+use memra_engine::request::{EventStream, SubmitError, ValidRequest};
+
+use crate::engine::{EngineStats, Generate, ModelInfo, ModelText};
+
+/// The tokenizer and chat template of one of the handle's models.
+struct HandleText {
+    handle: EngineHandle,
+    alias: String,
+}
+
+impl HandleText {
+    fn tokenizer(&self) -> Result<&memra_engine::tokenizer::Tokenizer> {
+        self.handle.tokenizer(&self.alias).ok_or_else(|| {
+            memra_engine::Error::Input(format!("model `{}` has no tokenizer", self.alias))
+        })
+    }
+}
+
+impl ModelText for HandleText {
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let t = self.tokenizer()?;
+        t.encode(text, t.add_bos_default())
+    }
+
+    fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        let tmpl = self.handle.chat_template(&self.alias).ok_or_else(|| {
+            memra_engine::Error::Template(
+                "this model has no chat template; use /v1/completions".into(),
+            )
+        })?;
+        let rendered = tmpl.render(messages, true)?;
+        self.tokenizer()?.encode(&rendered, false)
+    }
+
+    fn token_text(&self, id: u32) -> String {
+        self.tokenizer()
+            .and_then(|t| t.decode(&[id]))
+            .unwrap_or_default()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.tokenizer().map(|t| t.vocab_size()).unwrap_or(0)
+    }
+}
+
+struct Loaded {
+    handle: EngineHandle,
+    models: Vec<ModelInfo>,
+}
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct StartConfig {
+    pub models: Vec<(String, PathBuf)>,
+    pub engine: EngineConfig,
+    pub limits: AdmissionLimits,
+}
+
+/// The engine, once loaded.
+pub struct RealEngine {
+    loaded: OnceLock<Loaded>,
+}
+
+fn spinner(msg: String) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_message(msg);
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
+}
+
+impl RealEngine {
+    /// Starts loading on a background thread; `on_error` gets the message if loading fails.
+    pub fn start(cfg: StartConfig, on_error: Box<dyn FnOnce(String) + Send>) -> Arc<RealEngine> {
+        let engine = Arc::new(RealEngine {
+            loaded: OnceLock::new(),
+        });
+        let e = engine.clone();
+        std::thread::spawn(move || match load(cfg) {
+            Ok(l) => {
+                let _ = e.loaded.set(l);
+            }
+            Err(msg) => on_error(msg),
+        });
+        engine
+    }
+
+    /// A started engine (tests).
+    pub fn from_handle(handle: EngineHandle) -> RealEngine {
+        let e = RealEngine {
+            loaded: OnceLock::new(),
+        };
+        let _ = e.loaded.set(wrap(handle));
+        e
+    }
+}
+
+fn wrap(handle: EngineHandle) -> Loaded {
+    let created = crate::routes::shape::now_secs();
+    let models = handle
+        .models()
+        .into_iter()
+        .map(|m| ModelInfo {
+            text: Arc::new(HandleText {
+                handle: handle.clone(),
+                alias: m.alias.clone(),
+            }),
+            alias: m.alias,
+            context_len: m.max_ctx,
+            created,
+        })
+        .collect();
+    Loaded { handle, models }
+}
+
+fn load(cfg: StartConfig) -> std::result::Result<Loaded, String> {
+    let mut models = Vec::new();
+    for (alias, path) in cfg.models {
+        let bar = spinner(format!("loading {alias} from {}", path.display()));
+        let m = load_model(&path);
+        bar.finish_and_clear();
+        let m = m.map_err(|e| format!("loading {alias} ({}): {e}", path.display()))?;
+        tracing::info!("loaded {alias} ({})", path.display());
+        models.push((alias, m, cfg.engine.clone()));
+    }
+    let bar = spinner("starting the engine (backend, KV cache)".into());
+    let handle = Engine::start(models, cfg.limits);
+    bar.finish_and_clear();
+    let handle = handle.map_err(|e| format!("starting the engine: {e}"))?;
+    for m in handle.models() {
+        tracing::info!(
+            "serving {} on {} (context {}, {} KV blocks of {})",
+            m.alias,
+            m.backend,
+            m.max_ctx,
+            m.kv_blocks,
+            m.block_size
+        );
+    }
+    Ok(wrap(handle))
+}
+
+/// KV budget from `MEMRA_KV_BLOCKS` (0 = sized from free memory).
+pub fn kv_budget(blocks: usize) -> KvBudget {
+    if blocks == 0 {
+        EngineConfig::default().kv
+    } else {
+        KvBudget::Blocks(blocks)
+    }
+}
+
+impl Generate for RealEngine {
+    fn submit(&self, req: ValidRequest) -> std::result::Result<EventStream, SubmitError> {
+        match self.loaded.get() {
+            Some(l) => l.handle.submit(req),
+            None => Err(SubmitError::Overloaded { retry_after_s: 5 }),
+        }
+    }
+
+    fn models(&self) -> Vec<ModelInfo> {
+        self.loaded
+            .get()
+            .map(|l| l.models.clone())
+            .unwrap_or_default()
+    }
+
+    fn stats(&self) -> EngineStats {
+        let Some(l) = self.loaded.get() else {
+            return EngineStats::default();
+        };
+        let s = l.handle.stats();
+        EngineStats {
+            queue_depth: s.queue_depth,
+            running: s.running,
+            kv_blocks_used: s.kv_blocks_used,
+            kv_blocks_free: s.kv_blocks_free,
+        }
+    }
+
+    fn ready(&self) -> bool {
+        self.loaded.get().is_some_and(|l| l.handle.is_ready())
+    }
+
+    fn drain(&self) {
+        if let Some(l) = self.loaded.get() {
+            l.handle.drain();
+        }
+    }
+
+    fn device(&self) -> String {
+        self.loaded
+            .get()
+            .and_then(|l| l.handle.models().first().map(|m| m.backend.clone()))
+            .unwrap_or_else(|| "loading".into())
+            .replace(' ', "-")
+    }
+}

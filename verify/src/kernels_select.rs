@@ -1,0 +1,263 @@
+//! `memra-verify kernels`, token selection: `argmax_rows` edge cases, `penalize_row` bits,
+//! `topk_row` candidate lists, and `select_rows` (the backend's device selection) against
+//! `sampling::sample` for many (seed, position, parameters) on random logits with ties, NaN,
+//! infinities and signed zeros. A token that differs is a failure (tolerance 0).
+
+use memra_engine::Result;
+use memra_engine::backend::SelectParams;
+use memra_engine::backend::cuda::Gpu;
+use memra_engine::backend::cuda::select::{SelectPlan, plan, select_rows};
+use memra_engine::models::random::{splitmix, unit};
+use memra_engine::sampling::{SamplingParams, apply_penalties, argmax, sample};
+
+use super::kernels::{Case, compare_pub};
+
+/// Random logits of `width`: coarse values (many exact ties), with NaN, +-inf and +-0 planted
+/// when `specials`.
+fn logits(seed: u64, s: u64, width: usize, specials: bool) -> Vec<f32> {
+    let mut v: Vec<f32> = (0..width as u64)
+        .map(|i| (unit(seed, s, i) * 40.0).round() / 4.0)
+        .collect();
+    if specials {
+        for (j, x) in [
+            f32::NAN,
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            0.0,
+            -0.0,
+            0.0,
+            -0.0,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let i = (splitmix(seed, s + 1, j as u64) % width as u64) as usize;
+            if let Some(slot) = v.get_mut(i) {
+                *slot = x;
+            }
+        }
+    }
+    v
+}
+
+fn history(seed: u64, s: u64, width: usize, n: usize) -> Vec<u32> {
+    // Few distinct ids so counts exceed 1; one id beyond the vocabulary (ignored by both).
+    let mut h: Vec<u32> = (0..n as u64)
+        .map(|i| (splitmix(seed, s, i) % (width as u64).min(50)) as u32)
+        .collect();
+    h.push(width as u32 + 3);
+    h
+}
+
+fn argmax_edges(g: &Gpu, out: &mut Vec<Case>) -> Result<()> {
+    let rows: Vec<Vec<f32>> = vec![
+        vec![f32::NAN, f32::NEG_INFINITY, 1.0],
+        vec![f32::NAN, f32::NEG_INFINITY],
+        vec![f32::NEG_INFINITY; 300],
+        vec![f32::NAN; 300],
+        vec![0.0, -0.0, -1.0],
+        vec![-0.0, 0.0, -1.0],
+        vec![1.0, f32::INFINITY, f32::NAN, f32::INFINITY],
+    ];
+    for r in rows {
+        let want = argmax(&r) as f32;
+        let (dx, di) = (g.upload(&r)?, g.zeros::<u32>(1)?);
+        g.argmax_rows(g.ptr(&dx), g.ptr(&di), 1, r.len())?;
+        let got = g
+            .download(&di)?
+            .first()
+            .map(|&v| v as f32)
+            .unwrap_or(f32::NAN);
+        out.push(compare_pub(
+            "argmax_rows (edges)",
+            format!("{r:?}").chars().take(60).collect(),
+            &[got],
+            &[want],
+            0.0,
+        ));
+    }
+    Ok(())
+}
+
+fn penalize_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    for (i, width) in [97usize, 49_152].into_iter().enumerate() {
+        let x = logits(seed, 2000 + i as u64, width, true);
+        let h = history(seed, 2100 + i as u64, width, 200);
+        let p = SamplingParams {
+            repetition_penalty: 1.3,
+            presence_penalty: 0.4,
+            frequency_penalty: 0.15,
+            ..Default::default()
+        };
+        let mut want = x.clone();
+        apply_penalties(&mut want, &h, &p);
+        let mut counts = std::collections::BTreeMap::<u32, u32>::new();
+        for &t in &h {
+            *counts.entry(t).or_default() += 1;
+        }
+        let toks: Vec<u32> = counts.keys().copied().collect();
+        let cnts: Vec<u32> = counts.values().copied().collect();
+        let (dx, dt, dc) = (g.upload(&x)?, g.upload(&toks)?, g.upload(&cnts)?);
+        g.penalize_row(g.ptr(&dx), g.ptr(&dt), g.ptr(&dc), toks.len(), width, &p)?;
+        let got = g.download(&dx)?;
+        let mut c = compare_pub("penalize_row", format!("width={width}"), &got, &want, 0.0);
+        let bits_same = got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        if !bits_same && c.problem.is_none() {
+            c.problem = Some("bits differ from apply_penalties".into());
+        }
+        out.push(c);
+    }
+    Ok(())
+}
+
+/// The host's candidate order: (id, logit) by logit/temperature (total order) descending, id
+/// ascending, NaN excluded, first k.
+fn host_candidates(x: &[f32], t: f32, k: usize) -> Vec<(u32, f32)> {
+    let mut c: Vec<(u32, f32, f32)> = x
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| !v.is_nan())
+        .map(|(i, &v)| (i as u32, v / t, v))
+        .collect();
+    c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    c.truncate(k);
+    c.into_iter().map(|(i, _, v)| (i, v)).collect()
+}
+
+fn topk_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    let shapes = [
+        (97, 97, 0.7f32),
+        (1000, 5, 1.0),
+        (49_152, 40, 0.8),
+        (151_936, 1024, 1.3),
+    ];
+    for (i, (width, k, t)) in shapes.into_iter().enumerate() {
+        let x = logits(seed, 2200 + i as u64, width, true);
+        let want = host_candidates(&x, t, k);
+        let kmax = k.max(1);
+        let dx = g.upload(&x)?;
+        let dout = g.zeros::<u32>(1 + 2 * kmax)?;
+        g.topk_row(g.ptr(&dx), width, t, k, kmax, g.ptr(&dout))?;
+        let o = g.download(&dout)?;
+        let n = o.first().copied().unwrap_or(0) as usize;
+        let got_ids: Vec<f32> = (0..n)
+            .map(|j| o.get(1 + j).copied().unwrap_or(0) as f32)
+            .collect();
+        let want_ids: Vec<f32> = want.iter().map(|c| c.0 as f32).collect();
+        let mut c = compare_pub(
+            "topk_row",
+            format!("width={width} k={k} T={t}"),
+            &got_ids,
+            &want_ids,
+            0.0,
+        );
+        let vals_ok = want
+            .iter()
+            .enumerate()
+            .all(|(j, w)| o.get(1 + kmax + j).copied() == Some(w.1.to_bits()));
+        if c.problem.is_none() && !vals_ok {
+            c.problem = Some("candidate logits differ".into());
+        }
+        out.push(c);
+    }
+    Ok(())
+}
+
+/// The parameter grid of the selection check.
+fn param_grid(seed: u64) -> Vec<SamplingParams> {
+    let mut v = Vec::new();
+    let mut n = 0u64;
+    for temperature in [0.0f32, 0.7, 1.0, 1.6] {
+        for top_k in [0usize, 1, 7, 40, 1024, 2000] {
+            for (top_p, min_p) in [(1.0f32, 0.0f32), (0.9, 0.0), (0.5, 0.05), (1.0, 0.1)] {
+                for pen in [false, true] {
+                    n += 1;
+                    v.push(SamplingParams {
+                        temperature,
+                        top_k,
+                        top_p,
+                        min_p,
+                        repetition_penalty: if pen { 1.2 } else { 1.0 },
+                        presence_penalty: if pen { 0.3 } else { 0.0 },
+                        frequency_penalty: if pen { 0.1 } else { 0.0 },
+                        seed: splitmix(seed, 2300, n),
+                    });
+                }
+            }
+        }
+    }
+    v
+}
+
+fn select_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    let grid = param_grid(seed);
+    for (wi, width) in [97usize, 1000, 49_152, 151_936].into_iter().enumerate() {
+        // Rows of one launch share a buffer: 4 rows, each a different parameter set.
+        let n_rows = 4;
+        let (mut dev_greedy, mut dev_topk, mut host_plan) = (0usize, 0usize, 0usize);
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        for (ci, chunk) in grid.chunks(n_rows).enumerate() {
+            let s = 3000 + (wi * 1000 + ci) as u64;
+            let xs: Vec<Vec<f32>> = (0..chunk.len())
+                .map(|r| logits(seed, s * 8 + r as u64, width, r % 2 == 0))
+                .collect();
+            let hs: Vec<Vec<u32>> = (0..chunk.len())
+                .map(|r| history(seed, s * 8 + 4 + r as u64, width, 30))
+                .collect();
+            let flat: Vec<f32> = xs.iter().flatten().copied().collect();
+            let dx = g.upload(&flat)?;
+            let pos: Vec<u64> = (0..chunk.len())
+                .map(|r| splitmix(seed, s, r as u64) % 100_000)
+                .collect();
+            let rows: Vec<(usize, SelectParams)> = chunk
+                .iter()
+                .enumerate()
+                .map(|(r, p)| {
+                    (
+                        r,
+                        SelectParams {
+                            params: p,
+                            history: &hs[r],
+                            pos: pos[r],
+                        },
+                    )
+                })
+                .collect();
+            let picked = select_rows(g, g.ptr(&dx), width, &rows)?;
+            for (r, p) in chunk.iter().enumerate() {
+                match plan(p, width) {
+                    SelectPlan::Greedy => dev_greedy += 1,
+                    SelectPlan::TopK(_) => dev_topk += 1,
+                    SelectPlan::Host => {
+                        host_plan += 1;
+                        continue;
+                    }
+                }
+                let w = sample(&xs[r], &hs[r], p, pos[r]);
+                want.push(w as f32);
+                got.push(picked.get(r).copied().flatten().map_or(-1.0, |t| t as f32));
+            }
+        }
+        out.push(compare_pub(
+            "select_rows",
+            format!(
+                "width={width}: {dev_greedy} greedy + {dev_topk} top-k on device, {host_plan} host-planned"
+            ),
+            &got,
+            &want,
+            0.0,
+        ));
+    }
+    Ok(())
+}
+
+/// Every selection check.
+pub fn select_kernel_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    argmax_edges(g, out)?;
+    penalize_cases(g, seed, out)?;
+    topk_cases(g, seed, out)?;
+    select_cases(g, seed, out)
+}

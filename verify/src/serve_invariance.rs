@@ -1,0 +1,282 @@
+//! `serve-invariance`: the same prompts through the engine alone, then together with staggered
+//! arrivals and mixed lengths (chunked prefill, a KV pool small enough to preempt), then again
+//! with the prefix cache warm; every token, text byte and logprob bit must be identical.
+
+use std::path::Path;
+
+use memra_engine::backend::Device;
+use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle, KvBudget};
+use memra_engine::loader::load_model;
+use memra_engine::request::{Event, EventStream, SubmitError, ValidRequest};
+use memra_engine::sampling::SamplingParams;
+use memra_engine::scheduler::SchedulerConfig;
+use memra_engine::tokenizer::Tokenizer;
+use memra_engine::{Error, Result};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub device: Device,
+    pub requests: usize,
+    pub max_tokens: usize,
+}
+
+/// One request's output: tokens, text, logprob bits (own and top alternatives), finish reason.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Output {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub logprobs: Vec<(u32, Vec<(u32, u32)>)>,
+    pub finish: String,
+    pub cached_tokens: usize,
+}
+
+/// The comparison.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub backend: String,
+    pub requests: usize,
+    pub tokens_compared: usize,
+    /// Prompt tokens served from the prefix cache in the warm phase.
+    pub warm_cached_tokens: usize,
+    pub preemptions: u64,
+    pub failures: Vec<String>,
+}
+
+const SHARED: &str = "You are a careful assistant. Answer briefly and precisely, using plain \
+words. Think about what the user needs, state only facts you are sure of, and keep the answer \
+short. The user writes:";
+
+const QUESTIONS: &[&str] = &[
+    "What is the capital of France?",
+    "Name three colors.",
+    "Write a haiku about the sea and the wind at night, please.",
+    "Why is the sky blue?",
+    "Count from one to ten.",
+    "What do bees make?",
+    "Give me a short list of fruits that are red, and explain which one you like best and why.",
+    "Hi",
+];
+
+/// Prompts of mixed lengths; most share a long common prefix.
+fn prompts(tok: &Tokenizer, n: usize) -> Result<Vec<Vec<u32>>> {
+    let bos = tok.add_bos_default();
+    (0..n)
+        .map(|i| {
+            let q = QUESTIONS[i % QUESTIONS.len()];
+            let text = match i % 4 {
+                3 => format!("{q} ({i})"),
+                _ => format!("{SHARED} {q} ({i})"),
+            };
+            tok.encode(&text, bos)
+        })
+        .collect()
+}
+
+fn params(i: usize) -> SamplingParams {
+    if i.is_multiple_of(2) {
+        SamplingParams::default()
+    } else {
+        SamplingParams {
+            temperature: 0.8,
+            top_p: 0.95,
+            repetition_penalty: 1.1,
+            seed: 7 + i as u64,
+            ..Default::default()
+        }
+    }
+}
+
+fn request(prompt: &[u32], i: usize, max_tokens: usize) -> ValidRequest {
+    ValidRequest {
+        model: "m".into(),
+        tenant: "verify".into(),
+        prompt: prompt.to_vec(),
+        max_tokens,
+        params: params(i),
+        stop: Vec::new(),
+        logprobs: Some(2),
+        cache_salt: None,
+        ignore_eos: false,
+    }
+}
+
+fn submit(e: &EngineHandle, r: ValidRequest) -> Result<EventStream> {
+    e.submit(r)
+        .map_err(|e: SubmitError| Error::Input(format!("submit: {e}")))
+}
+
+/// Reads one event into `o`; `false` after the last.
+fn read(s: &mut EventStream, o: &mut Output) -> Result<bool> {
+    match s.blocking_recv() {
+        Some(Event::Token(t)) => {
+            o.tokens.push(t.id);
+            o.text.push_str(&t.text);
+            let top = t
+                .top_logprobs
+                .iter()
+                .map(|(i, l)| (*i, l.to_bits()))
+                .collect();
+            o.logprobs.push((t.logprob.map_or(0, f32::to_bits), top));
+            Ok(true)
+        }
+        Some(Event::Done {
+            finish_reason,
+            usage,
+        }) => {
+            o.finish = finish_reason.as_str().to_string();
+            o.cached_tokens = usage.cached_tokens;
+            Ok(false)
+        }
+        Some(Event::Error(e)) => Err(Error::Input(format!("request failed: {e}"))),
+        None => Err(Error::Input("stream ended without Done".into())),
+    }
+}
+
+fn drain(mut s: EventStream, mut o: Output) -> Result<Output> {
+    while read(&mut s, &mut o)? {}
+    Ok(o)
+}
+
+/// All prompts submitted with staggered arrivals: the first half at once, the rest one by one
+/// after the first request has produced each further token.
+fn together(e: &EngineHandle, p: &[Vec<u32>], max_tokens: usize) -> Result<Vec<Output>> {
+    let half = p.len().div_ceil(2);
+    let mut streams = Vec::new();
+    for (i, q) in p.iter().enumerate().take(half) {
+        streams.push(submit(e, request(q, i, max_tokens))?);
+    }
+    let mut first = Output::default();
+    let mut first_open = true;
+    for (i, q) in p.iter().enumerate().skip(half) {
+        if first_open && let Some(s) = streams.first_mut() {
+            first_open = read(s, &mut first)?;
+        }
+        streams.push(submit(e, request(q, i, max_tokens))?);
+    }
+    let mut out = Vec::new();
+    for (i, s) in streams.into_iter().enumerate() {
+        let o = if i == 0 {
+            if first_open {
+                drain(s, std::mem::take(&mut first))?
+            } else {
+                std::mem::take(&mut first)
+            }
+        } else {
+            drain(s, Output::default())?
+        };
+        out.push(o);
+    }
+    Ok(out)
+}
+
+fn compare(phase: &str, base: &[Output], got: &[Output], rep: &mut Report) {
+    for (i, (a, b)) in base.iter().zip(got).enumerate() {
+        rep.tokens_compared += b.tokens.len();
+        let what = if a.tokens != b.tokens {
+            "tokens"
+        } else if a.text != b.text {
+            "text"
+        } else if a.logprobs != b.logprobs {
+            "logprobs"
+        } else if a.finish != b.finish {
+            "finish reason"
+        } else {
+            continue;
+        };
+        let at = a
+            .tokens
+            .iter()
+            .zip(&b.tokens)
+            .position(|(x, y)| x != y)
+            .unwrap_or(a.tokens.len().min(b.tokens.len()));
+        rep.failures.push(format!(
+            "{phase}: request {i}: {what} differ (first token difference at {at})"
+        ));
+    }
+}
+
+/// Runs the three phases on `model`.
+pub fn run(model: &Path, opts: &Options) -> Result<Report> {
+    if opts.requests == 0 || opts.max_tokens == 0 {
+        return Err(Error::Input(
+            "--requests and --max-tokens must be > 0".into(),
+        ));
+    }
+    let m = load_model(model)?;
+    let tok = m.tokenizer.clone();
+    let p = prompts(&tok, opts.requests)?;
+    let bs = 16;
+    let per: Vec<usize> = p
+        .iter()
+        .map(|q| (q.len() + opts.max_tokens).div_ceil(bs))
+        .collect();
+    let largest = per.iter().copied().max().unwrap_or(1);
+    // Room for about half the requests at once: the together phases preempt.
+    let blocks = (per.iter().sum::<usize>() / 2).max(largest + 2);
+    let cfg = EngineConfig {
+        device: opts.device,
+        threads: 0,
+        block_size: bs,
+        kv: KvBudget::Blocks(blocks),
+        scheduler: SchedulerConfig {
+            max_batch_tokens: 48,
+            max_running: 64,
+            max_running_per_tenant: 64,
+            admit_reserve_blocks: 1,
+        },
+        prefix_cache: true,
+    };
+    let limits = AdmissionLimits {
+        max_running_per_tenant: 64,
+        max_queued_per_tenant: 1024,
+        max_queued: 1024,
+    };
+    let e = Engine::start(vec![("m".into(), m, cfg)], limits)?;
+    let mut rep = Report {
+        backend: e
+            .models()
+            .first()
+            .map(|m| m.backend.clone())
+            .unwrap_or_default(),
+        requests: p.len(),
+        ..Default::default()
+    };
+    let mut alone = Vec::new();
+    for (i, q) in p.iter().enumerate() {
+        alone.push(drain(
+            submit(&e, request(q, i, opts.max_tokens))?,
+            Output::default(),
+        )?);
+    }
+    let cold = together(&e, &p, opts.max_tokens)?;
+    compare("together", &alone, &cold, &mut rep);
+    let warm = together(&e, &p, opts.max_tokens)?;
+    compare("warm", &alone, &warm, &mut rep);
+    rep.warm_cached_tokens = warm.iter().map(|o| o.cached_tokens).sum();
+    rep.preemptions = e.stats().models.iter().map(|m| m.preemptions_total).sum();
+    if rep.warm_cached_tokens == 0 && p.len() > 1 {
+        rep.failures
+            .push("warm: no prompt token came from the prefix cache".into());
+    }
+    e.shutdown();
+    Ok(rep)
+}
+
+/// The summary printed by the subcommand.
+pub fn summary(r: &Report) -> String {
+    let mut s = format!(
+        "serve-invariance on {}: {} requests alone / together (staggered) / warm prefix cache; \
+         {} tokens compared, {} prompt tokens from the cache when warm, {} preemptions, {} differences\n",
+        r.backend,
+        r.requests,
+        r.tokens_compared,
+        r.warm_cached_tokens,
+        r.preemptions,
+        r.failures.len()
+    );
+    for f in &r.failures {
+        s.push_str(&format!("FAIL {f}\n"));
+    }
+    s
+}

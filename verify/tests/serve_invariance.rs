@@ -1,0 +1,56 @@
+//! `memra-verify serve-invariance` on the real SmolLM2-135M on the CPU (CI, small N).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn real_model() -> PathBuf {
+    let p = std::env::var_os("MEMRA_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/memra/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        p.exists(),
+        "test model {} is missing: run tools/fetch-models.sh (tools/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+#[test]
+fn serve_invariance_passes_on_cpu_with_smollm2() {
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-verify"))
+        .arg("serve-invariance")
+        .arg(real_model())
+        .args(["--device", "cpu", "--requests", "6", "--max-tokens", "12"])
+        .output()
+        .expect("run memra-verify");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("0 differences"), "{stdout}");
+    assert!(stdout.contains("ALL GREEN"), "{stdout}");
+    let cached: usize = stdout
+        .split(" prompt tokens from the cache")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("summary names the cached tokens");
+    assert!(cached > 0, "{stdout}");
+}
+
+#[test]
+fn serve_invariance_library_compares_every_request() {
+    use memra_engine::backend::Device;
+    use memra_verify::serve_invariance::{Options, run};
+    let opts = Options {
+        device: Device::Cpu,
+        requests: 3,
+        max_tokens: 4,
+    };
+    let rep = run(&real_model(), &opts).expect("serve-invariance");
+    assert_eq!(rep.requests, 3);
+    assert!(rep.tokens_compared > 0);
+    assert!(rep.failures.is_empty(), "{:?}", rep.failures);
+}
