@@ -190,6 +190,60 @@ async fn load_test(url: &str, key: &str) {
     }
 }
 
+/// A sample's value in the OpenMetrics text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name}"))
+}
+
+/// A client that drops a long stream: its sequence stops and its KV blocks are freed.
+async fn disconnect_frees_kv(url: &str, key: &str) {
+    let c = reqwest::Client::new();
+    let body = json!({"model": ALIAS, "stream": true, "max_tokens": 400, "temperature": 0,
+        "messages": [{"role": "user", "content": "Tell a very long story."}]});
+    let mut r = c
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    while !seen.contains("\"content\":\"") || seen.matches("data: ").count() < 3 {
+        let chunk = r.chunk().await.unwrap().expect("the stream ended early");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let m = c
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(metric(&m, "memra_running_sequences"), 1.0);
+    assert!(metric(&m, "memra_kv_blocks_used") > 0.0);
+    drop(r);
+    for _ in 0..100 {
+        let m = c
+            .get(format!("{url}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if metric(&m, "memra_running_sequences") == 0.0 && metric(&m, "memra_kv_blocks_used") == 0.0
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the dropped stream's sequence and KV blocks were not freed within 2 s");
+}
+
 fn python() -> String {
     std::env::var("MEMRA_PYTHON").unwrap_or_else(|_| "python3".into())
 }
@@ -224,6 +278,8 @@ async fn real_model_python_client_load_and_drain() {
     );
 
     load_test(&url, &key).await;
+
+    disconnect_frees_kv(&url, &key).await;
 
     // SIGTERM while a stream is in flight: it completes, then the process exits 0.
     let body = json!({"model": ALIAS, "stream": true, "max_tokens": 24, "temperature": 0,
