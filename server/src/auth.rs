@@ -54,6 +54,11 @@ impl Keyring {
         Keyring { entries, file }
     }
 
+    /// Keys that are not revoked.
+    pub fn active(&self) -> usize {
+        self.entries.iter().filter(|e| !e.revoked).count()
+    }
+
     /// The tenant of `key`: 401 for an unknown key, 403 for a revoked one. Every entry is
     /// compared, matched or not.
     pub fn check(&self, key: &str) -> Result<Tenant, ApiError> {

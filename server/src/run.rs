@@ -84,6 +84,12 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
                 let w = Arc::new(KeyringWatch::open(p.clone())?);
                 w.spawn_watcher(Duration::from_millis(args.keys_poll_ms.max(50)));
                 tracing::info!("API keys required (keyring {})", p.display());
+                if w.keyring().active() == 0 {
+                    tracing::warn!(
+                        "the keyring has no active key: every inference request will get 401; \
+                         add one with `memra-server keys add TENANT`"
+                    );
+                }
                 Auth::Keyring(w)
             }
             None => {
