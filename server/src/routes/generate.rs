@@ -34,7 +34,7 @@ fn check_content_type(req: &Request<Incoming>) -> Result<(), ApiError> {
                 Ok(())
             } else {
                 Err(ApiError::invalid(
-                    "the Content-Type must be application/json",
+                    "the Content-Type must be application/json (with curl: -H 'content-type: application/json')",
                 ))
             }
         }
