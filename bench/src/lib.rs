@@ -1,5 +1,6 @@
 //! memra-bench: synthetic models (`synth`), GGUF -> HF conversion (`convert`) and benchmarks.
 
+pub mod concurrency;
 pub mod convert;
 pub mod generate;
 pub mod gguf_out;

@@ -71,6 +71,28 @@ enum Cmd {
         #[arg(long)]
         quiet: bool,
     },
+    /// Aggregate decode tok/s of the engine loop at several concurrency levels (a benchmark).
+    Concurrency {
+        /// A GGUF file or HF folder.
+        model: PathBuf,
+        /// auto, cpu, cuda or cuda:N.
+        #[arg(long, default_value = "auto")]
+        device: String,
+        /// Concurrent sequences per level, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+        levels: Vec<usize>,
+        #[arg(long, default_value_t = 128)]
+        prompt_len: usize,
+        /// Tokens generated per request (EOS ignored).
+        #[arg(long = "gen", default_value_t = 128)]
+        gen_tokens: usize,
+        /// Scheduler token budget per step.
+        #[arg(long, default_value_t = 2048)]
+        max_batch_tokens: usize,
+        /// Print JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Convert a GGUF file to an HF folder (config.json, model.safetensors, tokenizer files),
     /// or with `--to gguf` an HF folder to a GGUF file.
     Convert {
@@ -135,6 +157,40 @@ fn run(cli: Cli) -> Result<()> {
                 exact_kquants,
             };
             synth(&args).map(|_| ())
+        }
+        Cmd::Concurrency {
+            model,
+            device,
+            levels,
+            prompt_len,
+            gen_tokens,
+            max_batch_tokens,
+            json,
+        } => {
+            let args = memra_bench::concurrency::ConcurrencyArgs {
+                device: device.parse()?,
+                levels,
+                prompt_len,
+                gen_tokens,
+                max_batch_tokens,
+            };
+            let res = memra_bench::concurrency::run(&model, &args)?;
+            for r in res {
+                if json {
+                    println!("{}", serde_json::to_string(&r).unwrap_or_default());
+                } else {
+                    println!(
+                        "concurrency {:>3}: {:>6} tokens in {:>7.2} s = {:>8.1} tok/s aggregate, decode {:>8.1} tok/s, mean TTFT {:.3} s",
+                        r.concurrency,
+                        r.generated_tokens,
+                        r.wall_s,
+                        r.aggregate_tok_s,
+                        r.decode_tok_s,
+                        r.mean_ttft_s
+                    );
+                }
+            }
+            Ok(())
         }
         Cmd::Convert {
             input,

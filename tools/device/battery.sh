@@ -19,7 +19,7 @@ mkdir -p "$LOG"
 BIN="${MEMRA_BIN:-$PWD/.device/bin}"
 MODELS="$HOME/models"
 SMOL="$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf"
-STEPS="${BATTERY_STEPS:-smi kernels synth inv graph tokens speed}"
+STEPS="${BATTERY_STEPS:-smi kernels synth inv graph tokens serve speed}"
 SYNTH="${BATTERY_SYNTH:-q4_k_m q8_0 f16}"
 export MEMRA_KERNEL_CACHE="$HOME/.cache/memra/kernels"
 if [ -n "${CUDA_HOME:-}" ]; then
@@ -72,6 +72,17 @@ fi
 if has tokens && [ -e "$SMOL" ]; then
   run tokens-smollm2 180 "$BIN/memra-verify" tokens --device cuda:0 "$SMOL" \
     --fixture verify/fixtures/smollm2-135m-reference.json
+fi
+
+if has serve; then
+  [ -e "$SMOL" ] && run serve-invariance-smollm2-n32 300 "$BIN/memra-verify" serve-invariance "$SMOL" \
+    --device cuda:0 --requests 32 --max-tokens 32
+  f=$(llama q4_k_m)
+  if [ -e "$f" ]; then
+    run concurrency-llama3-8b-q4_k_m 400 "$BIN/memra-bench" concurrency "$f" --device cuda:0 \
+      --levels 1,8,32 --prompt-len 128 --gen 128
+    grep concurrency "$LOG/concurrency-llama3-8b-q4_k_m.log" | tee -a "$SUMMARY"
+  fi
 fi
 
 if has speed; then
