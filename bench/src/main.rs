@@ -93,6 +93,24 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Loopback load test of a running memra-server: concurrent streaming chat clients.
+    Load {
+        /// host:port of the server.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        addr: String,
+        #[arg(long)]
+        model: String,
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        /// Requests per client, one after another.
+        #[arg(long, default_value_t = 4)]
+        requests: usize,
+        #[arg(long, default_value_t = 64)]
+        max_tokens: usize,
+        /// Bearer key, if the server has a keyring.
+        #[arg(long)]
+        api_key: Option<String>,
+    },
     /// Convert a GGUF file to an HF folder (config.json, model.safetensors, tokenizer files),
     /// or with `--to gguf` an HF folder to a GGUF file.
     Convert {
@@ -189,6 +207,34 @@ fn run(cli: Cli) -> Result<()> {
                         r.mean_ttft_s
                     );
                 }
+            }
+            Ok(())
+        }
+        Cmd::Load {
+            addr,
+            model,
+            clients,
+            requests,
+            max_tokens,
+            api_key,
+        } => {
+            let args = memra_bench::load::LoadArgs {
+                addr,
+                model,
+                clients,
+                requests,
+                max_tokens,
+                api_key,
+            };
+            let rep = memra_bench::load::run(&args)?;
+            println!("{}", serde_json::to_string(&rep).unwrap_or_default());
+            if rep.errors + rep.malformed > 0 {
+                return Err(Error::Input(format!(
+                    "{} errors, {} malformed streams (first: {})",
+                    rep.errors,
+                    rep.malformed,
+                    rep.first_error.unwrap_or_default()
+                )));
             }
             Ok(())
         }

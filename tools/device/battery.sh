@@ -19,7 +19,7 @@ mkdir -p "$LOG"
 BIN="${MEMRA_BIN:-$PWD/.device/bin}"
 MODELS="$HOME/models"
 SMOL="$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf"
-STEPS="${BATTERY_STEPS:-smi kernels synth inv graph tokens serve speed}"
+STEPS="${BATTERY_STEPS:-smi kernels synth inv graph tokens serve server speed}"
 SYNTH="${BATTERY_SYNTH:-q4_k_m q8_0 f16}"
 export MEMRA_KERNEL_CACHE="$HOME/.cache/memra/kernels"
 if [ -n "${CUDA_HOME:-}" ]; then
@@ -83,6 +83,28 @@ if has serve; then
       --levels 1,8,32 --prompt-len 128 --gen 128
     grep concurrency "$LOG/concurrency-llama3-8b-q4_k_m.log" | tee -a "$SUMMARY"
   fi
+fi
+
+if has server; then
+  # memra-server on the GPU + 64 concurrent streaming clients x 4 requests (memra-bench load).
+  serve_load() {
+    local name=$1 model=$2 port=$3
+    [ -e "$model" ] || { row "server $name" "missing $model"; return; }
+    MEMRA_MODELS="m=$model" MEMRA_ADDR="127.0.0.1:$port" MEMRA_DEVICE=cuda:0 MEMRA_MAX_QUEUE=512 \
+      MEMRA_TENANT_MAX_IN_FLIGHT=128 MEMRA_MAX_IN_FLIGHT=128 MEMRA_MAX_RUNNING=64 \
+      "$BIN/memra-server" > "$LOG/server-$name.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 1 240); do
+      curl -s -o /dev/null -w "%{http_code}" "127.0.0.1:$port/ready" 2>/dev/null | grep -q 200 && break
+      sleep 0.5
+    done
+    run "server-load-$name" 300 "$BIN/memra-bench" load --addr "127.0.0.1:$port" --model m \
+      --clients 64 --requests 4 --max-tokens 64
+    tail -n 1 "$LOG/server-load-$name.log" | tee -a "$SUMMARY"
+    kill -TERM "$pid"; wait "$pid"; row "server $name exit" "rc=$?"
+  }
+  serve_load smollm2 "$SMOL" 18080
+  serve_load llama3-8b-q4_k_m "$(llama q4_k_m)" 18081
 fi
 
 if has speed; then

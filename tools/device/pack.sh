@@ -4,10 +4,10 @@
 # Then, on the device (tool `run`, carry [".device"]):  tools/device/battery.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cargo build --release -p memra-engine -p memra-verify -p memra-bench --bins
+cargo build --release -p memra-engine -p memra-verify -p memra-bench -p memra-server --bins
 TARGET="${CARGO_TARGET_DIR:-target}"
 mkdir -p .device/bin
-for b in run-gen memra-verify memra-bench; do
+for b in run-gen memra-verify memra-bench memra-server; do
   cp "$TARGET/release/$b" .device/bin/
   strip .device/bin/$b 2>/dev/null || true
 done
