@@ -22,18 +22,7 @@ fn bench(args: &[&str]) {
 }
 
 fn real_model() -> PathBuf {
-    let p = std::env::var_os("MEMRA_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/memra/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        p.exists(),
-        "{} is missing: run tools/fetch-models.sh",
-        p.display()
-    );
-    p
+    memra_engine::testing::real_model()
 }
 
 /// Logit bits of a greedy run: every prompt position's successor and 6 decoded tokens.

@@ -15,25 +15,8 @@ use memra_engine::formats::gguf::Gguf;
 use memra_engine::loader::load_model;
 use memra_engine::tokenizer::Tokenizer;
 
-/// The real SmolLM2-135M-Instruct GGUF (tools/fetch-models.sh puts it there; CI fetches it).
 fn real_model() -> PathBuf {
-    let p = std::env::var_os("MEMRA_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let dir = std::env::var_os("MEMRA_MODELS_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                        .join(".cache/memra/models")
-                });
-            dir.join("SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        p.exists(),
-        "test model {} is missing: run tools/fetch-models.sh",
-        p.display()
-    );
-    p
+    memra_engine::testing::real_model()
 }
 
 const TEXTS: [&str; 5] = [

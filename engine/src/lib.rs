@@ -15,6 +15,7 @@ pub mod quant;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;
+pub mod testing;
 pub mod tokenizer;
 pub mod weights;
 

@@ -9,20 +9,7 @@ use memra_engine::formats::gguf::{Gguf, MetaValue};
 use memra_engine::tokenizer::{StreamDecoder, Tokenizer};
 
 fn model_path() -> PathBuf {
-    let path = std::env::var_os("MEMRA_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_default();
-            home.join(".cache/memra/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        path.exists(),
-        "test model {} is missing: run tools/fetch-models.sh (or set MEMRA_TEST_MODEL)",
-        path.display()
-    );
-    path
+    memra_engine::testing::real_model()
 }
 
 fn smollm() -> Tokenizer {

@@ -14,20 +14,7 @@ use serde_json::{Value, json};
 const ALIAS: &str = "smol";
 
 fn model_path() -> PathBuf {
-    let p = std::env::var_os("MEMRA_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_default();
-            home.join(".cache/memra/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        p.exists(),
-        "{} is missing: run tools/fetch-models.sh (or set MEMRA_TEST_MODEL)",
-        p.display()
-    );
-    p
+    memra_engine::testing::real_model()
 }
 
 struct Server {

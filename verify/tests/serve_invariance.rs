@@ -4,18 +4,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn real_model() -> PathBuf {
-    let p = std::env::var_os("MEMRA_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/memra/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        p.exists(),
-        "test model {} is missing: run tools/fetch-models.sh (tools/test.sh does)",
-        p.display()
-    );
-    p
+    memra_engine::testing::real_model()
 }
 
 #[test]
