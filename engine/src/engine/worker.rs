@@ -198,14 +198,41 @@ pub(crate) fn run(args: WorkerArgs, ready: Sender<Result<Ready>>) {
         }
     };
     w.publish_stats();
-    while w.receive() {
-        w.step();
-        w.publish_stats();
-    }
+    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        while w.receive() {
+            w.step();
+            w.publish_stats();
+        }
+    }));
     alive.store(false, Ordering::Release);
+    if let Err(p) = served {
+        w.fail_all(&panic_message(p.as_ref()));
+    }
+}
+
+/// The text of a panic payload.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 impl Worker {
+    /// After a panic in the serving loop: every open and queued request ends with an Error
+    /// event (nothing admitted is dropped silently); the engine reports itself not ready.
+    fn fail_all(&mut self, why: &str) {
+        let msg = format!("the engine thread failed: {why}");
+        for (_, a) in self.active.drain() {
+            let _ = a.tx.send(Event::Error(msg.clone()));
+        }
+        while let Ok(c) = self.rx.try_recv() {
+            if let Command::Submit(s) = c {
+                let _ = s.tx.send(Event::Error(msg.clone()));
+            }
+        }
+    }
+
     /// Takes commands: blocks while idle. `false` when the thread should exit.
     fn receive(&mut self) -> bool {
         if !self.sched.has_work() {
