@@ -4,12 +4,7 @@
 /// The splitmix64 increment (2^64 / golden ratio).
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
-/// The splitmix64 output function.
-pub fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+pub use memra_engine::models::random::mix64;
 
 /// The key of one tensor: the seed mixed with an FNV-1a hash of the tensor's (HF) name, so a
 /// tensor has the same values whatever file format or tensor order it is written in.

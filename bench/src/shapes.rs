@@ -2,6 +2,7 @@
 
 use memra_engine::config::{Arch, Llama3RopeScaling, ModelConfig};
 use memra_engine::error::{Error, Result};
+use memra_engine::models::random::tiny_config;
 
 /// A named model shape. The vocabulary comes from the tokenizer the model is paired with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,19 +43,8 @@ impl Shape {
     /// The config of this shape with vocabulary `vocab`.
     pub fn config(self, vocab: usize) -> ModelConfig {
         let base = ModelConfig {
-            arch: Arch::Llama,
-            n_layers: 2,
-            hidden: 64,
-            n_heads: 4,
-            n_kv_heads: 2,
-            head_dim: 16,
-            ffn: 128,
-            vocab,
-            rope_theta: 10000.0,
-            rope_scaling: None,
-            rms_eps: 1e-5,
             max_ctx: 8192,
-            tie_embeddings: true,
+            ..tiny_config(Arch::Llama, vocab)
         };
         match self {
             Shape::Smollm2_135m => ModelConfig {

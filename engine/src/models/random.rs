@@ -6,14 +6,19 @@ use crate::error::Result;
 use crate::quant::{DType, quantize};
 use crate::weights::{Bytes, Tensor};
 
-/// splitmix64: the value for `(seed, stream, index)`, uniform over u64.
-pub fn splitmix(seed: u64, stream: u64, index: u64) -> u64 {
-    let mut z = seed
-        .wrapping_add(stream.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-        .wrapping_add(index.wrapping_mul(0xD1B5_4A32_D192_ED03));
+/// The splitmix64 output function (shared by every counter-based generator here and in bench).
+pub fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// splitmix64: the value for `(seed, stream, index)`, uniform over u64.
+pub fn splitmix(seed: u64, stream: u64, index: u64) -> u64 {
+    mix64(
+        seed.wrapping_add(stream.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .wrapping_add(index.wrapping_mul(0xD1B5_4A32_D192_ED03)),
+    )
 }
 
 /// Uniform in [-1, 1) for `(seed, stream, index)`.
