@@ -181,7 +181,14 @@ impl CpuBackend {
         }
     }
 
-    fn layer(&mut self, l: usize, batch: &StepBatch, x: &mut [f32]) -> Result<()> {
+    /// One decoder layer over the batch; `rope[i]` holds row i's (cos, sin), computed once per step.
+    fn layer(
+        &mut self,
+        l: usize,
+        batch: &StepBatch,
+        rope: &[(Vec<f32>, Vec<f32>)],
+        x: &mut [f32],
+    ) -> Result<()> {
         let c = self.w.config.clone();
         let m = batch.rows.len();
         let (hd, eps) = (c.head_dim, c.rms_eps);
@@ -198,9 +205,9 @@ impl CpuBackend {
         Self::head_norm(&mut k, &lv.k_norm, eps);
         let (qw, kw) = (c.n_heads * hd, c.n_kv_heads * hd);
         for (i, row) in batch.rows.iter().enumerate() {
-            let (cos, sin) = self.rope.cos_sin(row.pos);
-            Rope::apply(&mut q[i * qw..(i + 1) * qw], hd, &cos, &sin);
-            Rope::apply(&mut k[i * kw..(i + 1) * kw], hd, &cos, &sin);
+            let (cos, sin) = &rope[i];
+            Rope::apply(&mut q[i * qw..(i + 1) * qw], hd, cos, sin);
+            Rope::apply(&mut k[i * kw..(i + 1) * kw], hd, cos, sin);
             let p = row.pos as usize;
             let block = batch.block_tables[row.seq][p / self.kv.block_size];
             let slot = p % self.kv.block_size;
@@ -272,8 +279,13 @@ impl Backend for CpuBackend {
             let e = &self.w.embed;
             crate::quant::dequantize_row(e.dtype, e.row(row.token as usize), xr)?;
         }
+        let rope: Vec<_> = batch
+            .rows
+            .iter()
+            .map(|r| self.rope.cos_sin(r.pos))
+            .collect();
         for l in 0..self.w.config.n_layers {
-            self.layer(l, batch, &mut x)?;
+            self.layer(l, batch, &rope, &mut x)?;
         }
         let want: Vec<usize> = (0..m).filter(|&i| batch.rows[i].want_logits).collect();
         if want.is_empty() {
