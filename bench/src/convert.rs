@@ -12,7 +12,7 @@ use memra_engine::config::ModelConfig;
 use memra_engine::error::{Error, Result};
 use memra_engine::formats::gguf::{Gguf, GgufTensorInfo};
 use memra_engine::formats::safetensors::{HfFolderSpec, TensorDecl};
-use memra_engine::models::{Role, spec, unpermute_qk_rows};
+use memra_engine::models::{Role, gguf_permuted, qk_to_hf};
 use memra_engine::quant::{DType, dequantize_row, quantize};
 
 use crate::rope::{ROPE_FREQS, recognise};
@@ -85,28 +85,19 @@ fn convert_tensor(g: &Gguf, cfg: &ModelConfig, job: &Job) -> Result<Vec<u8>> {
         .tensor(&job.info.name)
         .ok_or_else(|| Error::Weights(format!("GGUF tensor `{}` cannot be read", job.info.name)))?;
     let (rows, cols) = t.rows_cols();
-    let permute = spec(cfg.arch).gguf_qk_permuted
-        && matches!(
-            job.role,
-            Role::Q(_) | Role::K(_) | Role::QBias(_) | Role::KBias(_)
-        );
-    let unpermute = |bytes: &[u8], dtype: DType| -> Vec<u8> {
-        // 1-D biases permute element by element; matrices row by row.
-        let unit = if t.shape.len() == 1 { 1 } else { cols };
-        let ub = dtype.bytes_for(unit as u64).unwrap_or(0) as usize;
-        unpermute_qk_rows(bytes, ub, cfg.head_dim)
-    };
+    let permute = gguf_permuted(cfg.arch, job.role);
+    let unpermute = |bytes: &[u8], dtype: DType| qk_to_hf(bytes, &t.shape, dtype, cfg.head_dim);
     if t.dtype == job.out_dtype {
-        return Ok(if permute {
+        return if permute {
             unpermute(&t.data, t.dtype)
         } else {
-            t.data.to_vec()
-        });
+            Ok(t.data.to_vec())
+        };
     }
     let vals = dequantize_par(t.dtype, &t.data, rows, cols)?;
     let f32_bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
     let f32_bytes = if permute {
-        unpermute(&f32_bytes, DType::F32)
+        unpermute(&f32_bytes, DType::F32)?
     } else {
         f32_bytes
     };
@@ -182,10 +173,10 @@ pub fn convert_gguf_to_hf(args: &ConvertArgs) -> Result<ConvertReport> {
     };
     let decls = jobs
         .iter()
-        .map(|j| TensorDecl::new(j.role.hf_name(), j.out_dtype, j.shape.clone()))
+        .map(|j| TensorDecl::new(j.role.hf_name(cfg.arch), j.out_dtype, j.shape.clone()))
         .collect();
     let sink = hf_sink(&args.out, &hf_spec, decls)?;
-    let names: Vec<String> = jobs.iter().map(|j| j.role.hf_name()).collect();
+    let names: Vec<String> = jobs.iter().map(|j| j.role.hf_name(cfg.arch)).collect();
     let produce = |i: usize| -> Result<Vec<u8>> {
         let job = jobs
             .get(i)

@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 use memra_engine::config::ModelConfig;
 use memra_engine::error::{Error, Result};
-use memra_engine::models::{Role, permute_qk_rows, spec};
+use memra_engine::models::{gguf_permuted, qk_to_gguf};
 use memra_engine::quant::{DType, QK_K, quantize};
 
 use crate::plan::{Init, TensorPlan};
@@ -90,18 +90,8 @@ pub fn tensor_bytes(
             dst.copy_from_slice(&q);
             Ok(())
         })?;
-    let permuted = matches!(
-        t.role,
-        Role::Q(_) | Role::K(_) | Role::QBias(_) | Role::KBias(_)
-    );
-    if gguf_order && permuted && spec(cfg.arch).gguf_qk_permuted {
-        // A 1-D bias is one row of `rows` elements here; permute element-wise then.
-        out = if t.shape.len() == 1 {
-            let eb = t.dtype.bytes_for(1).unwrap_or(4) as usize;
-            permute_qk_rows(&out, eb, cfg.head_dim)
-        } else {
-            permute_qk_rows(&out, row_bytes, cfg.head_dim)
-        };
+    if gguf_order && gguf_permuted(cfg.arch, t.role) {
+        out = qk_to_gguf(&out, &t.shape, t.dtype, cfg.head_dim)?;
     }
     Ok(out)
 }

@@ -1,8 +1,9 @@
 //! Which tensors a synthetic model has, their shapes, storage types and initialisation.
 
+use memra_engine::config::Arch;
 use memra_engine::config::ModelConfig;
 use memra_engine::error::{Error, Result};
-use memra_engine::models::{Role, spec};
+use memra_engine::models::{Kind, Role, def};
 use memra_engine::quant::DType;
 
 /// The `--dtype` of `synth`: one type for every matrix, or llama.cpp's Q4_K_M mix.
@@ -89,6 +90,7 @@ pub enum Init {
 /// One tensor of a synthetic model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorPlan {
+    pub arch: Arch,
     pub role: Role,
     /// Shape outermost first (HF order).
     pub shape: Vec<usize>,
@@ -98,7 +100,7 @@ pub struct TensorPlan {
 
 impl TensorPlan {
     pub fn hf_name(&self) -> String {
-        self.role.hf_name()
+        self.role.hf_name(self.arch)
     }
     pub fn gguf_name(&self) -> String {
         self.role.gguf_name()
@@ -161,53 +163,31 @@ fn matrix_type(dt: SynthDType, role: Role, cfg: &ModelConfig, cols: usize) -> DT
     fallback(base, cols)
 }
 
-/// Every tensor of a model of config `cfg`, in file order: embedding, layers, final norm, output.
+/// Every tensor of a model of config `cfg`, in file order (the architecture's list; a tied
+/// output is left out).
 pub fn plan(cfg: &ModelConfig, dt: SynthDType) -> Vec<TensorPlan> {
-    let s = spec(cfg.arch);
-    let (h, hd) = (cfg.hidden, cfg.head_dim);
-    let (qd, kvd) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
-    let w = Init::Normal { std: 0.02 };
-    let norm = Init::NearOne { std: 0.02 };
-    let bias = Init::Normal { std: 0.01 };
-    let mut out = Vec::new();
-    let mat = |role: Role, rows: usize, cols: usize| TensorPlan {
-        role,
-        shape: vec![rows, cols],
-        dtype: matrix_type(dt, role, cfg, cols),
-        init: w,
-    };
-    let vec1 = |role: Role, n: usize, init: Init| TensorPlan {
-        role,
-        shape: vec![n],
-        dtype: DType::F32,
-        init,
-    };
-    out.push(mat(Role::TokenEmbd, cfg.vocab, h));
-    for l in 0..cfg.n_layers {
-        out.push(vec1(Role::AttnNorm(l), h, norm));
-        out.push(mat(Role::Q(l), qd, h));
-        out.push(mat(Role::K(l), kvd, h));
-        out.push(mat(Role::V(l), kvd, h));
-        if s.qkv_bias {
-            out.push(vec1(Role::QBias(l), qd, bias));
-            out.push(vec1(Role::KBias(l), kvd, bias));
-            out.push(vec1(Role::VBias(l), kvd, bias));
-        }
-        if s.qk_norm {
-            out.push(vec1(Role::QNorm(l), hd, norm));
-            out.push(vec1(Role::KNorm(l), hd, norm));
-        }
-        out.push(mat(Role::AttnOut(l), h, qd));
-        out.push(vec1(Role::FfnNorm(l), h, norm));
-        out.push(mat(Role::Gate(l), cfg.ffn, h));
-        out.push(mat(Role::Up(l), cfg.ffn, h));
-        out.push(mat(Role::Down(l), h, cfg.ffn));
-    }
-    out.push(vec1(Role::OutputNorm, h, norm));
-    if !cfg.tie_embeddings {
-        out.push(mat(Role::Output, cfg.vocab, h));
-    }
-    out
+    (def(cfg.arch).tensors)(cfg)
+        .into_iter()
+        .filter(|s| !s.optional)
+        .map(|s| {
+            let (dtype, init) = match s.kind {
+                Kind::Matrix => {
+                    let cols = *s.shape.last().unwrap_or(&1);
+                    let dtype = matrix_type(dt, s.role, cfg, cols);
+                    (dtype, Init::Normal { std: 0.02 })
+                }
+                Kind::Norm => (DType::F32, Init::NearOne { std: 0.02 }),
+                Kind::Bias => (DType::F32, Init::Normal { std: 0.01 }),
+            };
+            TensorPlan {
+                arch: cfg.arch,
+                role: s.role,
+                shape: s.shape,
+                dtype,
+                init,
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

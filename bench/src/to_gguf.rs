@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use memra_engine::error::{Error, Result};
 use memra_engine::formats::safetensors::HfModel;
-use memra_engine::models::{Role, permute_qk_rows, spec};
+use memra_engine::models::{Role, gguf_permuted, qk_to_gguf};
 use memra_engine::quant::DType;
 
 use crate::convert::ConvertReport;
@@ -31,7 +31,7 @@ pub fn convert_hf_to_gguf(args: &ToGgufArgs) -> Result<ConvertReport> {
     let cfg = m.config.clone();
     let mut jobs: Vec<(String, Role)> = Vec::new();
     for name in m.tensor_names() {
-        let role = Role::from_hf_name(&name).ok_or_else(|| {
+        let role = Role::from_hf_name(&name, cfg.arch).ok_or_else(|| {
             Error::Unsupported(format!("HF tensor `{name}` has no GGUF equivalent"))
         })?;
         if role == Role::Output && cfg.tie_embeddings {
@@ -74,7 +74,6 @@ pub fn convert_hf_to_gguf(args: &ToGgufArgs) -> Result<ConvertReport> {
     let mut meta = gguf_metadata(&cfg, "memra-convert", file_type, false);
     meta.extend(tok.gguf_meta);
     let sink = gguf_sink(&args.out, meta, &decls)?;
-    let permuted = spec(cfg.arch).gguf_qk_permuted;
     let produce = |i: usize| -> Result<Vec<u8>> {
         let (name, role) = jobs
             .get(i)
@@ -82,18 +81,8 @@ pub fn convert_hf_to_gguf(args: &ToGgufArgs) -> Result<ConvertReport> {
         let t = m
             .tensor(name)?
             .ok_or_else(|| Error::Weights(format!("`{name}` vanished")))?;
-        let qk = matches!(
-            role,
-            Role::Q(_) | Role::K(_) | Role::QBias(_) | Role::KBias(_)
-        );
-        if permuted && qk {
-            let unit = if t.shape.len() == 1 {
-                1
-            } else {
-                t.rows_cols().1
-            };
-            let ub = t.dtype.bytes_for(unit as u64).unwrap_or(0) as usize;
-            Ok(permute_qk_rows(&t.data, ub, cfg.head_dim))
+        if gguf_permuted(cfg.arch, *role) {
+            qk_to_gguf(&t.data, &t.shape, t.dtype, cfg.head_dim)
         } else {
             Ok(t.data.to_vec())
         }

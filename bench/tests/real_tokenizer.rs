@@ -13,6 +13,7 @@ use memra_engine::chat::ChatMessage;
 use memra_engine::config::ModelConfig;
 use memra_engine::formats::gguf::Gguf;
 use memra_engine::loader::load_model;
+use memra_engine::models::Role;
 use memra_engine::tokenizer::Tokenizer;
 
 fn real_model() -> PathBuf {
@@ -140,15 +141,16 @@ fn convert_real_model() {
     );
     assert_eq!(hf.config, gg.config);
     // Weights: the HF copy is the dequantized GGUF model, q/k in HF order (the loader un-permutes).
-    let pairs = [
-        (&hf.weights.embed, &gg.weights.embed),
-        (&hf.weights.out_norm, &gg.weights.out_norm),
-        (&hf.weights.layers[0].q, &gg.weights.layers[0].q),
-        (&hf.weights.layers[0].k, &gg.weights.layers[0].k),
-        (&hf.weights.layers[29].v, &gg.weights.layers[29].v),
-        (&hf.weights.layers[17].down, &gg.weights.layers[17].down),
+    let roles = [
+        Role::TokenEmbd,
+        Role::OutputNorm,
+        Role::Q(0),
+        Role::K(0),
+        Role::V(29),
+        Role::Down(17),
     ];
-    for (a, b) in pairs {
+    for r in roles {
+        let (a, b) = (hf.weights.get(r).unwrap(), gg.weights.get(r).unwrap());
         assert_eq!(a.shape, b.shape, "{}", a.name);
         assert_eq!(a.to_f32().unwrap(), b.to_f32().unwrap(), "{}", a.name);
     }

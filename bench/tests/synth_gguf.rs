@@ -12,7 +12,7 @@ use memra_bench::synth::{Format, SynthArgs, TokenizerSource, synth};
 use memra_engine::config::{Arch, ModelConfig};
 use memra_engine::formats::gguf::Gguf;
 use memra_engine::formats::safetensors::HfModel;
-use memra_engine::models::{Role, spec, unpermute_qk_rows};
+use memra_engine::models::{Role, gguf_permuted, unpermute_qk_rows};
 use memra_engine::quant::DType;
 
 const VOCAB: usize = 256;
@@ -206,7 +206,7 @@ fn check_converted(gguf: &Path, hf: &Path, forced: Option<DType>) {
     for info in g.tensors() {
         let role = Role::from_gguf_name(&info.name).unwrap();
         let gt = g.tensor(&info.name).unwrap();
-        let ht = m.tensor(&role.hf_name()).unwrap().unwrap();
+        let ht = m.tensor(&role.hf_name(cfg.arch)).unwrap().unwrap();
         assert_eq!(ht.shape, gt.shape, "{}", info.name);
         let want_dtype = forced.unwrap_or(if gt.dtype.is_float() {
             gt.dtype
@@ -220,7 +220,7 @@ fn check_converted(gguf: &Path, hf: &Path, forced: Option<DType>) {
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
-        let permuted = matches!(role, Role::Q(_) | Role::K(_)) && spec(cfg.arch).gguf_qk_permuted;
+        let permuted = gguf_permuted(cfg.arch, role);
         if permuted {
             want = unpermute_qk_rows(&want, gt.shape[1] * 4, cfg.head_dim);
         }

@@ -4,67 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::formats::gguf::Gguf;
-
-/// Supported architectures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Arch {
-    Llama,
-    Qwen2,
-    Qwen3,
-}
-
-impl Arch {
-    /// The GGUF `general.architecture` name.
-    pub fn gguf_name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-        }
-    }
-
-    pub fn from_gguf_name(s: &str) -> Result<Arch> {
-        match s {
-            "llama" => Ok(Arch::Llama),
-            "qwen2" => Ok(Arch::Qwen2),
-            "qwen3" => Ok(Arch::Qwen3),
-            other => Err(Error::Unsupported(format!(
-                "architecture `{other}` (supported: llama, qwen2, qwen3)"
-            ))),
-        }
-    }
-
-    /// The HF `architectures[0]` class name.
-    pub fn hf_class(self) -> &'static str {
-        match self {
-            Arch::Llama => "LlamaForCausalLM",
-            Arch::Qwen2 => "Qwen2ForCausalLM",
-            Arch::Qwen3 => "Qwen3ForCausalLM",
-        }
-    }
-
-    pub fn from_hf_class(s: &str) -> Result<Arch> {
-        match s {
-            "LlamaForCausalLM" => Ok(Arch::Llama),
-            "Qwen2ForCausalLM" => Ok(Arch::Qwen2),
-            "Qwen3ForCausalLM" => Ok(Arch::Qwen3),
-            other => Err(Error::Unsupported(format!(
-                "architecture `{other}` (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)"
-            ))),
-        }
-    }
-
-    /// Attention projections carry a bias (qwen2).
-    pub fn qkv_bias(self) -> bool {
-        matches!(self, Arch::Qwen2)
-    }
-
-    /// Per-head RMSNorm of q and k before RoPE (qwen3).
-    pub fn qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3)
-    }
-}
+pub use crate::models::Arch;
 
 /// Llama 3 style RoPE frequency scaling.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -301,9 +241,7 @@ impl ModelConfig {
                 "original_max_position_embeddings": rs.original_max_position_embeddings,
             });
         }
-        if self.arch == Arch::Qwen2 {
-            v["attention_bias"] = true.into();
-        }
+        (crate::models::def(self.arch).hf_config)(self, &mut v);
         if let Some(b) = bos {
             v["bos_token_id"] = b.into();
         }

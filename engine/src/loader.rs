@@ -9,7 +9,7 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::formats::gguf::Gguf;
 use crate::formats::safetensors::HfModel;
-use crate::models::{ModelWeights, Role, spec, unpermute_qk_rows};
+use crate::models::{ModelWeights, Role, gguf_permuted, qk_to_hf};
 use crate::tokenizer::Tokenizer;
 use crate::weights::{Bytes, Tensor};
 
@@ -24,42 +24,25 @@ pub struct Model {
 
 /// Un-permutes a GGUF llama q/k tensor (weight rows or bias values) into HF order.
 fn unpermute(t: Tensor, head_dim: usize) -> Result<Tensor> {
-    let row_bytes = if t.shape.len() == 1 {
-        t.data.len() / t.shape[0].max(1)
-    } else {
-        t.row_bytes()
-    };
-    if row_bytes == 0 || !t.data.len().is_multiple_of(row_bytes * head_dim) {
-        return Err(Error::Weights(format!(
-            "{}: {} rows are not whole heads of {head_dim}",
-            t.name,
-            t.shape.first().copied().unwrap_or(0)
-        )));
-    }
-    let data = unpermute_qk_rows(&t.data, row_bytes, head_dim);
+    let data = qk_to_hf(&t.data, &t.shape, t.dtype, head_dim)
+        .map_err(|e| Error::Weights(format!("{}: {e}", t.name)))?;
     Tensor::new(t.name, t.dtype, t.shape, Bytes::owned(data))
 }
 
 /// Config and weights of a GGUF model.
 pub fn gguf_weights(g: &Gguf) -> Result<ModelWeights> {
     let config = ModelConfig::from_gguf(g)?;
-    let sp = spec(config.arch);
     let hd = config.head_dim;
     let mut get = |role: Role| -> Result<Option<Tensor>> {
-        let name = role.gguf_name();
-        let Some(t) = g.tensor(&name) else {
+        let Some(t) = g.tensor(&role.gguf_name()) else {
             return Ok(None);
         };
-        let permuted = matches!(
-            role,
-            Role::Q(_) | Role::K(_) | Role::QBias(_) | Role::KBias(_)
-        );
-        if sp.gguf_qk_permuted && permuted {
+        if gguf_permuted(config.arch, role) {
             return unpermute(t, hd).map(Some);
         }
         Ok(Some(t))
     };
-    let mut w = ModelWeights::build(&config, sp, &mut get)?;
+    let mut w = ModelWeights::build(&config, &mut get)?;
     if let Some(f) = g.tensor("rope_freqs.weight") {
         let v = f.to_f32()?;
         if v.len() != hd / 2 {
@@ -77,8 +60,8 @@ pub fn gguf_weights(g: &Gguf) -> Result<ModelWeights> {
 /// Config and weights of an HF safetensors folder.
 pub fn hf_weights(m: &HfModel) -> Result<ModelWeights> {
     let config = m.config.clone();
-    let mut get = |role: Role| m.tensor(&role.hf_name());
-    ModelWeights::build(&config, spec(config.arch), &mut get)
+    let mut get = |role: Role| m.tensor(&role.hf_name(config.arch));
+    ModelWeights::build(&config, &mut get)
 }
 
 /// Opens a GGUF file or HF folder with its tokenizer and chat template.

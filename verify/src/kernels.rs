@@ -2,8 +2,9 @@
 //! odd shapes included. Output buffers are poisoned with NaN before each launch, so an
 //! unwritten element fails. Matmul rows are also checked bitwise across M (row invariance).
 
-use memra_engine::backend::cpu::ops::{self, Rope};
+use memra_engine::backend::cpu::ops;
 use memra_engine::backend::cuda::Gpu;
+use memra_engine::backend::rope::Rope;
 use memra_engine::config::Arch;
 use memra_engine::models::random::{splitmix, tiny_config, unit};
 use memra_engine::quant::{DType, dequantize_row, dot_f32, dot_row, quantize};
@@ -221,9 +222,8 @@ fn norm_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
 
 fn rope_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     for (i, &(rows, heads, hd)) in [(1, 1, 64), (7, 3, 64), (9, 4, 128)].iter().enumerate() {
-        let mut cfg = tiny_config(Arch::Llama, 10);
-        cfg.head_dim = hd;
-        let rope = Rope::new(&cfg, None);
+        let cfg = tiny_config(Arch::Llama, 10);
+        let rope = Rope::new(hd, cfg.rope_theta, None, None);
         let len = 512;
         let (mut cos, mut sin) = (Vec::new(), Vec::new());
         for p in 0..len {
@@ -238,7 +238,7 @@ fn rope_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         let mut want = x.clone();
         for (r, row) in want.chunks_exact_mut(heads * hd).enumerate() {
             let (c, s) = rope.cos_sin(pos[r]);
-            Rope::apply(row, hd, &c, &s);
+            ops::rope_apply(row, hd, &c, &s);
         }
         let (dx, dp, dc, ds) = (
             g.upload(&x)?,

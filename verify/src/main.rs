@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use memra_engine::backend::cuda::{CudaBackend, CudaOptions, open_backend};
-use memra_engine::backend::{Backend, Device};
+use memra_engine::backend::cuda::{CudaBackend, CudaOptions};
+use memra_engine::backend::{Backend, Device, open_backend};
 use memra_engine::config::Arch;
 use memra_engine::models::ModelWeights;
 use memra_engine::models::random::{random_weights, tiny_config};

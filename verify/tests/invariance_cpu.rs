@@ -52,9 +52,6 @@ impl Backend for Leaky {
         }
         Ok(out)
     }
-    fn copy_kv_block(&mut self, src: u32, dst: u32) -> memra_engine::Result<()> {
-        self.0.copy_kv_block(src, dst)
-    }
     fn kv_block_bytes(&self, block: u32) -> memra_engine::Result<Vec<u8>> {
         self.0.kv_block_bytes(block)
     }

@@ -6,9 +6,13 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod ops;
+pub mod rope;
+pub mod runner;
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::models::ModelWeights;
 use crate::sampling::{SamplingParams, sample};
 
 /// One token row of a step.
@@ -79,8 +83,6 @@ pub trait Backend: Send {
     fn kv_blocks(&self) -> usize;
     /// Runs one step: writes the rows' K/V and returns the logits asked for.
     fn step(&mut self, batch: &StepBatch) -> Result<StepOutput>;
-    /// Copies one KV block (all layers) to another.
-    fn copy_kv_block(&mut self, src: u32, dst: u32) -> Result<()>;
     /// The raw bytes of one KV block (all layers, K then V), for invariance checks.
     fn kv_block_bytes(&self, block: u32) -> Result<Vec<u8>>;
     /// Installs (or removes) a sink for named intermediates; backends may ignore it.
@@ -98,6 +100,45 @@ pub trait Backend: Send {
         let out = self.step(batch)?;
         Ok(select_on_host(out.logits, select))
     }
+}
+
+/// Checks every row of `batch` against the vocabulary and the KV cache (`blocks` blocks of
+/// `block_size` positions) of backend `backend`: its sequence has a block table that reaches
+/// its position, and every block the row uses exists.
+pub fn check_batch(
+    batch: &StepBatch,
+    vocab: usize,
+    block_size: usize,
+    blocks: usize,
+    backend: &str,
+) -> Result<()> {
+    let err = |what: String| Error::Backend {
+        backend: backend.to_string(),
+        what,
+    };
+    for (i, r) in batch.rows.iter().enumerate() {
+        if r.token as usize >= vocab {
+            return Err(Error::Input(format!(
+                "token id {} is outside the vocabulary (size {vocab})",
+                r.token
+            )));
+        }
+        let table = batch
+            .block_tables
+            .get(r.seq)
+            .ok_or_else(|| err(format!("row {i}: sequence {} has no block table", r.seq)))?;
+        let need = r.pos as usize / block_size;
+        let used = table.get(..=need).ok_or_else(|| {
+            err(format!(
+                "row {i}: position {} is beyond its block table",
+                r.pos
+            ))
+        })?;
+        if let Some(b) = used.iter().find(|&&b| b as usize >= blocks) {
+            return Err(err(format!("row {i}: KV block {b} does not exist")));
+        }
+    }
+    Ok(())
 }
 
 /// Checks that `select` has one entry per row that wants logits.
@@ -148,5 +189,75 @@ impl std::str::FromStr for Device {
                     crate::Error::Input(format!("device `{s}`: expected auto, cpu, cuda or cuda:N"))
                 }),
         }
+    }
+}
+
+/// Opens the backend `device` asks for: `auto` picks CUDA device 0 when available, else the CPU;
+/// `cuda:N` without CUDA is an error saying so. `threads` applies to the CPU backend only.
+pub fn open_backend(
+    device: Device,
+    weights: ModelWeights,
+    kv_blocks: usize,
+    block_size: usize,
+    threads: usize,
+) -> Result<Box<dyn Backend>> {
+    let opts = OpenOptions {
+        kv_blocks,
+        block_size,
+        threads,
+        graphs: cuda::graphs_default(),
+    };
+    open_backend_opts(device, weights, &opts)
+}
+
+/// Options of [`open_backend_opts`].
+#[derive(Clone, Copy, Debug)]
+pub struct OpenOptions {
+    /// KV blocks to allocate.
+    pub kv_blocks: usize,
+    /// Positions per KV block.
+    pub block_size: usize,
+    /// CPU worker threads (0 = all cores).
+    pub threads: usize,
+    /// Run CUDA steps of up to 64 rows as CUDA graphs (ignored by the CPU backend).
+    pub graphs: bool,
+}
+
+/// [`open_backend`] with every option explicit.
+pub fn open_backend_opts(
+    device: Device,
+    weights: ModelWeights,
+    o: &OpenOptions,
+) -> Result<Box<dyn Backend>> {
+    let cpu = |w| -> Result<Box<dyn Backend>> {
+        let opts = cpu::CpuOptions {
+            threads: o.threads,
+            kv_blocks: o.kv_blocks,
+            block_size: o.block_size,
+        };
+        Ok(Box::new(cpu::CpuBackend::new(w, &opts)?))
+    };
+    let cuda = |w, n| -> Result<Box<dyn Backend>> {
+        let opts = cuda::CudaOptions {
+            device: n,
+            kv_blocks: o.kv_blocks,
+            block_size: o.block_size,
+            graphs: o.graphs,
+        };
+        Ok(Box::new(cuda::CudaBackend::new(w, &opts)?))
+    };
+    match device {
+        Device::Cpu => cpu(weights),
+        Device::Auto if cuda::cuda_available() => cuda(weights, 0),
+        Device::Auto => cpu(weights),
+        Device::Cuda(n) => match cuda::device_count() {
+            Ok(c) if n < c => cuda(weights, n),
+            Ok(c) => Err(Error::Input(format!(
+                "--device cuda:{n}: {c} CUDA device(s) present; use --device cpu"
+            ))),
+            Err(e) => Err(Error::Input(format!(
+                "--device cuda:{n}: CUDA is not available ({e}); use --device cpu"
+            ))),
+        },
     }
 }

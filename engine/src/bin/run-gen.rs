@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use memra_engine::backend::Device;
-use memra_engine::backend::cuda::{graphs_default, open_backend_opts};
+use memra_engine::backend::cuda::graphs_default;
+use memra_engine::backend::{Device, OpenOptions, open_backend_opts};
 use memra_engine::chat::ChatMessage;
 use memra_engine::generate::{GenRequest, generate};
 use memra_engine::loader::load_model;
@@ -134,14 +134,13 @@ fn run(args: Args) -> Result<()> {
     let total = (ids.len() + args.max_tokens).min(model.config.max_ctx);
     let tokenizer = model.tokenizer.clone();
     let graphs = graphs_default() && !args.no_cuda_graph;
-    let mut backend = open_backend_opts(
-        args.device,
-        model.weights,
-        total.div_ceil(16).max(1),
-        16,
-        args.threads,
+    let opts = OpenOptions {
+        kv_blocks: total.div_ceil(16).max(1),
+        block_size: 16,
+        threads: args.threads,
         graphs,
-    )?;
+    };
+    let mut backend = open_backend_opts(args.device, model.weights, &opts)?;
     let req = GenRequest {
         prompt: ids.clone(),
         max_tokens: args.max_tokens,

@@ -1,11 +1,122 @@
 //! llama (SmolLM2, Llama 3 incl. `llama3` rope scaling): the plain pre-norm decoder layer.
+//! qwen2 and qwen3 run this forward pass too, with the extra tensors their lists declare.
 
-use super::ArchSpec;
-use crate::config::Arch;
+use super::blocks::{self, Acts, AttnStep, Embedding, GluFfn, SelfAttn};
+use super::{Arch, ArchDef, Forward, ModelWeights, Role, TensorSpec};
+use crate::backend::ops::{Act, AttnParams, Glu, Ops, RopeId};
+use crate::config::ModelConfig;
+use crate::error::Result;
 
-pub const SPEC: ArchSpec = ArchSpec {
+pub const DEF: ArchDef = ArchDef {
     arch: Arch::Llama,
-    qkv_bias: false,
-    qk_norm: false,
+    gguf_name: "llama",
+    hf_class: "LlamaForCausalLM",
     gguf_qk_permuted: true,
+    layer_names: &NAMES,
+    tensors,
+    hf_config: |_, _| {},
 };
+
+/// (GGUF suffix, HF suffix) of the llama family's layer tensors (qwen2 and qwen3 use them too).
+pub const NAMES: [(&str, &str); 14] = [
+    ("attn_norm.weight", "input_layernorm.weight"),
+    ("attn_q.weight", "self_attn.q_proj.weight"),
+    ("attn_k.weight", "self_attn.k_proj.weight"),
+    ("attn_v.weight", "self_attn.v_proj.weight"),
+    ("attn_q.bias", "self_attn.q_proj.bias"),
+    ("attn_k.bias", "self_attn.k_proj.bias"),
+    ("attn_v.bias", "self_attn.v_proj.bias"),
+    ("attn_q_norm.weight", "self_attn.q_norm.weight"),
+    ("attn_k_norm.weight", "self_attn.k_norm.weight"),
+    ("attn_output.weight", "self_attn.o_proj.weight"),
+    ("ffn_norm.weight", "post_attention_layernorm.weight"),
+    ("ffn_gate.weight", "mlp.gate_proj.weight"),
+    ("ffn_up.weight", "mlp.up_proj.weight"),
+    ("ffn_down.weight", "mlp.down_proj.weight"),
+];
+
+fn tensors(c: &ModelConfig) -> Vec<TensorSpec> {
+    decoder_tensors(c, |_| Vec::new())
+}
+
+/// The llama-family tensor list, with `extra(l)` after layer l's q/k/v projections.
+pub fn decoder_tensors(
+    c: &ModelConfig,
+    extra: impl Fn(usize) -> Vec<TensorSpec>,
+) -> Vec<TensorSpec> {
+    let (mut out, last) = blocks::embedding_tensors(c);
+    for l in 0..c.n_layers {
+        out.push(TensorSpec::norm(Role::AttnNorm(l), c.hidden));
+        out.extend(blocks::qkv_tensors(c, l));
+        out.extend(extra(l));
+        out.push(blocks::attn_out_tensor(c, l));
+        out.push(TensorSpec::norm(Role::FfnNorm(l), c.hidden));
+        out.extend(blocks::ffn_tensors(c, l));
+    }
+    out.extend(last);
+    out
+}
+
+struct Layer<O: Ops> {
+    attn_norm: O::Vector,
+    attn: SelfAttn<O>,
+    ffn_norm: O::Vector,
+    ffn: GluFfn<O>,
+}
+
+/// A llama-family model on one backend.
+pub struct Llama<O: Ops> {
+    emb: Embedding<O>,
+    layers: Vec<Layer<O>>,
+    acts: Acts,
+    rope: RopeId,
+    attn: AttnParams,
+    eps: f32,
+}
+
+pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
+    let c = &w.config;
+    let emb = Embedding::load(ops, w)?;
+    let mut layers = Vec::with_capacity(c.n_layers);
+    for l in 0..c.n_layers {
+        layers.push(Layer {
+            attn_norm: ops.vector(w.get(Role::AttnNorm(l))?)?,
+            attn: SelfAttn::load(ops, w, l)?,
+            ffn_norm: ops.vector(w.get(Role::FfnNorm(l))?)?,
+            ffn: GluFfn::load(ops, w, l)?,
+        });
+    }
+    Ok(Box::new(Llama {
+        emb,
+        layers,
+        acts: Acts::declare(ops, c),
+        rope: blocks::llama_rope(ops, w)?,
+        attn: AttnParams::causal(c.n_heads, c.n_kv_heads, c.head_dim),
+        eps: c.rms_eps,
+    }))
+}
+
+impl<O: Ops> Forward<O> for Llama<O> {
+    fn body(&self, ops: &mut O) -> Result<Act> {
+        let a = &self.acts;
+        self.emb.embed(ops, a.x)?;
+        for (l, w) in self.layers.iter().enumerate() {
+            let s = AttnStep {
+                norm: &w.attn_norm,
+                eps: self.eps,
+                rope: self.rope,
+                params: self.attn,
+            };
+            w.attn.forward(ops, a, l, &s)?;
+            ops.add(a.x, a.o)?;
+            w.ffn.forward(ops, a, l, &w.ffn_norm, self.eps, Glu::Silu)?;
+            ops.add(a.x, a.o)?;
+            ops.dump("l_out", l, a.x);
+        }
+        Ok(a.x)
+    }
+
+    fn head(&self, ops: &mut O, x: Act, logits: Act) -> Result<()> {
+        self.emb.head(ops, x, self.acts.head, logits)
+    }
+}

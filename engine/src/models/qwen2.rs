@@ -1,11 +1,25 @@
 //! qwen2: the llama layer with biases on the q/k/v projections; GGUF keeps HF row order.
 
-use super::ArchSpec;
-use crate::config::Arch;
+use super::{Arch, ArchDef, Forward, ModelWeights, TensorSpec, blocks, llama};
+use crate::backend::ops::Ops;
+use crate::config::ModelConfig;
+use crate::error::Result;
 
-pub const SPEC: ArchSpec = ArchSpec {
+pub const DEF: ArchDef = ArchDef {
     arch: Arch::Qwen2,
-    qkv_bias: true,
-    qk_norm: false,
+    gguf_name: "qwen2",
+    hf_class: "Qwen2ForCausalLM",
     gguf_qk_permuted: false,
+    layer_names: &llama::NAMES,
+    tensors,
+    hf_config: |_, v| v["attention_bias"] = true.into(),
 };
+
+fn tensors(c: &ModelConfig) -> Vec<TensorSpec> {
+    llama::decoder_tensors(c, |l| blocks::qkv_bias_tensors(c, l).to_vec())
+}
+
+/// The llama forward pass; its attention adds the biases this tensor list declares.
+pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
+    llama::build(w, ops)
+}

@@ -1,11 +1,25 @@
 //! qwen3: the llama layer with a per-head RMSNorm of q and k before RoPE; GGUF keeps HF row order.
 
-use super::ArchSpec;
-use crate::config::Arch;
+use super::{Arch, ArchDef, Forward, ModelWeights, TensorSpec, blocks, llama};
+use crate::backend::ops::Ops;
+use crate::config::ModelConfig;
+use crate::error::Result;
 
-pub const SPEC: ArchSpec = ArchSpec {
+pub const DEF: ArchDef = ArchDef {
     arch: Arch::Qwen3,
-    qkv_bias: false,
-    qk_norm: true,
+    gguf_name: "qwen3",
+    hf_class: "Qwen3ForCausalLM",
     gguf_qk_permuted: false,
+    layer_names: &llama::NAMES,
+    tensors,
+    hf_config: |_, _| {},
 };
+
+fn tensors(c: &ModelConfig) -> Vec<TensorSpec> {
+    llama::decoder_tensors(c, |l| blocks::qk_norm_tensors(c, l).to_vec())
+}
+
+/// The llama forward pass; its attention norms q and k per head with this list's weights.
+pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
+    llama::build(w, ops)
+}

@@ -1,6 +1,6 @@
 //! Small models with deterministic random weights, built in memory (tests, examples).
 
-use super::{ModelWeights, Role, spec};
+use super::{Kind, ModelWeights, Role, def};
 use crate::config::{Arch, ModelConfig};
 use crate::error::Result;
 use crate::quant::{DType, quantize};
@@ -46,53 +46,33 @@ pub fn tiny_config(arch: Arch, vocab: usize) -> ModelConfig {
 }
 
 /// Random weights for `config`: matrices in `dtype` (F32 where a row is not a multiple of the
-/// block), norms near 1 and small biases in F32.
+/// block), norms near 1 and small biases in F32; each tensor of the architecture's list draws
+/// from its own stream, in list order (a tied output draws nothing).
 pub fn random_weights(config: &ModelConfig, seed: u64, dtype: DType) -> Result<ModelWeights> {
-    let sp = spec(config.arch);
+    let specs = (def(config.arch).tensors)(config);
     let mut stream = 0u64;
     let mut get = |role: Role| -> Result<Option<Tensor>> {
-        let c = config;
-        let (h, hd) = (c.hidden, c.head_dim);
-        let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
-        let shape: Vec<usize> = match role {
-            Role::TokenEmbd => vec![c.vocab, h],
-            Role::Output if c.tie_embeddings => return Ok(None),
-            Role::Output => vec![c.vocab, h],
-            Role::OutputNorm | Role::AttnNorm(_) | Role::FfnNorm(_) => vec![h],
-            Role::Q(_) => vec![qd, h],
-            Role::K(_) | Role::V(_) => vec![kvd, h],
-            Role::QBias(_) => vec![qd],
-            Role::KBias(_) | Role::VBias(_) => vec![kvd],
-            Role::QNorm(_) | Role::KNorm(_) => vec![hd],
-            Role::AttnOut(_) => vec![h, qd],
-            Role::Gate(_) | Role::Up(_) => vec![c.ffn, h],
-            Role::Down(_) => vec![h, c.ffn],
+        let Some(spec) = specs.iter().find(|s| s.role == role) else {
+            return Ok(None);
         };
+        if spec.optional {
+            return Ok(None);
+        }
         stream += 1;
+        let shape = spec.shape.clone();
         let n: usize = shape.iter().product();
-        let is_vec = shape.len() == 1;
-        let is_norm = matches!(
-            role,
-            Role::OutputNorm
-                | Role::AttnNorm(_)
-                | Role::FfnNorm(_)
-                | Role::QNorm(_)
-                | Role::KNorm(_)
-        );
         let vals: Vec<f32> = (0..n as u64)
             .map(|i| {
                 let u = unit(seed, stream, i);
-                if is_norm {
-                    1.0 + 0.1 * u
-                } else if is_vec {
-                    0.05 * u
-                } else {
-                    0.15 * u
+                match spec.kind {
+                    Kind::Norm => 1.0 + 0.1 * u,
+                    Kind::Bias => 0.05 * u,
+                    Kind::Matrix => 0.15 * u,
                 }
             })
             .collect();
         let cols = *shape.last().unwrap_or(&1);
-        let dt = if is_vec || !cols.is_multiple_of(dtype.block_size()) {
+        let dt = if spec.kind != Kind::Matrix || !cols.is_multiple_of(dtype.block_size()) {
             DType::F32
         } else {
             dtype
@@ -100,5 +80,5 @@ pub fn random_weights(config: &ModelConfig, seed: u64, dtype: DType) -> Result<M
         let bytes = quantize(dt, &vals)?;
         Tensor::new(role.gguf_name(), dt, shape, Bytes::owned(bytes)).map(Some)
     };
-    ModelWeights::build(config, sp, &mut get)
+    ModelWeights::build(config, &mut get)
 }

@@ -1,38 +1,69 @@
-//! ModelWeights: the tensors of a decoder-only model, by role, with shapes checked against the config.
+//! ModelWeights: the tensors of a model by role, as its architecture lists them
+//! ([`TensorSpec`]s from `ArchDef::tensors`), with shapes checked against the config.
 
-use super::{ArchSpec, Role};
+use std::collections::BTreeMap;
+
+use super::{Role, def};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::weights::Tensor;
 
-/// One decoder layer's tensors (HF row order for q/k).
-#[derive(Clone, Debug)]
-pub struct LayerWeights {
-    pub attn_norm: Tensor,
-    pub q: Tensor,
-    pub k: Tensor,
-    pub v: Tensor,
-    pub q_bias: Option<Tensor>,
-    pub k_bias: Option<Tensor>,
-    pub v_bias: Option<Tensor>,
-    pub q_norm: Option<Tensor>,
-    pub k_norm: Option<Tensor>,
-    pub attn_out: Tensor,
-    pub ffn_norm: Tensor,
-    pub gate: Tensor,
-    pub up: Tensor,
-    pub down: Tensor,
+/// What a tensor is for (how synthetic models initialise it; how backends upload it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A weight matrix `[out_features, in_features]` (or the embedding table).
+    Matrix,
+    /// A norm weight (values near 1).
+    Norm,
+    /// A bias vector.
+    Bias,
 }
 
-/// All tensors of a model. `output` is the token embedding when embeddings are tied.
+/// One tensor an architecture expects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub role: Role,
+    /// Outermost first (HF order).
+    pub shape: Vec<usize>,
+    pub kind: Kind,
+    /// May be absent (the output matrix of a model with tied embeddings).
+    pub optional: bool,
+}
+
+impl TensorSpec {
+    pub fn matrix(role: Role, rows: usize, cols: usize) -> TensorSpec {
+        TensorSpec {
+            role,
+            shape: vec![rows, cols],
+            kind: Kind::Matrix,
+            optional: false,
+        }
+    }
+
+    pub fn norm(role: Role, n: usize) -> TensorSpec {
+        TensorSpec {
+            role,
+            shape: vec![n],
+            kind: Kind::Norm,
+            optional: false,
+        }
+    }
+
+    pub fn bias(role: Role, n: usize) -> TensorSpec {
+        TensorSpec {
+            role,
+            shape: vec![n],
+            kind: Kind::Bias,
+            optional: false,
+        }
+    }
+}
+
+/// All tensors of a model, by role (HF row order for q/k).
 #[derive(Clone, Debug)]
 pub struct ModelWeights {
     pub config: ModelConfig,
-    pub spec: ArchSpec,
-    pub embed: Tensor,
-    pub layers: Vec<LayerWeights>,
-    pub out_norm: Tensor,
-    pub output: Tensor,
+    tensors: BTreeMap<Role, Tensor>,
     /// Per-dimension RoPE frequency divisors (GGUF `rope_freqs.weight`, llama3 scaling), if any.
     pub rope_freq_factors: Option<Vec<f32>>,
 }
@@ -48,120 +79,60 @@ impl<F: FnMut(Role) -> Result<Option<Tensor>>> TensorSource for F {
     }
 }
 
-fn expect_shape(t: &Tensor, shape: &[usize]) -> Result<()> {
-    if t.shape != shape {
-        return Err(Error::Weights(format!(
-            "tensor `{}` has shape {:?}, expected {:?}",
-            t.name, t.shape, shape
-        )));
-    }
-    Ok(())
-}
-
-fn required(src: &mut dyn TensorSource, role: Role, shape: &[usize]) -> Result<Tensor> {
-    let t = src.get(role)?.ok_or_else(|| {
-        Error::Weights(format!(
-            "missing tensor `{}` / `{}`",
-            role.gguf_name(),
-            role.hf_name()
-        ))
-    })?;
-    expect_shape(&t, shape)?;
-    Ok(t)
-}
-
-fn optional(
-    src: &mut dyn TensorSource,
-    role: Role,
-    shape: &[usize],
-    want: bool,
-) -> Result<Option<Tensor>> {
-    if !want {
-        return Ok(None);
-    }
-    required(src, role, shape).map(Some)
-}
-
 impl ModelWeights {
-    /// Collects and checks every tensor the architecture needs.
-    pub fn build(
-        config: &ModelConfig,
-        spec: ArchSpec,
-        src: &mut dyn TensorSource,
-    ) -> Result<ModelWeights> {
-        let c = config;
-        let (h, hd) = (c.hidden, c.head_dim);
-        let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
-        let embed = required(src, Role::TokenEmbd, &[c.vocab, h])?;
-        let mut layers = Vec::with_capacity(c.n_layers);
-        for l in 0..c.n_layers {
-            layers.push(LayerWeights {
-                attn_norm: required(src, Role::AttnNorm(l), &[h])?,
-                q: required(src, Role::Q(l), &[qd, h])?,
-                k: required(src, Role::K(l), &[kvd, h])?,
-                v: required(src, Role::V(l), &[kvd, h])?,
-                q_bias: optional(src, Role::QBias(l), &[qd], spec.qkv_bias)?,
-                k_bias: optional(src, Role::KBias(l), &[kvd], spec.qkv_bias)?,
-                v_bias: optional(src, Role::VBias(l), &[kvd], spec.qkv_bias)?,
-                q_norm: optional(src, Role::QNorm(l), &[hd], spec.qk_norm)?,
-                k_norm: optional(src, Role::KNorm(l), &[hd], spec.qk_norm)?,
-                attn_out: required(src, Role::AttnOut(l), &[h, qd])?,
-                ffn_norm: required(src, Role::FfnNorm(l), &[h])?,
-                gate: required(src, Role::Gate(l), &[c.ffn, h])?,
-                up: required(src, Role::Up(l), &[c.ffn, h])?,
-                down: required(src, Role::Down(l), &[h, c.ffn])?,
-            });
+    /// Collects and checks every tensor the architecture lists, in its order.
+    pub fn build(config: &ModelConfig, src: &mut dyn TensorSource) -> Result<ModelWeights> {
+        let arch = config.arch;
+        let mut tensors = BTreeMap::new();
+        for spec in (def(arch).tensors)(config) {
+            let Some(t) = src.get(spec.role)? else {
+                if spec.optional {
+                    continue;
+                }
+                return Err(Error::Weights(format!(
+                    "missing tensor `{}` / `{}`",
+                    spec.role.gguf_name(),
+                    spec.role.hf_name(arch)
+                )));
+            };
+            if t.shape != spec.shape {
+                return Err(Error::Weights(format!(
+                    "tensor `{}` has shape {:?}, expected {:?}",
+                    t.name, t.shape, spec.shape
+                )));
+            }
+            tensors.insert(spec.role, t);
         }
-        let out_norm = required(src, Role::OutputNorm, &[h])?;
-        let output = match src.get(Role::Output)? {
-            Some(t) => {
-                expect_shape(&t, &[c.vocab, h])?;
-                t
-            }
-            None if c.tie_embeddings => embed.clone(),
-            None => {
-                return Err(Error::Weights(
-                    "missing tensor `output.weight` / `lm_head.weight`".into(),
-                ));
-            }
-        };
         Ok(ModelWeights {
             config: config.clone(),
-            spec,
-            embed,
-            layers,
-            out_norm,
-            output,
+            tensors,
             rope_freq_factors: None,
         })
     }
 
-    /// Bytes of all weight tensors (the output counted once when tied).
+    /// The tensor of `role`; an error naming it when the model has none.
+    pub fn get(&self, role: Role) -> Result<&Tensor> {
+        self.tensors.get(&role).ok_or_else(|| {
+            Error::Weights(format!(
+                "missing tensor `{}` / `{}`",
+                role.gguf_name(),
+                role.hf_name(self.config.arch)
+            ))
+        })
+    }
+
+    /// The tensor of `role`, if the model has one.
+    pub fn opt(&self, role: Role) -> Option<&Tensor> {
+        self.tensors.get(&role)
+    }
+
+    /// Every tensor with its role.
+    pub fn iter(&self) -> impl Iterator<Item = (Role, &Tensor)> {
+        self.tensors.iter().map(|(r, t)| (*r, t))
+    }
+
+    /// Bytes of all weight tensors.
     pub fn nbytes(&self) -> usize {
-        let mut n = self.embed.data.len() + self.out_norm.data.len();
-        if !self.config.tie_embeddings {
-            n += self.output.data.len();
-        }
-        for l in &self.layers {
-            let ts = [
-                &l.attn_norm,
-                &l.q,
-                &l.k,
-                &l.v,
-                &l.attn_out,
-                &l.ffn_norm,
-                &l.gate,
-                &l.up,
-                &l.down,
-            ];
-            n += ts.iter().map(|t| t.data.len()).sum::<usize>();
-            let opt = [&l.q_bias, &l.k_bias, &l.v_bias, &l.q_norm, &l.k_norm];
-            n += opt
-                .iter()
-                .filter_map(|t| t.as_ref())
-                .map(|t| t.data.len())
-                .sum::<usize>();
-        }
-        n
+        self.tensors.values().map(|t| t.data.len()).sum()
     }
 }

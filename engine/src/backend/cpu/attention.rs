@@ -5,29 +5,24 @@ use rayon::prelude::*;
 use super::kv::KvStore;
 use super::ops::dot;
 use crate::backend::StepBatch;
+use crate::backend::ops::AttnParams;
 
-/// Shapes of one attention call.
-pub struct AttnShape {
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-}
-
-/// `q` holds one row of `n_heads * head_dim` per batch row; returns the attention output rows.
-/// Each (row, head) walks positions `0..=pos` in order: scores, max, exp-sum and the weighted sum
-/// of V in that order, so the result is the same whatever the batch or chunking.
+/// `q` holds one row of `n_heads * head_dim` per batch row; writes the attention output rows
+/// into `out`. Each (row, head) walks its positions (`0..=pos`, or the window's) in order:
+/// scores, max, exp-sum and the weighted sum of V in that order, so the result is the same
+/// whatever the batch or chunking.
 pub fn attention(
     pool: &rayon::ThreadPool,
     kv: &KvStore,
     layer: usize,
     batch: &StepBatch,
     q: &[f32],
-    s: &AttnShape,
-) -> Vec<f32> {
+    s: &AttnParams,
+    out: &mut [f32],
+) {
     let hd = s.head_dim;
     let group = s.n_heads / s.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let mut out = vec![0f32; batch.rows.len() * s.n_heads * hd];
+    let scale = s.scale;
     pool.install(|| {
         out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
             let (ri, h) = (idx / s.n_heads, idx % s.n_heads);
@@ -36,8 +31,9 @@ pub fn attention(
             let qh = &q[(ri * s.n_heads + h) * hd..(ri * s.n_heads + h + 1) * hd];
             let kvh = h / group;
             let n = row.pos as usize + 1;
-            let mut scores = Vec::with_capacity(n);
-            for p in 0..n {
+            let start = s.window.map_or(0, |w| n.saturating_sub(w));
+            let mut scores = Vec::with_capacity(n - start);
+            for p in start..n {
                 let (k, _) = kv.read(layer, table[p / kv.block_size], p % kv.block_size);
                 scores.push(dot(qh, &k[kvh * hd..(kvh + 1) * hd]) * scale);
             }
@@ -48,7 +44,7 @@ pub fn attention(
                 sum += *sc;
             }
             o.fill(0.0);
-            for (p, &w) in scores.iter().enumerate() {
+            for (p, &w) in (start..n).zip(&scores) {
                 let (_, v) = kv.read(layer, table[p / kv.block_size], p % kv.block_size);
                 for (oi, &vi) in o.iter_mut().zip(&v[kvh * hd..(kvh + 1) * hd]) {
                     *oi += w * vi;
@@ -60,5 +56,4 @@ pub fn attention(
             }
         });
     });
-    out
 }

@@ -15,20 +15,34 @@ use crate::weights::Tensor;
 /// Output features per parallel task.
 const ROWS_PER_TASK: usize = 16;
 
-/// `x` holds `m` rows of `w.cols`; returns `m` rows of `w.rows`.
-pub fn matmul(pool: &rayon::ThreadPool, w: &Tensor, x: &[f32], m: usize) -> Result<Vec<f32>> {
+/// `x` holds `m` rows of `w.cols`; writes `m` rows of `w.rows` into `out`.
+pub fn matmul(
+    pool: &rayon::ThreadPool,
+    w: &Tensor,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+) -> Result<()> {
     let (n, k) = w.rows_cols();
-    if x.len() != m * k {
+    if x.len() != m * k || out.len() != m * n {
         return Err(Error::Backend {
             backend: "cpu".into(),
             what: format!(
-                "matmul {}: input has {} values, expected {m} x {k}",
+                "matmul {}: input has {} values, output {}, expected {m} x {k} -> {m} x {n}",
                 w.name,
-                x.len()
+                x.len(),
+                out.len()
             ),
         });
     }
-    let mut t = vec![0f32; n * m];
+    // Row-major `[n][m]`; for m = 1 that is the output itself.
+    let mut tmp = Vec::new();
+    let t: &mut [f32] = if m == 1 {
+        out
+    } else {
+        tmp.resize(n * m, 0f32);
+        &mut tmp
+    };
     let res: Result<()> = pool.install(|| {
         t.par_chunks_mut(ROWS_PER_TASK * m)
             .enumerate()
@@ -45,14 +59,12 @@ pub fn matmul(pool: &rayon::ThreadPool, w: &Tensor, x: &[f32], m: usize) -> Resu
             })
     });
     res?;
-    if m == 1 {
-        return Ok(t);
-    }
-    let mut out = vec![0f32; m * n];
-    for r in 0..n {
-        for mi in 0..m {
-            out[mi * n + r] = t[r * m + mi];
+    if m > 1 {
+        for r in 0..n {
+            for mi in 0..m {
+                out[mi * n + r] = tmp[r * m + mi];
+            }
         }
     }
-    Ok(out)
+    Ok(())
 }

@@ -10,13 +10,12 @@ mod kv;
 mod matmul;
 pub mod ops;
 
-use attention::{AttnShape, attention};
 use kv::KvStore;
-use matmul::matmul;
-use ops::Rope;
 
-use super::{Backend, DumpFn, StepBatch, StepOutput};
-use crate::config::ModelConfig;
+use super::ops::{Act, AttnParams, Exec, Glu, HeadRows, KvId, Ops, RopeId, Rows};
+use super::rope::Rope;
+use super::runner::Runner;
+use super::{DumpFn, StepBatch};
 use crate::error::{Error, Result};
 use crate::models::ModelWeights;
 use crate::weights::Tensor;
@@ -42,29 +41,37 @@ impl Default for CpuOptions {
     }
 }
 
-/// Small per-layer vectors dequantized once at load.
-struct LayerVecs {
-    attn_norm: Vec<f32>,
-    ffn_norm: Vec<f32>,
-    q_bias: Option<Vec<f32>>,
-    k_bias: Option<Vec<f32>>,
-    v_bias: Option<Vec<f32>>,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
+/// The CPU backend: the generic runner over the CPU ops.
+pub type CpuBackend = Runner<CpuOps>;
+
+impl Runner<CpuOps> {
+    pub fn new(w: ModelWeights, opts: &CpuOptions) -> Result<CpuBackend> {
+        Runner::build(CpuOps::new(opts)?, &w)
+    }
 }
 
-pub struct CpuBackend {
-    w: ModelWeights,
-    vecs: Vec<LayerVecs>,
-    out_norm: Vec<f32>,
-    rope: Rope,
-    kv: KvStore,
+/// One activation: `rows x width` values.
+struct ActBuf {
+    name: &'static str,
+    width: usize,
+    rows: Rows,
+    data: Vec<f32>,
+}
+
+/// The op interface on the CPU.
+pub struct CpuOps {
     pool: rayon::ThreadPool,
+    kv: KvStore,
+    acts: Vec<ActBuf>,
+    /// Rows of the step and of the head.
+    step_rows: usize,
+    head_rows: usize,
+    /// The step's rows and block tables.
+    batch: StepBatch,
+    ropes: Vec<Rope>,
+    /// Per RoPE table, per step row: (cos, sin) at the row's position.
+    rope_rows: Vec<Vec<(Vec<f32>, Vec<f32>)>>,
     dump: Option<DumpFn>,
-}
-
-fn vec_of(t: &Option<Tensor>) -> Result<Option<Vec<f32>>> {
-    t.as_ref().map(|t| t.to_f32()).transpose()
 }
 
 fn err(what: String) -> Error {
@@ -74,192 +81,240 @@ fn err(what: String) -> Error {
     }
 }
 
-impl CpuBackend {
-    pub fn new(w: ModelWeights, opts: &CpuOptions) -> Result<CpuBackend> {
-        let c = &w.config;
-        let vecs = w
-            .layers
-            .iter()
-            .map(|l| {
-                Ok(LayerVecs {
-                    attn_norm: l.attn_norm.to_f32()?,
-                    ffn_norm: l.ffn_norm.to_f32()?,
-                    q_bias: vec_of(&l.q_bias)?,
-                    k_bias: vec_of(&l.k_bias)?,
-                    v_bias: vec_of(&l.v_bias)?,
-                    q_norm: vec_of(&l.q_norm)?,
-                    k_norm: vec_of(&l.k_norm)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let out_norm = w.out_norm.to_f32()?;
-        let rope = Rope::new(c, w.rope_freq_factors.as_deref());
+impl CpuOps {
+    pub fn new(opts: &CpuOptions) -> Result<CpuOps> {
         if opts.block_size == 0 || opts.kv_blocks == 0 {
             return Err(Error::Input(
                 "KV block size and block count must be > 0".into(),
             ));
         }
-        let kv = KvStore::new(
-            c.n_layers,
-            opts.kv_blocks,
-            opts.block_size,
-            c.n_kv_heads * c.head_dim,
-        )?;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(opts.threads)
             .build()
             .map_err(|e| err(format!("thread pool: {e}")))?;
-        Ok(CpuBackend {
-            w,
-            vecs,
-            out_norm,
-            rope,
-            kv,
+        Ok(CpuOps {
             pool,
+            kv: KvStore::new(opts.kv_blocks, opts.block_size),
+            acts: Vec::new(),
+            step_rows: 0,
+            head_rows: 0,
+            batch: StepBatch::default(),
+            ropes: Vec::new(),
+            rope_rows: Vec::new(),
             dump: None,
         })
     }
 
-    fn check_batch(&self, batch: &StepBatch) -> Result<()> {
-        let c = &self.w.config;
-        for (i, r) in batch.rows.iter().enumerate() {
-            if r.token as usize >= c.vocab {
-                return Err(Error::Input(format!(
-                    "token id {} is outside the vocabulary (size {})",
-                    r.token, c.vocab
-                )));
-            }
-            let table = batch
-                .block_tables
-                .get(r.seq)
-                .ok_or_else(|| err(format!("row {i}: sequence {} has no block table", r.seq)))?;
-            let need = r.pos as usize / self.kv.block_size;
-            if need >= table.len() {
-                return Err(err(format!(
-                    "row {i}: position {} is beyond its block table",
-                    r.pos
-                )));
-            }
-            if let Some(b) = table[..=need]
-                .iter()
-                .find(|&&b| b as usize >= self.kv.blocks)
-            {
-                return Err(err(format!("row {i}: KV block {b} does not exist")));
-            }
-        }
-        Ok(())
-    }
-
-    fn emit(&mut self, name: &str, layer: usize, rows: usize, v: &[f32]) {
-        if let Some(d) = self.dump.as_mut() {
-            d(name, layer, rows, v);
+    fn rows(&self, a: Act) -> usize {
+        match a.rows {
+            Rows::Step => self.step_rows,
+            Rows::Head => self.head_rows,
         }
     }
 
-    fn norm_rows(x: &[f32], w: &[f32], eps: f32, width: usize) -> Vec<f32> {
-        let mut out = vec![0f32; x.len()];
-        for (o, r) in out.chunks_exact_mut(width).zip(x.chunks_exact(width)) {
-            ops::rms_norm(r, w, eps, o);
+    /// Sizes every activation of class `class` for `n` rows.
+    fn set_rows(&mut self, class: Rows, n: usize) {
+        match class {
+            Rows::Step => self.step_rows = n,
+            Rows::Head => self.head_rows = n,
         }
-        out
-    }
-
-    fn add_bias(x: &mut [f32], b: &Option<Vec<f32>>) {
-        if let Some(b) = b {
-            for r in x.chunks_exact_mut(b.len()) {
-                ops::add_in_place(r, b);
-            }
+        for a in self.acts.iter_mut().filter(|a| a.rows == class) {
+            a.data.resize(n * a.width, 0.0);
         }
     }
 
-    fn head_norm(x: &mut [f32], w: &Option<Vec<f32>>, eps: f32) {
-        if let Some(w) = w {
-            for head in x.chunks_exact_mut(w.len()) {
-                let src = head.to_vec();
-                ops::rms_norm(&src, w, eps, head);
-            }
-        }
+    /// The first `rows` rows of `a`.
+    fn input(&self, a: Act, rows: usize) -> Result<&[f32]> {
+        self.acts[a.id]
+            .data
+            .get(..rows * a.width)
+            .ok_or_else(|| err(format!("{}: fewer than {rows} rows", self.acts[a.id].name)))
     }
 
-    /// One decoder layer over the batch; `rope[i]` holds row i's (cos, sin), computed once per step.
-    fn layer(
+    /// Runs `f(input rows of x, output rows of y)` over `y`'s rows; `x` may be `y` (then the
+    /// input is a copy).
+    fn map(
         &mut self,
-        l: usize,
-        batch: &StepBatch,
-        rope: &[(Vec<f32>, Vec<f32>)],
-        x: &mut [f32],
+        x: Act,
+        y: Act,
+        f: impl FnOnce(&Self, &[f32], &mut [f32]) -> Result<()>,
     ) -> Result<()> {
-        let c = self.w.config.clone();
-        let m = batch.rows.len();
-        let (hd, eps) = (c.head_dim, c.rms_eps);
-        let lw = &self.w.layers[l];
-        let lv = &self.vecs[l];
-        let h = Self::norm_rows(x, &lv.attn_norm, eps, c.hidden);
-        let mut q = matmul(&self.pool, &lw.q, &h, m)?;
-        let mut k = matmul(&self.pool, &lw.k, &h, m)?;
-        let mut v = matmul(&self.pool, &lw.v, &h, m)?;
-        Self::add_bias(&mut q, &lv.q_bias);
-        Self::add_bias(&mut k, &lv.k_bias);
-        Self::add_bias(&mut v, &lv.v_bias);
-        Self::head_norm(&mut q, &lv.q_norm, eps);
-        Self::head_norm(&mut k, &lv.k_norm, eps);
-        let (qw, kw) = (c.n_heads * hd, c.n_kv_heads * hd);
-        for (i, row) in batch.rows.iter().enumerate() {
-            let (cos, sin) = &rope[i];
-            Rope::apply(&mut q[i * qw..(i + 1) * qw], hd, cos, sin);
-            Rope::apply(&mut k[i * kw..(i + 1) * kw], hd, cos, sin);
-            let p = row.pos as usize;
-            let block = batch.block_tables[row.seq][p / self.kv.block_size];
-            let slot = p % self.kv.block_size;
-            self.kv.write(
-                l,
-                block,
-                slot,
-                &k[i * kw..(i + 1) * kw],
-                &v[i * kw..(i + 1) * kw],
-            );
-        }
-        let shape = AttnShape {
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            head_dim: hd,
+        let m = self.rows(y);
+        let mut out = std::mem::take(&mut self.acts[y.id].data);
+        let r = if x.id == y.id {
+            let src = out[..m * x.width].to_vec();
+            f(self, &src, &mut out[..m * y.width])
+        } else {
+            self.input(x, m)
+                .and_then(|src| f(self, src, &mut out[..m * y.width]))
         };
-        let attn = attention(&self.pool, &self.kv, l, batch, &q, &shape);
-        let o = matmul(&self.pool, &lw.attn_out, &attn, m)?;
-        let lw = &self.w.layers[l];
-        let lv = &self.vecs[l];
-        ops::add_in_place(x, &o);
-        let h2 = Self::norm_rows(x, &lv.ffn_norm, eps, c.hidden);
-        let mut g = matmul(&self.pool, &lw.gate, &h2, m)?;
-        let u = matmul(&self.pool, &lw.up, &h2, m)?;
-        ops::swiglu(&mut g, &u);
-        let d = matmul(&self.pool, &lw.down, &g, m)?;
-        ops::add_in_place(x, &d);
-        if self.dump.is_some() {
-            for (name, vals) in [
-                ("attn_norm", &h),
-                ("q", &q),
-                ("k", &k),
-                ("v", &v),
-                ("attn_out", &o),
-                ("ffn_norm", &h2),
-                ("ffn_out", &d),
-                ("l_out", &x.to_vec()),
-            ] {
-                self.emit(name, l, m, vals);
-            }
-        }
-        Ok(())
+        self.acts[y.id].data = out;
+        r
+    }
+
+    /// Per step row: (its block, its slot) in the KV cache.
+    fn kv_slot(&self, i: usize) -> (u32, usize) {
+        let row = self.batch.rows[i];
+        let (p, bs) = (row.pos as usize, self.kv.block_size);
+        (self.batch.block_tables[row.seq][p / bs], p % bs)
     }
 }
 
-impl Backend for CpuBackend {
-    fn name(&self) -> String {
-        "cpu".into()
+impl Ops for CpuOps {
+    type Mat = Tensor;
+    type Vector = Vec<f32>;
+
+    fn mat(&mut self, t: &Tensor) -> Result<Tensor> {
+        Ok(t.clone())
     }
 
-    fn config(&self) -> &ModelConfig {
-        &self.w.config
+    fn vector(&mut self, t: &Tensor) -> Result<Vec<f32>> {
+        t.to_f32()
+    }
+
+    fn act(&mut self, name: &'static str, width: usize, rows: Rows) -> Act {
+        self.acts.push(ActBuf {
+            name,
+            width,
+            rows,
+            data: Vec::new(),
+        });
+        Act {
+            id: self.acts.len() - 1,
+            width,
+            rows,
+        }
+    }
+
+    fn rope_table(&mut self, rope: Rope) -> Result<RopeId> {
+        self.ropes.push(rope);
+        Ok(RopeId(self.ropes.len() - 1))
+    }
+
+    fn kv_layer(&mut self, width: usize) -> Result<KvId> {
+        self.kv.add_layer(width).map(KvId)
+    }
+
+    fn embed(&mut self, table: &Tensor, out: Act) -> Result<()> {
+        let m = self.rows(out);
+        let mut data = std::mem::take(&mut self.acts[out.id].data);
+        let r = self.batch.rows[..m]
+            .iter()
+            .zip(data.chunks_exact_mut(out.width))
+            .try_for_each(|(row, xr)| {
+                crate::quant::dequantize_row(table.dtype, table.row(row.token as usize), xr)
+            });
+        self.acts[out.id].data = data;
+        r
+    }
+
+    fn matmul(&mut self, w: &Tensor, x: Act, y: Act) -> Result<()> {
+        let m = self.rows(y);
+        self.map(x, y, |s, src, out| matmul::matmul(&s.pool, w, src, m, out))
+    }
+
+    fn rms_norm(&mut self, x: Act, w: &Vec<f32>, y: Act, group: usize, eps: f32) -> Result<()> {
+        if group == 0 || w.len() != group || !x.width.is_multiple_of(group) || x.width != y.width {
+            return Err(err(format!(
+                "rms_norm: width {} -> {}, group {group}, weight {}",
+                x.width,
+                y.width,
+                w.len()
+            )));
+        }
+        self.map(x, y, |_, src, out| {
+            for (o, r) in out.chunks_exact_mut(group).zip(src.chunks_exact(group)) {
+                ops::rms_norm(r, w, eps, o);
+            }
+            Ok(())
+        })
+    }
+
+    fn add(&mut self, x: Act, y: Act) -> Result<()> {
+        let m = self.rows(x);
+        let src = std::mem::take(&mut self.acts[y.id].data);
+        let r = match src.get(..m * y.width) {
+            Some(s) if y.width == x.width && x.id != y.id => {
+                ops::add_in_place(&mut self.acts[x.id].data[..m * x.width], s);
+                Ok(())
+            }
+            _ => Err(err(format!("add: {m} rows of {} and {}", x.width, y.width))),
+        };
+        self.acts[y.id].data = src;
+        r
+    }
+
+    fn add_bias(&mut self, x: Act, b: &Vec<f32>) -> Result<()> {
+        let m = self.rows(x);
+        if b.len() != x.width {
+            return Err(err(format!("bias of {} for width {}", b.len(), x.width)));
+        }
+        for r in self.acts[x.id].data[..m * x.width].chunks_exact_mut(x.width) {
+            ops::add_in_place(r, b);
+        }
+        Ok(())
+    }
+
+    fn glu(&mut self, kind: Glu, gate: Act, up: Act) -> Result<()> {
+        let m = self.rows(gate);
+        let u = std::mem::take(&mut self.acts[up.id].data);
+        let r = match u.get(..m * up.width) {
+            Some(u) if up.width == gate.width && up.id != gate.id => {
+                let g = &mut self.acts[gate.id].data[..m * gate.width];
+                match kind {
+                    Glu::Silu => ops::swiglu(g, u),
+                    Glu::GeluTanh => ops::geglu_tanh(g, u),
+                }
+                Ok(())
+            }
+            _ => Err(err(format!("glu: widths {} and {}", gate.width, up.width))),
+        };
+        self.acts[up.id].data = u;
+        r
+    }
+
+    fn rope(&mut self, x: Act, table: RopeId, head_dim: usize) -> Result<()> {
+        let m = self.rows(x);
+        let rows = self
+            .rope_rows
+            .get(table.0)
+            .ok_or_else(|| err(format!("RoPE table {} does not exist", table.0)))?;
+        let data = &mut self.acts[x.id].data[..m * x.width];
+        for (xr, (cos, sin)) in data.chunks_exact_mut(x.width).zip(rows) {
+            ops::rope_apply(xr, head_dim, cos, sin);
+        }
+        Ok(())
+    }
+
+    fn kv_write(&mut self, kv: KvId, k: Act, v: Act) -> Result<()> {
+        let m = self.rows(k);
+        for i in 0..m {
+            let (block, slot) = self.kv_slot(i);
+            let kr = &self.acts[k.id].data[i * k.width..(i + 1) * k.width];
+            let vr = &self.acts[v.id].data[i * v.width..(i + 1) * v.width];
+            self.kv.write(kv.0, block, slot, kr, vr);
+        }
+        Ok(())
+    }
+
+    fn attention(&mut self, kv: KvId, q: Act, out: Act, p: &AttnParams) -> Result<()> {
+        self.map(q, out, |s, q, out| {
+            attention::attention(&s.pool, &s.kv, kv.0, &s.batch, q, p, out);
+            Ok(())
+        })
+    }
+
+    fn dump(&mut self, name: &str, layer: usize, x: Act) {
+        let m = self.rows(x);
+        if let Some(d) = self.dump.as_mut() {
+            d(name, layer, m, &self.acts[x.id].data[..m * x.width]);
+        }
+    }
+}
+
+impl Exec for CpuOps {
+    fn name(&self) -> String {
+        "cpu".into()
     }
 
     fn kv_block_size(&self) -> usize {
@@ -270,45 +325,44 @@ impl Backend for CpuBackend {
         self.kv.blocks
     }
 
-    fn step(&mut self, batch: &StepBatch) -> Result<StepOutput> {
-        self.check_batch(batch)?;
-        let hidden = self.w.config.hidden;
-        let m = batch.rows.len();
-        let mut x = vec![0f32; m * hidden];
-        for (row, xr) in batch.rows.iter().zip(x.chunks_exact_mut(hidden)) {
-            let e = &self.w.embed;
-            crate::quant::dequantize_row(e.dtype, e.row(row.token as usize), xr)?;
-        }
-        let rope: Vec<_> = batch
-            .rows
+    fn execute(
+        &mut self,
+        batch: &StepBatch,
+        want: &[usize],
+        pass: &mut dyn FnMut(&mut Self, HeadRows) -> Result<()>,
+    ) -> Result<Vec<usize>> {
+        self.batch = batch.clone();
+        self.set_rows(Rows::Step, batch.rows.len());
+        self.rope_rows = self
+            .ropes
             .iter()
-            .map(|r| self.rope.cos_sin(r.pos))
+            .map(|rope| batch.rows.iter().map(|r| rope.cos_sin(r.pos)).collect())
             .collect();
-        for l in 0..self.w.config.n_layers {
-            self.layer(l, batch, &rope, &mut x)?;
-        }
-        let want: Vec<usize> = (0..m).filter(|&i| batch.rows[i].want_logits).collect();
-        if want.is_empty() {
-            return Ok(StepOutput::default());
-        }
-        let mut sel = Vec::with_capacity(want.len() * hidden);
-        for &i in &want {
-            sel.extend_from_slice(&x[i * hidden..(i + 1) * hidden]);
-        }
-        let hn = Self::norm_rows(&sel, &self.out_norm, self.w.config.rms_eps, hidden);
-        let logits = matmul(&self.pool, &self.w.output, &hn, want.len())?;
-        let vocab = self.w.config.vocab;
-        Ok(StepOutput {
-            logits: logits.chunks_exact(vocab).map(|r| r.to_vec()).collect(),
-        })
+        pass(self, HeadRows::Gather(want))?;
+        Ok((0..want.len()).collect())
     }
 
-    fn copy_kv_block(&mut self, src: u32, dst: u32) -> Result<()> {
-        if src as usize >= self.kv.blocks || dst as usize >= self.kv.blocks {
-            return Err(err(format!("copy KV block {src} -> {dst}: no such block")));
+    fn gather(&mut self, x: Act, rows: &[usize], out: Act) -> Result<()> {
+        self.set_rows(Rows::Head, rows.len());
+        let mut dst = std::mem::take(&mut self.acts[out.id].data);
+        let src = &self.acts[x.id].data;
+        let w = x.width;
+        for (d, &r) in dst.chunks_exact_mut(out.width).zip(rows) {
+            d.copy_from_slice(&src[r * w..(r + 1) * w]);
         }
-        self.kv.copy_block(src, dst);
+        self.acts[out.id].data = dst;
         Ok(())
+    }
+
+    fn read_rows(&mut self, x: Act, rows: &[usize]) -> Result<Vec<Vec<f32>>> {
+        let d = self.input(x, self.rows(x))?;
+        rows.iter()
+            .map(|&r| {
+                d.get(r * x.width..(r + 1) * x.width)
+                    .map(|s| s.to_vec())
+                    .ok_or_else(|| err(format!("row {r} beyond the activation")))
+            })
+            .collect()
     }
 
     fn kv_block_bytes(&self, block: u32) -> Result<Vec<u8>> {

@@ -27,66 +27,26 @@ pub fn add_in_place(a: &mut [f32], b: &[f32]) {
     }
 }
 
-/// RoPE frequencies: `inv_freq[i] = theta^(-2i/d)`, optional llama3 scaling, optional divisors.
-#[derive(Clone, Debug)]
-pub struct Rope {
-    pub inv_freq: Vec<f64>,
+/// GeLU(gate) * up with the tanh approximation, elementwise into `gate`.
+pub fn geglu_tanh(gate: &mut [f32], up: &[f32]) {
+    const C: f32 = 0.797_884_6; // sqrt(2 / pi)
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let t = (C * (x + 0.044_715 * x * x * x)).tanh();
+        *g = 0.5 * x * (1.0 + t) * u;
+    }
 }
 
-impl Rope {
-    pub fn new(cfg: &crate::config::ModelConfig, factors: Option<&[f32]>) -> Rope {
-        let d = cfg.head_dim;
-        let theta = cfg.rope_theta as f64;
-        let mut inv_freq: Vec<f64> = (0..d / 2)
-            .map(|i| 1.0 / theta.powf((2 * i) as f64 / d as f64))
-            .collect();
-        if let Some(f) = factors {
-            for (v, &fac) in inv_freq.iter_mut().zip(f) {
-                *v /= fac as f64;
-            }
-        } else if let Some(rs) = cfg.rope_scaling {
-            let old = rs.original_max_position_embeddings as f64;
-            let (lo, hi, factor) = (
-                rs.low_freq_factor as f64,
-                rs.high_freq_factor as f64,
-                rs.factor as f64,
-            );
-            let low_wavelen = old / lo;
-            let high_wavelen = old / hi;
-            for v in inv_freq.iter_mut() {
-                let wavelen = 2.0 * std::f64::consts::PI / *v;
-                if wavelen > low_wavelen {
-                    *v /= factor;
-                } else if wavelen >= high_wavelen {
-                    let smooth = (old / wavelen - lo) / (hi - lo);
-                    *v = (1.0 - smooth) * *v / factor + smooth * *v;
-                }
-            }
-        }
-        Rope { inv_freq }
-    }
-
-    /// cos and sin of every frequency at position `pos`.
-    pub fn cos_sin(&self, pos: u32) -> (Vec<f32>, Vec<f32>) {
-        self.inv_freq
-            .iter()
-            .map(|&f| {
-                let a = pos as f64 * f;
-                (a.cos() as f32, a.sin() as f32)
-            })
-            .unzip()
-    }
-
-    /// Rotates each head of `x` (heads of `head_dim`) by half rotation (NeoX / HF layout).
-    pub fn apply(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
-        let half = head_dim / 2;
-        for head in x.chunks_exact_mut(head_dim) {
-            let (a, b) = head.split_at_mut(half);
-            for i in 0..half {
-                let (x0, x1) = (a[i], b[i]);
-                a[i] = x0 * cos[i] - x1 * sin[i];
-                b[i] = x1 * cos[i] + x0 * sin[i];
-            }
+/// Rotates each head of `x` (heads of `head_dim`) by half rotation (NeoX / HF layout), with
+/// the row's `cos`/`sin` (`head_dim / 2` each).
+pub fn rope_apply(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
+    let half = head_dim / 2;
+    for head in x.chunks_exact_mut(head_dim) {
+        let (a, b) = head.split_at_mut(half);
+        for i in 0..half {
+            let (x0, x1) = (a[i], b[i]);
+            a[i] = x0 * cos[i] - x1 * sin[i];
+            b[i] = x1 * cos[i] + x0 * sin[i];
         }
     }
 }
@@ -109,34 +69,25 @@ mod tests {
     fn rope_preserves_norm_and_is_identity_at_zero() {
         let mut x: Vec<f32> = (0..32).map(|i| (i as f32).sin()).collect();
         let orig = x.clone();
-        let cfg = test_cfg();
-        let rope = Rope::new(&cfg, None);
+        let rope = crate::backend::rope::Rope::new(16, 10000.0, None, None);
         let (c, s) = rope.cos_sin(0);
-        Rope::apply(&mut x, 16, &c, &s);
+        rope_apply(&mut x, 16, &c, &s);
         assert_eq!(x, orig);
         let (c, s) = rope.cos_sin(17);
-        Rope::apply(&mut x, 16, &c, &s);
+        rope_apply(&mut x, 16, &c, &s);
         let n0: f32 = orig.iter().map(|v| v * v).sum();
         let n1: f32 = x.iter().map(|v| v * v).sum();
         assert!((n0 - n1).abs() < 1e-4);
         assert_ne!(x, orig);
     }
 
-    fn test_cfg() -> crate::config::ModelConfig {
-        crate::config::ModelConfig {
-            arch: crate::config::Arch::Llama,
-            n_layers: 1,
-            hidden: 32,
-            n_heads: 2,
-            n_kv_heads: 1,
-            head_dim: 16,
-            ffn: 64,
-            vocab: 10,
-            rope_theta: 10000.0,
-            rope_scaling: None,
-            rms_eps: 1e-5,
-            max_ctx: 64,
-            tie_embeddings: true,
+    #[test]
+    fn geglu_matches_gelu_values() {
+        let mut g = vec![0.0f32, 1.0, -1.0, 3.0];
+        geglu_tanh(&mut g, &[1.0; 4]);
+        let want = [0.0f32, 0.841_192, -0.158_808, 2.996_363];
+        for (a, b) in g.iter().zip(want) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
         }
     }
 }

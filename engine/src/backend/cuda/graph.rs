@@ -6,7 +6,8 @@
 //! row-invariant), so which rows want logits is not part of the graph.
 //!
 //! A graph is captured on first use of its bucket and re-captured when a buffer it reads moved
-//! (`layout_epoch`: scratch grown or RoPE tables extended). Attention's score stride is the
+//! (`layout_epoch`: activations grown or RoPE tables extended). The captured kernels are the
+//! runner's whole forward pass (`HeadRows::All`: the head over every bucket row). Attention's score stride is the
 //! fixed `ctx_cap` (the KV capacity in positions) instead of the batch's largest `pos + 1`; it
 //! only lays out scratch, so the rows' bits are those of the plain path (`memra-verify graph`).
 
@@ -15,9 +16,10 @@ use std::collections::HashMap;
 use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 
-use super::CudaBackend;
-use super::step::{Fwd, Meta, SCORE_FLOATS, X, u32_of};
+use super::CudaOps;
+use super::step::{Meta, SCORE_FLOATS, u32_of};
 use crate::backend::StepBatch;
+use crate::backend::ops::{HeadRows, Rows};
 use crate::error::Result;
 
 /// Row counts of the captured graphs.
@@ -43,8 +45,6 @@ pub(super) struct GraphState {
     /// Input buffers: tokens, pos, row_seq, slot (MAX_BUCKET each), table_off, tables.
     inputs: Vec<CudaSlice<u32>>,
     scores: CudaSlice<f32>,
-    hnorm: CudaSlice<f32>,
-    pub logits: CudaSlice<f32>,
     graphs: HashMap<usize, Captured>,
     /// Replays and captures so far.
     pub replays: u64,
@@ -58,12 +58,12 @@ const SLOT: usize = 3;
 const TABLE_OFF: usize = 4;
 const TABLES: usize = 5;
 
-impl CudaBackend {
+impl CudaOps {
     /// Positions the graph buffers cover.
     fn graph_ctx_cap(&self) -> usize {
         let kv = self.kv_blocks * self.block_size;
-        if self.config.max_ctx > 0 {
-            kv.min(self.config.max_ctx)
+        if self.max_ctx > 0 {
+            kv.min(self.max_ctx)
         } else {
             kv
         }
@@ -71,7 +71,6 @@ impl CudaBackend {
 
     fn new_graph_state(&self) -> Result<GraphState> {
         let g = &self.gpu;
-        let c = &self.config;
         let ctx_cap = self.graph_ctx_cap();
         let blocks_per_seq = ctx_cap.div_ceil(self.block_size);
         let sizes = [
@@ -86,24 +85,28 @@ impl CudaBackend {
         for n in sizes {
             inputs.push(g.zeros::<u32>(n)?);
         }
-        let per_row = c.n_heads * ctx_cap;
+        let per_row = self.n_heads * ctx_cap;
         let score_rows = (SCORE_FLOATS / per_row.max(1)).clamp(1, MAX_BUCKET);
         Ok(GraphState {
             ctx_cap,
             inputs,
             scores: g.zeros(score_rows * per_row)?,
-            hnorm: g.zeros(MAX_BUCKET * c.hidden)?,
-            logits: g.zeros(MAX_BUCKET * c.vocab)?,
             graphs: HashMap::new(),
             replays: 0,
             captures: 0,
         })
     }
 
-    /// Runs `batch` through the graph of its bucket; `None` when it does not fit one (more than
-    /// 64 rows or sequences, or a position beyond the KV capacity): the caller runs it plainly.
-    /// `check_batch` has passed.
-    pub(super) fn forward_graph(&mut self, batch: &StepBatch) -> Result<Option<Fwd>> {
+    /// Runs `pass` over `batch` as the graph of its bucket; `None` when it does not fit one
+    /// (more than 64 rows or sequences, or a position beyond the KV capacity): the caller runs
+    /// it plainly. `check_batch` has passed. Returns the head rows of `want`: the rows
+    /// themselves (the graph computes logits for every row).
+    pub(super) fn execute_graph(
+        &mut self,
+        batch: &StepBatch,
+        want: &[usize],
+        pass: &mut dyn FnMut(&mut Self, HeadRows) -> Result<()>,
+    ) -> Result<Option<Vec<usize>>> {
         let m = batch.rows.len();
         let Some(&bucket) = BUCKETS.iter().find(|&&b| b >= m) else {
             return Ok(None);
@@ -114,19 +117,17 @@ impl CudaBackend {
         {
             return Ok(None);
         }
-        self.ensure_scratch(MAX_BUCKET)?;
+        self.reserve(Rows::Step, MAX_BUCKET)?;
+        self.reserve(Rows::Head, MAX_BUCKET)?;
         self.ensure_rope(ctx_cap - 1)?;
         let mut gs = match self.graph.take() {
             Some(gs) => gs,
             None => self.new_graph_state()?,
         };
-        let r = self.replay(&mut gs, batch, bucket);
+        let r = self.replay(&mut gs, batch, bucket, pass);
         self.graph = Some(gs);
         r?;
-        Ok(Some(Fwd {
-            owned: None,
-            rows: (0..m).filter(|&i| batch.rows[i].want_logits).collect(),
-        }))
+        Ok(Some(want.to_vec()))
     }
 
     /// The host side of the fixed inputs for `batch` padded to `bucket` rows.
@@ -172,9 +173,15 @@ impl CudaBackend {
         Ok([tokens, pos, row_seq, slot, table_off, tables])
     }
 
-    fn replay(&self, gs: &mut GraphState, batch: &StepBatch, bucket: usize) -> Result<()> {
-        let g = &self.gpu;
+    fn replay(
+        &mut self,
+        gs: &mut GraphState,
+        batch: &StepBatch,
+        bucket: usize,
+        pass: &mut dyn FnMut(&mut Self, HeadRows) -> Result<()>,
+    ) -> Result<()> {
         let host = self.graph_inputs(batch, bucket)?;
+        let g = &self.gpu;
         for (src, dst) in host.iter().zip(gs.inputs.iter_mut()) {
             if src.len() > dst.len() {
                 return Err(g.err(format!(
@@ -193,7 +200,7 @@ impl CudaBackend {
             .is_some_and(|c| c.epoch == self.layout_epoch);
         if !fresh {
             gs.graphs.remove(&bucket);
-            let graph = self.capture(gs, bucket)?;
+            let graph = self.capture(gs, bucket, pass)?;
             gs.graphs.insert(
                 bucket,
                 Captured {
@@ -203,6 +210,7 @@ impl CudaBackend {
             );
             gs.captures += 1;
         }
+        let g = &self.gpu;
         let c = gs
             .graphs
             .get(&bucket)
@@ -215,11 +223,16 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Records the kernels of a `bucket`-row step (body and head of every row) into a graph.
-    fn capture(&self, gs: &GraphState, bucket: usize) -> Result<cudarc::driver::CudaGraph> {
-        let g = &self.gpu;
-        let p = |i: usize| gs.inputs.get(i).map(|b| g.ptr(b)).unwrap_or(0);
-        let meta = Meta {
+    /// Records the kernels of a `bucket`-row step (the whole forward pass, the head over every
+    /// row) into a graph.
+    fn capture(
+        &mut self,
+        gs: &GraphState,
+        bucket: usize,
+        pass: &mut dyn FnMut(&mut Self, HeadRows) -> Result<()>,
+    ) -> Result<cudarc::driver::CudaGraph> {
+        let p = |i: usize| gs.inputs.get(i).map(|b| self.gpu.ptr(b)).unwrap_or(0);
+        self.meta = Meta {
             tokens: p(TOKENS),
             pos: p(POS),
             row_seq: p(ROW_SEQ),
@@ -228,32 +241,23 @@ impl CudaBackend {
             tables: p(TABLES),
             ctx: gs.ctx_cap,
         };
-        g.stream
+        self.scores = (self.gpu.ptr(&gs.scores), gs.scores.len());
+        self.rows = [bucket, bucket];
+        self.gpu
+            .stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(|e| g.err(format!("begin graph capture: {e:?}")))?;
-        let x = g.ptr(&self.scratch.bufs[X]);
-        let kernels = self
-            .body(bucket, &meta, &gs.scores)
-            .and_then(|()| self.head(x, g.ptr(&gs.hnorm), g.ptr(&gs.logits), bucket));
+            .map_err(|e| self.gpu.err(format!("begin graph capture: {e:?}")))?;
+        let kernels = pass(self, HeadRows::All);
         // End the capture whatever happened, so the stream leaves capture mode.
+        let g = &self.gpu;
         let end = g.stream.end_capture(CUgraphInstantiate_flags(0));
         kernels?;
         end.map_err(|e| g.err(format!("end graph capture: {e:?}")))?
             .ok_or_else(|| g.err("graph capture recorded nothing"))
     }
 
-    /// Turns CUDA graphs on or off (for A/B runs and `memra-verify graph`).
-    pub fn set_graphs(&mut self, on: bool) {
-        self.graphs_on = on;
-    }
-
-    /// Whether steps may run as CUDA graphs.
-    pub fn graphs(&self) -> bool {
-        self.graphs_on
-    }
-
     /// (captures, replays) so far.
-    pub fn graph_counts(&self) -> (u64, u64) {
+    pub(super) fn graph_counts(&self) -> (u64, u64) {
         self.graph
             .as_ref()
             .map(|gs| (gs.captures, gs.replays))

@@ -1,31 +1,30 @@
 //! The CUDA backend, first version: CUDA-core kernels (memra-kernels) that compute each row with
 //! the CPU reference's arithmetic order, so results are row-invariant by construction
 //! (EXACTNESS.md). Activations, norms and the KV cache are f32; weights stay in their GGUF block
-//! format on the device.
+//! format on the device (mat.rs).
 //!
-//! v2: tokens are picked on the device (`step_select`, select.rs) and a step of up to 64 rows
-//! runs as a CUDA graph per row bucket (graph.rs; `CudaOptions::graphs`).
+//! The op interface (ops.rs) runs each op as one kernel on the one stream; step.rs sets up a
+//! step's rows and reads results back; a step of up to 64 rows runs as a CUDA graph per row
+//! bucket (graph.rs; `CudaOptions::graphs`); tokens are picked on the device (select.rs).
 
 mod device;
 mod graph;
+mod mat;
+mod ops;
 pub mod select;
 mod step;
 
 pub use device::{Arg, AttnArgs, Gpu, TOPK_MAX, device_count, kernel_supports, quiet_catch};
 pub use graph::BUCKETS;
+pub use mat::{Mat, embed, matmul, upload_mat};
 
 use cudarc::driver::CudaSlice;
 
-use super::cpu::ops::Rope;
-use super::cpu::{CpuBackend, CpuOptions};
-use super::{
-    Backend, Device, SelectParams, Selected, StepBatch, StepOutput, StepSelected, check_select,
-};
-use crate::config::ModelConfig;
+use super::ops::Rows;
+use super::rope::Rope;
+use super::runner::Runner;
 use crate::error::{Error, Result};
 use crate::models::ModelWeights;
-use crate::quant::DType;
-use crate::weights::Tensor;
 
 /// CUDA backend options.
 #[derive(Clone, Debug)]
@@ -50,125 +49,59 @@ pub fn cuda_available() -> bool {
     matches!(device_count(), Ok(n) if n > 0)
 }
 
-/// Opens the backend `device` asks for: `auto` picks CUDA device 0 when available, else the CPU;
-/// `cuda:N` without CUDA is an error saying so. `threads` applies to the CPU backend only.
-pub fn open_backend(
-    device: Device,
-    weights: ModelWeights,
-    kv_blocks: usize,
-    block_size: usize,
-    threads: usize,
-) -> Result<Box<dyn Backend>> {
-    open_backend_opts(
-        device,
-        weights,
-        kv_blocks,
-        block_size,
-        threads,
-        graphs_default(),
-    )
+/// One declared activation and its device buffer (capacity: the class's rows).
+struct DevAct {
+    name: &'static str,
+    width: usize,
+    rows: Rows,
+    buf: Option<CudaSlice<f32>>,
 }
 
-/// [`open_backend`] with CUDA graphs on or off (ignored by the CPU backend).
-pub fn open_backend_opts(
-    device: Device,
-    weights: ModelWeights,
-    kv_blocks: usize,
-    block_size: usize,
-    threads: usize,
-    graphs: bool,
-) -> Result<Box<dyn Backend>> {
-    let cpu = |w| -> Result<Box<dyn Backend>> {
-        let opts = CpuOptions {
-            threads,
-            kv_blocks,
-            block_size,
-        };
-        Ok(Box::new(CpuBackend::new(w, &opts)?))
-    };
-    let cuda = |w, n| -> Result<Box<dyn Backend>> {
-        let opts = CudaOptions {
-            device: n,
-            kv_blocks,
-            block_size,
-            graphs,
-        };
-        Ok(Box::new(CudaBackend::new(w, &opts)?))
-    };
-    match device {
-        Device::Cpu => cpu(weights),
-        Device::Auto if cuda_available() => cuda(weights, 0),
-        Device::Auto => cpu(weights),
-        Device::Cuda(n) => match device_count() {
-            Ok(c) if n < c => cuda(weights, n),
-            Ok(c) => Err(Error::Input(format!(
-                "--device cuda:{n}: {c} CUDA device(s) present; use --device cpu"
-            ))),
-            Err(e) => Err(Error::Input(format!(
-                "--device cuda:{n}: CUDA is not available ({e}); use --device cpu"
-            ))),
-        },
-    }
+/// One KV cache layer: `[block][slot][width]` f32, one block beyond `kv_blocks` for the inert
+/// rows of graph buckets.
+struct KvLayer {
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    width: usize,
 }
 
-/// A weight matrix on the device, in its stored block format.
-pub(crate) struct Mat {
-    data: CudaSlice<u8>,
-    dtype: DType,
-    rows: usize,
-    cols: usize,
-    row_bytes: usize,
-}
-
-/// One layer's device tensors and KV cache.
-pub(crate) struct Layer {
-    attn_norm: CudaSlice<f32>,
-    ffn_norm: CudaSlice<f32>,
-    q: Mat,
-    k: Mat,
-    v: Mat,
-    q_bias: Option<CudaSlice<f32>>,
-    k_bias: Option<CudaSlice<f32>>,
-    v_bias: Option<CudaSlice<f32>>,
-    q_norm: Option<CudaSlice<f32>>,
-    k_norm: Option<CudaSlice<f32>>,
-    attn_out: Mat,
-    gate: Mat,
-    up: Mat,
-    down: Mat,
-    /// `[block][slot][kv_head][head_dim]` f32.
-    k_cache: CudaSlice<f32>,
-    v_cache: CudaSlice<f32>,
-}
-
-/// Per-step activations, grown as needed (capacity in rows).
-#[derive(Default)]
-pub(crate) struct Scratch {
-    rows: usize,
-    bufs: Vec<CudaSlice<f32>>,
-}
-
-pub struct CudaBackend {
-    gpu: Gpu,
-    config: ModelConfig,
-    embed: Mat,
-    /// `None` when the output shares the embedding.
-    output: Option<Mat>,
-    out_norm: CudaSlice<f32>,
-    layers: Vec<Layer>,
+/// A RoPE table and its device copy (`[pos][half]` cos and sin, `CudaOps::rope_len` positions).
+struct RopeTable {
     rope: Rope,
-    /// Positions covered by `rope_cos`/`rope_sin` (`[pos][head_dim / 2]`).
-    rope_len: usize,
-    rope_cos: Option<CudaSlice<f32>>,
-    rope_sin: Option<CudaSlice<f32>>,
+    cos: Option<CudaSlice<f32>>,
+    sin: Option<CudaSlice<f32>>,
+}
+
+/// The op interface on one CUDA device.
+pub struct CudaOps {
+    gpu: Gpu,
+    /// Query heads (the attention score scratch per row and position).
+    n_heads: usize,
+    /// The model's context length (bounds the graphs' positions).
+    max_ctx: usize,
+    kv: Vec<KvLayer>,
     kv_blocks: usize,
     block_size: usize,
-    scratch: Scratch,
+    acts: Vec<DevAct>,
+    /// Allocated rows per class (Step, Head) and the rows of the current step.
+    cap: [usize; 2],
+    rows: [usize; 2],
+    ropes: Vec<RopeTable>,
+    /// Positions covered by the RoPE tables.
+    rope_len: usize,
+    /// The current step's row metadata and attention score scratch.
+    meta: step::Meta,
+    scores: (u64, usize),
+    /// Buffers of a plain step (kept alive until the next one).
+    plain: Option<step::PlainBufs>,
     graphs_on: bool,
     graph: Option<graph::GraphState>,
     /// Bumped whenever a buffer a captured graph reads is reallocated.
     layout_epoch: u64,
 }
+
+/// The CUDA backend: the generic runner over the CUDA ops.
+pub type CudaBackend = Runner<CudaOps>;
 
 /// Working space kept free beyond weights and KV cache.
 const RESERVE_BYTES: usize = 256 << 20;
@@ -177,22 +110,21 @@ fn gib(b: usize) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
-impl CudaBackend {
+impl Runner<CudaOps> {
     /// Uploads `weights` to device `opts.device`, allocates the KV cache. Fails before any upload
     /// when the model does not fit in the free device memory or a tensor type has no kernel.
     pub fn new(weights: ModelWeights, opts: &CudaOptions) -> Result<CudaBackend> {
-        let c = weights.config.clone();
+        let c = &weights.config;
         if opts.block_size == 0 || opts.kv_blocks == 0 {
             return Err(Error::Input(
                 "KV block size and block count must be > 0".into(),
             ));
         }
-        let w = &weights;
-        let mut mats: Vec<&Tensor> = vec![&w.embed, &w.output];
-        for l in &w.layers {
-            mats.extend([&l.q, &l.k, &l.v, &l.attn_out, &l.gate, &l.up, &l.down]);
-        }
-        if let Some(t) = mats.iter().find(|t| !kernel_supports(t.dtype)) {
+        let unsupported = weights
+            .iter()
+            .map(|(_, t)| t)
+            .find(|t| t.shape.len() == 2 && !kernel_supports(t.dtype));
+        if let Some(t) = unsupported {
             return Err(Error::Unsupported(format!(
                 "CUDA backend: tensor `{}` is {}; supported types: {}",
                 t.name,
@@ -202,12 +134,11 @@ impl CudaBackend {
         }
         let gpu = Gpu::open(opts.device)?;
         let width = c.n_kv_heads * c.head_dim;
-        // One block beyond `kv_blocks` for the inert rows of graph buckets.
         let kv_bytes = (opts.kv_blocks + 1)
             .checked_mul(opts.block_size)
             .and_then(|v| v.checked_mul(width * 4 * 2 * c.n_layers))
             .ok_or_else(|| Error::Input("KV cache size overflows".into()))?;
-        let wbytes = w.nbytes();
+        let wbytes = weights.nbytes();
         let need = wbytes + kv_bytes + RESERVE_BYTES;
         let (free, total) = gpu.mem_info()?;
         if need > free {
@@ -222,201 +153,98 @@ impl CudaBackend {
                 gib(total)
             )));
         }
-        let vec = |t: &Tensor| -> Result<CudaSlice<f32>> { gpu.upload(&t.to_f32()?) };
-        let opt = |t: &Option<Tensor>| -> Result<Option<CudaSlice<f32>>> {
-            t.as_ref().map(vec).transpose()
-        };
-        let mat = |t: &Tensor| -> Result<Mat> {
-            let (rows, cols) = t.rows_cols();
-            Ok(Mat {
-                data: gpu.upload(&t.data)?,
-                dtype: t.dtype,
-                rows,
-                cols,
-                row_bytes: t.row_bytes(),
-            })
-        };
-        let cache_len = (opts.kv_blocks + 1) * opts.block_size * width;
-        let mut layers = Vec::with_capacity(c.n_layers);
-        for l in &w.layers {
-            layers.push(Layer {
-                attn_norm: vec(&l.attn_norm)?,
-                ffn_norm: vec(&l.ffn_norm)?,
-                q: mat(&l.q)?,
-                k: mat(&l.k)?,
-                v: mat(&l.v)?,
-                q_bias: opt(&l.q_bias)?,
-                k_bias: opt(&l.k_bias)?,
-                v_bias: opt(&l.v_bias)?,
-                q_norm: opt(&l.q_norm)?,
-                k_norm: opt(&l.k_norm)?,
-                attn_out: mat(&l.attn_out)?,
-                gate: mat(&l.gate)?,
-                up: mat(&l.up)?,
-                down: mat(&l.down)?,
-                k_cache: gpu.zeros(cache_len)?,
-                v_cache: gpu.zeros(cache_len)?,
-            });
-        }
-        let embed = mat(&w.embed)?;
-        let shared = std::ptr::eq(w.output.data.as_ptr(), w.embed.data.as_ptr())
-            && w.output.data.len() == w.embed.data.len();
-        let output = if shared { None } else { Some(mat(&w.output)?) };
-        let out_norm = vec(&w.out_norm)?;
-        let rope = Rope::new(&c, w.rope_freq_factors.as_deref());
-        gpu.sync()?;
-        Ok(CudaBackend {
+        let ops = CudaOps {
             gpu,
-            config: c,
-            embed,
-            output,
-            out_norm,
-            layers,
-            rope,
-            rope_len: 0,
-            rope_cos: None,
-            rope_sin: None,
+            n_heads: c.n_heads,
+            max_ctx: c.max_ctx,
+            kv: Vec::new(),
             kv_blocks: opts.kv_blocks,
             block_size: opts.block_size,
-            scratch: Scratch::default(),
+            acts: Vec::new(),
+            cap: [0; 2],
+            rows: [0; 2],
+            ropes: Vec::new(),
+            rope_len: 0,
+            meta: step::Meta::default(),
+            scores: (0, 0),
+            plain: None,
             graphs_on: opts.graphs,
             graph: None,
             layout_epoch: 0,
-        })
+        };
+        let runner = Runner::build(ops, &weights)?;
+        runner.ops().gpu.sync()?;
+        Ok(runner)
     }
 
     /// The device this backend runs on.
     pub fn gpu(&self) -> &Gpu {
-        &self.gpu
+        &self.ops().gpu
+    }
+
+    /// Turns CUDA graphs on or off (for A/B runs and `memra-verify graph`).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.ops_mut().graphs_on = on;
+    }
+
+    /// Whether steps may run as CUDA graphs.
+    pub fn graphs(&self) -> bool {
+        self.ops().graphs_on
+    }
+
+    /// (captures, replays) so far.
+    pub fn graph_counts(&self) -> (u64, u64) {
+        self.ops().graph_counts()
+    }
+}
+
+fn class(r: Rows) -> usize {
+    match r {
+        Rows::Step => 0,
+        Rows::Head => 1,
+    }
+}
+
+impl CudaOps {
+    /// Makes every activation of class `r` hold at least `rows` rows (capacity rounded up to a
+    /// power of two; growing reallocates them all and invalidates captured graphs).
+    fn reserve(&mut self, r: Rows, rows: usize) -> Result<()> {
+        let i = class(r);
+        if rows <= self.cap[i] {
+            return Ok(());
+        }
+        let cap = rows.next_power_of_two();
+        self.gpu.sync()?;
+        for a in self.acts.iter_mut().filter(|a| a.rows == r) {
+            a.buf = None;
+            a.buf = Some(self.gpu.zeros::<f32>(cap * a.width)?);
+        }
+        self.cap[i] = cap;
+        self.layout_epoch += 1;
+        Ok(())
     }
 
     /// Makes the RoPE tables cover positions `0..=max_pos` (angles computed on the host in f64
-    /// exactly as the CPU backend's `Rope::cos_sin`).
+    /// exactly as the CPU backend's).
     fn ensure_rope(&mut self, max_pos: usize) -> Result<()> {
         if max_pos < self.rope_len {
             return Ok(());
         }
         let len = (max_pos + 1).next_power_of_two().max(256);
-        let half = self.config.head_dim / 2;
-        let mut cos = Vec::with_capacity(len * half);
-        let mut sin = Vec::with_capacity(len * half);
-        for p in 0..len {
-            let (c, s) = self.rope.cos_sin(p as u32);
-            cos.extend_from_slice(&c);
-            sin.extend_from_slice(&s);
+        for t in &mut self.ropes {
+            let half = t.rope.half();
+            let mut cos = Vec::with_capacity(len * half);
+            let mut sin = Vec::with_capacity(len * half);
+            for p in 0..len {
+                let (c, s) = t.rope.cos_sin(p as u32);
+                cos.extend_from_slice(&c);
+                sin.extend_from_slice(&s);
+            }
+            t.cos = Some(self.gpu.upload(&cos)?);
+            t.sin = Some(self.gpu.upload(&sin)?);
         }
-        self.rope_cos = Some(self.gpu.upload(&cos)?);
-        self.rope_sin = Some(self.gpu.upload(&sin)?);
         self.rope_len = len;
         self.layout_epoch += 1;
         Ok(())
     }
-
-    fn check_block(&self, b: u32) -> Result<()> {
-        if b as usize >= self.kv_blocks {
-            return Err(self.gpu.err(format!("KV block {b} does not exist")));
-        }
-        Ok(())
-    }
-}
-
-impl Backend for CudaBackend {
-    fn name(&self) -> String {
-        self.gpu.name.clone()
-    }
-
-    fn config(&self) -> &ModelConfig {
-        &self.config
-    }
-
-    fn kv_block_size(&self) -> usize {
-        self.block_size
-    }
-
-    fn kv_blocks(&self) -> usize {
-        self.kv_blocks
-    }
-
-    fn step(&mut self, batch: &StepBatch) -> Result<StepOutput> {
-        self.run_step(batch)
-    }
-
-    fn step_select(
-        &mut self,
-        batch: &StepBatch,
-        select: &[Option<SelectParams>],
-    ) -> Result<StepSelected> {
-        check_select(batch, select)?;
-        let f = self.forward(batch)?;
-        let vocab = self.config.vocab;
-        let dev: Vec<(usize, SelectParams)> = select
-            .iter()
-            .zip(&f.rows)
-            .filter_map(|(s, &r)| s.map(|s| (r, s)))
-            .collect();
-        let picked = if dev.is_empty() {
-            Vec::new()
-        } else {
-            let ptr = self.gpu.ptr(self.logits_buf(&f)?);
-            select::select_rows(&self.gpu, ptr, vocab, &dev)?
-        };
-        // Rows that need their logits: `None` rows and host-planned ones.
-        let mut picked_iter = picked.into_iter();
-        let mut tokens: Vec<Option<u32>> = Vec::with_capacity(select.len());
-        for s in select {
-            tokens.push(match s {
-                Some(_) => picked_iter.next().flatten(),
-                None => None,
-            });
-        }
-        let need: Vec<usize> = (0..select.len()).filter(|&i| tokens[i].is_none()).collect();
-        let mut logits = self.download_logits(&f, &need)?.into_iter();
-        self.gpu.sync()?;
-        let mut rows = Vec::with_capacity(select.len());
-        for (s, t) in select.iter().zip(tokens) {
-            rows.push(match (t, s) {
-                (Some(t), _) => Selected::Token(t),
-                (None, Some(s)) => {
-                    let l = logits.next().unwrap_or_default();
-                    Selected::Token(crate::sampling::sample(&l, s.history, s.params, s.pos))
-                }
-                (None, None) => Selected::Logits(logits.next().unwrap_or_default()),
-            });
-        }
-        rows_checked(rows, select.len(), &self.gpu)
-    }
-
-    fn copy_kv_block(&mut self, src: u32, dst: u32) -> Result<()> {
-        self.check_block(src)?;
-        self.check_block(dst)?;
-        let n = self.block_size * self.config.n_kv_heads * self.config.head_dim;
-        for l in &self.layers {
-            for cache in [&l.k_cache, &l.v_cache] {
-                let p = self.gpu.ptr(cache);
-                self.gpu
-                    .copy_range(p, src as usize * n, dst as usize * n, n)?;
-            }
-        }
-        self.gpu.sync()
-    }
-
-    fn kv_block_bytes(&self, block: u32) -> Result<Vec<u8>> {
-        self.check_block(block)?;
-        let n = self.block_size * self.config.n_kv_heads * self.config.head_dim;
-        let mut out = Vec::with_capacity(n * 4 * 2 * self.layers.len());
-        let ks = self.layers.iter().map(|l| &l.k_cache);
-        let vs = self.layers.iter().map(|l| &l.v_cache);
-        for cache in ks.chain(vs) {
-            let vals = self.gpu.download_range(cache, block as usize * n, n)?;
-            out.extend(vals.iter().flat_map(|v| v.to_le_bytes()));
-        }
-        Ok(out)
-    }
-}
-
-fn rows_checked(rows: Vec<Selected>, n: usize, g: &Gpu) -> Result<StepSelected> {
-    if rows.len() != n {
-        return Err(g.err(format!("step_select: {} results for {n} rows", rows.len())));
-    }
-    Ok(StepSelected { rows })
 }

@@ -1,27 +1,18 @@
-//! One step on the device: upload the rows' metadata, run the layers, read back the logits.
-//! The same sequence of kernels as the CPU backend's `layer` (backend/cpu/mod.rs).
+//! One step on the device: upload the rows' metadata, run the forward pass (plainly, or as a
+//! CUDA graph: graph.rs), read back logits or pick tokens on the device (select.rs).
 
 use cudarc::driver::CudaSlice;
 
-use super::{AttnArgs, CudaBackend, Mat};
-use crate::backend::{StepBatch, StepOutput};
+use super::{CudaOps, select};
+use crate::backend::ops::{Act, Exec, HeadRows, Rows};
+use crate::backend::{SelectParams, Selected, StepBatch, StepSelected};
 use crate::error::{Error, Result};
-
-/// Scratch buffers, by index: per-row widths are given by `widths`.
-pub(super) const X: usize = 0;
-const H: usize = 1;
-const Q: usize = 2;
-const K: usize = 3;
-const V: usize = 4;
-const ATT: usize = 5;
-const O: usize = 6;
-const G: usize = 7;
-const U: usize = 8;
 
 /// Bound on the attention score scratch of one launch (floats); launches are split by rows.
 pub(super) const SCORE_FLOATS: usize = 64 << 20;
 
 /// Row metadata on the device (addresses of u32 arrays).
+#[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Meta {
     pub tokens: u64,
     pub pos: u64,
@@ -33,92 +24,21 @@ pub(super) struct Meta {
     pub ctx: usize,
 }
 
-/// Owned metadata buffers of a plain (non-graph) step.
-struct MetaBufs {
-    bufs: Vec<CudaSlice<u32>>,
-    ctx: usize,
-}
-
-impl MetaBufs {
-    fn meta(&self, g: &super::Gpu) -> Meta {
-        let p = |i: usize| self.bufs.get(i).map(|b| g.ptr(b)).unwrap_or(0);
-        Meta {
-            tokens: p(0),
-            pos: p(1),
-            row_seq: p(2),
-            slot: p(3),
-            table_off: p(4),
-            tables: p(5),
-            ctx: self.ctx,
-        }
-    }
-}
-
-/// Logits a forward pass left on the device: `rows[i]` is the buffer row of the i-th row that
-/// wanted logits; the buffer is `owned`, or the graph state's when `None`.
-#[derive(Default)]
-pub(super) struct Fwd {
-    pub owned: Option<CudaSlice<f32>>,
-    pub rows: Vec<usize>,
+/// Owned buffers of a plain (non-graph) step (row metadata, attention scores, gather indices),
+/// held until the next step so they outlive the kernels that read them.
+pub(super) struct PlainBufs {
+    _meta: Vec<CudaSlice<u32>>,
+    _scores: Option<CudaSlice<f32>>,
+    gather: Option<CudaSlice<u32>>,
 }
 
 pub(super) fn u32_of(v: usize, what: &str) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::Input(format!("{what} {v} exceeds u32")))
 }
 
-impl CudaBackend {
-    pub(super) fn widths(&self) -> [usize; 9] {
-        let c = &self.config;
-        let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
-        [c.hidden, c.hidden, qd, kvd, kvd, qd, c.hidden, c.ffn, c.ffn]
-    }
-
-    pub(super) fn ensure_scratch(&mut self, rows: usize) -> Result<()> {
-        if rows <= self.scratch.rows {
-            return Ok(());
-        }
-        let cap = rows.next_power_of_two();
-        self.scratch.bufs.clear();
-        self.gpu.sync()?;
-        for w in self.widths() {
-            let b = self.gpu.zeros::<f32>(cap * w)?;
-            self.scratch.bufs.push(b);
-        }
-        self.scratch.rows = cap;
-        self.layout_epoch += 1;
-        Ok(())
-    }
-
-    fn check_batch(&self, batch: &StepBatch) -> Result<()> {
-        let c = &self.config;
-        for (i, r) in batch.rows.iter().enumerate() {
-            if r.token as usize >= c.vocab {
-                return Err(Error::Input(format!(
-                    "token id {} is outside the vocabulary (size {})",
-                    r.token, c.vocab
-                )));
-            }
-            let table = batch.block_tables.get(r.seq).ok_or_else(|| {
-                self.gpu
-                    .err(format!("row {i}: sequence {} has no block table", r.seq))
-            })?;
-            let need = r.pos as usize / self.block_size;
-            let used = table.get(..=need).ok_or_else(|| {
-                self.gpu.err(format!(
-                    "row {i}: position {} is beyond its block table",
-                    r.pos
-                ))
-            })?;
-            if let Some(b) = used.iter().find(|&&b| b as usize >= self.kv_blocks) {
-                return Err(self
-                    .gpu
-                    .err(format!("row {i}: KV block {b} does not exist")));
-            }
-        }
-        Ok(())
-    }
-
-    fn upload_meta(&self, batch: &StepBatch) -> Result<MetaBufs> {
+impl CudaOps {
+    /// Uploads `batch`'s row metadata; returns the buffers and the largest `pos + 1`.
+    fn upload_meta(&self, batch: &StepBatch) -> Result<(Vec<CudaSlice<u32>>, usize)> {
         let bs = self.block_size;
         let mut tokens = Vec::with_capacity(batch.rows.len());
         let mut pos = Vec::with_capacity(batch.rows.len());
@@ -149,207 +69,179 @@ impl CudaBackend {
         for v in [&tokens, &pos, &row_seq, &slot, &table_off, &tables] {
             bufs.push(g.upload(v)?);
         }
-        Ok(MetaBufs { bufs, ctx })
+        Ok((bufs, ctx))
     }
 
-    pub(super) fn matmul(&self, w: &Mat, x: u64, y: u64, m: usize) -> Result<()> {
+    /// Runs `pass` over `batch` outside any graph, the head on the rows of `want`.
+    fn execute_plain(
+        &mut self,
+        batch: &StepBatch,
+        want: &[usize],
+        pass: &mut dyn FnMut(&mut Self, HeadRows) -> Result<()>,
+    ) -> Result<Vec<usize>> {
+        let m = batch.rows.len();
+        let (bufs, ctx) = self.upload_meta(batch)?;
+        self.reserve(Rows::Step, m)?;
+        self.ensure_rope(ctx - 1)?;
         let g = &self.gpu;
-        g.matmul(
-            w.dtype,
-            g.ptr(&w.data),
-            w.row_bytes,
-            x,
-            y,
-            m,
-            w.rows,
-            w.cols,
-        )
-    }
-
-    fn layer(&self, l: usize, m: usize, meta: &Meta, scores: &CudaSlice<f32>) -> Result<()> {
-        let c = &self.config;
-        let g = &self.gpu;
-        let lw = &self.layers[l];
-        let p: Vec<u64> = self.scratch.bufs.iter().map(|b| g.ptr(b)).collect();
-        let (hd, eps) = (c.head_dim, c.rms_eps);
-        let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
-        g.rms_norm(p[X], g.ptr(&lw.attn_norm), p[H], m, c.hidden, eps)?;
-        self.matmul(&lw.q, p[H], p[Q], m)?;
-        self.matmul(&lw.k, p[H], p[K], m)?;
-        self.matmul(&lw.v, p[H], p[V], m)?;
-        for (bias, buf, width) in [
-            (&lw.q_bias, p[Q], qd),
-            (&lw.k_bias, p[K], kvd),
-            (&lw.v_bias, p[V], kvd),
-        ] {
-            if let Some(b) = bias {
-                g.add_bias(buf, g.ptr(b), m, width)?;
-            }
-        }
-        if let Some(w) = &lw.q_norm {
-            g.rms_norm(p[Q], g.ptr(w), p[Q], m * c.n_heads, hd, eps)?;
-        }
-        if let Some(w) = &lw.k_norm {
-            g.rms_norm(p[K], g.ptr(w), p[K], m * c.n_kv_heads, hd, eps)?;
-        }
-        let (cos, sin) = match (&self.rope_cos, &self.rope_sin) {
-            (Some(cs), Some(sn)) => (g.ptr(cs), g.ptr(sn)),
-            _ => return Err(g.err("RoPE tables missing")),
+        let p = |i: usize| bufs.get(i).map(|b| g.ptr(b)).unwrap_or(0);
+        self.meta = Meta {
+            tokens: p(0),
+            pos: p(1),
+            row_seq: p(2),
+            slot: p(3),
+            table_off: p(4),
+            tables: p(5),
+            ctx,
         };
-        let pos = meta.pos;
-        g.rope(p[Q], pos, cos, sin, m, c.n_heads, hd)?;
-        g.rope(p[K], pos, cos, sin, m, c.n_kv_heads, hd)?;
-        let (kc, vc) = (g.ptr(&lw.k_cache), g.ptr(&lw.v_cache));
-        g.kv_write(kc, vc, p[K], p[V], meta.slot, m, kvd)?;
-        // Attention, split into launches of `chunk` rows to bound the score scratch.
-        let per_row = c.n_heads * meta.ctx;
-        let chunk = (scores.len() / per_row.max(1)).clamp(1, m);
-        let mut r0 = 0;
-        while r0 < m {
-            let rows = chunk.min(m - r0);
-            let a = AttnArgs {
-                q: p[Q] + (r0 * qd * 4) as u64,
-                out: p[ATT] + (r0 * qd * 4) as u64,
-                k_cache: kc,
-                v_cache: vc,
-                pos: pos + (r0 * 4) as u64,
-                row_seq: meta.row_seq + (r0 * 4) as u64,
-                table_off: meta.table_off,
-                tables: meta.tables,
-                scores: g.ptr(scores),
-                score_stride: meta.ctx,
-                rows,
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                head_dim: hd,
-                block_size: self.block_size,
-                scale: 1.0 / (hd as f32).sqrt(),
-            };
-            g.attention(&a)?;
-            r0 += rows;
-        }
-        self.matmul(&lw.attn_out, p[ATT], p[O], m)?;
-        g.add_in_place(p[X], p[O], m * c.hidden)?;
-        g.rms_norm(p[X], g.ptr(&lw.ffn_norm), p[H], m, c.hidden, eps)?;
-        self.matmul(&lw.gate, p[H], p[G], m)?;
-        self.matmul(&lw.up, p[H], p[U], m)?;
-        g.swiglu(p[G], p[U], m * c.ffn)?;
-        self.matmul(&lw.down, p[G], p[O], m)?;
-        g.add_in_place(p[X], p[O], m * c.hidden)
+        let per_row = self.n_heads * ctx;
+        let score_rows = (SCORE_FLOATS / per_row.max(1)).clamp(1, m);
+        let scores = g.zeros::<f32>(score_rows * per_row)?;
+        self.scores = (g.ptr(&scores), scores.len());
+        self.plain = Some(PlainBufs {
+            _meta: bufs,
+            _scores: Some(scores),
+            gather: None,
+        });
+        self.rows[0] = m;
+        pass(self, HeadRows::Gather(want))?;
+        Ok((0..want.len()).collect())
+    }
+}
+
+impl Exec for CudaOps {
+    fn name(&self) -> String {
+        self.gpu.name.clone()
     }
 
-    /// Embedding and every layer for `m` rows; the residual stream ends in scratch `X`.
-    pub(super) fn body(&self, m: usize, meta: &Meta, scores: &CudaSlice<f32>) -> Result<()> {
-        let c = &self.config;
+    fn kv_block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn kv_blocks(&self) -> usize {
+        self.kv_blocks
+    }
+
+    /// As a CUDA graph when enabled and the batch fits a bucket, else plainly.
+    fn execute(
+        &mut self,
+        batch: &StepBatch,
+        want: &[usize],
+        pass: &mut dyn FnMut(&mut Self, HeadRows) -> Result<()>,
+    ) -> Result<Vec<usize>> {
+        if self.graphs_on
+            && let Some(rows) = self.execute_graph(batch, want, pass)?
+        {
+            return Ok(rows);
+        }
+        self.execute_plain(batch, want, pass)
+    }
+
+    fn gather(&mut self, x: Act, rows: &[usize], out: Act) -> Result<()> {
+        let n = rows.len();
+        self.reserve(Rows::Head, n)?;
+        self.rows[1] = n;
+        let idx: Vec<u32> = rows
+            .iter()
+            .map(|&r| u32_of(r, "row index"))
+            .collect::<Result<_>>()?;
         let g = &self.gpu;
-        g.embed(
-            self.embed.dtype,
-            g.ptr(&self.embed.data),
-            self.embed.row_bytes,
-            meta.tokens,
-            g.ptr(&self.scratch.bufs[X]),
-            m,
-            c.hidden,
-        )?;
-        for l in 0..c.n_layers {
-            self.layer(l, m, meta, scores)?;
+        let idx = g.upload(&idx)?;
+        g.gather_rows(self.ptr(out)?, self.ptr(x)?, g.ptr(&idx), n, x.width)?;
+        if let Some(p) = self.plain.as_mut() {
+            p.gather = Some(idx);
         }
         Ok(())
     }
 
-    /// The final norm and output projection of `n` rows at `x` into `logits` (`hn`: `n` rows of
-    /// hidden scratch, may equal `x`).
-    pub(super) fn head(&self, x: u64, hn: u64, logits: u64, n: usize) -> Result<()> {
-        let c = &self.config;
-        let g = &self.gpu;
-        g.rms_norm(x, g.ptr(&self.out_norm), hn, n, c.hidden, c.rms_eps)?;
-        let out = self.output.as_ref().unwrap_or(&self.embed);
-        self.matmul(out, hn, logits, n)
-    }
-
-    /// Runs the step's kernels (as a CUDA graph when enabled and the batch fits a bucket);
-    /// the logits stay on the device.
-    pub(super) fn forward(&mut self, batch: &StepBatch) -> Result<Fwd> {
-        self.check_batch(batch)?;
-        let m = batch.rows.len();
-        if m == 0 {
-            return Ok(Fwd::default());
-        }
-        if self.graphs_on
-            && let Some(f) = self.forward_graph(batch)?
-        {
-            return Ok(f);
-        }
-        self.forward_plain(batch)
-    }
-
-    fn forward_plain(&mut self, batch: &StepBatch) -> Result<Fwd> {
-        let m = batch.rows.len();
-        let bufs = self.upload_meta(batch)?;
-        self.ensure_scratch(m)?;
-        self.ensure_rope(bufs.ctx - 1)?;
-        let meta = bufs.meta(&self.gpu);
-        let c = self.config.clone();
-        let g = &self.gpu;
-        let per_row = c.n_heads * meta.ctx;
-        let score_rows = (SCORE_FLOATS / per_row.max(1)).clamp(1, m);
-        let scores = g.zeros::<f32>(score_rows * per_row)?;
-        self.body(m, &meta, &scores)?;
-        let want: Vec<u32> = (0..m)
-            .filter(|&i| batch.rows[i].want_logits)
-            .map(|i| i as u32)
-            .collect();
-        if want.is_empty() {
-            return Ok(Fwd::default());
-        }
-        let n = want.len();
-        let idx = g.upload(&want)?;
-        let sel = g.zeros::<f32>(n * c.hidden)?;
-        let x = g.ptr(&self.scratch.bufs[X]);
-        g.gather_rows(g.ptr(&sel), x, g.ptr(&idx), n, c.hidden)?;
-        let logits = g.zeros::<f32>(n * c.vocab)?;
-        self.head(g.ptr(&sel), g.ptr(&sel), g.ptr(&logits), n)?;
-        Ok(Fwd {
-            owned: Some(logits),
-            rows: (0..n).collect(),
-        })
-    }
-
-    /// The device buffer holding `f`'s logits.
-    pub(super) fn logits_buf<'a>(&'a self, f: &'a Fwd) -> Result<&'a CudaSlice<f32>> {
-        match (&f.owned, &self.graph) {
-            (Some(b), _) => Ok(b),
-            (None, Some(gs)) => Ok(&gs.logits),
-            (None, None) => Err(self.gpu.err("logits buffer missing")),
-        }
-    }
-
-    /// Copies back the logits of `f`'s rows `which` (indices into `f.rows`).
-    pub(super) fn download_logits(&self, f: &Fwd, which: &[usize]) -> Result<Vec<Vec<f32>>> {
-        let rows: Vec<usize> = which
-            .iter()
-            .filter_map(|&i| f.rows.get(i).copied())
-            .collect();
+    fn read_rows(&mut self, x: Act, rows: &[usize]) -> Result<Vec<Vec<f32>>> {
         let Some(&last) = rows.iter().max() else {
+            self.gpu.sync()?;
             return Ok(Vec::new());
         };
-        let v = self.config.vocab;
-        let buf = self.logits_buf(f)?;
-        let host = self.gpu.download_range(buf, 0, (last + 1) * v)?;
-        rows.iter()
+        let w = x.width;
+        let buf = self.acts[x.id]
+            .buf
+            .as_ref()
+            .ok_or_else(|| self.gpu.err("logits buffer missing"))?;
+        let host = self.gpu.download_range(buf, 0, (last + 1) * w)?;
+        let out = rows
+            .iter()
             .map(|&r| {
-                host.get(r * v..(r + 1) * v)
+                host.get(r * w..(r + 1) * w)
                     .map(|s| s.to_vec())
                     .ok_or_else(|| self.gpu.err("logits row beyond the buffer"))
             })
-            .collect()
+            .collect();
+        self.gpu.sync()?;
+        out
     }
 
-    pub(super) fn run_step(&mut self, batch: &StepBatch) -> Result<StepOutput> {
-        let f = self.forward(batch)?;
-        let all: Vec<usize> = (0..f.rows.len()).collect();
-        let logits = self.download_logits(&f, &all)?;
-        self.gpu.sync()?;
-        Ok(StepOutput { logits })
+    /// Greedy and small-top-k rows are picked on the device (select.rs); the others' logits
+    /// come back and are sampled on the host.
+    fn select(
+        &mut self,
+        logits: Act,
+        rows: &[usize],
+        select: &[Option<SelectParams>],
+    ) -> Result<StepSelected> {
+        let dev: Vec<(usize, SelectParams)> = select
+            .iter()
+            .zip(rows)
+            .filter_map(|(s, &r)| s.map(|s| (r, s)))
+            .collect();
+        let picked = if dev.is_empty() {
+            Vec::new()
+        } else {
+            select::select_rows(&self.gpu, self.ptr(logits)?, logits.width, &dev)?
+        };
+        // Rows that need their logits: `None` rows and host-planned ones.
+        let mut picked_iter = picked.into_iter();
+        let mut tokens: Vec<Option<u32>> = Vec::with_capacity(select.len());
+        for s in select {
+            tokens.push(match s {
+                Some(_) => picked_iter.next().flatten(),
+                None => None,
+            });
+        }
+        let need: Vec<usize> = (0..select.len())
+            .filter(|&i| tokens[i].is_none())
+            .filter_map(|i| rows.get(i).copied())
+            .collect();
+        let mut back = self.read_rows(logits, &need)?.into_iter();
+        let mut out = Vec::with_capacity(select.len());
+        for (s, t) in select.iter().zip(tokens) {
+            out.push(match (t, s) {
+                (Some(t), _) => Selected::Token(t),
+                (None, Some(s)) => {
+                    let l = back.next().unwrap_or_default();
+                    Selected::Token(crate::sampling::sample(&l, s.history, s.params, s.pos))
+                }
+                (None, None) => Selected::Logits(back.next().unwrap_or_default()),
+            });
+        }
+        if out.len() != select.len() {
+            return Err(self.gpu.err(format!(
+                "step_select: {} results for {} rows",
+                out.len(),
+                select.len()
+            )));
+        }
+        Ok(StepSelected { rows: out })
+    }
+
+    fn kv_block_bytes(&self, block: u32) -> Result<Vec<u8>> {
+        if block as usize >= self.kv_blocks {
+            return Err(self.gpu.err(format!("KV block {block} does not exist")));
+        }
+        let mut out = Vec::new();
+        let ks = self.kv.iter().map(|l| (&l.k, l.width));
+        let vs = self.kv.iter().map(|l| (&l.v, l.width));
+        for (cache, width) in ks.chain(vs) {
+            let n = self.block_size * width;
+            let vals = self.gpu.download_range(cache, block as usize * n, n)?;
+            out.extend(vals.iter().flat_map(|v| v.to_le_bytes()));
+        }
+        Ok(out)
     }
 }

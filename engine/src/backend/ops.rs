@@ -1,0 +1,230 @@
+//! The op interface below [`Backend`](super::Backend): what an architecture's forward pass
+//! (models/<arch>.rs) is written against, implemented once per backend (cpu/, cuda/).
+//!
+//! - **Parameters** are uploaded once at load: weight matrices ([`Ops::Mat`], in their stored
+//!   block format or any layout the backend likes) and small f32 vectors ([`Ops::Vector`]: norm
+//!   weights, biases). RoPE tables and KV layers are declared at load too.
+//! - **Activations** are [`Act`] handles: `rows x width` f32 buffers owned by the backend and
+//!   declared at load, so their addresses are fixed (CUDA graphs). A step's ops run over the
+//!   step's rows ([`Rows::Step`]) or the output head's rows ([`Rows::Head`]), as the output
+//!   activation's class says.
+//! - **Every op is row-wise by contract** (EXACTNESS.md): a row's result depends on that row's
+//!   data, position and own sequence's KV alone, never on the other rows or on how many there are.
+//!
+//! Fusions are backend-private: the composite ops ([`Ops::norm_matmuls`], [`Ops::rope_kv_write`],
+//! [`Ops::glu_matmul`]) have default bodies composing the simple ops; a backend overrides one with
+//! a fused kernel (rms_norm + activation quantization, RoPE + KV write, GLU into the down
+//! projection) and must produce what its own simple ops would, row-invariantly.
+
+use super::StepBatch;
+use super::rope::Rope;
+use crate::error::Result;
+use crate::weights::Tensor;
+
+/// Which row count an activation has during a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Rows {
+    /// One row per step row (the residual stream and every layer intermediate).
+    Step,
+    /// One row per row the output head runs on (those that want logits, or every step row
+    /// when the backend runs the head over the whole step).
+    Head,
+}
+
+/// An activation handle: a `rows x width` f32 buffer owned by the backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Act {
+    pub id: usize,
+    pub width: usize,
+    pub rows: Rows,
+}
+
+/// A RoPE table declared with [`Ops::rope_table`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RopeId(pub usize);
+
+/// A KV cache layer declared with [`Ops::kv_layer`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvId(pub usize);
+
+/// The gate activation of a gated linear unit: `gate = act(gate) * up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Glu {
+    /// SwiGLU: `silu(g) = g / (1 + exp(-g))`.
+    Silu,
+    /// GeGLU with the tanh approximation of GELU.
+    GeluTanh,
+}
+
+/// Shapes and options of one attention call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnParams {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Multiplies q.k (usually `1 / sqrt(head_dim)`).
+    pub scale: f32,
+    /// Sliding window: a row at position p attends to positions `p + 1 - window ..= p` only.
+    pub window: Option<usize>,
+}
+
+impl AttnParams {
+    /// Causal attention with the usual `1 / sqrt(head_dim)` scale and no window.
+    pub fn causal(n_heads: usize, n_kv_heads: usize, head_dim: usize) -> AttnParams {
+        AttnParams {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window: None,
+        }
+    }
+}
+
+/// The ops an architecture's forward pass uses. Each runs over the rows of its output's class.
+pub trait Ops: Send + Sized + 'static {
+    /// A weight matrix `[out_features, in_features]`.
+    type Mat: Send;
+    /// A small f32 vector (norm weight, bias).
+    type Vector: Send;
+
+    // ---- load time ----
+
+    /// Uploads a weight matrix (2-D tensor).
+    fn mat(&mut self, t: &Tensor) -> Result<Self::Mat>;
+    /// Uploads a vector (dequantized to f32).
+    fn vector(&mut self, t: &Tensor) -> Result<Self::Vector>;
+    /// Declares an activation of `width` values per row.
+    fn act(&mut self, name: &'static str, width: usize, rows: Rows) -> Act;
+    /// Declares a RoPE table (angles `pos * inv_freq[i]`, computed on the host in f64).
+    fn rope_table(&mut self, rope: Rope) -> Result<RopeId>;
+    /// Declares one layer of paged KV cache, `width` values per position for K and for V.
+    fn kv_layer(&mut self, width: usize) -> Result<KvId>;
+
+    // ---- simple ops ----
+
+    /// `out[r] = dequantize(table[token[r]])`.
+    fn embed(&mut self, table: &Self::Mat, out: Act) -> Result<()>;
+    /// `y[r][n] = dot(W[n], x[r])`.
+    fn matmul(&mut self, w: &Self::Mat, x: Act, y: Act) -> Result<()>;
+    /// RMSNorm of each group of `group` values of each row (`group == x.width` for a whole-row
+    /// norm, `head_dim` for per-head norms), scaled by `w` (`group` values). `y` may equal `x`.
+    fn rms_norm(&mut self, x: Act, w: &Self::Vector, y: Act, group: usize, eps: f32) -> Result<()>;
+    /// `x += y`.
+    fn add(&mut self, x: Act, y: Act) -> Result<()>;
+    /// `x[r] += b`.
+    fn add_bias(&mut self, x: Act, b: &Self::Vector) -> Result<()>;
+    /// `gate = act(gate) * up`.
+    fn glu(&mut self, kind: Glu, gate: Act, up: Act) -> Result<()>;
+    /// Half-rotation (NeoX) RoPE of each head of `x` at the row's position, from `table`.
+    fn rope(&mut self, x: Act, table: RopeId, head_dim: usize) -> Result<()>;
+    /// Writes each row's K and V into `kv` at the row's position.
+    fn kv_write(&mut self, kv: KvId, k: Act, v: Act) -> Result<()>;
+    /// Causal attention of each row's `q` over its own sequence's KV in `kv` into `out`.
+    fn attention(&mut self, kv: KvId, q: Act, out: Act, p: &AttnParams) -> Result<()>;
+
+    // ---- composite ops: fusion points (defaults compose the simple ops) ----
+
+    /// RMSNorm of `x` into `h`, then every `(W, y)`: `y = W h`.
+    fn norm_matmuls(
+        &mut self,
+        x: Act,
+        norm: &Self::Vector,
+        eps: f32,
+        h: Act,
+        mats: &[(&Self::Mat, Act)],
+    ) -> Result<()> {
+        self.rms_norm(x, norm, h, x.width, eps)?;
+        for &(w, y) in mats {
+            self.matmul(w, h, y)?;
+        }
+        Ok(())
+    }
+
+    /// RoPE of `q` and `k`, then K and V into the cache.
+    fn rope_kv_write(
+        &mut self,
+        q: Act,
+        k: Act,
+        v: Act,
+        table: RopeId,
+        head_dim: usize,
+        kv: KvId,
+    ) -> Result<()> {
+        self.rope(q, table, head_dim)?;
+        self.rope(k, table, head_dim)?;
+        self.kv_write(kv, k, v)
+    }
+
+    /// `gate = act(gate) * up`, then `out = down gate`.
+    fn glu_matmul(
+        &mut self,
+        kind: Glu,
+        gate: Act,
+        up: Act,
+        down: &Self::Mat,
+        out: Act,
+    ) -> Result<()> {
+        self.glu(kind, gate, up)?;
+        self.matmul(down, gate, out)
+    }
+
+    /// Hands a named intermediate (`attn_norm`, `q`, ..., layer `layer`) to the dump sink, if
+    /// one is installed; backends may ignore it.
+    fn dump(&mut self, _name: &str, _layer: usize, _x: Act) {}
+}
+
+/// Which rows a step's output head runs on.
+#[derive(Clone, Copy, Debug)]
+pub enum HeadRows<'a> {
+    /// The rows at these step indices are gathered into [`Rows::Head`] activations first.
+    Gather(&'a [usize]),
+    /// Every step row (a captured graph computes logits for all rows; row `i`'s logits are
+    /// then at head row `i`). The head input is the step activation itself.
+    All,
+}
+
+/// What the generic runner ([`super::runner::Runner`]) needs beyond the ops: step setup,
+/// running the forward (plainly or as a captured graph), gathering and reading rows, KV bytes.
+pub trait Exec: Ops {
+    /// Short name (`cpu`, `cuda:0`).
+    fn name(&self) -> String;
+    fn kv_block_size(&self) -> usize;
+    fn kv_blocks(&self) -> usize;
+
+    /// Runs one step's forward: sets up the rows of `batch` (checked by the runner) and calls
+    /// `pass` with the head rows to use. Returns, per row of `want` (the step rows that want
+    /// logits), its row in the head activations.
+    fn execute(
+        &mut self,
+        batch: &StepBatch,
+        want: &[usize],
+        pass: &mut dyn FnMut(&mut Self, HeadRows) -> Result<()>,
+    ) -> Result<Vec<usize>>;
+
+    /// Copies step rows `rows` of `x` into head rows `0..rows.len()` of `out` and sets the
+    /// head row count to `rows.len()`.
+    fn gather(&mut self, x: Act, rows: &[usize], out: Act) -> Result<()>;
+
+    /// The values of rows `rows` of a head activation (logits), in that order.
+    fn read_rows(&mut self, x: Act, rows: &[usize]) -> Result<Vec<Vec<f32>>>;
+
+    /// Picks tokens as [`super::Backend::step_select`] says, from the logits at head rows
+    /// `rows` (one per entry of `select`). The default reads the logits back and samples on
+    /// the host; a backend may pick on the device, but must pick exactly the same token.
+    fn select(
+        &mut self,
+        logits: Act,
+        rows: &[usize],
+        select: &[Option<super::SelectParams>],
+    ) -> Result<super::StepSelected> {
+        let l = self.read_rows(logits, rows)?;
+        Ok(super::select_on_host(l, select))
+    }
+
+    /// The raw bytes of one KV block (all layers, K then V).
+    fn kv_block_bytes(&self, block: u32) -> Result<Vec<u8>>;
+
+    /// Installs (or removes) the sink for [`Ops::dump`].
+    fn set_dump(&mut self, _dump: Option<super::DumpFn>) {}
+}

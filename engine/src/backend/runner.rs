@@ -1,0 +1,122 @@
+//! The generic runner: implements [`Backend`] once over any op implementation ([`Exec`]) and
+//! any architecture's forward pass ([`Forward`]): batch checks, the output head on the rows that
+//! want logits, logits read-back and token selection. Row metadata and CUDA graph capture are
+//! the backend's [`Exec::execute`].
+
+use super::ops::{Act, Exec, HeadRows, Rows};
+use super::{
+    Backend, DumpFn, SelectParams, StepBatch, StepOutput, StepSelected, check_batch, check_select,
+};
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::models::{self, Forward, ModelWeights};
+
+/// One model on one backend.
+pub struct Runner<O: Exec> {
+    ops: O,
+    model: Box<dyn Forward<O>>,
+    config: ModelConfig,
+    /// The head input: the residual rows that want logits.
+    head_in: Act,
+    logits: Act,
+}
+
+impl<O: Exec> Runner<O> {
+    /// Builds `weights`' architecture on `ops` (uploads its parameters, declares its
+    /// activations, RoPE tables and KV layers).
+    pub fn build(mut ops: O, weights: &ModelWeights) -> Result<Runner<O>> {
+        let config = weights.config.clone();
+        let model = models::build(weights, &mut ops)?;
+        let head_in = ops.act("head_in", config.hidden, Rows::Head);
+        let logits = ops.act("logits", config.vocab, Rows::Head);
+        Ok(Runner {
+            ops,
+            model,
+            config,
+            head_in,
+            logits,
+        })
+    }
+
+    /// The op implementation (for backend-specific controls, e.g. CUDA graphs).
+    pub fn ops(&self) -> &O {
+        &self.ops
+    }
+
+    pub fn ops_mut(&mut self) -> &mut O {
+        &mut self.ops
+    }
+
+    /// Runs the forward pass; returns, per row that wants logits, its row in `self.logits`.
+    fn forward(&mut self, batch: &StepBatch) -> Result<Vec<usize>> {
+        let o = &self.ops;
+        check_batch(
+            batch,
+            self.config.vocab,
+            o.kv_block_size(),
+            o.kv_blocks(),
+            &o.name(),
+        )?;
+        if batch.rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let want: Vec<usize> = (0..batch.rows.len())
+            .filter(|&i| batch.rows[i].want_logits)
+            .collect();
+        let (model, head_in, logits) = (&self.model, self.head_in, self.logits);
+        self.ops.execute(batch, &want, &mut |ops, head| {
+            let x = model.body(ops)?;
+            let h = match head {
+                HeadRows::All => x,
+                HeadRows::Gather([]) => return Ok(()),
+                HeadRows::Gather(rows) => {
+                    ops.gather(x, rows, head_in)?;
+                    head_in
+                }
+            };
+            model.head(ops, h, logits)
+        })
+    }
+}
+
+impl<O: Exec> Backend for Runner<O> {
+    fn name(&self) -> String {
+        self.ops.name()
+    }
+
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn kv_block_size(&self) -> usize {
+        self.ops.kv_block_size()
+    }
+
+    fn kv_blocks(&self) -> usize {
+        self.ops.kv_blocks()
+    }
+
+    fn step(&mut self, batch: &StepBatch) -> Result<StepOutput> {
+        let rows = self.forward(batch)?;
+        let logits = self.ops.read_rows(self.logits, &rows)?;
+        Ok(StepOutput { logits })
+    }
+
+    fn step_select(
+        &mut self,
+        batch: &StepBatch,
+        select: &[Option<SelectParams>],
+    ) -> Result<StepSelected> {
+        check_select(batch, select)?;
+        let rows = self.forward(batch)?;
+        self.ops.select(self.logits, &rows, select)
+    }
+
+    fn kv_block_bytes(&self, block: u32) -> Result<Vec<u8>> {
+        self.ops.kv_block_bytes(block)
+    }
+
+    fn set_dump(&mut self, dump: Option<DumpFn>) {
+        self.ops.set_dump(dump);
+    }
+}

@@ -1,0 +1,197 @@
+//! Tensor roles: the shared vocabulary of what a tensor is in a decoder-only transformer, with
+//! its GGUF name (llama.cpp's names are the same for every architecture). Hugging Face names
+//! differ between architectures, so each architecture lists its own (`ArchDef::layer_names`).
+
+use super::{Arch, def};
+
+/// The role of a tensor, by layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    TokenEmbd,
+    OutputNorm,
+    Output,
+    AttnNorm(usize),
+    Q(usize),
+    K(usize),
+    V(usize),
+    QBias(usize),
+    KBias(usize),
+    VBias(usize),
+    QNorm(usize),
+    KNorm(usize),
+    AttnOut(usize),
+    FfnNorm(usize),
+    Gate(usize),
+    Up(usize),
+    Down(usize),
+}
+
+/// GGUF suffixes of the per-layer roles, in [`Role`] order from `AttnNorm`.
+const GGUF_LAYER: [&str; 14] = [
+    "attn_norm.weight",
+    "attn_q.weight",
+    "attn_k.weight",
+    "attn_v.weight",
+    "attn_q.bias",
+    "attn_k.bias",
+    "attn_v.bias",
+    "attn_q_norm.weight",
+    "attn_k_norm.weight",
+    "attn_output.weight",
+    "ffn_norm.weight",
+    "ffn_gate.weight",
+    "ffn_up.weight",
+    "ffn_down.weight",
+];
+
+fn layer_role(i: usize, l: usize) -> Option<Role> {
+    Some(match i {
+        0 => Role::AttnNorm(l),
+        1 => Role::Q(l),
+        2 => Role::K(l),
+        3 => Role::V(l),
+        4 => Role::QBias(l),
+        5 => Role::KBias(l),
+        6 => Role::VBias(l),
+        7 => Role::QNorm(l),
+        8 => Role::KNorm(l),
+        9 => Role::AttnOut(l),
+        10 => Role::FfnNorm(l),
+        11 => Role::Gate(l),
+        12 => Role::Up(l),
+        13 => Role::Down(l),
+        _ => return None,
+    })
+}
+
+/// (index into [`GGUF_LAYER`], layer) of a per-layer role.
+fn role_index(r: Role) -> Option<(usize, usize)> {
+    Some(match r {
+        Role::AttnNorm(l) => (0, l),
+        Role::Q(l) => (1, l),
+        Role::K(l) => (2, l),
+        Role::V(l) => (3, l),
+        Role::QBias(l) => (4, l),
+        Role::KBias(l) => (5, l),
+        Role::VBias(l) => (6, l),
+        Role::QNorm(l) => (7, l),
+        Role::KNorm(l) => (8, l),
+        Role::AttnOut(l) => (9, l),
+        Role::FfnNorm(l) => (10, l),
+        Role::Gate(l) => (11, l),
+        Role::Up(l) => (12, l),
+        Role::Down(l) => (13, l),
+        Role::TokenEmbd | Role::OutputNorm | Role::Output => return None,
+    })
+}
+
+/// (GGUF name, HF name) of the roles outside the layers, the same for every architecture.
+fn global_names(r: Role) -> Option<(&'static str, &'static str)> {
+    match r {
+        Role::TokenEmbd => Some(("token_embd.weight", "model.embed_tokens.weight")),
+        Role::OutputNorm => Some(("output_norm.weight", "model.norm.weight")),
+        Role::Output => Some(("output.weight", "lm_head.weight")),
+        _ => None,
+    }
+}
+
+const GLOBAL: [Role; 3] = [Role::TokenEmbd, Role::OutputNorm, Role::Output];
+
+impl Role {
+    /// The GGUF tensor name of this role.
+    pub fn gguf_name(self) -> String {
+        if let Some((g, _)) = global_names(self) {
+            return g.into();
+        }
+        let (i, l) = role_index(self).unwrap_or((0, 0));
+        format!("blk.{l}.{}", GGUF_LAYER[i])
+    }
+
+    /// The GGUF suffix of a per-layer role (`attn_q.weight`).
+    pub fn gguf_suffix(self) -> Option<&'static str> {
+        role_index(self).map(|(i, _)| GGUF_LAYER[i])
+    }
+
+    /// The Hugging Face tensor name of this role in architecture `arch`.
+    pub fn hf_name(self, arch: Arch) -> String {
+        if let Some((_, h)) = global_names(self) {
+            return h.into();
+        }
+        let (i, l) = role_index(self).unwrap_or((0, 0));
+        let suffix = def(arch)
+            .layer_names
+            .iter()
+            .find(|(g, _)| *g == GGUF_LAYER[i])
+            .map_or(GGUF_LAYER[i], |(_, h)| h);
+        format!("model.layers.{l}.{suffix}")
+    }
+
+    /// The role of a GGUF tensor name.
+    pub fn from_gguf_name(name: &str) -> Option<Role> {
+        if let Some(&r) = GLOBAL.iter().find(|r| global_names(**r).unwrap().0 == name) {
+            return Some(r);
+        }
+        let rest = name.strip_prefix("blk.")?;
+        let (l, suffix) = rest.split_once('.')?;
+        let l: usize = l.parse().ok()?;
+        let i = GGUF_LAYER.iter().position(|g| *g == suffix)?;
+        layer_role(i, l)
+    }
+
+    /// The role of a Hugging Face tensor name in architecture `arch`.
+    pub fn from_hf_name(name: &str, arch: Arch) -> Option<Role> {
+        if let Some(&r) = GLOBAL.iter().find(|r| global_names(**r).unwrap().1 == name) {
+            return Some(r);
+        }
+        let rest = name.strip_prefix("model.layers.")?;
+        let (l, suffix) = rest.split_once('.')?;
+        let l: usize = l.parse().ok()?;
+        let (g, _) = def(arch).layer_names.iter().find(|(_, h)| *h == suffix)?;
+        let i = GGUF_LAYER.iter().position(|x| x == g)?;
+        layer_role(i, l)
+    }
+
+    /// The layer this role belongs to, if any.
+    pub fn layer(self) -> Option<usize> {
+        role_index(self).map(|(_, l)| l)
+    }
+
+    /// Whether GGUF files of a q/k-permuting architecture store this tensor's rows permuted.
+    pub fn is_qk(self) -> bool {
+        matches!(
+            self,
+            Role::Q(_) | Role::K(_) | Role::QBias(_) | Role::KBias(_)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for arch in super::super::ARCHS.iter().map(|d| d.arch) {
+            let listed = |r: &Role| {
+                let g = r.gguf_suffix();
+                def(arch).layer_names.iter().any(|(s, _)| Some(*s) == g)
+            };
+            for l in [0usize, 7, 29] {
+                let roles = (0..GGUF_LAYER.len()).filter_map(|i| layer_role(i, l));
+                for r in roles.filter(listed) {
+                    assert_eq!(Role::from_gguf_name(&r.gguf_name()), Some(r));
+                    assert_eq!(Role::from_hf_name(&r.hf_name(arch), arch), Some(r));
+                }
+            }
+            assert_eq!(
+                Role::from_hf_name("lm_head.weight", arch),
+                Some(Role::Output)
+            );
+        }
+        assert_eq!(Role::from_gguf_name("blk.x.attn_q.weight"), None);
+        assert_eq!(
+            Role::Q(3).hf_name(Arch::Llama),
+            "model.layers.3.self_attn.q_proj.weight"
+        );
+    }
+}
