@@ -3,7 +3,6 @@
 pub mod concurrency;
 pub mod convert;
 pub mod generate;
-pub mod gguf_out;
 pub mod kblocks;
 pub mod load;
 pub mod plan;

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use memra_engine::error::Result;
 use memra_engine::formats::gguf::MetaValue;
+use memra_engine::formats::gguf_write::{GgufDataWriter, GgufWriter};
 use memra_engine::formats::safetensors::{HfFolderSpec, HfFolderWriter, TensorDecl};
 use memra_engine::quant::DType;
 
@@ -41,11 +42,32 @@ pub struct GgufDecl {
     pub dims: Vec<u64>,
 }
 
-/// A GGUF file sink (into `PATH.tmp`, renamed on finish).
+/// GGUF data alignment of synthetic and converted files (the format's default).
+const ALIGNMENT: u32 = 32;
+
+struct GgufSink(GgufDataWriter);
+
+impl TensorSink for GgufSink {
+    fn write_tensor(&mut self, bytes: &[u8]) -> Result<()> {
+        self.0.write_tensor(bytes)
+    }
+    fn finish(self: Box<Self>) -> Result<()> {
+        self.0.finish()
+    }
+}
+
+/// A GGUF file sink declaring `meta` and `decls` (into `PATH.tmp`, renamed on finish).
 pub fn gguf_sink(
     out: &Path,
     meta: Vec<(String, MetaValue)>,
     decls: &[GgufDecl],
 ) -> Result<Box<dyn TensorSink>> {
-    crate::gguf_out::create(out, meta, decls)
+    let mut w = GgufWriter::new(ALIGNMENT);
+    for (k, v) in meta {
+        w.add_meta(k, v);
+    }
+    for d in decls {
+        w.add_tensor(d.name.clone(), d.dtype, &d.dims)?;
+    }
+    Ok(Box::new(GgufSink(w.begin(out)?)))
 }

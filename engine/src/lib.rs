@@ -10,6 +10,7 @@ pub mod generate;
 pub mod kv;
 pub mod loader;
 pub mod models;
+pub mod ops;
 pub mod prefix_cache;
 pub mod quant;
 pub mod request;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use memra_engine::Result;
 use memra_engine::chat::ChatMessage;
+use memra_engine::engine::EngineStats;
 use memra_engine::request::{EventStream, SubmitError, ValidRequest};
 
 /// The text side of one model (tokenizer + chat template). Called off the async executor
@@ -21,9 +22,9 @@ pub trait ModelText: Send + Sync {
     fn vocab_size(&self) -> usize;
 }
 
-/// One served model.
+/// One served model as the routes see it (the engine's own `ModelInfo` describes its backend).
 #[derive(Clone)]
-pub struct ModelInfo {
+pub struct ServedModel {
     /// The name clients pass as `model`.
     pub alias: String,
     /// Context length in tokens (prompt + generated).
@@ -33,23 +34,13 @@ pub struct ModelInfo {
     pub text: Arc<dyn ModelText>,
 }
 
-/// A snapshot of the engine's load, exported as gauges on `/metrics`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct EngineStats {
-    /// Requests waiting to be scheduled.
-    pub queue_depth: usize,
-    /// Sequences being generated.
-    pub running: usize,
-    pub kv_blocks_used: usize,
-    pub kv_blocks_free: usize,
-}
-
 /// The engine as the server sees it.
 pub trait Generate: Send + Sync + 'static {
     /// Starts a request; dropping the returned stream cancels it and frees its KV.
     fn submit(&self, req: ValidRequest) -> std::result::Result<EventStream, SubmitError>;
     /// The loaded models (empty while loading).
-    fn models(&self) -> Vec<ModelInfo>;
+    fn models(&self) -> Vec<ServedModel>;
+    /// A snapshot of the engine's load (the `/metrics` gauges).
     fn stats(&self) -> EngineStats;
     /// Whether every configured model is loaded.
     fn ready(&self) -> bool;

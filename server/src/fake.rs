@@ -15,11 +15,12 @@ use std::time::Duration;
 
 use memra_engine::Result;
 use memra_engine::chat::ChatMessage;
+use memra_engine::engine::EngineStats;
 use memra_engine::generate::FinishReason;
 use memra_engine::request::{Event, EventStream, SubmitError, TokenEvent, Usage, ValidRequest};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::engine::{EngineStats, Generate, ModelInfo, ModelText};
+use crate::engine::{Generate, ModelText, ServedModel};
 
 /// The fake model's alias.
 pub const FAKE_MODEL: &str = "tiny";
@@ -269,11 +270,11 @@ impl Generate for FakeEngine {
         Ok(stream)
     }
 
-    fn models(&self) -> Vec<ModelInfo> {
+    fn models(&self) -> Vec<ServedModel> {
         if !self.ready.load(Ordering::SeqCst) {
             return Vec::new();
         }
-        vec![ModelInfo {
+        vec![ServedModel {
             alias: FAKE_MODEL.into(),
             context_len: FAKE_CONTEXT,
             created: self.created,
@@ -289,6 +290,7 @@ impl Generate for FakeEngine {
             running,
             kv_blocks_used: used,
             kv_blocks_free: KV_BLOCKS - used,
+            ..EngineStats::default()
         }
     }
 

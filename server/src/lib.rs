@@ -20,6 +20,6 @@ pub mod sse;
 pub mod state;
 pub mod validation;
 
-pub use engine::{EngineStats, Generate, ModelInfo, ModelText};
+pub use engine::{Generate, ModelText, ServedModel};
 pub use http::serve;
 pub use state::{Limits, State};

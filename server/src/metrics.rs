@@ -10,7 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::engine::EngineStats;
+use memra_engine::engine::EngineStats;
 
 /// Content type of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -140,7 +140,7 @@ impl Metrics {
     }
 
     /// The text exposition, with gauges set from `stats` and `in_flight`.
-    pub fn render(&self, stats: EngineStats, in_flight: usize) -> String {
+    pub fn render(&self, stats: &EngineStats, in_flight: usize) -> String {
         let g = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
         self.queue_depth.set(g(stats.queue_depth));
         self.running.set(g(stats.running));

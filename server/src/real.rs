@@ -6,11 +6,13 @@ use std::sync::{Arc, OnceLock};
 
 use memra_engine::Result;
 use memra_engine::chat::ChatMessage;
-use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle, KvBudget};
+use memra_engine::engine::{
+    AdmissionLimits, Engine, EngineConfig, EngineHandle, EngineStats, KvBudget,
+};
 use memra_engine::loader::load_model;
 use memra_engine::request::{EventStream, SubmitError, ValidRequest};
 
-use crate::engine::{EngineStats, Generate, ModelInfo, ModelText};
+use crate::engine::{Generate, ModelText, ServedModel};
 
 /// The tokenizer and chat template of one of the handle's models.
 struct HandleText {
@@ -55,7 +57,7 @@ impl ModelText for HandleText {
 
 struct Loaded {
     handle: EngineHandle,
-    models: Vec<ModelInfo>,
+    models: Vec<ServedModel>,
 }
 
 /// What to start.
@@ -109,7 +111,7 @@ fn wrap(handle: EngineHandle) -> Loaded {
     let models = handle
         .models()
         .into_iter()
-        .map(|m| ModelInfo {
+        .map(|m| ServedModel {
             text: Arc::new(HandleText {
                 handle: handle.clone(),
                 alias: m.alias.clone(),
@@ -166,7 +168,7 @@ impl Generate for RealEngine {
         }
     }
 
-    fn models(&self) -> Vec<ModelInfo> {
+    fn models(&self) -> Vec<ServedModel> {
         self.loaded
             .get()
             .map(|l| l.models.clone())
@@ -177,13 +179,7 @@ impl Generate for RealEngine {
         let Some(l) = self.loaded.get() else {
             return EngineStats::default();
         };
-        let s = l.handle.stats();
-        EngineStats {
-            queue_depth: s.queue_depth,
-            running: s.running,
-            kv_blocks_used: s.kv_blocks_used,
-            kv_blocks_free: s.kv_blocks_free,
-        }
+        l.handle.stats()
     }
 
     fn ready(&self) -> bool {

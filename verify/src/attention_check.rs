@@ -5,7 +5,9 @@ use memra_engine::Result;
 use memra_engine::backend::cuda::{AttnArgs, Gpu};
 use memra_engine::models::random::{splitmix, unit};
 
-use super::kernels::{Case, dot};
+use memra_engine::quant::dot_f32 as dot;
+
+use crate::case::{Case, compare};
 
 struct Shape {
     n_heads: usize,
@@ -158,13 +160,7 @@ pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             "rows={rows} heads={}/{} hd={} bs={} ctx={ctx}",
             s.n_heads, s.n_kv_heads, s.head_dim, s.block_size
         );
-        out.push(super::kernels::compare_pub(
-            "attention",
-            shape,
-            &got,
-            &want,
-            1e-5,
-        ));
+        out.push(compare("attention", shape, &got, &want, 1e-5));
     }
     Ok(())
 }

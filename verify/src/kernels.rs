@@ -4,55 +4,18 @@
 
 use memra_engine::backend::cpu::ops;
 use memra_engine::backend::cuda::Gpu;
-use memra_engine::backend::rope::Rope;
 use memra_engine::config::Arch;
 use memra_engine::models::random::{splitmix, tiny_config, unit};
-use memra_engine::quant::{DType, dequantize_row, dot_f32, dot_row, quantize};
+use memra_engine::ops::rope::Rope;
+use memra_engine::quant::{DType, dequantize_row, dot_row, quantize};
 use memra_engine::{Error, Result};
 
-/// One checked case.
-pub struct Case {
-    pub kernel: String,
-    pub shape: String,
-    /// max |gpu - cpu| / max(|cpu|, 1e-6) over the output.
-    pub rel_err: f64,
-    pub tol: f64,
-    /// Extra failure (unwritten elements, invariance).
-    pub problem: Option<String>,
-}
-
-impl Case {
-    pub fn ok(&self) -> bool {
-        self.problem.is_none() && self.rel_err <= self.tol
-    }
-}
+use crate::case::compare;
+pub use crate::case::{Case, report};
 
 /// Fresh random values in `[-scale, scale)` for stream `s`.
 fn rand_vec(seed: u64, s: u64, n: usize, scale: f32) -> Vec<f32> {
     (0..n as u64).map(|i| scale * unit(seed, s, i)).collect()
-}
-
-fn compare(kernel: &str, shape: String, got: &[f32], want: &[f32], tol: f64) -> Case {
-    let mut problem = None;
-    let mut max_ref = 1e-6f64;
-    let mut max_diff = 0f64;
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        if g.is_nan() && !w.is_nan() {
-            problem.get_or_insert_with(|| format!("element {i} not written (NaN)"));
-        }
-        max_ref = max_ref.max(w.abs() as f64);
-        max_diff = max_diff.max((g as f64 - w as f64).abs());
-    }
-    if got.len() != want.len() {
-        problem = Some(format!("{} values, expected {}", got.len(), want.len()));
-    }
-    Case {
-        kernel: kernel.into(),
-        shape,
-        rel_err: max_diff / max_ref,
-        tol,
-        problem,
-    }
 }
 
 /// Relative tolerance per weight type. The kernels follow the CPU's operation order, so all
@@ -372,62 +335,6 @@ pub fn run(device: usize, seed: u64) -> Result<Vec<Case>> {
     super::kernels_select::select_kernel_cases(&g, seed, &mut out)?;
     super::attention_check::attention_cases(&g, seed, &mut out)?;
     Ok(out)
-}
-
-/// The table of cases: failures in full, passes summarized per kernel.
-pub fn report(cases: &[Case]) -> String {
-    let mut s = String::new();
-    let mut kernels: Vec<&str> = cases.iter().map(|c| c.kernel.as_str()).collect();
-    kernels.dedup();
-    s.push_str(&format!(
-        "{:<22} {:>6} {:>12} {:>10}  status\n",
-        "kernel", "cases", "max rel err", "tol"
-    ));
-    for k in kernels {
-        let cs: Vec<&Case> = cases.iter().filter(|c| c.kernel == k).collect();
-        let worst = cs.iter().map(|c| c.rel_err).fold(0f64, f64::max);
-        let tol = cs.iter().map(|c| c.tol).fold(0f64, f64::max);
-        let bad = cs.iter().filter(|c| !c.ok()).count();
-        let status = if bad == 0 {
-            "ok".to_string()
-        } else {
-            format!("FAIL ({bad})")
-        };
-        s.push_str(&format!(
-            "{k:<22} {:>6} {worst:>12.3e} {tol:>10.1e}  {status}\n",
-            cs.len()
-        ));
-    }
-    for c in cases.iter().filter(|c| !c.ok()) {
-        s.push_str(&format!(
-            "FAIL {} {}: rel err {:.3e} (tol {:.1e}){}\n",
-            c.kernel,
-            c.shape,
-            c.rel_err,
-            c.tol,
-            c.problem
-                .as_ref()
-                .map(|p| format!(", {p}"))
-                .unwrap_or_default()
-        ));
-    }
-    s
-}
-
-/// [`compare`] for the other check modules.
-pub(crate) fn compare_pub(
-    kernel: &str,
-    shape: String,
-    got: &[f32],
-    want: &[f32],
-    tol: f64,
-) -> Case {
-    compare(kernel, shape, got, want, tol)
-}
-
-/// `dot_f32` re-exported for the attention reference.
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    dot_f32(a, b)
 }
 
 /// An error for a failed gate.

@@ -10,7 +10,7 @@ use memra_engine::backend::cuda::select::{SelectPlan, plan, select_rows};
 use memra_engine::models::random::{splitmix, unit};
 use memra_engine::sampling::{SamplingParams, apply_penalties, argmax, sample};
 
-use super::kernels::{Case, compare_pub};
+use crate::case::{Case, compare};
 
 /// Random logits of `width`: coarse values (many exact ties), with NaN, +-inf and +-0 planted
 /// when `specials`.
@@ -68,7 +68,7 @@ fn argmax_edges(g: &Gpu, out: &mut Vec<Case>) -> Result<()> {
             .first()
             .map(|&v| v as f32)
             .unwrap_or(f32::NAN);
-        out.push(compare_pub(
+        out.push(compare(
             "argmax_rows (edges)",
             format!("{r:?}").chars().take(60).collect(),
             &[got],
@@ -100,7 +100,7 @@ fn penalize_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         let (dx, dt, dc) = (g.upload(&x)?, g.upload(&toks)?, g.upload(&cnts)?);
         g.penalize_row(g.ptr(&dx), g.ptr(&dt), g.ptr(&dc), toks.len(), width, &p)?;
         let got = g.download(&dx)?;
-        let mut c = compare_pub("penalize_row", format!("width={width}"), &got, &want, 0.0);
+        let mut c = compare("penalize_row", format!("width={width}"), &got, &want, 0.0);
         let bits_same = got
             .iter()
             .zip(&want)
@@ -148,7 +148,7 @@ fn topk_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             .map(|j| o.get(1 + j).copied().unwrap_or(0) as f32)
             .collect();
         let want_ids: Vec<f32> = want.iter().map(|c| c.0 as f32).collect();
-        let mut c = compare_pub(
+        let mut c = compare(
             "topk_row",
             format!("width={width} k={k} T={t}"),
             &got_ids,
@@ -242,7 +242,7 @@ fn select_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                 got.push(picked.get(r).copied().flatten().map_or(-1.0, |t| t as f32));
             }
         }
-        out.push(compare_pub(
+        out.push(compare(
             "select_rows",
             format!(
                 "width={width}: {dev_greedy} greedy + {dev_topk} top-k on device, {host_plan} host-planned"

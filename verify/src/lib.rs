@@ -3,6 +3,7 @@
 //! `tokens` (greedy tokens vs the reference fixture).
 
 mod attention_check;
+mod case;
 pub mod graph;
 pub mod invariance;
 pub mod kernels;

@@ -6,8 +6,7 @@
 
 pub mod cpu;
 pub mod cuda;
-pub mod ops;
-pub mod rope;
+pub mod exec;
 pub mod runner;
 
 use crate::config::ModelConfig;

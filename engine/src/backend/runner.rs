@@ -3,13 +3,14 @@
 //! want logits, logits read-back and token selection. Row metadata and CUDA graph capture are
 //! the backend's [`Exec::execute`].
 
-use super::ops::{Act, Exec, HeadRows, Rows};
+use super::exec::{Exec, HeadRows};
 use super::{
     Backend, DumpFn, SelectParams, StepBatch, StepOutput, StepSelected, check_batch, check_select,
 };
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::models::{self, Forward, ModelWeights};
+use crate::ops::{Act, Rows};
 
 /// One model on one backend.
 pub struct Runner<O: Exec> {

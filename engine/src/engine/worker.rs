@@ -12,7 +12,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::admission::{Admission, Ticket};
 use super::output::{StopText, logprobs};
 use super::{Command, EngineConfig, KvBudget, ModelInfo, ModelStats};
-use crate::backend::cuda::{Gpu, cuda_available};
+use crate::backend::cuda::{cuda_available, device_memory};
 use crate::backend::open_backend;
 use crate::backend::{Backend, Device};
 use crate::error::{Error, Result};
@@ -94,7 +94,7 @@ fn kv_blocks(weights: &ModelWeights, cfg: &EngineConfig) -> Result<usize> {
         Device::Cuda(n) => Some(n),
     };
     let free = match cuda {
-        Some(n) => Gpu::open(n)?.mem_info()?.0,
+        Some(n) => device_memory(n)?.0,
         None => host_available_bytes()?,
     };
     let n = kv_blocks_from_memory(

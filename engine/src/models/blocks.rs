@@ -4,10 +4,10 @@
 
 use super::weights::TensorSpec;
 use super::{ModelWeights, Role};
-use crate::backend::ops::{Act, AttnParams, Glu, KvId, Ops, RopeId, Rows};
-use crate::backend::rope::Rope;
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::ops::rope::Rope;
+use crate::ops::{Act, AttnParams, Glu, KvId, Ops, RopeId, Rows};
 
 /// The activations of a pre-norm decoder, declared once and shared by every layer.
 #[derive(Clone, Copy, Debug)]

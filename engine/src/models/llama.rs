@@ -3,9 +3,9 @@
 
 use super::blocks::{self, Acts, AttnStep, Embedding, GluFfn, SelfAttn};
 use super::{Arch, ArchDef, Forward, ModelWeights, Role, TensorSpec};
-use crate::backend::ops::{Act, AttnParams, Glu, Ops, RopeId};
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::ops::{Act, AttnParams, Glu, Ops, RopeId};
 
 pub const DEF: ArchDef = ArchDef {
     arch: Arch::Llama,

@@ -1,5 +1,5 @@
 //! Architectures: one file per architecture (its tensor names, its tensor list, its config keys
-//! and its forward pass over the op interface, backend/ops.rs), and the registry below.
+//! and its forward pass over the op interface, ops/mod.rs), and the registry below.
 //!
 //! Internal layout is the Hugging Face one: q/k rows in HF order, RoPE by half rotation (NeoX).
 //! GGUF llama files store q/k rows permuted for adjacent-pair RoPE; the loader un-permutes them
@@ -23,9 +23,9 @@ pub use qk_order::{gguf_permuted, permute_qk_rows, qk_to_gguf, qk_to_hf, unpermu
 pub use roles::Role;
 pub use weights::{Kind, ModelWeights, TensorSource, TensorSpec};
 
-use crate::backend::ops::{Act, Ops};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::ops::{Act, Ops};
 
 /// Supported architectures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,9 +1,9 @@
 //! qwen2: the llama layer with biases on the q/k/v projections; GGUF keeps HF row order.
 
 use super::{Arch, ArchDef, Forward, ModelWeights, TensorSpec, blocks, llama};
-use crate::backend::ops::Ops;
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::ops::Ops;
 
 pub const DEF: ArchDef = ArchDef {
     arch: Arch::Qwen2,

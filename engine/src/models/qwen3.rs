@@ -1,9 +1,9 @@
 //! qwen3: the llama layer with a per-head RMSNorm of q and k before RoPE; GGUF keeps HF row order.
 
 use super::{Arch, ArchDef, Forward, ModelWeights, TensorSpec, blocks, llama};
-use crate::backend::ops::Ops;
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::ops::Ops;
 
 pub const DEF: ArchDef = ArchDef {
     arch: Arch::Qwen3,

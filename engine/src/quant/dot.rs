@@ -21,59 +21,11 @@
 //! so they return the same bits as [`dot_f32_generic`] and [`dot_row_generic`], the portable
 //! paths kept as fallback and oracle.
 
+pub use super::lanes::DOT_LANES;
+use super::lanes::Lanes;
 use super::simd::multiversion;
 use super::{DType, QK_K, check_len, dequantize_unchecked};
 use crate::error::{Error, Result};
-
-/// Lanes of the fixed accumulation order.
-pub const DOT_LANES: usize = 16;
-
-/// The 16 running lane sums of step 1.
-#[derive(Clone, Copy)]
-pub(super) struct Lanes(pub(super) [f32; DOT_LANES]);
-
-impl Lanes {
-    #[inline(always)]
-    fn new() -> Self {
-        Lanes([0.0; DOT_LANES])
-    }
-
-    /// Step 1 over `a` and `b`, whose common length must be a multiple of 16 (extra ignored).
-    #[inline(always)]
-    fn add_chunks(&mut self, a: &[f32], b: &[f32]) {
-        for (ca, cb) in a.chunks_exact(DOT_LANES).zip(b.chunks_exact(DOT_LANES)) {
-            let (Ok(ca), Ok(cb)) = (
-                <&[f32; DOT_LANES]>::try_from(ca),
-                <&[f32; DOT_LANES]>::try_from(cb),
-            ) else {
-                continue;
-            };
-            for l in 0..DOT_LANES {
-                self.0[l] += ca[l] * cb[l];
-            }
-        }
-    }
-
-    /// Steps 2 and 3: the pairwise tree, then the tail in order.
-    #[inline(always)]
-    pub(super) fn finish(self, tail_a: &[f32], tail_b: &[f32]) -> f32 {
-        let mut acc = self.0;
-        for l in 0..8 {
-            acc[l] += acc[l + 8];
-        }
-        for l in 0..4 {
-            acc[l] += acc[l + 4];
-        }
-        for l in 0..2 {
-            acc[l] += acc[l + 2];
-        }
-        let mut s = acc[0] + acc[1];
-        for (x, y) in tail_a.iter().zip(tail_b) {
-            s += x * y;
-        }
-        s
-    }
-}
 
 /// Dot product of `a` and `b` in the fixed order documented in this module. Only the first
 /// `min(a.len(), b.len())` elements take part (callers pass equal lengths).

@@ -27,8 +27,8 @@
 use std::arch::x86_64::*;
 
 use super::DType;
-use super::dot::{DOT_LANES, Lanes};
 use super::kquants::scale_min_k4;
+use super::lanes::{DOT_LANES, Lanes};
 use super::simd::f16_to_f32;
 
 /// True when the CPU has AVX2 and F16C, which every kernel here needs.

@@ -80,6 +80,7 @@ mod dot_avx2;
 mod iq4_xs;
 mod kquants;
 mod kquants_quantize;
+mod lanes;
 mod legacy;
 mod simd;
 mod simple;

@@ -7,23 +7,15 @@ use std::time::Instant;
 use hyper::body::Incoming;
 use hyper::header::CONTENT_TYPE;
 use hyper::{Request, Response, StatusCode};
-use memra_engine::request::{Event, EventStream};
+use memra_engine::request::Event;
 
+use super::running::{Running, observe_token};
 use super::shape::{Shaper, ShaperInit};
 use super::stream;
 use crate::errors::ApiError;
 use crate::http::body::{self, Body};
-use crate::state::{Permit, State};
+use crate::state::State;
 use crate::validation::{self, Kind, Parsed, PromptInput};
-
-/// Everything a running request carries to its response.
-pub struct Running {
-    pub events: EventStream,
-    pub shaper: Shaper,
-    pub state: Arc<State>,
-    pub started: Instant,
-    pub permit: Permit,
-}
 
 fn check_content_type(req: &Request<Incoming>) -> Result<(), ApiError> {
     match req.headers().get(CONTENT_TYPE) {
@@ -141,20 +133,4 @@ async fn collect(mut run: Running) -> Result<Response<Body>, ApiError> {
             }
         }
     }
-}
-
-/// Records TTFT (first token) or the inter-token gap.
-pub fn observe_token(run: &Running, last: &mut Option<Instant>) {
-    let now = Instant::now();
-    match last {
-        None => run
-            .state
-            .metrics
-            .first_token(now.duration_since(run.started).as_secs_f64()),
-        Some(t) => run
-            .state
-            .metrics
-            .inter_token(now.duration_since(*t).as_secs_f64()),
-    }
-    *last = Some(now);
 }

@@ -33,7 +33,7 @@ pub fn ready(st: &State) -> Response<Body> {
 }
 
 pub fn metrics(st: &State) -> Response<Body> {
-    let text = st.metrics.render(st.engine.stats(), st.in_flight());
+    let text = st.metrics.render(&st.engine.stats(), st.in_flight());
     body::text(StatusCode::OK, CONTENT_TYPE, text)
 }
 

@@ -3,6 +3,7 @@
 
 pub mod generate;
 pub mod info;
+pub mod running;
 pub mod shape;
 pub mod stream;
 

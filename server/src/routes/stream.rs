@@ -7,7 +7,7 @@ use hyper::Response;
 use memra_engine::request::Event;
 use tokio::sync::mpsc;
 
-use super::generate::{Running, observe_token};
+use super::running::{Running, observe_token};
 use crate::errors::ApiError;
 use crate::http::body::{self, Body};
 use crate::sse;

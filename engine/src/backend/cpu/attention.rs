@@ -5,7 +5,7 @@ use rayon::prelude::*;
 use super::kv::KvStore;
 use super::ops::dot;
 use crate::backend::StepBatch;
-use crate::backend::ops::AttnParams;
+use crate::ops::AttnParams;
 
 /// `q` holds one row of `n_heads * head_dim` per batch row; writes the attention output rows
 /// into `out`. Each (row, head) walks its positions (`0..=pos`, or the window's) in order:

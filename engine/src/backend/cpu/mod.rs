@@ -12,12 +12,13 @@ pub mod ops;
 
 use kv::KvStore;
 
-use super::ops::{Act, AttnParams, Exec, Glu, HeadRows, KvId, Ops, RopeId, Rows};
-use super::rope::Rope;
+use super::exec::{Exec, HeadRows};
 use super::runner::Runner;
 use super::{DumpFn, StepBatch};
 use crate::error::{Error, Result};
 use crate::models::ModelWeights;
+use crate::ops::rope::Rope;
+use crate::ops::{Act, AttnParams, Glu, KvId, Ops, RopeId, Rows};
 use crate::weights::Tensor;
 
 /// CPU backend options.

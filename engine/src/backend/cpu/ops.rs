@@ -69,7 +69,7 @@ mod tests {
     fn rope_preserves_norm_and_is_identity_at_zero() {
         let mut x: Vec<f32> = (0..32).map(|i| (i as f32).sin()).collect();
         let orig = x.clone();
-        let rope = crate::backend::rope::Rope::new(16, 10000.0, None, None);
+        let rope = crate::ops::rope::Rope::new(16, 10000.0, None, None);
         let (c, s) = rope.cos_sin(0);
         rope_apply(&mut x, 16, &c, &s);
         assert_eq!(x, orig);

@@ -19,8 +19,9 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use super::CudaOps;
 use super::step::{Meta, SCORE_FLOATS, u32_of};
 use crate::backend::StepBatch;
-use crate::backend::ops::{HeadRows, Rows};
+use crate::backend::exec::HeadRows;
 use crate::error::Result;
+use crate::ops::Rows;
 
 /// Row counts of the captured graphs.
 pub const BUCKETS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];

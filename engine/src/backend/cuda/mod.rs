@@ -20,11 +20,11 @@ pub use mat::{Mat, embed, matmul, upload_mat};
 
 use cudarc::driver::CudaSlice;
 
-use super::ops::Rows;
-use super::rope::Rope;
 use super::runner::Runner;
 use crate::error::{Error, Result};
 use crate::models::ModelWeights;
+use crate::ops::Rows;
+use crate::ops::rope::Rope;
 
 /// CUDA backend options.
 #[derive(Clone, Debug)]
@@ -47,6 +47,25 @@ pub fn graphs_default() -> bool {
 /// True when a CUDA driver and at least one device are present. Never panics.
 pub fn cuda_available() -> bool {
     matches!(device_count(), Ok(n) if n > 0)
+}
+
+/// (free, total) bytes of CUDA device `device`'s memory, read through a driver context only
+/// (no kernel is built: cheaper than [`Gpu::open`]). Never panics.
+pub fn device_memory(device: usize) -> Result<(usize, usize)> {
+    let name = format!("cuda:{device}");
+    let fail = |what: String| Error::Backend {
+        backend: name.clone(),
+        what,
+    };
+    let n = device_count().map_err(|e| fail(format!("CUDA is not available: {e}")))?;
+    if device >= n {
+        return Err(fail(format!("no such device: {n} CUDA device(s) present")));
+    }
+    let ctx = quiet_catch(|| cudarc::driver::CudaContext::new(device))
+        .map_err(&fail)?
+        .map_err(|e| fail(format!("creating the context: {e:?}")))?;
+    ctx.mem_get_info()
+        .map_err(|e| fail(format!("memory info: {e:?}")))
 }
 
 /// One declared activation and its device buffer (capacity: the class's rows).

@@ -4,9 +4,9 @@
 use cudarc::driver::CudaSlice;
 
 use super::{AttnArgs, CudaOps, DevAct, KvLayer, Mat, RopeTable, class, mat};
-use crate::backend::ops::{Act, AttnParams, Glu, KvId, Ops, RopeId, Rows};
-use crate::backend::rope::Rope;
 use crate::error::Result;
+use crate::ops::rope::Rope;
+use crate::ops::{Act, AttnParams, Glu, KvId, Ops, RopeId, Rows};
 use crate::weights::Tensor;
 
 impl CudaOps {

@@ -4,9 +4,10 @@
 use cudarc::driver::CudaSlice;
 
 use super::{CudaOps, select};
-use crate::backend::ops::{Act, Exec, HeadRows, Rows};
+use crate::backend::exec::{Exec, HeadRows};
 use crate::backend::{SelectParams, Selected, StepBatch, StepSelected};
 use crate::error::{Error, Result};
+use crate::ops::{Act, Rows};
 
 /// Bound on the attention score scratch of one launch (floats); launches are split by rows.
 pub(super) const SCORE_FLOATS: usize = 64 << 20;

@@ -1,0 +1,62 @@
+//! What the generic runner (runner.rs) needs from a backend beyond the ops (crate::ops): step
+//! setup and the forward pass (plainly or as a captured graph), gathering and reading rows,
+//! token selection, KV bytes.
+
+use super::{DumpFn, SelectParams, StepBatch, StepSelected, select_on_host};
+use crate::error::Result;
+use crate::ops::{Act, Ops};
+
+/// Which rows a step's output head runs on.
+#[derive(Clone, Copy, Debug)]
+pub enum HeadRows<'a> {
+    /// The rows at these step indices are gathered into [`Rows::Head`](crate::ops::Rows::Head) activations first.
+    Gather(&'a [usize]),
+    /// Every step row (a captured graph computes logits for all rows; row `i`'s logits are
+    /// then at head row `i`). The head input is the step activation itself.
+    All,
+}
+
+/// What the generic runner ([`super::runner::Runner`]) needs beyond the ops: step setup,
+/// running the forward (plainly or as a captured graph), gathering and reading rows, KV bytes.
+pub trait Exec: Ops {
+    /// Short name (`cpu`, `cuda:0`).
+    fn name(&self) -> String;
+    fn kv_block_size(&self) -> usize;
+    fn kv_blocks(&self) -> usize;
+
+    /// Runs one step's forward: sets up the rows of `batch` (checked by the runner) and calls
+    /// `pass` with the head rows to use. Returns, per row of `want` (the step rows that want
+    /// logits), its row in the head activations.
+    fn execute(
+        &mut self,
+        batch: &StepBatch,
+        want: &[usize],
+        pass: &mut dyn FnMut(&mut Self, HeadRows) -> Result<()>,
+    ) -> Result<Vec<usize>>;
+
+    /// Copies step rows `rows` of `x` into head rows `0..rows.len()` of `out` and sets the
+    /// head row count to `rows.len()`.
+    fn gather(&mut self, x: Act, rows: &[usize], out: Act) -> Result<()>;
+
+    /// The values of rows `rows` of a head activation (logits), in that order.
+    fn read_rows(&mut self, x: Act, rows: &[usize]) -> Result<Vec<Vec<f32>>>;
+
+    /// Picks tokens as [`super::Backend::step_select`] says, from the logits at head rows
+    /// `rows` (one per entry of `select`). The default reads the logits back and samples on
+    /// the host; a backend may pick on the device, but must pick exactly the same token.
+    fn select(
+        &mut self,
+        logits: Act,
+        rows: &[usize],
+        select: &[Option<SelectParams>],
+    ) -> Result<StepSelected> {
+        let l = self.read_rows(logits, rows)?;
+        Ok(select_on_host(l, select))
+    }
+
+    /// The raw bytes of one KV block (all layers, K then V).
+    fn kv_block_bytes(&self, block: u32) -> Result<Vec<u8>>;
+
+    /// Installs (or removes) the sink for [`Ops::dump`].
+    fn set_dump(&mut self, _dump: Option<DumpFn>) {}
+}

@@ -1,0 +1,84 @@
+//! One checked kernel case, the comparison that makes it and the report table (shared by every
+//! `kernels` check module).
+
+/// One checked case.
+pub struct Case {
+    pub kernel: String,
+    pub shape: String,
+    /// max |gpu - cpu| / max(|cpu|, 1e-6) over the output.
+    pub rel_err: f64,
+    pub tol: f64,
+    /// Extra failure (unwritten elements, invariance).
+    pub problem: Option<String>,
+}
+
+impl Case {
+    pub fn ok(&self) -> bool {
+        self.problem.is_none() && self.rel_err <= self.tol
+    }
+}
+
+/// Compares `got` (device) with `want` (CPU reference): relative error and unwritten (NaN)
+/// elements.
+pub fn compare(kernel: &str, shape: String, got: &[f32], want: &[f32], tol: f64) -> Case {
+    let mut problem = None;
+    let mut max_ref = 1e-6f64;
+    let mut max_diff = 0f64;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if g.is_nan() && !w.is_nan() {
+            problem.get_or_insert_with(|| format!("element {i} not written (NaN)"));
+        }
+        max_ref = max_ref.max(w.abs() as f64);
+        max_diff = max_diff.max((g as f64 - w as f64).abs());
+    }
+    if got.len() != want.len() {
+        problem = Some(format!("{} values, expected {}", got.len(), want.len()));
+    }
+    Case {
+        kernel: kernel.into(),
+        shape,
+        rel_err: max_diff / max_ref,
+        tol,
+        problem,
+    }
+}
+
+/// The table of cases: failures in full, passes summarized per kernel.
+pub fn report(cases: &[Case]) -> String {
+    let mut s = String::new();
+    let mut kernels: Vec<&str> = cases.iter().map(|c| c.kernel.as_str()).collect();
+    kernels.dedup();
+    s.push_str(&format!(
+        "{:<22} {:>6} {:>12} {:>10}  status\n",
+        "kernel", "cases", "max rel err", "tol"
+    ));
+    for k in kernels {
+        let cs: Vec<&Case> = cases.iter().filter(|c| c.kernel == k).collect();
+        let worst = cs.iter().map(|c| c.rel_err).fold(0f64, f64::max);
+        let tol = cs.iter().map(|c| c.tol).fold(0f64, f64::max);
+        let bad = cs.iter().filter(|c| !c.ok()).count();
+        let status = if bad == 0 {
+            "ok".to_string()
+        } else {
+            format!("FAIL ({bad})")
+        };
+        s.push_str(&format!(
+            "{k:<22} {:>6} {worst:>12.3e} {tol:>10.1e}  {status}\n",
+            cs.len()
+        ));
+    }
+    for c in cases.iter().filter(|c| !c.ok()) {
+        s.push_str(&format!(
+            "FAIL {} {}: rel err {:.3e} (tol {:.1e}){}\n",
+            c.kernel,
+            c.shape,
+            c.rel_err,
+            c.tol,
+            c.problem
+                .as_ref()
+                .map(|p| format!(", {p}"))
+                .unwrap_or_default()
+        ));
+    }
+    s
+}
