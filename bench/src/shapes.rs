@@ -17,16 +17,19 @@ pub enum Shape {
     TinyLlama,
     TinyQwen2,
     TinyQwen3,
+    /// tiny-llama with a post-attention norm (llama-postnorm, untied).
+    TinyPostNorm,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 6] = [
+    pub const ALL: [Shape; 7] = [
         Shape::Smollm2_135m,
         Shape::Llama3_8b,
         Shape::Qwen3_8b,
         Shape::TinyLlama,
         Shape::TinyQwen2,
         Shape::TinyQwen3,
+        Shape::TinyPostNorm,
     ];
 
     pub fn name(self) -> &'static str {
@@ -37,6 +40,7 @@ impl Shape {
             Shape::TinyLlama => "tiny-llama",
             Shape::TinyQwen2 => "tiny-qwen2",
             Shape::TinyQwen3 => "tiny-qwen3",
+            Shape::TinyPostNorm => "tiny-postnorm",
         }
     }
 
@@ -99,6 +103,11 @@ impl Shape {
                 arch: Arch::Qwen3,
                 rope_theta: 1_000_000.0,
                 rms_eps: 1e-6,
+                ..base
+            },
+            Shape::TinyPostNorm => ModelConfig {
+                arch: Arch::LlamaPostNorm,
+                tie_embeddings: false,
                 ..base
             },
         }

@@ -81,6 +81,7 @@ fn synthetic_models_in_both_formats_agree_bitwise() {
         ("tiny-qwen3", "f16"),
         ("tiny-llama", "q4_0"),
         ("tiny-qwen2", "bf16"),
+        ("tiny-postnorm", "q8_0"),
     ] {
         let gguf = dir.path().join(format!("{shape}-{dtype}.gguf"));
         let hf = dir.path().join(format!("{shape}-{dtype}-hf"));

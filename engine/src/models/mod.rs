@@ -10,6 +10,7 @@
 
 pub mod blocks;
 pub mod llama;
+pub mod llama_postnorm;
 pub mod qk_order;
 pub mod qwen2;
 pub mod qwen3;
@@ -34,6 +35,7 @@ pub enum Arch {
     Llama,
     Qwen2,
     Qwen3,
+    LlamaPostNorm,
 }
 
 /// What the code outside an architecture's file needs to know about it.
@@ -54,7 +56,7 @@ pub struct ArchDef {
 }
 
 /// Every architecture, in registry order.
-pub const ARCHS: [&ArchDef; 3] = [&llama::DEF, &qwen2::DEF, &qwen3::DEF];
+pub const ARCHS: [&ArchDef; 4] = [&llama::DEF, &qwen2::DEF, &qwen3::DEF, &llama_postnorm::DEF];
 
 /// The definition of `arch`.
 pub fn def(arch: Arch) -> &'static ArchDef {
@@ -62,6 +64,7 @@ pub fn def(arch: Arch) -> &'static ArchDef {
         Arch::Llama => &llama::DEF,
         Arch::Qwen2 => &qwen2::DEF,
         Arch::Qwen3 => &qwen3::DEF,
+        Arch::LlamaPostNorm => &llama_postnorm::DEF,
     }
 }
 
@@ -79,6 +82,7 @@ pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>
         Arch::Llama => llama::build(w, ops),
         Arch::Qwen2 => qwen2::build(w, ops),
         Arch::Qwen3 => qwen3::build(w, ops),
+        Arch::LlamaPostNorm => llama_postnorm::build(w, ops),
     }
 }
 

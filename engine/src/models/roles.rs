@@ -24,10 +24,12 @@ pub enum Role {
     Gate(usize),
     Up(usize),
     Down(usize),
+    /// RMSNorm of the attention output before the residual add.
+    AttnPostNorm(usize),
 }
 
 /// GGUF suffixes of the per-layer roles, in [`Role`] order from `AttnNorm`.
-const GGUF_LAYER: [&str; 14] = [
+const GGUF_LAYER: [&str; 15] = [
     "attn_norm.weight",
     "attn_q.weight",
     "attn_k.weight",
@@ -42,6 +44,7 @@ const GGUF_LAYER: [&str; 14] = [
     "ffn_gate.weight",
     "ffn_up.weight",
     "ffn_down.weight",
+    "post_attention_norm.weight",
 ];
 
 fn layer_role(i: usize, l: usize) -> Option<Role> {
@@ -60,6 +63,7 @@ fn layer_role(i: usize, l: usize) -> Option<Role> {
         11 => Role::Gate(l),
         12 => Role::Up(l),
         13 => Role::Down(l),
+        14 => Role::AttnPostNorm(l),
         _ => return None,
     })
 }
@@ -81,6 +85,7 @@ fn role_index(r: Role) -> Option<(usize, usize)> {
         Role::Gate(l) => (11, l),
         Role::Up(l) => (12, l),
         Role::Down(l) => (13, l),
+        Role::AttnPostNorm(l) => (14, l),
         Role::TokenEmbd | Role::OutputNorm | Role::Output => return None,
     })
 }
