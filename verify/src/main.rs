@@ -1,7 +1,7 @@
 //! `memra-verify`: run an exactness gate; prints a table and `ALL GREEN`, or exits non-zero.
 //!
 //! - `memra-verify kernels [--device cuda:N] [--seed S]`
-//! - `memra-verify invariance [--device D] (MODEL | --tiny llama|qwen2|qwen3) [--max-m 64] [--prompt-len 40]`
+//! - `memra-verify invariance [--device D] (MODEL | --tiny ARCH) [--max-m 64] [--prompt-len 40]`
 //! - `memra-verify tokens [--device D] MODEL --fixture verify/fixtures/smollm2-135m-reference.json`
 //! - `memra-verify serve-invariance MODEL [--device D] [--requests N] [--max-tokens T]`
 //! - `memra-verify graph [--device cuda:N] (MODEL | --tiny ARCH) [--max-m 64] [--gen-tokens 24]`

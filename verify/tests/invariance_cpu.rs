@@ -1,9 +1,10 @@
-//! The invariance gate on the CPU backend (CI): passes for every architecture, and catches a
+//! The invariance gate on the CPU backend (CI): passes for every registered architecture, and catches a
 //! backend whose logits depend on the batch.
 
 use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
 use memra_engine::backend::{Backend, StepBatch, StepOutput};
 use memra_engine::config::{Arch, ModelConfig};
+use memra_engine::models::ARCHS;
 use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::quant::DType;
 use memra_verify::invariance;
@@ -20,7 +21,7 @@ fn cpu(arch: Arch) -> CpuBackend {
 
 #[test]
 fn cpu_backend_is_invariant() {
-    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+    for arch in ARCHS.iter().map(|d| d.arch) {
         let mut b = cpu(arch);
         let rep = invariance::run(&mut b, 3, 20, 12).expect("run");
         assert!(rep.checks > 30, "{arch:?}: only {} checks", rep.checks);
