@@ -5,6 +5,7 @@ pub mod convert;
 pub mod generate;
 pub mod gguf_out;
 pub mod kblocks;
+pub mod kernels;
 pub mod load;
 pub mod plan;
 pub mod rng;

@@ -81,6 +81,7 @@ mod iq4_xs;
 mod kquants;
 mod kquants_quantize;
 mod legacy;
+pub mod repack;
 mod simd;
 mod simple;
 

@@ -5,7 +5,7 @@
 //! on the one stream, with cudarc's multi-stream event tracking disabled.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
@@ -59,8 +59,15 @@ pub struct Gpu {
     pub name: String,
     /// The NVRTC architecture the kernels were built for.
     pub arch: &'static str,
+    /// Streaming multiprocessors.
+    pub sms: u32,
     funcs: HashMap<&'static str, CudaFunction>,
+    /// Modules compiled on first use, per (module, defines): see [`Gpu::variant`].
+    variants: Mutex<HashMap<(String, Vec<String>), Arc<HashMap<String, CudaFunction>>>>,
 }
+
+/// Modules compiled on first use with their defines (tile parameters), not at open.
+pub const LAZY_MODULES: &[&str] = &["products"];
 
 const BLOCK: u32 = 256;
 /// Grid-stride kernels use at most this many blocks.
@@ -94,9 +101,17 @@ impl Gpu {
             .compute_capability()
             .map_err(|e| fail(format!("compute capability: {e:?}")))?;
         let arch = memra_kernels::arch_for(major, minor).map_err(|e| fail(e.to_string()))?;
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| fail(format!("multiprocessor count: {e:?}")))? as u32;
         let dir = memra_kernels::default_cache_dir();
         let mut funcs = HashMap::new();
         for m in memra_kernels::MODULES {
+            if LAZY_MODULES.contains(&m.name) {
+                continue;
+            }
             let ptx =
                 memra_kernels::compile_cached(m, arch, &dir).map_err(|e| fail(e.to_string()))?;
             let module = ctx
@@ -114,8 +129,98 @@ impl Gpu {
             stream,
             name,
             arch,
+            sms,
             funcs,
+            variants: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The kernels of module `module` built with `defines` (`NAME=VALUE`), compiled (or read
+    /// from the disk cache) on first use and kept for the device's lifetime.
+    pub fn variant(
+        &self,
+        module: &str,
+        defines: &[String],
+    ) -> Result<Arc<HashMap<String, CudaFunction>>> {
+        let key = (module.to_string(), defines.to_vec());
+        let mut cache = self
+            .variants
+            .lock()
+            .map_err(|_| self.err("kernel variant cache poisoned"))?;
+        if let Some(f) = cache.get(&key) {
+            return Ok(f.clone());
+        }
+        let m = memra_kernels::module(module)
+            .ok_or_else(|| self.err(format!("no kernel module {module}")))?;
+        let build = memra_kernels::Build::with_defines(defines);
+        let dir = memra_kernels::default_cache_dir();
+        let ptx = memra_kernels::compile_cached_with(m, self.arch, &dir, &build)
+            .map_err(|e| self.err(e.to_string()))?;
+        let loaded = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .map_err(|e| self.err(format!("loading {} {defines:?}: {e:?}", m.file)))?;
+        let mut funcs = HashMap::new();
+        for &k in m.kernels {
+            let f = loaded
+                .load_function(k)
+                .map_err(|e| self.err(format!("kernel {k} of {}: {e:?}", m.file)))?;
+            funcs.insert(k.to_string(), f);
+        }
+        let funcs = Arc::new(funcs);
+        cache.insert(key, funcs.clone());
+        Ok(funcs)
+    }
+
+    /// Launches `f` with a 3-D-free geometry: `grid` blocks of `block` threads and `smem` bytes
+    /// of dynamic shared memory.
+    pub fn launch_fn(
+        &self,
+        f: &CudaFunction,
+        what: &str,
+        grid: (u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                Arg::Ptr(v) | Arg::U64(v) => b.arg(v),
+                Arg::U32(v) => b.arg(v),
+                Arg::F32(v) => b.arg(v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0.max(1), grid.1.max(1), 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        // SAFETY: the caller's argument list matches the kernel's parameters; pointers come
+        // from live allocations sized by the caller.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| self.err(format!("launch {what}: {e:?}")))
+    }
+
+    /// Milliseconds of device time taken by the work `f` queues on the stream (events around
+    /// it; waits for the end).
+    pub fn time_ms(&self, f: impl FnOnce() -> Result<()>) -> Result<f32> {
+        let ev = |what: &str| {
+            self.ctx
+                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| self.err(format!("{what} event: {e:?}")))
+        };
+        let (a, b) = (ev("start")?, ev("end")?);
+        a.record(&self.stream)
+            .map_err(|e| self.err(format!("record: {e:?}")))?;
+        f()?;
+        b.record(&self.stream)
+            .map_err(|e| self.err(format!("record: {e:?}")))?;
+        b.synchronize()
+            .map_err(|e| self.err(format!("event sync: {e:?}")))?;
+        a.elapsed_ms(&b)
+            .map_err(|e| self.err(format!("elapsed: {e:?}")))
     }
 
     /// An error of this device.

@@ -8,10 +8,14 @@
 
 mod device;
 mod graph;
+pub mod products;
+pub mod profile;
 pub mod select;
 mod step;
 
-pub use device::{Arg, AttnArgs, Gpu, TOPK_MAX, device_count, kernel_supports, quiet_catch};
+pub use device::{
+    Arg, AttnArgs, Gpu, LAZY_MODULES, TOPK_MAX, device_count, kernel_supports, quiet_catch,
+};
 pub use graph::BUCKETS;
 
 use cudarc::driver::CudaSlice;

@@ -1,0 +1,220 @@
+//! The v2 weight products (kernels/cu/products.cu): weights repacked into the tile layout
+//! (`quant::repack`) on the device, activations prepared per row (int8 blocks or 16-bit), and
+//! the typed launchers. Every launch geometry computes the same bits per element (the canonical
+//! segment order of products.cu); only `nseg` is part of the arithmetic, and it is fixed per
+//! matrix at load by the device profile from (N, K) alone.
+
+use cudarc::driver::CudaSlice;
+
+use super::device::{Arg, Gpu};
+use super::profile::{Launch, Profile};
+use crate::error::Result;
+use crate::quant::DType;
+use crate::quant::repack::{Packed, repack};
+
+/// How a product's activations are prepared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActKind {
+    /// int8 per 32-column block with an (f32 scale, int sum) pair: the quantized weight types.
+    Q8,
+    F16,
+    BF16,
+}
+
+impl ActKind {
+    pub fn of(dtype: DType) -> ActKind {
+        match dtype {
+            DType::F16 => ActKind::F16,
+            DType::BF16 => ActKind::BF16,
+            _ => ActKind::Q8,
+        }
+    }
+
+    /// Bytes per prepared value.
+    pub fn value_bytes(self) -> usize {
+        match self {
+            ActKind::Q8 => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// True when the v2 products read `dtype`.
+pub fn product_supports(dtype: DType) -> bool {
+    memra_kernels::PRODUCT_TYPES.contains(&dtype.name())
+}
+
+/// A weight matrix on the device in the tile layout.
+pub struct PMat {
+    pub data: CudaSlice<u8>,
+    pub dtype: DType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Columns with padding (what the prepared activations must have).
+    pub kp: usize,
+    pub col_tiles: usize,
+    /// The canonical K segment count of this matrix (profile, from N and K only).
+    pub nseg: u32,
+}
+
+impl PMat {
+    pub fn act(&self) -> ActKind {
+        ActKind::of(self.dtype)
+    }
+}
+
+/// Device buffers of prepared activations for up to `rows` rows of `kp` columns.
+pub struct ActBuf {
+    pub kind: ActKind,
+    pub kp: usize,
+    pub rows: usize,
+    pub values: CudaSlice<u8>,
+    /// XS pairs (8 bytes per 32 columns) for [`ActKind::Q8`]; one byte otherwise.
+    pub scales: CudaSlice<u8>,
+}
+
+impl Gpu {
+    /// Repacks `rows` x `cols` of `dtype` (GGUF rows in `src`) and uploads the tiles.
+    pub fn upload_packed(
+        &self,
+        profile: &Profile,
+        dtype: DType,
+        src: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<PMat> {
+        let p: Packed = repack(dtype, src, rows, cols)?;
+        let nseg = profile.nseg(rows, p.col_tiles);
+        Ok(PMat {
+            data: self.upload(&p.data)?,
+            dtype,
+            rows,
+            cols,
+            kp: p.padded_cols(),
+            col_tiles: p.col_tiles,
+            nseg,
+        })
+    }
+
+    /// Allocates prepared-activation buffers.
+    pub fn act_buf(&self, kind: ActKind, rows: usize, kp: usize) -> Result<ActBuf> {
+        let scales = match kind {
+            ActKind::Q8 => rows * (kp / 32) * 8,
+            _ => 1,
+        };
+        Ok(ActBuf {
+            kind,
+            kp,
+            rows,
+            values: self.zeros(rows * kp * kind.value_bytes())?,
+            scales: self.zeros(scales)?,
+        })
+    }
+
+    /// Prepares `m` rows of `k` f32 values at `x` into `a` (quantized or converted, padded).
+    pub fn prepare(&self, x: u64, a: &ActBuf, m: usize, k: usize) -> Result<()> {
+        if m > a.rows || k > a.kp {
+            return Err(self.err(format!(
+                "prepare: {m} x {k} does not fit a buffer of {} x {}",
+                a.rows, a.kp
+            )));
+        }
+        if m == 0 {
+            return Ok(());
+        }
+        let f = self.variant("products", &[])?;
+        let (name, grid, args) = match a.kind {
+            ActKind::Q8 => {
+                let warps = (m * a.kp / 32) as u64;
+                let grid = warps.div_ceil(8).clamp(1, 1 << 16) as u32;
+                let args = vec![
+                    Arg::Ptr(x),
+                    Arg::Ptr(self.ptr(&a.values)),
+                    Arg::Ptr(self.ptr(&a.scales)),
+                    Arg::U32(m as u32),
+                    Arg::U32(k as u32),
+                    Arg::U32(a.kp as u32),
+                ];
+                ("quantize_q8", grid, args)
+            }
+            kind => {
+                let n = (m * a.kp) as u64;
+                let grid = n.div_ceil(256).clamp(1, 1 << 16) as u32;
+                let args = vec![
+                    Arg::Ptr(x),
+                    Arg::Ptr(self.ptr(&a.values)),
+                    Arg::U32(m as u32),
+                    Arg::U32(k as u32),
+                    Arg::U32(a.kp as u32),
+                    Arg::U32((kind == ActKind::BF16) as u32),
+                ];
+                ("convert_h16", grid, args)
+            }
+        };
+        let func = f
+            .get(name)
+            .ok_or_else(|| self.err(format!("kernel {name} missing")))?;
+        self.launch_fn(func, name, (grid, 1), 256, 0, &args)
+    }
+
+    /// `y[m][n] = W[n] . x[m]` (+ `r[m][n]` when `r` is given; `r` may equal `y`) for `m` rows
+    /// of activations prepared in `a`, launched with geometry `l` (bits do not depend on it).
+    pub fn product(
+        &self,
+        w: &PMat,
+        a: &ActBuf,
+        y: u64,
+        r: Option<u64>,
+        m: usize,
+        l: Launch,
+    ) -> Result<()> {
+        if a.kind != w.act() || a.kp != w.kp || m > a.rows {
+            return Err(self.err(format!(
+                "product: {} weights ({} x {}, kp {}) with {:?} activations of {} x {}",
+                w.dtype, w.rows, w.cols, w.kp, a.kind, m, a.kp
+            )));
+        }
+        if m == 0 || w.rows == 0 {
+            return Ok(());
+        }
+        let wk = if l.split_k { w.nseg } else { 1 };
+        let threads = 32 * l.rpb * wk;
+        let f = self.variant("products", &l.defines())?;
+        let name = format!("mmq_{}", w.dtype.name());
+        let func = f
+            .get(&name)
+            .ok_or_else(|| self.err(format!("kernel {name} missing")))?;
+        let row_tiles = w.rows.div_ceil(16) as u32;
+        let grid = (
+            row_tiles.div_ceil(l.rpb),
+            (m as u32).div_ceil(8 * l.nt).min(65535),
+        );
+        if (m as u32).div_ceil(8 * l.nt) > 65535 {
+            return Err(self.err(format!("product: {m} rows exceed one launch")));
+        }
+        let smem = if wk > 1 {
+            wk * l.rpb * 16 * 8 * l.nt * 4
+        } else {
+            0
+        };
+        let args = [
+            Arg::Ptr(self.ptr(&w.data)),
+            Arg::Ptr(self.ptr(&a.values)),
+            Arg::Ptr(self.ptr(&a.scales)),
+            Arg::Ptr(y),
+            Arg::Ptr(r.unwrap_or(0)),
+            Arg::U32(m as u32),
+            Arg::U32(w.rows as u32),
+            Arg::U32(w.col_tiles as u32),
+            Arg::U32(w.nseg),
+            Arg::U32(w.kp as u32),
+        ];
+        if threads > l.max_threads() {
+            return Err(self.err(format!(
+                "product launch of {threads} threads exceeds the variant's {}",
+                l.max_threads()
+            )));
+        }
+        self.launch_fn(func, &name, grid, threads, smem, &args)
+    }
+}
