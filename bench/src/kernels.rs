@@ -256,6 +256,10 @@ pub fn run(a: &KernelArgs) -> Result<(Report, String)> {
     let mmax = a.ms.iter().copied().max().unwrap_or(1);
     for &dtype in &a.dtypes {
         for &(n, k) in &a.shapes {
+            if dtype.bytes_for(k as u64).is_none() {
+                let _ = writeln!(table, "{dtype} {n}x{k}: skipped (K is not whole blocks)");
+                continue;
+            }
             let c = make_case(&gpu, &profile, a, dtype, n, k)?;
             check_case(&c, a, mmax, &mut rep)?;
             time_case(&c, a, &mut rep, &mut table)?;
