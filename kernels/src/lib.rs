@@ -131,7 +131,7 @@ pub const MODULES: &[Module] = &[
         file: "kernels/cu/attention.cu",
         source: include_str!("../cu/attention.cu"),
         headers: &[],
-        kernels: &["attention"],
+        kernels: &["attn_split", "attn_combine"],
     },
     Module {
         name: "sample",

@@ -132,7 +132,9 @@ pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             g.upload(&flat)?,
         );
         let dout = g.zeros::<f32>(rows * qd)?;
-        let dsc = g.zeros::<f32>(rows * s.n_heads * ctx)?;
+        let dsc = g.zeros::<f32>(
+            rows * s.n_heads * memra_engine::backend::cuda::attn_part_floats(ctx, s.head_dim),
+        )?;
         g.fill(g.ptr(&dout), f32::NAN, rows * qd)?;
         let a = AttnArgs {
             q: g.ptr(&dq),
@@ -144,7 +146,7 @@ pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             table_off: g.ptr(&doff),
             tables: g.ptr(&dtab),
             scores: g.ptr(&dsc),
-            score_stride: ctx,
+            ctx,
             rows,
             n_heads: s.n_heads,
             n_kv_heads: s.n_kv_heads,

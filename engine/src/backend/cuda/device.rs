@@ -605,6 +605,14 @@ impl Gpu {
 /// The most candidates `topk_row` returns (`TOPK_MAX` in kernels/cu/sample.cu).
 pub const TOPK_MAX: usize = 1024;
 
+/// Positions per attention split (`ATTN_SPLIT` in kernels/cu/attention.cu).
+pub const ATTN_SPLIT: usize = 64;
+
+/// Floats of attention scratch per (row, head) for rows whose largest `pos + 1` is `ctx`.
+pub fn attn_part_floats(ctx: usize, head_dim: usize) -> usize {
+    ctx.max(1).div_ceil(ATTN_SPLIT) * (head_dim + 2)
+}
+
 /// Pointers and shapes of one attention launch (rows `0..rows` of the launch).
 #[derive(Clone, Copy, Debug)]
 pub struct AttnArgs {
@@ -616,9 +624,10 @@ pub struct AttnArgs {
     pub row_seq: u64,
     pub table_off: u64,
     pub tables: u64,
+    /// Split partials: [`attn_part_floats`]`(ctx, head_dim)` floats per (row, head).
     pub scores: u64,
-    /// Floats of `scores` per (row, head): at least the largest `pos + 1` of the launch.
-    pub score_stride: usize,
+    /// At least the largest `pos + 1` of the launch's rows.
+    pub ctx: usize,
     pub rows: usize,
     pub n_heads: usize,
     pub n_kv_heads: usize,
@@ -628,7 +637,8 @@ pub struct AttnArgs {
 }
 
 impl Gpu {
-    /// Causal paged attention, one warp per (row, head).
+    /// Causal paged attention split by a fixed length in positions: partials per (row, head,
+    /// split), then their combination in split order.
     pub fn attention(&self, a: &AttnArgs) -> Result<()> {
         if a.head_dim > 256 || a.n_kv_heads == 0 || !a.n_heads.is_multiple_of(a.n_kv_heads) {
             return Err(self.err(format!(
@@ -636,11 +646,14 @@ impl Gpu {
                 a.head_dim, a.n_heads, a.n_kv_heads
             )));
         }
-        let warps = a.rows * a.n_heads;
-        let blocks = self.u32_of(warps.div_ceil(4), "attention blocks")?;
+        if a.rows == 0 {
+            return Ok(());
+        }
+        let stride = attn_part_floats(a.ctx, a.head_dim) as u64;
+        let splits = a.ctx.max(1).div_ceil(ATTN_SPLIT);
+        let rh = self.u32_of(a.rows * a.n_heads, "attention rows x heads")?;
         let args = [
             Arg::Ptr(a.q),
-            Arg::Ptr(a.out),
             Arg::Ptr(a.k_cache),
             Arg::Ptr(a.v_cache),
             Arg::Ptr(a.pos),
@@ -648,14 +661,25 @@ impl Gpu {
             Arg::Ptr(a.table_off),
             Arg::Ptr(a.tables),
             Arg::Ptr(a.scores),
-            Arg::U64(a.score_stride as u64),
-            Arg::U32(self.u32_of(a.rows, "rows")?),
+            Arg::U64(stride),
             Arg::U32(self.u32_of(a.n_heads, "heads")?),
             Arg::U32(self.u32_of(a.n_kv_heads, "kv heads")?),
             Arg::U32(self.u32_of(a.head_dim, "head_dim")?),
             Arg::U32(self.u32_of(a.block_size, "block_size")?),
             Arg::F32(a.scale),
         ];
-        self.launch("attention", (blocks, 1), 128, &args)
+        // At most 64 blocks per (row, head); each loops over its splits.
+        let ys = self.u32_of(splits.min(64), "attention splits")?;
+        self.launch("attn_split", (rh, ys), 128, &args)?;
+        let args = [
+            Arg::Ptr(a.scores),
+            Arg::Ptr(a.out),
+            Arg::Ptr(a.pos),
+            Arg::U64(stride),
+            Arg::U32(self.u32_of(a.rows, "rows")?),
+            Arg::U32(self.u32_of(a.n_heads, "heads")?),
+            Arg::U32(self.u32_of(a.head_dim, "head_dim")?),
+        ];
+        self.launch("attn_combine", (rh.div_ceil(4), 1), 128, &args)
     }
 }

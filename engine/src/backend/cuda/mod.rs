@@ -14,7 +14,8 @@ pub mod select;
 mod step;
 
 pub use device::{
-    Arg, AttnArgs, Gpu, LAZY_MODULES, TOPK_MAX, device_count, kernel_supports, quiet_catch,
+    ATTN_SPLIT, Arg, AttnArgs, Gpu, LAZY_MODULES, TOPK_MAX, attn_part_floats, device_count,
+    kernel_supports, quiet_catch,
 };
 pub use graph::BUCKETS;
 
@@ -47,6 +48,12 @@ pub struct CudaOptions {
 /// Whether CUDA graphs are on by default: yes, unless `MEMRA_CUDA_GRAPHS=0`.
 pub fn graphs_default() -> bool {
     std::env::var("MEMRA_CUDA_GRAPHS").map_or(true, |v| v != "0")
+}
+
+/// Whether the v2 tensor-core products are used for the types they support: yes, unless
+/// `MEMRA_CUDA_PRODUCTS=v1` (the v1 CUDA-core kernels for every type, for A/B runs).
+pub fn products_v2_default() -> bool {
+    std::env::var("MEMRA_CUDA_PRODUCTS").map_or(true, |v| v != "v1")
 }
 
 /// True when a CUDA driver and at least one device are present. Never panics.
@@ -115,9 +122,11 @@ pub fn open_backend_opts(
     }
 }
 
-/// A weight matrix on the device, in its stored block format.
+/// A weight matrix on the device: in the v2 tile layout (`packed`) when the v2 products read
+/// its type, and/or in its stored GGUF block format (`data`: the v1 kernels and the embedding).
 pub(crate) struct Mat {
-    data: CudaSlice<u8>,
+    data: Option<CudaSlice<u8>>,
+    packed: Option<products::PMat>,
     dtype: DType,
     rows: usize,
     cols: usize,
@@ -150,6 +159,8 @@ pub(crate) struct Layer {
 pub(crate) struct Scratch {
     rows: usize,
     bufs: Vec<CudaSlice<f32>>,
+    /// Prepared activations of the v2 products, per (kind, K).
+    acts: Vec<(products::ActKind, usize, products::ActBuf)>,
 }
 
 pub struct CudaBackend {
@@ -172,6 +183,7 @@ pub struct CudaBackend {
     graph: Option<graph::GraphState>,
     /// Bumped whenever a buffer a captured graph reads is reallocated.
     layout_epoch: u64,
+    profile: profile::Profile,
 }
 
 /// Working space kept free beyond weights and KV cache.
@@ -230,16 +242,31 @@ impl CudaBackend {
         let opt = |t: &Option<Tensor>| -> Result<Option<CudaSlice<f32>>> {
             t.as_ref().map(vec).transpose()
         };
-        let mat = |t: &Tensor| -> Result<Mat> {
+        let profile = profile::Profile::new(gpu.arch, gpu.sms);
+        let v2 = products_v2_default();
+        // `gguf`: keep the stored layout too (the embedding table, also when tied to the head).
+        let mat_with = |t: &Tensor, gguf: bool| -> Result<Mat> {
             let (rows, cols) = t.rows_cols();
+            let packed = if v2 && products::product_supports(t.dtype) {
+                Some(gpu.upload_packed(&profile, t.dtype, &t.data, rows, cols)?)
+            } else {
+                None
+            };
+            let data = if gguf || packed.is_none() {
+                Some(gpu.upload(&t.data)?)
+            } else {
+                None
+            };
             Ok(Mat {
-                data: gpu.upload(&t.data)?,
+                data,
+                packed,
                 dtype: t.dtype,
                 rows,
                 cols,
                 row_bytes: t.row_bytes(),
             })
         };
+        let mat = |t: &Tensor| mat_with(t, false);
         let cache_len = (opts.kv_blocks + 1) * opts.block_size * width;
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in &w.layers {
@@ -262,10 +289,28 @@ impl CudaBackend {
                 v_cache: gpu.zeros(cache_len)?,
             });
         }
-        let embed = mat(&w.embed)?;
         let shared = std::ptr::eq(w.output.data.as_ptr(), w.embed.data.as_ptr())
             && w.output.data.len() == w.embed.data.len();
+        let embed = if shared {
+            mat_with(&w.embed, true)?
+        } else {
+            Mat {
+                data: Some(gpu.upload(&w.embed.data)?),
+                packed: None,
+                dtype: w.embed.dtype,
+                rows: w.embed.rows_cols().0,
+                cols: w.embed.rows_cols().1,
+                row_bytes: w.embed.row_bytes(),
+            }
+        };
         let output = if shared { None } else { Some(mat(&w.output)?) };
+        // Compile the product variants now: never inside a graph capture.
+        if v2 {
+            for l in profile.launches {
+                gpu.variant("products", &l.defines())?;
+            }
+            gpu.variant("products", &[])?;
+        }
         let out_norm = vec(&w.out_norm)?;
         let rope = Rope::new(&c, w.rope_freq_factors.as_deref());
         gpu.sync()?;
@@ -286,12 +331,18 @@ impl CudaBackend {
             graphs_on: opts.graphs,
             graph: None,
             layout_epoch: 0,
+            profile,
         })
     }
 
     /// The device this backend runs on.
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+
+    /// The tuned parameters in use.
+    pub fn profile(&self) -> &profile::Profile {
+        &self.profile
     }
 
     /// Makes the RoPE tables cover positions `0..=max_pos` (angles computed on the host in f64

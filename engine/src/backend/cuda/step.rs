@@ -3,6 +3,7 @@
 
 use cudarc::driver::CudaSlice;
 
+use super::products::ActKind;
 use super::{AttnArgs, CudaBackend, Mat};
 use crate::backend::{StepBatch, StepOutput};
 use crate::error::{Error, Result};
@@ -79,10 +80,25 @@ impl CudaBackend {
         }
         let cap = rows.next_power_of_two();
         self.scratch.bufs.clear();
+        self.scratch.acts.clear();
         self.gpu.sync()?;
         for w in self.widths() {
             let b = self.gpu.zeros::<f32>(cap * w)?;
             self.scratch.bufs.push(b);
+        }
+        // Prepared activations for every (kind, K) a packed matrix reads.
+        let mut need: Vec<(ActKind, usize, usize)> = Vec::new();
+        for m in self.mats() {
+            if let Some(p) = &m.packed {
+                let key = (p.act(), m.cols, p.kp);
+                if !need.contains(&key) {
+                    need.push(key);
+                }
+            }
+        }
+        for (kind, k, kp) in need {
+            let a = self.gpu.act_buf(kind, cap, kp)?;
+            self.scratch.acts.push((kind, k, a));
         }
         self.scratch.rows = cap;
         self.layout_epoch += 1;
@@ -152,18 +168,73 @@ impl CudaBackend {
         Ok(MetaBufs { bufs, ctx })
     }
 
-    pub(super) fn matmul(&self, w: &Mat, x: u64, y: u64, m: usize) -> Result<()> {
+    /// Every weight matrix of the model.
+    fn mats(&self) -> Vec<&Mat> {
+        let mut v: Vec<&Mat> = vec![&self.embed];
+        v.extend(self.output.as_ref());
+        for l in &self.layers {
+            v.extend([&l.q, &l.k, &l.v, &l.attn_out, &l.gate, &l.up, &l.down]);
+        }
+        v
+    }
+
+    /// Prepares `m` rows of `k` f32 values at `x` for every packed matrix of `ws` (once per
+    /// activation kind).
+    pub(super) fn prep(&self, x: u64, k: usize, m: usize, ws: &[&Mat]) -> Result<()> {
+        let mut done: Vec<ActKind> = Vec::new();
+        for w in ws {
+            let Some(p) = &w.packed else { continue };
+            let kind = p.act();
+            if done.contains(&kind) {
+                continue;
+            }
+            let a = self.act(kind, k)?;
+            self.gpu.prepare(x, a, m, k)?;
+            done.push(kind);
+        }
+        Ok(())
+    }
+
+    fn act(&self, kind: ActKind, k: usize) -> Result<&super::products::ActBuf> {
+        self.scratch
+            .acts
+            .iter()
+            .find(|(kk, kc, _)| *kk == kind && *kc == k)
+            .map(|(_, _, a)| a)
+            .ok_or_else(|| self.gpu.err(format!("no {kind:?} activation buffer for K = {k}")))
+    }
+
+    /// `y = W x` for `m` rows (`x`: f32 rows of `w.cols`, already prepared by [`Self::prep`]
+    /// for a packed `w`); with `res`, `res += W x` instead (`y` is then scratch for the v1
+    /// path).
+    pub(super) fn mm(&self, w: &Mat, x: u64, y: u64, res: Option<u64>, m: usize) -> Result<()> {
         let g = &self.gpu;
+        if let Some(p) = &w.packed {
+            let a = self.act(p.act(), w.cols)?;
+            let launch = self.profile.launch(m);
+            return match res {
+                Some(r) => g.product(p, a, r, Some(r), m, launch),
+                None => g.product(p, a, y, None, m, launch),
+            };
+        }
+        let data = w
+            .data
+            .as_ref()
+            .ok_or_else(|| g.err("weight matrix has no stored layout"))?;
         g.matmul(
             w.dtype,
-            g.ptr(&w.data),
+            g.ptr(data),
             w.row_bytes,
             x,
             y,
             m,
             w.rows,
             w.cols,
-        )
+        )?;
+        match res {
+            Some(r) => g.add_in_place(r, y, m * w.rows),
+            None => Ok(()),
+        }
     }
 
     fn layer(&self, l: usize, m: usize, meta: &Meta, scores: &CudaSlice<f32>) -> Result<()> {
@@ -174,9 +245,10 @@ impl CudaBackend {
         let (hd, eps) = (c.head_dim, c.rms_eps);
         let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
         g.rms_norm(p[X], g.ptr(&lw.attn_norm), p[H], m, c.hidden, eps)?;
-        self.matmul(&lw.q, p[H], p[Q], m)?;
-        self.matmul(&lw.k, p[H], p[K], m)?;
-        self.matmul(&lw.v, p[H], p[V], m)?;
+        self.prep(p[H], c.hidden, m, &[&lw.q, &lw.k, &lw.v])?;
+        self.mm(&lw.q, p[H], p[Q], None, m)?;
+        self.mm(&lw.k, p[H], p[K], None, m)?;
+        self.mm(&lw.v, p[H], p[V], None, m)?;
         for (bias, buf, width) in [
             (&lw.q_bias, p[Q], qd),
             (&lw.k_bias, p[K], kvd),
@@ -202,7 +274,7 @@ impl CudaBackend {
         let (kc, vc) = (g.ptr(&lw.k_cache), g.ptr(&lw.v_cache));
         g.kv_write(kc, vc, p[K], p[V], meta.slot, m, kvd)?;
         // Attention, split into launches of `chunk` rows to bound the score scratch.
-        let per_row = c.n_heads * meta.ctx;
+        let per_row = c.n_heads * super::attn_part_floats(meta.ctx, hd);
         let chunk = (scores.len() / per_row.max(1)).clamp(1, m);
         let mut r0 = 0;
         while r0 < m {
@@ -217,7 +289,7 @@ impl CudaBackend {
                 table_off: meta.table_off,
                 tables: meta.tables,
                 scores: g.ptr(scores),
-                score_stride: meta.ctx,
+                ctx: meta.ctx,
                 rows,
                 n_heads: c.n_heads,
                 n_kv_heads: c.n_kv_heads,
@@ -228,23 +300,29 @@ impl CudaBackend {
             g.attention(&a)?;
             r0 += rows;
         }
-        self.matmul(&lw.attn_out, p[ATT], p[O], m)?;
-        g.add_in_place(p[X], p[O], m * c.hidden)?;
+        self.prep(p[ATT], qd, m, &[&lw.attn_out])?;
+        self.mm(&lw.attn_out, p[ATT], p[O], Some(p[X]), m)?;
         g.rms_norm(p[X], g.ptr(&lw.ffn_norm), p[H], m, c.hidden, eps)?;
-        self.matmul(&lw.gate, p[H], p[G], m)?;
-        self.matmul(&lw.up, p[H], p[U], m)?;
+        self.prep(p[H], c.hidden, m, &[&lw.gate, &lw.up])?;
+        self.mm(&lw.gate, p[H], p[G], None, m)?;
+        self.mm(&lw.up, p[H], p[U], None, m)?;
         g.swiglu(p[G], p[U], m * c.ffn)?;
-        self.matmul(&lw.down, p[G], p[O], m)?;
-        g.add_in_place(p[X], p[O], m * c.hidden)
+        self.prep(p[G], c.ffn, m, &[&lw.down])?;
+        self.mm(&lw.down, p[G], p[O], Some(p[X]), m)
     }
 
     /// Embedding and every layer for `m` rows; the residual stream ends in scratch `X`.
     pub(super) fn body(&self, m: usize, meta: &Meta, scores: &CudaSlice<f32>) -> Result<()> {
         let c = &self.config;
         let g = &self.gpu;
+        let table = self
+            .embed
+            .data
+            .as_ref()
+            .ok_or_else(|| g.err("embedding table missing"))?;
         g.embed(
             self.embed.dtype,
-            g.ptr(&self.embed.data),
+            g.ptr(table),
             self.embed.row_bytes,
             meta.tokens,
             g.ptr(&self.scratch.bufs[X]),
@@ -264,7 +342,8 @@ impl CudaBackend {
         let g = &self.gpu;
         g.rms_norm(x, g.ptr(&self.out_norm), hn, n, c.hidden, c.rms_eps)?;
         let out = self.output.as_ref().unwrap_or(&self.embed);
-        self.matmul(out, hn, logits, n)
+        self.prep(hn, c.hidden, n, &[out])?;
+        self.mm(out, hn, logits, None, n)
     }
 
     /// Runs the step's kernels (as a CUDA graph when enabled and the batch fits a bucket);
@@ -291,7 +370,7 @@ impl CudaBackend {
         let meta = bufs.meta(&self.gpu);
         let c = self.config.clone();
         let g = &self.gpu;
-        let per_row = c.n_heads * meta.ctx;
+        let per_row = c.n_heads * super::attn_part_floats(meta.ctx, c.head_dim);
         let score_rows = (SCORE_FLOATS / per_row.max(1)).clamp(1, m);
         let scores = g.zeros::<f32>(score_rows * per_row)?;
         self.body(m, &meta, &scores)?;
