@@ -8,6 +8,7 @@
 
 mod device;
 mod graph;
+mod opprof;
 pub mod products;
 pub mod profile;
 pub mod select;
@@ -184,6 +185,8 @@ pub struct CudaBackend {
     /// Bumped whenever a buffer a captured graph reads is reallocated.
     layout_epoch: u64,
     profile: profile::Profile,
+    /// Per-op device times of plain steps (`MEMRA_PROFILE_OPS=1`), printed when dropped.
+    prof: Option<opprof::OpProf>,
 }
 
 /// Working space kept free beyond weights and KV cache.
@@ -332,6 +335,7 @@ impl CudaBackend {
             graph: None,
             layout_epoch: 0,
             profile,
+            prof: opprof::OpProf::from_env(),
         })
     }
 

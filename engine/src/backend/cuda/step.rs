@@ -168,6 +168,13 @@ impl CudaBackend {
         Ok(MetaBufs { bufs, ctx })
     }
 
+    /// Marks the end of op `label` for the op profile (plain steps only).
+    fn tick(&self, label: &'static str) {
+        if let Some(p) = self.prof.as_ref().filter(|_| !self.graphs_on) {
+            p.tick(&self.gpu, label);
+        }
+    }
+
     /// Every weight matrix of the model.
     fn mats(&self) -> Vec<&Mat> {
         let mut v: Vec<&Mat> = vec![&self.embed];
@@ -245,10 +252,13 @@ impl CudaBackend {
         let (hd, eps) = (c.head_dim, c.rms_eps);
         let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
         g.rms_norm(p[X], g.ptr(&lw.attn_norm), p[H], m, c.hidden, eps)?;
+        self.tick("norm");
         self.prep(p[H], c.hidden, m, &[&lw.q, &lw.k, &lw.v])?;
+        self.tick("prep");
         self.mm(&lw.q, p[H], p[Q], None, m)?;
         self.mm(&lw.k, p[H], p[K], None, m)?;
         self.mm(&lw.v, p[H], p[V], None, m)?;
+        self.tick("qkv");
         for (bias, buf, width) in [
             (&lw.q_bias, p[Q], qd),
             (&lw.k_bias, p[K], kvd),
@@ -273,6 +283,7 @@ impl CudaBackend {
         g.rope(p[K], pos, cos, sin, m, c.n_kv_heads, hd)?;
         let (kc, vc) = (g.ptr(&lw.k_cache), g.ptr(&lw.v_cache));
         g.kv_write(kc, vc, p[K], p[V], meta.slot, m, kvd)?;
+        self.tick("bias/rope/kv");
         // Attention, split into launches of `chunk` rows to bound the score scratch.
         let per_row = c.n_heads * super::attn_part_floats(meta.ctx, hd);
         let chunk = (scores.len() / per_row.max(1)).clamp(1, m);
@@ -300,21 +311,32 @@ impl CudaBackend {
             g.attention(&a)?;
             r0 += rows;
         }
+        self.tick("attention");
         self.prep(p[ATT], qd, m, &[&lw.attn_out])?;
+        self.tick("prep");
         self.mm(&lw.attn_out, p[ATT], p[O], Some(p[X]), m)?;
+        self.tick("o");
         g.rms_norm(p[X], g.ptr(&lw.ffn_norm), p[H], m, c.hidden, eps)?;
+        self.tick("norm");
         self.prep(p[H], c.hidden, m, &[&lw.gate, &lw.up])?;
+        self.tick("prep");
         self.mm(&lw.gate, p[H], p[G], None, m)?;
         self.mm(&lw.up, p[H], p[U], None, m)?;
+        self.tick("gate/up");
         g.swiglu(p[G], p[U], m * c.ffn)?;
+        self.tick("swiglu");
         self.prep(p[G], c.ffn, m, &[&lw.down])?;
-        self.mm(&lw.down, p[G], p[O], Some(p[X]), m)
+        self.tick("prep");
+        self.mm(&lw.down, p[G], p[O], Some(p[X]), m)?;
+        self.tick("down");
+        Ok(())
     }
 
     /// Embedding and every layer for `m` rows; the residual stream ends in scratch `X`.
     pub(super) fn body(&self, m: usize, meta: &Meta, scores: &CudaSlice<f32>) -> Result<()> {
         let c = &self.config;
         let g = &self.gpu;
+        self.tick("start");
         let table = self
             .embed
             .data
@@ -329,6 +351,7 @@ impl CudaBackend {
             m,
             c.hidden,
         )?;
+        self.tick("embed");
         for l in 0..c.n_layers {
             self.layer(l, m, meta, scores)?;
         }
@@ -343,7 +366,9 @@ impl CudaBackend {
         g.rms_norm(x, g.ptr(&self.out_norm), hn, n, c.hidden, c.rms_eps)?;
         let out = self.output.as_ref().unwrap_or(&self.embed);
         self.prep(hn, c.hidden, n, &[out])?;
-        self.mm(out, hn, logits, None, n)
+        self.mm(out, hn, logits, None, n)?;
+        self.tick("head");
+        Ok(())
     }
 
     /// Runs the step's kernels (as a CUDA graph when enabled and the batch fits a bucket);
@@ -388,6 +413,9 @@ impl CudaBackend {
         g.gather_rows(g.ptr(&sel), x, g.ptr(&idx), n, c.hidden)?;
         let logits = g.zeros::<f32>(n * c.vocab)?;
         self.head(g.ptr(&sel), g.ptr(&sel), g.ptr(&logits), n)?;
+        if let Some(p) = &self.prof {
+            p.finish_step(m);
+        }
         Ok(Fwd {
             owned: Some(logits),
             rows: (0..n).collect(),
