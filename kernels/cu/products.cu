@@ -4,7 +4,7 @@
 // Canonical order of one output element: the K tiles of the matrix are cut into `nseg` segments
 // (segment s = tiles [s * nkt / nseg, (s + 1) * nkt / nseg)); nseg is a function of (N, K, dtype,
 // device profile) only, never of M. Within a segment the tiles are walked in order, starting from
-// -0.0 (int8 formats: block terms added with __fadd_rn; float formats: the mma chain); the
+// -0.0 (quantized formats: block terms added with __fadd_rn; float formats: the mma chain); the
 // segment sums are then added in segment order starting from -0.0. A launch computes that
 // sequence whatever its geometry:
 //   * blockDim = 32 * RPB warps (WK = 1): each warp walks every segment of its 16-row tile and
@@ -32,16 +32,11 @@
 // ---------------------------------------------------------------------------------------------
 // Activation preparation.
 
-// Position of column i (0..31) of a 32-block in the permuted q8 layout.
-__device__ __forceinline__ u32 q8_pos(u32 i) {
-    const u32 t = (i & 15) >> 2;
-    return 8 * t + (i & 3) + ((i & 16) ? 4 : 0);
-}
-
-// Position of column i (0..15) of a 16-group in the permuted 16-bit layout.
-__device__ __forceinline__ u32 h16_pos(u32 i) {
-    const u32 t = (i & 7) >> 1;
-    return 4 * t + (i & 1) + ((i & 8) ? 2 : 0);
+// Position (in 16-bit values) of column i (0..31) of a 32-column block in the permuted layout:
+// lane t's B fragments of the block's two steps are the 16 bytes at 16t.
+__device__ __forceinline__ u32 act_pos(u32 i) {
+    const u32 step = i >> 4, j = i & 15;
+    return 8 * ((j & 7) >> 1) + 4 * step + 2 * ((j >> 3) & 1) + (j & 1);
 }
 
 __device__ __forceinline__ u16 f32_to_f16_bits(float f) {
@@ -56,30 +51,13 @@ __device__ __forceinline__ u16 f32_to_bf16_bits(float f) {
     return h;
 }
 
-// Quantizes one 32-block held one value per lane: writes the permuted int8 values and the XS.
-// d = amax / 127, q = rint(x * (127 / amax)) (0 for an all-zero block); sq = sum of q (exact).
-__device__ __forceinline__ void q8_block(float x, int lane, i8* qdst, XS* sdst) {
-    float amax = fabsf(x);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
-    const float id = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-    const int q = __float2int_rn(__fmul_rn(x, id));
-    int sq = q;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(FULL_MASK, sq, o);
-    qdst[q8_pos((u32)lane)] = (i8)q;
-    if (lane == 0) {
-        XS s;
-        s.d = __fdiv_rn(amax, 127.0f);
-        s.sq = sq;
-        *sdst = s;
-    }
-}
+__device__ __forceinline__ float bf16_bits_to_f32(u16 b) { return __uint_as_float(((u32)b) << 16); }
 
-// X f32 [M][K] -> Xq int8 [M][kp] (permuted 32-blocks, zero past K) + Xs [M][kp / 32].
-// One warp per (row, 32-block), grid-stride.
-extern "C" __global__ void quantize_q8(const float* __restrict__ X, i8* __restrict__ Xq, XS* __restrict__ Xs,
-                                       u32 M, u32 K, u32 kp) {
+// X f32 [M][K] -> 16-bit [M][kp] (f16 clamped to +-65504, or bf16 when bf != 0), permuted per
+// 32-column block, zero past K; and Xs [M][kp / 32]: the f32 sum of each block's 16-bit values
+// (fixed xor tree). One warp per (row, block), grid-stride.
+extern "C" __global__ void prepare_h16(const float* __restrict__ X, u16* __restrict__ Xh, float* __restrict__ Xs,
+                                       u32 M, u32 K, u32 kp, u32 bf) {
     const int lane = threadIdx.x & 31;
     const u32 nb = kp / 32;
     const u64 total = (u64)M * nb;
@@ -87,28 +65,28 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ X, i8* __restri
     for (u64 w = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < total; w += nwarps) {
         const u32 m = (u32)(w / nb), b = (u32)(w % nb);
         const u32 k = b * 32 + lane;
-        const float x = k < K ? X[(u64)m * K + k] : 0.0f;
-        q8_block(x, lane, Xq + (u64)m * kp + b * 32, Xs + w);
-    }
-}
-
-// X f32 [M][K] -> 16-bit [M][kp] (f16, or bf16 when bf != 0), permuted per 16 columns, zero
-// past K. One thread per output value, grid-stride.
-extern "C" __global__ void convert_h16(const float* __restrict__ X, u16* __restrict__ Xh, u32 M, u32 K, u32 kp,
-                                       u32 bf) {
-    const u64 total = (u64)M * kp;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
-        const u32 m = (u32)(i / kp), k = (u32)(i % kp);
-        const float x = k < K ? X[(u64)m * K + k] : 0.0f;
-        const u16 h = bf ? f32_to_bf16_bits(x) : f32_to_f16_bits(x);
-        Xh[(u64)m * kp + (k & ~15u) + h16_pos(k & 15)] = h;
+        float x = k < K ? X[(u64)m * K + k] : 0.0f;
+        u16 h;
+        float v;
+        if (bf) {
+            h = f32_to_bf16_bits(x);
+            v = bf16_bits_to_f32(h);
+        } else {
+            x = fminf(fmaxf(x, -65504.0f), 65504.0f);
+            h = f32_to_f16_bits(x);
+            v = f16_to_f32(h);
+        }
+        Xh[(u64)m * kp + b * 32 + act_pos((u32)lane)] = h;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(FULL_MASK, v, o));
+        if (lane == 0) Xs[w] = v;
     }
 }
 
 // ---------------------------------------------------------------------------------------------
 // The product driver.
 
-// Per-lane token offsets of one launch: B rows (column g) and C columns (2t, 2t + 1), clamped.
+// Per-lane token rows of one launch: B rows (column g) and C columns (2t, 2t + 1), clamped.
 struct TokRows {
     u32 b[MMQ_NT], c0[MMQ_NT], c1[MMQ_NT];
 };
@@ -125,43 +103,32 @@ __device__ __forceinline__ TokRows tok_rows(u32 m0, u32 M, int g, int t) {
     return r;
 }
 
-// One int8-format tile: every block, every token fragment.
+// One tile: every block, every token fragment.
 template <class F>
-__device__ __forceinline__ void tile_int(const typename F::Tile& cur, u32 kt, const u8* __restrict__ Xq,
-                                         const XS* __restrict__ Xs, u32 kp, const TokRows& tr, int t,
-                                         float acc[MMQ_NT][4]) {
+__device__ __forceinline__ void tile_blocks(const typename F::Tile& cur, u32 kt, const u8* __restrict__ Xh,
+                                            const float* __restrict__ Xs, u32 kp, const TokRows& tr, int t,
+                                            float acc[MMQ_NT][4]) {
     const u32 nbk = kp / 32;
 #pragma unroll
     for (int b = 0; b < F::NB; ++b) {
         const u32 blk = kt * F::NB + b;
 #pragma unroll
         for (int nf = 0; nf < MMQ_NT; ++nf) {
-            const unsigned long long bb = ld8(Xq + (u64)tr.b[nf] * kp + blk * 32 + 8 * t);
-            const XS x0 = ld_xs(Xs + (u64)tr.c0[nf] * nbk + blk);
-            const XS x1 = ld_xs(Xs + (u64)tr.c1[nf] * nbk + blk);
-            F::block(cur, b, (u32)bb, (u32)(bb >> 32), x0, x1, acc[nf]);
+            const uint4 v = ld16(Xh + ((u64)tr.b[nf] * kp + blk * 32) * 2 + 16 * t);
+            const u32 bf[4] = {v.x, v.y, v.z, v.w};
+            XSum xs = {0.0f, 0.0f};
+            if (F::MIN) {
+                xs.s0 = __ldg(Xs + (u64)tr.c0[nf] * nbk + blk);
+                xs.s1 = __ldg(Xs + (u64)tr.c1[nf] * nbk + blk);
+            }
+            F::block(cur, b, bf, xs, acc[nf]);
         }
     }
 }
 
-// One float-format tile (16-bit activations, kp columns per row).
 template <class F>
-__device__ __forceinline__ void tile_f16(const typename F::Tile& cur, u32 kt, const u8* __restrict__ Xh,
-                                         u32 kp, const TokRows& tr, int t, float acc[MMQ_NT][4]) {
-#pragma unroll
-    for (int s = 0; s < F::NB; ++s) {
-        const u32 col = kt * F::KT + s * 16;
-#pragma unroll
-        for (int nf = 0; nf < MMQ_NT; ++nf) {
-            const unsigned long long bb = ld8(Xh + ((u64)tr.b[nf] * kp + col) * 2 + 8 * t);
-            F::step(cur, s, (u32)bb, (u32)(bb >> 32), acc[nf]);
-        }
-    }
-}
-
-template <class F, int INT>
 __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __restrict__ X,
-                                        const XS* __restrict__ Xs, float* Y, const float* R, u32 M, u32 N,
+                                        const float* __restrict__ Xs, float* Y, const float* R, u32 M, u32 N,
                                         u32 nkt, u32 nseg, u32 kp) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -190,11 +157,7 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
             if (k0 < k1) F::load(wt + (u64)k0 * F::TB, lane, cur);
             for (u32 kt = k0; kt < k1; ++kt) {
                 if (kt + 1 < k1) F::load(wt + (u64)(kt + 1) * F::TB, lane, nxt);
-                if constexpr (INT) {
-                    tile_int<F>(cur, kt, X, Xs, kp, tr, t, acc);
-                } else {
-                    tile_f16<F>(cur, kt, X, kp, tr, t, acc);
-                }
+                tile_blocks<F>(cur, kt, X, Xs, kp, tr, t, acc);
                 cur = nxt;
             }
 #pragma unroll
@@ -242,18 +205,18 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
     }
 }
 
-#define MMQ_KERNEL(suffix, FMT, INT)                                                                        \
-    extern "C" __global__ void __launch_bounds__(MMQ_MAXT) mmq_##suffix(                                          \
-        const u8* W, const u8* X, const XS* Xs, float* Y, const float* R, u32 M, u32 N, u32 nkt, u32 nseg,   \
+#define MMQ_KERNEL(suffix, FMT)                                                                             \
+    extern "C" __global__ void __launch_bounds__(MMQ_MAXT) mmq_##suffix(                                      \
+        const u8* W, const u8* X, const float* Xs, float* Y, const float* R, u32 M, u32 N, u32 nkt, u32 nseg, \
         u32 kp) {                                                                                             \
-        product<FMT, INT>(W, X, Xs, Y, R, M, N, nkt, nseg, kp);                                               \
+        product<FMT>(W, X, Xs, Y, R, M, N, nkt, nseg, kp);                                                    \
     }
 
-MMQ_KERNEL(q8_0, FmtQ8_0, 1)
-MMQ_KERNEL(q4_0, FmtQ4_0, 1)
-MMQ_KERNEL(q4_1, FmtQ4_1, 1)
-MMQ_KERNEL(q4_k, FmtQ4_K, 1)
-MMQ_KERNEL(q5_k, FmtQ5_K, 1)
-MMQ_KERNEL(q6_k, FmtQ6_K, 1)
-MMQ_KERNEL(f16, FmtF16<0>, 0)
-MMQ_KERNEL(bf16, FmtF16<1>, 0)
+MMQ_KERNEL(q8_0, FmtQ8_0)
+MMQ_KERNEL(q4_0, FmtQ4_0)
+MMQ_KERNEL(q4_1, FmtQ4_1)
+MMQ_KERNEL(q4_k, FmtQ4_K)
+MMQ_KERNEL(q5_k, FmtQ5_K)
+MMQ_KERNEL(q6_k, FmtQ6_K)
+MMQ_KERNEL(f16, FmtF16<0>)
+MMQ_KERNEL(bf16, FmtF16<1>)

@@ -146,8 +146,7 @@ pub const MODULES: &[Module] = &[
         source: include_str!("../cu/products.cu"),
         headers: &[H_MMA, H_WFMT],
         kernels: &[
-            "quantize_q8",
-            "convert_h16",
+            "prepare_h16",
             "mmq_q8_0",
             "mmq_q4_0",
             "mmq_q4_1",

@@ -3,9 +3,9 @@
 //! bytes map straight onto `mma.sync` A fragments, lane by lane. Nothing is lost: [`unpack`]
 //! gives back the GGUF bytes, and the tests here prove it for every format and odd shapes.
 //!
-//! Lane L = 4g + t of a warp; word r (0..4), byte i (0..4) of its 16-byte piece of a 32-column
-//! block hold (row g + 8 (r & 1), column 16 (r >> 1) + 4t + i) of the block (for the 16-bit
-//! formats, per 16 columns: (row g + 8 (r & 1), column 8 (r >> 1) + 2t + h), h = 0, 1).
+//! Lane L = 4g + t of a warp holds, per 16-column step, the m16n8k16 A fragment registers
+//! r = 0..3 of halves h = 0, 1: (row g + 8 (r & 1), column 8 (r >> 1) + 2t + h). [`spot`] says
+//! where each value's code lives; kernels/cu/wfmt.cuh reads it from there.
 
 use super::DType;
 use crate::error::{Error, Result};
@@ -55,13 +55,8 @@ impl Packed {
     }
 }
 
-/// Row `row`, column `col` (within a 32-block) held by lane `lane`, word `r`, byte `i`.
-fn frag32(lane: usize, r: usize, i: usize) -> (usize, usize) {
-    let (g, t) = (lane / 4, lane % 4);
-    (g + 8 * (r & 1), 16 * (r >> 1) + 4 * t + i)
-}
-
-/// Row and column (within a 16-group) of lane `lane`, word `r`, half `h` (16-bit formats).
+/// Row and column (within a 16-column step) of lane `lane`, A register `r`, half `h` (the
+/// m16n8k16 A fragment).
 fn frag16(lane: usize, r: usize, h: usize) -> (usize, usize) {
     let (g, t) = (lane / 4, lane % 4);
     (g + 8 * (r & 1), 8 * (r >> 1) + 2 * t + h)
@@ -185,139 +180,135 @@ fn row_codes(dtype: DType, row: &[u8], padded_cols: usize) -> RowCodes {
     RowCodes { codes, heads }
 }
 
-/// Writes tile (rt, kt) from the codes and heads of its 16 rows (`None` = a padding row).
-fn write_tile(dtype: DType, f: TileFormat, kt: usize, rows: &[Option<RowCodes>], tile: &mut [u8]) {
-    let code = |row: usize, col: usize| -> u16 {
-        rows[row].as_ref().map_or(0, |r| r.codes[kt * f.kt + col])
-    };
-    // Scale bytes of (row, GGUF block index within the row); zero for padding.
-    let head = |row: usize, blk: usize| -> Option<&[u8]> {
-        rows[row]
-            .as_ref()
-            .and_then(|r| r.heads.get(blk).map(|h| h.as_slice()))
-    };
-    let put = |tile: &mut [u8], at: usize, src: Option<&[u8]>, len: usize| {
-        if let Some(s) = src {
-            tile[at..at + len].copy_from_slice(&s[..len]);
-        }
+/// Where the code of value (step `s`, `lane`, register `r`, half `h`) of a tile lives: its low
+/// bits (byte, shift, bits) and, for 5- and 6-bit codes, its bits above the nibble.
+struct Spot {
+    lo: (usize, u32, u32),
+    hi: Option<(usize, u32, u32)>,
+}
+
+fn spot(dtype: DType, s: usize, lane: usize, r: usize, h: usize) -> Spot {
+    let i = r + 4 * h; // nibble index in the step's word
+    let nib = |base: usize| {
+        (
+            base + lane * 16 + 4 * (s % 4) + i / 2,
+            4 * (i % 2) as u32,
+            4,
+        )
     };
     match dtype {
-        DType::F16 | DType::BF16 => {
-            for s in 0..4 {
-                for lane in 0..32 {
-                    for r in 0..4 {
-                        for h in 0..2 {
-                            let (row, col) = frag16(lane, r, h);
-                            let v = code(row, 16 * s + col).to_le_bytes();
-                            let at = s * 512 + lane * 16 + r * 4 + h * 2;
-                            tile[at..at + 2].copy_from_slice(&v);
-                        }
-                    }
-                }
-            }
-        }
-        DType::Q8_0 => {
-            for blk in 0..2 {
-                for lane in 0..32 {
-                    for r in 0..4 {
-                        for i in 0..4 {
-                            let (row, col) = frag32(lane, r, i);
-                            tile[blk * 512 + lane * 16 + r * 4 + i] =
-                                code(row, 32 * blk + col) as u8;
-                        }
-                    }
-                }
-            }
-            for row in 0..16 {
-                for blk in 0..2 {
-                    put(tile, 1024 + (row * 2 + blk) * 2, head(row, 2 * kt + blk), 2);
-                }
-            }
-        }
-        DType::Q4_0 | DType::Q4_1 => {
-            nibble_plane(tile, 0, |row, col, hi| code(row, 32 * hi + col));
-            let hb = if dtype == DType::Q4_0 { 2 } else { 4 };
-            for row in 0..16 {
-                for blk in 0..2 {
-                    put(
-                        tile,
-                        512 + (row * 2 + blk) * hb,
-                        head(row, 2 * kt + blk),
-                        hb,
-                    );
-                }
-            }
-        }
-        DType::Q4_K | DType::Q5_K | DType::Q6_K => {
-            for p in 0..4 {
-                nibble_plane(tile, p * 512, |row, col, hi| {
-                    code(row, 32 * (2 * p + hi) + col) & 15
-                });
-            }
-            match dtype {
-                DType::Q4_K => {
-                    for row in 0..16 {
-                        put(tile, 2048 + row * 16, head(row, kt), 16);
-                    }
-                }
-                DType::Q5_K => {
-                    high_bits(tile, 2048, 16, 1, |row, col| code(row, col) >> 4);
-                    for row in 0..16 {
-                        put(tile, 2560 + row * 16, head(row, kt), 16);
-                    }
-                }
-                _ => {
-                    high_bits(tile, 2048, 32, 2, |row, col| code(row, col) >> 4);
-                    for row in 0..16 {
-                        if let Some(h) = head(row, kt) {
-                            tile[3072 + row * 16..3072 + row * 16 + 16].copy_from_slice(&h[..16]);
-                            tile[3328 + row * 2..3328 + row * 2 + 2].copy_from_slice(&h[16..18]);
-                        }
-                    }
-                }
-            }
-        }
-        _ => unreachable!("write_tile: {dtype} has no tile format"),
+        DType::F16 | DType::BF16 => Spot {
+            lo: (s * 512 + lane * 16 + r * 4 + h * 2, 0, 16),
+            hi: None,
+        },
+        DType::Q8_0 => Spot {
+            lo: ((s / 2) * 512 + lane * 16 + 8 * (s % 2) + 2 * r + h, 0, 8),
+            hi: None,
+        },
+        DType::Q4_0 | DType::Q4_1 => Spot {
+            lo: nib(0),
+            hi: None,
+        },
+        DType::Q5_K => Spot {
+            lo: nib((s / 4) * 512),
+            hi: Some((2048 + lane * 16 + s, i as u32, 1)),
+        },
+        DType::Q6_K => Spot {
+            lo: nib((s / 4) * 512),
+            hi: Some((
+                2048 + lane * 32 + 2 * s + (2 * i) / 8,
+                ((2 * i) % 8) as u32,
+                2,
+            )),
+        },
+        _ => Spot {
+            lo: nib((s / 4) * 512),
+            hi: None,
+        },
     }
 }
 
-/// A 512-byte plane of nibble pairs: byte (lane, r, i) = v(.., 0) | v(.., 1) << 4.
-fn nibble_plane(tile: &mut [u8], at: usize, v: impl Fn(usize, usize, usize) -> u16) {
-    for lane in 0..32 {
-        for r in 0..4 {
-            for i in 0..4 {
-                let (row, col) = frag32(lane, r, i);
-                tile[at + lane * 16 + r * 4 + i] = (v(row, col, 0) | (v(row, col, 1) << 4)) as u8;
-            }
-        }
+/// Byte offsets of the scale bytes of (row, GGUF block within the tile) and their length; for
+/// Q6_K the 16 scales then the 2 bytes of d go to two places (see [`write_tile`]).
+fn head_spot(dtype: DType, row: usize, blk: usize) -> (usize, usize) {
+    match dtype {
+        DType::Q8_0 => (1024 + (row * 2 + blk) * 2, 2),
+        DType::Q4_0 => (512 + (row * 2 + blk) * 2, 2),
+        DType::Q4_1 => (512 + (row * 2 + blk) * 4, 4),
+        DType::Q4_K => (2048 + row * 16, 16),
+        DType::Q5_K => (2560 + row * 16, 16),
+        _ => (3072 + row * 16, 16),
     }
 }
 
-/// The bits above the nibble of a 256-column tile, `bits` per value: lane L's `per_lane` bytes
-/// at `at + L * per_lane`, value (block j, r, i) at bit bits * (16 j + 4 r + i).
-fn high_bits(
-    tile: &mut [u8],
-    at: usize,
-    per_lane: usize,
-    bits: usize,
-    v: impl Fn(usize, usize) -> u16,
-) {
-    for lane in 0..32 {
-        for j in 0..8 {
+/// GGUF blocks per tile (per row) that carry scale bytes.
+fn heads_per_tile(dtype: DType) -> usize {
+    match dtype {
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 2,
+        DType::F16 | DType::BF16 => 0,
+        _ => 1,
+    }
+}
+
+/// Calls `f(step, lane, r, h, row, col)` for every value slot of a tile.
+fn each_slot(f: TileFormat, mut g: impl FnMut(usize, usize, usize, usize, usize, usize)) {
+    for s in 0..f.kt / 16 {
+        for lane in 0..32 {
             for r in 0..4 {
-                for i in 0..4 {
-                    let (row, col) = frag32(lane, r, i);
-                    let b = bits * (16 * j + 4 * r + i);
-                    let x = (v(row, 32 * j + col) as u8) & ((1 << bits) - 1);
-                    tile[at + lane * per_lane + b / 8] |= x << (b % 8);
+                for h in 0..2 {
+                    let (row, col) = frag16(lane, r, h);
+                    g(s, lane, r, h, row, 16 * s + col);
                 }
             }
         }
     }
 }
 
-/// Reads the code of (row, col) and the scale bytes back out of a tile (the inverse of
-/// [`write_tile`] for one row).
+fn put_bits(tile: &mut [u8], (at, shift, bits): (usize, u32, u32), v: u16) {
+    if bits == 16 {
+        tile[at..at + 2].copy_from_slice(&v.to_le_bytes());
+    } else {
+        tile[at] |= ((v as u8) & ((1u16 << bits) - 1) as u8) << shift;
+    }
+}
+
+fn get_bits(tile: &[u8], (at, shift, bits): (usize, u32, u32)) -> u16 {
+    if bits == 16 {
+        u16::from_le_bytes([tile[at], tile[at + 1]])
+    } else {
+        ((tile[at] >> shift) as u16) & ((1u16 << bits) - 1)
+    }
+}
+
+/// Writes tile (rt, kt) from the codes and heads of its 16 rows (`None` = a padding row).
+fn write_tile(dtype: DType, f: TileFormat, kt: usize, rows: &[Option<RowCodes>], tile: &mut [u8]) {
+    each_slot(f, |s, lane, r, h, row, col| {
+        let Some(rc) = &rows[row] else { return };
+        let c = rc.codes[kt * f.kt + col];
+        let sp = spot(dtype, s, lane, r, h);
+        put_bits(tile, sp.lo, c);
+        if let Some(hi) = sp.hi {
+            put_bits(tile, hi, c >> 4);
+        }
+    });
+    let hpt = heads_per_tile(dtype);
+    for (row, rc) in rows.iter().enumerate() {
+        let Some(rc) = rc else { continue };
+        for blk in 0..hpt {
+            let Some(head) = rc.heads.get(hpt * kt + blk) else {
+                continue;
+            };
+            let (at, len) = head_spot(dtype, row, blk);
+            tile[at..at + len].copy_from_slice(&head[..len]);
+            if dtype == DType::Q6_K {
+                tile[3328 + row * 2..3328 + row * 2 + 2].copy_from_slice(&head[16..18]);
+            }
+        }
+    }
+}
+
+/// Reads the codes of row `row` (into `codes`, the tile's columns) and its scale bytes back out
+/// of a tile: the inverse of [`write_tile`] for one row.
 fn read_row(
     dtype: DType,
     f: TileFormat,
@@ -325,77 +316,24 @@ fn read_row(
     row: usize,
     codes: &mut [u16],
 ) -> Vec<Vec<u8>> {
-    let mut heads = Vec::new();
-    match dtype {
-        DType::F16 | DType::BF16 => {
-            for s in 0..4 {
-                for lane in 0..32 {
-                    for r in 0..4 {
-                        for h in 0..2 {
-                            let (rr, col) = frag16(lane, r, h);
-                            if rr == row {
-                                let at = s * 512 + lane * 16 + r * 4 + h * 2;
-                                codes[16 * s + col] = u16::from_le_bytes([tile[at], tile[at + 1]]);
-                            }
-                        }
-                    }
-                }
-            }
+    each_slot(f, |s, lane, r, h, rr, col| {
+        if rr != row {
+            return;
         }
-        _ => {
-            let nb = f.kt / 32;
-            for blk in 0..nb {
-                for lane in 0..32 {
-                    for r in 0..4 {
-                        for i in 0..4 {
-                            let (rr, col) = frag32(lane, r, i);
-                            if rr != row {
-                                continue;
-                            }
-                            let o = lane * 16 + r * 4 + i;
-                            let c = match dtype {
-                                DType::Q8_0 => tile[blk * 512 + o],
-                                DType::Q4_0 | DType::Q4_1 => (tile[o] >> (4 * blk)) & 15,
-                                _ => (tile[(blk / 2) * 512 + o] >> (4 * (blk & 1))) & 15,
-                            } as u16;
-                            let bit = |bits: usize, per_lane: usize| -> u16 {
-                                let b = bits * (16 * blk + 4 * r + i);
-                                let byte = tile[2048 + lane * per_lane + b / 8];
-                                ((byte >> (b % 8)) as u16) & ((1 << bits) - 1)
-                            };
-                            let hi = match dtype {
-                                DType::Q5_K => bit(1, 16),
-                                DType::Q6_K => bit(2, 32),
-                                _ => 0,
-                            };
-                            codes[32 * blk + col] = c | (hi << 4);
-                        }
-                    }
-                }
+        let sp = spot(dtype, s, lane, r, h);
+        let hi = sp.hi.map_or(0, |hi| get_bits(tile, hi));
+        codes[col] = get_bits(tile, sp.lo) | (hi << 4);
+    });
+    (0..heads_per_tile(dtype))
+        .map(|blk| {
+            let (at, len) = head_spot(dtype, row, blk);
+            let mut h = tile[at..at + len].to_vec();
+            if dtype == DType::Q6_K {
+                h.extend_from_slice(&tile[3328 + row * 2..3328 + row * 2 + 2]);
             }
-            match dtype {
-                DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
-                    let hb = match dtype {
-                        DType::Q4_1 => 4,
-                        _ => 2,
-                    };
-                    let base = if dtype == DType::Q8_0 { 1024 } else { 512 };
-                    for blk in 0..2 {
-                        let at = base + (row * 2 + blk) * hb;
-                        heads.push(tile[at..at + hb].to_vec());
-                    }
-                }
-                DType::Q4_K => heads.push(tile[2048 + row * 16..2048 + row * 16 + 16].to_vec()),
-                DType::Q5_K => heads.push(tile[2560 + row * 16..2560 + row * 16 + 16].to_vec()),
-                _ => {
-                    let mut h = tile[3072 + row * 16..3072 + row * 16 + 16].to_vec();
-                    h.extend_from_slice(&tile[3328 + row * 2..3328 + row * 2 + 2]);
-                    heads.push(h);
-                }
-            }
-        }
-    }
-    heads
+            h
+        })
+        .collect()
 }
 
 /// Repacks `rows` x `cols` values of `dtype` stored as GGUF rows in `src`.
@@ -530,7 +468,8 @@ mod tests {
 
     #[test]
     fn tiles_hold_the_values_where_the_kernels_read_them() {
-        // Q8_0: lane 5 = (g 1, t 1), word 3 = row 9, columns 16 + 4 + i of block 0.
+        // Q8_0: lane 5 = (g 1, t 1); register 3, half h of step 0 = row 9, column 8 + 2 + h: byte
+        // 5 * 16 + 2 * 3 + h; step 3 (columns 48..64) lives in the second plane, 8 bytes on.
         let (rows, cols) = (16, 64);
         let rb = DType::Q8_0.block_bytes() * 2;
         let mut src = vec![0u8; rows * rb];
@@ -542,12 +481,11 @@ mod tests {
             src[r * rb..r * rb + 2].copy_from_slice(&(r as u16 + 1).to_le_bytes());
         }
         let p = repack(DType::Q8_0, &src, rows, cols).unwrap();
-        for i in 0..4 {
-            assert_eq!(p.data[5 * 16 + 3 * 4 + i], (9 * 64 + 16 + 4 + i) as u8);
-            // Block 1 plane.
+        for h in 0..2 {
+            assert_eq!(p.data[5 * 16 + 6 + h], (9 * 64 + 10 + h) as u8);
             assert_eq!(
-                p.data[512 + 5 * 16 + 3 * 4 + i],
-                (9 * 64 + 32 + 16 + 4 + i) as u8
+                p.data[512 + 5 * 16 + 8 + 6 + h],
+                (9 * 64 + 48 + 10 + h) as u8
             );
         }
         // Scale of (row 9, block 0).

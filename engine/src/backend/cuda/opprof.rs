@@ -53,7 +53,12 @@ impl OpProf {
                 step += ms as f64;
             }
         }
-        let s = self.steps.borrow_mut().entry(rows).or_insert((0, 0.0)).clone();
+        let s = self
+            .steps
+            .borrow_mut()
+            .entry(rows)
+            .or_insert((0, 0.0))
+            .clone();
         self.steps.borrow_mut().insert(rows, (s.0 + 1, s.1 + step));
     }
 }
@@ -64,7 +69,10 @@ impl Drop for OpProf {
         let all: f64 = totals.values().map(|t| t.1).sum();
         eprintln!("== op profile (plain steps; ms summed over all steps)");
         for (rows, (n, ms)) in self.steps.borrow().iter() {
-            eprintln!("steps of {rows:>5} rows: {n:>6} steps, {:.3} ms per step", ms / *n as f64);
+            eprintln!(
+                "steps of {rows:>5} rows: {n:>6} steps, {:.3} ms per step",
+                ms / *n as f64
+            );
         }
         let mut v: Vec<_> = totals.iter().collect();
         v.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));

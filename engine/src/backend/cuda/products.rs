@@ -12,29 +12,21 @@ use crate::error::Result;
 use crate::quant::DType;
 use crate::quant::repack::{Packed, repack};
 
-/// How a product's activations are prepared.
+/// How a product's activations are prepared: 16-bit values (permuted per 32-column block) and
+/// the f32 sum of each block's values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ActKind {
-    /// int8 per 32-column block with an (f32 scale, int sum) pair: the quantized weight types.
-    Q8,
+    /// f16 (clamped to +-65504): every quantized type and F16.
     F16,
+    /// bf16: BF16 weights.
     BF16,
 }
 
 impl ActKind {
     pub fn of(dtype: DType) -> ActKind {
         match dtype {
-            DType::F16 => ActKind::F16,
             DType::BF16 => ActKind::BF16,
-            _ => ActKind::Q8,
-        }
-    }
-
-    /// Bytes per prepared value.
-    pub fn value_bytes(self) -> usize {
-        match self {
-            ActKind::Q8 => 1,
-            _ => 2,
+            _ => ActKind::F16,
         }
     }
 }
@@ -69,7 +61,7 @@ pub struct ActBuf {
     pub kp: usize,
     pub rows: usize,
     pub values: CudaSlice<u8>,
-    /// XS pairs (8 bytes per 32 columns) for [`ActKind::Q8`]; one byte otherwise.
+    /// One f32 per 32 columns: the sum of the block's 16-bit values.
     pub scales: CudaSlice<u8>,
 }
 
@@ -98,20 +90,16 @@ impl Gpu {
 
     /// Allocates prepared-activation buffers.
     pub fn act_buf(&self, kind: ActKind, rows: usize, kp: usize) -> Result<ActBuf> {
-        let scales = match kind {
-            ActKind::Q8 => rows * (kp / 32) * 8,
-            _ => 1,
-        };
         Ok(ActBuf {
             kind,
             kp,
             rows,
-            values: self.zeros(rows * kp * kind.value_bytes())?,
-            scales: self.zeros(scales)?,
+            values: self.zeros(rows * kp * 2)?,
+            scales: self.zeros(rows * (kp / 32) * 4)?,
         })
     }
 
-    /// Prepares `m` rows of `k` f32 values at `x` into `a` (quantized or converted, padded).
+    /// Prepares `m` rows of `k` f32 values at `x` into `a` (converted, permuted, padded, summed).
     pub fn prepare(&self, x: u64, a: &ActBuf, m: usize, k: usize) -> Result<()> {
         if m > a.rows || k > a.kp {
             return Err(self.err(format!(
@@ -123,34 +111,18 @@ impl Gpu {
             return Ok(());
         }
         let f = self.variant("products", &[])?;
-        let (name, grid, args) = match a.kind {
-            ActKind::Q8 => {
-                let warps = (m * a.kp / 32) as u64;
-                let grid = warps.div_ceil(8).clamp(1, 1 << 16) as u32;
-                let args = vec![
-                    Arg::Ptr(x),
-                    Arg::Ptr(self.ptr(&a.values)),
-                    Arg::Ptr(self.ptr(&a.scales)),
-                    Arg::U32(m as u32),
-                    Arg::U32(k as u32),
-                    Arg::U32(a.kp as u32),
-                ];
-                ("quantize_q8", grid, args)
-            }
-            kind => {
-                let n = (m * a.kp) as u64;
-                let grid = n.div_ceil(256).clamp(1, 1 << 16) as u32;
-                let args = vec![
-                    Arg::Ptr(x),
-                    Arg::Ptr(self.ptr(&a.values)),
-                    Arg::U32(m as u32),
-                    Arg::U32(k as u32),
-                    Arg::U32(a.kp as u32),
-                    Arg::U32((kind == ActKind::BF16) as u32),
-                ];
-                ("convert_h16", grid, args)
-            }
-        };
+        let warps = (m * a.kp / 32) as u64;
+        let grid = warps.div_ceil(8).clamp(1, 1 << 16) as u32;
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(self.ptr(&a.values)),
+            Arg::Ptr(self.ptr(&a.scales)),
+            Arg::U32(m as u32),
+            Arg::U32(k as u32),
+            Arg::U32(a.kp as u32),
+            Arg::U32((a.kind == ActKind::BF16) as u32),
+        ];
+        let name = "prepare_h16";
         let func = f
             .get(name)
             .ok_or_else(|| self.err(format!("kernel {name} missing")))?;

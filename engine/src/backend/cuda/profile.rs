@@ -64,7 +64,7 @@ impl Profile {
                 split(2),
                 split(4),
                 Launch {
-                    nt: 8,
+                    nt: 4,
                     rpb: 4,
                     split_k: false,
                 },

@@ -208,7 +208,10 @@ impl CudaBackend {
             .iter()
             .find(|(kk, kc, _)| *kk == kind && *kc == k)
             .map(|(_, _, a)| a)
-            .ok_or_else(|| self.gpu.err(format!("no {kind:?} activation buffer for K = {k}")))
+            .ok_or_else(|| {
+                self.gpu
+                    .err(format!("no {kind:?} activation buffer for K = {k}"))
+            })
     }
 
     /// `y = W x` for `m` rows (`x`: f32 rows of `w.cols`, already prepared by [`Self::prep`]
@@ -228,16 +231,7 @@ impl CudaBackend {
             .data
             .as_ref()
             .ok_or_else(|| g.err("weight matrix has no stored layout"))?;
-        g.matmul(
-            w.dtype,
-            g.ptr(data),
-            w.row_bytes,
-            x,
-            y,
-            m,
-            w.rows,
-            w.cols,
-        )?;
+        g.matmul(w.dtype, g.ptr(data), w.row_bytes, x, y, m, w.rows, w.cols)?;
         match res {
             Some(r) => g.add_in_place(r, y, m * w.rows),
             None => Ok(()),
