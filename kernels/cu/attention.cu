@@ -120,10 +120,12 @@ extern "C" __global__ void __launch_bounds__(128) attn_split(
     }
 }
 
-// One warp per (row, head) of `rows` rows.
+// One warp per (row, head) of `rows` rows. With Xh (head_dim a multiple of 32) the output is
+// also prepared for the next product (prep.cuh): rows of kp columns, bf: bf16.
 extern "C" __global__ void __launch_bounds__(128) attn_combine(const float* __restrict__ part, float* __restrict__ O,
                                                                const u32* __restrict__ pos, u64 part_stride,
-                                                               u32 rows, u32 n_heads, u32 head_dim) {
+                                                               u32 rows, u32 n_heads, u32 head_dim, u16* Xh,
+                                                               float* Xs, u32 kp, u32 bf) {
     const u32 gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (gw >= rows * n_heads) return;  // uniform over the warp
     const int lane = threadIdx.x & 31;
@@ -152,6 +154,11 @@ extern "C" __global__ void __launch_bounds__(128) attn_combine(const float* __re
 #pragma unroll
     for (int j = 0; j < ATTN_DPL; ++j) {
         const u32 d = lane + 32 * j;
-        if (d < head_dim) out[d] = __fmul_rn(acc[j], inv);
+        const float v = __fmul_rn(acc[j], inv);
+        if (d < head_dim) out[d] = v;
+        if (Xh && (u32)(32 * j) < head_dim) {
+            const u32 col = (gw % n_heads) * head_dim + 32 * j;  // first column of this block
+            prep_store(v, lane, Xh + (u64)r * kp + col, Xs + (u64)r * (kp / 32) + col / 32, bf);
+        }
     }
 }

@@ -32,30 +32,8 @@
 // ---------------------------------------------------------------------------------------------
 // Activation preparation.
 
-// Position (in 16-bit values) of column i (0..31) of a 32-column block in the permuted layout:
-// lane t's B fragments of the block's two steps are the 16 bytes at 16t.
-__device__ __forceinline__ u32 act_pos(u32 i) {
-    const u32 step = i >> 4, j = i & 15;
-    return 8 * ((j & 7) >> 1) + 4 * step + 2 * ((j >> 3) & 1) + (j & 1);
-}
-
-__device__ __forceinline__ u16 f32_to_f16_bits(float f) {
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-
-__device__ __forceinline__ u16 f32_to_bf16_bits(float f) {
-    u16 h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-
-__device__ __forceinline__ float bf16_bits_to_f32(u16 b) { return __uint_as_float(((u32)b) << 16); }
-
-// X f32 [M][K] -> 16-bit [M][kp] (f16 clamped to +-65504, or bf16 when bf != 0), permuted per
-// 32-column block, zero past K; and Xs [M][kp / 32]: the f32 sum of each block's 16-bit values
-// (fixed xor tree). One warp per (row, block), grid-stride.
+// X f32 [M][K] -> prepared [M][kp] (zero past K) and Xs [M][kp / 32]. One warp per (row,
+// block), grid-stride.
 extern "C" __global__ void prepare_h16(const float* __restrict__ X, u16* __restrict__ Xh, float* __restrict__ Xs,
                                        u32 M, u32 K, u32 kp, u32 bf) {
     const int lane = threadIdx.x & 31;
@@ -65,21 +43,67 @@ extern "C" __global__ void prepare_h16(const float* __restrict__ X, u16* __restr
     for (u64 w = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < total; w += nwarps) {
         const u32 m = (u32)(w / nb), b = (u32)(w % nb);
         const u32 k = b * 32 + lane;
-        float x = k < K ? X[(u64)m * K + k] : 0.0f;
-        u16 h;
-        float v;
-        if (bf) {
-            h = f32_to_bf16_bits(x);
-            v = bf16_bits_to_f32(h);
-        } else {
-            x = fminf(fmaxf(x, -65504.0f), 65504.0f);
-            h = f32_to_f16_bits(x);
-            v = f16_to_f32(h);
-        }
-        Xh[(u64)m * kp + b * 32 + act_pos((u32)lane)] = h;
+        const float x = k < K ? X[(u64)m * K + k] : 0.0f;
+        prep_store(x, lane, Xh + (u64)m * kp + b * 32, Xs + w, bf);
+    }
+}
+
+// RMSNorm fused with the preparation, one block of 256 threads per row:
+// y = (x * (1 / sqrt(mean(x^2) + eps))) * w, written as f32 to Y (when Y is not null; Y may be
+// X) and prepared into Xh / Xs. Sum of squares: thread i adds x[i]^2, x[i + 256]^2, ... in order
+// (fma), then the warp xor tree, then the 8 warp sums in warp order.
+extern "C" __global__ void __launch_bounds__(256) norm_prep(const float* X, const float* __restrict__ W, float* Y,
+                                                            u16* __restrict__ Xh, float* __restrict__ Xs,
+                                                            u32 width, u32 kp, float eps, u32 bf) {
+    __shared__ float part[8];
+    __shared__ float total;
+    const u32 row = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float* x = X + (u64)row * width;
+    float ss = 0.0f;
+    for (u32 e = threadIdx.x; e < width; e += 256) ss = __fmaf_rn(x[e], x[e], ss);
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(FULL_MASK, v, o));
-        if (lane == 0) Xs[w] = v;
+    for (int o = 16; o > 0; o >>= 1) ss = __fadd_rn(ss, __shfl_xor_sync(FULL_MASK, ss, o));
+    if (lane == 0) part[warp] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = part[0];
+        for (int i = 1; i < 8; ++i) t = __fadd_rn(t, part[i]);
+        total = t;
+    }
+    __syncthreads();
+    const float scale = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)width), eps)));
+    const u32 nb = kp / 32;
+    for (u32 b = warp; b < nb; b += 8) {
+        const u32 k = b * 32 + lane;
+        float v = 0.0f;
+        if (k < width) v = __fmul_rn(__fmul_rn(x[k], scale), W[k]);
+        __syncwarp();
+        if (Y && k < width) Y[(u64)row * width + k] = v;
+        prep_store(v, lane, Xh + (u64)row * kp + b * 32, Xs + (u64)row * nb + b, bf);
+    }
+}
+
+// SwiGLU fused with the preparation: v = (g / (1 + exp(-g))) * u for rows of `width`, written as
+// f32 to Y (when not null; Y may be G) and prepared into Xh / Xs. One warp per (row, block).
+extern "C" __global__ void swiglu_prep(const float* G, const float* __restrict__ U, float* Y, u16* __restrict__ Xh,
+                                       float* __restrict__ Xs, u32 M, u32 width, u32 kp, u32 bf) {
+    const int lane = threadIdx.x & 31;
+    const u32 nb = kp / 32;
+    const u64 total = (u64)M * nb;
+    const u64 nwarps = (u64)gridDim.x * blockDim.x / 32;
+    for (u64 w = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < total; w += nwarps) {
+        const u32 m = (u32)(w / nb), b = (u32)(w % nb);
+        const u32 k = b * 32 + lane;
+        float v = 0.0f;
+        if (k < width) {
+            const u64 i = (u64)m * width + k;
+            const float g = G[i];
+            v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), U[i]);
+        }
+        __syncwarp();
+        if (Y && k < width) Y[(u64)m * width + k] = v;
+        prep_store(v, lane, Xh + (u64)m * kp + b * 32, Xs + w, bf);
     }
 }
 
@@ -126,10 +150,35 @@ __device__ __forceinline__ void tile_blocks(const typename F::Tile& cur, u32 kt,
     }
 }
 
+// Where output column n of row m goes: columns [0, n1) to Y (rows of n1), [n1, n1 + n2) to Y2
+// (rows of n2), the rest to Y3 (a fused QKV or gate/up matrix written to separate buffers).
+struct Outs {
+    float* y[3];
+    u32 n1, n2, N;
+    __device__ __forceinline__ u64 off(u32 m, u32 n, int* which) const {
+        if (n < n1) {
+            *which = 0;
+            return (u64)m * n1 + n;
+        }
+        if (n < n1 + n2) {
+            *which = 1;
+            return (u64)m * n2 + (n - n1);
+        }
+        *which = 2;
+        return (u64)m * (N - n1 - n2) + (n - n1 - n2);
+    }
+    // Writes v (+ R when given: R has rows of N and is only used without a split).
+    __device__ __forceinline__ void put(u32 m, u32 n, float v, const float* R) const {
+        int w;
+        const u64 o = off(m, n, &w);
+        y[w][o] = R ? __fadd_rn(R[o], v) : v;
+    }
+};
+
 template <class F>
 __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __restrict__ X,
-                                        const float* __restrict__ Xs, float* Y, const float* R, u32 M, u32 N,
-                                        u32 nkt, u32 nseg, u32 kp) {
+                                        const float* __restrict__ Xs, const Outs& out, const float* R, u32 M,
+                                        u32 N, u32 nkt, u32 nseg, u32 kp) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const u32 rp = (u32)warp % MMQ_RPB, wk = (u32)warp / MMQ_RPB;
@@ -175,10 +224,7 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
             for (int e = 0; e < 4; ++e) {
                 const u32 n = rt * 16 + g + 8 * (e >> 1);
                 const u32 m = m0 + nf * 8 + 2 * t + (e & 1);
-                if (n < N && m < M) {
-                    const u64 o = (u64)m * N + n;
-                    Y[o] = R ? __fadd_rn(R[o], tot[nf][e]) : tot[nf][e];
-                }
+                if (n < N && m < M) out.put(m, n, tot[nf][e], R);
             }
         return;
     }
@@ -198,18 +244,23 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
         for (u32 s = 0; s < wks; ++s) v = __fadd_rn(v, part[((s * MMQ_RPB + rp2) * 16 + row) * cols + col]);
         const u32 n = (blockIdx.x * MMQ_RPB + rp2) * 16 + row;
         const u32 m = m0 + col;
-        if (n < N && m < M) {
-            const u64 o = (u64)m * N + n;
-            Y[o] = R ? __fadd_rn(R[o], v) : v;
-        }
+        if (n < N && m < M) out.put(m, n, v, R);
     }
 }
 
+// Y, Y2, Y3 with n1 / n2: see Outs (n1 = N for a single output); R: residual (rows of N).
 #define MMQ_KERNEL(suffix, FMT)                                                                             \
     extern "C" __global__ void __launch_bounds__(MMQ_MAXT) mmq_##suffix(                                      \
-        const u8* W, const u8* X, const float* Xs, float* Y, const float* R, u32 M, u32 N, u32 nkt, u32 nseg, \
-        u32 kp) {                                                                                             \
-        product<FMT>(W, X, Xs, Y, R, M, N, nkt, nseg, kp);                                                    \
+        const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
+        const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
+        Outs o;                                                                                               \
+        o.y[0] = Y;                                                                                           \
+        o.y[1] = Y2;                                                                                          \
+        o.y[2] = Y3;                                                                                          \
+        o.n1 = n1;                                                                                            \
+        o.n2 = n2;                                                                                            \
+        o.N = N;                                                                                              \
+        product<FMT>(W, X, Xs, o, R, M, N, nkt, nseg, kp);                                                    \
     }
 
 MMQ_KERNEL(q8_0, FmtQ8_0)

@@ -34,6 +34,10 @@ const H_MMA: Header = Header {
     file: "kernels/cu/mma.cuh",
     text: include_str!("../cu/mma.cuh"),
 };
+const H_PREP: Header = Header {
+    file: "kernels/cu/prep.cuh",
+    text: include_str!("../cu/prep.cuh"),
+};
 const H_WFMT: Header = Header {
     file: "kernels/cu/wfmt.cuh",
     text: include_str!("../cu/wfmt.cuh"),
@@ -124,13 +128,13 @@ pub const MODULES: &[Module] = &[
         file: "kernels/cu/rope.cu",
         source: include_str!("../cu/rope.cu"),
         headers: &[],
-        kernels: &["rope", "kv_write"],
+        kernels: &["rope", "kv_write", "rope_kv"],
     },
     Module {
         name: "attention",
         file: "kernels/cu/attention.cu",
         source: include_str!("../cu/attention.cu"),
-        headers: &[],
+        headers: &[H_PREP],
         kernels: &["attn_split", "attn_combine"],
     },
     Module {
@@ -144,9 +148,11 @@ pub const MODULES: &[Module] = &[
         name: "products",
         file: "kernels/cu/products.cu",
         source: include_str!("../cu/products.cu"),
-        headers: &[H_MMA, H_WFMT],
+        headers: &[H_MMA, H_WFMT, H_PREP],
         kernels: &[
             "prepare_h16",
+            "norm_prep",
+            "swiglu_prep",
             "mmq_q8_0",
             "mmq_q4_0",
             "mmq_q4_1",

@@ -153,6 +153,7 @@ pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             head_dim: s.head_dim,
             block_size: s.block_size,
             scale: 1.0 / (s.head_dim as f32).sqrt(),
+            prep: None,
         };
         g.attention(&a)?;
         let got = g.download(&dout)?;

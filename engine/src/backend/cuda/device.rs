@@ -507,6 +507,28 @@ impl Gpu {
         self.launch("rope", Self::stride_grid(n), BLOCK, &args)
     }
 
+    /// RoPE of `rows` rows of Q (`n_heads`) and K (`n_kv_heads`) in place and the K/V cache
+    /// write at `slot[r]`, in one launch (the arithmetic of [`Gpu::rope`] and [`Gpu::kv_write`]).
+    pub fn rope_kv(&self, a: &RopeKvArgs) -> Result<()> {
+        let n = (a.rows * (a.n_heads + a.n_kv_heads) * (a.head_dim / 2)) as u64;
+        let args = [
+            Arg::Ptr(a.q),
+            Arg::Ptr(a.k),
+            Arg::Ptr(a.v),
+            Arg::Ptr(a.pos),
+            Arg::Ptr(a.cos),
+            Arg::Ptr(a.sin),
+            Arg::Ptr(a.k_cache),
+            Arg::Ptr(a.v_cache),
+            Arg::Ptr(a.slot),
+            Arg::U32(self.u32_of(a.rows, "rows")?),
+            Arg::U32(self.u32_of(a.n_heads, "heads")?),
+            Arg::U32(self.u32_of(a.n_kv_heads, "kv heads")?),
+            Arg::U32(self.u32_of(a.head_dim, "head_dim")?),
+        ];
+        self.launch("rope_kv", Self::stride_grid(n), BLOCK, &args)
+    }
+
     /// Writes rows of K and V (`width` values) into the caches at position indices `slot[r]`.
     #[allow(clippy::too_many_arguments)]
     pub fn kv_write(
@@ -605,6 +627,34 @@ impl Gpu {
 /// The most candidates `topk_row` returns (`TOPK_MAX` in kernels/cu/sample.cu).
 pub const TOPK_MAX: usize = 1024;
 
+/// Pointers and shapes of a [`Gpu::rope_kv`] launch.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeKvArgs {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub pos: u64,
+    pub cos: u64,
+    pub sin: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub slot: u64,
+    pub rows: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// Where [`Gpu::attention`] also prepares its output for the next product (prep.cuh).
+#[derive(Clone, Copy, Debug)]
+pub struct AttnPrep {
+    pub values: u64,
+    pub sums: u64,
+    /// Columns per prepared row.
+    pub kp: usize,
+    pub bf16: bool,
+}
+
 /// Positions per attention split (`ATTN_SPLIT` in kernels/cu/attention.cu).
 pub const ATTN_SPLIT: usize = 64;
 
@@ -634,6 +684,8 @@ pub struct AttnArgs {
     pub head_dim: usize,
     pub block_size: usize,
     pub scale: f32,
+    /// Also prepare the output for a product (head_dim a multiple of 32).
+    pub prep: Option<AttnPrep>,
 }
 
 impl Gpu {
@@ -671,6 +723,10 @@ impl Gpu {
         // At most 64 blocks per (row, head); each loops over its splits.
         let ys = self.u32_of(splits.min(64), "attention splits")?;
         self.launch("attn_split", (rh, ys), 128, &args)?;
+        let prep = a.prep.filter(|_| a.head_dim.is_multiple_of(32));
+        if a.prep.is_some() && prep.is_none() {
+            return Err(self.err("attention: fused preparation needs head_dim % 32 == 0"));
+        }
         let args = [
             Arg::Ptr(a.scores),
             Arg::Ptr(a.out),
@@ -679,6 +735,10 @@ impl Gpu {
             Arg::U32(self.u32_of(a.rows, "rows")?),
             Arg::U32(self.u32_of(a.n_heads, "heads")?),
             Arg::U32(self.u32_of(a.head_dim, "head_dim")?),
+            Arg::Ptr(prep.map_or(0, |p| p.values)),
+            Arg::Ptr(prep.map_or(0, |p| p.sums)),
+            Arg::U32(self.u32_of(prep.map_or(0, |p| p.kp), "kp")?),
+            Arg::U32(prep.is_some_and(|p| p.bf16) as u32),
         ];
         self.launch("attn_combine", (rh.div_ceil(4), 1), 128, &args)
     }

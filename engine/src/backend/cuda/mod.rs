@@ -15,8 +15,8 @@ pub mod select;
 mod step;
 
 pub use device::{
-    ATTN_SPLIT, Arg, AttnArgs, Gpu, LAZY_MODULES, TOPK_MAX, attn_part_floats, device_count,
-    kernel_supports, quiet_catch,
+    ATTN_SPLIT, Arg, AttnArgs, AttnPrep, Gpu, LAZY_MODULES, RopeKvArgs, TOPK_MAX, attn_part_floats,
+    device_count, kernel_supports, quiet_catch,
 };
 pub use graph::BUCKETS;
 
@@ -150,6 +150,10 @@ pub(crate) struct Layer {
     gate: Mat,
     up: Mat,
     down: Mat,
+    /// Q, K and V as one packed matrix (same type; then `q`, `k`, `v` hold no data).
+    qkv: Option<Mat>,
+    /// Gate and up as one packed matrix (same type; then `gate`, `up` hold no data).
+    gateup: Option<Mat>,
     /// `[block][slot][kv_head][head_dim]` f32.
     k_cache: CudaSlice<f32>,
     v_cache: CudaSlice<f32>,
@@ -270,24 +274,60 @@ impl CudaBackend {
             })
         };
         let mat = |t: &Tensor| mat_with(t, false);
+        // Several matrices of one type and width as one packed matrix (rows concatenated).
+        let fused = |ts: &[&Tensor]| -> Result<Option<Mat>> {
+            let (d, cols) = (ts[0].dtype, ts[0].rows_cols().1);
+            let same = ts.iter().all(|t| t.dtype == d && t.rows_cols().1 == cols);
+            if !v2 || !same || !products::product_supports(d) {
+                return Ok(None);
+            }
+            let rows: usize = ts.iter().map(|t| t.rows_cols().0).sum();
+            let bytes: Vec<u8> = ts.iter().flat_map(|t| t.data.iter().copied()).collect();
+            Ok(Some(Mat {
+                data: None,
+                packed: Some(gpu.upload_packed(&profile, d, &bytes, rows, cols)?),
+                dtype: d,
+                rows,
+                cols,
+                row_bytes: ts[0].row_bytes(),
+            }))
+        };
+        // A matrix that lives inside a fused one: shape only.
+        let part = |t: &Tensor| {
+            let (rows, cols) = t.rows_cols();
+            Mat {
+                data: None,
+                packed: None,
+                dtype: t.dtype,
+                rows,
+                cols,
+                row_bytes: t.row_bytes(),
+            }
+        };
         let cache_len = (opts.kv_blocks + 1) * opts.block_size * width;
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in &w.layers {
+            let qkv = fused(&[&l.q, &l.k, &l.v])?;
+            let gateup = fused(&[&l.gate, &l.up])?;
+            let maybe =
+                |t: &Tensor, f: &Option<Mat>| if f.is_some() { Ok(part(t)) } else { mat(t) };
             layers.push(Layer {
                 attn_norm: vec(&l.attn_norm)?,
                 ffn_norm: vec(&l.ffn_norm)?,
-                q: mat(&l.q)?,
-                k: mat(&l.k)?,
-                v: mat(&l.v)?,
+                q: maybe(&l.q, &qkv)?,
+                k: maybe(&l.k, &qkv)?,
+                v: maybe(&l.v, &qkv)?,
                 q_bias: opt(&l.q_bias)?,
                 k_bias: opt(&l.k_bias)?,
                 v_bias: opt(&l.v_bias)?,
                 q_norm: opt(&l.q_norm)?,
                 k_norm: opt(&l.k_norm)?,
                 attn_out: mat(&l.attn_out)?,
-                gate: mat(&l.gate)?,
-                up: mat(&l.up)?,
+                gate: maybe(&l.gate, &gateup)?,
+                up: maybe(&l.up, &gateup)?,
                 down: mat(&l.down)?,
+                qkv,
+                gateup,
                 k_cache: gpu.zeros(cache_len)?,
                 v_cache: gpu.zeros(cache_len)?,
             });

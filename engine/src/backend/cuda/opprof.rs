@@ -12,8 +12,8 @@ use super::Gpu;
 
 pub(super) struct OpProf {
     marks: RefCell<Vec<(&'static str, CudaEvent)>>,
-    /// label -> (count, milliseconds), and steps by row count.
-    totals: RefCell<BTreeMap<&'static str, (u64, f64)>>,
+    /// (decode or prefill, label) -> (count, milliseconds), and steps by row count.
+    totals: RefCell<BTreeMap<(&'static str, &'static str), (u64, f64)>>,
     steps: RefCell<BTreeMap<usize, (u64, f64)>>,
 }
 
@@ -44,10 +44,11 @@ impl OpProf {
     pub fn finish_step(&self, rows: usize) {
         let marks = std::mem::take(&mut *self.marks.borrow_mut());
         let mut totals = self.totals.borrow_mut();
+        let kind = if rows <= 64 { "decode" } else { "prefill" };
         let mut step = 0.0;
         for w in marks.windows(2) {
             if let Ok(ms) = w[0].1.elapsed_ms(&w[1].1) {
-                let t = totals.entry(w[1].0).or_insert((0, 0.0));
+                let t = totals.entry((kind, w[1].0)).or_insert((0, 0.0));
                 t.0 += 1;
                 t.1 += ms as f64;
                 step += ms as f64;
@@ -66,8 +67,7 @@ impl OpProf {
 impl Drop for OpProf {
     fn drop(&mut self) {
         let totals = self.totals.borrow();
-        let all: f64 = totals.values().map(|t| t.1).sum();
-        eprintln!("== op profile (plain steps; ms summed over all steps)");
+        eprintln!("== op profile (plain steps; ms summed over all steps; decode <= 64 rows)");
         for (rows, (n, ms)) in self.steps.borrow().iter() {
             eprintln!(
                 "steps of {rows:>5} rows: {n:>6} steps, {:.3} ms per step",
@@ -75,10 +75,15 @@ impl Drop for OpProf {
             );
         }
         let mut v: Vec<_> = totals.iter().collect();
-        v.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
-        for (label, (n, ms)) in v {
+        v.sort_by(|a, b| a.0.0.cmp(b.0.0).then(b.1.1.total_cmp(&a.1.1)));
+        for ((kind, label), (n, ms)) in v {
+            let all: f64 = totals
+                .iter()
+                .filter(|(k, _)| k.0 == *kind)
+                .map(|(_, t)| t.1)
+                .sum();
             eprintln!(
-                "{label:<14} {n:>8} calls {ms:>10.3} ms {:>5.1}%",
+                "{kind:<8} {label:<14} {n:>8} calls {ms:>10.3} ms {:>5.1}%",
                 100.0 * ms / all.max(1e-12)
             );
         }

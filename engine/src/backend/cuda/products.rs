@@ -101,12 +101,7 @@ impl Gpu {
 
     /// Prepares `m` rows of `k` f32 values at `x` into `a` (converted, permuted, padded, summed).
     pub fn prepare(&self, x: u64, a: &ActBuf, m: usize, k: usize) -> Result<()> {
-        if m > a.rows || k > a.kp {
-            return Err(self.err(format!(
-                "prepare: {m} x {k} does not fit a buffer of {} x {}",
-                a.rows, a.kp
-            )));
-        }
+        self.check_act(a, m, k)?;
         if m == 0 {
             return Ok(());
         }
@@ -129,6 +124,87 @@ impl Gpu {
         self.launch_fn(func, name, (grid, 1), 256, 0, &args)
     }
 
+    /// RMSNorm of `m` rows of `width` at `x` with weights `w` (f32 output to `y` when given; `y`
+    /// may be `x`), prepared into `a` in the same pass.
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_prep(
+        &self,
+        x: u64,
+        w: u64,
+        y: Option<u64>,
+        a: &ActBuf,
+        m: usize,
+        width: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.check_act(a, m, width)?;
+        if m == 0 {
+            return Ok(());
+        }
+        let f = self.variant("products", &[])?;
+        let func = f
+            .get("norm_prep")
+            .ok_or_else(|| self.err("kernel norm_prep missing"))?;
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::Ptr(y.unwrap_or(0)),
+            Arg::Ptr(self.ptr(&a.values)),
+            Arg::Ptr(self.ptr(&a.scales)),
+            Arg::U32(width as u32),
+            Arg::U32(a.kp as u32),
+            Arg::F32(eps),
+            Arg::U32((a.kind == ActKind::BF16) as u32),
+        ];
+        self.launch_fn(func, "norm_prep", (m as u32, 1), 256, 0, &args)
+    }
+
+    /// SwiGLU of `m` rows of `width` (`g`, `u`; f32 output to `y` when given, may be `g`),
+    /// prepared into `a` in the same pass.
+    #[allow(clippy::too_many_arguments)]
+    pub fn swiglu_prep(
+        &self,
+        g: u64,
+        u: u64,
+        y: Option<u64>,
+        a: &ActBuf,
+        m: usize,
+        width: usize,
+    ) -> Result<()> {
+        self.check_act(a, m, width)?;
+        if m == 0 {
+            return Ok(());
+        }
+        let f = self.variant("products", &[])?;
+        let func = f
+            .get("swiglu_prep")
+            .ok_or_else(|| self.err("kernel swiglu_prep missing"))?;
+        let warps = (m * a.kp / 32) as u64;
+        let grid = warps.div_ceil(8).clamp(1, 1 << 16) as u32;
+        let args = [
+            Arg::Ptr(g),
+            Arg::Ptr(u),
+            Arg::Ptr(y.unwrap_or(0)),
+            Arg::Ptr(self.ptr(&a.values)),
+            Arg::Ptr(self.ptr(&a.scales)),
+            Arg::U32(m as u32),
+            Arg::U32(width as u32),
+            Arg::U32(a.kp as u32),
+            Arg::U32((a.kind == ActKind::BF16) as u32),
+        ];
+        self.launch_fn(func, "swiglu_prep", (grid, 1), 256, 0, &args)
+    }
+
+    fn check_act(&self, a: &ActBuf, m: usize, k: usize) -> Result<()> {
+        if m > a.rows || k > a.kp {
+            return Err(self.err(format!(
+                "{m} x {k} does not fit a prepared-activation buffer of {} x {}",
+                a.rows, a.kp
+            )));
+        }
+        Ok(())
+    }
+
     /// `y[m][n] = W[n] . x[m]` (+ `r[m][n]` when `r` is given; `r` may equal `y`) for `m` rows
     /// of activations prepared in `a`, launched with geometry `l` (bits do not depend on it).
     pub fn product(
@@ -140,6 +216,31 @@ impl Gpu {
         m: usize,
         l: Launch,
     ) -> Result<()> {
+        self.product_to(w, a, &[(y, w.rows)], r, m, l)
+    }
+
+    /// [`Gpu::product`] with the output columns split over up to three buffers: `outs` =
+    /// (buffer, columns) in column order, the columns adding up to `w.rows` (a fused QKV or
+    /// gate/up matrix). A residual `r` needs a single output.
+    pub fn product_to(
+        &self,
+        w: &PMat,
+        a: &ActBuf,
+        outs: &[(u64, usize)],
+        r: Option<u64>,
+        m: usize,
+        l: Launch,
+    ) -> Result<()> {
+        let total: usize = outs.iter().map(|o| o.1).sum();
+        if outs.is_empty() || outs.len() > 3 || total != w.rows || (r.is_some() && outs.len() > 1) {
+            return Err(self.err(format!(
+                "product: outputs {outs:?} do not split {} rows (residual: {})",
+                w.rows,
+                r.is_some()
+            )));
+        }
+        let ptr = |i: usize| outs.get(i).map_or(0, |o| o.0);
+        let cols = |i: usize| outs.get(i).map_or(0, |o| o.1);
         if a.kind != w.act() || a.kp != w.kp || m > a.rows {
             return Err(self.err(format!(
                 "product: {} weights ({} x {}, kp {}) with {:?} activations of {} x {}",
@@ -173,7 +274,11 @@ impl Gpu {
             Arg::Ptr(self.ptr(&w.data)),
             Arg::Ptr(self.ptr(&a.values)),
             Arg::Ptr(self.ptr(&a.scales)),
-            Arg::Ptr(y),
+            Arg::Ptr(ptr(0)),
+            Arg::Ptr(ptr(1)),
+            Arg::Ptr(ptr(2)),
+            Arg::U32(cols(0) as u32),
+            Arg::U32(cols(1) as u32),
             Arg::Ptr(r.unwrap_or(0)),
             Arg::U32(m as u32),
             Arg::U32(w.rows as u32),

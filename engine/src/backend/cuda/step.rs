@@ -181,6 +181,7 @@ impl CudaBackend {
         v.extend(self.output.as_ref());
         for l in &self.layers {
             v.extend([&l.q, &l.k, &l.v, &l.attn_out, &l.gate, &l.up, &l.down]);
+            v.extend(l.qkv.iter().chain(l.gateup.iter()));
         }
         v
     }
@@ -200,6 +201,59 @@ impl CudaBackend {
             done.push(kind);
         }
         Ok(())
+    }
+
+    /// RMSNorm of `m` rows of `x` into `y` (f32), prepared for the packed matrices of `ws` in
+    /// the same pass when there are any.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_for(&self, x: u64, w: u64, y: u64, m: usize, ws: &[&Mat]) -> Result<()> {
+        let c = &self.config;
+        let g = &self.gpu;
+        let kinds = Self::kinds(ws);
+        let Some(&first) = kinds.first() else {
+            return g.rms_norm(x, w, y, m, c.hidden, c.rms_eps);
+        };
+        g.norm_prep(
+            x,
+            w,
+            Some(y),
+            self.act(first, c.hidden)?,
+            m,
+            c.hidden,
+            c.rms_eps,
+        )?;
+        for &k in &kinds[1..] {
+            g.prepare(y, self.act(k, c.hidden)?, m, c.hidden)?;
+        }
+        Ok(())
+    }
+
+    /// SwiGLU of `m` rows in place in `gate` (`up`), prepared for the packed matrices of `ws`.
+    fn swiglu_for(&self, gate: u64, up: u64, m: usize, ws: &[&Mat]) -> Result<()> {
+        let ffn = self.config.ffn;
+        let g = &self.gpu;
+        let kinds = Self::kinds(ws);
+        let Some(&first) = kinds.first() else {
+            return g.swiglu(gate, up, m * ffn);
+        };
+        g.swiglu_prep(gate, up, Some(gate), self.act(first, ffn)?, m, ffn)?;
+        for &k in &kinds[1..] {
+            g.prepare(gate, self.act(k, ffn)?, m, ffn)?;
+        }
+        Ok(())
+    }
+
+    /// The distinct activation kinds the packed matrices of `ws` read.
+    fn kinds(ws: &[&Mat]) -> Vec<ActKind> {
+        let mut v = Vec::new();
+        for w in ws {
+            if let Some(p) = &w.packed
+                && !v.contains(&p.act())
+            {
+                v.push(p.act());
+            }
+        }
+        v
     }
 
     fn act(&self, kind: ActKind, k: usize) -> Result<&super::products::ActBuf> {
@@ -239,19 +293,43 @@ impl CudaBackend {
     }
 
     fn layer(&self, l: usize, m: usize, meta: &Meta, scores: &CudaSlice<f32>) -> Result<()> {
+        self.attn_block(l, m, meta, scores)?;
+        self.ffn_block(l, m)
+    }
+
+    /// `y = W x` into column ranges of several buffers (a fused matrix; packed only).
+    fn mm_split(&self, w: &Mat, outs: &[(u64, usize)], m: usize) -> Result<()> {
+        let g = &self.gpu;
+        let p = w
+            .packed
+            .as_ref()
+            .ok_or_else(|| g.err("fused weight matrix is not packed"))?;
+        let a = self.act(p.act(), w.cols)?;
+        g.product_to(p, a, outs, None, m, self.profile.launch(m))
+    }
+
+    /// Norm, Q/K/V, RoPE and the KV write, attention and the output projection (residual added).
+    fn attn_block(&self, l: usize, m: usize, meta: &Meta, scores: &CudaSlice<f32>) -> Result<()> {
         let c = &self.config;
         let g = &self.gpu;
         let lw = &self.layers[l];
         let p: Vec<u64> = self.scratch.bufs.iter().map(|b| g.ptr(b)).collect();
         let (hd, eps) = (c.head_dim, c.rms_eps);
         let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
-        g.rms_norm(p[X], g.ptr(&lw.attn_norm), p[H], m, c.hidden, eps)?;
+        let qkv: Vec<&Mat> = match &lw.qkv {
+            Some(f) => vec![f],
+            None => vec![&lw.q, &lw.k, &lw.v],
+        };
+        self.norm_for(p[X], g.ptr(&lw.attn_norm), p[H], m, &qkv)?;
         self.tick("norm");
-        self.prep(p[H], c.hidden, m, &[&lw.q, &lw.k, &lw.v])?;
-        self.tick("prep");
-        self.mm(&lw.q, p[H], p[Q], None, m)?;
-        self.mm(&lw.k, p[H], p[K], None, m)?;
-        self.mm(&lw.v, p[H], p[V], None, m)?;
+        match &lw.qkv {
+            Some(f) => self.mm_split(f, &[(p[Q], qd), (p[K], kvd), (p[V], kvd)], m)?,
+            None => {
+                self.mm(&lw.q, p[H], p[Q], None, m)?;
+                self.mm(&lw.k, p[H], p[K], None, m)?;
+                self.mm(&lw.v, p[H], p[V], None, m)?;
+            }
+        }
         self.tick("qkv");
         for (bias, buf, width) in [
             (&lw.q_bias, p[Q], qd),
@@ -272,12 +350,28 @@ impl CudaBackend {
             (Some(cs), Some(sn)) => (g.ptr(cs), g.ptr(sn)),
             _ => return Err(g.err("RoPE tables missing")),
         };
-        let pos = meta.pos;
-        g.rope(p[Q], pos, cos, sin, m, c.n_heads, hd)?;
-        g.rope(p[K], pos, cos, sin, m, c.n_kv_heads, hd)?;
         let (kc, vc) = (g.ptr(&lw.k_cache), g.ptr(&lw.v_cache));
-        g.kv_write(kc, vc, p[K], p[V], meta.slot, m, kvd)?;
-        self.tick("bias/rope/kv");
+        g.rope_kv(&super::RopeKvArgs {
+            q: p[Q],
+            k: p[K],
+            v: p[V],
+            pos: meta.pos,
+            cos,
+            sin,
+            k_cache: kc,
+            v_cache: vc,
+            slot: meta.slot,
+            rows: m,
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: hd,
+        })?;
+        self.tick("rope/kv");
+        // The output projection's preparation fused into attention when it can be.
+        let prep = match &lw.attn_out.packed {
+            Some(pm) if hd.is_multiple_of(32) => Some(self.act(pm.act(), qd)?),
+            _ => None,
+        };
         // Attention, split into launches of `chunk` rows to bound the score scratch.
         let per_row = c.n_heads * super::attn_part_floats(meta.ctx, hd);
         let chunk = (scores.len() / per_row.max(1)).clamp(1, m);
@@ -289,7 +383,7 @@ impl CudaBackend {
                 out: p[ATT] + (r0 * qd * 4) as u64,
                 k_cache: kc,
                 v_cache: vc,
-                pos: pos + (r0 * 4) as u64,
+                pos: meta.pos + (r0 * 4) as u64,
                 row_seq: meta.row_seq + (r0 * 4) as u64,
                 table_off: meta.table_off,
                 tables: meta.tables,
@@ -301,26 +395,47 @@ impl CudaBackend {
                 head_dim: hd,
                 block_size: self.block_size,
                 scale: 1.0 / (hd as f32).sqrt(),
+                prep: prep.map(|a| super::AttnPrep {
+                    values: g.ptr(&a.values) + (r0 * a.kp * 2) as u64,
+                    sums: g.ptr(&a.scales) + (r0 * (a.kp / 32) * 4) as u64,
+                    kp: a.kp,
+                    bf16: a.kind == ActKind::BF16,
+                }),
             };
             g.attention(&a)?;
             r0 += rows;
         }
+        if prep.is_none() {
+            self.prep(p[ATT], qd, m, &[&lw.attn_out])?;
+        }
         self.tick("attention");
-        self.prep(p[ATT], qd, m, &[&lw.attn_out])?;
-        self.tick("prep");
         self.mm(&lw.attn_out, p[ATT], p[O], Some(p[X]), m)?;
         self.tick("o");
-        g.rms_norm(p[X], g.ptr(&lw.ffn_norm), p[H], m, c.hidden, eps)?;
+        Ok(())
+    }
+
+    /// Norm, gate/up, SwiGLU and the down projection (residual added).
+    fn ffn_block(&self, l: usize, m: usize) -> Result<()> {
+        let c = &self.config;
+        let g = &self.gpu;
+        let lw = &self.layers[l];
+        let p: Vec<u64> = self.scratch.bufs.iter().map(|b| g.ptr(b)).collect();
+        let gu: Vec<&Mat> = match &lw.gateup {
+            Some(f) => vec![f],
+            None => vec![&lw.gate, &lw.up],
+        };
+        self.norm_for(p[X], g.ptr(&lw.ffn_norm), p[H], m, &gu)?;
         self.tick("norm");
-        self.prep(p[H], c.hidden, m, &[&lw.gate, &lw.up])?;
-        self.tick("prep");
-        self.mm(&lw.gate, p[H], p[G], None, m)?;
-        self.mm(&lw.up, p[H], p[U], None, m)?;
+        match &lw.gateup {
+            Some(f) => self.mm_split(f, &[(p[G], c.ffn), (p[U], c.ffn)], m)?,
+            None => {
+                self.mm(&lw.gate, p[H], p[G], None, m)?;
+                self.mm(&lw.up, p[H], p[U], None, m)?;
+            }
+        }
         self.tick("gate/up");
-        g.swiglu(p[G], p[U], m * c.ffn)?;
+        self.swiglu_for(p[G], p[U], m, &[&lw.down])?;
         self.tick("swiglu");
-        self.prep(p[G], c.ffn, m, &[&lw.down])?;
-        self.tick("prep");
         self.mm(&lw.down, p[G], p[O], Some(p[X]), m)?;
         self.tick("down");
         Ok(())
@@ -355,11 +470,9 @@ impl CudaBackend {
     /// The final norm and output projection of `n` rows at `x` into `logits` (`hn`: `n` rows of
     /// hidden scratch, may equal `x`).
     pub(super) fn head(&self, x: u64, hn: u64, logits: u64, n: usize) -> Result<()> {
-        let c = &self.config;
         let g = &self.gpu;
-        g.rms_norm(x, g.ptr(&self.out_norm), hn, n, c.hidden, c.rms_eps)?;
         let out = self.output.as_ref().unwrap_or(&self.embed);
-        self.prep(hn, c.hidden, n, &[out])?;
+        self.norm_for(x, g.ptr(&self.out_norm), hn, n, &[out])?;
         self.mm(out, hn, logits, None, n)?;
         self.tick("head");
         Ok(())
