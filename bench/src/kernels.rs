@@ -282,7 +282,7 @@ pub fn run(a: &KernelArgs) -> Result<(Report, String)> {
 }
 
 fn geometries(p: &Profile, a: &KernelArgs, w: &PMat) -> Vec<Launch> {
-    let mut v: Vec<Launch> = p.launches.to_vec();
+    let mut v: Vec<Launch> = p.all_launches();
     v.extend(a.launches.iter().copied());
     v.dedup();
     v.into_iter()
@@ -292,7 +292,7 @@ fn geometries(p: &Profile, a: &KernelArgs, w: &PMat) -> Vec<Launch> {
 
 fn check_case(c: &Case, a: &KernelArgs, mmax: usize, rep: &mut Report) -> Result<()> {
     let w = &c.copies[0];
-    let base = c.outputs(mmax, c.profile.launch(mmax))?;
+    let base = c.outputs(mmax, c.profile.launch(mmax, c.dtype))?;
     // Reference: sampled rows n, the first 4 tokens, f64.
     let mut worst = 0f64;
     let mut scale = 0f64;
@@ -350,7 +350,7 @@ fn time_case(c: &Case, a: &KernelArgs, rep: &mut Report, table: &mut String) -> 
     let yp = c.gpu.ptr(&y);
     let wbytes = w0.data.len() as f64;
     for &m in &a.ms {
-        let mut geos = vec![c.profile.launch(m)];
+        let mut geos = vec![c.profile.launch(m, c.dtype)];
         for l in geometries(c.profile, a, w0) {
             if !geos.contains(&l) && (!l.split_k || m <= 32 * l.nt as usize) {
                 geos.push(l);

@@ -120,6 +120,73 @@ extern "C" __global__ void __launch_bounds__(128) attn_split(
     }
 }
 
+// attn_split2: the same split partials with a wider layout (the default): one block of 128
+// threads per (row, head, split); thread i scores position p0 + i (dot over the dimensions in
+// order, one fma chain); e_p = expf(s_p - mx); thread d sums e_p * v_p[d] over the split's
+// positions in order; l = the e_p summed in order by thread 0.
+extern "C" __global__ void __launch_bounds__(128) attn_split2(
+    const float* __restrict__ Q, const float* __restrict__ Kc, const float* __restrict__ Vc,
+    const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ table_off,
+    const u32* __restrict__ tables, float* __restrict__ part, u64 part_stride, u32 n_heads, u32 n_kv_heads,
+    u32 head_dim, u32 block_size, float scale) {
+    __shared__ float qs[256];
+    __shared__ float sc[ATTN_SPLIT];
+    const u32 rh = blockIdx.x;
+    const u32 r = rh / n_heads, h = rh % n_heads;
+    const u32 n = pos[r] + 1;
+    const u32 kvh = h / (n_heads / n_kv_heads);
+    const u64 width = (u64)n_kv_heads * head_dim;
+    const u32* tab = tables + table_off[row_seq[r]];
+    const float* q = Q + (u64)rh * head_dim;
+    const u32 tid = threadIdx.x;
+    for (u32 d = tid; d < head_dim; d += blockDim.x) qs[d] = q[d];
+    __syncthreads();
+    for (u32 split = blockIdx.y; split * ATTN_SPLIT < n; split += gridDim.y) {
+        const u32 p0 = split * ATTN_SPLIT;
+        const u32 cnt = min((u32)ATTN_SPLIT, n - p0);
+        if (tid < cnt) {
+            const float* k = Kc + kv_off(tab, p0 + tid, block_size, width, kvh, head_dim);
+            float s = 0.0f;
+            if ((head_dim & 3) == 0) {
+#pragma unroll 8
+                for (u32 d = 0; d < head_dim; d += 4) {
+                    const float4 kv = *(const float4*)(k + d);
+                    s = __fmaf_rn(qs[d], kv.x, s);
+                    s = __fmaf_rn(qs[d + 1], kv.y, s);
+                    s = __fmaf_rn(qs[d + 2], kv.z, s);
+                    s = __fmaf_rn(qs[d + 3], kv.w, s);
+                }
+            } else {
+                for (u32 d = 0; d < head_dim; ++d) s = __fmaf_rn(qs[d], k[d], s);
+            }
+            sc[tid] = __fmul_rn(s, scale);
+        }
+        __syncthreads();
+        float mx = -__int_as_float(0x7f800000);
+        for (u32 i = 0; i < cnt; ++i) mx = fmaxf(mx, sc[i]);
+        __syncthreads();
+        if (tid < cnt) sc[tid] = expf(sc[tid] - mx);
+        __syncthreads();
+        float* dst = part + (u64)rh * part_stride + (u64)split * (head_dim + 2);
+        for (u32 d = tid; d < head_dim; d += blockDim.x) {
+            float o = 0.0f;
+#pragma unroll 8
+            for (u32 i = 0; i < cnt; ++i) {
+                const float* v = Vc + kv_off(tab, p0 + i, block_size, width, kvh, head_dim);
+                o = __fmaf_rn(sc[i], v[d], o);
+            }
+            dst[2 + d] = o;
+        }
+        if (tid == 0) {
+            float l = 0.0f;
+            for (u32 i = 0; i < cnt; ++i) l = __fadd_rn(l, sc[i]);
+            dst[0] = mx;
+            dst[1] = l;
+        }
+        __syncthreads();
+    }
+}
+
 // One warp per (row, head) of `rows` rows. With Xh (head_dim a multiple of 32) the output is
 // also prepared for the next product (prep.cuh): rows of kp columns, bf: bf16.
 extern "C" __global__ void __launch_bounds__(128) attn_combine(const float* __restrict__ part, float* __restrict__ O,

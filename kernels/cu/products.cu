@@ -48,7 +48,8 @@ extern "C" __global__ void prepare_h16(const float* __restrict__ X, u16* __restr
     }
 }
 
-// RMSNorm fused with the preparation, one block of 256 threads per row:
+// RMSNorm fused with the preparation, gridDim.y blocks of 256 threads per row (each computes the
+// row's sum of squares the same way, then handles its share of the 32-column blocks):
 // y = (x * (1 / sqrt(mean(x^2) + eps))) * w, written as f32 to Y (when Y is not null; Y may be
 // X) and prepared into Xh / Xs. Sum of squares: thread i adds x[i]^2, x[i + 256]^2, ... in order
 // (fma), then the warp xor tree, then the 8 warp sums in warp order.
@@ -74,7 +75,9 @@ extern "C" __global__ void __launch_bounds__(256) norm_prep(const float* X, cons
     __syncthreads();
     const float scale = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)width), eps)));
     const u32 nb = kp / 32;
-    for (u32 b = warp; b < nb; b += 8) {
+    // Y may alias X: every block must finish its sum before any block writes.
+    if (Y == X && gridDim.y > 1) return;  // the host never launches this combination
+    for (u32 b = blockIdx.y * 8 + warp; b < nb; b += 8 * gridDim.y) {
         const u32 k = b * 32 + lane;
         float v = 0.0f;
         if (k < width) v = __fmul_rn(__fmul_rn(x[k], scale), W[k]);

@@ -135,7 +135,7 @@ pub const MODULES: &[Module] = &[
         file: "kernels/cu/attention.cu",
         source: include_str!("../cu/attention.cu"),
         headers: &[H_PREP],
-        kernels: &["attn_split", "attn_combine"],
+        kernels: &["attn_split", "attn_split2", "attn_combine"],
     },
     Module {
         name: "sample",

@@ -722,7 +722,13 @@ impl Gpu {
         ];
         // At most 64 blocks per (row, head); each loops over its splits.
         let ys = self.u32_of(splits.min(64), "attention splits")?;
-        self.launch("attn_split", (rh, ys), 128, &args)?;
+        // MEMRA_ATTN=v1: the warp-per-16-positions split kernel (A/B); default attn_split2.
+        let split_kernel = if std::env::var("MEMRA_ATTN").is_ok_and(|v| v == "v1") {
+            "attn_split"
+        } else {
+            "attn_split2"
+        };
+        self.launch(split_kernel, (rh, ys), 128, &args)?;
         let prep = a.prep.filter(|_| a.head_dim.is_multiple_of(32));
         if a.prep.is_some() && prep.is_none() {
             return Err(self.err("attention: fused preparation needs head_dim % 32 == 0"));

@@ -349,7 +349,7 @@ impl CudaBackend {
         let output = if shared { None } else { Some(mat(&w.output)?) };
         // Compile the product variants now: never inside a graph capture.
         if v2 {
-            for l in profile.launches {
+            for l in profile.all_launches() {
                 gpu.variant("products", &l.defines())?;
             }
             gpu.variant("products", &[])?;

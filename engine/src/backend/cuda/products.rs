@@ -156,7 +156,14 @@ impl Gpu {
             Arg::F32(eps),
             Arg::U32((a.kind == ActKind::BF16) as u32),
         ];
-        self.launch_fn(func, "norm_prep", (m as u32, 1), 256, 0, &args)
+        // Small M: several blocks per row (each recomputes the row's sum the same way), unless
+        // the output overwrites the input.
+        let split = if y == Some(x) || m > 64 {
+            1
+        } else {
+            (a.kp / 32).div_ceil(8).min(8) as u32
+        };
+        self.launch_fn(func, "norm_prep", (m as u32, split), 256, 0, &args)
     }
 
     /// SwiGLU of `m` rows of `width` (`g`, `u`; f32 output to `y` when given, may be `g`),

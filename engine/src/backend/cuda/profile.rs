@@ -5,6 +5,8 @@
 //! from its shape and the profile, never from M). The launch geometry ([`Launch`]) is chosen by
 //! M, for speed only: every geometry computes the same bits (kernels/cu/products.cu).
 
+use crate::quant::DType;
+
 /// Launch geometry of one product call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Launch {
@@ -43,32 +45,36 @@ pub struct Profile {
     pub sms: u32,
     /// Warps a small-M product should keep busy per multiprocessor (sets `nseg`).
     pub warps_per_sm: u32,
-    /// Geometry for M <= 8, <= 16, <= 32 and above (prefill).
-    pub launches: [Launch; 4],
+}
+
+const fn split(nt: u32) -> Launch {
+    Launch {
+        nt,
+        rpb: 1,
+        split_k: true,
+    }
+}
+
+const fn tiled(nt: u32, rpb: u32) -> Launch {
+    Launch {
+        nt,
+        rpb,
+        split_k: false,
+    }
+}
+
+/// The weight types whose products prefer wider token tiles (cheap dequantization).
+fn wide(dtype: DType) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q6_K)
 }
 
 impl Profile {
     /// The profile for a device of architecture `arch` with `sms` multiprocessors.
     pub fn new(arch: &'static str, sms: u32) -> Profile {
-        let split = |nt| Launch {
-            nt,
-            rpb: 1,
-            split_k: true,
-        };
         Profile {
             arch,
             sms: sms.max(1),
             warps_per_sm: 16,
-            launches: [
-                split(1),
-                split(2),
-                split(4),
-                Launch {
-                    nt: 4,
-                    rpb: 4,
-                    split_k: false,
-                },
-            ],
         }
     }
 
@@ -84,35 +90,53 @@ impl Profile {
             .max(1) as u32
     }
 
-    /// The launch geometry for `m` rows.
-    pub fn launch(&self, m: usize) -> Launch {
+    /// The launch geometry for `m` rows of a `dtype` product (measured on the H200 with
+    /// `memra-bench kernels`, reports/kernel-notes.md).
+    pub fn launch(&self, m: usize, dtype: DType) -> Launch {
         match m {
-            0..=8 => self.launches[0],
-            9..=16 => self.launches[1],
-            17..=32 => self.launches[2],
-            _ => self.launches[3],
+            0..=8 => split(1),
+            9..=16 => split(2),
+            17..=64 if wide(dtype) => split(4),
+            17..=64 => split(2),
+            _ => match dtype {
+                DType::F16 | DType::BF16 => tiled(4, 4),
+                DType::Q6_K => tiled(8, 2),
+                _ => tiled(2, 4),
+            },
         }
+    }
+
+    /// Every geometry [`Profile::launch`] can return (compiled at load).
+    pub fn all_launches(&self) -> Vec<Launch> {
+        vec![
+            split(1),
+            split(2),
+            split(4),
+            tiled(4, 4),
+            tiled(8, 2),
+            tiled(2, 4),
+        ]
     }
 
     /// One line for the startup log.
     pub fn describe(&self) -> String {
-        let l = |x: &Launch| {
-            format!(
-                "nt{} rpb{}{}",
-                x.nt,
-                x.rpb,
-                if x.split_k { " splitk" } else { "" }
-            )
+        let l = |m: usize, d: DType| {
+            let x = self.launch(m, d);
+            format!("nt{}r{}{}", x.nt, x.rpb, if x.split_k { "s" } else { "" })
         };
         format!(
-            "profile {} sms={} warps/sm={} launches: m<=8 {}, m<=16 {}, m<=32 {}, larger {}",
+            "profile {} sms={} warps/sm={} launch q4_k m=1/16/64/512: {} {} {} {}; f16: {} {} {} {}",
             self.arch,
             self.sms,
             self.warps_per_sm,
-            l(&self.launches[0]),
-            l(&self.launches[1]),
-            l(&self.launches[2]),
-            l(&self.launches[3])
+            l(1, DType::Q4_K),
+            l(16, DType::Q4_K),
+            l(64, DType::Q4_K),
+            l(512, DType::Q4_K),
+            l(1, DType::F16),
+            l(16, DType::F16),
+            l(64, DType::F16),
+            l(512, DType::F16)
         )
     }
 }
@@ -131,7 +155,11 @@ mod tests {
         assert_eq!(p.nseg(576, 3), 3);
         assert!(p.nseg(1, 1) == 1);
         for m in [1, 8, 9, 33, 512] {
-            assert!(p.launch(m).max_threads() <= 1024);
+            for d in [DType::Q4_K, DType::F16, DType::Q6_K] {
+                let l = p.launch(m, d);
+                assert!(l.max_threads() <= 1024);
+                assert!(p.all_launches().contains(&l));
+            }
         }
     }
 }

@@ -275,7 +275,7 @@ impl CudaBackend {
         let g = &self.gpu;
         if let Some(p) = &w.packed {
             let a = self.act(p.act(), w.cols)?;
-            let launch = self.profile.launch(m);
+            let launch = self.profile.launch(m, w.dtype);
             return match res {
                 Some(r) => g.product(p, a, r, Some(r), m, launch),
                 None => g.product(p, a, y, None, m, launch),
@@ -305,7 +305,7 @@ impl CudaBackend {
             .as_ref()
             .ok_or_else(|| g.err("fused weight matrix is not packed"))?;
         let a = self.act(p.act(), w.cols)?;
-        g.product_to(p, a, outs, None, m, self.profile.launch(m))
+        g.product_to(p, a, outs, None, m, self.profile.launch(m, w.dtype))
     }
 
     /// Norm, Q/K/V, RoPE and the KV write, attention and the output projection (residual added).
