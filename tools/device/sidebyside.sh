@@ -8,7 +8,8 @@
 #   4. 64 streaming clients x 4 requests x 64 tokens (memra-bench load) against memra-server
 #      and llama-server -np 64 on the q4_k_m file
 # The table goes to $OUT/sidebyside.md and is printed last; logs to $OUT/sbs-logs.tgz.
-# Env: SBS_STEPS (default "synth memra peer load"), RUNS (default 3).
+#   (gates: memra-verify kernels / invariance / graph / tokens through battery.sh, between 2 and 3)
+# Env: SBS_STEPS (default "synth memra gates peer load"), RUNS (default 3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/memra-sbs}"
@@ -17,7 +18,7 @@ mkdir -p "$LOG"
 BIN="${MEMRA_BIN:-$PWD/.device/bin}"
 MODELS="$HOME/models"
 SMOL="$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf"
-STEPS="${SBS_STEPS:-synth memra peer load}"
+STEPS="${SBS_STEPS:-synth memra gates peer load}"
 RUNS="${RUNS:-3}"
 export MEMRA_KERNEL_CACHE="$HOME/.cache/memra/kernels"
 [ -n "${CUDA_HOME:-}" ] && export LD_LIBRARY_PATH="$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -49,6 +50,11 @@ if has memra; then
     MD[$name]=$(sort -n -k1 "$LOG/memra-$name.txt" | awk '{a[NR]=$1} END {if (NR) printf "%.1f (%.1f-%.1f)", a[int((NR+1)/2)], a[1], a[NR]; else print "FAIL"}')
     MP[$name]=$(sort -n -k2 "$LOG/memra-$name.txt" | awk '{a[NR]=$2} END {if (NR) printf "%.0f (%.0f-%.0f)", a[int((NR+1)/2)], a[1], a[NR]; else print "FAIL"}')
   done
+fi
+
+if has gates; then
+  BATTERY_STEPS="kernels inv graph tokens" timeout 300 tools/device/battery.sh > "$LOG/gates.txt" 2>&1
+  grep -E "^(verify|invariance|graph|tokens)" "$OUT/summary.txt" > "$LOG/gates-summary.txt" 2>/dev/null
 fi
 
 declare -A LT LP
@@ -103,6 +109,9 @@ fi
   echo "llama.cpp: llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 3 (mean +- sd)."
   echo
   echo "64 streaming clients x 4 requests x 64 tokens on q4_k_m: memra-server ${LOADM:-not run}; llama-server -np 64 ${LOADL:-not run}"
+  echo
+  echo "gates on this build:"
+  sed 's/^/    /' "$LOG/gates-summary.txt" 2>/dev/null
 } > "$TAB"
 tar czf "$OUT/sbs-logs.tgz" -C "$OUT" sbs-logs && rm -rf "$LOG"
 echo
