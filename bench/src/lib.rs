@@ -4,6 +4,7 @@ pub mod concurrency;
 pub mod convert;
 pub mod generate;
 pub mod kblocks;
+pub mod kernels;
 pub mod load;
 pub mod plan;
 pub mod rng;

@@ -26,6 +26,34 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Device microbenchmark of the v2 products: correctness, bitwise invariance across M and
+    /// launch geometries, then time, GB/s and TFLOP/s per (type, N x K, M).
+    Kernels {
+        /// CUDA device ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+        /// Weight types (comma-separated).
+        #[arg(long, default_value = "q4_k,q6_k,q8_0,f16")]
+        dtypes: String,
+        /// N x K shapes (comma-separated); the llama3-8b products and LM head by default.
+        #[arg(
+            long,
+            default_value = "4096x4096,1024x4096,14336x4096,4096x14336,49152x4096"
+        )]
+        shapes: String,
+        /// Row counts M.
+        #[arg(long, default_value = "1,2,4,8,16,32,64,512")]
+        m: String,
+        /// Extra launch geometries `nt,rpb,s|n;...` to check and time.
+        #[arg(long, default_value = "")]
+        launches: String,
+        /// Timed repetitions per case.
+        #[arg(long, default_value_t = 20)]
+        reps: usize,
+        /// Write the report as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Write a deterministic synthetic model of a real shape (random weights, real tokenizer).
     Synth {
         /// smollm2-135m, llama3-8b, qwen3-8b, tiny-llama, tiny-qwen2, tiny-qwen3.
@@ -207,6 +235,65 @@ fn run(cli: Cli) -> Result<()> {
                         r.mean_ttft_s
                     );
                 }
+            }
+            Ok(())
+        }
+        Cmd::Kernels {
+            device,
+            dtypes,
+            shapes,
+            m,
+            launches,
+            reps,
+            json,
+        } => {
+            let list = |s: &str| -> Vec<String> {
+                s.split(',')
+                    .map(|x| x.trim().to_string())
+                    .filter(|x| !x.is_empty())
+                    .collect()
+            };
+            let dtypes = list(&dtypes)
+                .iter()
+                .map(|d| d.parse::<DType>())
+                .collect::<Result<Vec<_>>>()?;
+            let shapes = list(&shapes)
+                .iter()
+                .map(|s| {
+                    let bad = || Error::Input(format!("--shapes: `{s}` is not NxK"));
+                    let (n, k) = s.split_once('x').ok_or_else(bad)?;
+                    Ok((n.parse().map_err(|_| bad())?, k.parse().map_err(|_| bad())?))
+                })
+                .collect::<Result<Vec<(usize, usize)>>>()?;
+            let ms = list(&m)
+                .iter()
+                .map(|x| {
+                    x.parse::<usize>()
+                        .ok()
+                        .filter(|&v| v > 0)
+                        .ok_or_else(|| Error::Input(format!("--m: `{x}` is not a row count")))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let args = memra_bench::kernels::KernelArgs {
+                device,
+                dtypes,
+                shapes,
+                ms,
+                launches: memra_bench::kernels::parse_launches(&launches)?,
+                reps: reps.max(1),
+                rotate_bytes: 512 << 20,
+            };
+            let (rep, table) = memra_bench::kernels::run(&args)?;
+            println!("{table}");
+            if let Some(p) = json {
+                std::fs::write(&p, serde_json::to_string_pretty(&rep).unwrap_or_default())
+                    .map_err(|e| Error::Input(format!("{}: {e}", p.display())))?;
+            }
+            if !rep.mismatches.is_empty() {
+                return Err(Error::Input(format!(
+                    "bitwise mismatches across M/geometry: {}",
+                    rep.mismatches.join("; ")
+                )));
             }
             Ok(())
         }

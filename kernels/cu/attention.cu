@@ -1,83 +1,231 @@
-// Causal attention over the paged KV cache, one warp per (row, head), the CPU reference's
-// arithmetic in the same order (backend/cpu/attention.rs):
-//   1. score[p] = dot_f32(q, k_p) * scale for p = 0..=pos (lane p % 32 computes position p with
-//      the 16-accumulator order and fixed tree in registers), kept in `scores`;
-//   2. max over all scores (exact whatever the order), score[p] = exp(score[p] - max);
-//   3. every lane walks p = 0..=pos IN ORDER: sum += w_p, o[d] += w_p * v_p[d] for its dims
-//      d = lane + 32 j; out[d] = o[d] * (1 / sum).
-// Nothing depends on the other rows, M, or the launch: same bits in prefill and decode.
-// GQA: head h reads KV head h / (n_heads / n_kv_heads). head_dim <= 256.
-// scores: score_stride floats per (row, head) of this launch, indexed by the launch's row.
+// Causal attention over the paged f32 KV cache, split by a FIXED length in positions
+// (flash-decoding): a query row's positions 0..=pos are cut into splits of ATTN_SPLIT positions
+// starting at 0, so the split boundaries depend only on the row's own position.
+//
+// attn_split: one block of 4 warps per (row, head, split).
+//   1. warp w scores positions p0 + 16w .. p0 + 16w + 15 of the split: lanes over dimensions
+//      (dims lane, lane + 32, ... in order), then the fixed xor tree; s = dot * scale;
+//   2. mx = the split's max score (exact whatever the order);
+//   3. warp w walks its positions in order: l += e, o[d] += e * v_p[d] with e = expf(s - mx);
+//   4. the split's (mx, l, o) = warp partials added in warp order, written to `part`.
+// attn_combine: one warp per (row, head): M = max of the split maxima, then in split order
+//   L += l_i * expf(m_i - M), O[d] += o_i[d] * expf(m_i - M); out = O * (1 / L).
+// Nothing depends on the other rows, M or the launch: prefill and decode rows at the same
+// position compute the same sequence. GQA: head h reads KV head h / (n_heads / n_kv_heads).
+// head_dim <= 256. part: part_stride floats per (row, head) of the launch, split i at
+// i * (head_dim + 2): [mx, l, o[0..head_dim)].
 
-#define ATTN_MAX_DIMS_PER_LANE 8
+#define ATTN_SPLIT 64
+#define ATTN_WARPS 4
+#define ATTN_PER_WARP (ATTN_SPLIT / ATTN_WARPS)
+#define ATTN_DPL 8  // most dimensions per lane
 
-extern "C" __global__ void __launch_bounds__(128) attention(
-    const float* __restrict__ Q, float* __restrict__ O, const float* __restrict__ Kc,
-    const float* __restrict__ Vc, const u32* __restrict__ pos, const u32* __restrict__ row_seq,
-    const u32* __restrict__ table_off, const u32* __restrict__ tables, float* scores, u64 score_stride,
-    u32 rows, u32 n_heads, u32 n_kv_heads, u32 head_dim, u32 block_size, float scale) {
+__device__ __forceinline__ float warp_sum_tree(float s) {
+    s += __shfl_xor_sync(FULL_MASK, s, 16);
+    s += __shfl_xor_sync(FULL_MASK, s, 8);
+    s += __shfl_xor_sync(FULL_MASK, s, 4);
+    s += __shfl_xor_sync(FULL_MASK, s, 2);
+    s += __shfl_xor_sync(FULL_MASK, s, 1);
+    return s;
+}
+
+__device__ __forceinline__ u64 kv_off(const u32* tab, u32 p, u32 block_size, u64 width, u32 kvh, u32 head_dim) {
+    return ((u64)tab[p / block_size] * block_size + p % block_size) * width + (u64)kvh * head_dim;
+}
+
+extern "C" __global__ void __launch_bounds__(128) attn_split(
+    const float* __restrict__ Q, const float* __restrict__ Kc, const float* __restrict__ Vc,
+    const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ table_off,
+    const u32* __restrict__ tables, float* __restrict__ part, u64 part_stride, u32 n_heads, u32 n_kv_heads,
+    u32 head_dim, u32 block_size, float scale) {
+    __shared__ float sc[ATTN_SPLIT];
+    __shared__ float wo[ATTN_WARPS][256];
+    __shared__ float wl[ATTN_WARPS];
+    const u32 rh = blockIdx.x;  // row * n_heads + head
+    const u32 r = rh / n_heads, h = rh % n_heads;
+    const u32 n = pos[r] + 1;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const u32 kvh = h / (n_heads / n_kv_heads);
+    const u64 width = (u64)n_kv_heads * head_dim;
+    const u32* tab = tables + table_off[row_seq[r]];
+    const float* q = Q + (u64)rh * head_dim;
+    float qv[ATTN_DPL];
+#pragma unroll
+    for (int j = 0; j < ATTN_DPL; ++j) {
+        const u32 d = lane + 32 * j;
+        qv[j] = d < head_dim ? q[d] : 0.0f;
+    }
+    // Splits blockIdx.y, blockIdx.y + gridDim.y, ... (the grid only bounds the parallelism).
+    for (u32 split = blockIdx.y; split * ATTN_SPLIT < n; split += gridDim.y) {
+        const u32 p0 = split * ATTN_SPLIT;
+        const u32 p1 = min(p0 + ATTN_SPLIT, n);
+        // 1. scores.
+        const u32 a0 = p0 + w * ATTN_PER_WARP;
+        const u32 cnt = p1 > a0 ? min((u32)ATTN_PER_WARP, p1 - a0) : 0;
+#pragma unroll 4
+        for (u32 i = 0; i < cnt; ++i) {
+            const u32 p = a0 + i;
+            const float* k = Kc + kv_off(tab, p, block_size, width, kvh, head_dim);
+            float s = 0.0f;
+#pragma unroll
+            for (int j = 0; j < ATTN_DPL; ++j) {
+                const u32 d = lane + 32 * j;
+                if (d < head_dim) s = __fmaf_rn(qv[j], k[d], s);
+            }
+            s = warp_sum_tree(s);
+            if (lane == 0) sc[p - p0] = __fmul_rn(s, scale);
+        }
+        __syncthreads();
+        // 2. the split's max.
+        float mx = -__int_as_float(0x7f800000);
+        for (u32 i = 0; i < p1 - p0; ++i) mx = fmaxf(mx, sc[i]);
+        // 3. this warp's weighted V sum, in position order.
+        float o[ATTN_DPL];
+#pragma unroll
+        for (int j = 0; j < ATTN_DPL; ++j) o[j] = 0.0f;
+        float l = 0.0f;
+#pragma unroll 4
+        for (u32 i = 0; i < cnt; ++i) {
+            const u32 p = a0 + i;
+            const float e = expf(sc[p - p0] - mx);
+            l = __fadd_rn(l, e);
+            const float* v = Vc + kv_off(tab, p, block_size, width, kvh, head_dim);
+#pragma unroll
+            for (int j = 0; j < ATTN_DPL; ++j) {
+                const u32 d = lane + 32 * j;
+                if (d < head_dim) o[j] = __fmaf_rn(e, v[d], o[j]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < ATTN_DPL; ++j) {
+            const u32 d = lane + 32 * j;
+            if (d < head_dim) wo[w][d] = o[j];
+        }
+        if (lane == 0) wl[w] = l;
+        __syncthreads();
+        // 4. warp partials in warp order.
+        float* dst = part + (u64)rh * part_stride + (u64)split * (head_dim + 2);
+        for (u32 d = threadIdx.x; d < head_dim; d += blockDim.x) {
+            float acc = wo[0][d];
+            for (int k = 1; k < ATTN_WARPS; ++k) acc = __fadd_rn(acc, wo[k][d]);
+            dst[2 + d] = acc;
+        }
+        if (threadIdx.x == 0) {
+            float acc = wl[0];
+            for (int k = 1; k < ATTN_WARPS; ++k) acc = __fadd_rn(acc, wl[k]);
+            dst[0] = mx;
+            dst[1] = acc;
+        }
+        __syncthreads();  // sc / wo are reused by the next split
+    }
+}
+
+// attn_split2: the same split partials with a wider layout (the default): one block of 128
+// threads per (row, head, split); thread i scores position p0 + i (dot over the dimensions in
+// order, one fma chain); e_p = expf(s_p - mx); thread d sums e_p * v_p[d] over the split's
+// positions in order; l = the e_p summed in order by thread 0.
+extern "C" __global__ void __launch_bounds__(128) attn_split2(
+    const float* __restrict__ Q, const float* __restrict__ Kc, const float* __restrict__ Vc,
+    const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ table_off,
+    const u32* __restrict__ tables, float* __restrict__ part, u64 part_stride, u32 n_heads, u32 n_kv_heads,
+    u32 head_dim, u32 block_size, float scale) {
+    __shared__ float qs[256];
+    __shared__ float sc[ATTN_SPLIT];
+    const u32 rh = blockIdx.x;
+    const u32 r = rh / n_heads, h = rh % n_heads;
+    const u32 n = pos[r] + 1;
+    const u32 kvh = h / (n_heads / n_kv_heads);
+    const u64 width = (u64)n_kv_heads * head_dim;
+    const u32* tab = tables + table_off[row_seq[r]];
+    const float* q = Q + (u64)rh * head_dim;
+    const u32 tid = threadIdx.x;
+    for (u32 d = tid; d < head_dim; d += blockDim.x) qs[d] = q[d];
+    __syncthreads();
+    for (u32 split = blockIdx.y; split * ATTN_SPLIT < n; split += gridDim.y) {
+        const u32 p0 = split * ATTN_SPLIT;
+        const u32 cnt = min((u32)ATTN_SPLIT, n - p0);
+        if (tid < cnt) {
+            const float* k = Kc + kv_off(tab, p0 + tid, block_size, width, kvh, head_dim);
+            float s = 0.0f;
+            if ((head_dim & 3) == 0) {
+#pragma unroll 8
+                for (u32 d = 0; d < head_dim; d += 4) {
+                    const float4 kv = *(const float4*)(k + d);
+                    s = __fmaf_rn(qs[d], kv.x, s);
+                    s = __fmaf_rn(qs[d + 1], kv.y, s);
+                    s = __fmaf_rn(qs[d + 2], kv.z, s);
+                    s = __fmaf_rn(qs[d + 3], kv.w, s);
+                }
+            } else {
+                for (u32 d = 0; d < head_dim; ++d) s = __fmaf_rn(qs[d], k[d], s);
+            }
+            sc[tid] = __fmul_rn(s, scale);
+        }
+        __syncthreads();
+        float mx = -__int_as_float(0x7f800000);
+        for (u32 i = 0; i < cnt; ++i) mx = fmaxf(mx, sc[i]);
+        __syncthreads();
+        if (tid < cnt) sc[tid] = expf(sc[tid] - mx);
+        __syncthreads();
+        float* dst = part + (u64)rh * part_stride + (u64)split * (head_dim + 2);
+        for (u32 d = tid; d < head_dim; d += blockDim.x) {
+            float o = 0.0f;
+#pragma unroll 8
+            for (u32 i = 0; i < cnt; ++i) {
+                const float* v = Vc + kv_off(tab, p0 + i, block_size, width, kvh, head_dim);
+                o = __fmaf_rn(sc[i], v[d], o);
+            }
+            dst[2 + d] = o;
+        }
+        if (tid == 0) {
+            float l = 0.0f;
+            for (u32 i = 0; i < cnt; ++i) l = __fadd_rn(l, sc[i]);
+            dst[0] = mx;
+            dst[1] = l;
+        }
+        __syncthreads();
+    }
+}
+
+// One warp per (row, head) of `rows` rows. With Xh (head_dim a multiple of 32) the output is
+// also prepared for the next product (prep.cuh): rows of kp columns, bf: bf16.
+extern "C" __global__ void __launch_bounds__(128) attn_combine(const float* __restrict__ part, float* __restrict__ O,
+                                                               const u32* __restrict__ pos, u64 part_stride,
+                                                               u32 rows, u32 n_heads, u32 head_dim, u16* Xh,
+                                                               float* Xs, u32 kp, u32 bf) {
     const u32 gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (gw >= rows * n_heads) return;  // uniform over the warp
     const int lane = threadIdx.x & 31;
-    const u32 r = gw / n_heads, h = gw % n_heads;
-    const u32 kvh = h / (n_heads / n_kv_heads);
-    const u64 width = (u64)n_kv_heads * head_dim;
-    const float* q = Q + (u64)gw * head_dim;
-    float* out = O + (u64)gw * head_dim;
-    const u32 n = pos[r] + 1;
-    const u32* tab = tables + table_off[row_seq[r]];
-    float* sc = scores + (u64)gw * score_stride;
-    const u32 hd16 = head_dim - head_dim % 16;
-
-    // 1. scores, and each lane's running max.
-    float mx = -__int_as_float(0x7f800000);
-    for (u32 p = lane; p < n; p += 32) {
-        const float* k = Kc + ((u64)tab[p / block_size] * block_size + p % block_size) * width + (u64)kvh * head_dim;
-        float acc[16];
+    const u32 r = gw / n_heads;
+    const u32 ns = (pos[r] + ATTN_SPLIT) / ATTN_SPLIT;
+    const float* src = part + (u64)gw * part_stride;
+    const u32 st = head_dim + 2;
+    float M = -__int_as_float(0x7f800000);
+    for (u32 i = 0; i < ns; ++i) M = fmaxf(M, src[(u64)i * st]);
+    float L = 0.0f;
+    float acc[ATTN_DPL];
 #pragma unroll
-        for (int j = 0; j < 16; ++j) acc[j] = 0.0f;
-        for (u32 e0 = 0; e0 < hd16; e0 += 16) {
+    for (int j = 0; j < ATTN_DPL; ++j) acc[j] = 0.0f;
+    for (u32 i = 0; i < ns; ++i) {
+        const float* s = src + (u64)i * st;
+        const float f = expf(s[0] - M);
+        L = __fmaf_rn(s[1], f, L);
 #pragma unroll
-            for (int j = 0; j < 16; ++j) acc[j] = acc[j] + q[e0 + j] * k[e0 + j];
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[j] = acc[j] + acc[j + 8];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[j] = acc[j] + acc[j + 4];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) acc[j] = acc[j] + acc[j + 2];
-        float s = acc[0] + acc[1];
-        for (u32 e = hd16; e < head_dim; ++e) s = s + q[e] * k[e];
-        s = s * scale;
-        sc[p] = s;
-        mx = fmaxf(mx, s);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, o));
-
-    // 2. unnormalized weights.
-    for (u32 p = lane; p < n; p += 32) sc[p] = expf(sc[p] - mx);
-    __syncwarp();
-
-    // 3. weighted sum of V in position order.
-    float o[ATTN_MAX_DIMS_PER_LANE];
-#pragma unroll
-    for (int j = 0; j < ATTN_MAX_DIMS_PER_LANE; ++j) o[j] = 0.0f;
-    float sum = 0.0f;
-    for (u32 p = 0; p < n; ++p) {
-        const float w = sc[p];
-        sum = sum + w;
-        const float* v = Vc + ((u64)tab[p / block_size] * block_size + p % block_size) * width + (u64)kvh * head_dim;
-#pragma unroll
-        for (int j = 0; j < ATTN_MAX_DIMS_PER_LANE; ++j) {
+        for (int j = 0; j < ATTN_DPL; ++j) {
             const u32 d = lane + 32 * j;
-            if (d < head_dim) o[j] = o[j] + w * v[d];
+            if (d < head_dim) acc[j] = __fmaf_rn(s[2 + d], f, acc[j]);
         }
     }
-    const float inv = 1.0f / sum;
+    const float inv = 1.0f / L;
+    float* out = O + (u64)gw * head_dim;
 #pragma unroll
-    for (int j = 0; j < ATTN_MAX_DIMS_PER_LANE; ++j) {
+    for (int j = 0; j < ATTN_DPL; ++j) {
         const u32 d = lane + 32 * j;
-        if (d < head_dim) out[d] = o[j] * inv;
+        const float v = __fmul_rn(acc[j], inv);
+        if (d < head_dim) out[d] = v;
+        if (Xh && (u32)(32 * j) < head_dim) {
+            const u32 col = (gw % n_heads) * head_dim + 32 * j;  // first column of this block
+            prep_store(v, lane, Xh + (u64)r * kp + col, Xs + (u64)r * (kp / 32) + col / 32, bf);
+        }
     }
 }

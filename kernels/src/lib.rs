@@ -19,6 +19,36 @@ pub const PRELUDE: &str = include_str!("../cu/prelude.cuh");
 /// Block-format dequantization shared by the matmul and embedding modules.
 pub const DEQUANT: &str = include_str!("../cu/dequant.cuh");
 
+/// A shared header: its file (for overrides from a directory) and its text.
+#[derive(Clone, Copy, Debug)]
+pub struct Header {
+    pub file: &'static str,
+    pub text: &'static str,
+}
+
+const H_DEQUANT: Header = Header {
+    file: "kernels/cu/dequant.cuh",
+    text: DEQUANT,
+};
+const H_MMA: Header = Header {
+    file: "kernels/cu/mma.cuh",
+    text: include_str!("../cu/mma.cuh"),
+};
+const H_PREP: Header = Header {
+    file: "kernels/cu/prep.cuh",
+    text: include_str!("../cu/prep.cuh"),
+};
+const H_WFMT: Header = Header {
+    file: "kernels/cu/wfmt.cuh",
+    text: include_str!("../cu/wfmt.cuh"),
+};
+
+/// Weight types of the v2 tensor-core products (`mmq_<type>` in kernels/cu/products.cu), which
+/// read weights repacked by `memra_engine::quant::repack`.
+pub const PRODUCT_TYPES: &[&str] = &[
+    "q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k", "f16", "bf16",
+];
+
 /// Weight types the matmul and embedding kernels read, as kernel-name suffixes
 /// (`matmul_q4_k`, `embed_q8_0`): the ggml names of `memra_engine::quant::DType`.
 pub const WEIGHT_TYPES: &[&str] = &[
@@ -51,8 +81,8 @@ pub struct Module {
     /// The file under `kernels/cu/`, named in compile errors.
     pub file: &'static str,
     pub source: &'static str,
-    /// Shared headers prepended after the prelude (e.g. [`DEQUANT`]).
-    pub headers: &'static [&'static str],
+    /// Shared headers prepended after the prelude (e.g. dequant.cuh).
+    pub headers: &'static [Header],
     pub kernels: &'static [&'static str],
 }
 
@@ -76,14 +106,14 @@ pub const MODULES: &[Module] = &[
         name: "matmul",
         file: "kernels/cu/matmul.cu",
         source: include_str!("../cu/matmul.cu"),
-        headers: &[DEQUANT],
+        headers: &[H_DEQUANT],
         kernels: per_type!("matmul_"),
     },
     Module {
         name: "embed",
         file: "kernels/cu/embed.cu",
         source: include_str!("../cu/embed.cu"),
-        headers: &[DEQUANT],
+        headers: &[H_DEQUANT],
         kernels: per_type!("embed_"),
     },
     Module {
@@ -98,14 +128,14 @@ pub const MODULES: &[Module] = &[
         file: "kernels/cu/rope.cu",
         source: include_str!("../cu/rope.cu"),
         headers: &[],
-        kernels: &["rope", "kv_write"],
+        kernels: &["rope", "kv_write", "rope_kv"],
     },
     Module {
         name: "attention",
         file: "kernels/cu/attention.cu",
         source: include_str!("../cu/attention.cu"),
-        headers: &[],
-        kernels: &["attention"],
+        headers: &[H_PREP],
+        kernels: &["attn_split", "attn_split2", "attn_combine"],
     },
     Module {
         name: "sample",
@@ -113,6 +143,25 @@ pub const MODULES: &[Module] = &[
         source: include_str!("../cu/sample.cu"),
         headers: &[],
         kernels: &["argmax_rows", "penalize_row", "topk_row"],
+    },
+    Module {
+        name: "products",
+        file: "kernels/cu/products.cu",
+        source: include_str!("../cu/products.cu"),
+        headers: &[H_MMA, H_WFMT, H_PREP],
+        kernels: &[
+            "prepare_h16",
+            "norm_prep",
+            "swiglu_prep",
+            "mmq_q8_0",
+            "mmq_q4_0",
+            "mmq_q4_1",
+            "mmq_q4_k",
+            "mmq_q5_k",
+            "mmq_q6_k",
+            "mmq_f16",
+            "mmq_bf16",
+        ],
     },
 ];
 
@@ -190,23 +239,82 @@ pub fn nvrtc_version() -> Result<(i32, i32), KernelError> {
 /// The NVRTC options every module is compiled with (besides the architecture).
 pub const COMPILE_OPTIONS: &[&str] = &["--fmad=false", "--std=c++17", "-default-device"];
 
+/// How a module is built: its NVRTC defines (`NAME=VALUE`, e.g. tile parameters) and an optional
+/// directory whose files replace the built-in sources of the same name (`$MEMRA_KERNEL_DIR`:
+/// variants are tried on the GPU machine without a Rust rebuild).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Build {
+    pub defines: Vec<String>,
+    pub source_dir: Option<PathBuf>,
+}
+
+impl Build {
+    /// The build with `defines` and the source directory from `$MEMRA_KERNEL_DIR`, if set.
+    pub fn with_defines(defines: &[String]) -> Build {
+        Build {
+            defines: defines.to_vec(),
+            source_dir: std::env::var_os("MEMRA_KERNEL_DIR").map(PathBuf::from),
+        }
+    }
+}
+
+/// The text of `file` (a path like `kernels/cu/x.cu`): from `dir` when that folder holds a file
+/// of the same name, else `builtin`.
+fn source_text(dir: Option<&Path>, file: &str, builtin: &'static str) -> String {
+    let name = Path::new(file).file_name();
+    match (dir, name) {
+        (Some(d), Some(n)) => std::fs::read_to_string(d.join(n)).unwrap_or_else(|_| builtin.into()),
+        _ => builtin.to_string(),
+    }
+}
+
 /// The full source NVRTC sees for `m`: the prelude, then the module.
 pub fn full_source(m: &Module) -> String {
-    let mut s = String::from(PRELUDE);
+    full_source_with(m, &Build::default())
+}
+
+/// [`full_source`] under `b` (sources from `b.source_dir` where present).
+pub fn full_source_with(m: &Module, b: &Build) -> String {
+    let dir = b.source_dir.as_deref();
+    let mut s = source_text(dir, "kernels/cu/prelude.cuh", PRELUDE);
     for h in m.headers {
-        s.push('\n');
-        s.push_str(h);
+        s.push_str(&format!("\n#line 1 \"{}\"\n", h.file));
+        s.push_str(&source_text(dir, h.file, h.text));
     }
-    s.push_str(&format!("\n#line 1 \"{}\"\n{}", m.file, m.source));
+    let body = source_text(dir, m.file, m.source);
+    s.push_str(&format!("\n#line 1 \"{}\"\n{}", m.file, body));
     s
+}
+
+/// The NVRTC options of a build: [`COMPILE_OPTIONS`] (less `--fmad=false` for modules that
+/// choose their own rounding, see [`fmad_free`]) and `-D` per define.
+pub fn options_for(m: &Module, b: &Build) -> Vec<String> {
+    let mut o: Vec<String> = COMPILE_OPTIONS
+        .iter()
+        .filter(|o| !(fmad_free(m) && o.starts_with("--fmad")))
+        .map(|s| s.to_string())
+        .collect();
+    o.extend(b.defines.iter().map(|d| format!("-D{d}")));
+    o
+}
+
+/// Modules whose float arithmetic is written with explicit `_rn` intrinsics (the v2 products):
+/// they compile with FMA contraction allowed, which cannot change those expressions.
+pub fn fmad_free(m: &Module) -> bool {
+    m.name == "products"
 }
 
 /// Compiles `m` for `arch` (e.g. `compute_90a`) and returns the PTX text.
 pub fn compile(m: &Module, arch: &'static str) -> Result<String, KernelError> {
-    let src = full_source(m);
+    compile_with(m, arch, &Build::default())
+}
+
+/// [`compile`] under build `b`.
+pub fn compile_with(m: &Module, arch: &'static str, b: &Build) -> Result<String, KernelError> {
+    let src = full_source_with(m, b);
     let opts = cudarc::nvrtc::CompileOptions {
         arch: Some(arch),
-        options: COMPILE_OPTIONS.iter().map(|s| s.to_string()).collect(),
+        options: options_for(m, b),
         name: Some(m.file.to_string()),
         ..Default::default()
     };
@@ -249,9 +357,20 @@ pub fn default_cache_dir() -> PathBuf {
 /// The cache file of `m` for `arch` under NVRTC `version`: keyed by the hash of the full source
 /// and options, the architecture and the NVRTC version.
 pub fn cache_path(dir: &Path, m: &Module, arch: &str, version: (i32, i32)) -> PathBuf {
+    cache_path_with(dir, m, arch, version, &Build::default())
+}
+
+/// [`cache_path`] under build `b` (its sources and defines are part of the key).
+pub fn cache_path_with(
+    dir: &Path,
+    m: &Module,
+    arch: &str,
+    version: (i32, i32),
+    b: &Build,
+) -> PathBuf {
     let mut h = Sha256::new();
-    h.update(full_source(m).as_bytes());
-    for o in COMPILE_OPTIONS {
+    h.update(full_source_with(m, b).as_bytes());
+    for o in options_for(m, b) {
         h.update(o.as_bytes());
         h.update([0u8]);
     }
@@ -268,13 +387,23 @@ pub fn cache_path(dir: &Path, m: &Module, arch: &str, version: (i32, i32)) -> Pa
 /// PTX of `m` for `arch`, from the disk cache under `dir` or compiled (and then stored). A cache
 /// that cannot be written is not an error (the PTX is still returned).
 pub fn compile_cached(m: &Module, arch: &'static str, dir: &Path) -> Result<String, KernelError> {
+    compile_cached_with(m, arch, dir, &Build::default())
+}
+
+/// [`compile_cached`] under build `b`.
+pub fn compile_cached_with(
+    m: &Module,
+    arch: &'static str,
+    dir: &Path,
+    b: &Build,
+) -> Result<String, KernelError> {
     let version = nvrtc_version()?;
-    let path = cache_path(dir, m, arch, version);
+    let path = cache_path_with(dir, m, arch, version, b);
     match std::fs::read_to_string(&path) {
         Ok(text) if text.contains(".entry") => return Ok(text),
         _ => {}
     }
-    let ptx = compile(m, arch)?;
+    let ptx = compile_with(m, arch, b)?;
     if std::fs::create_dir_all(dir).is_ok() {
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         if std::fs::write(&tmp, &ptx).is_ok() {
@@ -314,7 +443,14 @@ mod tests {
                         m.source.contains(&format!("{prefix}##suffix("))
                             && DEQUANT.contains(&format!("MACRO({t}, "))
                     }
-                    None => m.source.contains(&format!(" {k}(")),
+                    // Product kernels: `MMQ_KERNEL(suffix, ...)` defines `mmq_<suffix>`.
+                    None => {
+                        m.source.contains(&format!(" {k}("))
+                            || k.strip_prefix("mmq_").is_some_and(|t| {
+                                PRODUCT_TYPES.contains(&t)
+                                    && m.source.contains(&format!("MMQ_KERNEL({t}, "))
+                            })
+                    }
                 };
                 assert!(defined, "{} does not define {k}", m.file);
             }

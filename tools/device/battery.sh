@@ -19,6 +19,8 @@ mkdir -p "$LOG"
 BIN="${MEMRA_BIN:-$PWD/.device/bin}"
 MODELS="$HOME/models"
 SMOL="$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf"
+# The GGUF whose tokenizer synthetic models copy (SmolLM2, or a small file carrying its tokenizer).
+TOKSRC="${BATTERY_TOKENIZER:-$SMOL}"
 STEPS="${BATTERY_STEPS:-smi kernels synth inv graph tokens serve server speed}"
 SYNTH="${BATTERY_SYNTH:-q4_k_m q8_0 f16}"
 export MEMRA_KERNEL_CACHE="$HOME/.cache/memra/kernels"
@@ -52,7 +54,7 @@ if has synth; then
     f=$(llama "$d")
     if [ ! -e "$f" ]; then
       run "synth-llama3-8b-$d" 240 "$BIN/memra-bench" synth --shape llama3-8b --dtype "$d" \
-        --tokenizer-from "$SMOL" --out "$f.tmp" --quiet && mv "$f.tmp" "$f"
+        --tokenizer-from "$TOKSRC" --out "$f.tmp" --quiet && mv "$f.tmp" "$f"
     fi
   done
 fi

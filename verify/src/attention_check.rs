@@ -134,7 +134,9 @@ pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             g.upload(&flat)?,
         );
         let dout = g.zeros::<f32>(rows * qd)?;
-        let dsc = g.zeros::<f32>(rows * s.n_heads * ctx)?;
+        let dsc = g.zeros::<f32>(
+            rows * s.n_heads * memra_engine::backend::cuda::attn_part_floats(ctx, s.head_dim),
+        )?;
         g.fill(g.ptr(&dout), f32::NAN, rows * qd)?;
         let a = AttnArgs {
             q: g.ptr(&dq),
@@ -146,13 +148,14 @@ pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             table_off: g.ptr(&doff),
             tables: g.ptr(&dtab),
             scores: g.ptr(&dsc),
-            score_stride: ctx,
+            ctx,
             rows,
             n_heads: s.n_heads,
             n_kv_heads: s.n_kv_heads,
             head_dim: s.head_dim,
             block_size: s.block_size,
             scale: 1.0 / (s.head_dim as f32).sqrt(),
+            prep: None,
         };
         g.attention(&a)?;
         let got = g.download(&dout)?;

@@ -7,7 +7,7 @@ use super::{ModelWeights, Role};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::ops::rope::Rope;
-use crate::ops::{Act, AttnParams, Glu, KvId, Ops, RopeId, Rows};
+use crate::ops::{Act, AttnParams, Glu, KvId, Ops, Residual, RopeId, Rows};
 
 /// The activations of a pre-norm decoder, declared once and shared by every layer.
 #[derive(Clone, Copy, Debug)]
@@ -58,10 +58,11 @@ pub struct Embedding<O: Ops> {
 
 impl<O: Ops> Embedding<O> {
     pub fn load(ops: &mut O, w: &ModelWeights) -> Result<Embedding<O>> {
+        let output = w.opt(Role::Output);
         Ok(Embedding {
-            embed: ops.mat(w.get(Role::TokenEmbd)?)?,
+            embed: ops.table(w.get(Role::TokenEmbd)?, output.is_none())?,
             out_norm: ops.vector(w.get(Role::OutputNorm)?)?,
-            output: w.opt(Role::Output).map(|t| ops.mat(t)).transpose()?,
+            output: output.map(|t| ops.mat(t)).transpose()?,
             eps: w.config.rms_eps,
         })
     }
@@ -74,7 +75,7 @@ impl<O: Ops> Embedding<O> {
     /// Final RMSNorm of `x` into `h`, then the output projection into `logits`.
     pub fn head(&self, ops: &mut O, x: Act, h: Act, logits: Act) -> Result<()> {
         let out = self.output.as_ref().unwrap_or(&self.embed);
-        ops.norm_matmuls(x, &self.out_norm, self.eps, h, &[(out, logits)])
+        ops.norm_matmul(x, &self.out_norm, self.eps, h, out, logits)
     }
 }
 
@@ -93,9 +94,8 @@ pub fn llama_rope<O: Ops>(ops: &mut O, w: &ModelWeights) -> Result<RopeId> {
 /// Self-attention of one layer: q/k/v projections (optional biases, optional per-head q/k
 /// RMSNorm), RoPE, KV write, causal attention, output projection.
 pub struct SelfAttn<O: Ops> {
-    pub q: O::Mat,
-    pub k: O::Mat,
-    pub v: O::Mat,
+    /// Q, K and V (one input).
+    pub qkv: O::Mats,
     pub out: O::Mat,
     /// q, k, v biases.
     pub bias: Option<[O::Vector; 3]>,
@@ -124,10 +124,9 @@ impl<O: Ops> SelfAttn<O> {
             ]),
             None => None,
         };
+        let qkv = [w.get(Role::Q(l))?, w.get(Role::K(l))?, w.get(Role::V(l))?];
         Ok(SelfAttn {
-            q: ops.mat(w.get(Role::Q(l))?)?,
-            k: ops.mat(w.get(Role::K(l))?)?,
-            v: ops.mat(w.get(Role::V(l))?)?,
+            qkv: ops.mats(&qkv)?,
             out: ops.mat(w.get(Role::AttnOut(l))?)?,
             bias,
             qk_norm,
@@ -135,11 +134,12 @@ impl<O: Ops> SelfAttn<O> {
         })
     }
 
-    /// `a.o = attention(norm(a.x))` for layer `l` (`a.h` holds the normed input).
-    pub fn forward(&self, ops: &mut O, a: &Acts, l: usize, s: &AttnStep<'_, O>) -> Result<()> {
+    /// Layer `l`'s attention up to its output projection: `a.h = norm(a.x)`, q/k/v (biases,
+    /// per-head norms), RoPE and the KV write; attention itself is the caller's (see
+    /// [`SelfAttn::forward`]).
+    pub fn qkv_rope(&self, ops: &mut O, a: &Acts, l: usize, s: &AttnStep<'_, O>) -> Result<()> {
         let hd = s.params.head_dim;
-        let mats = [(&self.q, a.q), (&self.k, a.k), (&self.v, a.v)];
-        ops.norm_matmuls(a.x, s.norm, s.eps, a.h, &mats)?;
+        ops.norm_matmuls(a.x, s.norm, s.eps, a.h, &self.qkv, &[a.q, a.k, a.v])?;
         ops.dump("attn_norm", l, a.h);
         if let Some([qb, kb, vb]) = &self.bias {
             ops.add_bias(a.q, qb)?;
@@ -154,8 +154,15 @@ impl<O: Ops> SelfAttn<O> {
         ops.dump("q", l, a.q);
         ops.dump("k", l, a.k);
         ops.dump("v", l, a.v);
-        ops.attention(self.kv, a.q, a.att, &s.params)?;
-        ops.matmul(&self.out, a.att, a.o)?;
+        Ok(())
+    }
+
+    /// The pre-norm attention block of layer `l`, added into the residual stream:
+    /// `a.x += out(attention(qkv_rope(norm(a.x))))` (`a.o` is scratch).
+    pub fn forward(&self, ops: &mut O, a: &Acts, l: usize, s: &AttnStep<'_, O>) -> Result<()> {
+        self.qkv_rope(ops, a, l, s)?;
+        let r = Residual { res: a.x, tmp: a.o };
+        ops.attention_matmul_add(self.kv, a.q, a.att, &s.params, &self.out, r)?;
         ops.dump("attn_out", l, a.o);
         Ok(())
     }
@@ -172,21 +179,22 @@ pub struct AttnStep<'a, O: Ops> {
 
 /// A gated FFN: `down(act(gate h) * (up h))`.
 pub struct GluFfn<O: Ops> {
-    pub gate: O::Mat,
-    pub up: O::Mat,
+    /// Gate and up (one input).
+    pub gate_up: O::Mats,
     pub down: O::Mat,
 }
 
 impl<O: Ops> GluFfn<O> {
     pub fn load(ops: &mut O, w: &ModelWeights, l: usize) -> Result<GluFfn<O>> {
+        let gate_up = [w.get(Role::Gate(l))?, w.get(Role::Up(l))?];
         Ok(GluFfn {
-            gate: ops.mat(w.get(Role::Gate(l))?)?,
-            up: ops.mat(w.get(Role::Up(l))?)?,
+            gate_up: ops.mats(&gate_up)?,
             down: ops.mat(w.get(Role::Down(l))?)?,
         })
     }
 
-    /// `a.o = ffn(norm(a.x))` for layer `l` (`a.h` holds the normed input).
+    /// The pre-norm FFN block of layer `l`, added into the residual stream:
+    /// `a.x += ffn(norm(a.x))` (`a.h` holds the normed input, `a.o` is scratch).
     pub fn forward(
         &self,
         ops: &mut O,
@@ -196,10 +204,10 @@ impl<O: Ops> GluFfn<O> {
         eps: f32,
         kind: Glu,
     ) -> Result<()> {
-        let mats = [(&self.gate, a.gate), (&self.up, a.up)];
-        ops.norm_matmuls(a.x, norm, eps, a.h, &mats)?;
+        ops.norm_matmuls(a.x, norm, eps, a.h, &self.gate_up, &[a.gate, a.up])?;
         ops.dump("ffn_norm", l, a.h);
-        ops.glu_matmul(kind, a.gate, a.up, &self.down, a.o)?;
+        let r = Residual { res: a.x, tmp: a.o };
+        ops.glu_matmul_add(kind, a.gate, a.up, &self.down, r)?;
         ops.dump("ffn_out", l, a.o);
         Ok(())
     }

@@ -108,9 +108,7 @@ impl<O: Ops> Forward<O> for Llama<O> {
                 params: self.attn,
             };
             w.attn.forward(ops, a, l, &s)?;
-            ops.add(a.x, a.o)?;
             w.ffn.forward(ops, a, l, &w.ffn_norm, self.eps, Glu::Silu)?;
-            ops.add(a.x, a.o)?;
             ops.dump("l_out", l, a.x);
         }
         Ok(a.x)

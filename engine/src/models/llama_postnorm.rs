@@ -103,12 +103,14 @@ impl<O: Ops> Forward<O> for LlamaPostNorm<O> {
                 rope: self.rope,
                 params: self.attn,
             };
-            w.attn.forward(ops, a, l, &s)?;
+            w.attn.qkv_rope(ops, a, l, &s)?;
+            ops.attention(w.attn.kv, a.q, a.att, &self.attn)?;
+            ops.matmul(&w.attn.out, a.att, a.o)?;
+            ops.dump("attn_out", l, a.o);
             ops.rms_norm(a.o, &w.attn_post_norm, a.o, a.o.width, self.eps)?;
             ops.dump("attn_post_norm", l, a.o);
             ops.add(a.x, a.o)?;
             w.ffn.forward(ops, a, l, &w.ffn_norm, self.eps, Glu::Silu)?;
-            ops.add(a.x, a.o)?;
             ops.dump("l_out", l, a.x);
         }
         Ok(a.x)

@@ -11,10 +11,12 @@
 //! - **Every op is row-wise by contract** (EXACTNESS.md): a row's result depends on that row's
 //!   data, position and own sequence's KV alone, never on the other rows or on how many there are.
 //!
-//! Fusions are backend-private: the composite ops ([`Ops::norm_matmuls`], [`Ops::rope_kv_write`],
-//! [`Ops::glu_matmul`]) have default bodies composing the simple ops; a backend overrides one with
-//! a fused kernel (rms_norm + activation quantization, RoPE + KV write, GLU into the down
-//! projection). A fused op may round differently from the composition (the GPU keeps its own
+//! Fusions are backend-private: the composite ops ([`Ops::norm_matmuls`], [`Ops::norm_matmul`],
+//! [`Ops::matmul_add`], [`Ops::rope_kv_write`], [`Ops::attention_matmul_add`],
+//! [`Ops::glu_matmul_add`]) have default bodies composing the simple ops; a backend overrides one
+//! with fused kernels (RMSNorm + activation preparation, RoPE + KV write, attention + preparation,
+//! GLU + preparation, the residual add in the product's epilogue), and [`Ops::mats`] lets it
+//! store matrices that read one input as one (Q/K/V, gate/up). A fused op may round differently from the composition (the GPU keeps its own
 //! arithmetic, EXACTNESS.md) but must stay row-invariant; on the CPU, the oracle, the
 //! composition is the definition.
 
@@ -84,10 +86,21 @@ impl AttnParams {
     }
 }
 
+/// Where a product's result goes when it is added into a residual stream: `res += W x`.
+/// `tmp` (the product's width) is scratch for backends that cannot add in the product itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Residual {
+    pub res: Act,
+    pub tmp: Act,
+}
+
 /// The ops an architecture's forward pass uses. Each runs over the rows of its output's class.
 pub trait Ops: Send + Sized + 'static {
     /// A weight matrix `[out_features, in_features]`.
     type Mat: Send;
+    /// Several weight matrices that read the same input (Q/K/V; gate/up); a backend may store
+    /// them as one.
+    type Mats: Send;
     /// A small f32 vector (norm weight, bias).
     type Vector: Send;
 
@@ -95,6 +108,13 @@ pub trait Ops: Send + Sized + 'static {
 
     /// Uploads a weight matrix (2-D tensor).
     fn mat(&mut self, t: &Tensor) -> Result<Self::Mat>;
+    /// Uploads matrices that are always applied to the same input, in this order.
+    fn mats(&mut self, ts: &[&Tensor]) -> Result<Self::Mats>;
+    /// Uploads an embedding table (for [`Ops::embed`]); `head`: it is also the output matrix
+    /// (tied embeddings). The default is [`Ops::mat`].
+    fn table(&mut self, t: &Tensor, _head: bool) -> Result<Self::Mat> {
+        self.mat(t)
+    }
     /// Uploads a vector (dequantized to f32).
     fn vector(&mut self, t: &Tensor) -> Result<Self::Vector>;
     /// Declares an activation of `width` values per row.
@@ -110,6 +130,8 @@ pub trait Ops: Send + Sized + 'static {
     fn embed(&mut self, table: &Self::Mat, out: Act) -> Result<()>;
     /// `y[r][n] = dot(W[n], x[r])`.
     fn matmul(&mut self, w: &Self::Mat, x: Act, y: Act) -> Result<()>;
+    /// `ys[i] = W[i] x` for each matrix of `w`.
+    fn matmuls(&mut self, w: &Self::Mats, x: Act, ys: &[Act]) -> Result<()>;
     /// RMSNorm of each group of `group` values of each row (`group == x.width` for a whole-row
     /// norm, `head_dim` for per-head norms), scaled by `w` (`group` values). `y` may equal `x`.
     fn rms_norm(&mut self, x: Act, w: &Self::Vector, y: Act, group: usize, eps: f32) -> Result<()>;
@@ -128,20 +150,38 @@ pub trait Ops: Send + Sized + 'static {
 
     // ---- composite ops: fusion points (defaults compose the simple ops) ----
 
-    /// RMSNorm of `x` into `h`, then every `(W, y)`: `y = W h`.
+    /// RMSNorm of `x` into `h`, then `ys[i] = W[i] h`.
     fn norm_matmuls(
         &mut self,
         x: Act,
         norm: &Self::Vector,
         eps: f32,
         h: Act,
-        mats: &[(&Self::Mat, Act)],
+        w: &Self::Mats,
+        ys: &[Act],
     ) -> Result<()> {
         self.rms_norm(x, norm, h, x.width, eps)?;
-        for &(w, y) in mats {
-            self.matmul(w, h, y)?;
-        }
-        Ok(())
+        self.matmuls(w, h, ys)
+    }
+
+    /// RMSNorm of `x` into `h`, then `y = W h` (the output head).
+    fn norm_matmul(
+        &mut self,
+        x: Act,
+        norm: &Self::Vector,
+        eps: f32,
+        h: Act,
+        w: &Self::Mat,
+        y: Act,
+    ) -> Result<()> {
+        self.rms_norm(x, norm, h, x.width, eps)?;
+        self.matmul(w, h, y)
+    }
+
+    /// `r.res += W x`.
+    fn matmul_add(&mut self, w: &Self::Mat, x: Act, r: Residual) -> Result<()> {
+        self.matmul(w, x, r.tmp)?;
+        self.add(r.res, r.tmp)
     }
 
     /// RoPE of `q` and `k`, then K and V into the cache.
@@ -159,17 +199,31 @@ pub trait Ops: Send + Sized + 'static {
         self.kv_write(kv, k, v)
     }
 
-    /// `gate = act(gate) * up`, then `out = down gate`.
-    fn glu_matmul(
+    /// Attention into `att`, then `r.res += W att` (the output projection).
+    fn attention_matmul_add(
+        &mut self,
+        kv: KvId,
+        q: Act,
+        att: Act,
+        p: &AttnParams,
+        w: &Self::Mat,
+        r: Residual,
+    ) -> Result<()> {
+        self.attention(kv, q, att, p)?;
+        self.matmul_add(w, att, r)
+    }
+
+    /// `gate = act(gate) * up`, then `r.res += down gate`.
+    fn glu_matmul_add(
         &mut self,
         kind: Glu,
         gate: Act,
         up: Act,
         down: &Self::Mat,
-        out: Act,
+        r: Residual,
     ) -> Result<()> {
         self.glu(kind, gate, up)?;
-        self.matmul(down, gate, out)
+        self.matmul_add(down, gate, r)
     }
 
     /// Hands a named intermediate (`attn_norm`, `q`, ..., layer `layer`) to the dump sink, if

@@ -82,6 +82,7 @@ mod kquants;
 mod kquants_quantize;
 mod lanes;
 mod legacy;
+pub mod repack;
 mod simd;
 mod simple;
 

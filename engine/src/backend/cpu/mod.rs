@@ -163,10 +163,15 @@ impl CpuOps {
 
 impl Ops for CpuOps {
     type Mat = Tensor;
+    type Mats = Vec<Tensor>;
     type Vector = Vec<f32>;
 
     fn mat(&mut self, t: &Tensor) -> Result<Tensor> {
         Ok(t.clone())
+    }
+
+    fn mats(&mut self, ts: &[&Tensor]) -> Result<Vec<Tensor>> {
+        Ok(ts.iter().map(|&t| t.clone()).collect())
     }
 
     fn vector(&mut self, t: &Tensor) -> Result<Vec<f32>> {
@@ -212,6 +217,20 @@ impl Ops for CpuOps {
     fn matmul(&mut self, w: &Tensor, x: Act, y: Act) -> Result<()> {
         let m = self.rows(y);
         self.map(x, y, |s, src, out| matmul::matmul(&s.pool, w, src, m, out))
+    }
+
+    fn matmuls(&mut self, w: &Vec<Tensor>, x: Act, ys: &[Act]) -> Result<()> {
+        if w.len() != ys.len() {
+            return Err(err(format!(
+                "{} matrices for {} outputs",
+                w.len(),
+                ys.len()
+            )));
+        }
+        for (w, &y) in w.iter().zip(ys) {
+            self.matmul(w, x, y)?;
+        }
+        Ok(())
     }
 
     fn rms_norm(&mut self, x: Act, w: &Vec<f32>, y: Act, group: usize, eps: f32) -> Result<()> {

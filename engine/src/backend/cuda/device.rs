@@ -5,7 +5,7 @@
 //! on the one stream, with cudarc's multi-stream event tracking disabled.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
@@ -59,8 +59,16 @@ pub struct Gpu {
     pub name: String,
     /// The NVRTC architecture the kernels were built for.
     pub arch: &'static str,
+    /// Streaming multiprocessors.
+    pub sms: u32,
     funcs: HashMap<&'static str, CudaFunction>,
+    /// Modules compiled on first use, per (module, defines): see [`Gpu::variant`].
+    #[allow(clippy::type_complexity)]
+    variants: Mutex<HashMap<(String, Vec<String>), Arc<HashMap<String, CudaFunction>>>>,
 }
+
+/// Modules compiled on first use with their defines (tile parameters), not at open.
+pub const LAZY_MODULES: &[&str] = &["products"];
 
 const BLOCK: u32 = 256;
 /// Grid-stride kernels use at most this many blocks.
@@ -94,9 +102,17 @@ impl Gpu {
             .compute_capability()
             .map_err(|e| fail(format!("compute capability: {e:?}")))?;
         let arch = memra_kernels::arch_for(major, minor).map_err(|e| fail(e.to_string()))?;
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| fail(format!("multiprocessor count: {e:?}")))? as u32;
         let dir = memra_kernels::default_cache_dir();
         let mut funcs = HashMap::new();
         for m in memra_kernels::MODULES {
+            if LAZY_MODULES.contains(&m.name) {
+                continue;
+            }
             let ptx =
                 memra_kernels::compile_cached(m, arch, &dir).map_err(|e| fail(e.to_string()))?;
             let module = ctx
@@ -114,8 +130,98 @@ impl Gpu {
             stream,
             name,
             arch,
+            sms,
             funcs,
+            variants: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The kernels of module `module` built with `defines` (`NAME=VALUE`), compiled (or read
+    /// from the disk cache) on first use and kept for the device's lifetime.
+    pub fn variant(
+        &self,
+        module: &str,
+        defines: &[String],
+    ) -> Result<Arc<HashMap<String, CudaFunction>>> {
+        let key = (module.to_string(), defines.to_vec());
+        let mut cache = self
+            .variants
+            .lock()
+            .map_err(|_| self.err("kernel variant cache poisoned"))?;
+        if let Some(f) = cache.get(&key) {
+            return Ok(f.clone());
+        }
+        let m = memra_kernels::module(module)
+            .ok_or_else(|| self.err(format!("no kernel module {module}")))?;
+        let build = memra_kernels::Build::with_defines(defines);
+        let dir = memra_kernels::default_cache_dir();
+        let ptx = memra_kernels::compile_cached_with(m, self.arch, &dir, &build)
+            .map_err(|e| self.err(e.to_string()))?;
+        let loaded = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .map_err(|e| self.err(format!("loading {} {defines:?}: {e:?}", m.file)))?;
+        let mut funcs = HashMap::new();
+        for &k in m.kernels {
+            let f = loaded
+                .load_function(k)
+                .map_err(|e| self.err(format!("kernel {k} of {}: {e:?}", m.file)))?;
+            funcs.insert(k.to_string(), f);
+        }
+        let funcs = Arc::new(funcs);
+        cache.insert(key, funcs.clone());
+        Ok(funcs)
+    }
+
+    /// Launches `f` with a 3-D-free geometry: `grid` blocks of `block` threads and `smem` bytes
+    /// of dynamic shared memory.
+    pub fn launch_fn(
+        &self,
+        f: &CudaFunction,
+        what: &str,
+        grid: (u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                Arg::Ptr(v) | Arg::U64(v) => b.arg(v),
+                Arg::U32(v) => b.arg(v),
+                Arg::F32(v) => b.arg(v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0.max(1), grid.1.max(1), 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        // SAFETY: the caller's argument list matches the kernel's parameters; pointers come
+        // from live allocations sized by the caller.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| self.err(format!("launch {what}: {e:?}")))
+    }
+
+    /// Milliseconds of device time taken by the work `f` queues on the stream (events around
+    /// it; waits for the end).
+    pub fn time_ms(&self, f: impl FnOnce() -> Result<()>) -> Result<f32> {
+        let ev = |what: &str| {
+            self.ctx
+                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| self.err(format!("{what} event: {e:?}")))
+        };
+        let (a, b) = (ev("start")?, ev("end")?);
+        a.record(&self.stream)
+            .map_err(|e| self.err(format!("record: {e:?}")))?;
+        f()?;
+        b.record(&self.stream)
+            .map_err(|e| self.err(format!("record: {e:?}")))?;
+        b.synchronize()
+            .map_err(|e| self.err(format!("event sync: {e:?}")))?;
+        a.elapsed_ms(&b)
+            .map_err(|e| self.err(format!("elapsed: {e:?}")))
     }
 
     /// An error of this device.
@@ -402,6 +508,28 @@ impl Gpu {
         self.launch("rope", Self::stride_grid(n), BLOCK, &args)
     }
 
+    /// RoPE of `rows` rows of Q (`n_heads`) and K (`n_kv_heads`) in place and the K/V cache
+    /// write at `slot[r]`, in one launch (the arithmetic of [`Gpu::rope`] and [`Gpu::kv_write`]).
+    pub fn rope_kv(&self, a: &RopeKvArgs) -> Result<()> {
+        let n = (a.rows * (a.n_heads + a.n_kv_heads) * (a.head_dim / 2)) as u64;
+        let args = [
+            Arg::Ptr(a.q),
+            Arg::Ptr(a.k),
+            Arg::Ptr(a.v),
+            Arg::Ptr(a.pos),
+            Arg::Ptr(a.cos),
+            Arg::Ptr(a.sin),
+            Arg::Ptr(a.k_cache),
+            Arg::Ptr(a.v_cache),
+            Arg::Ptr(a.slot),
+            Arg::U32(self.u32_of(a.rows, "rows")?),
+            Arg::U32(self.u32_of(a.n_heads, "heads")?),
+            Arg::U32(self.u32_of(a.n_kv_heads, "kv heads")?),
+            Arg::U32(self.u32_of(a.head_dim, "head_dim")?),
+        ];
+        self.launch("rope_kv", Self::stride_grid(n), BLOCK, &args)
+    }
+
     /// Writes rows of K and V (`width` values) into the caches at position indices `slot[r]`.
     #[allow(clippy::too_many_arguments)]
     pub fn kv_write(
@@ -500,6 +628,42 @@ impl Gpu {
 /// The most candidates `topk_row` returns (`TOPK_MAX` in kernels/cu/sample.cu).
 pub const TOPK_MAX: usize = 1024;
 
+/// Pointers and shapes of a [`Gpu::rope_kv`] launch.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeKvArgs {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub pos: u64,
+    pub cos: u64,
+    pub sin: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub slot: u64,
+    pub rows: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// Where [`Gpu::attention`] also prepares its output for the next product (prep.cuh).
+#[derive(Clone, Copy, Debug)]
+pub struct AttnPrep {
+    pub values: u64,
+    pub sums: u64,
+    /// Columns per prepared row.
+    pub kp: usize,
+    pub bf16: bool,
+}
+
+/// Positions per attention split (`ATTN_SPLIT` in kernels/cu/attention.cu).
+pub const ATTN_SPLIT: usize = 64;
+
+/// Floats of attention scratch per (row, head) for rows whose largest `pos + 1` is `ctx`.
+pub fn attn_part_floats(ctx: usize, head_dim: usize) -> usize {
+    ctx.max(1).div_ceil(ATTN_SPLIT) * (head_dim + 2)
+}
+
 /// Pointers and shapes of one attention launch (rows `0..rows` of the launch).
 #[derive(Clone, Copy, Debug)]
 pub struct AttnArgs {
@@ -511,19 +675,23 @@ pub struct AttnArgs {
     pub row_seq: u64,
     pub table_off: u64,
     pub tables: u64,
+    /// Split partials: [`attn_part_floats`]`(ctx, head_dim)` floats per (row, head).
     pub scores: u64,
-    /// Floats of `scores` per (row, head): at least the largest `pos + 1` of the launch.
-    pub score_stride: usize,
+    /// At least the largest `pos + 1` of the launch's rows.
+    pub ctx: usize,
     pub rows: usize,
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
     pub block_size: usize,
     pub scale: f32,
+    /// Also prepare the output for a product (head_dim a multiple of 32).
+    pub prep: Option<AttnPrep>,
 }
 
 impl Gpu {
-    /// Causal paged attention, one warp per (row, head).
+    /// Causal paged attention split by a fixed length in positions: partials per (row, head,
+    /// split), then their combination in split order.
     pub fn attention(&self, a: &AttnArgs) -> Result<()> {
         if a.head_dim > 256 || a.n_kv_heads == 0 || !a.n_heads.is_multiple_of(a.n_kv_heads) {
             return Err(self.err(format!(
@@ -531,11 +699,14 @@ impl Gpu {
                 a.head_dim, a.n_heads, a.n_kv_heads
             )));
         }
-        let warps = a.rows * a.n_heads;
-        let blocks = self.u32_of(warps.div_ceil(4), "attention blocks")?;
+        if a.rows == 0 {
+            return Ok(());
+        }
+        let stride = attn_part_floats(a.ctx, a.head_dim) as u64;
+        let splits = a.ctx.max(1).div_ceil(ATTN_SPLIT);
+        let rh = self.u32_of(a.rows * a.n_heads, "attention rows x heads")?;
         let args = [
             Arg::Ptr(a.q),
-            Arg::Ptr(a.out),
             Arg::Ptr(a.k_cache),
             Arg::Ptr(a.v_cache),
             Arg::Ptr(a.pos),
@@ -543,14 +714,39 @@ impl Gpu {
             Arg::Ptr(a.table_off),
             Arg::Ptr(a.tables),
             Arg::Ptr(a.scores),
-            Arg::U64(a.score_stride as u64),
-            Arg::U32(self.u32_of(a.rows, "rows")?),
+            Arg::U64(stride),
             Arg::U32(self.u32_of(a.n_heads, "heads")?),
             Arg::U32(self.u32_of(a.n_kv_heads, "kv heads")?),
             Arg::U32(self.u32_of(a.head_dim, "head_dim")?),
             Arg::U32(self.u32_of(a.block_size, "block_size")?),
             Arg::F32(a.scale),
         ];
-        self.launch("attention", (blocks, 1), 128, &args)
+        // At most 64 blocks per (row, head); each loops over its splits.
+        let ys = self.u32_of(splits.min(64), "attention splits")?;
+        // MEMRA_ATTN=v1: the warp-per-16-positions split kernel (A/B); default attn_split2.
+        let split_kernel = if std::env::var("MEMRA_ATTN").is_ok_and(|v| v == "v1") {
+            "attn_split"
+        } else {
+            "attn_split2"
+        };
+        self.launch(split_kernel, (rh, ys), 128, &args)?;
+        let prep = a.prep.filter(|_| a.head_dim.is_multiple_of(32));
+        if a.prep.is_some() && prep.is_none() {
+            return Err(self.err("attention: fused preparation needs head_dim % 32 == 0"));
+        }
+        let args = [
+            Arg::Ptr(a.scores),
+            Arg::Ptr(a.out),
+            Arg::Ptr(a.pos),
+            Arg::U64(stride),
+            Arg::U32(self.u32_of(a.rows, "rows")?),
+            Arg::U32(self.u32_of(a.n_heads, "heads")?),
+            Arg::U32(self.u32_of(a.head_dim, "head_dim")?),
+            Arg::Ptr(prep.map_or(0, |p| p.values)),
+            Arg::Ptr(prep.map_or(0, |p| p.sums)),
+            Arg::U32(self.u32_of(prep.map_or(0, |p| p.kp), "kp")?),
+            Arg::U32(prep.is_some_and(|p| p.bf16) as u32),
+        ];
+        self.launch("attn_combine", (rh.div_ceil(4), 1), 128, &args)
     }
 }

@@ -86,7 +86,7 @@ impl CudaOps {
         for n in sizes {
             inputs.push(g.zeros::<u32>(n)?);
         }
-        let per_row = self.n_heads * ctx_cap;
+        let per_row = self.n_heads * super::attn_part_floats(ctx_cap, self.head_dim);
         let score_rows = (SCORE_FLOATS / per_row.max(1)).clamp(1, MAX_BUCKET);
         Ok(GraphState {
             ctx_cap,

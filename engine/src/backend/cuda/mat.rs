@@ -1,59 +1,334 @@
-//! Weight matrices on the device and the one product over them. Everything that knows a
-//! matrix's device layout lives here: [`upload_mat`] (the only constructor of [`Mat`]),
-//! [`matmul`] (the only product) and [`embed`] (row lookup of the embedding table). Repacked
-//! layouts and new product kernels go in behind these three functions.
+//! Weight matrices on the device and the products over them: the only code that knows a
+//! matrix's device layout. [`Products::upload_mat`] is the one constructor of a [`Mat`] from a
+//! host tensor (the v2 tile layout when the v2 products read its type, and/or the stored GGUF
+//! layout for the v1 kernels and the embedding); [`Products::matmul`] is the one product.
+//! Products read activations prepared per row (products.rs) into buffers kept here, one per
+//! (activation kind, K).
 
 use cudarc::driver::CudaSlice;
 
 use super::Gpu;
+use super::products::{self, ActBuf, ActKind, PMat};
+use super::profile::Profile;
 use crate::error::Result;
 use crate::quant::DType;
-use crate::weights::Tensor;
+use crate::weights::{Bytes, Tensor};
 
-/// A weight matrix on the device, in its stored block format.
+/// A weight matrix on the device.
 pub struct Mat {
-    data: CudaSlice<u8>,
+    /// The stored GGUF layout (v1 kernels, embedding lookups).
+    data: Option<CudaSlice<u8>>,
+    /// The v2 tile layout.
+    packed: Option<PMat>,
     dtype: DType,
     rows: usize,
     cols: usize,
     row_bytes: usize,
 }
 
-/// Uploads the 2-D tensor `t`.
-pub fn upload_mat(g: &Gpu, t: &Tensor) -> Result<Mat> {
-    let (rows, cols) = t.rows_cols();
-    Ok(Mat {
-        data: g.upload(&t.data)?,
-        dtype: t.dtype,
-        rows,
-        cols,
-        row_bytes: t.row_bytes(),
-    })
+impl Mat {
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The tile layout, when the v2 products read this matrix.
+    pub fn packed(&self) -> Option<&PMat> {
+        self.packed.as_ref()
+    }
 }
 
-/// `y[r][n] = dot(W[n], x[r])` for `m` rows of f32 activations at device addresses `x`, `y`.
-pub fn matmul(g: &Gpu, w: &Mat, x: u64, y: u64, m: usize) -> Result<()> {
-    g.matmul(
-        w.dtype,
-        g.ptr(&w.data),
-        w.row_bytes,
-        x,
-        y,
-        m,
-        w.rows,
-        w.cols,
-    )
+/// What a matrix is used for, which decides the layouts it is uploaded in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Use {
+    /// Products only: packed when the v2 products read its type, else stored.
+    Product,
+    /// Embedding lookups only: stored.
+    Lookup,
+    /// Both (a tied embedding table): stored, and packed when the v2 products read its type.
+    Both,
 }
 
-/// `y[r] = dequantize(table[tokens[r]])` for `m` rows (`tokens`: u32 device array).
-pub fn embed(g: &Gpu, table: &Mat, tokens: u64, y: u64, m: usize) -> Result<()> {
-    g.embed(
-        table.dtype,
-        g.ptr(&table.data),
-        table.row_bytes,
-        tokens,
-        y,
-        m,
-        table.cols,
-    )
+/// Matrices that read one input (Q/K/V; gate/up).
+pub enum Mats {
+    /// One packed matrix of the matrices' rows concatenated; `rows[i]` rows go to output i.
+    Fused {
+        mat: Mat,
+        rows: Vec<usize>,
+    },
+    Each(Vec<Mat>),
+}
+
+impl Mats {
+    fn list(&self) -> Vec<&Mat> {
+        match self {
+            Mats::Fused { mat, .. } => vec![mat],
+            Mats::Each(v) => v.iter().collect(),
+        }
+    }
+}
+
+/// The product machinery of one device: whether the v2 products are on, their tuned launch
+/// parameters, and the prepared-activation buffers every packed matrix reads.
+pub struct Products {
+    pub v2: bool,
+    pub profile: Profile,
+    /// (kind, K, padded K) of every packed matrix uploaded.
+    keys: Vec<(ActKind, usize, usize)>,
+    /// Buffers for `rows` rows, per key.
+    bufs: Vec<(ActKind, usize, ActBuf)>,
+    rows: usize,
+}
+
+impl Products {
+    pub fn new(v2: bool, profile: Profile) -> Products {
+        Products {
+            v2,
+            profile,
+            keys: Vec::new(),
+            bufs: Vec::new(),
+            rows: 0,
+        }
+    }
+
+    /// Uploads the 2-D tensor `t` in the layouts its use needs.
+    pub fn upload_mat(&mut self, g: &Gpu, t: &Tensor, usage: Use) -> Result<Mat> {
+        let (rows, cols) = t.rows_cols();
+        let product = usage != Use::Lookup;
+        let packed = if product && self.v2 && products::product_supports(t.dtype) {
+            Some(g.upload_packed(&self.profile, t.dtype, &t.data, rows, cols)?)
+        } else {
+            None
+        };
+        if let Some(p) = &packed {
+            let key = (p.act(), cols, p.kp);
+            if !self.keys.contains(&key) {
+                self.keys.push(key);
+                self.rows = 0; // allocate the new key's buffers at the next reserve
+            }
+        }
+        let data = if usage != Use::Product || packed.is_none() {
+            Some(g.upload(&t.data)?)
+        } else {
+            None
+        };
+        Ok(Mat {
+            data,
+            packed,
+            dtype: t.dtype,
+            rows,
+            cols,
+            row_bytes: t.row_bytes(),
+        })
+    }
+
+    /// Uploads matrices that read one input: as one packed matrix when they share a type and a
+    /// width the v2 products read, else each on its own.
+    pub fn upload_mats(&mut self, g: &Gpu, ts: &[&Tensor]) -> Result<Mats> {
+        let Some(first) = ts.first() else {
+            return Ok(Mats::Each(Vec::new()));
+        };
+        let (d, cols) = (first.dtype, first.rows_cols().1);
+        let same = ts.iter().all(|t| t.dtype == d && t.rows_cols().1 == cols);
+        if !self.v2 || !same || ts.len() > 3 || !products::product_supports(d) {
+            let each = ts.iter().map(|t| self.upload_mat(g, t, Use::Product));
+            return Ok(Mats::Each(each.collect::<Result<_>>()?));
+        }
+        let rows: Vec<usize> = ts.iter().map(|t| t.rows_cols().0).collect();
+        let bytes: Vec<u8> = ts.iter().flat_map(|t| t.data.iter().copied()).collect();
+        let shape = vec![rows.iter().sum(), cols];
+        let fused = Tensor::new(first.name.clone(), d, shape, Bytes::owned(bytes))?;
+        let mat = self.upload_mat(g, &fused, Use::Product)?;
+        Ok(Mats::Fused { mat, rows })
+    }
+
+    /// Makes the prepared-activation buffers hold `rows` rows (after a device sync).
+    pub fn reserve(&mut self, g: &Gpu, rows: usize) -> Result<()> {
+        if rows <= self.rows {
+            return Ok(());
+        }
+        self.bufs.clear();
+        for &(kind, k, kp) in &self.keys {
+            self.bufs.push((kind, k, g.act_buf(kind, rows, kp)?));
+        }
+        self.rows = rows;
+        Ok(())
+    }
+
+    fn act(&self, g: &Gpu, kind: ActKind, k: usize) -> Result<&ActBuf> {
+        self.bufs
+            .iter()
+            .find(|(kk, kc, _)| *kk == kind && *kc == k)
+            .map(|(_, _, a)| a)
+            .ok_or_else(|| g.err(format!("no {kind:?} activation buffer for K = {k}")))
+    }
+
+    /// The distinct activation kinds the packed matrices of `ws` read.
+    fn kinds(ws: &[&Mat]) -> Vec<ActKind> {
+        let mut v = Vec::new();
+        for p in ws.iter().filter_map(|w| w.packed.as_ref()) {
+            if !v.contains(&p.act()) {
+                v.push(p.act());
+            }
+        }
+        v
+    }
+
+    /// Prepares `m` rows of `k` f32 values at `x` for every packed matrix of `ws`.
+    pub fn prep(&self, g: &Gpu, x: u64, k: usize, m: usize, ws: &[&Mat]) -> Result<()> {
+        for kind in Self::kinds(ws) {
+            g.prepare(x, self.act(g, kind, k)?, m, k)?;
+        }
+        Ok(())
+    }
+
+    /// [`Products::prep`] for every matrix of `w`.
+    pub fn prep_mats(&self, g: &Gpu, x: u64, k: usize, m: usize, w: &Mats) -> Result<()> {
+        self.prep(g, x, k, m, &w.list())
+    }
+
+    /// RMSNorm of `m` rows of `width` at `x` into `y` (f32), prepared for the packed matrices
+    /// of `ws` in the same pass when there are any.
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_for(
+        &self,
+        g: &Gpu,
+        (x, w, y): (u64, u64, u64),
+        m: usize,
+        width: usize,
+        eps: f32,
+        ws: &[&Mat],
+    ) -> Result<()> {
+        let kinds = Self::kinds(ws);
+        let Some(&first) = kinds.first() else {
+            return g.rms_norm(x, w, y, m, width, eps);
+        };
+        g.norm_prep(x, w, Some(y), self.act(g, first, width)?, m, width, eps)?;
+        for &k in &kinds[1..] {
+            g.prepare(y, self.act(g, k, width)?, m, width)?;
+        }
+        Ok(())
+    }
+
+    /// [`Products::norm_for`] for every matrix of `w`.
+    pub fn norm_for_mats(
+        &self,
+        g: &Gpu,
+        xwy: (u64, u64, u64),
+        m: usize,
+        width: usize,
+        eps: f32,
+        w: &Mats,
+    ) -> Result<()> {
+        self.norm_for(g, xwy, m, width, eps, &w.list())
+    }
+
+    /// SwiGLU of `m` rows of `width` in place in `gate` (`up`), prepared for the packed
+    /// matrices of `ws`.
+    pub fn swiglu_for(
+        &self,
+        g: &Gpu,
+        (gate, up): (u64, u64),
+        m: usize,
+        width: usize,
+        ws: &[&Mat],
+    ) -> Result<()> {
+        let kinds = Self::kinds(ws);
+        let Some(&first) = kinds.first() else {
+            return g.swiglu(gate, up, m * width);
+        };
+        g.swiglu_prep(gate, up, Some(gate), self.act(g, first, width)?, m, width)?;
+        for &k in &kinds[1..] {
+            g.prepare(gate, self.act(g, k, width)?, m, width)?;
+        }
+        Ok(())
+    }
+
+    /// The buffer attention may prepare its output into for the product `w` (`k` = its input
+    /// width), when it can (`head_dim` a multiple of 32).
+    pub fn attn_prep(
+        &self,
+        g: &Gpu,
+        w: &Mat,
+        k: usize,
+        head_dim: usize,
+    ) -> Result<Option<&ActBuf>> {
+        match &w.packed {
+            Some(p) if head_dim.is_multiple_of(32) => self.act(g, p.act(), k).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// The product: `y = W x` for `m` rows (`x`: f32 rows of `w`'s width, already prepared by
+    /// [`Products::prep`] or a fused producer when `w` is packed); with `res`, `res += W x`
+    /// instead (`y` is then scratch for the v1 path).
+    pub fn matmul(
+        &self,
+        g: &Gpu,
+        w: &Mat,
+        (x, y): (u64, u64),
+        res: Option<u64>,
+        m: usize,
+    ) -> Result<()> {
+        if let Some(p) = &w.packed {
+            let a = self.act(g, p.act(), w.cols)?;
+            let launch = self.profile.launch(m, w.dtype);
+            return match res {
+                Some(r) => g.product(p, a, r, Some(r), m, launch),
+                None => g.product(p, a, y, None, m, launch),
+            };
+        }
+        let data = w
+            .data
+            .as_ref()
+            .ok_or_else(|| g.err("weight matrix has no stored layout"))?;
+        g.matmul(w.dtype, g.ptr(data), w.row_bytes, x, y, m, w.rows, w.cols)?;
+        match res {
+            Some(r) => g.add_in_place(r, y, m * w.rows),
+            None => Ok(()),
+        }
+    }
+
+    /// `ys[i] = W[i] x` for `m` rows (prepared like [`Products::matmul`]); `ys`: (buffer,
+    /// columns) per matrix.
+    pub fn matmuls(&self, g: &Gpu, w: &Mats, x: u64, ys: &[(u64, usize)], m: usize) -> Result<()> {
+        match w {
+            Mats::Fused { mat, rows } => {
+                let p = mat
+                    .packed
+                    .as_ref()
+                    .ok_or_else(|| g.err("fused weight matrix is not packed"))?;
+                if rows.len() != ys.len() || rows.iter().zip(ys).any(|(r, y)| *r != y.1) {
+                    return Err(g.err(format!("fused product of {rows:?} rows into {ys:?}")));
+                }
+                let a = self.act(g, p.act(), mat.cols)?;
+                g.product_to(p, a, ys, None, m, self.profile.launch(m, mat.dtype))
+            }
+            Mats::Each(ws) => {
+                if ws.len() != ys.len() {
+                    return Err(g.err(format!("{} matrices for {} outputs", ws.len(), ys.len())));
+                }
+                for (w, &(y, _)) in ws.iter().zip(ys) {
+                    self.matmul(g, w, (x, y), None, m)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// `y[r] = dequantize(table[tokens[r]])` for `m` rows (`tokens`: u32 device array).
+    pub fn embed(&self, g: &Gpu, table: &Mat, tokens: u64, y: u64, m: usize) -> Result<()> {
+        let data = table
+            .data
+            .as_ref()
+            .ok_or_else(|| g.err("embedding table missing"))?;
+        g.embed(
+            table.dtype,
+            g.ptr(data),
+            table.row_bytes,
+            tokens,
+            y,
+            m,
+            table.cols,
+        )
+    }
 }

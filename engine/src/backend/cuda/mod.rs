@@ -1,22 +1,32 @@
-//! The CUDA backend, first version: CUDA-core kernels (memra-kernels) that compute each row with
-//! the CPU reference's arithmetic order, so results are row-invariant by construction
-//! (EXACTNESS.md). Activations, norms and the KV cache are f32; weights stay in their GGUF block
-//! format on the device (mat.rs).
+//! The CUDA backend. Weight products (mat.rs) are the v2 tensor-core kernels over weights
+//! repacked at load (products.rs, tuned by the device profile, profile.rs) for the types they
+//! read, else the v1 CUDA-core kernels over the stored GGUF blocks; every product computes a row
+//! with the same arithmetic at every M (EXACTNESS.md). Activations, norms and the KV cache are
+//! f32.
 //!
-//! The op interface (ops.rs) runs each op as one kernel on the one stream; step.rs sets up a
-//! step's rows and reads results back; a step of up to 64 rows runs as a CUDA graph per row
-//! bucket (graph.rs; `CudaOptions::graphs`); tokens are picked on the device (select.rs).
+//! The op interface (ops.rs) runs each op as one or a few kernels on the one stream and fuses
+//! the composite ops (RMSNorm / SwiGLU / attention + activation preparation, RoPE + KV write,
+//! the residual add in the product); step.rs sets up a step's rows and reads results back; a
+//! step of up to 64 rows runs as a CUDA graph per row bucket (graph.rs; `CudaOptions::graphs`);
+//! tokens are picked on the device (select.rs); `MEMRA_PROFILE_OPS=1` times the ops of plain
+//! steps (opprof.rs).
 
 mod device;
 mod graph;
 mod mat;
+mod opprof;
 mod ops;
+pub mod products;
+pub mod profile;
 pub mod select;
 mod step;
 
-pub use device::{Arg, AttnArgs, Gpu, TOPK_MAX, device_count, kernel_supports, quiet_catch};
+pub use device::{
+    ATTN_SPLIT, Arg, AttnArgs, AttnPrep, Gpu, LAZY_MODULES, RopeKvArgs, TOPK_MAX, attn_part_floats,
+    device_count, kernel_supports, quiet_catch,
+};
 pub use graph::BUCKETS;
-pub use mat::{Mat, embed, matmul, upload_mat};
+pub use mat::{Mat, Mats, Products, Use};
 
 use cudarc::driver::CudaSlice;
 
@@ -42,6 +52,12 @@ pub struct CudaOptions {
 /// Whether CUDA graphs are on by default: yes, unless `MEMRA_CUDA_GRAPHS=0`.
 pub fn graphs_default() -> bool {
     std::env::var("MEMRA_CUDA_GRAPHS").map_or(true, |v| v != "0")
+}
+
+/// Whether the v2 tensor-core products are used for the types they support: yes, unless
+/// `MEMRA_CUDA_PRODUCTS=v1` (the v1 CUDA-core kernels for every type, for A/B runs).
+pub fn products_v2_default() -> bool {
+    std::env::var("MEMRA_CUDA_PRODUCTS").map_or(true, |v| v != "v1")
 }
 
 /// True when a CUDA driver and at least one device are present. Never panics.
@@ -94,8 +110,10 @@ struct RopeTable {
 /// The op interface on one CUDA device.
 pub struct CudaOps {
     gpu: Gpu,
-    /// Query heads (the attention score scratch per row and position).
+    products: Products,
+    /// Query heads and head size (the attention scratch per row).
     n_heads: usize,
+    head_dim: usize,
     /// The model's context length (bounds the graphs' positions).
     max_ctx: usize,
     kv: Vec<KvLayer>,
@@ -117,6 +135,8 @@ pub struct CudaOps {
     graph: Option<graph::GraphState>,
     /// Bumped whenever a buffer a captured graph reads is reallocated.
     layout_epoch: u64,
+    /// Per-op device times of plain steps (`MEMRA_PROFILE_OPS=1`), printed when dropped.
+    prof: Option<opprof::OpProf>,
 }
 
 /// The CUDA backend: the generic runner over the CUDA ops.
@@ -172,9 +192,13 @@ impl Runner<CudaOps> {
                 gib(total)
             )));
         }
+        let profile = profile::Profile::new(gpu.arch, gpu.sms);
+        let v2 = products_v2_default();
         let ops = CudaOps {
             gpu,
+            products: Products::new(v2, profile),
             n_heads: c.n_heads,
+            head_dim: c.head_dim,
             max_ctx: c.max_ctx,
             kv: Vec::new(),
             kv_blocks: opts.kv_blocks,
@@ -190,10 +214,24 @@ impl Runner<CudaOps> {
             graphs_on: opts.graphs,
             graph: None,
             layout_epoch: 0,
+            prof: opprof::OpProf::from_env(),
         };
         let runner = Runner::build(ops, &weights)?;
-        runner.ops().gpu.sync()?;
+        let (g, p) = (&runner.ops().gpu, &runner.ops().products);
+        // Compile the product variants now: never inside a graph capture.
+        if p.v2 {
+            for l in p.profile.all_launches() {
+                g.variant("products", &l.defines())?;
+            }
+            g.variant("products", &[])?;
+        }
+        g.sync()?;
         Ok(runner)
+    }
+
+    /// The tuned parameters in use.
+    pub fn profile(&self) -> &profile::Profile {
+        &self.ops().products.profile
     }
 
     /// The device this backend runs on.
@@ -238,9 +276,20 @@ impl CudaOps {
             a.buf = None;
             a.buf = Some(self.gpu.zeros::<f32>(cap * a.width)?);
         }
+        // Prepared activations: head rows never outnumber step rows.
+        if r == Rows::Step {
+            self.products.reserve(&self.gpu, cap)?;
+        }
         self.cap[i] = cap;
         self.layout_epoch += 1;
         Ok(())
+    }
+
+    /// Marks the end of op `label` for the op profile (plain steps only).
+    fn tick(&self, label: &'static str) {
+        if let Some(p) = self.prof.as_ref().filter(|_| !self.graphs_on) {
+            p.tick(&self.gpu, label);
+        }
     }
 
     /// Makes the RoPE tables cover positions `0..=max_pos` (angles computed on the host in f64

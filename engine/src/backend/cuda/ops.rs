@@ -1,12 +1,15 @@
-//! The op interface on the device: each op is one kernel launch (or a few, for attention over
-//! a bounded score scratch) on the one stream, over the rows of the current step.
+//! The op interface on the device: each op is one kernel launch (or a few) on the one stream,
+//! over the rows of the current step. The composite ops are overridden with the fused kernels:
+//! RMSNorm / SwiGLU / attention also prepare the next product's activations, RoPE and the KV
+//! write are one launch, and residual adds happen in the product.
 
 use cudarc::driver::CudaSlice;
 
-use super::{AttnArgs, CudaOps, DevAct, KvLayer, Mat, RopeTable, class, mat};
+use super::mat::{Mat, Mats, Use};
+use super::{AttnArgs, AttnPrep, CudaOps, DevAct, KvLayer, RopeKvArgs, RopeTable, class};
 use crate::error::Result;
 use crate::ops::rope::Rope;
-use crate::ops::{Act, AttnParams, Glu, KvId, Ops, RopeId, Rows};
+use crate::ops::{Act, AttnParams, Glu, KvId, Ops, Residual, RopeId, Rows};
 use crate::weights::Tensor;
 
 impl CudaOps {
@@ -29,14 +32,110 @@ impl CudaOps {
             .get(kv.0)
             .ok_or_else(|| self.gpu.err(format!("KV layer {} does not exist", kv.0)))
     }
+
+    fn rope_ptrs(&self, table: RopeId) -> Result<(u64, u64)> {
+        let g = &self.gpu;
+        let t = self
+            .ropes
+            .get(table.0)
+            .ok_or_else(|| g.err(format!("RoPE table {} does not exist", table.0)))?;
+        match (&t.cos, &t.sin) {
+            (Some(c), Some(s)) => Ok((g.ptr(c), g.ptr(s))),
+            _ => Err(g.err("RoPE tables missing")),
+        }
+    }
+
+    /// (buffer, columns) of each output.
+    fn outs(&self, ys: &[Act]) -> Result<Vec<(u64, usize)>> {
+        ys.iter().map(|&y| Ok((self.ptr(y)?, y.width))).collect()
+    }
+
+    /// The op profile's label of a fused product into `ys`.
+    fn label(&self, ys: &[Act]) -> &'static str {
+        match ys.first().map(|y| self.acts[y.id].name) {
+            Some("q") => "qkv",
+            Some("gate") => "gate/up",
+            Some(n) => n,
+            None => "products",
+        }
+    }
+
+    /// Attention of `q` into `out`, preparing `out` for the product `w` in the same launch when
+    /// it can; returns whether it did.
+    fn attention_with(
+        &self,
+        kv: KvId,
+        (q, out): (Act, Act),
+        p: &AttnParams,
+        w: Option<&Mat>,
+    ) -> Result<bool> {
+        if p.window.is_some() {
+            return Err(self
+                .gpu
+                .err("sliding-window attention has no CUDA kernel yet"));
+        }
+        let l = self.kv(kv)?;
+        let g = &self.gpu;
+        let (kc, vc) = (g.ptr(&l.k), g.ptr(&l.v));
+        let (pq, po) = (self.ptr(q)?, self.ptr(out)?);
+        let (m, qd, meta) = (self.n(out), q.width, &self.meta);
+        let prep = match w {
+            Some(w) => self.products.attn_prep(g, w, qd, p.head_dim)?,
+            None => None,
+        };
+        // Split into launches of `chunk` rows to bound the score scratch.
+        let per_row = p.n_heads * super::attn_part_floats(meta.ctx, p.head_dim);
+        let chunk = (self.scores.1 / per_row.max(1)).clamp(1, m.max(1));
+        let mut r0 = 0;
+        while r0 < m {
+            let rows = chunk.min(m - r0);
+            let a = AttnArgs {
+                q: pq + (r0 * qd * 4) as u64,
+                out: po + (r0 * qd * 4) as u64,
+                k_cache: kc,
+                v_cache: vc,
+                pos: meta.pos + (r0 * 4) as u64,
+                row_seq: meta.row_seq + (r0 * 4) as u64,
+                table_off: meta.table_off,
+                tables: meta.tables,
+                scores: self.scores.0,
+                ctx: meta.ctx,
+                rows,
+                n_heads: p.n_heads,
+                n_kv_heads: p.n_kv_heads,
+                head_dim: p.head_dim,
+                block_size: self.block_size,
+                scale: p.scale,
+                prep: prep.map(|a| AttnPrep {
+                    values: g.ptr(&a.values) + (r0 * a.kp * 2) as u64,
+                    sums: g.ptr(&a.scales) + (r0 * (a.kp / 32) * 4) as u64,
+                    kp: a.kp,
+                    bf16: a.kind == super::products::ActKind::BF16,
+                }),
+            };
+            g.attention(&a)?;
+            r0 += rows;
+        }
+        Ok(prep.is_some())
+    }
 }
 
 impl Ops for CudaOps {
     type Mat = Mat;
+    type Mats = Mats;
     type Vector = CudaSlice<f32>;
 
     fn mat(&mut self, t: &Tensor) -> Result<Mat> {
-        mat::upload_mat(&self.gpu, t)
+        self.products.upload_mat(&self.gpu, t, Use::Product)
+    }
+
+    fn mats(&mut self, ts: &[&Tensor]) -> Result<Mats> {
+        self.products.upload_mats(&self.gpu, ts)
+    }
+
+    fn table(&mut self, t: &Tensor, head: bool) -> Result<Mat> {
+        let usage = if head { Use::Both } else { Use::Lookup };
+        self.products.upload_mat(&self.gpu, t, usage)
     }
 
     fn vector(&mut self, t: &Tensor) -> Result<CudaSlice<f32>> {
@@ -78,17 +177,26 @@ impl Ops for CudaOps {
     }
 
     fn embed(&mut self, table: &Mat, out: Act) -> Result<()> {
-        mat::embed(
-            &self.gpu,
-            table,
-            self.meta.tokens,
-            self.ptr(out)?,
-            self.n(out),
-        )
+        self.tick("start");
+        let (tokens, y) = (self.meta.tokens, self.ptr(out)?);
+        self.products
+            .embed(&self.gpu, table, tokens, y, self.n(out))?;
+        self.tick("embed");
+        Ok(())
     }
 
     fn matmul(&mut self, w: &Mat, x: Act, y: Act) -> Result<()> {
-        mat::matmul(&self.gpu, w, self.ptr(x)?, self.ptr(y)?, self.n(y))
+        let (g, m) = (&self.gpu, self.n(y));
+        let (px, py) = (self.ptr(x)?, self.ptr(y)?);
+        self.products.prep(g, px, x.width, m, &[w])?;
+        self.products.matmul(g, w, (px, py), None, m)
+    }
+
+    fn matmuls(&mut self, w: &Mats, x: Act, ys: &[Act]) -> Result<()> {
+        let m = ys.first().map_or(0, |&y| self.n(y));
+        let (g, px, outs) = (&self.gpu, self.ptr(x)?, self.outs(ys)?);
+        self.products.prep_mats(g, px, x.width, m, w)?;
+        self.products.matmuls(g, w, px, &outs, m)
     }
 
     fn rms_norm(
@@ -131,80 +239,143 @@ impl Ops for CudaOps {
     }
 
     fn rope(&mut self, x: Act, table: RopeId, head_dim: usize) -> Result<()> {
-        let g = &self.gpu;
-        let t = self
-            .ropes
-            .get(table.0)
-            .ok_or_else(|| g.err(format!("RoPE table {} does not exist", table.0)))?;
-        let (cos, sin) = match (&t.cos, &t.sin) {
-            (Some(c), Some(s)) => (g.ptr(c), g.ptr(s)),
-            _ => return Err(g.err("RoPE tables missing")),
-        };
+        let (cos, sin) = self.rope_ptrs(table)?;
         let heads = x.width / head_dim.max(1);
-        g.rope(
-            self.ptr(x)?,
-            self.meta.pos,
-            cos,
-            sin,
-            self.n(x),
-            heads,
-            head_dim,
-        )
+        let (g, pos) = (&self.gpu, self.meta.pos);
+        g.rope(self.ptr(x)?, pos, cos, sin, self.n(x), heads, head_dim)
     }
 
     fn kv_write(&mut self, kv: KvId, k: Act, v: Act) -> Result<()> {
         let l = self.kv(kv)?;
         let g = &self.gpu;
         let (kc, vc) = (g.ptr(&l.k), g.ptr(&l.v));
-        g.kv_write(
-            kc,
-            vc,
-            self.ptr(k)?,
-            self.ptr(v)?,
-            self.meta.slot,
-            self.n(k),
-            l.width,
-        )
+        let (pk, pv) = (self.ptr(k)?, self.ptr(v)?);
+        g.kv_write(kc, vc, pk, pv, self.meta.slot, self.n(k), l.width)
     }
 
     fn attention(&mut self, kv: KvId, q: Act, out: Act, p: &AttnParams) -> Result<()> {
-        if p.window.is_some() {
-            return Err(self
-                .gpu
-                .err("sliding-window attention has no CUDA kernel yet"));
-        }
+        self.attention_with(kv, (q, out), p, None).map(|_| ())
+    }
+
+    // ---- fused composites ----
+
+    fn norm_matmuls(
+        &mut self,
+        x: Act,
+        norm: &CudaSlice<f32>,
+        eps: f32,
+        h: Act,
+        w: &Mats,
+        ys: &[Act],
+    ) -> Result<()> {
+        let m = self.n(h);
+        let g = &self.gpu;
+        let xwy = (self.ptr(x)?, g.ptr(norm), self.ptr(h)?);
+        self.products.norm_for_mats(g, xwy, m, x.width, eps, w)?;
+        self.tick("norm");
+        let outs = self.outs(ys)?;
+        self.products.matmuls(g, w, xwy.2, &outs, m)?;
+        self.tick(self.label(ys));
+        Ok(())
+    }
+
+    fn norm_matmul(
+        &mut self,
+        x: Act,
+        norm: &CudaSlice<f32>,
+        eps: f32,
+        h: Act,
+        w: &Mat,
+        y: Act,
+    ) -> Result<()> {
+        let m = self.n(h);
+        let g = &self.gpu;
+        let xwy = (self.ptr(x)?, g.ptr(norm), self.ptr(h)?);
+        self.products.norm_for(g, xwy, m, x.width, eps, &[w])?;
+        self.products.matmul(g, w, (xwy.2, self.ptr(y)?), None, m)?;
+        self.tick("head");
+        Ok(())
+    }
+
+    fn matmul_add(&mut self, w: &Mat, x: Act, r: Residual) -> Result<()> {
+        let (g, m) = (&self.gpu, self.n(r.res));
+        let px = self.ptr(x)?;
+        self.products.prep(g, px, x.width, m, &[w])?;
+        let (tmp, res) = (self.ptr(r.tmp)?, self.ptr(r.res)?);
+        self.products.matmul(g, w, (px, tmp), Some(res), m)
+    }
+
+    fn rope_kv_write(
+        &mut self,
+        q: Act,
+        k: Act,
+        v: Act,
+        table: RopeId,
+        head_dim: usize,
+        kv: KvId,
+    ) -> Result<()> {
+        let (cos, sin) = self.rope_ptrs(table)?;
         let l = self.kv(kv)?;
         let g = &self.gpu;
-        let (kc, vc) = (g.ptr(&l.k), g.ptr(&l.v));
-        let (pq, po) = (self.ptr(q)?, self.ptr(out)?);
-        let (m, qd, meta) = (self.n(out), q.width, &self.meta);
-        // Split into launches of `chunk` rows to bound the score scratch.
-        let per_row = p.n_heads * meta.ctx;
-        let chunk = (self.scores.1 / per_row.max(1)).clamp(1, m.max(1));
-        let mut r0 = 0;
-        while r0 < m {
-            let rows = chunk.min(m - r0);
-            let a = AttnArgs {
-                q: pq + (r0 * qd * 4) as u64,
-                out: po + (r0 * qd * 4) as u64,
-                k_cache: kc,
-                v_cache: vc,
-                pos: meta.pos + (r0 * 4) as u64,
-                row_seq: meta.row_seq + (r0 * 4) as u64,
-                table_off: meta.table_off,
-                tables: meta.tables,
-                scores: self.scores.0,
-                score_stride: meta.ctx,
-                rows,
-                n_heads: p.n_heads,
-                n_kv_heads: p.n_kv_heads,
-                head_dim: p.head_dim,
-                block_size: self.block_size,
-                scale: p.scale,
-            };
-            g.attention(&a)?;
-            r0 += rows;
+        g.rope_kv(&RopeKvArgs {
+            q: self.ptr(q)?,
+            k: self.ptr(k)?,
+            v: self.ptr(v)?,
+            pos: self.meta.pos,
+            cos,
+            sin,
+            k_cache: g.ptr(&l.k),
+            v_cache: g.ptr(&l.v),
+            slot: self.meta.slot,
+            rows: self.n(q),
+            n_heads: q.width / head_dim.max(1),
+            n_kv_heads: k.width / head_dim.max(1),
+            head_dim,
+        })?;
+        self.tick("rope/kv");
+        Ok(())
+    }
+
+    fn attention_matmul_add(
+        &mut self,
+        kv: KvId,
+        q: Act,
+        att: Act,
+        p: &AttnParams,
+        w: &Mat,
+        r: Residual,
+    ) -> Result<()> {
+        let prepared = self.attention_with(kv, (q, att), p, Some(w))?;
+        let (g, m, patt) = (&self.gpu, self.n(att), self.ptr(att)?);
+        if !prepared {
+            self.products.prep(g, patt, att.width, m, &[w])?;
         }
+        self.tick("attention");
+        let (tmp, res) = (self.ptr(r.tmp)?, self.ptr(r.res)?);
+        self.products.matmul(g, w, (patt, tmp), Some(res), m)?;
+        self.tick("o");
+        Ok(())
+    }
+
+    fn glu_matmul_add(
+        &mut self,
+        kind: Glu,
+        gate: Act,
+        up: Act,
+        down: &Mat,
+        r: Residual,
+    ) -> Result<()> {
+        if kind != Glu::Silu {
+            return Err(self.gpu.err("GeGLU has no CUDA kernel yet"));
+        }
+        let (g, m) = (&self.gpu, self.n(gate));
+        let (pg, pu) = (self.ptr(gate)?, self.ptr(up)?);
+        self.products
+            .swiglu_for(g, (pg, pu), m, gate.width, &[down])?;
+        self.tick("swiglu");
+        let (tmp, res) = (self.ptr(r.tmp)?, self.ptr(r.res)?);
+        self.products.matmul(g, down, (pg, tmp), Some(res), m)?;
+        self.tick("down");
         Ok(())
     }
 }

@@ -9,7 +9,8 @@ use crate::backend::{SelectParams, Selected, StepBatch, StepSelected};
 use crate::error::{Error, Result};
 use crate::ops::{Act, Rows};
 
-/// Bound on the attention score scratch of one launch (floats); launches are split by rows.
+/// Bound on the attention scratch (split partials) of one launch (floats); launches are split
+/// by rows.
 pub(super) const SCORE_FLOATS: usize = 64 << 20;
 
 /// Row metadata on the device (addresses of u32 arrays).
@@ -21,7 +22,7 @@ pub(super) struct Meta {
     pub slot: u64,
     pub table_off: u64,
     pub tables: u64,
-    /// Floats of attention scores per (row, head): at least the largest `pos + 1`.
+    /// At least the largest `pos + 1` of the step's rows (sizes the attention scratch).
     pub ctx: usize,
 }
 
@@ -95,7 +96,7 @@ impl CudaOps {
             tables: p(5),
             ctx,
         };
-        let per_row = self.n_heads * ctx;
+        let per_row = self.n_heads * super::attn_part_floats(ctx, self.head_dim);
         let score_rows = (SCORE_FLOATS / per_row.max(1)).clamp(1, m);
         let scores = g.zeros::<f32>(score_rows * per_row)?;
         self.scores = (g.ptr(&scores), scores.len());
@@ -106,6 +107,9 @@ impl CudaOps {
         });
         self.rows[0] = m;
         pass(self, HeadRows::Gather(want))?;
+        if let Some(p) = &self.prof {
+            p.finish_step(m);
+        }
         Ok((0..want.len()).collect())
     }
 }

@@ -1,0 +1,304 @@
+//! The v2 weight products (kernels/cu/products.cu): weights repacked into the tile layout
+//! (`quant::repack`) on the device, activations prepared per row (int8 blocks or 16-bit), and
+//! the typed launchers. Every launch geometry computes the same bits per element (the canonical
+//! segment order of products.cu); only `nseg` is part of the arithmetic, and it is fixed per
+//! matrix at load by the device profile from (N, K) alone.
+
+use cudarc::driver::CudaSlice;
+
+use super::device::{Arg, Gpu};
+use super::profile::{Launch, Profile};
+use crate::error::Result;
+use crate::quant::DType;
+use crate::quant::repack::{Packed, repack};
+
+/// How a product's activations are prepared: 16-bit values (permuted per 32-column block) and
+/// the f32 sum of each block's values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActKind {
+    /// f16 (clamped to +-65504): every quantized type and F16.
+    F16,
+    /// bf16: BF16 weights.
+    BF16,
+}
+
+impl ActKind {
+    pub fn of(dtype: DType) -> ActKind {
+        match dtype {
+            DType::BF16 => ActKind::BF16,
+            _ => ActKind::F16,
+        }
+    }
+}
+
+/// True when the v2 products read `dtype`.
+pub fn product_supports(dtype: DType) -> bool {
+    memra_kernels::PRODUCT_TYPES.contains(&dtype.name())
+}
+
+/// A weight matrix on the device in the tile layout.
+pub struct PMat {
+    pub data: CudaSlice<u8>,
+    pub dtype: DType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Columns with padding (what the prepared activations must have).
+    pub kp: usize,
+    pub col_tiles: usize,
+    /// The canonical K segment count of this matrix (profile, from N and K only).
+    pub nseg: u32,
+}
+
+impl PMat {
+    pub fn act(&self) -> ActKind {
+        ActKind::of(self.dtype)
+    }
+}
+
+/// Device buffers of prepared activations for up to `rows` rows of `kp` columns.
+pub struct ActBuf {
+    pub kind: ActKind,
+    pub kp: usize,
+    pub rows: usize,
+    pub values: CudaSlice<u8>,
+    /// One f32 per 32 columns: the sum of the block's 16-bit values.
+    pub scales: CudaSlice<u8>,
+}
+
+impl Gpu {
+    /// Repacks `rows` x `cols` of `dtype` (GGUF rows in `src`) and uploads the tiles.
+    pub fn upload_packed(
+        &self,
+        profile: &Profile,
+        dtype: DType,
+        src: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<PMat> {
+        let p: Packed = repack(dtype, src, rows, cols)?;
+        let nseg = profile.nseg(rows, p.col_tiles);
+        Ok(PMat {
+            data: self.upload(&p.data)?,
+            dtype,
+            rows,
+            cols,
+            kp: p.padded_cols(),
+            col_tiles: p.col_tiles,
+            nseg,
+        })
+    }
+
+    /// Allocates prepared-activation buffers.
+    pub fn act_buf(&self, kind: ActKind, rows: usize, kp: usize) -> Result<ActBuf> {
+        Ok(ActBuf {
+            kind,
+            kp,
+            rows,
+            values: self.zeros(rows * kp * 2)?,
+            scales: self.zeros(rows * (kp / 32) * 4)?,
+        })
+    }
+
+    /// Prepares `m` rows of `k` f32 values at `x` into `a` (converted, permuted, padded, summed).
+    pub fn prepare(&self, x: u64, a: &ActBuf, m: usize, k: usize) -> Result<()> {
+        self.check_act(a, m, k)?;
+        if m == 0 {
+            return Ok(());
+        }
+        let f = self.variant("products", &[])?;
+        let warps = (m * a.kp / 32) as u64;
+        let grid = warps.div_ceil(8).clamp(1, 1 << 16) as u32;
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(self.ptr(&a.values)),
+            Arg::Ptr(self.ptr(&a.scales)),
+            Arg::U32(m as u32),
+            Arg::U32(k as u32),
+            Arg::U32(a.kp as u32),
+            Arg::U32((a.kind == ActKind::BF16) as u32),
+        ];
+        let name = "prepare_h16";
+        let func = f
+            .get(name)
+            .ok_or_else(|| self.err(format!("kernel {name} missing")))?;
+        self.launch_fn(func, name, (grid, 1), 256, 0, &args)
+    }
+
+    /// RMSNorm of `m` rows of `width` at `x` with weights `w` (f32 output to `y` when given; `y`
+    /// may be `x`), prepared into `a` in the same pass.
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_prep(
+        &self,
+        x: u64,
+        w: u64,
+        y: Option<u64>,
+        a: &ActBuf,
+        m: usize,
+        width: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.check_act(a, m, width)?;
+        if m == 0 {
+            return Ok(());
+        }
+        let f = self.variant("products", &[])?;
+        let func = f
+            .get("norm_prep")
+            .ok_or_else(|| self.err("kernel norm_prep missing"))?;
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::Ptr(y.unwrap_or(0)),
+            Arg::Ptr(self.ptr(&a.values)),
+            Arg::Ptr(self.ptr(&a.scales)),
+            Arg::U32(width as u32),
+            Arg::U32(a.kp as u32),
+            Arg::F32(eps),
+            Arg::U32((a.kind == ActKind::BF16) as u32),
+        ];
+        // Small M: several blocks per row (each recomputes the row's sum the same way), unless
+        // the output overwrites the input.
+        let split = if y == Some(x) || m > 64 {
+            1
+        } else {
+            (a.kp / 32).div_ceil(8).min(8) as u32
+        };
+        self.launch_fn(func, "norm_prep", (m as u32, split), 256, 0, &args)
+    }
+
+    /// SwiGLU of `m` rows of `width` (`g`, `u`; f32 output to `y` when given, may be `g`),
+    /// prepared into `a` in the same pass.
+    #[allow(clippy::too_many_arguments)]
+    pub fn swiglu_prep(
+        &self,
+        g: u64,
+        u: u64,
+        y: Option<u64>,
+        a: &ActBuf,
+        m: usize,
+        width: usize,
+    ) -> Result<()> {
+        self.check_act(a, m, width)?;
+        if m == 0 {
+            return Ok(());
+        }
+        let f = self.variant("products", &[])?;
+        let func = f
+            .get("swiglu_prep")
+            .ok_or_else(|| self.err("kernel swiglu_prep missing"))?;
+        let warps = (m * a.kp / 32) as u64;
+        let grid = warps.div_ceil(8).clamp(1, 1 << 16) as u32;
+        let args = [
+            Arg::Ptr(g),
+            Arg::Ptr(u),
+            Arg::Ptr(y.unwrap_or(0)),
+            Arg::Ptr(self.ptr(&a.values)),
+            Arg::Ptr(self.ptr(&a.scales)),
+            Arg::U32(m as u32),
+            Arg::U32(width as u32),
+            Arg::U32(a.kp as u32),
+            Arg::U32((a.kind == ActKind::BF16) as u32),
+        ];
+        self.launch_fn(func, "swiglu_prep", (grid, 1), 256, 0, &args)
+    }
+
+    fn check_act(&self, a: &ActBuf, m: usize, k: usize) -> Result<()> {
+        if m > a.rows || k > a.kp {
+            return Err(self.err(format!(
+                "{m} x {k} does not fit a prepared-activation buffer of {} x {}",
+                a.rows, a.kp
+            )));
+        }
+        Ok(())
+    }
+
+    /// `y[m][n] = W[n] . x[m]` (+ `r[m][n]` when `r` is given; `r` may equal `y`) for `m` rows
+    /// of activations prepared in `a`, launched with geometry `l` (bits do not depend on it).
+    pub fn product(
+        &self,
+        w: &PMat,
+        a: &ActBuf,
+        y: u64,
+        r: Option<u64>,
+        m: usize,
+        l: Launch,
+    ) -> Result<()> {
+        self.product_to(w, a, &[(y, w.rows)], r, m, l)
+    }
+
+    /// [`Gpu::product`] with the output columns split over up to three buffers: `outs` =
+    /// (buffer, columns) in column order, the columns adding up to `w.rows` (a fused QKV or
+    /// gate/up matrix). A residual `r` needs a single output.
+    pub fn product_to(
+        &self,
+        w: &PMat,
+        a: &ActBuf,
+        outs: &[(u64, usize)],
+        r: Option<u64>,
+        m: usize,
+        l: Launch,
+    ) -> Result<()> {
+        let total: usize = outs.iter().map(|o| o.1).sum();
+        if outs.is_empty() || outs.len() > 3 || total != w.rows || (r.is_some() && outs.len() > 1) {
+            return Err(self.err(format!(
+                "product: outputs {outs:?} do not split {} rows (residual: {})",
+                w.rows,
+                r.is_some()
+            )));
+        }
+        let ptr = |i: usize| outs.get(i).map_or(0, |o| o.0);
+        let cols = |i: usize| outs.get(i).map_or(0, |o| o.1);
+        if a.kind != w.act() || a.kp != w.kp || m > a.rows {
+            return Err(self.err(format!(
+                "product: {} weights ({} x {}, kp {}) with {:?} activations of {} x {}",
+                w.dtype, w.rows, w.cols, w.kp, a.kind, m, a.kp
+            )));
+        }
+        if m == 0 || w.rows == 0 {
+            return Ok(());
+        }
+        let wk = if l.split_k { w.nseg } else { 1 };
+        let threads = 32 * l.rpb * wk;
+        let f = self.variant("products", &l.defines())?;
+        let name = format!("mmq_{}", w.dtype.name());
+        let func = f
+            .get(&name)
+            .ok_or_else(|| self.err(format!("kernel {name} missing")))?;
+        let row_tiles = w.rows.div_ceil(16) as u32;
+        let grid = (
+            row_tiles.div_ceil(l.rpb),
+            (m as u32).div_ceil(8 * l.nt).min(65535),
+        );
+        if (m as u32).div_ceil(8 * l.nt) > 65535 {
+            return Err(self.err(format!("product: {m} rows exceed one launch")));
+        }
+        let smem = if wk > 1 {
+            wk * l.rpb * 16 * 8 * l.nt * 4
+        } else {
+            0
+        };
+        let args = [
+            Arg::Ptr(self.ptr(&w.data)),
+            Arg::Ptr(self.ptr(&a.values)),
+            Arg::Ptr(self.ptr(&a.scales)),
+            Arg::Ptr(ptr(0)),
+            Arg::Ptr(ptr(1)),
+            Arg::Ptr(ptr(2)),
+            Arg::U32(cols(0) as u32),
+            Arg::U32(cols(1) as u32),
+            Arg::Ptr(r.unwrap_or(0)),
+            Arg::U32(m as u32),
+            Arg::U32(w.rows as u32),
+            Arg::U32(w.col_tiles as u32),
+            Arg::U32(w.nseg),
+            Arg::U32(w.kp as u32),
+        ];
+        if threads > l.max_threads() {
+            return Err(self.err(format!(
+                "product launch of {threads} threads exceeds the variant's {}",
+                l.max_threads()
+            )));
+        }
+        self.launch_fn(func, &name, grid, threads, smem, &args)
+    }
+}

@@ -1,0 +1,165 @@
+//! The device profile: every tuned parameter of the CUDA backend in one table, chosen at start
+//! from the architecture and the multiprocessor count, printed in the startup log.
+//!
+//! Only [`Profile::nseg`] is part of the arithmetic (the canonical K segmentation of a matrix,
+//! from its shape and the profile, never from M). The launch geometry ([`Launch`]) is chosen by
+//! M, for speed only: every geometry computes the same bits (kernels/cu/products.cu).
+
+use crate::quant::DType;
+
+/// Launch geometry of one product call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Launch {
+    /// Token fragments (8 tokens each) per block.
+    pub nt: u32,
+    /// 16-row tiles per block.
+    pub rpb: u32,
+    /// Split K over warps (one segment per warp) instead of one warp walking every segment.
+    pub split_k: bool,
+}
+
+/// Most segments a matrix is cut into (and warps per block of a split-K launch).
+pub const MAX_NSEG: u32 = 8;
+
+impl Launch {
+    /// The most threads a launch of this geometry uses.
+    pub fn max_threads(&self) -> u32 {
+        32 * self.rpb * if self.split_k { MAX_NSEG } else { 1 }
+    }
+
+    /// The NVRTC defines of the kernel variant.
+    pub fn defines(&self) -> Vec<String> {
+        vec![
+            format!("MMQ_NT={}", self.nt),
+            format!("MMQ_RPB={}", self.rpb),
+            format!("MMQ_MAXT={}", self.max_threads()),
+        ]
+    }
+}
+
+/// Tuned parameters for one device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Profile {
+    /// NVRTC architecture (`compute_90a`, `compute_120a`, ...).
+    pub arch: &'static str,
+    pub sms: u32,
+    /// Warps a small-M product should keep busy per multiprocessor (sets `nseg`).
+    pub warps_per_sm: u32,
+}
+
+const fn split(nt: u32) -> Launch {
+    Launch {
+        nt,
+        rpb: 1,
+        split_k: true,
+    }
+}
+
+const fn tiled(nt: u32, rpb: u32) -> Launch {
+    Launch {
+        nt,
+        rpb,
+        split_k: false,
+    }
+}
+
+/// The weight types whose products prefer wider token tiles (cheap dequantization).
+fn wide(dtype: DType) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q6_K)
+}
+
+impl Profile {
+    /// The profile for a device of architecture `arch` with `sms` multiprocessors.
+    pub fn new(arch: &'static str, sms: u32) -> Profile {
+        Profile {
+            arch,
+            sms: sms.max(1),
+            warps_per_sm: 16,
+        }
+    }
+
+    /// The canonical segment count of a matrix of `rows` rows and `col_tiles` column tiles: the
+    /// power of two that gives about `warps_per_sm` warps per multiprocessor at M = 1, at most
+    /// [`MAX_NSEG`] and at most one segment per tile.
+    pub fn nseg(&self, rows: usize, col_tiles: usize) -> u32 {
+        let tiles = rows.div_ceil(16).max(1) as u64;
+        let target = (self.sms * self.warps_per_sm) as u64;
+        let want = target.div_ceil(tiles).next_power_of_two();
+        want.min(MAX_NSEG as u64)
+            .min(col_tiles.max(1) as u64)
+            .max(1) as u32
+    }
+
+    /// The launch geometry for `m` rows of a `dtype` product (measured on the H200 with
+    /// `memra-bench kernels`, reports/kernel-notes.md).
+    pub fn launch(&self, m: usize, dtype: DType) -> Launch {
+        match m {
+            0..=8 => split(1),
+            9..=16 => split(2),
+            17..=64 if wide(dtype) => split(4),
+            17..=64 => split(2),
+            _ => match dtype {
+                DType::F16 | DType::BF16 => tiled(4, 4),
+                DType::Q6_K => tiled(8, 2),
+                _ => tiled(2, 4),
+            },
+        }
+    }
+
+    /// Every geometry [`Profile::launch`] can return (compiled at load).
+    pub fn all_launches(&self) -> Vec<Launch> {
+        vec![
+            split(1),
+            split(2),
+            split(4),
+            tiled(4, 4),
+            tiled(8, 2),
+            tiled(2, 4),
+        ]
+    }
+
+    /// One line for the startup log.
+    pub fn describe(&self) -> String {
+        let l = |m: usize, d: DType| {
+            let x = self.launch(m, d);
+            format!("nt{}r{}{}", x.nt, x.rpb, if x.split_k { "s" } else { "" })
+        };
+        format!(
+            "profile {} sms={} warps/sm={} launch q4_k m=1/16/64/512: {} {} {} {}; f16: {} {} {} {}",
+            self.arch,
+            self.sms,
+            self.warps_per_sm,
+            l(1, DType::Q4_K),
+            l(16, DType::Q4_K),
+            l(64, DType::Q4_K),
+            l(512, DType::Q4_K),
+            l(1, DType::F16),
+            l(16, DType::F16),
+            l(64, DType::F16),
+            l(512, DType::F16)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nseg_depends_on_the_shape_only_and_stays_in_range() {
+        let p = Profile::new("compute_90a", 132);
+        assert_eq!(p.nseg(4096, 16), 8);
+        assert_eq!(p.nseg(28672, 16), 2);
+        assert_eq!(p.nseg(49152, 16), 1);
+        assert_eq!(p.nseg(576, 9), 8);
+        assert_eq!(p.nseg(576, 3), 3);
+        assert!(p.nseg(1, 1) == 1);
+        for m in [1, 8, 9, 33, 512] {
+            for d in [DType::Q4_K, DType::F16, DType::Q6_K] {
+                let l = p.launch(m, d);
+                assert!(l.max_threads() <= 1024);
+                assert!(p.all_launches().contains(&l));
+            }
+        }
+    }
+}

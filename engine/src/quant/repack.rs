@@ -1,0 +1,501 @@
+//! The tile layout of the GPU's v2 products (kernels/cu/wfmt.cuh): a weight matrix of N rows x K
+//! columns in GGUF blocks is rewritten once at load into tiles of 16 rows x KT columns whose
+//! bytes map straight onto `mma.sync` A fragments, lane by lane. Nothing is lost: [`unpack`]
+//! gives back the GGUF bytes, and the tests here prove it for every format and odd shapes.
+//!
+//! Lane L = 4g + t of a warp holds, per 16-column step, the m16n8k16 A fragment registers
+//! r = 0..3 of halves h = 0, 1: (row g + 8 (r & 1), column 8 (r >> 1) + 2t + h). [`spot`] says
+//! where each value's code lives; kernels/cu/wfmt.cuh reads it from there.
+
+use super::DType;
+use crate::error::{Error, Result};
+
+/// Geometry of one repacked format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileFormat {
+    /// Columns per tile.
+    pub kt: usize,
+    /// Bytes per tile (16 rows).
+    pub tile_bytes: usize,
+}
+
+/// The tile format of `dtype`, or `None` when the v2 products do not read it.
+pub fn tile_format(dtype: DType) -> Option<TileFormat> {
+    let (kt, tile_bytes) = match dtype {
+        DType::Q8_0 => (64, 1088),
+        DType::Q4_0 => (64, 576),
+        DType::Q4_1 => (64, 640),
+        DType::Q4_K => (256, 2304),
+        DType::Q5_K => (256, 2816),
+        DType::Q6_K => (256, 3360),
+        DType::F16 | DType::BF16 => (64, 2048),
+        _ => return None,
+    };
+    Some(TileFormat { kt, tile_bytes })
+}
+
+/// A matrix in the tile layout.
+#[derive(Clone, Debug)]
+pub struct Packed {
+    pub dtype: DType,
+    pub rows: usize,
+    pub cols: usize,
+    pub format: TileFormat,
+    /// Row tiles (`rows` rounded up to 16, over 16).
+    pub row_tiles: usize,
+    /// Column tiles (`cols` rounded up to `kt`, over `kt`).
+    pub col_tiles: usize,
+    pub data: Vec<u8>,
+}
+
+impl Packed {
+    /// Columns including the zero padding up to a whole tile.
+    pub fn padded_cols(&self) -> usize {
+        self.col_tiles * self.format.kt
+    }
+}
+
+/// Row and column (within a 16-column step) of lane `lane`, A register `r`, half `h` (the
+/// m16n8k16 A fragment).
+fn frag16(lane: usize, r: usize, h: usize) -> (usize, usize) {
+    let (g, t) = (lane / 4, lane % 4);
+    (g + 8 * (r & 1), 8 * (r >> 1) + 2 * t + h)
+}
+
+/// One row of a matrix taken apart: a code per column (the stored integer of a quantized value,
+/// or the 16 bits of a float) and the row's scale bytes per block, in GGUF order.
+struct RowCodes {
+    codes: Vec<u16>,
+    /// Per GGUF block: the bytes that are not codes (d, m, dmin, scales).
+    heads: Vec<Vec<u8>>,
+}
+
+/// Splits one GGUF block of `dtype` into its codes (appended) and its scale bytes.
+fn split_block(dtype: DType, b: &[u8], codes: &mut Vec<u16>) -> Vec<u8> {
+    match dtype {
+        DType::Q8_0 => {
+            codes.extend(b[2..34].iter().map(|&q| q as u16));
+            b[..2].to_vec()
+        }
+        DType::Q4_0 | DType::Q4_1 => {
+            let h = if dtype == DType::Q4_0 { 2 } else { 4 };
+            let qs = &b[h..h + 16];
+            codes.extend(qs.iter().map(|&q| (q & 15) as u16));
+            codes.extend(qs.iter().map(|&q| (q >> 4) as u16));
+            b[..h].to_vec()
+        }
+        DType::Q4_K | DType::Q5_K => {
+            let (qh, qs) = if dtype == DType::Q4_K {
+                (None, &b[16..144])
+            } else {
+                (Some(&b[16..48]), &b[48..176])
+            };
+            for j in 0..8 {
+                let sh = 4 * (j & 1);
+                for l in 0..32 {
+                    let lo = (qs[32 * (j / 2) + l] >> sh) & 15;
+                    let hi = qh.map_or(0, |qh| (qh[l] >> j) & 1);
+                    codes.push((lo | (hi << 4)) as u16);
+                }
+            }
+            b[..16].to_vec()
+        }
+        DType::Q6_K => {
+            let (ql, qh) = (&b[..128], &b[128..192]);
+            for e in 0..256 {
+                let (jj, k, ll) = (e / 128, (e % 128) / 32, e % 32);
+                let lo = (ql[64 * jj + ll + 32 * (k & 1)] >> (4 * (k >> 1))) & 15;
+                let hi = (qh[32 * jj + ll] >> (2 * k)) & 3;
+                codes.push((lo | (hi << 4)) as u16);
+            }
+            b[192..210].to_vec()
+        }
+        _ => unreachable!("split_block: {dtype} has no tile format"),
+    }
+}
+
+/// The inverse of [`split_block`]: one GGUF block from its codes and scale bytes.
+fn join_block(dtype: DType, codes: &[u16], head: &[u8], out: &mut Vec<u8>) {
+    match dtype {
+        DType::Q8_0 => {
+            out.extend_from_slice(head);
+            out.extend(codes.iter().map(|&c| c as u8));
+        }
+        DType::Q4_0 | DType::Q4_1 => {
+            out.extend_from_slice(head);
+            out.extend((0..16).map(|j| (codes[j] | (codes[j + 16] << 4)) as u8));
+        }
+        DType::Q4_K | DType::Q5_K => {
+            out.extend_from_slice(head);
+            let mut qh = [0u8; 32];
+            let mut qs = [0u8; 128];
+            for j in 0..8 {
+                for l in 0..32 {
+                    let c = codes[32 * j + l] as u8;
+                    qs[32 * (j / 2) + l] |= (c & 15) << (4 * (j & 1));
+                    qh[l] |= ((c >> 4) & 1) << j;
+                }
+            }
+            if dtype == DType::Q5_K {
+                out.extend_from_slice(&qh);
+            }
+            out.extend_from_slice(&qs);
+        }
+        DType::Q6_K => {
+            let mut ql = [0u8; 128];
+            let mut qh = [0u8; 64];
+            for (e, &c) in codes.iter().enumerate().take(256) {
+                let (jj, k, ll) = (e / 128, (e % 128) / 32, e % 32);
+                let c = c as u8;
+                ql[64 * jj + ll + 32 * (k & 1)] |= (c & 15) << (4 * (k >> 1));
+                qh[32 * jj + ll] |= ((c >> 4) & 3) << (2 * k);
+            }
+            out.extend_from_slice(&ql);
+            out.extend_from_slice(&qh);
+            out.extend_from_slice(head);
+        }
+        _ => unreachable!("join_block: {dtype} has no tile format"),
+    }
+}
+
+fn row_codes(dtype: DType, row: &[u8], padded_cols: usize) -> RowCodes {
+    let bb = dtype.block_bytes();
+    let mut codes = Vec::with_capacity(padded_cols);
+    if dtype.is_float() {
+        codes.extend(
+            row.chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]])),
+        );
+        codes.resize(padded_cols, 0);
+        return RowCodes {
+            codes,
+            heads: Vec::new(),
+        };
+    }
+    let heads = row
+        .chunks_exact(bb)
+        .map(|b| split_block(dtype, b, &mut codes))
+        .collect();
+    codes.resize(padded_cols, 0);
+    RowCodes { codes, heads }
+}
+
+/// Where the code of value (step `s`, `lane`, register `r`, half `h`) of a tile lives: its low
+/// bits (byte, shift, bits) and, for 5- and 6-bit codes, its bits above the nibble.
+struct Spot {
+    lo: (usize, u32, u32),
+    hi: Option<(usize, u32, u32)>,
+}
+
+fn spot(dtype: DType, s: usize, lane: usize, r: usize, h: usize) -> Spot {
+    let i = r + 4 * h; // nibble index in the step's word
+    let nib = |base: usize| {
+        (
+            base + lane * 16 + 4 * (s % 4) + i / 2,
+            4 * (i % 2) as u32,
+            4,
+        )
+    };
+    match dtype {
+        DType::F16 | DType::BF16 => Spot {
+            lo: (s * 512 + lane * 16 + r * 4 + h * 2, 0, 16),
+            hi: None,
+        },
+        DType::Q8_0 => Spot {
+            lo: ((s / 2) * 512 + lane * 16 + 8 * (s % 2) + 2 * r + h, 0, 8),
+            hi: None,
+        },
+        DType::Q4_0 | DType::Q4_1 => Spot {
+            lo: nib(0),
+            hi: None,
+        },
+        DType::Q5_K => Spot {
+            lo: nib((s / 4) * 512),
+            hi: Some((2048 + lane * 16 + s, i as u32, 1)),
+        },
+        DType::Q6_K => Spot {
+            lo: nib((s / 4) * 512),
+            hi: Some((
+                2048 + lane * 32 + 2 * s + (2 * i) / 8,
+                ((2 * i) % 8) as u32,
+                2,
+            )),
+        },
+        _ => Spot {
+            lo: nib((s / 4) * 512),
+            hi: None,
+        },
+    }
+}
+
+/// Byte offsets of the scale bytes of (row, GGUF block within the tile) and their length; for
+/// Q6_K the 16 scales then the 2 bytes of d go to two places (see [`write_tile`]).
+fn head_spot(dtype: DType, row: usize, blk: usize) -> (usize, usize) {
+    match dtype {
+        DType::Q8_0 => (1024 + (row * 2 + blk) * 2, 2),
+        DType::Q4_0 => (512 + (row * 2 + blk) * 2, 2),
+        DType::Q4_1 => (512 + (row * 2 + blk) * 4, 4),
+        DType::Q4_K => (2048 + row * 16, 16),
+        DType::Q5_K => (2560 + row * 16, 16),
+        _ => (3072 + row * 16, 16),
+    }
+}
+
+/// GGUF blocks per tile (per row) that carry scale bytes.
+fn heads_per_tile(dtype: DType) -> usize {
+    match dtype {
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 2,
+        DType::F16 | DType::BF16 => 0,
+        _ => 1,
+    }
+}
+
+/// Calls `f(step, lane, r, h, row, col)` for every value slot of a tile.
+fn each_slot(f: TileFormat, mut g: impl FnMut(usize, usize, usize, usize, usize, usize)) {
+    for s in 0..f.kt / 16 {
+        for lane in 0..32 {
+            for r in 0..4 {
+                for h in 0..2 {
+                    let (row, col) = frag16(lane, r, h);
+                    g(s, lane, r, h, row, 16 * s + col);
+                }
+            }
+        }
+    }
+}
+
+fn put_bits(tile: &mut [u8], (at, shift, bits): (usize, u32, u32), v: u16) {
+    if bits == 16 {
+        tile[at..at + 2].copy_from_slice(&v.to_le_bytes());
+    } else {
+        tile[at] |= ((v as u8) & ((1u16 << bits) - 1) as u8) << shift;
+    }
+}
+
+fn get_bits(tile: &[u8], (at, shift, bits): (usize, u32, u32)) -> u16 {
+    if bits == 16 {
+        u16::from_le_bytes([tile[at], tile[at + 1]])
+    } else {
+        ((tile[at] >> shift) as u16) & ((1u16 << bits) - 1)
+    }
+}
+
+/// Writes tile (rt, kt) from the codes and heads of its 16 rows (`None` = a padding row).
+fn write_tile(dtype: DType, f: TileFormat, kt: usize, rows: &[Option<RowCodes>], tile: &mut [u8]) {
+    each_slot(f, |s, lane, r, h, row, col| {
+        let Some(rc) = &rows[row] else { return };
+        let c = rc.codes[kt * f.kt + col];
+        let sp = spot(dtype, s, lane, r, h);
+        put_bits(tile, sp.lo, c);
+        if let Some(hi) = sp.hi {
+            put_bits(tile, hi, c >> 4);
+        }
+    });
+    let hpt = heads_per_tile(dtype);
+    for (row, rc) in rows.iter().enumerate() {
+        let Some(rc) = rc else { continue };
+        for blk in 0..hpt {
+            let Some(head) = rc.heads.get(hpt * kt + blk) else {
+                continue;
+            };
+            let (at, len) = head_spot(dtype, row, blk);
+            tile[at..at + len].copy_from_slice(&head[..len]);
+            if dtype == DType::Q6_K {
+                tile[3328 + row * 2..3328 + row * 2 + 2].copy_from_slice(&head[16..18]);
+            }
+        }
+    }
+}
+
+/// Reads the codes of row `row` (into `codes`, the tile's columns) and its scale bytes back out
+/// of a tile: the inverse of [`write_tile`] for one row.
+fn read_row(
+    dtype: DType,
+    f: TileFormat,
+    tile: &[u8],
+    row: usize,
+    codes: &mut [u16],
+) -> Vec<Vec<u8>> {
+    each_slot(f, |s, lane, r, h, rr, col| {
+        if rr != row {
+            return;
+        }
+        let sp = spot(dtype, s, lane, r, h);
+        let hi = sp.hi.map_or(0, |hi| get_bits(tile, hi));
+        codes[col] = get_bits(tile, sp.lo) | (hi << 4);
+    });
+    (0..heads_per_tile(dtype))
+        .map(|blk| {
+            let (at, len) = head_spot(dtype, row, blk);
+            let mut h = tile[at..at + len].to_vec();
+            if dtype == DType::Q6_K {
+                h.extend_from_slice(&tile[3328 + row * 2..3328 + row * 2 + 2]);
+            }
+            h
+        })
+        .collect()
+}
+
+/// Repacks `rows` x `cols` values of `dtype` stored as GGUF rows in `src`.
+pub fn repack(dtype: DType, src: &[u8], rows: usize, cols: usize) -> Result<Packed> {
+    let f = tile_format(dtype)
+        .ok_or_else(|| Error::Unsupported(format!("no tile format for {dtype}")))?;
+    let row_bytes = dtype
+        .bytes_for(cols as u64)
+        .ok_or_else(|| Error::Quant(format!("{dtype}: {cols} columns is not whole blocks")))?
+        as usize;
+    if rows.checked_mul(row_bytes) != Some(src.len()) {
+        return Err(Error::Quant(format!(
+            "{dtype}: {rows} x {cols} needs {} bytes, got {}",
+            rows.saturating_mul(row_bytes),
+            src.len()
+        )));
+    }
+    let row_tiles = rows.div_ceil(16);
+    let col_tiles = cols.div_ceil(f.kt);
+    let padded = col_tiles * f.kt;
+    let tile_row_bytes = col_tiles * f.tile_bytes;
+    let mut data = vec![0u8; row_tiles * tile_row_bytes];
+    let fill = |(rt, out): (usize, &mut [u8])| {
+        let codes: Vec<Option<RowCodes>> = (0..16)
+            .map(|r| {
+                let row = rt * 16 + r;
+                (row < rows).then(|| row_codes(dtype, &src[row * row_bytes..][..row_bytes], padded))
+            })
+            .collect();
+        for (kt, tile) in out.chunks_exact_mut(f.tile_bytes).enumerate() {
+            write_tile(dtype, f, kt, &codes, tile);
+        }
+    };
+    {
+        use rayon::prelude::*;
+        data.par_chunks_mut(tile_row_bytes.max(1))
+            .enumerate()
+            .for_each(fill);
+    }
+    Ok(Packed {
+        dtype,
+        rows,
+        cols,
+        format: f,
+        row_tiles,
+        col_tiles,
+        data,
+    })
+}
+
+/// The GGUF bytes of `p` (rows in order, padding dropped): the inverse of [`repack`].
+pub fn unpack(p: &Packed) -> Result<Vec<u8>> {
+    let f = p.format;
+    let padded = p.padded_cols();
+    let bs = p.dtype.block_size();
+    let mut out = Vec::new();
+    for row in 0..p.rows {
+        let (rt, r) = (row / 16, row % 16);
+        let mut codes = vec![0u16; padded];
+        let mut heads = Vec::new();
+        for kt in 0..p.col_tiles {
+            let at = (rt * p.col_tiles + kt) * f.tile_bytes;
+            let tile = p
+                .data
+                .get(at..at + f.tile_bytes)
+                .ok_or_else(|| Error::Quant("packed data is truncated".into()))?;
+            heads.extend(read_row(
+                p.dtype,
+                f,
+                tile,
+                r,
+                &mut codes[kt * f.kt..(kt + 1) * f.kt],
+            ));
+        }
+        if p.dtype.is_float() {
+            out.extend(codes[..p.cols].iter().flat_map(|c| c.to_le_bytes()));
+            continue;
+        }
+        for b in 0..p.cols / bs {
+            let head = heads.get(b).map(|h| h.as_slice()).unwrap_or(&[]);
+            join_block(p.dtype, &codes[b * bs..(b + 1) * bs], head, &mut out);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic pseudo-random bytes (any bit pattern is a valid block for a byte round trip).
+    fn bytes(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn repack_then_unpack_gives_the_original_blocks() {
+        let cases: &[(DType, &[usize])] = &[
+            (DType::Q8_0, &[32, 64, 96, 576]),
+            (DType::Q4_0, &[32, 64, 160]),
+            (DType::Q4_1, &[32, 96, 1536]),
+            (DType::Q4_K, &[256, 768]),
+            (DType::Q5_K, &[256, 512]),
+            (DType::Q6_K, &[256, 768]),
+            (DType::F16, &[1, 17, 64, 100]),
+            (DType::BF16, &[2, 64, 130]),
+        ];
+        for &(dtype, col_list) in cases {
+            for &cols in col_list {
+                for rows in [1, 15, 16, 17, 33] {
+                    let rb = dtype.bytes_for(cols as u64).unwrap() as usize;
+                    let src = bytes(rows * rb, (rows * 1000 + cols) as u64);
+                    let p = repack(dtype, &src, rows, cols).unwrap();
+                    let f = p.format;
+                    assert_eq!(
+                        p.data.len(),
+                        rows.div_ceil(16) * cols.div_ceil(f.kt) * f.tile_bytes
+                    );
+                    assert_eq!(unpack(&p).unwrap(), src, "{dtype} {rows}x{cols}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_hold_the_values_where_the_kernels_read_them() {
+        // Q8_0: lane 5 = (g 1, t 1); register 3, half h of step 0 = row 9, column 8 + 2 + h: byte
+        // 5 * 16 + 2 * 3 + h; step 3 (columns 48..64) lives in the second plane, 8 bytes on.
+        let (rows, cols) = (16, 64);
+        let rb = DType::Q8_0.block_bytes() * 2;
+        let mut src = vec![0u8; rows * rb];
+        for r in 0..rows {
+            for c in 0..cols {
+                let (blk, j) = (c / 32, c % 32);
+                src[r * rb + blk * 34 + 2 + j] = (r * 64 + c) as u8;
+            }
+            src[r * rb..r * rb + 2].copy_from_slice(&(r as u16 + 1).to_le_bytes());
+        }
+        let p = repack(DType::Q8_0, &src, rows, cols).unwrap();
+        for h in 0..2 {
+            assert_eq!(p.data[5 * 16 + 6 + h], (9 * 64 + 10 + h) as u8);
+            assert_eq!(
+                p.data[512 + 5 * 16 + 8 + 6 + h],
+                (9 * 64 + 48 + 10 + h) as u8
+            );
+        }
+        // Scale of (row 9, block 0).
+        assert_eq!(&p.data[1024 + 9 * 2 * 2..][..2], &10u16.to_le_bytes());
+    }
+
+    #[test]
+    fn shapes_that_are_not_whole_blocks_are_refused() {
+        assert!(repack(DType::Q4_K, &[0u8; 144], 1, 100).is_err());
+        assert!(repack(DType::Q8_0, &[0u8; 33], 1, 32).is_err());
+        assert!(repack(DType::Q2_K, &[0u8; 84], 1, 256).is_err());
+    }
+}

@@ -1,0 +1,43 @@
+// Preparation of product activations (shared by products.cu and the fused producers in
+// attention.cu): 16-bit values permuted per 32-column block, and the f32 sum of each block.
+
+// Position (in 16-bit values) of column i (0..31) of a 32-column block in the permuted layout:
+// lane t's B fragments of the block's two steps are the 16 bytes at 16t.
+__device__ __forceinline__ u32 act_pos(u32 i) {
+    const u32 step = i >> 4, j = i & 15;
+    return 8 * ((j & 7) >> 1) + 4 * step + 2 * ((j >> 3) & 1) + (j & 1);
+}
+
+__device__ __forceinline__ u16 f32_to_f16_bits(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ u16 f32_to_bf16_bits(float f) {
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float bf16_bits_to_f32(u16 b) { return __uint_as_float(((u32)b) << 16); }
+
+// Stores one 32-column block held one value per lane as prepared activations: the 16-bit value
+// (f16 clamped to +-65504, or bf16 when bf != 0) at its permuted place in `blk` (the block's 32
+// values), and the f32 sum of the block's 16-bit values (fixed xor tree) at *sum.
+__device__ __forceinline__ void prep_store(float x, int lane, u16* blk, float* sum, u32 bf) {
+    u16 h;
+    float v;
+    if (bf) {
+        h = f32_to_bf16_bits(x);
+        v = bf16_bits_to_f32(h);
+    } else {
+        h = f32_to_f16_bits(fminf(fmaxf(x, -65504.0f), 65504.0f));
+        v = f16_to_f32(h);
+    }
+    blk[act_pos((u32)lane)] = h;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(FULL_MASK, v, o));
+    if (lane == 0) *sum = v;
+}
+

@@ -1,0 +1,276 @@
+// v2 weight products on tensor cores: Y[m][n] = sum_k W[n][k] * X[m][k] (+ R[m][n]), for every
+// M with one per-element arithmetic (EXACTNESS.md, KERNELS.md).
+//
+// Canonical order of one output element: the K tiles of the matrix are cut into `nseg` segments
+// (segment s = tiles [s * nkt / nseg, (s + 1) * nkt / nseg)); nseg is a function of (N, K, dtype,
+// device profile) only, never of M. Within a segment the tiles are walked in order, starting from
+// -0.0 (quantized formats: block terms added with __fadd_rn; float formats: the mma chain); the
+// segment sums are then added in segment order starting from -0.0. A launch computes that
+// sequence whatever its geometry:
+//   * blockDim = 32 * RPB warps (WK = 1): each warp walks every segment of its 16-row tile and
+//     adds each finished segment to its total (prefill shape);
+//   * blockDim = 32 * RPB * nseg (WK = nseg): warp (s, rp) walks segment s only; the block then
+//     adds the nseg partials in segment order from shared memory (decode shape: K split over
+//     warps for memory parallelism at small M).
+// Both give ((-0 + p0) + p1) + ... for every element, so bits do not depend on M, on MMQ_NT
+// (tokens per block, 8 * MMQ_NT) or MMQ_RPB (16-row tiles per block), which are performance
+// choices (NVRTC defines). No atomics; each output element is written by one thread.
+//
+// Token rows past M are clamped to row M - 1 for loading and never written.
+
+#ifndef MMQ_NT
+#define MMQ_NT 1
+#endif
+#ifndef MMQ_RPB
+#define MMQ_RPB 1
+#endif
+// Most threads per block a launch may use (the register budget follows from it).
+#ifndef MMQ_MAXT
+#define MMQ_MAXT 256
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Activation preparation.
+
+// X f32 [M][K] -> prepared [M][kp] (zero past K) and Xs [M][kp / 32]. One warp per (row,
+// block), grid-stride.
+extern "C" __global__ void prepare_h16(const float* __restrict__ X, u16* __restrict__ Xh, float* __restrict__ Xs,
+                                       u32 M, u32 K, u32 kp, u32 bf) {
+    const int lane = threadIdx.x & 31;
+    const u32 nb = kp / 32;
+    const u64 total = (u64)M * nb;
+    const u64 nwarps = (u64)gridDim.x * blockDim.x / 32;
+    for (u64 w = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < total; w += nwarps) {
+        const u32 m = (u32)(w / nb), b = (u32)(w % nb);
+        const u32 k = b * 32 + lane;
+        const float x = k < K ? X[(u64)m * K + k] : 0.0f;
+        prep_store(x, lane, Xh + (u64)m * kp + b * 32, Xs + w, bf);
+    }
+}
+
+// RMSNorm fused with the preparation, gridDim.y blocks of 256 threads per row (each computes the
+// row's sum of squares the same way, then handles its share of the 32-column blocks):
+// y = (x * (1 / sqrt(mean(x^2) + eps))) * w, written as f32 to Y (when Y is not null; Y may be
+// X) and prepared into Xh / Xs. Sum of squares: thread i adds x[i]^2, x[i + 256]^2, ... in order
+// (fma), then the warp xor tree, then the 8 warp sums in warp order.
+extern "C" __global__ void __launch_bounds__(256) norm_prep(const float* X, const float* __restrict__ W, float* Y,
+                                                            u16* __restrict__ Xh, float* __restrict__ Xs,
+                                                            u32 width, u32 kp, float eps, u32 bf) {
+    __shared__ float part[8];
+    __shared__ float total;
+    const u32 row = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float* x = X + (u64)row * width;
+    float ss = 0.0f;
+    for (u32 e = threadIdx.x; e < width; e += 256) ss = __fmaf_rn(x[e], x[e], ss);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss = __fadd_rn(ss, __shfl_xor_sync(FULL_MASK, ss, o));
+    if (lane == 0) part[warp] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = part[0];
+        for (int i = 1; i < 8; ++i) t = __fadd_rn(t, part[i]);
+        total = t;
+    }
+    __syncthreads();
+    const float scale = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)width), eps)));
+    const u32 nb = kp / 32;
+    // Y may alias X: every block must finish its sum before any block writes.
+    if (Y == X && gridDim.y > 1) return;  // the host never launches this combination
+    for (u32 b = blockIdx.y * 8 + warp; b < nb; b += 8 * gridDim.y) {
+        const u32 k = b * 32 + lane;
+        float v = 0.0f;
+        if (k < width) v = __fmul_rn(__fmul_rn(x[k], scale), W[k]);
+        __syncwarp();
+        if (Y && k < width) Y[(u64)row * width + k] = v;
+        prep_store(v, lane, Xh + (u64)row * kp + b * 32, Xs + (u64)row * nb + b, bf);
+    }
+}
+
+// SwiGLU fused with the preparation: v = (g / (1 + exp(-g))) * u for rows of `width`, written as
+// f32 to Y (when not null; Y may be G) and prepared into Xh / Xs. One warp per (row, block).
+extern "C" __global__ void swiglu_prep(const float* G, const float* __restrict__ U, float* Y, u16* __restrict__ Xh,
+                                       float* __restrict__ Xs, u32 M, u32 width, u32 kp, u32 bf) {
+    const int lane = threadIdx.x & 31;
+    const u32 nb = kp / 32;
+    const u64 total = (u64)M * nb;
+    const u64 nwarps = (u64)gridDim.x * blockDim.x / 32;
+    for (u64 w = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < total; w += nwarps) {
+        const u32 m = (u32)(w / nb), b = (u32)(w % nb);
+        const u32 k = b * 32 + lane;
+        float v = 0.0f;
+        if (k < width) {
+            const u64 i = (u64)m * width + k;
+            const float g = G[i];
+            v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), U[i]);
+        }
+        __syncwarp();
+        if (Y && k < width) Y[(u64)m * width + k] = v;
+        prep_store(v, lane, Xh + (u64)m * kp + b * 32, Xs + w, bf);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The product driver.
+
+// Per-lane token rows of one launch: B rows (column g) and C columns (2t, 2t + 1), clamped.
+struct TokRows {
+    u32 b[MMQ_NT], c0[MMQ_NT], c1[MMQ_NT];
+};
+
+__device__ __forceinline__ TokRows tok_rows(u32 m0, u32 M, int g, int t) {
+    TokRows r;
+#pragma unroll
+    for (int nf = 0; nf < MMQ_NT; ++nf) {
+        const u32 base = m0 + nf * 8;
+        r.b[nf] = min(base + g, M - 1);
+        r.c0[nf] = min(base + 2 * t, M - 1);
+        r.c1[nf] = min(base + 2 * t + 1, M - 1);
+    }
+    return r;
+}
+
+// One tile: every block, every token fragment.
+template <class F>
+__device__ __forceinline__ void tile_blocks(const typename F::Tile& cur, u32 kt, const u8* __restrict__ Xh,
+                                            const float* __restrict__ Xs, u32 kp, const TokRows& tr, int t,
+                                            float acc[MMQ_NT][4]) {
+    const u32 nbk = kp / 32;
+#pragma unroll
+    for (int b = 0; b < F::NB; ++b) {
+        const u32 blk = kt * F::NB + b;
+#pragma unroll
+        for (int nf = 0; nf < MMQ_NT; ++nf) {
+            const uint4 v = ld16(Xh + ((u64)tr.b[nf] * kp + blk * 32) * 2 + 16 * t);
+            const u32 bf[4] = {v.x, v.y, v.z, v.w};
+            XSum xs = {0.0f, 0.0f};
+            if (F::MIN) {
+                xs.s0 = __ldg(Xs + (u64)tr.c0[nf] * nbk + blk);
+                xs.s1 = __ldg(Xs + (u64)tr.c1[nf] * nbk + blk);
+            }
+            F::block(cur, b, bf, xs, acc[nf]);
+        }
+    }
+}
+
+// Where output column n of row m goes: columns [0, n1) to Y (rows of n1), [n1, n1 + n2) to Y2
+// (rows of n2), the rest to Y3 (a fused QKV or gate/up matrix written to separate buffers).
+struct Outs {
+    float* y[3];
+    u32 n1, n2, N;
+    __device__ __forceinline__ u64 off(u32 m, u32 n, int* which) const {
+        if (n < n1) {
+            *which = 0;
+            return (u64)m * n1 + n;
+        }
+        if (n < n1 + n2) {
+            *which = 1;
+            return (u64)m * n2 + (n - n1);
+        }
+        *which = 2;
+        return (u64)m * (N - n1 - n2) + (n - n1 - n2);
+    }
+    // Writes v (+ R when given: R has rows of N and is only used without a split).
+    __device__ __forceinline__ void put(u32 m, u32 n, float v, const float* R) const {
+        int w;
+        const u64 o = off(m, n, &w);
+        y[w][o] = R ? __fadd_rn(R[o], v) : v;
+    }
+};
+
+template <class F>
+__device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __restrict__ X,
+                                        const float* __restrict__ Xs, const Outs& out, const float* R, u32 M,
+                                        u32 N, u32 nkt, u32 nseg, u32 kp) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const u32 rp = (u32)warp % MMQ_RPB, wk = (u32)warp / MMQ_RPB;
+    const u32 wks = blockDim.x / (32 * MMQ_RPB);  // 1 or nseg (checked by the host)
+    const u32 rt = blockIdx.x * MMQ_RPB + rp;
+    const bool live = rt < (N + 15) / 16;
+    const u32 m0 = blockIdx.y * 8 * MMQ_NT;
+    const TokRows tr = tok_rows(m0, M, g, t);
+    float tot[MMQ_NT][4];
+#pragma unroll
+    for (int nf = 0; nf < MMQ_NT; ++nf)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tot[nf][e] = NEG_ZERO;
+    if (live) {
+        const u8* wt = W + (u64)rt * nkt * F::TB;
+        const u32 s0 = wks == 1 ? 0 : wk, s1 = wks == 1 ? nseg : wk + 1;
+        for (u32 s = s0; s < s1; ++s) {
+            const u32 k0 = s * nkt / nseg, k1 = (s + 1) * nkt / nseg;
+            float acc[MMQ_NT][4];
+#pragma unroll
+            for (int nf = 0; nf < MMQ_NT; ++nf)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[nf][e] = NEG_ZERO;
+            typename F::Tile cur, nxt;
+            if (k0 < k1) F::load(wt + (u64)k0 * F::TB, lane, cur);
+            for (u32 kt = k0; kt < k1; ++kt) {
+                if (kt + 1 < k1) F::load(wt + (u64)(kt + 1) * F::TB, lane, nxt);
+                tile_blocks<F>(cur, kt, X, Xs, kp, tr, t, acc);
+                cur = nxt;
+            }
+#pragma unroll
+            for (int nf = 0; nf < MMQ_NT; ++nf)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) tot[nf][e] = __fadd_rn(tot[nf][e], acc[nf][e]);
+        }
+    }
+    const u32 cols = 8 * MMQ_NT;
+    if (wks == 1) {
+        if (!live) return;
+#pragma unroll
+        for (int nf = 0; nf < MMQ_NT; ++nf)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const u32 n = rt * 16 + g + 8 * (e >> 1);
+                const u32 m = m0 + nf * 8 + 2 * t + (e & 1);
+                if (n < N && m < M) out.put(m, n, tot[nf][e], R);
+            }
+        return;
+    }
+    extern __shared__ float part[];  // [wks][RPB][16][cols]
+#pragma unroll
+    for (int nf = 0; nf < MMQ_NT; ++nf)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const u32 row = g + 8 * (e >> 1), col = nf * 8 + 2 * t + (e & 1);
+            part[((wk * MMQ_RPB + rp) * 16 + row) * cols + col] = tot[nf][e];
+        }
+    __syncthreads();
+    const u32 per = MMQ_RPB * 16 * cols;
+    for (u32 i = threadIdx.x; i < per; i += blockDim.x) {
+        const u32 rp2 = i / (16 * cols), row = (i / cols) % 16, col = i % cols;
+        float v = NEG_ZERO;
+        for (u32 s = 0; s < wks; ++s) v = __fadd_rn(v, part[((s * MMQ_RPB + rp2) * 16 + row) * cols + col]);
+        const u32 n = (blockIdx.x * MMQ_RPB + rp2) * 16 + row;
+        const u32 m = m0 + col;
+        if (n < N && m < M) out.put(m, n, v, R);
+    }
+}
+
+// Y, Y2, Y3 with n1 / n2: see Outs (n1 = N for a single output); R: residual (rows of N).
+#define MMQ_KERNEL(suffix, FMT)                                                                             \
+    extern "C" __global__ void __launch_bounds__(MMQ_MAXT) mmq_##suffix(                                      \
+        const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
+        const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
+        Outs o;                                                                                               \
+        o.y[0] = Y;                                                                                           \
+        o.y[1] = Y2;                                                                                          \
+        o.y[2] = Y3;                                                                                          \
+        o.n1 = n1;                                                                                            \
+        o.n2 = n2;                                                                                            \
+        o.N = N;                                                                                              \
+        product<FMT>(W, X, Xs, o, R, M, N, nkt, nseg, kp);                                                    \
+    }
+
+MMQ_KERNEL(q8_0, FmtQ8_0)
+MMQ_KERNEL(q4_0, FmtQ4_0)
+MMQ_KERNEL(q4_1, FmtQ4_1)
+MMQ_KERNEL(q4_k, FmtQ4_K)
+MMQ_KERNEL(q5_k, FmtQ5_K)
+MMQ_KERNEL(q6_k, FmtQ6_K)
+MMQ_KERNEL(f16, FmtF16<0>)
+MMQ_KERNEL(bf16, FmtF16<1>)

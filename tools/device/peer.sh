@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# llama.cpp, the peer (docs/DEVICE.md, step 6), on the GPU machine. Its source is the vendored
+# llama.cpp of the llama-cpp-python 0.3.36 sdist, trimmed, packed here by tools/device/peer-src.sh
+# into .stage/llama.tgz (git-ignored; never committed). Built once per machine into
+# $HOME/llama.cpp/build; the build can run in the background while memra is measured.
+#   tools/device/peer.sh unpack        extract .stage/llama.tgz into $HOME/llama.cpp
+#   tools/device/peer.sh build         configure + build llama-bench and llama-server (log:
+#                                      $HOME/llama-build.log, last line "build rc=N")
+#   tools/device/peer.sh wait          wait for a background build to end
+#   tools/device/peer.sh bench FILE..  llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 3 (markdown)
+set -uo pipefail
+LL="$HOME/llama.cpp"
+LOG="$HOME/llama-build.log"
+case "${1:-}" in
+  unpack)
+    tar xzf "$(dirname "$0")/../../.stage/llama.tgz" -C "$HOME" ;;
+  build)
+    if [ -x "$LL/build/bin/llama-bench" ]; then echo "build rc=0 (cached)" >> "$LOG"; exit 0; fi
+    cd "$LL" || exit 1
+    {
+      cmake -S . -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DLLAMA_CURL=OFF \
+        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release &&
+        nice -n 10 cmake --build build -j14 --target llama-bench llama-server
+      echo "build rc=$?"
+    } > "$LOG" 2>&1 ;;
+  wait)
+    for _ in $(seq 1 600); do grep -q "build rc=" "$LOG" 2>/dev/null && break; sleep 1; done
+    tail -n 1 "$LOG" ;;
+  bench)
+    shift
+    for f in "$@"; do
+      "$LL/build/bin/llama-bench" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o md 2>/dev/null
+    done ;;
+  *) echo "usage: peer.sh unpack|build|wait|bench FILE..." >&2; exit 2 ;;
+esac
