@@ -722,11 +722,13 @@ impl Gpu {
         ];
         // At most 64 blocks per (row, head); each loops over its splits.
         let ys = self.u32_of(splits.min(64), "attention splits")?;
-        // MEMRA_ATTN=v1: the warp-per-16-positions split kernel (A/B); default attn_split2.
-        let split_kernel = if std::env::var("MEMRA_ATTN").is_ok_and(|v| v == "v1") {
-            "attn_split"
-        } else {
+        // The warp-per-16-positions split kernel by default (faster decode on the H200:
+        // reports/kernel-notes.md); MEMRA_ATTN=v2 picks attn_split2 (faster prefill). The two
+        // order the arithmetic differently: one process uses one of them for every row.
+        let split_kernel = if std::env::var("MEMRA_ATTN").is_ok_and(|v| v == "v2") {
             "attn_split2"
+        } else {
+            "attn_split"
         };
         self.launch(split_kernel, (rh, ys), 128, &args)?;
         let prep = a.prep.filter(|_| a.head_dim.is_multiple_of(32));
