@@ -63,8 +63,11 @@ pub struct Gpu {
     pub sms: u32,
     funcs: HashMap<&'static str, CudaFunction>,
     /// Modules compiled on first use, per (module, defines): see [`Gpu::variant`].
-    variants: Mutex<HashMap<(String, Vec<String>), Arc<HashMap<String, CudaFunction>>>>,
+    variants: Mutex<HashMap<(String, Vec<String>), Funcs>>,
 }
+
+/// The kernels of one compiled module variant, by name.
+pub type Funcs = Arc<HashMap<String, CudaFunction>>;
 
 /// Modules compiled on first use with their defines (tile parameters), not at open.
 pub const LAZY_MODULES: &[&str] = &["products"];
@@ -137,11 +140,7 @@ impl Gpu {
 
     /// The kernels of module `module` built with `defines` (`NAME=VALUE`), compiled (or read
     /// from the disk cache) on first use and kept for the device's lifetime.
-    pub fn variant(
-        &self,
-        module: &str,
-        defines: &[String],
-    ) -> Result<Arc<HashMap<String, CudaFunction>>> {
+    pub fn variant(&self, module: &str, defines: &[String]) -> Result<Funcs> {
         let key = (module.to_string(), defines.to_vec());
         let mut cache = self
             .variants

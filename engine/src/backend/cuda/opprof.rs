@@ -10,10 +10,13 @@ use cudarc::driver::CudaEvent;
 
 use super::Gpu;
 
+/// (decode or prefill, op label).
+type Key = (&'static str, &'static str);
+
 pub(super) struct OpProf {
     marks: RefCell<Vec<(&'static str, CudaEvent)>>,
     /// (decode or prefill, label) -> (count, milliseconds), and steps by row count.
-    totals: RefCell<BTreeMap<(&'static str, &'static str), (u64, f64)>>,
+    totals: RefCell<BTreeMap<Key, (u64, f64)>>,
     steps: RefCell<BTreeMap<usize, (u64, f64)>>,
 }
 
@@ -54,13 +57,10 @@ impl OpProf {
                 step += ms as f64;
             }
         }
-        let s = self
-            .steps
-            .borrow_mut()
-            .entry(rows)
-            .or_insert((0, 0.0))
-            .clone();
-        self.steps.borrow_mut().insert(rows, (s.0 + 1, s.1 + step));
+        let mut steps = self.steps.borrow_mut();
+        let s = steps.entry(rows).or_insert((0, 0.0));
+        s.0 += 1;
+        s.1 += step;
     }
 }
 
