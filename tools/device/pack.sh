@@ -11,5 +11,7 @@ for b in run-gen memra-verify memra-bench memra-server; do
   cp "$TARGET/release/$b" .device/bin/
   strip .device/bin/$b 2>/dev/null || true
 done
+# The commit the binaries were built from (the device copy's git metadata may be older).
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +dirty)" > .device/COMMIT
 ls -l .device/bin
 du -sh .device

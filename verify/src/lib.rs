@@ -8,5 +8,6 @@ pub mod graph;
 pub mod invariance;
 pub mod kernels;
 mod kernels_select;
+mod products_check;
 pub mod serve_invariance;
 pub mod tokens;

@@ -63,9 +63,11 @@ pub struct Gpu {
     pub sms: u32,
     funcs: HashMap<&'static str, CudaFunction>,
     /// Modules compiled on first use, per (module, defines): see [`Gpu::variant`].
-    #[allow(clippy::type_complexity)]
-    variants: Mutex<HashMap<(String, Vec<String>), Arc<HashMap<String, CudaFunction>>>>,
+    variants: Mutex<HashMap<(String, Vec<String>), Funcs>>,
 }
+
+/// The kernels of one compiled module variant, by name.
+pub type Funcs = Arc<HashMap<String, CudaFunction>>;
 
 /// Modules compiled on first use with their defines (tile parameters), not at open.
 pub const LAZY_MODULES: &[&str] = &["products"];
@@ -138,11 +140,7 @@ impl Gpu {
 
     /// The kernels of module `module` built with `defines` (`NAME=VALUE`), compiled (or read
     /// from the disk cache) on first use and kept for the device's lifetime.
-    pub fn variant(
-        &self,
-        module: &str,
-        defines: &[String],
-    ) -> Result<Arc<HashMap<String, CudaFunction>>> {
+    pub fn variant(&self, module: &str, defines: &[String]) -> Result<Funcs> {
         let key = (module.to_string(), defines.to_vec());
         let mut cache = self
             .variants
@@ -723,11 +721,13 @@ impl Gpu {
         ];
         // At most 64 blocks per (row, head); each loops over its splits.
         let ys = self.u32_of(splits.min(64), "attention splits")?;
-        // MEMRA_ATTN=v1: the warp-per-16-positions split kernel (A/B); default attn_split2.
-        let split_kernel = if std::env::var("MEMRA_ATTN").is_ok_and(|v| v == "v1") {
-            "attn_split"
-        } else {
+        // The warp-per-16-positions split kernel by default (faster decode on the H200:
+        // reports/kernel-notes.md); MEMRA_ATTN=v2 picks attn_split2 (faster prefill). The two
+        // order the arithmetic differently: one process uses one of them for every row.
+        let split_kernel = if std::env::var("MEMRA_ATTN").is_ok_and(|v| v == "v2") {
             "attn_split2"
+        } else {
+            "attn_split"
         };
         self.launch(split_kernel, (rh, ys), 128, &args)?;
         let prep = a.prep.filter(|_| a.head_dim.is_multiple_of(32));

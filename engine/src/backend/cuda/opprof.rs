@@ -10,13 +10,13 @@ use cudarc::driver::CudaEvent;
 
 use super::Gpu;
 
-/// (decode or prefill, label) -> (count, milliseconds).
-type Totals = BTreeMap<(&'static str, &'static str), (u64, f64)>;
+/// (decode or prefill, op label).
+type Key = (&'static str, &'static str);
 
 pub(super) struct OpProf {
     marks: RefCell<Vec<(&'static str, CudaEvent)>>,
     /// (decode or prefill, label) -> (count, milliseconds), and steps by row count.
-    totals: RefCell<Totals>,
+    totals: RefCell<BTreeMap<Key, (u64, f64)>>,
     steps: RefCell<BTreeMap<usize, (u64, f64)>>,
 }
 

@@ -1,0 +1,112 @@
+//! The v2 tensor-core products (kernels/cu/products.cu) against the CPU reference, within the
+//! per-type tolerance of docs/VERIFY.md (they keep the GPU's own arithmetic: f16 activations,
+//! mma accumulation), and bitwise across M: row 0 has the same bits at every M and launch
+//! geometry the device profile picks (EXACTNESS.md, row invariance).
+
+use memra_engine::Result;
+use memra_engine::backend::cuda::Gpu;
+use memra_engine::backend::cuda::products::ActKind;
+use memra_engine::backend::cuda::profile::Profile;
+use memra_engine::models::random::unit;
+use memra_engine::quant::{DType, dequantize_row, quantize};
+
+use crate::case::{Case, compare};
+
+/// Tolerance on max |gpu - cpu| / max |cpu| (measured on the H200: <= 2.5e-4 with f16
+/// activations, <= 1.9e-3 with bf16; reports/kernel-notes.md).
+pub fn product_tol(d: DType) -> f64 {
+    match ActKind::of(d) {
+        ActKind::BF16 => 5e-3,
+        ActKind::F16 => 1e-3,
+    }
+}
+
+const TYPES: [DType; 8] = [
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
+const NS: [usize; 4] = [1, 17, 576, 1040];
+const MS: [usize; 6] = [1, 2, 9, 17, 33, 100];
+
+fn ks(d: DType) -> Vec<usize> {
+    match d.block_size() {
+        1 => vec![40, 576],
+        32 => vec![32, 96, 576],
+        _ => vec![256, 768],
+    }
+}
+
+pub fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    let profile = Profile::new(g.arch, g.sms);
+    let mut stream = 9000;
+    for dtype in TYPES {
+        for &n in &NS {
+            for k in ks(dtype) {
+                stream += 1;
+                let wv: Vec<f32> = (0..(n * k) as u64).map(|i| unit(seed, stream, i)).collect();
+                let wq = quantize(dtype, &wv)?;
+                let rb = wq.len() / n;
+                let mut wd = vec![0f32; n * k];
+                for r in 0..n {
+                    dequantize_row(
+                        dtype,
+                        &wq[r * rb..(r + 1) * rb],
+                        &mut wd[r * k..(r + 1) * k],
+                    )?;
+                }
+                let mmax = *MS.iter().max().unwrap_or(&1);
+                let x: Vec<f32> = (0..(mmax * k) as u64)
+                    .map(|i| unit(seed, stream + 50_000, i))
+                    .collect();
+                let w = g.upload_packed(&profile, dtype, &wq, n, k)?;
+                let act = g.act_buf(w.act(), mmax, w.kp)?;
+                let dx = g.upload(&x)?;
+                let dy = g.zeros::<f32>(mmax * n)?;
+                let mut first: Option<Vec<f32>> = None;
+                for &m in &MS {
+                    g.prepare(g.ptr(&dx), &act, m, k)?;
+                    g.fill(g.ptr(&dy), f32::NAN, mmax * n)?;
+                    g.product(&w, &act, g.ptr(&dy), None, m, profile.launch(m, dtype))?;
+                    let got = g.download_range(&dy, 0, m * n)?;
+                    let mut want = vec![0f32; m * n];
+                    for mi in 0..m {
+                        let xr = &x[mi * k..(mi + 1) * k];
+                        for ni in 0..n {
+                            let wr = &wd[ni * k..(ni + 1) * k];
+                            let s: f64 =
+                                wr.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                            want[mi * n + ni] = s as f32;
+                        }
+                    }
+                    let mut c = compare(
+                        &format!("product_{dtype}"),
+                        format!("M={m} N={n} K={k} nseg={}", w.nseg),
+                        &got,
+                        &want,
+                        product_tol(dtype),
+                    );
+                    match &first {
+                        None => first = Some(got[..n].to_vec()),
+                        Some(f) => {
+                            let same = f
+                                .iter()
+                                .zip(&got[..n])
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            if !same && c.problem.is_none() {
+                                c.problem = Some("row 0 differs from its M=1 bits".into());
+                            }
+                        }
+                    }
+                    out.push(c);
+                }
+            }
+        }
+    }
+    Ok(())
+}
