@@ -1,6 +1,6 @@
 //! What the server needs from an engine: submit a validated request, list models with their
 //! tokenizer / chat template, report stats, drain. The real `EngineHandle` and the test
-//! [`crate::fake::FakeEngine`] both implement [`Generate`].
+//! `FakeEngine` (fake.rs, feature `test-util`) both implement [`Generate`].
 
 use std::sync::Arc;
 

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod config;
 pub mod engine;
 pub mod errors;
+#[cfg(feature = "test-util")]
 pub mod fake;
 pub mod http;
 pub mod keys;

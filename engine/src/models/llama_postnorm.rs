@@ -3,7 +3,7 @@
 //! `post_attention_layernorm` is that norm and the FFN's input norm is
 //! `pre_feedforward_layernorm`. A small architecture of memra's own: it shows what adding an
 //! architecture takes (this file, its registry lines in mod.rs, one new tensor role) and is
-//! tested on the CPU (engine/tests/llama_postnorm.rs).
+//! tested on the CPU (engine/tests/it/llama_postnorm.rs).
 
 use super::blocks::{self, Acts, AttnStep, Embedding, GluFfn, SelfAttn};
 use super::{Arch, ArchDef, Forward, ModelWeights, Role, TensorSpec};

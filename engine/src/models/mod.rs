@@ -14,6 +14,7 @@ pub mod llama_postnorm;
 pub mod qk_order;
 pub mod qwen2;
 pub mod qwen3;
+#[cfg(any(test, feature = "test-util"))]
 pub mod random;
 pub mod roles;
 pub mod weights;

@@ -1,4 +1,4 @@
-"""memra-server against the official `openai` client (run by server/tests/real_model.rs).
+"""memra-server against the official `openai` client (run by server/tests/it/real_model.rs).
 
 Env: MEMRA_TEST_URL (http://host:port), MEMRA_TEST_KEY (an API key), MEMRA_TEST_ALIAS (model).
 Exits non-zero on the first failed check.

@@ -1,6 +1,6 @@
 //! End-to-end checks of the `run-gen` binary on the real SmolLM2-135M-Instruct (CPU).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

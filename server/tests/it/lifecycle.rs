@@ -1,11 +1,11 @@
 //! Client disconnect cancels generation; graceful drain; overload limits.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{TestServer, chat_body, expect_error, open, read_until};
+use crate::common::{TestServer, chat_body, expect_error, open, read_until};
 use memra_server::auth::Auth;
 use memra_server::state::Limits;
 use serde_json::json;

@@ -2,7 +2,7 @@
 //! implementation (verify/reference/smollm2_reference.py): identical greedy tokens for 32 tokens
 //! on every prompt, and |logit diff| <= 1e-3 x max |logit| at every compared position.
 
-mod common;
+use crate::common;
 
 use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
 use memra_engine::generate::{GenRequest, generate};

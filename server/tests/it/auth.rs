@@ -1,12 +1,12 @@
 //! API keys: 401/403 on keyed routes, open probes, per-tenant limits (429), keyring reload,
 //! and the `keys add` / `keys revoke` subcommands.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{TestServer, chat_body, expect_error, read_until};
+use crate::common::{TestServer, chat_body, expect_error, read_until};
 use memra_server::auth::{Auth, KeyringWatch};
 use memra_server::keys::KeyringFile;
 use memra_server::state::Limits;

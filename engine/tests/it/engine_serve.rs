@@ -2,7 +2,7 @@
 //! tokenizer: exact under load (vs `generate` alone, staggered arrivals, chunked prefill, a small
 //! KV pool, prefix-cache hits), stop strings, cancellation, admission refusals, namespaces.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

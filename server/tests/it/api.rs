@@ -2,9 +2,9 @@
 //! (insta snapshots, ids and timestamps redacted), streaming, logprobs, stop strings, seeds,
 //! each error class, 413, metrics.
 
-mod common;
+use crate::common;
 
-use common::{TestServer, chat_body, expect_error, open, read_until};
+use crate::common::{TestServer, chat_body, expect_error, open, read_until};
 use memra_engine::request::ValidRequest;
 use memra_server::fake::REPLY;
 use serde_json::{Value, json};

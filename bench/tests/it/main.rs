@@ -1,0 +1,6 @@
+//! The integration tests of memra-bench, one module per area, linked into one test binary.
+
+mod logits_equivalence;
+mod real_tokenizer;
+mod synth_gguf;
+mod synth_hf;

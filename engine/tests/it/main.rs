@@ -1,0 +1,17 @@
+//! The integration tests of memra-engine, one module per area, linked into one test binary.
+
+mod chat;
+mod common;
+mod cpu_invariance;
+mod engine_proptest;
+mod engine_scheduler;
+mod engine_serve;
+mod gguf_corrupt;
+mod gguf_roundtrip;
+mod llama_postnorm;
+mod quant;
+mod quant_dot_fast;
+mod reference_fixture;
+mod run_gen;
+mod safetensors;
+mod tokenizer;

@@ -1,0 +1,4 @@
+//! The integration tests of memra-verify, one module per area, linked into one test binary.
+
+mod invariance_cpu;
+mod serve_invariance;
