@@ -66,6 +66,7 @@ fn drain(mut s: EventStream, t0: Instant) -> Result<(usize, f64)> {
                 n += 1;
                 first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
             }
+            Some(Event::Text(_)) => {}
             Some(Event::Done { usage, .. }) => {
                 return Ok((usage.completion_tokens, first.unwrap_or(0.0)));
             }

@@ -51,11 +51,16 @@ pub struct Usage {
     pub cached_tokens: usize,
 }
 
-/// What a request's stream carries: tokens, then exactly one `Done` or `Error`.
+/// What a request's stream carries: tokens, at most one `Text`, then exactly one `Done` or
+/// `Error`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     Token(TokenEvent),
-    /// Final text held back at the end (flushed partial UTF-8), if any, comes as a last Token.
+    /// Text that belongs to no generated token: at the end of sequence, the text still held back
+    /// (an unfinished UTF-8 character, flushed lossily, or the start of a stop string that did
+    /// not match). Comes right before `Done`; never carries a logprob.
+    Text(String),
+    /// The last token's text includes everything held back when the request ends by length.
     Done {
         finish_reason: FinishReason,
         usage: Usage,

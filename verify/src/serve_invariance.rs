@@ -120,6 +120,10 @@ fn read(s: &mut EventStream, o: &mut Output) -> Result<bool> {
             o.logprobs.push((t.logprob.map_or(0, f32::to_bits), top));
             Ok(true)
         }
+        Some(Event::Text(s)) => {
+            o.text.push_str(&s);
+            Ok(true)
+        }
         Some(Event::Done {
             finish_reason,
             usage,

@@ -1,7 +1,41 @@
 //! A request's output side: incremental text with stop strings held back, and logprobs.
 
+use crate::error::Result;
 use crate::generate::top_k;
 use crate::sampling::{SamplingParams, apply_penalties};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+/// The text side of one request: incremental detokenization, then stop strings.
+pub(crate) struct RequestText {
+    decoder: StreamDecoder,
+    stop: StopText,
+}
+
+impl RequestText {
+    pub(crate) fn new(tok: &Tokenizer, stops: Vec<String>) -> RequestText {
+        RequestText {
+            decoder: StreamDecoder::new(tok),
+            stop: StopText::new(stops),
+        }
+    }
+
+    /// A generated token: the text it releases and whether a stop string ended the text.
+    /// `last`: no token follows, so everything held back is released.
+    pub(crate) fn token(&mut self, id: u32, last: bool) -> Result<(String, bool)> {
+        let mut piece = self.decoder.push(id)?;
+        if last {
+            piece.push_str(&self.decoder.finish());
+        }
+        Ok(self.stop.feed(&piece, last))
+    }
+
+    /// The end of sequence (not part of the output): the text still held back, cut at a stop
+    /// string if the flushed text completes one.
+    pub(crate) fn end_of_sequence(&mut self) -> String {
+        let tail = self.decoder.finish();
+        self.stop.feed(&tail, true).0
+    }
+}
 
 /// Stop-string matching over streamed text. Text that could be the start of a stop string is
 /// held back until it is known not to be; a match ends the text before the stop string.
@@ -136,6 +170,64 @@ mod tests {
         let mut s = StopText::new(vec!["STOP".into()]);
         assert_eq!(s.feed("aST", false), ("a".into(), false));
         assert_eq!(s.feed("x", false), ("STx".into(), false));
+    }
+
+    fn real_tokenizer() -> Tokenizer {
+        let g = crate::formats::gguf::Gguf::open(&crate::testing::real_model()).unwrap();
+        Tokenizer::from_gguf(&g).unwrap()
+    }
+
+    /// The id of a byte-level vocabulary entry.
+    fn id(tok: &Tokenizer, piece: &str) -> u32 {
+        tok.inner().token_to_id(piece).unwrap()
+    }
+
+    #[test]
+    fn end_of_sequence_flushes_an_unfinished_character() {
+        let tok = real_tokenizer();
+        // 0xE4 0xB8 (the first two bytes of U+4E2D) are the byte-level pieces "ä" and "¸".
+        let (e4, b8) = (id(&tok, "ä"), id(&tok, "¸"));
+        let mut t = RequestText::new(&tok, Vec::new());
+        assert_eq!(
+            t.token(id(&tok, "Hi"), false).unwrap(),
+            ("Hi".into(), false)
+        );
+        assert_eq!(t.token(e4, false).unwrap(), (String::new(), false));
+        assert_eq!(t.token(b8, false).unwrap(), (String::new(), false));
+        assert_eq!(t.end_of_sequence(), "\u{FFFD}");
+        // Ending by length instead: the last token releases it.
+        let mut t = RequestText::new(&tok, Vec::new());
+        assert_eq!(t.token(e4, false).unwrap(), (String::new(), false));
+        assert_eq!(t.token(b8, true).unwrap(), ("\u{FFFD}".into(), false));
+    }
+
+    #[test]
+    fn end_of_sequence_flushes_a_stop_string_start() {
+        let tok = real_tokenizer();
+        let mut t = RequestText::new(&tok, vec![".X".into(), "中!".into()]);
+        assert_eq!(
+            t.token(id(&tok, "Hi"), false).unwrap(),
+            ("Hi".into(), false)
+        );
+        assert_eq!(
+            t.token(id(&tok, "."), false).unwrap(),
+            (String::new(), false)
+        );
+        assert_eq!(t.end_of_sequence(), ".");
+        // A multi-byte stop string whose first character arrives in byte tokens.
+        let ids = tok.encode("a中!b", false).unwrap();
+        let mut t = RequestText::new(&tok, vec!["中!".into()]);
+        let mut out = String::new();
+        let mut stopped = false;
+        for &i in &ids {
+            let (s, stop) = t.token(i, false).unwrap();
+            out.push_str(&s);
+            if stop {
+                stopped = true;
+                break;
+            }
+        }
+        assert_eq!((out.as_str(), stopped), ("a", true));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::admission::{Admission, Ticket};
-use super::output::{StopText, logprobs};
+use super::output::{RequestText, logprobs};
 use super::{Command, EngineConfig, KvBudget, ModelInfo, ModelStats};
 use crate::backend::cuda::{Gpu, cuda_available, open_backend};
 use crate::backend::{Backend, Device};
@@ -22,7 +22,7 @@ use crate::prefix_cache::namespace;
 use crate::request::{Event, TokenEvent, Usage, ValidRequest};
 use crate::sampling::sample;
 use crate::scheduler::{NewSeq, Scheduler, SchedulerOutput, SeqId};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::tokenizer::Tokenizer;
 
 /// A request on its way to the model's thread.
 pub(crate) struct Submitted {
@@ -55,8 +55,7 @@ struct Active {
     req: ValidRequest,
     tx: UnboundedSender<Event>,
     ticket: Ticket,
-    decoder: StreamDecoder,
-    text: StopText,
+    text: RequestText,
     generated: usize,
     since: Instant,
 }
@@ -266,8 +265,7 @@ impl Worker {
             prompt: s.req.prompt.clone(),
         });
         let a = Active {
-            decoder: StreamDecoder::new(&self.tokenizer),
-            text: StopText::new(s.req.stop.clone()),
+            text: RequestText::new(&self.tokenizer, s.req.stop.clone()),
             req: s.req,
             tx: s.tx,
             ticket: s.ticket,
@@ -362,12 +360,12 @@ impl Worker {
             cached_tokens: self.sched.cached_tokens(id),
         };
         if !a.req.ignore_eos && self.tokenizer.stop_ids().contains(&tok) {
-            // End of sequence: not part of the output; text held back is flushed with it.
-            let tail = a.decoder.finish();
-            let (text, _) = a.text.feed(&tail, true);
+            // End of sequence: not part of the output (no token event, no logprob); the text
+            // held back goes out as text only.
+            let tail = a.text.end_of_sequence();
             let mut evs = Vec::new();
-            if !text.is_empty() {
-                evs.push(token(text));
+            if !tail.is_empty() {
+                evs.push(Event::Text(tail));
             }
             evs.push(Event::Done {
                 finish_reason: FinishReason::Stop,
@@ -376,12 +374,8 @@ impl Worker {
             return Ok(evs);
         }
         a.generated += 1;
-        let mut piece = a.decoder.push(tok)?;
         let end = a.generated >= a.req.max_tokens || pos + 1 >= self.max_ctx;
-        if end {
-            piece.push_str(&a.decoder.finish());
-        }
-        let (text, stopped) = a.text.feed(&piece, end);
+        let (text, stopped) = a.text.token(tok, end)?;
         let mut evs = vec![token(text)];
         if stopped || end {
             let finish_reason = if stopped {

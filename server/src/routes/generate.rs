@@ -124,6 +124,9 @@ async fn collect(mut run: Running) -> Result<Response<Body>, ApiError> {
                 observe_token(&run, &mut last);
                 let _ = run.shaper.token_chunk(&t);
             }
+            Some(Event::Text(s)) => {
+                let _ = run.shaper.text_chunk(&s);
+            }
             Some(Event::Done {
                 finish_reason,
                 usage,

@@ -208,6 +208,26 @@ impl Shaper {
         })
     }
 
+    /// A stream chunk for text that belongs to no token (held back until the end of sequence),
+    /// or `None` when it is empty. It carries no logprobs.
+    pub fn text_chunk(&mut self, text: &str) -> Option<Value> {
+        if text.is_empty() {
+            return None;
+        }
+        self.out.push_str(text);
+        Some(match self.kind {
+            Kind::Chat => self.chat_chunk(
+                Delta {
+                    role: None,
+                    content: Some(text.to_string()),
+                },
+                None,
+                None,
+            ),
+            Kind::Completion => self.cmpl_chunk(text.to_string(), None, None),
+        })
+    }
+
     /// The chunk carrying `finish_reason`.
     pub fn finish_chunk(&self, reason: &'static str) -> Value {
         match self.kind {
