@@ -54,6 +54,7 @@ fn request(i: usize, prompt_len: usize, gen_tokens: usize, vocab: usize) -> Vali
         logprobs: None,
         cache_salt: None,
         ignore_eos: true,
+        tenant_max_in_flight: None,
     }
 }
 
@@ -97,8 +98,7 @@ pub fn run(model: &Path, args: &ConcurrencyArgs) -> Result<Vec<LevelResult>> {
         ..EngineConfig::default()
     };
     let limits = AdmissionLimits {
-        max_running_per_tenant: max,
-        max_queued_per_tenant: max,
+        max_in_flight_per_tenant: max * 2,
         max_queued: max * 2,
     };
     let engine = Engine::start(vec![("bench".into(), m, cfg)], limits)?;

@@ -243,7 +243,10 @@ impl EngineHandle {
             .entry(&req.model)
             .ok_or_else(|| SubmitError::ModelNotFound(req.model.clone()))?;
         check_request(&req, m)?;
-        let ticket = self.inner.admission.admit(&req.tenant)?;
+        let ticket = self
+            .inner
+            .admission
+            .admit(&req.tenant, req.tenant_max_in_flight)?;
         let (tx, stream) = EventStream::channel();
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let sub = worker::Submitted {

@@ -26,6 +26,10 @@ pub struct ValidRequest {
     /// Extra prefix-cache namespace (with the tenant).
     pub cache_salt: Option<String>,
     pub ignore_eos: bool,
+    /// The tenant's limit on its requests in flight in the engine (queued + running), carried
+    /// with the request from its one source (the server: the keyring entry, else
+    /// `--tenant-max-in-flight`); `None`: `AdmissionLimits::max_in_flight_per_tenant`.
+    pub tenant_max_in_flight: Option<usize>,
 }
 
 /// One generated token.

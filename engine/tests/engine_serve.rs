@@ -77,6 +77,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, params: SamplingParams) -> Valid
         logprobs: Some(3),
         cache_salt: None,
         ignore_eos: true,
+        tenant_max_in_flight: None,
     }
 }
 
@@ -357,8 +358,7 @@ fn refusals_are_immediate_and_typed() {
     engine.shutdown();
 
     let tenant0 = AdmissionLimits {
-        max_running_per_tenant: 0,
-        max_queued_per_tenant: 0,
+        max_in_flight_per_tenant: 0,
         max_queued: 10,
     };
     let engine = start(16, 64, tenant0);

@@ -392,17 +392,29 @@ pub fn parse(kind: Kind, body: &[u8], max_tokens_cap: usize) -> Result<Parsed, A
     })
 }
 
+/// Where a parsed request goes: its tenant and the model's limits.
+#[derive(Clone, Debug)]
+pub struct Target<'a> {
+    pub tenant: &'a str,
+    /// The tenant's in-flight limit, carried to the engine with the request.
+    pub tenant_max_in_flight: usize,
+    pub vocab: usize,
+    /// Positions one request may use (prompt + completion).
+    pub ctx: usize,
+    /// Largest `max_tokens` (`--max-tokens`).
+    pub max_tokens_cap: usize,
+}
+
 /// The engine request for a tokenized prompt: checks token ids against the vocabulary and the
 /// prompt plus `max_tokens` against the context (`context_length_exceeded`); a missing
 /// `max_tokens` becomes what fits, capped at `max_tokens_cap`.
-pub fn finish(
-    p: Parsed,
-    prompt: Vec<u32>,
-    tenant: &str,
-    vocab: usize,
-    ctx: usize,
-    max_tokens_cap: usize,
-) -> Result<ValidRequest, ApiError> {
+pub fn finish(p: Parsed, prompt: Vec<u32>, to: &Target) -> Result<ValidRequest, ApiError> {
+    let Target {
+        vocab,
+        ctx,
+        max_tokens_cap,
+        ..
+    } = *to;
     if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
         return Err(ApiError::param(
             "prompt",
@@ -421,7 +433,7 @@ pub fn finish(
     }
     Ok(ValidRequest {
         model: p.model,
-        tenant: tenant.to_string(),
+        tenant: to.tenant.to_string(),
         prompt,
         max_tokens,
         params: p.params,
@@ -429,6 +441,7 @@ pub fn finish(
         logprobs: p.logprobs,
         cache_salt: p.cache_salt,
         ignore_eos: false,
+        tenant_max_in_flight: Some(to.tenant_max_in_flight),
     })
 }
 

@@ -141,10 +141,7 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, Ready)> {
     let max_ctx = weights.config.max_ctx;
     let vocab = weights.config.vocab;
     let backend = open_backend(cfg.device, weights, blocks, cfg.block_size, cfg.threads)?;
-    let mut scfg = cfg.scheduler.clone();
-    scfg.max_running_per_tenant = scfg
-        .max_running_per_tenant
-        .min(admission.limits().max_running_per_tenant);
+    let scfg = cfg.scheduler.clone();
     let reserve = scfg.admit_reserve_blocks;
     let sched = Scheduler::new(
         scfg,

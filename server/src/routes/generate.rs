@@ -91,15 +91,14 @@ pub async fn handle(
     let Parsed {
         stream: streaming, ..
     } = parsed;
-    let vocab = model.text.vocab_size();
-    let vr = validation::finish(
-        parsed,
-        ids,
-        &who.name,
-        vocab,
-        model.context_len,
-        st.limits.max_tokens,
-    )?;
+    let target = validation::Target {
+        tenant: &who.name,
+        tenant_max_in_flight: st.tenant_limit(&who),
+        vocab: model.text.vocab_size(),
+        ctx: model.context_len,
+        max_tokens_cap: st.limits.max_tokens,
+    };
+    let vr = validation::finish(parsed, ids, &target)?;
     let events = st.engine.submit(vr)?;
     let run = Running {
         events,
