@@ -74,8 +74,11 @@ impl Default for EngineConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelInfo {
     pub alias: String,
-    /// Context length (prompt + completion positions).
+    /// The model's context length (prompt + completion positions).
     pub max_ctx: usize,
+    /// Positions one request may really use: `max_ctx`, or fewer when the KV pool (less the
+    /// admission reserve) holds fewer. Requests are checked against this.
+    pub max_positions: usize,
     pub vocab: usize,
     /// Backend name (`cpu`, the GPU's name).
     pub backend: String,
@@ -136,8 +139,6 @@ struct ModelEntry {
     chat: Option<ChatTemplate>,
     tx: Sender<Command>,
     stats: Arc<Mutex<ModelStats>>,
-    /// Positions a request may use: min(context, KV pool less the reserve).
-    max_positions: usize,
 }
 
 struct Inner {
@@ -204,18 +205,17 @@ impl Engine {
                 .spawn(move || worker::run(args, ready_tx))
                 .map_err(|e| Error::Input(format!("starting the engine thread: {e}")))?;
             threads.push(h);
-            let ready: worker::Ready = ready_rx.recv().map_err(|_| {
+            let info: ModelInfo = ready_rx.recv().map_err(|_| {
                 Error::Input(format!(
                     "the engine thread of `{alias}` exited while loading"
                 ))
             })??;
             entries.push(ModelEntry {
-                info: ready.info,
+                info,
                 tokenizer,
                 chat,
                 tx,
                 stats,
-                max_positions: ready.max_positions,
             });
         }
         Ok(EngineHandle {
@@ -349,11 +349,11 @@ fn check_request(req: &ValidRequest, m: &ModelEntry) -> std::result::Result<(), 
         .validate()
         .map_err(|e| SubmitError::Invalid(e.to_string()))?;
     let total = req.prompt.len().saturating_add(req.max_tokens);
-    if total > m.max_positions {
+    if total > m.info.max_positions {
         return Err(SubmitError::ContextLength {
             prompt: req.prompt.len(),
             max_tokens: req.max_tokens,
-            ctx: m.max_positions,
+            ctx: m.info.max_positions,
         });
     }
     Ok(())

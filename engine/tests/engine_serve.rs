@@ -349,6 +349,7 @@ fn refusals_are_immediate_and_typed() {
         })
     );
     assert_eq!(engine.models()[0].max_ctx, 256);
+    assert_eq!(engine.models()[0].max_positions, 60);
     assert!(engine.tokenizer("tiny").is_some() && engine.chat_template("tiny").is_none());
     assert!(engine.is_ready());
     collect(engine.submit(ok.clone()).unwrap());

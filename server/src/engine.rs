@@ -26,7 +26,8 @@ pub trait ModelText: Send + Sync {
 pub struct ModelInfo {
     /// The name clients pass as `model`.
     pub alias: String,
-    /// Context length in tokens (prompt + generated).
+    /// Positions one request may use (prompt + generated): the model's context, or fewer when
+    /// the KV pool holds fewer. Reported as `max_model_len`; requests are checked against it.
     pub context_len: usize,
     /// Unix seconds when it was loaded.
     pub created: u64,

@@ -118,7 +118,7 @@ fn wrap(handle: EngineHandle) -> Loaded {
                 alias: m.alias.clone(),
             }),
             alias: m.alias,
-            context_len: m.max_ctx,
+            context_len: m.max_positions,
             created,
         })
         .collect();
@@ -141,10 +141,11 @@ fn load(cfg: StartConfig) -> std::result::Result<Loaded, String> {
     let handle = handle.map_err(|e| format!("starting the engine: {e}"))?;
     for m in handle.models() {
         tracing::info!(
-            "serving {} on {} (context {}, {} KV blocks of {})",
+            "serving {} on {} (context {}, {} positions per request, {} KV blocks of {})",
             m.alias,
             m.backend,
             m.max_ctx,
+            m.max_positions,
             m.kv_blocks,
             m.block_size
         );

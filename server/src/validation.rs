@@ -24,6 +24,16 @@ pub enum Kind {
     Completion,
 }
 
+impl Kind {
+    /// The request parameter holding the prompt.
+    pub fn prompt_param(self) -> &'static str {
+        match self {
+            Kind::Chat => "messages",
+            Kind::Completion => "prompt",
+        }
+    }
+}
+
 /// What to tokenize.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PromptInput {
@@ -429,7 +439,12 @@ pub fn finish(p: Parsed, prompt: Vec<u32>, to: &Target) -> Result<ValidRequest, 
         None => ctx.saturating_sub(prompt.len()).min(max_tokens_cap),
     };
     if prompt.len() >= ctx || prompt.len() + max_tokens > ctx {
-        return Err(ApiError::context_length(prompt.len(), max_tokens, ctx));
+        return Err(ApiError::context_length(
+            p.kind.prompt_param(),
+            prompt.len(),
+            max_tokens,
+            ctx,
+        ));
     }
     Ok(ValidRequest {
         model: p.model,

@@ -155,3 +155,49 @@ async fn a_keyring_tenants_limit_reaches_the_engine() {
     assert_eq!(r.status(), 429);
     drop(held);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kv_pool_smaller_than_the_context_bounds_every_request() {
+    // 20 blocks of 16 less the 1-block admission reserve: 304 positions (the context is 512).
+    let s = serve(tiny_model(), &["--kv-blocks", "20"], Auth::Open).await;
+    let models: Value = reqwest::get(format!("{}/v1/models", s.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["max_model_len"], 304);
+    // Without max_tokens: everything that fits.
+    let body = json!({"model": "m", "prompt": [1, 2, 3], "temperature": 0});
+    let r = post(&s.url, "/v1/completions", None, &body).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 301);
+    // Over it: the error says the real bound and names the prompt parameter of the route.
+    let body = json!({"model": "m", "prompt": [1, 2, 3], "max_tokens": 302});
+    let r = post(&s.url, "/v1/completions", None, &body).await;
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "context_length_exceeded");
+    assert_eq!(e["error"]["param"], "prompt");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains(" 304 "),
+        "{e}"
+    );
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 300});
+    let r = post(&s.url, "/v1/chat/completions", None, &body).await;
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["param"], "messages");
+    let prompt: Vec<u32> = (0..304).map(|i| 100 + i).collect();
+    let r = post(
+        &s.url,
+        "/v1/completions",
+        None,
+        &json!({"model": "m", "prompt": prompt}),
+    )
+    .await;
+    assert_eq!(r.status(), 400, "a prompt that fills every position");
+}

@@ -43,13 +43,6 @@ pub(crate) struct WorkerArgs {
     pub(crate) alive: Arc<AtomicBool>,
 }
 
-/// What a thread reports once its backend is open.
-pub(crate) struct Ready {
-    pub(crate) info: ModelInfo,
-    /// Positions one request may use.
-    pub(crate) max_positions: usize,
-}
-
 /// A request the thread is serving.
 struct Active {
     req: ValidRequest,
@@ -124,7 +117,7 @@ fn host_available_bytes() -> Result<usize> {
         .ok_or_else(|| Error::Input("/proc/meminfo has no MemAvailable line".into()))
 }
 
-fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, Ready)> {
+fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
     let WorkerArgs {
         alias,
         weights,
@@ -151,6 +144,7 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, Ready)> {
     let info = ModelInfo {
         alias,
         max_ctx,
+        max_positions,
         vocab,
         backend: backend.name(),
         kv_blocks: blocks,
@@ -169,17 +163,11 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, Ready)> {
         steps: 0,
         generated_total: 0,
     };
-    Ok((
-        w,
-        Ready {
-            info,
-            max_positions,
-        },
-    ))
+    Ok((w, info))
 }
 
 /// The thread body: open the backend, report, then serve until shut down.
-pub(crate) fn run(args: WorkerArgs, ready: Sender<Result<Ready>>) {
+pub(crate) fn run(args: WorkerArgs, ready: Sender<Result<ModelInfo>>) {
     let alive = args.alive.clone();
     let mut args = Some(args);
     let mut w = match open(&mut args) {

@@ -7,7 +7,7 @@ use std::time::Instant;
 use hyper::body::Incoming;
 use hyper::header::CONTENT_TYPE;
 use hyper::{Request, Response, StatusCode};
-use memra_engine::request::{Event, EventStream};
+use memra_engine::request::{Event, EventStream, SubmitError};
 
 use super::shape::{Shaper, ShaperInit};
 use super::stream;
@@ -99,7 +99,14 @@ pub async fn handle(
         max_tokens_cap: st.limits.max_tokens,
     };
     let vr = validation::finish(parsed, ids, &target)?;
-    let events = st.engine.submit(vr)?;
+    let events = st.engine.submit(vr).map_err(|e| match e {
+        SubmitError::ContextLength {
+            prompt,
+            max_tokens,
+            ctx,
+        } => ApiError::context_length(kind.prompt_param(), prompt, max_tokens, ctx),
+        e => ApiError::from(e),
+    })?;
     let run = Running {
         events,
         shaper,

@@ -158,6 +158,11 @@ fn finish_checks_context_and_vocab() {
     assert_eq!(r.tenant_max_in_flight, Some(7));
     let e = finish(p.clone(), vec![1; 15], &to(20, 1000)).unwrap_err();
     assert_eq!(e.code, Some("context_length_exceeded"));
+    assert_eq!(e.param.as_deref(), Some("prompt"));
+    let c = chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":10}"#);
+    let e = finish(c.unwrap(), vec![1; 15], &to(20, 1000)).unwrap_err();
+    assert_eq!(e.code, Some("context_length_exceeded"));
+    assert_eq!(e.param.as_deref(), Some("messages"));
     let e = finish(p.clone(), vec![1, 200], &to(20, 1000)).unwrap_err();
     assert_eq!(e.param.as_deref(), Some("prompt"));
     let mut q = p;
