@@ -45,9 +45,10 @@ impl ModelText for HandleText {
         self.tokenizer()?.encode(&rendered, false)
     }
 
-    fn token_text(&self, id: u32) -> String {
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
         self.tokenizer()
-            .and_then(|t| t.decode(&[id]))
+            .ok()
+            .and_then(|t| t.token_bytes(id))
             .unwrap_or_default()
     }
 

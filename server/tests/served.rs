@@ -201,3 +201,256 @@ async fn a_kv_pool_smaller_than_the_context_bounds_every_request() {
     .await;
     assert_eq!(r.status(), 400, "a prompt that fills every position");
 }
+
+/// A chat request's messages rendered by SmolLM2's template, as a completions prompt string.
+const CHINESE_CHAT: &str =
+    "<|im_start|>user\nSay hello in Chinese characters<|im_end|>\n<|im_start|>assistant\n";
+
+/// `{token: logprob}` maps with their key order kept.
+struct Ordered(Vec<(String, f64)>);
+
+impl<'de> serde::Deserialize<'de> for Ordered {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Ordered;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<Ordered, A::Error> {
+                let mut v = Vec::new();
+                while let Some(e) = m.next_entry::<String, f64>()? {
+                    v.push(e);
+                }
+                Ok(Ordered(v))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct CmplLogprobs {
+    tokens: Vec<String>,
+    token_logprobs: Vec<f64>,
+    top_logprobs: Vec<Ordered>,
+    text_offset: Vec<usize>,
+}
+
+/// Per streamed chunk: its text and its logprobs.
+fn cmpl_chunks(events: &[String]) -> Vec<(String, Option<CmplLogprobs>)> {
+    #[derive(serde::Deserialize)]
+    struct Chunk {
+        choices: Vec<Choice>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Choice {
+        text: String,
+        logprobs: Option<CmplLogprobs>,
+    }
+    events[..events.len() - 1]
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Chunk>(e).ok())
+        .filter_map(|c| c.choices.into_iter().next())
+        .map(|c| (c.text, c.logprobs))
+        .collect()
+}
+
+async fn sse(r: reqwest::Response) -> Vec<String> {
+    let (events, ok) = memra_server::sse::parse_events(&r.text().await.unwrap());
+    assert!(ok && events.last().map(String::as_str) == Some("[DONE]"));
+    events
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_carry_each_tokens_raw_bytes_in_probability_order() {
+    let s = serve(real_model(), &["--kv-blocks", "256"], Auth::Open).await;
+    // Chat: SmolLM2 answers in Chinese, one byte-level token per part of a character.
+    let body = json!({"model": "m", "temperature": 0, "max_tokens": 16, "logprobs": true,
+        "top_logprobs": 3, "messages": [{"role": "user", "content": "Say hello in Chinese characters"}]});
+    let v: Value = post(&s.url, "/v1/chat/completions", None, &body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+    let entries = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(
+        entries.len() as u64,
+        v["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    let bytes_of = |e: &Value| -> Vec<u8> {
+        e["bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap() as u8)
+            .collect()
+    };
+    let all: Vec<u8> = entries.iter().flat_map(bytes_of).collect();
+    assert_eq!(String::from_utf8_lossy(&all), content);
+    assert!(
+        entries
+            .iter()
+            .any(|e| std::str::from_utf8(&bytes_of(e)).is_err()),
+        "expected tokens holding parts of characters: {content:?}"
+    );
+    for e in entries {
+        assert_eq!(e["token"], String::from_utf8_lossy(&bytes_of(e)).as_ref());
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        // Greedy: the token is the most likely; alternatives descend and are distinct.
+        assert_eq!(bytes_of(&top[0]), bytes_of(e));
+        assert!(
+            top.windows(2)
+                .all(|w| w[0]["logprob"].as_f64() >= w[1]["logprob"].as_f64())
+        );
+        assert!(bytes_of(&top[0]) != bytes_of(&top[1]) && bytes_of(&top[1]) != bytes_of(&top[2]));
+        for t in top {
+            assert_eq!(t["token"], String::from_utf8_lossy(&bytes_of(t)).as_ref());
+        }
+    }
+    // Streamed: the same entries.
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    let events = sse(post(&s.url, "/v1/chat/completions", None, &sb).await).await;
+    let streamed: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert_eq!(&streamed, entries);
+
+    // Completions: every top_logprobs map has 3 keys, most likely first; a token holding part of
+    // a character is named by its bytes; text_offset counts characters of the text before it.
+    let body = json!({"model": "m", "temperature": 0, "max_tokens": 12, "logprobs": 3,
+                      "prompt": CHINESE_CHAT});
+    let r = post(&s.url, "/v1/completions", None, &body).await;
+    let raw = r.text().await.unwrap();
+    #[derive(serde::Deserialize)]
+    struct Resp {
+        choices: Vec<Choice>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Choice {
+        text: String,
+        logprobs: CmplLogprobs,
+    }
+    let resp: Resp = serde_json::from_str(&raw).unwrap();
+    let Choice { text, logprobs: lp } = &resp.choices[0];
+    assert!(text.chars().any(|c| c.len_utf8() > 1), "{text:?}");
+    assert!(
+        lp.tokens.iter().any(|t| t.starts_with("bytes:\\x")),
+        "{raw}"
+    );
+    for (i, top) in lp.top_logprobs.iter().enumerate() {
+        assert_eq!(top.0.len(), 3, "{raw}");
+        assert_eq!(top.0[0].0, lp.tokens[i]);
+        assert_eq!(top.0[0].1, lp.token_logprobs[i]);
+        assert!(top.0.windows(2).all(|w| w[0].1 >= w[1].1), "{raw}");
+    }
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    let chunks = cmpl_chunks(&sse(post(&s.url, "/v1/completions", None, &sb).await).await);
+    let mut chars = 0;
+    let mut offsets = Vec::new();
+    let mut streamed = String::new();
+    for (t, l) in &chunks {
+        if let Some(l) = l {
+            offsets.push(l.text_offset[0]);
+            assert_eq!(l.text_offset[0], chars, "offset of {:?}", l.tokens);
+        }
+        chars += t.chars().count();
+        streamed.push_str(t);
+    }
+    assert_eq!(&streamed, text);
+    assert_eq!(offsets, lp.text_offset);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_back_text_at_eos_adds_no_logprob_entry() {
+    let s = serve(real_model(), &["--kv-blocks", "256"], Auth::Open).await;
+    let body = json!({"model": "m", "temperature": 0, "max_tokens": 64, "logprobs": true,
+        "messages": [{"role": "user", "content": "Say hello"}]});
+    let plain: Value = post(&s.url, "/v1/chat/completions", None, &body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(plain["choices"][0]["finish_reason"], "stop", "{plain}");
+    let content = plain["choices"][0]["message"]["content"].as_str().unwrap();
+    let n = plain["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+    assert_eq!(
+        plain["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .unwrap()
+            .len(),
+        n
+    );
+    // A stop string starting with the reply's last character, never matching (the ".X").
+    let last = content.chars().last().unwrap();
+    let mut held = body.clone();
+    held["stop"] = json!(format!("{last}X\u{1}"));
+    let v: Value = post(&s.url, "/v1/chat/completions", None, &held)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["choices"][0], plain["choices"][0]);
+    assert_eq!(
+        v["usage"]["completion_tokens"],
+        plain["usage"]["completion_tokens"]
+    );
+    // Streamed: the same text, one logprob entry per completion token.
+    held["stream"] = json!(true);
+    held["stream_options"] = json!({"include_usage": true});
+    let events = sse(post(&s.url, "/v1/chat/completions", None, &held).await).await;
+    let (mut text, mut entries, mut usage) = (String::new(), 0, Value::Null);
+    for e in &events[..events.len() - 1] {
+        let c: Value = serde_json::from_str(e).unwrap();
+        text.push_str(c["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
+        entries += c["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .map_or(0, Vec::len);
+        if !c["usage"].is_null() {
+            usage = c["usage"].clone();
+        }
+    }
+    assert_eq!(text, content);
+    assert_eq!(entries, n);
+    assert_eq!(usage["completion_tokens"], n);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_byte_stop_strings_through_the_real_tokenizer() {
+    let s = serve(real_model(), &["--kv-blocks", "256"], Auth::Open).await;
+    let body = json!({"model": "m", "temperature": 0, "max_tokens": 12, "prompt": CHINESE_CHAT});
+    let plain: Value = post(&s.url, "/v1/completions", None, &body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let text = plain["choices"][0]["text"].as_str().unwrap().to_string();
+    // The second and third characters: multi-byte, each spread over several byte-level tokens.
+    let chars: Vec<char> = text.chars().collect();
+    assert!(chars.len() >= 3 && chars[1].len_utf8() > 1, "{text:?}");
+    let stop: String = chars[1..3].iter().collect();
+    let cut = &text[..text.find(&stop).unwrap()];
+    let mut stopped = body.clone();
+    stopped["stop"] = json!(["never", stop]);
+    let v: Value = post(&s.url, "/v1/completions", None, &stopped)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["choices"][0]["text"], cut);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    stopped["stream"] = json!(true);
+    let chunks = cmpl_chunks(&sse(post(&s.url, "/v1/completions", None, &stopped).await).await);
+    let streamed: String = chunks.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(streamed, cut);
+}
