@@ -454,3 +454,104 @@ async fn multi_byte_stop_strings_through_the_real_tokenizer() {
     let streamed: String = chunks.iter().map(|(t, _)| t.as_str()).collect();
     assert_eq!(streamed, cut);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_streaming_client_that_disconnects_cancels_its_request() {
+    use tokio::io::AsyncWriteExt;
+    let s = serve(tiny_model(), &["--kv-blocks", "256"], Auth::Open).await;
+    let body = json!({"model": "m", "prompt": [5, 6, 7, 8], "max_tokens": 500, "temperature": 0})
+        .to_string();
+    let addr = s.url.trim_start_matches("http://");
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    sock.write_all(req.as_bytes()).await.unwrap();
+    let e = s.engine.clone();
+    wait_for("the request to run", || e.stats().running == 1).await;
+    drop(sock);
+    let e = s.engine.clone();
+    wait_for("the request to end", || {
+        let st = e.stats();
+        st.running == 0 && st.queue_depth == 0 && st.kv_blocks_used == 0
+    })
+    .await;
+    let st = s.engine.stats();
+    assert_eq!(st.requests_finished_total, 1);
+    let generated = st.models[0].tokens_generated_total;
+    assert!(generated < 500, "the request ran to its end: {st:?}");
+    // Left alone, the same request does run to 500 tokens.
+    let full: Value = post(
+        &s.url,
+        "/v1/completions",
+        None,
+        &serde_json::from_str(&body).unwrap(),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(full["usage"]["completion_tokens"], 500);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preemption_under_a_small_kv_pool_changes_no_output() {
+    // 24 blocks of 16: one request (20 + 300 positions, 20 blocks) fits alone; four do not.
+    let s = serve(tiny_model(), &["--kv-blocks", "24"], Auth::Open).await;
+    let body = |i: u32| {
+        let mut b = json!({"model": "m", "max_tokens": 300,
+            "prompt": (0..20).map(|j| 300 + 37 * i + j).collect::<Vec<u32>>()});
+        if i % 2 == 1 {
+            b["temperature"] = json!(0.9);
+            b["seed"] = json!(i);
+        } else {
+            b["temperature"] = json!(0);
+        }
+        b
+    };
+    let run = |i: u32| {
+        let url = s.url.clone();
+        async move {
+            let v: Value = post(&url, "/v1/completions", None, &body(i))
+                .await
+                .json()
+                .await
+                .unwrap();
+            v["choices"][0].clone()
+        }
+    };
+    let mut solo = Vec::new();
+    for i in 0..4 {
+        solo.push(run(i).await);
+    }
+    assert_eq!(s.engine.stats().models[0].preemptions_total, 0);
+    let together: Vec<_> = (0..4).map(|i| tokio::spawn(run(i))).collect();
+    for (i, t) in together.into_iter().enumerate() {
+        assert_eq!(t.await.unwrap(), solo[i], "request {i} under preemption");
+    }
+    assert!(s.engine.stats().models[0].preemptions_total > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tiny_temperature_is_greedy_on_both_endpoints() {
+    let s = serve(tiny_model(), &["--kv-blocks", "64"], Auth::Open).await;
+    for (path, prompt) in [
+        ("/v1/completions", json!({"prompt": [9, 8, 7]})),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+        ),
+    ] {
+        let mut texts = Vec::new();
+        for t in [0.0, 1e-38, 1e-30, 1e-6] {
+            let mut b = prompt.clone();
+            b["model"] = json!("m");
+            b["max_tokens"] = json!(8);
+            b["temperature"] = json!(t);
+            let v: Value = post(&s.url, path, None, &b).await.json().await.unwrap();
+            texts.push(v["choices"][0].clone());
+        }
+        assert!(texts.iter().all(|t| *t == texts[0]), "{path}: {texts:?}");
+    }
+}
