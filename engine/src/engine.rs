@@ -7,7 +7,7 @@
 //! `Error` event (or is cancelled by dropping its stream).
 
 mod admission;
-mod output;
+pub(crate) mod output;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -130,6 +130,9 @@ pub struct EngineStats {
 /// What the handle sends to a model's thread.
 pub(crate) enum Command {
     Submit(Box<worker::Submitted>),
+    /// The request's stream ended it (a stop string matched, or its text failed): end the
+    /// sequence.
+    End(crate::scheduler::SeqId),
     Shutdown,
 }
 
@@ -247,8 +250,12 @@ impl EngineHandle {
             .inner
             .admission
             .admit(&req.tenant, req.tenant_max_in_flight)?;
-        let (tx, stream) = EventStream::channel();
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let end = output::EndRequest {
+            tx: m.tx.clone(),
+            id,
+        };
+        let (tx, stream) = EventStream::engine(&m.tokenizer, &req, end);
         let sub = worker::Submitted {
             id,
             req,

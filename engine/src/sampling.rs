@@ -83,6 +83,42 @@ impl SamplingParams {
     }
 }
 
+/// Logprob of `token` and the `top` most likely alternatives (descending, lowest id first on
+/// ties) under the penalized logits, before temperature: log-softmax in f64, summed in index
+/// order, then f32.
+pub fn logprobs(
+    logits: &[f32],
+    history: &[u32],
+    params: &SamplingParams,
+    token: u32,
+    top: usize,
+) -> (f32, Vec<(u32, f32)>) {
+    let mut l = logits.to_vec();
+    apply_penalties(&mut l, history, params);
+    let max = l
+        .iter()
+        .filter(|v| !v.is_nan())
+        .fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+    let mut sum = 0.0f64;
+    for &v in &l {
+        if !v.is_nan() {
+            sum += (v as f64 - max).exp();
+        }
+    }
+    let lse = max + sum.ln();
+    let lp = |v: f32| (v as f64 - lse) as f32;
+    let own = l.get(token as usize).map_or(f32::NEG_INFINITY, |&v| lp(v));
+    let alts = if top > 0 {
+        crate::generate::top_k(&l, top)
+            .into_iter()
+            .map(|(i, v)| (i, lp(v)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    (own, alts)
+}
+
 /// Philox4x32-10 block function: four 32-bit outputs for a 128-bit counter and a 64-bit key.
 pub fn philox4x32(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     const M0: u64 = 0xD251_1F53;
@@ -521,6 +557,21 @@ mod tests {
             prop_assert!(prob >= pmax * p.min_p as f64 * (1.0 - 1e-9), "min-p: {} < {}", prob, pmax);
         }
 
+        /// `top_k`'s partial selection equals a full sort (the order is total).
+        #[test]
+        fn top_k_equals_a_full_sort(
+            logits in prop::collection::vec(logit(), 0..80),
+            k in 0usize..90,
+        ) {
+            let mut all: Vec<(u32, f32)> =
+                logits.iter().enumerate().map(|(i, &v)| (i as u32, v)).collect();
+            all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            all.truncate(k);
+            let got = crate::generate::top_k(&logits, k);
+            let bits = |v: &[(u32, f32)]| v.iter().map(|x| (x.0, x.1.to_bits())).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&got), bits(&all));
+        }
+
         /// As the temperature goes to 0 the sampler returns the greedy token.
         #[test]
         fn low_temperature_is_greedy(
@@ -542,6 +593,17 @@ mod tests {
                 prop_assert_eq!(sample(&logits, &[], &p, pos), best);
             }
         }
+    }
+
+    #[test]
+    fn logprobs_normalize() {
+        let logits = [1.0f32, 2.0, 3.0];
+        let (lp, top) = logprobs(&logits, &[], &SamplingParams::default(), 2, 2);
+        let total: f64 = logits.iter().map(|&v| ((v - 3.0) as f64).exp()).sum();
+        assert_eq!(lp, (-(total.ln())) as f32);
+        assert_eq!(top.len(), 2);
+        assert_eq!(top[0].0, 2);
+        assert!(top[0].1 > top[1].1);
     }
 
     #[test]

@@ -284,6 +284,17 @@ fn stop_strings_end_the_text_before_the_match() {
     assert_eq!(cut.finish, Some(FinishReason::Stop));
     assert!(cut.tokens.len() < full.tokens.len());
     assert_eq!(cut.tokens[..], full.tokens[..cut.tokens.len()]);
+    assert_eq!(cut.usage.completion_tokens, cut.tokens.len());
+    assert_eq!(cut.logprobs.len(), cut.tokens.len());
+    // The stream ended the request on its side; `Done` came once the engine had let it go
+    // (its admission slot is free); the engine frees its KV.
+    assert_eq!(
+        engine.stats().requests_finished_total,
+        2,
+        "{:?}",
+        engine.stats()
+    );
+    assert!(wait_idle(&engine), "{:?}", engine.stats());
     engine.shutdown();
 }
 
