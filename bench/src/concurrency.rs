@@ -54,6 +54,7 @@ fn request(i: usize, prompt_len: usize, gen_tokens: usize, vocab: usize) -> Vali
         logprobs: None,
         cache_salt: None,
         ignore_eos: true,
+        tenant_max_in_flight: None,
     }
 }
 
@@ -66,6 +67,7 @@ fn drain(mut s: EventStream, t0: Instant) -> Result<(usize, f64)> {
                 n += 1;
                 first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
             }
+            Some(Event::Text(_)) => {}
             Some(Event::Done { usage, .. }) => {
                 return Ok((usage.completion_tokens, first.unwrap_or(0.0)));
             }
@@ -96,8 +98,7 @@ pub fn run(model: &Path, args: &ConcurrencyArgs) -> Result<Vec<LevelResult>> {
         ..EngineConfig::default()
     };
     let limits = AdmissionLimits {
-        max_running_per_tenant: max,
-        max_queued_per_tenant: max,
+        max_in_flight_per_tenant: max * 2,
         max_queued: max * 2,
     };
     let engine = Engine::start(vec![("bench".into(), m, cfg)], limits)?;

@@ -7,7 +7,7 @@
 //! `Error` event (or is cancelled by dropping its stream).
 
 mod admission;
-mod output;
+pub(crate) mod output;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -74,8 +74,11 @@ impl Default for EngineConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelInfo {
     pub alias: String,
-    /// Context length (prompt + completion positions).
+    /// The model's context length (prompt + completion positions).
     pub max_ctx: usize,
+    /// Positions one request may really use: `max_ctx`, or fewer when the KV pool (less the
+    /// admission reserve) holds fewer. Requests are checked against this.
+    pub max_positions: usize,
     pub vocab: usize,
     /// Backend name (`cpu`, the GPU's name).
     pub backend: String,
@@ -127,6 +130,9 @@ pub struct EngineStats {
 /// What the handle sends to a model's thread.
 pub(crate) enum Command {
     Submit(Box<worker::Submitted>),
+    /// The request's stream ended it (a stop string matched, or its text failed): end the
+    /// sequence.
+    End(crate::scheduler::SeqId),
     Shutdown,
 }
 
@@ -136,8 +142,6 @@ struct ModelEntry {
     chat: Option<ChatTemplate>,
     tx: Sender<Command>,
     stats: Arc<Mutex<ModelStats>>,
-    /// Positions a request may use: min(context, KV pool less the reserve).
-    max_positions: usize,
 }
 
 struct Inner {
@@ -204,18 +208,17 @@ impl Engine {
                 .spawn(move || worker::run(args, ready_tx))
                 .map_err(|e| Error::Input(format!("starting the engine thread: {e}")))?;
             threads.push(h);
-            let ready: worker::Ready = ready_rx.recv().map_err(|_| {
+            let info: ModelInfo = ready_rx.recv().map_err(|_| {
                 Error::Input(format!(
                     "the engine thread of `{alias}` exited while loading"
                 ))
             })??;
             entries.push(ModelEntry {
-                info: ready.info,
+                info,
                 tokenizer,
                 chat,
                 tx,
                 stats,
-                max_positions: ready.max_positions,
             });
         }
         Ok(EngineHandle {
@@ -243,9 +246,16 @@ impl EngineHandle {
             .entry(&req.model)
             .ok_or_else(|| SubmitError::ModelNotFound(req.model.clone()))?;
         check_request(&req, m)?;
-        let ticket = self.inner.admission.admit(&req.tenant)?;
-        let (tx, stream) = EventStream::channel();
+        let ticket = self
+            .inner
+            .admission
+            .admit(&req.tenant, req.tenant_max_in_flight)?;
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let end = output::EndRequest {
+            tx: m.tx.clone(),
+            id,
+        };
+        let (tx, stream) = EventStream::engine(&m.tokenizer, &req, end);
         let sub = worker::Submitted {
             id,
             req,
@@ -346,11 +356,11 @@ fn check_request(req: &ValidRequest, m: &ModelEntry) -> std::result::Result<(), 
         .validate()
         .map_err(|e| SubmitError::Invalid(e.to_string()))?;
     let total = req.prompt.len().saturating_add(req.max_tokens);
-    if total > m.max_positions {
+    if total > m.info.max_positions {
         return Err(SubmitError::ContextLength {
             prompt: req.prompt.len(),
             max_tokens: req.max_tokens,
-            ctx: m.max_positions,
+            ctx: m.info.max_positions,
         });
     }
     Ok(())

@@ -74,8 +74,16 @@ pub fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
         .enumerate()
         .map(|(i, &l)| (i as u32, l))
         .collect();
-    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    v.truncate(k);
+    // A total order: selecting the first k then sorting them equals sorting everything.
+    let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if k < v.len() {
+        if k == 0 {
+            return Vec::new();
+        }
+        v.select_nth_unstable_by(k - 1, order);
+        v.truncate(k);
+    }
+    v.sort_by(order);
     v
 }
 
@@ -154,7 +162,7 @@ pub fn generate(
     while history.len() < total {
         let pos = history.len();
         let tok = match next {
-            Selected::Token(t) => t,
+            Selected::Token(t) | Selected::Scored { token: t, .. } => t,
             Selected::Logits(logits) => {
                 let tok = sample(&logits, &history, &req.params, pos as u64);
                 if req.logits_top > 0 {

@@ -4,10 +4,14 @@
 //! request has its own channel; dropping the [`EventStream`] cancels the request and frees its
 //! KV blocks. The server never sees a tensor; the engine never sees HTTP.
 
+use std::collections::VecDeque;
+
 use tokio::sync::mpsc;
 
+use crate::engine::output::{EndRequest, Msg, OutputStage};
 use crate::generate::FinishReason;
 use crate::sampling::SamplingParams;
+use crate::tokenizer::Tokenizer;
 
 /// A request already parsed, tokenized and checked by the server.
 #[derive(Clone, Debug)]
@@ -26,6 +30,10 @@ pub struct ValidRequest {
     /// Extra prefix-cache namespace (with the tenant).
     pub cache_salt: Option<String>,
     pub ignore_eos: bool,
+    /// The tenant's limit on its requests in flight in the engine (queued + running), carried
+    /// with the request from its one source (the server: the keyring entry, else
+    /// `--tenant-max-in-flight`); `None`: `AdmissionLimits::max_in_flight_per_tenant`.
+    pub tenant_max_in_flight: Option<usize>,
 }
 
 /// One generated token.
@@ -51,11 +59,16 @@ pub struct Usage {
     pub cached_tokens: usize,
 }
 
-/// What a request's stream carries: tokens, then exactly one `Done` or `Error`.
+/// What a request's stream carries: tokens, at most one `Text`, then exactly one `Done` or
+/// `Error`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     Token(TokenEvent),
-    /// Final text held back at the end (flushed partial UTF-8), if any, comes as a last Token.
+    /// Text that belongs to no generated token: at the end of sequence, the text still held back
+    /// (an unfinished UTF-8 character, flushed lossily, or the start of a stop string that did
+    /// not match). Comes right before `Done`; never carries a logprob.
+    Text(String),
+    /// The last token's text includes everything held back when the request ends by length.
     Done {
         finish_reason: FinishReason,
         usage: Usage,
@@ -89,26 +102,105 @@ pub enum SubmitError {
     Draining,
 }
 
+/// `Done` or `Error`: nothing follows.
+fn is_last(e: &Event) -> bool {
+    matches!(e, Event::Done { .. } | Event::Error(_))
+}
+
 /// The receiving end of a request. Dropping it cancels the request.
+///
+/// For the engine's requests the stream also does the request's output work as it is read
+/// (detokenization, stop strings: [`crate::engine::output`]), on the reader's thread or task, so
+/// the model thread only sends token ids. When a stop string matches, the stream ends the
+/// request itself: it tells the model thread, which ends the sequence before its next step.
+/// The last event (`Done` or `Error`) is returned once the model thread has let the request go
+/// (its admission slot is free again), so a client that sends its next request on `Done` never
+/// finds its previous one still counted.
 pub struct EventStream {
-    rx: mpsc::UnboundedReceiver<Event>,
+    source: Source,
+    /// Events made from one message, not yet returned.
+    pending: VecDeque<Event>,
+}
+
+enum Source {
+    /// Events as sent (`EventStream::channel`).
+    Events(mpsc::UnboundedReceiver<Event>),
+    /// A model thread's messages and the request's output stage.
+    Engine(mpsc::UnboundedReceiver<Msg>, Box<OutputStage>),
 }
 
 impl EventStream {
-    /// A stream and its sending end (the engine keeps the sender; `is_closed()` tells it the
-    /// client went away).
+    /// A stream of events as sent, and its sending end (the sender's `is_closed()` tells it
+    /// the client went away).
     pub fn channel() -> (mpsc::UnboundedSender<Event>, EventStream) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (tx, EventStream { rx })
+        let s = EventStream {
+            source: Source::Events(rx),
+            pending: VecDeque::new(),
+        };
+        (tx, s)
+    }
+
+    /// The stream of an engine request: the model thread sends [`Msg`]s, the stream makes the
+    /// events.
+    pub(crate) fn engine(
+        tok: &Tokenizer,
+        req: &ValidRequest,
+        end: EndRequest,
+    ) -> (mpsc::UnboundedSender<Msg>, EventStream) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let stage = Box::new(OutputStage::new(tok, req, end));
+        let s = EventStream {
+            source: Source::Engine(rx, stage),
+            pending: VecDeque::new(),
+        };
+        (tx, s)
     }
 
     /// The next event; `None` after the last one.
     pub async fn recv(&mut self) -> Option<Event> {
-        self.rx.recv().await
+        loop {
+            if let Some(e) = self.pending.front() {
+                if is_last(e)
+                    && let Source::Engine(rx, _) = &mut self.source
+                {
+                    // Until the model thread drops its sender: it has ended the request.
+                    while rx.recv().await.is_some() {}
+                }
+                return self.pending.pop_front();
+            }
+            match &mut self.source {
+                Source::Events(rx) => return rx.recv().await,
+                Source::Engine(rx, stage) => {
+                    if stage.is_done() {
+                        return None;
+                    }
+                    stage.on(rx.recv().await?, &mut self.pending);
+                }
+            }
+        }
     }
 
     /// The next event, blocking the thread (not for async code).
     pub fn blocking_recv(&mut self) -> Option<Event> {
-        self.rx.blocking_recv()
+        loop {
+            if let Some(e) = self.pending.front() {
+                if is_last(e)
+                    && let Source::Engine(rx, _) = &mut self.source
+                {
+                    while rx.blocking_recv().is_some() {}
+                }
+                return self.pending.pop_front();
+            }
+            match &mut self.source {
+                Source::Events(rx) => return rx.blocking_recv(),
+                Source::Engine(rx, stage) => {
+                    if stage.is_done() {
+                        return None;
+                    }
+                    stage.on(rx.blocking_recv()?, &mut self.pending);
+                }
+            }
+        }
     }
 }

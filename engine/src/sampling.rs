@@ -5,10 +5,16 @@
 
 use crate::error::{Error, Result};
 
+/// Temperatures below this are greedy (the same floor as vLLM's `_SAMPLING_EPS`). Above it the
+/// distribution is computed in f64 from `(logit - max) / temperature`, which is finite for every
+/// accepted temperature and logit; below it `logit / temperature` in f32 (the candidate order,
+/// shared with the device's top-k) overflows for ordinary logits.
+pub const MIN_TEMPERATURE: f32 = 1e-5;
+
 /// Sampling parameters of one request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
-    /// 0 means greedy.
+    /// Below [`MIN_TEMPERATURE`] (0 included) means greedy.
     pub temperature: f32,
     /// 0 means no top-k.
     pub top_k: usize,
@@ -71,9 +77,46 @@ impl SamplingParams {
         Ok(())
     }
 
+    /// Greedy: the temperature is below [`MIN_TEMPERATURE`].
     pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0
+        self.temperature < MIN_TEMPERATURE
     }
+}
+
+/// Logprob of `token` and the `top` most likely alternatives (descending, lowest id first on
+/// ties) under the penalized logits, before temperature: log-softmax in f64, summed in index
+/// order, then f32.
+pub fn logprobs(
+    logits: &[f32],
+    history: &[u32],
+    params: &SamplingParams,
+    token: u32,
+    top: usize,
+) -> (f32, Vec<(u32, f32)>) {
+    let mut l = logits.to_vec();
+    apply_penalties(&mut l, history, params);
+    let max = l
+        .iter()
+        .filter(|v| !v.is_nan())
+        .fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+    let mut sum = 0.0f64;
+    for &v in &l {
+        if !v.is_nan() {
+            sum += (v as f64 - max).exp();
+        }
+    }
+    let lse = max + sum.ln();
+    let lp = |v: f32| (v as f64 - lse) as f32;
+    let own = l.get(token as usize).map_or(f32::NEG_INFINITY, |&v| lp(v));
+    let alts = if top > 0 {
+        crate::generate::top_k(&l, top)
+            .into_iter()
+            .map(|(i, v)| (i, lp(v)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    (own, alts)
 }
 
 /// Philox4x32-10 block function: four 32-bit outputs for a 128-bit counter and a 64-bit key.
@@ -145,29 +188,54 @@ pub fn argmax(logits: &[f32]) -> u32 {
 
 /// Picks the token at `pos` from `logits` (penalties applied over `history` first).
 /// Deterministic: the same inputs always give the same token.
+///
+/// Candidates are the tokens whose penalized logit is neither NaN nor -inf (probability 0), in
+/// the order of the key logit / temperature (f32, `total_cmp`) descending, then id ascending
+/// (the device's top-k uses the same order); where the key saturates to +-inf, equal keys are
+/// ordered by logit first. Top-k keeps the first k. Weights are `exp(key - max key)` in f64, or,
+/// when the largest key saturated, `exp((logit - max logit) / temperature)` in f64 (the +inf
+/// logits share everything when there are any): every weight is in [0, 1], the first is 1, so
+/// no temperature or logit gives an overflow or a NaN. When no token is a candidate (every logit
+/// NaN or -inf), the result is the greedy token.
 pub fn sample(logits: &[f32], history: &[u32], p: &SamplingParams, pos: u64) -> u32 {
     let mut l = logits.to_vec();
     apply_penalties(&mut l, history, p);
     if p.is_greedy() {
         return argmax(&l);
     }
-    // Candidates sorted by logit descending, then id ascending: a total order.
-    let mut cand: Vec<(u32, f32)> = l
+    let mut cand: Vec<Candidate> = l
         .iter()
         .enumerate()
-        .filter(|(_, v)| !v.is_nan())
-        .map(|(i, &v)| (i as u32, v / p.temperature))
+        .filter(|(_, v)| !v.is_nan() && **v != f32::NEG_INFINITY)
+        .map(|(i, &v)| Candidate {
+            id: i as u32,
+            key: v / p.temperature,
+            logit: v,
+        })
         .collect();
     if cand.is_empty() {
-        return 0;
+        return argmax(&l);
     }
-    cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    cand.sort_by(|a, b| {
+        let saturated = a.key.is_infinite() && a.key == b.key;
+        b.key
+            .total_cmp(&a.key)
+            .then(if saturated {
+                b.logit.total_cmp(&a.logit)
+            } else {
+                std::cmp::Ordering::Equal
+            })
+            .then(a.id.cmp(&b.id))
+    });
     if p.top_k > 0 && p.top_k < cand.len() {
         cand.truncate(p.top_k);
     }
-    let max = cand[0].1 as f64;
-    let mut probs: Vec<f64> = cand.iter().map(|c| (c.1 as f64 - max).exp()).collect();
+    let mut probs = weights(&cand, p.temperature);
     let total: f64 = probs.iter().sum();
+    // The first weight is 1, so the total is at least 1; the guard keeps a NaN out regardless.
+    if !(total.is_finite() && total > 0.0) {
+        return cand[0].id;
+    }
     for q in probs.iter_mut() {
         *q /= total;
     }
@@ -193,14 +261,44 @@ pub fn sample(logits: &[f32], history: &[u32], p: &SamplingParams, pos: u64) -> 
     for (i, q) in kept.iter().enumerate() {
         acc += q;
         if u < acc {
-            return cand[i].0;
+            return cand[i].id;
         }
     }
-    cand[keep - 1].0
+    // Not reached (u < total); the last kept token with a non-zero weight.
+    let last = kept.iter().rposition(|&q| q > 0.0).unwrap_or(0);
+    cand[last].id
+}
+
+/// A token that may be sampled: its order key (logit / temperature in f32) and logit.
+struct Candidate {
+    id: u32,
+    key: f32,
+    logit: f32,
+}
+
+/// The unnormalized weight of each candidate, in [0, 1], the first one 1 (see [`sample`]).
+fn weights(cand: &[Candidate], t: f32) -> Vec<f64> {
+    let first = &cand[0];
+    if first.key.is_finite() {
+        let max = first.key as f64;
+        return cand.iter().map(|c| (c.key as f64 - max).exp()).collect();
+    }
+    if first.logit == f32::INFINITY {
+        return cand
+            .iter()
+            .map(|c| if c.logit == f32::INFINITY { 1.0 } else { 0.0 })
+            .collect();
+    }
+    let max = first.logit as f64;
+    cand.iter()
+        .map(|c| ((c.logit as f64 - max) / t as f64).exp())
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     #[test]
@@ -291,6 +389,221 @@ mod tests {
         };
         apply_penalties(&mut l, &[0, 0, 1], &p);
         assert_eq!(l, vec![2.0 / 2.0 - 0.5 - 0.5, -4.0 - 0.5 - 0.25, 1.0]);
+    }
+
+    #[test]
+    fn tiny_temperatures_are_greedy() {
+        // The issue-9 reproduction: 1e-38 returned the last token (f32 overflow, NaN weights).
+        let mut logits: Vec<f32> = (0..49_152)
+            .map(|i| ((i * 7919) % 1000) as f32 / 50.0 - 8.0)
+            .collect();
+        logits[321] = 12.0;
+        let greedy = argmax(&logits);
+        assert_eq!(greedy, 321);
+        for t in [1e-38f32, 1e-30, 1e-7, MIN_TEMPERATURE, 1e-4] {
+            let p = SamplingParams {
+                temperature: t,
+                seed: 5,
+                ..Default::default()
+            };
+            for pos in 0..20 {
+                assert_eq!(sample(&logits, &[], &p, pos), greedy, "temperature {t}");
+            }
+        }
+    }
+
+    #[test]
+    fn infinite_and_nan_logits() {
+        let p = SamplingParams {
+            temperature: 1.0,
+            seed: 11,
+            ..Default::default()
+        };
+        let inf = f32::INFINITY;
+        // +inf tokens share all the probability.
+        let l = [1.0, inf, f32::NAN, inf, 3e38, f32::NEG_INFINITY];
+        let mut seen = [0usize; 6];
+        for pos in 0..200 {
+            seen[sample(&l, &[], &p, pos) as usize] += 1;
+        }
+        assert_eq!(seen[0] + seen[2] + seen[4] + seen[5], 0, "{seen:?}");
+        assert!(seen[1] > 0 && seen[3] > 0, "{seen:?}");
+        // -inf and NaN are never picked while a finite logit exists; huge values do not overflow.
+        let l = [f32::NEG_INFINITY, f32::NAN, -3e38, 3e38, f32::NEG_INFINITY];
+        for t in [MIN_TEMPERATURE, 1e-3, 1.0, 100.0] {
+            let p = SamplingParams {
+                temperature: t,
+                ..p.clone()
+            };
+            for pos in 0..50 {
+                let tok = sample(&l, &[], &p, pos);
+                assert!(tok == 2 || tok == 3, "t {t}: {tok}");
+            }
+        }
+        // Nothing to pick from: the greedy answer.
+        let l = [f32::NAN, f32::NEG_INFINITY, f32::NAN];
+        assert_eq!(sample(&l, &[], &p, 0), argmax(&l));
+    }
+
+    /// Logit values that stress the arithmetic: ordinary, huge, infinite, NaN, and repeated.
+    fn logit() -> impl Strategy<Value = f32> {
+        prop_oneof![
+            6 => -30.0f32..30.0,
+            2 => prop::sample::select(vec![0.0f32, 1.0, 1.0, -1.0, 2.5]),
+            1 => prop::sample::select(vec![f32::MAX, f32::MIN, 1e30, -1e30, 3e37]),
+            1 => prop::sample::select(vec![f32::INFINITY, f32::NEG_INFINITY, f32::NAN]),
+        ]
+    }
+
+    fn temperature() -> impl Strategy<Value = f32> {
+        prop_oneof![
+            1 => Just(0.0f32),
+            1 => (-45.0f64..-5.0).prop_map(|e| 10f64.powf(e) as f32),
+            4 => (-5.0f64..2.0).prop_map(|e| (10f64.powf(e) as f32).max(MIN_TEMPERATURE)),
+        ]
+    }
+
+    fn params() -> impl Strategy<Value = SamplingParams> {
+        (
+            temperature(),
+            prop_oneof![Just(0usize), 1usize..70],
+            prop_oneof![Just(1.0f32), 0.01f32..1.0],
+            prop_oneof![Just(0.0f32), 0.0f32..=1.0],
+            prop_oneof![Just(1.0f32), 0.01f32..10.0],
+            -2.0f32..2.0,
+            -2.0f32..2.0,
+            any::<u64>(),
+        )
+            .prop_map(
+                |(temperature, top_k, top_p, min_p, rep, pres, freq, seed)| SamplingParams {
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p,
+                    repetition_penalty: rep,
+                    presence_penalty: pres,
+                    frequency_penalty: freq,
+                    seed,
+                },
+            )
+    }
+
+    /// What the parameters allow, by the documented rule: the candidates in order, each with its
+    /// probability among the top-k survivors. Its weights come from the logits alone
+    /// (`exp((logit - max) / t)` in f64), so they agree with `sample`'s to rounding.
+    fn allowed(l: &[f32], p: &SamplingParams) -> Vec<(u32, f64)> {
+        let mut c: Vec<(u32, f32)> = l
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_nan() && **v > f32::NEG_INFINITY)
+            .map(|(i, &v)| (i as u32, v))
+            .collect();
+        let key = |v: f32| v / p.temperature;
+        c.sort_by(|a, b| {
+            let (ka, kb) = (key(a.1), key(b.1));
+            let tie = if ka.is_infinite() && ka == kb {
+                b.1.total_cmp(&a.1)
+            } else {
+                std::cmp::Ordering::Equal
+            };
+            kb.total_cmp(&ka).then(tie).then(a.0.cmp(&b.0))
+        });
+        if p.top_k > 0 {
+            c.truncate(p.top_k);
+        }
+        let max = c.iter().map(|x| x.1).fold(f32::NEG_INFINITY, f32::max);
+        let w: Vec<f64> = c
+            .iter()
+            .map(|x| match max == f32::INFINITY {
+                true => f64::from(u8::from(x.1 == f32::INFINITY)),
+                false => ((x.1 as f64 - max as f64) / p.temperature as f64).exp(),
+            })
+            .collect();
+        let total: f64 = w.iter().sum();
+        c.iter().zip(w).map(|(x, w)| (x.0, w / total)).collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// The sampler never returns a token the parameters exclude, and is deterministic.
+        #[test]
+        fn never_returns_an_excluded_token(
+            logits in prop::collection::vec(logit(), 1..60),
+            history in prop::collection::vec(0u32..64, 0..12),
+            p in params(),
+            pos in any::<u64>(),
+        ) {
+            let tok = sample(&logits, &history, &p, pos);
+            prop_assert_eq!(tok, sample(&logits, &history, &p, pos));
+            let mut l = logits.clone();
+            apply_penalties(&mut l, &history, &p);
+            let allowed = allowed(&l, &p);
+            if p.is_greedy() || allowed.is_empty() {
+                prop_assert_eq!(tok, argmax(&l));
+                return Ok(());
+            }
+            let rank = allowed.iter().position(|a| a.0 == tok);
+            // Inside top-k, not NaN, not -inf.
+            prop_assert!(rank.is_some(), "{} not allowed: {:?}", tok, allowed);
+            let rank = rank.unwrap_or(0);
+            let prob = allowed[rank].1;
+            prop_assert!(prob > 0.0, "zero-probability token {}", tok);
+            // Top-p: the tokens before it hold less than top_p.
+            let before: f64 = allowed[..rank].iter().map(|a| a.1).sum();
+            prop_assert!(before < p.top_p as f64 + 1e-9, "top-p: {} before", before);
+            // Min-p: at least min_p times the most likely token's probability.
+            let pmax = allowed.iter().map(|a| a.1).fold(0.0, f64::max);
+            prop_assert!(prob >= pmax * p.min_p as f64 * (1.0 - 1e-9), "min-p: {} < {}", prob, pmax);
+        }
+
+        /// `top_k`'s partial selection equals a full sort (the order is total).
+        #[test]
+        fn top_k_equals_a_full_sort(
+            logits in prop::collection::vec(logit(), 0..80),
+            k in 0usize..90,
+        ) {
+            let mut all: Vec<(u32, f32)> =
+                logits.iter().enumerate().map(|(i, &v)| (i as u32, v)).collect();
+            all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            all.truncate(k);
+            let got = crate::generate::top_k(&logits, k);
+            let bits = |v: &[(u32, f32)]| v.iter().map(|x| (x.0, x.1.to_bits())).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&got), bits(&all));
+        }
+
+        /// As the temperature goes to 0 the sampler returns the greedy token.
+        #[test]
+        fn low_temperature_is_greedy(
+            logits in prop::collection::vec(-30.0f32..30.0, 2..60),
+            t_exp in -45.0f64..-2.0,
+            p in params(),
+            pos in any::<u64>(),
+        ) {
+            let t = 10f64.powf(t_exp) as f32;
+            let p = SamplingParams { temperature: t, ..p };
+            let mut l = logits.clone();
+            apply_penalties(&mut l, &[], &p);
+            let best = argmax(&l);
+            let top = l[best as usize];
+            let second = l.iter().enumerate().filter(|(i, _)| *i != best as usize)
+                .map(|(_, &v)| v).fold(f32::NEG_INFINITY, f32::max);
+            // Certain once every other weight underflows: exp(-800) is 0 in f64.
+            if p.is_greedy() || (top as f64 - second as f64) / t as f64 > 800.0 {
+                prop_assert_eq!(sample(&logits, &[], &p, pos), best);
+            }
+        }
+    }
+
+    #[test]
+    fn logprobs_normalize() {
+        let logits = [1.0f32, 2.0, 3.0];
+        let (lp, top) = logprobs(&logits, &[], &SamplingParams::default(), 2, 2);
+        let total: f64 = logits.iter().map(|&v| ((v - 3.0) as f64).exp()).sum();
+        assert_eq!(lp, (-(total.ln())) as f32);
+        assert_eq!(top.len(), 2);
+        assert_eq!(top[0].0, 2);
+        assert!(top[0].1 > top[1].1);
     }
 
     #[test]

@@ -17,8 +17,9 @@ pub trait ModelText: Send + Sync {
     /// Renders the conversation with the chat template (opening the assistant turn) and
     /// tokenizes it.
     fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>>;
-    /// The text of one token (for logprobs); empty for an unknown id.
-    fn token_text(&self, id: u32) -> String;
+    /// The raw bytes of one token (for logprobs: OpenAI's `bytes`, and the lossy `token`);
+    /// empty for an unknown id.
+    fn token_bytes(&self, id: u32) -> Vec<u8>;
     fn vocab_size(&self) -> usize;
 }
 
@@ -27,7 +28,8 @@ pub trait ModelText: Send + Sync {
 pub struct ServedModel {
     /// The name clients pass as `model`.
     pub alias: String,
-    /// Context length in tokens (prompt + generated).
+    /// Positions one request may use (prompt + generated): the model's context, or fewer when
+    /// the KV pool holds fewer. Reported as `max_model_len`; requests are checked against it.
     pub context_len: usize,
     /// Unix seconds when it was loaded.
     pub created: u64,

@@ -2,12 +2,9 @@
 
 use std::sync::Arc;
 
-use memra_engine::backend::Device;
-use memra_engine::engine::{AdmissionLimits, EngineConfig};
-use memra_engine::scheduler::SchedulerConfig;
 use memra_server::Generate;
 use memra_server::config::{ModelSpec, ServeArgs};
-use memra_server::real::{RealEngine, StartConfig, kv_budget};
+use memra_server::real::{RealEngine, StartConfig, engine_settings};
 
 /// Starts loading; `on_error` gets the message if a model fails to load.
 pub fn start(
@@ -15,25 +12,7 @@ pub fn start(
     args: &ServeArgs,
     on_error: Box<dyn FnOnce(String) + Send>,
 ) -> Result<Arc<dyn Generate>, String> {
-    let device: Device = args
-        .device
-        .parse()
-        .map_err(|e| format!("MEMRA_DEVICE `{}`: {e}", args.device))?;
-    let engine = EngineConfig {
-        device,
-        threads: args.threads,
-        kv: kv_budget(args.kv_blocks),
-        scheduler: SchedulerConfig {
-            max_running: args.max_running,
-            ..SchedulerConfig::default()
-        },
-        ..EngineConfig::default()
-    };
-    let limits = AdmissionLimits {
-        max_queued: args.max_queue,
-        max_queued_per_tenant: args.tenant_max_in_flight,
-        ..AdmissionLimits::default()
-    };
+    let (engine, limits) = engine_settings(args)?;
     let cfg = StartConfig {
         models: specs
             .iter()

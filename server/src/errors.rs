@@ -84,12 +84,17 @@ impl ApiError {
         .with_code("model_not_found")
     }
 
-    pub fn context_length(prompt: usize, max_tokens: usize, ctx: usize) -> ApiError {
-        Self::from(SubmitError::ContextLength {
+    /// 400 `context_length_exceeded`, naming the request's prompt parameter (`prompt` or
+    /// `messages`).
+    pub fn context_length(param: &str, prompt: usize, max_tokens: usize, ctx: usize) -> ApiError {
+        let e = SubmitError::ContextLength {
             prompt,
             max_tokens,
             ctx,
-        })
+        };
+        Self::invalid(e.to_string())
+            .with_param(param)
+            .with_code("context_length_exceeded")
     }
 
     pub fn missing_key() -> ApiError {
@@ -190,9 +195,11 @@ impl From<SubmitError> for ApiError {
         let msg = e.to_string();
         match e {
             SubmitError::ModelNotFound(m) => ApiError::model_not_found(&m),
-            SubmitError::ContextLength { .. } => ApiError::invalid(msg)
-                .with_param("messages")
-                .with_code("context_length_exceeded"),
+            // Without the route the prompt parameter is unknown: the routes use
+            // `context_length` with it.
+            SubmitError::ContextLength { .. } => {
+                ApiError::invalid(msg).with_code("context_length_exceeded")
+            }
             SubmitError::Invalid(_) => ApiError::invalid(msg),
             SubmitError::TenantLimit { retry_after_s, .. } => {
                 ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", msg)

@@ -51,10 +51,10 @@ impl ModelText for ByteText {
         self.encode(&s)
     }
 
-    fn token_text(&self, id: u32) -> String {
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
         match id.checked_sub(BYTE_BASE).and_then(|b| u8::try_from(b).ok()) {
-            Some(b) => String::from_utf8_lossy(&[b]).into_owned(),
-            None => String::new(),
+            Some(b) => vec![b],
+            None => Vec::new(),
         }
     }
 

@@ -1,6 +1,7 @@
 //! OpenAI response shapes (chat completions, completions, chunks, models, usage, logprobs).
 
 use serde::Serialize;
+use serde::ser::{SerializeMap, Serializer};
 
 #[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct PromptTokensDetails {
@@ -108,8 +109,24 @@ pub struct ChatChunk {
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
     pub token_logprobs: Vec<f32>,
-    pub top_logprobs: Vec<serde_json::Map<String, serde_json::Value>>,
+    pub top_logprobs: Vec<TopLogprobMap>,
+    /// Character offsets in the text where each token's text starts.
     pub text_offset: Vec<usize>,
+}
+
+/// A completions `top_logprobs` entry: `{token: logprob}`, serialized as a JSON object whose
+/// keys keep this order (most likely first).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TopLogprobMap(pub Vec<(String, f32)>);
+
+impl Serialize for TopLogprobMap {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -128,8 +145,9 @@ pub struct Completion {
     pub model: String,
     pub system_fingerprint: String,
     pub choices: Vec<CompletionChoice>,
+    /// Absent, `null` (stream chunks with `include_usage`) or the usage.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<UsageJson>,
+    pub usage: Option<Option<UsageJson>>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]

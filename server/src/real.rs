@@ -5,13 +5,16 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use memra_engine::Result;
+use memra_engine::backend::Device;
 use memra_engine::chat::ChatMessage;
 use memra_engine::engine::{
     AdmissionLimits, Engine, EngineConfig, EngineHandle, EngineStats, KvBudget,
 };
 use memra_engine::loader::load_model;
 use memra_engine::request::{EventStream, SubmitError, ValidRequest};
+use memra_engine::scheduler::SchedulerConfig;
 
+use crate::config::ServeArgs;
 use crate::engine::{Generate, ModelText, ServedModel};
 
 /// The tokenizer and chat template of one of the handle's models.
@@ -44,9 +47,10 @@ impl ModelText for HandleText {
         self.tokenizer()?.encode(&rendered, false)
     }
 
-    fn token_text(&self, id: u32) -> String {
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
         self.tokenizer()
-            .and_then(|t| t.decode(&[id]))
+            .ok()
+            .and_then(|t| t.token_bytes(id))
             .unwrap_or_default()
     }
 
@@ -117,7 +121,7 @@ fn wrap(handle: EngineHandle) -> Loaded {
                 alias: m.alias.clone(),
             }),
             alias: m.alias,
-            context_len: m.max_ctx,
+            context_len: m.max_positions,
             created,
         })
         .collect();
@@ -140,15 +144,48 @@ fn load(cfg: StartConfig) -> std::result::Result<Loaded, String> {
     let handle = handle.map_err(|e| format!("starting the engine: {e}"))?;
     for m in handle.models() {
         tracing::info!(
-            "serving {} on {} (context {}, {} KV blocks of {})",
+            "serving {} on {} (context {}, {} positions per request, {} KV blocks of {})",
             m.alias,
             m.backend,
             m.max_ctx,
+            m.max_positions,
             m.kv_blocks,
             m.block_size
         );
     }
     Ok(wrap(handle))
+}
+
+/// The engine settings the flags give: device, threads, KV budget, scheduler and admission
+/// limits. Each limit has one source:
+/// - `--max-running`: sequences running at once per model, and also the most one tenant may run
+///   (the scheduler admits the waiting tenant with the fewest running sequences first);
+/// - `--tenant-max-in-flight` (or the tenant's keyring entry, carried with each request): a
+///   tenant's requests in flight;
+/// - `--max-queue`: requests waiting in the engine, all tenants and models.
+pub fn engine_settings(
+    args: &ServeArgs,
+) -> std::result::Result<(EngineConfig, AdmissionLimits), String> {
+    let device: Device = args
+        .device
+        .parse()
+        .map_err(|e| format!("MEMRA_DEVICE `{}`: {e}", args.device))?;
+    let engine = EngineConfig {
+        device,
+        threads: args.threads,
+        kv: kv_budget(args.kv_blocks),
+        scheduler: SchedulerConfig {
+            max_running: args.max_running,
+            max_running_per_tenant: args.max_running,
+            ..SchedulerConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    let limits = AdmissionLimits {
+        max_in_flight_per_tenant: args.tenant_max_in_flight,
+        max_queued: args.max_queue,
+    };
+    Ok((engine, limits))
 }
 
 /// KV budget from `MEMRA_KV_BLOCKS` (0 = sized from free memory).
@@ -198,5 +235,47 @@ impl Generate for RealEngine {
             .and_then(|l| l.handle.models().first().map(|m| m.backend.clone()))
             .unwrap_or_else(|| "loading".into())
             .replace(' ', "-")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::config::Cli;
+
+    fn settings(flags: &[&str]) -> (EngineConfig, AdmissionLimits) {
+        let mut argv = vec!["memra-server"];
+        argv.extend_from_slice(flags);
+        engine_settings(&Cli::try_parse_from(argv).unwrap().serve).unwrap()
+    }
+
+    #[test]
+    fn every_engine_limit_comes_from_a_flag() {
+        // Defaults: a tenant may run as many sequences as the model runs (no hidden cap).
+        let (e, l) = settings(&[]);
+        assert_eq!(e.scheduler.max_running, 64);
+        assert_eq!(e.scheduler.max_running_per_tenant, 64);
+        assert_eq!(l.max_in_flight_per_tenant, 64);
+        assert_eq!(l.max_queued, 128);
+        let (e, l) = settings(&[
+            "--max-running",
+            "200",
+            "--tenant-max-in-flight",
+            "300",
+            "--max-queue",
+            "7",
+            "--kv-blocks",
+            "80",
+            "--device",
+            "cpu",
+        ]);
+        assert_eq!(e.scheduler.max_running, 200);
+        assert_eq!(e.scheduler.max_running_per_tenant, 200);
+        assert_eq!(l.max_in_flight_per_tenant, 300);
+        assert_eq!(l.max_queued, 7);
+        assert_eq!(e.kv, KvBudget::Blocks(80));
+        assert_eq!(e.device, Device::Cpu);
     }
 }

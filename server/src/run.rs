@@ -39,16 +39,6 @@ pub fn keys(action: KeysAction, path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn limits(a: &ServeArgs) -> Limits {
-    Limits {
-        max_body_bytes: a.max_body_bytes,
-        max_tokens: a.max_tokens,
-        max_in_flight: a.max_in_flight,
-        tenant_max_in_flight: a.tenant_max_in_flight,
-        drain_timeout: Duration::from_secs(a.drain_timeout_s),
-    }
-}
-
 async fn shutdown_signal() {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -107,7 +97,7 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
             let _ = fail_tx.send(e);
         });
         let engine = crate::engine_loader::start(&specs, &args, on_error)?;
-        let state = Arc::new(State::new(engine, auth, limits(&args)));
+        let state = Arc::new(State::new(engine, auth, Limits::from_args(&args)));
         let bound = listener
             .local_addr()
             .map_err(|e| format!("listening socket: {e}"))?;

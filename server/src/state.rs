@@ -37,6 +37,19 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// The limits set by the flags.
+    pub fn from_args(a: &crate::config::ServeArgs) -> Limits {
+        Limits {
+            max_body_bytes: a.max_body_bytes,
+            max_tokens: a.max_tokens,
+            max_in_flight: a.max_in_flight,
+            tenant_max_in_flight: a.tenant_max_in_flight,
+            drain_timeout: Duration::from_secs(a.drain_timeout_s),
+        }
+    }
+}
+
 /// Seconds a client is told to wait after a 429 / 503 from the server's own limits.
 pub const RETRY_AFTER_S: u64 = 1;
 
@@ -105,15 +118,22 @@ impl State {
         self.in_flight.load(Ordering::SeqCst)
     }
 
+    /// The in-flight limit of `tenant`: its keyring entry's, else `--tenant-max-in-flight`. The
+    /// one source of this limit: the server checks it here and the engine gets it with each
+    /// request (`ValidRequest::tenant_max_in_flight`).
+    pub fn tenant_limit(&self, tenant: &Tenant) -> usize {
+        tenant
+            .max_in_flight
+            .unwrap_or(self.limits.tenant_max_in_flight)
+    }
+
     /// Takes an in-flight slot for `tenant`: 503 when draining or the server is full, 429 when
     /// the tenant is at its limit.
     pub fn admit(self: &Arc<Self>, tenant: &Tenant) -> Result<Permit, ApiError> {
         if self.is_draining() {
             return Err(ApiError::from(memra_engine::request::SubmitError::Draining));
         }
-        let limit = tenant
-            .max_in_flight
-            .unwrap_or(self.limits.tenant_max_in_flight);
+        let limit = self.tenant_limit(tenant);
         let mut t = self
             .tenants
             .lock()

@@ -24,6 +24,16 @@ pub enum Kind {
     Completion,
 }
 
+impl Kind {
+    /// The request parameter holding the prompt.
+    pub fn prompt_param(self) -> &'static str {
+        match self {
+            Kind::Chat => "messages",
+            Kind::Completion => "prompt",
+        }
+    }
+}
+
 /// What to tokenize.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PromptInput {
@@ -392,17 +402,29 @@ pub fn parse(kind: Kind, body: &[u8], max_tokens_cap: usize) -> Result<Parsed, A
     })
 }
 
+/// Where a parsed request goes: its tenant and the model's limits.
+#[derive(Clone, Debug)]
+pub struct Target<'a> {
+    pub tenant: &'a str,
+    /// The tenant's in-flight limit, carried to the engine with the request.
+    pub tenant_max_in_flight: usize,
+    pub vocab: usize,
+    /// Positions one request may use (prompt + completion).
+    pub ctx: usize,
+    /// Largest `max_tokens` (`--max-tokens`).
+    pub max_tokens_cap: usize,
+}
+
 /// The engine request for a tokenized prompt: checks token ids against the vocabulary and the
 /// prompt plus `max_tokens` against the context (`context_length_exceeded`); a missing
 /// `max_tokens` becomes what fits, capped at `max_tokens_cap`.
-pub fn finish(
-    p: Parsed,
-    prompt: Vec<u32>,
-    tenant: &str,
-    vocab: usize,
-    ctx: usize,
-    max_tokens_cap: usize,
-) -> Result<ValidRequest, ApiError> {
+pub fn finish(p: Parsed, prompt: Vec<u32>, to: &Target) -> Result<ValidRequest, ApiError> {
+    let Target {
+        vocab,
+        ctx,
+        max_tokens_cap,
+        ..
+    } = *to;
     if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
         return Err(ApiError::param(
             "prompt",
@@ -417,11 +439,16 @@ pub fn finish(
         None => ctx.saturating_sub(prompt.len()).min(max_tokens_cap),
     };
     if prompt.len() >= ctx || prompt.len() + max_tokens > ctx {
-        return Err(ApiError::context_length(prompt.len(), max_tokens, ctx));
+        return Err(ApiError::context_length(
+            p.kind.prompt_param(),
+            prompt.len(),
+            max_tokens,
+            ctx,
+        ));
     }
     Ok(ValidRequest {
         model: p.model,
-        tenant: tenant.to_string(),
+        tenant: to.tenant.to_string(),
         prompt,
         max_tokens,
         params: p.params,
@@ -429,6 +456,7 @@ pub fn finish(
         logprobs: p.logprobs,
         cache_salt: p.cache_salt,
         ignore_eos: false,
+        tenant_max_in_flight: Some(to.tenant_max_in_flight),
     })
 }
 

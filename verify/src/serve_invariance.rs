@@ -98,6 +98,7 @@ fn request(prompt: &[u32], i: usize, max_tokens: usize) -> ValidRequest {
         logprobs: Some(2),
         cache_salt: None,
         ignore_eos: false,
+        tenant_max_in_flight: None,
     }
 }
 
@@ -118,6 +119,10 @@ fn read(s: &mut EventStream, o: &mut Output) -> Result<bool> {
                 .map(|(i, l)| (*i, l.to_bits()))
                 .collect();
             o.logprobs.push((t.logprob.map_or(0, f32::to_bits), top));
+            Ok(true)
+        }
+        Some(Event::Text(s)) => {
+            o.text.push_str(&s);
             Ok(true)
         }
         Some(Event::Done {
@@ -228,8 +233,7 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
         prefix_cache: true,
     };
     let limits = AdmissionLimits {
-        max_running_per_tenant: 64,
-        max_queued_per_tenant: 1024,
+        max_in_flight_per_tenant: 1024 + 64,
         max_queued: 1024,
     };
     let e = Engine::start(vec![("m".into(), m, cfg)], limits)?;

@@ -12,7 +12,7 @@ pub mod runner;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::models::ModelWeights;
-use crate::sampling::{SamplingParams, sample};
+use crate::sampling::{SamplingParams, logprobs, sample};
 
 /// One token row of a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +59,14 @@ pub enum Selected {
     Token(u32),
     /// The row's logits (the row had `None`).
     Logits(Vec<f32>),
+    /// The token picked, its logprob and the most likely alternatives with theirs, exactly as
+    /// [`crate::sampling::logprobs`] gives them ([`Backend::step_select_logprobs`] rows that
+    /// asked for logprobs).
+    Scored {
+        token: u32,
+        logprob: f32,
+        top: Vec<(u32, f32)>,
+    },
 }
 
 /// Per row that wanted logits, in row order.
@@ -99,6 +107,61 @@ pub trait Backend: Send {
         let out = self.step(batch)?;
         Ok(select_on_host(out.logits, select))
     }
+    /// [`Backend::step_select`] where some rows also want logprobs: a row with `Some(n)` in
+    /// `logprobs` (and `Some` select params) gets [`Selected::Scored`] with the `n` most likely
+    /// alternatives; the others are as in `step_select`. The default asks `step_select` for the
+    /// logits of the logprob rows only (the other rows are picked as the backend picks them, on
+    /// the device for CUDA) and scores those rows on the host. A backend may score on the device
+    /// (returning only the k pairs), but must give exactly the same token and values.
+    fn step_select_logprobs(
+        &mut self,
+        batch: &StepBatch,
+        select: &[Option<SelectParams>],
+        logprobs: &[Option<usize>],
+    ) -> Result<StepSelected> {
+        check_select(batch, select)?;
+        if logprobs.len() != select.len() {
+            return Err(Error::Input(format!(
+                "step_select_logprobs: {} logprob entries for {} rows",
+                logprobs.len(),
+                select.len()
+            )));
+        }
+        let inner: Vec<Option<SelectParams>> = select
+            .iter()
+            .zip(logprobs)
+            .map(|(s, lp)| if lp.is_some() { None } else { *s })
+            .collect();
+        let out = self.step_select(batch, &inner)?;
+        Ok(score_on_host(out, select, logprobs))
+    }
+}
+
+/// The host side of the default [`Backend::step_select_logprobs`]: rows that came back as
+/// logits because they want logprobs are sampled and scored.
+pub fn score_on_host(
+    out: StepSelected,
+    select: &[Option<SelectParams>],
+    want: &[Option<usize>],
+) -> StepSelected {
+    let rows = out
+        .rows
+        .into_iter()
+        .zip(select.iter().zip(want))
+        .map(|(row, sel)| match (row, sel) {
+            (Selected::Logits(l), (Some(s), Some(n))) => {
+                let token = sample(&l, s.history, s.params, s.pos);
+                let (logprob, top) = logprobs(&l, s.history, s.params, token, *n);
+                Selected::Scored {
+                    token,
+                    logprob,
+                    top,
+                }
+            }
+            (row, _) => row,
+        })
+        .collect();
+    StepSelected { rows }
 }
 
 /// Checks every row of `batch` against the vocabulary and the KV cache (`blocks` blocks of

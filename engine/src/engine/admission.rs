@@ -9,13 +9,14 @@ use std::sync::Mutex;
 use super::{EngineStats, TenantStats};
 use crate::request::SubmitError;
 
-/// Limits on requests in flight.
+/// Limits on requests in flight. How many of a tenant's requests run at once is the
+/// scheduler's (`SchedulerConfig::max_running_per_tenant`); this ledger bounds how many it has
+/// admitted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdmissionLimits {
-    /// Requests of one tenant running at once (more wait in the queue).
-    pub max_running_per_tenant: usize,
-    /// Requests of one tenant waiting beyond those running; over it: `TenantLimit` (429).
-    pub max_queued_per_tenant: usize,
+    /// Requests of one tenant in flight (queued + running) when the request carries no limit of
+    /// its own (`ValidRequest::tenant_max_in_flight`); over it: `TenantLimit` (429).
+    pub max_in_flight_per_tenant: usize,
     /// Requests waiting across all tenants and models; over it: `Overloaded` (503).
     pub max_queued: usize,
 }
@@ -23,8 +24,7 @@ pub struct AdmissionLimits {
 impl Default for AdmissionLimits {
     fn default() -> Self {
         AdmissionLimits {
-            max_running_per_tenant: 32,
-            max_queued_per_tenant: 64,
+            max_in_flight_per_tenant: 96,
             max_queued: 256,
         }
     }
@@ -66,10 +66,6 @@ impl Admission {
         }
     }
 
-    pub(crate) fn limits(&self) -> &AdmissionLimits {
-        &self.limits
-    }
-
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         let mut g = match self.state.lock() {
             Ok(g) => g,
@@ -78,9 +74,15 @@ impl Admission {
         f(&mut g)
     }
 
-    /// Admits a request of `tenant` or says why not.
-    pub(crate) fn admit(&self, tenant: &str) -> Result<Ticket, SubmitError> {
+    /// Admits a request of `tenant`, whose in-flight limit is `tenant_limit` (else the default),
+    /// or says why not.
+    pub(crate) fn admit(
+        &self,
+        tenant: &str,
+        tenant_limit: Option<usize>,
+    ) -> Result<Ticket, SubmitError> {
         let l = &self.limits;
+        let tenant_limit = tenant_limit.unwrap_or(l.max_in_flight_per_tenant);
         self.with(|s| {
             if s.draining {
                 s.refused += 1;
@@ -92,7 +94,7 @@ impl Admission {
                 let est = s.avg_secs * (1.0 + ahead as f64 / slots.max(1) as f64);
                 (est.ceil() as u64).clamp(1, 600)
             };
-            if t.queued + t.running >= l.max_running_per_tenant + l.max_queued_per_tenant {
+            if t.queued + t.running >= tenant_limit {
                 s.refused += 1;
                 let retry_after_s = wait(t.queued, t.running);
                 return Err(SubmitError::TenantLimit {
@@ -186,24 +188,56 @@ mod tests {
     #[test]
     fn tenant_and_global_limits() {
         let a = Admission::new(AdmissionLimits {
-            max_running_per_tenant: 1,
-            max_queued_per_tenant: 1,
+            max_in_flight_per_tenant: 2,
             max_queued: 3,
         });
-        let mut t1 = a.admit("a").unwrap();
-        let _t2 = a.admit("a").unwrap();
-        assert!(matches!(a.admit("a"), Err(SubmitError::TenantLimit { .. })));
+        let mut t1 = a.admit("a", None).unwrap();
+        let _t2 = a.admit("a", None).unwrap();
+        assert!(matches!(
+            a.admit("a", None),
+            Err(SubmitError::TenantLimit { .. })
+        ));
         a.started(&mut t1);
-        assert!(matches!(a.admit("a"), Err(SubmitError::TenantLimit { .. })));
-        let _b = a.admit("b").unwrap();
-        let _c = a.admit("c").unwrap();
+        assert!(matches!(
+            a.admit("a", None),
+            Err(SubmitError::TenantLimit { .. })
+        ));
+        let _b = a.admit("b", None).unwrap();
+        let _c = a.admit("c", None).unwrap();
         // Queued: a's second, b, c = 3 = the global limit.
-        assert!(matches!(a.admit("d"), Err(SubmitError::Overloaded { .. })));
+        assert!(matches!(
+            a.admit("d", None),
+            Err(SubmitError::Overloaded { .. })
+        ));
         a.finished(&t1, 2.0);
         let s = a.snapshot();
         assert_eq!(s.queue_depth, 3);
         assert_eq!(s.tenants.get("a").copied().unwrap_or_default().running, 0);
         a.set_draining();
-        assert_eq!(a.admit("e").unwrap_err(), SubmitError::Draining);
+        assert_eq!(a.admit("e", None).unwrap_err(), SubmitError::Draining);
+    }
+
+    #[test]
+    fn a_request_carries_its_tenants_limit() {
+        let a = Admission::new(AdmissionLimits {
+            max_in_flight_per_tenant: 2,
+            max_queued: 1000,
+        });
+        // The tenant's own limit, above and below the default, is the one applied.
+        let big: Vec<Ticket> = (0..200)
+            .map(|_| a.admit("big", Some(200)).unwrap())
+            .collect();
+        assert!(matches!(
+            a.admit("big", Some(200)),
+            Err(SubmitError::TenantLimit { .. })
+        ));
+        assert_eq!(a.snapshot().tenants["big"].queued, 200);
+        let _s = a.admit("small", Some(1)).unwrap();
+        assert!(matches!(
+            a.admit("small", Some(1)),
+            Err(SubmitError::TenantLimit { .. })
+        ));
+        a.finished(&big[0], 0.0);
+        assert!(a.admit("big", Some(200)).is_ok());
     }
 }

@@ -1,5 +1,7 @@
 //! A model's engine thread: it owns the backend and the scheduler. Each step is
-//! schedule -> execute -> update -> emit.
+//! schedule -> execute -> update: the backend picks the tokens (on the device where it can; only
+//! the asked-for logprobs come back), and the thread sends each request its token ids. Text,
+//! stop strings and logprob formatting happen on each request's reader ([`super::output`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,26 +12,25 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::admission::{Admission, Ticket};
-use super::output::{StopText, logprobs};
+use super::output::{Msg, RawToken};
 use super::{Command, EngineConfig, KvBudget, ModelInfo, ModelStats};
 use crate::backend::cuda::{cuda_available, device_memory};
-use crate::backend::open_backend;
-use crate::backend::{Backend, Device};
+use crate::backend::{Backend, Device, SelectParams, Selected, open_backend};
 use crate::error::{Error, Result};
 use crate::generate::FinishReason;
 use crate::kv::{KvManager, blocks_for, kv_block_bytes, kv_blocks_from_memory};
 use crate::models::ModelWeights;
 use crate::prefix_cache::namespace;
-use crate::request::{Event, TokenEvent, Usage, ValidRequest};
-use crate::sampling::sample;
+use crate::request::{Event, Usage, ValidRequest};
+use crate::sampling::SamplingParams;
 use crate::scheduler::{NewSeq, Scheduler, SchedulerOutput, SeqId};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::tokenizer::Tokenizer;
 
 /// A request on its way to the model's thread.
 pub(crate) struct Submitted {
     pub(crate) id: SeqId,
     pub(crate) req: ValidRequest,
-    pub(crate) tx: UnboundedSender<Event>,
+    pub(crate) tx: UnboundedSender<Msg>,
     pub(crate) ticket: Ticket,
 }
 
@@ -44,20 +45,11 @@ pub(crate) struct WorkerArgs {
     pub(crate) alive: Arc<AtomicBool>,
 }
 
-/// What a thread reports once its backend is open.
-pub(crate) struct Ready {
-    pub(crate) info: ModelInfo,
-    /// Positions one request may use.
-    pub(crate) max_positions: usize,
-}
-
 /// A request the thread is serving.
 struct Active {
     req: ValidRequest,
-    tx: UnboundedSender<Event>,
+    tx: UnboundedSender<Msg>,
     ticket: Ticket,
-    decoder: StreamDecoder,
-    text: StopText,
     generated: usize,
     since: Instant,
 }
@@ -67,7 +59,8 @@ struct Worker {
     sched: Scheduler,
     active: HashMap<SeqId, Active>,
     rx: Receiver<Command>,
-    tokenizer: Tokenizer,
+    /// EOS and end-of-turn ids.
+    stop_ids: Vec<u32>,
     max_ctx: usize,
     stats: Arc<Mutex<ModelStats>>,
     admission: Arc<Admission>,
@@ -126,7 +119,7 @@ fn host_available_bytes() -> Result<usize> {
         .ok_or_else(|| Error::Input("/proc/meminfo has no MemAvailable line".into()))
 }
 
-fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, Ready)> {
+fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
     let WorkerArgs {
         alias,
         weights,
@@ -143,10 +136,7 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, Ready)> {
     let max_ctx = weights.config.max_ctx;
     let vocab = weights.config.vocab;
     let backend = open_backend(cfg.device, weights, blocks, cfg.block_size, cfg.threads)?;
-    let mut scfg = cfg.scheduler.clone();
-    scfg.max_running_per_tenant = scfg
-        .max_running_per_tenant
-        .min(admission.limits().max_running_per_tenant);
+    let scfg = cfg.scheduler.clone();
     let reserve = scfg.admit_reserve_blocks;
     let sched = Scheduler::new(
         scfg,
@@ -156,6 +146,7 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, Ready)> {
     let info = ModelInfo {
         alias,
         max_ctx,
+        max_positions,
         vocab,
         backend: backend.name(),
         kv_blocks: blocks,
@@ -166,7 +157,7 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, Ready)> {
         sched,
         active: HashMap::new(),
         rx,
-        tokenizer,
+        stop_ids: tokenizer.stop_ids().to_vec(),
         max_ctx,
         stats,
         admission,
@@ -174,17 +165,11 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, Ready)> {
         steps: 0,
         generated_total: 0,
     };
-    Ok((
-        w,
-        Ready {
-            info,
-            max_positions,
-        },
-    ))
+    Ok((w, info))
 }
 
 /// The thread body: open the backend, report, then serve until shut down.
-pub(crate) fn run(args: WorkerArgs, ready: Sender<Result<Ready>>) {
+pub(crate) fn run(args: WorkerArgs, ready: Sender<Result<ModelInfo>>) {
     let alive = args.alive.clone();
     let mut args = Some(args);
     let mut w = match open(&mut args) {
@@ -225,11 +210,11 @@ impl Worker {
     fn fail_all(&mut self, why: &str) {
         let msg = format!("the engine thread failed: {why}");
         for (_, a) in self.active.drain() {
-            let _ = a.tx.send(Event::Error(msg.clone()));
+            let _ = a.tx.send(Msg::Event(Event::Error(msg.clone())));
         }
         while let Ok(c) = self.rx.try_recv() {
             if let Command::Submit(s) = c {
-                let _ = s.tx.send(Event::Error(msg.clone()));
+                let _ = s.tx.send(Msg::Event(Event::Error(msg.clone())));
             }
         }
     }
@@ -257,6 +242,10 @@ impl Worker {
                 self.shutting_down = true;
                 return;
             }
+            Command::End(id) => {
+                self.end(id);
+                return;
+            }
             Command::Submit(s) => *s,
         };
         let ns = namespace(&s.req.tenant, s.req.cache_salt.as_deref());
@@ -267,8 +256,6 @@ impl Worker {
             prompt: s.req.prompt.clone(),
         });
         let a = Active {
-            decoder: StreamDecoder::new(&self.tokenizer),
-            text: StopText::new(s.req.stop.clone()),
             req: s.req,
             tx: s.tx,
             ticket: s.ticket,
@@ -295,120 +282,133 @@ impl Worker {
             }
             return;
         }
-        let events = match self.execute(&plan) {
-            Ok(logits) => self.update(&plan, logits),
-            Err(e) => plan
-                .seqs
-                .iter()
-                .map(|p| (p.id, Event::Error(format!("the model failed: {e}"))))
-                .collect(),
-        };
-        self.emit(events);
+        match self.execute(&plan) {
+            Ok(rows) => self.update(&plan, rows),
+            Err(e) => {
+                for p in &plan.seqs {
+                    let why = format!("the model failed: {e}");
+                    self.send(p.id, Msg::Event(Event::Error(why)));
+                }
+            }
+        }
         self.steps += 1;
     }
 
-    /// Runs the planned rows on the backend.
-    fn execute(&mut self, plan: &SchedulerOutput) -> Result<Vec<Vec<f32>>> {
-        let out = self.backend.step(&plan.batch)?;
+    /// Runs the planned rows on the backend, which picks the token of every sequence that
+    /// reached its end (with the logprobs its request asked for).
+    fn execute(&mut self, plan: &SchedulerOutput) -> Result<Vec<Selected>> {
+        let greedy = SamplingParams::default();
+        let sampled: Vec<SeqId> = plan
+            .seqs
+            .iter()
+            .filter(|p| p.sample)
+            .map(|p| p.id)
+            .collect();
+        let mut select = Vec::with_capacity(sampled.len());
+        let mut logprobs = Vec::with_capacity(sampled.len());
+        for id in &sampled {
+            let a = self.active.get(id);
+            let history = self.sched.tokens(*id).unwrap_or_default();
+            select.push(Some(SelectParams {
+                params: a.map_or(&greedy, |a| &a.req.params),
+                history,
+                pos: history.len() as u64,
+            }));
+            logprobs.push(a.and_then(|a| a.req.logprobs));
+        }
+        let out = self
+            .backend
+            .step_select_logprobs(&plan.batch, &select, &logprobs)?;
         self.sched.complete(plan);
-        let want = plan.seqs.iter().filter(|p| p.sample).count();
-        if out.logits.len() != want {
+        if out.rows.len() != sampled.len() {
             return Err(Error::Backend {
                 backend: self.backend.name(),
-                what: format!("{} logit rows for {want} requests", out.logits.len()),
+                what: format!(
+                    "{} selected rows for {} requests",
+                    out.rows.len(),
+                    sampled.len()
+                ),
             });
         }
-        Ok(out.logits)
+        Ok(out.rows)
     }
 
-    /// Samples the next token of every sequence that reached its end and decides which finish.
-    fn update(&mut self, plan: &SchedulerOutput, logits: Vec<Vec<f32>>) -> Vec<(SeqId, Event)> {
-        let mut events = Vec::new();
+    /// Records each picked token and tells its request.
+    fn update(&mut self, plan: &SchedulerOutput, rows: Vec<Selected>) {
         let sampled = plan.seqs.iter().filter(|p| p.sample);
-        for (p, l) in sampled.zip(logits) {
-            match self.next_token(p.id, &l) {
-                Ok(evs) => events.extend(evs.into_iter().map(|e| (p.id, e))),
-                Err(e) => events.push((p.id, Event::Error(e.to_string()))),
-            }
+        for (p, row) in sampled.zip(rows) {
+            let (token, logprob, top) = match row {
+                Selected::Token(t) => (t, None, Vec::new()),
+                Selected::Scored {
+                    token,
+                    logprob,
+                    top,
+                } => (token, Some(logprob), top),
+                Selected::Logits(_) => {
+                    let why = "the backend returned logits instead of a token".to_string();
+                    self.send(p.id, Msg::Event(Event::Error(why)));
+                    continue;
+                }
+            };
+            self.next_token(p.id, token, logprob, top);
         }
-        events
     }
 
-    /// The events of one sampled position (a token, and `Done` when it is the last).
-    fn next_token(&mut self, id: SeqId, logits: &[f32]) -> Result<Vec<Event>> {
-        let (Some(a), Some(history)) = (self.active.get_mut(&id), self.sched.tokens(id)) else {
-            return Ok(Vec::new());
+    /// One picked token: the end of sequence, or a token (the last one at the length limit).
+    fn next_token(&mut self, id: SeqId, tok: u32, logprob: Option<f32>, top: Vec<(u32, f32)>) {
+        let (Some(a), Some(pos)) = (
+            self.active.get_mut(&id),
+            self.sched.tokens(id).map(<[u32]>::len),
+        ) else {
+            return;
         };
-        let pos = history.len();
-        let tok = sample(logits, history, &a.req.params, pos as u64);
-        let lp = a
-            .req
-            .logprobs
-            .map(|n| logprobs(logits, history, &a.req.params, tok, n));
-        let token = |text: String| {
-            let (logprob, top_logprobs) = match &lp {
-                Some((l, t)) => (Some(*l), t.clone()),
-                None => (None, Vec::new()),
-            };
-            Event::Token(TokenEvent {
-                id: tok,
-                text,
-                logprob,
-                top_logprobs,
-            })
-        };
+        let cached_tokens = self.sched.cached_tokens(id);
         let usage = |generated| Usage {
             prompt_tokens: a.req.prompt.len(),
             completion_tokens: generated,
-            cached_tokens: self.sched.cached_tokens(id),
+            cached_tokens,
         };
-        if !a.req.ignore_eos && self.tokenizer.stop_ids().contains(&tok) {
-            // End of sequence: not part of the output; text held back is flushed with it.
-            let tail = a.decoder.finish();
-            let (text, _) = a.text.feed(&tail, true);
-            let mut evs = Vec::new();
-            if !text.is_empty() {
-                evs.push(token(text));
-            }
-            evs.push(Event::Done {
+        if !a.req.ignore_eos && self.stop_ids.contains(&tok) {
+            // End of sequence: not part of the output.
+            let m = Msg::End {
                 finish_reason: FinishReason::Stop,
                 usage: usage(a.generated),
-            });
-            return Ok(evs);
+            };
+            self.send(id, m);
+            return;
         }
         a.generated += 1;
-        let mut piece = a.decoder.push(tok)?;
-        let end = a.generated >= a.req.max_tokens || pos + 1 >= self.max_ctx;
-        if end {
-            piece.push_str(&a.decoder.finish());
-        }
-        let (text, stopped) = a.text.feed(&piece, end);
-        let mut evs = vec![token(text)];
-        if stopped || end {
-            let finish_reason = if stopped {
-                FinishReason::Stop
-            } else {
-                FinishReason::Length
-            };
-            evs.push(Event::Done {
-                finish_reason,
-                usage: usage(a.generated),
-            });
-        } else {
+        let last = a.generated >= a.req.max_tokens || pos + 1 >= self.max_ctx;
+        let end = last.then(|| Msg::End {
+            finish_reason: FinishReason::Length,
+            usage: usage(a.generated),
+        });
+        self.generated_total += 1;
+        if !last {
             self.sched.append_token(id, tok);
         }
-        self.generated_total += 1;
-        Ok(evs)
+        let t = RawToken {
+            id: tok,
+            logprob,
+            top_logprobs: top,
+            last,
+            cached_tokens,
+        };
+        self.send(id, Msg::Token(t));
+        if let Some(m) = end {
+            self.send(id, m);
+        }
     }
 
-    /// Sends the events; a request ends with its `Done` or `Error` (or a closed stream).
-    fn emit(&mut self, events: Vec<(SeqId, Event)>) {
-        for (id, ev) in events {
-            let last = matches!(ev, Event::Done { .. } | Event::Error(_));
-            let sent = self.active.get(&id).is_some_and(|a| a.tx.send(ev).is_ok());
-            if last || !sent {
-                self.end(id);
-            }
+    /// Sends a request a message; its `End` (or error), or a closed stream, ends it.
+    fn send(&mut self, id: SeqId, m: Msg) {
+        let last = matches!(
+            m,
+            Msg::End { .. } | Msg::Event(Event::Done { .. } | Event::Error(_))
+        );
+        let sent = self.active.get(&id).is_some_and(|a| a.tx.send(m).is_ok());
+        if last || !sent {
+            self.end(id);
         }
     }
 

@@ -8,6 +8,7 @@
 //!   lossily to U+FFFD.
 //! - `StreamDecoder` (module `stream`) emits only complete characters while streaming.
 
+mod bytes;
 mod gguf_vocab;
 mod pretok;
 mod stream;
@@ -218,6 +219,12 @@ impl Tokenizer {
     /// special tokens this is their text, e.g. BOS/EOS strings for chat templates.
     pub fn token_text(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
+    }
+
+    /// The raw bytes `id` adds to the output (not UTF-8 on their own when the token holds part of
+    /// a character); `None` outside the vocabulary. For logprobs: OpenAI's `bytes`.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        bytes::token_bytes(&self.inner, id)
     }
 
     /// tokenizer.json content for this tokenizer (BOS is not added by a post-processor: add_bos

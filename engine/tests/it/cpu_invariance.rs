@@ -158,3 +158,70 @@ fn bad_rows_are_clean_errors() {
             .contains("block table")
     );
 }
+
+/// `step_select_logprobs`' default: the same tokens and logprob values as `step` followed by
+/// `sampling::sample` and `sampling::logprobs` on the host, row by row; rows without logprobs
+/// come back as bare tokens.
+#[test]
+fn step_select_logprobs_matches_the_host_definition() {
+    use memra_engine::backend::{SelectParams, Selected};
+    use memra_engine::sampling::{SamplingParams, logprobs, sample};
+    let batch = StepBatch {
+        rows: (0..3)
+            .flat_map(|s| {
+                prompt(5 + s)
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(p, token)| StepRow {
+                        token,
+                        pos: p as u32,
+                        seq: s,
+                        want_logits: p == 4 + s,
+                    })
+            })
+            .collect(),
+        block_tables: vec![vec![0], vec![1], vec![2]],
+    };
+    let greedy = SamplingParams::default();
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        repetition_penalty: 1.3,
+        presence_penalty: 0.5,
+        seed: 9,
+        ..Default::default()
+    };
+    let histories: Vec<Vec<u32>> = (0..3).map(|s| prompt(5 + s)).collect();
+    let params = [&greedy, &sampled, &sampled];
+    let select: Vec<Option<SelectParams>> = (0..3)
+        .map(|s| {
+            Some(SelectParams {
+                params: params[s],
+                history: &histories[s],
+                pos: histories[s].len() as u64,
+            })
+        })
+        .collect();
+    let want = [None, Some(5), Some(0)];
+    let mut a = backend(Arch::Llama, 2, DType::Q8_0);
+    let got = a.step_select_logprobs(&batch, &select, &want).unwrap().rows;
+    let mut b = backend(Arch::Llama, 2, DType::Q8_0);
+    let logits = b.step(&batch).unwrap().logits;
+    for s in 0..3 {
+        let sel = select[s].unwrap();
+        let token = sample(&logits[s], sel.history, sel.params, sel.pos);
+        let expect = match want[s] {
+            None => Selected::Token(token),
+            Some(n) => {
+                let (logprob, top) = logprobs(&logits[s], sel.history, sel.params, token, n);
+                assert_eq!(top.len(), n);
+                Selected::Scored {
+                    token,
+                    logprob,
+                    top,
+                }
+            }
+        };
+        assert_eq!(got[s], expect, "row {s}");
+    }
+}

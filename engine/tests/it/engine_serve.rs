@@ -77,6 +77,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, params: SamplingParams) -> Valid
         logprobs: Some(3),
         cache_salt: None,
         ignore_eos: true,
+        tenant_max_in_flight: None,
     }
 }
 
@@ -89,6 +90,8 @@ struct Collected {
     logprobs: Vec<(u32, Vec<(u32, u32)>)>,
     finish: Option<FinishReason>,
     usage: Usage,
+    /// `Text` events (text of no token).
+    texts: usize,
 }
 
 fn next(s: &mut EventStream, c: &mut Collected) -> bool {
@@ -102,6 +105,11 @@ fn next(s: &mut EventStream, c: &mut Collected) -> bool {
                 .map(|(i, l)| (*i, l.to_bits()))
                 .collect();
             c.logprobs.push((t.logprob.map_or(0, f32::to_bits), top));
+            true
+        }
+        Some(Event::Text(s)) => {
+            c.text.push_str(&s);
+            c.texts += 1;
             true
         }
         Some(Event::Done {
@@ -276,6 +284,17 @@ fn stop_strings_end_the_text_before_the_match() {
     assert_eq!(cut.finish, Some(FinishReason::Stop));
     assert!(cut.tokens.len() < full.tokens.len());
     assert_eq!(cut.tokens[..], full.tokens[..cut.tokens.len()]);
+    assert_eq!(cut.usage.completion_tokens, cut.tokens.len());
+    assert_eq!(cut.logprobs.len(), cut.tokens.len());
+    // The stream ended the request on its side; `Done` came once the engine had let it go
+    // (its admission slot is free); the engine frees its KV.
+    assert_eq!(
+        engine.stats().requests_finished_total,
+        2,
+        "{:?}",
+        engine.stats()
+    );
+    assert!(wait_idle(&engine), "{:?}", engine.stats());
     engine.shutdown();
 }
 
@@ -341,6 +360,7 @@ fn refusals_are_immediate_and_typed() {
         })
     );
     assert_eq!(engine.models()[0].max_ctx, 256);
+    assert_eq!(engine.models()[0].max_positions, 60);
     assert!(engine.tokenizer("tiny").is_some() && engine.chat_template("tiny").is_none());
     assert!(engine.is_ready());
     collect(engine.submit(ok.clone()).unwrap());
@@ -350,8 +370,7 @@ fn refusals_are_immediate_and_typed() {
     engine.shutdown();
 
     let tenant0 = AdmissionLimits {
-        max_running_per_tenant: 0,
-        max_queued_per_tenant: 0,
+        max_in_flight_per_tenant: 0,
         max_queued: 10,
     };
     let engine = start(16, 64, tenant0);
@@ -402,5 +421,46 @@ fn tenants_and_salts_never_share_the_prefix_cache() {
     // Same output whatever the cache did.
     assert_eq!(b.tokens, first.tokens);
     assert_eq!(same.tokens, first.tokens);
+    engine.shutdown();
+}
+
+/// The real SmolLM2 on the CPU (it ends its replies with `<|im_end|>`).
+fn start_real() -> (EngineHandle, Tokenizer, memra_engine::chat::ChatTemplate) {
+    let mut m = memra_engine::loader::load_model(&common::real_model()).unwrap();
+    let (tok, chat) = (m.tokenizer.clone(), m.chat.take().unwrap());
+    let mut cfg = config(256, 64);
+    cfg.block_size = 16;
+    let engine = Engine::start(vec![("tiny".into(), m, cfg)], AdmissionLimits::default()).unwrap();
+    (engine, tok, chat)
+}
+
+fn chat_prompt(tok: &Tokenizer, chat: &memra_engine::chat::ChatTemplate, say: &str) -> Vec<u32> {
+    let msgs = [memra_engine::chat::ChatMessage::new("user", say)];
+    tok.encode(&chat.render(&msgs, true).unwrap(), false)
+        .unwrap()
+}
+
+#[test]
+fn end_of_sequence_sends_held_back_text_without_a_token() {
+    let (engine, tok, chat) = start_real();
+    let mut req = request(chat_prompt(&tok, &chat, "Say hello"), 64, params(0));
+    req.ignore_eos = false;
+    let plain = collect(engine.submit(req.clone()).unwrap());
+    assert_eq!(plain.finish, Some(FinishReason::Stop), "{plain:?}");
+    assert_eq!(plain.tokens.len(), plain.usage.completion_tokens);
+    assert_eq!(plain.logprobs.len(), plain.usage.completion_tokens);
+    assert_eq!(plain.texts, 0);
+    assert!(plain.tokens.iter().all(|t| !tok.stop_ids().contains(t)));
+    // A stop string that starts with the reply's last character and never matches: that
+    // character is held back until the end of sequence, then sent as text only.
+    let last = plain.text.chars().last().unwrap();
+    req.stop = vec![format!("{last}\u{1}never")];
+    let held = collect(engine.submit(req).unwrap());
+    assert_eq!(held.texts, 1);
+    assert_eq!(held.text, plain.text);
+    assert_eq!(held.tokens, plain.tokens);
+    assert_eq!(held.logprobs, plain.logprobs);
+    assert_eq!(held.usage.completion_tokens, plain.usage.completion_tokens);
+    assert_eq!(held.finish, Some(FinishReason::Stop));
     engine.shutdown();
 }

@@ -293,6 +293,37 @@ fn sentencepiece_without_space_prefix() {
     assert_eq!(tok.decode(&ids).unwrap(), "hello");
 }
 
+#[test]
+fn token_bytes_are_the_raw_bytes() {
+    // SentencePiece: `▁` is a space (kept, unlike decoding the token alone), `<0xNN>` one byte.
+    let tok = from_meta(&spm_meta()).unwrap();
+    assert_eq!(tok.token_bytes(SPM_HELLO).unwrap(), b" hello");
+    assert_eq!(tok.decode(&[SPM_HELLO]).unwrap(), "hello");
+    assert_eq!(tok.token_bytes(byte_token(0xC3)).unwrap(), [0xC3]);
+    assert_eq!(tok.token_bytes(2).unwrap(), b"</s>");
+    assert_eq!(tok.token_bytes(275), None);
+    // Byte-level BPE (the real SmolLM2 vocabulary): the bytes of every token of a text
+    // concatenate to the text's UTF-8, including characters split over several tokens.
+    let tok = smollm();
+    for text in ["Hello, world!\n", "你好，世界 😀", "naïve café\t\r\n  x"] {
+        let ids = tok.encode(text, false).unwrap();
+        let bytes: Vec<u8> = ids
+            .iter()
+            .flat_map(|&i| tok.token_bytes(i).unwrap())
+            .collect();
+        assert_eq!(bytes, text.as_bytes(), "{text:?} as {ids:?}");
+    }
+    let split = tok.encode("你", false).unwrap();
+    assert!(
+        split
+            .iter()
+            .any(|&i| std::str::from_utf8(&tok.token_bytes(i).unwrap()).is_err()),
+        "expected a token holding part of a character: {split:?}"
+    );
+    let im_end = tok.encode("<|im_end|>", false).unwrap();
+    assert_eq!(tok.token_bytes(im_end[0]).unwrap(), b"<|im_end|>");
+}
+
 // ---- malformed metadata ------------------------------------------------------------------------
 
 fn set(m: &mut Vec<(String, MetaValue)>, key: &str, v: Option<MetaValue>) {

@@ -7,7 +7,7 @@ use std::time::Instant;
 use hyper::body::Incoming;
 use hyper::header::CONTENT_TYPE;
 use hyper::{Request, Response, StatusCode};
-use memra_engine::request::Event;
+use memra_engine::request::{Event, SubmitError};
 
 use super::running::{Running, observe_token};
 use super::shape::{Shaper, ShaperInit};
@@ -83,16 +83,22 @@ pub async fn handle(
     let Parsed {
         stream: streaming, ..
     } = parsed;
-    let vocab = model.text.vocab_size();
-    let vr = validation::finish(
-        parsed,
-        ids,
-        &who.name,
-        vocab,
-        model.context_len,
-        st.limits.max_tokens,
-    )?;
-    let events = st.engine.submit(vr)?;
+    let target = validation::Target {
+        tenant: &who.name,
+        tenant_max_in_flight: st.tenant_limit(&who),
+        vocab: model.text.vocab_size(),
+        ctx: model.context_len,
+        max_tokens_cap: st.limits.max_tokens,
+    };
+    let vr = validation::finish(parsed, ids, &target)?;
+    let events = st.engine.submit(vr).map_err(|e| match e {
+        SubmitError::ContextLength {
+            prompt,
+            max_tokens,
+            ctx,
+        } => ApiError::context_length(kind.prompt_param(), prompt, max_tokens, ctx),
+        e => ApiError::from(e),
+    })?;
     let run = Running {
         events,
         shaper,
@@ -115,6 +121,9 @@ async fn collect(mut run: Running) -> Result<Response<Body>, ApiError> {
             Some(Event::Token(t)) => {
                 observe_token(&run, &mut last);
                 let _ = run.shaper.token_chunk(&t);
+            }
+            Some(Event::Text(s)) => {
+                let _ = run.shaper.text_chunk(&s);
             }
             Some(Event::Done {
                 finish_reason,

@@ -3,14 +3,27 @@
 use std::sync::Arc;
 
 use memra_engine::request::{TokenEvent, Usage};
-use serde_json::{Map, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::engine::ModelText;
 use crate::openai::{
     ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChatMessageOut, ChunkChoice, Completion,
-    CompletionChoice, CompletionLogprobs, Delta, TokenLogprob, TopLogprob, UsageJson,
+    CompletionChoice, CompletionLogprobs, Delta, TokenLogprob, TopLogprob, TopLogprobMap,
+    UsageJson,
 };
 use crate::validation::Kind;
+
+/// A response or stream chunk, serialized as built (struct field order, and each completions
+/// `top_logprobs` map in probability order).
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+pub enum Shaped {
+    ChatChunk(ChatChunk),
+    Chat(ChatCompletion),
+    Completion(Completion),
+    Json(Value),
+}
 
 /// The fixed parts of one response and the text/logprobs gathered so far.
 pub struct Shaper {
@@ -24,6 +37,8 @@ pub struct Shaper {
     pub text: Arc<dyn ModelText>,
     /// Generated text so far (non-streaming; also the completions text offsets).
     pub out: String,
+    /// Characters in `out`.
+    out_chars: usize,
     chat_lp: Vec<TokenLogprob>,
     cmpl_lp: CompletionLogprobs,
 }
@@ -46,6 +61,22 @@ pub struct ShaperInit {
     pub text: Arc<dyn ModelText>,
 }
 
+/// A token's name in completions logprobs (`tokens` and the `top_logprobs` keys): its text when
+/// its bytes are UTF-8, else `bytes:\xNN...` (OpenAI's form), so that tokens holding different
+/// parts of a character stay distinct.
+pub fn completion_token(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => s.to_string(),
+        Err(_) => {
+            let mut s = String::from("bytes:");
+            for b in bytes {
+                s.push_str(&format!("\\x{b:02x}"));
+            }
+            s
+        }
+    }
+}
+
 impl Shaper {
     pub fn new(i: ShaperInit) -> Shaper {
         let prefix = match i.kind {
@@ -62,49 +93,59 @@ impl Shaper {
             include_usage: i.include_usage,
             text: i.text,
             out: String::new(),
+            out_chars: 0,
             chat_lp: Vec::new(),
             cmpl_lp: CompletionLogprobs::default(),
         }
     }
 
+    /// Appends generated text; returns the character offset where it starts.
+    fn push_text(&mut self, text: &str) -> usize {
+        let offset = self.out_chars;
+        self.out.push_str(text);
+        self.out_chars += text.chars().count();
+        offset
+    }
+
     /// Records a token's text and logprobs; returns the chunk's logprobs part (streaming).
     fn record(&mut self, t: &TokenEvent) -> (Option<ChatLogprobs>, Option<CompletionLogprobs>) {
-        let offset = self.out.len();
-        self.out.push_str(&t.text);
+        let offset = self.push_text(&t.text);
         let Some(lp) = t.logprob.filter(|_| self.logprobs) else {
             return (None, None);
         };
-        let tok = self.text.token_text(t.id);
+        let bytes = self.text.token_bytes(t.id);
         match self.kind {
             Kind::Chat => {
                 let top = t
                     .top_logprobs
                     .iter()
                     .map(|&(id, l)| {
-                        let s = self.text.token_text(id);
+                        let bytes = self.text.token_bytes(id);
                         TopLogprob {
-                            bytes: s.as_bytes().to_vec(),
-                            token: s,
+                            token: String::from_utf8_lossy(&bytes).into_owned(),
                             logprob: l,
+                            bytes,
                         }
                     })
                     .collect();
                 let e = TokenLogprob {
-                    bytes: tok.as_bytes().to_vec(),
-                    token: tok,
+                    token: String::from_utf8_lossy(&bytes).into_owned(),
                     logprob: lp,
+                    bytes,
                     top_logprobs: top,
                 };
                 self.chat_lp.push(e.clone());
                 (Some(ChatLogprobs { content: vec![e] }), None)
             }
             Kind::Completion => {
-                let mut top = Map::new();
-                for &(id, l) in &t.top_logprobs {
-                    top.insert(self.text.token_text(id), Value::from(l));
-                }
+                let top = TopLogprobMap(
+                    t.top_logprobs
+                        .iter()
+                        .map(|&(id, l)| (completion_token(&self.text.token_bytes(id)), l))
+                        .collect(),
+                );
                 let one = CompletionLogprobs {
-                    tokens: vec![tok],
+                    tokens: vec![completion_token(&bytes)],
                     token_logprobs: vec![lp],
                     top_logprobs: vec![top],
                     text_offset: vec![offset],
@@ -125,7 +166,7 @@ impl Shaper {
     }
 
     /// The first chat chunk (the assistant role); completions have none.
-    pub fn role_chunk(&self) -> Option<Value> {
+    pub fn role_chunk(&self) -> Option<Shaped> {
         (self.kind == Kind::Chat).then(|| {
             self.chat_chunk(
                 Delta {
@@ -143,8 +184,8 @@ impl Shaper {
         delta: Delta,
         lp: Option<ChatLogprobs>,
         finish: Option<&'static str>,
-    ) -> Value {
-        let c = ChatChunk {
+    ) -> Shaped {
+        Shaped::ChatChunk(ChatChunk {
             id: self.id.clone(),
             object: "chat.completion.chunk",
             created: self.created,
@@ -157,8 +198,7 @@ impl Shaper {
                 finish_reason: finish,
             }],
             usage: self.usage_field(),
-        };
-        serde_json::to_value(c).unwrap_or(Value::Null)
+        })
     }
 
     fn cmpl_chunk(
@@ -166,8 +206,8 @@ impl Shaper {
         text: String,
         lp: Option<CompletionLogprobs>,
         finish: Option<&'static str>,
-    ) -> Value {
-        let mut v = serde_json::to_value(Completion {
+    ) -> Shaped {
+        Shaped::Completion(Completion {
             id: self.id.clone(),
             object: "text_completion",
             created: self.created,
@@ -179,37 +219,52 @@ impl Shaper {
                 logprobs: lp,
                 finish_reason: finish,
             }],
-            usage: None,
+            usage: self.usage_field(),
         })
-        .unwrap_or(Value::Null);
-        if self.include_usage {
-            v["usage"] = Value::Null;
-        }
-        v
     }
 
-    /// A stream chunk for one token, or `None` when it carries nothing (held-back text, no
-    /// logprobs).
-    pub fn token_chunk(&mut self, t: &TokenEvent) -> Option<Value> {
-        let (clp, plp) = self.record(t);
-        if t.text.is_empty() && clp.is_none() && plp.is_none() {
-            return None;
-        }
-        Some(match self.kind {
+    /// A chunk carrying `text` (and a token's logprobs, if any).
+    fn text_or_token_chunk(
+        &self,
+        text: &str,
+        clp: Option<ChatLogprobs>,
+        plp: Option<CompletionLogprobs>,
+    ) -> Shaped {
+        match self.kind {
             Kind::Chat => self.chat_chunk(
                 Delta {
                     role: None,
-                    content: Some(t.text.clone()),
+                    content: Some(text.to_string()),
                 },
                 clp,
                 None,
             ),
-            Kind::Completion => self.cmpl_chunk(t.text.clone(), plp, None),
-        })
+            Kind::Completion => self.cmpl_chunk(text.to_string(), plp, None),
+        }
+    }
+
+    /// A stream chunk for one token, or `None` when it carries nothing (held-back text, no
+    /// logprobs).
+    pub fn token_chunk(&mut self, t: &TokenEvent) -> Option<Shaped> {
+        let (clp, plp) = self.record(t);
+        if t.text.is_empty() && clp.is_none() && plp.is_none() {
+            return None;
+        }
+        Some(self.text_or_token_chunk(&t.text, clp, plp))
+    }
+
+    /// A stream chunk for text that belongs to no token (held back until the end of sequence),
+    /// or `None` when it is empty. It carries no logprobs.
+    pub fn text_chunk(&mut self, text: &str) -> Option<Shaped> {
+        if text.is_empty() {
+            return None;
+        }
+        self.push_text(text);
+        Some(self.text_or_token_chunk(text, None, None))
     }
 
     /// The chunk carrying `finish_reason`.
-    pub fn finish_chunk(&self, reason: &'static str) -> Value {
+    pub fn finish_chunk(&self, reason: &'static str) -> Shaped {
         match self.kind {
             Kind::Chat => self.chat_chunk(Delta::default(), None, Some(reason)),
             Kind::Completion => self.cmpl_chunk(String::new(), None, Some(reason)),
@@ -217,12 +272,12 @@ impl Shaper {
     }
 
     /// The last chunk when `stream_options.include_usage`: no choices, the usage.
-    pub fn usage_chunk(&self, u: Usage) -> Value {
+    pub fn usage_chunk(&self, u: Usage) -> Shaped {
         let object = match self.kind {
             Kind::Chat => "chat.completion.chunk",
             Kind::Completion => "text_completion",
         };
-        serde_json::json!({
+        Shaped::Json(serde_json::json!({
             "id": self.id,
             "object": object,
             "created": self.created,
@@ -230,14 +285,14 @@ impl Shaper {
             "system_fingerprint": self.fingerprint,
             "choices": [],
             "usage": UsageJson::from(u),
-        })
+        }))
     }
 
     /// The whole (non-streaming) response.
-    pub fn full(&mut self, reason: &'static str, u: Usage) -> Value {
+    pub fn full(&mut self, reason: &'static str, u: Usage) -> Shaped {
         let text = std::mem::take(&mut self.out);
-        let v = match self.kind {
-            Kind::Chat => serde_json::to_value(ChatCompletion {
+        match self.kind {
+            Kind::Chat => Shaped::Chat(ChatCompletion {
                 id: self.id.clone(),
                 object: "chat.completion",
                 created: self.created,
@@ -256,7 +311,7 @@ impl Shaper {
                 }],
                 usage: u.into(),
             }),
-            Kind::Completion => serde_json::to_value(Completion {
+            Kind::Completion => Shaped::Completion(Completion {
                 id: self.id.clone(),
                 object: "text_completion",
                 created: self.created,
@@ -268,9 +323,21 @@ impl Shaper {
                     logprobs: self.logprobs.then(|| std::mem::take(&mut self.cmpl_lp)),
                     finish_reason: Some(reason),
                 }],
-                usage: Some(u.into()),
+                usage: Some(Some(u.into())),
             }),
-        };
-        v.unwrap_or(Value::Null)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::completion_token;
+
+    #[test]
+    fn completion_tokens_name_partial_characters_by_their_bytes() {
+        assert_eq!(completion_token(b" hello"), " hello");
+        assert_eq!(completion_token(&[0xE4]), "bytes:\\xe4");
+        assert_eq!(completion_token(&[0xE4, 0xB8]), "bytes:\\xe4\\xb8");
+        assert_eq!(completion_token("中".as_bytes()), "中");
     }
 }

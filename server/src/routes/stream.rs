@@ -42,6 +42,10 @@ async fn forward(mut run: Running, tx: mpsc::Sender<bytes::Bytes>) {
                     None => continue,
                 }
             }
+            Some(Event::Text(s)) => match run.shaper.text_chunk(&s) {
+                Some(c) => vec![sse::event(&c)],
+                None => continue,
+            },
             Some(Event::Done {
                 finish_reason,
                 usage,

@@ -6,4 +6,5 @@ mod common;
 mod flags;
 mod lifecycle;
 mod real_model;
+mod served;
 mod tiny_engine;
