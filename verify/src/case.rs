@@ -82,3 +82,19 @@ pub fn report(cases: &[Case]) -> String {
     }
     s
 }
+
+impl Case {
+    /// Row invariance across M: the first call keeps `row0` (row 0's values at the smallest M);
+    /// later calls mark the case when row 0 has other bits.
+    pub fn check_row0(&mut self, first: &mut Option<Vec<f32>>, row0: &[f32]) {
+        match first {
+            None => *first = Some(row0.to_vec()),
+            Some(f) => {
+                let same = f.iter().zip(row0).all(|(a, b)| a.to_bits() == b.to_bits());
+                if !same && self.problem.is_none() {
+                    self.problem = Some("row 0 differs from its M=1 bits".into());
+                }
+            }
+        }
+    }
+}

@@ -91,18 +91,7 @@ fn matmul_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                         matmul_tol(dtype),
                     );
                     // Row invariance: row 0 has the same bits at every M.
-                    match &first {
-                        None => first = Some(got[..n].to_vec()),
-                        Some(f) => {
-                            let same = f
-                                .iter()
-                                .zip(&got[..n])
-                                .all(|(a, b)| a.to_bits() == b.to_bits());
-                            if !same && c.problem.is_none() {
-                                c.problem = Some("row 0 differs from its M=1 bits".into());
-                            }
-                        }
-                    }
+                    c.check_row0(&mut first, &got[..n]);
                     out.push(c);
                 }
             }

@@ -91,18 +91,7 @@ pub fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                         &want,
                         product_tol(dtype),
                     );
-                    match &first {
-                        None => first = Some(got[..n].to_vec()),
-                        Some(f) => {
-                            let same = f
-                                .iter()
-                                .zip(&got[..n])
-                                .all(|(a, b)| a.to_bits() == b.to_bits());
-                            if !same && c.problem.is_none() {
-                                c.problem = Some("row 0 differs from its M=1 bits".into());
-                            }
-                        }
-                    }
+                    c.check_row0(&mut first, &got[..n]);
                     out.push(c);
                 }
             }

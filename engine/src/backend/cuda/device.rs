@@ -295,30 +295,13 @@ impl Gpu {
         p
     }
 
-    /// Launches kernel `name`.
+    /// Launches kernel `name` (of the modules built at open).
     pub fn launch(&self, name: &str, grid: (u32, u32), block: u32, args: &[Arg]) -> Result<()> {
         let f = self
             .funcs
             .get(name)
             .ok_or_else(|| self.err(format!("kernel {name} is not built")))?;
-        let mut b = self.stream.launch_builder(f);
-        for a in args {
-            match a {
-                Arg::Ptr(v) | Arg::U64(v) => b.arg(v),
-                Arg::U32(v) => b.arg(v),
-                Arg::F32(v) => b.arg(v),
-            };
-        }
-        let cfg = LaunchConfig {
-            grid_dim: (grid.0.max(1), grid.1.max(1), 1),
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: every kernel's parameter list matches its wrapper below; pointers come from
-        // live allocations sized by the wrappers' callers.
-        unsafe { b.launch(cfg) }
-            .map(|_| ())
-            .map_err(|e| self.err(format!("launch {name}: {e:?}")))
+        self.launch_fn(f, name, grid, block, 0, args)
     }
 
     /// Grid for a grid-stride kernel over `n` elements.

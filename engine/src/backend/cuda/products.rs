@@ -65,6 +65,12 @@ pub struct ActBuf {
     pub scales: CudaSlice<u8>,
 }
 
+/// Blocks of 8 warps for one warp per (row, 32-column block) of `m` rows of `kp` columns
+/// (grid-stride beyond 65536 blocks).
+fn warp_grid(m: usize, kp: usize) -> u32 {
+    ((m * kp / 32) as u64).div_ceil(8).clamp(1, 1 << 16) as u32
+}
+
 impl Gpu {
     /// Repacks `rows` x `cols` of `dtype` (GGUF rows in `src`) and uploads the tiles.
     pub fn upload_packed(
@@ -105,9 +111,6 @@ impl Gpu {
         if m == 0 {
             return Ok(());
         }
-        let f = self.variant("products", &[])?;
-        let warps = (m * a.kp / 32) as u64;
-        let grid = warps.div_ceil(8).clamp(1, 1 << 16) as u32;
         let args = [
             Arg::Ptr(x),
             Arg::Ptr(self.ptr(&a.values)),
@@ -117,11 +120,7 @@ impl Gpu {
             Arg::U32(a.kp as u32),
             Arg::U32((a.kind == ActKind::BF16) as u32),
         ];
-        let name = "prepare_h16";
-        let func = f
-            .get(name)
-            .ok_or_else(|| self.err(format!("kernel {name} missing")))?;
-        self.launch_fn(func, name, (grid, 1), 256, 0, &args)
+        self.launch_prep("prepare_h16", (warp_grid(m, a.kp), 1), &args)
     }
 
     /// RMSNorm of `m` rows of `width` at `x` with weights `w` (f32 output to `y` when given; `y`
@@ -141,10 +140,6 @@ impl Gpu {
         if m == 0 {
             return Ok(());
         }
-        let f = self.variant("products", &[])?;
-        let func = f
-            .get("norm_prep")
-            .ok_or_else(|| self.err("kernel norm_prep missing"))?;
         let args = [
             Arg::Ptr(x),
             Arg::Ptr(w),
@@ -163,7 +158,7 @@ impl Gpu {
         } else {
             (a.kp / 32).div_ceil(8).min(8) as u32
         };
-        self.launch_fn(func, "norm_prep", (m as u32, split), 256, 0, &args)
+        self.launch_prep("norm_prep", (m as u32, split), &args)
     }
 
     /// SwiGLU of `m` rows of `width` (`g`, `u`; f32 output to `y` when given, may be `g`),
@@ -182,12 +177,6 @@ impl Gpu {
         if m == 0 {
             return Ok(());
         }
-        let f = self.variant("products", &[])?;
-        let func = f
-            .get("swiglu_prep")
-            .ok_or_else(|| self.err("kernel swiglu_prep missing"))?;
-        let warps = (m * a.kp / 32) as u64;
-        let grid = warps.div_ceil(8).clamp(1, 1 << 16) as u32;
         let args = [
             Arg::Ptr(g),
             Arg::Ptr(u),
@@ -199,7 +188,16 @@ impl Gpu {
             Arg::U32(a.kp as u32),
             Arg::U32((a.kind == ActKind::BF16) as u32),
         ];
-        self.launch_fn(func, "swiglu_prep", (grid, 1), 256, 0, &args)
+        self.launch_prep("swiglu_prep", (warp_grid(m, a.kp), 1), &args)
+    }
+
+    /// Launches `name` of the products module's default variant (the activation kernels).
+    fn launch_prep(&self, name: &str, grid: (u32, u32), args: &[Arg]) -> Result<()> {
+        let f = self.variant("products", &[])?;
+        let func = f
+            .get(name)
+            .ok_or_else(|| self.err(format!("kernel {name} missing")))?;
+        self.launch_fn(func, name, grid, 256, 0, args)
     }
 
     fn check_act(&self, a: &ActBuf, m: usize, k: usize) -> Result<()> {
