@@ -16,7 +16,7 @@ use memra_engine::backend::cuda::profile::{Launch, Profile};
 use memra_engine::error::{Error, Result};
 use memra_engine::quant::{self, DType};
 
-use crate::kblocks::{Q4_K_BYTES, Q6_K_BYTES, fill_q4_k, fill_q6_k};
+use crate::kblocks::{Q4_K_BYTES, fill_q4_k, fill_q6_k};
 use crate::rng::{draw, normalish};
 
 /// What to measure.
@@ -123,7 +123,6 @@ pub fn random_matrix(dtype: DType, n: usize, k: usize, seed: u64) -> Result<Vec<
             }
             Ok::<(), Error>(())
         })?;
-    debug_assert_eq!(Q6_K_BYTES, 210);
     Ok(out)
 }
 
@@ -192,13 +191,11 @@ fn make_case<'a>(
 ) -> Result<Case<'a>> {
     let mmax = a.ms.iter().copied().max().unwrap_or(1);
     let raw = random_matrix(dtype, n, k, 0x5eed ^ (n * 31 + k) as u64)?;
-    let first = gpu.upload_packed(profile, dtype, &raw, n, k)?;
-    let bytes = first.data.len();
-    let ncopies = (a.rotate_bytes / bytes.max(1)).clamp(1, 16);
-    let mut copies = vec![first];
-    for _ in 1..ncopies {
-        copies.push(gpu.upload_packed(profile, dtype, &raw, n, k)?);
-    }
+    let packed = memra_engine::quant::repack::repack(dtype, &raw, n, k)?;
+    let ncopies = (a.rotate_bytes / packed.data.len().max(1)).clamp(1, 16);
+    let copies = (0..ncopies)
+        .map(|_| gpu.upload_tiles(profile, &packed))
+        .collect::<Result<Vec<_>>>()?;
     let rb = raw.len() / n;
     let sample: Vec<(usize, Vec<f32>)> = (0..48)
         .map(|i| {

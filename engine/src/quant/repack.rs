@@ -64,25 +64,25 @@ fn frag16(lane: usize, r: usize, h: usize) -> (usize, usize) {
 
 /// One row of a matrix taken apart: a code per column (the stored integer of a quantized value,
 /// or the 16 bits of a float) and the row's scale bytes per block, in GGUF order.
-struct RowCodes {
+struct RowCodes<'a> {
     codes: Vec<u16>,
     /// Per GGUF block: the bytes that are not codes (d, m, dmin, scales).
-    heads: Vec<Vec<u8>>,
+    heads: Vec<&'a [u8]>,
 }
 
 /// Splits one GGUF block of `dtype` into its codes (appended) and its scale bytes.
-fn split_block(dtype: DType, b: &[u8], codes: &mut Vec<u16>) -> Vec<u8> {
+fn split_block<'a>(dtype: DType, b: &'a [u8], codes: &mut Vec<u16>) -> &'a [u8] {
     match dtype {
         DType::Q8_0 => {
             codes.extend(b[2..34].iter().map(|&q| q as u16));
-            b[..2].to_vec()
+            &b[..2]
         }
         DType::Q4_0 | DType::Q4_1 => {
             let h = if dtype == DType::Q4_0 { 2 } else { 4 };
             let qs = &b[h..h + 16];
             codes.extend(qs.iter().map(|&q| (q & 15) as u16));
             codes.extend(qs.iter().map(|&q| (q >> 4) as u16));
-            b[..h].to_vec()
+            &b[..h]
         }
         DType::Q4_K | DType::Q5_K => {
             let (qh, qs) = if dtype == DType::Q4_K {
@@ -98,7 +98,7 @@ fn split_block(dtype: DType, b: &[u8], codes: &mut Vec<u16>) -> Vec<u8> {
                     codes.push((lo | (hi << 4)) as u16);
                 }
             }
-            b[..16].to_vec()
+            &b[..16]
         }
         DType::Q6_K => {
             let (ql, qh) = (&b[..128], &b[128..192]);
@@ -108,7 +108,7 @@ fn split_block(dtype: DType, b: &[u8], codes: &mut Vec<u16>) -> Vec<u8> {
                 let hi = (qh[32 * jj + ll] >> (2 * k)) & 3;
                 codes.push((lo | (hi << 4)) as u16);
             }
-            b[192..210].to_vec()
+            &b[192..210]
         }
         _ => unreachable!("split_block: {dtype} has no tile format"),
     }
@@ -158,7 +158,7 @@ fn join_block(dtype: DType, codes: &[u16], head: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-fn row_codes(dtype: DType, row: &[u8], padded_cols: usize) -> RowCodes {
+fn row_codes(dtype: DType, row: &[u8], padded_cols: usize) -> RowCodes<'_> {
     let bb = dtype.block_bytes();
     let mut codes = Vec::with_capacity(padded_cols);
     if dtype.is_float() {

@@ -61,6 +61,8 @@ pub struct Gpu {
     pub arch: &'static str,
     /// Streaming multiprocessors.
     pub sms: u32,
+    /// The attention split kernel (read once at open: [`super::attn_kernel_default`]).
+    attn_kernel: &'static str,
     funcs: HashMap<&'static str, CudaFunction>,
     /// Modules compiled on first use, per (module, defines): see [`Gpu::variant`].
     variants: Mutex<HashMap<(String, Vec<String>), Funcs>>,
@@ -70,11 +72,29 @@ pub struct Gpu {
 pub type Funcs = Arc<HashMap<String, CudaFunction>>;
 
 /// Modules compiled on first use with their defines (tile parameters), not at open.
-pub const LAZY_MODULES: &[&str] = &["products"];
+const LAZY_MODULES: &[&str] = &["products"];
 
 const BLOCK: u32 = 256;
 /// Grid-stride kernels use at most this many blocks.
 const MAX_BLOCKS: u64 = 1 << 16;
+
+/// A driver context on device `device` (checked to exist), with errors naming it.
+pub(super) fn open_context(device: usize) -> Result<Arc<CudaContext>> {
+    let name = format!("cuda:{device}");
+    let fail = |what: String| Error::Backend {
+        backend: name.clone(),
+        what,
+    };
+    let n = device_count().map_err(|e| fail(format!("CUDA is not available: {e}")))?;
+    if device >= n {
+        return Err(fail(format!(
+            "no such device: {n} CUDA device(s) present (0..{n})"
+        )));
+    }
+    quiet_catch(|| CudaContext::new(device))
+        .map_err(&fail)?
+        .map_err(|e| fail(format!("creating the context: {e:?}")))
+}
 
 impl Gpu {
     /// Opens device `device`, builds (or loads from the disk cache) every kernel module.
@@ -84,15 +104,7 @@ impl Gpu {
             backend: name.clone(),
             what,
         };
-        let n = device_count().map_err(|e| fail(format!("CUDA is not available: {e}")))?;
-        if device >= n {
-            return Err(fail(format!(
-                "no such device: {n} CUDA device(s) present (0..{n})"
-            )));
-        }
-        let ctx = quiet_catch(|| CudaContext::new(device))
-            .map_err(&fail)?
-            .map_err(|e| fail(format!("creating the context: {e:?}")))?;
+        let ctx = open_context(device)?;
         // SAFETY: all work goes to the one stream below, in order; buffers outlive their use
         // (the backend synchronizes before freeing or reading back).
         unsafe { ctx.disable_event_tracking() };
@@ -133,6 +145,7 @@ impl Gpu {
             name,
             arch,
             sms,
+            attn_kernel: super::attn_kernel_default(),
             funcs,
             variants: Mutex::new(HashMap::new()),
         })
@@ -704,17 +717,9 @@ impl Gpu {
         ];
         // At most 64 blocks per (row, head); each loops over its splits.
         let ys = self.u32_of(splits.min(64), "attention splits")?;
-        // The warp-per-16-positions split kernel by default (faster decode on the H200:
-        // reports/kernel-notes.md); MEMRA_ATTN=v2 picks attn_split2 (faster prefill). The two
-        // order the arithmetic differently: one process uses one of them for every row.
-        let split_kernel = if std::env::var("MEMRA_ATTN").is_ok_and(|v| v == "v2") {
-            "attn_split2"
-        } else {
-            "attn_split"
-        };
-        self.launch(split_kernel, (rh, ys), 128, &args)?;
-        let prep = a.prep.filter(|_| a.head_dim.is_multiple_of(32));
-        if a.prep.is_some() && prep.is_none() {
+        self.launch(self.attn_kernel, (rh, ys), 128, &args)?;
+        let prep = a.prep;
+        if prep.is_some() && !a.head_dim.is_multiple_of(32) {
             return Err(self.err("attention: fused preparation needs head_dim % 32 == 0"));
         }
         let args = [

@@ -22,8 +22,8 @@ pub mod select;
 mod step;
 
 pub use device::{
-    ATTN_SPLIT, Arg, AttnArgs, AttnPrep, Gpu, LAZY_MODULES, RopeKvArgs, TOPK_MAX, attn_part_floats,
-    device_count, kernel_supports, quiet_catch,
+    ATTN_SPLIT, Arg, AttnArgs, AttnPrep, Gpu, RopeKvArgs, TOPK_MAX, attn_part_floats, device_count,
+    kernel_supports, quiet_catch,
 };
 pub use graph::BUCKETS;
 pub use mat::{Mat, Mats, Products, Use};
@@ -54,6 +54,17 @@ pub fn graphs_default() -> bool {
     std::env::var("MEMRA_CUDA_GRAPHS").map_or(true, |v| v != "0")
 }
 
+/// The attention split kernel: `attn_split` (faster decode), or `attn_split2` with
+/// `MEMRA_ATTN=v2` (faster prefill). One process uses one of them for every row: the two order
+/// the arithmetic differently.
+pub fn attn_kernel_default() -> &'static str {
+    if std::env::var("MEMRA_ATTN").is_ok_and(|v| v == "v2") {
+        "attn_split2"
+    } else {
+        "attn_split"
+    }
+}
+
 /// Whether the v2 tensor-core products are used for the types they support: yes, unless
 /// `MEMRA_CUDA_PRODUCTS=v1` (the v1 CUDA-core kernels for every type, for A/B runs).
 pub fn products_v2_default() -> bool {
@@ -68,20 +79,12 @@ pub fn cuda_available() -> bool {
 /// (free, total) bytes of CUDA device `device`'s memory, read through a driver context only
 /// (no kernel is built: cheaper than [`Gpu::open`]). Never panics.
 pub fn device_memory(device: usize) -> Result<(usize, usize)> {
-    let name = format!("cuda:{device}");
-    let fail = |what: String| Error::Backend {
-        backend: name.clone(),
-        what,
-    };
-    let n = device_count().map_err(|e| fail(format!("CUDA is not available: {e}")))?;
-    if device >= n {
-        return Err(fail(format!("no such device: {n} CUDA device(s) present")));
-    }
-    let ctx = quiet_catch(|| cudarc::driver::CudaContext::new(device))
-        .map_err(&fail)?
-        .map_err(|e| fail(format!("creating the context: {e:?}")))?;
-    ctx.mem_get_info()
-        .map_err(|e| fail(format!("memory info: {e:?}")))
+    device::open_context(device)?
+        .mem_get_info()
+        .map_err(|e| Error::Backend {
+            backend: format!("cuda:{device}"),
+            what: format!("memory info: {e:?}"),
+        })
 }
 
 /// One declared activation and its device buffer (capacity: the class's rows).

@@ -81,16 +81,19 @@ impl Gpu {
         rows: usize,
         cols: usize,
     ) -> Result<PMat> {
-        let p: Packed = repack(dtype, src, rows, cols)?;
-        let nseg = profile.nseg(rows, p.col_tiles);
+        self.upload_tiles(profile, &repack(dtype, src, rows, cols)?)
+    }
+
+    /// Uploads a matrix already in the tile layout.
+    pub fn upload_tiles(&self, profile: &Profile, p: &Packed) -> Result<PMat> {
         Ok(PMat {
             data: self.upload(&p.data)?,
-            dtype,
-            rows,
-            cols,
+            dtype: p.dtype,
+            rows: p.rows,
+            cols: p.cols,
             kp: p.padded_cols(),
             col_tiles: p.col_tiles,
-            nseg,
+            nseg: profile.nseg(p.rows, p.col_tiles),
         })
     }
 
