@@ -5,6 +5,8 @@
 
 use crate::error::{Error, Result};
 
+mod order;
+
 /// Temperatures below this are greedy (the same floor as vLLM's `_SAMPLING_EPS`). Above it the
 /// distribution is computed in f64 from `(logit - max) / temperature`, which is finite for every
 /// accepted temperature and logit; below it `logit / temperature` in f32 (the candidate order,
@@ -203,6 +205,22 @@ pub fn sample(logits: &[f32], history: &[u32], p: &SamplingParams, pos: u64) -> 
     if p.is_greedy() {
         return argmax(&l);
     }
+    if let Some(mut ids) = order::ordered_ids(&l, p.temperature) {
+        if ids.is_empty() {
+            return argmax(&l);
+        }
+        if p.top_k > 0 && p.top_k < ids.len() {
+            ids.truncate(p.top_k);
+        }
+        let (ids, probs) = order::weights_cut(&l, p.temperature, &ids);
+        return draw(&ids, probs, p, pos);
+    }
+    sample_by_comparison(&l, p, pos)
+}
+
+/// [`sample`]'s definition, run as written: a comparison sort of every candidate (also the road
+/// for rows whose keys saturate).
+fn sample_by_comparison(l: &[f32], p: &SamplingParams, pos: u64) -> u32 {
     let mut cand: Vec<Candidate> = l
         .iter()
         .enumerate()
@@ -214,7 +232,7 @@ pub fn sample(logits: &[f32], history: &[u32], p: &SamplingParams, pos: u64) -> 
         })
         .collect();
     if cand.is_empty() {
-        return argmax(&l);
+        return argmax(l);
     }
     cand.sort_by(|a, b| {
         let saturated = a.key.is_infinite() && a.key == b.key;
@@ -230,11 +248,18 @@ pub fn sample(logits: &[f32], history: &[u32], p: &SamplingParams, pos: u64) -> 
     if p.top_k > 0 && p.top_k < cand.len() {
         cand.truncate(p.top_k);
     }
-    let mut probs = weights(&cand, p.temperature);
+    let probs = weights(&cand, p.temperature);
+    let ids: Vec<u32> = cand.iter().map(|c| c.id).collect();
+    draw(&ids, probs, p, pos)
+}
+
+/// The draw over ordered candidates `ids` with unnormalized weights `probs` (the first is 1):
+/// normalize, cut by top-p and min-p, then walk the running sum to the Philox number.
+fn draw(ids: &[u32], mut probs: Vec<f64>, p: &SamplingParams, pos: u64) -> u32 {
     let total: f64 = probs.iter().sum();
     // The first weight is 1, so the total is at least 1; the guard keeps a NaN out regardless.
     if !(total.is_finite() && total > 0.0) {
-        return cand[0].id;
+        return ids[0];
     }
     for q in probs.iter_mut() {
         *q /= total;
@@ -261,12 +286,38 @@ pub fn sample(logits: &[f32], history: &[u32], p: &SamplingParams, pos: u64) -> 
     for (i, q) in kept.iter().enumerate() {
         acc += q;
         if u < acc {
-            return cand[i].id;
+            return ids[i];
         }
     }
     // Not reached (u < total); the last kept token with a non-zero weight.
     let last = kept.iter().rposition(|&q| q > 0.0).unwrap_or(0);
-    cand[last].id
+    ids[last]
+}
+
+/// One row for [`sample_rows`]: logits, history, parameters, position.
+pub type SampleJob<'a> = (&'a [f32], &'a [u32], &'a SamplingParams, u64);
+
+/// [`sample`] for many rows at once, on up to `available_parallelism` threads when the rows are
+/// many and wide (a batch of sampled full-vocabulary rows costs the engine thread otherwise a
+/// millisecond-scale sort each). The tokens are those of `sample`, row by row, in order.
+pub fn sample_rows(jobs: &[SampleJob]) -> Vec<u32> {
+    let one = |j: &SampleJob| sample(j.0, j.1, j.2, j.3);
+    let work: usize = jobs.iter().map(|j| j.0.len()).sum();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if jobs.len() < 2 || work < 1 << 16 || threads < 2 {
+        return jobs.iter().map(one).collect();
+    }
+    let per = jobs.len().div_ceil(threads.min(jobs.len()));
+    std::thread::scope(|s| {
+        let handles: Vec<_> = jobs
+            .chunks(per)
+            .map(|c| s.spawn(move || c.iter().map(one).collect::<Vec<u32>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
 }
 
 /// A token that may be sampled: its order key (logit / temperature in f32) and logit.
@@ -445,6 +496,45 @@ mod tests {
         assert_eq!(sample(&l, &[], &p, 0), argmax(&l));
     }
 
+    /// Full-vocabulary rows (49,152 logits, a trained model's spread and a wider one that the
+    /// weight cut truncates): the radix road and the comparison road pick the same token at
+    /// every position, for the server's usual parameters.
+    #[test]
+    fn radix_road_equals_comparison_road_at_vocabulary_size() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 24) as f32
+        };
+        for spread in [12.0f32, 40.0, 160.0] {
+            let l: Vec<f32> = (0..49_152).map(|_| (next() - 0.9) * spread).collect();
+            for (t, top_p, min_p, top_k) in [
+                (0.7, 1.0, 0.0, 0),
+                (1.0, 0.9, 0.0, 0),
+                (0.8, 0.95, 0.05, 0),
+                (1.3, 1.0, 0.0, 1000),
+            ] {
+                let p = SamplingParams {
+                    temperature: t,
+                    top_k,
+                    top_p,
+                    min_p,
+                    seed: 11,
+                    ..SamplingParams::default()
+                };
+                for pos in 0..40 {
+                    assert_eq!(
+                        sample(&l, &[], &p, pos),
+                        sample_by_comparison(&l, &p, pos),
+                        "spread {spread}, t {t}, top_p {top_p}, pos {pos}"
+                    );
+                }
+            }
+        }
+    }
+
     /// Logit values that stress the arithmetic: ordinary, huge, infinite, NaN, and repeated.
     fn logit() -> impl Strategy<Value = f32> {
         prop_oneof![
@@ -570,6 +660,19 @@ mod tests {
             let got = crate::generate::top_k(&logits, k);
             let bits = |v: &[(u32, f32)]| v.iter().map(|x| (x.0, x.1.to_bits())).collect::<Vec<_>>();
             prop_assert_eq!(bits(&got), bits(&all));
+        }
+
+        /// The radix road of `sample` picks exactly the comparison road's token.
+        #[test]
+        fn radix_road_equals_comparison_road(
+            logits in prop::collection::vec(logit(), 1..300),
+            p in params(),
+            pos in any::<u64>(),
+        ) {
+            prop_assume!(!p.is_greedy());
+            let mut l = logits.clone();
+            apply_penalties(&mut l, &[], &p);
+            prop_assert_eq!(sample(&logits, &[], &p, pos), sample_by_comparison(&l, &p, pos));
         }
 
         /// As the temperature goes to 0 the sampler returns the greedy token.

@@ -103,6 +103,9 @@ if has server; then
     run "server-load-$name" 300 "$BIN/memra-bench" load --addr "127.0.0.1:$port" --model m \
       --clients 64 --requests 4 --max-tokens 64
     tail -n 1 "$LOG/server-load-$name.log" | tee -a "$SUMMARY"
+    # The server's counters after the run (tokens, TTFT and inter-token latency sums).
+    curl -s "127.0.0.1:$port/metrics" > "$LOG/metrics-$name.txt" 2>/dev/null
+    grep -vE '^#|_bucket|requests_total' "$LOG/metrics-$name.txt" | head -n 20 | tee -a "$SUMMARY"
     kill -TERM "$pid"; wait "$pid"; row "server $name exit" "rc=$?"
   }
   serve_load smollm2 "$SMOL" 18080

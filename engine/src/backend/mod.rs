@@ -12,7 +12,7 @@ pub mod runner;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::models::ModelWeights;
-use crate::sampling::{SamplingParams, logprobs, sample};
+use crate::sampling::{SampleJob, SamplingParams, logprobs, sample, sample_rows};
 
 /// One token row of a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,11 +217,17 @@ pub fn check_select(batch: &StepBatch, select: &[Option<SelectParams>]) -> Resul
 
 /// The host selection: `sample` for `Some` rows, the logits for `None` rows.
 pub fn select_on_host(logits: Vec<Vec<f32>>, select: &[Option<SelectParams>]) -> StepSelected {
+    let jobs: Vec<SampleJob> = logits
+        .iter()
+        .zip(select)
+        .filter_map(|(l, s)| s.map(|s| (l.as_slice(), s.history, s.params, s.pos)))
+        .collect();
+    let mut tokens = sample_rows(&jobs).into_iter();
     let rows = logits
         .into_iter()
         .zip(select)
         .map(|(l, s)| match s {
-            Some(s) => Selected::Token(sample(&l, s.history, s.params, s.pos)),
+            Some(_) => Selected::Token(tokens.next().unwrap_or_default()),
             None => Selected::Logits(l),
         })
         .collect();

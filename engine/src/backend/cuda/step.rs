@@ -213,14 +213,27 @@ impl Exec for CudaOps {
             .filter(|&i| tokens[i].is_none())
             .filter_map(|i| rows.get(i).copied())
             .collect();
-        let mut back = self.read_rows(logits, &need)?.into_iter();
+        let back = self.read_rows(logits, &need)?;
+        // Host-planned rows are sampled together (in parallel when they are many).
+        let mut back_iter = back.iter();
+        let jobs: Vec<crate::sampling::SampleJob> = select
+            .iter()
+            .zip(&tokens)
+            .filter(|(_, t)| t.is_none())
+            .filter_map(|(s, _)| {
+                let l = back_iter.next()?;
+                s.map(|s| (l.as_slice(), s.history, s.params, s.pos))
+            })
+            .collect();
+        let mut host_tokens = crate::sampling::sample_rows(&jobs).into_iter();
+        let mut back = back.into_iter();
         let mut out = Vec::with_capacity(select.len());
         for (s, t) in select.iter().zip(tokens) {
             out.push(match (t, s) {
                 (Some(t), _) => Selected::Token(t),
-                (None, Some(s)) => {
-                    let l = back.next().unwrap_or_default();
-                    Selected::Token(crate::sampling::sample(&l, s.history, s.params, s.pos))
+                (None, Some(_)) => {
+                    back.next();
+                    Selected::Token(host_tokens.next().unwrap_or_default())
                 }
                 (None, None) => Selected::Logits(back.next().unwrap_or_default()),
             });
