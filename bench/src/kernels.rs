@@ -232,7 +232,7 @@ fn make_case<'a>(
 /// Checks and times every case; returns the report and a printable table.
 pub fn run(a: &KernelArgs) -> Result<(Report, String)> {
     let gpu = Gpu::open(a.device)?;
-    let profile = Profile::new(gpu.arch, gpu.sms);
+    let profile = Profile::for_device(gpu.arch, gpu.sms)?;
     let mut rep = Report {
         device: format!("{} ({}, {} SMs)", gpu.name, gpu.arch, gpu.sms),
         profile: profile.describe(),

@@ -28,6 +28,10 @@
 #ifndef MMQ_MAXT
 #define MMQ_MAXT 256
 #endif
+// Blocks of MMQ_MAXT threads that should fit on one SM (caps the registers per thread).
+#ifndef MMQ_MINB
+#define MMQ_MINB 1
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Activation preparation.
@@ -253,7 +257,7 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
 
 // Y, Y2, Y3 with n1 / n2: see Outs (n1 = N for a single output); R: residual (rows of N).
 #define MMQ_KERNEL(suffix, FMT)                                                                             \
-    extern "C" __global__ void __launch_bounds__(MMQ_MAXT) mmq_##suffix(                                      \
+    extern "C" __global__ void __launch_bounds__(MMQ_MAXT, MMQ_MINB) mmq_##suffix(                                      \
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
         const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
         Outs o;                                                                                               \

@@ -217,8 +217,78 @@ struct FmtQK {
         }
     }
 };
-typedef FmtQK<0> FmtQ4_K;
 typedef FmtQK<1> FmtQ5_K;
+
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+    u32 d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// (a & mask) | F16_1024X2 in one instruction.
+__device__ __forceinline__ u32 lop_1024(u32 a, u32 mask) {
+    u32 d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "r"(mask), "r"(F16_1024X2));
+    return d;
+}
+
+// Q4_K, dequantized in f16 before the mma (Marlin-style): KT = 256; [0, 2048) the nibble planes
+// as Q5_K's; [2048, 2304) word (g, j) at 2048 + (g * 8 + j) * 4 = the 6-bit scale and min of
+// rows g and g + 8 in sub-block j as bytes [sc(g), m(g), sc(g + 8), m(g + 8)]; [2304, 2368) row
+// r's f16 d and dmin at 2304 + r * 4 (engine/src/quant/repack/q4k.rs). A value is
+// fma(q, dl, -ml) in f16 with dl = f16(d * sc) and ml = f16(dmin * m) (each product rounded
+// once), and the mma chain over the whole segment is the accumulation (no per-block epilogue,
+// no block sums of the activations).
+struct FmtQ4_K {
+    enum { KT = 256, TB = 2368, NB = 8, MIN = 0 };
+    struct Tile {
+        uint4 q[4];
+        uint4 s[2];  // words (g, 0..3), (g, 4..7)
+        u32 dm[2];   // (d, -dmin) of rows g and g + 8
+    };
+    static __device__ __forceinline__ void load(const u8* tile, int lane, Tile& t) {
+#pragma unroll
+        for (int p = 0; p < 4; ++p) t.q[p] = ld16(tile + p * 512 + lane * 16);
+        const int g = lane >> 2;
+        t.s[0] = ld16(tile + 2048 + g * 32);
+        t.s[1] = ld16(tile + 2048 + g * 32 + 16);
+        t.dm[0] = __ldg((const u32*)(tile + 2304) + g) ^ 0x80000000u;
+        t.dm[1] = __ldg((const u32*)(tile + 2304) + g + 8) ^ 0x80000000u;
+    }
+    // (dl, dl) and (-ml, -ml) of one row from its (sc, m) bytes at byte pair `sel` of `sw`.
+    static __device__ __forceinline__ void row_scales(u32 sw, u32 sel, u32 dm, u32* dl2, u32* ml2) {
+        const u32 scm = hsub2(__byte_perm(sw, 0x64646464u, sel), F16_1024X2);  // (sc, m) exact
+        const u32 v = hmul2(scm, dm);                                          // (dl, -ml)
+        *dl2 = __byte_perm(v, v, 0x1010);
+        *ml2 = __byte_perm(v, v, 0x3232);
+    }
+    static __device__ __forceinline__ void block(const Tile& t, int b, const u32 bf[4], const XSum&,
+                                                 float acc[4]) {
+        const u32 sw = word_of(t.s[b >> 2], b & 3);
+        u32 dl[2], ml[2];
+        row_scales(sw, 0x4140, t.dm[0], &dl[0], &ml[0]);
+        row_scales(sw, 0x4342, t.dm[1], &dl[1], &ml[1]);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int s = 2 * b + half;
+            const u32 w = word_of(t.q[s >> 2], s & 3), w8 = w >> 8;
+            u32 a[4];
+            a[0] = hsub2(lop_1024(w, 0x000F000Fu), F16_1024X2);
+            a[1] = hfma2(lop_1024(w, 0x00F000F0u), 0x2C002C00u, 0xD400D400u);  // (1024 + 16 q) / 16 - 64
+            a[2] = hsub2(lop_1024(w8, 0x000F000Fu), F16_1024X2);
+            a[3] = hfma2(lop_1024(w8, 0x00F000F0u), 0x2C002C00u, 0xD400D400u);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) a[r] = hfma2(a[r], dl[r & 1], ml[r & 1]);
+            mma_f16_k16(a, bf[2 * half], bf[2 * half + 1], acc);
+        }
+    }
+};
 
 // Q6_K: KT = 256; nibble planes as Q4_K in [0, 2048); [2048, 3072) lane L's 32 bytes = one u16 of
 // high bits per step (bits 2 (r + 4h), +1 = bits 4-5 of value (r, h)); [3072, 3328) the 16 int8

@@ -10,6 +10,8 @@
 use super::DType;
 use crate::error::{Error, Result};
 
+mod q4k;
+
 /// Geometry of one repacked format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TileFormat {
@@ -25,7 +27,7 @@ pub fn tile_format(dtype: DType) -> Option<TileFormat> {
         DType::Q8_0 => (64, 1088),
         DType::Q4_0 => (64, 576),
         DType::Q4_1 => (64, 640),
-        DType::Q4_K => (256, 2304),
+        DType::Q4_K => (256, 2368),
         DType::Q5_K => (256, 2816),
         DType::Q6_K => (256, 3360),
         DType::F16 | DType::BF16 => (64, 2048),
@@ -235,7 +237,6 @@ fn head_spot(dtype: DType, row: usize, blk: usize) -> (usize, usize) {
         DType::Q8_0 => (1024 + (row * 2 + blk) * 2, 2),
         DType::Q4_0 => (512 + (row * 2 + blk) * 2, 2),
         DType::Q4_1 => (512 + (row * 2 + blk) * 4, 4),
-        DType::Q4_K => (2048 + row * 16, 16),
         DType::Q5_K => (2560 + row * 16, 16),
         _ => (3072 + row * 16, 16),
     }
@@ -298,6 +299,10 @@ fn write_tile(dtype: DType, f: TileFormat, kt: usize, rows: &[Option<RowCodes>],
             let Some(head) = rc.heads.get(hpt * kt + blk) else {
                 continue;
             };
+            if dtype == DType::Q4_K {
+                q4k::put_head(tile, row, head);
+                continue;
+            }
             let (at, len) = head_spot(dtype, row, blk);
             tile[at..at + len].copy_from_slice(&head[..len]);
             if dtype == DType::Q6_K {
@@ -326,6 +331,9 @@ fn read_row(
     });
     (0..heads_per_tile(dtype))
         .map(|blk| {
+            if dtype == DType::Q4_K {
+                return q4k::get_head(tile, row);
+            }
             let (at, len) = head_spot(dtype, row, blk);
             let mut h = tile[at..at + len].to_vec();
             if dtype == DType::Q6_K {

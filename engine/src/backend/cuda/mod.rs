@@ -195,7 +195,7 @@ impl Runner<CudaOps> {
                 gib(total)
             )));
         }
-        let profile = profile::Profile::new(gpu.arch, gpu.sms);
+        let profile = profile::Profile::for_device(gpu.arch, gpu.sms)?;
         let v2 = products_v2_default();
         let ops = CudaOps {
             gpu,

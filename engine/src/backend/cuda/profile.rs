@@ -65,7 +65,10 @@ const fn tiled(nt: u32, rpb: u32) -> Launch {
 
 /// The weight types whose products prefer wider token tiles (cheap dequantization).
 fn wide(dtype: DType) -> bool {
-    matches!(dtype, DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q6_K)
+    matches!(
+        dtype,
+        DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q6_K | DType::Q4_K
+    )
 }
 
 impl Profile {
@@ -76,6 +79,23 @@ impl Profile {
             sms: sms.max(1),
             warps_per_sm: 16,
         }
+    }
+
+    /// [`Profile::new`] with the overrides of the environment: `MEMRA_WARPS_PER_SM` (1..=64)
+    /// replaces `warps_per_sm`, which sets every matrix's segment count (docs/FLAGS.md).
+    pub fn for_device(arch: &'static str, sms: u32) -> crate::error::Result<Profile> {
+        let mut p = Profile::new(arch, sms);
+        if let Ok(v) = std::env::var("MEMRA_WARPS_PER_SM") {
+            p.warps_per_sm = match v.trim().parse::<u32>() {
+                Ok(n) if (1..=64).contains(&n) => n,
+                _ => {
+                    return Err(crate::error::Error::Input(format!(
+                        "MEMRA_WARPS_PER_SM={v}: expected a whole number from 1 to 64"
+                    )));
+                }
+            };
+        }
+        Ok(p)
     }
 
     /// The canonical segment count of a matrix of `rows` rows and `col_tiles` column tiles: the
@@ -100,7 +120,7 @@ impl Profile {
             17..=64 => split(2),
             _ => match dtype {
                 DType::F16 | DType::BF16 => tiled(4, 4),
-                DType::Q6_K => tiled(8, 2),
+                DType::Q6_K | DType::Q4_K => tiled(8, 2),
                 _ => tiled(2, 4),
             },
         }
