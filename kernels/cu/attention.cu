@@ -59,41 +59,58 @@ extern "C" __global__ void __launch_bounds__(128) attn_split(
     for (u32 split = blockIdx.y; split * ATTN_SPLIT < n; split += gridDim.y) {
         const u32 p0 = split * ATTN_SPLIT;
         const u32 p1 = min(p0 + ATTN_SPLIT, n);
-        // 1. scores.
+        // 1. scores. Every lane first forms its partial dot product of all its positions
+        // (independent chains, every load in flight at once), then the 16 xor trees run
+        // interleaved: the same operations per position as one position at a time.
         const u32 a0 = p0 + w * ATTN_PER_WARP;
         const u32 cnt = p1 > a0 ? min((u32)ATTN_PER_WARP, p1 - a0) : 0;
-#pragma unroll 4
-        for (u32 i = 0; i < cnt; ++i) {
-            const u32 p = a0 + i;
-            const float* k = Kc + kv_off(tab, p, block_size, width, kvh, head_dim);
-            float s = 0.0f;
+        float sp[ATTN_PER_WARP];
 #pragma unroll
-            for (int j = 0; j < ATTN_DPL; ++j) {
-                const u32 d = lane + 32 * j;
-                if (d < head_dim) s = __fmaf_rn(qv[j], k[d], s);
+        for (u32 i = 0; i < ATTN_PER_WARP; ++i) {
+            sp[i] = 0.0f;
+            if (i < cnt) {
+                const float* k = Kc + kv_off(tab, a0 + i, block_size, width, kvh, head_dim);
+#pragma unroll
+                for (int j = 0; j < ATTN_DPL; ++j) {
+                    const u32 d = lane + 32 * j;
+                    if (d < head_dim) sp[i] = __fmaf_rn(qv[j], __ldg(k + d), sp[i]);
+                }
             }
-            s = warp_sum_tree(s);
-            if (lane == 0) sc[p - p0] = __fmul_rn(s, scale);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (u32 i = 0; i < ATTN_PER_WARP; ++i) sp[i] += __shfl_xor_sync(FULL_MASK, sp[i], o);
+        if (lane == 0) {
+#pragma unroll
+            for (u32 i = 0; i < ATTN_PER_WARP; ++i)
+                if (i < cnt) sc[a0 + i - p0] = __fmul_rn(sp[i], scale);
         }
         __syncthreads();
-        // 2. the split's max.
+        // 2. the split's max (exact whatever the order): two scores per lane, then the warp's
+        // xor tree.
         float mx = -__int_as_float(0x7f800000);
-        for (u32 i = 0; i < p1 - p0; ++i) mx = fmaxf(mx, sc[i]);
-        // 3. this warp's weighted V sum, in position order.
+        if ((u32)lane < p1 - p0) mx = sc[lane];
+        if ((u32)lane + 32 < p1 - p0) mx = fmaxf(mx, sc[lane + 32]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, o));
+        // 3. this warp's weighted V sum, in position order (loads first, then the chains).
         float o[ATTN_DPL];
 #pragma unroll
         for (int j = 0; j < ATTN_DPL; ++j) o[j] = 0.0f;
         float l = 0.0f;
-#pragma unroll 4
-        for (u32 i = 0; i < cnt; ++i) {
-            const u32 p = a0 + i;
-            const float e = expf(sc[p - p0] - mx);
-            l = __fadd_rn(l, e);
-            const float* v = Vc + kv_off(tab, p, block_size, width, kvh, head_dim);
 #pragma unroll
-            for (int j = 0; j < ATTN_DPL; ++j) {
-                const u32 d = lane + 32 * j;
-                if (d < head_dim) o[j] = __fmaf_rn(e, v[d], o[j]);
+        for (u32 i = 0; i < ATTN_PER_WARP; ++i) {
+            if (i < cnt) {
+                const u32 p = a0 + i;
+                const float e = expf(sc[p - p0] - mx);
+                l = __fadd_rn(l, e);
+                const float* v = Vc + kv_off(tab, p, block_size, width, kvh, head_dim);
+#pragma unroll
+                for (int j = 0; j < ATTN_DPL; ++j) {
+                    const u32 d = lane + 32 * j;
+                    if (d < head_dim) o[j] = __fmaf_rn(e, __ldg(v + d), o[j]);
+                }
             }
         }
 #pragma unroll
