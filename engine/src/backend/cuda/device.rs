@@ -1,5 +1,6 @@
-//! One CUDA device: context, stream, the NVRTC-built kernel modules, memory helpers and typed
-//! launch wrappers for every kernel (used by the backend and by `memra-verify kernels`).
+//! One CUDA device: context, stream, the NVRTC-built kernel modules, memory helpers and launch
+//! wrappers for every kernel (used by the backend and by `memra-verify kernels`). Every launch is
+//! checked against the kernel's parameters as read from its source (`memra_kernels::sig`).
 //!
 //! Kernel arguments are raw device addresses (`u64`): buffers are owned by the caller and used
 //! on the one stream, with cudarc's multi-stream event tracking disabled.
@@ -12,6 +13,8 @@ use cudarc::driver::{
     PushKernelArg, ValidAsZeroBits,
 };
 
+use memra_kernels::sig::Param;
+
 use crate::error::{Error, Result};
 use crate::quant::DType;
 
@@ -23,6 +26,55 @@ pub enum Arg {
     U32(u32),
     U64(u64),
     F32(f32),
+}
+
+/// Every kernel's parameter kinds, read once from the sources the modules compile (with
+/// `$MEMRA_KERNEL_DIR` applied): the one table launches are checked against.
+fn signatures() -> &'static Result<HashMap<String, Vec<Param>>, String> {
+    static SIGS: std::sync::OnceLock<Result<HashMap<String, Vec<Param>>, String>> =
+        std::sync::OnceLock::new();
+    SIGS.get_or_init(|| {
+        let build = memra_kernels::Build::with_defines(&[]);
+        let mut map = HashMap::new();
+        for m in memra_kernels::MODULES {
+            let src = memra_kernels::full_source_with(m, &build);
+            for s in memra_kernels::sig::signatures(&src).map_err(|e| format!("{}: {e}", m.file))? {
+                map.insert(s.name, s.params);
+            }
+        }
+        Ok(map)
+    })
+}
+
+/// Checks a launch of kernel `name` with `args` against the kernel's parameters.
+fn check_args(name: &str, args: &[Arg]) -> std::result::Result<(), String> {
+    let sigs = signatures().as_ref().map_err(|e| e.clone())?;
+    let params = sigs
+        .get(name)
+        .ok_or_else(|| format!("launch {name}: no such kernel in the sources"))?;
+    if params.len() != args.len() {
+        return Err(format!(
+            "launch {name}: {} arguments for {} parameters",
+            args.len(),
+            params.len()
+        ));
+    }
+    for (i, (a, p)) in args.iter().zip(params).enumerate() {
+        // A device address and a u64 are both 8 bytes passed by value: either may stand for the
+        // other; the 4-byte kinds must match exactly.
+        let ok = matches!(
+            (a, p),
+            (Arg::Ptr(_) | Arg::U64(_), Param::Ptr | Param::U64)
+                | (Arg::U32(_), Param::U32)
+                | (Arg::F32(_), Param::F32)
+        );
+        if !ok {
+            return Err(format!(
+                "launch {name}: argument {i} is {a:?}, the kernel takes {p:?}"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Runs `f`, turning a panic (cudarc panics when libcuda/libnvrtc is missing) into `Err` with
@@ -195,6 +247,7 @@ impl Gpu {
         smem: u32,
         args: &[Arg],
     ) -> Result<()> {
+        check_args(what, args).map_err(|e| self.err(e))?;
         let mut b = self.stream.launch_builder(f);
         for a in args {
             match a {
@@ -736,5 +789,26 @@ impl Gpu {
             Arg::U32(prep.is_some_and(|p| p.bf16) as u32),
         ];
         self.launch("attn_combine", (rh.div_ceil(4), 1), 128, &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launches_are_checked_against_the_kernel_sources() {
+        let ok = [Arg::Ptr(1), Arg::F32(0.5), Arg::U64(3)];
+        assert_eq!(check_args("fill_f32", &ok), Ok(()));
+        let e = check_args("fill_f32", &ok[..2]).unwrap_err();
+        assert!(e.contains("2 arguments for 3 parameters"), "{e}");
+        let e = check_args("fill_f32", &[Arg::Ptr(1), Arg::U32(0), Arg::U64(3)]).unwrap_err();
+        assert!(e.contains("argument 1") && e.contains("F32"), "{e}");
+        let e = check_args("fill_f32", &[Arg::Ptr(1), Arg::F32(0.0), Arg::U32(3)]).unwrap_err();
+        assert!(e.contains("argument 2"), "{e}");
+        assert!(check_args("no_such_kernel", &[]).is_err());
+        // Macro-stamped kernels are in the table too.
+        assert!(signatures().as_ref().unwrap().contains_key("mmq_q4_k"));
+        assert!(signatures().as_ref().unwrap().contains_key("matmul_q6_k"));
     }
 }
