@@ -667,9 +667,12 @@ mod tests {
         fn radix_road_equals_comparison_road(
             logits in prop::collection::vec(logit(), 1..300),
             p in params(),
+            t in prop_oneof![0.05f32..0.5, 0.5f32..2.0, 2.0f32..20.0],
             pos in any::<u64>(),
         ) {
-            prop_assume!(!p.is_greedy());
+            // Always a sampled (not greedy) temperature: a rejection would starve proptest.
+            let p = SamplingParams { temperature: t, ..p };
+            prop_assert!(!p.is_greedy());
             let mut l = logits.clone();
             apply_penalties(&mut l, &[], &p);
             prop_assert_eq!(sample(&logits, &[], &p, pos), sample_by_comparison(&l, &p, pos));
