@@ -136,7 +136,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Device-to-device copy bandwidth (bytes read + written per second), 1 GiB buffers.
-fn copy_bandwidth(gpu: &Gpu) -> Result<f64> {
+pub fn copy_bandwidth(gpu: &Gpu) -> Result<f64> {
     let n = 1usize << 28;
     let a = gpu.zeros::<f32>(n)?;
     let mut b = gpu.zeros::<f32>(n)?;

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use memra_bench::convert::{ConvertArgs, convert_gguf_to_hf};
 use memra_bench::plan::SynthDType;
@@ -24,8 +24,98 @@ struct Cli {
     cmd: Cmd,
 }
 
+/// The flags of `decode`, `prefill` and `ttft`.
+#[derive(Args)]
+struct SpeedFlags {
+    /// A GGUF file or HF folder.
+    model: PathBuf,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Prompt lengths in tokens (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "512")]
+    prompt: Vec<usize>,
+    /// Generated tokens (decode).
+    #[arg(long = "gen", default_value_t = 128)]
+    gen_tokens: usize,
+    /// Timed runs after the untimed reference run; the row is their median.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// The model's shape label for the rows (llama3-8b, smollm2-135m).
+    #[arg(long)]
+    shape: Option<String>,
+    /// The weight type label for the rows (Q4_K_M, Q8_0, F16, Q4_1).
+    #[arg(long)]
+    dtype: Option<String>,
+    /// Run id shared with the peer's rows of the same invocation (default: time and pid).
+    #[arg(long)]
+    run: Option<String>,
+    /// Append the rows to this JSONL file (reports/data/NAME.jsonl).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print the rows as JSON lines instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
+    /// Batch-1 decode tok/s after a prompt, through the engine (median of --runs, checked
+    /// against an untimed reference run).
+    Decode(SpeedFlags),
+    /// Prefill tok/s of each --prompt length.
+    Prefill(SpeedFlags),
+    /// Time to first token: cold (fresh cache salt) and cached (prefix in the cache).
+    Ttft(SpeedFlags),
+    /// The peer on the same file: `peer llama.cpp MODEL --llama-bin DIR` runs llama-bench
+    /// (-ngl 99 -fa 1) at the same prompt sizes and records its rows under the same --run.
+    Peer {
+        /// The peer engine (llama.cpp).
+        engine: String,
+        /// The GGUF file (the same one memra measured).
+        model: PathBuf,
+        /// The folder holding llama-bench (tools/device/peer.sh builds it).
+        #[arg(long)]
+        llama_bin: PathBuf,
+        /// The CUDA device the peer uses (for the device fields of the rows).
+        #[arg(long, default_value = "cuda:0")]
+        device: String,
+        #[arg(long, value_delimiter = ',', default_value = "512")]
+        prompt: Vec<usize>,
+        #[arg(long = "gen", default_value_t = 128)]
+        gen_tokens: usize,
+        /// Context depths (llama-bench -d).
+        #[arg(long, value_delimiter = ',', default_value = "0")]
+        depth: Vec<usize>,
+        /// Repetitions (llama-bench -r).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        #[arg(long)]
+        shape: Option<String>,
+        #[arg(long)]
+        dtype: Option<String>,
+        /// The run id of memra's rows of this comparison.
+        #[arg(long)]
+        run: String,
+        /// Append the rows to this JSONL file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Tables, SVG figures and the README's performance section from reports/data/*.jsonl.
+    Report {
+        /// The folder of measurement rows.
+        #[arg(long, default_value = "reports/data")]
+        data: PathBuf,
+        /// Where reports/README.md and figures/ go.
+        #[arg(long, default_value = "reports")]
+        out: PathBuf,
+        /// The README whose marked section is rewritten ("none": leave it).
+        #[arg(long, default_value = "README.md")]
+        readme: String,
+    },
     /// Device microbenchmark of the v2 products: correctness, bitwise invariance across M and
     /// launch geometries, then time, GB/s and TFLOP/s per (type, N x K, M).
     Kernels {
@@ -138,6 +228,25 @@ enum Cmd {
         /// Bearer key, if the server has a keyring.
         #[arg(long)]
         api_key: Option<String>,
+        /// Append the result as a `load` row to this JSONL file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The row's run id (shared with the other rows of a comparison).
+        #[arg(long)]
+        run: Option<String>,
+        /// The server measured: memra or llama.cpp (llama-server).
+        #[arg(long, default_value = "memra")]
+        engine: String,
+        /// The model file the server loaded (for the row's model fields).
+        #[arg(long)]
+        model_file: Option<PathBuf>,
+        #[arg(long)]
+        shape: Option<String>,
+        #[arg(long)]
+        dtype: Option<String>,
+        /// The server's device, for the row (cpu or cuda:N).
+        #[arg(long, default_value = "cpu")]
+        device: String,
     },
     /// Convert a GGUF file to an HF folder (config.json, model.safetensors, tokenizer files),
     /// or with `--to gguf` an HF folder to a GGUF file.
@@ -161,8 +270,117 @@ enum Cmd {
     },
 }
 
+fn speed(kind: memra_bench::speed::Kind, f: SpeedFlags) -> Result<()> {
+    let args = memra_bench::speed::SpeedArgs {
+        kind,
+        device: f.device.parse()?,
+        prompts: f.prompt,
+        gen_tokens: f.gen_tokens,
+        runs: f.runs,
+        run: f.run.unwrap_or_else(memra_bench::record::new_run_id),
+        progress: !f.quiet && !f.json,
+        shape: f.shape,
+        dtype: f.dtype,
+    };
+    let rows = memra_bench::speed::run(&f.model, &args)?;
+    for r in &rows {
+        if f.json {
+            println!("{}", serde_json::to_string(r).unwrap_or_default());
+        } else {
+            let v = r
+                .value
+                .map_or("invalid".into(), memra_bench::report::fmt_value);
+            let range = match (r.min, r.max) {
+                (Some(a), Some(b)) => format!(
+                    " ({}-{})",
+                    memra_bench::report::fmt_value(a),
+                    memra_bench::report::fmt_value(b)
+                ),
+                _ => String::new(),
+            };
+            println!(
+                "{} prompt {}: {v}{range} {} over {} runs{}",
+                r.workload.name(),
+                r.prompt.unwrap_or(0),
+                r.unit,
+                r.runs,
+                if r.valid {
+                    ""
+                } else {
+                    " (INVALID: tokens differ from the reference run)"
+                }
+            );
+        }
+    }
+    if let Some(p) = f.out {
+        memra_bench::record::append(&p, &rows)?;
+    }
+    if rows.iter().any(|r| !r.valid) {
+        return Err(Error::Input(
+            "a timed run's tokens differed from the reference run".into(),
+        ));
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<()> {
+    use memra_bench::speed::Kind;
     match cli.cmd {
+        Cmd::Decode(f) => speed(Kind::Decode, f),
+        Cmd::Prefill(f) => speed(Kind::Prefill, f),
+        Cmd::Ttft(f) => speed(Kind::Ttft, f),
+        Cmd::Peer {
+            engine,
+            model,
+            llama_bin,
+            device,
+            prompt,
+            gen_tokens,
+            depth,
+            reps,
+            shape,
+            dtype,
+            run,
+            out,
+        } => {
+            if engine != "llama.cpp" {
+                return Err(Error::Input(format!(
+                    "unknown peer `{engine}` (llama.cpp is the one peer)"
+                )));
+            }
+            let (device, _) = memra_bench::speed::device_ref(&device)?;
+            let p = memra_bench::peer::PeerRun {
+                run,
+                time: memra_bench::record::now(),
+                device,
+                commit: memra_bench::record::commit(),
+                model: memra_bench::record::model_ref(&model)?,
+                shape,
+                dtype,
+            };
+            let text = memra_bench::peer::llama_bench(
+                &llama_bin, &model, &prompt, gen_tokens, &depth, reps,
+            )?;
+            let rows = memra_bench::peer::rows_from_jsonl(&text, &p)?;
+            for r in &rows {
+                println!("{}", serde_json::to_string(r).unwrap_or_default());
+            }
+            if let Some(o) = out {
+                memra_bench::record::append(&o, &rows)?;
+            }
+            Ok(())
+        }
+        Cmd::Report { data, out, readme } => {
+            let args = memra_bench::report::ReportArgs {
+                data,
+                out,
+                readme: (readme != "none").then(|| PathBuf::from(readme)),
+            };
+            for p in memra_bench::report::run(&args)? {
+                eprintln!("wrote {}", p.display());
+            }
+            Ok(())
+        }
         Cmd::Synth {
             shape,
             dtype,
@@ -304,6 +522,13 @@ fn run(cli: Cli) -> Result<()> {
             requests,
             max_tokens,
             api_key,
+            out,
+            run,
+            engine,
+            model_file,
+            shape,
+            dtype,
+            device,
         } => {
             let args = memra_bench::load::LoadArgs {
                 addr,
@@ -315,6 +540,43 @@ fn run(cli: Cli) -> Result<()> {
             };
             let rep = memra_bench::load::run(&args)?;
             println!("{}", serde_json::to_string(&rep).unwrap_or_default());
+            if let Some(o) = out {
+                let (device, _) = memra_bench::speed::device_ref(&device)?;
+                let model = model_file
+                    .as_deref()
+                    .map(memra_bench::record::model_ref)
+                    .transpose()?;
+                let ok = rep.errors + rep.malformed == 0;
+                let row = memra_bench::record::Row {
+                    run: run.unwrap_or_else(memra_bench::record::new_run_id),
+                    time: memra_bench::record::now(),
+                    device,
+                    version: (engine != "memra").then(|| "llama-server".to_string()),
+                    engine,
+                    commit: memra_bench::record::commit(),
+                    model,
+                    shape,
+                    dtype,
+                    workload: memra_bench::record::Workload::Load,
+                    batch: Some(clients as u64),
+                    prompt: None,
+                    generated: Some(max_tokens as u64),
+                    depth: None,
+                    value: ok.then_some(rep.aggregate_tok_s),
+                    unit: "tok/s".into(),
+                    min: None,
+                    max: None,
+                    stddev: None,
+                    weight_gb_s: None,
+                    runs: 1,
+                    valid: ok,
+                    source: Some(format!(
+                        "memra-bench load: {clients} clients x {requests} requests x {max_tokens} tokens, {} errors",
+                        rep.errors + rep.malformed
+                    )),
+                };
+                memra_bench::record::append(&o, &[row])?;
+            }
             if rep.errors + rep.malformed > 0 {
                 return Err(Error::Input(format!(
                     "{} errors, {} malformed streams (first: {})",

@@ -3,11 +3,14 @@
 # (issue 8 / PERF.md). Runs ON the device from the repo root with .device carried, SmolLM2
 # staged in $HOME/models and llama.cpp built (or building) by tools/device/peer.sh.
 #   1. synthetic llama3-8b q4_k_m / q8_0 / f16 with llama.cpp's RoPE layout (both engines load them)
-#   2. memra run-gen: 512-token prompt, 128 new tokens, CUDA graphs on; median of RUNS runs
-#   3. llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 3 on the same files
+#   2. memra-bench decode / prefill / ttft (512-token prompt, 128 new tokens, CUDA graphs on,
+#      median of RUNS timed runs checked against an untimed reference run)
+#   3. memra-bench peer llama.cpp: llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 3 on the same files
 #   4. 64 streaming clients x 4 requests x 64 tokens (memra-bench load) against memra-server
 #      and llama-server -np 64 on the q4_k_m file
-# The table goes to $OUT/sidebyside.md and is printed last; logs to $OUT/sbs-logs.tgz.
+# Every measurement is a row of ONE run id in $OUT/data.jsonl (docs/BENCH.md): copy it into
+# reports/data/ and run `memra-bench report`. A markdown summary goes to $OUT/sidebyside.md;
+# logs to $OUT/sbs-logs.tgz.
 #   (gates: memra-verify kernels / invariance / graph / tokens through battery.sh, between 2 and 3)
 # Env: SBS_STEPS (default "synth memra gates peer load"), RUNS (default 3).
 set -uo pipefail
@@ -35,20 +38,19 @@ if has synth; then
   done
 fi
 
-declare -A MD MP
+RUN="${RUN:-h200-$(date -u +%Y%m%dT%H%M%SZ)}"
+DATA="$OUT/data.jsonl"
+export MEMRA_COMMIT="$COMMIT"
+label() { case "$1" in smollm2) echo "--shape smollm2-135m --dtype Q4_1";; q4_k_m) echo "--shape llama3-8b --dtype Q4_K_M";;
+  q8_0) echo "--shape llama3-8b --dtype Q8_0";; f16) echo "--shape llama3-8b --dtype F16";; esac; }
+file() { if [ "$1" = smollm2 ]; then echo "$SMOL"; else model "$1"; fi; }
 if has memra; then
-  IDS=$(python3 -c "print(','.join(str(100 + i * 7 % 40000) for i in range(512)))")
   for name in smollm2 q4_k_m q8_0 f16; do
-    f=$SMOL; [ "$name" = smollm2 ] || f=$(model "$name")
-    : > "$LOG/memra-$name.txt"
-    for r in $(seq 1 "$RUNS"); do
-      timeout 240 "$BIN/run-gen" "$f" --device cuda:0 --json --prompt-ids "$IDS" --max-tokens 128 \
-        --ignore-eos > "$LOG/memra-$name-$r.json" 2> "$LOG/memra-$name-$r.err" &&
-        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(j['decode_tok_per_s'], j['prompt_tok_per_s'])" \
-          "$LOG/memra-$name-$r.json" >> "$LOG/memra-$name.txt"
+    for w in decode prefill ttft; do
+      # shellcheck disable=SC2046
+      timeout 300 "$BIN/memra-bench" "$w" "$(file "$name")" --device cuda:0 --prompt 512 --gen 128 \
+        --runs "$RUNS" $(label "$name") --run "$RUN" --out "$DATA" --quiet > "$LOG/memra-$w-$name.txt" 2>&1
     done
-    MD[$name]=$(sort -n -k1 "$LOG/memra-$name.txt" | awk '{a[NR]=$1} END {if (NR) printf "%.1f (%.1f-%.1f)", a[int((NR+1)/2)], a[1], a[NR]; else print "FAIL"}')
-    MP[$name]=$(sort -n -k2 "$LOG/memra-$name.txt" | awk '{a[NR]=$2} END {if (NR) printf "%.0f (%.0f-%.0f)", a[int((NR+1)/2)], a[1], a[NR]; else print "FAIL"}')
   done
 fi
 
@@ -57,14 +59,12 @@ if has gates; then
   grep -E "^(verify|invariance|graph|tokens)" "$OUT/summary.txt" > "$LOG/gates-summary.txt" 2>/dev/null
 fi
 
-declare -A LT LP
 if has peer; then
   tools/device/peer.sh wait > "$LOG/peer-build.txt" 2>&1
   for name in smollm2 q4_k_m q8_0 f16; do
-    f=$SMOL; [ "$name" = smollm2 ] || f=$(model "$name")
-    timeout 240 tools/device/peer.sh bench "$f" > "$LOG/llama-bench-$name.md" 2>&1
-    LP[$name]=$(grep "pp512" "$LOG/llama-bench-$name.md" | awk -F'|' '{print $(NF-1)}' | xargs)
-    LT[$name]=$(grep "tg128" "$LOG/llama-bench-$name.md" | awk -F'|' '{print $(NF-1)}' | xargs)
+    # shellcheck disable=SC2046
+    timeout 300 "$BIN/memra-bench" peer llama.cpp "$(file "$name")" --llama-bin "$HOME/llama.cpp/build/bin" \
+      --prompt 512 --gen 128 --reps 3 $(label "$name") --run "$RUN" --out "$DATA" > "$LOG/llama-bench-$name.txt" 2>&1
   done
 fi
 
@@ -78,8 +78,10 @@ if has load; then
   for _ in $(seq 1 240); do
     curl -s -o /dev/null -w "%{http_code}" 127.0.0.1:18090/ready 2>/dev/null | grep -q 200 && break; sleep 0.5
   done
+  # shellcheck disable=SC2046
   timeout 300 "$BIN/memra-bench" load --addr 127.0.0.1:18090 --model m --clients 64 --requests 4 \
-    --max-tokens 64 > "$LOG/load-memra.json" 2>&1
+    --max-tokens 64 --out "$DATA" --run "$RUN" --engine memra --model-file "$f" $(label q4_k_m) \
+    --device cuda:0 > "$LOG/load-memra.json" 2>&1
   kill -TERM "$pid"; wait "$pid"
   LOADM=$(python3 -c "import json; j=json.loads(open('$LOG/load-memra.json').read().strip().splitlines()[-1]); print('%.0f tok/s, %d errors' % (j.get('aggregate_tok_s', 0), j.get('errors', -1)))" 2>/dev/null || echo FAIL)
   if [ -x "$HOME/llama.cpp/build/bin/llama-server" ]; then
@@ -89,26 +91,23 @@ if has load; then
     for _ in $(seq 1 240); do
       curl -s 127.0.0.1:18091/health 2>/dev/null | grep -q ok && break; sleep 0.5
     done
+    # shellcheck disable=SC2046
     timeout 300 "$BIN/memra-bench" load --addr 127.0.0.1:18091 --model m --clients 64 --requests 4 \
-      --max-tokens 64 > "$LOG/load-llama.json" 2>&1
+      --max-tokens 64 --out "$DATA" --run "$RUN" --engine llama.cpp --model-file "$f" $(label q4_k_m) \
+      --device cuda:0 > "$LOG/load-llama.json" 2>&1
     kill -TERM "$lpid"; wait "$lpid" 2>/dev/null
     LOADL=$(python3 -c "import json; j=json.loads(open('$LOG/load-llama.json').read().strip().splitlines()[-1]); print('%.0f tok/s, %d errors' % (j.get('aggregate_tok_s', 0), j.get('errors', -1)))" 2>/dev/null || echo FAIL)
   fi
 fi
 
 {
-  echo "## memra vs llama.cpp, one run, same GGUF files ($(date -u +%FT%TZ), memra $COMMIT, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null))"
+  echo "## memra vs llama.cpp, run $RUN ($(date -u +%FT%TZ), memra $COMMIT, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null))"
   echo
-  echo "| model file | memra decode tok/s | memra prefill pp512 tok/s | llama.cpp tg128 | llama.cpp pp512 |"
-  echo "|---|---|---|---|---|"
-  for name in q4_k_m q8_0 f16 smollm2; do
-    echo "| $name | ${MD[$name]:-} | ${MP[$name]:-} | ${LT[$name]:-} | ${LP[$name]:-} |"
-  done
-  echo
-  echo "memra: run-gen, 512-token prompt, 128 new tokens, CUDA graphs, median (min-max) of $RUNS runs; prefill = the whole 512-token prompt step (TTFT = 512 / prefill)."
-  echo "llama.cpp: llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 3 (mean +- sd)."
+  cat "$LOG"/memra-*.txt 2>/dev/null
   echo
   echo "64 streaming clients x 4 requests x 64 tokens on q4_k_m: memra-server ${LOADM:-not run}; llama-server -np 64 ${LOADL:-not run}"
+  echo
+  echo "rows: $(wc -l < "$DATA" 2>/dev/null || echo 0) in $DATA (copy into reports/data/, then memra-bench report)"
   echo
   echo "gates on this build:"
   sed 's/^/    /' "$LOG/gates-summary.txt" 2>/dev/null

@@ -2,5 +2,6 @@
 
 mod logits_equivalence;
 mod real_tokenizer;
+mod report;
 mod synth_gguf;
 mod synth_hf;

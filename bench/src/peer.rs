@@ -1,0 +1,193 @@
+//! `memra-bench peer llama.cpp`: runs the peer's `llama-bench` on the same GGUF file and prompt
+//! sizes as memra, and turns its JSON lines into measurement rows of the same run. Building
+//! llama.cpp (from the llama-cpp-python 0.3.36 sdist) is tools/device/peer.sh's job; this takes
+//! the built binaries' folder. llama.cpp's source and binaries are never committed.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde::Deserialize;
+
+use memra_engine::error::{Error, Result};
+
+use crate::record::{DeviceRef, ModelRef, Row, Workload};
+
+/// What llama-bench prints per test with `-o jsonl` (the fields read here).
+#[derive(Debug, Deserialize)]
+struct BenchLine {
+    build_commit: Option<String>,
+    build_number: Option<u64>,
+    gpu_info: Option<String>,
+    n_prompt: u64,
+    n_gen: u64,
+    #[serde(default)]
+    n_depth: u64,
+    avg_ts: f64,
+    stddev_ts: Option<f64>,
+    #[serde(default)]
+    samples_ts: Vec<f64>,
+}
+
+/// The labels and run every row of one model file shares.
+#[derive(Clone, Debug)]
+pub struct PeerRun {
+    pub run: String,
+    pub time: String,
+    pub device: DeviceRef,
+    pub commit: Option<String>,
+    pub model: ModelRef,
+    pub shape: Option<String>,
+    pub dtype: Option<String>,
+}
+
+/// Rows from llama-bench's JSON lines: a `pp` test is prefill, a `tg` test decode.
+pub fn rows_from_jsonl(text: &str, p: &PeerRun) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if !line.starts_with('{') {
+            continue;
+        }
+        let b: BenchLine = serde_json::from_str(line)
+            .map_err(|e| Error::Input(format!("llama-bench line {}: {e}", i + 1)))?;
+        let workload = match (b.n_prompt, b.n_gen) {
+            (_, 0) => Workload::Prefill,
+            (0, _) => Workload::Decode,
+            _ => continue,
+        };
+        let version = format!(
+            "llama.cpp build {} ({})",
+            b.build_number.map_or("?".into(), |n| n.to_string()),
+            b.build_commit.as_deref().unwrap_or("?")
+        );
+        let mut device = p.device.clone();
+        if let Some(g) = b.gpu_info.filter(|g| !g.is_empty()) {
+            device.name = g;
+        }
+        let finite = b.samples_ts.iter().copied().filter(|x| x.is_finite());
+        let min = finite.clone().reduce(f64::min);
+        let max = finite.reduce(f64::max);
+        rows.push(Row {
+            run: p.run.clone(),
+            time: p.time.clone(),
+            device,
+            engine: "llama.cpp".into(),
+            version: Some(version),
+            commit: p.commit.clone(),
+            model: Some(p.model.clone()),
+            shape: p.shape.clone(),
+            dtype: p.dtype.clone(),
+            workload,
+            batch: Some(1),
+            prompt: Some(b.n_prompt),
+            generated: Some(b.n_gen),
+            depth: Some(b.n_depth),
+            value: Some(b.avg_ts),
+            unit: "tok/s".into(),
+            min,
+            max,
+            stddev: b.stddev_ts,
+            weight_gb_s: p
+                .model
+                .bytes
+                .filter(|_| workload == Workload::Decode)
+                .map(|x| x as f64 * b.avg_ts / 1e9),
+            runs: b.samples_ts.len().max(1) as u64,
+            valid: true,
+            source: Some("llama-bench -ngl 99 -fa 1".into()),
+        });
+    }
+    if rows.is_empty() {
+        return Err(Error::Input("llama-bench printed no pp/tg result".into()));
+    }
+    Ok(rows)
+}
+
+/// Runs `llama-bench -ngl 99 -fa 1 -p P -n N -d D -r R -o jsonl` from `bin_dir` on `model`.
+pub fn llama_bench(
+    bin_dir: &Path,
+    model: &Path,
+    prompt: &[usize],
+    gen_tokens: usize,
+    depth: &[usize],
+    reps: usize,
+) -> Result<String> {
+    let exe = bin_dir.join("llama-bench");
+    let list = |v: &[usize]| {
+        v.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let out = Command::new(&exe)
+        .arg("-m")
+        .arg(model)
+        .args(["-ngl", "99", "-fa", "1", "-o", "jsonl"])
+        .args(["-p", &list(prompt), "-n", &gen_tokens.to_string()])
+        .args(["-d", &list(depth), "-r", &reps.to_string()])
+        .output()
+        .map_err(|e| Error::Input(format!("{}: {e}", exe.display())))?;
+    if !out.status.success() {
+        return Err(Error::Input(format!(
+            "{} failed ({}): {}",
+            exe.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run() -> PeerRun {
+        PeerRun {
+            run: "r1".into(),
+            time: "2026-12-01T00:00:00Z".into(),
+            device: DeviceRef {
+                name: "cuda".into(),
+                driver: Some("580".into()),
+                sms: Some(132),
+            },
+            commit: Some("abc".into()),
+            model: ModelRef {
+                file: "m.gguf".into(),
+                sha256: None,
+                bytes: Some(4_000_000_000),
+            },
+            shape: Some("llama3-8b".into()),
+            dtype: Some("Q4_K_M".into()),
+        }
+    }
+
+    #[test]
+    fn pp_and_tg_lines_become_prefill_and_decode_rows() {
+        let text = concat!(
+            "ggml_cuda_init: found 1 CUDA devices\n",
+            r#"{"build_commit": "b1", "build_number": 42, "gpu_info": "NVIDIA H200", "n_prompt": 512, "n_gen": 0, "n_depth": 0, "avg_ts": 9417.0, "stddev_ts": 960.0, "samples_ts": [9000.0, 9400.0, 9851.0]}"#,
+            "\n",
+            r#"{"build_commit": "b1", "build_number": 42, "gpu_info": "NVIDIA H200", "n_prompt": 0, "n_gen": 128, "n_depth": 8192, "avg_ts": 250.0, "stddev_ts": 1.0, "samples_ts": [249.0, 250.0, 251.0]}"#,
+            "\n"
+        );
+        let rows = rows_from_jsonl(text, &run()).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].workload, Workload::Prefill);
+        assert_eq!(
+            (rows[0].value, rows[0].min, rows[0].max),
+            (Some(9417.0), Some(9000.0), Some(9851.0))
+        );
+        assert_eq!(rows[0].weight_gb_s, None);
+        assert_eq!(rows[1].workload, Workload::Decode);
+        assert_eq!((rows[1].depth, rows[1].runs), (Some(8192), 3));
+        assert_eq!(rows[1].weight_gb_s, Some(1000.0));
+        assert_eq!(rows[1].device.name, "NVIDIA H200");
+        assert_eq!(rows[1].version.as_deref(), Some("llama.cpp build 42 (b1)"));
+        assert!(rows_from_jsonl("no json here\n", &run()).is_err());
+        assert!(rows_from_jsonl("{\"n_prompt\": \"x\"}\n", &run()).is_err());
+    }
+}

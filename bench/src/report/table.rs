@@ -1,0 +1,300 @@
+//! The Markdown of the report: the latest side-by-side run, the latest memra rows, every run.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use crate::record::{Row, Workload};
+
+/// A value as the tables print it: thousands separated, one decimal below 1,000.
+pub fn fmt_value(v: f64) -> String {
+    if v.abs() < 1000.0 {
+        return format!("{v:.1}");
+    }
+    let s = format!("{:.0}", v.abs());
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if v < 0.0 { format!("-{out}") } else { out }
+}
+
+fn cell(r: Option<&&Row>) -> String {
+    match r.and_then(|r| r.value.map(|v| (v, r))) {
+        None => "—".into(),
+        Some((v, r)) => match (r.min, r.max) {
+            (Some(a), Some(b)) if r.runs > 1 => {
+                format!("{} ({}-{})", fmt_value(v), fmt_value(a), fmt_value(b))
+            }
+            _ => match r.stddev {
+                Some(sd) => format!("{} ± {}", fmt_value(v), fmt_value(sd)),
+                None => fmt_value(v),
+            },
+        },
+    }
+}
+
+fn ratio(a: Option<&&Row>, b: Option<&&Row>, lower_is_better: bool) -> String {
+    match (a.and_then(|r| r.value), b.and_then(|r| r.value)) {
+        (Some(x), Some(y)) if x > 0.0 && y > 0.0 => {
+            format!("{:.2}x", if lower_is_better { y / x } else { x / y })
+        }
+        _ => "—".into(),
+    }
+}
+
+/// Runs that hold rows of memra and of a peer, oldest first.
+pub fn side_by_side_runs<'a>(rows: &[&'a Row]) -> Vec<&'a str> {
+    let mut order: Vec<&'a str> = Vec::new();
+    for r in rows {
+        if !order.contains(&r.run.as_str()) {
+            order.push(&r.run);
+        }
+    }
+    order.retain(|run| {
+        let engines = |memra: bool| {
+            rows.iter()
+                .any(|r| r.run == *run && (r.engine == "memra") == memra)
+        };
+        engines(true) && engines(false)
+    });
+    order.sort_by_key(|run| latest_time(rows, run));
+    order
+}
+
+fn latest_time<'a>(rows: &[&'a Row], run: &str) -> &'a str {
+    rows.iter()
+        .filter(|r| r.run == run)
+        .map(|r| r.time.as_str())
+        .max()
+        .unwrap_or("")
+}
+
+/// The side-by-side table of one run.
+fn side_by_side(rows: &[&Row], run: &str) -> String {
+    let in_run: Vec<&Row> = rows.iter().filter(|r| r.run == run).copied().collect();
+    let Some(first) = in_run.first() else {
+        return String::new();
+    };
+    let find = |engine_is_memra: bool, model: &str, w: Workload| {
+        in_run.iter().find(|r| {
+            (r.engine == "memra") == engine_is_memra && r.model_label() == model && r.workload == w
+        })
+    };
+    let peer = in_run
+        .iter()
+        .find(|r| r.engine != "memra")
+        .map(|r| {
+            format!(
+                "{} {}",
+                r.engine,
+                r.version.as_deref().unwrap_or("(version not recorded)")
+            )
+        })
+        .unwrap_or_default();
+    let commit = in_run
+        .iter()
+        .find_map(|r| r.commit.clone())
+        .unwrap_or_else(|| "(commit not recorded)".into());
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Run `{run}` on {} ({}): memra {commit} and {peer}, same model files, batch 1.\n",
+        first.device.name,
+        latest_time(rows, run)
+    );
+    let _ = writeln!(
+        s,
+        "| model | memra decode tok/s | peer decode tok/s | ratio | memra prefill tok/s | peer prefill tok/s | ratio |\n|---|---|---|---|---|---|---|"
+    );
+    let mut models: Vec<String> = Vec::new();
+    for r in &in_run {
+        let m = r.model_label();
+        if matches!(r.workload, Workload::Decode | Workload::Prefill) && !models.contains(&m) {
+            models.push(m);
+        }
+    }
+    for m in &models {
+        let (md, pd) = (
+            find(true, m, Workload::Decode),
+            find(false, m, Workload::Decode),
+        );
+        let (mp, pp) = (
+            find(true, m, Workload::Prefill),
+            find(false, m, Workload::Prefill),
+        );
+        let _ = writeln!(
+            s,
+            "| {m} | {} | {} | {} | {} | {} | {} |",
+            cell(md),
+            cell(pd),
+            ratio(md, pd, false),
+            cell(mp),
+            cell(pp),
+            ratio(mp, pp, false)
+        );
+    }
+    for w in [Workload::TtftCold, Workload::TtftCached, Workload::Load] {
+        let mut seen: Vec<String> = Vec::new();
+        for r in in_run
+            .iter()
+            .filter(|r| r.workload == w && r.engine == "memra")
+        {
+            let m = r.model_label();
+            if seen.contains(&m) {
+                continue;
+            }
+            seen.push(m.clone());
+            let p = find(false, &m, w);
+            let what = match w {
+                Workload::Load => format!(
+                    "{} streaming clients through the server, {m}",
+                    r.batch.unwrap_or(0)
+                ),
+                _ => format!("{} {} ms, {m}", w.name(), r.prompt.unwrap_or(0)),
+            };
+            let _ = writeln!(
+                s,
+                "| {what} | {} {} | {} {} | {} | | | |",
+                cell(Some(r)),
+                r.unit,
+                cell(p),
+                r.unit,
+                ratio(Some(r), p, w != Workload::Load)
+            );
+        }
+    }
+    s
+}
+
+type Latest<'a> = BTreeMap<(String, String, Workload, Option<u64>, Option<u64>), (usize, &'a Row)>;
+
+fn opt(v: &Option<u64>) -> String {
+    v.map_or("—".into(), |v| v.to_string())
+}
+
+/// The most recent valid memra row per (device, model, workload, prompt, batch), newest run last.
+fn latest_memra(rows: &[&Row]) -> String {
+    let mut latest: Latest = BTreeMap::new();
+    for (i, r) in rows.iter().enumerate() {
+        if r.engine != "memra" || r.workload == Workload::CopyBandwidth {
+            continue;
+        }
+        let key = (
+            r.device.name.clone(),
+            r.model_label(),
+            r.workload,
+            r.prompt,
+            r.batch,
+        );
+        let newer = latest
+            .get(&key)
+            .is_none_or(|(j, old)| (old.time.as_str(), *j) <= (r.time.as_str(), i));
+        if newer {
+            latest.insert(key, (i, r));
+        }
+    }
+    let mut s = String::from(
+        "| device | model | workload | batch | prompt | memra | run |\n|---|---|---|---|---|---|---|\n",
+    );
+    for ((dev, model, w, prompt, batch), (_, r)) in &latest {
+        let _ = writeln!(
+            s,
+            "| {dev} | {model} | {} | {} | {} | {} {} | `{}` |",
+            w.name(),
+            opt(batch),
+            opt(prompt),
+            cell(Some(r)),
+            r.unit,
+            r.run
+        );
+    }
+    s
+}
+
+/// The README's section (between the markers).
+pub fn readme_section(valid: &[&Row]) -> String {
+    let mut s = String::new();
+    match side_by_side_runs(valid).last() {
+        Some(run) => s.push_str(&side_by_side(valid, run)),
+        None => s.push_str("No run with memra and a peer recorded yet.\n"),
+    }
+    s.push_str(
+        "\nThe newest memra numbers (each from its own run; a ratio only ever joins rows of one run):\n\n",
+    );
+    s.push_str(&latest_memra(valid));
+    s.push_str("\nGenerated by `memra-bench report` from reports/data (figures and every run: reports/README.md).\n");
+    s
+}
+
+/// reports/README.md.
+pub fn reports_readme(all: &[Row], valid: &[&Row], figures: &[String]) -> String {
+    let mut s = String::from(
+        "# Benchmark records\n\nGenerated by `memra-bench report` from the rows in reports/data/*.jsonl \
+         (docs/BENCH.md: fields and method); do not edit. Every number is a recorded row; a ratio \
+         joins memra and a peer of the SAME run only.\n\n## Side by side\n\n",
+    );
+    let runs = side_by_side_runs(valid);
+    if runs.is_empty() {
+        s.push_str("No run with memra and a peer recorded yet.\n");
+    }
+    for run in runs.iter().rev() {
+        s.push_str(&side_by_side(valid, run));
+        s.push('\n');
+    }
+    s.push_str("## The newest memra numbers\n\n");
+    s.push_str(&latest_memra(valid));
+    s.push_str("\n## Figures\n\n");
+    if figures.is_empty() {
+        s.push_str("No figure has data yet.\n");
+    }
+    for f in figures {
+        let _ = writeln!(s, "![{f}](figures/{f})\n");
+    }
+    for (name, what) in crate::report::plot::FIGURES {
+        if !figures.iter().any(|f| f == name) {
+            let _ = writeln!(s, "- {name} ({what}): no rows recorded yet.");
+        }
+    }
+    s.push_str("\n## Runs\n\n| run | time | device | engines | memra commit | rows | invalid | source |\n|---|---|---|---|---|---|---|---|\n");
+    let mut order: Vec<&str> = Vec::new();
+    for r in all {
+        if !order.contains(&r.run.as_str()) {
+            order.push(&r.run);
+        }
+    }
+    for run in order {
+        let rs: Vec<&Row> = all.iter().filter(|r| r.run == run).collect();
+        let mut engines: Vec<&str> = rs.iter().map(|r| r.engine.as_str()).collect();
+        engines.dedup();
+        engines.sort_unstable();
+        engines.dedup();
+        let commit = rs.iter().find_map(|r| r.commit.as_deref()).unwrap_or("—");
+        let source = rs.iter().find_map(|r| r.source.as_deref()).unwrap_or("—");
+        let time = rs.iter().map(|r| r.time.as_str()).max().unwrap_or("");
+        let _ = writeln!(
+            s,
+            "| `{run}` | {time} | {} | {} | {commit} | {} | {} | {source} |",
+            rs[0].device.name,
+            engines.join(", "),
+            rs.len(),
+            rs.iter().filter(|r| !r.valid).count()
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_grouped_by_thousands() {
+        assert_eq!(fmt_value(5355.0), "5,355");
+        assert_eq!(fmt_value(1234567.4), "1,234,567");
+        assert_eq!(fmt_value(243.34), "243.3");
+        assert_eq!(fmt_value(-2500.0), "-2,500");
+    }
+}

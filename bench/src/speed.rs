@@ -1,0 +1,324 @@
+//! `memra-bench decode|prefill|ttft`: batch-1 speed through the engine API, as measurement rows.
+//!
+//! Correctness first: an untimed reference run (which is also the warm-up) gives the token ids;
+//! every timed run must give the same ids, else the row is reported invalid and carries no value.
+//! Then the median of the timed runs with min and max. Decode rows carry the model file's bytes and
+//! the achieved weight GB/s; on a GPU the run also records the device copy bandwidth (the roofline).
+
+use std::path::Path;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use memra_engine::backend::Device;
+use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig};
+use memra_engine::error::{Error, Result};
+use memra_engine::loader::load_model;
+use memra_engine::models::random::splitmix;
+use memra_engine::request::{Event, EventStream, ValidRequest};
+use memra_engine::sampling::SamplingParams;
+
+use crate::record::{self, DeviceRef, ModelRef, Row, Workload};
+
+/// Which measurement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Decode tok/s after a `prompt`-token prompt, `gen` tokens.
+    Decode,
+    /// Prefill tok/s: `prompt` tokens, one generated.
+    Prefill,
+    /// TTFT cold (fresh cache salt) and cached (the same prompt again, its prefix cached).
+    Ttft,
+}
+
+#[derive(Clone, Debug)]
+pub struct SpeedArgs {
+    pub kind: Kind,
+    pub device: Device,
+    /// Prompt lengths (one row set each).
+    pub prompts: Vec<usize>,
+    pub gen_tokens: usize,
+    /// Timed runs (after the untimed reference run).
+    pub runs: usize,
+    /// The row's run id.
+    pub run: String,
+    /// Show a progress bar.
+    pub progress: bool,
+    /// The shape and dtype labels for the rows (`llama3-8b`, `Q4_K_M`).
+    pub shape: Option<String>,
+    pub dtype: Option<String>,
+}
+
+/// One request's outcome.
+struct Outcome {
+    tokens: Vec<u32>,
+    ttft_s: f64,
+    /// From the first to the last token.
+    decode_s: f64,
+}
+
+fn prompt_ids(len: usize, vocab: usize) -> Vec<u32> {
+    let span = (vocab as u64).saturating_sub(200).max(1);
+    (0..len as u64)
+        .map(|j| (100 + splitmix(23, 0, j) % span) as u32)
+        .collect()
+}
+
+fn request(prompt: Vec<u32>, n_gen: usize, salt: String) -> ValidRequest {
+    ValidRequest {
+        model: "bench".into(),
+        tenant: "bench".into(),
+        prompt,
+        max_tokens: n_gen,
+        params: SamplingParams::default(),
+        stop: Vec::new(),
+        logprobs: None,
+        cache_salt: Some(salt),
+        ignore_eos: true,
+        tenant_max_in_flight: None,
+    }
+}
+
+fn drain(mut s: EventStream, t0: Instant) -> Result<Outcome> {
+    let (mut tokens, mut first, mut last) = (Vec::new(), None, 0.0);
+    loop {
+        match s.blocking_recv() {
+            Some(Event::Token(t)) => {
+                let now = t0.elapsed().as_secs_f64();
+                first.get_or_insert(now);
+                last = now;
+                tokens.push(t.id);
+            }
+            Some(Event::Text(_)) => {}
+            Some(Event::Done { .. }) => {
+                let ttft_s = first.unwrap_or(0.0);
+                return Ok(Outcome {
+                    tokens,
+                    ttft_s,
+                    decode_s: last - ttft_s,
+                });
+            }
+            Some(Event::Error(e)) => return Err(Error::Input(format!("request failed: {e}"))),
+            None => return Err(Error::Input("stream ended without Done".into())),
+        }
+    }
+}
+
+fn once(engine: &memra_engine::engine::EngineHandle, req: ValidRequest) -> Result<Outcome> {
+    let t0 = Instant::now();
+    let s = engine
+        .submit(req)
+        .map_err(|e| Error::Input(format!("submit: {e}")))?;
+    drain(s, t0)
+}
+
+/// The device the engine ran on (`cpu` or `cuda:N`), and the GPU's copy bandwidth (GB/s) when
+/// it is one.
+pub fn device_ref(backend: &str) -> Result<(DeviceRef, Option<f64>)> {
+    let Some(ordinal) = backend
+        .strip_prefix("cuda:")
+        .and_then(|n| n.parse::<usize>().ok())
+    else {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let d = DeviceRef {
+            name: format!("CPU ({cores} cores)"),
+            driver: None,
+            sms: None,
+        };
+        return Ok((d, None));
+    };
+    let gpu = memra_engine::backend::cuda::Gpu::open(ordinal)?;
+    let name = gpu.ctx.name().unwrap_or_else(|_| backend.to_string());
+    let driver = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=driver_version", "--format=csv,noheader"])
+        .arg(format!("--id={ordinal}"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|s| !s.is_empty());
+    let bw = crate::kernels::copy_bandwidth(&gpu)?;
+    let d = DeviceRef {
+        name,
+        driver,
+        sms: Some(gpu.sms),
+    };
+    Ok((d, Some(bw)))
+}
+
+/// Runs the measurement on `model`; returns the rows (one per prompt length and workload).
+pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
+    if a.runs == 0 {
+        return Err(Error::Input("--runs must be at least 1".into()));
+    }
+    if a.gen_tokens == 0 || (a.kind == Kind::Decode && a.gen_tokens < 2) {
+        return Err(Error::Input(
+            "--gen must be at least 2 for decode (1 for prefill and ttft)".into(),
+        ));
+    }
+    let mref: ModelRef = record::model_ref(model)?;
+    let m = load_model(model)?;
+    let vocab = m.config.vocab;
+    let cfg = EngineConfig {
+        device: a.device,
+        prefix_cache: true,
+        ..EngineConfig::default()
+    };
+    let limits = AdmissionLimits {
+        max_in_flight_per_tenant: 4,
+        max_queued: 4,
+    };
+    let engine = Engine::start(vec![("bench".into(), m, cfg)], limits)?;
+    let info = engine
+        .models()
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Input("the engine serves no model".into()))?;
+    let (device, copy_bw) = device_ref(&info.backend)?;
+    let n_gen = match a.kind {
+        Kind::Decode => a.gen_tokens,
+        Kind::Prefill | Kind::Ttft => 1,
+    };
+    let per_prompt = if a.kind == Kind::Ttft { 2 } else { 1 };
+    let bar = if a.progress {
+        let b = ProgressBar::new((a.prompts.len() * per_prompt * (a.runs + 1)) as u64);
+        b.set_style(
+            ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} runs")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let base = Row {
+        run: a.run.clone(),
+        time: record::now(),
+        device,
+        engine: "memra".into(),
+        version: None,
+        commit: record::commit(),
+        model: Some(mref.clone()),
+        shape: a.shape.clone(),
+        dtype: a.dtype.clone(),
+        workload: Workload::Decode,
+        batch: Some(1),
+        prompt: None,
+        generated: Some(n_gen as u64),
+        depth: Some(0),
+        value: None,
+        unit: "tok/s".into(),
+        min: None,
+        max: None,
+        stddev: None,
+        weight_gb_s: None,
+        runs: a.runs as u64,
+        valid: true,
+        source: None,
+    };
+    let mut rows = Vec::new();
+    if let Some(bw) = copy_bw {
+        rows.push(Row {
+            model: None,
+            shape: None,
+            dtype: None,
+            workload: Workload::CopyBandwidth,
+            batch: None,
+            generated: None,
+            depth: None,
+            value: Some(bw),
+            unit: "GB/s".into(),
+            runs: 5,
+            ..base.clone()
+        });
+    }
+    let mut salt = 0u64;
+    let mut fresh = || {
+        salt += 1;
+        format!("bench-{}-{salt}", a.run)
+    };
+    for &p in &a.prompts {
+        if p == 0 || p + n_gen > info.max_positions {
+            return Err(Error::Input(format!(
+                "prompt {p} + {n_gen} generated tokens does not fit the model's {} positions",
+                info.max_positions
+            )));
+        }
+        let ids = prompt_ids(p, vocab);
+        bar.set_message(format!("{:?} prompt {p}", a.kind));
+        let reference = once(&engine, request(ids.clone(), n_gen, fresh()))?;
+        bar.inc(1);
+        let mut timed = Vec::new();
+        let mut valid = true;
+        for _ in 0..a.runs {
+            let o = once(&engine, request(ids.clone(), n_gen, fresh()))?;
+            valid &= o.tokens == reference.tokens;
+            timed.push(o);
+            bar.inc(1);
+        }
+        let row = |w: Workload, unit: &str, vals: Vec<f64>, valid: bool| {
+            let mmm = record::median_min_max(&vals).filter(|_| valid);
+            Row {
+                workload: w,
+                prompt: Some(p as u64),
+                unit: unit.into(),
+                value: mmm.map(|x| x.0),
+                min: mmm.map(|x| x.1),
+                max: mmm.map(|x| x.2),
+                valid,
+                ..base.clone()
+            }
+        };
+        match a.kind {
+            Kind::Decode => {
+                let v = timed
+                    .iter()
+                    .map(|o| (n_gen - 1) as f64 / o.decode_s.max(1e-9))
+                    .collect();
+                let mut r = row(Workload::Decode, "tok/s", v, valid);
+                if let (Some(b), Some(v)) = (mref.bytes, r.value) {
+                    r.weight_gb_s = Some(b as f64 * v / 1e9);
+                }
+                rows.push(r);
+            }
+            Kind::Prefill => {
+                let v = timed
+                    .iter()
+                    .map(|o| p as f64 / o.ttft_s.max(1e-9))
+                    .collect();
+                rows.push(row(Workload::Prefill, "tok/s", v, valid));
+            }
+            Kind::Ttft => {
+                let v = timed.iter().map(|o| o.ttft_s * 1e3).collect();
+                rows.push(row(Workload::TtftCold, "ms", v, valid));
+                // The same prompt under one salt: the first request fills the prefix cache.
+                let warm = fresh();
+                let first = once(&engine, request(ids.clone(), n_gen, warm.clone()))?;
+                bar.inc(1);
+                let mut cached = Vec::new();
+                let mut ok = first.tokens == reference.tokens;
+                for _ in 0..a.runs {
+                    let o = once(&engine, request(ids.clone(), n_gen, warm.clone()))?;
+                    ok &= o.tokens == reference.tokens;
+                    cached.push(o.ttft_s * 1e3);
+                    bar.inc(1);
+                }
+                rows.push(row(Workload::TtftCached, "ms", cached, ok));
+            }
+        }
+    }
+    bar.finish_and_clear();
+    engine.shutdown();
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_are_deterministic_and_in_range() {
+        let a = prompt_ids(300, 1000);
+        assert_eq!(a, prompt_ids(300, 1000));
+        assert!(a.iter().all(|&t| (100..900).contains(&t)));
+    }
+}

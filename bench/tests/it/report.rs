@@ -1,0 +1,157 @@
+//! `memra-bench report` and the speed rows: the committed report is exactly what the committed
+//! rows give; ratios never join two runs; decode/ttft rows on the real model are valid.
+
+use std::path::{Path, PathBuf};
+
+use memra_bench::record::{DeviceRef, Row, Workload};
+use memra_bench::report::{render, side_by_side_runs};
+use memra_bench::speed::{Kind, SpeedArgs};
+use memra_engine::backend::Device;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[test]
+fn committed_report_is_regenerated_byte_identical() {
+    let root = repo();
+    let rows = memra_bench::record::read_dir(&root.join("reports/data")).unwrap();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let files = render(&rows, Some(&readme)).unwrap();
+    assert!(files.len() >= 3, "README, reports/README.md and a figure");
+    for (rel, text) in &files {
+        let path = root.join("reports").join(rel);
+        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            old == *text,
+            "{} is not what `memra-bench report` makes of reports/data: run it and commit",
+            path.display()
+        );
+    }
+    // No figure on disk that the rows no longer make.
+    for e in std::fs::read_dir(root.join("reports/figures")).unwrap() {
+        let name = e.unwrap().file_name();
+        let rel = Path::new("figures").join(&name);
+        assert!(
+            files.iter().any(|f| f.0 == rel),
+            "reports/figures/{name:?} is stale"
+        );
+    }
+    // Deterministic: a second rendering is the same bytes.
+    assert_eq!(files, render(&rows, Some(&readme)).unwrap());
+}
+
+fn row(run: &str, engine: &str, w: Workload, value: f64) -> Row {
+    Row {
+        run: run.into(),
+        time: "2026-12-01T00:00:00Z".into(),
+        device: DeviceRef {
+            name: "GPU".into(),
+            driver: None,
+            sms: None,
+        },
+        engine: engine.into(),
+        version: None,
+        commit: None,
+        model: None,
+        shape: Some("m".into()),
+        dtype: Some("Q4_K_M".into()),
+        workload: w,
+        batch: Some(1),
+        prompt: Some(512),
+        generated: Some(128),
+        depth: Some(0),
+        value: Some(value),
+        unit: "tok/s".into(),
+        min: None,
+        max: None,
+        stddev: None,
+        weight_gb_s: None,
+        runs: 1,
+        valid: true,
+        source: None,
+    }
+}
+
+#[test]
+fn ratios_only_join_rows_of_one_run() {
+    let rows = [
+        row("a", "memra", Workload::Decode, 100.0),
+        row("b", "llama.cpp", Workload::Decode, 200.0),
+    ];
+    let refs: Vec<&Row> = rows.iter().collect();
+    assert!(side_by_side_runs(&refs).is_empty());
+    let readme = format!(
+        "x\n{}\n{}\n",
+        memra_bench::report::BEGIN,
+        memra_bench::report::END
+    );
+    let files = render(&rows, Some(&readme)).unwrap();
+    let text = &files
+        .iter()
+        .find(|f| f.0 == Path::new("../README.md"))
+        .unwrap()
+        .1;
+    assert!(text.contains("No run with memra and a peer"), "{text}");
+    assert!(!text.contains("0.50x"), "{text}");
+
+    let rows = [
+        row("c", "memra", Workload::Decode, 100.0),
+        row("c", "llama.cpp", Workload::Decode, 200.0),
+        row("d", "llama.cpp", Workload::Decode, 50.0),
+    ];
+    let files = render(&rows, Some(&readme)).unwrap();
+    let text = &files
+        .iter()
+        .find(|f| f.0 == Path::new("../README.md"))
+        .unwrap()
+        .1;
+    assert!(
+        text.contains("| m Q4_K_M | 100.0 | 200.0 | 0.50x |"),
+        "{text}"
+    );
+    // An invalid row is never shown.
+    let mut bad = row("e", "memra", Workload::Decode, 999.0);
+    bad.valid = false;
+    let files = render(&[bad], None).unwrap();
+    assert!(files.iter().all(|f| !f.1.contains("999")));
+}
+
+#[test]
+fn speed_rows_on_the_real_model_are_valid() {
+    let model = memra_engine::testing::real_model();
+    let args = |kind| SpeedArgs {
+        kind,
+        device: Device::Cpu,
+        prompts: vec![24],
+        gen_tokens: 4,
+        runs: 2,
+        run: "test".into(),
+        progress: false,
+        shape: Some("smollm2-135m".into()),
+        dtype: Some("Q4_1".into()),
+    };
+    let rows = memra_bench::speed::run(&model, &args(Kind::Decode)).unwrap();
+    assert_eq!(rows.len(), 1);
+    let r = &rows[0];
+    assert_eq!((r.workload, r.valid, r.runs), (Workload::Decode, true, 2));
+    assert!(r.value.unwrap() > 0.0 && r.min <= r.value && r.value <= r.max);
+    assert!(r.weight_gb_s.unwrap() > 0.0);
+    assert_eq!(r.model.as_ref().unwrap().sha256.as_ref().unwrap().len(), 12);
+
+    let rows = memra_bench::speed::run(&model, &args(Kind::Ttft)).unwrap();
+    let w: Vec<_> = rows
+        .iter()
+        .map(|r| (r.workload, r.valid, r.unit.as_str()))
+        .collect();
+    assert_eq!(
+        w,
+        [
+            (Workload::TtftCold, true, "ms"),
+            (Workload::TtftCached, true, "ms")
+        ]
+    );
+    let mut bad = args(Kind::Prefill);
+    bad.runs = 0;
+    assert!(memra_bench::speed::run(&model, &bad).is_err());
+}
