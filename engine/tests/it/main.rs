@@ -14,4 +14,5 @@ mod quant_dot_fast;
 mod reference_fixture;
 mod run_gen;
 mod safetensors;
+mod spec_generate;
 mod tokenizer;
