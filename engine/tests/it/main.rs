@@ -6,6 +6,7 @@ mod cpu_invariance;
 mod engine_proptest;
 mod engine_scheduler;
 mod engine_serve;
+mod engine_spec;
 mod gguf_corrupt;
 mod gguf_roundtrip;
 mod llama_postnorm;
