@@ -70,7 +70,7 @@ impl std::str::FromStr for DrafterKind {
 }
 
 /// Speculative decoding settings of a model.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpecConfig {
     pub drafter: DrafterKind,
     /// Most draft tokens per sequence and step (1..=MAX_K).
