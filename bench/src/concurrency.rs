@@ -55,6 +55,7 @@ fn request(i: usize, prompt_len: usize, gen_tokens: usize, vocab: usize) -> Vali
         cache_salt: None,
         ignore_eos: true,
         tenant_max_in_flight: None,
+        speculative: true,
     }
 }
 
@@ -95,6 +96,7 @@ pub fn run(model: &Path, args: &ConcurrencyArgs) -> Result<Vec<LevelResult>> {
             ..SchedulerConfig::default()
         },
         prefix_cache: false,
+        spec: None,
         ..EngineConfig::default()
     };
     let limits = AdmissionLimits {

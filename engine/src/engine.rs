@@ -8,6 +8,7 @@
 
 mod admission;
 pub(crate) mod output;
+mod speculate;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -52,6 +53,8 @@ pub struct EngineConfig {
     pub scheduler: SchedulerConfig,
     /// Share full prompt blocks between requests of the same namespace.
     pub prefix_cache: bool,
+    /// Speculative decoding (`None`: plain decoding only).
+    pub spec: Option<crate::spec::SpecConfig>,
 }
 
 impl Default for EngineConfig {
@@ -66,6 +69,7 @@ impl Default for EngineConfig {
             },
             scheduler: SchedulerConfig::default(),
             prefix_cache: true,
+            spec: None,
         }
     }
 }
@@ -109,6 +113,9 @@ pub struct ModelStats {
     pub preemptions_total: u64,
     pub steps_total: u64,
     pub tokens_generated_total: u64,
+    /// Draft tokens checked / accepted by speculative decoding.
+    pub spec_drafted_total: u64,
+    pub spec_accepted_total: u64,
 }
 
 /// A snapshot of the whole engine.

@@ -94,61 +94,14 @@ pub fn generate(
     req: &GenRequest,
     on_token: &mut dyn FnMut(u32) -> Result<()>,
 ) -> Result<GenOutput> {
-    req.params.validate()?;
-    let ctx = backend.config().max_ctx;
-    let n_prompt = req.prompt.len();
-    if n_prompt == 0 {
-        return Err(Error::Input("the prompt is empty".into()));
-    }
-    if n_prompt >= ctx {
-        return Err(Error::Input(format!(
-            "the prompt has {n_prompt} tokens; the model's context is {ctx}"
-        )));
-    }
-    let total = (n_prompt + req.max_tokens).min(ctx);
-    let bs = backend.kv_block_size();
-    let blocks = total.div_ceil(bs);
-    if blocks > backend.kv_blocks() {
-        return Err(Error::Input(format!(
-            "{total} positions need {blocks} KV blocks; the backend has {}",
-            backend.kv_blocks()
-        )));
-    }
+    let (total, blocks) = check_gen(backend, req)?;
     let table: Vec<u32> = (0..blocks as u32).collect();
     let t0 = Instant::now();
-    let chunk = if req.prefill_chunk == 0 {
-        n_prompt
-    } else {
-        req.prefill_chunk
-    };
     // Without logits_top / keep_logits the backend picks the token itself (on the device for
     // CUDA), so the logits need not come back.
     let want_logits = req.logits_top > 0 || req.keep_logits;
     let mut history = req.prompt.clone();
-    let mut next = Selected::Logits(Vec::new());
-    for start in (0..n_prompt).step_by(chunk) {
-        let end = (start + chunk).min(n_prompt);
-        let batch = StepBatch {
-            rows: (start..end)
-                .map(|p| StepRow {
-                    token: req.prompt[p],
-                    pos: p as u32,
-                    seq: 0,
-                    want_logits: p + 1 == n_prompt,
-                })
-                .collect(),
-            block_tables: vec![table.clone()],
-        };
-        let select = select_for(end == n_prompt, want_logits, &req.params, &history);
-        let out = backend.step_select(&batch, &select)?;
-        if end == n_prompt {
-            next = out
-                .rows
-                .into_iter()
-                .next()
-                .unwrap_or(Selected::Logits(Vec::new()));
-        }
-    }
+    let mut next = prefill(backend, req, &table, want_logits)?;
     let prompt_secs = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut out = GenOutput {
@@ -161,19 +114,7 @@ pub fn generate(
     };
     while history.len() < total {
         let pos = history.len();
-        let tok = match next {
-            Selected::Token(t) | Selected::Scored { token: t, .. } => t,
-            Selected::Logits(logits) => {
-                let tok = sample(&logits, &history, &req.params, pos as u64);
-                if req.logits_top > 0 {
-                    out.logits_top.push(top_k(&logits, req.logits_top));
-                }
-                if req.keep_logits {
-                    out.logits.push(logits);
-                }
-                tok
-            }
-        };
+        let tok = take_pick(next, &history, req, &mut out);
         if req.stop_ids.contains(&tok) {
             out.finish_reason = FinishReason::Stop;
             break;
@@ -205,9 +146,98 @@ pub fn generate(
     Ok(out)
 }
 
+/// The token of a pick for position `history.len()`: the backend's, or sampled here from the
+/// logits (which `out` keeps as `req` asks).
+pub(crate) fn take_pick(
+    next: Selected,
+    history: &[u32],
+    req: &GenRequest,
+    out: &mut GenOutput,
+) -> u32 {
+    match next {
+        Selected::Token(t) | Selected::Scored { token: t, .. } => t,
+        Selected::Logits(logits) => {
+            let tok = sample(&logits, history, &req.params, history.len() as u64);
+            if req.logits_top > 0 {
+                out.logits_top.push(top_k(&logits, req.logits_top));
+            }
+            if req.keep_logits {
+                out.logits.push(logits);
+            }
+            tok
+        }
+    }
+}
+
+/// Checks a request against the backend: `(positions in all, KV blocks they need)`.
+pub(crate) fn check_gen(backend: &dyn Backend, req: &GenRequest) -> Result<(usize, usize)> {
+    req.params.validate()?;
+    let ctx = backend.config().max_ctx;
+    let n_prompt = req.prompt.len();
+    if n_prompt == 0 {
+        return Err(Error::Input("the prompt is empty".into()));
+    }
+    if n_prompt >= ctx {
+        return Err(Error::Input(format!(
+            "the prompt has {n_prompt} tokens; the model's context is {ctx}"
+        )));
+    }
+    let total = (n_prompt + req.max_tokens).min(ctx);
+    let bs = backend.kv_block_size();
+    let blocks = total.div_ceil(bs);
+    if blocks > backend.kv_blocks() {
+        return Err(Error::Input(format!(
+            "{total} positions need {blocks} KV blocks; the backend has {}",
+            backend.kv_blocks()
+        )));
+    }
+    Ok((total, blocks))
+}
+
+/// Runs the prompt (in chunks of `req.prefill_chunk`) on blocks `table`; returns the pick (or
+/// the logits) for the first generated position.
+pub(crate) fn prefill(
+    backend: &mut dyn Backend,
+    req: &GenRequest,
+    table: &[u32],
+    want_logits: bool,
+) -> Result<Selected> {
+    let n_prompt = req.prompt.len();
+    let chunk = if req.prefill_chunk == 0 {
+        n_prompt
+    } else {
+        req.prefill_chunk
+    };
+    let mut next = Selected::Logits(Vec::new());
+    for start in (0..n_prompt).step_by(chunk) {
+        let end = (start + chunk).min(n_prompt);
+        let batch = StepBatch {
+            rows: (start..end)
+                .map(|p| StepRow {
+                    token: req.prompt[p],
+                    pos: p as u32,
+                    seq: 0,
+                    want_logits: p + 1 == n_prompt,
+                })
+                .collect(),
+            block_tables: vec![table.to_vec()],
+        };
+        let select = select_for(end == n_prompt, want_logits, &req.params, &req.prompt);
+        let out = backend.step_select(&batch, &select)?;
+        if end == n_prompt {
+            next = out
+                .rows
+                .into_iter()
+                .next()
+                .unwrap_or(Selected::Logits(Vec::new()));
+        }
+    }
+    Ok(next)
+}
+
 /// The select entries of a single-sequence step: none when its last row wants no logits, else one
 /// (`None` when the caller keeps logits).
-fn select_for<'a>(
+pub(crate) fn select_for<'a>(
     last: bool,
     want_logits: bool,
     params: &'a SamplingParams,

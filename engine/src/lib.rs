@@ -16,6 +16,7 @@ pub mod quant;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;
+pub mod spec;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 pub mod tokenizer;

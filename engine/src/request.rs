@@ -34,6 +34,9 @@ pub struct ValidRequest {
     /// with the request from its one source (the server: the keyring entry, else
     /// `--tenant-max-in-flight`); `None`: `AdmissionLimits::max_in_flight_per_tenant`.
     pub tenant_max_in_flight: Option<usize>,
+    /// Whether the model's speculative decoding may run for this request (`false`: plain
+    /// decoding; the output is the same either way).
+    pub speculative: bool,
 }
 
 /// One generated token.
@@ -57,6 +60,10 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: usize,
+    /// Draft tokens checked by speculative decoding.
+    pub drafted_tokens: usize,
+    /// Draft tokens accepted (emitted without a step of their own).
+    pub accepted_tokens: usize,
 }
 
 /// What a request's stream carries: tokens, at most one `Text`, then exactly one `Done` or

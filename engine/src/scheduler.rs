@@ -68,11 +68,21 @@ struct Seq {
     cached_tokens: Option<usize>,
     /// Set when preempted: it goes first when admitting.
     preempted: bool,
+    /// Draft tokens to check after the last token at its next decode step (speculation).
+    draft: Vec<u32>,
 }
 
 impl Seq {
     fn remaining(&self) -> usize {
         self.tokens.len() - self.computed
+    }
+
+    /// Rows it wants this step: its uncomputed tokens, plus its draft when it decodes.
+    fn wanted(&self) -> usize {
+        match self.remaining() {
+            1 => 1 + self.draft.len(),
+            n => n,
+        }
     }
 
     /// Extends `hashes` to cover the first `n` full blocks.
@@ -98,6 +108,8 @@ pub struct ScheduledSeq {
     pub len: usize,
     /// The last row reaches the end of the sequence: its logits pick the next token.
     pub sample: bool,
+    /// Draft tokens checked this step (rows after the last token; each row wants logits).
+    pub drafts: Vec<u32>,
 }
 
 /// The plan of one step: the backend batch (sequence `i` of the batch is `seqs[i]`) and the
@@ -206,6 +218,7 @@ impl Scheduler {
             published: 0,
             cached_tokens: None,
             preempted: false,
+            draft: Vec::new(),
         });
     }
 
@@ -226,6 +239,16 @@ impl Scheduler {
         self.find(id).and_then(|s| s.cached_tokens).unwrap_or(0)
     }
 
+    /// Running sequences whose next step is a decode step (one token to compute): those that
+    /// can check a draft.
+    pub fn decoding(&self) -> Vec<SeqId> {
+        self.running
+            .iter()
+            .filter(|s| s.remaining() == 1)
+            .map(|s| s.id)
+            .collect()
+    }
+
     /// Whether the sequence is running (admitted, holding KV).
     pub fn is_running(&self, id: SeqId) -> bool {
         self.running.iter().any(|s| s.id == id)
@@ -240,6 +263,41 @@ impl Scheduler {
             }
             None => false,
         }
+    }
+
+    /// Sets the draft a running sequence checks at its next decode step (replacing any earlier
+    /// one). The rows count against the step's token budget; the draft is cut to fit, and it is
+    /// dropped when the step runs or the sequence is preempted.
+    pub fn set_draft(&mut self, id: SeqId, draft: Vec<u32>) -> bool {
+        match self.running.iter_mut().find(|s| s.id == id) {
+            Some(s) => {
+                s.draft = draft;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// After a step that checked drafts: `accepted` of them were accepted and their tokens
+    /// appended (with the token after them). Their KV, written by the step, becomes part of the
+    /// sequence; full blocks of accepted tokens are published to the prefix cache.
+    pub fn accept_drafts(&mut self, id: SeqId, accepted: usize) {
+        let bs = self.kv.block_size();
+        let Some(s) = self.running.iter_mut().find(|s| s.id == id) else {
+            return;
+        };
+        s.computed = (s.computed + accepted).min(s.tokens.len().saturating_sub(1));
+        Self::publish(&mut self.kv, s, bs);
+    }
+
+    /// Publishes `s`'s full computed blocks not yet published.
+    fn publish(kv: &mut KvManager, s: &mut Seq, bs: usize) {
+        let full = (s.computed / bs).min(s.blocks.len());
+        s.ensure_hashes(full, bs);
+        for j in s.published..full.min(s.hashes.len()) {
+            kv.publish(s.hashes[j], s.blocks[j]);
+        }
+        s.published = full.max(s.published);
     }
 
     /// Removes a sequence (finished or cancelled), wherever it is, freeing its blocks.
@@ -267,6 +325,7 @@ impl Scheduler {
         }
         seq.computed = 0;
         seq.published = 0;
+        seq.draft.clear();
         seq
     }
 
@@ -351,7 +410,7 @@ impl Scheduler {
         loop {
             let idx = self.running.iter().position(|s| s.id == id)?;
             let s = &self.running[idx];
-            let n = s.remaining().min(budget);
+            let n = s.wanted().min(budget);
             if n == 0 {
                 return None;
             }
@@ -452,13 +511,19 @@ impl Scheduler {
             };
             let i = out.seqs.len();
             let start = s.computed;
-            let sample = start + n == s.tokens.len();
+            let len = s.tokens.len();
+            let sample = start + n >= len;
+            let drafts = s.draft[..(start + n).saturating_sub(len)].to_vec();
             for pos in start..start + n {
                 out.batch.rows.push(StepRow {
-                    token: s.tokens[pos],
+                    token: if pos < len {
+                        s.tokens[pos]
+                    } else {
+                        drafts[pos - len]
+                    },
                     pos: pos as u32,
                     seq: i,
-                    want_logits: sample && pos + 1 == start + n,
+                    want_logits: sample && pos + 1 >= len,
                 });
             }
             out.batch.block_tables.push(s.blocks.clone());
@@ -467,29 +532,27 @@ impl Scheduler {
                 start,
                 len: n,
                 sample,
+                drafts,
             });
         }
         out
     }
 
-    /// Records that the planned rows ran: advances each sequence and publishes its newly full
-    /// blocks to the prefix cache.
+    /// Records that the planned rows ran: advances each sequence over its own tokens (not its
+    /// drafts) and publishes its newly full blocks to the prefix cache.
     pub fn complete(&mut self, out: &SchedulerOutput) {
         let bs = self.kv.block_size();
         for p in &out.seqs {
             let Some(s) = self.running.iter_mut().find(|s| s.id == p.id) else {
                 continue;
             };
+            s.draft.clear();
             if s.computed != p.start {
                 continue;
             }
-            s.computed = p.start + p.len;
-            let full = (s.computed / bs).min(s.blocks.len());
-            s.ensure_hashes(full, bs);
-            for j in s.published..full.min(s.hashes.len()) {
-                self.kv.publish(s.hashes[j], s.blocks[j]);
-            }
-            s.published = full.max(s.published);
+            // Draft rows are not part of the sequence until accepted ([`Self::accept_drafts`]).
+            s.computed = (p.start + p.len).min(s.tokens.len());
+            Self::publish(&mut self.kv, s, bs);
         }
     }
 

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use memra_engine::spec::{DrafterKind, SpecConfig};
 
 /// The default model's file name (fetched by tools/fetch-models.sh).
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -114,12 +115,58 @@ pub struct ServeArgs {
 pub struct ModelSpec {
     pub alias: String,
     pub path: PathBuf,
+    /// Speculative decoding (`+spec=ngram`, `+draft=PATH`, `+spec_k=K`).
+    pub spec: Option<SpecConfig>,
+}
+
+/// Splits `path+spec=ngram+spec_k=4` (or `+draft=PATH`) into the path and its speculation.
+fn parse_spec(entry: &str) -> Result<(String, Option<SpecConfig>), String> {
+    let mut parts = entry.split('+');
+    let path = parts.next().unwrap_or_default().trim().to_string();
+    let (mut drafter, mut k) = (None, 4usize);
+    for opt in parts {
+        let (key, val) = opt.split_once('=').unwrap_or((opt, ""));
+        match key.trim() {
+            "spec" if val.trim() == "ngram" => drafter = Some(DrafterKind::Ngram),
+            "draft" if !val.trim().is_empty() => {
+                drafter = Some(DrafterKind::Model(PathBuf::from(val.trim())))
+            }
+            "spec_k" => {
+                k = val.trim().parse().map_err(|_| {
+                    format!("MEMRA_MODELS entry `{entry}`: spec_k `{val}` is not a number")
+                })?
+            }
+            _ => {
+                return Err(format!(
+                    "MEMRA_MODELS entry `{entry}`: unknown option `+{opt}` (expected +spec=ngram, \
+                     +draft=PATH or +spec_k=K)"
+                ));
+            }
+        }
+    }
+    let spec = match drafter {
+        Some(d) => {
+            Some(SpecConfig::new(d, k).map_err(|e| format!("MEMRA_MODELS entry `{entry}`: {e}"))?)
+        }
+        None => None,
+    };
+    Ok((path, spec))
 }
 
 /// Parses `alias=path[,alias2=path2]`.
 pub fn parse_models(s: &str) -> Result<Vec<ModelSpec>, String> {
     let mut out: Vec<ModelSpec> = Vec::new();
-    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+    for entry in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (alias, rest) = match entry.split_once('=') {
+            Some((a, p)) if !a.contains('+') => (Some(a), p),
+            _ => (None, entry),
+        };
+        let (path, spec) = parse_spec(rest)?;
+        let item = match alias {
+            Some(a) => format!("{a}={path}"),
+            None => path,
+        };
+        let item = item.as_str();
         let (alias, path) = match item.split_once('=') {
             Some((a, p)) => (a.trim().to_string(), PathBuf::from(p.trim())),
             None => {
@@ -139,7 +186,7 @@ pub fn parse_models(s: &str) -> Result<Vec<ModelSpec>, String> {
         if out.iter().any(|m| m.alias == alias) {
             return Err(format!("MEMRA_MODELS names the alias `{alias}` twice"));
         }
-        out.push(ModelSpec { alias, path });
+        out.push(ModelSpec { alias, path, spec });
     }
     if out.is_empty() {
         return Err("MEMRA_MODELS is set but names no model (expected `alias=path`)".into());
@@ -170,6 +217,7 @@ impl ServeArgs {
             return Ok(vec![ModelSpec {
                 alias: DEFAULT_MODEL_ALIAS.into(),
                 path,
+                spec: None,
             }]);
         }
         let where_ = dir
@@ -209,5 +257,35 @@ mod tests {
         let e = args.model_specs().unwrap_err();
         assert!(e.contains("tools/fetch-models.sh"), "{e}");
         assert!(e.contains("MEMRA_MODELS"), "{e}");
+    }
+
+    #[test]
+    fn models_take_speculation_options() {
+        let m =
+            parse_models("a=/m/t.gguf+spec=ngram+spec_k=6,b=/m/u.gguf+draft=/m/d.gguf,c=/m/v.gguf")
+                .unwrap();
+        assert_eq!(m[0].path, PathBuf::from("/m/t.gguf"));
+        assert_eq!(
+            m[0].spec,
+            Some(SpecConfig::new(DrafterKind::Ngram, 6).unwrap())
+        );
+        assert_eq!(
+            m[1].spec.as_ref().map(|s| s.drafter.clone()),
+            Some(DrafterKind::Model("/m/d.gguf".into()))
+        );
+        assert_eq!(m[2].spec, None);
+        let bare = parse_models("/m/t.gguf+spec=ngram").unwrap();
+        assert_eq!(
+            (bare[0].alias.as_str(), bare[0].spec.is_some()),
+            ("t", true)
+        );
+        for bad in [
+            "a=/m/t.gguf+spec=mtp",
+            "a=/m/t.gguf+spec=ngram+spec_k=x",
+            "a=/m/t.gguf+spec=ngram+spec_k=0",
+        ] {
+            let e = parse_models(bad).unwrap_err();
+            assert!(e.contains("MEMRA_MODELS entry"), "{bad}: {e}");
+        }
     }
 }

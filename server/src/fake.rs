@@ -255,6 +255,7 @@ impl Generate for FakeEngine {
                 prompt_tokens: req.prompt.len(),
                 completion_tokens: 0,
                 cached_tokens: if seen { req.prompt.len() / 16 * 16 } else { 0 },
+                ..Default::default()
             },
             logprobs: req.logprobs,
             fail: prompt_text.contains("[fail]"),

@@ -33,6 +33,8 @@ pub struct Metrics {
     cached_tokens: Counter,
     prompt_tokens: Counter,
     generated_tokens: Counter,
+    spec_drafted: Counter,
+    spec_accepted: Counter,
     ttft: Histogram,
     itl: Histogram,
 }
@@ -56,6 +58,8 @@ impl Metrics {
             cached_tokens: Counter::default(),
             prompt_tokens: Counter::default(),
             generated_tokens: Counter::default(),
+            spec_drafted: Counter::default(),
+            spec_accepted: Counter::default(),
             ttft: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             itl: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             registry: Registry::default(),
@@ -102,6 +106,16 @@ impl Metrics {
             m.generated_tokens.clone(),
         );
         registry.register(
+            "spec_draft_tokens",
+            "Draft tokens checked by speculative decoding (finished requests)",
+            m.spec_drafted.clone(),
+        );
+        registry.register(
+            "spec_accepted_tokens",
+            "Draft tokens accepted by speculative decoding (finished requests)",
+            m.spec_accepted.clone(),
+        );
+        registry.register(
             "time_to_first_token_seconds",
             "Time from request arrival to its first generated token",
             m.ttft.clone(),
@@ -137,6 +151,8 @@ impl Metrics {
         self.prompt_tokens.inc_by(u.prompt_tokens as u64);
         self.generated_tokens.inc_by(u.completion_tokens as u64);
         self.cached_tokens.inc_by(u.cached_tokens as u64);
+        self.spec_drafted.inc_by(u.drafted_tokens as u64);
+        self.spec_accepted.inc_by(u.accepted_tokens as u64);
     }
 
     /// The text exposition, with gauges set from `stats` and `in_flight`.

@@ -8,12 +8,21 @@ pub struct PromptTokensDetails {
     pub cached_tokens: usize,
 }
 
+/// Speculative decoding's share of the completion (OpenAI's predicted-output fields): draft
+/// tokens accepted and rejected. Both 0 when the request did not speculate.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct CompletionTokensDetails {
+    pub accepted_prediction_tokens: usize,
+    pub rejected_prediction_tokens: usize,
+}
+
 #[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct UsageJson {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
     pub prompt_tokens_details: PromptTokensDetails,
+    pub completion_tokens_details: CompletionTokensDetails,
 }
 
 impl From<memra_engine::request::Usage> for UsageJson {
@@ -24,6 +33,10 @@ impl From<memra_engine::request::Usage> for UsageJson {
             total_tokens: u.prompt_tokens + u.completion_tokens,
             prompt_tokens_details: PromptTokensDetails {
                 cached_tokens: u.cached_tokens,
+            },
+            completion_tokens_details: CompletionTokensDetails {
+                accepted_prediction_tokens: u.accepted_tokens,
+                rejected_prediction_tokens: u.drafted_tokens.saturating_sub(u.accepted_tokens),
             },
         }
     }

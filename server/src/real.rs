@@ -67,7 +67,8 @@ struct Loaded {
 /// What to start.
 #[derive(Clone, Debug)]
 pub struct StartConfig {
-    pub models: Vec<(String, PathBuf)>,
+    /// Alias, path and speculative decoding settings of each model.
+    pub models: Vec<(String, PathBuf, Option<memra_engine::spec::SpecConfig>)>,
     pub engine: EngineConfig,
     pub limits: AdmissionLimits,
 }
@@ -130,13 +131,17 @@ fn wrap(handle: EngineHandle) -> Loaded {
 
 fn load(cfg: StartConfig) -> std::result::Result<Loaded, String> {
     let mut models = Vec::new();
-    for (alias, path) in cfg.models {
+    for (alias, path, spec) in cfg.models {
         let bar = spinner(format!("loading {alias} from {}", path.display()));
         let m = load_model(&path);
         bar.finish_and_clear();
         let m = m.map_err(|e| format!("loading {alias} ({}): {e}", path.display()))?;
         tracing::info!("loaded {alias} ({})", path.display());
-        models.push((alias, m, cfg.engine.clone()));
+        let engine = EngineConfig {
+            spec,
+            ..cfg.engine.clone()
+        };
+        models.push((alias, m, engine));
     }
     let bar = spinner("starting the engine (backend, KV cache)".into());
     let handle = Engine::start(models, cfg.limits);

@@ -57,6 +57,8 @@ pub struct Parsed {
     pub logprobs: Option<usize>,
     pub user: Option<String>,
     pub cache_salt: Option<String>,
+    /// `"speculative": false` opts out of the model's speculative decoding (same output).
+    pub speculative: bool,
 }
 
 type Obj = Map<String, Value>;
@@ -399,6 +401,7 @@ pub fn parse(kind: Kind, body: &[u8], max_tokens_cap: usize) -> Result<Parsed, A
         logprobs,
         user: get_tag(&o, "user")?,
         cache_salt: get_tag(&o, "cache_salt")?,
+        speculative: get_bool(&o, "speculative")?.unwrap_or(true),
     })
 }
 
@@ -457,6 +460,7 @@ pub fn finish(p: Parsed, prompt: Vec<u32>, to: &Target) -> Result<ValidRequest, 
         cache_salt: p.cache_salt,
         ignore_eos: false,
         tenant_max_in_flight: Some(to.tenant_max_in_flight),
+        speculative: p.speculative,
     })
 }
 

@@ -99,6 +99,7 @@ fn request(prompt: &[u32], i: usize, max_tokens: usize) -> ValidRequest {
         cache_salt: None,
         ignore_eos: false,
         tenant_max_in_flight: None,
+        speculative: true,
     }
 }
 
@@ -231,6 +232,7 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
             admit_reserve_blocks: 1,
         },
         prefix_cache: true,
+        spec: None,
     };
     let limits = AdmissionLimits {
         max_in_flight_per_tenant: 1024 + 64,

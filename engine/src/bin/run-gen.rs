@@ -2,7 +2,8 @@
 //!
 //! `run-gen MODEL (--prompt TEXT | --prompt-ids 1,2,3) [--chat] [--system TEXT] [--max-tokens N]
 //!  [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--device auto|cpu|cuda[:N]]
-//!  [--threads N] [--json] [--logits-top K] [--no-cuda-graph]`
+//!  [--threads N] [--json] [--logits-top K] [--no-cuda-graph] [--spec ngram|draft:PATH]
+//!  [--spec-k K]`
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -15,6 +16,8 @@ use memra_engine::chat::ChatMessage;
 use memra_engine::generate::{GenRequest, generate};
 use memra_engine::loader::load_model;
 use memra_engine::sampling::SamplingParams;
+use memra_engine::spec::generate::{SpecOptions, generate_spec};
+use memra_engine::spec::{DrafterKind, SpecConfig, open_drafter};
 use memra_engine::tokenizer::StreamDecoder;
 use memra_engine::{Error, Result};
 
@@ -84,6 +87,14 @@ struct Args {
     /// Run every CUDA step plainly, without CUDA graphs (also: MEMRA_CUDA_GRAPHS=0).
     #[arg(long)]
     no_cuda_graph: bool,
+    /// Speculative decoding: `ngram` (prompt lookup) or `draft:PATH` (a smaller model with the
+    /// same tokenizer). The output is the same as without it.
+    #[arg(long)]
+    spec: Option<String>,
+    /// Most draft tokens checked per step (with --spec; adapted down or off when it does not
+    /// pay).
+    #[arg(long, default_value_t = 4)]
+    spec_k: usize,
 }
 
 fn prompt_ids(args: &Args, model: &memra_engine::loader::Model) -> Result<Vec<u32>> {
@@ -165,7 +176,21 @@ fn run(args: Args) -> Result<()> {
         }
         Ok(())
     };
-    let out = generate(backend.as_mut(), &req, &mut on_token)?;
+    let (out, counts) = match &args.spec {
+        None => (generate(backend.as_mut(), &req, &mut on_token)?, None),
+        Some(kind) => {
+            let cfg = SpecConfig::new(kind.parse::<DrafterKind>()?, args.spec_k)?;
+            let vocab = backend.config().vocab;
+            let mut drafter = open_drafter(&cfg, args.device, args.threads, vocab)?;
+            let o = SpecOptions {
+                k: cfg.k,
+                adaptive: true,
+            };
+            let (out, c) =
+                generate_spec(backend.as_mut(), drafter.as_mut(), &req, o, &mut on_token)?;
+            (out, Some(c))
+        }
+    };
     if !json {
         let rest = dec.finish();
         let _ = writeln!(stdout, "{rest}");
@@ -181,6 +206,14 @@ fn run(args: Args) -> Result<()> {
         "backend": backend.name(),
         "cuda_graphs": graphs && backend.name().starts_with("cuda"),
     });
+    if let Some(c) = counts {
+        v["spec"] = serde_json::json!({
+            "drafted": c.drafted,
+            "accepted": c.accepted,
+            "verify_steps": c.steps,
+            "mean_accepted_length": (c.accepted + c.steps) as f64 / c.steps.max(1) as f64,
+        });
+    }
     if args.logits_top > 0 {
         v["logits_top"] = serde_json::json!(out.logits_top);
     }

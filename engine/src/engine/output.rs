@@ -38,6 +38,8 @@ pub(crate) struct RawToken {
     pub(crate) last: bool,
     /// Prompt tokens served from the prefix cache (the usage of a stop-string end).
     pub(crate) cached_tokens: usize,
+    /// Draft tokens checked and accepted so far (the usage of a stop-string end).
+    pub(crate) spec: (usize, usize),
 }
 
 /// Tells a model thread that a request's stream ended it (a stop string matched).
@@ -107,6 +109,8 @@ impl OutputStage {
                             prompt_tokens: self.prompt_tokens,
                             completion_tokens: self.generated,
                             cached_tokens: t.cached_tokens,
+                            drafted_tokens: t.spec.0,
+                            accepted_tokens: t.spec.1,
                         },
                     });
                 }

@@ -13,6 +13,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::admission::{Admission, Ticket};
 use super::output::{Msg, RawToken};
+use super::speculate::{DraftCandidate, Speculation};
 use super::{Command, EngineConfig, KvBudget, ModelInfo, ModelStats};
 use crate::backend::cuda::{cuda_available, device_memory};
 use crate::backend::{Backend, Device, SelectParams, Selected, open_backend};
@@ -23,7 +24,8 @@ use crate::models::ModelWeights;
 use crate::prefix_cache::namespace;
 use crate::request::{Event, Usage, ValidRequest};
 use crate::sampling::SamplingParams;
-use crate::scheduler::{NewSeq, Scheduler, SchedulerOutput, SeqId};
+use crate::scheduler::{NewSeq, ScheduledSeq, Scheduler, SchedulerOutput, SeqId};
+use crate::spec::{SpecCounts, accept, open_drafter};
 use crate::tokenizer::Tokenizer;
 
 /// A request on its way to the model's thread.
@@ -52,6 +54,7 @@ struct Active {
     ticket: Ticket,
     generated: usize,
     since: Instant,
+    spec: SpecCounts,
 }
 
 struct Worker {
@@ -67,6 +70,7 @@ struct Worker {
     shutting_down: bool,
     steps: u64,
     generated_total: u64,
+    spec: Option<Speculation>,
 }
 
 /// KV blocks for a model under `cfg`.
@@ -136,6 +140,13 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
     let max_ctx = weights.config.max_ctx;
     let vocab = weights.config.vocab;
     let backend = open_backend(cfg.device, weights, blocks, cfg.block_size, cfg.threads)?;
+    let spec = match &cfg.spec {
+        Some(sc) => {
+            let d = open_drafter(sc, cfg.device, cfg.threads, vocab)?;
+            Some(Speculation::new(sc.clone(), d))
+        }
+        None => None,
+    };
     let scfg = cfg.scheduler.clone();
     let reserve = scfg.admit_reserve_blocks;
     let sched = Scheduler::new(
@@ -164,6 +175,7 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         shutting_down: false,
         steps: 0,
         generated_total: 0,
+        spec,
     };
     Ok((w, info))
 }
@@ -261,6 +273,7 @@ impl Worker {
             ticket: s.ticket,
             generated: 0,
             since: Instant::now(),
+            spec: SpecCounts::default(),
         };
         self.active.insert(s.id, a);
     }
@@ -268,6 +281,7 @@ impl Worker {
     /// One engine step.
     fn step(&mut self) {
         self.reap_cancelled();
+        self.draft();
         let plan = self.sched.schedule();
         for p in &plan.seqs {
             if let Some(a) = self.active.get_mut(&p.id) {
@@ -298,75 +312,143 @@ impl Worker {
     /// reached its end (with the logprobs its request asked for).
     fn execute(&mut self, plan: &SchedulerOutput) -> Result<Vec<Selected>> {
         let greedy = SamplingParams::default();
-        let sampled: Vec<SeqId> = plan
-            .seqs
+        let sampled: Vec<&ScheduledSeq> = plan.seqs.iter().filter(|p| p.sample).collect();
+        // A sequence checking drafts picks at each of its rows, row j with the drafts before it
+        // as history: exactly plain decoding's pick at that position.
+        let exts: Vec<Option<Vec<u32>>> = sampled
             .iter()
-            .filter(|p| p.sample)
-            .map(|p| p.id)
+            .map(|p| {
+                (!p.drafts.is_empty()).then(|| {
+                    let mut e = self.sched.tokens(p.id).unwrap_or_default().to_vec();
+                    e.extend_from_slice(&p.drafts);
+                    e
+                })
+            })
             .collect();
         let mut select = Vec::with_capacity(sampled.len());
         let mut logprobs = Vec::with_capacity(sampled.len());
-        for id in &sampled {
-            let a = self.active.get(id);
-            let history = self.sched.tokens(*id).unwrap_or_default();
-            select.push(Some(SelectParams {
-                params: a.map_or(&greedy, |a| &a.req.params),
-                history,
-                pos: history.len() as u64,
-            }));
-            logprobs.push(a.and_then(|a| a.req.logprobs));
+        for (p, ext) in sampled.iter().zip(&exts) {
+            let a = self.active.get(&p.id);
+            let tokens = self.sched.tokens(p.id).unwrap_or_default();
+            let n = tokens.len();
+            for j in 0..=p.drafts.len() {
+                let history = ext.as_deref().map_or(tokens, |e| &e[..n + j]);
+                select.push(Some(SelectParams {
+                    params: a.map_or(&greedy, |a| &a.req.params),
+                    history,
+                    pos: history.len() as u64,
+                }));
+                logprobs.push(a.and_then(|a| a.req.logprobs));
+            }
         }
+        let t = Instant::now();
         let out = self
             .backend
             .step_select_logprobs(&plan.batch, &select, &logprobs)?;
+        let picks = select.len();
+        drop(select);
+        if let Some(s) = self.spec.as_mut() {
+            s.step_ran(plan.batch.rows.len(), t.elapsed().as_secs_f64());
+        }
         self.sched.complete(plan);
-        if out.rows.len() != sampled.len() {
+        if out.rows.len() != picks {
             return Err(Error::Backend {
                 backend: self.backend.name(),
-                what: format!(
-                    "{} selected rows for {} requests",
-                    out.rows.len(),
-                    sampled.len()
-                ),
+                what: format!("{} selected rows for {} picks", out.rows.len(), picks),
             });
         }
         Ok(out.rows)
     }
 
+    /// Asks the drafter for drafts for the decoding sequences that speculate.
+    fn draft(&mut self) {
+        let Some(spec) = self.spec.as_mut() else {
+            return;
+        };
+        let cands: Vec<DraftCandidate> = self
+            .sched
+            .decoding()
+            .into_iter()
+            .filter_map(|id| {
+                let a = self.active.get(&id).filter(|a| a.req.speculative)?;
+                let len = self.sched.tokens(id)?.len();
+                let by_max = a.req.max_tokens.saturating_sub(a.generated + 1);
+                let by_ctx = self.max_ctx.saturating_sub(len + 1);
+                Some(DraftCandidate {
+                    id,
+                    room: by_max.min(by_ctx),
+                })
+            })
+            .collect();
+        // A drafter failure costs speed, never output: decode plainly this step.
+        let _ = spec.draft(&mut self.sched, &cands);
+    }
+
     /// Records each picked token and tells its request.
     fn update(&mut self, plan: &SchedulerOutput, rows: Vec<Selected>) {
-        let sampled = plan.seqs.iter().filter(|p| p.sample);
-        for (p, row) in sampled.zip(rows) {
-            let (token, logprob, top) = match row {
-                Selected::Token(t) => (t, None, Vec::new()),
-                Selected::Scored {
-                    token,
-                    logprob,
-                    top,
-                } => (token, Some(logprob), top),
-                Selected::Logits(_) => {
-                    let why = "the backend returned logits instead of a token".to_string();
-                    self.send(p.id, Msg::Event(Event::Error(why)));
-                    continue;
+        let mut rows = rows.into_iter();
+        for p in plan.seqs.iter().filter(|p| p.sample) {
+            let mut picks = Vec::with_capacity(p.drafts.len() + 1);
+            for row in rows.by_ref().take(p.drafts.len() + 1) {
+                match row {
+                    Selected::Token(t) => picks.push((t, None, Vec::new())),
+                    Selected::Scored {
+                        token,
+                        logprob,
+                        top,
+                    } => picks.push((token, Some(logprob), top)),
+                    Selected::Logits(_) => {}
                 }
-            };
-            self.next_token(p.id, token, logprob, top);
+            }
+            if picks.len() != p.drafts.len() + 1 {
+                let why = "the backend returned logits instead of a token".to_string();
+                self.send(p.id, Msg::Event(Event::Error(why)));
+                continue;
+            }
+            let tokens: Vec<u32> = picks.iter().map(|t| t.0).collect();
+            let accepted = accept(&p.drafts, &tokens);
+            if let Some(a) = self.active.get_mut(&p.id) {
+                a.spec.add(p.drafts.len(), accepted);
+            }
+            if let Some(s) = self.spec.as_mut() {
+                s.checked(p.id, p.drafts.len(), accepted);
+            }
+            // The accepted drafts and the pick after them, each exactly as plain decoding
+            // handles its token (EOS, max_tokens, context end stop the run).
+            for (token, logprob, top) in picks.into_iter().take(accepted + 1) {
+                if !self.next_token(p.id, token, logprob, top) {
+                    break;
+                }
+            }
+            if accepted > 0 {
+                self.sched.accept_drafts(p.id, accepted);
+            }
         }
     }
 
     /// One picked token: the end of sequence, or a token (the last one at the length limit).
-    fn next_token(&mut self, id: SeqId, tok: u32, logprob: Option<f32>, top: Vec<(u32, f32)>) {
+    /// `true` while the sequence goes on.
+    fn next_token(
+        &mut self,
+        id: SeqId,
+        tok: u32,
+        logprob: Option<f32>,
+        top: Vec<(u32, f32)>,
+    ) -> bool {
         let (Some(a), Some(pos)) = (
             self.active.get_mut(&id),
             self.sched.tokens(id).map(<[u32]>::len),
         ) else {
-            return;
+            return false;
         };
+        let spec = (a.spec.drafted as usize, a.spec.accepted as usize);
         let cached_tokens = self.sched.cached_tokens(id);
         let usage = |generated| Usage {
             prompt_tokens: a.req.prompt.len(),
             completion_tokens: generated,
             cached_tokens,
+            drafted_tokens: spec.0,
+            accepted_tokens: spec.1,
         };
         if !a.req.ignore_eos && self.stop_ids.contains(&tok) {
             // End of sequence: not part of the output.
@@ -375,7 +457,7 @@ impl Worker {
                 usage: usage(a.generated),
             };
             self.send(id, m);
-            return;
+            return false;
         }
         a.generated += 1;
         let last = a.generated >= a.req.max_tokens || pos + 1 >= self.max_ctx;
@@ -393,11 +475,13 @@ impl Worker {
             top_logprobs: top,
             last,
             cached_tokens,
+            spec,
         };
         self.send(id, Msg::Token(t));
         if let Some(m) = end {
             self.send(id, m);
         }
+        self.active.contains_key(&id)
     }
 
     /// Sends a request a message; its `End` (or error), or a closed stream, ends it.
@@ -415,6 +499,9 @@ impl Worker {
     /// Removes a request everywhere and frees its KV blocks.
     fn end(&mut self, id: SeqId) {
         self.sched.finish(id);
+        if let Some(s) = self.spec.as_mut() {
+            s.forget(id);
+        }
         if let Some(a) = self.active.remove(&id) {
             self.admission
                 .finished(&a.ticket, a.since.elapsed().as_secs_f64());
@@ -447,6 +534,10 @@ impl Worker {
             s.preemptions_total = self.sched.preemptions();
             s.steps_total = self.steps;
             s.tokens_generated_total = self.generated_total;
+            if let Some(sp) = &self.spec {
+                s.spec_drafted_total = sp.counts.drafted;
+                s.spec_accepted_total = sp.counts.accepted;
+            }
         }
     }
 }

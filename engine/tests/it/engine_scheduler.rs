@@ -231,3 +231,62 @@ fn idle_cached_blocks_are_evicted_lru_when_kv_is_needed() {
     step(&mut s);
     assert_eq!(s.cached_tokens(3), 0, "the evicted prefix is gone");
 }
+
+#[test]
+fn drafts_run_as_rows_but_only_accepted_tokens_are_published() {
+    use memra_engine::prefix_cache::chain_hashes;
+    let ns = namespace("a", None);
+    let mut s = sched(64, 4, cfg(16, 8, 8, 0));
+    s.add(seq(1, "a", vec![1, 2, 3]));
+    let o = s.schedule();
+    s.complete(&o);
+    assert!(s.append_token(1, 4)); // tokens 1 2 3 4, computed 3
+    // Drafts 5 6 7 8: rows at positions 3..8, all wanting logits.
+    assert!(s.set_draft(1, vec![5, 6, 7, 8]));
+    let o = s.schedule();
+    assert_eq!(o.seqs[0].drafts, vec![5, 6, 7, 8]);
+    let toks: Vec<u32> = o.batch.rows.iter().map(|r| r.token).collect();
+    assert_eq!(toks, vec![4, 5, 6, 7, 8]);
+    assert!(o.batch.rows.iter().all(|r| r.want_logits));
+    s.complete(&o);
+    // The target picked 5, then 9 (draft 6 rejected): tokens 1..5 then 9.
+    assert!(s.append_token(1, 5));
+    assert!(s.append_token(1, 9));
+    s.accept_drafts(1, 1);
+    s.check().unwrap();
+    // Block 0 (1 2 3 4) is full and published; block 1 holds 5 (accepted) and rejected rows:
+    // neither the drafted block (5 6 7 8) nor anything past the accepted tokens is published.
+    let real = chain_hashes(&ns, &[1, 2, 3, 4, 5, 9, 10, 11], 4);
+    let drafted = chain_hashes(&ns, &[1, 2, 3, 4, 5, 6, 7, 8], 4);
+    assert!(s.kv().is_cached(real[0]));
+    assert!(!s.kv().is_cached(drafted[1]));
+    // The next step recomputes from the rejection point: one row, token 9 at position 5.
+    let o = s.schedule();
+    assert_eq!(o.batch.rows.len(), 1);
+    assert_eq!((o.batch.rows[0].token, o.batch.rows[0].pos), (9, 5));
+    assert!(o.seqs[0].drafts.is_empty(), "a draft is used once");
+    s.complete(&o);
+    assert!(s.append_token(1, 10));
+    let o = s.schedule();
+    s.complete(&o);
+    assert!(s.append_token(1, 11));
+    let o = s.schedule();
+    s.complete(&o);
+    // 1..4 | 5 9 10 11 full and computed from accepted tokens only: published now.
+    assert!(s.kv().is_cached(real[1]));
+    assert!(!s.kv().is_cached(drafted[1]));
+    s.check().unwrap();
+}
+
+#[test]
+fn drafts_are_cut_to_the_step_budget() {
+    let mut s = sched(64, 4, cfg(3, 8, 8, 0));
+    s.add(seq(1, "a", vec![1, 2]));
+    let o = s.schedule();
+    s.complete(&o);
+    assert!(s.append_token(1, 3));
+    s.set_draft(1, vec![4, 5, 6, 7]);
+    let o = s.schedule();
+    assert_eq!(o.batch.rows.len(), 3);
+    assert_eq!(o.seqs[0].drafts, vec![4, 5]);
+}

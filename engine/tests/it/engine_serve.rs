@@ -55,6 +55,7 @@ fn config(kv_blocks: usize, budget: usize) -> EngineConfig {
             admit_reserve_blocks: 1,
         },
         prefix_cache: true,
+        spec: None,
     }
 }
 
@@ -78,6 +79,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, params: SamplingParams) -> Valid
         cache_salt: None,
         ignore_eos: true,
         tenant_max_in_flight: None,
+        speculative: true,
     }
 }
 

@@ -1,0 +1,157 @@
+//! One sequence, decoded speculatively: [`crate::generate::generate`]'s output exactly, with
+//! K drafts checked per step in one step of K+1 rows.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use super::control::{SpecControl, StepCost};
+use super::{DraftReq, Drafter, SpecCounts, accept};
+use crate::backend::{Backend, SelectParams, Selected, StepBatch, StepRow};
+use crate::error::{Error, Result};
+use crate::generate::{
+    FinishReason, GenOutput, GenRequest, check_gen, prefill, select_for, take_pick,
+};
+use crate::sampling::sample;
+
+/// How to speculate.
+#[derive(Clone, Copy, Debug)]
+pub struct SpecOptions {
+    /// Most drafts per step.
+    pub k: usize,
+    /// Let [`SpecControl`] shorten K or switch off (false: always ask for `k`).
+    pub adaptive: bool,
+}
+
+/// [`crate::generate::generate`] with speculation: the same tokens, finish reason and kept
+/// logits, plus the speculation counters.
+pub fn generate_spec(
+    backend: &mut dyn Backend,
+    drafter: &mut dyn Drafter,
+    req: &GenRequest,
+    opts: SpecOptions,
+    on_token: &mut dyn FnMut(u32) -> Result<()>,
+) -> Result<(GenOutput, SpecCounts)> {
+    let (total, blocks) = check_gen(backend, req)?;
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let t0 = Instant::now();
+    let want_logits = req.logits_top > 0 || req.keep_logits;
+    let mut history = req.prompt.clone();
+    let first = prefill(backend, req, &table, want_logits)?;
+    let mut out = GenOutput {
+        tokens: Vec::new(),
+        finish_reason: FinishReason::Length,
+        logits_top: Vec::new(),
+        logits: Vec::new(),
+        prompt_secs: t0.elapsed().as_secs_f64(),
+        decode_secs: 0.0,
+    };
+    let t1 = Instant::now();
+    let mut counts = SpecCounts::default();
+    let mut control = SpecControl::new(opts.k);
+    let mut cost = StepCost::default();
+    // Picks for positions history.len(), history.len() + 1, ...; all but the last have their
+    // KV computed already (they were accepted drafts).
+    let mut pending: VecDeque<Selected> = VecDeque::from([first]);
+    while history.len() < total {
+        let Some(next) = pending.pop_front() else {
+            break;
+        };
+        let tok = take_pick(next, &history, req, &mut out);
+        if req.stop_ids.contains(&tok) {
+            out.finish_reason = FinishReason::Stop;
+            break;
+        }
+        out.tokens.push(tok);
+        history.push(tok);
+        on_token(tok)?;
+        if history.len() >= total || !pending.is_empty() {
+            continue;
+        }
+        // Drafts may reach position total - 1 at most (plain decoding's last pick).
+        let room = total - history.len() - 1;
+        let k = if opts.adaptive { control.k() } else { opts.k }.min(room);
+        let drafts = if k == 0 {
+            Vec::new()
+        } else {
+            let r = DraftReq {
+                id: 0,
+                tokens: &history,
+                k,
+            };
+            let mut d = drafter.draft(&[r])?.pop().unwrap_or_default();
+            d.truncate(k);
+            d
+        };
+        let ts = Instant::now();
+        let picks = verify(backend, req, &table, &history, &drafts, want_logits)?;
+        cost.record(drafts.len() + 1, ts.elapsed().as_secs_f64());
+        let tokens = pick_tokens(&picks, &history, &drafts, req);
+        let a = accept(&drafts, &tokens);
+        counts.add(drafts.len(), a);
+        control.verified(drafts.len(), a, cost.row_cost());
+        pending.extend(picks.into_iter().take(a + 1));
+    }
+    drafter.forget(0);
+    out.decode_secs = t1.elapsed().as_secs_f64();
+    Ok((out, counts))
+}
+
+/// The token each pick stands for: the backend's, or (logits rows) what `sample` picks with the
+/// row's own history, as plain decoding would.
+fn pick_tokens(picks: &[Selected], history: &[u32], drafts: &[u32], req: &GenRequest) -> Vec<u32> {
+    let mut ext = history.to_vec();
+    ext.extend_from_slice(drafts);
+    let n = history.len();
+    picks
+        .iter()
+        .enumerate()
+        .map(|(j, s)| match s {
+            Selected::Token(t) | Selected::Scored { token: t, .. } => *t,
+            Selected::Logits(l) => sample(l, &ext[..n + j], &req.params, (n + j) as u64),
+        })
+        .collect()
+}
+
+/// One step of the last token plus `drafts`: row `j` picks the token of position
+/// `history.len() + j` exactly as plain decoding would after `drafts[..j]` (or returns its
+/// logits with `want_logits`).
+fn verify(
+    backend: &mut dyn Backend,
+    req: &GenRequest,
+    table: &[u32],
+    history: &[u32],
+    drafts: &[u32],
+    want_logits: bool,
+) -> Result<Vec<Selected>> {
+    let last = history.len() - 1;
+    let mut ext = history.to_vec();
+    ext.extend_from_slice(drafts);
+    let rows: Vec<StepRow> = (0..=drafts.len())
+        .map(|j| StepRow {
+            token: ext[last + j],
+            pos: (last + j) as u32,
+            seq: 0,
+            want_logits: true,
+        })
+        .collect();
+    let batch = StepBatch {
+        rows,
+        block_tables: vec![table.to_vec()],
+    };
+    let n = history.len();
+    let select: Vec<Option<SelectParams>> = (0..=drafts.len())
+        .flat_map(|j| select_for(true, want_logits, &req.params, &ext[..n + j]))
+        .collect();
+    let out = backend.step_select(&batch, &select)?;
+    if out.rows.len() != drafts.len() + 1 {
+        return Err(Error::Backend {
+            backend: backend.name(),
+            what: format!(
+                "{} picks for a verify step of {} rows",
+                out.rows.len(),
+                drafts.len() + 1
+            ),
+        });
+    }
+    Ok(out.rows)
+}

@@ -1,0 +1,141 @@
+//! The engine loop with speculation: batched requests, speculative and plain mixed in one step,
+//! greedy and seeded sampling, logprobs: every stream equals the plain engine's, byte for byte.
+
+use crate::common;
+
+use memra_engine::backend::Device;
+use memra_engine::config::Arch;
+use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle, KvBudget};
+use memra_engine::formats::gguf::Gguf;
+use memra_engine::loader::Model;
+use memra_engine::models::random::{random_weights, tiny_config};
+use memra_engine::quant::DType;
+use memra_engine::request::{Event, EventStream, ValidRequest};
+use memra_engine::sampling::SamplingParams;
+use memra_engine::scheduler::SchedulerConfig;
+use memra_engine::spec::{DrafterKind, SpecConfig};
+use memra_engine::tokenizer::Tokenizer;
+
+// A small vocabulary: the random model's output repeats, so n-gram drafts get accepted.
+const VOCAB: usize = 48;
+
+fn start(spec: Option<SpecConfig>) -> EngineHandle {
+    let weights = random_weights(&tiny_config(Arch::Llama, VOCAB), 3, DType::Q8_0).unwrap();
+    let tokenizer = Tokenizer::from_gguf(&Gguf::open(&common::real_model()).unwrap()).unwrap();
+    let model = Model {
+        path: "tiny".into(),
+        config: weights.config.clone(),
+        weights,
+        tokenizer,
+        chat: None,
+    };
+    let cfg = EngineConfig {
+        device: Device::Cpu,
+        threads: 2,
+        block_size: 4,
+        kv: KvBudget::Blocks(96),
+        scheduler: SchedulerConfig {
+            max_batch_tokens: 24,
+            max_running: 8,
+            max_running_per_tenant: 8,
+            admit_reserve_blocks: 1,
+        },
+        prefix_cache: true,
+        spec,
+    };
+    Engine::start(
+        vec![("tiny".into(), model, cfg)],
+        AdmissionLimits::default(),
+    )
+    .unwrap()
+}
+
+fn request(i: usize) -> ValidRequest {
+    let prompt: Vec<u32> = (0..5 + i * 3)
+        .map(|j| ((j * 7 + i) % 20) as u32 + 8)
+        .collect();
+    let params = if i.is_multiple_of(2) {
+        SamplingParams::default()
+    } else {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 10,
+            repetition_penalty: 1.05,
+            seed: 77 + i as u64,
+            ..Default::default()
+        }
+    };
+    ValidRequest {
+        model: "tiny".into(),
+        tenant: "t".into(),
+        prompt,
+        max_tokens: 20 + i,
+        params,
+        stop: Vec::new(),
+        logprobs: i.is_multiple_of(3).then_some(2),
+        cache_salt: None,
+        ignore_eos: i % 4 != 1,
+        tenant_max_in_flight: None,
+        // Every third request opts out: plain and speculative sequences share steps.
+        speculative: i % 3 != 2,
+    }
+}
+
+/// Per token: id, logprob bits, top alternatives' bits.
+type Tokens = Vec<(u32, Option<u32>, Vec<(u32, u32)>)>;
+
+/// Tokens, the finish reason and the accepted drafts of a stream.
+fn collect(mut s: EventStream) -> (Tokens, String, usize) {
+    let mut v = Vec::new();
+    loop {
+        match s.blocking_recv() {
+            Some(Event::Token(t)) => v.push((
+                t.id,
+                t.logprob.map(f32::to_bits),
+                t.top_logprobs
+                    .iter()
+                    .map(|(i, l)| (*i, l.to_bits()))
+                    .collect(),
+            )),
+            Some(Event::Text(_)) => {}
+            Some(Event::Done {
+                finish_reason,
+                usage,
+            }) => return (v, finish_reason.as_str().into(), usage.accepted_tokens),
+            Some(Event::Error(e)) => panic!("request failed: {e}"),
+            None => panic!("stream ended without Done"),
+        }
+    }
+}
+
+fn run_all(e: &EngineHandle, n: usize) -> Vec<(Tokens, String, usize)> {
+    let streams: Vec<EventStream> = (0..n).map(|i| e.submit(request(i)).unwrap()).collect();
+    streams.into_iter().map(collect).collect()
+}
+
+#[test]
+fn speculative_engine_streams_equal_plain_under_batching() {
+    let n = 8;
+    let plain = start(None);
+    let want = run_all(&plain, n);
+    plain.shutdown();
+    for k in [1, 3, 8] {
+        let e = start(Some(SpecConfig::new(DrafterKind::Ngram, k).unwrap()));
+        let got = run_all(&e, n);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.0, w.0, "request {i} k={k}: tokens/logprobs differ");
+            assert_eq!(g.1, w.1, "request {i} k={k}: finish");
+            if !request(i).speculative {
+                assert_eq!(g.2, 0, "request {i} opted out but accepted drafts");
+            }
+        }
+        let stats = e.stats();
+        let m = &stats.models[0];
+        assert!(m.spec_drafted_total > 0, "k={k}: nothing was drafted");
+        assert!(
+            m.spec_accepted_total > 0,
+            "k={k}: no draft accepted: the test proves nothing"
+        );
+        e.shutdown();
+    }
+}
