@@ -31,11 +31,21 @@ impl KvStore {
             .checked_mul(self.block_size)
             .and_then(|v| v.checked_mul(width))
             .ok_or_else(|| Error::Input("KV cache size overflows".into()))?;
-        self.layers.push(Layer {
-            width,
-            k: vec![0f32; n],
-            v: vec![0f32; n],
-        });
+        let zeros = || -> Result<Vec<f32>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| {
+                Error::Input(format!(
+                    "cannot allocate the KV cache: {} MiB for one layer's K or V ({} blocks); \
+                     lower --kv-blocks or free memory",
+                    (n * 4) >> 20,
+                    self.blocks
+                ))
+            })?;
+            v.resize(n, 0f32);
+            Ok(v)
+        };
+        let (k, v) = (zeros()?, zeros()?);
+        self.layers.push(Layer { width, k, v });
         Ok(self.layers.len() - 1)
     }
 
