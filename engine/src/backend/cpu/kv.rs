@@ -85,3 +85,22 @@ impl KvStore {
         ks.chain(vs).collect()
     }
 }
+
+#[cfg(test)]
+mod alloc_tests {
+    use super::*;
+
+    #[test]
+    fn a_kv_pool_too_large_for_memory_is_a_clean_error() {
+        // 2^50 floats (4 PiB): the allocation fails and says so instead of aborting.
+        let mut kv = KvStore::new(1 << 40, 16);
+        match kv.add_layer(64) {
+            Err(Error::Input(m)) => assert!(m.contains("cannot allocate the KV cache"), "{m}"),
+            other => panic!("expected a clean error, got {:?}", other.map(|_| ())),
+        }
+        let mut kv = KvStore::new(usize::MAX / 2, 16);
+        assert!(kv.add_layer(64).is_err(), "size overflow");
+        let mut kv = KvStore::new(4, 16);
+        assert_eq!(kv.add_layer(8).unwrap(), 0);
+    }
+}
