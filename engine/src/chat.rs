@@ -13,6 +13,10 @@
 //!   (UTC) and a `tojson` that writes like Python's `json.dumps` (`", "`/`": "`, non-ASCII kept,
 //!   optional `indent`).
 //!
+//! - filters whose output size is set by an argument are checked before they run: `indent`
+//!   (width x lines) and `format` / `str.format` (any field width or precision over
+//!   [`MAX_FORMAT_WIDTH`]); minijinja itself caps `string * n` at 100 MB.
+//!
 //! Known gap: string concatenation (`~`, `+`) is not size-checked by minijinja, so a hostile
 //! template that doubles a string in a loop can still allocate a lot before fuel runs out.
 
@@ -34,6 +38,10 @@ pub const DEFAULT_MAX_OUTPUT: usize = 1 << 20;
 /// Largest string the `replace` filter may build.
 const MAX_REPLACE_OUTPUT: usize = 16 << 20;
 const RECURSION_LIMIT: usize = 100;
+/// Largest width or precision a `format` field may ask for.
+pub const MAX_FORMAT_WIDTH: usize = 1 << 16;
+/// Largest string `indent` may build.
+const MAX_INDENT_OUTPUT: usize = 16 << 20;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ChatMessage {
@@ -278,13 +286,111 @@ fn sandbox_env(fuel: u64) -> Environment<'static> {
         {
             return checked_replace_args(s, args);
         }
+        if method == "format"
+            && let Some(s) = value.as_str()
+        {
+            check_format_widths(s)?;
+        }
         minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
     });
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     env.add_filter("tojson", tojson);
     env.add_filter("replace", replace_filter);
+    env.add_filter("indent", indent_filter);
+    env.add_filter("format", format_filter);
     env
+}
+
+fn too_large(what: &str, size: usize, limit: usize) -> minijinja::Error {
+    minijinja::Error::new(
+        ErrorKind::InvalidOperation,
+        format!("{what} would build a {size}-byte string (limit {limit})"),
+    )
+}
+
+/// Refuses a printf / str.format string with a field width or precision over
+/// [`MAX_FORMAT_WIDTH`] (`'%01000000000000d'` would allocate a terabyte).
+fn check_format_widths(fmt: &str) -> std::result::Result<(), minijinja::Error> {
+    let mut digits = 0usize;
+    let mut value = 0usize;
+    for c in fmt.chars().chain(std::iter::once(' ')) {
+        if let Some(d) = c.to_digit(10) {
+            digits += 1;
+            value = value.saturating_mul(10).saturating_add(d as usize);
+            continue;
+        }
+        if digits > 0 && value > MAX_FORMAT_WIDTH {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                format!("format width {value} is over the limit of {MAX_FORMAT_WIDTH}"),
+            ));
+        }
+        digits = 0;
+        value = 0;
+    }
+    Ok(())
+}
+
+fn format_filter(
+    state: &minijinja::State,
+    format_str: &Value,
+    args: minijinja::value::Rest<Value>,
+) -> std::result::Result<Value, minijinja::Error> {
+    if let Some(s) = format_str.as_str() {
+        check_format_widths(s)?;
+    }
+    minijinja::filters::format(state, format_str, args)
+}
+
+/// Jinja's `indent(width=4, first=false, blank=false)`, refusing a result over
+/// [`MAX_INDENT_OUTPUT`] before building it.
+fn indent_filter(
+    value: String,
+    width: Option<usize>,
+    first: Option<bool>,
+    blank: Option<bool>,
+    kwargs: Kwargs,
+) -> std::result::Result<Value, minijinja::Error> {
+    let width = match width {
+        Some(w) => w,
+        None => kwargs.get::<Option<usize>>("width")?.unwrap_or(4),
+    };
+    let first = match first {
+        Some(f) => f,
+        None => kwargs.get::<Option<bool>>("first")?.unwrap_or(false),
+    };
+    let blank = match blank {
+        Some(b) => b,
+        None => kwargs.get::<Option<bool>>("blank")?.unwrap_or(false),
+    };
+    kwargs.assert_all_used()?;
+    let lines = value.matches('\n').count().saturating_add(1);
+    let size = value.len().saturating_add(width.saturating_mul(lines));
+    if size > MAX_INDENT_OUTPUT {
+        return Err(too_large("indent", size, MAX_INDENT_OUTPUT));
+    }
+    let strip = |s: &str| -> usize {
+        let s = s.strip_suffix('\n').unwrap_or(s);
+        s.strip_suffix('\r').unwrap_or(s).len()
+    };
+    let input = &value[..strip(&value)];
+    let pad = " ".repeat(width);
+    let mut out = String::with_capacity(size);
+    let mut it = input.split('\n');
+    if !first {
+        out.push_str(it.next().unwrap_or_default());
+        out.push('\n');
+    }
+    for line in it {
+        if !line.is_empty() || blank {
+            out.push_str(&pad);
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.truncate(strip(&out));
+    Ok(Value::from(out))
 }
 
 fn raise_exception(msg: String) -> std::result::Result<Value, minijinja::Error> {

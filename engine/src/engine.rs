@@ -7,6 +7,7 @@
 //! `Error` event (or is cancelled by dropping its stream).
 
 mod admission;
+pub(crate) mod memlimit;
 pub(crate) mod output;
 mod speculate;
 mod worker;

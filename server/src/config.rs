@@ -99,6 +99,15 @@ pub struct ServeArgs {
     /// entry can set its own).
     #[arg(long, env = "MEMRA_TENANT_MAX_IN_FLIGHT", default_value_t = 64)]
     pub tenant_max_in_flight: usize,
+    /// Seconds a client may take to send a request body (408 after).
+    #[arg(long, env = "MEMRA_BODY_TIMEOUT_S", default_value_t = 30)]
+    pub body_timeout_s: u64,
+    /// Seconds a stream may wait for the client to read before it is cancelled.
+    #[arg(long, env = "MEMRA_STREAM_WRITE_TIMEOUT_S", default_value_t = 30)]
+    pub stream_write_timeout_s: u64,
+    /// Open client connections before new ones get 503 and are closed.
+    #[arg(long, env = "MEMRA_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
     #[arg(long, env = "MEMRA_DRAIN_TIMEOUT_S", default_value_t = 30)]
     pub drain_timeout_s: u64,

@@ -97,6 +97,38 @@ impl ApiError {
             .with_code("context_length_exceeded")
     }
 
+    /// 400 `context_length_exceeded` before tokenizing: the prompt has more bytes than the
+    /// context could hold as tokens.
+    pub fn prompt_too_many_bytes(param: &str, bytes: usize, limit: usize, ctx: usize) -> ApiError {
+        Self::invalid(format!(
+            "the prompt is {bytes} bytes; a context of {ctx} tokens takes at most {limit} bytes \
+             of prompt; shorten it"
+        ))
+        .with_param(param)
+        .with_code("context_length_exceeded")
+    }
+
+    /// 408: the client did not send its body in time.
+    pub fn body_timeout(secs: u64) -> ApiError {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!("the request body did not arrive within {secs} s"),
+        )
+        .with_code("body_timeout")
+    }
+
+    /// 503: too many open connections.
+    pub fn too_many_connections(limit: usize) -> ApiError {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded_error",
+            format!("the server has {limit} open connections, its limit; retry shortly"),
+        )
+        .with_code("too_many_connections")
+        .retry(1)
+    }
+
     pub fn missing_key() -> ApiError {
         Self::new(
             StatusCode::UNAUTHORIZED,

@@ -3,7 +3,8 @@
 //!
 //! - `[overload]` / `[tenant-limit]` / `[draining]`: refused at submission;
 //! - `[fail]`: two tokens, then an error event;
-//! - `[slow]`: 20 ms between tokens (disconnect and drain tests).
+//! - `[slow]`: 20 ms between tokens (disconnect and drain tests);
+//! - `[slow-tokenize]` in a chat message: tokenizing takes 400 ms (slot-holding tests).
 //!
 //! Sampling with temperature > 0 rotates the reply by the seed, so equal seeds give equal text.
 //! Stop strings, `max_tokens` and `ignore_eos` behave as the seam describes.
@@ -43,6 +44,12 @@ impl ModelText for ByteText {
     }
 
     fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        if messages
+            .iter()
+            .any(|m| m.content.contains("[slow-tokenize]"))
+        {
+            std::thread::sleep(Duration::from_millis(400));
+        }
         let mut s = String::new();
         for m in messages {
             s.push_str(&format!("<|{}|>\n{}\n", m.role, m.content));

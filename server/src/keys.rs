@@ -70,9 +70,37 @@ pub fn new_key() -> Result<String, String> {
     Ok(format!("mk-{}", to_hex(&b)))
 }
 
+/// Refuses a keyring file other users may write (mode & 0o022).
+#[cfg(unix)]
+fn check_not_writable_by_others(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o022 != 0 {
+        return Err(format!(
+            "{}: the keyring is writable by other users (mode {mode:03o}); anyone who can write \
+             it can add keys. Fix it with `chmod 600 {}`",
+            path.display(),
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn check_not_writable_by_others(_path: &Path) -> Result<(), String> {
+    Ok(())
+}
+
 impl KeyringFile {
-    /// Reads a keyring; a missing file is an empty keyring.
+    /// Reads a keyring; a missing file is an empty keyring. A keyring that other users could
+    /// write (group/world-writable, as ssh's StrictModes refuses) is an error.
     pub fn load(path: &Path) -> Result<KeyringFile, String> {
+        check_not_writable_by_others(path)?;
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
@@ -94,19 +122,29 @@ impl KeyringFile {
     /// Writes atomically (a temporary file renamed over the old one), readable by the owner only.
     pub fn save(&self, path: &Path) -> Result<(), String> {
         let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
-        let tmp = path.with_extension("tmp");
+        let mut suffix = [0u8; 8];
+        getrandom::fill(&mut suffix).map_err(|e| format!("random temp name: {e}"))?;
+        let tmp = path.with_extension(format!("tmp-{}", to_hex(&suffix)));
         let err = |e: std::io::Error| format!("{}: {e}", tmp.display());
-        {
+        let written = (|| {
+            // O_CREAT|O_EXCL: never an existing file, never through a symlink.
             let mut opts = std::fs::OpenOptions::new();
-            opts.write(true).create(true).truncate(true);
+            opts.write(true).create_new(true);
             #[cfg(unix)]
             std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
             let mut f = opts.open(&tmp).map_err(err)?;
             f.write_all(text.as_bytes()).map_err(err)?;
             f.write_all(b"\n").map_err(err)?;
-            f.sync_all().map_err(err)?;
+            f.sync_all().map_err(err)
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
         }
-        std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+        std::fs::rename(&tmp, path).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            format!("{}: {e}", path.display())
+        })
     }
 
     /// Adds a key for `tenant`; returns the key (the only time it exists in clear).
@@ -202,6 +240,59 @@ mod tests {
             KeyringFile::load(&path)
                 .unwrap_err()
                 .contains("not a keyring")
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn keyring_writable_by_others_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.json");
+        let mut k = KeyringFile::default();
+        k.add("acme", None).unwrap();
+        k.save(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        for bad in [0o666, 0o620, 0o602] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(bad)).unwrap();
+            let e = KeyringFile::load(&path).unwrap_err();
+            assert!(
+                e.contains("writable by other users") && e.contains("chmod 600"),
+                "{e}"
+            );
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        assert_eq!(KeyringFile::load(&path).unwrap().keys.len(), 1);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn save_ignores_planted_temp_files_and_symlinks() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.json");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "untouched").unwrap();
+        // The old fixed temp name, planted as a world-writable file and as a symlink.
+        let planted = path.with_extension("tmp");
+        std::fs::write(&planted, "x").unwrap();
+        std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let mut k = KeyringFile::default();
+        k.add("acme", None).unwrap();
+        k.save(&path).unwrap();
+        std::fs::remove_file(&planted).unwrap();
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        k.save(&path).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_file());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(KeyringFile::load(&path).unwrap().keys.len(), 1);
+        let leftovers = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(
+            leftovers, 3,
+            "keys.json, victim, the planted link; no temp file left"
         );
     }
 }

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod errors;
 #[cfg(feature = "test-util")]
 pub mod fake;
+pub mod fdlimit;
 pub mod http;
 pub mod keys;
 pub mod metrics;

@@ -44,7 +44,8 @@ impl ModelText for HandleText {
             )
         })?;
         let rendered = tmpl.render(messages, true)?;
-        self.tokenizer()?.encode(&rendered, false)
+        let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+        self.tokenizer()?.encode_chat(&rendered, &contents)
     }
 
     fn token_bytes(&self, id: u32) -> Vec<u8> {

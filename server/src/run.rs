@@ -97,7 +97,18 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
             let _ = fail_tx.send(e);
         });
         let engine = crate::engine_loader::start(&specs, &args, on_error)?;
-        let state = Arc::new(State::new(engine, auth, Limits::from_args(&args)));
+        let mut limits = Limits::from_args(&args);
+        let nofile = memra_server::fdlimit::raise_nofile();
+        let cap = memra_server::fdlimit::connection_cap(limits.max_connections, nofile);
+        if cap < limits.max_connections {
+            tracing::warn!(
+                "--max-connections {} lowered to {cap}: the open-file limit is {}",
+                limits.max_connections,
+                nofile.unwrap_or(0)
+            );
+        }
+        limits.max_connections = cap;
+        let state = Arc::new(State::new(engine, auth, limits));
         let bound = listener
             .local_addr()
             .map_err(|e| format!("listening socket: {e}"))?;

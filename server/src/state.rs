@@ -23,6 +23,17 @@ pub struct Limits {
     pub tenant_max_in_flight: usize,
     /// How long in-flight requests may take to finish on shutdown.
     pub drain_timeout: Duration,
+    /// How long a client may take to send its request body (408 after).
+    pub body_timeout: Duration,
+    /// How long a stream waits for a client that does not read before cancelling.
+    pub stream_write_timeout: Duration,
+    /// Open connections (503 and close above).
+    pub max_connections: usize,
+    /// Tokenizations (template rendering included) running at once; more wait their turn.
+    pub tokenize_workers: usize,
+    /// How long a request waits for its tokenization before it fails (the work itself, bounded
+    /// by the template's fuel, keeps its slot until it ends).
+    pub tokenize_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -33,6 +44,11 @@ impl Default for Limits {
             max_in_flight: 256,
             tenant_max_in_flight: 64,
             drain_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(30),
+            stream_write_timeout: Duration::from_secs(30),
+            max_connections: 1024,
+            tokenize_workers: default_tokenize_workers(),
+            tokenize_timeout: Duration::from_secs(20),
         }
     }
 }
@@ -46,8 +62,20 @@ impl Limits {
             max_in_flight: a.max_in_flight,
             tenant_max_in_flight: a.tenant_max_in_flight,
             drain_timeout: Duration::from_secs(a.drain_timeout_s),
+            body_timeout: Duration::from_secs(a.body_timeout_s),
+            stream_write_timeout: Duration::from_secs(a.stream_write_timeout_s),
+            max_connections: a.max_connections.max(1),
+            ..Limits::default()
         }
     }
+}
+
+/// One tokenizer worker per core (at least 2).
+fn default_tokenize_workers() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .max(2)
 }
 
 /// Seconds a client is told to wait after a 429 / 503 from the server's own limits.
@@ -61,6 +89,8 @@ pub struct State {
     draining: AtomicBool,
     in_flight: AtomicUsize,
     tenants: Mutex<HashMap<String, usize>>,
+    /// Permits of the bounded tokenizer pool.
+    pub tokenize_pool: Arc<tokio::sync::Semaphore>,
 }
 
 /// Holds one in-flight slot (global and tenant) until dropped.
@@ -88,11 +118,12 @@ impl State {
         State {
             engine,
             auth,
-            limits,
             metrics: Metrics::new(),
             draining: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             tenants: Mutex::new(HashMap::new()),
+            tokenize_pool: Arc::new(tokio::sync::Semaphore::new(limits.tokenize_workers.max(1))),
+            limits,
         }
     }
 

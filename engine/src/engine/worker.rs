@@ -112,15 +112,22 @@ fn kv_blocks(weights: &ModelWeights, cfg: &EngineConfig) -> Result<usize> {
     Ok(n)
 }
 
-/// `MemAvailable` of /proc/meminfo.
+/// Bytes this process may still allocate: `MemAvailable` of /proc/meminfo, lowered to what is
+/// left under the address-space limit (`ulimit -v`) and the cgroup's memory limit.
 fn host_available_bytes() -> Result<usize> {
     let p = std::path::Path::new("/proc/meminfo");
     let s = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+    let avail = meminfo_kb(&s, "MemAvailable:")
         .map(|kb| kb * 1024)
-        .ok_or_else(|| Error::Input("/proc/meminfo has no MemAvailable line".into()))
+        .ok_or_else(|| Error::Input("/proc/meminfo has no MemAvailable line".into()))?;
+    Ok(crate::engine::memlimit::headroom(avail))
+}
+
+/// A `kB` field of /proc/meminfo-style text.
+fn meminfo_kb(s: &str, key: &str) -> Option<usize> {
+    s.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
 }
 
 fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {

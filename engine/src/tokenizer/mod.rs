@@ -25,6 +25,8 @@ use crate::formats::gguf::{Gguf, MetaValue};
 #[derive(Clone)]
 pub struct Tokenizer {
     inner: Arc<tokenizers::Tokenizer>,
+    /// `inner` with special tokens encoded as plain text (for user-written message contents).
+    plain: Arc<tokenizers::Tokenizer>,
     vocab_size: usize,
     bos: Option<u32>,
     eos: Option<u32>,
@@ -42,6 +44,13 @@ impl std::fmt::Debug for Tokenizer {
             .field("stop_ids", &self.stop_ids)
             .finish_non_exhaustive()
     }
+}
+
+/// A copy of `t` that encodes special-token text (`<|im_start|>`) as ordinary text.
+fn plain_of(t: &tokenizers::Tokenizer) -> tokenizers::Tokenizer {
+    let mut p = t.clone();
+    p.set_encode_special_tokens(true);
+    p
 }
 
 fn tok_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -133,6 +142,7 @@ impl Tokenizer {
             }
         }
         Ok(Tokenizer {
+            plain: Arc::new(plain_of(&inner)),
             inner: Arc::new(inner),
             vocab_size,
             bos,
@@ -153,6 +163,7 @@ impl Tokenizer {
     ) -> Result<Tokenizer> {
         let b = gguf_vocab::build(get)?;
         Ok(Tokenizer {
+            plain: Arc::new(plain_of(&b.inner)),
             inner: Arc::new(b.inner),
             vocab_size: b.vocab_size,
             bos: b.bos,
@@ -176,6 +187,44 @@ impl Tokenizer {
             ids.push(bos);
         }
         ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    /// Token ids for `text` with special-token text encoded as ordinary text: what a user wrote
+    /// can never become a control token.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .plain
+            .encode_fast(text, false)
+            .map_err(|e| tok_err("encode", e))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Token ids for a rendered chat prompt: the template's own markup with special tokens
+    /// parsed, each of `contents` (found in order in `rendered`) as plain text
+    /// ([`Tokenizer::encode_plain`]). A content the template changed (so it is not found as
+    /// written) is looked for trimmed; one not found even then is left to the markup (special
+    /// tokens parsed), as with templates that rewrite message text.
+    pub fn encode_chat(&self, rendered: &str, contents: &[&str]) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        let mut at = 0usize;
+        for c in contents {
+            let c = if rendered[at..].contains(*c) {
+                *c
+            } else {
+                c.trim()
+            };
+            if c.is_empty() {
+                continue;
+            }
+            let Some(off) = rendered[at..].find(c) else {
+                continue;
+            };
+            ids.extend(self.encode(&rendered[at..at + off], false)?);
+            ids.extend(self.encode_plain(c)?);
+            at += off + c.len();
+        }
+        ids.extend(self.encode(&rendered[at..], false)?);
         Ok(ids)
     }
 

@@ -173,6 +173,36 @@ fn replace_amplification_is_refused() {
 }
 
 #[test]
+fn width_filters_are_bounded_before_they_allocate() {
+    // Security review finding 3: each of these aborted the process (allocation failure).
+    for (src, want) in [
+        ("{{ 'x'|indent(1000000000000) }}", "indent would build"),
+        (
+            "{{ 'a\nb'|indent(width=1000000000000) }}",
+            "indent would build",
+        ),
+        ("{{ '%01000000000000d'|format(1) }}", "format width"),
+        ("{{ '%.1000000000000f'|format(1.5) }}", "format width"),
+        ("{{ '{:>1000000000000}'.format('x') }}", "format width"),
+    ] {
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let msg = template_err(t.render(&[], false));
+        assert!(msg.contains(want), "{src}: {msg}");
+    }
+    // Ordinary uses keep Jinja's behaviour.
+    let t = ChatTemplate::new(
+        "{{ 'a\nb\n\nc\n'|indent(2) }}|{{ 'a\nb'|indent(width=1, first=true) }}|{{ 'a\n\nb'|indent(2, blank=true) }}|{{ '%05d'|format(42) }}|{{ '{}-{}'.format(1, 2) }}",
+        "",
+        "",
+    )
+    .unwrap();
+    assert_eq!(
+        t.render(&[], false).unwrap(),
+        "a\n  b\n\n  c| a\n b|a\n  \n  b|00042|1-2"
+    );
+}
+
+#[test]
 fn deep_recursion_is_an_error() {
     let src = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}";
     let t = ChatTemplate::new(src, "", "").unwrap();

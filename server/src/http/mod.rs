@@ -16,6 +16,28 @@ use tokio::net::TcpListener;
 use crate::routes;
 use crate::state::State;
 
+/// Answers a connection over the cap with 503 + Retry-After and closes it (at most one second
+/// spent on a client that does not read).
+fn refuse(mut stream: tokio::net::TcpStream, limit: usize) {
+    let e = crate::errors::ApiError::too_many_connections(limit);
+    let body = e.body().to_string();
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        e.retry_after.unwrap_or(1),
+        body.len()
+    );
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let send = async {
+            stream.write_all(head.as_bytes()).await?;
+            stream.write_all(body.as_bytes()).await?;
+            stream.shutdown().await
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), send).await;
+    });
+}
+
 /// Serves until `shutdown` resolves, then drains: stops accepting, marks the server draining
 /// (`/ready` 503, new inference requests 503), lets in-flight requests finish up to the drain
 /// timeout, and tells the engine to drain. Returns when done.
@@ -41,6 +63,10 @@ pub async fn serve(
                         continue;
                     }
                 };
+                if conns.len() >= state.limits.max_connections {
+                    refuse(stream, state.limits.max_connections);
+                    continue;
+                }
                 let _ = stream.set_nodelay(true);
                 let st = state.clone();
                 let svc = service_fn(move |req| {

@@ -1,8 +1,12 @@
-//! `POST /v1/chat/completions` and `POST /v1/completions`: auth, admission, body, parse,
-//! tokenize (off the executor), submit, then a whole response or an SSE stream.
+//! `POST /v1/chat/completions` and `POST /v1/completions`: auth, body (under a size limit and
+//! a timeout, before any slot is taken), parse, admission, a byte bound on the prompt, tokenize
+//! (in a bounded pool off the executor, the slot held until the work ends), submit, then a
+//! whole response or an SSE stream.
 
 use std::sync::Arc;
 use std::time::Instant;
+
+use memra_engine::Result as EngineResult;
 
 use hyper::body::Incoming;
 use hyper::header::CONTENT_TYPE;
@@ -14,8 +18,57 @@ use super::shape::{Shaper, ShaperInit};
 use super::stream;
 use crate::errors::ApiError;
 use crate::http::body::{self, Body};
-use crate::state::State;
+use crate::state::{Permit, State};
 use crate::validation::{self, Kind, Parsed, PromptInput};
+
+/// Bytes of prompt text allowed per token of context: a prompt longer than context x this
+/// cannot fit once tokenized (a token is rarely over 16 bytes), so it is refused before the
+/// tokenizer sees it.
+pub const MAX_PROMPT_BYTES_PER_TOKEN: usize = 32;
+
+/// Bytes of the user-supplied prompt text.
+fn prompt_bytes(p: &PromptInput) -> usize {
+    match p {
+        PromptInput::Text(s) => s.len(),
+        PromptInput::Chat(m) => m.iter().map(|m| m.content.len() + m.role.len()).sum(),
+        PromptInput::Ids(_) => 0,
+    }
+}
+
+/// Tokenizes in the bounded pool. The in-flight `permit` travels into the blocking task and
+/// comes back with the ids, so a client that hangs up does not free its slot while its
+/// tokenization still runs.
+async fn tokenize(
+    st: &Arc<State>,
+    text: Arc<dyn crate::engine::ModelText>,
+    input: PromptInput,
+    permit: Permit,
+) -> Result<(Vec<u32>, Permit), ApiError> {
+    let worker = st
+        .tokenize_pool
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::engine("the tokenizer pool is closed"))?;
+    let task = tokio::task::spawn_blocking(move || {
+        let r: EngineResult<Vec<u32>> = match input {
+            PromptInput::Text(s) => text.encode(&s),
+            PromptInput::Chat(m) => text.encode_chat(&m),
+            PromptInput::Ids(ids) => Ok(ids),
+        };
+        drop(worker);
+        (r, permit)
+    });
+    let limit = st.limits.tokenize_timeout;
+    match tokio::time::timeout(limit, task).await {
+        Ok(Ok((r, permit))) => Ok((r?, permit)),
+        Ok(Err(e)) => Err(ApiError::engine(format!("tokenizer task failed: {e}"))),
+        Err(_) => Err(ApiError::engine(format!(
+            "tokenizing the prompt took over {} s",
+            limit.as_secs()
+        ))),
+    }
+}
 
 fn check_content_type(req: &Request<Incoming>) -> Result<(), ApiError> {
     match req.headers().get(CONTENT_TYPE) {
@@ -45,11 +98,17 @@ pub async fn handle(
     let who = super::authenticate(st, &req)?;
     *tenant = who.name.clone();
     check_content_type(&req)?;
-    let permit = st.admit(&who)?;
+    if st.is_draining() {
+        return Err(ApiError::from(SubmitError::Draining));
+    }
     let (parts, incoming) = req.into_parts();
-    let bytes = body::read_limited(&parts.headers, incoming, st.limits.max_body_bytes).await?;
+    let read = body::read_limited(&parts.headers, incoming, st.limits.max_body_bytes);
+    let bytes = tokio::time::timeout(st.limits.body_timeout, read)
+        .await
+        .map_err(|_| ApiError::body_timeout(st.limits.body_timeout.as_secs()))??;
     let parsed = validation::parse(kind, &bytes, st.limits.max_tokens)?;
     drop(bytes);
+    let permit = st.admit(&who)?;
     let model = st
         .engine
         .models()
@@ -62,15 +121,17 @@ pub async fn handle(
                 ApiError::loading()
             }
         })?;
-    let text = model.text.clone();
-    let input = parsed.prompt.clone();
-    let ids = tokio::task::spawn_blocking(move || match input {
-        PromptInput::Text(s) => text.encode(&s),
-        PromptInput::Chat(m) => text.encode_chat(&m),
-        PromptInput::Ids(ids) => Ok(ids),
-    })
-    .await
-    .map_err(|e| ApiError::engine(format!("tokenizer task failed: {e}")))??;
+    let byte_limit = model.context_len.saturating_mul(MAX_PROMPT_BYTES_PER_TOKEN);
+    let n_bytes = prompt_bytes(&parsed.prompt);
+    if n_bytes > byte_limit {
+        return Err(ApiError::prompt_too_many_bytes(
+            kind.prompt_param(),
+            n_bytes,
+            byte_limit,
+            model.context_len,
+        ));
+    }
+    let (ids, permit) = tokenize(st, model.text.clone(), parsed.prompt.clone(), permit).await?;
     let shaper = Shaper::new(ShaperInit {
         kind,
         request_id: request_id.to_string(),
@@ -105,6 +166,8 @@ pub async fn handle(
         state: st.clone(),
         started,
         permit,
+        tokens: 0,
+        counted: false,
     };
     if streaming {
         Ok(stream::respond(run))
@@ -119,7 +182,7 @@ async fn collect(mut run: Running) -> Result<Response<Body>, ApiError> {
     loop {
         match run.events.recv().await {
             Some(Event::Token(t)) => {
-                observe_token(&run, &mut last);
+                observe_token(&mut run, &mut last);
                 let _ = run.shaper.token_chunk(&t);
             }
             Some(Event::Text(s)) => {
@@ -129,9 +192,9 @@ async fn collect(mut run: Running) -> Result<Response<Body>, ApiError> {
                 finish_reason,
                 usage,
             }) => {
-                run.state.metrics.usage(&usage);
+                run.count_usage(&usage);
                 let v = run.shaper.full(finish_reason.as_str(), usage);
-                drop(run.permit);
+                drop(run);
                 return Ok(body::json(StatusCode::OK, &v));
             }
             Some(Event::Error(m)) => return Err(ApiError::engine(m)),

@@ -32,9 +32,16 @@ pub fn ready(st: &State) -> Response<Body> {
     body::json(StatusCode::OK, &json!({"status": "ready"}))
 }
 
-pub fn metrics(st: &State) -> Response<Body> {
+/// The Prometheus text; with a keyring it takes a key like the inference routes (its labels
+/// name tenants).
+pub fn metrics(
+    st: &State,
+    req: &Request<Incoming>,
+    tenant: &mut String,
+) -> Result<Response<Body>, ApiError> {
+    *tenant = super::authenticate(st, req)?.name;
     let text = st.metrics.render(&st.engine.stats(), st.in_flight());
-    body::text(StatusCode::OK, CONTENT_TYPE, text)
+    Ok(body::text(StatusCode::OK, CONTENT_TYPE, text))
 }
 
 pub fn models(

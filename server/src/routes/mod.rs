@@ -1,4 +1,5 @@
-//! Request routing: probes and metrics (no key), models and inference (keyed). Every response
+//! Request routing: probes (no key), metrics, models and inference (keyed when a keyring is
+//! configured: metrics carry tenant names). Every response
 //! gets an `x-request-id` header and is counted in `memra_requests_total`.
 
 pub mod generate;
@@ -62,7 +63,7 @@ pub async fn handle(req: Request<Incoming>, st: Arc<State>) -> Response<Body> {
     let (route, result) = match (&method, path.as_str()) {
         (&Method::GET, "/health") => ("health", Ok(info::health())),
         (&Method::GET, "/ready") => ("ready", Ok(info::ready(&st))),
-        (&Method::GET, "/metrics") => ("metrics", Ok(info::metrics(&st))),
+        (&Method::GET, "/metrics") => ("metrics", info::metrics(&st, &req, &mut tenant)),
         (&Method::GET, "/v1/models") => ("models", info::models(&st, &req, &mut tenant)),
         (&Method::POST, "/v1/chat/completions") => (
             "chat",

@@ -1,7 +1,10 @@
 //! The SSE side of a generation: a task forwards engine events as chunks into the response
 //! body's channel. When the client goes away the body (and the channel's receiver) is dropped;
 //! the task sees the channel close at once and drops the engine stream, which cancels the
-//! request and frees its KV.
+//! request and frees its KV. A client that stops reading (the channel stays full) is given up
+//! after the stream write timeout, with the same effect.
+
+use std::time::Duration;
 
 use hyper::Response;
 use memra_engine::request::Event;
@@ -22,8 +25,9 @@ pub fn respond(run: Running) -> Response<Body> {
 }
 
 async fn forward(mut run: Running, tx: mpsc::Sender<bytes::Bytes>) {
+    let wait = run.state.limits.stream_write_timeout;
     if let Some(c) = run.shaper.role_chunk()
-        && tx.send(sse::event(&c)).await.is_err()
+        && !send_all(&tx, vec![sse::event(&c)], wait).await
     {
         return;
     }
@@ -36,7 +40,7 @@ async fn forward(mut run: Running, tx: mpsc::Sender<bytes::Bytes>) {
         };
         let frames = match ev {
             Some(Event::Token(t)) => {
-                observe_token(&run, &mut last);
+                observe_token(&mut run, &mut last);
                 match run.shaper.token_chunk(&t) {
                     Some(c) => vec![sse::event(&c)],
                     None => continue,
@@ -50,36 +54,72 @@ async fn forward(mut run: Running, tx: mpsc::Sender<bytes::Bytes>) {
                 finish_reason,
                 usage,
             }) => {
-                run.state.metrics.usage(&usage);
+                run.count_usage(&usage);
                 let mut f = vec![sse::event(&run.shaper.finish_chunk(finish_reason.as_str()))];
                 if run.shaper.include_usage {
                     f.push(sse::event(&run.shaper.usage_chunk(usage)));
                 }
                 f.push(sse::done());
-                send_all(&tx, f).await;
+                send_all(&tx, f, wait).await;
                 return;
             }
             Some(Event::Error(m)) => {
-                send_all(&tx, vec![sse::event(&ApiError::engine(m).body())]).await;
+                send_all(&tx, vec![sse::event(&ApiError::engine(m).body())], wait).await;
                 return;
             }
             None => {
                 let e = ApiError::engine("the engine ended the request without finishing it");
-                send_all(&tx, vec![sse::event(&e.body())]).await;
+                send_all(&tx, vec![sse::event(&e.body())], wait).await;
                 return;
             }
         };
-        if !send_all(&tx, frames).await {
+        if !send_all(&tx, frames, wait).await {
             return;
         }
     }
 }
 
-async fn send_all(tx: &mpsc::Sender<bytes::Bytes>, frames: Vec<bytes::Bytes>) -> bool {
+/// Sends `frames`; false when the client left or did not read for `wait`.
+async fn send_all(
+    tx: &mpsc::Sender<bytes::Bytes>,
+    frames: Vec<bytes::Bytes>,
+    wait: Duration,
+) -> bool {
     for f in frames {
-        if tx.send(f).await.is_err() {
-            return false;
+        match tokio::time::timeout(wait, tx.send(f)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return false,
+            Err(_) => {
+                tracing::info!(
+                    "stream cancelled: the client read nothing for {} s",
+                    wait.as_secs()
+                );
+                return false;
+            }
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_reader_that_stalls_is_given_up_after_the_write_timeout() {
+        let (tx, mut rx) = mpsc::channel(1);
+        let wait = Duration::from_millis(50);
+        let f = || vec![bytes::Bytes::from_static(b"data: x\n\n")];
+        assert!(send_all(&tx, f(), wait).await, "room in the channel");
+        let t = std::time::Instant::now();
+        assert!(
+            !send_all(&tx, f(), wait).await,
+            "full: the client reads nothing"
+        );
+        assert!(t.elapsed() >= wait && t.elapsed() < Duration::from_secs(5));
+        assert!(rx.recv().await.is_some());
+        assert!(send_all(&tx, f(), wait).await, "the client read again");
+        drop(rx);
+        assert!(!send_all(&tx, f(), wait).await, "the client left");
+    }
 }

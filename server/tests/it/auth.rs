@@ -44,10 +44,11 @@ async fn keys_tenants_limits_and_reload() {
     watch.spawn_watcher(Duration::from_millis(20));
     let s = common::start(Auth::Keyring(watch), Limits::default()).await;
 
-    // Probes and metrics need no key; inference and models do.
-    for p in ["/health", "/ready", "/metrics"] {
+    // Probes need no key; metrics (tenant names in its labels), inference and models do.
+    for p in ["/health", "/ready"] {
         assert_eq!(s.get(p).await.status(), 200, "{p}");
     }
+    expect_error(s.get("/metrics").await, 401, Some("missing_api_key")).await;
     expect_error(s.get("/v1/models").await, 401, Some("missing_api_key")).await;
     expect_error(
         s.post("/v1/chat/completions", &chat_body("hi")).await,
@@ -98,7 +99,14 @@ async fn keys_tenants_limits_and_reload() {
     ring.save(&path).unwrap();
     wait_status(&s, &bolt, 403).await;
     wait_status(&s, &fresh, 200).await;
-    let m = s.get("/metrics").await.text().await.unwrap();
+    let m = TestServer::client()
+        .get(format!("{}/metrics", s.url))
+        .bearer_auth(&fresh)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(m.status(), 200);
+    let m = m.text().await.unwrap();
     assert!(
         m.contains(r#"tenant="acme""#) && m.contains(r#"status="403""#),
         "{m}"

@@ -6,5 +6,6 @@ mod common;
 mod flags;
 mod lifecycle;
 mod real_model;
+mod security;
 mod served;
 mod tiny_engine;

@@ -204,6 +204,7 @@ async fn disconnect_frees_kv(url: &str, key: &str) {
     }
     let m = c
         .get(format!("{url}/metrics"))
+        .bearer_auth(key)
         .send()
         .await
         .unwrap()
@@ -216,6 +217,7 @@ async fn disconnect_frees_kv(url: &str, key: &str) {
     for _ in 0..100 {
         let m = c
             .get(format!("{url}/metrics"))
+            .bearer_auth(key)
             .send()
             .await
             .unwrap()

@@ -31,11 +31,21 @@ impl KvStore {
             .checked_mul(self.block_size)
             .and_then(|v| v.checked_mul(width))
             .ok_or_else(|| Error::Input("KV cache size overflows".into()))?;
-        self.layers.push(Layer {
-            width,
-            k: vec![0f32; n],
-            v: vec![0f32; n],
-        });
+        let zeros = || -> Result<Vec<f32>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| {
+                Error::Input(format!(
+                    "cannot allocate the KV cache: {} MiB for one layer's K or V ({} blocks); \
+                     lower --kv-blocks or free memory",
+                    (n * 4) >> 20,
+                    self.blocks
+                ))
+            })?;
+            v.resize(n, 0f32);
+            Ok(v)
+        };
+        let (k, v) = (zeros()?, zeros()?);
+        self.layers.push(Layer { width, k, v });
         Ok(self.layers.len() - 1)
     }
 
@@ -73,5 +83,24 @@ impl KvStore {
         let ks = self.layers.iter().flat_map(|l| part(l, &l.k));
         let vs = self.layers.iter().flat_map(|l| part(l, &l.v));
         ks.chain(vs).collect()
+    }
+}
+
+#[cfg(test)]
+mod alloc_tests {
+    use super::*;
+
+    #[test]
+    fn a_kv_pool_too_large_for_memory_is_a_clean_error() {
+        // 2^50 floats (4 PiB): the allocation fails and says so instead of aborting.
+        let mut kv = KvStore::new(1 << 40, 16);
+        match kv.add_layer(64) {
+            Err(Error::Input(m)) => assert!(m.contains("cannot allocate the KV cache"), "{m}"),
+            other => panic!("expected a clean error, got {:?}", other.map(|_| ())),
+        }
+        let mut kv = KvStore::new(usize::MAX / 2, 16);
+        assert!(kv.add_layer(64).is_err(), "size overflow");
+        let mut kv = KvStore::new(4, 16);
+        assert_eq!(kv.add_layer(8).unwrap(), 0);
     }
 }
