@@ -76,6 +76,7 @@ fn request(prompt: Vec<u32>, n_gen: usize, salt: String) -> ValidRequest {
         cache_salt: Some(salt),
         ignore_eos: true,
         tenant_max_in_flight: None,
+        speculative: true,
     }
 }
 
