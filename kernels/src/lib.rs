@@ -140,6 +140,13 @@ pub const MODULES: &[Module] = &[
         kernels: &["attn_split", "attn_split2", "attn_combine"],
     },
     Module {
+        name: "attn_mma",
+        file: "kernels/cu/attn_mma.cu",
+        source: include_str!("../cu/attn_mma.cu"),
+        headers: &[H_MMA, H_PREP],
+        kernels: &["attn_mma_h64", "attn_mma_h128"],
+    },
+    Module {
         name: "sample",
         file: "kernels/cu/sample.cu",
         source: include_str!("../cu/sample.cu"),

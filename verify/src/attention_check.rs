@@ -2,7 +2,7 @@
 //! paged cache: permuted block tables, GQA, several sequences and depths in one launch.
 
 use memra_engine::Result;
-use memra_engine::backend::cuda::{AttnArgs, Gpu};
+use memra_engine::backend::cuda::{AttnArgs, Gpu, attn_mma_kernel};
 use memra_engine::models::random::{splitmix, unit};
 
 use memra_engine::quant::dot_f32 as dot;
@@ -54,6 +54,67 @@ fn reference(
     for o in out.iter_mut() {
         *o *= inv;
     }
+}
+
+/// Error bound of the tensor-core kernel (Q, K, V and the softmax weights enter the mma as f16;
+/// docs/VERIFY.md) and of the f32 split kernels (other head dims).
+fn tol_for(head_dim: usize) -> f64 {
+    if attn_mma_kernel(head_dim).is_some() {
+        4e-3
+    } else {
+        1e-5
+    }
+}
+
+/// One attention launch over rows of the uploaded arrays, into the output buffer of `base`.
+struct Launch<'a> {
+    g: &'a Gpu,
+    base: AttnArgs,
+    /// Floats per row of Q and of the output.
+    qd: usize,
+}
+
+impl Launch<'_> {
+    /// Rows `r0..r0 + rows` in one launch with `tile_tokens` tokens per tile (0: default).
+    fn run(&self, r0: usize, rows: usize, tile_tokens: usize) -> Result<()> {
+        let a = AttnArgs {
+            q: self.base.q + (r0 * self.qd * 4) as u64,
+            out: self.base.out + (r0 * self.qd * 4) as u64,
+            pos: self.base.pos + (r0 * 4) as u64,
+            row_seq: self.base.row_seq + (r0 * 4) as u64,
+            rows,
+            tile_tokens,
+            ..self.base
+        };
+        self.g.attention(&a)
+    }
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// The whole launch at every tile size against `alone` (one launch per row): bitwise.
+fn tilings(
+    l: &Launch<'_>,
+    download: &dyn Fn() -> Result<Vec<f32>>,
+    s: &Shape,
+    rows: usize,
+    alone: &[f32],
+    case: &mut Case,
+) -> Result<()> {
+    let group = s.n_heads / s.n_kv_heads;
+    for tpt in 1..=(16 / group).max(1) {
+        l.g.fill(l.base.out, f32::NAN, rows * l.qd)?;
+        l.run(0, rows, tpt)?;
+        let got = download()?;
+        if !same_bits(alone, &got) && case.problem.is_none() {
+            case.problem = Some(format!(
+                "rows differ between one launch per row and {tpt} tokens per tile"
+            ));
+        }
+    }
+    Ok(())
 }
 
 pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
@@ -156,14 +217,83 @@ pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             block_size: s.block_size,
             scale: 1.0 / (s.head_dim as f32).sqrt(),
             prep: None,
+            tile_tokens: 0,
         };
-        g.attention(&a)?;
+        let launch = Launch { g, base: a, qd };
+        launch.run(0, rows, 0)?;
         let got = g.download(&dout)?;
         let shape = format!(
             "rows={rows} heads={}/{} hd={} bs={} ctx={ctx}",
             s.n_heads, s.n_kv_heads, s.head_dim, s.block_size
         );
-        out.push(compare("attention", shape, &got, &want, 1e-5));
+        let mut case = compare("attention", shape, &got, &want, tol_for(s.head_dim));
+        // Row invariance: every row alone, then every tiling of the whole launch.
+        for r in 0..rows {
+            launch.run(r, 1, 1)?;
+        }
+        let alone = g.download(&dout)?;
+        if !same_bits(&alone, &got) {
+            case.problem = Some("rows differ between one launch and one launch per row".into());
+        }
+        tilings(&launch, &|| g.download(&dout), s, rows, &alone, &mut case)?;
+        out.push(case);
+        prefill_case(g, &launch, &kc, &vc, &tables[0], s, max_pos, out)?;
     }
+    Ok(())
+}
+
+/// A prefill-shaped launch: consecutive positions of one sequence (a tile's tokens share their
+/// KV and differ in causal limits), against the CPU and bitwise against one launch per row.
+#[allow(clippy::too_many_arguments)]
+fn prefill_case(
+    g: &Gpu,
+    launch: &Launch<'_>,
+    kc: &[f32],
+    vc: &[f32],
+    table: &[u32],
+    s: &Shape,
+    max_pos: usize,
+    out: &mut Vec<Case>,
+) -> Result<()> {
+    let rows = 21usize;
+    let start = max_pos + 1 - rows;
+    let qd = launch.qd;
+    let pos: Vec<u32> = (start..=max_pos).map(|p| p as u32).collect();
+    let seq = vec![0u32; rows];
+    let q: Vec<f32> = (0..(rows * qd) as u64)
+        .map(|i| unit(7, 9000 + s.head_dim as u64, i))
+        .collect();
+    let mut want = vec![0f32; rows * qd];
+    for r in 0..rows {
+        for h in 0..s.n_heads {
+            let o = (r * s.n_heads + h) * s.head_dim;
+            let (qh, oh) = (&q[o..o + s.head_dim], &mut want[o..o + s.head_dim]);
+            reference(s, kc, vc, table, pos[r] as usize, qh, h, oh);
+        }
+    }
+    let (dq, dpos, dseq) = (g.upload(&q)?, g.upload(&pos)?, g.upload(&seq)?);
+    let dout = g.zeros::<f32>(rows * qd)?;
+    let l = Launch {
+        g,
+        base: AttnArgs {
+            q: g.ptr(&dq),
+            out: g.ptr(&dout),
+            pos: g.ptr(&dpos),
+            row_seq: g.ptr(&dseq),
+            ..launch.base
+        },
+        qd,
+    };
+    for r in 0..rows {
+        l.run(r, 1, 1)?;
+    }
+    let alone = g.download(&dout)?;
+    let shape = format!(
+        "prefill rows={rows} at {start}.. heads={}/{} hd={}",
+        s.n_heads, s.n_kv_heads, s.head_dim
+    );
+    let mut case = compare("attention", shape, &alone, &want, tol_for(s.head_dim));
+    tilings(&l, &|| g.download(&dout), s, rows, &alone, &mut case)?;
+    out.push(case);
     Ok(())
 }

@@ -734,6 +734,29 @@ pub struct AttnArgs {
     pub scale: f32,
     /// Also prepare the output for a product (head_dim a multiple of 32).
     pub prep: Option<AttnPrep>,
+    /// Tokens per tile of the tensor-core kernel (0: [`attn_tile_tokens`]). A performance
+    /// choice only: a row's bits do not depend on it.
+    pub tile_tokens: usize,
+}
+
+/// The tensor-core attention kernel for `head_dim`, when it has one.
+pub fn attn_mma_kernel(head_dim: usize) -> Option<&'static str> {
+    match head_dim {
+        64 => Some("attn_mma_h64"),
+        128 => Some("attn_mma_h128"),
+        _ => None,
+    }
+}
+
+/// Tokens per tile of the tensor-core attention kernel for a launch of `rows` rows with `group`
+/// query heads per KV head: one token per tile for decode-sized launches (more blocks), else as
+/// many tokens as fill the 16 mma rows (the KV loads are shared by the tile's tokens).
+pub fn attn_tile_tokens(rows: usize, group: usize) -> usize {
+    if rows <= 64 {
+        1
+    } else {
+        (16 / group.max(1)).max(1)
+    }
 }
 
 impl Gpu {
@@ -752,7 +775,7 @@ impl Gpu {
         let stride = attn_part_floats(a.ctx, a.head_dim) as u64;
         let splits = a.ctx.max(1).div_ceil(ATTN_SPLIT);
         let rh = self.u32_of(a.rows * a.n_heads, "attention rows x heads")?;
-        let args = [
+        let split_args = [
             Arg::Ptr(a.q),
             Arg::Ptr(a.k_cache),
             Arg::Ptr(a.v_cache),
@@ -768,9 +791,55 @@ impl Gpu {
             Arg::U32(self.u32_of(a.block_size, "block_size")?),
             Arg::F32(a.scale),
         ];
-        // At most 64 blocks per (row, head); each loops over its splits.
-        let ys = self.u32_of(splits.min(64), "attention splits")?;
-        self.launch(self.attn_kernel, (rh, ys), 128, &args)?;
+        let group = a.n_heads / a.n_kv_heads;
+        match attn_mma_kernel(a.head_dim).filter(|_| self.attn_kernel == "attn_mma" && group <= 16)
+        {
+            Some(kernel) => {
+                let tpt = match a.tile_tokens {
+                    0 => attn_tile_tokens(a.rows, group),
+                    n => n,
+                };
+                if tpt * group > 16 {
+                    return Err(self.err(format!(
+                        "attention: {tpt} tokens per tile x {group} heads exceed the 16 mma rows"
+                    )));
+                }
+                let tiles = a.rows.div_ceil(tpt) * a.n_kv_heads;
+                let args = [
+                    Arg::Ptr(a.q),
+                    Arg::Ptr(a.k_cache),
+                    Arg::Ptr(a.v_cache),
+                    Arg::Ptr(a.pos),
+                    Arg::Ptr(a.row_seq),
+                    Arg::Ptr(a.table_off),
+                    Arg::Ptr(a.tables),
+                    Arg::Ptr(a.scores),
+                    Arg::U64(stride),
+                    Arg::U32(self.u32_of(a.rows, "attention rows")?),
+                    Arg::U32(self.u32_of(tpt, "tokens per tile")?),
+                    Arg::U32(self.u32_of(a.n_heads, "heads")?),
+                    Arg::U32(self.u32_of(a.n_kv_heads, "kv heads")?),
+                    Arg::U32(self.u32_of(a.block_size, "block_size")?),
+                    Arg::F32(a.scale),
+                ];
+                // At most 64 blocks per tile in y; each loops over its splits.
+                let grid = (
+                    self.u32_of(tiles, "attention tiles")?,
+                    self.u32_of(splits.min(64), "attention splits")?,
+                );
+                self.launch(kernel, grid, 128, &args)?;
+            }
+            None => {
+                // At most 64 blocks per (row, head); each loops over its splits.
+                let ys = self.u32_of(splits.min(64), "attention splits")?;
+                let kernel = if self.attn_kernel == "attn_split2" {
+                    "attn_split2"
+                } else {
+                    "attn_split"
+                };
+                self.launch(kernel, (rh, ys), 128, &split_args)?;
+            }
+        }
         let prep = a.prep;
         if prep.is_some() && !a.head_dim.is_multiple_of(32) {
             return Err(self.err("attention: fused preparation needs head_dim % 32 == 0"));

@@ -22,8 +22,8 @@ pub mod select;
 mod step;
 
 pub use device::{
-    ATTN_SPLIT, Arg, AttnArgs, AttnPrep, Gpu, RopeKvArgs, TOPK_MAX, attn_part_floats, device_count,
-    kernel_supports, quiet_catch,
+    ATTN_SPLIT, Arg, AttnArgs, AttnPrep, Gpu, RopeKvArgs, TOPK_MAX, attn_mma_kernel,
+    attn_part_floats, attn_tile_tokens, device_count, kernel_supports, quiet_catch,
 };
 pub use graph::BUCKETS;
 pub use mat::{Mat, Mats, Products, Use};
@@ -54,14 +54,15 @@ pub fn graphs_default() -> bool {
     std::env::var("MEMRA_CUDA_GRAPHS").map_or(true, |v| v != "0")
 }
 
-/// The attention split kernel: `attn_split` (faster decode), or `attn_split2` with
-/// `MEMRA_ATTN=v2` (faster prefill). One process uses one of them for every row: the two order
-/// the arithmetic differently.
+/// The attention kernel: `attn_mma` (tensor cores, the default; head dims 64 and 128, other
+/// shapes use `attn_split`), `attn_split` with `MEMRA_ATTN=v1`, or `attn_split2` with
+/// `MEMRA_ATTN=v2`. One process uses one of them for every row: they order the arithmetic
+/// differently.
 pub fn attn_kernel_default() -> &'static str {
-    if std::env::var("MEMRA_ATTN").is_ok_and(|v| v == "v2") {
-        "attn_split2"
-    } else {
-        "attn_split"
+    match std::env::var("MEMRA_ATTN").as_deref() {
+        Ok("v1") => "attn_split",
+        Ok("v2") => "attn_split2",
+        _ => "attn_mma",
     }
 }
 

@@ -112,6 +112,7 @@ impl CudaOps {
                     kp: a.kp,
                     bf16: a.kind == super::products::ActKind::BF16,
                 }),
+                tile_tokens: 0,
             };
             g.attention(&a)?;
             r0 += rows;
