@@ -93,6 +93,12 @@ enum Cmd {
         /// Repetitions (llama-bench -r).
         #[arg(long, default_value_t = 3)]
         reps: usize,
+        /// Where the peer's source came from, named in the rows' version.
+        #[arg(
+            long,
+            default_value = "llama-cpp-python 0.3.36 (vendored llama.cpp)"
+        )]
+        peer_source: String,
         #[arg(long)]
         shape: Option<String>,
         #[arg(long)]
@@ -338,6 +344,7 @@ fn run(cli: Cli) -> Result<()> {
             gen_tokens,
             depth,
             reps,
+            peer_source,
             shape,
             dtype,
             run,
@@ -357,6 +364,7 @@ fn run(cli: Cli) -> Result<()> {
                 model: memra_bench::record::model_ref(&model)?,
                 shape,
                 dtype,
+                source: peer_source,
             };
             let text = memra_bench::peer::llama_bench(
                 &llama_bin, &model, &prompt, gen_tokens, &depth, reps,

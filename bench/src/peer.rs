@@ -38,6 +38,9 @@ pub struct PeerRun {
     pub model: ModelRef,
     pub shape: Option<String>,
     pub dtype: Option<String>,
+    /// Where the peer's source came from (`--peer-source`): named in every row's version, since
+    /// a llama.cpp built outside its git tree reports build 0 and an unknown commit.
+    pub source: String,
 }
 
 /// Rows from llama-bench's JSON lines: a `pp` test is prefill, a `tg` test decode.
@@ -55,11 +58,12 @@ pub fn rows_from_jsonl(text: &str, p: &PeerRun) -> Result<Vec<Row>> {
             (0, _) => Workload::Decode,
             _ => continue,
         };
-        let version = format!(
-            "llama.cpp build {} ({})",
-            b.build_number.map_or("?".into(), |n| n.to_string()),
-            b.build_commit.as_deref().unwrap_or("?")
-        );
+        let version = match (b.build_number, b.build_commit.as_deref()) {
+            (Some(n), Some(c)) if n > 0 && c != "unknown" => {
+                format!("{}, llama.cpp build {n} ({c})", p.source)
+            }
+            _ => p.source.clone(),
+        };
         let mut device = p.device.clone();
         if let Some(g) = b.gpu_info.filter(|g| !g.is_empty()) {
             device.name = g;
@@ -162,6 +166,7 @@ mod tests {
             },
             shape: Some("llama3-8b".into()),
             dtype: Some("Q4_K_M".into()),
+            source: "src".into(),
         }
     }
 
@@ -186,7 +191,10 @@ mod tests {
         assert_eq!((rows[1].depth, rows[1].runs), (Some(8192), 3));
         assert_eq!(rows[1].weight_gb_s, Some(1000.0));
         assert_eq!(rows[1].device.name, "NVIDIA H200");
-        assert_eq!(rows[1].version.as_deref(), Some("llama.cpp build 42 (b1)"));
+        assert_eq!(rows[1].version.as_deref(), Some("src, llama.cpp build 42 (b1)"));
+        let unknown = r#"{"build_commit": "unknown", "build_number": 0, "n_prompt": 0, "n_gen": 128, "avg_ts": 1.0}"#;
+        let rows = rows_from_jsonl(unknown, &run()).unwrap();
+        assert_eq!(rows[0].version.as_deref(), Some("src"));
         assert!(rows_from_jsonl("no json here\n", &run()).is_err());
         assert!(rows_from_jsonl("{\"n_prompt\": \"x\"}\n", &run()).is_err());
     }

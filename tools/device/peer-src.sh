@@ -5,13 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 T=$(mktemp -d)
-# pip fails while building the sdist's metadata but leaves the sdist in its unpack folder.
-TMPDIR="$T" python3 -m pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$T" \
-  > "$T/pip.log" 2>&1 || true
-SDIST=$(find "$T" -name 'llama_cpp_python-0.3.36.tar.gz' | head -n 1)
-[ -n "$SDIST" ] || { echo "sdist not found (see $T/pip.log)" >&2; exit 1; }
-tar xzf "$SDIST" -C "$T"
-L="$T/llama_cpp_python-0.3.36/vendor/llama.cpp"
+# pip fetches and unpacks the sdist, then fails to prepare its metadata (no build isolation, so
+# it does not first build cmake and ninja from source); --no-clean keeps the unpacked tree.
+TMPDIR="$T" python3 -m pip download --no-clean --no-deps --no-binary :all: --no-build-isolation \
+  llama-cpp-python==0.3.36 -d "$T" > "$T/pip.log" 2>&1 || true
+SRC=$(find "$T" -maxdepth 3 -type d -name 'llama-cpp-python_*' | head -n 1)
+[ -n "$SRC" ] && [ -d "$SRC/vendor/llama.cpp" ] || { echo "sdist not unpacked (see $T/pip.log)" >&2; exit 1; }
+L="$SRC/vendor/llama.cpp"
 rm -rf "$L/models" "$L/docs" "$L/media" "$L/benches"
 find "$L/examples" -mindepth 1 -maxdepth 1 -exec rm -rf {} +
 for d in "$L"/ggml/src/ggml-*/; do

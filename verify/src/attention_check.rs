@@ -2,7 +2,7 @@
 //! paged cache: permuted block tables, GQA, several sequences and depths in one launch.
 
 use memra_engine::Result;
-use memra_engine::backend::cuda::{AttnArgs, Gpu, attn_mma_kernel};
+use memra_engine::backend::cuda::{AttnArgs, Gpu, attn_mma_kernel, attn_part_floats};
 use memra_engine::models::random::{splitmix, unit};
 
 use memra_engine::quant::dot_f32 as dot;
@@ -196,7 +196,7 @@ pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         );
         let dout = g.zeros::<f32>(rows * qd)?;
         let dsc = g.zeros::<f32>(
-            rows * s.n_heads * memra_engine::backend::cuda::attn_part_floats(ctx, s.head_dim),
+            rows * s.n_heads * attn_part_floats(ctx, s.head_dim),
         )?;
         g.fill(g.ptr(&dout), f32::NAN, rows * qd)?;
         let a = AttnArgs {
@@ -273,6 +273,8 @@ fn prefill_case(
     }
     let (dq, dpos, dseq) = (g.upload(&q)?, g.upload(&pos)?, g.upload(&seq)?);
     let dout = g.zeros::<f32>(rows * qd)?;
+    let per_row = s.n_heads * attn_part_floats(launch.base.ctx, s.head_dim);
+    let dsc = g.zeros::<f32>(rows * per_row)?;
     let l = Launch {
         g,
         base: AttnArgs {
@@ -280,6 +282,7 @@ fn prefill_case(
             out: g.ptr(&dout),
             pos: g.ptr(&dpos),
             row_seq: g.ptr(&dseq),
+            scores: g.ptr(&dsc),
             ..launch.base
         },
         qd,
