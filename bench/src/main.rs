@@ -94,10 +94,7 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         reps: usize,
         /// Where the peer's source came from, named in the rows' version.
-        #[arg(
-            long,
-            default_value = "llama-cpp-python 0.3.36 (vendored llama.cpp)"
-        )]
+        #[arg(long, default_value = "llama-cpp-python 0.3.36 (vendored llama.cpp)")]
         peer_source: String,
         #[arg(long)]
         shape: Option<String>,

@@ -191,7 +191,10 @@ mod tests {
         assert_eq!((rows[1].depth, rows[1].runs), (Some(8192), 3));
         assert_eq!(rows[1].weight_gb_s, Some(1000.0));
         assert_eq!(rows[1].device.name, "NVIDIA H200");
-        assert_eq!(rows[1].version.as_deref(), Some("src, llama.cpp build 42 (b1)"));
+        assert_eq!(
+            rows[1].version.as_deref(),
+            Some("src, llama.cpp build 42 (b1)")
+        );
         let unknown = r#"{"build_commit": "unknown", "build_number": 0, "n_prompt": 0, "n_gen": 128, "avg_ts": 1.0}"#;
         let rows = rows_from_jsonl(unknown, &run()).unwrap();
         assert_eq!(rows[0].version.as_deref(), Some("src"));

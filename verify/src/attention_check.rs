@@ -195,9 +195,7 @@ pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             g.upload(&flat)?,
         );
         let dout = g.zeros::<f32>(rows * qd)?;
-        let dsc = g.zeros::<f32>(
-            rows * s.n_heads * attn_part_floats(ctx, s.head_dim),
-        )?;
+        let dsc = g.zeros::<f32>(rows * s.n_heads * attn_part_floats(ctx, s.head_dim))?;
         g.fill(g.ptr(&dout), f32::NAN, rows * qd)?;
         let a = AttnArgs {
             q: g.ptr(&dq),
