@@ -62,25 +62,28 @@ pub struct Report {
     pub mismatches: Vec<String>,
 }
 
-/// Parses `nt,rpb,s|n` items separated by `;` (s = split K over warps).
+/// Parses `nt,rpb,s|n|m` items separated by `;` (s = split K over warps, m = the
+/// shared-memory product).
 pub fn parse_launches(s: &str) -> Result<Vec<Launch>> {
     s.split(';')
         .filter(|x| !x.trim().is_empty())
         .map(|item| {
             let p: Vec<&str> = item.split(',').map(|x| x.trim()).collect();
-            let bad = || Error::Input(format!("--launches item `{item}`: expected nt,rpb,s|n"));
+            let bad = || Error::Input(format!("--launches item `{item}`: expected nt,rpb,s|n|m"));
             if p.len() != 3 {
                 return Err(bad());
             }
             let nt: u32 = p[0].parse().map_err(|_| bad())?;
             let rpb: u32 = p[1].parse().map_err(|_| bad())?;
-            if !matches!(nt, 1 | 2 | 4 | 8) || !(1..=8).contains(&rpb) {
+            if !matches!(nt, 1 | 2 | 4 | 8) || !(1..=8).contains(&rpb) || !matches!(p[2], "s" | "n" | "m")
+            {
                 return Err(bad());
             }
             Ok(Launch {
                 nt,
                 rpb,
                 split_k: p[2] == "s",
+                smem: p[2] == "m",
             })
         })
         .collect()
@@ -284,6 +287,7 @@ fn geometries(p: &Profile, a: &KernelArgs, w: &PMat) -> Vec<Launch> {
     v.dedup();
     v.into_iter()
         .filter(|l| !l.split_k || 32 * l.rpb * w.nseg <= l.max_threads())
+        .filter(|l| l.fits(w.dtype))
         .collect()
 }
 

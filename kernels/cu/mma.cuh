@@ -45,3 +45,18 @@ __device__ __forceinline__ unsigned long long ld8(const u8* p) { return __ldg((c
 
 // -0.0f: the identity of IEEE addition for every x (including -0.0), the start of every sum.
 #define NEG_ZERO (-0.0f)
+
+// Where a weight tile is read from: global memory through the read-only path (Gld), or shared
+// memory (Sld, the staged tiles of the shared-memory product). Same bytes, same bits.
+struct Gld {
+    static __device__ __forceinline__ uint4 u4(const u8* p) { return __ldg((const uint4*)p); }
+    static __device__ __forceinline__ u32 w(const u32* p) { return __ldg(p); }
+    static __device__ __forceinline__ uint2 w2(const uint2* p) { return __ldg(p); }
+    static __device__ __forceinline__ u16 h(const u16* p) { return __ldg(p); }
+};
+struct Sld {
+    static __device__ __forceinline__ uint4 u4(const u8* p) { return *(const uint4*)p; }
+    static __device__ __forceinline__ u32 w(const u32* p) { return *p; }
+    static __device__ __forceinline__ uint2 w2(const uint2* p) { return *p; }
+    static __device__ __forceinline__ u16 h(const u16* p) { return *p; }
+};

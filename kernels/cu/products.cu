@@ -255,6 +255,156 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The shared-memory product for large M: the same per-element sequence as `product` with WK = 1
+// (every segment in order, the tiles of a segment in order, the blocks of a tile in order, each
+// through F::block on the same A and B bytes), with the operands staged in shared memory so that
+// a block of 8 warps reads each weight tile once for MMS_WT * MMS_NT * 8 tokens and each token's
+// activations once for MMS_WR * MMS_RT * 16 rows. cp.async fills MMS_STAGES k-tile stages ahead.
+// Warp (wr, wt) owns row tiles wr * MMS_RT .. and token fragments wt * MMS_NT .. of the block.
+
+#ifndef MMS_RT
+#define MMS_RT 2
+#endif
+#ifndef MMS_NT
+#define MMS_NT 4
+#endif
+#ifndef MMS_STAGES
+#define MMS_STAGES 3
+#endif
+#define MMS_WR 4
+#define MMS_WT 2
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    u32 s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Bytes of one staged token row: the k-tile's 16-bit values plus 64 (a quarter-warp's eight
+// 16-byte fragment loads then fall on distinct banks).
+template <class F>
+struct Mms {
+    enum {
+        TILES = MMS_WR * MMS_RT,
+        TOKS = MMS_WT * MMS_NT * 8,
+        BROW = F::KT * 2 + 64,
+        ABYTES = TILES * F::TB,
+        STAGE = ABYTES + TOKS * BROW,
+    };
+};
+
+// Stage k-tile kt of the block's row tiles and tokens into `st` (one commit group per call).
+template <class F>
+__device__ __forceinline__ void mms_stage(u8* st, const u8* __restrict__ W, const u8* __restrict__ X, u32 kt,
+                                          u32 rt0, u32 nrt, u32 nkt, u32 m0, u32 M, u32 kp) {
+    constexpr u32 ACH = F::TB / 16, BCH = F::KT * 2 / 16;
+    for (u32 i = threadIdx.x; i < Mms<F>::TILES * ACH; i += blockDim.x) {
+        const u32 tl = i / ACH, c = i % ACH;
+        const u32 rt = min(rt0 + tl, nrt - 1);  // past the last tile: a copy, never written out
+        cp_async16(st + tl * F::TB + c * 16, W + ((u64)rt * nkt + kt) * F::TB + c * 16);
+    }
+    u8* b = st + Mms<F>::ABYTES;
+    for (u32 i = threadIdx.x; i < Mms<F>::TOKS * BCH; i += blockDim.x) {
+        const u32 tk = i / BCH, c = i % BCH;
+        const u32 m = min(m0 + tk, M - 1);  // past M: a copy of row M - 1, never written out
+        cp_async16(b + tk * Mms<F>::BROW + c * 16, X + ((u64)m * kp + (u64)kt * F::KT) * 2 + c * 16);
+    }
+}
+
+template <class F>
+__device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8* __restrict__ X,
+                                             const float* __restrict__ Xs, const Outs& out, const float* R,
+                                             u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {
+    extern __shared__ uint4 mms_smem[];
+    u8* sm = (u8*)mms_smem;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const u32 wr = (u32)warp % MMS_WR, wt = (u32)warp / MMS_WR;
+    const u32 nrt = (N + 15) / 16;
+    const u32 rt0 = blockIdx.x * Mms<F>::TILES;
+    const u32 m0 = blockIdx.y * Mms<F>::TOKS;
+    const u32 nbk = kp / 32;
+    // This lane's token columns 2t, 2t + 1 of each fragment (the block sums of MIN formats).
+    u32 c0[MMS_NT], c1[MMS_NT];
+#pragma unroll
+    for (int nf = 0; nf < MMS_NT; ++nf) {
+        const u32 base = m0 + (wt * MMS_NT + nf) * 8;
+        c0[nf] = min(base + 2 * t, M - 1);
+        c1[nf] = min(base + 2 * t + 1, M - 1);
+    }
+    float tot[MMS_RT][MMS_NT][4], acc[MMS_RT][MMS_NT][4];
+#pragma unroll
+    for (int r = 0; r < MMS_RT; ++r)
+#pragma unroll
+        for (int nf = 0; nf < MMS_NT; ++nf)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) tot[r][nf][e] = acc[r][nf][e] = NEG_ZERO;
+#pragma unroll
+    for (int s = 0; s < MMS_STAGES - 1; ++s) {
+        if ((u32)s < nkt) mms_stage<F>(sm + s * Mms<F>::STAGE, W, X, s, rt0, nrt, nkt, m0, M, kp);
+        cp_async_commit();
+    }
+    u32 seg = 0, kend = nkt / nseg;
+    for (u32 kt = 0; kt < nkt; ++kt) {
+        cp_async_wait<MMS_STAGES - 2>();
+        __syncthreads();  // stage kt is in; every warp is done with stage kt - 1
+        const u32 nk = kt + MMS_STAGES - 1;
+        if (nk < nkt) mms_stage<F>(sm + (nk % MMS_STAGES) * Mms<F>::STAGE, W, X, nk, rt0, nrt, nkt, m0, M, kp);
+        cp_async_commit();
+        const u8* a = sm + (kt % MMS_STAGES) * Mms<F>::STAGE;
+        const u8* b = a + Mms<F>::ABYTES;
+        typename F::Tile tl[MMS_RT];
+#pragma unroll
+        for (int r = 0; r < MMS_RT; ++r) F::template load<Sld>(a + (wr * MMS_RT + r) * F::TB, lane, tl[r]);
+#pragma unroll
+        for (int bb = 0; bb < F::NB; ++bb) {
+#pragma unroll
+            for (int nf = 0; nf < MMS_NT; ++nf) {
+                const uint4 v =
+                    *(const uint4*)(b + ((wt * MMS_NT + nf) * 8 + g) * Mms<F>::BROW + bb * 64 + 16 * t);
+                const u32 bf[4] = {v.x, v.y, v.z, v.w};
+                XSum xs = {0.0f, 0.0f};
+                if (F::MIN) {
+                    xs.s0 = __ldg(Xs + (u64)c0[nf] * nbk + kt * F::NB + bb);
+                    xs.s1 = __ldg(Xs + (u64)c1[nf] * nbk + kt * F::NB + bb);
+                }
+#pragma unroll
+                for (int r = 0; r < MMS_RT; ++r) F::block(tl[r], bb, bf, xs, acc[r][nf]);
+            }
+        }
+        if (kt + 1 == kend) {  // the end of segment `seg`
+#pragma unroll
+            for (int r = 0; r < MMS_RT; ++r)
+#pragma unroll
+                for (int nf = 0; nf < MMS_NT; ++nf)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        tot[r][nf][e] = __fadd_rn(tot[r][nf][e], acc[r][nf][e]);
+                        acc[r][nf][e] = NEG_ZERO;
+                    }
+            ++seg;
+            kend = (seg + 1) * nkt / nseg;
+        }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int r = 0; r < MMS_RT; ++r)
+#pragma unroll
+        for (int nf = 0; nf < MMS_NT; ++nf)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const u32 n = (rt0 + wr * MMS_RT + r) * 16 + g + 8 * (e >> 1);
+                const u32 m = m0 + (wt * MMS_NT + nf) * 8 + 2 * t + (e & 1);
+                if (n < N && m < M) out.put(m, n, tot[r][nf][e], R);
+            }
+}
+
 // Y, Y2, Y3 with n1 / n2: see Outs (n1 = N for a single output); R: residual (rows of N).
 #define MMQ_KERNEL(suffix, FMT)                                                                             \
     extern "C" __global__ void __launch_bounds__(MMQ_MAXT, MMQ_MINB) mmq_##suffix(                                      \
@@ -278,3 +428,26 @@ MMQ_KERNEL(q5_k, FmtQ5_K)
 MMQ_KERNEL(q6_k, FmtQ6_K)
 MMQ_KERNEL(f16, FmtF16<0>)
 MMQ_KERNEL(bf16, FmtF16<1>)
+
+#define MMS_KERNEL(suffix, FMT)                                                                             \
+    extern "C" __global__ void __launch_bounds__(256, 1) mms_##suffix(                                         \
+        const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
+        const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
+        Outs o;                                                                                               \
+        o.y[0] = Y;                                                                                           \
+        o.y[1] = Y2;                                                                                          \
+        o.y[2] = Y3;                                                                                          \
+        o.n1 = n1;                                                                                            \
+        o.n2 = n2;                                                                                            \
+        o.N = N;                                                                                              \
+        product_smem<FMT>(W, X, Xs, o, R, M, N, nkt, nseg, kp);                                               \
+    }
+
+MMS_KERNEL(q8_0, FmtQ8_0)
+MMS_KERNEL(q4_0, FmtQ4_0)
+MMS_KERNEL(q4_1, FmtQ4_1)
+MMS_KERNEL(q4_k, FmtQ4_K)
+MMS_KERNEL(q5_k, FmtQ5_K)
+MMS_KERNEL(q6_k, FmtQ6_K)
+MMS_KERNEL(f16, FmtF16<0>)
+MMS_KERNEL(bf16, FmtF16<1>)

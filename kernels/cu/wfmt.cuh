@@ -75,12 +75,13 @@ struct FmtQ8_0 {
         uint4 q[2];
         u32 d[2];
     };
+    template <class L = Gld>
     static __device__ __forceinline__ void load(const u8* tile, int lane, Tile& t) {
-        t.q[0] = ld16(tile + lane * 16);
-        t.q[1] = ld16(tile + 512 + lane * 16);
+        t.q[0] = L::u4(tile + lane * 16);
+        t.q[1] = L::u4(tile + 512 + lane * 16);
         const int g = lane >> 2;
-        t.d[0] = __ldg((const u32*)(tile + 1024) + g);
-        t.d[1] = __ldg((const u32*)(tile + 1024) + g + 8);
+        t.d[0] = L::w((const u32*)(tile + 1024) + g);
+        t.d[1] = L::w((const u32*)(tile + 1024) + g + 8);
     }
     static __device__ __forceinline__ void block(const Tile& t, int b, const u32 bf[4], const XSum&,
                                                  float acc[4]) {
@@ -107,15 +108,16 @@ struct FmtQ4_01 {
         uint4 q;
         uint2 s[2];  // rows g, g + 8: Q4_0 uses .x (d of blocks 0, 1)
     };
+    template <class L = Gld>
     static __device__ __forceinline__ void load(const u8* tile, int lane, Tile& t) {
-        t.q = ld16(tile + lane * 16);
+        t.q = L::u4(tile + lane * 16);
         const int g = lane >> 2;
         if (ONE) {
-            t.s[0] = __ldg((const uint2*)(tile + 512) + g);
-            t.s[1] = __ldg((const uint2*)(tile + 512) + g + 8);
+            t.s[0] = L::w2((const uint2*)(tile + 512) + g);
+            t.s[1] = L::w2((const uint2*)(tile + 512) + g + 8);
         } else {
-            t.s[0].x = __ldg((const u32*)(tile + 512) + g);
-            t.s[1].x = __ldg((const u32*)(tile + 512) + g + 8);
+            t.s[0].x = L::w((const u32*)(tile + 512) + g);
+            t.s[1].x = L::w((const u32*)(tile + 512) + g + 8);
             t.s[0].y = t.s[1].y = 0;
         }
     }
@@ -182,13 +184,14 @@ struct FmtQK {
         uint4 hb;
         uint4 h[2];
     };
+    template <class L = Gld>
     static __device__ __forceinline__ void load(const u8* tile, int lane, Tile& t) {
 #pragma unroll
-        for (int p = 0; p < 4; ++p) t.q[p] = ld16(tile + p * 512 + lane * 16);
-        if (HB) t.hb = ld16(tile + 2048 + lane * 16);
+        for (int p = 0; p < 4; ++p) t.q[p] = L::u4(tile + p * 512 + lane * 16);
+        if (HB) t.hb = L::u4(tile + 2048 + lane * 16);
         const int g = lane >> 2;
-        t.h[0] = ld16(tile + HDR + g * 16);
-        t.h[1] = ld16(tile + HDR + (g + 8) * 16);
+        t.h[0] = L::u4(tile + HDR + g * 16);
+        t.h[1] = L::u4(tile + HDR + (g + 8) * 16);
     }
     static __device__ __forceinline__ void step_codes(const Tile& t, int s, u32 a[4]) {
         const u32 w = word_of(t.q[s >> 2], s & 3);
@@ -252,14 +255,15 @@ struct FmtQ4_K {
         uint4 s[2];  // words (g, 0..3), (g, 4..7)
         u32 dm[2];   // (d, -dmin) of rows g and g + 8
     };
+    template <class L = Gld>
     static __device__ __forceinline__ void load(const u8* tile, int lane, Tile& t) {
 #pragma unroll
-        for (int p = 0; p < 4; ++p) t.q[p] = ld16(tile + p * 512 + lane * 16);
+        for (int p = 0; p < 4; ++p) t.q[p] = L::u4(tile + p * 512 + lane * 16);
         const int g = lane >> 2;
-        t.s[0] = ld16(tile + 2048 + g * 32);
-        t.s[1] = ld16(tile + 2048 + g * 32 + 16);
-        t.dm[0] = __ldg((const u32*)(tile + 2304) + g) ^ 0x80000000u;
-        t.dm[1] = __ldg((const u32*)(tile + 2304) + g + 8) ^ 0x80000000u;
+        t.s[0] = L::u4(tile + 2048 + g * 32);
+        t.s[1] = L::u4(tile + 2048 + g * 32 + 16);
+        t.dm[0] = L::w((const u32*)(tile + 2304) + g) ^ 0x80000000u;
+        t.dm[1] = L::w((const u32*)(tile + 2304) + g + 8) ^ 0x80000000u;
     }
     // (dl, dl) and (-ml, -ml) of one row from its (sc, m) bytes at byte pair `sel` of `sw`.
     static __device__ __forceinline__ void row_scales(u32 sw, u32 sel, u32 dm, u32* dl2, u32* ml2) {
@@ -302,16 +306,17 @@ struct FmtQ6_K {
         uint4 s[2];
         u32 d;  // d of row g (low half) and row g + 8 (high half)
     };
+    template <class L = Gld>
     static __device__ __forceinline__ void load(const u8* tile, int lane, Tile& t) {
 #pragma unroll
-        for (int p = 0; p < 4; ++p) t.q[p] = ld16(tile + p * 512 + lane * 16);
-        t.hb[0] = ld16(tile + 2048 + lane * 32);
-        t.hb[1] = ld16(tile + 2048 + lane * 32 + 16);
+        for (int p = 0; p < 4; ++p) t.q[p] = L::u4(tile + p * 512 + lane * 16);
+        t.hb[0] = L::u4(tile + 2048 + lane * 32);
+        t.hb[1] = L::u4(tile + 2048 + lane * 32 + 16);
         const int g = lane >> 2;
-        t.s[0] = ld16(tile + 3072 + g * 16);
-        t.s[1] = ld16(tile + 3072 + (g + 8) * 16);
+        t.s[0] = L::u4(tile + 3072 + g * 16);
+        t.s[1] = L::u4(tile + 3072 + (g + 8) * 16);
         const u16* dp = (const u16*)(tile + 3328);
-        t.d = (u32)__ldg(dp + g) | ((u32)__ldg(dp + g + 8) << 16);
+        t.d = (u32)L::h(dp + g) | ((u32)L::h(dp + g + 8) << 16);
     }
     static __device__ __forceinline__ void step_codes(const Tile& t, int s, u32 a[4]) {
         const u32 w = word_of(t.q[s >> 2], s & 3);
@@ -354,9 +359,10 @@ struct FmtF16 {
     struct Tile {
         uint4 q[4];
     };
+    template <class L = Gld>
     static __device__ __forceinline__ void load(const u8* tile, int lane, Tile& t) {
 #pragma unroll
-        for (int s = 0; s < 4; ++s) t.q[s] = ld16(tile + s * 512 + lane * 16);
+        for (int s = 0; s < 4; ++s) t.q[s] = L::u4(tile + s * 512 + lane * 16);
     }
     static __device__ __forceinline__ void block(const Tile& t, int b, const u32 bf[4], const XSum&,
                                                  float acc[4]) {

@@ -259,21 +259,43 @@ impl Gpu {
             return Ok(());
         }
         let wk = if l.split_k { w.nseg } else { 1 };
-        let threads = 32 * l.rpb * wk;
+        let threads = if l.smem { l.max_threads() } else { 32 * l.rpb * wk };
         let f = self.variant("products", &l.defines())?;
-        let name = format!("mmq_{}", w.dtype.name());
+        let name = format!("{}_{}", if l.smem { "mms" } else { "mmq" }, w.dtype.name());
         let func = f
             .get(&name)
             .ok_or_else(|| self.err(format!("kernel {name} missing")))?;
         let row_tiles = w.rows.div_ceil(16) as u32;
+        let (rows_per_block, toks_per_block) = if l.smem {
+            let (r, t) = l.smem_block();
+            (r as u32 / 16, t as u32)
+        } else {
+            (l.rpb, 8 * l.nt)
+        };
         let grid = (
-            row_tiles.div_ceil(l.rpb),
-            (m as u32).div_ceil(8 * l.nt).min(65535),
+            row_tiles.div_ceil(rows_per_block),
+            (m as u32).div_ceil(toks_per_block).min(65535),
         );
-        if (m as u32).div_ceil(8 * l.nt) > 65535 {
+        if (m as u32).div_ceil(toks_per_block) > 65535 {
             return Err(self.err(format!("product: {m} rows exceed one launch")));
         }
-        let smem = if wk > 1 {
+        let smem = if l.smem {
+            let fmt = crate::quant::repack::tile_format(w.dtype)
+                .ok_or_else(|| self.err(format!("product: no tile format for {}", w.dtype)))?;
+            let bytes = l.smem_bytes(fmt.tile_bytes, fmt.kt);
+            if !l.fits(w.dtype) {
+                return Err(self.err(format!(
+                    "{name}: {l:?} needs {bytes} bytes of shared memory (at most {})",
+                    super::profile::SMEM_MAX
+                )));
+            }
+            func.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .map_err(|e| self.err(format!("{name}: {bytes} bytes of shared memory: {e:?}")))?;
+            bytes as u32
+        } else if wk > 1 {
             wk * l.rpb * 16 * 8 * l.nt * 4
         } else {
             0

@@ -16,6 +16,9 @@ pub struct Launch {
     pub rpb: u32,
     /// Split K over warps (one segment per warp) instead of one warp walking every segment.
     pub split_k: bool,
+    /// The shared-memory product (`mms_<type>`): 8 warps, each `rpb` row tiles x `nt` token
+    /// fragments, operands staged by cp.async (large M).
+    pub smem: bool,
 }
 
 /// Most segments a matrix is cut into (and warps per block of a split-K launch).
@@ -24,16 +27,60 @@ pub const MAX_NSEG: u32 = 8;
 impl Launch {
     /// The most threads a launch of this geometry uses.
     pub fn max_threads(&self) -> u32 {
+        if self.smem {
+            return SMEM_THREADS;
+        }
         32 * self.rpb * if self.split_k { MAX_NSEG } else { 1 }
+    }
+
+    /// Rows and tokens per block of a shared-memory launch.
+    pub fn smem_block(&self) -> (usize, usize) {
+        (
+            SMEM_WARP_ROWS * 16 * self.rpb as usize,
+            SMEM_WARP_TOKS * 8 * self.nt as usize,
+        )
+    }
+
+    /// Dynamic shared memory of a shared-memory launch for tiles of `tile_bytes` bytes and `kt`
+    /// columns (kernels/cu/products.cu, `Mms`).
+    pub fn smem_bytes(&self, tile_bytes: usize, kt: usize) -> usize {
+        let (rows, toks) = self.smem_block();
+        SMEM_STAGES * ((rows / 16) * tile_bytes + toks * (kt * 2 + 64))
     }
 
     /// The NVRTC defines of the kernel variant.
     pub fn defines(&self) -> Vec<String> {
+        if self.smem {
+            return vec![
+                format!("MMS_NT={}", self.nt),
+                format!("MMS_RT={}", self.rpb),
+                format!("MMS_STAGES={SMEM_STAGES}"),
+            ];
+        }
         vec![
             format!("MMQ_NT={}", self.nt),
             format!("MMQ_RPB={}", self.rpb),
             format!("MMQ_MAXT={}", self.max_threads()),
         ]
+    }
+}
+
+/// Threads of a shared-memory launch (kernels/cu/products.cu: MMS_WR x MMS_WT warps).
+pub const SMEM_THREADS: u32 = 256;
+const SMEM_WARP_ROWS: usize = 4;
+const SMEM_WARP_TOKS: usize = 2;
+/// k-tile stages in flight (MMS_STAGES).
+pub const SMEM_STAGES: usize = 3;
+/// Most dynamic shared memory one block may take (sm_90 and sm_120: 227 KiB opt-in).
+pub const SMEM_MAX: usize = 227 * 1024;
+
+impl Launch {
+    /// Whether this launch can run a `dtype` product: always, except a shared-memory launch
+    /// whose stages exceed [`SMEM_MAX`].
+    pub fn fits(&self, dtype: DType) -> bool {
+        !self.smem
+            || crate::quant::repack::tile_format(dtype)
+                .is_some_and(|f| self.smem_bytes(f.tile_bytes, f.kt) <= SMEM_MAX)
     }
 }
 
@@ -52,6 +99,7 @@ const fn split(nt: u32) -> Launch {
         nt,
         rpb: 1,
         split_k: true,
+        smem: false,
     }
 }
 
@@ -60,6 +108,17 @@ const fn tiled(nt: u32, rpb: u32) -> Launch {
         nt,
         rpb,
         split_k: false,
+        smem: false,
+    }
+}
+
+/// A shared-memory launch: warps of `rpb` row tiles x `nt` token fragments.
+pub const fn smem(nt: u32, rpb: u32) -> Launch {
+    Launch {
+        nt,
+        rpb,
+        split_k: false,
+        smem: true,
     }
 }
 
@@ -119,9 +178,8 @@ impl Profile {
             17..=64 if wide(dtype) => split(4),
             17..=64 => split(2),
             _ => match dtype {
-                DType::F16 | DType::BF16 => tiled(4, 4),
-                DType::Q6_K | DType::Q4_K => tiled(8, 2),
-                _ => tiled(2, 4),
+                DType::Q5_K | DType::Q6_K => smem(4, 1),
+                _ => smem(4, 2),
             },
         }
     }
@@ -135,6 +193,10 @@ impl Profile {
             tiled(4, 4),
             tiled(8, 2),
             tiled(2, 4),
+            smem(4, 2),
+            smem(4, 1),
+            smem(2, 2),
+            smem(8, 1),
         ]
     }
 
@@ -142,7 +204,12 @@ impl Profile {
     pub fn describe(&self) -> String {
         let l = |m: usize, d: DType| {
             let x = self.launch(m, d);
-            format!("nt{}r{}{}", x.nt, x.rpb, if x.split_k { "s" } else { "" })
+            let kind = match (x.split_k, x.smem) {
+                (true, _) => "s",
+                (_, true) => "m",
+                _ => "",
+            };
+            format!("nt{}r{}{kind}", x.nt, x.rpb)
         };
         format!(
             "profile {} sms={} warps/sm={} launch q4_k m=1/16/64/512: {} {} {} {}; f16: {} {} {} {}",
@@ -175,10 +242,11 @@ mod tests {
         assert_eq!(p.nseg(576, 3), 3);
         assert!(p.nseg(1, 1) == 1);
         for m in [1, 8, 9, 33, 512] {
-            for d in [DType::Q4_K, DType::F16, DType::Q6_K] {
+            for d in [DType::Q4_K, DType::F16, DType::Q6_K, DType::Q5_K, DType::Q8_0, DType::Q4_1] {
                 let l = p.launch(m, d);
                 assert!(l.max_threads() <= 1024);
                 assert!(p.all_launches().contains(&l));
+                assert!(l.fits(d), "{l:?} for {d}");
             }
         }
     }
