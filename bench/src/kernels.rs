@@ -75,7 +75,9 @@ pub fn parse_launches(s: &str) -> Result<Vec<Launch>> {
             }
             let nt: u32 = p[0].parse().map_err(|_| bad())?;
             let rpb: u32 = p[1].parse().map_err(|_| bad())?;
-            if !matches!(nt, 1 | 2 | 4 | 8) || !(1..=8).contains(&rpb) || !matches!(p[2], "s" | "n" | "m")
+            if !matches!(nt, 1 | 2 | 4 | 8)
+                || !(1..=8).contains(&rpb)
+                || !matches!(p[2], "s" | "n" | "m")
             {
                 return Err(bad());
             }
@@ -293,7 +295,7 @@ fn geometries(p: &Profile, a: &KernelArgs, w: &PMat) -> Vec<Launch> {
 
 fn check_case(c: &Case, a: &KernelArgs, mmax: usize, rep: &mut Report) -> Result<()> {
     let w = &c.copies[0];
-    let base = c.outputs(mmax, c.profile.launch(mmax, c.dtype))?;
+    let base = c.outputs(mmax, c.profile.launch(mmax, c.dtype, c.n))?;
     // Reference: sampled rows n, the first 4 tokens, f64.
     let mut worst = 0f64;
     let mut scale = 0f64;
@@ -351,7 +353,7 @@ fn time_case(c: &Case, a: &KernelArgs, rep: &mut Report, table: &mut String) -> 
     let yp = c.gpu.ptr(&y);
     let wbytes = w0.data.len() as f64;
     for &m in &a.ms {
-        let mut geos = vec![c.profile.launch(m, c.dtype)];
+        let mut geos = vec![c.profile.launch(m, c.dtype, c.n)];
         for l in geometries(c.profile, a, w0) {
             if !geos.contains(&l) && (!l.split_k || m <= 32 * l.nt as usize) {
                 geos.push(l);

@@ -32,6 +32,10 @@
 #ifndef MMQ_MINB
 #define MMQ_MINB 1
 #endif
+// Weight tiles in flight per warp (0: 4 for the 64-column formats, 2 for the K-quants).
+#ifndef MMQ_PF
+#define MMQ_PF 0
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Activation preparation.
@@ -209,12 +213,21 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
             for (int nf = 0; nf < MMQ_NT; ++nf)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[nf][e] = NEG_ZERO;
-            typename F::Tile cur, nxt;
-            if (k0 < k1) F::load(wt + (u64)k0 * F::TB, lane, cur);
-            for (u32 kt = k0; kt < k1; ++kt) {
-                if (kt + 1 < k1) F::load(wt + (u64)(kt + 1) * F::TB, lane, nxt);
-                tile_blocks<F>(cur, kt, X, Xs, kp, tr, t, acc);
-                cur = nxt;
+            // A ring of PF tiles in flight (register arrays indexed by unrolled constants): tile
+            // kt + PF is requested as soon as tile kt is consumed. Tiles are used in order.
+            constexpr int PF = MMQ_PF > 0 ? MMQ_PF : (F::KT == 64 ? 4 : 2);
+            typename F::Tile buf[PF];
+#pragma unroll
+            for (int i = 0; i < PF; ++i)
+                if (k0 + i < k1) F::load(wt + (u64)(k0 + i) * F::TB, lane, buf[i]);
+            for (u32 kt = k0; kt < k1; kt += PF) {
+#pragma unroll
+                for (int i = 0; i < PF; ++i) {
+                    if (kt + i < k1) {
+                        tile_blocks<F>(buf[i], kt + i, X, Xs, kp, tr, t, acc);
+                        if (kt + i + PF < k1) F::load(wt + (u64)(kt + i + PF) * F::TB, lane, buf[i]);
+                    }
+                }
             }
 #pragma unroll
             for (int nf = 0; nf < MMQ_NT; ++nf)
@@ -271,6 +284,10 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
 #endif
 #ifndef MMS_STAGES
 #define MMS_STAGES 3
+#endif
+// Blocks of 256 threads per SM the register budget is cut for.
+#ifndef MMS_MINB
+#define MMS_MINB 1
 #endif
 #define MMS_WR 4
 #define MMS_WT 2
@@ -430,7 +447,7 @@ MMQ_KERNEL(f16, FmtF16<0>)
 MMQ_KERNEL(bf16, FmtF16<1>)
 
 #define MMS_KERNEL(suffix, FMT)                                                                             \
-    extern "C" __global__ void __launch_bounds__(256, 1) mms_##suffix(                                         \
+    extern "C" __global__ void __launch_bounds__(256, MMS_MINB) mms_##suffix(                                         \
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
         const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
         Outs o;                                                                                               \

@@ -74,7 +74,7 @@ pub fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                 for &m in &MS {
                     g.prepare(g.ptr(&dx), &act, m, k)?;
                     g.fill(g.ptr(&dy), f32::NAN, mmax * n)?;
-                    g.product(&w, &act, g.ptr(&dy), None, m, profile.launch(m, dtype))?;
+                    g.product(&w, &act, g.ptr(&dy), None, m, profile.launch(m, dtype, n))?;
                     let got = g.download_range(&dy, 0, m * n)?;
                     let mut want = vec![0f32; m * n];
                     for mi in 0..m {

@@ -271,7 +271,7 @@ impl Products {
     ) -> Result<()> {
         if let Some(p) = &w.packed {
             let a = self.act(g, p.act(), w.cols)?;
-            let launch = self.profile.launch(m, w.dtype);
+            let launch = self.profile.launch(m, w.dtype, w.rows);
             return match res {
                 Some(r) => g.product(p, a, r, Some(r), m, launch),
                 None => g.product(p, a, y, None, m, launch),
@@ -301,7 +301,7 @@ impl Products {
                     return Err(g.err(format!("fused product of {rows:?} rows into {ys:?}")));
                 }
                 let a = self.act(g, p.act(), mat.cols)?;
-                g.product_to(p, a, ys, None, m, self.profile.launch(m, mat.dtype))
+                g.product_to(p, a, ys, None, m, self.profile.launch(m, mat.dtype, p.rows))
             }
             Mats::Each(ws) => {
                 if ws.len() != ys.len() {

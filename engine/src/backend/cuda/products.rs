@@ -259,7 +259,11 @@ impl Gpu {
             return Ok(());
         }
         let wk = if l.split_k { w.nseg } else { 1 };
-        let threads = if l.smem { l.max_threads() } else { 32 * l.rpb * wk };
+        let threads = if l.smem {
+            l.max_threads()
+        } else {
+            32 * l.rpb * wk
+        };
         let f = self.variant("products", &l.defines())?;
         let name = format!("{}_{}", if l.smem { "mms" } else { "mmq" }, w.dtype.name());
         let func = f

@@ -169,18 +169,31 @@ impl Profile {
             .max(1) as u32
     }
 
-    /// The launch geometry for `m` rows of a `dtype` product (measured on the H200 with
-    /// `memra-bench kernels`, reports/kernel-notes.md).
-    pub fn launch(&self, m: usize, dtype: DType) -> Launch {
+    /// The launch geometry for `m` rows of a `dtype` product of `rows` output rows (measured on
+    /// the H200 with `memra-bench kernels`, reports/kernel-notes.md). Large M takes the
+    /// shared-memory product when its grid fills the device, else the register-tiled one.
+    pub fn launch(&self, m: usize, dtype: DType, rows: usize) -> Launch {
         match m {
             0..=8 => split(1),
             9..=16 => split(2),
             17..=64 if wide(dtype) => split(4),
             17..=64 => split(2),
-            _ => match dtype {
-                DType::Q5_K | DType::Q6_K => smem(4, 1),
-                _ => smem(4, 2),
-            },
+            _ => {
+                let s = match dtype {
+                    DType::Q8_0 | DType::Q5_K => smem(4, 1),
+                    _ => smem(4, 2),
+                };
+                let (br, bt) = s.smem_block();
+                let blocks = rows.div_ceil(br) * m.div_ceil(bt);
+                if blocks >= self.sms as usize {
+                    return s;
+                }
+                match dtype {
+                    DType::F16 | DType::BF16 => tiled(4, 4),
+                    DType::Q6_K | DType::Q4_K => tiled(8, 2),
+                    _ => tiled(2, 4),
+                }
+            }
         }
     }
 
@@ -203,7 +216,7 @@ impl Profile {
     /// One line for the startup log.
     pub fn describe(&self) -> String {
         let l = |m: usize, d: DType| {
-            let x = self.launch(m, d);
+            let x = self.launch(m, d, 4096);
             let kind = match (x.split_k, x.smem) {
                 (true, _) => "s",
                 (_, true) => "m",
@@ -212,7 +225,7 @@ impl Profile {
             format!("nt{}r{}{kind}", x.nt, x.rpb)
         };
         format!(
-            "profile {} sms={} warps/sm={} launch q4_k m=1/16/64/512: {} {} {} {}; f16: {} {} {} {}",
+            "profile {} sms={} warps/sm={} launch (4096 rows) q4_k m=1/16/64/512: {} {} {} {}; f16: {} {} {} {}",
             self.arch,
             self.sms,
             self.warps_per_sm,
@@ -233,6 +246,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn small_grids_keep_the_register_tiled_product() {
+        let p = Profile::new("compute_90a", 132);
+        assert!(p.launch(512, DType::F16, 4096).smem);
+        // 576 rows: 5 row blocks x 8 token blocks < 132 SMs.
+        assert!(!p.launch(512, DType::Q4_1, 576).smem);
+        assert!(p.launch(4096, DType::Q4_1, 576).smem);
+        assert!(!p.launch(64, DType::F16, 1 << 16).smem);
+    }
+
+    #[test]
     fn nseg_depends_on_the_shape_only_and_stays_in_range() {
         let p = Profile::new("compute_90a", 132);
         assert_eq!(p.nseg(4096, 16), 8);
@@ -242,8 +265,15 @@ mod tests {
         assert_eq!(p.nseg(576, 3), 3);
         assert!(p.nseg(1, 1) == 1);
         for m in [1, 8, 9, 33, 512] {
-            for d in [DType::Q4_K, DType::F16, DType::Q6_K, DType::Q5_K, DType::Q8_0, DType::Q4_1] {
-                let l = p.launch(m, d);
+            for d in [
+                DType::Q4_K,
+                DType::F16,
+                DType::Q6_K,
+                DType::Q5_K,
+                DType::Q8_0,
+                DType::Q4_1,
+            ] {
+                let l = p.launch(m, d, 4096);
                 assert!(l.max_threads() <= 1024);
                 assert!(p.all_launches().contains(&l));
                 assert!(l.fits(d), "{l:?} for {d}");
