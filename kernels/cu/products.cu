@@ -32,7 +32,8 @@
 #ifndef MMQ_MINB
 #define MMQ_MINB 1
 #endif
-// Weight tiles in flight per warp (0: 4 for the 64-column formats, 2 for the K-quants).
+// Weight tiles in flight per warp (0: 4 for the small tiles of Q8_0 / Q4_0 / Q4_1 at decode
+// widths, else 2; measured on the H200, reports/kernel-notes.md).
 #ifndef MMQ_PF
 #define MMQ_PF 0
 #endif
@@ -215,7 +216,7 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
                 for (int e = 0; e < 4; ++e) acc[nf][e] = NEG_ZERO;
             // A ring of PF tiles in flight (register arrays indexed by unrolled constants): tile
             // kt + PF is requested as soon as tile kt is consumed. Tiles are used in order.
-            constexpr int PF = MMQ_PF > 0 ? MMQ_PF : (F::KT == 64 ? 4 : 2);
+            constexpr int PF = MMQ_PF > 0 ? MMQ_PF : (F::TB <= 1088 && MMQ_NT <= 2 ? 4 : 2);
             typename F::Tile buf[PF];
 #pragma unroll
             for (int i = 0; i < PF; ++i)
@@ -285,9 +286,9 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
 #ifndef MMS_STAGES
 #define MMS_STAGES 3
 #endif
-// Blocks of 256 threads per SM the register budget is cut for.
+// Blocks of 256 threads per SM the register budget is cut for (0: per format, MMS_KERNEL).
 #ifndef MMS_MINB
-#define MMS_MINB 1
+#define MMS_MINB 0
 #endif
 #define MMS_WR 4
 #define MMS_WT 2
@@ -446,8 +447,10 @@ MMQ_KERNEL(q6_k, FmtQ6_K)
 MMQ_KERNEL(f16, FmtF16<0>)
 MMQ_KERNEL(bf16, FmtF16<1>)
 
-#define MMS_KERNEL(suffix, FMT)                                                                             \
-    extern "C" __global__ void __launch_bounds__(256, MMS_MINB) mms_##suffix(                                         \
+// MINB: two blocks per SM where stages and registers allow it (F16 and Q8_0 at
+// M = 512: 20-30% faster than one, H200), one for the K-quants and Q4_1 (which would spill).
+#define MMS_KERNEL(suffix, FMT, MINB)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256, MMS_MINB > 0 ? MMS_MINB : MINB) mms_##suffix(                                         \
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
         const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
         Outs o;                                                                                               \
@@ -460,11 +463,11 @@ MMQ_KERNEL(bf16, FmtF16<1>)
         product_smem<FMT>(W, X, Xs, o, R, M, N, nkt, nseg, kp);                                               \
     }
 
-MMS_KERNEL(q8_0, FmtQ8_0)
-MMS_KERNEL(q4_0, FmtQ4_0)
-MMS_KERNEL(q4_1, FmtQ4_1)
-MMS_KERNEL(q4_k, FmtQ4_K)
-MMS_KERNEL(q5_k, FmtQ5_K)
-MMS_KERNEL(q6_k, FmtQ6_K)
-MMS_KERNEL(f16, FmtF16<0>)
-MMS_KERNEL(bf16, FmtF16<1>)
+MMS_KERNEL(q8_0, FmtQ8_0, 2)
+MMS_KERNEL(q4_0, FmtQ4_0, 2)
+MMS_KERNEL(q4_1, FmtQ4_1, 1)
+MMS_KERNEL(q4_k, FmtQ4_K, 1)
+MMS_KERNEL(q5_k, FmtQ5_K, 1)
+MMS_KERNEL(q6_k, FmtQ6_K, 1)
+MMS_KERNEL(f16, FmtF16<0>, 2)
+MMS_KERNEL(bf16, FmtF16<1>, 2)

@@ -180,7 +180,7 @@ impl Profile {
             17..=64 => split(2),
             _ => {
                 let s = match dtype {
-                    DType::Q8_0 | DType::Q5_K => smem(4, 1),
+                    DType::Q5_K => smem(4, 1),
                     _ => smem(4, 2),
                 };
                 let (br, bt) = s.smem_block();
