@@ -87,6 +87,8 @@ pub struct ModelInfo {
     pub vocab: usize,
     /// Backend name (`cpu`, the GPU's name).
     pub backend: String,
+    /// The backend's tuned parameters ([`crate::backend::Backend::profile`]).
+    pub profile: Option<String>,
     pub kv_blocks: usize,
     pub block_size: usize,
 }

@@ -33,6 +33,9 @@ pub struct ServedModel {
     pub context_len: usize,
     /// Unix seconds when it was loaded.
     pub created: u64,
+    /// Where it runs (`cpu`, `cuda:0`) and the device profile in use, if any.
+    pub backend: String,
+    pub profile: Option<String>,
     pub text: Arc<dyn ModelText>,
 }
 

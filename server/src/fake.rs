@@ -286,6 +286,8 @@ impl Generate for FakeEngine {
             alias: FAKE_MODEL.into(),
             context_len: FAKE_CONTEXT,
             created: self.created,
+            backend: "fake".into(),
+            profile: None,
             text: Arc::new(ByteText),
         }]
     }

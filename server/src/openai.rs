@@ -170,6 +170,11 @@ pub struct ModelJson {
     pub created: u64,
     pub owned_by: &'static str,
     pub max_model_len: usize,
+    /// memra: where the model runs (`cpu`, `cuda:0`) and the device profile (tuned kernel
+    /// parameters) when it has one.
+    pub backend: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_profile: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]

@@ -125,6 +125,8 @@ fn wrap(handle: EngineHandle) -> Loaded {
             alias: m.alias,
             context_len: m.max_positions,
             created,
+            backend: m.backend,
+            profile: m.profile,
         })
         .collect();
     Loaded { handle, models }
@@ -158,6 +160,9 @@ fn load(cfg: StartConfig) -> std::result::Result<Loaded, String> {
             m.kv_blocks,
             m.block_size
         );
+        if let Some(p) = &m.profile {
+            tracing::info!("{}: device {p}", m.alias);
+        }
     }
     Ok(wrap(handle))
 }

@@ -262,11 +262,11 @@ fn prefill_case(
         .map(|i| unit(7, 9000 + s.head_dim as u64, i))
         .collect();
     let mut want = vec![0f32; rows * qd];
-    for r in 0..rows {
+    for (r, &p) in pos.iter().enumerate() {
         for h in 0..s.n_heads {
             let o = (r * s.n_heads + h) * s.head_dim;
             let (qh, oh) = (&q[o..o + s.head_dim], &mut want[o..o + s.head_dim]);
-            reference(s, kc, vc, table, pos[r] as usize, qh, h, oh);
+            reference(s, kc, vc, table, p as usize, qh, h, oh);
         }
     }
     let (dq, dpos, dseq) = (g.upload(&q)?, g.upload(&pos)?, g.upload(&seq)?);

@@ -21,6 +21,10 @@ pub enum HeadRows<'a> {
 pub trait Exec: Ops {
     /// Short name (`cpu`, `cuda:0`).
     fn name(&self) -> String;
+    /// See [`crate::backend::Backend::profile`].
+    fn profile(&self) -> Option<String> {
+        None
+    }
     fn kv_block_size(&self) -> usize;
     fn kv_blocks(&self) -> usize;
 

@@ -83,6 +83,11 @@ pub type DumpFn = Box<dyn FnMut(&str, usize, usize, &[f32]) + Send>;
 pub trait Backend: Send {
     /// Short name (`cpu`, `cuda:0`).
     fn name(&self) -> String;
+    /// The tuned parameters in use, one line (the CUDA device profile), for the startup log
+    /// and `/v1/models`; `None` when there are none.
+    fn profile(&self) -> Option<String> {
+        None
+    }
     fn config(&self) -> &ModelConfig;
     /// Positions per KV block.
     fn kv_block_size(&self) -> usize;

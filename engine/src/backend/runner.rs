@@ -85,6 +85,10 @@ impl<O: Exec> Backend for Runner<O> {
         self.ops.name()
     }
 
+    fn profile(&self) -> Option<String> {
+        self.ops.profile()
+    }
+
     fn config(&self) -> &ModelConfig {
         &self.config
     }

@@ -167,6 +167,7 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         max_positions,
         vocab,
         backend: backend.name(),
+        profile: backend.profile(),
         kv_blocks: blocks,
         block_size: cfg.block_size,
     };

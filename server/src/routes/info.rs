@@ -60,6 +60,8 @@ pub fn models(
             created: m.created,
             owned_by: "memra",
             max_model_len: m.context_len,
+            backend: m.backend,
+            device_profile: m.profile,
         })
         .collect();
     Ok(body::json(

@@ -167,6 +167,8 @@ async fn a_kv_pool_smaller_than_the_context_bounds_every_request() {
         .await
         .unwrap();
     assert_eq!(models["data"][0]["max_model_len"], 304);
+    assert_eq!(models["data"][0]["backend"], "cpu");
+    assert!(models["data"][0].get("device_profile").is_none());
     // Without max_tokens: everything that fits.
     let body = json!({"model": "m", "prompt": [1, 2, 3], "temperature": 0});
     let r = post(&s.url, "/v1/completions", None, &body).await;

@@ -203,6 +203,11 @@ impl Gpu {
         })
     }
 
+    /// The attention kernel family in use (`attn_mma`, `attn_split`, `attn_split2`).
+    pub fn attn_kernel(&self) -> &'static str {
+        self.attn_kernel
+    }
+
     /// The kernels of module `module` built with `defines` (`NAME=VALUE`), compiled (or read
     /// from the disk cache) on first use and kept for the device's lifetime.
     pub fn variant(&self, module: &str, defines: &[String]) -> Result<Funcs> {

@@ -119,6 +119,16 @@ impl Exec for CudaOps {
         self.gpu.name.clone()
     }
 
+    fn profile(&self) -> Option<String> {
+        let p = &self.products;
+        let products = if p.v2 {
+            p.profile.describe()
+        } else {
+            "products v1".into()
+        };
+        Some(format!("{products}; attention {}", self.gpu.attn_kernel()))
+    }
+
     fn kv_block_size(&self) -> usize {
         self.block_size
     }
