@@ -12,6 +12,7 @@ pub mod record;
 pub mod report;
 pub mod rng;
 pub mod rope;
+pub mod serve_ttft;
 pub mod shapes;
 pub mod sink;
 pub mod speed;

@@ -59,6 +59,22 @@ struct SpeedFlags {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// ttft only: measure a running OpenAI-compatible server at host:port (memra-server or
+    /// llama-server) instead of the engine; MODEL is the file it serves (for the rows).
+    #[arg(long)]
+    server: Option<String>,
+    /// The model name the server serves.
+    #[arg(long, default_value = "m")]
+    served_model: String,
+    /// Bearer key for the server.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// The rows' engine label for --server (memra, llama.cpp).
+    #[arg(long, default_value = "memra")]
+    engine: String,
+    /// The rows' engine version for --server (e.g. the peer's source).
+    #[arg(long)]
+    engine_version: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -273,20 +289,65 @@ enum Cmd {
     },
 }
 
+/// `ttft --server`: the server's TTFT rows.
+fn server_ttft(addr: String, f: &SpeedFlags) -> Result<Vec<memra_bench::record::Row>> {
+    let m = memra_engine::loader::load_model(&f.model)?;
+    let vocab = m.config.vocab;
+    drop(m);
+    let prompts: Vec<(usize, Vec<u32>)> = f
+        .prompt
+        .iter()
+        .map(|&p| (p, memra_bench::speed::prompt_ids(p, vocab)))
+        .collect();
+    let a = memra_bench::serve_ttft::ServerTtft {
+        addr,
+        model: f.served_model.clone(),
+        api_key: f.api_key.clone(),
+        engine: f.engine.clone(),
+        version: f.engine_version.clone(),
+        device: memra_bench::serve_ttft::device_of(&f.device),
+        run: f
+            .run
+            .clone()
+            .unwrap_or_else(memra_bench::record::new_run_id),
+        runs: f.runs,
+        shape: f.shape.clone(),
+        dtype: f.dtype.clone(),
+    };
+    memra_bench::serve_ttft::run(&a, &memra_bench::record::model_ref(&f.model)?, &prompts)
+}
+
 fn speed(kind: memra_bench::speed::Kind, f: SpeedFlags) -> Result<()> {
+    if let Some(addr) = f.server.clone() {
+        if kind != memra_bench::speed::Kind::Ttft {
+            return Err(Error::Input(
+                "--server is supported by `memra-bench ttft` only".into(),
+            ));
+        }
+        let rows = server_ttft(addr, &f)?;
+        return print_rows(&f, &rows);
+    }
     let args = memra_bench::speed::SpeedArgs {
         kind,
         device: f.device.parse()?,
-        prompts: f.prompt,
+        prompts: f.prompt.clone(),
         gen_tokens: f.gen_tokens,
         runs: f.runs,
-        run: f.run.unwrap_or_else(memra_bench::record::new_run_id),
+        run: f
+            .run
+            .clone()
+            .unwrap_or_else(memra_bench::record::new_run_id),
         progress: !f.quiet && !f.json,
-        shape: f.shape,
-        dtype: f.dtype,
+        shape: f.shape.clone(),
+        dtype: f.dtype.clone(),
     };
     let rows = memra_bench::speed::run(&f.model, &args)?;
-    for r in &rows {
+    print_rows(&f, &rows)
+}
+
+/// Prints (table or JSON lines) and appends the rows; an invalid row is an error.
+fn print_rows(f: &SpeedFlags, rows: &[memra_bench::record::Row]) -> Result<()> {
+    for r in rows {
         if f.json {
             println!("{}", serde_json::to_string(r).unwrap_or_default());
         } else {
@@ -315,8 +376,8 @@ fn speed(kind: memra_bench::speed::Kind, f: SpeedFlags) -> Result<()> {
             );
         }
     }
-    if let Some(p) = f.out {
-        memra_bench::record::append(&p, &rows)?;
+    if let Some(p) = &f.out {
+        memra_bench::record::append(p, rows)?;
     }
     if rows.iter().any(|r| !r.valid) {
         return Err(Error::Input(

@@ -57,7 +57,9 @@ struct Outcome {
     decode_s: f64,
 }
 
-fn prompt_ids(len: usize, vocab: usize) -> Vec<u32> {
+/// The deterministic prompt of `len` token ids for a vocabulary of `vocab` (shared with
+/// [`crate::serve_ttft`], so engine and server runs send the same tokens).
+pub fn prompt_ids(len: usize, vocab: usize) -> Vec<u32> {
     let span = (vocab as u64).saturating_sub(200).max(1);
     (0..len as u64)
         .map(|j| (100 + splitmix(23, 0, j) % span) as u32)

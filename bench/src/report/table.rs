@@ -148,21 +148,47 @@ fn side_by_side(rows: &[&Row], run: &str) -> String {
             }
             seen.push(m.clone());
             let p = find(false, &m, w);
+            // Compare like with like: a peer measured through its server against memra's
+            // server rows when the run has them (`memra-bench ttft --server`).
+            let through_server =
+                |x: &Row| x.source.as_deref().is_some_and(|s| s.starts_with("server"));
+            let r = match p.filter(|p| through_server(p)) {
+                Some(_) => in_run
+                    .iter()
+                    .find(|x| {
+                        x.engine == "memra"
+                            && x.workload == w
+                            && x.model_label() == m
+                            && through_server(x)
+                    })
+                    .copied()
+                    .unwrap_or(r),
+                None => r,
+            };
             let what = match w {
                 Workload::Load => format!(
                     "{} streaming clients through the server, {m}",
                     r.batch.unwrap_or(0)
                 ),
-                _ => format!("{} {} ms, {m}", w.name(), r.prompt.unwrap_or(0)),
+                _ => format!(
+                    "{} {} ms, {m}{}",
+                    w.name(),
+                    r.prompt.unwrap_or(0),
+                    if through_server(r) {
+                        " (through the servers)"
+                    } else {
+                        ""
+                    }
+                ),
             };
             let _ = writeln!(
                 s,
                 "| {what} | {} {} | {} {} | {} | | | |",
-                cell(Some(r)),
+                cell(Some(&r)),
                 r.unit,
                 cell(p),
                 r.unit,
-                ratio(Some(r), p, w != Workload::Load)
+                ratio(Some(&r), p, w != Workload::Load)
             );
         }
     }
