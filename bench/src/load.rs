@@ -1,7 +1,13 @@
-//! `memra-bench load`: a bounded loopback load test of a running memra-server (a benchmark):
-//! C concurrent clients, each making R streaming chat completions one after another. Checks
-//! every stream is well formed (data chunks, one finish_reason, usage, `[DONE]`) and reports
-//! errors and the aggregate generated tok/s.
+//! `memra-bench load`: a bounded loopback load test of a running OpenAI-compatible server (a
+//! benchmark): C concurrent clients, each making up to R streaming chat completions one after
+//! another. Checks every completed stream is well formed (data chunks, one finish_reason,
+//! usage, `[DONE]`) and reports errors, sheds (429/503), the aggregate generated tok/s, and the
+//! latency percentiles clients see: time to first token and the gaps between tokens.
+//!
+//! Mixes: prompt sizes cycle through `prompt_words` (approximate words of filler per request);
+//! a `shared_prefix` fraction of requests start with one long common system prompt (prefix-cache
+//! reuse); a `cancel` fraction of requests hang up after their first few tokens (counted as
+//! cancelled, not as errors); `duration_s` stops issuing new requests after that many seconds.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -19,26 +25,119 @@ pub struct LoadArgs {
     pub requests: usize,
     pub max_tokens: usize,
     pub api_key: Option<String>,
+    /// Filler words per prompt, cycled over the requests (empty: the short default prompt).
+    pub prompt_words: Vec<usize>,
+    /// Fraction (0..=1) of requests that begin with the shared system prompt.
+    pub shared_prefix: f64,
+    /// Fraction (0..=1) of requests that hang up after their first tokens.
+    pub cancel: f64,
+    /// Stop issuing requests after this many seconds (0: no bound).
+    pub duration_s: f64,
+}
+
+impl LoadArgs {
+    /// The plain load: short prompts, no sharing, no cancellations, no time bound.
+    pub fn plain(
+        addr: String,
+        model: String,
+        clients: usize,
+        requests: usize,
+        max_tokens: usize,
+    ) -> LoadArgs {
+        LoadArgs {
+            addr,
+            model,
+            clients,
+            requests,
+            max_tokens,
+            api_key: None,
+            prompt_words: Vec::new(),
+            shared_prefix: 0.0,
+            cancel: 0.0,
+            duration_s: 0.0,
+        }
+    }
+}
+
+/// Milliseconds at the 50th, 95th and 99th percentile (nearest rank), and the mean.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub mean: f64,
+    pub count: usize,
+}
+
+impl Percentiles {
+    pub fn of(mut v: Vec<f64>) -> Option<Percentiles> {
+        v.retain(|x| x.is_finite());
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        Some(Percentiles {
+            p50: at(0.50),
+            p95: at(0.95),
+            p99: at(0.99),
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+            count: v.len(),
+        })
+    }
 }
 
 /// The outcome.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct LoadReport {
     pub clients: usize,
+    /// Requests issued (fewer than clients x requests when the duration bound stopped them).
     pub requests: usize,
     pub errors: usize,
     pub malformed: usize,
+    /// Answered 429 or 503 (admission control shedding load): not errors.
+    pub shed: usize,
+    /// Hung up on purpose after the first tokens.
+    pub cancelled: usize,
     pub completion_tokens: usize,
     pub wall_s: f64,
     pub aggregate_tok_s: f64,
+    /// Time to first token (ms) of the requests that got one.
+    pub ttft_ms: Option<Percentiles>,
+    /// Gaps between consecutive content chunks of a stream (ms).
+    pub itl_ms: Option<Percentiles>,
     pub first_error: Option<String>,
 }
 
-fn body(model: &str, i: usize, max_tokens: usize) -> String {
+/// The long system prompt a `shared_prefix` fraction of requests begin with.
+fn shared_system() -> String {
+    "You are a careful assistant for a library of short stories. ".repeat(24)
+}
+
+/// Whether request `i` falls in a fraction `f` of the requests (spread evenly, deterministic).
+fn in_fraction(i: usize, f: f64) -> bool {
+    let f = f.clamp(0.0, 1.0);
+    ((i + 1) as f64 * f).floor() > (i as f64 * f).floor()
+}
+
+fn body(a: &LoadArgs, i: usize) -> String {
+    let mut messages = Vec::new();
+    if in_fraction(i, a.shared_prefix) {
+        messages.push(serde_json::json!({"role": "system", "content": shared_system()}));
+    }
+    let mut content = format!("Tell me a short story about the number {i}.");
+    if !a.prompt_words.is_empty() {
+        let words = a.prompt_words[i % a.prompt_words.len()];
+        let filler: Vec<String> = (0..words)
+            .map(|w| format!("w{}", (w * 7 + i) % 997))
+            .collect();
+        content = format!("{content} Context: {}", filler.join(" "));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": content}));
     serde_json::json!({
-        "model": model,
-        "messages": [{"role": "user", "content": format!("Tell me a short story about the number {i}.")}],
-        "max_tokens": max_tokens,
+        "model": a.model,
+        "messages": messages,
+        "max_tokens": a.max_tokens,
         "temperature": 0.7,
         "seed": i,
         "stream": true,
@@ -47,11 +146,29 @@ fn body(model: &str, i: usize, max_tokens: usize) -> String {
     .to_string()
 }
 
-/// One streaming request over HTTP/1.1 (Connection: close); returns completion tokens.
-fn one(args: &LoadArgs, i: usize) -> std::result::Result<usize, String> {
-    let mut s = TcpStream::connect(&args.addr).map_err(|e| format!("connect: {e}"))?;
+/// One request's outcome.
+#[derive(Debug, Default)]
+struct One {
+    tokens: usize,
+    ttft_ms: Option<f64>,
+    gaps_ms: Vec<f64>,
+    cancelled: bool,
+}
+
+/// Why a request did not complete.
+#[derive(Debug)]
+enum Fail {
+    Shed,
+    Malformed(String),
+    Error(String),
+}
+
+/// One streaming request over HTTP/1.1 (Connection: close).
+fn one(args: &LoadArgs, i: usize) -> std::result::Result<One, Fail> {
+    let err = Fail::Error;
+    let mut s = TcpStream::connect(&args.addr).map_err(|e| err(format!("connect: {e}")))?;
     s.set_read_timeout(Some(Duration::from_secs(300))).ok();
-    let b = body(&args.model, i, args.max_tokens);
+    let b = body(args, i);
     let auth = args
         .api_key
         .as_ref()
@@ -62,17 +179,25 @@ fn one(args: &LoadArgs, i: usize) -> std::result::Result<usize, String> {
         args.addr,
         b.len()
     );
+    let t0 = Instant::now();
     s.write_all(req.as_bytes())
-        .map_err(|e| format!("send: {e}"))?;
+        .map_err(|e| err(format!("send: {e}")))?;
     let mut r = BufReader::new(s);
     let mut status = String::new();
-    r.read_line(&mut status).map_err(|e| format!("read: {e}"))?;
-    if !status.contains(" 200") {
-        return Err(format!("status {}", status.trim()));
+    r.read_line(&mut status)
+        .map_err(|e| err(format!("read: {e}")))?;
+    if status.contains(" 429") || status.contains(" 503") {
+        return Err(Fail::Shed);
     }
-    let (mut finishes, mut done, mut usage) = (0, false, None);
+    if !status.contains(" 200") {
+        return Err(err(format!("status {}", status.trim())));
+    }
+    let cancel_after = in_fraction(i, args.cancel).then_some(2);
+    let mut out = One::default();
+    let (mut finishes, mut done, mut usage, mut last) = (0, false, None, None::<f64>);
+    let mut chunks = 0usize;
     for line in r.lines() {
-        let line = line.map_err(|e| format!("read: {e}"))?;
+        let line = line.map_err(|e| err(format!("read: {e}")))?;
         let Some(data) = line.strip_prefix("data: ") else {
             continue;
         };
@@ -80,24 +205,43 @@ fn one(args: &LoadArgs, i: usize) -> std::result::Result<usize, String> {
             done = true;
             break;
         }
-        let v: serde_json::Value =
-            serde_json::from_str(data).map_err(|e| format!("bad chunk JSON: {e}"))?;
+        let v: serde_json::Value = serde_json::from_str(data)
+            .map_err(|e| Fail::Malformed(format!("malformed: bad chunk JSON: {e}")))?;
         if v.get("error").is_some() {
-            return Err(format!("error chunk: {data}"));
+            return Err(err(format!("error chunk: {data}")));
         }
         if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
             usage = u.get("completion_tokens").and_then(|t| t.as_u64());
         }
-        let fr = &v["choices"][0]["finish_reason"];
-        if fr.is_string() {
+        let choice = &v["choices"][0];
+        if choice["delta"]["content"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty())
+        {
+            let now = t0.elapsed().as_secs_f64() * 1e3;
+            match last {
+                None => out.ttft_ms = Some(now),
+                Some(prev) => out.gaps_ms.push(now - prev),
+            }
+            last = Some(now);
+            chunks += 1;
+            if cancel_after.is_some_and(|n| chunks >= n) {
+                out.cancelled = true;
+                return Ok(out); // dropping the connection cancels the request
+            }
+        }
+        if choice["finish_reason"].is_string() {
             finishes += 1;
         }
     }
     match (done, finishes, usage) {
-        (true, 1, Some(n)) => Ok(n as usize),
-        _ => Err(format!(
+        (true, 1, Some(n)) => {
+            out.tokens = n as usize;
+            Ok(out)
+        }
+        _ => Err(Fail::Malformed(format!(
             "malformed stream: [DONE] {done}, finish_reason chunks {finishes}, usage {usage:?}"
-        )),
+        ))),
     }
 }
 
@@ -106,35 +250,63 @@ pub fn run(args: &LoadArgs) -> Result<LoadReport> {
     if args.clients == 0 || args.requests == 0 {
         return Err(Error::Input("--clients and --requests must be > 0".into()));
     }
+    for (what, f) in [
+        ("--shared-prefix", args.shared_prefix),
+        ("--cancel", args.cancel),
+    ] {
+        if !(0.0..=1.0).contains(&f) {
+            return Err(Error::Input(format!(
+                "{what} {f}: expected a fraction from 0 to 1"
+            )));
+        }
+    }
+    if !(args.duration_s >= 0.0 && args.duration_s.is_finite()) {
+        return Err(Error::Input(format!(
+            "--duration-s {}: expected seconds >= 0",
+            args.duration_s
+        )));
+    }
     let t0 = Instant::now();
     let handles: Vec<_> = (0..args.clients)
         .map(|c| {
             let a = args.clone();
             std::thread::spawn(move || {
-                (0..a.requests)
-                    .map(|r| one(&a, c * a.requests + r))
-                    .collect::<Vec<_>>()
+                let mut v = Vec::new();
+                for r in 0..a.requests {
+                    if a.duration_s > 0.0 && t0.elapsed().as_secs_f64() >= a.duration_s {
+                        break;
+                    }
+                    v.push(one(&a, c * a.requests + r));
+                }
+                v
             })
         })
         .collect();
     let mut rep = LoadReport {
         clients: args.clients,
-        requests: args.clients * args.requests,
         ..Default::default()
     };
+    let (mut ttft, mut gaps) = (Vec::new(), Vec::new());
     for h in handles {
         let results = h
             .join()
             .map_err(|_| Error::Input("a client thread panicked".into()))?;
         for r in results {
+            rep.requests += 1;
             match r {
-                Ok(n) => rep.completion_tokens += n,
-                Err(e) => {
-                    if e.starts_with("malformed") {
-                        rep.malformed += 1;
-                    } else {
-                        rep.errors += 1;
-                    }
+                Ok(o) => {
+                    rep.completion_tokens += o.tokens;
+                    rep.cancelled += o.cancelled as usize;
+                    ttft.extend(o.ttft_ms);
+                    gaps.extend(o.gaps_ms);
+                }
+                Err(Fail::Shed) => rep.shed += 1,
+                Err(Fail::Malformed(e)) => {
+                    rep.malformed += 1;
+                    rep.first_error.get_or_insert(e);
+                }
+                Err(Fail::Error(e)) => {
+                    rep.errors += 1;
                     rep.first_error.get_or_insert(e);
                 }
             }
@@ -142,5 +314,64 @@ pub fn run(args: &LoadArgs) -> Result<LoadReport> {
     }
     rep.wall_s = t0.elapsed().as_secs_f64();
     rep.aggregate_tok_s = rep.completion_tokens as f64 / rep.wall_s.max(1e-9);
+    rep.ttft_ms = Percentiles::of(ttft);
+    rep.itl_ms = Percentiles::of(gaps);
     Ok(rep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_the_nearest_rank() {
+        let p = Percentiles::of((1..=100).map(|x| x as f64).collect()).unwrap();
+        assert_eq!((p.p50, p.p95, p.p99, p.count), (50.0, 95.0, 99.0, 100));
+        assert_eq!(p.mean, 50.5);
+        let one = Percentiles::of(vec![7.0, f64::NAN]).unwrap();
+        assert_eq!((one.p50, one.p99, one.count), (7.0, 7.0, 1));
+        assert!(Percentiles::of(vec![]).is_none());
+    }
+
+    #[test]
+    fn fractions_pick_evenly_spread_requests() {
+        let picked = |f: f64| (0..100).filter(|&i| in_fraction(i, f)).count();
+        assert_eq!(picked(0.0), 0);
+        assert_eq!(picked(0.25), 25);
+        assert_eq!(picked(1.0), 100);
+        // Every 4th request, not the first quarter.
+        let idx: Vec<usize> = (0..12).filter(|&i| in_fraction(i, 0.25)).collect();
+        assert_eq!(idx, vec![3, 7, 11]);
+    }
+
+    #[test]
+    fn bodies_mix_prompt_sizes_and_the_shared_prefix() {
+        let mut a = LoadArgs::plain("x".into(), "m".into(), 1, 4, 8);
+        a.prompt_words = vec![0, 50];
+        a.shared_prefix = 0.5;
+        let b: Vec<serde_json::Value> = (0..4)
+            .map(|i| serde_json::from_str(&body(&a, i)).unwrap())
+            .collect();
+        let user = |v: &serde_json::Value| {
+            let m = v["messages"].as_array().unwrap();
+            m[m.len() - 1]["content"].as_str().unwrap().len()
+        };
+        assert!(user(&b[1]) > user(&b[0]) + 100);
+        let systems = b
+            .iter()
+            .filter(|v| v["messages"][0]["role"] == "system")
+            .count();
+        assert_eq!(systems, 2);
+        assert_eq!(b[0]["stream"], true);
+    }
+
+    #[test]
+    fn bad_fractions_and_durations_are_refused() {
+        let mut a = LoadArgs::plain("127.0.0.1:1".into(), "m".into(), 1, 1, 1);
+        a.cancel = 1.5;
+        assert!(run(&a).unwrap_err().to_string().contains("--cancel"));
+        a.cancel = 0.0;
+        a.duration_s = -1.0;
+        assert!(run(&a).unwrap_err().to_string().contains("--duration-s"));
+    }
 }

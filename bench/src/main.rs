@@ -230,7 +230,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Loopback load test of a running memra-server: concurrent streaming chat clients.
+    /// Loopback load test of a running OpenAI-compatible server: concurrent streaming chat
+    /// clients; errors, sheds (429/503), cancellations, tok/s, TTFT and inter-token percentiles.
     Load {
         /// host:port of the server.
         #[arg(long, default_value = "127.0.0.1:8080")]
@@ -266,6 +267,19 @@ enum Cmd {
         /// The server's device, for the row (cpu or cuda:N).
         #[arg(long, default_value = "cpu")]
         device: String,
+        /// Filler words per prompt, cycled over the requests (comma-separated; a prompt-length
+        /// mix). Default: the short prompt only.
+        #[arg(long, value_delimiter = ',')]
+        prompt_words: Vec<usize>,
+        /// Fraction of requests that begin with one long shared system prompt (0..1).
+        #[arg(long, default_value_t = 0.0)]
+        shared_prefix: f64,
+        /// Fraction of requests that hang up after their first tokens (0..1).
+        #[arg(long, default_value_t = 0.0)]
+        cancel: f64,
+        /// Stop issuing new requests after this many seconds (0: no bound).
+        #[arg(long, default_value_t = 0.0)]
+        duration_s: f64,
     },
     /// Convert a GGUF file to an HF folder (config.json, model.safetensors, tokenizer files),
     /// or with `--to gguf` an HF folder to a GGUF file.
@@ -595,14 +609,18 @@ fn run(cli: Cli) -> Result<()> {
             shape,
             dtype,
             device,
+            prompt_words,
+            shared_prefix,
+            cancel,
+            duration_s,
         } => {
             let args = memra_bench::load::LoadArgs {
-                addr,
-                model,
-                clients,
-                requests,
-                max_tokens,
                 api_key,
+                prompt_words,
+                shared_prefix,
+                cancel,
+                duration_s,
+                ..memra_bench::load::LoadArgs::plain(addr, model, clients, requests, max_tokens)
             };
             let rep = memra_bench::load::run(&args)?;
             println!("{}", serde_json::to_string(&rep).unwrap_or_default());
@@ -637,8 +655,14 @@ fn run(cli: Cli) -> Result<()> {
                     runs: 1,
                     valid: ok,
                     source: Some(format!(
-                        "memra-bench load: {clients} clients x {requests} requests x {max_tokens} tokens, {} errors",
-                        rep.errors + rep.malformed
+                        "memra-bench load: {clients} clients x {requests} requests x {max_tokens} tokens, {} errors, {} shed, {} cancelled{}",
+                        rep.errors + rep.malformed,
+                        rep.shed,
+                        rep.cancelled,
+                        rep.ttft_ms
+                            .as_ref()
+                            .map(|p| format!(", TTFT p50/p99 {:.0}/{:.0} ms", p.p50, p.p99))
+                            .unwrap_or_default()
                     )),
                 };
                 memra_bench::record::append(&o, &[row])?;
