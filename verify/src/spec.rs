@@ -34,6 +34,10 @@ pub struct Options {
     pub seed: u64,
     /// Token ids that end generation.
     pub stop_ids: Vec<u32>,
+    /// Check the logits path (full logits kept, host sampling, logits bytes compared).
+    pub logits_path: bool,
+    /// Check the select path (the backend picks the tokens; tokens and finish compared).
+    pub select_path: bool,
 }
 
 impl Default for Options {
@@ -43,6 +47,8 @@ impl Default for Options {
             k_max: 8,
             seed: 1234,
             stop_ids: Vec::new(),
+            logits_path: true,
+            select_path: true,
         }
     }
 }
@@ -184,6 +190,11 @@ pub fn run(
     if opts.max_tokens == 0 {
         return Err(Error::Input("spec: --max-tokens must be > 0".into()));
     }
+    if !opts.logits_path && !opts.select_path {
+        return Err(Error::Input(
+            "spec: no path to check (give logits, select or both)".into(),
+        ));
+    }
     if prompts.is_empty() || drafters.is_empty() {
         return Err(Error::Input("spec: no prompts or no drafters".into()));
     }
@@ -197,18 +208,19 @@ pub fn run(
         }
     }
     let configs = sampling_configs(opts.seed);
-    // Plain decoding once per (sampling, prompt), on both paths.
+    // Plain decoding once per (sampling, prompt) and path.
     let mut plain = Vec::new();
     for (_, params) in &configs {
         let mut per_prompt = Vec::new();
         for p in prompts {
-            let with = generate(backend, &request(&p.ids, params, opts, true), &mut |_| {
-                Ok(())
-            })?;
-            let without = generate(backend, &request(&p.ids, params, opts, false), &mut |_| {
-                Ok(())
-            })?;
-            per_prompt.push((with, without));
+            let mut per_path = Vec::new();
+            for (on, logits) in [(opts.logits_path, true), (opts.select_path, false)] {
+                if on {
+                    let req = request(&p.ids, params, opts, logits);
+                    per_path.push((logits, generate(backend, &req, &mut |_| Ok(()))?));
+                }
+            }
+            per_prompt.push(per_path);
         }
         plain.push(per_prompt);
     }
@@ -223,28 +235,29 @@ pub fn run(
                     ..Default::default()
                 };
                 let o = SpecOptions { k, adaptive: false };
-                for (p, (pl, pl_sel)) in prompts.iter().zip(plains) {
-                    let req = request(&p.ids, params, opts, true);
-                    let (s, c) = generate_spec(backend, d.as_mut(), &req, o, &mut |_| Ok(()))?;
-                    match compare(pl, &s, true) {
-                        Ok(n) => row.tokens += n,
-                        Err(e) => row.failures.push(format!("{} (logits path): {e}", p.name)),
-                    }
-                    row.counts.drafted += c.drafted;
-                    row.counts.accepted += c.accepted;
-                    row.counts.steps += c.steps;
-                    let req = request(&p.ids, params, opts, false);
-                    let (s2, c2) = generate_spec(backend, d.as_mut(), &req, o, &mut |_| Ok(()))?;
-                    match compare(pl_sel, &s2, false) {
-                        Ok(n) => row.tokens += n,
-                        Err(e) => row.failures.push(format!("{} (select path): {e}", p.name)),
-                    }
-                    if c != c2 {
-                        row.failures.push(format!(
-                            "{}: counters differ between the logits path {c:?} and the select \
-                             path {c2:?}",
-                            p.name
-                        ));
+                for (p, per_path) in prompts.iter().zip(plains) {
+                    let mut first: Option<SpecCounts> = None;
+                    for (logits, pl) in per_path {
+                        let path = if *logits { "logits" } else { "select" };
+                        let req = request(&p.ids, params, opts, *logits);
+                        let (s, c) = generate_spec(backend, d.as_mut(), &req, o, &mut |_| Ok(()))?;
+                        match compare(pl, &s, *logits) {
+                            Ok(n) => row.tokens += n,
+                            Err(e) => row.failures.push(format!("{} ({path} path): {e}", p.name)),
+                        }
+                        match first {
+                            None => {
+                                first = Some(c);
+                                row.counts.drafted += c.drafted;
+                                row.counts.accepted += c.accepted;
+                                row.counts.steps += c.steps;
+                            }
+                            Some(f) if f != c => row.failures.push(format!(
+                                "{}: speculation counters differ between the paths: {f:?} vs {c:?}",
+                                p.name
+                            )),
+                            Some(_) => {}
+                        }
                     }
                 }
                 rows.push(row);
