@@ -349,6 +349,12 @@ fn gate_spec(a: &SpecArgs) -> Result<usize> {
             },
         });
     }
+    if drafters.is_empty() {
+        return Err(Error::Input(format!(
+            "spec: --drafters `{}` names no drafter",
+            a.drafters
+        )));
+    }
     let longest = prompts.iter().map(|p| p.ids.len()).max().unwrap_or(0);
     if longest >= ctx {
         return Err(Error::Input(format!(
@@ -417,6 +423,8 @@ fn gate_all(model: &Path, fixture: Option<&Path>, device: Device) -> Result<usiz
             f.display()
         )));
     }
+    // A model that does not load fails here, once, not in every gate.
+    memra_engine::loader::load_weights(model)?;
     let device = resolve(device);
     let cuda = matches!(device, Device::Cuda(_));
     let load = || memra_engine::loader::load_weights(model);
