@@ -285,6 +285,18 @@ struct SpecArgs<'a> {
 }
 
 fn gate_spec(a: &SpecArgs) -> Result<usize> {
+    let (mut logits_path, mut select_path) = (false, false);
+    for p in a.paths.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match p {
+            "logits" => logits_path = true,
+            "select" => select_path = true,
+            _ => {
+                return Err(Error::Input(format!(
+                    "spec: path `{p}`: expected logits or select"
+                )));
+            }
+        }
+    }
     // The target, its prompts and stop tokens.
     let (w, prompts, stop_ids) = match (a.model, a.tiny) {
         (_, Some(arch)) => {
@@ -363,18 +375,6 @@ fn gate_spec(a: &SpecArgs) -> Result<usize> {
     }
     let bs = 16;
     let blocks = (longest + a.max_tokens).min(ctx).div_ceil(bs);
-    let (mut logits_path, mut select_path) = (false, false);
-    for p in a.paths.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        match p {
-            "logits" => logits_path = true,
-            "select" => select_path = true,
-            _ => {
-                return Err(Error::Input(format!(
-                    "spec: path `{p}`: expected logits or select"
-                )));
-            }
-        }
-    }
     let opts = spec::Options {
         max_tokens: a.max_tokens,
         k_max: a.k_max,

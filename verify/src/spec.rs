@@ -270,12 +270,12 @@ pub fn run(
 /// The table, every failure in full, and a count line.
 pub fn report(rows: &[Row]) -> String {
     let mut s = format!(
-        "{:<24} {:<16} {:>2} {:>7} {:>8} {:>9} {:>8}  result\n",
-        "drafter", "sampling", "K", "tokens", "drafted", "accepted", "mean len"
+        "{:<24} {:<16} {:>2} {:>7} {:>8} {:>9} {:>12}  result\n",
+        "drafter", "sampling", "K", "tokens", "drafted", "accepted", "mean acc len"
     );
     for r in rows {
         s.push_str(&format!(
-            "{:<24} {:<16} {:>2} {:>7} {:>8} {:>9} {:>8.2}  {}\n",
+            "{:<24} {:<16} {:>2} {:>7} {:>8} {:>9} {:>12.2}  {}\n",
             r.drafter,
             r.sampling,
             r.k,

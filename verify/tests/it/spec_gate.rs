@@ -128,7 +128,7 @@ fn spec_gate_library_passes_on_tiny_and_counts() {
         "no draft accepted: the gate proves little"
     );
     let report = spec::report(&rows);
-    assert!(report.contains("mean len"), "{report}");
+    assert!(report.contains("mean acc len"), "{report}");
     assert!(report.contains("0 failed"), "{report}");
 }
 
