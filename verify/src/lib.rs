@@ -1,6 +1,6 @@
 //! memra-verify: exactness gates (EXACTNESS.md). `kernels` (every CUDA kernel vs the CPU
 //! reference), `invariance` (same rows, same bits under any batch or chunking, any backend),
-//! `tokens` (greedy tokens vs the reference fixture).
+//! `tokens` (greedy tokens vs the reference fixture), `spec` (speculative vs plain decoding).
 
 mod attention_check;
 mod case;
@@ -10,4 +10,5 @@ pub mod kernels;
 mod kernels_select;
 mod products_check;
 pub mod serve_invariance;
+pub mod spec;
 pub mod tokens;

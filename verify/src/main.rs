@@ -5,9 +5,14 @@
 //! - `memra-verify tokens [--device D] MODEL --fixture verify/fixtures/smollm2-135m-reference.json`
 //! - `memra-verify serve-invariance MODEL [--device D] [--requests N] [--max-tokens T]`
 //! - `memra-verify graph [--device cuda:N] (MODEL | --tiny ARCH) [--max-m 64] [--gen-tokens 24]`
+//! - `memra-verify spec [--device D] (MODEL | --tiny ARCH) [--max-tokens 32] [--k-max 8]
+//!   [--drafters ngram,self,random]`
+//! - `memra-verify all [--device D] MODEL [--fixture FILE]`: every gate for the device, then a
+//!   summary table
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use memra_engine::backend::cuda::{CudaBackend, CudaOptions};
@@ -16,8 +21,11 @@ use memra_engine::config::Arch;
 use memra_engine::models::ModelWeights;
 use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::quant::DType;
+use memra_engine::spec::Drafter;
+use memra_engine::spec::draft_model::DraftModelDrafter;
+use memra_engine::spec::ngram::NgramDrafter;
 use memra_engine::{Error, Result};
-use memra_verify::{graph, invariance, kernels, serve_invariance, tokens};
+use memra_verify::{graph, invariance, kernels, serve_invariance, spec, tokens};
 
 #[derive(Parser)]
 #[command(name = "memra-verify", about = "memra exactness gates")]
@@ -88,6 +96,45 @@ enum Cmd {
         #[arg(long, default_value_t = 16)]
         max_tokens: usize,
     },
+    /// Speculative decoding vs plain decoding: tokens, finish reason, logits bytes.
+    Spec {
+        /// A GGUF file or HF folder (its tokenizer encodes the prompts).
+        model: Option<PathBuf>,
+        /// Use a tiny random model of this architecture instead of MODEL.
+        #[arg(long, conflicts_with = "model")]
+        tiny: Option<String>,
+        #[arg(long, default_value = "auto")]
+        device: Device,
+        /// Tokens generated per run.
+        #[arg(long, default_value_t = 32)]
+        max_tokens: usize,
+        /// Depths checked: K = 1..=k-max.
+        #[arg(long, default_value_t = 8)]
+        k_max: usize,
+        /// Seed of the sampled configuration.
+        #[arg(long, default_value_t = 1234)]
+        seed: u64,
+        /// Comma-separated: ngram, self (the target as its own draft model), random (a tiny
+        /// random model with the target's vocabulary), draft:PATH.
+        #[arg(long, default_value = "ngram,self,random")]
+        drafters: String,
+        /// CPU threads (0 = all cores).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        /// Comma-separated: logits (full logits kept and compared bytewise, host sampling),
+        /// select (the backend picks the tokens: tokens and finish compared).
+        #[arg(long, default_value = "logits,select")]
+        paths: String,
+    },
+    /// Every gate that applies to the device, then a summary table.
+    All {
+        model: PathBuf,
+        /// The tokens gate's fixture (skipped without).
+        #[arg(long)]
+        fixture: Option<PathBuf>,
+        #[arg(long, default_value = "auto")]
+        device: Device,
+    },
 }
 
 fn tiny(arch: &str) -> Result<ModelWeights> {
@@ -95,18 +142,358 @@ fn tiny(arch: &str) -> Result<ModelWeights> {
     random_weights(&tiny_config(arch, 97), 5, DType::Q8_0)
 }
 
-fn run(cli: Cli) -> Result<bool> {
-    match cli.cmd {
-        Cmd::Kernels { device, seed } => {
-            let Device::Cuda(n) = device else {
-                return Err(Error::Input(
-                    "kernels: --device must be cuda or cuda:N".into(),
-                ));
-            };
-            let cases = kernels::run(n, seed)?;
-            print!("{}", kernels::report(&cases));
-            Ok(cases.iter().all(|c| c.ok()))
+/// MODEL or --tiny ARCH, as one gate names them.
+fn weights(gate: &str, model: Option<&Path>, t: Option<&str>) -> Result<ModelWeights> {
+    match (model, t) {
+        (_, Some(a)) => tiny(a),
+        (Some(p), None) => memra_engine::loader::load_weights(p),
+        (None, None) => Err(Error::Input(format!("{gate}: give MODEL or --tiny ARCH"))),
+    }
+}
+
+fn cuda_index(gate: &str, device: Device) -> Result<usize> {
+    match device {
+        Device::Cuda(n) => Ok(n),
+        _ => Err(Error::Input(format!(
+            "{gate}: --device must be cuda or cuda:N"
+        ))),
+    }
+}
+
+/// Every gate returns its number of failures (0: green).
+fn gate_kernels(device: Device, seed: u64) -> Result<usize> {
+    let n = cuda_index("kernels", device)?;
+    let cases = kernels::run(n, seed)?;
+    print!("{}", kernels::report(&cases));
+    Ok(cases.iter().filter(|c| !c.ok()).count())
+}
+
+fn gate_invariance(
+    w: ModelWeights,
+    device: Device,
+    max_m: usize,
+    prompt_len: usize,
+    seed: u64,
+) -> Result<usize> {
+    if prompt_len == 0 || max_m == 0 {
+        return Err(Error::Input("--prompt-len and --max-m must be > 0".into()));
+    }
+    let bs = 16;
+    let blocks = invariance::blocks_needed(prompt_len, bs);
+    let mut b = open_backend(device, w, blocks, bs, 0)?;
+    let rep = invariance::run(b.as_mut(), seed, prompt_len, max_m)?;
+    println!(
+        "invariance on {}: {} checks (prefill chunkings 1/7/64/whole, alone and with random rows; M = 1..{max_m}), {} failed",
+        b.name(),
+        rep.checks,
+        rep.failures.len()
+    );
+    for f in &rep.failures {
+        println!("FAIL {f}");
+    }
+    Ok(rep.failures.len())
+}
+
+fn gate_graph(
+    w: ModelWeights,
+    device: Device,
+    max_m: usize,
+    prompt_len: usize,
+    gen_tokens: usize,
+    seed: u64,
+) -> Result<usize> {
+    let n = cuda_index("graph", device)?;
+    if prompt_len == 0 || max_m == 0 || max_m > 64 {
+        return Err(Error::Input(
+            "--prompt-len must be > 0 and --max-m 1..64".into(),
+        ));
+    }
+    let bs = 16;
+    let opts = CudaOptions {
+        device: n,
+        kv_blocks: graph::blocks_needed(prompt_len, gen_tokens, bs),
+        block_size: bs,
+        graphs: true,
+    };
+    let mut b = CudaBackend::new(w, &opts)?;
+    let rep = graph::run(&mut b, seed, prompt_len, max_m, gen_tokens)?;
+    let (captures, replays) = b.graph_counts();
+    println!(
+        "graph on {}: {} checks (M = 1..{max_m} graph vs plain logits and KV bits; 5 \
+         sampling configs x graphs on/off x device/host selection), {captures} \
+         captures, {replays} replays, {} failed",
+        b.name(),
+        rep.checks,
+        rep.failures.len()
+    );
+    for f in &rep.failures {
+        println!("FAIL {f}");
+    }
+    Ok(rep.failures.len())
+}
+
+fn gate_tokens(model: &Path, fixture: &Path, device: Device) -> Result<usize> {
+    let weights = memra_engine::loader::load_weights(model)?;
+    let mut b = open_backend(device, weights, 64, 16, 0)?;
+    let res = tokens::run(b.as_mut(), fixture)?;
+    let mut bad = 0;
+    println!("{:<28} {:>7}  result", "prompt", "tokens");
+    for r in &res {
+        let verdict = match r.divergence {
+            None => "identical".to_string(),
+            Some((i, want, got, margin)) => {
+                let tie = margin < tokens::NEAR_TIE;
+                bad += usize::from(!tie);
+                format!(
+                    "{} at step {i}: expected {want}, got {got} (fixture margin {margin:.4})",
+                    if tie {
+                        "near-tie divergence"
+                    } else {
+                        "DIVERGES"
+                    }
+                )
+            }
+        };
+        println!("{:<28} {:>7}  {verdict}", r.name, r.n_tokens);
+    }
+    println!("on {}", b.name());
+    Ok(bad)
+}
+
+fn gate_serve(model: &Path, device: Device, requests: usize, max_tokens: usize) -> Result<usize> {
+    let opts = serve_invariance::Options {
+        device,
+        requests,
+        max_tokens,
+    };
+    let rep = serve_invariance::run(model, &opts)?;
+    print!("{}", serve_invariance::summary(&rep));
+    Ok(rep.failures.len())
+}
+
+/// The spec gate's own arguments.
+struct SpecArgs<'a> {
+    model: Option<&'a Path>,
+    tiny: Option<&'a str>,
+    device: Device,
+    max_tokens: usize,
+    k_max: usize,
+    seed: u64,
+    drafters: &'a str,
+    threads: usize,
+    paths: &'a str,
+}
+
+fn gate_spec(a: &SpecArgs) -> Result<usize> {
+    let (mut logits_path, mut select_path) = (false, false);
+    for p in a.paths.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match p {
+            "logits" => logits_path = true,
+            "select" => select_path = true,
+            _ => {
+                return Err(Error::Input(format!(
+                    "spec: path `{p}`: expected logits or select"
+                )));
+            }
         }
+    }
+    // The target, its prompts and stop tokens.
+    let (w, prompts, stop_ids) = match (a.model, a.tiny) {
+        (_, Some(arch)) => {
+            let w = tiny(arch)?;
+            let p = spec::synthetic_prompts(w.config.vocab);
+            (w, p, vec![7])
+        }
+        (Some(path), None) => {
+            let m = memra_engine::loader::load_model(path)?;
+            let bos = m.tokenizer.add_bos_default();
+            let mut p = Vec::new();
+            for (name, text) in spec::TEXT_PROMPTS {
+                p.push(spec::Prompt {
+                    name: (*name).into(),
+                    ids: m.tokenizer.encode(text, bos)?,
+                });
+            }
+            (m.weights, p, m.tokenizer.stop_ids().to_vec())
+        }
+        (None, None) => return Err(Error::Input("spec: give MODEL or --tiny ARCH".into())),
+    };
+    let vocab = w.config.vocab;
+    let ctx = w.config.max_ctx;
+    let mut drafters: Vec<Box<dyn Drafter>> = Vec::new();
+    for d in a
+        .drafters
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+    {
+        drafters.push(match d {
+            "ngram" => Box::new(NgramDrafter::default()),
+            "self" => Box::new(DraftModelDrafter::from_weights(
+                w.clone(),
+                "self",
+                a.device,
+                a.threads,
+                vocab,
+            )?),
+            "random" => {
+                let dw = random_weights(&tiny_config(Arch::Llama, vocab), 11, DType::Q8_0)?;
+                Box::new(DraftModelDrafter::from_weights(
+                    dw,
+                    "random-tiny",
+                    a.device,
+                    a.threads,
+                    vocab,
+                )?)
+            }
+            _ => match d.strip_prefix("draft:") {
+                Some(p) if !p.is_empty() => Box::new(DraftModelDrafter::open(
+                    Path::new(p),
+                    a.device,
+                    a.threads,
+                    vocab,
+                )?),
+                _ => {
+                    return Err(Error::Input(format!(
+                        "spec: drafter `{d}`: expected ngram, self, random or draft:PATH"
+                    )));
+                }
+            },
+        });
+    }
+    if drafters.is_empty() {
+        return Err(Error::Input(format!(
+            "spec: --drafters `{}` names no drafter",
+            a.drafters
+        )));
+    }
+    let longest = prompts.iter().map(|p| p.ids.len()).max().unwrap_or(0);
+    if longest >= ctx {
+        return Err(Error::Input(format!(
+            "spec: a prompt has {longest} tokens, the model's context is {ctx}"
+        )));
+    }
+    let bs = 16;
+    let blocks = (longest + a.max_tokens).min(ctx).div_ceil(bs);
+    let opts = spec::Options {
+        max_tokens: a.max_tokens,
+        k_max: a.k_max,
+        seed: a.seed,
+        stop_ids,
+        logits_path,
+        select_path,
+    };
+    let mut b = open_backend(a.device, w, blocks, bs, a.threads)?;
+    let rows = spec::run(b.as_mut(), &mut drafters, &prompts, &opts)?;
+    print!("{}", spec::report(&rows));
+    println!(
+        "spec on {}: prompts {} x K = 1..{} x greedy/seeded, {} tokens each, paths: {}",
+        b.name(),
+        prompts
+            .iter()
+            .map(|p| format!("{} ({} tokens)", p.name, p.ids.len()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        a.k_max,
+        a.max_tokens,
+        a.paths
+    );
+    Ok(spec::failures(&rows))
+}
+
+/// The device `auto` stands for.
+fn resolve(device: Device) -> Device {
+    match device {
+        Device::Auto if memra_engine::backend::cuda::cuda_available() => Device::Cuda(0),
+        Device::Auto => Device::Cpu,
+        d => d,
+    }
+}
+
+fn gate_all(model: &Path, fixture: Option<&Path>, device: Device) -> Result<usize> {
+    if !model.exists() {
+        return Err(Error::Input(format!(
+            "all: model {} does not exist",
+            model.display()
+        )));
+    }
+    if let Some(f) = fixture.filter(|f| !f.exists()) {
+        return Err(Error::Input(format!(
+            "all: fixture {} does not exist",
+            f.display()
+        )));
+    }
+    // A model that does not load fails here, once, not in every gate.
+    memra_engine::loader::load_weights(model)?;
+    let device = resolve(device);
+    let cuda = matches!(device, Device::Cuda(_));
+    let load = || memra_engine::loader::load_weights(model);
+    let spec_args = SpecArgs {
+        model: Some(model),
+        tiny: None,
+        device,
+        // The CPU keeps `all` to a few minutes on 2 cores: 16 tokens, the logits path only.
+        max_tokens: if cuda { 32 } else { 16 },
+        k_max: 8,
+        seed: 1234,
+        drafters: if cuda {
+            "ngram,self,random"
+        } else {
+            "ngram,self"
+        },
+        threads: 0,
+        paths: if cuda { "logits,select" } else { "logits" },
+    };
+    type Gate<'a> = (&'static str, Box<dyn Fn() -> Result<usize> + 'a>);
+    let mut gates: Vec<Gate> = Vec::new();
+    if cuda {
+        gates.push(("kernels", Box::new(|| gate_kernels(device, 1))));
+    }
+    gates.push((
+        "invariance",
+        Box::new(|| gate_invariance(load()?, device, if cuda { 64 } else { 16 }, 40, 1)),
+    ));
+    if cuda {
+        gates.push((
+            "graph",
+            Box::new(|| gate_graph(load()?, device, 64, 40, 24, 1)),
+        ));
+    }
+    gates.push(("spec", Box::new(|| gate_spec(&spec_args))));
+    if let Some(f) = fixture {
+        gates.push(("tokens", Box::new(move || gate_tokens(model, f, device))));
+    }
+    gates.push((
+        "serve-invariance",
+        Box::new(|| gate_serve(model, device, if cuda { 32 } else { 6 }, 12)),
+    ));
+    let mut summary = Vec::new();
+    for (name, g) in &gates {
+        println!("== {name}");
+        let t = Instant::now();
+        let verdict = match g() {
+            Ok(0) => "ALL GREEN".to_string(),
+            Ok(n) => format!("FAIL ({n})"),
+            Err(e) => {
+                println!("error: {e}");
+                format!("FAIL (error: {e})")
+            }
+        };
+        println!("{name}: {verdict}\n");
+        summary.push((name, verdict, t.elapsed().as_secs_f64()));
+    }
+    println!("{:<18} {:>9}  result", "gate", "seconds");
+    for (name, verdict, secs) in &summary {
+        println!("{name:<18} {secs:>9.1}  {verdict}");
+    }
+    let total: f64 = summary.iter().map(|s| s.2).sum();
+    println!("{:<18} {total:>9.1}", "total");
+    Ok(summary.iter().filter(|s| s.1 != "ALL GREEN").count())
+}
+
+fn run(cli: Cli) -> Result<usize> {
+    match cli.cmd {
+        Cmd::Kernels { device, seed } => gate_kernels(device, seed),
         Cmd::Invariance {
             model,
             tiny: t,
@@ -114,32 +501,13 @@ fn run(cli: Cli) -> Result<bool> {
             max_m,
             prompt_len,
             seed,
-        } => {
-            let weights = match (&model, &t) {
-                (_, Some(a)) => tiny(a)?,
-                (Some(p), None) => memra_engine::loader::load_weights(p)?,
-                (None, None) => {
-                    return Err(Error::Input("invariance: give MODEL or --tiny ARCH".into()));
-                }
-            };
-            if prompt_len == 0 || max_m == 0 {
-                return Err(Error::Input("--prompt-len and --max-m must be > 0".into()));
-            }
-            let bs = 16;
-            let blocks = invariance::blocks_needed(prompt_len, bs);
-            let mut b = open_backend(device, weights, blocks, bs, 0)?;
-            let rep = invariance::run(b.as_mut(), seed, prompt_len, max_m)?;
-            println!(
-                "invariance on {}: {} checks (prefill chunkings 1/7/64/whole, alone and with random rows; M = 1..{max_m}), {} failed",
-                b.name(),
-                rep.checks,
-                rep.failures.len()
-            );
-            for f in &rep.failures {
-                println!("FAIL {f}");
-            }
-            Ok(rep.failures.is_empty())
-        }
+        } => gate_invariance(
+            weights("invariance", model.as_deref(), t.as_deref())?,
+            device,
+            max_m,
+            prompt_len,
+            seed,
+        ),
         Cmd::Graph {
             model,
             tiny: t,
@@ -149,103 +517,64 @@ fn run(cli: Cli) -> Result<bool> {
             gen_tokens,
             seed,
         } => {
-            let Device::Cuda(n) = device else {
-                return Err(Error::Input(
-                    "graph: --device must be cuda or cuda:N".into(),
-                ));
-            };
-            let weights = match (&model, &t) {
-                (_, Some(a)) => tiny(a)?,
-                (Some(p), None) => memra_engine::loader::load_weights(p)?,
-                (None, None) => {
-                    return Err(Error::Input("graph: give MODEL or --tiny ARCH".into()));
-                }
-            };
-            if prompt_len == 0 || max_m == 0 || max_m > 64 {
-                return Err(Error::Input(
-                    "--prompt-len must be > 0 and --max-m 1..64".into(),
-                ));
-            }
-            let bs = 16;
-            let opts = CudaOptions {
-                device: n,
-                kv_blocks: graph::blocks_needed(prompt_len, gen_tokens, bs),
-                block_size: bs,
-                graphs: true,
-            };
-            let mut b = CudaBackend::new(weights, &opts)?;
-            let rep = graph::run(&mut b, seed, prompt_len, max_m, gen_tokens)?;
-            let (captures, replays) = b.graph_counts();
-            println!(
-                "graph on {}: {} checks (M = 1..{max_m} graph vs plain logits and KV bits; 5 \
-                 sampling configs x graphs on/off x device/host selection), {captures} \
-                 captures, {replays} replays, {} failed",
-                b.name(),
-                rep.checks,
-                rep.failures.len()
-            );
-            for f in &rep.failures {
-                println!("FAIL {f}");
-            }
-            Ok(rep.failures.is_empty())
+            cuda_index("graph", device)?;
+            gate_graph(
+                weights("graph", model.as_deref(), t.as_deref())?,
+                device,
+                max_m,
+                prompt_len,
+                gen_tokens,
+                seed,
+            )
         }
         Cmd::Tokens {
             model,
             fixture,
             device,
-        } => {
-            let weights = memra_engine::loader::load_weights(&model)?;
-            let mut b = open_backend(device, weights, 64, 16, 0)?;
-            let res = tokens::run(b.as_mut(), &fixture)?;
-            let mut ok = true;
-            println!("{:<28} {:>7}  result", "prompt", "tokens");
-            for r in &res {
-                let verdict = match r.divergence {
-                    None => "identical".to_string(),
-                    Some((i, want, got, margin)) => {
-                        let tie = margin < tokens::NEAR_TIE;
-                        ok &= tie;
-                        format!(
-                            "{} at step {i}: expected {want}, got {got} (fixture margin {margin:.4})",
-                            if tie {
-                                "near-tie divergence"
-                            } else {
-                                "DIVERGES"
-                            }
-                        )
-                    }
-                };
-                println!("{:<28} {:>7}  {verdict}", r.name, r.n_tokens);
-            }
-            println!("on {}", b.name());
-            Ok(ok)
-        }
+        } => gate_tokens(&model, &fixture, device),
         Cmd::ServeInvariance {
             model,
             device,
             requests,
             max_tokens,
-        } => {
-            let opts = serve_invariance::Options {
-                device,
-                requests,
-                max_tokens,
-            };
-            let rep = serve_invariance::run(&model, &opts)?;
-            print!("{}", serve_invariance::summary(&rep));
-            Ok(rep.failures.is_empty())
-        }
+        } => gate_serve(&model, device, requests, max_tokens),
+        Cmd::Spec {
+            model,
+            tiny: t,
+            device,
+            max_tokens,
+            k_max,
+            seed,
+            drafters,
+            threads,
+            paths,
+        } => gate_spec(&SpecArgs {
+            model: model.as_deref(),
+            tiny: t.as_deref(),
+            device,
+            max_tokens,
+            k_max,
+            seed,
+            drafters: &drafters,
+            threads,
+            paths: &paths,
+        }),
+        Cmd::All {
+            model,
+            fixture,
+            device,
+        } => gate_all(&model, fixture.as_deref(), device),
     }
 }
 
 fn main() -> ExitCode {
     match run(Cli::parse()) {
-        Ok(true) => {
+        Ok(0) => {
             println!("ALL GREEN");
             ExitCode::SUCCESS
         }
-        Ok(false) => {
-            println!("FAILED");
+        Ok(n) => {
+            println!("FAIL ({n})");
             ExitCode::FAILURE
         }
         Err(e) => {

@@ -9,7 +9,7 @@ use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::quant::DType;
 use memra_verify::invariance;
 
-fn cpu(arch: Arch) -> CpuBackend {
+pub(crate) fn cpu(arch: Arch) -> CpuBackend {
     let w = random_weights(&tiny_config(arch, 97), 5, DType::Q8_0).expect("weights");
     let opts = CpuOptions {
         threads: 2,
@@ -30,7 +30,7 @@ fn cpu_backend_is_invariant() {
 }
 
 /// Adds a batch-size-dependent rounding error to every logit: not row-invariant.
-struct Leaky(CpuBackend);
+pub(crate) struct Leaky(pub(crate) CpuBackend);
 
 impl Backend for Leaky {
     fn name(&self) -> String {

@@ -2,3 +2,4 @@
 
 mod invariance_cpu;
 mod serve_invariance;
+mod spec_gate;
