@@ -3,6 +3,7 @@
 pub mod concurrency;
 pub mod convert;
 pub mod generate;
+pub mod http;
 pub mod kblocks;
 pub mod kernels;
 pub mod load;

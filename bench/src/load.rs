@@ -9,9 +9,8 @@
 //! reuse); a `cancel` fraction of requests hang up after their first few tokens (counted as
 //! cancelled, not as errors); `duration_s` stops issuing new requests after that many seconds.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::io::BufRead;
+use std::time::Instant;
 
 use memra_engine::error::{Error, Result};
 
@@ -166,32 +165,19 @@ enum Fail {
 /// One streaming request over HTTP/1.1 (Connection: close).
 fn one(args: &LoadArgs, i: usize) -> std::result::Result<One, Fail> {
     let err = Fail::Error;
-    let mut s = TcpStream::connect(&args.addr).map_err(|e| err(format!("connect: {e}")))?;
-    s.set_read_timeout(Some(Duration::from_secs(300))).ok();
-    let b = body(args, i);
-    let auth = args
-        .api_key
-        .as_ref()
-        .map(|k| format!("authorization: Bearer {k}\r\n"))
-        .unwrap_or_default();
-    let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\n{auth}content-length: {}\r\nconnection: close\r\n\r\n{b}",
-        args.addr,
-        b.len()
-    );
-    let t0 = Instant::now();
-    s.write_all(req.as_bytes())
-        .map_err(|e| err(format!("send: {e}")))?;
-    let mut r = BufReader::new(s);
-    let mut status = String::new();
-    r.read_line(&mut status)
-        .map_err(|e| err(format!("read: {e}")))?;
-    if status.contains(" 429") || status.contains(" 503") {
-        return Err(Fail::Shed);
+    let p = crate::http::post(
+        &args.addr,
+        "/v1/chat/completions",
+        args.api_key.as_deref(),
+        &body(args, i),
+    )
+    .map_err(err)?;
+    match p.code() {
+        200 => {}
+        429 | 503 => return Err(Fail::Shed),
+        _ => return Err(err(format!("status {}", p.status))),
     }
-    if !status.contains(" 200") {
-        return Err(err(format!("status {}", status.trim())));
-    }
+    let (t0, r) = (p.sent, p.reader);
     let cancel_after = in_fraction(i, args.cancel).then_some(2);
     let mut out = One::default();
     let (mut finishes, mut done, mut usage, mut last) = (0, false, None, None::<f64>);

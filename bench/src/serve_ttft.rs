@@ -6,9 +6,7 @@
 //! the cache. A timed run whose first token text differs from the untimed reference run is
 //! invalid, as in [`crate::speed`].
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::io::BufRead;
 
 use memra_engine::error::{Error, Result};
 
@@ -77,29 +75,17 @@ pub fn first_text(r: impl BufRead) -> std::result::Result<(Option<String>, bool)
 /// One request: seconds from sending to the first token's chunk, and its text.
 fn once(a: &ServerTtft, prompt: &[u32], salt: Option<&str>) -> Result<(f64, String)> {
     let fail = |what: String| Error::Input(format!("{}: {what}", a.addr));
-    let mut s = TcpStream::connect(&a.addr).map_err(|e| fail(format!("connect: {e}")))?;
-    s.set_read_timeout(Some(Duration::from_secs(300))).ok();
-    let b = body(&a.model, prompt, salt);
-    let auth = a
-        .api_key
-        .as_ref()
-        .map(|k| format!("authorization: Bearer {k}\r\n"))
-        .unwrap_or_default();
-    let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\n{auth}content-length: {}\r\nconnection: close\r\n\r\n{b}",
-        a.addr,
-        b.len()
-    );
-    let t0 = Instant::now();
-    s.write_all(req.as_bytes())
-        .map_err(|e| fail(format!("send: {e}")))?;
-    let mut r = BufReader::new(s);
-    let mut status = String::new();
-    r.read_line(&mut status)
-        .map_err(|e| fail(format!("read: {e}")))?;
-    if !status.contains(" 200") {
-        return Err(fail(format!("status {}", status.trim())));
+    let p = crate::http::post(
+        &a.addr,
+        "/v1/completions",
+        a.api_key.as_deref(),
+        &body(&a.model, prompt, salt),
+    )
+    .map_err(fail)?;
+    if p.code() != 200 {
+        return Err(fail(format!("status {}", p.status)));
     }
+    let (t0, mut r) = (p.sent, p.reader);
     // Headers, then the stream; the first choice chunk stops the clock.
     let mut line = String::new();
     loop {

@@ -9,25 +9,13 @@ use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod common;
+use common::pseudo_normal;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use memra_engine::formats::gguf::Gguf;
 use memra_engine::quant::{DType, dequantize_row, quantize};
 use memra_engine::sampling::{SamplingParams, sample};
 use memra_engine::tokenizer::Tokenizer;
-
-/// Deterministic values in about [-3.5, 3.5).
-fn pseudo_normal(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s >> 40) as f32 / (1u64 << 24) as f32
-    };
-    (0..n)
-        .map(|_| (0..4).map(|_| next()).sum::<f32>() * 1.732 - 3.464)
-        .collect()
-}
 
 fn dequant(c: &mut Criterion) {
     let cols = 4096;
