@@ -1,10 +1,12 @@
 //! memra-verify: exactness gates (EXACTNESS.md). `kernels` (every CUDA kernel vs the CPU
 //! reference), `invariance` (same rows, same bits under any batch or chunking, any backend),
-//! `tokens` (greedy tokens vs the reference fixture), `spec` (speculative vs plain decoding).
+//! `tokens` (greedy tokens vs the reference fixture), `spec` (speculative vs plain decoding),
+//! `inspect` (a model file validated the way the engine loads it).
 
 mod attention_check;
 mod case;
 pub mod graph;
+pub mod inspect;
 pub mod invariance;
 pub mod kernels;
 mod kernels_select;

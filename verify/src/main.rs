@@ -9,6 +9,8 @@
 //!   [--drafters ngram,self,random]`
 //! - `memra-verify all [--device D] MODEL [--fixture FILE]`: every gate for the device, then a
 //!   summary table
+//! - `memra-verify inspect MODEL [--scan]`: the file validated as the engine loads it; exit 0
+//!   valid, 2 invalid
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -125,6 +127,15 @@ enum Cmd {
         /// select (the backend picks the tokens: tokens and finish compared).
         #[arg(long, default_value = "logits,select")]
         paths: String,
+    },
+    /// Validates a model file or folder (header, every tensor's bounds and shape, config,
+    /// tokenizer, chat template) and prints a summary: exit 0 valid, 2 invalid with the reason.
+    Inspect {
+        /// A GGUF file or HF folder.
+        model: PathBuf,
+        /// Also decode every tensor and count non-finite values (slow on large files).
+        #[arg(long)]
+        scan: bool,
     },
     /// Every gate that applies to the device, then a summary table.
     All {
@@ -564,11 +575,25 @@ fn run(cli: Cli) -> Result<usize> {
             fixture,
             device,
         } => gate_all(&model, fixture.as_deref(), device),
+        Cmd::Inspect { .. } => Err(Error::Input("inspect runs before the gates".into())),
     }
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    if let Cmd::Inspect { model, scan } = &cli.cmd {
+        return match memra_verify::inspect::inspect(model, *scan) {
+            Ok(s) => {
+                print!("{}: valid\n{s}", model.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                println!("{}: invalid: {e}", model.display());
+                ExitCode::from(2)
+            }
+        };
+    }
+    match run(cli) {
         Ok(0) => {
             println!("ALL GREEN");
             ExitCode::SUCCESS
