@@ -1,6 +1,7 @@
 //! `serve-invariance`: the same prompts through the engine alone, then together with staggered
 //! arrivals and mixed lengths (chunked prefill, a KV pool small enough to preempt), then again
-//! with the prefix cache warm; every token, text byte and logprob bit must be identical.
+//! with the prefix cache warm, then together on an engine that speculates (n-gram drafts, one
+//! request in three opting out); every token, text byte and logprob bit must be identical.
 
 use std::path::Path;
 
@@ -10,6 +11,7 @@ use memra_engine::loader::load_model;
 use memra_engine::request::{Event, EventStream, SubmitError, ValidRequest};
 use memra_engine::sampling::SamplingParams;
 use memra_engine::scheduler::SchedulerConfig;
+use memra_engine::spec::{DrafterKind, SpecConfig};
 use memra_engine::tokenizer::Tokenizer;
 use memra_engine::{Error, Result};
 
@@ -40,6 +42,9 @@ pub struct Report {
     /// Prompt tokens served from the prefix cache in the warm phase.
     pub warm_cached_tokens: usize,
     pub preemptions: u64,
+    /// Draft tokens checked / accepted in the speculative phase.
+    pub spec_drafted: u64,
+    pub spec_accepted: u64,
     pub failures: Vec<String>,
 }
 
@@ -87,6 +92,11 @@ fn params(i: usize) -> SamplingParams {
     }
 }
 
+/// Whether request `i` may speculate in the speculative phase (one in three opts out).
+fn speculates(i: usize) -> bool {
+    i % 3 != 2
+}
+
 fn request(prompt: &[u32], i: usize, max_tokens: usize) -> ValidRequest {
     ValidRequest {
         model: "m".into(),
@@ -99,7 +109,7 @@ fn request(prompt: &[u32], i: usize, max_tokens: usize) -> ValidRequest {
         cache_salt: None,
         ignore_eos: false,
         tenant_max_in_flight: None,
-        speculative: true,
+        speculative: speculates(i),
     }
 }
 
@@ -220,7 +230,7 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
     let largest = per.iter().copied().max().unwrap_or(1);
     // Room for about half the requests at once: the together phases preempt.
     let blocks = (per.iter().sum::<usize>() / 2).max(largest + 2);
-    let cfg = EngineConfig {
+    let base = EngineConfig {
         device: opts.device,
         threads: 0,
         block_size: bs,
@@ -238,7 +248,7 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
         max_in_flight_per_tenant: 1024 + 64,
         max_queued: 1024,
     };
-    let e = Engine::start(vec![("m".into(), m, cfg)], limits)?;
+    let e = Engine::start(vec![("m".into(), m, base.clone())], limits.clone())?;
     let mut rep = Report {
         backend: e
             .models()
@@ -266,19 +276,39 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
             .push("warm: no prompt token came from the prefix cache".into());
     }
     e.shutdown();
+    // The same load on an engine that speculates for every running sequence.
+    let spec = SpecConfig {
+        max_batch: usize::MAX,
+        ..SpecConfig::new(DrafterKind::Ngram, 4)?
+    };
+    let cfg = EngineConfig {
+        spec: Some(spec),
+        ..base
+    };
+    let e = Engine::start(vec![("m".into(), load_model(model)?, cfg)], limits)?;
+    let spec_out = together(&e, &p, opts.max_tokens)?;
+    compare("speculative", &alone, &spec_out, &mut rep);
+    for m in e.stats().models {
+        rep.spec_drafted += m.spec_drafted_total;
+        rep.spec_accepted += m.spec_accepted_total;
+    }
+    e.shutdown();
     Ok(rep)
 }
 
 /// The summary printed by the subcommand.
 pub fn summary(r: &Report) -> String {
     let mut s = format!(
-        "serve-invariance on {}: {} requests alone / together (staggered) / warm prefix cache; \
-         {} tokens compared, {} prompt tokens from the cache when warm, {} preemptions, {} differences\n",
+        "serve-invariance on {}: {} requests alone / together (staggered) / warm prefix cache / \
+         speculative; {} tokens compared, {} prompt tokens from the cache when warm, {} preemptions, \
+         {} drafts ({} accepted), {} differences\n",
         r.backend,
         r.requests,
         r.tokens_compared,
         r.warm_cached_tokens,
         r.preemptions,
+        r.spec_drafted,
+        r.spec_accepted,
         r.failures.len()
     );
     for f in &r.failures {

@@ -27,6 +27,14 @@ fn serve_invariance_passes_on_cpu_with_smollm2() {
         .and_then(|n| n.parse().ok())
         .expect("summary names the cached tokens");
     assert!(cached > 0, "{stdout}");
+    // The speculative phase really drafted (and its output matched: 0 differences above).
+    let drafts: usize = stdout
+        .split(" drafts (")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("summary names the drafts");
+    assert!(drafts > 0, "{stdout}");
 }
 
 #[test]
