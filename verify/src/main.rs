@@ -199,10 +199,15 @@ fn gate_invariance(
         rep.checks,
         rep.failures.len()
     );
-    for f in &rep.failures {
+    Ok(print_failures(&rep.failures))
+}
+
+/// Prints each failure of a gate; returns their count (the gate's result).
+fn print_failures(failures: &[String]) -> usize {
+    for f in failures {
         println!("FAIL {f}");
     }
-    Ok(rep.failures.len())
+    failures.len()
 }
 
 fn gate_graph(
@@ -237,10 +242,7 @@ fn gate_graph(
         rep.checks,
         rep.failures.len()
     );
-    for f in &rep.failures {
-        println!("FAIL {f}");
-    }
-    Ok(rep.failures.len())
+    Ok(print_failures(&rep.failures))
 }
 
 fn gate_tokens(model: &Path, fixture: &Path, device: Device) -> Result<usize> {
