@@ -237,7 +237,7 @@ fn make_case<'a>(
 /// Checks and times every case; returns the report and a printable table.
 pub fn run(a: &KernelArgs) -> Result<(Report, String)> {
     let gpu = Gpu::open(a.device)?;
-    let profile = Profile::for_device(gpu.arch, gpu.sms)?;
+    let profile = Profile::for_device(&gpu)?;
     let mut rep = Report {
         device: format!("{} ({}, {} SMs)", gpu.name, gpu.arch, gpu.sms),
         profile: profile.describe(),
@@ -289,7 +289,7 @@ fn geometries(p: &Profile, a: &KernelArgs, w: &PMat) -> Vec<Launch> {
     v.dedup();
     v.into_iter()
         .filter(|l| !l.split_k || 32 * l.rpb * w.nseg <= l.max_threads())
-        .filter(|l| l.fits(w.dtype))
+        .filter(|l| l.fits(w.dtype, p.smem_max))
         .collect()
 }
 

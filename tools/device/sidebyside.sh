@@ -29,7 +29,7 @@ export MEMRA_KERNEL_CACHE="$HOME/.cache/memra/kernels"
 has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
 model() { echo "$MODELS/synth-llama3-8b-$1.gguf"; }
 TAB="$OUT/sidebyside.md"
-COMMIT=$(cat .device/COMMIT 2>/dev/null || echo unknown)
+COMMIT=$(cat "$BIN/../COMMIT" 2>/dev/null || cat .device/COMMIT 2>/dev/null || echo unknown)
 
 if has synth; then
   for d in q4_k_m q8_0 f16; do

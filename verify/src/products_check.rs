@@ -45,7 +45,7 @@ fn ks(d: DType) -> Vec<usize> {
 }
 
 pub fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
-    let profile = Profile::for_device(g.arch, g.sms)?;
+    let profile = Profile::for_device(g)?;
     let mut stream = 9000;
     for dtype in TYPES {
         for &n in &NS {

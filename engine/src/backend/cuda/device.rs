@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
-    PushKernelArg, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError,
+    LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 
 use memra_kernels::sig::Param;
@@ -113,6 +113,8 @@ pub struct Gpu {
     pub arch: &'static str,
     /// Streaming multiprocessors.
     pub sms: u32,
+    /// Most dynamic shared memory one block may opt in to (bytes).
+    pub smem_optin: usize,
     /// The attention split kernel (read once at open: [`super::attn_kernel_default`]).
     attn_kernel: &'static str,
     funcs: HashMap<&'static str, CudaFunction>,
@@ -173,6 +175,11 @@ impl Gpu {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .map_err(|e| fail(format!("multiprocessor count: {e:?}")))? as u32;
+        let smem_optin = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(|e| fail(format!("shared memory per block: {e:?}")))? as usize;
         let dir = memra_kernels::default_cache_dir();
         let mut funcs = HashMap::new();
         for m in memra_kernels::MODULES {
@@ -197,6 +204,7 @@ impl Gpu {
             name,
             arch,
             sms,
+            smem_optin,
             attn_kernel: super::attn_kernel_default(),
             funcs,
             variants: Mutex::new(HashMap::new()),
@@ -234,11 +242,25 @@ impl Gpu {
             let f = loaded
                 .load_function(k)
                 .map_err(|e| self.err(format!("kernel {k} of {}: {e:?}", m.file)))?;
+            if k.starts_with("mms_") {
+                self.allow_dynamic_smem(&f).map_err(|e| {
+                    self.err(format!("kernel {k} of {}: shared memory: {e:?}", m.file))
+                })?;
+            }
             funcs.insert(k.to_string(), f);
         }
         let funcs = Arc::new(funcs);
         cache.insert(key, funcs.clone());
         Ok(funcs)
+    }
+
+    /// Lets the shared-memory product `f` take as much dynamic shared memory as the device allows
+    /// a block (once, when its module is loaded: a launch asks for what it needs, up to that).
+    fn allow_dynamic_smem(&self, f: &CudaFunction) -> std::result::Result<(), DriverError> {
+        use cudarc::driver::sys::CUfunction_attribute as A;
+        let fixed = f.get_attribute(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?;
+        let room = (self.smem_optin as i32 - fixed).max(0);
+        f.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, room)
     }
 
     /// Launches `f` with a 3-D-free geometry: `grid` blocks of `block` threads and `smem` bytes

@@ -196,7 +196,7 @@ impl Runner<CudaOps> {
                 gib(total)
             )));
         }
-        let profile = profile::Profile::for_device(gpu.arch, gpu.sms)?;
+        let profile = profile::Profile::for_device(&gpu)?;
         let v2 = products_v2_default();
         let ops = CudaOps {
             gpu,

@@ -287,17 +287,12 @@ impl Gpu {
             let fmt = crate::quant::repack::tile_format(w.dtype)
                 .ok_or_else(|| self.err(format!("product: no tile format for {}", w.dtype)))?;
             let bytes = l.smem_bytes(fmt.tile_bytes, fmt.kt);
-            if !l.fits(w.dtype) {
+            if !l.fits(w.dtype, self.smem_optin) {
                 return Err(self.err(format!(
-                    "{name}: {l:?} needs {bytes} bytes of shared memory (at most {})",
-                    super::profile::SMEM_MAX
+                    "{name}: {l:?} needs {bytes} bytes of shared memory (this device allows {})",
+                    self.smem_optin
                 )));
             }
-            func.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
-            )
-            .map_err(|e| self.err(format!("{name}: {bytes} bytes of shared memory: {e:?}")))?;
             bytes as u32
         } else if wk > 1 {
             wk * l.rpb * 16 * 8 * l.nt * 4

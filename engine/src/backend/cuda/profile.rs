@@ -71,16 +71,18 @@ const SMEM_WARP_ROWS: usize = 4;
 const SMEM_WARP_TOKS: usize = 2;
 /// k-tile stages in flight (MMS_STAGES).
 pub const SMEM_STAGES: usize = 3;
-/// Most dynamic shared memory one block may take (sm_90 and sm_120: 227 KiB opt-in).
-pub const SMEM_MAX: usize = 227 * 1024;
+/// Most dynamic shared memory one block may take on sm_90 (227 KiB opt-in); a device reports
+/// its own (`CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`, [`Profile::smem_max`]).
+pub const SMEM_MAX_SM90: usize = 227 * 1024;
 
 impl Launch {
-    /// Whether this launch can run a `dtype` product: always, except a shared-memory launch
-    /// whose stages exceed [`SMEM_MAX`].
-    pub fn fits(&self, dtype: DType) -> bool {
+    /// Whether this launch can run a `dtype` product on a device that lets one block take
+    /// `smem_max` bytes of shared memory: always, except a shared-memory launch whose stages
+    /// exceed it.
+    pub fn fits(&self, dtype: DType, smem_max: usize) -> bool {
         !self.smem
             || crate::quant::repack::tile_format(dtype)
-                .is_some_and(|f| self.smem_bytes(f.tile_bytes, f.kt) <= SMEM_MAX)
+                .is_some_and(|f| self.smem_bytes(f.tile_bytes, f.kt) <= smem_max)
     }
 }
 
@@ -92,6 +94,8 @@ pub struct Profile {
     pub sms: u32,
     /// Warps a small-M product should keep busy per multiprocessor (sets `nseg`).
     pub warps_per_sm: u32,
+    /// Most dynamic shared memory one block may opt in to (bytes).
+    pub smem_max: usize,
 }
 
 const fn split(nt: u32) -> Launch {
@@ -131,19 +135,21 @@ fn wide(dtype: DType) -> bool {
 }
 
 impl Profile {
-    /// The profile for a device of architecture `arch` with `sms` multiprocessors.
-    pub fn new(arch: &'static str, sms: u32) -> Profile {
+    /// The profile for a device of architecture `arch` with `sms` multiprocessors and
+    /// `smem_max` bytes of opt-in shared memory per block.
+    pub fn new(arch: &'static str, sms: u32, smem_max: usize) -> Profile {
         Profile {
             arch,
             sms: sms.max(1),
             warps_per_sm: 16,
+            smem_max,
         }
     }
 
     /// [`Profile::new`] with the overrides of the environment: `MEMRA_WARPS_PER_SM` (1..=64)
     /// replaces `warps_per_sm`, which sets every matrix's segment count (docs/FLAGS.md).
-    pub fn for_device(arch: &'static str, sms: u32) -> crate::error::Result<Profile> {
-        let mut p = Profile::new(arch, sms);
+    pub fn for_device(g: &super::device::Gpu) -> crate::error::Result<Profile> {
+        let mut p = Profile::new(g.arch, g.sms, g.smem_optin);
         if let Ok(v) = std::env::var("MEMRA_WARPS_PER_SM") {
             p.warps_per_sm = match v.trim().parse::<u32>() {
                 Ok(n) if (1..=64).contains(&n) => n,
@@ -171,7 +177,8 @@ impl Profile {
 
     /// The launch geometry for `m` rows of a `dtype` product of `rows` output rows (measured on
     /// the H200 with `memra-bench kernels`, reports/kernel-notes.md). Large M takes the
-    /// shared-memory product when its grid fills the device, else the register-tiled one.
+    /// shared-memory product when its grid fills the device and its stages fit the device's
+    /// shared memory, else the register-tiled one.
     pub fn launch(&self, m: usize, dtype: DType, rows: usize) -> Launch {
         match m {
             0..=8 => split(1),
@@ -185,7 +192,7 @@ impl Profile {
                 };
                 let (br, bt) = s.smem_block();
                 let blocks = rows.div_ceil(br) * m.div_ceil(bt);
-                if blocks >= self.sms as usize {
+                if blocks >= self.sms as usize && s.fits(dtype, self.smem_max) {
                     return s;
                 }
                 match dtype {
@@ -225,9 +232,10 @@ impl Profile {
             format!("nt{}r{}{kind}", x.nt, x.rpb)
         };
         format!(
-            "profile {} sms={} warps/sm={} launch (4096 rows) q4_k m=1/16/64/512: {} {} {} {}; f16: {} {} {} {}",
+            "profile {} sms={} smem/block={} KiB warps/sm={} launch (4096 rows) q4_k m=1/16/64/512: {} {} {} {}; f16: {} {} {} {}",
             self.arch,
             self.sms,
+            self.smem_max / 1024,
             self.warps_per_sm,
             l(1, DType::Q4_K),
             l(16, DType::Q4_K),
@@ -247,7 +255,7 @@ mod tests {
 
     #[test]
     fn small_grids_keep_the_register_tiled_product() {
-        let p = Profile::new("compute_90a", 132);
+        let p = Profile::new("compute_90a", 132, SMEM_MAX_SM90);
         assert!(p.launch(512, DType::F16, 4096).smem);
         // 576 rows: 5 row blocks x 8 token blocks < 132 SMs.
         assert!(!p.launch(512, DType::Q4_1, 576).smem);
@@ -256,8 +264,29 @@ mod tests {
     }
 
     #[test]
+    fn a_device_with_less_shared_memory_keeps_the_register_tiled_product() {
+        // sm_120 (RTX 5090 class) lets one block opt in to 99 KiB.
+        let p = Profile::new("compute_120a", 170, 99 * 1024);
+        for d in [
+            DType::F16,
+            DType::Q4_K,
+            DType::Q8_0,
+            DType::Q6_K,
+            DType::Q5_K,
+        ] {
+            let l = p.launch(4096, d, 4096);
+            assert!(l.fits(d, p.smem_max), "{l:?} for {d}");
+        }
+        // A device with too little for any stage set keeps the register-tiled product.
+        let small = Profile::new("compute_120a", 170, 16 * 1024);
+        for d in [DType::F16, DType::Q4_K, DType::Q8_0] {
+            assert!(!small.launch(4096, d, 4096).smem, "{d}");
+        }
+    }
+
+    #[test]
     fn nseg_depends_on_the_shape_only_and_stays_in_range() {
-        let p = Profile::new("compute_90a", 132);
+        let p = Profile::new("compute_90a", 132, SMEM_MAX_SM90);
         assert_eq!(p.nseg(4096, 16), 8);
         assert_eq!(p.nseg(28672, 16), 2);
         assert_eq!(p.nseg(49152, 16), 1);
@@ -276,7 +305,7 @@ mod tests {
                 let l = p.launch(m, d, 4096);
                 assert!(l.max_threads() <= 1024);
                 assert!(p.all_launches().contains(&l));
-                assert!(l.fits(d), "{l:?} for {d}");
+                assert!(l.fits(d, p.smem_max), "{l:?} for {d}");
             }
         }
     }
