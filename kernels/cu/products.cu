@@ -187,6 +187,17 @@ struct Outs {
     }
 };
 
+__device__ __forceinline__ Outs outs(float* Y, float* Y2, float* Y3, u32 n1, u32 n2, u32 N) {
+    Outs o;
+    o.y[0] = Y;
+    o.y[1] = Y2;
+    o.y[2] = Y3;
+    o.n1 = n1;
+    o.n2 = n2;
+    o.N = N;
+    return o;
+}
+
 template <class F>
 __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __restrict__ X,
                                         const float* __restrict__ Xs, const Outs& out, const float* R, u32 M,
@@ -443,13 +454,7 @@ __device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8*
     extern "C" __global__ void __launch_bounds__(MMQ_MAXT, MMQ_MINB) mmq_##suffix(                                      \
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
         const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
-        Outs o;                                                                                               \
-        o.y[0] = Y;                                                                                           \
-        o.y[1] = Y2;                                                                                          \
-        o.y[2] = Y3;                                                                                          \
-        o.n1 = n1;                                                                                            \
-        o.n2 = n2;                                                                                            \
-        o.N = N;                                                                                              \
+        const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
         product<FMT>(W, X, Xs, o, R, M, N, nkt, nseg, kp);                                                    \
     }
 
@@ -469,13 +474,7 @@ MMQ_KERNEL(bf16, FmtF16<1>)
     extern "C" __global__ void __launch_bounds__(256, MMS_MINB > 0 ? MMS_MINB : MMS_TOTS ? 1 : MINB) mms_##suffix(                                         \
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
         const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
-        Outs o;                                                                                               \
-        o.y[0] = Y;                                                                                           \
-        o.y[1] = Y2;                                                                                          \
-        o.y[2] = Y3;                                                                                          \
-        o.n1 = n1;                                                                                            \
-        o.n2 = n2;                                                                                            \
-        o.N = N;                                                                                              \
+        const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
         product_smem<FMT>(W, X, Xs, o, R, M, N, nkt, nseg, kp);                                               \
     }
 
