@@ -38,6 +38,10 @@ struct SpeedFlags {
     /// Generated tokens (decode).
     #[arg(long = "gen", default_value_t = 128)]
     gen_tokens: usize,
+    /// decode only: context depths (comma-separated), one more decode row each, measured
+    /// after a context of that many tokens (llama-bench -d)
+    #[arg(long, value_delimiter = ',')]
+    depth: Vec<usize>,
     /// Timed runs after the untimed reference run; the row is their median.
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -345,6 +349,7 @@ fn speed(kind: memra_bench::speed::Kind, f: SpeedFlags) -> Result<()> {
         kind,
         device: f.device.parse()?,
         prompts: f.prompt.clone(),
+        depths: f.depth.clone(),
         gen_tokens: f.gen_tokens,
         runs: f.runs,
         run: f
@@ -377,9 +382,13 @@ fn print_rows(f: &SpeedFlags, rows: &[memra_bench::record::Row]) -> Result<()> {
                 _ => String::new(),
             };
             println!(
-                "{} prompt {}: {v}{range} {} over {} runs{}",
+                "{} prompt {}{}: {v}{range} {} over {} runs{}",
                 r.workload.name(),
                 r.prompt.unwrap_or(0),
+                match r.depth {
+                    Some(d) if d > 0 => format!(" depth {d}"),
+                    _ => String::new(),
+                },
                 r.unit,
                 r.runs,
                 if r.valid {

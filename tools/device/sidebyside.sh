@@ -13,6 +13,8 @@
 # reports/data/ and run `memra-bench report`. A markdown summary goes to $OUT/sidebyside.md;
 # logs to $OUT/sbs-logs.tgz.
 #   (gates: memra-verify kernels / invariance / graph / tokens through battery.sh, between 2 and 3)
+#   5. (step depth, not in the default list) decode at context depths SBS_DEPTHS (default
+#      2048,8000) on the q4_k_m file, memra-bench decode --depth and llama-bench -d
 # Env: SBS_STEPS (default "synth memra gates peer load"), RUNS (default 3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -67,6 +69,19 @@ if has peer; then
     timeout 300 "$BIN/memra-bench" peer llama.cpp "$(file "$name")" --llama-bin "$HOME/llama.cpp/build/bin" \
       --prompt 512 --gen 128 --reps 3 $(label "$name") --run "$RUN" --out "$DATA" > "$LOG/llama-bench-$name.txt" 2>&1
   done
+fi
+
+if has depth; then
+  DEPTHS="${SBS_DEPTHS:-2048,8000}"
+  f=$(model q4_k_m)
+  # shellcheck disable=SC2046
+  timeout 300 "$BIN/memra-bench" decode "$f" --device cuda:0 --prompt 512 --depth "$DEPTHS" --gen 128 \
+    --runs "$RUNS" $(label q4_k_m) --run "$RUN" --out "$DATA" --quiet > "$LOG/memra-depth.txt" 2>&1
+  tools/device/peer.sh wait > "$LOG/peer-build.txt" 2>&1
+  # shellcheck disable=SC2046
+  timeout 300 "$BIN/memra-bench" peer llama.cpp "$f" --llama-bin "$HOME/llama.cpp/build/bin" \
+    --prompt 512 --gen 128 --depth "$DEPTHS" --reps 3 $(label q4_k_m) --run "$RUN" --out "$DATA" \
+    > "$LOG/llama-bench-depth.txt" 2>&1
 fi
 
 LOADM="" LOADL=""

@@ -80,7 +80,10 @@ fn side_by_side(rows: &[&Row], run: &str) -> String {
     };
     let find = |engine_is_memra: bool, model: &str, w: Workload| {
         in_run.iter().find(|r| {
-            (r.engine == "memra") == engine_is_memra && r.model_label() == model && r.workload == w
+            (r.engine == "memra") == engine_is_memra
+                && r.model_label() == model
+                && r.workload == w
+                && r.depth.unwrap_or(0) == 0
         })
     };
     let peer = in_run
