@@ -91,6 +91,14 @@ pub fn hf_weights(m: &HfModel) -> Result<ModelWeights> {
     ModelWeights::build(&config, &mut get)
 }
 
+/// The architecture's built-in chat template, for files that carry none.
+fn builtin_template(c: &ModelConfig, tok: &Tokenizer) -> Result<Option<ChatTemplate>> {
+    match def(c.arch).chat_template {
+        Some(src) => ChatTemplate::with_tokenizer(src, tok).map(Some),
+        None => Ok(None),
+    }
+}
+
 /// Opens a GGUF file or HF folder with its tokenizer and chat template.
 pub fn load_model(path: &Path) -> Result<Model> {
     if path.is_dir() {
@@ -100,7 +108,10 @@ pub fn load_model(path: &Path) -> Result<Model> {
             .tokenizer_json()
             .ok_or_else(|| Error::Tokenizer(format!("{} has no tokenizer.json", path.display())))?;
         let tokenizer = Tokenizer::from_hf_files(&tj, m.tokenizer_config_json().as_deref())?;
-        let chat = ChatTemplate::from_hf_dir(path, &tokenizer)?;
+        let chat = match ChatTemplate::from_hf_dir(path, &tokenizer)? {
+            Some(t) => Some(t),
+            None => builtin_template(&weights.config, &tokenizer)?,
+        };
         Ok(Model {
             path: path.to_path_buf(),
             config: weights.config.clone(),
@@ -112,7 +123,10 @@ pub fn load_model(path: &Path) -> Result<Model> {
         let g = Gguf::open(path)?;
         let weights = gguf_weights(&g)?;
         let tokenizer = Tokenizer::from_gguf(&g)?;
-        let chat = ChatTemplate::from_gguf(&g, &tokenizer)?;
+        let chat = match ChatTemplate::from_gguf(&g, &tokenizer)? {
+            Some(t) => Some(t),
+            None => builtin_template(&weights.config, &tokenizer)?,
+        };
         Ok(Model {
             path: path.to_path_buf(),
             config: weights.config.clone(),

@@ -23,10 +23,28 @@ pub const DEF: ArchDef = ArchDef {
     hf_class: "Gemma3ForCausalLM",
     gguf_qk_permuted: false,
     hf_norm_offset: 1.0,
+    chat_template: Some(CHAT_TEMPLATE),
     layer_names: &NAMES,
     tensors,
     hf_config,
 };
+
+/// The Gemma instruct turn format (the 270M GGUF is the base model and carries no template):
+/// `<bos>`, then `<start_of_turn>{user|model}\n{content}<end_of_turn>\n` per message, with a
+/// system message's text put before the first user message's, and `<start_of_turn>model\n` to
+/// prompt the answer.
+pub const CHAT_TEMPLATE: &str = "{{ bos_token }}\
+{%- if messages and messages[0].role == 'system' -%}\
+{%- set prefix = messages[0].content ~ '\\n\\n' -%}{%- set turns = messages[1:] -%}\
+{%- else -%}{%- set prefix = '' -%}{%- set turns = messages -%}{%- endif -%}\
+{%- for m in turns -%}\
+{%- if (m.role == 'user') != (loop.index0 % 2 == 0) -%}\
+{{ raise_exception('Gemma conversations alternate user and assistant turns') }}\
+{%- endif -%}\
+{{ '<start_of_turn>' ~ ('model' if m.role == 'assistant' else m.role) ~ '\\n' }}\
+{{- (prefix if loop.first else '') ~ (m.content | trim) ~ '<end_of_turn>\\n' }}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}";
 
 /// (GGUF suffix, HF suffix) of the layer tensors.
 const NAMES: [(&str, &str); 13] = [

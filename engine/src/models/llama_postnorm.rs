@@ -17,6 +17,7 @@ pub const DEF: ArchDef = ArchDef {
     hf_class: "LlamaPostNormForCausalLM",
     gguf_qk_permuted: true,
     hf_norm_offset: 0.0,
+    chat_template: None,
     layer_names: &NAMES,
     tensors,
     hf_config: |_, _| {},

@@ -53,6 +53,8 @@ pub struct ArchDef {
     /// Added to every norm weight of an HF checkpoint to give the internal (GGUF) weight
     /// (Gemma's `1 + w`, which llama.cpp's converter folds into the GGUF).
     pub hf_norm_offset: f32,
+    /// The chat template used when a file carries none (e.g. a base model's GGUF).
+    pub chat_template: Option<&'static str>,
     /// Layer tensor names: (GGUF suffix, HF suffix).
     pub layer_names: &'static [(&'static str, &'static str)],
     /// Every tensor of a model of a config, in file order.

@@ -8,6 +8,7 @@ mod engine_scheduler;
 mod engine_serve;
 mod engine_spec;
 mod gguf_corrupt;
+mod gemma3;
 mod gguf_roundtrip;
 mod llama_postnorm;
 mod quant;
