@@ -9,7 +9,7 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::formats::gguf::Gguf;
 use crate::formats::safetensors::HfModel;
-use crate::models::{Kind, ModelWeights, Role, def, gguf_permuted, qk_to_hf};
+use crate::models::{ModelWeights, Role, def, gguf_permuted, hf_offset, qk_to_hf};
 use crate::quant::DType;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{Bytes, Tensor};
@@ -58,9 +58,7 @@ pub fn gguf_weights(g: &Gguf) -> Result<ModelWeights> {
     Ok(w)
 }
 
-/// `t + offset` in F32 (an HF norm weight into the internal one, [`ArchDef::hf_norm_offset`]).
-///
-/// [`ArchDef::hf_norm_offset`]: crate::models::ArchDef::hf_norm_offset
+/// `t + offset` in F32 (an HF norm weight into the internal one, [`hf_offset`]).
 fn offset(t: Tensor, offset: f32) -> Result<Tensor> {
     let data: Vec<u8> = t
         .to_f32()?
@@ -73,19 +71,11 @@ fn offset(t: Tensor, offset: f32) -> Result<Tensor> {
 /// Config and weights of an HF safetensors folder.
 pub fn hf_weights(m: &HfModel) -> Result<ModelWeights> {
     let config = m.config.clone();
-    let d = def(config.arch);
-    let norms: Vec<Role> = (d.tensors)(&config)
-        .into_iter()
-        .filter(|s| s.kind == Kind::Norm)
-        .map(|s| s.role)
-        .collect();
     let mut get = |role: Role| -> Result<Option<Tensor>> {
         let t = m.tensor(&role.hf_name(config.arch))?;
-        match t {
-            Some(t) if d.hf_norm_offset != 0.0 && norms.contains(&role) => {
-                offset(t, d.hf_norm_offset).map(Some)
-            }
-            t => Ok(t),
+        match (t, hf_offset(&config, role)) {
+            (Some(t), off) if off != 0.0 => offset(t, off).map(Some),
+            (t, _) => Ok(t),
         }
     };
     ModelWeights::build(&config, &mut get)

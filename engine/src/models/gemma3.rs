@@ -121,6 +121,30 @@ pub fn gguf_params<'a>(
     Ok(Some(p))
 }
 
+/// The GGUF metadata keys [`gguf_params`] reads, for writers (synthetic models, conversions).
+pub fn gguf_keys(p: &Gemma3Params) -> Vec<(String, MetaValue)> {
+    let k = |s: &str| format!("gemma3.{s}");
+    let mut m = vec![
+        (
+            k("attention.sliding_window"),
+            MetaValue::U32(p.sliding_window as u32),
+        ),
+        (
+            k("attention.sliding_window_pattern"),
+            MetaValue::U32(p.sliding_window_pattern as u32),
+        ),
+        (k("rope.freq_base_swa"), MetaValue::F32(p.rope_local_theta)),
+    ];
+    if let Some(c) = p.final_logit_softcap {
+        m.push((k("final_logit_softcapping"), MetaValue::F32(c)));
+    }
+    if let Some(f) = p.rope_linear_factor {
+        m.push((k("rope.scaling.type"), MetaValue::Str("linear".into())));
+        m.push((k("rope.scaling.factor"), MetaValue::F32(f)));
+    }
+    m
+}
+
 /// llama.cpp's choice when the file does not say: `hidden / n_heads` for the 27B model
 /// (62 layers), the head dimension otherwise (as the models' config.json files say).
 fn default_scalar(c: &ModelConfig) -> f32 {

@@ -102,6 +102,19 @@ pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>
     }
 }
 
+/// What to add to an HF tensor of `role` to get memra's internal (GGUF) values:
+/// [`ArchDef::hf_norm_offset`] for the architecture's norm weights, 0 otherwise.
+pub fn hf_offset(c: &ModelConfig, role: Role) -> f32 {
+    let d = def(c.arch);
+    if d.hf_norm_offset == 0.0 {
+        return 0.0;
+    }
+    let norm = (d.tensors)(c)
+        .iter()
+        .any(|s| s.role == role && s.kind == Kind::Norm);
+    if norm { d.hf_norm_offset } else { 0.0 }
+}
+
 fn supported(name: fn(&ArchDef) -> &'static str) -> String {
     ARCHS.iter().map(|d| name(d)).collect::<Vec<_>>().join(", ")
 }
