@@ -16,6 +16,7 @@ Usage:
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -219,7 +220,10 @@ def build_tokenizer(meta):
     ns.escape_whitespaces = True
     for i, (t, s, ty) in enumerate(zip(tokens, scores, types)):
         piece = mp.pieces.add()
-        piece.piece = t
+        # llama.cpp's converter writes user-defined pieces "pre-normalized" ("▁▁" as two
+        # spaces, so that it can match them in raw text); sentencepiece matches them after
+        # whitespace escaping, so they get their "▁" back.
+        piece.piece = t.replace(" ", "\u2581") if ty == 4 else t
         piece.score = float(s)
         piece.type = pb.ModelProto.SentencePiece.UNKNOWN if i == unk else int(ty)
     sp = spm.SentencePieceProcessor(model_proto=mp.SerializeToString())
@@ -342,6 +346,8 @@ def main():
     ap.add_argument("--out", default=FIXTURE)
     ap.add_argument("--check", action="store_true", help="compare with --out instead of writing it")
     ap.add_argument("--self-test", action="store_true", help="KV-cache and sliding-window checks")
+    ap.add_argument("--only", action="append", default=[], metavar="NAME",
+                    help="recompute only these prompts; the others are kept from --out")
     args = ap.parse_args()
 
     if not os.path.exists(args.model):
@@ -364,7 +370,16 @@ def main():
     doc = {"model": os.path.basename(args.model), "model_sha256": sha256_file(args.model),
            "generator": GENERATOR, "tools": tools, "top_k": TOP_K, "n_tokens": N_TOKENS,
            "eos_id": EOS_ID, "prompts": []}
+    kept = {}
+    if args.only:
+        with open(args.out, encoding="utf-8") as f:
+            kept = {p["name"]: p for p in json.load(f)["prompts"] if p["name"] not in args.only}
     for p in prompts:
+        if p["name"] in kept:
+            if kept[p["name"]]["prompt_ids"] != p["prompt_ids"]:
+                raise SystemExit(f"{p['name']}: prompt ids changed; recompute it too (--only)")
+            doc["prompts"].append(kept[p["name"]])
+            continue
         t1 = time.time()
         tokens, steps = generate(model, p["prompt_ids"], N_TOKENS)
         p["tokens"] = tokens

@@ -107,8 +107,7 @@ pub fn gguf_params<'a>(
     let linear = get("rope.scaling.type").and_then(|v| v.as_str()) == Some("linear");
     let p = Gemma3Params {
         sliding_window,
-        sliding_window_pattern: uint("attention.sliding_window_pattern")
-            .unwrap_or(DEFAULT_PATTERN),
+        sliding_window_pattern: uint("attention.sliding_window_pattern").unwrap_or(DEFAULT_PATTERN),
         rope_local_theta: float("rope.freq_base_swa").unwrap_or(DEFAULT_LOCAL_THETA),
         query_pre_attn_scalar: default_scalar(c),
         final_logit_softcap: float("final_logit_softcapping"),
@@ -203,7 +202,10 @@ fn pattern_of(types: &[serde_json::Value], n_layers: usize) -> Result<usize> {
         .iter()
         .map(|t| t.as_str() == Some("full_attention"))
         .collect();
-    let p = global.iter().position(|&g| g).map_or(n_layers + 1, |i| i + 1);
+    let p = global
+        .iter()
+        .position(|&g| g)
+        .map_or(n_layers + 1, |i| i + 1);
     let periodic = global.len() == n_layers
         && global
             .iter()
@@ -327,7 +329,14 @@ impl<O: Ops> Forward<O> for Gemma3<O> {
             ops.dump("attn_out", l, a.o);
             ops.rms_norm(a.o, &w.attn_post_norm, a.o, a.o.width, self.eps)?;
             ops.add(a.x, a.o)?;
-            ops.norm_matmuls(a.x, &w.ffn_norm, self.eps, a.h, &w.ffn.gate_up, &[a.gate, a.up])?;
+            ops.norm_matmuls(
+                a.x,
+                &w.ffn_norm,
+                self.eps,
+                a.h,
+                &w.ffn.gate_up,
+                &[a.gate, a.up],
+            )?;
             ops.dump("ffn_norm", l, a.h);
             ops.glu(Glu::GeluTanh, a.gate, a.up)?;
             ops.matmul(&w.ffn.down, a.gate, a.o)?;

@@ -72,7 +72,9 @@ fn chat_template_is_the_gemma_turn_format() {
     assert_eq!(t.render(&msgs, true).unwrap(), want);
     let one = t.render(&[m("user", "Q")], false).unwrap();
     assert_eq!(one, "<bos><start_of_turn>user\nQ<end_of_turn>\n");
-    let err = t.render(&[m("user", "a"), m("user", "b")], true).unwrap_err();
+    let err = t
+        .render(&[m("user", "a"), m("user", "b")], true)
+        .unwrap_err();
     assert!(err.to_string().contains("alternate"), "{err}");
 }
 
