@@ -12,7 +12,7 @@ use memra_engine::config::ModelConfig;
 use memra_engine::error::{Error, Result};
 use memra_engine::formats::gguf::{Gguf, GgufTensorInfo};
 use memra_engine::formats::safetensors::{HfFolderSpec, TensorDecl};
-use memra_engine::models::{Role, gguf_permuted, qk_to_hf};
+use memra_engine::models::{Role, gguf_permuted, hf_offset, qk_to_hf};
 use memra_engine::quant::{DType, dequantize_row, quantize};
 
 use crate::rope::{ROPE_FREQS, recognise};
@@ -86,6 +86,15 @@ fn convert_tensor(g: &Gguf, cfg: &ModelConfig, job: &Job) -> Result<Vec<u8>> {
         .ok_or_else(|| Error::Weights(format!("GGUF tensor `{}` cannot be read", job.info.name)))?;
     let (rows, cols) = t.rows_cols();
     let permute = gguf_permuted(cfg.arch, job.role);
+    let off = hf_offset(cfg, job.role);
+    if off != 0.0 {
+        // HF stores Gemma's norm weights without the GGUF's + 1 (F32 out unless forced).
+        let vals: Vec<f32> = t.to_f32()?.into_iter().map(|v| v - off).collect();
+        return match job.out_dtype {
+            DType::F32 => Ok(vals.iter().flat_map(|v| v.to_le_bytes()).collect()),
+            d => quantize(d, &vals),
+        };
+    }
     let unpermute = |bytes: &[u8], dtype: DType| qk_to_hf(bytes, &t.shape, dtype, cfg.head_dim);
     if t.dtype == job.out_dtype {
         return if permute {

@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 use memra_engine::config::ModelConfig;
 use memra_engine::error::{Error, Result};
-use memra_engine::models::{gguf_permuted, qk_to_gguf};
+use memra_engine::models::{gguf_permuted, hf_offset, qk_to_gguf};
 use memra_engine::quant::{DType, QK_K, quantize};
 
 use crate::plan::{Init, TensorPlan};
@@ -78,6 +78,11 @@ pub fn tensor_bytes(
             let first = (ci * rows_per_chunk * cols) as u64;
             let mut vals = vec![0f32; dst.len() / row_bytes * cols];
             fill_values(seed, t, first, &mut vals);
+            if !gguf_order {
+                // HF stores Gemma's norm weights without the GGUF's + 1.
+                let off = hf_offset(cfg, t.role);
+                vals.iter_mut().for_each(|v| *v -= off);
+            }
             let q = quantize(t.dtype, &vals)?;
             if q.len() != dst.len() {
                 return Err(Error::Quant(format!(

@@ -1,6 +1,6 @@
 //! The model shapes `memra-bench synth` can generate.
 
-use memra_engine::config::{Arch, Llama3RopeScaling, ModelConfig};
+use memra_engine::config::{Arch, Gemma3Params, Llama3RopeScaling, ModelConfig};
 use memra_engine::error::{Error, Result};
 use memra_engine::models::random::tiny_config;
 
@@ -19,10 +19,15 @@ pub enum Shape {
     TinyQwen3,
     /// tiny-llama with a post-attention norm (llama-postnorm, untied).
     TinyPostNorm,
+    /// Gemma 3 270M body (18 layers, hidden 640, 4/1 heads of 256, window 512) with the
+    /// paired tokenizer's vocabulary.
+    Gemma3_270m,
+    /// 2 layers (local, then global), window 4: for tests.
+    TinyGemma3,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 7] = [
+    pub const ALL: [Shape; 9] = [
         Shape::Smollm2_135m,
         Shape::Llama3_8b,
         Shape::Qwen3_8b,
@@ -30,6 +35,8 @@ impl Shape {
         Shape::TinyQwen2,
         Shape::TinyQwen3,
         Shape::TinyPostNorm,
+        Shape::Gemma3_270m,
+        Shape::TinyGemma3,
     ];
 
     pub fn name(self) -> &'static str {
@@ -41,6 +48,8 @@ impl Shape {
             Shape::TinyQwen2 => "tiny-qwen2",
             Shape::TinyQwen3 => "tiny-qwen3",
             Shape::TinyPostNorm => "tiny-postnorm",
+            Shape::Gemma3_270m => "gemma3-270m",
+            Shape::TinyGemma3 => "tiny-gemma3",
         }
     }
 
@@ -109,6 +118,30 @@ impl Shape {
                 arch: Arch::LlamaPostNorm,
                 tie_embeddings: false,
                 ..base
+            },
+            Shape::TinyGemma3 => ModelConfig {
+                max_ctx: base.max_ctx,
+                ..tiny_config(Arch::Gemma3, vocab)
+            },
+            Shape::Gemma3_270m => ModelConfig {
+                n_layers: 18,
+                hidden: 640,
+                n_heads: 4,
+                n_kv_heads: 1,
+                head_dim: 256,
+                ffn: 2048,
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                max_ctx: 32768,
+                gemma3: Some(Gemma3Params {
+                    sliding_window: 512,
+                    sliding_window_pattern: 6,
+                    rope_local_theta: 10000.0,
+                    query_pre_attn_scalar: 256.0,
+                    final_logit_softcap: None,
+                    rope_linear_factor: None,
+                }),
+                ..tiny_config(Arch::Gemma3, vocab)
             },
         }
     }

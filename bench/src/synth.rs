@@ -171,6 +171,9 @@ pub fn gguf_metadata(
             MetaValue::F32(cfg.rms_eps),
         ),
     ];
+    if let Some(p) = &cfg.gemma3 {
+        m.extend(memra_engine::models::gemma3::gguf_keys(p));
+    }
     if let Some(rs) = cfg.rope_scaling.filter(|_| !llamacpp_rope) {
         m.push((
             format!("{a}.rope.scaling.type"),

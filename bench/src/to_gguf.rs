@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use memra_engine::error::{Error, Result};
 use memra_engine::formats::safetensors::HfModel;
-use memra_engine::models::{Role, gguf_permuted, qk_to_gguf};
+use memra_engine::models::{Role, gguf_permuted, hf_offset, qk_to_gguf};
 use memra_engine::quant::DType;
 
 use crate::convert::ConvertReport;
@@ -57,7 +57,12 @@ pub fn convert_hf_to_gguf(args: &ToGgufArgs) -> Result<ConvertReport> {
         }
         decls.push(GgufDecl {
             name: role.gguf_name(),
-            dtype: t.dtype,
+            // Norms that gain an offset (Gemma's 1 + w) are written as F32.
+            dtype: if hf_offset(&cfg, *role) != 0.0 {
+                DType::F32
+            } else {
+                t.dtype
+            },
             dims: t.shape.iter().rev().map(|&d| d as u64).collect(),
         });
     }
@@ -81,7 +86,11 @@ pub fn convert_hf_to_gguf(args: &ToGgufArgs) -> Result<ConvertReport> {
         let t = m
             .tensor(name)?
             .ok_or_else(|| Error::Weights(format!("`{name}` vanished")))?;
-        if gguf_permuted(cfg.arch, *role) {
+        let off = hf_offset(&cfg, *role);
+        if off != 0.0 {
+            let vals = t.to_f32()?;
+            Ok(vals.iter().flat_map(|v| (v + off).to_le_bytes()).collect())
+        } else if gguf_permuted(cfg.arch, *role) {
             qk_to_gguf(&t.data, &t.shape, t.dtype, cfg.head_dim)
         } else {
             Ok(t.data.to_vec())

@@ -114,6 +114,12 @@ impl ChatTemplate {
         self.max_output = max_output;
     }
 
+    /// `source` with the BOS/EOS strings of `tok`.
+    pub fn with_tokenizer(source: &str, tok: &Tokenizer) -> Result<ChatTemplate> {
+        let (bos, eos) = special_strings(tok);
+        Self::new(source, &bos, &eos)
+    }
+
     /// The template in `tokenizer.chat_template`, if any.
     pub fn from_gguf(g: &Gguf, tok: &Tokenizer) -> Result<Option<ChatTemplate>> {
         let key = "tokenizer.chat_template";

@@ -15,6 +15,56 @@ pub struct Llama3RopeScaling {
     pub original_max_position_embeddings: u32,
 }
 
+/// Gemma 3's own hyper-parameters: interleaved sliding-window (local) and global attention
+/// layers, each kind with its own RoPE base.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Gemma3Params {
+    /// Local layers attend to the last `sliding_window` positions (the row's own included).
+    pub sliding_window: usize,
+    /// Every `sliding_window_pattern`-th layer (layer l with `(l + 1) % pattern == 0`) is global.
+    pub sliding_window_pattern: usize,
+    /// RoPE base of the local layers (`rope_theta` is the global layers').
+    pub rope_local_theta: f32,
+    /// Attention scores are scaled by `query_pre_attn_scalar^-0.5`.
+    pub query_pre_attn_scalar: f32,
+    /// Logits become `cap * tanh(logits / cap)` when set.
+    pub final_logit_softcap: Option<f32>,
+    /// Linear RoPE scaling of the global layers (positions divided by the factor), when set.
+    pub rope_linear_factor: Option<f32>,
+}
+
+impl Gemma3Params {
+    /// Checks the values are usable.
+    pub fn validate(&self) -> Result<()> {
+        let finite_pos = |v: f32| v.is_finite() && v > 0.0;
+        if self.sliding_window == 0 || self.sliding_window_pattern == 0 {
+            return Err(Error::Config(format!(
+                "gemma3 sliding window {} / pattern {} must be positive",
+                self.sliding_window, self.sliding_window_pattern
+            )));
+        }
+        let floats = [
+            ("rope local base", Some(self.rope_local_theta)),
+            ("query_pre_attn_scalar", Some(self.query_pre_attn_scalar)),
+            ("final logit softcap", self.final_logit_softcap),
+            ("rope linear scaling factor", self.rope_linear_factor),
+        ];
+        for (name, v) in floats {
+            if let Some(v) = v
+                && !finite_pos(v)
+            {
+                return Err(Error::Config(format!("gemma3 {name} {v} is invalid")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether layer `l` is a global-attention layer.
+    pub fn is_global(&self, l: usize) -> bool {
+        (l + 1).is_multiple_of(self.sliding_window_pattern)
+    }
+}
+
 /// The model's shape and hyper-parameters, shared by every format and backend.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
@@ -31,6 +81,9 @@ pub struct ModelConfig {
     pub rms_eps: f32,
     pub max_ctx: usize,
     pub tie_embeddings: bool,
+    /// Set for (and only for) gemma3.
+    #[serde(default)]
+    pub gemma3: Option<Gemma3Params>,
 }
 
 impl ModelConfig {
@@ -72,6 +125,19 @@ impl ModelConfig {
         }
         if !(c.rms_eps.is_finite() && c.rms_eps > 0.0) {
             return Err(Error::Config(format!("rms eps {} is invalid", c.rms_eps)));
+        }
+        match (c.arch, &c.gemma3) {
+            (Arch::Gemma3, Some(p)) => p.validate()?,
+            (Arch::Gemma3, None) => {
+                return Err(Error::Config("gemma3 config without its parameters".into()));
+            }
+            (_, Some(_)) => {
+                return Err(Error::Config(format!(
+                    "gemma3 parameters on a {} config",
+                    c.arch.gguf_name()
+                )));
+            }
+            (_, None) => {}
         }
         Ok(())
     }
@@ -145,6 +211,11 @@ impl ModelConfig {
             rms_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
             max_ctx: uint("context_length").unwrap_or(2048),
             tie_embeddings: g.tensor_info("output.weight").is_none(),
+            gemma3: None,
+        };
+        let cfg = ModelConfig {
+            gemma3: crate::models::gemma3::gguf_params(&cfg, &|k| g.get(&format!("{a}.{k}")))?,
+            ..cfg
         };
         cfg.validate()?;
         Ok(cfg)
@@ -208,6 +279,11 @@ impl ModelConfig {
                 .get("tie_word_embeddings")
                 .and_then(|x| x.as_bool())
                 .unwrap_or(false),
+            gemma3: None,
+        };
+        let cfg = ModelConfig {
+            gemma3: crate::models::gemma3::hf_params(&cfg, v)?,
+            ..cfg
         };
         cfg.validate()?;
         Ok(cfg)

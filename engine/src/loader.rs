@@ -9,7 +9,8 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::formats::gguf::Gguf;
 use crate::formats::safetensors::HfModel;
-use crate::models::{ModelWeights, Role, gguf_permuted, qk_to_hf};
+use crate::models::{ModelWeights, Role, def, gguf_permuted, hf_offset, qk_to_hf};
+use crate::quant::DType;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{Bytes, Tensor};
 
@@ -57,11 +58,35 @@ pub fn gguf_weights(g: &Gguf) -> Result<ModelWeights> {
     Ok(w)
 }
 
+/// `t + offset` in F32 (an HF norm weight into the internal one, [`hf_offset`]).
+fn offset(t: Tensor, offset: f32) -> Result<Tensor> {
+    let data: Vec<u8> = t
+        .to_f32()?
+        .into_iter()
+        .flat_map(|v| (v + offset).to_le_bytes())
+        .collect();
+    Tensor::new(t.name, DType::F32, t.shape, Bytes::owned(data))
+}
+
 /// Config and weights of an HF safetensors folder.
 pub fn hf_weights(m: &HfModel) -> Result<ModelWeights> {
     let config = m.config.clone();
-    let mut get = |role: Role| m.tensor(&role.hf_name(config.arch));
+    let mut get = |role: Role| -> Result<Option<Tensor>> {
+        let t = m.tensor(&role.hf_name(config.arch))?;
+        match (t, hf_offset(&config, role)) {
+            (Some(t), off) if off != 0.0 => offset(t, off).map(Some),
+            (t, _) => Ok(t),
+        }
+    };
     ModelWeights::build(&config, &mut get)
+}
+
+/// The architecture's built-in chat template, for files that carry none.
+fn builtin_template(c: &ModelConfig, tok: &Tokenizer) -> Result<Option<ChatTemplate>> {
+    match def(c.arch).chat_template {
+        Some(src) => ChatTemplate::with_tokenizer(src, tok).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// Opens a GGUF file or HF folder with its tokenizer and chat template.
@@ -73,7 +98,10 @@ pub fn load_model(path: &Path) -> Result<Model> {
             .tokenizer_json()
             .ok_or_else(|| Error::Tokenizer(format!("{} has no tokenizer.json", path.display())))?;
         let tokenizer = Tokenizer::from_hf_files(&tj, m.tokenizer_config_json().as_deref())?;
-        let chat = ChatTemplate::from_hf_dir(path, &tokenizer)?;
+        let chat = match ChatTemplate::from_hf_dir(path, &tokenizer)? {
+            Some(t) => Some(t),
+            None => builtin_template(&weights.config, &tokenizer)?,
+        };
         Ok(Model {
             path: path.to_path_buf(),
             config: weights.config.clone(),
@@ -85,7 +113,10 @@ pub fn load_model(path: &Path) -> Result<Model> {
         let g = Gguf::open(path)?;
         let weights = gguf_weights(&g)?;
         let tokenizer = Tokenizer::from_gguf(&g)?;
-        let chat = ChatTemplate::from_gguf(&g, &tokenizer)?;
+        let chat = match ChatTemplate::from_gguf(&g, &tokenizer)? {
+            Some(t) => Some(t),
+            None => builtin_template(&weights.config, &tokenizer)?,
+        };
         Ok(Model {
             path: path.to_path_buf(),
             config: weights.config.clone(),

@@ -82,6 +82,8 @@ fn synthetic_models_in_both_formats_agree_bitwise() {
         ("tiny-llama", "q4_0"),
         ("tiny-qwen2", "bf16"),
         ("tiny-postnorm", "q8_0"),
+        ("tiny-gemma3", "q8_0"),
+        ("tiny-gemma3", "bf16"),
     ] {
         let gguf = dir.path().join(format!("{shape}-{dtype}.gguf"));
         let hf = dir.path().join(format!("{shape}-{dtype}-hf"));

@@ -12,6 +12,8 @@ pub const DEF: ArchDef = ArchDef {
     gguf_name: "llama",
     hf_class: "LlamaForCausalLM",
     gguf_qk_permuted: true,
+    hf_norm_offset: 0.0,
+    chat_template: None,
     layer_names: &NAMES,
     tensors,
     hf_config: |_, _| {},

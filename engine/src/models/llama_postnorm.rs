@@ -16,6 +16,8 @@ pub const DEF: ArchDef = ArchDef {
     gguf_name: "llama-postnorm",
     hf_class: "LlamaPostNormForCausalLM",
     gguf_qk_permuted: true,
+    hf_norm_offset: 0.0,
+    chat_template: None,
     layer_names: &NAMES,
     tensors,
     hf_config: |_, _| {},

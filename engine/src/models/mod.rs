@@ -9,6 +9,7 @@
 //! and one line in each of [`def`] and [`build`]; plus any op it newly needs.
 
 pub mod blocks;
+pub mod gemma3;
 pub mod llama;
 pub mod llama_postnorm;
 pub mod qk_order;
@@ -37,6 +38,7 @@ pub enum Arch {
     Qwen2,
     Qwen3,
     LlamaPostNorm,
+    Gemma3,
 }
 
 /// What the code outside an architecture's file needs to know about it.
@@ -48,6 +50,11 @@ pub struct ArchDef {
     pub hf_class: &'static str,
     /// GGUF files store q/k rows permuted for adjacent-pair RoPE (llama.cpp's llama converter).
     pub gguf_qk_permuted: bool,
+    /// Added to every norm weight of an HF checkpoint to give the internal (GGUF) weight
+    /// (Gemma's `1 + w`, which llama.cpp's converter folds into the GGUF).
+    pub hf_norm_offset: f32,
+    /// The chat template used when a file carries none (e.g. a base model's GGUF).
+    pub chat_template: Option<&'static str>,
     /// Layer tensor names: (GGUF suffix, HF suffix).
     pub layer_names: &'static [(&'static str, &'static str)],
     /// Every tensor of a model of a config, in file order.
@@ -57,7 +64,13 @@ pub struct ArchDef {
 }
 
 /// Every architecture, in registry order.
-pub const ARCHS: [&ArchDef; 4] = [&llama::DEF, &qwen2::DEF, &qwen3::DEF, &llama_postnorm::DEF];
+pub const ARCHS: [&ArchDef; 5] = [
+    &llama::DEF,
+    &qwen2::DEF,
+    &qwen3::DEF,
+    &llama_postnorm::DEF,
+    &gemma3::DEF,
+];
 
 /// The definition of `arch`.
 pub fn def(arch: Arch) -> &'static ArchDef {
@@ -66,6 +79,7 @@ pub fn def(arch: Arch) -> &'static ArchDef {
         Arch::Qwen2 => &qwen2::DEF,
         Arch::Qwen3 => &qwen3::DEF,
         Arch::LlamaPostNorm => &llama_postnorm::DEF,
+        Arch::Gemma3 => &gemma3::DEF,
     }
 }
 
@@ -84,7 +98,21 @@ pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>
         Arch::Qwen2 => qwen2::build(w, ops),
         Arch::Qwen3 => qwen3::build(w, ops),
         Arch::LlamaPostNorm => llama_postnorm::build(w, ops),
+        Arch::Gemma3 => gemma3::build(w, ops),
     }
+}
+
+/// What to add to an HF tensor of `role` to get memra's internal (GGUF) values:
+/// [`ArchDef::hf_norm_offset`] for the architecture's norm weights, 0 otherwise.
+pub fn hf_offset(c: &ModelConfig, role: Role) -> f32 {
+    let d = def(c.arch);
+    if d.hf_norm_offset == 0.0 {
+        return 0.0;
+    }
+    let norm = (d.tensors)(c)
+        .iter()
+        .any(|s| s.role == role && s.kind == Kind::Norm);
+    if norm { d.hf_norm_offset } else { 0.0 }
 }
 
 fn supported(name: fn(&ArchDef) -> &'static str) -> String {

@@ -10,6 +10,8 @@ pub const DEF: ArchDef = ArchDef {
     gguf_name: "qwen2",
     hf_class: "Qwen2ForCausalLM",
     gguf_qk_permuted: false,
+    hf_norm_offset: 0.0,
+    chat_template: None,
     layer_names: &llama::NAMES,
     tensors,
     hf_config: |_, v| v["attention_bias"] = true.into(),

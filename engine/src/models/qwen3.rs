@@ -10,6 +10,8 @@ pub const DEF: ArchDef = ArchDef {
     gguf_name: "qwen3",
     hf_class: "Qwen3ForCausalLM",
     gguf_qk_permuted: false,
+    hf_norm_offset: 0.0,
+    chat_template: None,
     layer_names: &llama::NAMES,
     tensors,
     hf_config: |_, _| {},

@@ -42,6 +42,15 @@ pub fn tiny_config(arch: Arch, vocab: usize) -> ModelConfig {
         rms_eps: 1e-5,
         max_ctx: 256,
         tie_embeddings: arch == Arch::Llama,
+        gemma3: (arch == Arch::Gemma3).then_some(crate::config::Gemma3Params {
+            // Small enough that the tests' prompts slide past it.
+            sliding_window: 4,
+            sliding_window_pattern: 2,
+            rope_local_theta: 10000.0,
+            query_pre_attn_scalar: 16.0,
+            final_logit_softcap: None,
+            rope_linear_factor: None,
+        }),
     }
 }
 

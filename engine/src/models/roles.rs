@@ -26,10 +26,12 @@ pub enum Role {
     Down(usize),
     /// RMSNorm of the attention output before the residual add.
     AttnPostNorm(usize),
+    /// RMSNorm of the FFN output before the residual add.
+    FfnPostNorm(usize),
 }
 
 /// GGUF suffixes of the per-layer roles, in [`Role`] order from `AttnNorm`.
-const GGUF_LAYER: [&str; 15] = [
+const GGUF_LAYER: [&str; 16] = [
     "attn_norm.weight",
     "attn_q.weight",
     "attn_k.weight",
@@ -45,6 +47,7 @@ const GGUF_LAYER: [&str; 15] = [
     "ffn_up.weight",
     "ffn_down.weight",
     "post_attention_norm.weight",
+    "post_ffw_norm.weight",
 ];
 
 fn layer_role(i: usize, l: usize) -> Option<Role> {
@@ -64,6 +67,7 @@ fn layer_role(i: usize, l: usize) -> Option<Role> {
         12 => Role::Up(l),
         13 => Role::Down(l),
         14 => Role::AttnPostNorm(l),
+        15 => Role::FfnPostNorm(l),
         _ => return None,
     })
 }
@@ -86,6 +90,7 @@ fn role_index(r: Role) -> Option<(usize, usize)> {
         Role::Up(l) => (12, l),
         Role::Down(l) => (13, l),
         Role::AttnPostNorm(l) => (14, l),
+        Role::FfnPostNorm(l) => (15, l),
         Role::TokenEmbd | Role::OutputNorm | Role::Output => return None,
     })
 }

@@ -61,6 +61,32 @@ pub enum Glu {
     GeluTanh,
 }
 
+/// An op (or op option) that not every backend has: an architecture that uses one asks
+/// [`Ops::require`] at load, so a backend without it refuses the model instead of computing
+/// something wrong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Feature {
+    /// [`Glu::GeluTanh`].
+    GeluTanh,
+    /// [`AttnParams::window`].
+    SlidingWindow,
+    /// [`Ops::scale`].
+    Scale,
+    /// [`Ops::softcap`].
+    Softcap,
+}
+
+impl std::fmt::Display for Feature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Feature::GeluTanh => "tanh-GELU (GeGLU)",
+            Feature::SlidingWindow => "sliding-window attention",
+            Feature::Scale => "scale",
+            Feature::Softcap => "logit softcapping",
+        })
+    }
+}
+
 /// Shapes and options of one attention call.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttnParams {
@@ -123,6 +149,11 @@ pub trait Ops: Send + Sized + 'static {
     fn rope_table(&mut self, rope: Rope) -> Result<RopeId>;
     /// Declares one layer of paged KV cache, `width` values per position for K and for V.
     fn kv_layer(&mut self, width: usize) -> Result<KvId>;
+    /// Checks this backend has every op of `needs` (architecture `arch` uses them); a clear
+    /// error naming the first missing one otherwise. The default: every op is there.
+    fn require(&self, _arch: &str, _needs: &[Feature]) -> Result<()> {
+        Ok(())
+    }
 
     // ---- simple ops ----
 
@@ -139,6 +170,10 @@ pub trait Ops: Send + Sized + 'static {
     fn add(&mut self, x: Act, y: Act) -> Result<()>;
     /// `x[r] += b`.
     fn add_bias(&mut self, x: Act, b: &Self::Vector) -> Result<()>;
+    /// `x *= s` (e.g. Gemma's embedding scale `sqrt(hidden)`).
+    fn scale(&mut self, x: Act, s: f32) -> Result<()>;
+    /// `x = cap * tanh(x / cap)` (logit softcapping).
+    fn softcap(&mut self, x: Act, cap: f32) -> Result<()>;
     /// `gate = act(gate) * up`.
     fn glu(&mut self, kind: Glu, gate: Act, up: Act) -> Result<()>;
     /// Half-rotation (NeoX) RoPE of each head of `x` at the row's position, from `table`.

@@ -7,7 +7,8 @@
 //!   piece's score (highest first), ties by the ids of `l` then `r`. `<0xNN>` tokens give byte
 //!   fallback; spaces become `▁`, with a `▁` prepended to each run of text when add_space_prefix.
 //!
-//! Tokens of type CONTROL, USER_DEFINED or UNKNOWN are added tokens, matched whole in the input.
+//! Tokens of type CONTROL, USER_DEFINED or UNKNOWN are added tokens, matched whole in the input;
+//! special except SentencePiece user-defined pieces, which are text (matched in user text too).
 
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::decoders::byte_fallback::ByteFallback;
@@ -168,15 +169,28 @@ pub(crate) fn build<'a>(get: impl Fn(&str) -> Option<&'a MetaValue>) -> Result<B
         }
     };
 
+    // SentencePiece user-defined pieces (Gemma's "\n\n", "  ", ...) are ordinary text, matched
+    // whole even in user-written text (as SentencePiece and llama.cpp do): added, not special.
+    let sp_user = |t: i64| model == "llama" && t == TYPE_USER_DEFINED;
     let special: Vec<AddedToken> = tokens
         .iter()
         .zip(&types)
         .filter(|(_, t)| matches!(**t, TYPE_CONTROL | TYPE_USER_DEFINED | TYPE_UNKNOWN))
+        .filter(|(_, t)| !sp_user(**t))
         .map(|(tok, _)| AddedToken::from(tok.to_string(), true))
         .collect();
     inner
         .add_special_tokens(special)
         .map_err(|e| Error::Tokenizer(format!("adding special tokens: {e}")))?;
+    let user: Vec<AddedToken> = tokens
+        .iter()
+        .zip(&types)
+        .filter(|(_, t)| sp_user(**t))
+        .map(|(tok, _)| AddedToken::from(tok.to_string(), false).normalized(false))
+        .collect();
+    inner
+        .add_tokens(user)
+        .map_err(|e| Error::Tokenizer(format!("adding user-defined tokens: {e}")))?;
 
     let bos = meta.token_id("tokenizer.ggml.bos_token_id", n)?;
     let eos = meta.token_id("tokenizer.ggml.eos_token_id", n)?;

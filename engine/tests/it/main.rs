@@ -7,6 +7,7 @@ mod engine_proptest;
 mod engine_scheduler;
 mod engine_serve;
 mod engine_spec;
+mod gemma3;
 mod gguf_corrupt;
 mod gguf_roundtrip;
 mod llama_postnorm;

@@ -27,6 +27,7 @@ fn tiny_config() -> ModelConfig {
         rms_eps: 1e-5,
         max_ctx: 128,
         tie_embeddings: true,
+        gemma3: None,
     }
 }
 

@@ -293,6 +293,48 @@ fn sentencepiece_without_space_prefix() {
     assert_eq!(tok.decode(&ids).unwrap(), "hello");
 }
 
+/// Gemma-style user-defined pieces (type 4: "\n\n", two spaces as llama.cpp writes "▁▁") are
+/// text: matched whole in any text, user-written message contents included, and not special.
+#[test]
+fn sentencepiece_user_defined_pieces_are_text() {
+    let mut m = spm_meta();
+    for (key, extra) in [
+        ("tokenizer.ggml.tokens", [s("\n\n"), s("  "), s("<turn>")]),
+        (
+            "tokenizer.ggml.token_type",
+            [MetaValue::I32(4), MetaValue::I32(4), MetaValue::I32(3)],
+        ),
+        (
+            "tokenizer.ggml.scores",
+            [
+                MetaValue::F32(0.0),
+                MetaValue::F32(0.0),
+                MetaValue::F32(0.0),
+            ],
+        ),
+    ] {
+        let (_, MetaValue::Array(a)) = m.iter_mut().find(|(k, _)| k == key).unwrap() else {
+            panic!("{key}")
+        };
+        a.extend(extra);
+    }
+    // As Gemma's: no space prefix (with one, the text after each piece would gain a "▁").
+    set(
+        &mut m,
+        "tokenizer.ggml.add_space_prefix",
+        Some(MetaValue::Bool(false)),
+    );
+    let tok = from_meta(&m).unwrap();
+    let (nl2, sp2, turn) = (275u32, 276u32, 277u32);
+    let ids = tok.encode("hello\n\n  world<turn>", false).unwrap();
+    assert_eq!(ids, [268, 270, nl2, sp2, 264, SPM_OR, SPM_LD, turn]);
+    assert_eq!(tok.decode(&ids).unwrap(), "hello\n\n  world<turn>");
+    // In user text the control piece is plain text, the user-defined ones still match whole.
+    let plain = tok.encode_plain("\n\n  <turn>").unwrap();
+    assert_eq!(plain[..2], [nl2, sp2]);
+    assert!(!plain.contains(&turn), "{plain:?}");
+}
+
 #[test]
 fn token_bytes_are_the_raw_bytes() {
     // SentencePiece: `▁` is a space (kept, unlike decoding the token alone), `<0xNN>` one byte.

@@ -275,6 +275,20 @@ impl Ops for CpuOps {
         Ok(())
     }
 
+    fn scale(&mut self, x: Act, s: f32) -> Result<()> {
+        let m = self.rows(x);
+        for v in &mut self.acts[x.id].data[..m * x.width] {
+            *v *= s;
+        }
+        Ok(())
+    }
+
+    fn softcap(&mut self, x: Act, cap: f32) -> Result<()> {
+        let m = self.rows(x);
+        ops::softcap(&mut self.acts[x.id].data[..m * x.width], cap);
+        Ok(())
+    }
+
     fn glu(&mut self, kind: Glu, gate: Act, up: Act) -> Result<()> {
         let m = self.rows(gate);
         let u = std::mem::take(&mut self.acts[up.id].data);

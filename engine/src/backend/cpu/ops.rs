@@ -27,6 +27,13 @@ pub fn add_in_place(a: &mut [f32], b: &[f32]) {
     }
 }
 
+/// `x = cap * tanh(x / cap)`, elementwise.
+pub fn softcap(x: &mut [f32], cap: f32) {
+    for v in x.iter_mut() {
+        *v = cap * (*v / cap).tanh();
+    }
+}
+
 /// GeLU(gate) * up with the tanh approximation, elementwise into `gate`.
 pub fn geglu_tanh(gate: &mut [f32], up: &[f32]) {
     const C: f32 = 0.797_884_6; // sqrt(2 / pi)

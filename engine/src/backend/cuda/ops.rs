@@ -9,7 +9,7 @@ use super::mat::{Mat, Mats, Use};
 use super::{AttnArgs, AttnPrep, CudaOps, DevAct, KvLayer, RopeKvArgs, RopeTable, class};
 use crate::error::Result;
 use crate::ops::rope::Rope;
-use crate::ops::{Act, AttnParams, Glu, KvId, Ops, Residual, RopeId, Rows};
+use crate::ops::{Act, AttnParams, Feature, Glu, KvId, Ops, Residual, RopeId, Rows};
 use crate::weights::Tensor;
 
 impl CudaOps {
@@ -222,6 +222,24 @@ impl Ops for CudaOps {
     fn add(&mut self, x: Act, y: Act) -> Result<()> {
         let n = self.n(x) * x.width;
         self.gpu.add_in_place(self.ptr(x)?, self.ptr(y)?, n)
+    }
+
+    fn require(&self, arch: &str, needs: &[Feature]) -> Result<()> {
+        // No kernel yet for any of them (issue 16's GPU half).
+        match needs.first() {
+            Some(f) => Err(self
+                .gpu
+                .err(format!("{arch} is not yet supported on the GPU: {f}"))),
+            None => Ok(()),
+        }
+    }
+
+    fn scale(&mut self, _x: Act, _s: f32) -> Result<()> {
+        Err(self.gpu.err("scale has no CUDA kernel yet"))
+    }
+
+    fn softcap(&mut self, _x: Act, _cap: f32) -> Result<()> {
+        Err(self.gpu.err("logit softcapping has no CUDA kernel yet"))
     }
 
     fn add_bias(&mut self, x: Act, b: &CudaSlice<f32>) -> Result<()> {
