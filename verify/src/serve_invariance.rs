@@ -110,6 +110,7 @@ fn request(prompt: &[u32], i: usize, max_tokens: usize) -> ValidRequest {
         ignore_eos: false,
         tenant_max_in_flight: None,
         speculative: speculates(i),
+        grammar: None,
     }
 }
 
