@@ -37,7 +37,7 @@ pub enum GrammarSpec {
 
 /// JSON is written compactly with a space after `,` and `:` (as models write it), with no
 /// free whitespace a weak model could fill forever. A schema's own `x-guidance` wins.
-fn with_layout(mut schema: Value) -> Value {
+pub fn with_layout(mut schema: Value) -> Value {
     if let Value::Object(o) = &mut schema
         && !o.contains_key("x-guidance")
     {
