@@ -284,3 +284,69 @@ pub fn format_grammar(f: &ResponseFormat) -> Option<GrammarSpec> {
         ResponseFormat::JsonSchema(s) => Some(GrammarSpec::JsonSchema(s.clone())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(v: Value) -> Obj {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    fn param_of(v: Value, kind: Kind) -> Option<String> {
+        parse_structured(&obj(v), kind).err().and_then(|e| e.param)
+    }
+
+    #[test]
+    fn strict_closes_every_object() {
+        let o = obj(json!({"response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "strict": true, "schema": {"type": "object", "properties": {
+                "a": {"type": "object", "properties": {"b": {"type": "string"}}},
+                "c": {"enum": [{"type": "object"}]}}}}}}));
+        let s = parse_structured(&o, Kind::Chat).unwrap();
+        let ResponseFormat::JsonSchema(schema) = s.format else {
+            panic!("a schema");
+        };
+        assert_eq!(schema["additionalProperties"], false);
+        assert_eq!(schema["properties"]["a"]["additionalProperties"], false);
+        assert_eq!(schema["properties"]["c"]["enum"][0], json!({"type": "object"}));
+    }
+
+    #[test]
+    fn unsupported_parameters_are_refused_by_name() {
+        for (body, p) in [
+            (json!({"logit_bias": {"1": 5}}), "logit_bias"),
+            (json!({"functions": []}), "functions"),
+            (json!({"best_of": 3}), "best_of"),
+            (json!({"echo": true}), "echo"),
+            (json!({"suffix": "x"}), "suffix"),
+            (json!({"modalities": ["audio"]}), "modalities"),
+            (json!({"response_format": {"type": "xml"}}), "response_format"),
+            (json!({"tools": [{"type": "function", "function": {"name": "a b"}}]}), "tools[0]"),
+            (json!({"tool_choice": "required"}), "tool_choice"),
+        ] {
+            assert_eq!(param_of(body.clone(), Kind::Chat).as_deref(), Some(p), "{body}");
+        }
+        assert_eq!(
+            param_of(json!({"tools": []}), Kind::Completion).as_deref(),
+            Some("tools")
+        );
+        assert!(parse_structured(&obj(json!({"logit_bias": {}, "echo": false})), Kind::Chat).is_ok());
+    }
+
+    #[test]
+    fn tool_choice_forms() {
+        let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+        let t = |c: Value| {
+            parse_structured(&obj(json!({"tools": tools, "tool_choice": c})), Kind::Chat)
+                .unwrap()
+                .tools
+        };
+        assert_eq!(t(json!("none")), None);
+        assert_eq!(t(json!("auto")).unwrap().choice, ToolChoice::Auto);
+        assert_eq!(t(json!("required")).unwrap().choice, ToolChoice::Required);
+        let named = t(json!({"type": "function", "function": {"name": "f"}})).unwrap();
+        assert_eq!(named.choice, ToolChoice::Named("f".into()));
+        assert!(named.parallel);
+    }
+}

@@ -109,8 +109,12 @@ fn bad_requests_name_their_parameter() {
         (r#"{"model":"m","messages":[]}"#.to_string(), "messages"),
         (r#"{"model":"m"}"#.to_string(), "messages"),
         (
-            r#"{"model":"m","messages":[{"role":"tool","content":"x"}]}"#.to_string(),
+            r#"{"model":"m","messages":[{"role":"function","content":"x"}]}"#.to_string(),
             "messages[0].role",
+        ),
+        (
+            r#"{"model":"m","messages":[{"role":"tool","content":"x"}]}"#.to_string(),
+            "messages[0].tool_call_id",
         ),
         (
             r#"{"model":"m","messages":[{"role":"user"}]}"#.to_string(),
