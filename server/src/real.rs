@@ -27,7 +27,11 @@ struct HandleText {
 }
 
 impl HandleText {
-    fn render_and_encode(&self, messages: &[ChatMessage], tools: Option<&Value>) -> Result<Vec<u32>> {
+    fn render_and_encode(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&Value>,
+    ) -> Result<Vec<u32>> {
         let tmpl = self.handle.chat_template(&self.alias).ok_or_else(|| {
             memra_engine::Error::Template(
                 "this model has no chat template; use /v1/completions".into(),
@@ -72,7 +76,9 @@ impl ModelText for HandleText {
     fn grammar(&self, spec: &GrammarSpec) -> Result<Arc<Grammar>> {
         self.handle
             .grammars(&self.alias)
-            .ok_or_else(|| memra_engine::Error::Input(format!("model `{}` is not loaded", self.alias)))?
+            .ok_or_else(|| {
+                memra_engine::Error::Input(format!("model `{}` is not loaded", self.alias))
+            })?
             .compile(spec)
     }
 

@@ -65,7 +65,11 @@ pub fn grammar(t: &Tools, style: ToolStyle) -> Option<GrammarSpec> {
         return Some(GrammarSpec::JsonSchema(schema));
     }
     let many = t.parallel && !matches!(t.choice, ToolChoice::Named(_));
-    let start = if many { "start: tc (\"\\n\" tc)*" } else { "start: tc" };
+    let start = if many {
+        "start: tc (\"\\n\" tc)*"
+    } else {
+        "start: tc"
+    };
     Some(GrammarSpec::Lark(format!(
         "{start}\ntc: \"{OPEN}\\n\" call \"\\n{CLOSE}\"\ncall: %json {schema}\n"
     )))
@@ -178,8 +182,12 @@ mod tests {
     fn generic_calls_parse_and_unknown_functions_do_not() {
         let t = tools(ToolChoice::Required);
         let s = ToolStyle::default();
-        let (content, calls) =
-            parse(r#" {"name": "get_weather", "arguments": {"city": "Paris"}}"#, &t, s).unwrap();
+        let (content, calls) = parse(
+            r#" {"name": "get_weather", "arguments": {"city": "Paris"}}"#,
+            &t,
+            s,
+        )
+        .unwrap();
         assert_eq!(content, None);
         assert_eq!(calls[0].name, "get_weather");
         assert_eq!(calls[0].arguments, r#"{"city":"Paris"}"#);
@@ -213,7 +221,8 @@ mod tests {
             hermes: true,
             takes_tools: true,
         };
-        let Some(GrammarSpec::Lark(g)) = grammar(&tools(ToolChoice::Named("get_weather".into())), h)
+        let Some(GrammarSpec::Lark(g)) =
+            grammar(&tools(ToolChoice::Named("get_weather".into())), h)
         else {
             panic!("a Lark grammar");
         };

@@ -315,7 +315,10 @@ fn parse_tool_calls(i: usize, v: &Value) -> Result<Value, ApiError> {
     let calls = v.as_array().ok_or_else(bad)?;
     let mut out = Vec::with_capacity(calls.len());
     for c in calls {
-        let f = c.get("function").and_then(Value::as_object).ok_or_else(bad)?;
+        let f = c
+            .get("function")
+            .and_then(Value::as_object)
+            .ok_or_else(bad)?;
         let name = f.get("name").and_then(Value::as_str).ok_or_else(bad)?;
         let args = match f.get("arguments") {
             Some(Value::String(s)) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),

@@ -150,7 +150,10 @@ fn constrained_output_is_the_same_alone_batched_and_speculative() {
     for (i, (_, text, _, finish)) in solo.iter().enumerate().step_by(2) {
         assert_eq!(*finish, FinishReason::Stop, "request {i}: {text}");
         let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
-        assert!(["red", "green", "blue"].contains(&v["color"].as_str().unwrap()), "{v}");
+        assert!(
+            ["red", "green", "blue"].contains(&v["color"].as_str().unwrap()),
+            "{v}"
+        );
         assert!(v["ok"].is_boolean(), "{v}");
         assert!(v["tags"].as_array().unwrap().len() <= 2, "{v}");
     }
@@ -158,7 +161,10 @@ fn constrained_output_is_the_same_alone_batched_and_speculative() {
     // Batched: all at once, a small step budget (chunked prefill), prefix hits on the shared
     // start; then speculative (n-gram drafts checked against the masked picks).
     let spec = SpecConfig::new(DrafterKind::Ngram, 4).unwrap();
-    for (name, engine) in [("batched", start(16, None)), ("speculative", start(16, Some(spec)))] {
+    for (name, engine) in [
+        ("batched", start(16, None)),
+        ("speculative", start(16, Some(spec))),
+    ] {
         let streams: Vec<EventStream> = reqs
             .iter()
             .map(|r| engine.submit(r.clone()).unwrap())

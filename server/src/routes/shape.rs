@@ -331,10 +331,18 @@ impl Shaper {
                 for (i, c) in calls.iter().enumerate() {
                     let head = serde_json::json!([{"index": i, "id": c.id, "type": "function",
                         "function": {"name": c.function.name, "arguments": ""}}]);
-                    out.push(self.chat_chunk(delta(None, serde_json::from_value(head).ok()), None, None));
+                    out.push(self.chat_chunk(
+                        delta(None, serde_json::from_value(head).ok()),
+                        None,
+                        None,
+                    ));
                     let args = serde_json::json!([{"index": i,
                         "function": {"arguments": c.function.arguments}}]);
-                    out.push(self.chat_chunk(delta(None, serde_json::from_value(args).ok()), None, None));
+                    out.push(self.chat_chunk(
+                        delta(None, serde_json::from_value(args).ok()),
+                        None,
+                        None,
+                    ));
                 }
                 out.push(self.finish_chunk("tool_calls"));
             }

@@ -125,18 +125,27 @@ fn parse_response_format(o: &Obj) -> Result<ResponseFormat, ApiError> {
         return Ok(ResponseFormat::Text);
     };
     let bad = |m: &str| ApiError::param(P, m.to_string());
-    let rf = rf.as_object().ok_or_else(|| bad("`response_format` must be an object"))?;
+    let rf = rf
+        .as_object()
+        .ok_or_else(|| bad("`response_format` must be an object"))?;
     match rf.get("type").and_then(Value::as_str) {
         Some("text") => Ok(ResponseFormat::Text),
         Some("json_object") => Ok(ResponseFormat::JsonObject),
         Some("json_schema") => {
-            let js = rf.get("json_schema").and_then(Value::as_object).ok_or_else(|| {
-                bad("`response_format.json_schema` must be an object with `name` and `schema`")
-            })?;
+            let js = rf
+                .get("json_schema")
+                .and_then(Value::as_object)
+                .ok_or_else(|| {
+                    bad("`response_format.json_schema` must be an object with `name` and `schema`")
+                })?;
             let mut schema = match js.get("schema") {
                 None | Some(Value::Null) => json!({}),
                 Some(s @ Value::Object(_)) => s.clone(),
-                Some(_) => return Err(bad("`response_format.json_schema.schema` must be an object")),
+                Some(_) => {
+                    return Err(bad(
+                        "`response_format.json_schema.schema` must be an object",
+                    ));
+                }
             };
             if js.get("strict") == Some(&Value::Bool(true)) {
                 close_objects(&mut schema);
@@ -167,7 +176,9 @@ fn parse_tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
         .ok_or_else(|| bad("`function` must be an object"))?;
     let name = f.get("name").and_then(Value::as_str).unwrap_or("");
     if !valid_name(name) {
-        return Err(bad("`function.name` must be 1-64 letters, digits, `_` or `-`"));
+        return Err(bad(
+            "`function.name` must be 1-64 letters, digits, `_` or `-`",
+        ));
     }
     let mut parameters = match f.get("parameters") {
         None | Some(Value::Null) => json!({"type": "object"}),
@@ -209,7 +220,9 @@ fn parse_tool_choice(o: &Obj, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
                     bad("`tool_choice` must name a function: {\"type\":\"function\",\"function\":{\"name\":...}}".into())
                 })?;
             if !tools.iter().any(|t| t.name == name) {
-                return Err(bad(format!("`tool_choice` names `{name}`, which is not in `tools`")));
+                return Err(bad(format!(
+                    "`tool_choice` names `{name}`, which is not in `tools`"
+                )));
             }
             ToolChoice::Named(name.to_string())
         }
@@ -299,17 +312,22 @@ mod tests {
 
     #[test]
     fn strict_closes_every_object() {
-        let o = obj(json!({"response_format": {"type": "json_schema", "json_schema": {
+        let o = obj(
+            json!({"response_format": {"type": "json_schema", "json_schema": {
             "name": "x", "strict": true, "schema": {"type": "object", "properties": {
                 "a": {"type": "object", "properties": {"b": {"type": "string"}}},
-                "c": {"enum": [{"type": "object"}]}}}}}}));
+                "c": {"enum": [{"type": "object"}]}}}}}}),
+        );
         let s = parse_structured(&o, Kind::Chat).unwrap();
         let ResponseFormat::JsonSchema(schema) = s.format else {
             panic!("a schema");
         };
         assert_eq!(schema["additionalProperties"], false);
         assert_eq!(schema["properties"]["a"]["additionalProperties"], false);
-        assert_eq!(schema["properties"]["c"]["enum"][0], json!({"type": "object"}));
+        assert_eq!(
+            schema["properties"]["c"]["enum"][0],
+            json!({"type": "object"})
+        );
     }
 
     #[test]
@@ -321,17 +339,29 @@ mod tests {
             (json!({"echo": true}), "echo"),
             (json!({"suffix": "x"}), "suffix"),
             (json!({"modalities": ["audio"]}), "modalities"),
-            (json!({"response_format": {"type": "xml"}}), "response_format"),
-            (json!({"tools": [{"type": "function", "function": {"name": "a b"}}]}), "tools[0]"),
+            (
+                json!({"response_format": {"type": "xml"}}),
+                "response_format",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "a b"}}]}),
+                "tools[0]",
+            ),
             (json!({"tool_choice": "required"}), "tool_choice"),
         ] {
-            assert_eq!(param_of(body.clone(), Kind::Chat).as_deref(), Some(p), "{body}");
+            assert_eq!(
+                param_of(body.clone(), Kind::Chat).as_deref(),
+                Some(p),
+                "{body}"
+            );
         }
         assert_eq!(
             param_of(json!({"tools": []}), Kind::Completion).as_deref(),
             Some("tools")
         );
-        assert!(parse_structured(&obj(json!({"logit_bias": {}, "echo": false})), Kind::Chat).is_ok());
+        assert!(
+            parse_structured(&obj(json!({"logit_bias": {}, "echo": false})), Kind::Chat).is_ok()
+        );
     }
 
     #[test]
