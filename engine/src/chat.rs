@@ -203,7 +203,7 @@ impl ChatTemplate {
         };
         let ctx = context! {
             messages => messages,
-            tools => tools.map(Value::from_serialize),
+            tools => tools.map_or(Value::UNDEFINED, Value::from_serialize),
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
