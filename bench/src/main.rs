@@ -38,6 +38,10 @@ struct SpeedFlags {
     /// Generated tokens (decode).
     #[arg(long = "gen", default_value_t = 128)]
     gen_tokens: usize,
+    /// decode only: context depths (comma-separated), one more decode row each, measured
+    /// after a context of that many tokens (llama-bench -d)
+    #[arg(long, value_delimiter = ',')]
+    depth: Vec<usize>,
     /// Timed runs after the untimed reference run; the row is their median.
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -59,8 +63,8 @@ struct SpeedFlags {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
-    /// ttft only: measure a running OpenAI-compatible server at host:port (memra-server or
-    /// llama-server) instead of the engine; MODEL is the file it serves (for the rows).
+    /// Measure a running OpenAI-compatible server at host:port (memra-server or llama-server)
+    /// instead of the engine; MODEL is the file it serves (for the rows).
     #[arg(long)]
     server: Option<String>,
     /// The model name the server serves.
@@ -303,8 +307,14 @@ enum Cmd {
     },
 }
 
-/// `ttft --server`: the server's TTFT rows.
-fn server_ttft(addr: String, f: &SpeedFlags) -> Result<Vec<memra_bench::record::Row>> {
+/// `ttft|prefill|decode --server`: the server's rows.
+fn server_speed(
+    kind: memra_bench::speed::Kind,
+    addr: String,
+    f: &SpeedFlags,
+) -> Result<Vec<memra_bench::record::Row>> {
+    use memra_bench::serve_ttft::{Speed, run, run_speed};
+    use memra_bench::speed::Kind;
     let m = memra_engine::loader::load_model(&f.model)?;
     let vocab = m.config.vocab;
     drop(m);
@@ -328,23 +338,29 @@ fn server_ttft(addr: String, f: &SpeedFlags) -> Result<Vec<memra_bench::record::
         shape: f.shape.clone(),
         dtype: f.dtype.clone(),
     };
-    memra_bench::serve_ttft::run(&a, &memra_bench::record::model_ref(&f.model)?, &prompts)
+    let mref = memra_bench::record::model_ref(&f.model)?;
+    match kind {
+        Kind::Ttft => run(&a, &mref, &prompts),
+        Kind::Prefill => run_speed(&a, &mref, &prompts, Speed::Prefill),
+        Kind::Decode => run_speed(&a, &mref, &prompts, Speed::Decode(f.gen_tokens)),
+    }
 }
 
 fn speed(kind: memra_bench::speed::Kind, f: SpeedFlags) -> Result<()> {
     if let Some(addr) = f.server.clone() {
-        if kind != memra_bench::speed::Kind::Ttft {
+        if !f.depth.is_empty() {
             return Err(Error::Input(
-                "--server is supported by `memra-bench ttft` only".into(),
+                "--depth is not supported with --server".into(),
             ));
         }
-        let rows = server_ttft(addr, &f)?;
+        let rows = server_speed(kind, addr, &f)?;
         return print_rows(&f, &rows);
     }
     let args = memra_bench::speed::SpeedArgs {
         kind,
         device: f.device.parse()?,
         prompts: f.prompt.clone(),
+        depths: f.depth.clone(),
         gen_tokens: f.gen_tokens,
         runs: f.runs,
         run: f
@@ -377,9 +393,13 @@ fn print_rows(f: &SpeedFlags, rows: &[memra_bench::record::Row]) -> Result<()> {
                 _ => String::new(),
             };
             println!(
-                "{} prompt {}: {v}{range} {} over {} runs{}",
+                "{} prompt {}{}: {v}{range} {} over {} runs{}",
                 r.workload.name(),
                 r.prompt.unwrap_or(0),
+                match r.depth {
+                    Some(d) if d > 0 => format!(" depth {d}"),
+                    _ => String::new(),
+                },
                 r.unit,
                 r.runs,
                 if r.valid {

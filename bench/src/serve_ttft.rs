@@ -1,12 +1,15 @@
-//! `memra-bench ttft --server ADDR`: time to first token of a running OpenAI-compatible server
+//! `memra-bench ttft|prefill|decode --server ADDR`: a running OpenAI-compatible server
 //! (memra-server or llama-server), measured the same way for both: a streaming `POST
-//! /v1/completions` with the prompt as token ids, one generated token, temperature 0.
+//! /v1/completions` with the prompt as token ids, temperature 0; one generated token for ttft
+//! and prefill (prompt tokens over the time to the first token, cold), `--gen` tokens with
+//! `ignore_eos` for decode (the tokens after the first over the time from the first to the
+//! last; the count from the stream's `usage`).
 //! Cold runs send a fresh `cache_salt` (memra) and `cache_prompt: false` (llama-server) each;
 //! cached runs send the same prompt again with caching on, after one untimed request that fills
 //! the cache. A timed run whose first token text differs from the untimed reference run is
 //! invalid, as in [`crate::speed`].
 
-use std::io::BufRead;
+use std::io::BufRead as _;
 
 use memra_engine::error::{Error, Result};
 
@@ -30,63 +33,74 @@ pub struct ServerTtft {
     pub dtype: Option<String>,
 }
 
-/// The request body: token-id prompt, one token, greedy, streaming.
-fn body(model: &str, prompt: &[u32], salt: Option<&str>) -> String {
+/// The request body: token-id prompt, `n` tokens (past EOS when more than one), greedy,
+/// streaming with a usage chunk.
+fn body(model: &str, prompt: &[u32], salt: Option<&str>, n: usize) -> String {
     let mut v = serde_json::json!({
         "model": model,
         "prompt": prompt,
-        "max_tokens": 1,
+        "max_tokens": n,
         "temperature": 0.0,
         "stream": true,
+        "stream_options": {"include_usage": true},
         "cache_prompt": salt.is_none(),
     });
+    if n > 1 {
+        v["ignore_eos"] = serde_json::Value::Bool(true);
+    }
     if let Some(s) = salt {
         v["cache_salt"] = serde_json::Value::String(s.to_string());
     }
     v.to_string()
 }
 
-/// The text of the first chunk that carries a choice, from an SSE byte stream, and whether the
-/// stream ended with `[DONE]`.
-pub fn first_text(r: impl BufRead) -> std::result::Result<(Option<String>, bool), String> {
-    let mut first = None;
-    for line in r.lines() {
-        let line = line.map_err(|e| format!("read: {e}"))?;
-        let Some(data) = line.strip_prefix("data: ") else {
-            continue;
-        };
-        if data == "[DONE]" {
-            return Ok((first, true));
-        }
-        let v: serde_json::Value =
-            serde_json::from_str(data).map_err(|e| format!("bad chunk JSON: {e}"))?;
-        if v.get("error").is_some() {
-            return Err(format!("error chunk: {data}"));
-        }
-        if first.is_none()
-            && let Some(t) = v["choices"][0]["text"].as_str()
-        {
-            first = Some(t.to_string());
-        }
+/// A stream chunk's non-empty choice text and its `usage.completion_tokens`.
+pub type Chunk = (Option<String>, Option<usize>);
+
+/// One SSE `data:` payload: `None` for `[DONE]`, else its [`Chunk`]; an error chunk or bad JSON
+/// is an error.
+pub fn chunk(data: &str) -> std::result::Result<Option<Chunk>, String> {
+    if data == "[DONE]" {
+        return Ok(None);
     }
-    Ok((first, false))
+    let v: serde_json::Value =
+        serde_json::from_str(data).map_err(|e| format!("bad chunk JSON: {e}"))?;
+    if v.get("error").is_some() {
+        return Err(format!("error chunk: {data}"));
+    }
+    let text = v["choices"][0]["text"]
+        .as_str()
+        .filter(|t| !t.is_empty())
+        .map(str::to_string);
+    let tokens = v["usage"]["completion_tokens"].as_u64().map(|u| u as usize);
+    Ok(Some((text, tokens)))
 }
 
-/// One request: seconds from sending to the first token's chunk, and its text.
-fn once(a: &ServerTtft, prompt: &[u32], salt: Option<&str>) -> Result<(f64, String)> {
+/// One streamed request's timing and text.
+struct Streamed {
+    /// Seconds from sending to the first and to the last text chunk.
+    first: f64,
+    last: f64,
+    text: String,
+    /// `usage.completion_tokens`, else the text chunks.
+    tokens: usize,
+}
+
+/// One request of `n` tokens, read to the end of its stream.
+fn once(a: &ServerTtft, prompt: &[u32], salt: Option<&str>, n: usize) -> Result<Streamed> {
     let fail = |what: String| Error::Input(format!("{}: {what}", a.addr));
     let p = crate::http::post(
         &a.addr,
         "/v1/completions",
         a.api_key.as_deref(),
-        &body(&a.model, prompt, salt),
+        &body(&a.model, prompt, salt, n),
     )
     .map_err(fail)?;
     if p.code() != 200 {
         return Err(fail(format!("status {}", p.status)));
     }
     let (t0, mut r) = (p.sent, p.reader);
-    // Headers, then the stream; the first choice chunk stops the clock.
+    // Headers, then the stream.
     let mut line = String::new();
     loop {
         line.clear();
@@ -97,33 +111,108 @@ fn once(a: &ServerTtft, prompt: &[u32], salt: Option<&str>) -> Result<(f64, Stri
             break;
         }
     }
-    let mut text = None;
-    let mut t_first = 0.0;
-    while text.is_none() {
+    let mut out = Streamed {
+        first: 0.0,
+        last: 0.0,
+        text: String::new(),
+        tokens: 0,
+    };
+    let (mut chunks, mut usage) = (0usize, None);
+    loop {
         line.clear();
-        let n = r
+        let got = r
             .read_line(&mut line)
             .map_err(|e| fail(format!("read: {e}")))?;
-        if n == 0 {
-            return Err(fail("the stream ended before a token".into()));
+        if got == 0 {
+            return Err(fail("the stream ended without [DONE]".into()));
         }
-        let (t, _) = first_text(line.as_bytes()).map_err(fail)?;
-        if t.is_some() {
-            t_first = t0.elapsed().as_secs_f64();
-            text = t;
+        let Some(data) = line.trim_end().strip_prefix("data: ") else {
+            continue;
+        };
+        let Some((text, tokens)) = chunk(data).map_err(fail)? else {
+            break;
+        };
+        if let Some(t) = text {
+            let now = t0.elapsed().as_secs_f64();
+            if chunks == 0 {
+                out.first = now;
+            }
+            out.last = now;
+            chunks += 1;
+            out.text.push_str(&t);
         }
+        usage = tokens.or(usage);
     }
-    // Drain to the end so the server finishes the request before the next one.
-    first_text(&mut r).map_err(fail)?;
-    Ok((t_first, text.unwrap_or_default()))
+    if chunks == 0 {
+        return Err(fail("the stream ended before a token".into()));
+    }
+    out.tokens = usage.unwrap_or(chunks);
+    Ok(out)
 }
 
-/// TTFT cold and cached rows for `prompt` (token ids) of `p` tokens.
-pub fn run(a: &ServerTtft, mref: &ModelRef, prompts: &[(usize, Vec<u32>)]) -> Result<Vec<Row>> {
+/// What `run_speed` measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Speed {
+    Prefill,
+    /// With this many generated tokens.
+    Decode(usize),
+}
+
+/// Prefill or decode rows (tok/s) through the server: per prompt an untimed reference request,
+/// then `runs` cold requests (fresh cache salt, no prompt cache); a run whose text differs from
+/// the reference makes the row invalid.
+pub fn run_speed(
+    a: &ServerTtft,
+    mref: &ModelRef,
+    prompts: &[(usize, Vec<u32>)],
+    what: Speed,
+) -> Result<Vec<Row>> {
     if a.runs == 0 {
         return Err(Error::Input("--runs must be at least 1".into()));
     }
-    let base = Row {
+    let n = match what {
+        Speed::Prefill => 1,
+        Speed::Decode(g) if g >= 2 => g,
+        Speed::Decode(_) => return Err(Error::Input("--gen must be at least 2 for decode".into())),
+    };
+    let base = base_row(a, mref, n);
+    let mut rows = Vec::new();
+    let mut salt = 0u64;
+    for (p, ids) in prompts {
+        let mut fresh = || {
+            salt += 1;
+            format!("speed-{}-{salt}", a.run)
+        };
+        let reference = once(a, ids, Some(&fresh()), n)?;
+        let (mut vals, mut ok) = (Vec::new(), true);
+        for _ in 0..a.runs {
+            let o = once(a, ids, Some(&fresh()), n)?;
+            ok &= o.text == reference.text && o.tokens == reference.tokens;
+            vals.push(match what {
+                Speed::Prefill => *p as f64 / o.first.max(1e-9),
+                Speed::Decode(_) => (o.tokens.max(2) - 1) as f64 / (o.last - o.first).max(1e-9),
+            });
+        }
+        let mmm = record::median_min_max(&vals).filter(|_| ok);
+        rows.push(Row {
+            workload: match what {
+                Speed::Prefill => Workload::Prefill,
+                Speed::Decode(_) => Workload::Decode,
+            },
+            prompt: Some(*p as u64),
+            unit: "tok/s".into(),
+            value: mmm.map(|x| x.0),
+            min: mmm.map(|x| x.1),
+            max: mmm.map(|x| x.2),
+            valid: ok,
+            ..base.clone()
+        });
+    }
+    Ok(rows)
+}
+
+fn base_row(a: &ServerTtft, mref: &ModelRef, generated: usize) -> Row {
+    Row {
         run: a.run.clone(),
         time: record::now(),
         device: a.device.clone(),
@@ -136,7 +225,7 @@ pub fn run(a: &ServerTtft, mref: &ModelRef, prompts: &[(usize, Vec<u32>)]) -> Re
         workload: Workload::TtftCold,
         batch: Some(1),
         prompt: None,
-        generated: Some(1),
+        generated: Some(generated as u64),
         depth: Some(0),
         value: None,
         unit: "ms".into(),
@@ -147,7 +236,15 @@ pub fn run(a: &ServerTtft, mref: &ModelRef, prompts: &[(usize, Vec<u32>)]) -> Re
         runs: a.runs as u64,
         valid: true,
         source: Some(format!("server {}", a.addr)),
-    };
+    }
+}
+
+/// TTFT cold and cached rows for `prompt` (token ids) of `p` tokens.
+pub fn run(a: &ServerTtft, mref: &ModelRef, prompts: &[(usize, Vec<u32>)]) -> Result<Vec<Row>> {
+    if a.runs == 0 {
+        return Err(Error::Input("--runs must be at least 1".into()));
+    }
+    let base = base_row(a, mref, 1);
     let mut rows = Vec::new();
     let mut salt = 0u64;
     for (p, ids) in prompts {
@@ -155,19 +252,19 @@ pub fn run(a: &ServerTtft, mref: &ModelRef, prompts: &[(usize, Vec<u32>)]) -> Re
             salt += 1;
             format!("ttft-{}-{salt}", a.run)
         };
-        let (_, reference) = once(a, ids, Some(&fresh()))?;
+        let reference = once(a, ids, Some(&fresh()), 1)?.text;
         let (mut cold, mut ok_cold) = (Vec::new(), true);
         for _ in 0..a.runs {
-            let (t, text) = once(a, ids, Some(&fresh()))?;
-            ok_cold &= text == reference;
-            cold.push(t * 1e3);
+            let o = once(a, ids, Some(&fresh()), 1)?;
+            ok_cold &= o.text == reference;
+            cold.push(o.first * 1e3);
         }
-        once(a, ids, None)?; // fills the cache
+        once(a, ids, None, 1)?; // fills the cache
         let (mut warm, mut ok_warm) = (Vec::new(), true);
         for _ in 0..a.runs {
-            let (t, text) = once(a, ids, None)?;
-            ok_warm &= text == reference;
-            warm.push(t * 1e3);
+            let o = once(a, ids, None, 1)?;
+            ok_warm &= o.text == reference;
+            warm.push(o.first * 1e3);
         }
         for (w, vals, ok) in [
             (Workload::TtftCold, cold, ok_cold),
@@ -229,33 +326,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn first_text_takes_the_first_choice_chunk() {
-        let s = concat!(
-            ": comment\n",
-            "data: {\"choices\":[{\"text\":\" Paris\",\"index\":0}]}\n\n",
-            "data: {\"choices\":[{\"text\":\"!\",\"index\":0}]}\n\n",
-            "data: [DONE]\n"
+    fn chunks_give_text_usage_done_and_errors() {
+        assert_eq!(
+            chunk("{\"choices\":[{\"text\":\" Paris\",\"index\":0}]}").unwrap(),
+            Some((Some(" Paris".to_string()), None))
         );
         assert_eq!(
-            first_text(s.as_bytes()).unwrap(),
-            (Some(" Paris".to_string()), true)
+            chunk("{\"choices\":[],\"usage\":{\"completion_tokens\":7}}").unwrap(),
+            Some((None, Some(7)))
         );
-        let (t, done) = first_text("data: {\"usage\":{}}\n".as_bytes()).unwrap();
-        assert_eq!((t, done), (None, false));
-        assert!(first_text("data: {\"error\":{\"message\":\"x\"}}\n".as_bytes()).is_err());
-        assert!(first_text("data: {nope\n".as_bytes()).is_err());
+        assert_eq!(
+            chunk("{\"choices\":[{\"text\":\"\"}]}").unwrap(),
+            Some((None, None))
+        );
+        assert_eq!(chunk("[DONE]").unwrap(), None);
+        assert!(chunk("{\"error\":{\"message\":\"x\"}}").is_err());
+        assert!(chunk("{nope").is_err());
     }
 
     #[test]
     fn cold_requests_carry_a_salt_and_no_prompt_cache() {
         let cold: serde_json::Value =
-            serde_json::from_str(&body("m", &[1, 2, 3], Some("s1"))).unwrap();
+            serde_json::from_str(&body("m", &[1, 2, 3], Some("s1"), 1)).unwrap();
         assert_eq!(cold["cache_salt"], "s1");
         assert_eq!(cold["cache_prompt"], false);
         assert_eq!(cold["prompt"], serde_json::json!([1, 2, 3]));
-        let warm: serde_json::Value = serde_json::from_str(&body("m", &[1], None)).unwrap();
+        let warm: serde_json::Value = serde_json::from_str(&body("m", &[1], None, 1)).unwrap();
         assert!(warm.get("cache_salt").is_none());
         assert_eq!(warm["cache_prompt"], true);
         assert_eq!(warm["max_tokens"], 1);
+        assert!(warm.get("ignore_eos").is_none());
+        let decode: serde_json::Value = serde_json::from_str(&body("m", &[1], None, 64)).unwrap();
+        assert_eq!(
+            (
+                decode["max_tokens"].as_u64(),
+                decode["ignore_eos"].as_bool()
+            ),
+            (Some(64), Some(true))
+        );
+        assert_eq!(decode["stream_options"]["include_usage"], true);
     }
 }

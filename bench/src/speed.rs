@@ -37,6 +37,9 @@ pub struct SpeedArgs {
     pub device: Device,
     /// Prompt lengths (one row set each).
     pub prompts: Vec<usize>,
+    /// Decode only: context depths, one more decode row each (the context of D tokens is the
+    /// prompt; `depth` = D on the row, as llama-bench `-d D -n GEN`).
+    pub depths: Vec<usize>,
     pub gen_tokens: usize,
     /// Timed runs (after the untimed reference run).
     pub runs: usize,
@@ -185,7 +188,8 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
     };
     let per_prompt = if a.kind == Kind::Ttft { 2 } else { 1 };
     let bar = if a.progress {
-        let b = ProgressBar::new((a.prompts.len() * per_prompt * (a.runs + 1)) as u64);
+        let n = a.prompts.len() + a.depths.len();
+        let b = ProgressBar::new((n * per_prompt * (a.runs + 1)) as u64);
         b.set_style(
             ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} runs")
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -240,7 +244,16 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
         salt += 1;
         format!("bench-{}-{salt}", a.run)
     };
-    for &p in &a.prompts {
+    if a.kind != Kind::Decode && !a.depths.is_empty() {
+        return Err(Error::Input("--depth applies to decode only".into()));
+    }
+    // (prompt, depth): the prompt rows at depth 0, then one decode row per depth.
+    let items = a
+        .prompts
+        .iter()
+        .map(|&p| (p, 0))
+        .chain(a.depths.iter().map(|&d| (d.max(1), d)));
+    for (p, depth) in items {
         if p == 0 || p + n_gen > info.max_positions {
             return Err(Error::Input(format!(
                 "prompt {p} + {n_gen} generated tokens does not fit the model's {} positions",
@@ -264,6 +277,7 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
             Row {
                 workload: w,
                 prompt: Some(p as u64),
+                depth: Some(depth as u64),
                 unit: unit.into(),
                 value: mmm.map(|x| x.0),
                 min: mmm.map(|x| x.1),

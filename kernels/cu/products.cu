@@ -32,7 +32,7 @@
 #ifndef MMQ_MINB
 #define MMQ_MINB 1
 #endif
-// Weight tiles in flight per warp (0: 4 for the small tiles of Q8_0 / Q4_0 / Q4_1 at decode
+// Weight tiles in flight per warp (0: 4 for the small tiles of Q4_0 / Q4_1 at decode
 // widths, else 2; measured on the H200, reports/kernel-notes.md).
 #ifndef MMQ_PF
 #define MMQ_PF 0
@@ -187,6 +187,17 @@ struct Outs {
     }
 };
 
+__device__ __forceinline__ Outs outs(float* Y, float* Y2, float* Y3, u32 n1, u32 n2, u32 N) {
+    Outs o;
+    o.y[0] = Y;
+    o.y[1] = Y2;
+    o.y[2] = Y3;
+    o.n1 = n1;
+    o.n2 = n2;
+    o.N = N;
+    return o;
+}
+
 template <class F>
 __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __restrict__ X,
                                         const float* __restrict__ Xs, const Outs& out, const float* R, u32 M,
@@ -216,7 +227,7 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
                 for (int e = 0; e < 4; ++e) acc[nf][e] = NEG_ZERO;
             // A ring of PF tiles in flight (register arrays indexed by unrolled constants): tile
             // kt + PF is requested as soon as tile kt is consumed. Tiles are used in order.
-            constexpr int PF = MMQ_PF > 0 ? MMQ_PF : (F::TB <= 1088 && MMQ_NT <= 2 ? 4 : 2);
+            constexpr int PF = MMQ_PF > 0 ? MMQ_PF : (F::TB < 1088 && MMQ_NT <= 2 ? 4 : 2);
             typename F::Tile buf[PF];
 #pragma unroll
             for (int i = 0; i < PF; ++i)
@@ -290,6 +301,12 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
 #ifndef MMS_MINB
 #define MMS_MINB 0
 #endif
+// 1: the segment totals live in shared memory after the stages (one f32 per thread and C
+// element, touched once per segment), leaving the registers to the accumulators of a larger
+// warp tile; 0: in registers. Same additions in the same order either way.
+#ifndef MMS_TOTS
+#define MMS_TOTS 0
+#endif
 #define MMS_WR 4
 #define MMS_WT 2
 
@@ -356,13 +373,21 @@ __device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8*
         c0[nf] = min(base + 2 * t, M - 1);
         c1[nf] = min(base + 2 * t + 1, M - 1);
     }
-    float tot[MMS_RT][MMS_NT][4], acc[MMS_RT][MMS_NT][4];
+    float acc[MMS_RT][MMS_NT][4];
+#if MMS_TOTS
+    // Element (r, nf, e) of this thread at [((r * MMS_NT + nf) * 4 + e) * 256 + threadIdx.x].
+    float* tots = (float*)(sm + MMS_STAGES * Mms<F>::STAGE);
+#define MMS_TOT(r, nf, e) tots[(((r) * MMS_NT + (nf)) * 4 + (e)) * 256 + threadIdx.x]
+#else
+    float tot[MMS_RT][MMS_NT][4];
+#define MMS_TOT(r, nf, e) tot[r][nf][e]
+#endif
 #pragma unroll
     for (int r = 0; r < MMS_RT; ++r)
 #pragma unroll
         for (int nf = 0; nf < MMS_NT; ++nf)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) tot[r][nf][e] = acc[r][nf][e] = NEG_ZERO;
+            for (int e = 0; e < 4; ++e) MMS_TOT(r, nf, e) = acc[r][nf][e] = NEG_ZERO;
 #pragma unroll
     for (int s = 0; s < MMS_STAGES - 1; ++s) {
         if ((u32)s < nkt) mms_stage<F>(sm + s * Mms<F>::STAGE, W, X, s, rt0, nrt, nkt, m0, M, kp);
@@ -403,7 +428,7 @@ __device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8*
                 for (int nf = 0; nf < MMS_NT; ++nf)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        tot[r][nf][e] = __fadd_rn(tot[r][nf][e], acc[r][nf][e]);
+                        MMS_TOT(r, nf, e) = __fadd_rn(MMS_TOT(r, nf, e), acc[r][nf][e]);
                         acc[r][nf][e] = NEG_ZERO;
                     }
             ++seg;
@@ -419,8 +444,9 @@ __device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8*
             for (int e = 0; e < 4; ++e) {
                 const u32 n = (rt0 + wr * MMS_RT + r) * 16 + g + 8 * (e >> 1);
                 const u32 m = m0 + (wt * MMS_NT + nf) * 8 + 2 * t + (e & 1);
-                if (n < N && m < M) out.put(m, n, tot[r][nf][e], R);
+                if (n < N && m < M) out.put(m, n, MMS_TOT(r, nf, e), R);
             }
+#undef MMS_TOT
 }
 
 // Y, Y2, Y3 with n1 / n2: see Outs (n1 = N for a single output); R: residual (rows of N).
@@ -428,13 +454,7 @@ __device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8*
     extern "C" __global__ void __launch_bounds__(MMQ_MAXT, MMQ_MINB) mmq_##suffix(                                      \
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
         const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
-        Outs o;                                                                                               \
-        o.y[0] = Y;                                                                                           \
-        o.y[1] = Y2;                                                                                          \
-        o.y[2] = Y3;                                                                                          \
-        o.n1 = n1;                                                                                            \
-        o.n2 = n2;                                                                                            \
-        o.N = N;                                                                                              \
+        const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
         product<FMT>(W, X, Xs, o, R, M, N, nkt, nseg, kp);                                                    \
     }
 
@@ -448,18 +468,13 @@ MMQ_KERNEL(f16, FmtF16<0>)
 MMQ_KERNEL(bf16, FmtF16<1>)
 
 // MINB: two blocks per SM where stages and registers allow it (F16 and Q8_0 at
-// M = 512: 20-30% faster than one, H200), one for the K-quants and Q4_1 (which would spill).
+// M = 512: 20-30% faster than one, H200), one for the K-quants and Q4_1 (which would spill)
+// and for the large warp tiles (MMS_TOTS).
 #define MMS_KERNEL(suffix, FMT, MINB)                                                                       \
-    extern "C" __global__ void __launch_bounds__(256, MMS_MINB > 0 ? MMS_MINB : MINB) mms_##suffix(                                         \
+    extern "C" __global__ void __launch_bounds__(256, MMS_MINB > 0 ? MMS_MINB : MMS_TOTS ? 1 : MINB) mms_##suffix(                                         \
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
         const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
-        Outs o;                                                                                               \
-        o.y[0] = Y;                                                                                           \
-        o.y[1] = Y2;                                                                                          \
-        o.y[2] = Y3;                                                                                          \
-        o.n1 = n1;                                                                                            \
-        o.n2 = n2;                                                                                            \
-        o.N = N;                                                                                              \
+        const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
         product_smem<FMT>(W, X, Xs, o, R, M, N, nkt, nseg, kp);                                               \
     }
 

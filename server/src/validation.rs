@@ -62,6 +62,9 @@ pub struct Parsed {
     pub logprobs: Option<usize>,
     pub user: Option<String>,
     pub cache_salt: Option<String>,
+    /// `"ignore_eos": true` generates past the end-of-sequence tokens up to `max_tokens`
+    /// (benchmarks; as llama-server and vLLM accept it). Stop strings still apply.
+    pub ignore_eos: bool,
     /// `"speculative": false` opts out of the model's speculative decoding (same output).
     pub speculative: bool,
     /// `response_format` and tools.
@@ -458,6 +461,7 @@ pub fn parse(kind: Kind, body: &[u8], max_tokens_cap: usize) -> Result<Parsed, A
         logprobs,
         user: get_tag(&o, "user")?,
         cache_salt: get_tag(&o, "cache_salt")?,
+        ignore_eos: get_bool(&o, "ignore_eos")?.unwrap_or(false),
         speculative: get_bool(&o, "speculative")?.unwrap_or(true),
         structured: parse_structured(&o, kind)?,
     })
@@ -522,7 +526,7 @@ pub fn finish(
         stop: p.stop,
         logprobs: p.logprobs,
         cache_salt: p.cache_salt,
-        ignore_eos: false,
+        ignore_eos: p.ignore_eos,
         tenant_max_in_flight: Some(to.tenant_max_in_flight),
         speculative: p.speculative,
         grammar,

@@ -8,11 +8,14 @@
 #   3. memra-bench peer llama.cpp: llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 3 on the same files
 #   4. 64 streaming clients x 4 requests x 64 tokens (memra-bench load) against memra-server
 #      and llama-server -np 64 on the q4_k_m file, and TTFT (512-token prompt, cold and cached)
-#      through each server (memra-bench ttft --server)
+#      and batch-1 decode (128 tokens, ignore_eos) through each server (memra-bench ttft|decode
+#      --server)
 # Every measurement is a row of ONE run id in $OUT/data.jsonl (docs/BENCH.md): copy it into
 # reports/data/ and run `memra-bench report`. A markdown summary goes to $OUT/sidebyside.md;
 # logs to $OUT/sbs-logs.tgz.
 #   (gates: memra-verify kernels / invariance / graph / tokens through battery.sh, between 2 and 3)
+#   5. (step depth, not in the default list) decode at context depths SBS_DEPTHS (default
+#      2048,8000) on the q4_k_m file, memra-bench decode --depth and llama-bench -d
 # Env: SBS_STEPS (default "synth memra gates peer load"), RUNS (default 3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -69,6 +72,19 @@ if has peer; then
   done
 fi
 
+if has depth; then
+  DEPTHS="${SBS_DEPTHS:-2048,8000}"
+  f=$(model q4_k_m)
+  # shellcheck disable=SC2046
+  timeout 300 "$BIN/memra-bench" decode "$f" --device cuda:0 --prompt 512 --depth "$DEPTHS" --gen 128 \
+    --runs "$RUNS" $(label q4_k_m) --run "$RUN" --out "$DATA" --quiet > "$LOG/memra-depth.txt" 2>&1
+  tools/device/peer.sh wait > "$LOG/peer-build.txt" 2>&1
+  # shellcheck disable=SC2046
+  timeout 300 "$BIN/memra-bench" peer llama.cpp "$f" --llama-bin "$HOME/llama.cpp/build/bin" \
+    --prompt 512 --gen 128 --depth "$DEPTHS" --reps 3 $(label q4_k_m) --run "$RUN" --out "$DATA" \
+    > "$LOG/llama-bench-depth.txt" 2>&1
+fi
+
 LOADM="" LOADL=""
 if has load; then
   f=$(model q4_k_m)
@@ -84,9 +100,12 @@ if has load; then
     --max-tokens 64 --out "$DATA" --run "$RUN" --engine memra --model-file "$f" $(label q4_k_m) \
     --device cuda:0 > "$LOG/load-memra.json" 2>&1
   # shellcheck disable=SC2046
-  timeout 120 "$BIN/memra-bench" ttft "$f" --server 127.0.0.1:18090 --served-model m --engine memra \
-    --device cuda:0 --prompt 512 --runs "$RUNS" $(label q4_k_m) --run "$RUN" --out "$DATA" --quiet \
-    > "$LOG/ttft-server-memra.txt" 2>&1
+  for w in ttft decode; do
+    # shellcheck disable=SC2046
+    timeout 120 "$BIN/memra-bench" "$w" "$f" --server 127.0.0.1:18090 --served-model m --engine memra \
+      --device cuda:0 --prompt 512 --gen 128 --runs "$RUNS" $(label q4_k_m) --run "$RUN" --out "$DATA" \
+      --quiet > "$LOG/$w-server-memra.txt" 2>&1
+  done
   kill -TERM "$pid"; wait "$pid"
   LOADM=$(python3 -c "import json; j=json.loads(open('$LOG/load-memra.json').read().strip().splitlines()[-1]); print('%.0f tok/s, %d errors' % (j.get('aggregate_tok_s', 0), j.get('errors', -1)))" 2>/dev/null || echo FAIL)
   if [ -x "$HOME/llama.cpp/build/bin/llama-server" ]; then
@@ -100,10 +119,13 @@ if has load; then
     timeout 300 "$BIN/memra-bench" load --addr 127.0.0.1:18091 --model m --clients 64 --requests 4 \
       --max-tokens 64 --out "$DATA" --run "$RUN" --engine llama.cpp --model-file "$f" $(label q4_k_m) \
       --device cuda:0 > "$LOG/load-llama.json" 2>&1
-    # shellcheck disable=SC2046
-    timeout 120 "$BIN/memra-bench" ttft "$f" --server 127.0.0.1:18091 --served-model m --engine llama.cpp \
-      --engine-version "llama-cpp-python 0.3.36 (vendored llama.cpp)" --device cuda:0 --prompt 512 \
-      --runs "$RUNS" $(label q4_k_m) --run "$RUN" --out "$DATA" --quiet > "$LOG/ttft-server-llama.txt" 2>&1
+    for w in ttft decode; do
+      # shellcheck disable=SC2046
+      timeout 120 "$BIN/memra-bench" "$w" "$f" --server 127.0.0.1:18091 --served-model m --engine llama.cpp \
+        --engine-version "llama-cpp-python 0.3.36 (vendored llama.cpp)" --device cuda:0 --prompt 512 \
+        --gen 128 --runs "$RUNS" $(label q4_k_m) --run "$RUN" --out "$DATA" --quiet \
+        > "$LOG/$w-server-llama.txt" 2>&1
+    done
     kill -TERM "$lpid"; wait "$lpid" 2>/dev/null
     LOADL=$(python3 -c "import json; j=json.loads(open('$LOG/load-llama.json').read().strip().splitlines()[-1]); print('%.0f tok/s, %d errors' % (j.get('aggregate_tok_s', 0), j.get('errors', -1)))" 2>/dev/null || echo FAIL)
   fi

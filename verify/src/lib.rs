@@ -5,6 +5,7 @@
 
 mod attention_check;
 mod case;
+pub mod golden;
 pub mod graph;
 pub mod inspect;
 pub mod invariance;

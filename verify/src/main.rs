@@ -7,6 +7,8 @@
 //! - `memra-verify graph [--device cuda:N] (MODEL | --tiny ARCH) [--max-m 64] [--gen-tokens 24]`
 //! - `memra-verify spec [--device D] (MODEL | --tiny ARCH) [--max-tokens 32] [--k-max 8]
 //!   [--drafters ngram,self,random]`
+//! - `memra-verify golden [--device D] (MODEL | --tiny ARCH) [--dir verify/golden]
+//!   [--record --reason TEXT]`: plain decoding's logits bytes vs those recorded for the device class
 //! - `memra-verify all [--device D] MODEL [--fixture FILE]`: every gate for the device, then a
 //!   summary table
 //! - `memra-verify inspect MODEL [--scan]`: the file validated as the engine loads it; exit 0
@@ -27,7 +29,7 @@ use memra_engine::spec::Drafter;
 use memra_engine::spec::draft_model::DraftModelDrafter;
 use memra_engine::spec::ngram::NgramDrafter;
 use memra_engine::{Error, Result};
-use memra_verify::{graph, invariance, kernels, serve_invariance, spec, tokens};
+use memra_verify::{golden, graph, invariance, kernels, serve_invariance, spec, tokens};
 
 #[derive(Parser)]
 #[command(name = "memra-verify", about = "memra exactness gates")]
@@ -137,6 +139,28 @@ enum Cmd {
         #[arg(long)]
         scan: bool,
     },
+    /// Plain greedy decoding's logits (hash of every position's bytes, top values) on fixed
+    /// prompts vs those recorded for this device class under --dir.
+    Golden {
+        /// A GGUF file or HF folder.
+        model: Option<PathBuf>,
+        /// Use a tiny random model of this architecture instead of MODEL.
+        #[arg(long, conflicts_with = "model")]
+        tiny: Option<String>,
+        #[arg(long, default_value = "auto")]
+        device: Device,
+        #[arg(long, default_value = "verify/golden")]
+        dir: PathBuf,
+        /// Tokens generated per prompt.
+        #[arg(long, default_value_t = 16)]
+        max_tokens: usize,
+        /// Record (or re-record) the values instead of checking them.
+        #[arg(long, requires = "reason")]
+        record: bool,
+        /// Why the values are recorded (kept in the file).
+        #[arg(long, requires = "record")]
+        reason: Option<String>,
+    },
     /// Every gate that applies to the device, then a summary table.
     All {
         model: PathBuf,
@@ -145,6 +169,9 @@ enum Cmd {
         fixture: Option<PathBuf>,
         #[arg(long, default_value = "auto")]
         device: Device,
+        /// The golden gate's folder (skipped when it holds no values for the model and class).
+        #[arg(long, default_value = "verify/golden")]
+        golden_dir: PathBuf,
     },
 }
 
@@ -414,6 +441,116 @@ fn gate_spec(a: &SpecArgs) -> Result<usize> {
     Ok(spec::failures(&rows))
 }
 
+/// The golden gate's own arguments.
+struct GoldenArgs<'a> {
+    model: Option<&'a Path>,
+    tiny: Option<&'a str>,
+    device: Device,
+    dir: &'a Path,
+    max_tokens: usize,
+    /// Some(reason): record.
+    record: Option<&'a str>,
+    /// A missing golden file is a skip, not a failure (`all`).
+    optional: bool,
+}
+
+fn gate_golden(a: &GoldenArgs) -> Result<usize> {
+    if a.max_tokens == 0 {
+        return Err(Error::Input("golden: --max-tokens must be > 0".into()));
+    }
+    if a.record.is_some_and(|r| r.trim().is_empty()) {
+        return Err(Error::Input("golden: --reason must say why".into()));
+    }
+    let (w, prompts, name, id) = match (a.model, a.tiny) {
+        (_, Some(arch)) => {
+            let w = tiny(arch)?;
+            let p = spec::synthetic_prompts(w.config.vocab);
+            let name = format!("tiny-{arch}");
+            (w, p, name.clone(), name)
+        }
+        (Some(path), None) => {
+            let id = golden::model_id(path)?;
+            let m = memra_engine::loader::load_model(path)?;
+            let bos = m.tokenizer.add_bos_default();
+            let mut p = Vec::new();
+            for (name, text) in spec::TEXT_PROMPTS {
+                p.push(spec::Prompt {
+                    name: (*name).into(),
+                    ids: m.tokenizer.encode(text, bos)?,
+                });
+            }
+            (m.weights, p, path.display().to_string(), id)
+        }
+        (None, None) => return Err(Error::Input("golden: give MODEL or --tiny ARCH".into())),
+    };
+    let longest = prompts.iter().map(|p| p.ids.len()).max().unwrap_or(0);
+    let bs = 16;
+    let blocks = (longest + a.max_tokens).div_ceil(bs);
+    let mut b = open_backend(a.device, w, blocks, bs, 0)?;
+    let class = golden::device_class(b.as_ref());
+    let file = golden::golden_path(a.dir, Path::new(&name), &class);
+    if let Some(reason) = a.record {
+        let values = golden::generate_all(b.as_mut(), &prompts, a.max_tokens)?;
+        let g = golden::Golden {
+            model: Path::new(&name)
+                .file_name()
+                .map_or(name.clone(), |n| n.to_string_lossy().into_owned()),
+            model_id: id,
+            class,
+            profile: b.profile(),
+            recorded: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            commit: golden::commit(),
+            reason: reason.trim().to_string(),
+            max_tokens: a.max_tokens,
+            prompts: values,
+        };
+        golden::write(&file, &g)?;
+        println!(
+            "golden on {}: recorded {} prompts x {} tokens into {}",
+            b.name(),
+            g.prompts.len(),
+            a.max_tokens,
+            file.display()
+        );
+        return Ok(0);
+    }
+    if !file.exists() {
+        if a.optional {
+            println!(
+                "golden: skipped, no values for class {class} ({})",
+                file.display()
+            );
+            return Ok(0);
+        }
+        return Err(Error::Input(format!(
+            "golden: no values for class {class}: {} does not exist (record them with --record --reason TEXT)",
+            file.display()
+        )));
+    }
+    let want = golden::read(&file)?;
+    if want.model_id != id {
+        return Err(Error::Input(format!(
+            "golden: {} was recorded on another model file (id {}, this one {id})",
+            file.display(),
+            want.model_id
+        )));
+    }
+    let got = golden::generate_all(b.as_mut(), &prompts, want.max_tokens)?;
+    let rows = golden::compare(&want.prompts, &got);
+    print!("{}", golden::report(&rows));
+    let bad = rows.iter().filter(|r| r.difference.is_some()).count();
+    println!(
+        "golden on {} (class {class}) vs {} (recorded at commit {}: {}): {bad} differ",
+        b.name(),
+        file.display(),
+        want.commit.as_deref().unwrap_or("?"),
+        want.reason
+    );
+    Ok(bad)
+}
+
 /// The device `auto` stands for.
 fn resolve(device: Device) -> Device {
     match device {
@@ -423,7 +560,12 @@ fn resolve(device: Device) -> Device {
     }
 }
 
-fn gate_all(model: &Path, fixture: Option<&Path>, device: Device) -> Result<usize> {
+fn gate_all(
+    model: &Path,
+    fixture: Option<&Path>,
+    device: Device,
+    golden_dir: &Path,
+) -> Result<usize> {
     if !model.exists() {
         return Err(Error::Input(format!(
             "all: model {} does not exist",
@@ -457,6 +599,15 @@ fn gate_all(model: &Path, fixture: Option<&Path>, device: Device) -> Result<usiz
         threads: 0,
         paths: if cuda { "logits,select" } else { "logits" },
     };
+    let golden_args = GoldenArgs {
+        model: Some(model),
+        tiny: None,
+        device,
+        dir: golden_dir,
+        max_tokens: 16,
+        record: None,
+        optional: true,
+    };
     type Gate<'a> = (&'static str, Box<dyn Fn() -> Result<usize> + 'a>);
     let mut gates: Vec<Gate> = Vec::new();
     if cuda {
@@ -476,6 +627,7 @@ fn gate_all(model: &Path, fixture: Option<&Path>, device: Device) -> Result<usiz
     if let Some(f) = fixture {
         gates.push(("tokens", Box::new(move || gate_tokens(model, f, device))));
     }
+    gates.push(("golden", Box::new(|| gate_golden(&golden_args))));
     gates.push((
         "serve-invariance",
         Box::new(|| gate_serve(model, device, if cuda { 32 } else { 6 }, 12)),
@@ -576,7 +728,25 @@ fn run(cli: Cli) -> Result<usize> {
             model,
             fixture,
             device,
-        } => gate_all(&model, fixture.as_deref(), device),
+            golden_dir,
+        } => gate_all(&model, fixture.as_deref(), device, &golden_dir),
+        Cmd::Golden {
+            model,
+            tiny: t,
+            device,
+            dir,
+            max_tokens,
+            record,
+            reason,
+        } => gate_golden(&GoldenArgs {
+            model: model.as_deref(),
+            tiny: t.as_deref(),
+            device,
+            dir: &dir,
+            max_tokens,
+            record: if record { reason.as_deref() } else { None },
+            optional: false,
+        }),
         Cmd::Inspect { .. } => Err(Error::Input("inspect runs before the gates".into())),
     }
 }

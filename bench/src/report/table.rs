@@ -80,7 +80,14 @@ fn side_by_side(rows: &[&Row], run: &str) -> String {
     };
     let find = |engine_is_memra: bool, model: &str, w: Workload| {
         in_run.iter().find(|r| {
-            (r.engine == "memra") == engine_is_memra && r.model_label() == model && r.workload == w
+            (r.engine == "memra") == engine_is_memra
+                && r.model_label() == model
+                && r.workload == w
+                && r.depth.unwrap_or(0) == 0
+                // Decode and prefill compare the engines themselves; server-measured rows of
+                // those (`--server`) stay in the run list.
+                && (matches!(w, Workload::TtftCold | Workload::TtftCached)
+                    || !r.source.as_deref().is_some_and(|s| s.starts_with("server")))
         })
     };
     let peer = in_run

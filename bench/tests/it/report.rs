@@ -124,6 +124,7 @@ fn speed_rows_on_the_real_model_are_valid() {
         kind,
         device: Device::Cpu,
         prompts: vec![24],
+        depths: Vec::new(),
         gen_tokens: 4,
         runs: 2,
         run: "test".into(),
@@ -131,9 +132,30 @@ fn speed_rows_on_the_real_model_are_valid() {
         shape: Some("smollm2-135m".into()),
         dtype: Some("Q4_1".into()),
     };
-    let rows = memra_bench::speed::run(&model, &args(Kind::Decode)).unwrap();
-    assert_eq!(rows.len(), 1);
+    let rows = memra_bench::speed::run(
+        &model,
+        &SpeedArgs {
+            depths: vec![40],
+            ..args(Kind::Decode)
+        },
+    )
+    .unwrap();
+    assert_eq!(rows.len(), 2);
+    // The depth row: a 40-token context, then the decode.
+    assert_eq!((rows[1].prompt, rows[1].depth), (Some(40), Some(40)));
+    assert_eq!((rows[1].workload, rows[1].valid), (Workload::Decode, true));
+    assert!(
+        memra_bench::speed::run(
+            &model,
+            &SpeedArgs {
+                depths: vec![40],
+                ..args(Kind::Prefill)
+            }
+        )
+        .is_err()
+    );
     let r = &rows[0];
+    assert_eq!(r.depth, Some(0));
     assert_eq!((r.workload, r.valid, r.runs), (Workload::Decode, true, 2));
     assert!(r.value.unwrap() > 0.0 && r.min <= r.value && r.value <= r.max);
     assert!(r.weight_gb_s.unwrap() > 0.0);

@@ -16,7 +16,7 @@ use memra_engine::chat::ChatMessage;
 use memra_engine::generate::{GenRequest, generate};
 use memra_engine::loader::load_model;
 use memra_engine::sampling::SamplingParams;
-use memra_engine::spec::generate::{SpecOptions, generate_spec};
+use memra_engine::spec::generate::{SpecOptions, generate_spec_timed};
 use memra_engine::spec::{DrafterKind, SpecConfig, open_drafter};
 use memra_engine::tokenizer::StreamDecoder;
 use memra_engine::{Error, Result};
@@ -180,9 +180,9 @@ fn run(args: Args) -> Result<()> {
                 k: cfg.k,
                 adaptive: true,
             };
-            let (out, c) =
-                generate_spec(backend.as_mut(), drafter.as_mut(), &req, o, &mut on_token)?;
-            (out, Some(c))
+            let (out, c, t) =
+                generate_spec_timed(backend.as_mut(), drafter.as_mut(), &req, o, &mut on_token)?;
+            (out, Some((c, t)))
         }
     };
     if !json {
@@ -200,12 +200,18 @@ fn run(args: Args) -> Result<()> {
         "backend": backend.name(),
         "cuda_graphs": graphs && backend.name().starts_with("cuda"),
     });
-    if let Some(c) = counts {
+    if let Some((c, t)) = counts {
+        let ms = |secs: f64, n: u64| (n > 0).then(|| secs * 1e3 / n as f64);
         v["spec"] = serde_json::json!({
             "drafted": c.drafted,
             "accepted": c.accepted,
             "verify_steps": c.steps,
             "mean_accepted_length": (c.accepted + c.steps) as f64 / c.steps.max(1) as f64,
+            // Where the decode time went: per verify step (drafting apart), per plain step.
+            "draft_ms_per_verify_step": ms(t.draft_secs, t.verify_steps),
+            "verify_step_ms": ms(t.verify_secs, t.verify_steps),
+            "plain_steps": t.plain_steps,
+            "plain_step_ms": ms(t.plain_secs, t.plain_steps),
         });
     }
     if args.logits_top > 0 {

@@ -31,6 +31,30 @@ pub fn generate_spec(
     opts: SpecOptions,
     on_token: &mut dyn FnMut(u32) -> Result<()>,
 ) -> Result<(GenOutput, SpecCounts)> {
+    generate_spec_timed(backend, drafter, req, opts, on_token).map(|(o, c, _)| (o, c))
+}
+
+/// Where a speculative generation's decode time went (wall clock, seconds).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SpecTiming {
+    /// Drafting (the drafter's calls).
+    pub draft_secs: f64,
+    /// Steps that checked at least one draft, and their count.
+    pub verify_secs: f64,
+    pub verify_steps: u64,
+    /// Steps without drafts (one row, as plain decoding), and their count.
+    pub plain_secs: f64,
+    pub plain_steps: u64,
+}
+
+/// [`generate_spec`] with the time spent drafting, in verify steps and in plain steps.
+pub fn generate_spec_timed(
+    backend: &mut dyn Backend,
+    drafter: &mut dyn Drafter,
+    req: &GenRequest,
+    opts: SpecOptions,
+    on_token: &mut dyn FnMut(u32) -> Result<()>,
+) -> Result<(GenOutput, SpecCounts, SpecTiming)> {
     let (total, blocks) = check_gen(backend, req)?;
     let table: Vec<u32> = (0..blocks as u32).collect();
     let t0 = Instant::now();
@@ -49,6 +73,7 @@ pub fn generate_spec(
     let mut counts = SpecCounts::default();
     let mut control = SpecControl::new(opts.k);
     let mut cost = StepCost::default();
+    let mut timing = SpecTiming::default();
     // Picks for positions history.len(), history.len() + 1, ...; all but the last have their
     // KV computed already (they were accepted drafts).
     let mut pending: VecDeque<Selected> = VecDeque::from([first]);
@@ -70,6 +95,7 @@ pub fn generate_spec(
         // Drafts may reach position total - 1 at most (plain decoding's last pick).
         let room = total - history.len() - 1;
         let k = if opts.adaptive { control.k() } else { opts.k }.min(room);
+        let td = Instant::now();
         let drafts = if k == 0 {
             Vec::new()
         } else {
@@ -83,8 +109,17 @@ pub fn generate_spec(
             d
         };
         let ts = Instant::now();
+        timing.draft_secs += (ts - td).as_secs_f64();
         let picks = verify(backend, req, &table, &history, &drafts, want_logits)?;
-        cost.record(drafts.len() + 1, ts.elapsed().as_secs_f64());
+        let step = ts.elapsed().as_secs_f64();
+        cost.record(drafts.len() + 1, step);
+        if drafts.is_empty() {
+            timing.plain_secs += step;
+            timing.plain_steps += 1;
+        } else {
+            timing.verify_secs += step;
+            timing.verify_steps += 1;
+        }
         let tokens = pick_tokens(&picks, &history, &drafts, req);
         let a = accept(&drafts, &tokens);
         counts.add(drafts.len(), a);
@@ -93,7 +128,7 @@ pub fn generate_spec(
     }
     drafter.forget(0);
     out.decode_secs = t1.elapsed().as_secs_f64();
-    Ok((out, counts))
+    Ok((out, counts, timing))
 }
 
 /// The token each pick stands for: the backend's, or (logits rows) what `sample` picks with the

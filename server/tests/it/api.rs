@@ -75,6 +75,30 @@ async fn completions_shapes_and_prompts() {
         .await;
     assert_eq!(r.status(), 200);
     assert_eq!(last_submitted(&s).prompt, vec![1, 70, 71]);
+    assert!(!last_submitted(&s).ignore_eos);
+    // `ignore_eos` reaches the engine; a non-boolean names the field.
+    let r = s
+        .post(
+            "/v1/completions",
+            &json!({"model": "tiny", "prompt": [1], "max_tokens": 2, "ignore_eos": true}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert!(last_submitted(&s).ignore_eos);
+    let r = s
+        .post(
+            "/v1/completions",
+            &json!({"model": "tiny", "prompt": [1], "ignore_eos": "yes"}),
+        )
+        .await;
+    let v = expect_error(r, 400, None).await;
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("ignore_eos"),
+        "{v}"
+    );
     // A token id outside the vocabulary names the parameter.
     let r = s
         .post(

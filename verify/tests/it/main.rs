@@ -1,5 +1,6 @@
 //! The integration tests of memra-verify, one module per area, linked into one test binary.
 
+mod golden;
 mod inspect;
 mod invariance_cpu;
 mod serve_invariance;

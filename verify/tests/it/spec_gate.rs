@@ -241,12 +241,16 @@ fn all_passes_on_cpu_with_smollm2() {
         .arg("all")
         .arg(&model)
         .args(["--device", "cpu", "--fixture", fixture])
+        .args([
+            "--golden-dir",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/golden"),
+        ])
         .output()
         .expect("run memra-verify");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    for gate in ["invariance", "spec", "tokens", "serve-invariance"] {
+    for gate in ["invariance", "spec", "tokens", "golden", "serve-invariance"] {
         assert!(
             stdout
                 .lines()
@@ -257,6 +261,11 @@ fn all_passes_on_cpu_with_smollm2() {
     // CUDA-only gates do not run on the CPU.
     assert!(!stdout.contains("== kernels"), "{stdout}");
     assert!(stdout.contains("draft:self"), "{stdout}");
+    // The golden gate compared the committed CPU values (not skipped).
+    assert!(
+        stdout.contains("(class cpu)") && stdout.contains("0 differ"),
+        "{stdout}"
+    );
     assert!(stdout.trim_end().ends_with("ALL GREEN"), "{stdout}");
 }
 

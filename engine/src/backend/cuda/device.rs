@@ -802,7 +802,9 @@ impl Gpu {
         let stride = attn_part_floats(a.ctx, a.head_dim) as u64;
         let splits = a.ctx.max(1).div_ceil(ATTN_SPLIT);
         let rh = self.u32_of(a.rows * a.n_heads, "attention rows x heads")?;
-        let split_args = [
+        // Both kernel families take these first: queries, caches, positions, block tables,
+        // the split partials and their stride.
+        let lead = [
             Arg::Ptr(a.q),
             Arg::Ptr(a.k_cache),
             Arg::Ptr(a.v_cache),
@@ -812,9 +814,12 @@ impl Gpu {
             Arg::Ptr(a.tables),
             Arg::Ptr(a.scores),
             Arg::U64(stride),
+        ];
+        let heads = [
             Arg::U32(self.u32_of(a.n_heads, "heads")?),
             Arg::U32(self.u32_of(a.n_kv_heads, "kv heads")?),
-            Arg::U32(self.u32_of(a.head_dim, "head_dim")?),
+        ];
+        let tail = [
             Arg::U32(self.u32_of(a.block_size, "block_size")?),
             Arg::F32(a.scale),
         ];
@@ -832,23 +837,11 @@ impl Gpu {
                     )));
                 }
                 let tiles = a.rows.div_ceil(tpt) * a.n_kv_heads;
-                let args = [
-                    Arg::Ptr(a.q),
-                    Arg::Ptr(a.k_cache),
-                    Arg::Ptr(a.v_cache),
-                    Arg::Ptr(a.pos),
-                    Arg::Ptr(a.row_seq),
-                    Arg::Ptr(a.table_off),
-                    Arg::Ptr(a.tables),
-                    Arg::Ptr(a.scores),
-                    Arg::U64(stride),
+                let tiling = [
                     Arg::U32(self.u32_of(a.rows, "attention rows")?),
                     Arg::U32(self.u32_of(tpt, "tokens per tile")?),
-                    Arg::U32(self.u32_of(a.n_heads, "heads")?),
-                    Arg::U32(self.u32_of(a.n_kv_heads, "kv heads")?),
-                    Arg::U32(self.u32_of(a.block_size, "block_size")?),
-                    Arg::F32(a.scale),
                 ];
+                let args = [&lead[..], &tiling, &heads, &tail].concat();
                 // At most 64 blocks per tile in y; each loops over its splits.
                 let grid = (
                     self.u32_of(tiles, "attention tiles")?,
@@ -864,7 +857,9 @@ impl Gpu {
                 } else {
                     "attn_split"
                 };
-                self.launch(kernel, (rh, ys), 128, &split_args)?;
+                let head_dim = [Arg::U32(self.u32_of(a.head_dim, "head_dim")?)];
+                let args = [&lead[..], &heads, &head_dim, &tail].concat();
+                self.launch(kernel, (rh, ys), 128, &args)?;
             }
         }
         let prep = a.prep;

@@ -45,7 +45,18 @@ impl Launch {
     /// columns (kernels/cu/products.cu, `Mms`).
     pub fn smem_bytes(&self, tile_bytes: usize, kt: usize) -> usize {
         let (rows, toks) = self.smem_block();
-        SMEM_STAGES * ((rows / 16) * tile_bytes + toks * (kt * 2 + 64))
+        let totals = if self.totals_in_smem() {
+            SMEM_THREADS as usize * (self.rpb * self.nt) as usize * 4 * 4
+        } else {
+            0
+        };
+        SMEM_STAGES * ((rows / 16) * tile_bytes + toks * (kt * 2 + 64)) + totals
+    }
+
+    /// Whether a shared-memory launch keeps its segment totals in shared memory (`MMS_TOTS`):
+    /// the large warp tiles, whose accumulators need the registers.
+    pub fn totals_in_smem(&self) -> bool {
+        self.smem && self.rpb * self.nt >= 16
     }
 
     /// The NVRTC defines of the kernel variant.
@@ -55,6 +66,7 @@ impl Launch {
                 format!("MMS_NT={}", self.nt),
                 format!("MMS_RT={}", self.rpb),
                 format!("MMS_STAGES={SMEM_STAGES}"),
+                format!("MMS_TOTS={}", u32::from(self.totals_in_smem())),
             ];
         }
         vec![
@@ -96,6 +108,9 @@ pub struct Profile {
     pub warps_per_sm: u32,
     /// Most dynamic shared memory one block may opt in to (bytes).
     pub smem_max: usize,
+    /// The shared-memory geometry for every type instead of the tuned one
+    /// (`MEMRA_MMS_TILE=nt,rpb`, for measuring; docs/FLAGS.md).
+    pub smem_tile: Option<Launch>,
 }
 
 const fn split(nt: u32) -> Launch {
@@ -143,6 +158,7 @@ impl Profile {
             sms: sms.max(1),
             warps_per_sm: 16,
             smem_max,
+            smem_tile: None,
         }
     }
 
@@ -159,6 +175,20 @@ impl Profile {
                     )));
                 }
             };
+        }
+        if let Ok(v) = std::env::var("MEMRA_MMS_TILE") {
+            let bad = || {
+                crate::error::Error::Input(format!(
+                    "MEMRA_MMS_TILE={v}: expected nt,rpb with nt in 1, 2, 4, 8 and rpb in 1..=4"
+                ))
+            };
+            let (nt, rpb) = v.trim().split_once(',').ok_or_else(bad)?;
+            let nt: u32 = nt.trim().parse().map_err(|_| bad())?;
+            let rpb: u32 = rpb.trim().parse().map_err(|_| bad())?;
+            if !matches!(nt, 1 | 2 | 4 | 8) || !(1..=4).contains(&rpb) {
+                return Err(bad());
+            }
+            p.smem_tile = Some(smem(nt, rpb));
         }
         Ok(p)
     }
@@ -186,8 +216,9 @@ impl Profile {
             17..=64 if wide(dtype) => split(4),
             17..=64 => split(2),
             _ => {
-                let s = match dtype {
-                    DType::Q5_K => smem(4, 1),
+                let s = match (self.smem_tile, dtype) {
+                    (Some(t), _) => t,
+                    (None, DType::Q5_K) => smem(4, 1),
                     _ => smem(4, 2),
                 };
                 let (br, bt) = s.smem_block();
@@ -206,7 +237,7 @@ impl Profile {
 
     /// Every geometry [`Profile::launch`] can return (compiled at load).
     pub fn all_launches(&self) -> Vec<Launch> {
-        vec![
+        let mut v = vec![
             split(1),
             split(2),
             split(4),
@@ -217,7 +248,9 @@ impl Profile {
             smem(4, 1),
             smem(2, 2),
             smem(8, 1),
-        ]
+        ];
+        v.extend(self.smem_tile.filter(|t| !v.contains(t)));
+        v
     }
 
     /// One line for the startup log.
