@@ -505,7 +505,10 @@ impl Worker {
             drafted_tokens: spec.0,
             accepted_tokens: spec.1,
         };
-        if !a.req.ignore_eos && self.stop_ids.contains(&tok) {
+        // A constrained request ends at EOS even with ignore_eos: its grammar allowed EOS only
+        // where the output is complete.
+        let eos_ends = !a.req.ignore_eos || a.constraint.is_some();
+        if eos_ends && self.stop_ids.contains(&tok) {
             // End of sequence: not part of the output.
             let m = Msg::End {
                 finish_reason: FinishReason::Stop,
