@@ -56,6 +56,7 @@ fn request(i: usize, prompt_len: usize, gen_tokens: usize, vocab: usize) -> Vali
         ignore_eos: true,
         tenant_max_in_flight: None,
         speculative: true,
+        grammar: None,
     }
 }
 

@@ -82,6 +82,7 @@ fn request(prompt: Vec<u32>, n_gen: usize, salt: String) -> ValidRequest {
         ignore_eos: true,
         tenant_max_in_flight: None,
         speculative: true,
+        grammar: None,
     }
 }
 

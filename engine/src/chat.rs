@@ -43,10 +43,17 @@ pub const MAX_FORMAT_WIDTH: usize = 1 << 16;
 /// Largest string `indent` may build.
 const MAX_INDENT_OUTPUT: usize = 16 << 20;
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant turn's tool calls, as HF templates read them:
+    /// `[{"id", "type": "function", "function": {"name", "arguments": {...}}}]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A `tool` message: the call it answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -54,6 +61,8 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
 }
@@ -168,6 +177,22 @@ impl ChatTemplate {
 
     /// Renders the conversation; `add_generation_prompt` opens the assistant's turn.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// Whether the template reads `tools` (renders function definitions itself).
+    pub fn takes_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+
+    /// [`ChatTemplate::render`] with the request's function definitions as `tools` (the
+    /// OpenAI list, as HF templates expect).
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let tmpl = self
             .env
             .template_from_str(&self.compiled)
@@ -184,6 +209,7 @@ impl ChatTemplate {
         };
         let ctx = context! {
             messages => messages,
+            tools => tools.map_or(Value::UNDEFINED, Value::from_serialize),
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,

@@ -150,6 +150,7 @@ struct ModelEntry {
     info: ModelInfo,
     tokenizer: Tokenizer,
     chat: Option<ChatTemplate>,
+    grammars: crate::grammar::Grammars,
     tx: Sender<Command>,
     stats: Arc<Mutex<ModelStats>>,
 }
@@ -225,6 +226,7 @@ impl Engine {
             })??;
             entries.push(ModelEntry {
                 info,
+                grammars: crate::grammar::Grammars::new(&tokenizer),
                 tokenizer,
                 chat,
                 tx,
@@ -291,6 +293,11 @@ impl EngineHandle {
     /// A model's tokenizer (the server tokenizes; cheap to clone).
     pub fn tokenizer(&self, alias: &str) -> Option<&Tokenizer> {
         self.entry(alias).map(|m| &m.tokenizer)
+    }
+
+    /// A model's structured-output grammars (compiled once per grammar, cached).
+    pub fn grammars(&self, alias: &str) -> Option<&crate::grammar::Grammars> {
+        self.entry(alias).map(|m| &m.grammars)
     }
 
     /// A model's chat template, if it has one.

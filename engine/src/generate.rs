@@ -250,6 +250,7 @@ pub(crate) fn select_for<'a>(
             params,
             history,
             pos: history.len() as u64,
+            mask: None,
         })],
     }
 }

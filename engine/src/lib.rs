@@ -7,6 +7,7 @@ pub mod engine;
 pub mod error;
 pub mod formats;
 pub mod generate;
+pub mod grammar;
 pub mod kv;
 pub mod loader;
 pub mod models;

@@ -37,6 +37,9 @@ pub struct ValidRequest {
     /// Whether the model's speculative decoding may run for this request (`false`: plain
     /// decoding; the output is the same either way).
     pub speculative: bool,
+    /// Structured output: the compiled grammar the output must follow (its mask applies to
+    /// every pick; once complete, the request ends with `stop`).
+    pub grammar: Option<std::sync::Arc<crate::grammar::Grammar>>,
 }
 
 /// One generated token.

@@ -151,6 +151,39 @@ pub fn uniform(seed: u64, pos: u64) -> f32 {
     (r[0] >> 8) as f32 * (1.0 / 16_777_216.0)
 }
 
+/// Sets the logit of every token `mask` does not allow to -inf (a structured-output row; ids
+/// past the mask's end are not allowed). Bit `t % 32` of word `t / 32` allows token `t`.
+pub fn apply_mask(logits: &mut [f32], mask: &[u32]) {
+    for (t, l) in logits.iter_mut().enumerate() {
+        let allowed = mask.get(t / 32).is_some_and(|w| w >> (t % 32) & 1 == 1);
+        if !allowed {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// [`sample`] restricted to the tokens `mask` allows: the logits of the others are -inf first.
+/// When the model gives every allowed token -inf (or NaN), the allowed token with the lowest id.
+pub fn sample_masked(
+    logits: &[f32],
+    history: &[u32],
+    p: &SamplingParams,
+    pos: u64,
+    mask: &[u32],
+) -> u32 {
+    let mut l = logits.to_vec();
+    apply_mask(&mut l, mask);
+    if l.iter().all(|v| v.is_nan() || *v == f32::NEG_INFINITY) {
+        let first = mask
+            .iter()
+            .enumerate()
+            .find(|(_, w)| **w != 0)
+            .map_or(0, |(i, w)| i as u32 * 32 + w.trailing_zeros());
+        return first;
+    }
+    sample(&l, history, p, pos)
+}
+
 /// Applies repetition, presence and frequency penalties for the tokens in `history`.
 pub fn apply_penalties(logits: &mut [f32], history: &[u32], p: &SamplingParams) {
     if p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {

@@ -7,7 +7,11 @@ use std::sync::Arc;
 use memra_engine::Result;
 use memra_engine::chat::ChatMessage;
 use memra_engine::engine::EngineStats;
+use memra_engine::grammar::{Grammar, GrammarSpec};
 use memra_engine::request::{EventStream, SubmitError, ValidRequest};
+use serde_json::Value;
+
+use crate::tools::ToolStyle;
 
 /// The text side of one model (tokenizer + chat template). Called off the async executor
 /// (`spawn_blocking`): encoding and template rendering can be slow for long inputs.
@@ -21,6 +25,21 @@ pub trait ModelText: Send + Sync {
     /// empty for an unknown id.
     fn token_bytes(&self, id: u32) -> Vec<u8>;
     fn vocab_size(&self) -> usize;
+    /// [`ModelText::encode_chat`] with the request's function definitions (the OpenAI `tools`
+    /// list) for a template that renders them. The default ignores them.
+    fn encode_chat_tools(&self, messages: &[ChatMessage], _tools: &Value) -> Result<Vec<u32>> {
+        self.encode_chat(messages)
+    }
+    /// How the chat template handles tools (the default: the generic format).
+    fn tool_style(&self) -> ToolStyle {
+        ToolStyle::default()
+    }
+    /// The compiled grammar for `spec` (cached per model). The default: not available.
+    fn grammar(&self, _spec: &GrammarSpec) -> Result<Arc<Grammar>> {
+        Err(memra_engine::Error::Input(
+            "structured output is not available for this model".into(),
+        ))
+    }
 }
 
 /// One served model as the routes see it (the engine's own `ModelInfo` describes its backend).

@@ -2,7 +2,7 @@
 //!
 //! Layout: `config` (every flag and env var), `engine` (the narrow trait the server needs from
 //! the engine), `fake` (a scripted engine for tests), `validation` (JSON -> typed request),
-//! `openai` (response shapes), `errors` (the one error -> HTTP mapping), `auth` (keyring),
+//! `openai` (response shapes), `tools` (tool-call formats), `errors` (the one error -> HTTP mapping), `auth` (keyring),
 //! `metrics`, `sse`, `http` (listener, bodies, drain) and `routes`.
 
 pub mod auth;
@@ -20,6 +20,7 @@ pub mod real;
 pub mod routes;
 pub mod sse;
 pub mod state;
+pub mod tools;
 pub mod validation;
 
 pub use engine::{Generate, ModelText, ServedModel};

@@ -67,7 +67,26 @@ pub struct ChatLogprobs {
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct ChatMessageOut {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the message is only tool calls.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
+}
+
+/// A function the function-calling output names, with its arguments as JSON text.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct FunctionOut {
+    pub name: String,
+    pub arguments: String,
+}
+
+/// One tool call of a chat message.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ToolCallOut {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionOut,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -95,6 +114,10 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Tool-call deltas: `{"index", "id", "type", "function": {"name", "arguments"}}`, the
+    /// first chunk of a call with its id and name, the next with its arguments.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]

@@ -16,6 +16,9 @@ use memra_engine::scheduler::SchedulerConfig;
 
 use crate::config::ServeArgs;
 use crate::engine::{Generate, ModelText, ServedModel};
+use crate::tools::ToolStyle;
+use memra_engine::grammar::{Grammar, GrammarSpec};
+use serde_json::Value;
 
 /// The tokenizer and chat template of one of the handle's models.
 struct HandleText {
@@ -24,6 +27,21 @@ struct HandleText {
 }
 
 impl HandleText {
+    fn render_and_encode(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&Value>,
+    ) -> Result<Vec<u32>> {
+        let tmpl = self.handle.chat_template(&self.alias).ok_or_else(|| {
+            memra_engine::Error::Template(
+                "this model has no chat template; use /v1/completions".into(),
+            )
+        })?;
+        let rendered = tmpl.render_with_tools(messages, tools, true)?;
+        let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+        self.tokenizer()?.encode_chat(&rendered, &contents)
+    }
+
     fn tokenizer(&self) -> Result<&memra_engine::tokenizer::Tokenizer> {
         self.handle.tokenizer(&self.alias).ok_or_else(|| {
             memra_engine::Error::Input(format!("model `{}` has no tokenizer", self.alias))
@@ -38,14 +56,30 @@ impl ModelText for HandleText {
     }
 
     fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-        let tmpl = self.handle.chat_template(&self.alias).ok_or_else(|| {
-            memra_engine::Error::Template(
-                "this model has no chat template; use /v1/completions".into(),
-            )
-        })?;
-        let rendered = tmpl.render(messages, true)?;
-        let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
-        self.tokenizer()?.encode_chat(&rendered, &contents)
+        self.render_and_encode(messages, None)
+    }
+
+    fn encode_chat_tools(&self, messages: &[ChatMessage], tools: &Value) -> Result<Vec<u32>> {
+        self.render_and_encode(messages, Some(tools))
+    }
+
+    fn tool_style(&self) -> ToolStyle {
+        self.handle
+            .chat_template(&self.alias)
+            .map(|t| ToolStyle {
+                hermes: t.source().contains("<tool_call>"),
+                takes_tools: t.takes_tools(),
+            })
+            .unwrap_or_default()
+    }
+
+    fn grammar(&self, spec: &GrammarSpec) -> Result<Arc<Grammar>> {
+        self.handle
+            .grammars(&self.alias)
+            .ok_or_else(|| {
+                memra_engine::Error::Input(format!("model `{}` is not loaded", self.alias))
+            })?
+            .compile(spec)
     }
 
     fn token_bytes(&self, id: u32) -> Vec<u8> {

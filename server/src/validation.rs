@@ -9,6 +9,11 @@ use serde_json::{Map, Value};
 
 use crate::errors::ApiError;
 
+mod structured;
+pub use structured::{
+    ResponseFormat, Structured, Tool, ToolChoice, Tools, format_grammar, parse_structured,
+};
+
 /// Most stop strings a request may give.
 pub const MAX_STOP: usize = 8;
 /// Longest stop string, in bytes.
@@ -62,6 +67,8 @@ pub struct Parsed {
     pub ignore_eos: bool,
     /// `"speculative": false` opts out of the model's speculative decoding (same output).
     pub speculative: bool,
+    /// `response_format` and tools.
+    pub structured: Structured,
 }
 
 type Obj = Map<String, Value>;
@@ -258,12 +265,27 @@ fn parse_messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
+            "tool" => "tool",
             _ => {
                 return Err(ApiError::param(
                     &format!("messages[{i}].role"),
-                    "role must be system, user or assistant",
+                    "role must be system, user, assistant or tool",
                 ));
             }
+        };
+        let tool_calls = match m.get("tool_calls") {
+            Some(v) if role == "assistant" && !v.is_null() => Some(parse_tool_calls(i, v)?),
+            _ => None,
+        };
+        let tool_call_id = match m.get("tool_call_id") {
+            Some(Value::String(s)) if role == "tool" => Some(s.clone()),
+            _ if role == "tool" => {
+                return Err(ApiError::param(
+                    &format!("messages[{i}].tool_call_id"),
+                    "a tool message needs `tool_call_id` (a string)",
+                ));
+            }
+            _ => None,
         };
         let content = match m.get("content") {
             None | Some(Value::Null) if role == "assistant" => String::new(),
@@ -275,9 +297,44 @@ fn parse_messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
             }
             Some(v) => parse_content(i, v)?,
         };
-        out.push(ChatMessage::new(role, content));
+        let mut msg = ChatMessage::new(role, content);
+        msg.tool_calls = tool_calls;
+        msg.tool_call_id = tool_call_id;
+        out.push(msg);
     }
     Ok(out)
+}
+
+/// An assistant message's `tool_calls`, as templates read them: each call's `arguments`
+/// (a JSON string in the API) becomes the object it encodes.
+fn parse_tool_calls(i: usize, v: &Value) -> Result<Value, ApiError> {
+    let param = format!("messages[{i}].tool_calls");
+    let bad = || {
+        ApiError::param(
+            &param,
+            "`tool_calls` must be a list of {id, type: function, function: {name, arguments}}",
+        )
+    };
+    let calls = v.as_array().ok_or_else(bad)?;
+    let mut out = Vec::with_capacity(calls.len());
+    for c in calls {
+        let f = c
+            .get("function")
+            .and_then(Value::as_object)
+            .ok_or_else(bad)?;
+        let name = f.get("name").and_then(Value::as_str).ok_or_else(bad)?;
+        let args = match f.get("arguments") {
+            Some(Value::String(s)) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
+            Some(a) => a.clone(),
+            None => Value::Object(Map::new()),
+        };
+        out.push(serde_json::json!({
+            "id": c.get("id").cloned().unwrap_or(Value::Null),
+            "type": "function",
+            "function": {"name": name, "arguments": args},
+        }));
+    }
+    Ok(Value::Array(out))
 }
 
 fn ids_of(a: &[Value]) -> Option<Vec<u32>> {
@@ -406,6 +463,7 @@ pub fn parse(kind: Kind, body: &[u8], max_tokens_cap: usize) -> Result<Parsed, A
         cache_salt: get_tag(&o, "cache_salt")?,
         ignore_eos: get_bool(&o, "ignore_eos")?.unwrap_or(false),
         speculative: get_bool(&o, "speculative")?.unwrap_or(true),
+        structured: parse_structured(&o, kind)?,
     })
 }
 
@@ -422,10 +480,16 @@ pub struct Target<'a> {
     pub max_tokens_cap: usize,
 }
 
-/// The engine request for a tokenized prompt: checks token ids against the vocabulary and the
+/// The engine request for a tokenized prompt (and the compiled grammar of its structured
+/// output, if any): checks token ids against the vocabulary and the
 /// prompt plus `max_tokens` against the context (`context_length_exceeded`); a missing
 /// `max_tokens` becomes what fits, capped at `max_tokens_cap`.
-pub fn finish(p: Parsed, prompt: Vec<u32>, to: &Target) -> Result<ValidRequest, ApiError> {
+pub fn finish(
+    p: Parsed,
+    prompt: Vec<u32>,
+    grammar: Option<std::sync::Arc<memra_engine::grammar::Grammar>>,
+    to: &Target,
+) -> Result<ValidRequest, ApiError> {
     let Target {
         vocab,
         ctx,
@@ -465,6 +529,7 @@ pub fn finish(p: Parsed, prompt: Vec<u32>, to: &Target) -> Result<ValidRequest, 
         ignore_eos: p.ignore_eos,
         tenant_max_in_flight: Some(to.tenant_max_in_flight),
         speculative: p.speculative,
+        grammar,
     })
 }
 

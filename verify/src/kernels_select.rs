@@ -223,6 +223,7 @@ fn select_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                             params: p,
                             history: &hs[r],
                             pos: pos[r],
+                            mask: None,
                         },
                     )
                 })

@@ -2,11 +2,15 @@
 //! arrivals and mixed lengths (chunked prefill, a KV pool small enough to preempt), then again
 //! with the prefix cache warm, then together on an engine that speculates (n-gram drafts, one
 //! request in three opting out); every token, text byte and logprob bit must be identical.
+//! One request in four is constrained by a JSON schema (structured output), so grammar masks
+//! run in the mixed load too.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use memra_engine::backend::Device;
 use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle, KvBudget};
+use memra_engine::grammar::{Grammar, GrammarSpec, Grammars};
 use memra_engine::loader::load_model;
 use memra_engine::request::{Event, EventStream, SubmitError, ValidRequest};
 use memra_engine::sampling::SamplingParams;
@@ -38,6 +42,8 @@ pub struct Output {
 pub struct Report {
     pub backend: String,
     pub requests: usize,
+    /// Requests constrained by a JSON schema.
+    pub constrained: usize,
     pub tokens_compared: usize,
     /// Prompt tokens served from the prefix cache in the warm phase.
     pub warm_cached_tokens: usize,
@@ -97,7 +103,24 @@ fn speculates(i: usize) -> bool {
     i % 3 != 2
 }
 
-fn request(prompt: &[u32], i: usize, max_tokens: usize) -> ValidRequest {
+/// Whether request `i` is constrained by the JSON schema.
+fn constrained(i: usize) -> bool {
+    i % 4 == 1
+}
+
+/// The schema of the constrained requests: nested objects, an enum, an array, required fields.
+fn schema_grammar(tok: &Tokenizer) -> Result<Arc<Grammar>> {
+    let schema = serde_json::json!({"type": "object", "properties": {
+        "answer": {"type": "string", "maxLength": 40},
+        "confidence": {"enum": ["low", "medium", "high"]},
+        "facts": {"type": "array", "items": {"type": "string", "maxLength": 24}, "maxItems": 3},
+        "source": {"type": "object", "properties": {"kind": {"enum": ["memory", "guess"]}},
+            "required": ["kind"], "additionalProperties": false}},
+        "required": ["answer", "confidence", "facts", "source"], "additionalProperties": false});
+    Grammars::new(tok).compile(&GrammarSpec::JsonSchema(schema))
+}
+
+fn request(prompt: &[u32], i: usize, max_tokens: usize, g: &Arc<Grammar>) -> ValidRequest {
     ValidRequest {
         model: "m".into(),
         tenant: "verify".into(),
@@ -110,6 +133,7 @@ fn request(prompt: &[u32], i: usize, max_tokens: usize) -> ValidRequest {
         ignore_eos: false,
         tenant_max_in_flight: None,
         speculative: speculates(i),
+        grammar: constrained(i).then(|| g.clone()),
     }
 }
 
@@ -156,11 +180,16 @@ fn drain(mut s: EventStream, mut o: Output) -> Result<Output> {
 
 /// All prompts submitted with staggered arrivals: the first half at once, the rest one by one
 /// after the first request has produced each further token.
-fn together(e: &EngineHandle, p: &[Vec<u32>], max_tokens: usize) -> Result<Vec<Output>> {
+fn together(
+    e: &EngineHandle,
+    p: &[Vec<u32>],
+    max_tokens: usize,
+    g: &Arc<Grammar>,
+) -> Result<Vec<Output>> {
     let half = p.len().div_ceil(2);
     let mut streams = Vec::new();
     for (i, q) in p.iter().enumerate().take(half) {
-        streams.push(submit(e, request(q, i, max_tokens))?);
+        streams.push(submit(e, request(q, i, max_tokens, g))?);
     }
     let mut first = Output::default();
     let mut first_open = true;
@@ -168,7 +197,7 @@ fn together(e: &EngineHandle, p: &[Vec<u32>], max_tokens: usize) -> Result<Vec<O
         if first_open && let Some(s) = streams.first_mut() {
             first_open = read(s, &mut first)?;
         }
-        streams.push(submit(e, request(q, i, max_tokens))?);
+        streams.push(submit(e, request(q, i, max_tokens, g))?);
     }
     let mut out = Vec::new();
     for (i, s) in streams.into_iter().enumerate() {
@@ -222,6 +251,7 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
     let m = load_model(model)?;
     let tok = m.tokenizer.clone();
     let p = prompts(&tok, opts.requests)?;
+    let g = schema_grammar(&tok)?;
     let bs = 16;
     let per: Vec<usize> = p
         .iter()
@@ -256,18 +286,19 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
             .map(|m| m.backend.clone())
             .unwrap_or_default(),
         requests: p.len(),
+        constrained: (0..p.len()).filter(|&i| constrained(i)).count(),
         ..Default::default()
     };
     let mut alone = Vec::new();
     for (i, q) in p.iter().enumerate() {
         alone.push(drain(
-            submit(&e, request(q, i, opts.max_tokens))?,
+            submit(&e, request(q, i, opts.max_tokens, &g))?,
             Output::default(),
         )?);
     }
-    let cold = together(&e, &p, opts.max_tokens)?;
+    let cold = together(&e, &p, opts.max_tokens, &g)?;
     compare("together", &alone, &cold, &mut rep);
-    let warm = together(&e, &p, opts.max_tokens)?;
+    let warm = together(&e, &p, opts.max_tokens, &g)?;
     compare("warm", &alone, &warm, &mut rep);
     rep.warm_cached_tokens = warm.iter().map(|o| o.cached_tokens).sum();
     rep.preemptions = e.stats().models.iter().map(|m| m.preemptions_total).sum();
@@ -286,7 +317,7 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
         ..base
     };
     let e = Engine::start(vec![("m".into(), load_model(model)?, cfg)], limits)?;
-    let spec_out = together(&e, &p, opts.max_tokens)?;
+    let spec_out = together(&e, &p, opts.max_tokens, &g)?;
     compare("speculative", &alone, &spec_out, &mut rep);
     for m in e.stats().models {
         rep.spec_drafted += m.spec_drafted_total;
@@ -299,11 +330,12 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
 /// The summary printed by the subcommand.
 pub fn summary(r: &Report) -> String {
     let mut s = format!(
-        "serve-invariance on {}: {} requests alone / together (staggered) / warm prefix cache / \
-         speculative; {} tokens compared, {} prompt tokens from the cache when warm, {} preemptions, \
+        "serve-invariance on {}: {} requests ({} constrained by a JSON schema) alone / together \
+         (staggered) / warm prefix cache / speculative; {} tokens compared, {} prompt tokens from the cache when warm, {} preemptions, \
          {} drafts ({} accepted), {} differences\n",
         r.backend,
         r.requests,
+        r.constrained,
         r.tokens_compared,
         r.warm_cached_tokens,
         r.preemptions,

@@ -12,7 +12,9 @@ pub mod runner;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::models::ModelWeights;
-use crate::sampling::{SampleJob, SamplingParams, logprobs, sample, sample_rows};
+use crate::sampling::{
+    SampleJob, SamplingParams, apply_mask, logprobs, sample, sample_masked, sample_rows,
+};
 
 /// One token row of a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +52,12 @@ pub struct SelectParams<'a> {
     pub history: &'a [u32],
     /// The position of the token being picked (the RNG counter).
     pub pos: u64,
+    /// Structured output: the tokens the row's grammar allows (a vocabulary bitmask,
+    /// `sampling::apply_mask`). Masked rows are picked on the host
+    /// ([`Backend::step_select_logprobs`] asks the backend for their logits).
+    // TODO(gpu): a device bitmask in the CUDA select kernel, so masked rows need not read
+    // back their logits; the host path is exact by construction and is the reference for it.
+    pub mask: Option<&'a [u32]>,
 }
 
 /// What [`Backend::step_select`] returns for one row that wanted logits.
@@ -109,6 +117,7 @@ pub trait Backend: Send {
         select: &[Option<SelectParams>],
     ) -> Result<StepSelected> {
         check_select(batch, select)?;
+        check_unmasked(select)?;
         let out = self.step(batch)?;
         Ok(select_on_host(out.logits, select))
     }
@@ -135,7 +144,13 @@ pub trait Backend: Send {
         let inner: Vec<Option<SelectParams>> = select
             .iter()
             .zip(logprobs)
-            .map(|(s, lp)| if lp.is_some() { None } else { *s })
+            .map(|(s, lp)| {
+                if lp.is_some() || s.is_some_and(|s| s.mask.is_some()) {
+                    None
+                } else {
+                    *s
+                }
+            })
             .collect();
         let out = self.step_select(batch, &inner)?;
         Ok(score_on_host(out, select, logprobs))
@@ -143,7 +158,8 @@ pub trait Backend: Send {
 }
 
 /// The host side of the default [`Backend::step_select_logprobs`]: rows that came back as
-/// logits because they want logprobs are sampled and scored.
+/// logits because they want logprobs or have a grammar mask are sampled (under their mask)
+/// and, when asked, scored (the logprobs are those of the masked distribution).
 pub fn score_on_host(
     out: StepSelected,
     select: &[Option<SelectParams>],
@@ -154,13 +170,25 @@ pub fn score_on_host(
         .into_iter()
         .zip(select.iter().zip(want))
         .map(|(row, sel)| match (row, sel) {
-            (Selected::Logits(l), (Some(s), Some(n))) => {
-                let token = sample(&l, s.history, s.params, s.pos);
-                let (logprob, top) = logprobs(&l, s.history, s.params, token, *n);
-                Selected::Scored {
-                    token,
-                    logprob,
-                    top,
+            (Selected::Logits(mut l), (Some(s), n)) => {
+                let token = match s.mask {
+                    Some(m) => {
+                        let t = sample_masked(&l, s.history, s.params, s.pos, m);
+                        apply_mask(&mut l, m);
+                        t
+                    }
+                    None => sample(&l, s.history, s.params, s.pos),
+                };
+                match n {
+                    Some(n) => {
+                        let (logprob, top) = logprobs(&l, s.history, s.params, token, *n);
+                        Selected::Scored {
+                            token,
+                            logprob,
+                            top,
+                        }
+                    }
+                    None => Selected::Token(token),
                 }
             }
             (row, _) => row,
@@ -208,7 +236,9 @@ pub fn check_batch(
     Ok(())
 }
 
-/// Checks that `select` has one entry per row that wants logits.
+/// Checks that `select` has one entry per row that wants logits (and, for
+/// [`Backend::step_select`], that no row carries a grammar mask: masked rows go through
+/// [`Backend::step_select_logprobs`], which picks them on the host).
 pub fn check_select(batch: &StepBatch, select: &[Option<SelectParams>]) -> Result<()> {
     let want = batch.rows.iter().filter(|r| r.want_logits).count();
     if want != select.len() {
@@ -216,6 +246,17 @@ pub fn check_select(batch: &StepBatch, select: &[Option<SelectParams>]) -> Resul
             "step_select: {} select entries for {want} rows that want logits",
             select.len()
         )));
+    }
+    Ok(())
+}
+
+/// Refuses grammar masks in [`Backend::step_select`] (they are picked on the host by
+/// [`Backend::step_select_logprobs`]).
+pub fn check_unmasked(select: &[Option<SelectParams>]) -> Result<()> {
+    if select.iter().flatten().any(|s| s.mask.is_some()) {
+        return Err(Error::Input(
+            "step_select: a masked row must go through step_select_logprobs".into(),
+        ));
     }
     Ok(())
 }

@@ -115,15 +115,9 @@ fn prompt_ids(args: &Args, model: &memra_engine::loader::Model) -> Result<Vec<u3
     })?;
     let mut msgs = Vec::new();
     if let Some(s) = &args.system {
-        msgs.push(ChatMessage {
-            role: "system".into(),
-            content: s.clone(),
-        });
+        msgs.push(ChatMessage::new("system", s.clone()));
     }
-    msgs.push(ChatMessage {
-        role: "user".into(),
-        content: text,
-    });
+    msgs.push(ChatMessage::new("user", text));
     let rendered = tmpl.render(&msgs, true)?;
     model.tokenizer.encode(&rendered, false)
 }

@@ -19,6 +19,7 @@ use crate::backend::cuda::{cuda_available, device_memory};
 use crate::backend::{Backend, Device, SelectParams, Selected, open_backend};
 use crate::error::{Error, Result};
 use crate::generate::FinishReason;
+use crate::grammar::{Constraint, Mask};
 use crate::kv::{KvManager, blocks_for, kv_block_bytes, kv_blocks_from_memory};
 use crate::models::ModelWeights;
 use crate::prefix_cache::namespace;
@@ -55,6 +56,10 @@ struct Active {
     generated: usize,
     since: Instant,
     spec: SpecCounts,
+    /// Structured output: where the request is in its grammar.
+    constraint: Option<Constraint>,
+    /// A grammar failure met while computing a mask; the request ends with it.
+    failed: Option<String>,
 }
 
 struct Worker {
@@ -65,6 +70,8 @@ struct Worker {
     /// EOS and end-of-turn ids.
     stop_ids: Vec<u32>,
     max_ctx: usize,
+    /// The tokenizer's vocabulary (grammar masks cover it).
+    vocab: usize,
     stats: Arc<Mutex<ModelStats>>,
     admission: Arc<Admission>,
     shutting_down: bool,
@@ -178,6 +185,7 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         rx,
         stop_ids: tokenizer.stop_ids().to_vec(),
         max_ctx,
+        vocab: tokenizer.vocab_size(),
         stats,
         admission,
         shutting_down: false,
@@ -275,6 +283,7 @@ impl Worker {
             namespace: ns,
             prompt: s.req.prompt.clone(),
         });
+        let constraint = s.req.grammar.as_ref().map(|g| g.start());
         let a = Active {
             req: s.req,
             tx: s.tx,
@@ -282,6 +291,8 @@ impl Worker {
             generated: 0,
             since: Instant::now(),
             spec: SpecCounts::default(),
+            constraint,
+            failed: None,
         };
         self.active.insert(s.id, a);
     }
@@ -333,9 +344,10 @@ impl Worker {
                 })
             })
             .collect();
+        let masks = self.masks(&sampled);
         let mut select = Vec::with_capacity(sampled.len());
         let mut logprobs = Vec::with_capacity(sampled.len());
-        for (p, ext) in sampled.iter().zip(&exts) {
+        for ((p, ext), masks) in sampled.iter().zip(&exts).zip(&masks) {
             let a = self.active.get(&p.id);
             let tokens = self.sched.tokens(p.id).unwrap_or_default();
             let n = tokens.len();
@@ -345,6 +357,7 @@ impl Worker {
                     params: a.map_or(&greedy, |a| &a.req.params),
                     history,
                     pos: history.len() as u64,
+                    mask: masks.as_ref().and_then(|m| m.get(j)).map(Vec::as_slice),
                 }));
                 logprobs.push(a.and_then(|a| a.req.logprobs));
             }
@@ -366,6 +379,36 @@ impl Worker {
             });
         }
         Ok(out.rows)
+    }
+
+    /// The grammar masks of the constrained sequences among `sampled`: per sequence, one mask
+    /// per row it picks at (its drafts' rows included), each a function of the request's own
+    /// generated tokens only. A grammar failure ends that request (its rows may then only end
+    /// the sequence).
+    fn masks(&mut self, sampled: &[&ScheduledSeq]) -> Vec<Option<Vec<Mask>>> {
+        let stop_only = {
+            let mut m = vec![0u32; self.vocab.div_ceil(32)];
+            for &t in &self.stop_ids {
+                if let Some(w) = m.get_mut(t as usize / 32) {
+                    *w |= 1 << (t % 32);
+                }
+            }
+            m
+        };
+        sampled
+            .iter()
+            .map(|p| {
+                let a = self.active.get_mut(&p.id)?;
+                let c = a.constraint.as_mut()?;
+                match c.masks_along(&p.drafts) {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        a.failed = Some(format!("structured output failed: {e}"));
+                        Some(vec![stop_only.clone(); p.drafts.len() + 1])
+                    }
+                }
+            })
+            .collect()
     }
 
     /// Asks the drafter for drafts for the decoding sequences that speculate.
@@ -451,6 +494,10 @@ impl Worker {
         };
         let spec = (a.spec.drafted as usize, a.spec.accepted as usize);
         let cached_tokens = self.sched.cached_tokens(id);
+        if let Some(why) = a.failed.take() {
+            self.send(id, Msg::Event(Event::Error(why)));
+            return false;
+        }
         let usage = |generated| Usage {
             prompt_tokens: a.req.prompt.len(),
             completion_tokens: generated,
@@ -458,7 +505,10 @@ impl Worker {
             drafted_tokens: spec.0,
             accepted_tokens: spec.1,
         };
-        if !a.req.ignore_eos && self.stop_ids.contains(&tok) {
+        // A constrained request ends at EOS even with ignore_eos: its grammar allowed EOS only
+        // where the output is complete.
+        let eos_ends = !a.req.ignore_eos || a.constraint.is_some();
+        if eos_ends && self.stop_ids.contains(&tok) {
             // End of sequence: not part of the output.
             let m = Msg::End {
                 finish_reason: FinishReason::Stop,
@@ -467,10 +517,24 @@ impl Worker {
             self.send(id, m);
             return false;
         }
+        if let Some(c) = a.constraint.as_mut()
+            && let Err(e) = c.commit(tok)
+        {
+            let why = format!("structured output failed: {e}");
+            self.send(id, Msg::Event(Event::Error(why)));
+            return false;
+        }
+        // A complete grammar allows only the end of sequence: stop here, without a step for it.
+        let complete = a.constraint.as_ref().is_some_and(Constraint::is_done);
         a.generated += 1;
-        let last = a.generated >= a.req.max_tokens || pos + 1 >= self.max_ctx;
+        let by_length = a.generated >= a.req.max_tokens || pos + 1 >= self.max_ctx;
+        let last = by_length || complete;
         let end = last.then(|| Msg::End {
-            finish_reason: FinishReason::Length,
+            finish_reason: if complete {
+                FinishReason::Stop
+            } else {
+                FinishReason::Length
+            },
             usage: usage(a.generated),
         });
         self.generated_total += 1;

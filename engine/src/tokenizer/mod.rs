@@ -284,6 +284,20 @@ impl Tokenizer {
             .map_err(|e| tok_err("serializing tokenizer.json", e))
     }
 
+    /// The added tokens marked special (`<|im_end|>`): control tokens, never produced by
+    /// ordinary text. Ascending.
+    pub fn special_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self
+            .inner
+            .get_added_tokens_decoder()
+            .iter()
+            .filter(|(_, t)| t.special)
+            .map(|(&id, _)| id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
     pub(crate) fn inner(&self) -> &Arc<tokenizers::Tokenizer> {
         &self.inner
     }

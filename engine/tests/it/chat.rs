@@ -379,3 +379,25 @@ fn real_model_template_from_gguf() {
     assert_eq!(ids.iter().filter(|&&id| id == 2).count(), 2);
     assert_eq!(tok.decode(&ids).unwrap(), out);
 }
+
+#[test]
+fn tools_reach_the_template_only_when_given() {
+    let t = ChatTemplate::new(
+        "{% if tools is defined %}{% for t in tools %}{{ t.function.name }};{% endfor %}{% else %}-{% endif %}{% for m in messages %}{{ m.role }}:{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments.city }}{% endif %}{{ m.tool_call_id }}|{% endfor %}",
+        "",
+        "",
+    )
+    .unwrap();
+    let mut call = ChatMessage::new("assistant", "");
+    call.tool_calls = Some(serde_json::json!([{"id": "c1", "type": "function",
+        "function": {"name": "w", "arguments": {"city": "Oslo"}}}]));
+    let mut answer = ChatMessage::new("tool", "sunny");
+    answer.tool_call_id = Some("c1".into());
+    let msgs = vec![ChatMessage::new("user", "q"), call, answer];
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "w"}}]);
+    assert_eq!(
+        t.render_with_tools(&msgs, Some(&tools), false).unwrap(),
+        "w;user:q|assistant:Oslo|tool:sunnyc1|"
+    );
+    assert_eq!(t.render(&msgs[..1], false).unwrap(), "-user:q|");
+}

@@ -199,6 +199,7 @@ fn step_select_logprobs_matches_the_host_definition() {
                 params: params[s],
                 history: &histories[s],
                 pos: histories[s].len() as u64,
+                mask: None,
             })
         })
         .collect();

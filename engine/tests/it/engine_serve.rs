@@ -80,6 +80,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, params: SamplingParams) -> Valid
         ignore_eos: true,
         tenant_max_in_flight: None,
         speculative: true,
+        grammar: None,
     }
 }
 

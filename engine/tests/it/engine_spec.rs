@@ -78,6 +78,7 @@ fn request(i: usize) -> ValidRequest {
         tenant_max_in_flight: None,
         // Every third request opts out: plain and speculative sequences share steps.
         speculative: i % 3 != 2,
+        grammar: None,
     }
 }
 

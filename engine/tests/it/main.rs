@@ -3,6 +3,7 @@
 mod chat;
 mod common;
 mod cpu_invariance;
+mod engine_grammar;
 mod engine_proptest;
 mod engine_scheduler;
 mod engine_serve;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use memra_engine::Result as EngineResult;
+use memra_engine::grammar::Grammar;
 
 use hyper::body::Incoming;
 use hyper::header::CONTENT_TYPE;
@@ -19,7 +19,8 @@ use super::stream;
 use crate::errors::ApiError;
 use crate::http::body::{self, Body};
 use crate::state::{Permit, State};
-use crate::validation::{self, Kind, Parsed, PromptInput};
+use crate::tools;
+use crate::validation::{self, Kind, Parsed, PromptInput, Structured, format_grammar};
 
 /// Bytes of prompt text allowed per token of context: a prompt longer than context x this
 /// cannot fit once tokenized (a token is rarely over 16 bytes), so it is refused before the
@@ -35,15 +36,49 @@ fn prompt_bytes(p: &PromptInput) -> usize {
     }
 }
 
-/// Tokenizes in the bounded pool. The in-flight `permit` travels into the blocking task and
-/// comes back with the ids, so a client that hangs up does not free its slot while its
-/// tokenization still runs.
+/// The prompt's ids and the compiled grammar of its structured output.
+type Prepared = (Vec<u32>, Option<Arc<Grammar>>);
+
+/// Renders and tokenizes the prompt (tools in the template, or described in a system message)
+/// and compiles the grammar the output must follow: a forced tool call's, else the response
+/// format's. A grammar that does not compile is a 400 naming `tools` or `response_format`.
+fn prepare(
+    text: &dyn crate::engine::ModelText,
+    input: PromptInput,
+    s: &Structured,
+) -> Result<Prepared, ApiError> {
+    let style = text.tool_style();
+    let ids = match input {
+        PromptInput::Text(t) => text.encode(&t)?,
+        PromptInput::Chat(m) => match &s.tools {
+            Some(t) => text.encode_chat_tools(&tools::messages_for(&m, t, style), &t.raw)?,
+            None => text.encode_chat(&m)?,
+        },
+        PromptInput::Ids(ids) => ids,
+    };
+    let (spec, param) = match s.tools.as_ref().and_then(|t| tools::grammar(t, style)) {
+        Some(g) => (Some(g), "tools"),
+        None => (format_grammar(&s.format), "response_format"),
+    };
+    let grammar = spec
+        .map(|g| {
+            text.grammar(&g)
+                .map_err(|e| ApiError::param(param, e.to_string()))
+        })
+        .transpose()?;
+    Ok((ids, grammar))
+}
+
+/// Tokenizes (and compiles the grammar) in the bounded pool. The in-flight `permit` travels
+/// into the blocking task and comes back with the ids, so a client that hangs up does not free
+/// its slot while its tokenization still runs.
 async fn tokenize(
     st: &Arc<State>,
     text: Arc<dyn crate::engine::ModelText>,
     input: PromptInput,
+    structured: Structured,
     permit: Permit,
-) -> Result<(Vec<u32>, Permit), ApiError> {
+) -> Result<(Prepared, Permit), ApiError> {
     let worker = st
         .tokenize_pool
         .clone()
@@ -51,11 +86,7 @@ async fn tokenize(
         .await
         .map_err(|_| ApiError::engine("the tokenizer pool is closed"))?;
     let task = tokio::task::spawn_blocking(move || {
-        let r: EngineResult<Vec<u32>> = match input {
-            PromptInput::Text(s) => text.encode(&s),
-            PromptInput::Chat(m) => text.encode_chat(&m),
-            PromptInput::Ids(ids) => Ok(ids),
-        };
+        let r = prepare(text.as_ref(), input, &structured);
         drop(worker);
         (r, permit)
     });
@@ -131,7 +162,14 @@ pub async fn handle(
             model.context_len,
         ));
     }
-    let (ids, permit) = tokenize(st, model.text.clone(), parsed.prompt.clone(), permit).await?;
+    let ((ids, grammar), permit) = tokenize(
+        st,
+        model.text.clone(),
+        parsed.prompt.clone(),
+        parsed.structured.clone(),
+        permit,
+    )
+    .await?;
     let shaper = Shaper::new(ShaperInit {
         kind,
         request_id: request_id.to_string(),
@@ -140,6 +178,11 @@ pub async fn handle(
         logprobs: parsed.logprobs.is_some(),
         include_usage: parsed.include_usage,
         text: model.text.clone(),
+        tools: parsed
+            .structured
+            .tools
+            .clone()
+            .map(|t| (t, model.text.tool_style())),
     });
     let Parsed {
         stream: streaming, ..
@@ -151,7 +194,7 @@ pub async fn handle(
         ctx: model.context_len,
         max_tokens_cap: st.limits.max_tokens,
     };
-    let vr = validation::finish(parsed, ids, &target)?;
+    let vr = validation::finish(parsed, ids, grammar, &target)?;
     let events = st.engine.submit(vr).map_err(|e| match e {
         SubmitError::ContextLength {
             prompt,

@@ -9,10 +9,11 @@ use serde_json::Value;
 use crate::engine::ModelText;
 use crate::openai::{
     ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChatMessageOut, ChunkChoice, Completion,
-    CompletionChoice, CompletionLogprobs, Delta, TokenLogprob, TopLogprob, TopLogprobMap,
-    UsageJson,
+    CompletionChoice, CompletionLogprobs, Delta, FunctionOut, TokenLogprob, ToolCallOut,
+    TopLogprob, TopLogprobMap, UsageJson,
 };
-use crate::validation::Kind;
+use crate::tools::{self, ToolStyle};
+use crate::validation::{Kind, Tools};
 
 /// A response or stream chunk, serialized as built (struct field order, and each completions
 /// `top_logprobs` map in probability order).
@@ -41,6 +42,10 @@ pub struct Shaper {
     out_chars: usize,
     chat_lp: Vec<TokenLogprob>,
     cmpl_lp: CompletionLogprobs,
+    /// The request's tools and the model's tool format: the text is held until the end,
+    /// where calls are read out of it.
+    tools: Option<(Tools, ToolStyle)>,
+    request_id: String,
 }
 
 /// Unix seconds now.
@@ -59,6 +64,7 @@ pub struct ShaperInit {
     pub logprobs: bool,
     pub include_usage: bool,
     pub text: Arc<dyn ModelText>,
+    pub tools: Option<(Tools, ToolStyle)>,
 }
 
 /// A token's name in completions logprobs (`tokens` and the `top_logprobs` keys): its text when
@@ -86,6 +92,7 @@ impl Shaper {
         Shaper {
             kind: i.kind,
             id: format!("{prefix}-{}", i.request_id),
+            request_id: i.request_id,
             created: now_secs(),
             model: i.model,
             fingerprint: i.fingerprint,
@@ -96,7 +103,31 @@ impl Shaper {
             out_chars: 0,
             chat_lp: Vec::new(),
             cmpl_lp: CompletionLogprobs::default(),
+            tools: i.tools,
         }
+    }
+
+    /// The tool calls in the whole text (when the request has tools and the generation ended
+    /// normally), with their ids, and the text outside them.
+    fn tool_calls(&self, reason: &str) -> Option<(Option<String>, Vec<ToolCallOut>)> {
+        let (t, style) = self.tools.as_ref()?;
+        if reason != "stop" {
+            return None;
+        }
+        let (content, calls) = tools::parse(&self.out, t, *style)?;
+        let calls = calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| ToolCallOut {
+                id: format!("call_{}_{i}", self.request_id),
+                kind: "function",
+                function: FunctionOut {
+                    name: c.name,
+                    arguments: c.arguments,
+                },
+            })
+            .collect();
+        Some((content, calls))
     }
 
     /// Appends generated text; returns the character offset where it starts.
@@ -172,6 +203,7 @@ impl Shaper {
                 Delta {
                     role: Some("assistant"),
                     content: Some(String::new()),
+                    tool_calls: None,
                 },
                 None,
                 None,
@@ -235,6 +267,7 @@ impl Shaper {
                 Delta {
                     role: None,
                     content: Some(text.to_string()),
+                    tool_calls: None,
                 },
                 clp,
                 None,
@@ -247,6 +280,9 @@ impl Shaper {
     /// logprobs).
     pub fn token_chunk(&mut self, t: &TokenEvent) -> Option<Shaped> {
         let (clp, plp) = self.record(t);
+        if self.tools.is_some() {
+            return None;
+        }
         if t.text.is_empty() && clp.is_none() && plp.is_none() {
             return None;
         }
@@ -260,6 +296,9 @@ impl Shaper {
             return None;
         }
         self.push_text(text);
+        if self.tools.is_some() {
+            return None;
+        }
         Some(self.text_or_token_chunk(text, None, None))
     }
 
@@ -269,6 +308,52 @@ impl Shaper {
             Kind::Chat => self.chat_chunk(Delta::default(), None, Some(reason)),
             Kind::Completion => self.cmpl_chunk(String::new(), None, Some(reason)),
         }
+    }
+
+    /// The last chunks of a stream: with tools, the held text is read for calls and sent as
+    /// tool-call deltas (each call's id and name, then its arguments) with `finish_reason`
+    /// `tool_calls`, or else as one content chunk; then the chunk carrying `finish_reason`.
+    pub fn finish_chunks(&mut self, reason: &'static str) -> Vec<Shaped> {
+        if self.tools.is_none() {
+            return vec![self.finish_chunk(reason)];
+        }
+        let mut out = Vec::new();
+        let delta = |content: Option<String>, calls: Option<Vec<Value>>| Delta {
+            role: None,
+            content,
+            tool_calls: calls,
+        };
+        match self.tool_calls(reason) {
+            Some((content, calls)) => {
+                if let Some(c) = content {
+                    out.push(self.chat_chunk(delta(Some(c), None), None, None));
+                }
+                for (i, c) in calls.iter().enumerate() {
+                    let head = serde_json::json!([{"index": i, "id": c.id, "type": "function",
+                        "function": {"name": c.function.name, "arguments": ""}}]);
+                    out.push(self.chat_chunk(
+                        delta(None, serde_json::from_value(head).ok()),
+                        None,
+                        None,
+                    ));
+                    let args = serde_json::json!([{"index": i,
+                        "function": {"arguments": c.function.arguments}}]);
+                    out.push(self.chat_chunk(
+                        delta(None, serde_json::from_value(args).ok()),
+                        None,
+                        None,
+                    ));
+                }
+                out.push(self.finish_chunk("tool_calls"));
+            }
+            None => {
+                if !self.out.is_empty() {
+                    out.push(self.chat_chunk(delta(Some(self.out.clone()), None), None, None));
+                }
+                out.push(self.finish_chunk(reason));
+            }
+        }
+        out
     }
 
     /// The last chunk when `stream_options.include_usage`: no choices, the usage.
@@ -290,7 +375,12 @@ impl Shaper {
 
     /// The whole (non-streaming) response.
     pub fn full(&mut self, reason: &'static str, u: Usage) -> Shaped {
+        let calls = self.tool_calls(reason);
         let text = std::mem::take(&mut self.out);
+        let (content, tool_calls, reason) = match calls {
+            Some((content, calls)) => (content, Some(calls), "tool_calls"),
+            None => (Some(text.clone()), None, reason),
+        };
         match self.kind {
             Kind::Chat => Shaped::Chat(ChatCompletion {
                 id: self.id.clone(),
@@ -302,7 +392,8 @@ impl Shaper {
                     index: 0,
                     message: ChatMessageOut {
                         role: "assistant",
-                        content: text,
+                        content,
+                        tool_calls,
                     },
                     logprobs: self.logprobs.then(|| ChatLogprobs {
                         content: std::mem::take(&mut self.chat_lp),

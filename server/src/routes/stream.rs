@@ -55,7 +55,12 @@ async fn forward(mut run: Running, tx: mpsc::Sender<bytes::Bytes>) {
                 usage,
             }) => {
                 run.count_usage(&usage);
-                let mut f = vec![sse::event(&run.shaper.finish_chunk(finish_reason.as_str()))];
+                let mut f: Vec<_> = run
+                    .shaper
+                    .finish_chunks(finish_reason.as_str())
+                    .iter()
+                    .map(sse::event)
+                    .collect();
                 if run.shaper.include_usage {
                     f.push(sse::event(&run.shaper.usage_chunk(usage)));
                 }

@@ -109,8 +109,12 @@ fn bad_requests_name_their_parameter() {
         (r#"{"model":"m","messages":[]}"#.to_string(), "messages"),
         (r#"{"model":"m"}"#.to_string(), "messages"),
         (
-            r#"{"model":"m","messages":[{"role":"tool","content":"x"}]}"#.to_string(),
+            r#"{"model":"m","messages":[{"role":"function","content":"x"}]}"#.to_string(),
             "messages[0].role",
+        ),
+        (
+            r#"{"model":"m","messages":[{"role":"tool","content":"x"}]}"#.to_string(),
+            "messages[0].tool_call_id",
         ),
         (
             r#"{"model":"m","messages":[{"role":"user"}]}"#.to_string(),
@@ -152,33 +156,33 @@ fn to(ctx: usize, cap: usize) -> Target<'static> {
 #[test]
 fn finish_checks_context_and_vocab() {
     let p = cmpl(r#"{"model":"m","prompt":"x","max_tokens":10}"#).unwrap();
-    let r = finish(p.clone(), vec![1, 2, 3], &to(20, 1000)).unwrap();
+    let r = finish(p.clone(), vec![1, 2, 3], None, &to(20, 1000)).unwrap();
     assert_eq!(r.max_tokens, 10);
     assert_eq!(r.tenant, "t");
     assert_eq!(r.tenant_max_in_flight, Some(7));
-    let e = finish(p.clone(), vec![1; 15], &to(20, 1000)).unwrap_err();
+    let e = finish(p.clone(), vec![1; 15], None, &to(20, 1000)).unwrap_err();
     assert_eq!(e.code, Some("context_length_exceeded"));
     assert_eq!(e.param.as_deref(), Some("prompt"));
     let c = chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":10}"#);
-    let e = finish(c.unwrap(), vec![1; 15], &to(20, 1000)).unwrap_err();
+    let e = finish(c.unwrap(), vec![1; 15], None, &to(20, 1000)).unwrap_err();
     assert_eq!(e.code, Some("context_length_exceeded"));
     assert_eq!(e.param.as_deref(), Some("messages"));
-    let e = finish(p.clone(), vec![1, 200], &to(20, 1000)).unwrap_err();
+    let e = finish(p.clone(), vec![1, 200], None, &to(20, 1000)).unwrap_err();
     assert_eq!(e.param.as_deref(), Some("prompt"));
     let mut q = p;
     q.max_tokens = None;
     assert_eq!(
-        finish(q.clone(), vec![1; 5], &to(20, 1000))
+        finish(q.clone(), vec![1; 5], None, &to(20, 1000))
             .unwrap()
             .max_tokens,
         15
     );
     assert_eq!(
-        finish(q.clone(), vec![1; 5], &to(20, 4))
+        finish(q.clone(), vec![1; 5], None, &to(20, 4))
             .unwrap()
             .max_tokens,
         4
     );
-    let e = finish(q, vec![1; 20], &to(20, 1000)).unwrap_err();
+    let e = finish(q, vec![1; 20], None, &to(20, 1000)).unwrap_err();
     assert_eq!(e.code, Some("context_length_exceeded"));
 }

@@ -24,6 +24,7 @@ async fn chat_non_streaming_shape() {
     let rid = r.headers()["x-request-id"].to_str().unwrap().to_string();
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["id"], format!("chatcmpl-{rid}"));
+    let _sorted = sorted_snapshots();
     insta::assert_json_snapshot!(v, {".id" => "[id]", ".created" => "[created]"});
     let req = last_submitted(&s);
     assert_eq!(req.max_tokens, 9);
@@ -48,6 +49,7 @@ async fn chat_streaming_shape_with_usage() {
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
         .collect();
     assert_eq!(text, &REPLY[..3]);
+    let _sorted = sorted_snapshots();
     insta::assert_json_snapshot!(chunks, {"[].id" => "[id]", "[].created" => "[created]"});
 }
 
@@ -62,6 +64,7 @@ async fn completions_shapes_and_prompts() {
         .await;
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap();
+    let _sorted = sorted_snapshots();
     insta::assert_json_snapshot!("completion", v, {".id" => "[id]", ".created" => "[created]"});
     // Token ids go to the engine as given.
     let r = s
@@ -119,6 +122,7 @@ async fn completions_shapes_and_prompts() {
         .iter()
         .map(|e| serde_json::from_str(e).unwrap())
         .collect();
+    let _sorted = sorted_snapshots();
     insta::assert_json_snapshot!("completion_stream", chunks, {"[].id" => "[id]", "[].created" => "[created]"});
 }
 
@@ -184,6 +188,7 @@ async fn chat_logprobs_stop_and_seed() {
 async fn models_and_probes() {
     let s = open().await;
     let v: Value = s.get("/v1/models").await.json().await.unwrap();
+    let _sorted = sorted_snapshots();
     insta::assert_json_snapshot!("models", v);
     let r = s.get("/health").await;
     assert_eq!(r.status(), 200);
@@ -398,4 +403,12 @@ async fn metrics_parse_and_count() {
     assert_eq!(metric(&t, "memra_queue_depth"), 0.0);
     // The second identical prompt hit the (simulated) prefix cache.
     assert!(metric(&t, "memra_prefix_cache_hit_tokens_total") > 0.0);
+}
+
+/// Snapshots list object keys sorted: the recorded form does not depend on whether serde_json
+/// keeps insertion order (llguidance turns on its `preserve_order` for the whole workspace).
+fn sorted_snapshots() -> insta::internals::SettingsBindDropGuard {
+    let mut s = insta::Settings::clone_current();
+    s.set_sort_maps(true);
+    s.bind_to_scope()
 }

@@ -1,5 +1,6 @@
 //! The memra-server binary on the real SmolLM2-135M (CPU): the official Python `openai` client
-//! (server/tests/python/test_openai_client.py), a bounded loopback load test (16 concurrent
+//! (server/tests/python/test_openai_client.py; structured output and tools:
+//! server/tests/python/test_structured.py), a bounded loopback load test (16 concurrent
 //! streaming clients x 4 requests: 0 errors, well-formed streams, outputs byte-identical to
 //! solo runs), and SIGTERM drain with exit status 0.
 
@@ -248,23 +249,22 @@ async fn real_model_python_client_load_and_drain() {
     let url = server.url.clone();
     wait_ready(&url).await;
 
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/python/test_openai_client.py"
-    );
-    let out = Command::new(python())
-        .arg(script)
-        .env("MEMRA_TEST_URL", &url)
-        .env("MEMRA_TEST_KEY", &key)
-        .env("MEMRA_TEST_ALIAS", ALIAS)
-        .output()
-        .expect("python3 (MEMRA_PYTHON) with the `openai` package (tools/test.sh installs it)");
-    assert!(
-        out.status.success(),
-        "python openai client test failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for script in ["test_openai_client.py", "test_structured.py"] {
+        let path = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
+        let out = Command::new(python())
+            .arg(&path)
+            .env("MEMRA_TEST_URL", &url)
+            .env("MEMRA_TEST_KEY", &key)
+            .env("MEMRA_TEST_ALIAS", ALIAS)
+            .output()
+            .expect("python3 (MEMRA_PYTHON) with `openai` and `jsonschema` (tools/test.sh installs them)");
+        assert!(
+            out.status.success(),
+            "python {script} failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 
     load_test(&url, &key).await;
 

@@ -48,6 +48,7 @@ fn serve_invariance_library_compares_every_request() {
     };
     let rep = run(&real_model(), &opts).expect("serve-invariance");
     assert_eq!(rep.requests, 3);
+    assert_eq!(rep.constrained, 1, "request 1 follows a JSON schema");
     assert!(rep.tokens_compared > 0);
     assert!(rep.failures.is_empty(), "{:?}", rep.failures);
 }

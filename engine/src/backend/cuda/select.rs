@@ -196,6 +196,7 @@ mod tests {
                     params: &p,
                     history: &history,
                     pos,
+                    mask: None,
                 };
                 assert_eq!(
                     finish_on_host(&ids, &vals, &s),
