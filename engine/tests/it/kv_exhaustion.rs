@@ -65,7 +65,7 @@ fn request(i: usize) -> ValidRequest {
         tenant: format!("t{}", i % 3),
         prompt: (0..10).map(|j| ((i * 31 + j * 7) % 250) as u32).collect(),
         max_tokens: 26,
-        params: if i % 2 == 0 {
+        params: if i.is_multiple_of(2) {
             SamplingParams::default()
         } else {
             SamplingParams {
