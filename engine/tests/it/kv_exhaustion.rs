@@ -134,7 +134,15 @@ fn more_requests_than_the_kv_holds_are_preempted_and_stay_exact() {
             })
             .collect();
         let v: Vec<Output> = streams.into_iter().map(collect).collect();
-        let s = e.stats();
+        // The model thread publishes its counters after each step: wait for the last one.
+        let mut s = e.stats();
+        for _ in 0..500 {
+            if s.models[0].running == 0 && s.models[0].kv_blocks_used == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            s = e.stats();
+        }
         e.shutdown();
         (v, s)
     });
