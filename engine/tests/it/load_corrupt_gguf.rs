@@ -520,6 +520,7 @@ fn damaged_gguf_models_give_clean_errors() {
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
     assert!(n >= 30, "only {n} cases");
+    eprintln!("{n} damaged GGUF files, each a clean error");
 }
 
 /// Every truncation of the file (header, metadata, tensor infos, data): a clean error.
@@ -534,6 +535,7 @@ fn truncated_gguf_models_give_clean_errors() {
     cuts.extend((64..data_start).step_by(997));
     cuts.extend((data_start..full.len()).step_by(full.len() / 40));
     cuts.push(full.len() - 1);
+    eprintln!("{} truncations of a {}-byte file", cuts.len(), full.len());
     for cut in cuts {
         let p = dir.path().join("cut.gguf");
         std::fs::write(&p, &full[..cut]).expect("write");
