@@ -372,7 +372,16 @@ fn format_filter(
     if let Some(s) = format_str.as_str() {
         check_format_widths(s)?;
     }
-    minijinja::filters::format(state, format_str, args)
+    // minijinja 2.24 panics on some malformed format strings (a `%(` key followed by a
+    // multi-byte character slices inside it; found by the chat_template fuzzer): a template from
+    // a model file must fail its render, never panic the request's thread.
+    let call = std::panic::AssertUnwindSafe(|| minijinja::filters::format(state, format_str, args));
+    std::panic::catch_unwind(call).unwrap_or_else(|_| {
+        Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            "the format string is malformed",
+        ))
+    })
 }
 
 /// Jinja's `indent(width=4, first=false, blank=false)`, refusing a result over

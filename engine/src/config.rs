@@ -169,7 +169,12 @@ impl ModelConfig {
         let n_kv_heads = uint("attention.head_count_kv").unwrap_or(n_heads);
         let head_dim = match uint("attention.key_length") {
             Ok(v) => v,
-            Err(_) if n_heads > 0 => hidden / n_heads,
+            Err(_) if n_heads > 0 && hidden.is_multiple_of(n_heads) => hidden / n_heads,
+            Err(_) if n_heads > 0 => {
+                return Err(Error::Config(format!(
+                    "`{a}.embedding_length` {hidden} is not a multiple of `{a}.attention.head_count` {n_heads} (and `{a}.attention.key_length` is not given)"
+                )));
+            }
             Err(e) => return Err(e),
         };
         let token_embd = g.tensor_info("token_embd.weight");
@@ -268,7 +273,15 @@ impl ModelConfig {
             hidden,
             n_heads,
             n_kv_heads: uint("num_key_value_heads").unwrap_or(n_heads),
-            head_dim: uint("head_dim").unwrap_or(hidden / n_heads.max(1)),
+            head_dim: match uint("head_dim") {
+                Ok(v) => v,
+                Err(_) if n_heads > 0 && !hidden.is_multiple_of(n_heads) => {
+                    return Err(Error::Config(format!(
+                        "hidden_size {hidden} is not a multiple of num_attention_heads {n_heads} (and head_dim is not given)"
+                    )));
+                }
+                Err(_) => hidden / n_heads.max(1),
+            },
             ffn: uint("intermediate_size")?,
             vocab: uint("vocab_size")?,
             rope_theta: float("rope_theta").unwrap_or(10000.0),

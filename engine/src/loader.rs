@@ -30,9 +30,46 @@ fn unpermute(t: Tensor, head_dim: usize) -> Result<Tensor> {
     Tensor::new(t.name, t.dtype, t.shape, Bytes::owned(data))
 }
 
+/// Refuses a layer count the file's tensors cannot back, before the tensor list (about ten
+/// entries per layer) is built from it: a claimed `block_count` of 2^24 would otherwise cost
+/// gigabytes before the first missing tensor is noticed.
+fn check_layers(config: &ModelConfig, n_tensors: usize) -> Result<()> {
+    if config.n_layers > n_tensors {
+        return Err(Error::Config(format!(
+            "the config claims {} layers but the model holds only {n_tensors} tensors",
+            config.n_layers
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a tokenizer that can produce ids past the embedding's rows (llama.cpp refuses the
+/// same mismatch): such ids would fail every request that contains them.
+fn check_vocab(tokenizer: &Tokenizer, config: &ModelConfig) -> Result<()> {
+    let rows = config.vocab;
+    if tokenizer.vocab_size() > rows {
+        return Err(Error::Tokenizer(format!(
+            "the tokenizer has {} tokens but the model's embedding has {rows} rows",
+            tokenizer.vocab_size()
+        )));
+    }
+    let specials = [tokenizer.bos_id(), tokenizer.eos_id()];
+    let mut ids = specials
+        .into_iter()
+        .flatten()
+        .chain(tokenizer.stop_ids().iter().copied());
+    if let Some(id) = ids.find(|&id| id as usize >= rows) {
+        return Err(Error::Tokenizer(format!(
+            "special token id {id} is outside the model's {rows} embedding rows"
+        )));
+    }
+    Ok(())
+}
+
 /// Config and weights of a GGUF model.
 pub fn gguf_weights(g: &Gguf) -> Result<ModelWeights> {
     let config = ModelConfig::from_gguf(g)?;
+    check_layers(&config, g.tensors().len())?;
     let hd = config.head_dim;
     let mut get = |role: Role| -> Result<Option<Tensor>> {
         let Some(t) = g.tensor(&role.gguf_name()) else {
@@ -71,6 +108,7 @@ fn offset(t: Tensor, offset: f32) -> Result<Tensor> {
 /// Config and weights of an HF safetensors folder.
 pub fn hf_weights(m: &HfModel) -> Result<ModelWeights> {
     let config = m.config.clone();
+    check_layers(&config, m.tensor_names().len())?;
     let mut get = |role: Role| -> Result<Option<Tensor>> {
         let t = m.tensor(&role.hf_name(config.arch))?;
         match (t, hf_offset(&config, role)) {
@@ -98,6 +136,7 @@ pub fn load_model(path: &Path) -> Result<Model> {
             .tokenizer_json()
             .ok_or_else(|| Error::Tokenizer(format!("{} has no tokenizer.json", path.display())))?;
         let tokenizer = Tokenizer::from_hf_files(&tj, m.tokenizer_config_json().as_deref())?;
+        check_vocab(&tokenizer, &weights.config)?;
         let chat = match ChatTemplate::from_hf_dir(path, &tokenizer)? {
             Some(t) => Some(t),
             None => builtin_template(&weights.config, &tokenizer)?,
@@ -113,6 +152,7 @@ pub fn load_model(path: &Path) -> Result<Model> {
         let g = Gguf::open(path)?;
         let weights = gguf_weights(&g)?;
         let tokenizer = Tokenizer::from_gguf(&g)?;
+        check_vocab(&tokenizer, &weights.config)?;
         let chat = match ChatTemplate::from_gguf(&g, &tokenizer)? {
             Some(t) => Some(t),
             None => builtin_template(&weights.config, &tokenizer)?,

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+pub mod fuzz;
+
 /// File name of the default real model (tools/fetch-models.sh).
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 

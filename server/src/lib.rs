@@ -12,6 +12,8 @@ pub mod errors;
 #[cfg(feature = "test-util")]
 pub mod fake;
 pub mod fdlimit;
+#[cfg(feature = "test-util")]
+pub mod fuzz;
 pub mod http;
 pub mod keys;
 pub mod metrics;

@@ -258,6 +258,13 @@ impl SafetensorsFile {
         })
     }
 
+    /// Validates a safetensors file held in memory (the fuzz target and its corpus replay): the
+    /// header, every tensor's dtype, shape and extent; the tensor names in file order.
+    pub fn check_bytes(path: &Path, bytes: &[u8]) -> Result<Vec<String>> {
+        let (tensors, _) = Self::parse(path, bytes)?;
+        Ok(tensors.into_iter().map(|(n, _)| n).collect())
+    }
+
     #[allow(clippy::type_complexity)]
     fn parse(
         path: &Path,

@@ -42,11 +42,16 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOC: Counting = Counting;
 
+/// Runs `f`, returning its result and the largest allocation it made on this thread.
+pub(crate) fn largest_alloc<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    LARGEST.with(|m| m.set(0));
+    let r = f();
+    (r, LARGEST.with(|m| m.get()))
+}
+
 /// Parses `bytes`, returning the result and the largest allocation made while parsing.
 fn parse(bytes: &[u8]) -> (Result<Gguf, Error>, usize) {
-    LARGEST.with(|m| m.set(0));
-    let r = Gguf::from_bytes(bytes, Path::new("corrupt.gguf"));
-    (r, LARGEST.with(|m| m.get()))
+    largest_alloc(|| Gguf::from_bytes(bytes, Path::new("corrupt.gguf")))
 }
 
 // ---- byte builders ------------------------------------------------------------------------

@@ -10,7 +10,7 @@ use std::time::Duration;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulConnection, GracefulShutdown};
 use tokio::net::TcpListener;
 
 use crate::routes;
@@ -38,9 +38,28 @@ fn refuse(mut stream: tokio::net::TcpStream, limit: usize) {
     });
 }
 
-/// Serves until `shutdown` resolves, then drains: stops accepting, marks the server draining
-/// (`/ready` 503, new inference requests 503), lets in-flight requests finish up to the drain
-/// timeout, and tells the engine to drain. Returns when done.
+/// One HTTP/1.1 connection through the routes; `keep_alive: false` answers one request and
+/// closes (connections accepted while draining).
+fn connection(
+    stream: tokio::net::TcpStream,
+    state: Arc<State>,
+    keep_alive: bool,
+) -> impl GracefulConnection<Error = hyper::Error> + Send + 'static {
+    let _ = stream.set_nodelay(true);
+    let svc = service_fn(move |req| {
+        let st = state.clone();
+        async move { Ok::<_, Infallible>(routes::handle(req, st).await) }
+    });
+    http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30))
+        .keep_alive(keep_alive)
+        .serve_connection(TokioIo::new(stream), svc)
+}
+
+/// Serves until `shutdown` resolves, then drains: marks the server draining (`/ready` 503, new
+/// inference requests 503 with Retry-After, `/health` 200), lets in-flight requests finish up
+/// to the drain timeout, and tells the engine to drain. Returns when done.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<State>,
@@ -54,30 +73,12 @@ pub async fn serve(
         tokio::select! {
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             acc = listener.accept() => {
-                let stream = match acc {
-                    Ok((s, _)) => s,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
+                let Some(stream) = accepted(acc).await else { continue };
                 if conns.len() >= state.limits.max_connections {
                     refuse(stream, state.limits.max_connections);
                     continue;
                 }
-                let _ = stream.set_nodelay(true);
-                let st = state.clone();
-                let svc = service_fn(move |req| {
-                    let st = st.clone();
-                    async move { Ok::<_, Infallible>(routes::handle(req, st).await) }
-                });
-                let conn = http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(30))
-                    .serve_connection(TokioIo::new(stream), svc);
-                let conn = graceful.watch(conn);
+                let conn = graceful.watch(connection(stream, state.clone(), true));
                 conns.spawn(async move {
                     if let Err(e) = conn.await {
                         tracing::debug!("connection ended: {e}");
@@ -88,19 +89,59 @@ pub async fn serve(
         }
     }
     state.start_draining();
-    drop(listener);
     tracing::info!("draining: {} requests in flight", state.in_flight());
-    match tokio::time::timeout(state.limits.drain_timeout, graceful.shutdown()).await {
-        Ok(()) => tracing::info!("drained"),
-        Err(_) => {
-            tracing::warn!(
-                "drain timeout: cutting off {} requests still in flight",
-                state.in_flight()
-            );
-            conns.abort_all();
-            while conns.join_next().await.is_some() {}
-        }
+    if drain(&listener, &state, graceful).await {
+        tracing::info!("drained");
+    } else {
+        tracing::warn!(
+            "drain timeout: cutting off {} requests still in flight",
+            state.in_flight()
+        );
+        conns.abort_all();
+        while conns.join_next().await.is_some() {}
     }
+    drop(listener);
     state.engine.drain();
     Ok(())
+}
+
+/// The stream of an accepted connection; `None` after a failed accept (out of file
+/// descriptors and the like), having backed off instead of spinning.
+async fn accepted(
+    acc: std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)>,
+) -> Option<tokio::net::TcpStream> {
+    match acc {
+        Ok((s, _)) => Some(s),
+        Err(e) => {
+            tracing::warn!("accept failed: {e}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            None
+        }
+    }
+}
+
+/// Waits (up to the drain timeout) for the watched connections to finish their requests, while
+/// still answering new connections one request each, so a client that arrives during the
+/// drain gets 503 (and a probe `/ready` 503) rather than a refused connection. True when every
+/// watched connection finished in time.
+async fn drain(listener: &TcpListener, state: &Arc<State>, graceful: GracefulShutdown) -> bool {
+    let done = tokio::time::timeout(state.limits.drain_timeout, graceful.shutdown());
+    tokio::pin!(done);
+    let mut late = tokio::task::JoinSet::new();
+    let finished = loop {
+        tokio::select! {
+            r = &mut done => break r.is_ok(),
+            Some(_) = late.join_next(), if !late.is_empty() => {}
+            acc = listener.accept() => {
+                let Some(stream) = accepted(acc).await else { continue };
+                if late.len() >= state.limits.max_connections {
+                    refuse(stream, state.limits.max_connections);
+                    continue;
+                }
+                late.spawn(connection(stream, state.clone(), false));
+            }
+        }
+    };
+    late.abort_all();
+    finished
 }

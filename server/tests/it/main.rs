@@ -3,9 +3,13 @@
 mod api;
 mod auth;
 mod common;
+mod drain;
 mod flags;
+mod fuzz_replay;
 mod lifecycle;
 mod real_model;
+mod request_battery;
+mod request_proptest;
 mod security;
 mod served;
 mod tiny_engine;

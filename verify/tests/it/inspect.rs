@@ -67,3 +67,30 @@ fn damaged_files_are_invalid_with_the_reason() {
     assert!(out.contains("no such model file"), "{out}");
     assert!(inspect(&truncated, false).is_err());
 }
+
+/// NaN and Inf weights load (the file is well formed) but `--scan` counts them; without the
+/// scan they are not looked for.
+#[test]
+fn scan_counts_non_finite_weights() {
+    let model = memra_engine::testing::real_model();
+    let mut bytes = std::fs::read(&model).expect("read the model");
+    let g = memra_engine::formats::gguf::Gguf::open(&model).expect("open");
+    let t = g.tensor_info("output_norm.weight").expect("output_norm");
+    assert_eq!(t.dtype, memra_engine::quant::DType::F32);
+    let at = t.offset as usize;
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    bytes[at + 8..at + 12].copy_from_slice(&f32::NEG_INFINITY.to_le_bytes());
+    bytes[at + 16..at + 20].copy_from_slice(&f32::INFINITY.to_le_bytes());
+    let f = scratch("nan.gguf");
+    std::fs::write(&f, &bytes).expect("write");
+    assert_eq!(inspect(&f, false).expect("valid").non_finite, None);
+    assert_eq!(inspect(&f, true).expect("valid").non_finite, Some(3));
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-verify"))
+        .args(["inspect", "--scan"])
+        .arg(&f)
+        .output()
+        .expect("run memra-verify");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("3 non-finite values"), "{text}");
+}
