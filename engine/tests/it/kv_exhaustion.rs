@@ -81,6 +81,7 @@ fn request(i: usize) -> ValidRequest {
         ignore_eos: true,
         tenant_max_in_flight: None,
         speculative: false,
+        grammar: None,
     }
 }
 

@@ -288,6 +288,7 @@ pub fn load_whole(path: &Path) -> Result<Served, String> {
         ignore_eos: true,
         tenant_max_in_flight: None,
         speculative: false,
+        grammar: None,
     };
     let mut served = Served {
         tokens: Vec::new(),
