@@ -193,22 +193,31 @@ pub fn run_speed(
                 Speed::Decode(_) => (o.tokens.max(2) - 1) as f64 / (o.last - o.first).max(1e-9),
             });
         }
-        let mmm = record::median_min_max(&vals).filter(|_| ok);
+        let w = match what {
+            Speed::Prefill => Workload::Prefill,
+            Speed::Decode(_) => Workload::Decode,
+        };
         rows.push(Row {
-            workload: match what {
-                Speed::Prefill => Workload::Prefill,
-                Speed::Decode(_) => Workload::Decode,
-            },
-            prompt: Some(*p as u64),
             unit: "tok/s".into(),
-            value: mmm.map(|x| x.0),
-            min: mmm.map(|x| x.1),
-            max: mmm.map(|x| x.2),
-            valid: ok,
-            ..base.clone()
+            ..measured(&base, w, *p, &vals, ok)
         });
     }
     Ok(rows)
+}
+
+/// `base` as workload `w` at prompt `p`: the median, min and max of `vals` (none when `ok` is
+/// false: a run's text differed from the reference).
+fn measured(base: &Row, w: Workload, p: usize, vals: &[f64], ok: bool) -> Row {
+    let mmm = record::median_min_max(vals).filter(|_| ok);
+    Row {
+        workload: w,
+        prompt: Some(p as u64),
+        value: mmm.map(|x| x.0),
+        min: mmm.map(|x| x.1),
+        max: mmm.map(|x| x.2),
+        valid: ok,
+        ..base.clone()
+    }
 }
 
 fn base_row(a: &ServerTtft, mref: &ModelRef, generated: usize) -> Row {
@@ -270,16 +279,7 @@ pub fn run(a: &ServerTtft, mref: &ModelRef, prompts: &[(usize, Vec<u32>)]) -> Re
             (Workload::TtftCold, cold, ok_cold),
             (Workload::TtftCached, warm, ok_warm),
         ] {
-            let mmm = record::median_min_max(&vals).filter(|_| ok);
-            rows.push(Row {
-                workload: w,
-                prompt: Some(*p as u64),
-                value: mmm.map(|x| x.0),
-                min: mmm.map(|x| x.1),
-                max: mmm.map(|x| x.2),
-                valid: ok,
-                ..base.clone()
-            });
+            rows.push(measured(&base, w, *p, &vals, ok));
         }
     }
     Ok(rows)

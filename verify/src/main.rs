@@ -346,14 +346,7 @@ fn gate_spec(a: &SpecArgs) -> Result<usize> {
         }
         (Some(path), None) => {
             let m = memra_engine::loader::load_model(path)?;
-            let bos = m.tokenizer.add_bos_default();
-            let mut p = Vec::new();
-            for (name, text) in spec::TEXT_PROMPTS {
-                p.push(spec::Prompt {
-                    name: (*name).into(),
-                    ids: m.tokenizer.encode(text, bos)?,
-                });
-            }
+            let p = spec::text_prompts(&m.tokenizer)?;
             (m.weights, p, m.tokenizer.stop_ids().to_vec())
         }
         (None, None) => return Err(Error::Input("spec: give MODEL or --tiny ARCH".into())),
@@ -471,14 +464,7 @@ fn gate_golden(a: &GoldenArgs) -> Result<usize> {
         (Some(path), None) => {
             let id = golden::model_id(path)?;
             let m = memra_engine::loader::load_model(path)?;
-            let bos = m.tokenizer.add_bos_default();
-            let mut p = Vec::new();
-            for (name, text) in spec::TEXT_PROMPTS {
-                p.push(spec::Prompt {
-                    name: (*name).into(),
-                    ids: m.tokenizer.encode(text, bos)?,
-                });
-            }
+            let p = spec::text_prompts(&m.tokenizer)?;
             (m.weights, p, path.display().to_string(), id)
         }
         (None, None) => return Err(Error::Input("golden: give MODEL or --tiny ARCH".into())),

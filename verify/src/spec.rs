@@ -316,6 +316,20 @@ pub fn failures(rows: &[Row]) -> usize {
 
 /// Prompts for a model without a tokenizer (tiny random models): two that repeat themselves
 /// (n-gram lookup accepts) and one that does not.
+/// [`TEXT_PROMPTS`] encoded by `tok` (with its default BOS).
+pub fn text_prompts(tok: &memra_engine::tokenizer::Tokenizer) -> Result<Vec<Prompt>> {
+    let bos = tok.add_bos_default();
+    TEXT_PROMPTS
+        .iter()
+        .map(|(name, text)| {
+            Ok(Prompt {
+                name: (*name).into(),
+                ids: tok.encode(text, bos)?,
+            })
+        })
+        .collect()
+}
+
 pub fn synthetic_prompts(vocab: usize) -> Vec<Prompt> {
     let v = vocab.max(2) as u32;
     let m = |x: u32| x % v;
