@@ -11,6 +11,32 @@ use crate::formats::safetensors::SafetensorsFile;
 use crate::loader::gguf_weights;
 use crate::tokenizer::Tokenizer;
 
+/// The committed seed corpus of fuzz target `target` (fuzz/corpus/<target>): (file name,
+/// bytes), sorted by name. Panics when the folder cannot be read (tests only).
+pub fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus")
+        .join(target);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|f| {
+            let name = f
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("")
+                .to_string();
+            let data = std::fs::read(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            (name, data)
+        })
+        .collect()
+}
+
 /// Fuel and output limit of a fuzzed template render: small, so one input stays fast.
 const FUEL: u64 = 200_000;
 const MAX_OUTPUT: usize = 1 << 16;

@@ -6,27 +6,13 @@ use std::time::{Duration, Instant};
 
 use memra_engine::testing::fuzz::{self, Outcome};
 
-use crate::common::repo_path;
-
 /// Runs every input of `fuzz/corpus/<target>` through `entry`; returns how many it ran.
 fn replay(target: &str, entry: fn(&[u8]) -> Outcome) -> usize {
-    let dir = repo_path(&format!("fuzz/corpus/{target}"));
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    files.sort();
+    let files = fuzz::corpus(target);
     let (mut ok, mut bad) = (0, 0);
-    for f in &files {
-        let name = f
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("")
-            .to_string();
-        let data = std::fs::read(f).expect("read a corpus file");
+    for (name, data) in &files {
         let start = Instant::now();
-        let out = entry(&data);
+        let out = entry(data);
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "{target}/{name} took {:?}",
