@@ -42,6 +42,9 @@ struct SpeedFlags {
     /// after a context of that many tokens (llama-bench -d)
     #[arg(long, value_delimiter = ',')]
     depth: Vec<usize>,
+    /// The KV cache's element format: f16 (default), bf16, q8_0 or f32.
+    #[arg(long, default_value = "f16")]
+    kv_dtype: memra_engine::engine::KvDtype,
     /// Timed runs after the untimed reference run; the row is their median.
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -370,6 +373,7 @@ fn speed(kind: memra_bench::speed::Kind, f: SpeedFlags) -> Result<()> {
         progress: !f.quiet && !f.json,
         shape: f.shape.clone(),
         dtype: f.dtype.clone(),
+        kv_dtype: f.kv_dtype,
     };
     let rows = memra_bench::speed::run(&f.model, &args)?;
     print_rows(&f, &rows)
@@ -672,6 +676,8 @@ fn run(cli: Cli) -> Result<()> {
                     max: None,
                     stddev: None,
                     weight_gb_s: None,
+                    kv_dtype: None,
+                    kv_gb_s: None,
                     runs: 1,
                     valid: ok,
                     source: Some(format!(

@@ -26,6 +26,9 @@ struct BenchLine {
     stddev_ts: Option<f64>,
     #[serde(default)]
     samples_ts: Vec<f64>,
+    /// The KV cache type (`-ctk`).
+    #[serde(default)]
+    type_k: Option<String>,
 }
 
 /// The labels and run every row of one model file shares.
@@ -96,6 +99,8 @@ pub fn rows_from_jsonl(text: &str, p: &PeerRun) -> Result<Vec<Row>> {
                 .bytes
                 .filter(|_| workload == Workload::Decode)
                 .map(|x| x as f64 * b.avg_ts / 1e9),
+            kv_dtype: b.type_k.clone(),
+            kv_gb_s: None,
             runs: b.samples_ts.len().max(1) as u64,
             valid: true,
             source: Some("llama-bench -ngl 99 -fa 1".into()),

@@ -107,6 +107,14 @@ pub struct Row {
     /// Achieved weight bandwidth of a decode row: model bytes x tok/s (GB/s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_gb_s: Option<f64>,
+    /// The KV cache's element format (`bf16`, `f16`, `q8_0`, `f32`; llama.cpp: `-ctk`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_dtype: Option<String>,
+    /// Achieved KV cache read bandwidth of a decode row: the KV bytes attention reads per token
+    /// (all layers' K and V of the positions before it, averaged over the generated tokens) x
+    /// tok/s (GB/s); weights + KV = the step's bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_gb_s: Option<f64>,
     /// Timed runs behind `value`.
     pub runs: u64,
     /// False when a timed run's tokens differed from the untimed reference run's.
@@ -320,6 +328,8 @@ mod tests {
             max: Some(2.0),
             stddev: None,
             weight_gb_s: None,
+            kv_dtype: Some("bf16".into()),
+            kv_gb_s: Some(0.5),
             runs: 3,
             valid: true,
             source: None,

@@ -242,6 +242,8 @@ fn base_row(a: &ServerTtft, mref: &ModelRef, generated: usize) -> Row {
         max: None,
         stddev: None,
         weight_gb_s: None,
+        kv_dtype: None,
+        kv_gb_s: None,
         runs: a.runs as u64,
         valid: true,
         source: Some(format!("server {}", a.addr)),

@@ -50,6 +50,8 @@ pub struct SpeedArgs {
     /// The shape and dtype labels for the rows (`llama3-8b`, `Q4_K_M`).
     pub shape: Option<String>,
     pub dtype: Option<String>,
+    /// The KV cache's element format.
+    pub kv_dtype: memra_engine::engine::KvDtype,
 }
 
 /// One request's outcome.
@@ -169,6 +171,7 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
     let cfg = EngineConfig {
         device: a.device,
         prefix_cache: true,
+        kv_dtype: a.kv_dtype,
         ..EngineConfig::default()
     };
     let limits = AdmissionLimits {
@@ -219,6 +222,8 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
         max: None,
         stddev: None,
         weight_gb_s: None,
+        kv_dtype: Some(info.kv_dtype.to_string()),
+        kv_gb_s: None,
         runs: a.runs as u64,
         valid: true,
         source: None,
@@ -296,6 +301,11 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
                 if let (Some(b), Some(v)) = (mref.bytes, r.value) {
                     r.weight_gb_s = Some(b as f64 * v / 1e9);
                 }
+                // Generated token i (0-based) reads the KV of the p + i positions before it.
+                let mean_ctx = p as f64 + (n_gen - 1) as f64 / 2.0;
+                r.kv_gb_s = r
+                    .value
+                    .map(|v| info.kv_token_bytes as f64 * mean_ctx * v / 1e9);
                 rows.push(r);
             }
             Kind::Prefill => {

@@ -24,6 +24,7 @@ pub use admission::AdmissionLimits;
 use crate::backend::Device;
 use crate::chat::ChatTemplate;
 use crate::error::{Error, Result};
+pub use crate::kv_format::KvDtype;
 use crate::loader::Model;
 use crate::request::{EventStream, SubmitError, ValidRequest};
 use crate::scheduler::SchedulerConfig;
@@ -49,6 +50,8 @@ pub struct EngineConfig {
     /// Positions per KV block.
     pub block_size: usize,
     pub kv: KvBudget,
+    /// The KV cache's element format.
+    pub kv_dtype: KvDtype,
     /// Scheduler limits (token budget per step, running sequences, per-tenant running cap,
     /// admission reserve).
     pub scheduler: SchedulerConfig,
@@ -68,6 +71,7 @@ impl Default for EngineConfig {
                 fraction: 0.9,
                 reserve_bytes: 1 << 30,
             },
+            kv_dtype: KvDtype::default(),
             scheduler: SchedulerConfig::default(),
             prefix_cache: true,
             spec: None,
@@ -91,6 +95,10 @@ pub struct ModelInfo {
     pub profile: Option<String>,
     pub kv_blocks: usize,
     pub block_size: usize,
+    /// The KV cache's format and its bytes per position (K and V of every layer); the KV
+    /// capacity in positions is `kv_blocks * block_size`.
+    pub kv_dtype: KvDtype,
+    pub kv_token_bytes: usize,
 }
 
 /// A tenant's requests in the engine.

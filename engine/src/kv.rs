@@ -11,6 +11,7 @@
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::kv_format::KvDtype;
 use crate::prefix_cache::{BlockHash, PrefixCache};
 
 /// Number of blocks of `block_size` positions that `positions` positions occupy.
@@ -18,9 +19,9 @@ pub fn blocks_for(positions: usize, block_size: usize) -> usize {
     positions.div_ceil(block_size.max(1))
 }
 
-/// Bytes one KV block takes on a backend (f32 K and V for every layer).
-pub fn kv_block_bytes(c: &ModelConfig, block_size: usize) -> usize {
-    block_size * c.n_kv_heads * c.head_dim * 4 * 2 * c.n_layers
+/// Bytes one KV block takes on a backend (K and V of every layer in format `kv`).
+pub fn kv_block_bytes(c: &ModelConfig, block_size: usize, kv: KvDtype) -> usize {
+    block_size * kv.row_bytes(c.n_kv_heads * c.head_dim) * 2 * c.n_layers
 }
 
 /// How many KV blocks fit in `free_bytes` after keeping `reserve_bytes` back, using at most

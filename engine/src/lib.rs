@@ -9,6 +9,7 @@ pub mod formats;
 pub mod generate;
 pub mod grammar;
 pub mod kv;
+pub mod kv_format;
 pub mod loader;
 pub mod models;
 pub mod ops;

@@ -1,4 +1,4 @@
-// Causal attention over the paged f32 KV cache, split by a FIXED length in positions
+// Causal attention over the paged KV cache (any format of kvfmt.cuh, read as f32), split by a FIXED length in positions
 // (flash-decoding): a query row's positions 0..=pos are cut into splits of ATTN_SPLIT positions
 // starting at 0, so the split boundaries depend only on the row's own position.
 //
@@ -29,12 +29,15 @@ __device__ __forceinline__ float warp_sum_tree(float s) {
     return s;
 }
 
-__device__ __forceinline__ u64 kv_off(const u32* tab, u32 p, u32 block_size, u64 width, u32 kvh, u32 head_dim) {
-    return ((u64)tab[p / block_size] * block_size + p % block_size) * width + (u64)kvh * head_dim;
+// The cache row of position p (kvfmt.cuh).
+template <typename F>
+__device__ __forceinline__ const u8* kv_row(const u8* cache, const u32* tab, u32 p, u32 block_size, u64 width) {
+    return cache + ((u64)tab[p / block_size] * block_size + p % block_size) * F::row_bytes(width);
 }
 
-extern "C" __global__ void __launch_bounds__(128) attn_split(
-    const float* __restrict__ Q, const float* __restrict__ Kc, const float* __restrict__ Vc,
+template <typename F>
+__device__ __forceinline__ void attn_split_body(
+    const float* __restrict__ Q, const u8* __restrict__ Kc, const u8* __restrict__ Vc,
     const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ table_off,
     const u32* __restrict__ tables, float* __restrict__ part, u64 part_stride, u32 n_heads, u32 n_kv_heads,
     u32 head_dim, u32 block_size, float scale) {
@@ -69,11 +72,11 @@ extern "C" __global__ void __launch_bounds__(128) attn_split(
         for (u32 i = 0; i < ATTN_PER_WARP; ++i) {
             sp[i] = 0.0f;
             if (i < cnt) {
-                const float* k = Kc + kv_off(tab, a0 + i, block_size, width, kvh, head_dim);
+                const u8* k = kv_row<F>(Kc, tab, a0 + i, block_size, width);
 #pragma unroll
                 for (int j = 0; j < ATTN_DPL; ++j) {
                     const u32 d = lane + 32 * j;
-                    if (d < head_dim) sp[i] = __fmaf_rn(qv[j], __ldg(k + d), sp[i]);
+                    if (d < head_dim) sp[i] = __fmaf_rn(qv[j], F::ld(k, kvh * head_dim + d, (u32)width), sp[i]);
                 }
             }
         }
@@ -105,11 +108,11 @@ extern "C" __global__ void __launch_bounds__(128) attn_split(
                 const u32 p = a0 + i;
                 const float e = expf(sc[p - p0] - mx);
                 l = __fadd_rn(l, e);
-                const float* v = Vc + kv_off(tab, p, block_size, width, kvh, head_dim);
+                const u8* v = kv_row<F>(Vc, tab, p, block_size, width);
 #pragma unroll
                 for (int j = 0; j < ATTN_DPL; ++j) {
                     const u32 d = lane + 32 * j;
-                    if (d < head_dim) o[j] = __fmaf_rn(e, __ldg(v + d), o[j]);
+                    if (d < head_dim) o[j] = __fmaf_rn(e, F::ld(v, kvh * head_dim + d, (u32)width), o[j]);
                 }
             }
         }
@@ -141,8 +144,9 @@ extern "C" __global__ void __launch_bounds__(128) attn_split(
 // threads per (row, head, split); thread i scores position p0 + i (dot over the dimensions in
 // order, one fma chain); e_p = expf(s_p - mx); thread d sums e_p * v_p[d] over the split's
 // positions in order; l = the e_p summed in order by thread 0.
-extern "C" __global__ void __launch_bounds__(128) attn_split2(
-    const float* __restrict__ Q, const float* __restrict__ Kc, const float* __restrict__ Vc,
+template <typename F>
+__device__ __forceinline__ void attn_split2_body(
+    const float* __restrict__ Q, const u8* __restrict__ Kc, const u8* __restrict__ Vc,
     const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ table_off,
     const u32* __restrict__ tables, float* __restrict__ part, u64 part_stride, u32 n_heads, u32 n_kv_heads,
     u32 head_dim, u32 block_size, float scale) {
@@ -162,20 +166,10 @@ extern "C" __global__ void __launch_bounds__(128) attn_split2(
         const u32 p0 = split * ATTN_SPLIT;
         const u32 cnt = min((u32)ATTN_SPLIT, n - p0);
         if (tid < cnt) {
-            const float* k = Kc + kv_off(tab, p0 + tid, block_size, width, kvh, head_dim);
+            const u8* k = kv_row<F>(Kc, tab, p0 + tid, block_size, width);
             float s = 0.0f;
-            if ((head_dim & 3) == 0) {
 #pragma unroll 8
-                for (u32 d = 0; d < head_dim; d += 4) {
-                    const float4 kv = *(const float4*)(k + d);
-                    s = __fmaf_rn(qs[d], kv.x, s);
-                    s = __fmaf_rn(qs[d + 1], kv.y, s);
-                    s = __fmaf_rn(qs[d + 2], kv.z, s);
-                    s = __fmaf_rn(qs[d + 3], kv.w, s);
-                }
-            } else {
-                for (u32 d = 0; d < head_dim; ++d) s = __fmaf_rn(qs[d], k[d], s);
-            }
+            for (u32 d = 0; d < head_dim; ++d) s = __fmaf_rn(qs[d], F::ld(k, kvh * head_dim + d, (u32)width), s);
             sc[tid] = __fmul_rn(s, scale);
         }
         __syncthreads();
@@ -189,8 +183,8 @@ extern "C" __global__ void __launch_bounds__(128) attn_split2(
             float o = 0.0f;
 #pragma unroll 8
             for (u32 i = 0; i < cnt; ++i) {
-                const float* v = Vc + kv_off(tab, p0 + i, block_size, width, kvh, head_dim);
-                o = __fmaf_rn(sc[i], v[d], o);
+                const u8* v = kv_row<F>(Vc, tab, p0 + i, block_size, width);
+                o = __fmaf_rn(sc[i], F::ld(v, kvh * head_dim + d, (u32)width), o);
             }
             dst[2 + d] = o;
         }
@@ -203,6 +197,32 @@ extern "C" __global__ void __launch_bounds__(128) attn_split2(
         __syncthreads();
     }
 }
+
+// The split kernels per KV format: attn_split_<fmt>, attn_split2_<fmt>.
+#define ATTN_SPLIT_KERNEL(suffix, FMT)                                                                         \
+    extern "C" __global__ void __launch_bounds__(128) attn_split_##suffix(                                     \
+        const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq, const u32* table_off,  \
+        const u32* tables, float* part, u64 part_stride, u32 n_heads, u32 n_kv_heads, u32 head_dim,           \
+        u32 block_size, float scale) {                                                                         \
+        attn_split_body<FMT>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, n_heads,           \
+                             n_kv_heads, head_dim, block_size, scale);                                        \
+    }
+#define ATTN_SPLIT2_KERNEL(suffix, FMT)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) attn_split2_##suffix(                                    \
+        const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq, const u32* table_off,  \
+        const u32* tables, float* part, u64 part_stride, u32 n_heads, u32 n_kv_heads, u32 head_dim,           \
+        u32 block_size, float scale) {                                                                         \
+        attn_split2_body<FMT>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, n_heads,          \
+                              n_kv_heads, head_dim, block_size, scale);                                       \
+    }
+ATTN_SPLIT_KERNEL(f32, KvF32)
+ATTN_SPLIT_KERNEL(f16, KvF16)
+ATTN_SPLIT_KERNEL(bf16, KvBF16)
+ATTN_SPLIT_KERNEL(q8_0, KvQ8)
+ATTN_SPLIT2_KERNEL(f32, KvF32)
+ATTN_SPLIT2_KERNEL(f16, KvF16)
+ATTN_SPLIT2_KERNEL(bf16, KvBF16)
+ATTN_SPLIT2_KERNEL(q8_0, KvQ8)
 
 // One warp per (row, head) of `rows` rows. With Xh (head_dim a multiple of 32) the output is
 // also prepared for the next product (prep.cuh): rows of kp columns, bf: bf16.

@@ -1,4 +1,4 @@
-// Attention split partials on tensor cores (mma.sync m16n8k16, f16 in, f32 out): the GPU's own
+// Attention split partials on tensor cores (mma.sync m16n8k16, f16 or bf16 in, f32 out): the GPU's own
 // arithmetic (EXACTNESS.md), one kernel for prefill and decode rows. It writes the same partials
 // as attn_split (attention.cu): [mx, l, o[0..HD)] per (row, head, split of AM_SPLIT positions),
 // combined in split order by attn_combine.
@@ -8,11 +8,13 @@
 // (token j, head hg); rows past tpt * G are zero padding. Tokens of a tile that belong to other
 // sequences are handled in further passes (one per sequence), each pass loading that sequence's
 // KV. Warp w covers positions p0 + 16 w .. p0 + 16 w + 15 of the split:
-//   1. S = Q K^T (two n-tiles of 8 positions, HD / 16 chained mma from +0; Q and K rounded to f16,
-//      clamped to +-65504; lane t's dimensions of a k-step are 4t..4t+3 in both, so Q and K use
-//      one permutation); s = S * scale, positions past the row's own -> -inf.
+//   1. S = Q K^T (two n-tiles of 8 positions, HD / 16 chained mma from +0; lane t's dimensions of
+//      a k-step are 4t..4t+3 in both Q and K, so they use one permutation); s = S * scale,
+//      positions past the row's own -> -inf. The mma input type follows the KV cache (kvfmt.cuh):
+//      bf16 for a bf16 cache (Q and P rounded to bf16), else f16 (Q, P and an f32 or Q8_0 cache's
+//      values rounded to f16 and clamped to +-65504: an f16 cache gives the same bits as f32).
 //   2. mx = the row's max over the split (lane, quad xor, the 4 warps' maxima: exact in any order).
-//   3. p = f16(expf(s - mx)) (+0 for masked positions); the warp's l = its p (as f32) summed in a
+//   3. p = f16 or bf16 of expf(s - mx) (+0 for masked positions); the warp's l = its p (as f32) summed in a
 //      fixed order (lane: n-tile, column; then quad xor 1, 2); the warp's o = P V, one mma per
 //      n-tile from +0 (column g of n-tile nt = dimension g * NT + nt).
 //   4. the split's l and o = the 4 warps' values added in warp order, written for live rows.
@@ -25,30 +27,45 @@
 #define AM_SPLIT 64  // = ATTN_SPLIT of attention.cu
 #define AM_WARPS 4
 
-// Two f32 -> f16x2 (lo in the low half), clamped to the finite range.
-__device__ __forceinline__ u32 am_h2(float lo, float hi) {
-    lo = fminf(fmaxf(lo, -65504.0f), 65504.0f);
-    hi = fminf(fmaxf(hi, -65504.0f), 65504.0f);
-    u32 d;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
+// Two f32 -> the mma input type (lo in the low half).
+template <bool BF>
+__device__ __forceinline__ u32 am_pair(float lo, float hi) {
+    return BF ? b2_rn(lo, hi) : h2_sat(lo, hi);
 }
 
-__device__ __forceinline__ float am_lo(u32 h) { return f16_to_f32((u16)(h & 0xffffu)); }
-__device__ __forceinline__ float am_hi(u32 h) { return f16_to_f32((u16)(h >> 16)); }
+// A 16-bit mma input as f32.
+template <bool BF>
+__device__ __forceinline__ float am_f32(u32 h) {
+    return BF ? bf16_to_f32((u16)h) : f16_to_f32((u16)h);
+}
+
+template <bool BF>
+__device__ __forceinline__ void am_mma(const u32 a[4], u32 b0, u32 b1, float c[4]) {
+    if (BF)
+        mma_bf16_k16(a, b0, b1, c);
+    else
+        mma_f16_k16(a, b0, b1, c);
+}
+
+// 16-bit element e (0..3) of four packed values.
+__device__ __forceinline__ u32 am_el(uint2 v, int e) {
+    const u32 w = (e & 2) ? v.y : v.x;
+    return (e & 1) ? (w >> 16) : (w & 0xffffu);
+}
 
 __device__ __forceinline__ float4 am_ld4(const float* p) { return __ldg((const float4*)p); }
 
-template <int HD>
-__device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const float* __restrict__ Kc,
-                                              const float* __restrict__ Vc, const u32* __restrict__ pos,
+template <int HD, typename F>
+__device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const u8* __restrict__ Kc,
+                                              const u8* __restrict__ Vc, const u32* __restrict__ pos,
                                               const u32* __restrict__ row_seq, const u32* __restrict__ table_off,
                                               const u32* __restrict__ tables, float* __restrict__ part,
                                               u64 part_stride, u32 rows, u32 tpt, u32 n_heads, u32 n_kv_heads,
                                               u32 block_size, float scale) {
     constexpr int KS = HD / 16;  // k-steps of Q K^T
     constexpr int NT = HD / 8;   // n-tiles of P V
-    constexpr int V4 = NT / 4;   // float4 of V per position and lane
+    constexpr int V4 = NT / 4;   // 4-value groups of V per position and lane
+    constexpr bool BF = F::BF16;
     __shared__ float s_max[AM_WARPS][16];
     __shared__ float s_l[AM_WARPS][16];
     __shared__ float s_o[AM_WARPS][16][HD + 1];
@@ -60,6 +77,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
     if (r0 >= rows) return;
     const u32 ntok = min(tpt, rows - r0);
     const u64 width = (u64)n_kv_heads * HD;
+    const u64 rb = F::row_bytes(width);
     const float NEG_INF = -__int_as_float(0x7f800000);
     // This lane's two mma rows (g, g + 8): token and head, or none.
     u32 tok[2], head[2];
@@ -109,8 +127,8 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
                 for (int ks = 0; ks < KS; ++ks) {
                     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                     if (live[h]) v = am_ld4(q + 16 * ks);
-                    qa[ks][h] = am_h2(v.x, v.y);
-                    qa[ks][h + 2] = am_h2(v.z, v.w);
+                    qa[ks][h] = am_pair<BF>(v.x, v.y);
+                    qa[ks][h + 2] = am_pair<BF>(v.z, v.w);
                 }
             }
             // 1. scores of this warp's 16 positions.
@@ -119,20 +137,18 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
     #pragma unroll
             for (int nc = 0; nc < 2; ++nc) {
                 const u32 p = pw + 8 * nc + g;  // column g of n-tile nc
-                float4 kv[KS];
+                uint2 kv[KS];
                 if (p < nmax) {
-                    const float* k =
-                        Kc + ((u64)tab[p / block_size] * block_size + p % block_size) * width + (u64)kvh * HD + 4 * t;
+                    const u8* k = Kc + ((u64)tab[p / block_size] * block_size + p % block_size) * rb;
     #pragma unroll
-                    for (int ks = 0; ks < KS; ++ks) kv[ks] = am_ld4(k + 16 * ks);
+                    for (int ks = 0; ks < KS; ++ks) kv[ks] = F::h4(k, kvh * HD + 4 * t + 16 * ks, (u32)width);
                 } else {
     #pragma unroll
-                    for (int ks = 0; ks < KS; ++ks) kv[ks] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    for (int ks = 0; ks < KS; ++ks) kv[ks] = make_uint2(0u, 0u);
                 }
                 float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     #pragma unroll
-                for (int ks = 0; ks < KS; ++ks)
-                    mma_f16_k16(qa[ks], am_h2(kv[ks].x, kv[ks].y), am_h2(kv[ks].z, kv[ks].w), c);
+                for (int ks = 0; ks < KS; ++ks) am_mma<BF>(qa[ks], kv[ks].x, kv[ks].y, c);
     #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const u32 pe = pw + 8 * nc + 2 * t + (e & 1);
@@ -140,18 +156,17 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
                 }
             }
             // V of this warp's positions pw + 2t, + 1, + 8, + 9 at dimensions g * NT .. g * NT + NT - 1.
-            float4 vv[4][V4];
+            uint2 vv[4][V4];
     #pragma unroll
             for (int q4 = 0; q4 < 4; ++q4) {
                 const u32 p = pw + 2 * t + (q4 & 1) + 8 * (q4 >> 1);
                 if (p < nmax) {
-                    const float* v =
-                        Vc + ((u64)tab[p / block_size] * block_size + p % block_size) * width + (u64)kvh * HD + g * NT;
+                    const u8* v = Vc + ((u64)tab[p / block_size] * block_size + p % block_size) * rb;
     #pragma unroll
-                    for (int i = 0; i < V4; ++i) vv[q4][i] = am_ld4(v + 4 * i);
+                    for (int i = 0; i < V4; ++i) vv[q4][i] = F::h4(v, kvh * HD + g * NT + 4 * i, (u32)width);
                 } else {
     #pragma unroll
-                    for (int i = 0; i < V4; ++i) vv[q4][i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    for (int i = 0; i < V4; ++i) vv[q4][i] = make_uint2(0u, 0u);
                 }
             }
             // 2. the rows' maxima over the split.
@@ -181,9 +196,9 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
                 for (int h = 0; h < 2; ++h) {
                     const float e0 = s[nc][2 * h] == NEG_INF ? 0.0f : expf(s[nc][2 * h] - m[h]);
                     const float e1 = s[nc][2 * h + 1] == NEG_INF ? 0.0f : expf(s[nc][2 * h + 1] - m[h]);
-                    const u32 ph = am_h2(e0, e1);
+                    const u32 ph = am_pair<BF>(e0, e1);
                     pa[2 * nc + h] = ph;
-                    l[h] = __fadd_rn(__fadd_rn(l[h], am_lo(ph)), am_hi(ph));
+                    l[h] = __fadd_rn(__fadd_rn(l[h], am_f32<BF>(ph & 0xffffu)), am_f32<BF>(ph >> 16));
                 }
             }
     #pragma unroll
@@ -198,14 +213,11 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
     #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 // Column g of n-tile nt is dimension g * NT + nt: element nt of this lane's V run.
-                float vx[4];
+                u32 vx[4];
     #pragma unroll
-                for (int q4 = 0; q4 < 4; ++q4) {
-                    const float4 f = vv[q4][nt / 4];
-                    vx[q4] = (nt & 3) == 0 ? f.x : (nt & 3) == 1 ? f.y : (nt & 3) == 2 ? f.z : f.w;
-                }
+                for (int q4 = 0; q4 < 4; ++q4) vx[q4] = am_el(vv[q4][nt / 4], nt & 3);
                 float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma_f16_k16(pa, am_h2(vx[0], vx[1]), am_h2(vx[2], vx[3]), c);
+                am_mma<BF>(pa, vx[0] | (vx[1] << 16), vx[2] | (vx[3] << 16), c);
                 // c: (row g, col 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1) -> dimension col * NT + nt.
                 s_o[w][g][(2 * t) * NT + nt] = c[0];
                 s_o[w][g][(2 * t + 1) * NT + nt] = c[1];
@@ -236,14 +248,21 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
 }
 
 // Grid: (ceil(rows / tpt) * n_kv_heads, up to the splits of the launch's longest row), 128 threads.
-#define ATTN_MMA_KERNEL(suffix, HD)                                                                         \
+// One kernel per head size and KV format: attn_mma_h<HD>_<fmt>.
+#define ATTN_MMA_KERNEL(suffix, HD, FMT)                                                                    \
     extern "C" __global__ void __launch_bounds__(128) attn_mma_##suffix(                                    \
-        const float* Q, const float* Kc, const float* Vc, const u32* pos, const u32* row_seq,               \
+        const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq,                     \
         const u32* table_off, const u32* tables, float* part, u64 part_stride, u32 rows, u32 tpt,           \
         u32 n_heads, u32 n_kv_heads, u32 block_size, float scale) {                                         \
-        attn_mma_body<HD>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, rows, tpt,         \
-                          n_heads, n_kv_heads, block_size, scale);                                          \
+        attn_mma_body<HD, FMT>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, rows, tpt,    \
+                               n_heads, n_kv_heads, block_size, scale);                                     \
     }
 
-ATTN_MMA_KERNEL(h64, 64)
-ATTN_MMA_KERNEL(h128, 128)
+ATTN_MMA_KERNEL(h64_f32, 64, KvF32)
+ATTN_MMA_KERNEL(h64_f16, 64, KvF16)
+ATTN_MMA_KERNEL(h64_bf16, 64, KvBF16)
+ATTN_MMA_KERNEL(h64_q8_0, 64, KvQ8)
+ATTN_MMA_KERNEL(h128_f32, 128, KvF32)
+ATTN_MMA_KERNEL(h128_f16, 128, KvF16)
+ATTN_MMA_KERNEL(h128_bf16, 128, KvBF16)
+ATTN_MMA_KERNEL(h128_q8_0, 128, KvQ8)

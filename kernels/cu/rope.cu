@@ -17,29 +17,70 @@ extern "C" __global__ void rope(float* X, const u32* pos, const float* cos_t, co
     }
 }
 
-// Writes each row's K and V (width = n_kv_heads * head_dim values) into the paged caches at
-// position index slot[r] = block * block_size + slot (layout [block][slot][kv_head][head_dim]).
-extern "C" __global__ void kv_write(float* Kc, float* Vc, const float* K, const float* V, const u32* slot,
-                                    u32 rows, u32 width) {
+// Writes each row's K and V (width = n_kv_heads * head_dim values) into the paged caches (kvfmt.cuh)
+// at row index slot[r] = block * block_size + slot (layout [block][slot][kv_head][head_dim]).
+template <typename F>
+__device__ __forceinline__ void kv_write_body(u8* Kc, u8* Vc, const float* K, const float* V, const u32* slot,
+                                              u32 rows, u32 width) {
     const u64 n = (u64)rows * width;
+    const u64 rb = F::row_bytes(width);
     for (u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (u64)gridDim.x * blockDim.x) {
-        const u64 r = idx / width, i = idx % width;
-        const u64 dst = (u64)slot[r] * width + i;
-        Kc[dst] = K[idx];
-        Vc[dst] = V[idx];
+        const u64 r = idx / width;
+        const u32 i = (u32)(idx % width);
+        F::st(Kc + slot[r] * rb, i, K[idx]);
+        F::st(Vc + slot[r] * rb, i, V[idx]);
+    }
+}
+
+#define KV_WRITE_KERNEL(suffix, FMT)                                                                    \
+    extern "C" __global__ void kv_write_##suffix(u8* Kc, u8* Vc, const float* K, const float* V,        \
+                                                 const u32* slot, u32 rows, u32 width) {                \
+        kv_write_body<FMT>(Kc, Vc, K, V, slot, rows, width);                                            \
+    }
+
+KV_WRITE_KERNEL(f32, KvF32)
+KV_WRITE_KERNEL(f16, KvF16)
+KV_WRITE_KERNEL(bf16, KvBF16)
+
+// Q8_0 rows (ggml's arithmetic, as engine/src/kv_format.rs): one warp per (row, 32-value block) of
+// K and of V: d = max|x| / 127 (the warp's xor max: exact), q = roundf(x * (1 / d)), scale f16(d).
+extern "C" __global__ void kv_write_q8_0(u8* Kc, u8* Vc, const float* K, const float* V, const u32* slot,
+                                         u32 rows, u32 width) {
+    const u32 lane = threadIdx.x & 31;
+    const u32 nb = width / 32;
+    const u64 rb = KvQ8::row_bytes(width);
+    const u64 warps = (u64)rows * nb * 2;
+    for (u64 wi = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; wi < warps;
+         wi += ((u64)gridDim.x * blockDim.x) >> 5) {
+        const bool isv = wi >= (u64)rows * nb;
+        const u64 j = isv ? wi - (u64)rows * nb : wi;
+        const u64 r = j / nb;
+        const u32 b = (u32)(j % nb);
+        const float x = (isv ? V : K)[r * width + b * 32 + lane];
+        float amax = fabsf(x);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        u8* row = (isv ? Vc : Kc) + slot[r] * rb;
+        row[b * 32 + lane] = (u8)(i8)roundf(__fmul_rn(x, id));
+        if (lane == 0) ((u16*)(row + width))[b] = (u16)(h2_sat(d, 0.0f) & 0xffffu);
     }
 }
 
 // RoPE of Q (n_heads) and K (n_kv_heads) and the KV cache write, in one pass: thread (row, i)
 // for i < (n_heads + n_kv_heads) * head_dim / 2 rotates one pair (same arithmetic as `rope`);
-// the K pairs and the matching V values go to the caches at slot[r] (as `kv_write`).
-extern "C" __global__ void rope_kv(float* Q, float* K, const float* V, const u32* pos, const float* cos_t,
-                                   const float* sin_t, float* Kc, float* Vc, const u32* slot, u32 rows,
-                                   u32 n_heads, u32 n_kv_heads, u32 head_dim) {
+// the K pairs and the matching V values go to the caches at slot[r] (as `kv_write`). KvQ8 stores
+// nothing (`rope_kv_q8_0` is RoPE of Q and K only; kv_write_q8_0 follows).
+template <typename F>
+__device__ __forceinline__ void rope_kv_body(float* Q, float* K, const float* V, const u32* pos, const float* cos_t,
+                                             const float* sin_t, u8* Kc, u8* Vc, const u32* slot, u32 rows,
+                                             u32 n_heads, u32 n_kv_heads, u32 head_dim) {
     const u32 half = head_dim / 2;
     const u32 per_row = (n_heads + n_kv_heads) * half;
     const u64 n = (u64)rows * per_row;
     const u64 width = (u64)n_kv_heads * head_dim;
+    const u64 rb = F::row_bytes(width);
     for (u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (u64)gridDim.x * blockDim.x) {
         const u32 r = (u32)(idx / per_row), j = (u32)(idx % per_row);
         const u32 hh = j / half, i = j % half;
@@ -55,11 +96,26 @@ extern "C" __global__ void rope_kv(float* Q, float* K, const float* V, const u32
         x[half + i] = y1;
         if (isk) {
             const u64 src = (u64)r * width + (u64)h * head_dim;
-            const u64 dst = (u64)slot[r] * width + (u64)h * head_dim;
-            Kc[dst + i] = y0;
-            Kc[dst + half + i] = y1;
-            Vc[dst + i] = V[src + i];
-            Vc[dst + half + i] = V[src + half + i];
+            u8* kr = Kc + slot[r] * rb;
+            u8* vr = Vc + slot[r] * rb;
+            const u32 c0 = h * head_dim + i;
+            F::st(kr, c0, y0);
+            F::st(kr, c0 + half, y1);
+            F::st(vr, c0, V[src + i]);
+            F::st(vr, c0 + half, V[src + half + i]);
         }
     }
 }
+
+#define ROPE_KV_KERNEL(suffix, FMT)                                                                       \
+    extern "C" __global__ void rope_kv_##suffix(float* Q, float* K, const float* V, const u32* pos,       \
+                                                const float* cos_t, const float* sin_t, u8* Kc, u8* Vc,   \
+                                                const u32* slot, u32 rows, u32 n_heads, u32 n_kv_heads,   \
+                                                u32 head_dim) {                                           \
+        rope_kv_body<FMT>(Q, K, V, pos, cos_t, sin_t, Kc, Vc, slot, rows, n_heads, n_kv_heads, head_dim); \
+    }
+
+ROPE_KV_KERNEL(f32, KvF32)
+ROPE_KV_KERNEL(f16, KvF16)
+ROPE_KV_KERNEL(bf16, KvBF16)
+ROPE_KV_KERNEL(q8_0, KvQ8)

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use memra_engine::backend::KvDtype;
 use memra_engine::spec::{DrafterKind, SpecConfig};
 
 /// The default model's file name (fetched by tools/fetch-models.sh).
@@ -77,6 +78,9 @@ pub struct ServeArgs {
     /// KV cache blocks per model (0 = sized from free memory at load).
     #[arg(long, env = "MEMRA_KV_BLOCKS", default_value_t = 0)]
     pub kv_blocks: usize,
+    /// The KV cache's element format: f16 (default), bf16, q8_0 or f32 (a model's `+kv=` overrides it).
+    #[arg(long, env = "MEMRA_KV_DTYPE", default_value = "f16")]
+    pub kv_dtype: KvDtype,
     /// Keyring file of hashed API keys; without it the server is open (tenant `default`).
     #[arg(long, env = "MEMRA_API_KEYS")]
     pub api_keys: Option<PathBuf>,
@@ -126,19 +130,33 @@ pub struct ModelSpec {
     pub path: PathBuf,
     /// Speculative decoding (`+spec=ngram`, `+draft=PATH`, `+spec_k=K`).
     pub spec: Option<SpecConfig>,
+    /// The KV cache format for this model (`+kv=q8_0`; default `--kv-dtype`).
+    pub kv_dtype: Option<KvDtype>,
 }
 
-/// Splits `path+spec=ngram+spec_k=4` (or `+draft=PATH`) into the path and its speculation.
-fn parse_spec(entry: &str) -> Result<(String, Option<SpecConfig>), String> {
+/// The per-model options of a MEMRA_MODELS entry.
+struct EntryOptions {
+    spec: Option<SpecConfig>,
+    kv_dtype: Option<KvDtype>,
+}
+
+/// Splits `path+spec=ngram+spec_k=4+kv=q8_0` (or `+draft=PATH`) into the path and its options.
+fn parse_options(entry: &str) -> Result<(String, EntryOptions), String> {
     let mut parts = entry.split('+');
     let path = parts.next().unwrap_or_default().trim().to_string();
-    let (mut drafter, mut k) = (None, 4usize);
+    let (mut drafter, mut k, mut kv_dtype) = (None, 4usize, None);
     for opt in parts {
         let (key, val) = opt.split_once('=').unwrap_or((opt, ""));
         match key.trim() {
             "spec" if val.trim() == "ngram" => drafter = Some(DrafterKind::Ngram),
             "draft" if !val.trim().is_empty() => {
                 drafter = Some(DrafterKind::Model(PathBuf::from(val.trim())))
+            }
+            "kv" => {
+                kv_dtype = Some(
+                    KvDtype::parse(val)
+                        .map_err(|e| format!("MEMRA_MODELS entry `{entry}`: {e}"))?,
+                )
             }
             "spec_k" => {
                 k = val.trim().parse().map_err(|_| {
@@ -148,7 +166,7 @@ fn parse_spec(entry: &str) -> Result<(String, Option<SpecConfig>), String> {
             _ => {
                 return Err(format!(
                     "MEMRA_MODELS entry `{entry}`: unknown option `+{opt}` (expected +spec=ngram, \
-                     +draft=PATH or +spec_k=K)"
+                     +draft=PATH, +spec_k=K or +kv=DTYPE)"
                 ));
             }
         }
@@ -159,7 +177,7 @@ fn parse_spec(entry: &str) -> Result<(String, Option<SpecConfig>), String> {
         }
         None => None,
     };
-    Ok((path, spec))
+    Ok((path, EntryOptions { spec, kv_dtype }))
 }
 
 /// Parses `alias=path[,alias2=path2]`.
@@ -170,7 +188,7 @@ pub fn parse_models(s: &str) -> Result<Vec<ModelSpec>, String> {
             Some((a, p)) if !a.contains('+') => (Some(a), p),
             _ => (None, entry),
         };
-        let (path, spec) = parse_spec(rest)?;
+        let (path, opts) = parse_options(rest)?;
         let item = match alias {
             Some(a) => format!("{a}={path}"),
             None => path,
@@ -195,7 +213,12 @@ pub fn parse_models(s: &str) -> Result<Vec<ModelSpec>, String> {
         if out.iter().any(|m| m.alias == alias) {
             return Err(format!("MEMRA_MODELS names the alias `{alias}` twice"));
         }
-        out.push(ModelSpec { alias, path, spec });
+        out.push(ModelSpec {
+            alias,
+            path,
+            spec: opts.spec,
+            kv_dtype: opts.kv_dtype,
+        });
     }
     if out.is_empty() {
         return Err("MEMRA_MODELS is set but names no model (expected `alias=path`)".into());
@@ -227,6 +250,7 @@ impl ServeArgs {
                 alias: DEFAULT_MODEL_ALIAS.into(),
                 path,
                 spec: None,
+                kv_dtype: None,
             }]);
         }
         let where_ = dir

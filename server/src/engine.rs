@@ -11,6 +11,7 @@ use memra_engine::grammar::{Grammar, GrammarSpec};
 use memra_engine::request::{EventStream, SubmitError, ValidRequest};
 use serde_json::Value;
 
+pub use crate::openai::KvCacheJson;
 use crate::tools::ToolStyle;
 
 /// The text side of one model (tokenizer + chat template). Called off the async executor
@@ -55,6 +56,8 @@ pub struct ServedModel {
     /// Where it runs (`cpu`, `cuda:0`) and the device profile in use, if any.
     pub backend: String,
     pub profile: Option<String>,
+    /// The KV cache (absent for engines without one, e.g. the test engine).
+    pub kv_cache: Option<KvCacheJson>,
     pub text: Arc<dyn ModelText>,
 }
 

@@ -16,7 +16,7 @@ pub fn start(
     let cfg = StartConfig {
         models: specs
             .iter()
-            .map(|s| (s.alias.clone(), s.path.clone(), s.spec.clone()))
+            .map(|s| (s.alias.clone(), s.path.clone(), s.spec.clone(), s.kv_dtype))
             .collect(),
         engine,
         limits,

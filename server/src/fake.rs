@@ -288,6 +288,7 @@ impl Generate for FakeEngine {
             created: self.created,
             backend: "fake".into(),
             profile: None,
+            kv_cache: None,
             text: Arc::new(ByteText),
         }]
     }

@@ -198,6 +198,16 @@ pub struct ModelJson {
     pub backend: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_profile: Option<String>,
+    /// memra: the KV cache's element format, bytes per position and capacity in positions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<KvCacheJson>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct KvCacheJson {
+    pub dtype: String,
+    pub bytes_per_token: usize,
+    pub capacity_tokens: usize,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]

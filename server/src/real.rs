@@ -15,7 +15,7 @@ use memra_engine::request::{EventStream, SubmitError, ValidRequest};
 use memra_engine::scheduler::SchedulerConfig;
 
 use crate::config::ServeArgs;
-use crate::engine::{Generate, ModelText, ServedModel};
+use crate::engine::{Generate, KvCacheJson, ModelText, ServedModel};
 use crate::tools::ToolStyle;
 use memra_engine::grammar::{Grammar, GrammarSpec};
 use serde_json::Value;
@@ -102,8 +102,14 @@ struct Loaded {
 /// What to start.
 #[derive(Clone, Debug)]
 pub struct StartConfig {
-    /// Alias, path and speculative decoding settings of each model.
-    pub models: Vec<(String, PathBuf, Option<memra_engine::spec::SpecConfig>)>,
+    /// Alias, path, speculative decoding settings and KV format (default: the engine's) of each
+    /// model.
+    pub models: Vec<(
+        String,
+        PathBuf,
+        Option<memra_engine::spec::SpecConfig>,
+        Option<memra_engine::backend::KvDtype>,
+    )>,
     pub engine: EngineConfig,
     pub limits: AdmissionLimits,
 }
@@ -161,6 +167,11 @@ fn wrap(handle: EngineHandle) -> Loaded {
             created,
             backend: m.backend,
             profile: m.profile,
+            kv_cache: Some(KvCacheJson {
+                dtype: m.kv_dtype.to_string(),
+                bytes_per_token: m.kv_token_bytes,
+                capacity_tokens: m.kv_blocks * m.block_size,
+            }),
         })
         .collect();
     Loaded { handle, models }
@@ -168,7 +179,7 @@ fn wrap(handle: EngineHandle) -> Loaded {
 
 fn load(cfg: StartConfig) -> std::result::Result<Loaded, String> {
     let mut models = Vec::new();
-    for (alias, path, spec) in cfg.models {
+    for (alias, path, spec, kv_dtype) in cfg.models {
         let bar = spinner(format!("loading {alias} from {}", path.display()));
         let m = load_model(&path);
         bar.finish_and_clear();
@@ -176,6 +187,7 @@ fn load(cfg: StartConfig) -> std::result::Result<Loaded, String> {
         tracing::info!("loaded {alias} ({})", path.display());
         let engine = EngineConfig {
             spec,
+            kv_dtype: kv_dtype.unwrap_or(cfg.engine.kv_dtype),
             ..cfg.engine.clone()
         };
         models.push((alias, m, engine));
@@ -186,13 +198,17 @@ fn load(cfg: StartConfig) -> std::result::Result<Loaded, String> {
     let handle = handle.map_err(|e| format!("starting the engine: {e}"))?;
     for m in handle.models() {
         tracing::info!(
-            "serving {} on {} (context {}, {} positions per request, {} KV blocks of {})",
+            "serving {} on {} (context {}, {} positions per request; KV cache {}: {} bytes per \
+             position, {} blocks of {} = {} positions)",
             m.alias,
             m.backend,
             m.max_ctx,
             m.max_positions,
+            m.kv_dtype,
+            m.kv_token_bytes,
             m.kv_blocks,
-            m.block_size
+            m.block_size,
+            m.kv_blocks * m.block_size
         );
         if let Some(p) = &m.profile {
             tracing::info!("{}: device {p}", m.alias);
@@ -219,6 +235,7 @@ pub fn engine_settings(
         device,
         threads: args.threads,
         kv: kv_budget(args.kv_blocks),
+        kv_dtype: args.kv_dtype,
         scheduler: SchedulerConfig {
             max_running: args.max_running,
             max_running_per_tenant: args.max_running,

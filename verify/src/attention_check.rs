@@ -1,7 +1,9 @@
 //! The attention kernel against the CPU backend's formula (backend/cpu/attention.rs) on a random
-//! paged cache: permuted block tables, GQA, several sequences and depths in one launch.
+//! paged cache in every KV format (the CPU reads the same stored values back): permuted block
+//! tables, GQA, several sequences and depths in one launch.
 
 use memra_engine::Result;
+use memra_engine::backend::KvDtype;
 use memra_engine::backend::cuda::{AttnArgs, Gpu, attn_mma_kernel, attn_part_floats};
 use memra_engine::models::random::{splitmix, unit};
 
@@ -56,14 +58,38 @@ fn reference(
     }
 }
 
-/// Error bound of the tensor-core kernel (Q, K, V and the softmax weights enter the mma as f16;
-/// docs/VERIFY.md) and of the f32 split kernels (`MEMRA_ATTN=v1|v2`, other head dims).
-fn tol_for(g: &Gpu, head_dim: usize) -> f64 {
-    if g.attn_kernel() == "attn_mma" && attn_mma_kernel(head_dim).is_some() {
-        4e-3
-    } else {
+/// Error bound of the tensor-core kernel (Q, K, V and the softmax weights enter the mma as f16,
+/// or bf16 over a bf16 cache; docs/VERIFY.md) and of the f32 split kernels (`MEMRA_ATTN=v1|v2`,
+/// other head dims), against the CPU reading the same cache.
+fn tol_for(g: &Gpu, head_dim: usize, kv: KvDtype) -> f64 {
+    if !uses_mma(g, head_dim) {
         1e-5
+    } else if kv == KvDtype::Bf16 {
+        1.6e-2
+    } else {
+        4e-3
     }
+}
+
+fn uses_mma(g: &Gpu, head_dim: usize) -> bool {
+    g.attn_kernel() == "attn_mma" && attn_mma_kernel(head_dim, KvDtype::F32).is_some()
+}
+
+/// A cache of rows of `width` values stored in format `kv`: its bytes and the values it reads
+/// back as.
+fn store(kv: KvDtype, vals: &[f32], width: usize) -> (Vec<u8>, Vec<f32>) {
+    let rb = kv.row_bytes(width);
+    let mut bytes = vec![0u8; vals.len() / width * rb];
+    let mut back = vec![0f32; vals.len()];
+    for ((row, b), o) in vals
+        .chunks(width)
+        .zip(bytes.chunks_mut(rb))
+        .zip(back.chunks_mut(width))
+    {
+        kv.encode(row, b);
+        kv.decode(b, width, 0..width, o);
+    }
+    (bytes, back)
 }
 
 /// One attention launch over rows of the uploaded arrays, into the output buffer of `base`.
@@ -118,6 +144,13 @@ fn tilings(
 }
 
 pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    for kv in KvDtype::ALL {
+        format_cases(g, seed, kv, out)?;
+    }
+    Ok(())
+}
+
+fn format_cases(g: &Gpu, seed: u64, kv: KvDtype, out: &mut Vec<Case>) -> Result<()> {
     let shapes = [
         Shape {
             n_heads: 4,
@@ -145,12 +178,16 @@ pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         },
     ];
     for (si, s) in shapes.iter().enumerate() {
+        let width = s.n_kv_heads * s.head_dim;
+        if kv.check_width(width).is_err() {
+            continue;
+        }
         let st = 2000 + 100 * si as u64;
         let blocks = 40usize;
-        let width = s.n_kv_heads * s.head_dim;
         let cache = blocks * s.block_size * width;
-        let kc: Vec<f32> = (0..cache as u64).map(|i| unit(seed, st, i)).collect();
-        let vc: Vec<f32> = (0..cache as u64).map(|i| unit(seed, st + 1, i)).collect();
+        let k32: Vec<f32> = (0..cache as u64).map(|i| unit(seed, st, i)).collect();
+        let v32: Vec<f32> = (0..cache as u64).map(|i| unit(seed, st + 1, i)).collect();
+        let ((kb, kc), (vb, vc)) = (store(kv, &k32, width), store(kv, &v32, width));
         // Three sequences, each a permutation slice of the blocks.
         let mut perm: Vec<u32> = (0..blocks as u32).collect();
         for i in (1..perm.len()).rev() {
@@ -187,7 +224,7 @@ pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         let flat: Vec<u32> = tables.concat();
         let offs: Vec<u32> = (0..3).map(|i| (i * per_seq) as u32).collect();
         let ctx = *pos.iter().max().unwrap_or(&0) as usize + 1;
-        let (dq, dk, dv) = (g.upload(&q)?, g.upload(&kc)?, g.upload(&vc)?);
+        let (dq, dk, dv) = (g.upload(&q)?, g.upload(&kb)?, g.upload(&vb)?);
         let (dpos, dseq, doff, dtab) = (
             g.upload(&pos)?,
             g.upload(&row_seq)?,
@@ -202,6 +239,7 @@ pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             out: g.ptr(&dout),
             k_cache: g.ptr(&dk),
             v_cache: g.ptr(&dv),
+            kv,
             pos: g.ptr(&dpos),
             row_seq: g.ptr(&dseq),
             table_off: g.ptr(&doff),
@@ -221,10 +259,10 @@ pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         launch.run(0, rows, 0)?;
         let got = g.download(&dout)?;
         let shape = format!(
-            "rows={rows} heads={}/{} hd={} bs={} ctx={ctx}",
+            "kv={kv} rows={rows} heads={}/{} hd={} bs={} ctx={ctx}",
             s.n_heads, s.n_kv_heads, s.head_dim, s.block_size
         );
-        let mut case = compare("attention", shape, &got, &want, tol_for(g, s.head_dim));
+        let mut case = compare("attention", shape, &got, &want, tol_for(g, s.head_dim, kv));
         // Row invariance: every row alone, then every tiling of the whole launch.
         for r in 0..rows {
             launch.run(r, 1, 1)?;
@@ -234,6 +272,29 @@ pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             case.problem = Some("rows differ between one launch and one launch per row".into());
         }
         tilings(&launch, &|| g.download(&dout), s, rows, &alone, &mut case)?;
+        if kv == KvDtype::F16 && uses_mma(g, s.head_dim) && case.problem.is_none() {
+            // The tensor-core kernel rounds an f32 cache to f16 itself: the f16 cache of the
+            // same values gives the same bits.
+            let (fk, fv) = (
+                g.upload(&store(KvDtype::F32, &k32, width).0)?,
+                g.upload(&store(KvDtype::F32, &v32, width).0)?,
+            );
+            let f32_launch = Launch {
+                g,
+                base: AttnArgs {
+                    k_cache: g.ptr(&fk),
+                    v_cache: g.ptr(&fv),
+                    kv: KvDtype::F32,
+                    ..a
+                },
+                qd,
+            };
+            f32_launch.run(0, rows, 0)?;
+            if !same_bits(&g.download(&dout)?, &got) {
+                case.problem =
+                    Some("an f16 cache and the f32 cache of the same values differ".into());
+            }
+        }
         out.push(case);
         prefill_case(g, &launch, &kc, &vc, &tables[0], s, max_pos, out)?;
     }
@@ -289,11 +350,18 @@ fn prefill_case(
         l.run(r, 1, 1)?;
     }
     let alone = g.download(&dout)?;
+    let kv = launch.base.kv;
     let shape = format!(
-        "prefill rows={rows} at {start}.. heads={}/{} hd={}",
+        "kv={kv} prefill rows={rows} at {start}.. heads={}/{} hd={}",
         s.n_heads, s.n_kv_heads, s.head_dim
     );
-    let mut case = compare("attention", shape, &alone, &want, tol_for(g, s.head_dim));
+    let mut case = compare(
+        "attention",
+        shape,
+        &alone,
+        &want,
+        tol_for(g, s.head_dim, kv),
+    );
     tilings(&l, &|| g.download(&dout), s, rows, &alone, &mut case)?;
     out.push(case);
     Ok(())

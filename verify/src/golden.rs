@@ -52,8 +52,12 @@ pub struct Golden {
 
 /// The device class of a backend: `cpu`, or for CUDA the architecture and the profile values
 /// that enter the arithmetic (multiprocessors and warps per SM set each matrix's K segments;
-/// the attention kernel), e.g. `compute_90a-132sm-w16-attn_mma`.
+/// the attention kernel), then the KV cache format, e.g. `compute_90a-132sm-w16-attn_mma-kvbf16`.
 pub fn device_class(b: &dyn Backend) -> String {
+    format!("{}-kv{}", compute_class(b), b.kv_dtype())
+}
+
+fn compute_class(b: &dyn Backend) -> String {
     let Some(p) = b.profile() else {
         return "cpu".into();
     };

@@ -323,6 +323,7 @@ pub fn run(device: usize, seed: u64) -> Result<Vec<Case>> {
     argmax_cases(&g, seed, &mut out)?;
     super::kernels_select::select_kernel_cases(&g, seed, &mut out)?;
     super::attention_check::attention_cases(&g, seed, &mut out)?;
+    super::kv_write_check::kv_write_cases(&g, seed, &mut out)?;
     super::products_check::product_cases(&g, seed, &mut out)?;
     Ok(out)
 }

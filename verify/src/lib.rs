@@ -11,6 +11,7 @@ pub mod inspect;
 pub mod invariance;
 pub mod kernels;
 mod kernels_select;
+mod kv_write_check;
 mod products_check;
 pub mod serve_invariance;
 pub mod spec;

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use memra_engine::backend::cuda::{CudaBackend, CudaOptions};
-use memra_engine::backend::{Backend, Device, open_backend};
+use memra_engine::backend::{Backend, Device, KvDtype, OpenOptions, open_backend_opts};
 use memra_engine::config::Arch;
 use memra_engine::models::ModelWeights;
 use memra_engine::models::random::{random_weights, tiny_config};
@@ -36,6 +36,34 @@ use memra_verify::{golden, graph, invariance, kernels, serve_invariance, spec, t
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// The KV cache's element format for every backend a gate opens: f16 (default), bf16, q8_0 or f32.
+    #[arg(long, global = true, env = "MEMRA_KV_DTYPE", default_value = "f16")]
+    kv_dtype: KvDtype,
+}
+
+/// The KV format of this run (`--kv-dtype`).
+static KV_DTYPE: std::sync::OnceLock<KvDtype> = std::sync::OnceLock::new();
+
+fn kv_dtype() -> KvDtype {
+    KV_DTYPE.get().copied().unwrap_or_default()
+}
+
+/// A backend for a gate: `blocks` KV blocks of `bs` positions in this run's KV format.
+fn open_backend(
+    device: Device,
+    w: ModelWeights,
+    blocks: usize,
+    bs: usize,
+    threads: usize,
+) -> Result<Box<dyn Backend>> {
+    let opts = OpenOptions {
+        kv_blocks: blocks,
+        block_size: bs,
+        threads,
+        graphs: memra_engine::backend::cuda::graphs_default(),
+        kv_dtype: kv_dtype(),
+    };
+    open_backend_opts(device, w, &opts)
 }
 
 #[derive(Subcommand)]
@@ -257,6 +285,7 @@ fn gate_graph(
         kv_blocks: graph::blocks_needed(prompt_len, gen_tokens, bs),
         block_size: bs,
         graphs: true,
+        kv_dtype: kv_dtype(),
     };
     let mut b = CudaBackend::new(w, &opts)?;
     let rep = graph::run(&mut b, seed, prompt_len, max_m, gen_tokens)?;
@@ -305,6 +334,7 @@ fn gate_serve(model: &Path, device: Device, requests: usize, max_tokens: usize) 
         device,
         requests,
         max_tokens,
+        kv_dtype: kv_dtype(),
     };
     let rep = serve_invariance::run(model, &opts)?;
     print!("{}", serve_invariance::summary(&rep));
@@ -739,6 +769,7 @@ fn run(cli: Cli) -> Result<usize> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let _ = KV_DTYPE.set(cli.kv_dtype);
     if let Cmd::Inspect { model, scan } = &cli.cmd {
         return match memra_verify::inspect::inspect(model, *scan) {
             Ok(s) => {

@@ -25,6 +25,7 @@ pub struct Options {
     pub device: Device,
     pub requests: usize,
     pub max_tokens: usize,
+    pub kv_dtype: memra_engine::backend::KvDtype,
 }
 
 /// One request's output: tokens, text, logprob bits (own and top alternatives), finish reason.
@@ -265,6 +266,7 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
         threads: 0,
         block_size: bs,
         kv: KvBudget::Blocks(blocks),
+        kv_dtype: opts.kv_dtype,
         scheduler: SchedulerConfig {
             max_batch_tokens: 48,
             max_running: 64,

@@ -32,6 +32,7 @@ fn logit_bits(model: &Path, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<u32>>) {
         threads: 2,
         kv_blocks: 8,
         block_size: 16,
+        ..Default::default()
     };
     let mut b = CpuBackend::new(w, &opts).expect("backend");
     let mut req = GenRequest::greedy(prompt.to_vec(), 6);

@@ -67,6 +67,8 @@ fn row(run: &str, engine: &str, w: Workload, value: f64) -> Row {
         max: None,
         stddev: None,
         weight_gb_s: None,
+        kv_dtype: None,
+        kv_gb_s: None,
         runs: 1,
         valid: true,
         source: None,
@@ -131,6 +133,7 @@ fn speed_rows_on_the_real_model_are_valid() {
         progress: false,
         shape: Some("smollm2-135m".into()),
         dtype: Some("Q4_1".into()),
+        kv_dtype: Default::default(),
     };
     let rows = memra_bench::speed::run(
         &model,
@@ -159,6 +162,8 @@ fn speed_rows_on_the_real_model_are_valid() {
     assert_eq!((r.workload, r.valid, r.runs), (Workload::Decode, true, 2));
     assert!(r.value.unwrap() > 0.0 && r.min <= r.value && r.value <= r.max);
     assert!(r.weight_gb_s.unwrap() > 0.0);
+    assert_eq!(r.kv_dtype.as_deref(), Some("f16"));
+    assert!(r.kv_gb_s.unwrap() > 0.0, "decode reads the KV cache");
     assert_eq!(r.model.as_ref().unwrap().sha256.as_ref().unwrap().len(), 12);
 
     let rows = memra_bench::speed::run(&model, &args(Kind::Ttft)).unwrap();

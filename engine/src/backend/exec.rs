@@ -27,6 +27,7 @@ pub trait Exec: Ops {
     }
     fn kv_block_size(&self) -> usize;
     fn kv_blocks(&self) -> usize;
+    fn kv_dtype(&self) -> crate::kv_format::KvDtype;
 
     /// Runs one step's forward: sets up the rows of `batch` (checked by the runner) and calls
     /// `pass` with the head rows to use. Returns, per row of `want` (the step rows that want

@@ -11,6 +11,7 @@ pub mod runner;
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+pub use crate::kv_format::KvDtype;
 use crate::models::ModelWeights;
 use crate::sampling::{
     SampleJob, SamplingParams, apply_mask, logprobs, sample, sample_masked, sample_rows,
@@ -101,6 +102,8 @@ pub trait Backend: Send {
     fn kv_block_size(&self) -> usize;
     /// KV blocks the backend holds.
     fn kv_blocks(&self) -> usize;
+    /// The KV cache's element format.
+    fn kv_dtype(&self) -> KvDtype;
     /// Runs one step: writes the rows' K/V and returns the logits asked for.
     fn step(&mut self, batch: &StepBatch) -> Result<StepOutput>;
     /// The raw bytes of one KV block (all layers, K then V), for invariance checks.
@@ -320,6 +323,7 @@ pub fn open_backend(
         block_size,
         threads,
         graphs: cuda::graphs_default(),
+        kv_dtype: KvDtype::default(),
     };
     open_backend_opts(device, weights, &opts)
 }
@@ -335,6 +339,8 @@ pub struct OpenOptions {
     pub threads: usize,
     /// Run CUDA steps of up to 64 rows as CUDA graphs (ignored by the CPU backend).
     pub graphs: bool,
+    /// The KV cache's element format.
+    pub kv_dtype: KvDtype,
 }
 
 /// [`open_backend`] with every option explicit.
@@ -348,6 +354,7 @@ pub fn open_backend_opts(
             threads: o.threads,
             kv_blocks: o.kv_blocks,
             block_size: o.block_size,
+            kv_dtype: o.kv_dtype,
         };
         Ok(Box::new(cpu::CpuBackend::new(w, &opts)?))
     };
@@ -357,6 +364,7 @@ pub fn open_backend_opts(
             kv_blocks: o.kv_blocks,
             block_size: o.block_size,
             graphs: o.graphs,
+            kv_dtype: o.kv_dtype,
         };
         Ok(Box::new(cuda::CudaBackend::new(w, &opts)?))
     };

@@ -101,6 +101,10 @@ impl<O: Exec> Backend for Runner<O> {
         self.ops.kv_blocks()
     }
 
+    fn kv_dtype(&self) -> crate::kv_format::KvDtype {
+        self.ops.kv_dtype()
+    }
+
     fn step(&mut self, batch: &StepBatch) -> Result<StepOutput> {
         let rows = self.forward(batch)?;
         let logits = self.ops.read_rows(self.logits, &rows)?;

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use memra_engine::backend::cuda::graphs_default;
-use memra_engine::backend::{Device, OpenOptions, open_backend_opts};
+use memra_engine::backend::{Device, KvDtype, OpenOptions, open_backend_opts};
 use memra_engine::chat::ChatMessage;
 use memra_engine::generate::{GenRequest, generate};
 use memra_engine::loader::load_model;
@@ -72,6 +72,9 @@ struct Args {
     /// CPU threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// The KV cache's element format: f16 (default), bf16, q8_0 or f32.
+    #[arg(long, default_value = "f16")]
+    kv_dtype: KvDtype,
     /// Prefill chunk size in tokens (0 = whole prompt).
     #[arg(long, default_value_t = 0)]
     prefill_chunk: usize,
@@ -144,6 +147,7 @@ fn run(args: Args) -> Result<()> {
         block_size: 16,
         threads: args.threads,
         graphs,
+        kv_dtype: args.kv_dtype,
     };
     let mut backend = open_backend_opts(args.device, model.weights, &opts)?;
     let req = GenRequest {

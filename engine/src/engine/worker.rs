@@ -15,8 +15,8 @@ use super::admission::{Admission, Ticket};
 use super::output::{Msg, RawToken};
 use super::speculate::{DraftCandidate, Speculation};
 use super::{Command, EngineConfig, KvBudget, ModelInfo, ModelStats};
-use crate::backend::cuda::{cuda_available, device_memory};
-use crate::backend::{Backend, Device, SelectParams, Selected, open_backend};
+use crate::backend::cuda::{cuda_available, device_memory, graphs_default};
+use crate::backend::{Backend, Device, OpenOptions, SelectParams, Selected, open_backend_opts};
 use crate::error::{Error, Result};
 use crate::generate::FinishReason;
 use crate::grammar::{Constraint, Mask};
@@ -105,7 +105,7 @@ fn kv_blocks(weights: &ModelWeights, cfg: &EngineConfig) -> Result<usize> {
         free.saturating_sub(weights.nbytes()),
         reserve,
         fraction,
-        kv_block_bytes(c, cfg.block_size),
+        kv_block_bytes(c, cfg.block_size, cfg.kv_dtype),
         cap,
     );
     if n < 2 {
@@ -153,7 +153,16 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
     let blocks = kv_blocks(&weights, &cfg)?;
     let max_ctx = weights.config.max_ctx;
     let vocab = weights.config.vocab;
-    let backend = open_backend(cfg.device, weights, blocks, cfg.block_size, cfg.threads)?;
+    let kv_token_bytes =
+        kv_block_bytes(&weights.config, cfg.block_size, cfg.kv_dtype) / cfg.block_size;
+    let opts = OpenOptions {
+        kv_blocks: blocks,
+        block_size: cfg.block_size,
+        threads: cfg.threads,
+        graphs: graphs_default(),
+        kv_dtype: cfg.kv_dtype,
+    };
+    let backend = open_backend_opts(cfg.device, weights, &opts)?;
     let spec = match &cfg.spec {
         Some(sc) => {
             let d = open_drafter(sc, cfg.device, cfg.threads, vocab)?;
@@ -177,6 +186,8 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         profile: backend.profile(),
         kv_blocks: blocks,
         block_size: cfg.block_size,
+        kv_dtype: cfg.kv_dtype,
+        kv_token_bytes,
     };
     let w = Worker {
         backend,

@@ -83,7 +83,7 @@ mod kquants_quantize;
 mod lanes;
 mod legacy;
 pub mod repack;
-mod simd;
+pub(crate) mod simd;
 mod simple;
 
 pub use dot::{

@@ -65,6 +65,7 @@ impl DraftModelDrafter {
             block_size: BLOCK,
             threads,
             graphs: false,
+            kv_dtype: Default::default(),
         };
         let backend = open_backend_opts(device, w, &opts)?;
         Ok(DraftModelDrafter {

@@ -15,6 +15,7 @@ fn backend(arch: Arch, threads: usize, dtype: DType) -> CpuBackend {
         threads,
         kv_blocks: 32,
         block_size: 16,
+        ..Default::default()
     };
     CpuBackend::new(w, &opts).expect("backend")
 }

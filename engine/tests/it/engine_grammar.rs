@@ -43,6 +43,7 @@ fn start(budget: usize, spec: Option<SpecConfig>) -> EngineHandle {
         threads: 2,
         block_size: 4,
         kv: KvBudget::Blocks(256),
+        kv_dtype: Default::default(),
         scheduler: SchedulerConfig {
             max_batch_tokens: budget,
             max_running: 8,

@@ -48,6 +48,7 @@ fn config(kv_blocks: usize, budget: usize) -> EngineConfig {
         threads: 2,
         block_size: 4,
         kv: KvBudget::Blocks(kv_blocks),
+        kv_dtype: Default::default(),
         scheduler: SchedulerConfig {
             max_batch_tokens: budget,
             max_running: 8,
@@ -179,6 +180,7 @@ fn exact_alone_under_load_and_with_prefix_hits() {
                 threads: 2,
                 kv_blocks: 32,
                 block_size: 4,
+                ..Default::default()
             };
             let mut b = CpuBackend::new(weights(), &opts).unwrap();
             let mut r = GenRequest::greedy(p.clone(), max_tokens);

@@ -34,6 +34,7 @@ fn start(spec: Option<SpecConfig>) -> EngineHandle {
         threads: 2,
         block_size: 4,
         kv: KvBudget::Blocks(96),
+        kv_dtype: Default::default(),
         scheduler: SchedulerConfig {
             max_batch_tokens: 24,
             max_running: 8,

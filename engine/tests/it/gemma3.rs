@@ -23,6 +23,9 @@ fn cpu(w: ModelWeights, kv_blocks: usize) -> CpuBackend {
         threads: 2,
         kv_blocks,
         block_size: 16,
+        // The float64 reference keeps K and V exact: compare with an f32 cache.
+        kv_dtype: memra_engine::backend::KvDtype::F32,
+        ..Default::default()
     };
     CpuBackend::new(w, &opts).expect("backend")
 }

@@ -43,6 +43,7 @@ fn engine(blocks: usize) -> EngineHandle {
         threads: 1,
         block_size: 4,
         kv: KvBudget::Blocks(blocks),
+        kv_dtype: Default::default(),
         scheduler: SchedulerConfig {
             max_batch_tokens: 16,
             max_running: 8,

@@ -24,6 +24,7 @@ fn backend(w: ModelWeights, threads: usize) -> CpuBackend {
         threads,
         kv_blocks: 32,
         block_size: 16,
+        ..Default::default()
     };
     CpuBackend::new(w, &opts).expect("backend")
 }

@@ -23,6 +23,7 @@ fn backend(seed: u64) -> CpuBackend {
         threads: 2,
         kv_blocks: 64,
         block_size: 4,
+        ..Default::default()
     };
     CpuBackend::new(w, &opts).unwrap()
 }

@@ -62,6 +62,7 @@ pub fn models(
             max_model_len: m.context_len,
             backend: m.backend,
             device_profile: m.profile,
+            kv_cache: m.kv_cache,
         })
         .collect();
     Ok(body::json(

@@ -51,9 +51,9 @@ fn recorded_values_are_reproduced_and_a_changed_one_is_found() {
     let dir = scratch("tiny");
     let (code, out) = tiny(&dir, &["--record", "--reason", "test record"]);
     assert_eq!(code, 0, "{out}");
-    let file = dir.join("tiny-llama.cpu.json");
+    let file = dir.join("tiny-llama.cpu-kvf16.json");
     let g = golden::read(&file).expect("golden file");
-    assert_eq!(g.class, "cpu");
+    assert_eq!(g.class, "cpu-kvf16");
     assert_eq!(g.reason, "test record");
     assert_eq!(g.prompts.len(), 3);
     assert!(g.prompts.iter().all(|p| p.tokens.len() == 6

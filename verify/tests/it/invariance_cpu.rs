@@ -15,6 +15,7 @@ pub(crate) fn cpu(arch: Arch) -> CpuBackend {
         threads: 2,
         kv_blocks: invariance::blocks_needed(20, 16),
         block_size: 16,
+        ..Default::default()
     };
     CpuBackend::new(w, &opts).expect("backend")
 }
@@ -55,6 +56,9 @@ impl Backend for Leaky {
     }
     fn kv_block_bytes(&self, block: u32) -> memra_engine::Result<Vec<u8>> {
         self.0.kv_block_bytes(block)
+    }
+    fn kv_dtype(&self) -> memra_engine::backend::KvDtype {
+        self.0.kv_dtype()
     }
 }
 

@@ -45,6 +45,7 @@ fn serve_invariance_library_compares_every_request() {
         device: Device::Cpu,
         requests: 3,
         max_tokens: 4,
+        kv_dtype: Default::default(),
     };
     let rep = run(&real_model(), &opts).expect("serve-invariance");
     assert_eq!(rep.requests, 3);

@@ -70,6 +70,7 @@ fn tiny_backend(blocks: usize) -> CpuBackend {
         threads: 2,
         kv_blocks: blocks,
         block_size: 16,
+        ..Default::default()
     };
     CpuBackend::new(w, &opts).expect("backend")
 }

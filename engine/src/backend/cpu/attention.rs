@@ -1,4 +1,5 @@
-//! Causal attention of each query row over its own sequence's paged KV, in position order.
+//! Causal attention of each query row over its own sequence's paged KV, in position order (K and
+//! V read back from the cache's format as f32).
 
 use rayon::prelude::*;
 
@@ -32,10 +33,19 @@ pub fn attention(
             let kvh = h / group;
             let n = row.pos as usize + 1;
             let start = s.window.map_or(0, |w| n.saturating_sub(w));
+            let cols = kvh * hd..(kvh + 1) * hd;
+            let (bs, mut kvbuf) = (kv.block_size, vec![0f32; hd]);
             let mut scores = Vec::with_capacity(n - start);
             for p in start..n {
-                let (k, _) = kv.read(layer, table[p / kv.block_size], p % kv.block_size);
-                scores.push(dot(qh, &k[kvh * hd..(kvh + 1) * hd]) * scale);
+                kv.read(
+                    layer,
+                    table[p / bs],
+                    p % bs,
+                    false,
+                    cols.clone(),
+                    &mut kvbuf,
+                );
+                scores.push(dot(qh, &kvbuf) * scale);
             }
             let max = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             let mut sum = 0f32;
@@ -45,8 +55,8 @@ pub fn attention(
             }
             o.fill(0.0);
             for (p, &w) in (start..n).zip(&scores) {
-                let (_, v) = kv.read(layer, table[p / kv.block_size], p % kv.block_size);
-                for (oi, &vi) in o.iter_mut().zip(&v[kvh * hd..(kvh + 1) * hd]) {
+                kv.read(layer, table[p / bs], p % bs, true, cols.clone(), &mut kvbuf);
+                for (oi, &vi) in o.iter_mut().zip(&kvbuf) {
                     *oi += w * vi;
                 }
             }

@@ -16,6 +16,7 @@ use super::exec::{Exec, HeadRows};
 use super::runner::Runner;
 use super::{DumpFn, StepBatch};
 use crate::error::{Error, Result};
+use crate::kv_format::KvDtype;
 use crate::models::ModelWeights;
 use crate::ops::rope::Rope;
 use crate::ops::{Act, AttnParams, Glu, KvId, Ops, RopeId, Rows};
@@ -30,6 +31,8 @@ pub struct CpuOptions {
     pub kv_blocks: usize,
     /// Positions per KV block.
     pub block_size: usize,
+    /// The KV cache's element format.
+    pub kv_dtype: KvDtype,
 }
 
 impl Default for CpuOptions {
@@ -38,6 +41,7 @@ impl Default for CpuOptions {
             threads: 0,
             kv_blocks: 64,
             block_size: 16,
+            kv_dtype: KvDtype::default(),
         }
     }
 }
@@ -95,7 +99,7 @@ impl CpuOps {
             .map_err(|e| err(format!("thread pool: {e}")))?;
         Ok(CpuOps {
             pool,
-            kv: KvStore::new(opts.kv_blocks, opts.block_size),
+            kv: KvStore::new(opts.kv_blocks, opts.block_size, opts.kv_dtype),
             acts: Vec::new(),
             step_rows: 0,
             head_rows: 0,
@@ -357,6 +361,10 @@ impl Exec for CpuOps {
 
     fn kv_blocks(&self) -> usize {
         self.kv.blocks
+    }
+
+    fn kv_dtype(&self) -> KvDtype {
+        self.kv.dtype
     }
 
     fn execute(

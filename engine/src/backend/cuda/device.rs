@@ -16,6 +16,7 @@ use cudarc::driver::{
 use memra_kernels::sig::Param;
 
 use crate::error::{Error, Result};
+use crate::kv_format::KvDtype;
 use crate::quant::DType;
 
 /// A kernel argument.
@@ -583,7 +584,8 @@ impl Gpu {
     }
 
     /// RoPE of `rows` rows of Q (`n_heads`) and K (`n_kv_heads`) in place and the K/V cache
-    /// write at `slot[r]`, in one launch (the arithmetic of [`Gpu::rope`] and [`Gpu::kv_write`]).
+    /// write at `slot[r]`, in one launch (the arithmetic of [`Gpu::rope`] and [`Gpu::kv_write`]);
+    /// a Q8_0 cache is written by a second launch (whole 32-value blocks).
     pub fn rope_kv(&self, a: &RopeKvArgs) -> Result<()> {
         let n = (a.rows * (a.n_heads + a.n_kv_heads) * (a.head_dim / 2)) as u64;
         let args = [
@@ -601,17 +603,29 @@ impl Gpu {
             Arg::U32(self.u32_of(a.n_kv_heads, "kv heads")?),
             Arg::U32(self.u32_of(a.head_dim, "head_dim")?),
         ];
-        self.launch("rope_kv", Self::stride_grid(n), BLOCK, &args)
+        let kernel = format!("rope_kv_{}", a.kv);
+        self.launch(&kernel, Self::stride_grid(n), BLOCK, &args)?;
+        if a.kv == KvDtype::Q8_0 {
+            let width = a.n_kv_heads * a.head_dim;
+            self.kv_write(
+                a.kv,
+                (a.k_cache, a.v_cache),
+                (a.k, a.v),
+                a.slot,
+                a.rows,
+                width,
+            )?;
+        }
+        Ok(())
     }
 
-    /// Writes rows of K and V (`width` values) into the caches at position indices `slot[r]`.
-    #[allow(clippy::too_many_arguments)]
+    /// Writes rows of K and V (`width` values) into the caches of format `kv` at position
+    /// indices `slot[r]`.
     pub fn kv_write(
         &self,
-        kc: u64,
-        vc: u64,
-        k: u64,
-        v: u64,
+        kv: KvDtype,
+        (kc, vc): (u64, u64),
+        (k, v): (u64, u64),
         slot: u64,
         rows: usize,
         width: usize,
@@ -625,12 +639,13 @@ impl Gpu {
             Arg::U32(self.u32_of(rows, "rows")?),
             Arg::U32(self.u32_of(width, "width")?),
         ];
-        self.launch(
-            "kv_write",
-            Self::stride_grid((rows * width) as u64),
-            BLOCK,
-            &args,
-        )
+        // Q8_0: one warp per (row, 32-value block) of K and of V.
+        let threads = match kv {
+            KvDtype::Q8_0 => rows * width / 32 * 2 * 32,
+            _ => rows * width,
+        };
+        let kernel = format!("kv_write_{kv}");
+        self.launch(&kernel, Self::stride_grid(threads as u64), BLOCK, &args)
     }
 
     /// Greedy argmax of `rows` rows of `width` logits into `out` (u32 per row).
@@ -718,6 +733,8 @@ pub struct RopeKvArgs {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// The caches' format.
+    pub kv: KvDtype,
 }
 
 /// Where [`Gpu::attention`] also prepares its output for the next product (prep.cuh).
@@ -745,6 +762,8 @@ pub struct AttnArgs {
     pub out: u64,
     pub k_cache: u64,
     pub v_cache: u64,
+    /// The caches' format.
+    pub kv: KvDtype,
     pub pos: u64,
     pub row_seq: u64,
     pub table_off: u64,
@@ -766,13 +785,9 @@ pub struct AttnArgs {
     pub tile_tokens: usize,
 }
 
-/// The tensor-core attention kernel for `head_dim`, when it has one.
-pub fn attn_mma_kernel(head_dim: usize) -> Option<&'static str> {
-    match head_dim {
-        64 => Some("attn_mma_h64"),
-        128 => Some("attn_mma_h128"),
-        _ => None,
-    }
+/// The tensor-core attention kernel for `head_dim` over a `kv` cache, when it has one.
+pub fn attn_mma_kernel(head_dim: usize, kv: KvDtype) -> Option<String> {
+    matches!(head_dim, 64 | 128).then(|| format!("attn_mma_h{head_dim}_{kv}"))
 }
 
 /// Tokens per tile of the tensor-core attention kernel for a launch of `rows` rows with `group`
@@ -824,7 +839,8 @@ impl Gpu {
             Arg::F32(a.scale),
         ];
         let group = a.n_heads / a.n_kv_heads;
-        match attn_mma_kernel(a.head_dim).filter(|_| self.attn_kernel == "attn_mma" && group <= 16)
+        match attn_mma_kernel(a.head_dim, a.kv)
+            .filter(|_| self.attn_kernel == "attn_mma" && group <= 16)
         {
             Some(kernel) => {
                 let tpt = match a.tile_tokens {
@@ -847,19 +863,20 @@ impl Gpu {
                     self.u32_of(tiles, "attention tiles")?,
                     self.u32_of(splits.min(64), "attention splits")?,
                 );
-                self.launch(kernel, grid, 128, &args)?;
+                self.launch(&kernel, grid, 128, &args)?;
             }
             None => {
                 // At most 64 blocks per (row, head); each loops over its splits.
                 let ys = self.u32_of(splits.min(64), "attention splits")?;
-                let kernel = if self.attn_kernel == "attn_split2" {
+                let family = if self.attn_kernel == "attn_split2" {
                     "attn_split2"
                 } else {
                     "attn_split"
                 };
+                let kernel = format!("{family}_{}", a.kv);
                 let head_dim = [Arg::U32(self.u32_of(a.head_dim, "head_dim")?)];
                 let args = [&lead[..], &heads, &head_dim, &tail].concat();
-                self.launch(kernel, (rh, ys), 128, &args)?;
+                self.launch(&kernel, (rh, ys), 128, &args)?;
             }
         }
         let prep = a.prep;

@@ -32,6 +32,7 @@ use cudarc::driver::CudaSlice;
 
 use super::runner::Runner;
 use crate::error::{Error, Result};
+use crate::kv_format::KvDtype;
 use crate::models::ModelWeights;
 use crate::ops::Rows;
 use crate::ops::rope::Rope;
@@ -47,6 +48,8 @@ pub struct CudaOptions {
     pub block_size: usize,
     /// Run steps of up to 64 rows as CUDA graphs.
     pub graphs: bool,
+    /// The KV cache's element format.
+    pub kv_dtype: KvDtype,
 }
 
 /// Whether CUDA graphs are on by default: yes, unless `MEMRA_CUDA_GRAPHS=0`.
@@ -96,12 +99,13 @@ struct DevAct {
     buf: Option<CudaSlice<f32>>,
 }
 
-/// One KV cache layer: `[block][slot][width]` f32, one block beyond `kv_blocks` for the inert
-/// rows of graph buckets.
+/// One KV cache layer: `[block][slot]` rows of `width` values in the cache's [`KvDtype`]
+/// (`row` bytes each), one block beyond `kv_blocks` for the inert rows of graph buckets.
 struct KvLayer {
-    k: CudaSlice<f32>,
-    v: CudaSlice<f32>,
+    k: CudaSlice<u8>,
+    v: CudaSlice<u8>,
     width: usize,
+    row: usize,
 }
 
 /// A RoPE table and its device copy (`[pos][half]` cos and sin, `CudaOps::rope_len` positions).
@@ -121,6 +125,7 @@ pub struct CudaOps {
     /// The model's context length (bounds the graphs' positions).
     max_ctx: usize,
     kv: Vec<KvLayer>,
+    kv_dtype: KvDtype,
     kv_blocks: usize,
     block_size: usize,
     acts: Vec<DevAct>,
@@ -175,11 +180,12 @@ impl Runner<CudaOps> {
                 memra_kernels::WEIGHT_TYPES.join(", ")
             )));
         }
-        let gpu = Gpu::open(opts.device)?;
         let width = c.n_kv_heads * c.head_dim;
+        opts.kv_dtype.check_width(width)?;
+        let gpu = Gpu::open(opts.device)?;
         let kv_bytes = (opts.kv_blocks + 1)
             .checked_mul(opts.block_size)
-            .and_then(|v| v.checked_mul(width * 4 * 2 * c.n_layers))
+            .and_then(|v| v.checked_mul(opts.kv_dtype.row_bytes(width) * 2 * c.n_layers))
             .ok_or_else(|| Error::Input("KV cache size overflows".into()))?;
         let wbytes = weights.nbytes();
         let need = wbytes + kv_bytes + RESERVE_BYTES;
@@ -205,6 +211,7 @@ impl Runner<CudaOps> {
             head_dim: c.head_dim,
             max_ctx: c.max_ctx,
             kv: Vec::new(),
+            kv_dtype: opts.kv_dtype,
             kv_blocks: opts.kv_blocks,
             block_size: opts.block_size,
             acts: Vec::new(),

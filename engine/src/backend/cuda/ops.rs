@@ -94,6 +94,7 @@ impl CudaOps {
                 out: po + (r0 * qd * 4) as u64,
                 k_cache: kc,
                 v_cache: vc,
+                kv: self.kv_dtype,
                 pos: meta.pos + (r0 * 4) as u64,
                 row_seq: meta.row_seq + (r0 * 4) as u64,
                 table_off: meta.table_off,
@@ -170,10 +171,12 @@ impl Ops for CudaOps {
     }
 
     fn kv_layer(&mut self, width: usize) -> Result<KvId> {
-        let len = (self.kv_blocks + 1) * self.block_size * width;
+        self.kv_dtype.check_width(width)?;
+        let row = self.kv_dtype.row_bytes(width);
+        let len = (self.kv_blocks + 1) * self.block_size * row;
         let k = self.gpu.zeros(len)?;
         let v = self.gpu.zeros(len)?;
-        self.kv.push(KvLayer { k, v, width });
+        self.kv.push(KvLayer { k, v, width, row });
         Ok(KvId(self.kv.len() - 1))
     }
 
@@ -269,7 +272,8 @@ impl Ops for CudaOps {
         let g = &self.gpu;
         let (kc, vc) = (g.ptr(&l.k), g.ptr(&l.v));
         let (pk, pv) = (self.ptr(k)?, self.ptr(v)?);
-        g.kv_write(kc, vc, pk, pv, self.meta.slot, self.n(k), l.width)
+        let (slot, rows) = (self.meta.slot, self.n(k));
+        g.kv_write(self.kv_dtype, (kc, vc), (pk, pv), slot, rows, l.width)
     }
 
     fn attention(&mut self, kv: KvId, q: Act, out: Act, p: &AttnParams) -> Result<()> {
@@ -350,6 +354,7 @@ impl Ops for CudaOps {
             n_heads: q.width / head_dim.max(1),
             n_kv_heads: k.width / head_dim.max(1),
             head_dim,
+            kv: self.kv_dtype,
         })?;
         self.tick("rope/kv");
         Ok(())

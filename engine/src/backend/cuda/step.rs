@@ -137,6 +137,10 @@ impl Exec for CudaOps {
         self.kv_blocks
     }
 
+    fn kv_dtype(&self) -> crate::kv_format::KvDtype {
+        self.kv_dtype
+    }
+
     /// As a CUDA graph when enabled and the batch fits a bucket, else plainly.
     fn execute(
         &mut self,
@@ -263,12 +267,11 @@ impl Exec for CudaOps {
             return Err(self.gpu.err(format!("KV block {block} does not exist")));
         }
         let mut out = Vec::new();
-        let ks = self.kv.iter().map(|l| (&l.k, l.width));
-        let vs = self.kv.iter().map(|l| (&l.v, l.width));
-        for (cache, width) in ks.chain(vs) {
-            let n = self.block_size * width;
-            let vals = self.gpu.download_range(cache, block as usize * n, n)?;
-            out.extend(vals.iter().flat_map(|v| v.to_le_bytes()));
+        let ks = self.kv.iter().map(|l| (&l.k, l.row));
+        let vs = self.kv.iter().map(|l| (&l.v, l.row));
+        for (cache, row) in ks.chain(vs) {
+            let n = self.block_size * row;
+            out.extend(self.gpu.download_range(cache, block as usize * n, n)?);
         }
         Ok(out)
     }
