@@ -750,6 +750,11 @@ pub struct AttnPrep {
 /// Positions per attention split (`ATTN_SPLIT` in kernels/cu/attention.cu).
 pub const ATTN_SPLIT: usize = 64;
 
+/// The most blocks of an attention launch in y (splits: 8,192 positions); more splits loop in
+/// their blocks. CUDA graphs launch the grid of the graph's context cap, whose blocks past a row's
+/// splits exit at once: a bound keeps those cheap for long-context models.
+const ATTN_GRID_Y: usize = 128;
+
 /// Floats of attention scratch per (row, head) for rows whose largest `pos + 1` is `ctx`.
 pub fn attn_part_floats(ctx: usize, head_dim: usize) -> usize {
     ctx.max(1).div_ceil(ATTN_SPLIT) * (head_dim + 2)
@@ -858,16 +863,17 @@ impl Gpu {
                     Arg::U32(self.u32_of(tpt, "tokens per tile")?),
                 ];
                 let args = [&lead[..], &tiling, &heads, &tail].concat();
-                // At most 64 blocks per tile in y; each loops over its splits.
+                // One block per (tile, split) up to the grid's limit in y (a block loops over
+                // splits y, y + gridDim.y, ...: the grid bounds the parallelism, not the result).
                 let grid = (
                     self.u32_of(tiles, "attention tiles")?,
-                    self.u32_of(splits.min(64), "attention splits")?,
+                    self.u32_of(splits.min(ATTN_GRID_Y), "attention splits")?,
                 );
                 self.launch(&kernel, grid, 128, &args)?;
             }
             None => {
-                // At most 64 blocks per (row, head); each loops over its splits.
-                let ys = self.u32_of(splits.min(64), "attention splits")?;
+                // At most ATTN_GRID_Y blocks per (row, head); each loops over its splits.
+                let ys = self.u32_of(splits.min(ATTN_GRID_Y), "attention splits")?;
                 let family = if self.attn_kernel == "attn_split2" {
                     "attn_split2"
                 } else {
@@ -896,7 +902,7 @@ impl Gpu {
             Arg::U32(self.u32_of(prep.map_or(0, |p| p.kp), "kp")?),
             Arg::U32(prep.is_some_and(|p| p.bf16) as u32),
         ];
-        self.launch("attn_combine", (rh.div_ceil(4), 1), 128, &args)
+        self.launch("attn_combine", (rh, 1), 128, &args)
     }
 }
 
