@@ -224,21 +224,16 @@ ATTN_SPLIT2_KERNEL(f16, KvF16)
 ATTN_SPLIT2_KERNEL(bf16, KvBF16)
 ATTN_SPLIT2_KERNEL(q8_0, KvQ8)
 
-// One block of 4 warps per (row, head) of `rows` rows. The row's split partials are one
-// contiguous run ([split][mx, l, o[head_dim]]): M = their maximum (exact in any order), then the
-// runs of COMBINE_CHUNK splits are staged in shared memory by the whole block (coalesced) and
-// each dimension is summed from there in split order: L += l_i * expf(m_i - M), O[d] += o_i[d] *
-// expf(m_i - M); out = O * (1 / L). Warp w owns the 32-dimension groups j = w, w + 4 (dimension
-// lane + 32 j). With Xh (head_dim a multiple of 32) the output is also prepared for the next
-// product (prep.cuh): rows of kp columns, bf: bf16.
+// One block of 4 warps per (row, head) of `rows` rows; warp w combines the 32-dimension groups
+// j = w, w + 4 (dimension lane + 32 j), each dimension in split order as before (the warp count
+// only spreads the loads: every warp computes the same M and L in the same order). With Xh
+// (head_dim a multiple of 32) the output is also prepared for the next product (prep.cuh): rows
+// of kp columns, bf: bf16.
 #define COMBINE_WARPS 4
-#define COMBINE_CHUNK 32
 extern "C" __global__ void __launch_bounds__(128) attn_combine(const float* __restrict__ part, float* __restrict__ O,
                                                                const u32* __restrict__ pos, u64 part_stride,
                                                                u32 rows, u32 n_heads, u32 head_dim, u16* Xh,
                                                                float* Xs, u32 kp, u32 bf) {
-    __shared__ float sm[COMBINE_CHUNK * (256 + 2)];
-    __shared__ float red[COMBINE_WARPS];
     const u32 gw = blockIdx.x;  // row * n_heads + head
     if (gw >= rows * n_heads) return;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -247,33 +242,23 @@ extern "C" __global__ void __launch_bounds__(128) attn_combine(const float* __re
     const float* src = part + (u64)gw * part_stride;
     const u32 st = head_dim + 2;
     float M = -__int_as_float(0x7f800000);
-    for (u32 i = threadIdx.x; i < ns; i += blockDim.x) M = fmaxf(M, __ldg(src + (u64)i * st));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(FULL_MASK, M, o));
-    if (lane == 0) red[w] = M;
-    __syncthreads();
-    M = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+#pragma unroll 8
+    for (u32 i = 0; i < ns; ++i) M = fmaxf(M, __ldg(src + (u64)i * st));
     constexpr int JW = ATTN_DPL / COMBINE_WARPS;  // groups per warp
     float L = 0.0f;
     float acc[JW];
 #pragma unroll
     for (int k = 0; k < JW; ++k) acc[k] = 0.0f;
-    for (u32 c0 = 0; c0 < ns; c0 += COMBINE_CHUNK) {
-        const u32 n = min((u32)COMBINE_CHUNK, ns - c0);
-        const float* run = src + (u64)c0 * st;
-        for (u32 x = threadIdx.x; x < n * st; x += blockDim.x) sm[x] = __ldg(run + x);
-        __syncthreads();
-        for (u32 i = 0; i < n; ++i) {
-            const float* s = sm + i * st;
-            const float f = expf(s[0] - M);
-            L = __fmaf_rn(s[1], f, L);
+#pragma unroll 4
+    for (u32 i = 0; i < ns; ++i) {
+        const float* s = src + (u64)i * st;
+        const float f = expf(__ldg(s) - M);
+        L = __fmaf_rn(__ldg(s + 1), f, L);
 #pragma unroll
-            for (int k = 0; k < JW; ++k) {
-                const u32 d = lane + 32 * (w + COMBINE_WARPS * k);
-                if (d < head_dim) acc[k] = __fmaf_rn(s[2 + d], f, acc[k]);
-            }
+        for (int k = 0; k < JW; ++k) {
+            const u32 d = lane + 32 * (w + COMBINE_WARPS * k);
+            if (d < head_dim) acc[k] = __fmaf_rn(__ldg(s + 2 + d), f, acc[k]);
         }
-        __syncthreads();  // sm is refilled by the next run
     }
     const float inv = 1.0f / L;
     float* out = O + (u64)gw * head_dim;
