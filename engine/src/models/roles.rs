@@ -246,6 +246,25 @@ mod tests {
             );
         }
         assert_eq!(Role::from_gguf_name("blk.x.attn_q.weight"), None);
+        let up = Role::UpExps(4).hf_name(Arch::Qwen3Moe);
+        assert_eq!(up, "model.layers.4.mlp.experts.*.up_proj.weight");
+        let one = expert_name(&up, 17);
+        assert_eq!(one, "model.layers.4.mlp.experts.17.up_proj.weight");
+        assert_eq!(
+            Role::from_hf_expert_name(&one, Arch::Qwen3Moe),
+            Some((Role::UpExps(4), 17))
+        );
+        assert_eq!(
+            Role::from_hf_expert_name(
+                "model.layers.4.mlp.experts.x.up_proj.weight",
+                Arch::Qwen3Moe
+            ),
+            None
+        );
+        assert_eq!(
+            Role::from_gguf_name("blk.2.ffn_down_exps.weight"),
+            Some(Role::DownExps(2))
+        );
         assert_eq!(
             Role::Q(3).hf_name(Arch::Llama),
             "model.layers.3.self_attn.q_proj.weight"
