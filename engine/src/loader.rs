@@ -109,7 +109,7 @@ fn offset(t: Tensor, offset: f32) -> Result<Tensor> {
 /// The `[n, rows, cols]` stack of a stacked-experts role from an HF folder's per-expert 2-D
 /// tensors (`...experts.{e}...`); `None` when expert 0 is absent. Every expert must be there,
 /// 2-D, of one type and shape.
-fn hf_expert_stack(m: &HfModel, stack: &str, n: usize) -> Result<Option<Tensor>> {
+pub fn hf_expert_stack(m: &HfModel, stack: &str, n: usize) -> Result<Option<Tensor>> {
     let mut data = Vec::new();
     let mut first: Option<Tensor> = None;
     for e in 0..n {
