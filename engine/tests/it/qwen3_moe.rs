@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use memra_engine::backend::cpu::moe::route;
 use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
 use memra_engine::backend::{Backend, StepBatch, StepRow};
-use memra_engine::config::{Arch, ModelConfig};
+use memra_engine::config::Arch;
 use memra_engine::formats::gguf::MetaValue;
 use memra_engine::formats::gguf_write::{TensorData, write_gguf};
 use memra_engine::formats::safetensors::{HfFolderSpec, write_hf_folder};
@@ -16,8 +16,9 @@ use memra_engine::generate::{GenRequest, generate};
 use memra_engine::loader::load_weights;
 use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::models::roles::expert_name;
-use memra_engine::models::{ModelWeights, Role, qwen3_moe};
+use memra_engine::models::{ModelWeights, Role};
 use memra_engine::quant::DType;
+use memra_engine::testing::tiny_gguf::gguf_meta;
 use memra_engine::weights::{Bytes, Tensor};
 
 pub const VOCAB: usize = 300;
@@ -33,32 +34,6 @@ pub fn cpu(w: ModelWeights) -> CpuBackend {
         block_size: 16,
     };
     CpuBackend::new(w, &opts).expect("backend")
-}
-
-/// The GGUF metadata `ModelConfig::from_gguf` reads for `c`.
-fn gguf_meta(c: &ModelConfig) -> Vec<(String, MetaValue)> {
-    let u = |v: usize| MetaValue::U32(v as u32);
-    let k = |s: &str| format!("qwen3moe.{s}");
-    let mut m = vec![
-        (
-            "general.architecture".into(),
-            MetaValue::Str("qwen3moe".into()),
-        ),
-        (k("context_length"), u(c.max_ctx)),
-        (k("embedding_length"), u(c.hidden)),
-        (k("block_count"), u(c.n_layers)),
-        (k("feed_forward_length"), u(c.ffn)),
-        (k("attention.head_count"), u(c.n_heads)),
-        (k("attention.head_count_kv"), u(c.n_kv_heads)),
-        (k("attention.key_length"), u(c.head_dim)),
-        (k("rope.freq_base"), MetaValue::F32(c.rope_theta)),
-        (
-            k("attention.layer_norm_rms_epsilon"),
-            MetaValue::F32(c.rms_eps),
-        ),
-    ];
-    m.extend(qwen3_moe::gguf_keys(c.arch, &c.moe.expect("moe params")));
-    m
 }
 
 /// Writes `w` as a GGUF file with `meta`; `edit` may change a tensor's dims and bytes.
