@@ -36,12 +36,15 @@ pub fn cpu(w: ModelWeights) -> CpuBackend {
     CpuBackend::new(w, &opts).expect("backend")
 }
 
+/// Changes a GGUF tensor (by name) before it is written: its dims and its bytes.
+type EditTensor = dyn Fn(&str, &mut Vec<u64>, &mut Vec<u8>);
+
 /// Writes `w` as a GGUF file with `meta`; `edit` may change a tensor's dims and bytes.
 pub fn write_gguf_with(
     w: &ModelWeights,
     meta: &[(String, MetaValue)],
     path: &Path,
-    edit: &dyn Fn(&str, &mut Vec<u64>, &mut Vec<u8>),
+    edit: &EditTensor,
 ) {
     let owned: Vec<(String, DType, Vec<u64>, Vec<u8>)> = w
         .iter()
@@ -342,7 +345,8 @@ fn malformed_moe_files_are_refused_clearly() {
         }
         m
     };
-    let cases: Vec<(&str, Vec<(String, MetaValue)>, &str)> = vec![
+    type Meta = Vec<(String, MetaValue)>;
+    let cases: Vec<(&str, Meta, &str)> = vec![
         (
             "count0",
             with("qwen3moe.expert_count", Some(MetaValue::U32(0))),

@@ -42,14 +42,14 @@ pub fn route(logits: &[f32], k: usize, norm: bool) -> Vec<(usize, f32)> {
     out
 }
 
-/// Checks the expert stacks: gate and up `[E, f, h]`, down `[E, h, f]`; returns `f`.
-fn check_stacks(w: [&Tensor; 3], e: usize, h: usize) -> Result<usize> {
+/// Checks the expert stacks: gate and up `[E, f, h]`, down `[E, h, f]`; returns `(f, h)`.
+fn check_stacks(w: [&Tensor; 3], e: usize) -> Result<(usize, usize)> {
     let [gate, up, down] = w;
-    let f = match gate.shape[..] {
-        [n, f, k] if n == e && k == h => f,
+    let (f, h) = match gate.shape[..] {
+        [n, f, h] if n == e => (f, h),
         _ => {
             return Err(err(format!(
-                "moe: gate experts {} have shape {:?}, expected [{e}, _, {h}]",
+                "moe: gate experts {} have shape {:?}, expected [{e}, _, _]",
                 gate.name, gate.shape
             )));
         }
@@ -60,7 +60,7 @@ fn check_stacks(w: [&Tensor; 3], e: usize, h: usize) -> Result<usize> {
             up.shape, down.shape
         )));
     }
-    Ok(f)
+    Ok((f, h))
 }
 
 /// The MoE FFN of `m` rows: `x` (`m x h`), `router` (`m x E` logits) into `out` (`m x h`).
@@ -75,8 +75,7 @@ pub fn moe(
 ) -> Result<()> {
     let [gate, up, down] = w;
     let e_n = p.n_experts;
-    let h = out.len() / m.max(1);
-    let f = check_stacks(w, e_n, h)?;
+    let (f, h) = check_stacks(w, e_n)?;
     if x.len() != m * h || router.len() != m * e_n || out.len() != m * h {
         return Err(err(format!(
             "moe: {m} rows of x {} / router {} / out {} values for hidden {h}, {e_n} experts",
@@ -150,6 +149,49 @@ mod tests {
         assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 3]);
         let r = route(&[0.5, 2.0, 0.5, 2.0, 2.0, 0.5], 4, false);
         assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![0, 1, 3, 4]);
+    }
+
+    /// Each row of a batch gives the bits it gives alone, whoever shares its experts.
+    #[test]
+    fn rows_are_independent_of_the_batch() {
+        let (e, f, h, m) = (6, 8, 16, 7);
+        let vals = |n: usize, s: u64| -> Vec<f32> {
+            (0..n as u64)
+                .map(|i| crate::models::random::unit(s, 1, i) * 0.3)
+                .collect()
+        };
+        let t = |name: &str, shape: Vec<usize>, s: u64| {
+            let n = shape.iter().product();
+            Tensor::from_f32(name, shape, &vals(n, s)).unwrap()
+        };
+        let (g, u, d) = (
+            t("g", vec![e, f, h], 1),
+            t("u", vec![e, f, h], 2),
+            t("d", vec![e, h, f], 3),
+        );
+        let p = MoeParams {
+            n_experts: e,
+            n_used: 2,
+            norm_topk: true,
+            glu: Glu::Silu,
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let (x, r) = (vals(m * h, 4), vals(m * e, 5));
+        let mut all = vec![0f32; m * h];
+        moe(&pool, [&g, &u, &d], &x, &r, m, &p, &mut all).unwrap();
+        for i in 0..m {
+            let mut one = vec![0f32; h];
+            let (xi, ri) = (&x[i * h..(i + 1) * h], &r[i * e..(i + 1) * e]);
+            moe(&pool, [&g, &u, &d], xi, ri, 1, &p, &mut one).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&all[i * h..(i + 1) * h]), bits(&one), "row {i}");
+        }
+        // A wrong stack shape is an error, not a panic.
+        let bad = t("d", vec![e, f, h], 3);
+        assert!(moe(&pool, [&g, &u, &bad], &x, &r, m, &p, &mut all).is_err());
     }
 
     #[test]
