@@ -11,12 +11,12 @@ use rayon::prelude::*;
 use memra_engine::config::ModelConfig;
 use memra_engine::error::{Error, Result};
 use memra_engine::formats::gguf::{Gguf, GgufTensorInfo};
-use memra_engine::formats::safetensors::{HfFolderSpec, TensorDecl};
+use memra_engine::formats::safetensors::HfFolderSpec;
 use memra_engine::models::{Role, gguf_permuted, hf_offset, qk_to_hf};
 use memra_engine::quant::{DType, dequantize_row, quantize};
 
 use crate::rope::{ROPE_FREQS, recognise};
-use crate::sink::hf_sink;
+use crate::sink::{hf_decls, hf_sink, split_sink};
 use crate::synth::stream_tensors;
 
 /// Arguments of `convert`.
@@ -180,11 +180,11 @@ pub fn convert_gguf_to_hf(args: &ConvertArgs) -> Result<ConvertReport> {
         tokenizer_config_json,
         max_shard_bytes: args.shard_bytes,
     };
-    let decls = jobs
-        .iter()
-        .map(|j| TensorDecl::new(j.role.hf_name(cfg.arch), j.out_dtype, j.shape.clone()))
-        .collect();
-    let sink = hf_sink(&args.out, &hf_spec, decls)?;
+    let (decls, parts) = hf_decls(
+        jobs.iter()
+            .map(|j| (j.role, cfg.arch, j.out_dtype, j.shape.clone())),
+    );
+    let sink = split_sink(hf_sink(&args.out, &hf_spec, decls)?, parts);
     let names: Vec<String> = jobs.iter().map(|j| j.role.hf_name(cfg.arch)).collect();
     let produce = |i: usize| -> Result<Vec<u8>> {
         let job = jobs

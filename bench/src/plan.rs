@@ -144,8 +144,12 @@ fn fallback(d: DType, cols: usize) -> DType {
     }
 }
 
-/// The storage type of a 2-D tensor with role `role` and row length `cols`.
+/// The storage type of a matrix (or expert stack) with role `role` and row length `cols`. The
+/// MoE router stays F32 whatever the type, as llama.cpp's converter and quantizer keep it.
 fn matrix_type(dt: SynthDType, role: Role, cfg: &ModelConfig, cols: usize) -> DType {
+    if matches!(role, Role::FfnGateInp(_)) {
+        return DType::F32;
+    }
     let base = match dt {
         SynthDType::F32 => DType::F32,
         SynthDType::F16 => DType::F16,
@@ -156,7 +160,9 @@ fn matrix_type(dt: SynthDType, role: Role, cfg: &ModelConfig, cols: usize) -> DT
             Role::Output => DType::Q6_K,
             // Tied: the embedding is also the LM head, which llama.cpp keeps at Q6_K.
             Role::TokenEmbd if cfg.tie_embeddings => DType::Q6_K,
-            Role::V(l) | Role::Down(l) if use_more_bits(l, cfg.n_layers) => DType::Q6_K,
+            Role::V(l) | Role::Down(l) | Role::DownExps(l) if use_more_bits(l, cfg.n_layers) => {
+                DType::Q6_K
+            }
             _ => DType::Q4_K,
         },
     };
@@ -230,6 +236,28 @@ mod tests {
         assert_eq!(ty(Role::TokenEmbd), Some(DType::Q8_0));
         assert_eq!(ty(Role::Down(4)), Some(DType::Q4_K)); // row length 1536 = 6 * 256
         assert_eq!(ty(Role::Down(5)), Some(DType::Q6_K)); // use_more_bits(5, 30)
+    }
+
+    #[test]
+    fn qwen3_30b_a3b_plan() {
+        let cfg = Shape::Qwen3_30bA3b.config(49152);
+        cfg.validate().unwrap();
+        let p = plan(&cfg, SynthDType::Q4KM);
+        // 48 layers * (norm, q, k, v, q/k norms, o, ffn norm, router, 3 stacks) + 3.
+        assert_eq!(p.len(), 48 * 12 + 3);
+        let t = |r: Role| p.iter().find(|t| t.role == r).unwrap();
+        assert_eq!(t(Role::FfnGateInp(5)).dtype, DType::F32);
+        assert_eq!(t(Role::FfnGateInp(5)).shape, vec![128, 2048]);
+        assert_eq!(t(Role::GateExps(5)).shape, vec![128, 768, 2048]);
+        assert_eq!(t(Role::GateExps(5)).dtype, DType::Q4_K);
+        assert_eq!(t(Role::DownExps(5)).shape, vec![128, 2048, 768]);
+        assert_eq!(t(Role::DownExps(0)).dtype, DType::Q6_K);
+        assert_eq!(t(Role::DownExps(7)).dtype, DType::Q4_K);
+        // The router is F32 in float files too.
+        let p = plan(&Shape::TinyQwen3Moe.config(100), SynthDType::BF16);
+        let t = |r: Role| p.iter().find(|t| t.role == r).unwrap();
+        assert_eq!(t(Role::FfnGateInp(0)).dtype, DType::F32);
+        assert_eq!(t(Role::UpExps(1)).dtype, DType::BF16);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The model shapes `memra-bench synth` can generate.
 
-use memra_engine::config::{Arch, Gemma3Params, Llama3RopeScaling, ModelConfig};
+use memra_engine::config::{Arch, Gemma3Params, Llama3RopeScaling, ModelConfig, MoeParams};
 use memra_engine::error::{Error, Result};
 use memra_engine::models::random::tiny_config;
 
@@ -24,10 +24,15 @@ pub enum Shape {
     Gemma3_270m,
     /// 2 layers (local, then global), window 4: for tests.
     TinyGemma3,
+    /// Qwen3-30B-A3B body (qwen3moe: 48 layers, hidden 2048, 32/4 heads of 128, 128 experts of
+    /// 768, 8 per token, renormalised; untied) with the paired tokenizer's vocabulary.
+    Qwen3_30bA3b,
+    /// tiny-qwen3 with 8 experts of 32, 3 per token: for tests.
+    TinyQwen3Moe,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 9] = [
+    pub const ALL: [Shape; 11] = [
         Shape::Smollm2_135m,
         Shape::Llama3_8b,
         Shape::Qwen3_8b,
@@ -37,6 +42,8 @@ impl Shape {
         Shape::TinyPostNorm,
         Shape::Gemma3_270m,
         Shape::TinyGemma3,
+        Shape::Qwen3_30bA3b,
+        Shape::TinyQwen3Moe,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +57,8 @@ impl Shape {
             Shape::TinyPostNorm => "tiny-postnorm",
             Shape::Gemma3_270m => "gemma3-270m",
             Shape::TinyGemma3 => "tiny-gemma3",
+            Shape::Qwen3_30bA3b => "qwen3-30b-a3b",
+            Shape::TinyQwen3Moe => "tiny-qwen3moe",
         }
     }
 
@@ -118,6 +127,30 @@ impl Shape {
                 arch: Arch::LlamaPostNorm,
                 tie_embeddings: false,
                 ..base
+            },
+            Shape::TinyQwen3Moe => ModelConfig {
+                max_ctx: base.max_ctx,
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                ..tiny_config(Arch::Qwen3Moe, vocab)
+            },
+            Shape::Qwen3_30bA3b => ModelConfig {
+                n_layers: 48,
+                hidden: 2048,
+                n_heads: 32,
+                n_kv_heads: 4,
+                head_dim: 128,
+                ffn: 6144,
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                max_ctx: 40960,
+                moe: Some(MoeParams {
+                    n_experts: 128,
+                    n_used: 8,
+                    expert_ffn: 768,
+                    norm_topk: true,
+                }),
+                ..tiny_config(Arch::Qwen3Moe, vocab)
             },
             Shape::TinyGemma3 => ModelConfig {
                 max_ctx: base.max_ctx,

@@ -10,7 +10,7 @@ use std::time::Instant;
 use memra_engine::config::ModelConfig;
 use memra_engine::error::{Error, Result};
 use memra_engine::formats::gguf::{Gguf, MetaValue};
-use memra_engine::formats::safetensors::{HfFolderSpec, TensorDecl};
+use memra_engine::formats::safetensors::HfFolderSpec;
 
 use crate::generate::tensor_bytes;
 use memra_engine::quant::DType;
@@ -18,7 +18,7 @@ use memra_engine::quant::DType;
 use crate::plan::{SynthDType, TensorPlan, plan};
 use crate::rope::{ROPE_FREQS, llama3_rope_factors};
 use crate::shapes::Shape;
-use crate::sink::{GgufDecl, TensorSink, gguf_sink, hf_sink};
+use crate::sink::{GgufDecl, TensorSink, gguf_sink, hf_decls, hf_sink, split_sink};
 
 /// Output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -173,6 +173,9 @@ pub fn gguf_metadata(
     ];
     if let Some(p) = &cfg.gemma3 {
         m.extend(memra_engine::models::gemma3::gguf_keys(p));
+    }
+    if let Some(p) = &cfg.moe {
+        m.extend(memra_engine::models::qwen3_moe::gguf_keys(cfg.arch, p));
     }
     if let Some(rs) = cfg.rope_scaling.filter(|_| !llamacpp_rope) {
         m.push((
@@ -368,11 +371,12 @@ fn hf_folder_sink(
         tokenizer_config_json,
         max_shard_bytes: args.shard_bytes,
     };
-    let decls = tensors
-        .iter()
-        .map(|t| TensorDecl::new(t.hf_name(), t.dtype, t.shape.clone()))
-        .collect();
-    hf_sink(&args.out, &spec, decls)
+    let (decls, parts) = hf_decls(
+        tensors
+            .iter()
+            .map(|t| (t.role, t.arch, t.dtype, t.shape.clone())),
+    );
+    Ok(split_sink(hf_sink(&args.out, &spec, decls)?, parts))
 }
 
 /// The default tokenizer source: `$MEMRA_MODELS_DIR` (or `~/.cache/memra/models`) /

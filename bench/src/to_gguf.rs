@@ -7,8 +7,10 @@ use std::time::Instant;
 
 use memra_engine::error::{Error, Result};
 use memra_engine::formats::safetensors::HfModel;
+use memra_engine::loader::hf_expert_stack;
 use memra_engine::models::{Role, gguf_permuted, hf_offset, qk_to_gguf};
 use memra_engine::quant::DType;
+use memra_engine::weights::Tensor;
 
 use crate::convert::ConvertReport;
 use crate::plan::SynthDType;
@@ -31,9 +33,19 @@ pub fn convert_hf_to_gguf(args: &ToGgufArgs) -> Result<ConvertReport> {
     let cfg = m.config.clone();
     let mut jobs: Vec<(String, Role)> = Vec::new();
     for name in m.tensor_names() {
-        let role = Role::from_hf_name(&name, cfg.arch).ok_or_else(|| {
-            Error::Unsupported(format!("HF tensor `{name}` has no GGUF equivalent"))
-        })?;
+        // One tensor per expert: the stack is read (and written) once, at expert 0.
+        let (name, role) = match Role::from_hf_expert_name(&name, cfg.arch) {
+            Some((role, 0)) => (role.hf_name(cfg.arch), role),
+            Some(_) => continue,
+            None => match Role::from_hf_name(&name, cfg.arch) {
+                Some(role) => (name, role),
+                None => {
+                    return Err(Error::Unsupported(format!(
+                        "HF tensor `{name}` has no GGUF equivalent"
+                    )));
+                }
+            },
+        };
         if role == Role::Output && cfg.tie_embeddings {
             continue; // tied: GGUF marks it by leaving output.weight out
         }
@@ -44,10 +56,16 @@ pub fn convert_hf_to_gguf(args: &ToGgufArgs) -> Result<ConvertReport> {
     }
     let mut decls = Vec::with_capacity(jobs.len());
     let mut file_type = SynthDType::F32;
+    let experts = cfg.moe.map_or(0, |p| p.n_experts);
+    let read = |name: &str, role: Role| -> Result<Tensor> {
+        let t = match role.is_experts() {
+            true => hf_expert_stack(&m, name, experts)?,
+            false => m.tensor(name)?,
+        };
+        t.ok_or_else(|| Error::Weights(format!("`{name}` vanished")))
+    };
     for (name, role) in &jobs {
-        let t = m
-            .tensor(name)?
-            .ok_or_else(|| Error::Weights(format!("`{name}` vanished")))?;
+        let t = read(name, *role)?;
         if t.shape.len() == 2 && *role != Role::TokenEmbd {
             file_type = match t.dtype {
                 DType::F16 => SynthDType::F16,
@@ -83,9 +101,7 @@ pub fn convert_hf_to_gguf(args: &ToGgufArgs) -> Result<ConvertReport> {
         let (name, role) = jobs
             .get(i)
             .ok_or_else(|| Error::Input(format!("tensor {i} out of range")))?;
-        let t = m
-            .tensor(name)?
-            .ok_or_else(|| Error::Weights(format!("`{name}` vanished")))?;
+        let t = read(name, *role)?;
         let off = hf_offset(&cfg, *role);
         if off != 0.0 {
             let vals = t.to_f32()?;

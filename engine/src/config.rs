@@ -65,6 +65,44 @@ impl Gemma3Params {
     }
 }
 
+/// A mixture-of-experts FFN's hyper-parameters (qwen3moe): every layer's FFN is `n_experts`
+/// SwiGLU experts of `expert_ffn` each, of which a router picks `n_used` per token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoeParams {
+    pub n_experts: usize,
+    /// Experts per token (top-k).
+    pub n_used: usize,
+    /// Intermediate size of one expert.
+    pub expert_ffn: usize,
+    /// Divide the top-k routing weights by their sum (HF `norm_topk_prob`).
+    pub norm_topk: bool,
+}
+
+impl MoeParams {
+    /// Checks the values are usable: at least one expert, `1 <= n_used <= n_experts`.
+    pub fn validate(&self) -> Result<()> {
+        if self.n_experts == 0 {
+            return Err(Error::Config("MoE expert count is 0".into()));
+        }
+        if self.n_used == 0 || self.n_used > self.n_experts {
+            return Err(Error::Config(format!(
+                "MoE experts used per token {} must be in 1..={} (the expert count)",
+                self.n_used, self.n_experts
+            )));
+        }
+        if self.expert_ffn == 0 {
+            return Err(Error::Config("MoE expert FFN size is 0".into()));
+        }
+        let big = [self.n_experts, self.expert_ffn];
+        if big.iter().any(|&v| v > (1 << 24)) {
+            return Err(Error::Config(format!(
+                "MoE sizes {big:?} are implausibly large"
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// The model's shape and hyper-parameters, shared by every format and backend.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
@@ -84,6 +122,9 @@ pub struct ModelConfig {
     /// Set for (and only for) gemma3.
     #[serde(default)]
     pub gemma3: Option<Gemma3Params>,
+    /// Set for (and only for) mixture-of-experts architectures (qwen3moe).
+    #[serde(default)]
+    pub moe: Option<MoeParams>,
 }
 
 impl ModelConfig {
@@ -138,6 +179,22 @@ impl ModelConfig {
                 )));
             }
             (_, None) => {}
+        }
+        match (c.arch.is_moe(), &c.moe) {
+            (true, Some(p)) => p.validate()?,
+            (true, None) => {
+                return Err(Error::Config(format!(
+                    "{} config without its expert parameters",
+                    c.arch.gguf_name()
+                )));
+            }
+            (false, Some(_)) => {
+                return Err(Error::Config(format!(
+                    "expert parameters on a {} config",
+                    c.arch.gguf_name()
+                )));
+            }
+            (false, None) => {}
         }
         Ok(())
     }
@@ -217,9 +274,12 @@ impl ModelConfig {
             max_ctx: uint("context_length").unwrap_or(2048),
             tie_embeddings: g.tensor_info("output.weight").is_none(),
             gemma3: None,
+            moe: None,
         };
+        let get = |k: &str| g.get(&format!("{a}.{k}"));
         let cfg = ModelConfig {
-            gemma3: crate::models::gemma3::gguf_params(&cfg, &|k| g.get(&format!("{a}.{k}")))?,
+            gemma3: crate::models::gemma3::gguf_params(&cfg, &get)?,
+            moe: crate::models::qwen3_moe::gguf_params(&cfg, &get)?,
             ..cfg
         };
         cfg.validate()?;
@@ -293,9 +353,11 @@ impl ModelConfig {
                 .and_then(|x| x.as_bool())
                 .unwrap_or(false),
             gemma3: None,
+            moe: None,
         };
         let cfg = ModelConfig {
             gemma3: crate::models::gemma3::hf_params(&cfg, v)?,
+            moe: crate::models::qwen3_moe::hf_params(&cfg, v)?,
             ..cfg
         };
         cfg.validate()?;

@@ -9,6 +9,7 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::formats::gguf::Gguf;
 use crate::formats::safetensors::HfModel;
+use crate::models::roles::expert_name;
 use crate::models::{ModelWeights, Role, def, gguf_permuted, hf_offset, qk_to_hf};
 use crate::quant::DType;
 use crate::tokenizer::Tokenizer;
@@ -105,11 +106,50 @@ fn offset(t: Tensor, offset: f32) -> Result<Tensor> {
     Tensor::new(t.name, DType::F32, t.shape, Bytes::owned(data))
 }
 
+/// The `[n, rows, cols]` stack of a stacked-experts role from an HF folder's per-expert 2-D
+/// tensors (`...experts.{e}...`); `None` when expert 0 is absent. Every expert must be there,
+/// 2-D, of one type and shape.
+pub fn hf_expert_stack(m: &HfModel, stack: &str, n: usize) -> Result<Option<Tensor>> {
+    let mut data = Vec::new();
+    let mut first: Option<Tensor> = None;
+    for e in 0..n {
+        let name = expert_name(stack, e);
+        let t = match (m.tensor(&name)?, e) {
+            (Some(t), _) => t,
+            (None, 0) => return Ok(None),
+            (None, _) => return Err(Error::Weights(format!("missing tensor `{name}`"))),
+        };
+        if let Some(f) = &first
+            && (t.dtype != f.dtype || t.shape != f.shape)
+        {
+            return Err(Error::Weights(format!(
+                "`{name}` is {} {:?}, expert 0 is {} {:?}",
+                t.dtype, t.shape, f.dtype, f.shape
+            )));
+        }
+        if t.shape.len() != 2 {
+            return Err(Error::Weights(format!(
+                "`{name}` has shape {:?}, expected a matrix",
+                t.shape
+            )));
+        }
+        data.extend_from_slice(&t.data);
+        first.get_or_insert(t);
+    }
+    let Some(f) = first else { return Ok(None) };
+    let shape = vec![n, f.shape[0], f.shape[1]];
+    Tensor::new(stack, f.dtype, shape, Bytes::owned(data)).map(Some)
+}
+
 /// Config and weights of an HF safetensors folder.
 pub fn hf_weights(m: &HfModel) -> Result<ModelWeights> {
     let config = m.config.clone();
     check_layers(&config, m.tensor_names().len())?;
+    let experts = config.moe.map_or(0, |p| p.n_experts);
     let mut get = |role: Role| -> Result<Option<Tensor>> {
+        if role.is_experts() {
+            return hf_expert_stack(m, &role.hf_name(config.arch), experts);
+        }
         let t = m.tensor(&role.hf_name(config.arch))?;
         match (t, hf_offset(&config, role)) {
             (Some(t), off) if off != 0.0 => offset(t, off).map(Some),

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 pub mod fuzz;
+pub mod tiny_gguf;
 
 /// File name of the default real model (tools/fetch-models.sh).
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";

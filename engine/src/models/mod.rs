@@ -15,6 +15,7 @@ pub mod llama_postnorm;
 pub mod qk_order;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3_moe;
 #[cfg(any(test, feature = "test-util"))]
 pub mod random;
 pub mod roles;
@@ -39,6 +40,7 @@ pub enum Arch {
     Qwen3,
     LlamaPostNorm,
     Gemma3,
+    Qwen3Moe,
 }
 
 /// What the code outside an architecture's file needs to know about it.
@@ -64,12 +66,13 @@ pub struct ArchDef {
 }
 
 /// Every architecture, in registry order.
-pub const ARCHS: [&ArchDef; 5] = [
+pub const ARCHS: [&ArchDef; 6] = [
     &llama::DEF,
     &qwen2::DEF,
     &qwen3::DEF,
     &llama_postnorm::DEF,
     &gemma3::DEF,
+    &qwen3_moe::DEF,
 ];
 
 /// The definition of `arch`.
@@ -80,6 +83,7 @@ pub fn def(arch: Arch) -> &'static ArchDef {
         Arch::Qwen3 => &qwen3::DEF,
         Arch::LlamaPostNorm => &llama_postnorm::DEF,
         Arch::Gemma3 => &gemma3::DEF,
+        Arch::Qwen3Moe => &qwen3_moe::DEF,
     }
 }
 
@@ -99,6 +103,7 @@ pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>
         Arch::Qwen3 => qwen3::build(w, ops),
         Arch::LlamaPostNorm => llama_postnorm::build(w, ops),
         Arch::Gemma3 => gemma3::build(w, ops),
+        Arch::Qwen3Moe => qwen3_moe::build(w, ops),
     }
 }
 
@@ -120,6 +125,11 @@ fn supported(name: fn(&ArchDef) -> &'static str) -> String {
 }
 
 impl Arch {
+    /// Whether the architecture's FFNs are mixtures of experts ([`ModelConfig::moe`]).
+    pub fn is_moe(self) -> bool {
+        self == Arch::Qwen3Moe
+    }
+
     /// The GGUF `general.architecture` name.
     pub fn gguf_name(self) -> &'static str {
         def(self).gguf_name

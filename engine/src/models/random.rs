@@ -26,7 +26,8 @@ pub fn unit(seed: u64, stream: u64, index: u64) -> f32 {
     (splitmix(seed, stream, index) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
 }
 
-/// A tiny config of the given architecture (2 layers, hidden 64, 4/2 heads, head dim 16).
+/// A tiny config of the given architecture (2 layers, hidden 64, 4/2 heads, head dim 16; MoE:
+/// 8 experts of 32, 3 per token).
 pub fn tiny_config(arch: Arch, vocab: usize) -> ModelConfig {
     ModelConfig {
         arch,
@@ -50,6 +51,12 @@ pub fn tiny_config(arch: Arch, vocab: usize) -> ModelConfig {
             query_pre_attn_scalar: 16.0,
             final_logit_softcap: None,
             rope_linear_factor: None,
+        }),
+        moe: arch.is_moe().then_some(crate::config::MoeParams {
+            n_experts: 8,
+            n_used: 3,
+            expert_ffn: 32,
+            norm_topk: true,
         }),
     }
 }

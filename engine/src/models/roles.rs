@@ -28,10 +28,26 @@ pub enum Role {
     AttnPostNorm(usize),
     /// RMSNorm of the FFN output before the residual add.
     FfnPostNorm(usize),
+    /// The MoE router `[n_experts, hidden]`.
+    FfnGateInp(usize),
+    /// The experts' gate, up and down projections, stacked: `[n_experts, out, in]`. HF
+    /// checkpoints hold one 2-D tensor per expert ([`Role::is_experts`], [`expert_name`]).
+    GateExps(usize),
+    UpExps(usize),
+    DownExps(usize),
+}
+
+/// The placeholder for the expert index in the HF name of a stacked-experts role
+/// (`model.layers.0.mlp.experts.*.gate_proj.weight`).
+pub const EXPERT_WILDCARD: &str = "*";
+
+/// The HF name of expert `e`'s tensor of a stacked-experts role's HF name.
+pub fn expert_name(stack_hf_name: &str, e: usize) -> String {
+    stack_hf_name.replacen(EXPERT_WILDCARD, &e.to_string(), 1)
 }
 
 /// GGUF suffixes of the per-layer roles, in [`Role`] order from `AttnNorm`.
-const GGUF_LAYER: [&str; 16] = [
+const GGUF_LAYER: [&str; 20] = [
     "attn_norm.weight",
     "attn_q.weight",
     "attn_k.weight",
@@ -48,6 +64,10 @@ const GGUF_LAYER: [&str; 16] = [
     "ffn_down.weight",
     "post_attention_norm.weight",
     "post_ffw_norm.weight",
+    "ffn_gate_inp.weight",
+    "ffn_gate_exps.weight",
+    "ffn_up_exps.weight",
+    "ffn_down_exps.weight",
 ];
 
 fn layer_role(i: usize, l: usize) -> Option<Role> {
@@ -68,6 +88,10 @@ fn layer_role(i: usize, l: usize) -> Option<Role> {
         13 => Role::Down(l),
         14 => Role::AttnPostNorm(l),
         15 => Role::FfnPostNorm(l),
+        16 => Role::FfnGateInp(l),
+        17 => Role::GateExps(l),
+        18 => Role::UpExps(l),
+        19 => Role::DownExps(l),
         _ => return None,
     })
 }
@@ -91,6 +115,10 @@ fn role_index(r: Role) -> Option<(usize, usize)> {
         Role::Down(l) => (13, l),
         Role::AttnPostNorm(l) => (14, l),
         Role::FfnPostNorm(l) => (15, l),
+        Role::FfnGateInp(l) => (16, l),
+        Role::GateExps(l) => (17, l),
+        Role::UpExps(l) => (18, l),
+        Role::DownExps(l) => (19, l),
         Role::TokenEmbd | Role::OutputNorm | Role::Output => return None,
     })
 }
@@ -161,6 +189,25 @@ impl Role {
         layer_role(i, l)
     }
 
+    /// The (stacked role, expert index) of the HF name of one expert's tensor
+    /// (`model.layers.3.mlp.experts.17.up_proj.weight`) in architecture `arch`.
+    pub fn from_hf_expert_name(name: &str, arch: Arch) -> Option<(Role, usize)> {
+        let (head, rest) = name.split_once(".experts.")?;
+        let (e, tail) = rest.split_once('.')?;
+        let e: usize = e.parse().ok()?;
+        let stack = format!("{head}.experts.{EXPERT_WILDCARD}.{tail}");
+        let role = Role::from_hf_name(&stack, arch)?;
+        role.is_experts().then_some((role, e))
+    }
+
+    /// Whether this role is a stack of per-expert matrices (one HF tensor per expert).
+    pub fn is_experts(self) -> bool {
+        matches!(
+            self,
+            Role::GateExps(_) | Role::UpExps(_) | Role::DownExps(_)
+        )
+    }
+
     /// The layer this role belongs to, if any.
     pub fn layer(self) -> Option<usize> {
         role_index(self).map(|(_, l)| l)
@@ -199,6 +246,25 @@ mod tests {
             );
         }
         assert_eq!(Role::from_gguf_name("blk.x.attn_q.weight"), None);
+        let up = Role::UpExps(4).hf_name(Arch::Qwen3Moe);
+        assert_eq!(up, "model.layers.4.mlp.experts.*.up_proj.weight");
+        let one = expert_name(&up, 17);
+        assert_eq!(one, "model.layers.4.mlp.experts.17.up_proj.weight");
+        assert_eq!(
+            Role::from_hf_expert_name(&one, Arch::Qwen3Moe),
+            Some((Role::UpExps(4), 17))
+        );
+        assert_eq!(
+            Role::from_hf_expert_name(
+                "model.layers.4.mlp.experts.x.up_proj.weight",
+                Arch::Qwen3Moe
+            ),
+            None
+        );
+        assert_eq!(
+            Role::from_gguf_name("blk.2.ffn_down_exps.weight"),
+            Some(Role::DownExps(2))
+        );
         assert_eq!(
             Role::Q(3).hf_name(Arch::Llama),
             "model.layers.3.self_attn.q_proj.weight"

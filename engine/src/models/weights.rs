@@ -11,7 +11,8 @@ use crate::weights::Tensor;
 /// What a tensor is for (how synthetic models initialise it; how backends upload it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    /// A weight matrix `[out_features, in_features]` (or the embedding table).
+    /// A weight matrix `[out_features, in_features]` (or the embedding table), or a stack of
+    /// them `[n_experts, out_features, in_features]`.
     Matrix,
     /// A norm weight (values near 1).
     Norm,
@@ -35,6 +36,16 @@ impl TensorSpec {
         TensorSpec {
             role,
             shape: vec![rows, cols],
+            kind: Kind::Matrix,
+            optional: false,
+        }
+    }
+
+    /// A stack of `n` expert matrices `[n, rows, cols]` (expert-major, each as [`Self::matrix`]).
+    pub fn experts(role: Role, n: usize, rows: usize, cols: usize) -> TensorSpec {
+        TensorSpec {
+            role,
+            shape: vec![n, rows, cols],
             kind: Kind::Matrix,
             optional: false,
         }

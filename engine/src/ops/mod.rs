@@ -74,6 +74,8 @@ pub enum Feature {
     Scale,
     /// [`Ops::softcap`].
     Softcap,
+    /// [`Ops::experts`] and [`Ops::moe`].
+    Moe,
 }
 
 impl std::fmt::Display for Feature {
@@ -83,6 +85,7 @@ impl std::fmt::Display for Feature {
             Feature::SlidingWindow => "sliding-window attention",
             Feature::Scale => "scale",
             Feature::Softcap => "logit softcapping",
+            Feature::Moe => "mixture-of-experts FFN (the moe op)",
         })
     }
 }
@@ -110,6 +113,18 @@ impl AttnParams {
             window: None,
         }
     }
+}
+
+/// Shapes and options of one mixture-of-experts FFN call ([`Ops::moe`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeParams {
+    pub n_experts: usize,
+    /// Experts per row (top-k).
+    pub n_used: usize,
+    /// Divide the chosen experts' probabilities by their sum.
+    pub norm_topk: bool,
+    /// Each expert's gated linear unit.
+    pub glu: Glu,
 }
 
 /// Where a product's result goes when it is added into a residual stream: `res += W x`.
@@ -141,6 +156,9 @@ pub trait Ops: Send + Sized + 'static {
     fn table(&mut self, t: &Tensor, _head: bool) -> Result<Self::Mat> {
         self.mat(t)
     }
+    /// Uploads a stack of expert matrices `[n_experts, out_features, in_features]` (3-D tensor)
+    /// for [`Ops::moe`].
+    fn experts(&mut self, t: &Tensor) -> Result<Self::Mat>;
     /// Uploads a vector (dequantized to f32).
     fn vector(&mut self, t: &Tensor) -> Result<Self::Vector>;
     /// Declares an activation of `width` values per row.
@@ -182,6 +200,20 @@ pub trait Ops: Send + Sized + 'static {
     fn kv_write(&mut self, kv: KvId, k: Act, v: Act) -> Result<()>;
     /// Causal attention of each row's `q` over its own sequence's KV in `kv` into `out`.
     fn attention(&mut self, kv: KvId, q: Act, out: Act, p: &AttnParams) -> Result<()>;
+    /// Mixture-of-experts FFN of each row of `x` (its router logits in `router`, one per
+    /// expert) into `out`. Routing: softmax over the experts' logits; the `n_used` highest
+    /// probabilities (equal ones: the lowest expert index first); divided by their sum when
+    /// `p.norm_topk`. Then `out = sum of w_e * down_e(glu(gate_e x, up_e x))` over the chosen
+    /// experts, added in ascending expert index onto zero. `experts` are the gate, up and down
+    /// stacks ([`Ops::experts`]). A row's bits must not depend on which rows share its experts.
+    fn moe(
+        &mut self,
+        experts: [&Self::Mat; 3],
+        x: Act,
+        router: Act,
+        out: Act,
+        p: &MoeParams,
+    ) -> Result<()>;
 
     // ---- composite ops: fusion points (defaults compose the simple ops) ----
 

@@ -42,7 +42,13 @@ fn run(b: &mut CpuBackend, chunk: usize) -> (Vec<u32>, Vec<Vec<u32>>, Vec<Vec<u8
 
 #[test]
 fn thread_count_does_not_change_bits() {
-    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3] {
+    for arch in [
+        Arch::Llama,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Gemma3,
+        Arch::Qwen3Moe,
+    ] {
         let base = run(&mut backend(arch, 1, DType::F32), 0);
         for threads in [2, 3, 5] {
             let other = run(&mut backend(arch, threads, DType::F32), 0);
@@ -53,7 +59,13 @@ fn thread_count_does_not_change_bits() {
 
 #[test]
 fn prefill_chunking_does_not_change_bits() {
-    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3] {
+    for arch in [
+        Arch::Llama,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Gemma3,
+        Arch::Qwen3Moe,
+    ] {
         let whole = run(&mut backend(arch, 2, DType::F32), 0);
         for chunk in [1, 7, 16] {
             let chunked = run(&mut backend(arch, 2, DType::F32), chunk);

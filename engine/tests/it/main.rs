@@ -18,6 +18,8 @@ mod load_corrupt_gguf;
 mod load_corrupt_hf;
 mod quant;
 mod quant_dot_fast;
+mod qwen3_moe;
+mod qwen3_moe_reference;
 mod reference_fixture;
 mod run_gen;
 mod safetensors;

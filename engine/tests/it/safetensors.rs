@@ -28,6 +28,7 @@ fn tiny_config() -> ModelConfig {
         max_ctx: 128,
         tie_embeddings: true,
         gemma3: None,
+        moe: None,
     }
 }
 

@@ -53,3 +53,39 @@ fn serve_invariance_library_compares_every_request() {
     assert!(rep.tokens_compared > 0);
     assert!(rep.failures.is_empty(), "{:?}", rep.failures);
 }
+
+/// The serve gate on a tiny qwen3moe with SmolLM2's tokenizer: concurrent, staggered and
+/// cached requests change every expert's row count, never a byte of any stream.
+#[test]
+fn serve_invariance_passes_on_cpu_with_a_tiny_moe() {
+    use memra_engine::backend::Device;
+    use memra_engine::config::Arch;
+    use memra_engine::formats::gguf::Gguf;
+    use memra_engine::models::random::{random_weights, tiny_config};
+    use memra_engine::quant::DType;
+    use memra_engine::testing::tiny_gguf::{gguf_meta, write_model};
+    use memra_verify::serve_invariance::{Options, run};
+    let real = Gguf::open(&real_model()).expect("SmolLM2");
+    let tok: Vec<_> = real
+        .metadata()
+        .iter()
+        .filter(|(k, _)| k.starts_with("tokenizer."))
+        .cloned()
+        .collect();
+    let w = random_weights(&tiny_config(Arch::Qwen3Moe, 49152), 3, DType::Q8_0).expect("weights");
+    let mut meta = gguf_meta(&w.config);
+    meta.extend(tok);
+    let path = std::env::temp_dir().join(format!("memra-serve-moe-{}.gguf", std::process::id()));
+    write_model(&w, &meta, &path).expect("write");
+    let opts = Options {
+        device: Device::Cpu,
+        requests: 4,
+        max_tokens: 8,
+    };
+    let rep = run(&path, &opts);
+    let _ = std::fs::remove_file(&path);
+    let rep = rep.expect("serve-invariance");
+    assert_eq!(rep.requests, 4);
+    assert!(rep.tokens_compared > 0);
+    assert!(rep.failures.is_empty(), "{:?}", rep.failures);
+}

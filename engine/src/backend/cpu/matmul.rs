@@ -23,12 +23,27 @@ pub fn matmul(
     m: usize,
     out: &mut [f32],
 ) -> Result<()> {
-    let (n, k) = w.rows_cols();
-    if x.len() != m * k || out.len() != m * n {
+    let (n, _) = w.rows_cols();
+    matmul_rows(pool, w, 0..n, x, m, out)
+}
+
+/// [`matmul`] with the weight rows `rows` of `w` (all dimensions but the last flattened: one
+/// expert's matrix of a `[n_experts, out, in]` stack) as the matrix.
+pub fn matmul_rows(
+    pool: &rayon::ThreadPool,
+    w: &Tensor,
+    rows: std::ops::Range<usize>,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let (total, k) = w.rows_cols();
+    let (first, n) = (rows.start, rows.len());
+    if x.len() != m * k || out.len() != m * n || rows.end > total {
         return Err(Error::Backend {
             backend: "cpu".into(),
             what: format!(
-                "matmul {}: input has {} values, output {}, expected {m} x {k} -> {m} x {n}",
+                "matmul {} rows {rows:?} of {total}: input has {} values, output {}, expected {m} x {k} -> {m} x {n}",
                 w.name,
                 x.len(),
                 out.len()
@@ -48,7 +63,7 @@ pub fn matmul(
             .enumerate()
             .try_for_each(|(ci, chunk)| {
                 for (j, out) in chunk.chunks_mut(m).enumerate() {
-                    let r = ci * ROWS_PER_TASK + j;
+                    let r = first + ci * ROWS_PER_TASK + j;
                     if m == 1 {
                         out[0] = dot_row(w.dtype, w.row(r), x)?;
                     } else {

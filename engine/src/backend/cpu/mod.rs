@@ -8,6 +8,7 @@
 mod attention;
 mod kv;
 mod matmul;
+pub mod moe;
 pub mod ops;
 
 use kv::KvStore;
@@ -19,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::kv_format::KvDtype;
 use crate::models::ModelWeights;
 use crate::ops::rope::Rope;
-use crate::ops::{Act, AttnParams, Glu, KvId, Ops, RopeId, Rows};
+use crate::ops::{Act, AttnParams, Glu, KvId, MoeParams, Ops, RopeId, Rows};
 use crate::weights::Tensor;
 
 /// CPU backend options.
@@ -176,6 +177,16 @@ impl Ops for CpuOps {
 
     fn mats(&mut self, ts: &[&Tensor]) -> Result<Vec<Tensor>> {
         Ok(ts.iter().map(|&t| t.clone()).collect())
+    }
+
+    fn experts(&mut self, t: &Tensor) -> Result<Tensor> {
+        if t.shape.len() != 3 {
+            return Err(err(format!(
+                "experts {}: shape {:?} is not [n_experts, out, in]",
+                t.name, t.shape
+            )));
+        }
+        Ok(t.clone())
     }
 
     fn vector(&mut self, t: &Tensor) -> Result<Vec<f32>> {
@@ -340,6 +351,38 @@ impl Ops for CpuOps {
             attention::attention(&s.pool, &s.kv, kv.0, &s.batch, q, p, out);
             Ok(())
         })
+    }
+
+    fn moe(
+        &mut self,
+        experts: [&Tensor; 3],
+        x: Act,
+        router: Act,
+        out: Act,
+        p: &MoeParams,
+    ) -> Result<()> {
+        let m = self.rows(out);
+        if x.id == out.id || router.id == out.id || x.width != out.width {
+            return Err(err(format!(
+                "moe: x {} / router {} / out {} must be distinct, x and out of one width",
+                x.width, router.width, out.width
+            )));
+        }
+        let mut dst = std::mem::take(&mut self.acts[out.id].data);
+        let r = self.input(x, m).and_then(|xs| {
+            let logits = self.input(router, m)?;
+            moe::moe(
+                &self.pool,
+                experts,
+                xs,
+                logits,
+                m,
+                p,
+                &mut dst[..m * out.width],
+            )
+        });
+        self.acts[out.id].data = dst;
+        r
     }
 
     fn dump(&mut self, name: &str, layer: usize, x: Act) {

@@ -9,7 +9,7 @@ use super::mat::{Mat, Mats, Use};
 use super::{AttnArgs, AttnPrep, CudaOps, DevAct, KvLayer, RopeKvArgs, RopeTable, class};
 use crate::error::Result;
 use crate::ops::rope::Rope;
-use crate::ops::{Act, AttnParams, Feature, Glu, KvId, Ops, Residual, RopeId, Rows};
+use crate::ops::{Act, AttnParams, Feature, Glu, KvId, MoeParams, Ops, Residual, RopeId, Rows};
 use crate::weights::Tensor;
 
 impl CudaOps {
@@ -140,6 +140,12 @@ impl Ops for CudaOps {
         self.products.upload_mat(&self.gpu, t, usage)
     }
 
+    fn experts(&mut self, _t: &Tensor) -> Result<Mat> {
+        Err(self
+            .gpu
+            .err("mixture-of-experts weights have no CUDA layout yet"))
+    }
+
     fn vector(&mut self, t: &Tensor) -> Result<CudaSlice<f32>> {
         self.gpu.upload(&t.to_f32()?)
     }
@@ -243,6 +249,10 @@ impl Ops for CudaOps {
 
     fn softcap(&mut self, _x: Act, _cap: f32) -> Result<()> {
         Err(self.gpu.err("logit softcapping has no CUDA kernel yet"))
+    }
+
+    fn moe(&mut self, _w: [&Mat; 3], _x: Act, _r: Act, _o: Act, _p: &MoeParams) -> Result<()> {
+        Err(self.gpu.err("the moe op has no CUDA kernel yet"))
     }
 
     fn add_bias(&mut self, x: Act, b: &CudaSlice<f32>) -> Result<()> {
