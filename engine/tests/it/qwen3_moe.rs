@@ -32,6 +32,8 @@ pub fn cpu(w: ModelWeights) -> CpuBackend {
         threads: 2,
         kv_blocks: 32,
         block_size: 16,
+        // The f64 reference keeps K and V exact.
+        kv_dtype: memra_engine::backend::KvDtype::F32,
     };
     CpuBackend::new(w, &opts).expect("backend")
 }
@@ -258,6 +260,7 @@ fn prefill_chunking_and_threads_do_not_change_bits() {
             threads,
             kv_blocks: 16,
             block_size: 16,
+            ..Default::default()
         };
         let mut b = CpuBackend::new(w.clone(), &opts).unwrap();
         let mut req = GenRequest::greedy((0..37).map(|i| (i * 13 + 5) % 300).collect(), 8);

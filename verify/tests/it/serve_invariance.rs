@@ -81,6 +81,7 @@ fn serve_invariance_passes_on_cpu_with_a_tiny_moe() {
         device: Device::Cpu,
         requests: 4,
         max_tokens: 8,
+        kv_dtype: Default::default(),
     };
     let rep = run(&path, &opts);
     let _ = std::fs::remove_file(&path);
