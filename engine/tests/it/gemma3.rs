@@ -25,7 +25,6 @@ fn cpu(w: ModelWeights, kv_blocks: usize) -> CpuBackend {
         block_size: 16,
         // The float64 reference keeps K and V exact: compare with an f32 cache.
         kv_dtype: memra_engine::backend::KvDtype::F32,
-        ..Default::default()
     };
     CpuBackend::new(w, &opts).expect("backend")
 }
