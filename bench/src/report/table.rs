@@ -202,13 +202,15 @@ fn side_by_side(rows: &[&Row], run: &str) -> String {
     s
 }
 
-type Latest<'a> = BTreeMap<(String, String, Workload, Option<u64>, Option<u64>), (usize, &'a Row)>;
+type Latest<'a> =
+    BTreeMap<(String, String, Workload, Option<u64>, Option<u64>, String), (usize, &'a Row)>;
 
 fn opt(v: &Option<u64>) -> String {
     v.map_or("—".into(), |v| v.to_string())
 }
 
-/// The most recent valid memra row per (device, model, workload, prompt, batch), newest run last.
+/// The most recent valid memra row per (device, model, workload, prompt, batch, KV format),
+/// newest run last.
 fn latest_memra(rows: &[&Row]) -> String {
     let mut latest: Latest = BTreeMap::new();
     for (i, r) in rows.iter().enumerate() {
@@ -221,6 +223,7 @@ fn latest_memra(rows: &[&Row]) -> String {
             r.workload,
             r.prompt,
             r.batch,
+            r.kv_dtype.clone().unwrap_or_default(),
         );
         let newer = latest
             .get(&key)
@@ -230,12 +233,13 @@ fn latest_memra(rows: &[&Row]) -> String {
         }
     }
     let mut s = String::from(
-        "| device | model | workload | batch | prompt | memra | run |\n|---|---|---|---|---|---|---|\n",
+        "| device | model | workload | batch | prompt | KV | memra | run |\n|---|---|---|---|---|---|---|---|\n",
     );
-    for ((dev, model, w, prompt, batch), (_, r)) in &latest {
+    for ((dev, model, w, prompt, batch, kv), (_, r)) in &latest {
+        let kv = if kv.is_empty() { "—" } else { kv.as_str() };
         let _ = writeln!(
             s,
-            "| {dev} | {model} | {} | {} | {} | {} {} | `{}` |",
+            "| {dev} | {model} | {} | {} | {} | {kv} | {} {} | `{}` |",
             w.name(),
             opt(batch),
             opt(prompt),
@@ -247,10 +251,69 @@ fn latest_memra(rows: &[&Row]) -> String {
     s
 }
 
+/// Whether `run` compares both engines' decode at depth 0 (the headline suite; depth-series runs
+/// have their own table).
+fn compares_plain_decode(rows: &[&Row], run: &str) -> bool {
+    let has = |memra: bool| {
+        rows.iter().any(|r| {
+            r.run == run
+                && (r.engine == "memra") == memra
+                && r.workload == Workload::Decode
+                && r.depth.unwrap_or(0) == 0
+        })
+    };
+    has(true) && has(false)
+}
+
+/// The decode-at-depth table of one run, when its peer has depth rows: memra and the peer
+/// matched on (model, KV format, context before the measured tokens: the depth, or memra's prompt
+/// at depth 0).
+fn depth_table(rows: &[&Row], run: &str) -> String {
+    let ctx = |r: &Row| r.depth.filter(|&d| d > 0).or(r.prompt);
+    let decode: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.run == run && r.workload == Workload::Decode)
+        .copied()
+        .collect();
+    if !decode
+        .iter()
+        .any(|r| r.engine != "memra" && r.depth.unwrap_or(0) > 0)
+    {
+        return String::new();
+    }
+    let mut s = format!(
+        "Decode at depth, run `{run}` (context = tokens before the measured ones):\n\n| model | KV | context | memra tok/s | peer tok/s | ratio |\n|---|---|---|---|---|---|\n"
+    );
+    for m in decode.iter().filter(|r| r.engine == "memra") {
+        let peer = decode.iter().find(|p| {
+            p.engine != "memra"
+                && p.model_label() == m.model_label()
+                && p.kv_dtype == m.kv_dtype
+                && ctx(p) == ctx(m)
+        });
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} |",
+            m.model_label(),
+            m.kv_dtype.as_deref().unwrap_or("—"),
+            opt(&ctx(m)),
+            cell(Some(m)),
+            peer.map_or("—".into(), |p| cell(Some(p))),
+            ratio(Some(m), peer, false)
+        );
+    }
+    s
+}
+
 /// The README's section (between the markers).
 pub fn readme_section(valid: &[&Row]) -> String {
     let mut s = String::new();
-    match side_by_side_runs(valid).last() {
+    let runs = side_by_side_runs(valid);
+    match runs
+        .iter()
+        .rev()
+        .find(|run| compares_plain_decode(valid, run))
+    {
         Some(run) => s.push_str(&side_by_side(valid, run)),
         None => s.push_str("No run with memra and a peer recorded yet.\n"),
     }
@@ -276,6 +339,11 @@ pub fn reports_readme(all: &[Row], valid: &[&Row], figures: &[String]) -> String
     for run in runs.iter().rev() {
         s.push_str(&side_by_side(valid, run));
         s.push('\n');
+        let d = depth_table(valid, run);
+        if !d.is_empty() {
+            s.push_str(&d);
+            s.push('\n');
+        }
     }
     s.push_str("## The newest memra numbers\n\n");
     s.push_str(&latest_memra(valid));

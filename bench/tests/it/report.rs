@@ -182,3 +182,54 @@ fn speed_rows_on_the_real_model_are_valid() {
     bad.runs = 0;
     assert!(memra_bench::speed::run(&model, &bad).is_err());
 }
+
+#[test]
+fn depth_rows_are_matched_by_context_and_kv_format_and_stay_out_of_the_headline() {
+    let at = |engine: &str, prompt: u64, depth: u64, kv: &str, value: f64| Row {
+        prompt: Some(prompt),
+        depth: Some(depth),
+        kv_dtype: Some(kv.into()),
+        ..row("deep", engine, Workload::Decode, value)
+    };
+    let rows = [
+        row("plain", "memra", Workload::Decode, 100.0),
+        row("plain", "llama.cpp", Workload::Decode, 200.0),
+        // memra's depth-0 row of a 512-token prompt is llama-bench's -d 512.
+        at("memra", 512, 0, "f16", 300.0),
+        at("llama.cpp", 0, 512, "f16", 250.0),
+        at("memra", 8000, 8000, "f16", 150.0),
+        at("llama.cpp", 0, 8000, "f16", 200.0),
+        at("memra", 8000, 8000, "q8_0", 120.0),
+        at("llama.cpp", 0, 8000, "q8_0", 240.0),
+    ];
+    let readme = format!(
+        "x\n{}\n{}\n",
+        memra_bench::report::BEGIN,
+        memra_bench::report::END
+    );
+    let files = render(&rows, Some(&readme)).unwrap();
+    let text = |name: &str| {
+        files
+            .iter()
+            .find(|f| f.0 == Path::new(name))
+            .unwrap()
+            .1
+            .clone()
+    };
+    // The headline stays on the run that compares plain decode.
+    let top = text("../README.md");
+    assert!(top.contains("Run `plain`"), "{top}");
+    let all = text("README.md");
+    assert!(
+        all.contains("| m Q4_K_M | f16 | 512 | 300.0 | 250.0 | 1.20x |"),
+        "{all}"
+    );
+    assert!(
+        all.contains("| m Q4_K_M | f16 | 8000 | 150.0 | 200.0 | 0.75x |"),
+        "{all}"
+    );
+    assert!(
+        all.contains("| m Q4_K_M | q8_0 | 8000 | 120.0 | 240.0 | 0.50x |"),
+        "{all}"
+    );
+}
