@@ -16,6 +16,7 @@ pub mod rope;
 pub mod serve_ttft;
 pub mod shapes;
 pub mod sink;
+pub mod soak;
 pub mod speed;
 pub mod synth;
 pub mod to_gguf;

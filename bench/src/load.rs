@@ -114,7 +114,7 @@ fn shared_system() -> String {
 }
 
 /// Whether request `i` falls in a fraction `f` of the requests (spread evenly, deterministic).
-fn in_fraction(i: usize, f: f64) -> bool {
+pub(crate) fn in_fraction(i: usize, f: f64) -> bool {
     let f = f.clamp(0.0, 1.0);
     ((i + 1) as f64 * f).floor() > (i as f64 * f).floor()
 }

@@ -287,6 +287,30 @@ enum Cmd {
         /// Stop issuing new requests after this many seconds (0: no bound).
         #[arg(long, default_value_t = 0.0)]
         duration_s: f64,
+        /// Soak for this many minutes instead: clients cycle streaming and whole chat and
+        /// completion requests (`--cancel`: the share of streams that hang up) while the
+        /// server's RSS, open fds and KV blocks are sampled; ends with a flat/growing verdict.
+        #[arg(long, value_name = "MINUTES")]
+        soak: Option<f64>,
+        /// Soak: the server's pid (default: the process listening on the port of --addr).
+        #[arg(long)]
+        pid: Option<u32>,
+        /// Soak: seconds between samples.
+        #[arg(long, default_value_t = 10.0)]
+        sample_s: f64,
+        /// Soak: samples before this many seconds are left out of the trends (default: a
+        /// sixth of the soak, at most 300).
+        #[arg(long)]
+        warmup_s: Option<f64>,
+        /// Soak: write the samples here (JSONL, one per line).
+        #[arg(long)]
+        samples: Option<PathBuf>,
+        /// Soak: write the summary here (JSON).
+        #[arg(long)]
+        summary: Option<PathBuf>,
+        /// Soak: plot RSS, fds and KV blocks in use against time here (SVG).
+        #[arg(long)]
+        plot: Option<PathBuf>,
     },
     /// Convert a GGUF file to an HF folder (config.json, model.safetensors, tokenizer files),
     /// or with `--to gguf` an HF folder to a GGUF file.
@@ -637,7 +661,33 @@ fn run(cli: Cli) -> Result<()> {
             shared_prefix,
             cancel,
             duration_s,
+            soak,
+            pid,
+            sample_s,
+            warmup_s,
+            samples,
+            summary,
+            plot,
         } => {
+            if let Some(minutes) = soak {
+                let args = memra_bench::soak::SoakArgs {
+                    addr,
+                    model,
+                    api_key,
+                    clients,
+                    max_tokens,
+                    prompt_words,
+                    cancel,
+                    minutes,
+                    sample_s,
+                    warmup_s: warmup_s.unwrap_or((minutes * 10.0).min(300.0)),
+                    pid,
+                    samples_out: samples,
+                    summary_out: summary,
+                    plot_out: plot,
+                };
+                return soak_cmd(&args);
+            }
             let args = memra_bench::load::LoadArgs {
                 api_key,
                 prompt_words,
@@ -772,4 +822,25 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `load --soak`: runs it, prints the summary (JSON, then the markdown table) and fails on
+/// request errors or a growing trend.
+fn soak_cmd(args: &memra_bench::soak::SoakArgs) -> Result<()> {
+    let s = memra_bench::soak::run(args)?;
+    println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+    println!("{}", memra_bench::soak::markdown(&s));
+    if s.outcomes.errors > 0 {
+        return Err(Error::Input(format!(
+            "{} request errors (first: {})",
+            s.outcomes.errors,
+            s.outcomes.first_error.clone().unwrap_or_default()
+        )));
+    }
+    if s.verdict == memra_bench::soak::trend::Verdict::Growing {
+        return Err(Error::Input(
+            "a sampled quantity grows (see the trends)".into(),
+        ));
+    }
+    Ok(())
 }

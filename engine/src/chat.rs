@@ -18,7 +18,11 @@
 //!   [`MAX_FORMAT_WIDTH`]); minijinja itself caps `string * n` at 100 MB.
 //!
 //! Known gap: string concatenation (`~`, `+`) is not size-checked by minijinja, so a hostile
-//! template that doubles a string in a loop can still allocate a lot before fuel runs out.
+//! template that doubles a string in a loop can still allocate a lot before fuel runs out; and
+//! minijinja 2.24 does not cap sequence repetition (`(0, 1) * 10**12` is a lazy iterable made
+//! in one instruction) or sequence doubling with `+`, so `~` on such a value formats it into
+//! one string until the allocator fails (fuzz/findings/README.md: found by the chat_template
+//! fuzzer, not fixed).
 
 use std::io;
 use std::path::Path;

@@ -97,12 +97,17 @@ fn kv_blocks(weights: &ModelWeights, cfg: &EngineConfig) -> Result<usize> {
         Device::Auto => Some(0),
         Device::Cuda(n) => Some(n),
     };
-    let free = match cuda {
-        Some(n) => device_memory(n)?.0,
-        None => host_available_bytes()?,
+    // What the model takes besides the pool: on the device the weights as uploaded (repacked,
+    // tied tables twice) and the working space (cuda/plan.rs); on the host the weights.
+    let (free, fixed) = match cuda {
+        Some(n) => (
+            device_memory(n)?.0,
+            crate::backend::cuda::plan::fixed_bytes(weights)?,
+        ),
+        None => (host_available_bytes()?, weights.nbytes()),
     };
     let n = kv_blocks_from_memory(
-        free.saturating_sub(weights.nbytes()),
+        free.saturating_sub(fixed),
         reserve,
         fraction,
         kv_block_bytes(c, cfg.block_size, cfg.kv_dtype),
@@ -110,9 +115,15 @@ fn kv_blocks(weights: &ModelWeights, cfg: &EngineConfig) -> Result<usize> {
     );
     if n < 2 {
         return Err(Error::Input(format!(
-            "no memory left for the KV cache: {} MiB free, weights {} MiB, reserve {} MiB",
+            "no memory left for the KV cache: {} MiB free, weights{} {} MiB, reserve {} MiB; \
+             use a smaller quantization or a smaller model",
             free >> 20,
-            weights.nbytes() >> 20,
+            if cuda.is_some() {
+                " and working space"
+            } else {
+                ""
+            },
+            fixed >> 20,
             reserve >> 20
         )));
     }

@@ -16,6 +16,7 @@ mod graph;
 mod mat;
 mod opprof;
 mod ops;
+pub mod plan;
 pub mod products;
 pub mod profile;
 pub mod select;
@@ -151,16 +152,11 @@ pub struct CudaOps {
 /// The CUDA backend: the generic runner over the CUDA ops.
 pub type CudaBackend = Runner<CudaOps>;
 
-/// Working space kept free beyond weights and KV cache.
-const RESERVE_BYTES: usize = 256 << 20;
-
-fn gib(b: usize) -> String {
-    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
-}
-
 impl Runner<CudaOps> {
     /// Uploads `weights` to device `opts.device`, allocates the KV cache. Fails before any upload
-    /// when the model does not fit in the free device memory or a tensor type has no kernel.
+    /// (and before the kernels are built) when a tensor type has no kernel or the model does not
+    /// fit in the free device memory (plan.rs: weights as stored on the device, the KV pool and
+    /// working space).
     pub fn new(weights: ModelWeights, opts: &CudaOptions) -> Result<CudaBackend> {
         let c = &weights.config;
         if opts.block_size == 0 || opts.kv_blocks == 0 {
@@ -180,28 +176,9 @@ impl Runner<CudaOps> {
                 memra_kernels::WEIGHT_TYPES.join(", ")
             )));
         }
-        let width = c.n_kv_heads * c.head_dim;
-        opts.kv_dtype.check_width(width)?;
+        opts.kv_dtype.check_width(c.n_kv_heads * c.head_dim)?;
+        plan::check_fits(&weights, opts)?;
         let gpu = Gpu::open(opts.device)?;
-        let kv_bytes = (opts.kv_blocks + 1)
-            .checked_mul(opts.block_size)
-            .and_then(|v| v.checked_mul(opts.kv_dtype.row_bytes(width) * 2 * c.n_layers))
-            .ok_or_else(|| Error::Input("KV cache size overflows".into()))?;
-        let wbytes = weights.nbytes();
-        let need = wbytes + kv_bytes + RESERVE_BYTES;
-        let (free, total) = gpu.mem_info()?;
-        if need > free {
-            return Err(gpu.err(format!(
-                "the model does not fit: it needs {} (weights {} + KV cache {} + {} working \
-                 space) but only {} of {} is free",
-                gib(need),
-                gib(wbytes),
-                gib(kv_bytes),
-                gib(RESERVE_BYTES),
-                gib(free),
-                gib(total)
-            )));
-        }
         let profile = profile::Profile::for_device(&gpu)?;
         let v2 = products_v2_default();
         let ops = CudaOps {
