@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use memra_engine::backend::cuda::{CudaBackend, CudaOptions};
-use memra_engine::backend::{Backend, Device, KvDtype, OpenOptions, open_backend_opts};
+use memra_engine::backend::{Backend, Device, KvDtype};
 use memra_engine::config::Arch;
 use memra_engine::models::ModelWeights;
 use memra_engine::models::random::{random_weights, tiny_config};
@@ -56,14 +56,7 @@ fn open_backend(
     bs: usize,
     threads: usize,
 ) -> Result<Box<dyn Backend>> {
-    let opts = OpenOptions {
-        kv_blocks: blocks,
-        block_size: bs,
-        threads,
-        graphs: memra_engine::backend::cuda::graphs_default(),
-        kv_dtype: kv_dtype(),
-    };
-    open_backend_opts(device, w, &opts)
+    memra_engine::backend::open_backend(device, w, (blocks, bs, kv_dtype()), threads)
 }
 
 #[derive(Subcommand)]

@@ -314,8 +314,7 @@ impl std::str::FromStr for Device {
 pub fn open_backend(
     device: Device,
     weights: ModelWeights,
-    kv_blocks: usize,
-    block_size: usize,
+    (kv_blocks, block_size, kv_dtype): (usize, usize, KvDtype),
     threads: usize,
 ) -> Result<Box<dyn Backend>> {
     let opts = OpenOptions {
@@ -323,7 +322,7 @@ pub fn open_backend(
         block_size,
         threads,
         graphs: cuda::graphs_default(),
-        kv_dtype: KvDtype::default(),
+        kv_dtype,
     };
     open_backend_opts(device, weights, &opts)
 }

@@ -264,7 +264,7 @@ fn all_passes_on_cpu_with_smollm2() {
     assert!(stdout.contains("draft:self"), "{stdout}");
     // The golden gate compared the committed CPU values (not skipped).
     assert!(
-        stdout.contains("(class cpu)") && stdout.contains("0 differ"),
+        stdout.contains("(class cpu-kvf16)") && stdout.contains("0 differ"),
         "{stdout}"
     );
     assert!(stdout.trim_end().ends_with("ALL GREEN"), "{stdout}");
