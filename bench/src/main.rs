@@ -212,6 +212,9 @@ enum Cmd {
         /// 8B model) instead of drawing random valid blocks.
         #[arg(long)]
         exact_kquants: bool,
+        /// The context length the file declares (default: the shape's, 8,192 for llama3-8b).
+        #[arg(long)]
+        ctx: Option<usize>,
         #[arg(long)]
         quiet: bool,
     },
@@ -523,6 +526,7 @@ fn run(cli: Cli) -> Result<()> {
             models_dir,
             llamacpp_rope,
             exact_kquants,
+            ctx,
             quiet,
         } => {
             let home = std::env::var_os("HOME").map(PathBuf::from);
@@ -547,6 +551,7 @@ fn run(cli: Cli) -> Result<()> {
                 progress: !quiet,
                 llamacpp_rope,
                 exact_kquants,
+                ctx,
             };
             synth(&args).map(|_| ())
         }

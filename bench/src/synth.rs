@@ -69,6 +69,9 @@ pub struct SynthArgs {
     /// Quantize Q4_K/Q6_K tensors from their f32 values with the reference quantizer (slow)
     /// instead of drawing random valid blocks.
     pub exact_kquants: bool,
+    /// The context length the file declares instead of the shape's (e.g. 131072 for the Llama
+    /// 3.1 context over llama3-8b's RoPE scaling): long-context runs need positions past 8,192.
+    pub ctx: Option<usize>,
 }
 
 /// What was written.
@@ -130,6 +133,9 @@ pub fn synth_config(args: &SynthArgs, vocab: usize) -> Result<ModelConfig> {
     let mut cfg = args.shape.config(vocab);
     if let Some(l) = args.layers {
         cfg.n_layers = l;
+    }
+    if let Some(c) = args.ctx {
+        cfg.max_ctx = c;
     }
     cfg.validate()?;
     Ok(cfg)

@@ -42,6 +42,7 @@ fn args(shape: Shape, dtype: SynthDType, format: Format, out: PathBuf) -> SynthA
         progress: false,
         llamacpp_rope: false,
         exact_kquants: false,
+        ctx: None,
     }
 }
 

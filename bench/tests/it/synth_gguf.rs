@@ -31,6 +31,7 @@ fn args(shape: Shape, dtype: SynthDType, seed: u64, out: PathBuf) -> SynthArgs {
         progress: false,
         llamacpp_rope: false,
         exact_kquants: false,
+        ctx: None,
     }
 }
 
@@ -392,4 +393,18 @@ fn hf_to_gguf_and_back() {
             assert_eq!(&x.data[..], &y.data[..], "{shape} {n}");
         }
     }
+}
+
+#[test]
+fn ctx_overrides_the_shapes_context_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("long.gguf");
+    let mut a = args(Shape::TinyLlama, SynthDType::F16, 1, out.clone());
+    a.ctx = Some(131_072);
+    let rep = synth(&a).unwrap();
+    let g = Gguf::open(&out).unwrap();
+    assert_eq!(ModelConfig::from_gguf(&g).unwrap().max_ctx, 131_072);
+    assert_eq!(rep.config.max_ctx, 131_072);
+    a.ctx = Some(0);
+    assert!(synth(&a).is_err(), "a zero context is refused");
 }

@@ -27,6 +27,7 @@ fn args(shape: Shape, dtype: SynthDType, seed: u64, out: PathBuf) -> SynthArgs {
         progress: false,
         llamacpp_rope: false,
         exact_kquants: false,
+        ctx: None,
     }
 }
 
