@@ -2,7 +2,7 @@
 //! backend whose logits depend on the batch.
 
 use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
-use memra_engine::backend::{Backend, StepBatch, StepOutput};
+use memra_engine::backend::{Backend, KvDtype, StepBatch, StepOutput};
 use memra_engine::config::{Arch, ModelConfig};
 use memra_engine::models::ARCHS;
 use memra_engine::models::random::{random_weights, tiny_config};
@@ -18,6 +18,26 @@ pub(crate) fn cpu(arch: Arch) -> CpuBackend {
         ..Default::default()
     };
     CpuBackend::new(w, &opts).expect("backend")
+}
+
+/// Every KV cache format keeps the gate's meaning: logits and KV bytes bitwise the same under
+/// any batch composition and chunking (docs/KV_CACHE.md).
+#[test]
+fn cpu_backend_is_invariant_in_every_kv_format() {
+    for kv in KvDtype::ALL {
+        let w = random_weights(&tiny_config(Arch::Llama, 97), 5, DType::Q8_0).expect("weights");
+        let opts = CpuOptions {
+            threads: 2,
+            kv_blocks: invariance::blocks_needed(40, 16),
+            block_size: 16,
+            kv_dtype: kv,
+        };
+        let mut b = CpuBackend::new(w, &opts).expect("backend");
+        assert_eq!(b.kv_dtype(), kv);
+        let rep = invariance::run(&mut b, 4, 40, 10).expect("run");
+        assert!(rep.checks > 30, "{kv}: only {} checks", rep.checks);
+        assert!(rep.failures.is_empty(), "{kv}: {:?}", rep.failures);
+    }
 }
 
 #[test]
