@@ -19,9 +19,19 @@ pub fn blocks_for(positions: usize, block_size: usize) -> usize {
     positions.div_ceil(block_size.max(1))
 }
 
-/// Bytes one KV block takes on a backend (K and V of every layer in format `kv`).
+/// Bytes one KV block takes on a backend (K and V of every layer in format `kv`); `None` on
+/// overflow.
+pub fn kv_block_bytes_checked(c: &ModelConfig, block_size: usize, kv: KvDtype) -> Option<usize> {
+    let row = c.n_kv_heads.checked_mul(c.head_dim)?;
+    block_size
+        .checked_mul(kv.row_bytes(row))?
+        .checked_mul(2)?
+        .checked_mul(c.n_layers)
+}
+
+/// [`kv_block_bytes_checked`], saturating.
 pub fn kv_block_bytes(c: &ModelConfig, block_size: usize, kv: KvDtype) -> usize {
-    block_size * kv.row_bytes(c.n_kv_heads * c.head_dim) * 2 * c.n_layers
+    kv_block_bytes_checked(c, block_size, kv).unwrap_or(usize::MAX)
 }
 
 /// How many KV blocks fit in `free_bytes` after keeping `reserve_bytes` back, using at most

@@ -121,14 +121,8 @@ pub fn weight_bytes(tensors: &[TensorDesc], packs: &dyn Fn(DType) -> bool) -> Re
     Ok(sum)
 }
 
-/// Bytes of one KV block in format `kv` (every layer, K and V).
-pub fn kv_block_bytes(c: &ModelConfig, block_size: usize, kv: KvDtype) -> Option<usize> {
-    let row = c.n_kv_heads.checked_mul(c.head_dim)?;
-    block_size
-        .checked_mul(kv.row_bytes(row))?
-        .checked_mul(2)?
-        .checked_mul(c.n_layers)
-}
+/// Bytes of one KV block in format `kv` (every layer, K and V): the engine's one definition.
+pub use crate::kv::kv_block_bytes_checked as kv_block_bytes;
 
 /// Bytes of a pool of `kv_blocks` blocks as allocated (one more for the graphs' inert rows).
 pub fn kv_bytes(
