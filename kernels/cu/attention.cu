@@ -8,8 +8,7 @@
 //   2. mx = the split's max score (exact whatever the order);
 //   3. warp w walks its positions in order: l += e, o[d] += e * v_p[d] with e = expf(s - mx);
 //   4. the split's (mx, l, o) = warp partials added in warp order, written to `part`.
-// attn_combine: one warp per (row, head): M = max of the split maxima, then in split order
-//   L += l_i * expf(m_i - M), O[d] += o_i[d] * expf(m_i - M); out = O * (1 / L).
+// attn_combine (attn_mma.cu) folds the partials in split order.
 // Nothing depends on the other rows, M or the launch: prefill and decode rows at the same
 // position compute the same sequence. GQA: head h reads KV head h / (n_heads / n_kv_heads).
 // head_dim <= 256. part: part_stride floats per (row, head) of the launch, split i at
@@ -223,54 +222,3 @@ ATTN_SPLIT2_KERNEL(f32, KvF32)
 ATTN_SPLIT2_KERNEL(f16, KvF16)
 ATTN_SPLIT2_KERNEL(bf16, KvBF16)
 ATTN_SPLIT2_KERNEL(q8_0, KvQ8)
-
-// One block of 4 warps per (row, head) of `rows` rows; warp w combines the 32-dimension groups
-// j = w, w + 4 (dimension lane + 32 j), each dimension in split order as before (the warp count
-// only spreads the loads: every warp computes the same M and L in the same order). With Xh
-// (head_dim a multiple of 32) the output is also prepared for the next product (prep.cuh): rows
-// of kp columns, bf: bf16.
-#define COMBINE_WARPS 4
-extern "C" __global__ void __launch_bounds__(128) attn_combine(const float* __restrict__ part, float* __restrict__ O,
-                                                               const u32* __restrict__ pos, u64 part_stride,
-                                                               u32 rows, u32 n_heads, u32 head_dim, u16* Xh,
-                                                               float* Xs, u32 kp, u32 bf) {
-    const u32 gw = blockIdx.x;  // row * n_heads + head
-    if (gw >= rows * n_heads) return;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const u32 r = gw / n_heads;
-    const u32 ns = (pos[r] + ATTN_SPLIT) / ATTN_SPLIT;
-    const float* src = part + (u64)gw * part_stride;
-    const u32 st = head_dim + 2;
-    float M = -__int_as_float(0x7f800000);
-#pragma unroll 8
-    for (u32 i = 0; i < ns; ++i) M = fmaxf(M, __ldg(src + (u64)i * st));
-    constexpr int JW = ATTN_DPL / COMBINE_WARPS;  // groups per warp
-    float L = 0.0f;
-    float acc[JW];
-#pragma unroll
-    for (int k = 0; k < JW; ++k) acc[k] = 0.0f;
-#pragma unroll 4
-    for (u32 i = 0; i < ns; ++i) {
-        const float* s = src + (u64)i * st;
-        const float f = expf(__ldg(s) - M);
-        L = __fmaf_rn(__ldg(s + 1), f, L);
-#pragma unroll
-        for (int k = 0; k < JW; ++k) {
-            const u32 d = lane + 32 * (w + COMBINE_WARPS * k);
-            if (d < head_dim) acc[k] = __fmaf_rn(__ldg(s + 2 + d), f, acc[k]);
-        }
-    }
-    const float inv = 1.0f / L;
-    float* out = O + (u64)gw * head_dim;
-#pragma unroll
-    for (int k = 0; k < JW; ++k) {
-        const u32 j = w + COMBINE_WARPS * k;
-        const u32 d = lane + 32 * j;
-        const float v = __fmul_rn(acc[k], inv);
-        if (d < head_dim) out[d] = v;
-        if (Xh && 32 * j < head_dim) {
-            const u32 col = (gw % n_heads) * head_dim + 32 * j;  // first column of this block
-            prep_store(v, lane, Xh + (u64)r * kp + col, Xs + (u64)r * (kp / 32) + col / 32, bf);
-        }
-    }
-}

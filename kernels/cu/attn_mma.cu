@@ -1,31 +1,49 @@
-// Attention split partials on tensor cores (mma.sync m16n8k16, f16 or bf16 in, f32 out): the GPU's own
-// arithmetic (EXACTNESS.md), one kernel for prefill and decode rows. It writes the same partials
-// as attn_split (attention.cu): [mx, l, o[0..HD)] per (row, head, split of AM_SPLIT positions),
-// combined in split order by attn_combine.
+// Attention on tensor cores (mma.sync m16n8k16, f16 or bf16 in, f32 out), flash-attention style:
+// the GPU's own arithmetic (EXACTNESS.md), one warp program per (16 query rows, split of
+// AM_SPLIT positions) for prefill and decode rows alike.
 //
-// A block of 4 warps handles one (tile, KV head, split). A tile is `tpt` consecutive launch rows
-// (tokens) times the G = n_heads / n_kv_heads query heads of KV head kvh: mma row i = j * G + hg
-// (token j, head hg); rows past tpt * G are zero padding. Tokens of a tile that belong to other
-// sequences are handled in further passes (one per sequence), each pass loading that sequence's
-// KV. Warp w covers positions p0 + 16 w .. p0 + 16 w + 15 of the split:
-//   1. S = Q K^T (two n-tiles of 8 positions, HD / 16 chained mma from +0; lane t's dimensions of
-//      a k-step are 4t..4t+3 in both Q and K, so they use one permutation); s = S * scale,
-//      positions past the row's own -> -inf. The mma input type follows the KV cache (kvfmt.cuh):
-//      bf16 for a bf16 cache (Q and P rounded to bf16), else f16 (Q, P and an f32 or Q8_0 cache's
-//      values rounded to f16 and clamped to +-65504: an f16 cache gives the same bits as f32).
-//   2. mx = the row's max over the split (lane, quad xor, the 4 warps' maxima: exact in any order).
-//   3. p = f16 or bf16 of expf(s - mx) (+0 for masked positions); the warp's l = its p (as f32) summed in a
-//      fixed order (lane: n-tile, column; then quad xor 1, 2); the warp's o = P V, one mma per
-//      n-tile from +0 (column g of n-tile nt = dimension g * NT + nt).
-//   4. the split's l and o = the 4 warps' values added in warp order, written for live rows.
+// A block of 4 warps handles one group of 4 tiles and one KV head. A tile is `tpt` consecutive
+// launch rows (tokens) times the G = n_heads / n_kv_heads query heads of KV head kvh: mma row
+// i = j * G + hg (token j, head hg); rows past tpt * G are zero padding. Warp w owns tile w of the
+// group. Tokens of the group that belong to other sequences are handled in further passes (one
+// per sequence), each pass reading that sequence's KV. Per split of a pass:
+//   0. the block stages the split's K and V (64 positions x HD, the mma input type: bf16 for a bf16
+//      cache, else f16 with f32 / Q8_0 values rounded and clamped to +-65504 by kvfmt.cuh) in
+//      shared memory; positions at or past the pass's last are zeros (never read);
+//   1. S = Q K^T: 8 n-tiles of 8 positions, HD / 16 k-steps chained from +0 (ldmatrix fragments);
+//      s = S * scale, positions past the row's own -> -inf;
+//   2. m = the row's max over the split (lane, then quad xor 1, 2: exact in any order);
+//   3. p = f16 or bf16 of expf(s - m) (+0 for masked positions); l = the p (as f32) summed in a
+//      fixed order (lane: n-tile, column; then quad xor 1, 2); o = P V, one mma chain of the 4
+//      k-steps of 16 positions per n-tile of 8 dimensions, from +0;
+//   4. (m, l, o) is the split's partial. Split mode writes it per split and attn_combine folds the
+//      partials in split order; fold mode (`fold`) walks the splits in order inside the block and
+//      folds each into the row's running (M, L, O) with attn_fold / attn_fold_o, the SAME
+//      operations as attn_combine, then writes the folded state once (attn_combine `folded`).
 // A row's values depend only on its own q, pos and its sequence's KV: mma rows and columns are
 // independent (KERNELS.md), masked positions enter P as +0 (times a finite V: written this step
-// or earlier), and K / V past the tile's last position are never read (zeros instead). So the
-// tile (tpt, the other tokens and sequences in it) and the launch never change a row's bits; the
-// invariance gate (chunkings 1 / 7 / 64 / whole, random batches) checks it.
+// or earlier), and K / V past the pass's last position are never read. So the tile, the other
+// tokens and sequences in the block, the mode and the launch never change a row's bits; the
+// kernels gate (every tiling, both modes) and the invariance gate (chunkings 1 / 7 / 64 / whole,
+// random batches) check it.
 
 #define AM_SPLIT 64  // = ATTN_SPLIT of attention.cu
 #define AM_WARPS 4
+#define AM_PAD 8  // u16 of padding per staged row: ldmatrix rows land on distinct banks
+
+// The running state of a row (M, L) folded with a split's (m, l); a and b weigh the old O and the
+// split's o. M = -inf before the first split gives a = 0, b = 1: the first fold is exact.
+__device__ __forceinline__ void attn_fold(float& M, float& L, float m, float l, float& a, float& b) {
+    const float mn = fmaxf(M, m);
+    a = expf(M - mn);
+    b = expf(m - mn);
+    L = __fmaf_rn(L, a, __fmul_rn(l, b));
+    M = mn;
+}
+
+__device__ __forceinline__ float attn_fold_o(float O, float o, float a, float b) {
+    return __fmaf_rn(O, a, __fmul_rn(o, b));
+}
 
 // Two f32 -> the mma input type (lo in the low half).
 template <bool BF>
@@ -47,13 +65,50 @@ __device__ __forceinline__ void am_mma(const u32 a[4], u32 b0, u32 b1, float c[4
         mma_f16_k16(a, b0, b1, c);
 }
 
-// 16-bit element e (0..3) of four packed values.
-__device__ __forceinline__ u32 am_el(uint2 v, int e) {
-    const u32 w = (e & 2) ? v.y : v.x;
-    return (e & 1) ? (w >> 16) : (w & 0xffffu);
+// Four 8x8 16-bit matrices from shared memory: lanes 8j..8j+7 give the row addresses of matrix j;
+// lane (g, t) receives row g, columns 2t, 2t+1 of each (.trans: rows 2t, 2t+1 of column g).
+__device__ __forceinline__ void ldsm_x4(u32 r[4], const u16* p) {
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
 }
 
-__device__ __forceinline__ float4 am_ld4(const float* p) { return __ldg((const float4*)p); }
+__device__ __forceinline__ void ldsm_x4_t(u32 r[4], const u16* p) {
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+// Stages positions p0 .. p0 + AM_SPLIT - 1 of KV head kvh of one cache (zeros from nmax on) as rows
+// of LD u16, 8 values per 16-byte chunk; every thread of the block takes part.
+template <int HD, typename F>
+__device__ __forceinline__ void am_stage(u16* dst, const u8* __restrict__ cache, const u32* __restrict__ tab, u32 p0,
+                                         u32 nmax, u32 kvh, u32 block_size, u64 rb, u32 width) {
+    constexpr int CH = HD / 8;
+    constexpr int LD = HD + AM_PAD;
+    constexpr int PER = AM_SPLIT * CH / (AM_WARPS * 32);
+    uint4 x[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const u32 c = threadIdx.x + AM_WARPS * 32 * i;
+        const u32 p = p0 + c / CH, d = kvh * HD + (c % CH) * 8;
+        x[i] = make_uint4(0u, 0u, 0u, 0u);
+        if (p < nmax) {
+            const u8* row = cache + ((u64)tab[p / block_size] * block_size + p % block_size) * rb;
+            const uint2 lo = F::h4(row, d, width), hi = F::h4(row, d + 4, width);
+            x[i] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const u32 c = threadIdx.x + AM_WARPS * 32 * i;
+        *(uint4*)(dst + (c / CH) * LD + (c % CH) * 8) = x[i];
+    }
+}
 
 template <int HD, typename F>
 __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const u8* __restrict__ Kc,
@@ -61,201 +116,207 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
                                               const u32* __restrict__ row_seq, const u32* __restrict__ table_off,
                                               const u32* __restrict__ tables, float* __restrict__ part,
                                               u64 part_stride, u32 rows, u32 tpt, u32 n_heads, u32 n_kv_heads,
-                                              u32 block_size, float scale) {
+                                              u32 block_size, float scale, u32 fold) {
     constexpr int KS = HD / 16;  // k-steps of Q K^T
     constexpr int NT = HD / 8;   // n-tiles of P V
-    constexpr int V4 = NT / 4;   // 4-value groups of V per position and lane
+    constexpr int LD = HD + AM_PAD;
     constexpr bool BF = F::BF16;
-    __shared__ float s_max[AM_WARPS][16];
-    __shared__ float s_l[AM_WARPS][16];
-    __shared__ float s_o[AM_WARPS][16][HD + 1];
+    __shared__ __align__(16) u16 sk[AM_SPLIT * LD];
+    __shared__ __align__(16) u16 sv[AM_SPLIT * LD];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const u32 G = n_heads / n_kv_heads;
-    const u32 tile = blockIdx.x / n_kv_heads, kvh = blockIdx.x % n_kv_heads;
-    const u32 r0 = tile * tpt;
-    if (r0 >= rows) return;
-    const u32 ntok = min(tpt, rows - r0);
+    const u32 per_block = AM_WARPS * tpt;
+    const u32 groups = (rows + per_block - 1) / per_block;
+    const u32 bx = blockIdx.x / n_kv_heads, kvh = blockIdx.x % n_kv_heads;
+    if (bx >= groups) return;
+    // Fold mode starts the longest (last) groups first.
+    const u32 b0 = (fold ? groups - 1 - bx : bx) * per_block;  // the block's first row
+    const u32 bt = min(per_block, rows - b0);                   // the block's tokens (<= 64)
+    const u32 wt0 = w * tpt;                                     // this warp's first token in the block
+    const u32 ntok = wt0 < bt ? min(tpt, bt - wt0) : 0;
     const u64 width = (u64)n_kv_heads * HD;
     const u64 rb = F::row_bytes(width);
     const float NEG_INF = -__int_as_float(0x7f800000);
-    // This lane's two mma rows (g, g + 8): token and head, or none.
-    u32 tok[2], head[2];
+    // This lane's two mma rows (g, g + 8): token (in the block) and head, or none.
+    u32 tok[2], head[2], lim0[2];
     bool real[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const u32 i = (u32)g + 8 * h;
-        tok[h] = i / G;
+        tok[h] = wt0 + i / G;
         head[h] = kvh * G + i % G;
-        real[h] = tok[h] < ntok;
+        real[h] = i / G < ntok;
+        lim0[h] = real[h] ? pos[b0 + tok[h]] + 1 : 0;
     }
-    u32 last = 0;  // the tile's largest pos + 1
-    for (u32 j = 0; j < ntok; ++j) last = max(last, pos[r0 + j] + 1);
-    const u32 all = (ntok >= 32) ? 0xffffffffu : ((1u << ntok) - 1);
-    // Splits blockIdx.y, blockIdx.y + gridDim.y, ... (the grid only bounds the parallelism).
-    for (u32 split = blockIdx.y; split * AM_SPLIT < last; split += gridDim.y) {
-        const u32 p0 = split * AM_SPLIT;
-        u32 done = 0;
-        while (done != all) {
-            // One pass per sequence: the first token not yet done leads; its sequence's tokens join.
-            const u32 lead = __ffs(~done) - 1;
-            const u32 seq = row_seq[r0 + lead];
-            u32 act = 0, nmax = 0;
-            for (u32 j = lead; j < ntok; ++j) {
-                if (!((done >> j) & 1u) && row_seq[r0 + j] == seq) {
-                    act |= 1u << j;
-                    nmax = max(nmax, pos[r0 + j] + 1);
+    // Lane j knows block tokens j and j + 32: sequence and pos + 1.
+    const u32 ja = lane, jb = lane + 32;
+    const u32 sa = ja < bt ? row_seq[b0 + ja] : 0xffffffffu, sb = jb < bt ? row_seq[b0 + jb] : 0xffffffffu;
+    const u32 na = ja < bt ? pos[b0 + ja] + 1 : 0, nb = jb < bt ? pos[b0 + jb] + 1 : 0;
+    unsigned long long todo = bt >= 64 ? ~0ull : ((1ull << bt) - 1);
+    float M[2] = {NEG_INF, NEG_INF}, L[2] = {0.0f, 0.0f};
+    float O[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) O[nt][0] = O[nt][1] = O[nt][2] = O[nt][3] = 0.0f;
+    while (todo) {
+        // One pass per sequence: the first token not yet done leads; its sequence's tokens join.
+        const u32 seq = row_seq[b0 + (__ffsll((long long)todo) - 1)];
+        const bool ina = sa == seq && ((todo >> ja) & 1ull), inb = sb == seq && ((todo >> jb) & 1ull);
+        const unsigned long long act =
+            ((unsigned long long)__ballot_sync(FULL_MASK, inb) << 32) | __ballot_sync(FULL_MASK, ina);
+        todo &= ~act;
+        u32 nmax = max(ina ? na : 0u, inb ? nb : 0u);  // the pass's largest pos + 1
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) nmax = max(nmax, __shfl_xor_sync(FULL_MASK, nmax, o));
+        const u32* tab = tables + table_off[seq];
+        u32 lim[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) lim[h] = real[h] && ((act >> tok[h]) & 1ull) ? lim0[h] : 0;
+        // Q fragments: a[0] = (row g, dims 2t, 2t+1), a[1] = (row g + 8, ...), a[2] = (row g, 2t+8,
+        // 2t+9), a[3] = (row g + 8, ...) of each k-step of 16 dimensions.
+        u32 qa[KS][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float* q = Q + ((u64)(b0 + tok[h]) * n_heads + head[h]) * HD + 2 * t;
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                float2 lo = make_float2(0.0f, 0.0f), hi = lo;
+                if (lim[h]) {
+                    lo = __ldg((const float2*)(q + 16 * ks));
+                    hi = __ldg((const float2*)(q + 16 * ks + 8));
                 }
+                qa[ks][h] = am_pair<BF>(lo.x, lo.y);
+                qa[ks][h + 2] = am_pair<BF>(hi.x, hi.y);
             }
-            done |= act;
-            if (p0 >= nmax) continue;  // uniform over the block
-            const u32* tab = tables + table_off[seq];
-            bool live[2];
-            u32 lim[2];
-    #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                live[h] = real[h] && ((act >> tok[h]) & 1u);
-                lim[h] = live[h] ? pos[r0 + tok[h]] + 1 : 0;
-            }
-            // Q fragments: a[0] = (row g, dims 4t, 4t+1), a[1] = (row g + 8, ...), a[2] = (row g, 4t+2,
-            // 4t+3), a[3] = (row g + 8, ...) of each k-step.
-            u32 qa[KS][4];
-    #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float* q = Q + ((u64)(r0 + tok[h]) * n_heads + head[h]) * HD + 4 * t;
-    #pragma unroll
-                for (int ks = 0; ks < KS; ++ks) {
-                    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    if (live[h]) v = am_ld4(q + 16 * ks);
-                    qa[ks][h] = am_pair<BF>(v.x, v.y);
-                    qa[ks][h + 2] = am_pair<BF>(v.z, v.w);
-                }
-            }
-            // 1. scores of this warp's 16 positions.
-            const u32 pw = p0 + 16 * w;
-            float s[2][4];
-    #pragma unroll
-            for (int nc = 0; nc < 2; ++nc) {
-                const u32 p = pw + 8 * nc + g;  // column g of n-tile nc
-                uint2 kv[KS];
-                if (p < nmax) {
-                    const u8* k = Kc + ((u64)tab[p / block_size] * block_size + p % block_size) * rb;
-    #pragma unroll
-                    for (int ks = 0; ks < KS; ++ks) kv[ks] = F::h4(k, kvh * HD + 4 * t + 16 * ks, (u32)width);
-                } else {
-    #pragma unroll
-                    for (int ks = 0; ks < KS; ++ks) kv[ks] = make_uint2(0u, 0u);
-                }
+        }
+        // Fold mode: every split of the pass in order; split mode: splits y, y + gridDim.y, ...
+        const u32 step = fold ? 1u : gridDim.y;
+        for (u32 split = fold ? 0u : blockIdx.y; split * AM_SPLIT < nmax; split += step) {
+            const u32 p0 = split * AM_SPLIT;
+            __syncthreads();  // the previous split's tiles are consumed
+            am_stage<HD, F>(sk, Kc, tab, p0, nmax, kvh, block_size, rb, (u32)width);
+            am_stage<HD, F>(sv, Vc, tab, p0, nmax, kvh, block_size, rb, (u32)width);
+            __syncthreads();
+            const bool mine[2] = {p0 < lim[0], p0 < lim[1]};
+            if (!__any_sync(FULL_MASK, mine[0] || mine[1])) continue;  // uniform over the warp
+            // 1. scores of the split's 64 positions.
+            float s[8][4];
+#pragma unroll
+            for (int nc = 0; nc < 8; ++nc) {
                 float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    #pragma unroll
-                for (int ks = 0; ks < KS; ++ks) am_mma<BF>(qa[ks], kv[ks].x, kv[ks].y, c);
-    #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const u32 pe = pw + 8 * nc + 2 * t + (e & 1);
-                    s[nc][e] = pe < lim[e >> 1] ? __fmul_rn(c[e], scale) : NEG_INF;
+                const u16* kr = sk + (nc * 8 + (lane & 7)) * LD + 8 * (lane >> 3);
+#pragma unroll
+                for (int ks = 0; ks < KS; ks += 2) {
+                    u32 b[4];
+                    ldsm_x4(b, kr + 16 * ks);
+                    am_mma<BF>(qa[ks], b[0], b[1], c);
+                    am_mma<BF>(qa[ks + 1], b[2], b[3], c);
                 }
-            }
-            // V of this warp's positions pw + 2t, + 1, + 8, + 9 at dimensions g * NT .. g * NT + NT - 1.
-            uint2 vv[4][V4];
-    #pragma unroll
-            for (int q4 = 0; q4 < 4; ++q4) {
-                const u32 p = pw + 2 * t + (q4 & 1) + 8 * (q4 >> 1);
-                if (p < nmax) {
-                    const u8* v = Vc + ((u64)tab[p / block_size] * block_size + p % block_size) * rb;
-    #pragma unroll
-                    for (int i = 0; i < V4; ++i) vv[q4][i] = F::h4(v, kvh * HD + g * NT + 4 * i, (u32)width);
-                } else {
-    #pragma unroll
-                    for (int i = 0; i < V4; ++i) vv[q4][i] = make_uint2(0u, 0u);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const u32 pe = p0 + nc * 8 + 2 * t + (e & 1);
+                    s[nc][e] = pe < lim[e >> 1] ? __fmul_rn(c[e], scale) : NEG_INF;
                 }
             }
             // 2. the rows' maxima over the split.
             float m[2];
-    #pragma unroll
+#pragma unroll
             for (int h = 0; h < 2; ++h) {
-                m[h] = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
+                m[h] = NEG_INF;
+#pragma unroll
+                for (int nc = 0; nc < 8; ++nc) m[h] = fmaxf(m[h], fmaxf(s[nc][2 * h], s[nc][2 * h + 1]));
                 m[h] = fmaxf(m[h], __shfl_xor_sync(FULL_MASK, m[h], 1));
                 m[h] = fmaxf(m[h], __shfl_xor_sync(FULL_MASK, m[h], 2));
             }
-            if (t == 0) {
-                s_max[w][g] = m[0];
-                s_max[w][g + 8] = m[1];
-            }
-            __syncthreads();
-    #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int i = g + 8 * h;
-                m[h] = fmaxf(fmaxf(s_max[0][i], s_max[1][i]), fmaxf(s_max[2][i], s_max[3][i]));
-            }
-            // 3. p, the warp's l and o.
-            u32 pa[4];  // P as the A fragment of one k-step: (g, 2t..), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)
+            // 3. p as the A fragments of the 4 k-steps of P V, and l.
+            u32 pa[4][4];
             float l[2] = {0.0f, 0.0f};
-    #pragma unroll
-            for (int nc = 0; nc < 2; ++nc) {
-    #pragma unroll
+#pragma unroll
+            for (int nc = 0; nc < 8; ++nc) {
+#pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const float e0 = s[nc][2 * h] == NEG_INF ? 0.0f : expf(s[nc][2 * h] - m[h]);
-                    const float e1 = s[nc][2 * h + 1] == NEG_INF ? 0.0f : expf(s[nc][2 * h + 1] - m[h]);
+                    const float x0 = s[nc][2 * h], x1 = s[nc][2 * h + 1];
+                    const float e0 = x0 == NEG_INF ? 0.0f : expf(x0 - m[h]);
+                    const float e1 = x1 == NEG_INF ? 0.0f : expf(x1 - m[h]);
                     const u32 ph = am_pair<BF>(e0, e1);
-                    pa[2 * nc + h] = ph;
+                    pa[nc >> 1][(nc & 1) * 2 + h] = ph;
                     l[h] = __fadd_rn(__fadd_rn(l[h], am_f32<BF>(ph & 0xffffu)), am_f32<BF>(ph >> 16));
                 }
             }
-    #pragma unroll
+#pragma unroll
             for (int h = 0; h < 2; ++h) {
                 l[h] = __fadd_rn(l[h], __shfl_xor_sync(FULL_MASK, l[h], 1));
                 l[h] = __fadd_rn(l[h], __shfl_xor_sync(FULL_MASK, l[h], 2));
             }
-            if (t == 0) {
-                s_l[w][g] = l[0];
-                s_l[w][g + 8] = l[1];
-            }
-    #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                // Column g of n-tile nt is dimension g * NT + nt: element nt of this lane's V run.
-                u32 vx[4];
-    #pragma unroll
-                for (int q4 = 0; q4 < 4; ++q4) vx[q4] = am_el(vv[q4][nt / 4], nt & 3);
-                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                am_mma<BF>(pa, vx[0] | (vx[1] << 16), vx[2] | (vx[3] << 16), c);
-                // c: (row g, col 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1) -> dimension col * NT + nt.
-                s_o[w][g][(2 * t) * NT + nt] = c[0];
-                s_o[w][g][(2 * t + 1) * NT + nt] = c[1];
-                s_o[w][g + 8][(2 * t) * NT + nt] = c[2];
-                s_o[w][g + 8][(2 * t + 1) * NT + nt] = c[3];
-            }
-            __syncthreads();
-            // 4. the split's partial: warps added in order, written for live rows.
-            for (u32 x = threadIdx.x; x < 16 * (HD + 2); x += blockDim.x) {
-                const u32 i = x / (HD + 2), c = x % (HD + 2);
-                const u32 j = i / G;
-                if (j >= ntok || !((act >> j) & 1u) || p0 > pos[r0 + j]) continue;
-                float v;
-                if (c == 0) {
-                    v = fmaxf(fmaxf(s_max[0][i], s_max[1][i]), fmaxf(s_max[2][i], s_max[3][i]));
-                } else if (c == 1) {
-                    v = __fadd_rn(__fadd_rn(__fadd_rn(s_l[0][i], s_l[1][i]), s_l[2][i]), s_l[3][i]);
+            // 4. fold weights (fold mode) or the partial's destination (split mode).
+            float fa[2] = {1.0f, 1.0f}, fb[2] = {0.0f, 0.0f};
+            float* dst[2] = {nullptr, nullptr};
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                if (!mine[h]) continue;
+                if (fold) {
+                    attn_fold(M[h], L[h], m[h], l[h], fa[h], fb[h]);
                 } else {
-                    const u32 d = c - 2;
-                    v = __fadd_rn(__fadd_rn(__fadd_rn(s_o[0][i][d], s_o[1][i][d]), s_o[2][i][d]), s_o[3][i][d]);
+                    dst[h] = part + ((u64)(b0 + tok[h]) * n_heads + head[h]) * part_stride + (u64)split * (HD + 2);
+                    if (t == 0) {
+                        dst[h][0] = m[h];
+                        dst[h][1] = l[h];
+                    }
                 }
-                const u32 h = kvh * G + i % G;
-                part[((u64)(r0 + j) * n_heads + h) * part_stride + (u64)split * (HD + 2) + c] = v;
             }
-            __syncthreads();  // shared memory is reused by the next pass
+            // o = P V, two n-tiles at a time.
+            const u16* vr = sv + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt += 2) {
+                float o0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, o1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) {
+                    u32 b[4];
+                    ldsm_x4_t(b, vr + 16 * kk * LD + 8 * nt);
+                    am_mma<BF>(pa[kk], b[0], b[1], o0);
+                    am_mma<BF>(pa[kk], b[2], b[3], o1);
+                }
+                // o0 / o1: (row g, dims 8 nt + 2t, + 1), (row g + 8, ...); o1 at n-tile nt + 1.
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    if (!mine[h]) continue;
+                    if (fold) {
+                        O[nt][2 * h] = attn_fold_o(O[nt][2 * h], o0[2 * h], fa[h], fb[h]);
+                        O[nt][2 * h + 1] = attn_fold_o(O[nt][2 * h + 1], o0[2 * h + 1], fa[h], fb[h]);
+                        O[nt + 1][2 * h] = attn_fold_o(O[nt + 1][2 * h], o1[2 * h], fa[h], fb[h]);
+                        O[nt + 1][2 * h + 1] = attn_fold_o(O[nt + 1][2 * h + 1], o1[2 * h + 1], fa[h], fb[h]);
+                    } else {
+                        *(float2*)(dst[h] + 2 + 8 * nt + 2 * t) = make_float2(o0[2 * h], o0[2 * h + 1]);
+                        *(float2*)(dst[h] + 2 + 8 * (nt + 1) + 2 * t) = make_float2(o1[2 * h], o1[2 * h + 1]);
+                    }
+                }
+            }
         }
+    }
+    if (!fold) return;
+    // Fold mode: the folded (M, L, O) of every real row as its one partial.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (!real[h]) continue;
+        float* d = part + ((u64)(b0 + tok[h]) * n_heads + head[h]) * part_stride;
+        if (t == 0) {
+            d[0] = M[h];
+            d[1] = L[h];
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) *(float2*)(d + 2 + 8 * nt + 2 * t) = make_float2(O[nt][2 * h], O[nt][2 * h + 1]);
     }
 }
 
-// Grid: (ceil(rows / tpt) * n_kv_heads, up to the splits of the launch's longest row), 128 threads.
-// One kernel per head size and KV format: attn_mma_h<HD>_<fmt>.
+// Grid: (ceil(rows / (4 tpt)) * n_kv_heads, 1 with `fold`, else up to the splits of the launch's
+// longest row), 128 threads. One kernel per head size and KV format: attn_mma_h<HD>_<fmt>.
 #define ATTN_MMA_KERNEL(suffix, HD, FMT)                                                                    \
     extern "C" __global__ void __launch_bounds__(128) attn_mma_##suffix(                                    \
         const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq,                     \
         const u32* table_off, const u32* tables, float* part, u64 part_stride, u32 rows, u32 tpt,           \
-        u32 n_heads, u32 n_kv_heads, u32 block_size, float scale) {                                         \
+        u32 n_heads, u32 n_kv_heads, u32 block_size, float scale, u32 fold) {                               \
         attn_mma_body<HD, FMT>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, rows, tpt,    \
-                               n_heads, n_kv_heads, block_size, scale);                                     \
+                               n_heads, n_kv_heads, block_size, scale, fold);                               \
     }
 
 ATTN_MMA_KERNEL(h64_f32, 64, KvF32)
@@ -266,3 +327,64 @@ ATTN_MMA_KERNEL(h128_f32, 128, KvF32)
 ATTN_MMA_KERNEL(h128_f16, 128, KvF16)
 ATTN_MMA_KERNEL(h128_bf16, 128, KvBF16)
 ATTN_MMA_KERNEL(h128_q8_0, 128, KvQ8)
+
+// attn_combine: one block of 4 warps per (row, head) of `rows` rows, for the partials of every
+// attention kernel (attn_split, attn_split2, attn_mma). The partials of splits 0 .. pos / 64 are
+// folded in split order with attn_fold / attn_fold_o (the running state starts at M = -inf, L = 0,
+// O = 0); with `folded` the one partial already is the folded state (attn_mma's fold mode). Then
+// out = O * (1 / L). Warp w handles the 32-dimension groups j = w, w + 4 (dimension lane + 32 j);
+// every warp computes the same M and L in the same order. With Xh (head_dim a multiple of 32) the
+// output is also prepared for the next product (prep.cuh): rows of kp columns, bf: bf16.
+#define COMBINE_WARPS 4
+#define COMBINE_GROUPS 2  // 32-dimension groups per warp: head_dim <= 256
+extern "C" __global__ void __launch_bounds__(128) attn_combine(const float* __restrict__ part, float* __restrict__ O,
+                                                               const u32* __restrict__ pos, u64 part_stride,
+                                                               u32 rows, u32 n_heads, u32 head_dim, u16* Xh,
+                                                               float* Xs, u32 kp, u32 bf, u32 folded) {
+    const u32 gw = blockIdx.x;  // row * n_heads + head
+    if (gw >= rows * n_heads) return;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const u32 r = gw / n_heads;
+    const float* src = part + (u64)gw * part_stride;
+    const u32 st = head_dim + 2;
+    float acc[COMBINE_GROUPS];
+    float L;
+    if (folded) {
+        L = __ldg(src + 1);
+#pragma unroll
+        for (int k = 0; k < COMBINE_GROUPS; ++k) {
+            const u32 d = lane + 32 * (w + COMBINE_WARPS * k);
+            acc[k] = d < head_dim ? __ldg(src + 2 + d) : 0.0f;
+        }
+    } else {
+        const u32 ns = (pos[r] + AM_SPLIT) / AM_SPLIT;
+        float M = -__int_as_float(0x7f800000);
+        L = 0.0f;
+#pragma unroll
+        for (int k = 0; k < COMBINE_GROUPS; ++k) acc[k] = 0.0f;
+#pragma unroll 4
+        for (u32 i = 0; i < ns; ++i) {
+            const float* s = src + (u64)i * st;
+            float a, b;
+            attn_fold(M, L, __ldg(s), __ldg(s + 1), a, b);
+#pragma unroll
+            for (int k = 0; k < COMBINE_GROUPS; ++k) {
+                const u32 d = lane + 32 * (w + COMBINE_WARPS * k);
+                if (d < head_dim) acc[k] = attn_fold_o(acc[k], __ldg(s + 2 + d), a, b);
+            }
+        }
+    }
+    const float inv = 1.0f / L;
+    float* out = O + (u64)gw * head_dim;
+#pragma unroll
+    for (int k = 0; k < COMBINE_GROUPS; ++k) {
+        const u32 j = w + COMBINE_WARPS * k;
+        const u32 d = lane + 32 * j;
+        const float v = __fmul_rn(acc[k], inv);
+        if (d < head_dim) out[d] = v;
+        if (Xh && 32 * j < head_dim) {
+            const u32 col = (gw % n_heads) * head_dim + 32 * j;  // first column of this block
+            prep_store(v, lane, Xh + (u64)r * kp + col, Xs + (u64)r * (kp / 32) + col / 32, bf);
+        }
+    }
+}

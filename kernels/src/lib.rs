@@ -160,7 +160,6 @@ pub const MODULES: &[Module] = &[
             "attn_split2_f16",
             "attn_split2_bf16",
             "attn_split2_q8_0",
-            "attn_combine",
         ],
     },
     Module {
@@ -177,6 +176,7 @@ pub const MODULES: &[Module] = &[
             "attn_mma_h128_f16",
             "attn_mma_h128_bf16",
             "attn_mma_h128_q8_0",
+            "attn_combine",
         ],
     },
     Module {

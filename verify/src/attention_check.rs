@@ -101,8 +101,9 @@ struct Launch<'a> {
 }
 
 impl Launch<'_> {
-    /// Rows `r0..r0 + rows` in one launch with `tile_tokens` tokens per tile (0: default).
-    fn run(&self, r0: usize, rows: usize, tile_tokens: usize) -> Result<()> {
+    /// Rows `r0..r0 + rows` in one launch with `tile_tokens` tokens per tile (0: default), in
+    /// mode `fold` (None: the default for the launch).
+    fn run(&self, r0: usize, rows: usize, tile_tokens: usize, fold: Option<bool>) -> Result<()> {
         let a = AttnArgs {
             q: self.base.q + (r0 * self.qd * 4) as u64,
             out: self.base.out + (r0 * self.qd * 4) as u64,
@@ -110,6 +111,7 @@ impl Launch<'_> {
             row_seq: self.base.row_seq + (r0 * 4) as u64,
             rows,
             tile_tokens,
+            fold,
             ..self.base
         };
         self.g.attention(&a)
@@ -120,7 +122,8 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
-/// The whole launch at every tile size against `alone` (one launch per row): bitwise.
+/// The whole launch at every tile size, in both modes of the tensor-core kernel (a partial per
+/// split, or the splits folded in the kernel), against `alone` (one launch per row): bitwise.
 fn tilings(
     l: &Launch<'_>,
     download: &dyn Fn() -> Result<Vec<f32>>,
@@ -130,14 +133,22 @@ fn tilings(
     case: &mut Case,
 ) -> Result<()> {
     let group = s.n_heads / s.n_kv_heads;
+    let folds: &[bool] = if uses_mma(l.g, s.head_dim) {
+        &[false, true]
+    } else {
+        &[false]
+    };
     for tpt in 1..=(16 / group).max(1) {
-        l.g.fill(l.base.out, f32::NAN, rows * l.qd)?;
-        l.run(0, rows, tpt)?;
-        let got = download()?;
-        if !same_bits(alone, &got) && case.problem.is_none() {
-            case.problem = Some(format!(
-                "rows differ between one launch per row and {tpt} tokens per tile"
-            ));
+        for &fold in folds {
+            l.g.fill(l.base.out, f32::NAN, rows * l.qd)?;
+            l.run(0, rows, tpt, Some(fold))?;
+            let got = download()?;
+            if !same_bits(alone, &got) && case.problem.is_none() {
+                let mode = if fold { "folded" } else { "split" };
+                case.problem = Some(format!(
+                    "rows differ between one launch per row and {tpt} tokens per tile ({mode})"
+                ));
+            }
         }
     }
     Ok(())
@@ -254,9 +265,10 @@ fn format_cases(g: &Gpu, seed: u64, kv: KvDtype, out: &mut Vec<Case>) -> Result<
             scale: 1.0 / (s.head_dim as f32).sqrt(),
             prep: None,
             tile_tokens: 0,
+            fold: None,
         };
         let launch = Launch { g, base: a, qd };
-        launch.run(0, rows, 0)?;
+        launch.run(0, rows, 0, None)?;
         let got = g.download(&dout)?;
         let shape = format!(
             "kv={kv} rows={rows} heads={}/{} hd={} bs={} ctx={ctx}",
@@ -265,7 +277,7 @@ fn format_cases(g: &Gpu, seed: u64, kv: KvDtype, out: &mut Vec<Case>) -> Result<
         let mut case = compare("attention", shape, &got, &want, tol_for(g, s.head_dim, kv));
         // Row invariance: every row alone, then every tiling of the whole launch.
         for r in 0..rows {
-            launch.run(r, 1, 1)?;
+            launch.run(r, 1, 1, None)?;
         }
         let alone = g.download(&dout)?;
         if !same_bits(&alone, &got) {
@@ -289,7 +301,7 @@ fn format_cases(g: &Gpu, seed: u64, kv: KvDtype, out: &mut Vec<Case>) -> Result<
                 },
                 qd,
             };
-            f32_launch.run(0, rows, 0)?;
+            f32_launch.run(0, rows, 0, None)?;
             if !same_bits(&g.download(&dout)?, &got) {
                 case.problem =
                     Some("an f16 cache and the f32 cache of the same values differ".into());
@@ -347,7 +359,7 @@ fn prefill_case(
         qd,
     };
     for r in 0..rows {
-        l.run(r, 1, 1)?;
+        l.run(r, 1, 1, None)?;
     }
     let alone = g.download(&dout)?;
     let kv = launch.base.kv;

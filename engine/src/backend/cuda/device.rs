@@ -118,6 +118,8 @@ pub struct Gpu {
     pub smem_optin: usize,
     /// The attention split kernel (read once at open: [`super::attn_kernel_default`]).
     attn_kernel: &'static str,
+    /// `MEMRA_ATTN_FOLD=0|1`: the tensor-core attention's mode forced (A/B runs).
+    attn_fold_force: Option<bool>,
     funcs: HashMap<&'static str, CudaFunction>,
     /// Modules compiled on first use, per (module, defines): see [`Gpu::variant`].
     variants: Mutex<HashMap<(String, Vec<String>), Funcs>>,
@@ -207,6 +209,7 @@ impl Gpu {
             sms,
             smem_optin,
             attn_kernel: super::attn_kernel_default(),
+            attn_fold_force: super::attn_fold_default(),
             funcs,
             variants: Mutex::new(HashMap::new()),
         })
@@ -788,6 +791,10 @@ pub struct AttnArgs {
     /// Tokens per tile of the tensor-core kernel (0: [`attn_tile_tokens`]). A performance
     /// choice only: a row's bits do not depend on it.
     pub tile_tokens: usize,
+    /// The tensor-core kernel's mode (None: [`Gpu::attn_folds`]): fold every split inside the
+    /// kernel (one partial per row and head, `scores` needs [`attn_folded_floats`] per row) or
+    /// write a partial per split. A performance choice only: a row's bits do not depend on it.
+    pub fold: Option<bool>,
 }
 
 /// The tensor-core attention kernel for `head_dim` over a `kv` cache, when it has one.
@@ -799,11 +806,20 @@ pub fn attn_mma_kernel(head_dim: usize, kv: KvDtype) -> Option<String> {
 /// query heads per KV head: one token per tile for decode-sized launches (more blocks), else as
 /// many tokens as fill the 16 mma rows (the KV loads are shared by the tile's tokens).
 pub fn attn_tile_tokens(rows: usize, group: usize) -> usize {
-    if rows <= 64 {
+    if rows <= 16 {
         1
     } else {
         (16 / group.max(1)).max(1)
     }
+}
+
+/// Blocks (4 tiles x one KV head) from which a tensor-core launch folds its splits inside the
+/// kernel: enough blocks to fill the GPU without splitting the positions.
+pub const ATTN_FOLD_BLOCKS: usize = 128;
+
+/// Partial floats per (row, head) of a fold-mode launch: one folded partial.
+pub fn attn_folded_floats(head_dim: usize) -> usize {
+    head_dim + 2
 }
 
 impl Gpu {
@@ -819,8 +835,18 @@ impl Gpu {
         if a.rows == 0 {
             return Ok(());
         }
-        let stride = attn_part_floats(a.ctx, a.head_dim) as u64;
         let splits = a.ctx.max(1).div_ceil(ATTN_SPLIT);
+        let fold = a
+            .fold
+            .unwrap_or_else(|| self.attn_folds(a.rows, a.n_heads, a.n_kv_heads, a.head_dim, a.kv))
+            && self
+                .attn_mma_for(a.head_dim, a.kv, a.n_heads / a.n_kv_heads.max(1))
+                .is_some();
+        let stride = if fold {
+            attn_folded_floats(a.head_dim)
+        } else {
+            attn_part_floats(a.ctx, a.head_dim)
+        } as u64;
         let rh = self.u32_of(a.rows * a.n_heads, "attention rows x heads")?;
         // Both kernel families take these first: queries, caches, positions, block tables,
         // the split partials and their stride.
@@ -844,9 +870,7 @@ impl Gpu {
             Arg::F32(a.scale),
         ];
         let group = a.n_heads / a.n_kv_heads;
-        match attn_mma_kernel(a.head_dim, a.kv)
-            .filter(|_| self.attn_kernel == "attn_mma" && group <= 16)
-        {
+        match self.attn_mma_for(a.head_dim, a.kv, group) {
             Some(kernel) => {
                 let tpt = match a.tile_tokens {
                     0 => attn_tile_tokens(a.rows, group),
@@ -857,17 +881,20 @@ impl Gpu {
                         "attention: {tpt} tokens per tile x {group} heads exceed the 16 mma rows"
                     )));
                 }
-                let tiles = a.rows.div_ceil(tpt) * a.n_kv_heads;
+                // A block: 4 tiles and one KV head.
+                let blocks = a.rows.div_ceil(4 * tpt) * a.n_kv_heads;
                 let tiling = [
                     Arg::U32(self.u32_of(a.rows, "attention rows")?),
                     Arg::U32(self.u32_of(tpt, "tokens per tile")?),
                 ];
-                let args = [&lead[..], &tiling, &heads, &tail].concat();
-                // One block per (tile, split) up to the grid's limit in y (a block loops over
-                // splits y, y + gridDim.y, ...: the grid bounds the parallelism, not the result).
+                let args = [&lead[..], &tiling, &heads, &tail, &[Arg::U32(fold as u32)]].concat();
+                // Split mode: one block per (tiles, split) up to the grid's limit in y (a block
+                // loops over splits y, y + gridDim.y, ...: the grid bounds the parallelism, not
+                // the result). Fold mode: a block walks all its splits.
+                let ys = if fold { 1 } else { splits.min(ATTN_GRID_Y) };
                 let grid = (
-                    self.u32_of(tiles, "attention tiles")?,
-                    self.u32_of(splits.min(ATTN_GRID_Y), "attention splits")?,
+                    self.u32_of(blocks, "attention blocks")?,
+                    self.u32_of(ys, "attention splits")?,
                 );
                 self.launch(&kernel, grid, 128, &args)?;
             }
@@ -901,8 +928,42 @@ impl Gpu {
             Arg::Ptr(prep.map_or(0, |p| p.sums)),
             Arg::U32(self.u32_of(prep.map_or(0, |p| p.kp), "kp")?),
             Arg::U32(prep.is_some_and(|p| p.bf16) as u32),
+            Arg::U32(fold as u32),
         ];
         self.launch("attn_combine", (rh, 1), 128, &args)
+    }
+
+    /// The tensor-core attention kernel this device uses for `head_dim` over a `kv` cache with
+    /// `group` query heads per KV head, if any.
+    fn attn_mma_for(&self, head_dim: usize, kv: KvDtype, group: usize) -> Option<String> {
+        attn_mma_kernel(head_dim, kv).filter(|_| self.attn_kernel == "attn_mma" && group <= 16)
+    }
+
+    /// Whether a launch of `rows` rows folds its splits inside the tensor-core kernel (enough
+    /// blocks without splitting positions, [`ATTN_FOLD_BLOCKS`]; `MEMRA_ATTN_FOLD=0|1` forces
+    /// it). The callers size the partials with it: [`attn_folded_floats`] per (row, head).
+    pub fn attn_folds(
+        &self,
+        rows: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        kv: KvDtype,
+    ) -> bool {
+        if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
+            return false;
+        }
+        let group = n_heads / n_kv_heads;
+        if self.attn_mma_for(head_dim, kv, group).is_none() {
+            return false;
+        }
+        match self.attn_fold_force {
+            Some(f) => f,
+            None => {
+                let tpt = attn_tile_tokens(rows, group);
+                rows.div_ceil(4 * tpt) * n_kv_heads >= ATTN_FOLD_BLOCKS
+            }
+        }
     }
 }
 

@@ -23,8 +23,9 @@ pub mod select;
 mod step;
 
 pub use device::{
-    ATTN_SPLIT, Arg, AttnArgs, AttnPrep, Gpu, RopeKvArgs, TOPK_MAX, attn_mma_kernel,
-    attn_part_floats, attn_tile_tokens, device_count, kernel_supports, quiet_catch,
+    ATTN_SPLIT, Arg, AttnArgs, AttnPrep, Gpu, RopeKvArgs, TOPK_MAX, attn_folded_floats,
+    attn_mma_kernel, attn_part_floats, attn_tile_tokens, device_count, kernel_supports,
+    quiet_catch,
 };
 pub use graph::BUCKETS;
 pub use mat::{Mat, Mats, Products, Use};
@@ -67,6 +68,17 @@ pub fn attn_kernel_default() -> &'static str {
         Ok("v1") => "attn_split",
         Ok("v2") => "attn_split2",
         _ => "attn_mma",
+    }
+}
+
+/// `MEMRA_ATTN_FOLD=1` folds every tensor-core attention launch's splits inside the kernel,
+/// `=0` never (a partial per split and attn_combine); unset: by launch size. The bits are the
+/// same either way (the kernels and invariance gates check it); this is for A/B runs.
+pub fn attn_fold_default() -> Option<bool> {
+    match std::env::var("MEMRA_ATTN_FOLD").as_deref() {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
     }
 }
 

@@ -83,8 +83,15 @@ impl CudaOps {
             Some(w) => self.products.attn_prep(g, w, qd, p.head_dim)?,
             None => None,
         };
-        // Split into launches of `chunk` rows to bound the score scratch.
-        let per_row = p.n_heads * super::attn_part_floats(meta.ctx, p.head_dim);
+        // Split into launches of `chunk` rows to bound the score scratch (one partial per row
+        // and head when the launch folds its splits in the kernel, else one per split).
+        let fold = g.attn_folds(m, p.n_heads, p.n_kv_heads, p.head_dim, self.kv_dtype);
+        let part = if fold {
+            super::attn_folded_floats(p.head_dim)
+        } else {
+            super::attn_part_floats(meta.ctx, p.head_dim)
+        };
+        let per_row = p.n_heads * part;
         let chunk = (self.scores.1 / per_row.max(1)).clamp(1, m.max(1));
         let mut r0 = 0;
         while r0 < m {
@@ -114,6 +121,7 @@ impl CudaOps {
                     bf16: a.kind == super::products::ActKind::BF16,
                 }),
                 tile_tokens: 0,
+                fold: Some(fold),
             };
             g.attention(&a)?;
             r0 += rows;
