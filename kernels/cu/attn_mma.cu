@@ -17,7 +17,7 @@
 //      fixed order (lane: n-tile, column; then quad xor 1, 2); o = P V, one mma chain of the 4
 //      k-steps of 16 positions per n-tile of 8 dimensions, from +0;
 //   4. (m, l, o) is the split's partial. Split mode writes it per split and attn_combine folds the
-//      partials in split order; fold mode (`fold`) walks the splits in order inside the block and
+//      partials in split order; fold mode (attn_mmaf) walks the splits in order inside the block and
 //      folds each into the row's running (M, L, O) with attn_fold / attn_fold_o, the SAME
 //      operations as attn_combine, then writes the folded state once (attn_combine `folded`).
 // A row's values depend only on its own q, pos and its sequence's KV: mma rows and columns are
@@ -83,15 +83,14 @@ __device__ __forceinline__ void ldsm_x4_t(u32 r[4], const u16* p) {
                  : "memory");
 }
 
-// Stages positions p0 .. p0 + AM_SPLIT - 1 of KV head kvh of one cache (zeros from nmax on) as rows
-// of LD u16, 8 values per 16-byte chunk; every thread of the block takes part.
+// Stages positions p0 .. p0 + AM_SPLIT - 1 of KV head kvh of the caches (zeros from nmax on) as
+// rows of LD u16, 8 values per 16-byte chunk; every thread of the block takes part. With BOTH the
+// K and V loads are all in flight before the first store (more registers), else K, then V.
 template <int HD, typename F>
-__device__ __forceinline__ void am_stage(u16* dst, const u8* __restrict__ cache, const u32* __restrict__ tab, u32 p0,
-                                         u32 nmax, u32 kvh, u32 block_size, u64 rb, u32 width) {
+__device__ __forceinline__ void am_load(uint4* x, const u8* __restrict__ cache, const u32* __restrict__ tab, u32 p0,
+                                        u32 nmax, u32 kvh, u32 block_size, u64 rb, u32 width) {
     constexpr int CH = HD / 8;
-    constexpr int LD = HD + AM_PAD;
     constexpr int PER = AM_SPLIT * CH / (AM_WARPS * 32);
-    uint4 x[PER];
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
         const u32 c = threadIdx.x + AM_WARPS * 32 * i;
@@ -103,6 +102,13 @@ __device__ __forceinline__ void am_stage(u16* dst, const u8* __restrict__ cache,
             x[i] = make_uint4(lo.x, lo.y, hi.x, hi.y);
         }
     }
+}
+
+template <int HD>
+__device__ __forceinline__ void am_store(u16* dst, const uint4* x) {
+    constexpr int CH = HD / 8;
+    constexpr int LD = HD + AM_PAD;
+    constexpr int PER = AM_SPLIT * CH / (AM_WARPS * 32);
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
         const u32 c = threadIdx.x + AM_WARPS * 32 * i;
@@ -110,13 +116,32 @@ __device__ __forceinline__ void am_stage(u16* dst, const u8* __restrict__ cache,
     }
 }
 
-template <int HD, typename F>
+template <int HD, typename F, bool BOTH>
+__device__ __forceinline__ void am_stage(u16* sk, u16* sv, const u8* __restrict__ Kc, const u8* __restrict__ Vc,
+                                         const u32* __restrict__ tab, u32 p0, u32 nmax, u32 kvh, u32 block_size,
+                                         u64 rb, u32 width) {
+    constexpr int PER = AM_SPLIT * (HD / 8) / (AM_WARPS * 32);
+    uint4 xk[PER];
+    am_load<HD, F>(xk, Kc, tab, p0, nmax, kvh, block_size, rb, width);
+    if (BOTH) {
+        uint4 xv[PER];
+        am_load<HD, F>(xv, Vc, tab, p0, nmax, kvh, block_size, rb, width);
+        am_store<HD>(sk, xk);
+        am_store<HD>(sv, xv);
+    } else {
+        am_store<HD>(sk, xk);
+        am_load<HD, F>(xk, Vc, tab, p0, nmax, kvh, block_size, rb, width);
+        am_store<HD>(sv, xk);
+    }
+}
+
+template <int HD, typename F, bool FOLD>
 __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const u8* __restrict__ Kc,
                                               const u8* __restrict__ Vc, const u32* __restrict__ pos,
                                               const u32* __restrict__ row_seq, const u32* __restrict__ table_off,
                                               const u32* __restrict__ tables, float* __restrict__ part,
                                               u64 part_stride, u32 rows, u32 tpt, u32 n_heads, u32 n_kv_heads,
-                                              u32 block_size, float scale, u32 fold) {
+                                              u32 block_size, float scale) {
     constexpr int KS = HD / 16;  // k-steps of Q K^T
     constexpr int NT = HD / 8;   // n-tiles of P V
     constexpr int LD = HD + AM_PAD;
@@ -131,7 +156,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
     const u32 bx = blockIdx.x / n_kv_heads, kvh = blockIdx.x % n_kv_heads;
     if (bx >= groups) return;
     // Fold mode starts the longest (last) groups first.
-    const u32 b0 = (fold ? groups - 1 - bx : bx) * per_block;  // the block's first row
+    const u32 b0 = (FOLD ? groups - 1 - bx : bx) * per_block;  // the block's first row
     const u32 bt = min(per_block, rows - b0);                   // the block's tokens (<= 64)
     const u32 wt0 = w * tpt;                                     // this warp's first token in the block
     const u32 ntok = wt0 < bt ? min(tpt, bt - wt0) : 0;
@@ -154,10 +179,11 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
     const u32 sa = ja < bt ? row_seq[b0 + ja] : 0xffffffffu, sb = jb < bt ? row_seq[b0 + jb] : 0xffffffffu;
     const u32 na = ja < bt ? pos[b0 + ja] + 1 : 0, nb = jb < bt ? pos[b0 + jb] + 1 : 0;
     unsigned long long todo = bt >= 64 ? ~0ull : ((1ull << bt) - 1);
+    // Fold mode: the rows' running state (split mode leaves it unused).
     float M[2] = {NEG_INF, NEG_INF}, L[2] = {0.0f, 0.0f};
-    float O[NT][4];
+    float O[FOLD ? NT : 1][4];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) O[nt][0] = O[nt][1] = O[nt][2] = O[nt][3] = 0.0f;
+    for (int nt = 0; nt < (FOLD ? NT : 1); ++nt) O[nt][0] = O[nt][1] = O[nt][2] = O[nt][3] = 0.0f;
     while (todo) {
         // One pass per sequence: the first token not yet done leads; its sequence's tokens join.
         const u32 seq = row_seq[b0 + (__ffsll((long long)todo) - 1)];
@@ -190,12 +216,11 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
             }
         }
         // Fold mode: every split of the pass in order; split mode: splits y, y + gridDim.y, ...
-        const u32 step = fold ? 1u : gridDim.y;
-        for (u32 split = fold ? 0u : blockIdx.y; split * AM_SPLIT < nmax; split += step) {
+        const u32 step = FOLD ? 1u : gridDim.y;
+        for (u32 split = FOLD ? 0u : blockIdx.y; split * AM_SPLIT < nmax; split += step) {
             const u32 p0 = split * AM_SPLIT;
             __syncthreads();  // the previous split's tiles are consumed
-            am_stage<HD, F>(sk, Kc, tab, p0, nmax, kvh, block_size, rb, (u32)width);
-            am_stage<HD, F>(sv, Vc, tab, p0, nmax, kvh, block_size, rb, (u32)width);
+            am_stage<HD, F, !FOLD>(sk, sv, Kc, Vc, tab, p0, nmax, kvh, block_size, rb, (u32)width);
             __syncthreads();
             const bool mine[2] = {p0 < lim[0], p0 < lim[1]};
             if (!__any_sync(FULL_MASK, mine[0] || mine[1])) continue;  // uniform over the warp
@@ -254,7 +279,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 if (!mine[h]) continue;
-                if (fold) {
+                if (FOLD) {
                     attn_fold(M[h], L[h], m[h], l[h], fa[h], fb[h]);
                 } else {
                     dst[h] = part + ((u64)(b0 + tok[h]) * n_heads + head[h]) * part_stride + (u64)split * (HD + 2);
@@ -280,11 +305,13 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     if (!mine[h]) continue;
-                    if (fold) {
-                        O[nt][2 * h] = attn_fold_o(O[nt][2 * h], o0[2 * h], fa[h], fb[h]);
-                        O[nt][2 * h + 1] = attn_fold_o(O[nt][2 * h + 1], o0[2 * h + 1], fa[h], fb[h]);
-                        O[nt + 1][2 * h] = attn_fold_o(O[nt + 1][2 * h], o1[2 * h], fa[h], fb[h]);
-                        O[nt + 1][2 * h + 1] = attn_fold_o(O[nt + 1][2 * h + 1], o1[2 * h + 1], fa[h], fb[h]);
+                    if (FOLD) {
+                        constexpr int F0 = FOLD ? 1 : 0;  // O's n-tiles exist in fold mode only
+                        O[nt * F0][2 * h] = attn_fold_o(O[nt * F0][2 * h], o0[2 * h], fa[h], fb[h]);
+                        O[nt * F0][2 * h + 1] = attn_fold_o(O[nt * F0][2 * h + 1], o0[2 * h + 1], fa[h], fb[h]);
+                        O[(nt + 1) * F0][2 * h] = attn_fold_o(O[(nt + 1) * F0][2 * h], o1[2 * h], fa[h], fb[h]);
+                        O[(nt + 1) * F0][2 * h + 1] =
+                            attn_fold_o(O[(nt + 1) * F0][2 * h + 1], o1[2 * h + 1], fa[h], fb[h]);
                     } else {
                         *(float2*)(dst[h] + 2 + 8 * nt + 2 * t) = make_float2(o0[2 * h], o0[2 * h + 1]);
                         *(float2*)(dst[h] + 2 + 8 * (nt + 1) + 2 * t) = make_float2(o1[2 * h], o1[2 * h + 1]);
@@ -293,7 +320,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
             }
         }
     }
-    if (!fold) return;
+    if (!FOLD) return;
     // Fold mode: the folded (M, L, O) of every real row as its one partial.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -304,86 +331,148 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
             d[1] = L[h];
         }
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) *(float2*)(d + 2 + 8 * nt + 2 * t) = make_float2(O[nt][2 * h], O[nt][2 * h + 1]);
+        for (int nt = 0; nt < (FOLD ? NT : 1); ++nt)
+            *(float2*)(d + 2 + 8 * nt + 2 * t) = make_float2(O[nt][2 * h], O[nt][2 * h + 1]);
     }
 }
 
-// Grid: (ceil(rows / (4 tpt)) * n_kv_heads, 1 with `fold`, else up to the splits of the launch's
-// longest row), 128 threads. One kernel per head size and KV format: attn_mma_h<HD>_<fmt>.
+// Grid: (ceil(rows / (4 tpt)) * n_kv_heads, up to the splits of the launch's longest row), 128
+// threads: attn_mma_h<HD>_<fmt> (split mode), attn_mmaf_h<HD>_<fmt> (fold mode, grid y = 1).
 #define ATTN_MMA_KERNEL(suffix, HD, FMT)                                                                    \
     extern "C" __global__ void __launch_bounds__(128) attn_mma_##suffix(                                    \
         const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq,                     \
         const u32* table_off, const u32* tables, float* part, u64 part_stride, u32 rows, u32 tpt,           \
-        u32 n_heads, u32 n_kv_heads, u32 block_size, float scale, u32 fold) {                               \
-        attn_mma_body<HD, FMT>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, rows, tpt,    \
-                               n_heads, n_kv_heads, block_size, scale, fold);                               \
+        u32 n_heads, u32 n_kv_heads, u32 block_size, float scale) {                                         \
+        attn_mma_body<HD, FMT, false>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, rows,   \
+                                      tpt, n_heads, n_kv_heads, block_size, scale);                         \
     }
+#define ATTN_MMAF_KERNEL(suffix, HD, FMT)                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) attn_mmaf_##suffix(                                   \
+        const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq,                     \
+        const u32* table_off, const u32* tables, float* part, u64 part_stride, u32 rows, u32 tpt,           \
+        u32 n_heads, u32 n_kv_heads, u32 block_size, float scale) {                                         \
+        attn_mma_body<HD, FMT, true>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, rows,    \
+                                     tpt, n_heads, n_kv_heads, block_size, scale);                          \
+    }
+#define ATTN_MMA_SHAPES(M) \
+    M(h64_f32, 64, KvF32)  \
+    M(h64_f16, 64, KvF16)  \
+    M(h64_bf16, 64, KvBF16) \
+    M(h64_q8_0, 64, KvQ8)  \
+    M(h128_f32, 128, KvF32) \
+    M(h128_f16, 128, KvF16) \
+    M(h128_bf16, 128, KvBF16) \
+    M(h128_q8_0, 128, KvQ8)
 
-ATTN_MMA_KERNEL(h64_f32, 64, KvF32)
-ATTN_MMA_KERNEL(h64_f16, 64, KvF16)
-ATTN_MMA_KERNEL(h64_bf16, 64, KvBF16)
-ATTN_MMA_KERNEL(h64_q8_0, 64, KvQ8)
-ATTN_MMA_KERNEL(h128_f32, 128, KvF32)
-ATTN_MMA_KERNEL(h128_f16, 128, KvF16)
-ATTN_MMA_KERNEL(h128_bf16, 128, KvBF16)
-ATTN_MMA_KERNEL(h128_q8_0, 128, KvQ8)
+ATTN_MMA_SHAPES(ATTN_MMA_KERNEL)
+ATTN_MMA_SHAPES(ATTN_MMAF_KERNEL)
 
 // attn_combine: one block of 4 warps per (row, head) of `rows` rows, for the partials of every
 // attention kernel (attn_split, attn_split2, attn_mma). The partials of splits 0 .. pos / 64 are
-// folded in split order with attn_fold / attn_fold_o (the running state starts at M = -inf, L = 0,
-// O = 0); with `folded` the one partial already is the folded state (attn_mma's fold mode). Then
-// out = O * (1 / L). Warp w handles the 32-dimension groups j = w, w + 4 (dimension lane + 32 j);
-// every warp computes the same M and L in the same order. With Xh (head_dim a multiple of 32) the
-// output is also prepared for the next product (prep.cuh): rows of kp columns, bf: bf16.
-#define COMBINE_WARPS 4
-#define COMBINE_GROUPS 2  // 32-dimension groups per warp: head_dim <= 256
-extern "C" __global__ void __launch_bounds__(128) attn_combine(const float* __restrict__ part, float* __restrict__ O,
-                                                               const u32* __restrict__ pos, u64 part_stride,
-                                                               u32 rows, u32 n_heads, u32 head_dim, u16* Xh,
-                                                               float* Xs, u32 kp, u32 bf, u32 folded) {
+// folded in split order exactly as attn_fold / attn_fold_o do one after the other (the running
+// state starts at M = -inf, L = 0, O = 0); with `folded` the one partial already is the folded
+// state (attn_mmaf). Then out = O * (1 / L).
+// The partials are staged in shared memory CB chunks of splits at a time (coalesced loads). Per
+// chunk, warp 0 forms the running maxima with an inclusive max scan (max is exact, so these are
+// the running maxima of the sequential fold) and the weights a_i = expf(M_{i-1} - M_i), b_i =
+// expf(m_i - M_i); lane 0 then chains L = fma(L, a_i, l_i b_i) and every thread chains its
+// dimensions O = fma(O, a_i, o_i b_i), in split order: the sequential fold's operations.
+// With Xh (head_dim a multiple of 32) the output is also prepared for the next product
+// (prep.cuh): rows of kp columns, bf: bf16.
+#define COMBINE_THREADS 128
+#define COMBINE_STAGE 4160  // floats: 32 splits of head_dim <= 128, or 16 of head_dim <= 256
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attn_combine(
+    const float* __restrict__ part, float* __restrict__ O, const u32* __restrict__ pos, u64 part_stride, u32 rows,
+    u32 n_heads, u32 head_dim, u16* Xh, float* Xs, u32 kp, u32 bf, u32 folded) {
+    __shared__ __align__(16) float so[COMBINE_STAGE];
+    __shared__ float sa[32], sb[32], sl;
     const u32 gw = blockIdx.x;  // row * n_heads + head
     if (gw >= rows * n_heads) return;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const u32 r = gw / n_heads;
     const float* src = part + (u64)gw * part_stride;
     const u32 st = head_dim + 2;
-    float acc[COMBINE_GROUPS];
-    float L;
+    const float NEG_INF = -__int_as_float(0x7f800000);
+    float acc[2];  // dimensions threadIdx.x, threadIdx.x + 128
+    float L = 0.0f;
     if (folded) {
         L = __ldg(src + 1);
 #pragma unroll
-        for (int k = 0; k < COMBINE_GROUPS; ++k) {
-            const u32 d = lane + 32 * (w + COMBINE_WARPS * k);
+        for (int k = 0; k < 2; ++k) {
+            const u32 d = threadIdx.x + COMBINE_THREADS * k;
             acc[k] = d < head_dim ? __ldg(src + 2 + d) : 0.0f;
         }
     } else {
         const u32 ns = (pos[r] + AM_SPLIT) / AM_SPLIT;
-        float M = -__int_as_float(0x7f800000);
-        L = 0.0f;
+        const u32 cs = head_dim <= 128 ? 32 : 16;  // splits per chunk
+        float M = NEG_INF;                         // warp 0: the running max
+        acc[0] = acc[1] = 0.0f;
+        // Chunk c0's partials (cs entries of st floats, st even) as float2 per thread, loaded
+        // one chunk ahead: the next chunk's loads are in flight while this one is folded.
+        constexpr int PRE = (COMBINE_STAGE / 2 + COMBINE_THREADS - 1) / COMBINE_THREADS;
+        float2 pre[PRE];
+        auto load = [&](u32 c0) {
+            const u32 half = min(cs, ns - c0) * st / 2;
+            const float2* s = (const float2*)(src + (u64)c0 * st);
 #pragma unroll
-        for (int k = 0; k < COMBINE_GROUPS; ++k) acc[k] = 0.0f;
-#pragma unroll 4
-        for (u32 i = 0; i < ns; ++i) {
-            const float* s = src + (u64)i * st;
-            float a, b;
-            attn_fold(M, L, __ldg(s), __ldg(s + 1), a, b);
+            for (int k = 0; k < PRE; ++k) {
+                const u32 x = threadIdx.x + COMBINE_THREADS * k;
+                pre[k] = x < half ? __ldg(s + x) : make_float2(0.0f, 0.0f);
+            }
+        };
+        load(0);
+        for (u32 c0 = 0; c0 < ns; c0 += cs) {
+            const u32 n = min(cs, ns - c0);
+            __syncthreads();  // the previous chunk is consumed
 #pragma unroll
-            for (int k = 0; k < COMBINE_GROUPS; ++k) {
-                const u32 d = lane + 32 * (w + COMBINE_WARPS * k);
-                if (d < head_dim) acc[k] = attn_fold_o(acc[k], __ldg(s + 2 + d), a, b);
+            for (int k = 0; k < PRE; ++k) {
+                const u32 x = threadIdx.x + COMBINE_THREADS * k;
+                if (x < n * st / 2) ((float2*)so)[x] = pre[k];
+            }
+            __syncthreads();
+            if (c0 + cs < ns) load(c0 + cs);
+            if (w == 0) {
+                const float m = (u32)lane < n ? so[lane * st] : NEG_INF;
+                float sc = m;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const float y = __shfl_up_sync(FULL_MASK, sc, o);
+                    if (lane >= o) sc = fmaxf(sc, y);
+                }
+                const float mi = fmaxf(M, sc);  // the running max after split c0 + lane
+                float prev = __shfl_up_sync(FULL_MASK, mi, 1);
+                if (lane == 0) prev = M;
+                if ((u32)lane < n) {
+                    sa[lane] = expf(prev - mi);
+                    sb[lane] = expf(m - mi);
+                }
+                M = __shfl_sync(FULL_MASK, mi, n - 1);
+                __syncwarp();
+                if (lane == 0)
+                    for (u32 i = 0; i < n; ++i) L = __fmaf_rn(L, sa[i], __fmul_rn(so[i * st + 1], sb[i]));
+            }
+            __syncthreads();
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const u32 d = threadIdx.x + COMBINE_THREADS * k;
+                if (d < head_dim)
+                    for (u32 i = 0; i < n; ++i) acc[k] = attn_fold_o(acc[k], so[i * st + 2 + d], sa[i], sb[i]);
             }
         }
+        if (threadIdx.x == 0) sl = L;
+        __syncthreads();
+        L = sl;
     }
     const float inv = 1.0f / L;
     float* out = O + (u64)gw * head_dim;
 #pragma unroll
-    for (int k = 0; k < COMBINE_GROUPS; ++k) {
-        const u32 j = w + COMBINE_WARPS * k;
-        const u32 d = lane + 32 * j;
+    for (int k = 0; k < 2; ++k) {
+        const u32 d = threadIdx.x + COMBINE_THREADS * k;
         const float v = __fmul_rn(acc[k], inv);
         if (d < head_dim) out[d] = v;
-        if (Xh && 32 * j < head_dim) {
-            const u32 col = (gw % n_heads) * head_dim + 32 * j;  // first column of this block
+        // prep_store works on 32 consecutive dimensions: the warp's lanes.
+        if (Xh && (d & ~31u) < head_dim) {
+            const u32 col = (gw % n_heads) * head_dim + (d & ~31u);  // first column of this group
             prep_store(v, lane, Xh + (u64)r * kp + col, Xs + (u64)r * (kp / 32) + col / 32, bf);
         }
     }

@@ -826,9 +826,13 @@ impl Gpu {
     /// Causal paged attention split by a fixed length in positions: partials per (row, head,
     /// split), then their combination in split order.
     pub fn attention(&self, a: &AttnArgs) -> Result<()> {
-        if a.head_dim > 256 || a.n_kv_heads == 0 || !a.n_heads.is_multiple_of(a.n_kv_heads) {
+        if a.head_dim > 256
+            || !a.head_dim.is_multiple_of(2)
+            || a.n_kv_heads == 0
+            || !a.n_heads.is_multiple_of(a.n_kv_heads)
+        {
             return Err(self.err(format!(
-                "attention: head_dim {} (max 256), {} heads over {} KV heads",
+                "attention: head_dim {} (even, max 256), {} heads over {} KV heads",
                 a.head_dim, a.n_heads, a.n_kv_heads
             )));
         }
@@ -887,7 +891,12 @@ impl Gpu {
                     Arg::U32(self.u32_of(a.rows, "attention rows")?),
                     Arg::U32(self.u32_of(tpt, "tokens per tile")?),
                 ];
-                let args = [&lead[..], &tiling, &heads, &tail, &[Arg::U32(fold as u32)]].concat();
+                let args = [&lead[..], &tiling, &heads, &tail].concat();
+                let kernel = if fold {
+                    kernel.replacen("attn_mma_", "attn_mmaf_", 1)
+                } else {
+                    kernel
+                };
                 // Split mode: one block per (tiles, split) up to the grid's limit in y (a block
                 // loops over splits y, y + gridDim.y, ...: the grid bounds the parallelism, not
                 // the result). Fold mode: a block walks all its splits.
