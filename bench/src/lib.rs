@@ -8,6 +8,7 @@ pub mod kblocks;
 pub mod kernels;
 pub mod load;
 pub mod peer;
+pub mod peer_build;
 pub mod plan;
 pub mod record;
 pub mod report;

@@ -1,7 +1,7 @@
 //! `memra-bench`: synthetic models and format conversion. Every flag and environment variable
 //! of the binary is declared here.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
@@ -93,42 +93,11 @@ enum Cmd {
     Prefill(SpeedFlags),
     /// Time to first token: cold (fresh cache salt) and cached (prefix in the cache).
     Ttft(SpeedFlags),
-    /// The peer on the same file: `peer llama.cpp MODEL --llama-bin DIR` runs llama-bench
-    /// (-ngl 99 -fa 1) at the same prompt sizes and records its rows under the same --run.
+    /// The peer, llama.cpp: `peer fetch` its source, `peer build` it, `peer llama.cpp MODEL`
+    /// runs its llama-bench on the same file (docs/BENCH.md).
     Peer {
-        /// The peer engine (llama.cpp).
-        engine: String,
-        /// The GGUF file (the same one memra measured).
-        model: PathBuf,
-        /// The folder holding llama-bench (tools/device/peer.sh builds it).
-        #[arg(long)]
-        llama_bin: PathBuf,
-        /// The CUDA device the peer uses (for the device fields of the rows).
-        #[arg(long, default_value = "cuda:0")]
-        device: String,
-        #[arg(long, value_delimiter = ',', default_value = "512")]
-        prompt: Vec<usize>,
-        #[arg(long = "gen", default_value_t = 128)]
-        gen_tokens: usize,
-        /// Context depths (llama-bench -d).
-        #[arg(long, value_delimiter = ',', default_value = "0")]
-        depth: Vec<usize>,
-        /// Repetitions (llama-bench -r).
-        #[arg(long, default_value_t = 3)]
-        reps: usize,
-        /// Where the peer's source came from, named in the rows' version.
-        #[arg(long, default_value = "llama-cpp-python 0.3.36 (vendored llama.cpp)")]
-        peer_source: String,
-        #[arg(long)]
-        shape: Option<String>,
-        #[arg(long)]
-        dtype: Option<String>,
-        /// The run id of memra's rows of this comparison.
-        #[arg(long)]
-        run: String,
-        /// Append the rows to this JSONL file.
-        #[arg(long)]
-        out: Option<PathBuf>,
+        #[command(subcommand)]
+        cmd: PeerCmd,
     },
     /// Tables, SVG figures and the README's performance section from reports/data/*.jsonl.
     Report {
@@ -338,6 +307,149 @@ enum Cmd {
 }
 
 /// `ttft|prefill|decode --server`: the server's rows.
+/// `memra-bench peer ...`.
+#[derive(Subcommand)]
+enum PeerCmd {
+    /// Download the llama-cpp-python 0.3.36 sdist with pip (network needed), trim its vendored
+    /// llama.cpp and pack it for the GPU machine.
+    Fetch {
+        /// The tarball written.
+        #[arg(long, default_value = memra_bench::peer_build::DEFAULT_TARBALL)]
+        out: PathBuf,
+    },
+    /// Build llama-bench and llama-server with CUDA into DIR/build/bin (once: an existing
+    /// build is kept); prints that folder.
+    Build {
+        /// An existing llama.cpp source tree (default: DIR if it holds one, else --tarball).
+        #[arg(long, conflicts_with = "tarball")]
+        src: Option<PathBuf>,
+        /// A tarball from `peer fetch`, unpacked into DIR (default: .stage/llama.tgz when DIR
+        /// holds no source).
+        #[arg(long)]
+        tarball: Option<PathBuf>,
+        /// CMAKE_CUDA_ARCHITECTURES (default: from nvidia-smi's compute capability, 9.0 -> 90a).
+        #[arg(long)]
+        arch: Option<String>,
+        /// Where the source and build/ go (default: $HOME/llama.cpp).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Compile jobs (default: the cores less two).
+        #[arg(long)]
+        jobs: Option<usize>,
+    },
+    /// Run llama-bench (-ngl 99 -fa 1) on MODEL at the same prompt sizes and record its rows
+    /// under the same --run as memra's.
+    #[command(name = "llama.cpp")]
+    LlamaCpp(PeerBenchFlags),
+}
+
+/// The flags of `peer llama.cpp`.
+#[derive(Args)]
+struct PeerBenchFlags {
+    /// The GGUF file (the same one memra measured).
+    model: PathBuf,
+    /// The folder holding llama-bench (default: $HOME/llama.cpp/build/bin, from `peer build`).
+    #[arg(long)]
+    llama_bin: Option<PathBuf>,
+    /// The CUDA device the peer uses (for the device fields of the rows).
+    #[arg(long, default_value = "cuda:0")]
+    device: String,
+    #[arg(long, value_delimiter = ',', default_value = "512")]
+    prompt: Vec<usize>,
+    #[arg(long = "gen", default_value_t = 128)]
+    gen_tokens: usize,
+    /// Context depths (llama-bench -d).
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    depth: Vec<usize>,
+    /// Repetitions (llama-bench -r).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Where the peer's source came from, named in the rows' version.
+    #[arg(long, default_value = "llama-cpp-python 0.3.36 (vendored llama.cpp)")]
+    peer_source: String,
+    #[arg(long)]
+    shape: Option<String>,
+    #[arg(long)]
+    dtype: Option<String>,
+    /// The run id of memra's rows of this comparison.
+    #[arg(long)]
+    run: String,
+    /// Append the rows to this JSONL file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// `peer fetch | build | llama.cpp`.
+fn peer(cmd: PeerCmd) -> Result<()> {
+    use memra_bench::peer_build as pb;
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    match cmd {
+        PeerCmd::Fetch { out } => {
+            let bytes = pb::fetch(&out)?;
+            eprintln!("wrote {} ({:.1} MB)", out.display(), bytes as f64 / 1e6);
+            Ok(())
+        }
+        PeerCmd::Build {
+            src,
+            tarball,
+            arch,
+            dir,
+            jobs,
+        } => {
+            let dir = match dir {
+                Some(d) => d,
+                None => pb::default_dir(home.as_deref())?,
+            };
+            let args = pb::BuildArgs {
+                dir,
+                src,
+                tarball,
+                arch,
+                jobs,
+            };
+            let (bin, cached) = pb::build(&args)?;
+            if cached {
+                eprintln!("llama-bench already built (cached): {}", bin.display());
+            }
+            println!("{}", bin.display());
+            Ok(())
+        }
+        PeerCmd::LlamaCpp(f) => {
+            let bin = match &f.llama_bin {
+                Some(b) => pb::resolve_llama_bin(Some(b), Path::new(""))?,
+                None => pb::resolve_llama_bin(None, &pb::default_dir(home.as_deref())?)?,
+            };
+            let (device, _) = memra_bench::speed::device_ref(&f.device)?;
+            let p = memra_bench::peer::PeerRun {
+                run: f.run,
+                time: memra_bench::record::now(),
+                device,
+                commit: memra_bench::record::commit(),
+                model: memra_bench::record::model_ref(&f.model)?,
+                shape: f.shape,
+                dtype: f.dtype,
+                source: f.peer_source,
+            };
+            let text = memra_bench::peer::llama_bench(
+                &bin,
+                &f.model,
+                &f.prompt,
+                f.gen_tokens,
+                &f.depth,
+                f.reps,
+            )?;
+            let rows = memra_bench::peer::rows_from_jsonl(&text, &p)?;
+            for r in &rows {
+                println!("{}", serde_json::to_string(r).unwrap_or_default());
+            }
+            if let Some(o) = f.out {
+                memra_bench::record::append(&o, &rows)?;
+            }
+            Ok(())
+        }
+    }
+}
+
 fn server_speed(
     kind: memra_bench::speed::Kind,
     addr: String,
@@ -458,49 +570,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Decode(f) => speed(Kind::Decode, f),
         Cmd::Prefill(f) => speed(Kind::Prefill, f),
         Cmd::Ttft(f) => speed(Kind::Ttft, f),
-        Cmd::Peer {
-            engine,
-            model,
-            llama_bin,
-            device,
-            prompt,
-            gen_tokens,
-            depth,
-            reps,
-            peer_source,
-            shape,
-            dtype,
-            run,
-            out,
-        } => {
-            if engine != "llama.cpp" {
-                return Err(Error::Input(format!(
-                    "unknown peer `{engine}` (llama.cpp is the one peer)"
-                )));
-            }
-            let (device, _) = memra_bench::speed::device_ref(&device)?;
-            let p = memra_bench::peer::PeerRun {
-                run,
-                time: memra_bench::record::now(),
-                device,
-                commit: memra_bench::record::commit(),
-                model: memra_bench::record::model_ref(&model)?,
-                shape,
-                dtype,
-                source: peer_source,
-            };
-            let text = memra_bench::peer::llama_bench(
-                &llama_bin, &model, &prompt, gen_tokens, &depth, reps,
-            )?;
-            let rows = memra_bench::peer::rows_from_jsonl(&text, &p)?;
-            for r in &rows {
-                println!("{}", serde_json::to_string(r).unwrap_or_default());
-            }
-            if let Some(o) = out {
-                memra_bench::record::append(&o, &rows)?;
-            }
-            Ok(())
-        }
+        Cmd::Peer { cmd } => peer(cmd),
         Cmd::Report { data, out, readme } => {
             let args = memra_bench::report::ReportArgs {
                 data,

@@ -1,6 +1,6 @@
 //! `memra-bench peer llama.cpp`: runs the peer's `llama-bench` on the same GGUF file and prompt
-//! sizes as memra, and turns its JSON lines into measurement rows of the same run. Building
-//! llama.cpp (from the llama-cpp-python 0.3.36 sdist) is tools/device/peer.sh's job; this takes
+//! sizes as memra, and turns its JSON lines into measurement rows of the same run. Fetching and
+//! building llama.cpp (from the llama-cpp-python 0.3.36 sdist) is peer_build's job; this takes
 //! the built binaries' folder. llama.cpp's source and binaries are never committed.
 
 use std::path::Path;

@@ -1,6 +1,7 @@
 //! The integration tests of memra-bench, one module per area, linked into one test binary.
 
 mod logits_equivalence;
+mod peer_build;
 mod real_tokenizer;
 mod report;
 mod synth_gguf;
