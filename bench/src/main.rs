@@ -42,6 +42,10 @@ struct SpeedFlags {
     /// after a context of that many tokens (llama-bench -d)
     #[arg(long, value_delimiter = ',')]
     depth: Vec<usize>,
+    /// ttft only: the cached row measures a new turn of N tokens after the cached prompt (a
+    /// conversation's next user message) instead of the same prompt again.
+    #[arg(long, default_value_t = 0)]
+    turn: usize,
     /// The KV cache's element format: f16 (default), bf16, q8_0 or f32.
     #[arg(long, default_value = "f16")]
     kv_dtype: memra_engine::engine::KvDtype,
@@ -490,9 +494,9 @@ fn server_speed(
 
 fn speed(kind: memra_bench::speed::Kind, f: SpeedFlags) -> Result<()> {
     if let Some(addr) = f.server.clone() {
-        if !f.depth.is_empty() {
+        if !f.depth.is_empty() || f.turn > 0 {
             return Err(Error::Input(
-                "--depth is not supported with --server".into(),
+                "--depth and --turn are not supported with --server".into(),
             ));
         }
         let rows = server_speed(kind, addr, &f)?;
@@ -503,6 +507,7 @@ fn speed(kind: memra_bench::speed::Kind, f: SpeedFlags) -> Result<()> {
         device: f.device.parse()?,
         prompts: f.prompt.clone(),
         depths: f.depth.clone(),
+        turn: f.turn,
         gen_tokens: f.gen_tokens,
         runs: f.runs,
         run: f

@@ -27,7 +27,8 @@ pub enum Kind {
     Decode,
     /// Prefill tok/s: `prompt` tokens, one generated.
     Prefill,
-    /// TTFT cold (fresh cache salt) and cached (the same prompt again, its prefix cached).
+    /// TTFT cold (fresh cache salt) and cached (the same prompt again, its prefix cached; with
+    /// `turn`, a new turn of that many tokens after the cached prompt).
     Ttft,
 }
 
@@ -40,6 +41,11 @@ pub struct SpeedArgs {
     /// Decode only: context depths, one more decode row each (the context of D tokens is the
     /// prompt; `depth` = D on the row, as llama-bench `-d D -n GEN`).
     pub depths: Vec<usize>,
+    /// Ttft only: the cached row's new turn in tokens (0: the same prompt again). Each timed run
+    /// sends the cached prompt plus fresh turn tokens; its tokens must equal an untimed run of
+    /// the same ids under a fresh salt. The row's `prompt` is the whole prompt, `depth` the
+    /// cached part.
+    pub turn: usize,
     pub gen_tokens: usize,
     /// Timed runs (after the untimed reference run).
     pub runs: usize,
@@ -65,9 +71,14 @@ struct Outcome {
 /// The deterministic prompt of `len` token ids for a vocabulary of `vocab` (shared with
 /// [`crate::serve_ttft`], so engine and server runs send the same tokens).
 pub fn prompt_ids(len: usize, vocab: usize) -> Vec<u32> {
+    turn_ids(0, len, vocab)
+}
+
+/// `len` deterministic token ids of stream `stream` (0: the prompt; 1, 2, ...: new turns).
+pub fn turn_ids(stream: u64, len: usize, vocab: usize) -> Vec<u32> {
     let span = (vocab as u64).saturating_sub(200).max(1);
     (0..len as u64)
-        .map(|j| (100 + splitmix(23, 0, j) % span) as u32)
+        .map(|j| (100 + splitmix(23, stream, j) % span) as u32)
         .collect()
 }
 
@@ -252,6 +263,9 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
     if a.kind != Kind::Decode && !a.depths.is_empty() {
         return Err(Error::Input("--depth applies to decode only".into()));
     }
+    if a.kind != Kind::Ttft && a.turn > 0 {
+        return Err(Error::Input("--turn applies to ttft only".into()));
+    }
     // (prompt, depth): the prompt rows at depth 0, then one decode row per depth.
     let items = a
         .prompts
@@ -259,10 +273,11 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
         .map(|&p| (p, 0))
         .chain(a.depths.iter().map(|&d| (d.max(1), d)));
     for (p, depth) in items {
-        if p == 0 || p + n_gen > info.max_positions {
+        if p == 0 || p + a.turn + n_gen > info.max_positions {
             return Err(Error::Input(format!(
-                "prompt {p} + {n_gen} generated tokens does not fit the model's {} positions",
-                info.max_positions
+                "prompt {p} + turn {} + {n_gen} generated tokens does not fit the model's {} \
+                 positions",
+                a.turn, info.max_positions
             )));
         }
         let ids = prompt_ids(p, vocab);
@@ -324,13 +339,28 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
                 bar.inc(1);
                 let mut cached = Vec::new();
                 let mut ok = first.tokens == reference.tokens;
-                for _ in 0..a.runs {
-                    let o = once(&engine, request(ids.clone(), n_gen, warm.clone()))?;
-                    ok &= o.tokens == reference.tokens;
+                for run in 0..a.runs {
+                    let (turn_prompt, want) = if a.turn == 0 {
+                        (ids.clone(), reference.tokens.clone())
+                    } else {
+                        // A new turn after the cached prompt; its untimed cold run under a
+                        // fresh salt gives the tokens the cached run must give.
+                        let mut t = ids.clone();
+                        t.extend(turn_ids(1 + run as u64, a.turn, vocab));
+                        let cold = once(&engine, request(t.clone(), n_gen, fresh()))?;
+                        (t, cold.tokens)
+                    };
+                    let o = once(&engine, request(turn_prompt, n_gen, warm.clone()))?;
+                    ok &= o.tokens == want;
                     cached.push(o.ttft_s * 1e3);
                     bar.inc(1);
                 }
-                rows.push(row(Workload::TtftCached, "ms", cached, ok));
+                let mut r = row(Workload::TtftCached, "ms", cached, ok);
+                if a.turn > 0 {
+                    r.prompt = Some((p + a.turn) as u64);
+                    r.depth = Some(p as u64);
+                }
+                rows.push(r);
             }
         }
     }

@@ -98,8 +98,7 @@ __device__ __forceinline__ void am_load(uint4* x, const u8* __restrict__ cache, 
         x[i] = make_uint4(0u, 0u, 0u, 0u);
         if (p < nmax) {
             const u8* row = cache + ((u64)tab[p / block_size] * block_size + p % block_size) * rb;
-            const uint2 lo = F::h4(row, d, width), hi = F::h4(row, d + 4, width);
-            x[i] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+            x[i] = F::h8(row, d, width);
         }
     }
 }

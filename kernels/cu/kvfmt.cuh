@@ -4,7 +4,9 @@
 //   ld(row, i, w)  value i as f32;
 //   st(row, i, x)  store value i (not Q8_0, whose blocks are written by kv_write_q8_0);
 //   h4(row, d, w)  values d..d+3 (d % 4 == 0) as two mma operand words (lo = the lower index),
-//                  in the tensor-core attention's input type: f16 (BF16 = false) or bf16.
+//                  in the tensor-core attention's input type: f16 (BF16 = false) or bf16;
+//   h8(row, d, w)  values d..d+7 (d % 8 == 0) the same way, as four words (the same values as
+//                  two h4, with wider loads).
 // f16 saturates to +-65504 before rounding (the same bits as rounding an f32 cache row for the
 // f16 mma); bf16 and f16 round to nearest even; Q8_0 holds the row's int8 quants, then its f16
 // scales per 32 values (value = q * scale).
@@ -34,6 +36,10 @@ struct KvF32 {
         const float4 v = __ldg((const float4*)(r + 4 * (u64)d));
         return make_uint2(h2_sat(v.x, v.y), h2_sat(v.z, v.w));
     }
+    static __device__ __forceinline__ uint4 h8(const u8* r, u32 d, u32 w) {
+        const uint2 lo = h4(r, d, w), hi = h4(r, d + 4, w);
+        return make_uint4(lo.x, lo.y, hi.x, hi.y);
+    }
 };
 
 struct KvF16 {
@@ -42,6 +48,7 @@ struct KvF16 {
     static __device__ __forceinline__ float ld(const u8* r, u32 i, u32) { return f16_to_f32(__ldg((const u16*)r + i)); }
     static __device__ __forceinline__ void st(u8* r, u32 i, float x) { ((u16*)r)[i] = (u16)(h2_sat(x, 0.0f) & 0xffffu); }
     static __device__ __forceinline__ uint2 h4(const u8* r, u32 d, u32) { return __ldg((const uint2*)(r + 2 * (u64)d)); }
+    static __device__ __forceinline__ uint4 h8(const u8* r, u32 d, u32) { return __ldg((const uint4*)(r + 2 * (u64)d)); }
 };
 
 struct KvBF16 {
@@ -50,6 +57,7 @@ struct KvBF16 {
     static __device__ __forceinline__ float ld(const u8* r, u32 i, u32) { return bf16_to_f32(__ldg((const u16*)r + i)); }
     static __device__ __forceinline__ void st(u8* r, u32 i, float x) { ((u16*)r)[i] = (u16)(b2_rn(x, 0.0f) & 0xffffu); }
     static __device__ __forceinline__ uint2 h4(const u8* r, u32 d, u32) { return __ldg((const uint2*)(r + 2 * (u64)d)); }
+    static __device__ __forceinline__ uint4 h8(const u8* r, u32 d, u32) { return __ldg((const uint4*)(r + 2 * (u64)d)); }
 };
 
 struct KvQ8 {
@@ -68,5 +76,10 @@ struct KvQ8 {
         const float x0 = __fmul_rn((float)(i8)(q & 0xffu), s), x1 = __fmul_rn((float)(i8)((q >> 8) & 0xffu), s);
         const float x2 = __fmul_rn((float)(i8)((q >> 16) & 0xffu), s), x3 = __fmul_rn((float)(i8)(q >> 24), s);
         return make_uint2(h2_sat(x0, x1), h2_sat(x2, x3));
+    }
+    // Two h4 (a Q8_0 row is only 4-byte aligned).
+    static __device__ __forceinline__ uint4 h8(const u8* r, u32 d, u32 w) {
+        const uint2 lo = h4(r, d, w), hi = h4(r, d + 4, w);
+        return make_uint4(lo.x, lo.y, hi.x, hi.y);
     }
 };

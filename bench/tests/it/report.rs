@@ -127,6 +127,7 @@ fn speed_rows_on_the_real_model_are_valid() {
         device: Device::Cpu,
         prompts: vec![24],
         depths: Vec::new(),
+        turn: 0,
         gen_tokens: 4,
         runs: 2,
         run: "test".into(),
@@ -178,6 +179,26 @@ fn speed_rows_on_the_real_model_are_valid() {
             (Workload::TtftCached, true, "ms")
         ]
     );
+    // A new turn after the cached prompt: the row names the whole prompt and the cached depth,
+    // and the cached run's tokens match the turn's cold run.
+    let turn = SpeedArgs {
+        turn: 9,
+        ..args(Kind::Ttft)
+    };
+    let rows = memra_bench::speed::run(&model, &turn).unwrap();
+    let c = &rows[1];
+    assert_eq!((c.workload, c.valid), (Workload::TtftCached, true));
+    assert_eq!((c.prompt, c.depth), (Some(33), Some(24)));
+    assert!(c.value.unwrap() > 0.0);
+    let e = memra_bench::speed::run(
+        &model,
+        &SpeedArgs {
+            turn: 9,
+            ..args(Kind::Prefill)
+        },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("--turn applies to ttft only"), "{e}");
     let mut bad = args(Kind::Prefill);
     bad.runs = 0;
     assert!(memra_bench::speed::run(&model, &bad).is_err());
