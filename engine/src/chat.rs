@@ -41,8 +41,11 @@ pub const DEFAULT_MAX_OUTPUT: usize = 1 << 20;
 /// Largest string the `replace` filter may build.
 const MAX_REPLACE_OUTPUT: usize = 16 << 20;
 const RECURSION_LIMIT: usize = 100;
-/// Bytes a render may emit, captures included, per byte of its output limit.
-const EMIT_FACTOR: usize = 4;
+/// Bytes a render may emit, captures included, per byte of its output limit: 2 lets a template
+/// render everything through macros or `{% set %}` blocks (each byte emitted twice), while the
+/// output string never grows past twice the limit (the largest allocation stays small: the
+/// load_corrupt_gguf allocation bound).
+const EMIT_FACTOR: usize = 2;
 /// Largest width or precision a `format` field may ask for.
 pub const MAX_FORMAT_WIDTH: usize = 1 << 16;
 /// Largest string `indent` may build.
