@@ -4,33 +4,32 @@
 //! - no loader: `include`/`import`/`extends` find nothing; each render compiles the source afresh,
 //!   so a template cannot include itself either;
 //! - fuel (instructions per render) and a recursion limit stop endless loops and deep recursion;
-//! - output is written through a size-limited sink (1 MiB plus 4x the message text), and the string
-//!   `replace` filter/method refuses results over that size, so a render cannot grow without bound
-//!   through its output or through repeated replacing;
+//! - size guards (`chat_guard`): the compiled template runs with checks inserted before `+`, `*`,
+//!   `~` and namespace assignment and after literals and call/filter results, so no value grows
+//!   past the output limit (1 MiB plus 4x the message text), and all emission (captures included)
+//!   is counted; the rendered prompt is held to the output limit. A template that would build a
+//!   huge value (`(0, 1) * 10**12`, a list or string doubled in a loop) fails with an error
+//!   naming the operator instead of exhausting memory (fuzz finding
+//!   `chat_template/bad-oom-sequence-repeat-concat`); the string `replace` filter/method refuses
+//!   results over 16 MiB;
 //! - HF compatibility: trim_blocks + lstrip_blocks, chainable (lenient) undefined values, Python
 //!   string/dict methods (`.strip()`, `.startswith()`, `.items()`, ... via minijinja-contrib
 //!   pycompat), `raise_exception(msg)` (an `Error::Template` carrying `msg`), `strftime_now(fmt)`
 //!   (UTC) and a `tojson` that writes like Python's `json.dumps` (`", "`/`": "`, non-ASCII kept,
-//!   optional `indent`).
-//!
+//!   optional `indent`);
 //! - filters whose output size is set by an argument are checked before they run: `indent`
-//!   (width x lines) and `format` / `str.format` (any field width or precision over
-//!   [`MAX_FORMAT_WIDTH`]); minijinja itself caps `string * n` at 100 MB.
-//!
-//! Known gap: string concatenation (`~`, `+`) is not size-checked by minijinja, so a hostile
-//! template that doubles a string in a loop can still allocate a lot before fuel runs out; and
-//! minijinja 2.24 does not cap sequence repetition (`(0, 1) * 10**12` is a lazy iterable made
-//! in one instruction) or sequence doubling with `+`, so `~` on such a value formats it into
-//! one string until the allocator fails (fuzz/findings/README.md: found by the chat_template
-//! fuzzer, not fixed).
+//!   (width x lines), `format` / `str.format` (any field width or precision over
+//!   [`MAX_FORMAT_WIDTH`]) and `batch` / `slice` (count); `string * n` is held to the output limit.
 
 use std::io;
 use std::path::Path;
 
 use minijinja::value::{Kwargs, Value};
-use minijinja::{Environment, ErrorKind, UndefinedBehavior, context};
+use minijinja::{Environment, ErrorKind, UndefinedBehavior, context, machinery};
 use serde::Serialize;
 
+use crate::chat_const;
+use crate::chat_guard::{self, Budget};
 use crate::error::{Error, Result};
 use crate::formats::gguf::Gguf;
 use crate::tokenizer::Tokenizer;
@@ -42,6 +41,11 @@ pub const DEFAULT_MAX_OUTPUT: usize = 1 << 20;
 /// Largest string the `replace` filter may build.
 const MAX_REPLACE_OUTPUT: usize = 16 << 20;
 const RECURSION_LIMIT: usize = 100;
+/// Bytes a render may emit, captures included, per byte of its output limit: 2 lets a template
+/// render everything through macros or `{% set %}` blocks (each byte emitted twice), while the
+/// output string never grows past twice the limit (the largest allocation stays small: the
+/// load_corrupt_gguf allocation bound).
+const EMIT_FACTOR: usize = 2;
 /// Largest width or precision a `format` field may ask for.
 pub const MAX_FORMAT_WIDTH: usize = 1 << 16;
 /// Largest string `indent` may build.
@@ -109,6 +113,14 @@ impl ChatTemplate {
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate> {
         let env = sandbox_env(DEFAULT_FUEL);
         let compiled = strip_generation_tags(source);
+        if compiled.contains(chat_guard::RESERVED) {
+            return Err(Error::Template(format!(
+                "the template uses a name starting with {}, which is reserved",
+                chat_guard::RESERVED
+            )));
+        }
+        // Before compiling: the compiler folds constant expressions (see chat_const).
+        chat_const::check(&compiled).map_err(|e| template_error(&e))?;
         env.template_from_str(&compiled)
             .map_err(|e| template_error(&e))?;
         Ok(ChatTemplate {
@@ -206,24 +218,33 @@ impl ChatTemplate {
             .map(|m| m.content.len() + m.role.len())
             .sum();
         let limit = self.max_output.saturating_add(input.saturating_mul(4));
-        let mut sink = LimitedSink {
-            buf: Vec::new(),
-            limit,
-            overflow: false,
-        };
+        // Captures (`{% set %}` blocks, macro calls) are emitted twice, into the capture and then
+        // into the output: the emission budget allows for that; the output itself is held to
+        // `limit` below.
+        let budget = Budget::new(limit, limit.saturating_mul(EMIT_FACTOR));
         let ctx = context! {
             messages => messages,
             tools => tools.map_or(Value::UNDEFINED, Value::from_serialize),
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
+            __memra_budget => Value::from_object(budget),
         };
-        if let Err(e) = tmpl.render_captured_to(ctx, &mut sink) {
-            if sink.overflow {
-                return Err(Error::Template(format!(
-                    "rendered prompt exceeds the output limit of {limit} bytes"
-                )));
-            }
+        // The compiled template with the size checks of `chat_guard` inserted, run by minijinja's
+        // VM exactly as `Template::render` runs it.
+        let compiled = machinery::get_compiled_template(&tmpl);
+        let code = chat_guard::guard_instructions(&compiled.instructions);
+        let blocks = chat_guard::guard_blocks(&compiled.blocks);
+        let mut rendered = String::new();
+        let mut out = machinery::make_string_output(&mut rendered);
+        let result = machinery::Vm::new(&self.env).eval(
+            &code,
+            ctx,
+            &blocks,
+            &mut out,
+            compiled.initial_auto_escape,
+        );
+        if let Err(e) = result {
             if e.kind() == ErrorKind::OutOfFuel {
                 return Err(Error::Template(
                     "template ran out of fuel (too many instructions; endless loop?)".into(),
@@ -231,8 +252,12 @@ impl ChatTemplate {
             }
             return Err(template_error(&e));
         }
-        String::from_utf8(sink.buf)
-            .map_err(|_| Error::Template("rendered prompt is not valid UTF-8".into()))
+        if rendered.len() > limit {
+            return Err(Error::Template(format!(
+                "rendered prompt exceeds the output limit of {limit} bytes"
+            )));
+        }
+        Ok(rendered)
     }
 }
 
@@ -287,29 +312,7 @@ fn named_default(list: &[serde_json::Value]) -> Result<String> {
     )))
 }
 
-/// Collects output until `limit` bytes, then fails the render.
-struct LimitedSink {
-    buf: Vec<u8>,
-    limit: usize,
-    overflow: bool,
-}
-
-impl io::Write for LimitedSink {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        if self.buf.len().saturating_add(data.len()) > self.limit {
-            self.overflow = true;
-            return Err(io::Error::other("output limit exceeded"));
-        }
-        self.buf.extend_from_slice(data);
-        Ok(data.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-fn sandbox_env(fuel: u64) -> Environment<'static> {
+pub(crate) fn sandbox_env(fuel: u64) -> Environment<'static> {
     let mut env = Environment::new();
     env.set_fuel(Some(fuel));
     env.set_recursion_limit(RECURSION_LIMIT);
@@ -335,6 +338,7 @@ fn sandbox_env(fuel: u64) -> Environment<'static> {
     env.add_filter("replace", replace_filter);
     env.add_filter("indent", indent_filter);
     env.add_filter("format", format_filter);
+    chat_guard::register(&mut env);
     env
 }
 

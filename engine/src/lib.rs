@@ -2,6 +2,8 @@
 
 pub mod backend;
 pub mod chat;
+mod chat_const;
+mod chat_guard;
 pub mod config;
 pub mod engine;
 pub mod error;
