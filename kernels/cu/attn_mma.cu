@@ -337,34 +337,23 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
 
 // Grid: (ceil(rows / (4 tpt)) * n_kv_heads, up to the splits of the launch's longest row), 128
 // threads: attn_mma_h<HD>_<fmt> (split mode), attn_mmaf_h<HD>_<fmt> (fold mode, grid y = 1).
-#define ATTN_MMA_KERNEL(suffix, HD, FMT)                                                                    \
-    extern "C" __global__ void __launch_bounds__(128) attn_mma_##suffix(                                    \
+#define ATTN_MMA_KERNEL(suffix, HD, FMT, FOLD)                                                              \
+    extern "C" __global__ void __launch_bounds__(128) attn_##suffix(                                        \
         const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq,                     \
         const u32* table_off, const u32* tables, float* part, u64 part_stride, u32 rows, u32 tpt,           \
         u32 n_heads, u32 n_kv_heads, u32 block_size, float scale) {                                         \
-        attn_mma_body<HD, FMT, false>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, rows,   \
-                                      tpt, n_heads, n_kv_heads, block_size, scale);                         \
-    }
-#define ATTN_MMAF_KERNEL(suffix, HD, FMT)                                                                   \
-    extern "C" __global__ void __launch_bounds__(128) attn_mmaf_##suffix(                                   \
-        const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq,                     \
-        const u32* table_off, const u32* tables, float* part, u64 part_stride, u32 rows, u32 tpt,           \
-        u32 n_heads, u32 n_kv_heads, u32 block_size, float scale) {                                         \
-        attn_mma_body<HD, FMT, true>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, rows,    \
+        attn_mma_body<HD, FMT, FOLD>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, rows,    \
                                      tpt, n_heads, n_kv_heads, block_size, scale);                          \
     }
-#define ATTN_MMA_SHAPES(M) \
-    M(h64_f32, 64, KvF32)  \
-    M(h64_f16, 64, KvF16)  \
-    M(h64_bf16, 64, KvBF16) \
-    M(h64_q8_0, 64, KvQ8)  \
-    M(h128_f32, 128, KvF32) \
-    M(h128_f16, 128, KvF16) \
-    M(h128_bf16, 128, KvBF16) \
-    M(h128_q8_0, 128, KvQ8)
+#define ATTN_MMA_SHAPES(M)                                                                        \
+    M(mma_h64_f32, 64, KvF32, false) M(mma_h64_f16, 64, KvF16, false) M(mma_h64_bf16, 64, KvBF16, false)   \
+    M(mma_h64_q8_0, 64, KvQ8, false) M(mma_h128_f32, 128, KvF32, false) M(mma_h128_f16, 128, KvF16, false) \
+    M(mma_h128_bf16, 128, KvBF16, false) M(mma_h128_q8_0, 128, KvQ8, false)                                \
+    M(mmaf_h64_f32, 64, KvF32, true) M(mmaf_h64_f16, 64, KvF16, true) M(mmaf_h64_bf16, 64, KvBF16, true)   \
+    M(mmaf_h64_q8_0, 64, KvQ8, true) M(mmaf_h128_f32, 128, KvF32, true) M(mmaf_h128_f16, 128, KvF16, true) \
+    M(mmaf_h128_bf16, 128, KvBF16, true) M(mmaf_h128_q8_0, 128, KvQ8, true)
 
 ATTN_MMA_SHAPES(ATTN_MMA_KERNEL)
-ATTN_MMA_SHAPES(ATTN_MMAF_KERNEL)
 
 // attn_combine: one block of 4 warps per (row, head) of `rows` rows, for the partials of every
 // attention kernel (attn_split, attn_split2, attn_mma). The partials of splits 0 .. pos / 64 are
