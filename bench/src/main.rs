@@ -368,6 +368,10 @@ struct PeerBenchFlags {
     /// Repetitions (llama-bench -r).
     #[arg(long, default_value_t = 3)]
     reps: usize,
+    /// The KV cache type for llama-bench (`-ctk T -ctv T`): f16 (llama.cpp's default), bf16,
+    /// q8_0 or f32, as memra's `--kv-dtype` of the rows it is compared with.
+    #[arg(long)]
+    kv_dtype: Option<memra_engine::engine::KvDtype>,
     /// Where the peer's source came from, named in the rows' version.
     #[arg(long, default_value = "llama-cpp-python 0.3.36 (vendored llama.cpp)")]
     peer_source: String,
@@ -434,14 +438,15 @@ fn peer(cmd: PeerCmd) -> Result<()> {
                 dtype: f.dtype,
                 source: f.peer_source,
             };
-            let text = memra_bench::peer::llama_bench(
-                &bin,
-                &f.model,
-                &f.prompt,
-                f.gen_tokens,
-                &f.depth,
-                f.reps,
-            )?;
+            let kv = f.kv_dtype.map(|k| k.to_string());
+            let plan = memra_bench::peer::BenchPlan {
+                prompt: &f.prompt,
+                gen_tokens: f.gen_tokens,
+                depth: &f.depth,
+                reps: f.reps,
+                kv: kv.as_deref(),
+            };
+            let text = memra_bench::peer::llama_bench(&bin, &f.model, &plan)?;
             let rows = memra_bench::peer::rows_from_jsonl(&text, &p)?;
             for r in &rows {
                 println!("{}", serde_json::to_string(r).unwrap_or_default());

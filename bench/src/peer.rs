@@ -112,28 +112,43 @@ pub fn rows_from_jsonl(text: &str, p: &PeerRun) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// Runs `llama-bench -ngl 99 -fa 1 -p P -n N -d D -r R -o jsonl` from `bin_dir` on `model`.
-pub fn llama_bench(
-    bin_dir: &Path,
-    model: &Path,
-    prompt: &[usize],
-    gen_tokens: usize,
-    depth: &[usize],
-    reps: usize,
-) -> Result<String> {
-    let exe = bin_dir.join("llama-bench");
+/// What the peer is asked to measure: llama-bench's `-p`, `-n`, `-d`, `-r` and the KV cache
+/// type (`-ctk`/`-ctv`; None: llama.cpp's default f16).
+#[derive(Clone, Debug)]
+pub struct BenchPlan<'a> {
+    pub prompt: &'a [usize],
+    pub gen_tokens: usize,
+    pub depth: &'a [usize],
+    pub reps: usize,
+    pub kv: Option<&'a str>,
+}
+
+/// llama-bench's arguments for `plan` on `model`: `-m M -ngl 99 -fa 1 -o jsonl -p P -n N -d D -r R
+/// [-ctk T -ctv T]`.
+pub fn llama_bench_args(model: &Path, plan: &BenchPlan<'_>) -> Vec<String> {
     let list = |v: &[usize]| {
         v.iter()
             .map(|x| x.to_string())
             .collect::<Vec<_>>()
             .join(",")
     };
+    let mut a: Vec<String> = vec!["-m".into(), model.display().to_string()];
+    a.extend(["-ngl", "99", "-fa", "1", "-o", "jsonl"].map(String::from));
+    a.extend(["-p".into(), list(plan.prompt)]);
+    a.extend(["-n".into(), plan.gen_tokens.to_string()]);
+    a.extend(["-d".into(), list(plan.depth)]);
+    a.extend(["-r".into(), plan.reps.to_string()]);
+    if let Some(t) = plan.kv {
+        a.extend(["-ctk".into(), t.to_string(), "-ctv".into(), t.to_string()]);
+    }
+    a
+}
+
+/// Runs llama-bench from `bin_dir` on `model` ([`llama_bench_args`]); returns its JSON lines.
+pub fn llama_bench(bin_dir: &Path, model: &Path, plan: &BenchPlan<'_>) -> Result<String> {
+    let exe = bin_dir.join("llama-bench");
     let out = Command::new(&exe)
-        .arg("-m")
-        .arg(model)
-        .args(["-ngl", "99", "-fa", "1", "-o", "jsonl"])
-        .args(["-p", &list(prompt), "-n", &gen_tokens.to_string()])
-        .args(["-d", &list(depth), "-r", &reps.to_string()])
+        .args(llama_bench_args(model, plan))
         .output()
         .map_err(|e| Error::Input(format!("{}: {e}", exe.display())))?;
     if !out.status.success() {
@@ -153,6 +168,30 @@ pub fn llama_bench(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn llama_bench_is_asked_for_the_kv_type_of_memra_s_rows() {
+        let plan = BenchPlan {
+            prompt: &[0],
+            gen_tokens: 128,
+            depth: &[512, 8000],
+            reps: 3,
+            kv: None,
+        };
+        let a = llama_bench_args(Path::new("m.gguf"), &plan);
+        assert_eq!(
+            a.join(" "),
+            "-m m.gguf -ngl 99 -fa 1 -o jsonl -p 0 -n 128 -d 512,8000 -r 3"
+        );
+        let q8 = llama_bench_args(
+            Path::new("m.gguf"),
+            &BenchPlan {
+                kv: Some("q8_0"),
+                ..plan
+            },
+        );
+        assert!(q8.join(" ").ends_with("-r 3 -ctk q8_0 -ctv q8_0"), "{q8:?}");
+    }
 
     fn run() -> PeerRun {
         PeerRun {
