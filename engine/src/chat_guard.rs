@@ -23,7 +23,15 @@
 //!   the template can reach is larger than the cap, whatever filter formats it later;
 //! - every `{{ ... }}` and every piece of template text is counted against a per-render emission
 //!   budget before it is written, captures included, so output cannot grow without bound in a
-//!   capture either (the final output is then held to the exact output limit by the caller).
+//!   capture either (the final output is then held to the exact output limit by the caller);
+//! - a per-render deadline ([`Budget::tick`]): every check above that looks at a value or counts
+//!   output, and a bare check (a method call on the budget, loaded as a constant) before each loop
+//!   iteration (`Iterate`) and each operation whose cost grows with its operands (`in`,
+//!   comparisons, tests, indexing, slicing), fails the render once its time limit has passed.
+//!   No loop iteration, call or value-scaling operation runs without a check, so the render stops
+//!   within a few operations (each bounded by the value cap) of the deadline, however the
+//!   template spends its time (filters over large values, string products, long loops under the
+//!   fuel limit). The clock is read on every [`CLOCK_STRIDE`]th check only.
 //!
 //! The cap is the render's output limit (1 MiB plus 4x the message text by default): a real
 //! template builds its output from values no larger than the output itself, so real templates
@@ -35,7 +43,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use minijinja::machinery::{Instruction, Instructions};
 use minijinja::value::{Object, Value, ValueKind};
@@ -52,6 +61,12 @@ const CHECK_SET_ATTR: &str = "__memra_set_attr";
 const CHECK_VALUE: &str = "__memra_value";
 const CHECK_EMIT: &str = "__memra_emit";
 const CHECK_RAW: &str = "__memra_raw";
+/// The budget's method that checks the deadline alone (see [`expand`]).
+const TICK: &str = "tick";
+/// Checks per clock read: a clock read costs ~25 ns (more on a VM without a fast clock source),
+/// about as much as a bare check, and the 15 operations that may follow the deadline unchecked
+/// take a few milliseconds at most.
+pub(crate) const CLOCK_STRIDE: u32 = 16;
 /// Deepest nesting of lists and maps a value may have (request JSON stops at 128).
 pub(crate) const MAX_DEPTH: usize = 256;
 /// Formatted-size estimate of a float, bool, none or other scalar (an integer counts its digits).
@@ -59,20 +74,62 @@ pub(crate) const SCALAR_SIZE: usize = 48;
 /// Largest count `batch` and `slice` take (they allocate `count` slots up front).
 pub(crate) const MAX_BATCH: usize = 100_000;
 
-/// One render's limits: the largest value (estimated formatted bytes) and the bytes left to emit.
+/// One render's limits: the largest value (estimated formatted bytes), the bytes left to emit and
+/// the deadline.
 #[derive(Debug)]
 pub(crate) struct Budget {
     cap: usize,
     emit_left: AtomicUsize,
+    /// `None`: the time limit is too far away to represent.
+    deadline: Option<Instant>,
+    time_limit: Duration,
+    /// Checks so far (the clock is read on every [`CLOCK_STRIDE`]th).
+    checks: AtomicU32,
+    /// Set when a check found the deadline passed; every later check fails at once.
+    timed_out: AtomicBool,
 }
 
 impl Budget {
-    /// `cap` bounds each value; emission (captures included) may total `emit` bytes.
-    pub(crate) fn new(cap: usize, emit: usize) -> Budget {
+    /// `cap` bounds each value; emission (captures included) may total `emit` bytes; the render
+    /// may run until `start + time_limit`.
+    pub(crate) fn new(cap: usize, emit: usize, start: Instant, time_limit: Duration) -> Budget {
         Budget {
             cap,
             emit_left: AtomicUsize::new(emit),
+            deadline: start.checked_add(time_limit),
+            time_limit,
+            checks: AtomicU32::new(0),
+            timed_out: AtomicBool::new(false),
         }
+    }
+
+    /// The message of the error a render that ran past its deadline fails with.
+    pub(crate) fn time_limit_message(time_limit: Duration) -> String {
+        format!(
+            "template render exceeded its time limit of {} ms",
+            time_limit.as_millis()
+        )
+    }
+
+    /// Whether a check found the deadline passed (the render then failed).
+    pub(crate) fn timed_out(&self) -> bool {
+        self.timed_out.load(Ordering::Relaxed)
+    }
+
+    /// Fails once the deadline has passed (the clock is read every [`CLOCK_STRIDE`] calls, the
+    /// first included).
+    pub(crate) fn tick(&self) -> Result<(), Error> {
+        if !self.timed_out.load(Ordering::Relaxed) {
+            let n = self.checks.fetch_add(1, Ordering::Relaxed);
+            if !n.is_multiple_of(CLOCK_STRIDE) || self.deadline.is_none_or(|d| Instant::now() < d) {
+                return Ok(());
+            }
+            self.timed_out.store(true, Ordering::Relaxed);
+        }
+        Err(Error::new(
+            ErrorKind::InvalidOperation,
+            Self::time_limit_message(self.time_limit),
+        ))
     }
 
     fn spend(&self, n: usize) -> Result<(), Error> {
@@ -92,7 +149,21 @@ impl Budget {
     }
 }
 
-impl Object for Budget {}
+impl Object for Budget {
+    /// `tick()`, the bare deadline check that [`expand`] inserts (the template cannot reach it).
+    fn call_method(
+        self: &Arc<Self>,
+        _state: &State<'_, '_>,
+        method: &str,
+        _args: &[Value],
+    ) -> Result<Value, Error> {
+        if method != TICK {
+            return Err(Error::from(ErrorKind::UnknownMethod));
+        }
+        self.tick()?;
+        Ok(Value::UNDEFINED)
+    }
+}
 
 /// Registers the guard functions and the bounded `batch` / `slice` filters.
 pub(crate) fn register(env: &mut Environment<'static>) {
@@ -108,11 +179,12 @@ pub(crate) fn register(env: &mut Environment<'static>) {
 }
 
 /// `code` with the checks described in the module docs inserted; jump targets are moved to match.
-pub(crate) fn guard_instructions<'s>(code: &Instructions<'s>) -> Instructions<'s> {
+/// `budget` is the render's [`Budget`] (the bare deadline checks call it directly).
+pub(crate) fn guard_instructions<'s>(code: &Instructions<'s>, budget: &Value) -> Instructions<'s> {
     let n = code.len();
     let groups: Vec<Vec<Instruction<'s>>> = (0..n)
         .filter_map(|i| code.get(i as u32))
-        .map(expand)
+        .map(|instr| expand(instr, budget))
         .collect();
     // start[i]: the new index of old instruction i's group (a jump to i runs its checks too).
     let mut start = Vec::with_capacity(groups.len() + 1);
@@ -141,15 +213,16 @@ pub(crate) fn guard_instructions<'s>(code: &Instructions<'s>) -> Instructions<'s
 /// [`guard_instructions`] for each block.
 pub(crate) fn guard_blocks<'s>(
     blocks: &BTreeMap<&'s str, Instructions<'s>>,
+    budget: &Value,
 ) -> BTreeMap<&'s str, Instructions<'s>> {
     blocks
         .iter()
-        .map(|(name, code)| (*name, guard_instructions(code)))
+        .map(|(name, code)| (*name, guard_instructions(code, budget)))
         .collect()
 }
 
 /// The instructions that replace `instr`.
-fn expand<'s>(instr: &Instruction<'s>) -> Vec<Instruction<'s>> {
+fn expand<'s>(instr: &Instruction<'s>, budget: &Value) -> Vec<Instruction<'s>> {
     use Instruction as I;
     let call = |name: &'static str, args: u16| I::CallFunction(name, Some(args));
     // The check takes both operands and returns them as `[b, a]`, which `UnpackList` puts back
@@ -166,6 +239,26 @@ fn expand<'s>(instr: &Instruction<'s>) -> Vec<Instruction<'s>> {
             call(CHECK_RAW, 1),
             I::DiscardTop,
             I::EmitRaw(s),
+        ],
+        // Bare deadline checks, a method call on the budget itself (no name lookup): once per
+        // loop iteration (a loop's closing jump goes back to its `Iterate`), and before each
+        // operation that may take time in proportion to its operands.
+        I::Iterate(_)
+        | I::In
+        | I::Eq
+        | I::Ne
+        | I::Lt
+        | I::Lte
+        | I::Gt
+        | I::Gte
+        | I::CompareAndPreserve(_)
+        | I::PerformTest(..)
+        | I::GetItem
+        | I::Slice => vec![
+            I::LoadConst(budget.clone()),
+            I::CallMethod(TICK, Some(1)),
+            I::DiscardTop,
+            instr.clone(),
         ],
         I::BuildList(_)
         | I::BuildMap(_)
@@ -191,11 +284,14 @@ fn retarget(instr: &mut Instruction<'_>, start: &[u32]) {
     }
 }
 
+/// The render's budget, after its deadline check: every size check goes through here.
 fn budget(state: &State) -> Result<Arc<Budget>, Error> {
-    state
+    let b = state
         .lookup(BUDGET_VAR)
         .and_then(|v| v.downcast_object::<Budget>())
-        .ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "render budget missing"))
+        .ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "render budget missing"))?;
+    b.tick()?;
+    Ok(b)
 }
 
 fn too_large(what: &str, cap: usize) -> Error {
@@ -422,6 +518,8 @@ mod tests {
         ]
     }
 
+    const SMOLLM2: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
     /// Renders `src` and returns the error message; each hostile template must fail fast.
     fn refused(src: &str) -> String {
         let t = ChatTemplate::new(src, "<s>", "</s>").expect("compiles");
@@ -582,7 +680,6 @@ mod tests {
     /// them without the guard.
     #[test]
     fn guarded_render_matches_unguarded() {
-        const SMOLLM2: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
         const LLAMA3: &str = "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
         const TOUR: &str = r#"{%- set ns = namespace(n=0, parts=[], last=-1) %}
 {%- macro show(m, sep='|') -%}[{{ m.role|upper }}{{ sep }}{{ m.content|trim }}]{%- endmacro %}
@@ -624,6 +721,105 @@ mod tests {
                 assert_eq!(guarded, plain, "{src}");
                 assert!(!guarded.is_empty());
             }
+        }
+    }
+
+    /// Templates that stay within fuel and size limits but would burn CPU for many seconds (one
+    /// million iterations of an operation on a ~500 KB value, or 4^12 macro calls) stop at the
+    /// deadline with the time-limit error.
+    #[test]
+    fn slow_templates_hit_the_time_limit() {
+        const NESTED: &str =
+            "{% for i in range(1000) %}{% for j in range(1000) %}BODY{% endfor %}{% endfor %}";
+        let bodies = [
+            // `in`: a substring search per iteration, no call, no emission.
+            "{% if 'y' in s %}{% endif %}",
+            // A filter over a large value.
+            "{% set t = s|upper %}",
+            // A large string product.
+            "{% set t = 'ab' * 200000 %}",
+            // Comparison of large lists.
+            "{% if l == l2 %}{% endif %}",
+            // A test over a large value.
+            "{% if 'y' is in s %}{% endif %}",
+        ];
+        let prelude = "{% set s = 'x' * 500000 %}{% set l = range(50000)|list %}{% set l2 = range(50000)|list %}";
+        let mut sources: Vec<String> = bodies
+            .iter()
+            .map(|b| format!("{prelude}{}", NESTED.replace("BODY", b)))
+            .collect();
+        // Deep fan-out of macro calls, the deadline surfacing through nested calls.
+        sources.push(
+            "{% macro m(n) %}{% if n > 0 %}{% for i in range(4) %}{{ m(n - 1) }}{% endfor %}{% endif %}{% endmacro %}{{ m(12) }}"
+                .into(),
+        );
+        let limit = Duration::from_millis(50);
+        for src in &sources {
+            let t = ChatTemplate::new(src, "<s>", "</s>")
+                .expect("compiles")
+                .with_time_limit(limit);
+            let start = Instant::now();
+            let r = t.render(&conversation(), true);
+            let took = start.elapsed();
+            match r {
+                Err(Error::Template(msg)) => assert_eq!(
+                    msg, "template render exceeded its time limit of 50 ms",
+                    "{src}"
+                ),
+                other => panic!("{src}: expected the time-limit error, got {other:?}"),
+            }
+            assert!(took < Duration::from_secs(1), "{src}: took {took:?}");
+        }
+    }
+
+    /// A time limit too far away to represent is no limit; a short one does not touch a real
+    /// template's render.
+    #[test]
+    fn time_limit_extremes_render_real_templates() {
+        let src = crate::models::gemma3::CHAT_TEMPLATE;
+        let want = ChatTemplate::new(src, "<s>", "</s>")
+            .expect("compiles")
+            .render(&conversation(), true)
+            .expect("renders");
+        for limit in [Duration::MAX, Duration::from_millis(500)] {
+            let t = ChatTemplate::new(src, "<s>", "</s>")
+                .expect("compiles")
+                .with_time_limit(limit);
+            assert_eq!(t.render(&conversation(), true).expect("renders"), want);
+        }
+    }
+
+    /// Render time of real templates, guarded (size checks and deadline) and by plain minijinja
+    /// (best of 500 interleaved rounds, 160 messages); run with `--ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn render_timing() {
+        let msgs: Vec<ChatMessage> = (0..40).flat_map(|_| conversation()).collect();
+        let env = sandbox_env(DEFAULT_FUEL);
+        for (name, src) in [
+            ("gemma3", crate::models::gemma3::CHAT_TEMPLATE),
+            ("smollm2", SMOLLM2),
+        ] {
+            let t = ChatTemplate::new(src, "<s>", "</s>").expect("compiles");
+            let tmpl = env.template_from_str(src).expect("compiles");
+            let (mut guarded, mut plain) = (Duration::MAX, Duration::MAX);
+            for _ in 0..500 {
+                let start = Instant::now();
+                let a = t.render(&msgs, true).expect("renders");
+                guarded = guarded.min(start.elapsed());
+                let start = Instant::now();
+                let b = tmpl
+                    .render(context! {
+                        messages => &msgs,
+                        add_generation_prompt => true,
+                        bos_token => "<s>",
+                        eos_token => "</s>",
+                    })
+                    .expect("renders");
+                plain = plain.min(start.elapsed());
+                assert_eq!(a, b);
+            }
+            eprintln!("TIMING {name}: guarded {guarded:?}, plain minijinja {plain:?}");
         }
     }
 }
