@@ -142,15 +142,28 @@ mod tests {
         assert!(dechunk(b"5").unwrap_err().contains("without CRLF"));
     }
 
-    #[test]
-    fn a_get_reads_the_whole_chunked_body() {
+    /// A loopback server for one connection: reads the request line, then gives the connection,
+    /// its reader and that line to `handle` on the server's thread.
+    fn serve_one<T: Send + 'static>(
+        handle: impl FnOnce(std::net::TcpStream, BufReader<std::net::TcpStream>, String) -> T
+        + Send
+        + 'static,
+    ) -> (String, std::thread::JoinHandle<T>) {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         let server = std::thread::spawn(move || {
-            let (mut c, _) = l.accept().unwrap();
+            let (c, _) = l.accept().unwrap();
             let mut r = BufReader::new(c.try_clone().unwrap());
             let mut first = String::new();
             r.read_line(&mut first).unwrap();
+            handle(c, r, first)
+        });
+        (addr, server)
+    }
+
+    #[test]
+    fn a_get_reads_the_whole_chunked_body() {
+        let (addr, server) = serve_one(|mut c, _, first| {
             c.write_all(
                 b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nab \r\n2\r\n 1\r\n0\r\n\r\n",
             )
@@ -164,13 +177,7 @@ mod tests {
 
     #[test]
     fn the_request_and_status_round_trip() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap().to_string();
-        let server = std::thread::spawn(move || {
-            let (mut c, _) = l.accept().unwrap();
-            let mut r = BufReader::new(c.try_clone().unwrap());
-            let mut first = String::new();
-            r.read_line(&mut first).unwrap();
+        let (addr, server) = serve_one(|mut c, mut r, first| {
             let mut auth = false;
             loop {
                 let mut h = String::new();

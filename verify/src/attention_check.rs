@@ -72,7 +72,7 @@ fn tol_for(g: &Gpu, head_dim: usize, kv: KvDtype) -> f64 {
 }
 
 fn uses_mma(g: &Gpu, head_dim: usize) -> bool {
-    g.attn_kernel() == "attn_mma" && attn_mma_kernel(head_dim, KvDtype::F32).is_some()
+    g.attn_kernel() == "attn_mma" && attn_mma_kernel(head_dim, KvDtype::F32, false).is_some()
 }
 
 /// A cache of rows of `width` values stored in format `kv`: its bytes and the values it reads

@@ -797,9 +797,11 @@ pub struct AttnArgs {
     pub fold: Option<bool>,
 }
 
-/// The tensor-core attention kernel for `head_dim` over a `kv` cache, when it has one.
-pub fn attn_mma_kernel(head_dim: usize, kv: KvDtype) -> Option<String> {
-    matches!(head_dim, 64 | 128).then(|| format!("attn_mma_h{head_dim}_{kv}"))
+/// The tensor-core attention kernel for `head_dim` over a `kv` cache, when it has one: split
+/// mode (`attn_mma_*`) or, with `fold`, fold mode (`attn_mmaf_*`).
+pub fn attn_mma_kernel(head_dim: usize, kv: KvDtype, fold: bool) -> Option<String> {
+    let mode = if fold { "mmaf" } else { "mma" };
+    matches!(head_dim, 64 | 128).then(|| format!("attn_{mode}_h{head_dim}_{kv}"))
 }
 
 /// Tokens per tile of the tensor-core attention kernel for a launch of `rows` rows with `group`
@@ -840,12 +842,11 @@ impl Gpu {
             return Ok(());
         }
         let splits = a.ctx.max(1).div_ceil(ATTN_SPLIT);
-        let fold = a
-            .fold
-            .unwrap_or_else(|| self.attn_folds(a.rows, a.n_heads, a.n_kv_heads, a.head_dim, a.kv))
-            && self
-                .attn_mma_for(a.head_dim, a.kv, a.n_heads / a.n_kv_heads.max(1))
-                .is_some();
+        let group = a.n_heads / a.n_kv_heads;
+        let mma = self.uses_attn_mma(a.head_dim, group);
+        let fold = mma
+            && a.fold
+                .unwrap_or_else(|| self.attn_folds(a.rows, a.n_heads, a.n_kv_heads, a.head_dim));
         let stride = if fold {
             attn_folded_floats(a.head_dim)
         } else {
@@ -873,8 +874,7 @@ impl Gpu {
             Arg::U32(self.u32_of(a.block_size, "block_size")?),
             Arg::F32(a.scale),
         ];
-        let group = a.n_heads / a.n_kv_heads;
-        match self.attn_mma_for(a.head_dim, a.kv, group) {
+        match attn_mma_kernel(a.head_dim, a.kv, fold).filter(|_| mma) {
             Some(kernel) => {
                 let tpt = match a.tile_tokens {
                     0 => attn_tile_tokens(a.rows, group),
@@ -892,11 +892,6 @@ impl Gpu {
                     Arg::U32(self.u32_of(tpt, "tokens per tile")?),
                 ];
                 let args = [&lead[..], &tiling, &heads, &tail].concat();
-                let kernel = if fold {
-                    kernel.replacen("attn_mma_", "attn_mmaf_", 1)
-                } else {
-                    kernel
-                };
                 // Split mode: one block per (tiles, split) up to the grid's limit in y (a block
                 // loops over splits y, y + gridDim.y, ...: the grid bounds the parallelism, not
                 // the result). Fold mode: a block walks all its splits.
@@ -942,10 +937,10 @@ impl Gpu {
         self.launch("attn_combine", (rh, 1), 128, &args)
     }
 
-    /// The tensor-core attention kernel this device uses for `head_dim` over a `kv` cache with
-    /// `group` query heads per KV head, if any.
-    fn attn_mma_for(&self, head_dim: usize, kv: KvDtype, group: usize) -> Option<String> {
-        attn_mma_kernel(head_dim, kv).filter(|_| self.attn_kernel == "attn_mma" && group <= 16)
+    /// Whether this device runs the tensor-core attention for `head_dim` with `group` query
+    /// heads per KV head (every KV format has its kernels).
+    fn uses_attn_mma(&self, head_dim: usize, group: usize) -> bool {
+        self.attn_kernel == "attn_mma" && group <= 16 && matches!(head_dim, 64 | 128)
     }
 
     /// Whether a launch of `rows` rows folds its splits inside the tensor-core kernel (enough
@@ -957,13 +952,12 @@ impl Gpu {
         n_heads: usize,
         n_kv_heads: usize,
         head_dim: usize,
-        kv: KvDtype,
     ) -> bool {
         if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
             return false;
         }
         let group = n_heads / n_kv_heads;
-        if self.attn_mma_for(head_dim, kv, group).is_none() {
+        if !self.uses_attn_mma(head_dim, group) {
             return false;
         }
         match self.attn_fold_force {

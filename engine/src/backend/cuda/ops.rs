@@ -85,7 +85,7 @@ impl CudaOps {
         };
         // Split into launches of `chunk` rows to bound the score scratch (one partial per row
         // and head when the launch folds its splits in the kernel, else one per split).
-        let fold = g.attn_folds(m, p.n_heads, p.n_kv_heads, p.head_dim, self.kv_dtype);
+        let fold = g.attn_folds(m, p.n_heads, p.n_kv_heads, p.head_dim);
         let part = if fold {
             super::attn_folded_floats(p.head_dim)
         } else {
