@@ -975,6 +975,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_attention_kernel_name_is_a_kernel_with_the_launch_s_arguments() {
+        // Gpu::attention's tensor-core launch: 9 lead, rows and tokens per tile, 2 head counts,
+        // block size and scale.
+        let mut args = vec![Arg::Ptr(1); 8];
+        args.extend([Arg::U64(130), Arg::U32(4), Arg::U32(4), Arg::U32(32)]);
+        args.extend([Arg::U32(8), Arg::U32(16), Arg::F32(0.1)]);
+        for hd in [64, 128] {
+            for kv in KvDtype::ALL {
+                for fold in [false, true] {
+                    let name = attn_mma_kernel(hd, kv, fold).unwrap();
+                    assert_eq!(check_args(&name, &args), Ok(()), "{name}");
+                }
+            }
+        }
+        assert_eq!(attn_mma_kernel(96, KvDtype::F16, true), None);
+    }
+
+    #[test]
     fn launches_are_checked_against_the_kernel_sources() {
         let ok = [Arg::Ptr(1), Arg::F32(0.5), Arg::U64(3)];
         assert_eq!(check_args("fill_f32", &ok), Ok(()));
