@@ -9,15 +9,18 @@
 // per sequence), each pass reading that sequence's KV. Per split of a pass:
 //   0. the block stages the split's K and V (64 positions x HD, the mma input type: bf16 for a bf16
 //      cache, else f16 with f32 / Q8_0 values rounded and clamped to +-65504 by kvfmt.cuh) in
-//      shared memory; positions at or past the pass's last are zeros (never read);
+//      shared memory; positions at or past the pass's last are zeros (never read). f16 / bf16
+//      caches are copied with cp.async; with `stages` = 2 the next split's copy is in flight while
+//      this split is computed (double buffering, dynamic shared memory: am_smem_bytes);
 //   1. S = Q K^T: 8 n-tiles of 8 positions, HD / 16 k-steps chained from +0 (ldmatrix fragments);
 //      s = S * scale, positions past the row's own -> -inf;
 //   2. m = the row's max over the split (lane, then quad xor 1, 2: exact in any order);
 //   3. p = f16 or bf16 of expf(s - m) (+0 for masked positions); l = the p (as f32) summed in a
 //      fixed order (lane: n-tile, column; then quad xor 1, 2); o = P V, one mma chain of the 4
 //      k-steps of 16 positions per n-tile of 8 dimensions, from +0;
-//   4. (m, l, o) is the split's partial. Split mode writes it per split and attn_combine folds the
-//      partials in split order; fold mode (attn_mmaf) walks the splits in order inside the block and
+//   4. (m, l, o) is the split's partial. Split mode writes it per split (block y of the grid takes
+//      a contiguous range of the pass's splits: y * ns / gridDim.y up to (y + 1) * ns / gridDim.y)
+//      and attn_combine folds the partials in split order; fold mode (attn_mmaf) walks the splits in order inside the block and
 //      folds each into the row's running (M, L, O) with attn_fold / attn_fold_o, the SAME
 //      operations as attn_combine, then writes the folded state once (attn_combine `folded`).
 // A row's values depend only on its own q, pos and its sequence's KV: mma rows and columns are
@@ -115,6 +118,25 @@ __device__ __forceinline__ void am_store(u16* dst, const uint4* x) {
     }
 }
 
+// The same positions of an f16 / bf16 cache (F::DIRECT) copied with cp.async (zeros from nmax on,
+// nothing read there); the caller commits and waits.
+template <int HD, typename F>
+__device__ __forceinline__ void am_issue(u16* dst, const u8* __restrict__ cache, const u32* __restrict__ tab, u32 p0,
+                                         u32 nmax, u32 kvh, u32 block_size, u64 rb) {
+    constexpr int CH = HD / 8;
+    constexpr int LD = HD + AM_PAD;
+    constexpr int PER = AM_SPLIT * CH / (AM_WARPS * 32);
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const u32 c = threadIdx.x + AM_WARPS * 32 * i;
+        const u32 p = p0 + c / CH, d = kvh * HD + (c % CH) * 8;
+        const bool in = p < nmax;
+        const u8* src = cache;
+        if (in) src = cache + ((u64)tab[p / block_size] * block_size + p % block_size) * rb + 2 * (u64)d;
+        cp_async16_zfill(dst + (c / CH) * LD + (c % CH) * 8, src, in);
+    }
+}
+
 template <int HD, typename F, bool BOTH>
 __device__ __forceinline__ void am_stage(u16* sk, u16* sv, const u8* __restrict__ Kc, const u8* __restrict__ Vc,
                                          const u32* __restrict__ tab, u32 p0, u32 nmax, u32 kvh, u32 block_size,
@@ -140,13 +162,15 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
                                               const u32* __restrict__ row_seq, const u32* __restrict__ table_off,
                                               const u32* __restrict__ tables, float* __restrict__ part,
                                               u64 part_stride, u32 rows, u32 tpt, u32 n_heads, u32 n_kv_heads,
-                                              u32 block_size, float scale) {
+                                              u32 block_size, float scale, u32 stages) {
     constexpr int KS = HD / 16;  // k-steps of Q K^T
     constexpr int NT = HD / 8;   // n-tiles of P V
     constexpr int LD = HD + AM_PAD;
+    constexpr int TILE = AM_SPLIT * LD;  // u16 of one staged K or V tile
     constexpr bool BF = F::BF16;
-    __shared__ __align__(16) u16 sk[AM_SPLIT * LD];
-    __shared__ __align__(16) u16 sv[AM_SPLIT * LD];
+    // Buffer b: K tile at am_smem + 2 b TILE, V tile after it (b = 0 only, unless double-buffered).
+    extern __shared__ __align__(16) u16 am_smem[];
+    const bool pipe = F::DIRECT && stages > 1;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const u32 G = n_heads / n_kv_heads;
@@ -214,12 +238,39 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
                 qa[ks][h + 2] = am_pair<BF>(hi.x, hi.y);
             }
         }
-        // Fold mode: every split of the pass in order; split mode: splits y, y + gridDim.y, ...
-        const u32 step = FOLD ? 1u : gridDim.y;
-        for (u32 split = FOLD ? 0u : blockIdx.y; split * AM_SPLIT < nmax; split += step) {
+        // Fold mode: every split of the pass in order; split mode: this block's range of splits.
+        const u32 ns = (nmax + AM_SPLIT - 1) / AM_SPLIT;
+        const u32 s_lo = FOLD ? 0u : (u32)((u64)blockIdx.y * ns / gridDim.y);
+        const u32 s_hi = FOLD ? ns : (u32)((u64)(blockIdx.y + 1) * ns / gridDim.y);
+        if (pipe && s_lo < s_hi) {
+            __syncthreads();  // the previous pass's tiles are consumed
+            am_issue<HD, F>(am_smem, Kc, tab, s_lo * AM_SPLIT, nmax, kvh, block_size, rb);
+            am_issue<HD, F>(am_smem + TILE, Vc, tab, s_lo * AM_SPLIT, nmax, kvh, block_size, rb);
+            cp_async_commit();
+        }
+        for (u32 split = s_lo; split < s_hi; ++split) {
             const u32 p0 = split * AM_SPLIT;
-            __syncthreads();  // the previous split's tiles are consumed
-            am_stage<HD, F, !FOLD>(sk, sv, Kc, Vc, tab, p0, nmax, kvh, block_size, rb, (u32)width);
+            u16* sk = am_smem + (pipe ? 2 * TILE * ((split - s_lo) & 1) : 0);
+            u16* sv = sk + TILE;
+            __syncthreads();  // the tiles staged next (the other buffer, or this one) are consumed
+            if (pipe) {
+                if (split + 1 < s_hi) {
+                    u16* nk = am_smem + 2 * TILE * ((split + 1 - s_lo) & 1);
+                    am_issue<HD, F>(nk, Kc, tab, p0 + AM_SPLIT, nmax, kvh, block_size, rb);
+                    am_issue<HD, F>(nk + TILE, Vc, tab, p0 + AM_SPLIT, nmax, kvh, block_size, rb);
+                    cp_async_commit();
+                    cp_async_wait<1>();  // this split's group has landed
+                } else {
+                    cp_async_wait<0>();
+                }
+            } else if (F::DIRECT) {
+                am_issue<HD, F>(sk, Kc, tab, p0, nmax, kvh, block_size, rb);
+                am_issue<HD, F>(sv, Vc, tab, p0, nmax, kvh, block_size, rb);
+                cp_async_commit();
+                cp_async_wait<0>();
+            } else {
+                am_stage<HD, F, !FOLD>(sk, sv, Kc, Vc, tab, p0, nmax, kvh, block_size, rb, (u32)width);
+            }
             __syncthreads();
             const bool mine[2] = {p0 < lim[0], p0 < lim[1]};
             if (!__any_sync(FULL_MASK, mine[0] || mine[1])) continue;  // uniform over the warp
@@ -336,14 +387,15 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
 }
 
 // Grid: (ceil(rows / (4 tpt)) * n_kv_heads, up to the splits of the launch's longest row), 128
-// threads: attn_mma_h<HD>_<fmt> (split mode), attn_mmaf_h<HD>_<fmt> (fold mode, grid y = 1).
+// threads, am_smem_bytes(HD, stages) of dynamic shared memory: attn_mma_h<HD>_<fmt> (split mode),
+// attn_mmaf_h<HD>_<fmt> (fold mode, grid y = 1). stages: 2 double-buffers f16 / bf16 caches.
 #define ATTN_MMA_KERNEL(suffix, HD, FMT, FOLD)                                                              \
     extern "C" __global__ void __launch_bounds__(128) attn_##suffix(                                        \
         const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq,                     \
         const u32* table_off, const u32* tables, float* part, u64 part_stride, u32 rows, u32 tpt,           \
-        u32 n_heads, u32 n_kv_heads, u32 block_size, float scale) {                                         \
+        u32 n_heads, u32 n_kv_heads, u32 block_size, float scale, u32 stages) {                             \
         attn_mma_body<HD, FMT, FOLD>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, rows,    \
-                                     tpt, n_heads, n_kv_heads, block_size, scale);                          \
+                                     tpt, n_heads, n_kv_heads, block_size, scale, stages);                  \
     }
 #define ATTN_MMA_SHAPES(M)                                                                        \
     M(mma_h64_f32, 64, KvF32, false) M(mma_h64_f16, 64, KvF16, false) M(mma_h64_bf16, 64, KvBF16, false)   \

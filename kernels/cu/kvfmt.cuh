@@ -6,7 +6,9 @@
 //   h4(row, d, w)  values d..d+3 (d % 4 == 0) as two mma operand words (lo = the lower index),
 //                  in the tensor-core attention's input type: f16 (BF16 = false) or bf16;
 //   h8(row, d, w)  values d..d+7 (d % 8 == 0) the same way, as four words (the same values as
-//                  two h4, with wider loads).
+//                  two h4, with wider loads);
+//   DIRECT         whether the stored 16-bit values already are the mma input (f16, bf16): then
+//                  h8 is a plain 16-byte copy, which the attention stages with cp.async.
 // f16 saturates to +-65504 before rounding (the same bits as rounding an f32 cache row for the
 // f16 mma); bf16 and f16 round to nearest even; Q8_0 holds the row's int8 quants, then its f16
 // scales per 32 values (value = q * scale).
@@ -28,6 +30,7 @@ __device__ __forceinline__ u32 b2_rn(float lo, float hi) {
 }
 
 struct KvF32 {
+    static constexpr bool DIRECT = false;
     static constexpr bool BF16 = false;
     static __device__ __forceinline__ u64 row_bytes(u64 w) { return 4 * w; }
     static __device__ __forceinline__ float ld(const u8* r, u32 i, u32) { return __ldg((const float*)r + i); }
@@ -43,6 +46,7 @@ struct KvF32 {
 };
 
 struct KvF16 {
+    static constexpr bool DIRECT = true;
     static constexpr bool BF16 = false;
     static __device__ __forceinline__ u64 row_bytes(u64 w) { return 2 * w; }
     static __device__ __forceinline__ float ld(const u8* r, u32 i, u32) { return f16_to_f32(__ldg((const u16*)r + i)); }
@@ -52,6 +56,7 @@ struct KvF16 {
 };
 
 struct KvBF16 {
+    static constexpr bool DIRECT = true;
     static constexpr bool BF16 = true;
     static __device__ __forceinline__ u64 row_bytes(u64 w) { return 2 * w; }
     static __device__ __forceinline__ float ld(const u8* r, u32 i, u32) { return bf16_to_f32(__ldg((const u16*)r + i)); }
@@ -61,6 +66,7 @@ struct KvBF16 {
 };
 
 struct KvQ8 {
+    static constexpr bool DIRECT = false;
     static constexpr bool BF16 = false;
     static __device__ __forceinline__ u64 row_bytes(u64 w) { return w + w / 16; }
     static __device__ __forceinline__ float scale(const u8* r, u32 i, u32 w) {

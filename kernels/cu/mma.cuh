@@ -60,3 +60,22 @@ struct Sld {
     static __device__ __forceinline__ uint2 w2(const uint2* p) { return *p; }
     static __device__ __forceinline__ u16 h(const u16* p) { return *p; }
 };
+
+// Asynchronous 16-byte copies global -> shared (cp.async, sm_80+), in commit groups.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    u32 s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+// The same, or 16 zero bytes without reading gmem when !full.
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool full) {
+    u32 s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(full ? 16u : 0u)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}

@@ -310,16 +310,6 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
 #define MMS_WR 4
 #define MMS_WT 2
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    u32 s;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 // Bytes of one staged token row: the k-tile's 16-bit values plus 64 (a quarter-warp's eight
 // 16-byte fragment loads then fall on distinct banks).

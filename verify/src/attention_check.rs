@@ -102,8 +102,16 @@ struct Launch<'a> {
 
 impl Launch<'_> {
     /// Rows `r0..r0 + rows` in one launch with `tile_tokens` tokens per tile (0: default), in
-    /// mode `fold` (None: the default for the launch).
-    fn run(&self, r0: usize, rows: usize, tile_tokens: usize, fold: Option<bool>) -> Result<()> {
+    /// mode `fold` (None: the default for the launch), with `pipe` = (staged K/V buffers,
+    /// split-mode blocks in y) (0: the device's choice).
+    fn run(
+        &self,
+        r0: usize,
+        rows: usize,
+        tile_tokens: usize,
+        fold: Option<bool>,
+        pipe: (usize, usize),
+    ) -> Result<()> {
         let a = AttnArgs {
             q: self.base.q + (r0 * self.qd * 4) as u64,
             out: self.base.out + (r0 * self.qd * 4) as u64,
@@ -112,6 +120,8 @@ impl Launch<'_> {
             rows,
             tile_tokens,
             fold,
+            stages: pipe.0,
+            grid_y: pipe.1,
             ..self.base
         };
         self.g.attention(&a)
@@ -123,7 +133,9 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 }
 
 /// The whole launch at every tile size, in both modes of the tensor-core kernel (a partial per
-/// split, or the splits folded in the kernel), against `alone` (one launch per row): bitwise.
+/// split, or the splits folded in the kernel), with one and two staged K/V buffers and several
+/// split-mode grids (each block a different range of splits), against `alone` (one launch per
+/// row): bitwise.
 fn tilings(
     l: &Launch<'_>,
     download: &dyn Fn() -> Result<Vec<f32>>,
@@ -138,16 +150,24 @@ fn tilings(
     } else {
         &[false]
     };
+    // (stages, grid y): the device's choice, then forced ones.
+    let pipes = [(0, 0), (1, 0), (2, 1), (2, 3), (1, 7)];
     for tpt in 1..=(16 / group).max(1) {
         for &fold in folds {
-            l.g.fill(l.base.out, f32::NAN, rows * l.qd)?;
-            l.run(0, rows, tpt, Some(fold))?;
-            let got = download()?;
-            if !same_bits(alone, &got) && case.problem.is_none() {
-                let mode = if fold { "folded" } else { "split" };
-                case.problem = Some(format!(
-                    "rows differ between one launch per row and {tpt} tokens per tile ({mode})"
-                ));
+            for (stages, grid_y) in pipes {
+                if fold && grid_y > 0 {
+                    continue; // fold mode has one block in y
+                }
+                l.g.fill(l.base.out, f32::NAN, rows * l.qd)?;
+                l.run(0, rows, tpt, Some(fold), (stages, grid_y))?;
+                let got = download()?;
+                if !same_bits(alone, &got) && case.problem.is_none() {
+                    let mode = if fold { "folded" } else { "split" };
+                    case.problem = Some(format!(
+                        "rows differ between one launch per row and {tpt} tokens per tile \
+                         ({mode}, {stages} stages, grid y {grid_y})"
+                    ));
+                }
             }
         }
     }
@@ -266,9 +286,11 @@ fn format_cases(g: &Gpu, seed: u64, kv: KvDtype, out: &mut Vec<Case>) -> Result<
             prep: None,
             tile_tokens: 0,
             fold: None,
+            stages: 0,
+            grid_y: 0,
         };
         let launch = Launch { g, base: a, qd };
-        launch.run(0, rows, 0, None)?;
+        launch.run(0, rows, 0, None, (0, 0))?;
         let got = g.download(&dout)?;
         let shape = format!(
             "kv={kv} rows={rows} heads={}/{} hd={} bs={} ctx={ctx}",
@@ -277,7 +299,7 @@ fn format_cases(g: &Gpu, seed: u64, kv: KvDtype, out: &mut Vec<Case>) -> Result<
         let mut case = compare("attention", shape, &got, &want, tol_for(g, s.head_dim, kv));
         // Row invariance: every row alone, then every tiling of the whole launch.
         for r in 0..rows {
-            launch.run(r, 1, 1, None)?;
+            launch.run(r, 1, 1, None, (0, 0))?;
         }
         let alone = g.download(&dout)?;
         if !same_bits(&alone, &got) {
@@ -301,7 +323,7 @@ fn format_cases(g: &Gpu, seed: u64, kv: KvDtype, out: &mut Vec<Case>) -> Result<
                 },
                 qd,
             };
-            f32_launch.run(0, rows, 0, None)?;
+            f32_launch.run(0, rows, 0, None, (0, 0))?;
             if !same_bits(&g.download(&dout)?, &got) {
                 case.problem =
                     Some("an f16 cache and the f32 cache of the same values differ".into());
@@ -359,7 +381,7 @@ fn prefill_case(
         qd,
     };
     for r in 0..rows {
-        l.run(r, 1, 1, None)?;
+        l.run(r, 1, 1, None, (0, 0))?;
     }
     let alone = g.download(&dout)?;
     let kv = launch.base.kv;

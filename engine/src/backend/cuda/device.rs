@@ -120,6 +120,13 @@ pub struct Gpu {
     attn_kernel: &'static str,
     /// `MEMRA_ATTN_FOLD=0|1`: the tensor-core attention's mode forced (A/B runs).
     attn_fold_force: Option<bool>,
+    /// `MEMRA_ATTN_STAGES`: staged K/V buffers of the tensor-core attention over f16 / bf16
+    /// caches (2: the next split's copy overlaps this split's work; 1: none).
+    attn_stages: usize,
+    /// `MEMRA_ATTN_GRID_Y`: split-mode blocks per (tiles, KV head) forced (A/B runs).
+    attn_grid_y_force: Option<usize>,
+    /// Resident blocks per multiprocessor of an attention kernel with its shared memory.
+    occupancy: Mutex<HashMap<(&'static str, usize), usize>>,
     funcs: HashMap<&'static str, CudaFunction>,
     /// Modules compiled on first use, per (module, defines): see [`Gpu::variant`].
     variants: Mutex<HashMap<(String, Vec<String>), Funcs>>,
@@ -201,7 +208,7 @@ impl Gpu {
                 funcs.insert(k, f);
             }
         }
-        Ok(Gpu {
+        Gpu {
             ctx,
             stream,
             name,
@@ -210,9 +217,43 @@ impl Gpu {
             smem_optin,
             attn_kernel: super::attn_kernel_default(),
             attn_fold_force: super::attn_fold_default(),
+            attn_stages: super::attn_stages_default(),
+            attn_grid_y_force: super::attn_grid_y_default(),
+            occupancy: Mutex::new(HashMap::new()),
             funcs,
             variants: Mutex::new(HashMap::new()),
-        })
+        }
+        .with_attention_smem()
+    }
+
+    /// Lets the tensor-core attention kernels take their double-buffered K/V tiles (dynamic
+    /// shared memory past the 48 KiB default).
+    fn with_attention_smem(self) -> Result<Gpu> {
+        for (name, f) in &self.funcs {
+            if name.starts_with("attn_mma") {
+                self.allow_dynamic_smem(f)
+                    .map_err(|e| self.err(format!("kernel {name}: shared memory: {e:?}")))?;
+            }
+        }
+        Ok(self)
+    }
+
+    /// Blocks of `name` (128 threads, `smem` bytes of dynamic shared memory) resident on one
+    /// multiprocessor (at least 1), asked of the driver once per (kernel, smem).
+    fn blocks_per_sm(&self, name: &'static str, f: &CudaFunction, smem: usize) -> Result<usize> {
+        let mut cache = self
+            .occupancy
+            .lock()
+            .map_err(|_| self.err("occupancy cache poisoned"))?;
+        if let Some(&n) = cache.get(&(name, smem)) {
+            return Ok(n);
+        }
+        let n = f
+            .occupancy_max_active_blocks_per_multiprocessor(128, smem, None)
+            .map_err(|e| self.err(format!("occupancy of {name}: {e:?}")))?
+            .max(1) as usize;
+        cache.insert((name, smem), n);
+        Ok(n)
     }
 
     /// The attention kernel family in use (`attn_mma`, `attn_split`, `attn_split2`).
@@ -795,6 +836,12 @@ pub struct AttnArgs {
     /// kernel (one partial per row and head, `scores` needs [`attn_folded_floats`] per row) or
     /// write a partial per split. A performance choice only: a row's bits do not depend on it.
     pub fold: Option<bool>,
+    /// Staged K/V buffers of the tensor-core kernel over f16 / bf16 caches (0: the device's,
+    /// `MEMRA_ATTN_STAGES`). A performance choice only.
+    pub stages: usize,
+    /// Split-mode blocks in y per (tiles, KV head) (0: [`attn_grid_y`], or `MEMRA_ATTN_GRID_Y`).
+    /// A performance choice only.
+    pub grid_y: usize,
 }
 
 /// The tensor-core attention kernel for `head_dim` over a `kv` cache, when it has one: split
@@ -802,6 +849,21 @@ pub struct AttnArgs {
 pub fn attn_mma_kernel(head_dim: usize, kv: KvDtype, fold: bool) -> Option<String> {
     let mode = if fold { "mmaf" } else { "mma" };
     matches!(head_dim, 64 | 128).then(|| format!("attn_{mode}_h{head_dim}_{kv}"))
+}
+
+/// Dynamic shared memory of a tensor-core attention launch: `stages` buffers of a K and a V tile
+/// (64 positions x (head_dim + 8) 16-bit values; kernels/cu/attn_mma.cu).
+pub fn attn_mma_smem(head_dim: usize, stages: usize) -> usize {
+    stages * 2 * ATTN_SPLIT * (head_dim + 8) * 2
+}
+
+/// Split-mode blocks in y for `blocks` blocks in x over `splits` splits: enough to keep
+/// `resident` blocks on each of `sms` multiprocessors (each block then walks a contiguous range of
+/// splits, the next one's copy in flight), at most [`ATTN_GRID_Y`]. Performance only: a split's
+/// partial does not depend on which block computes it.
+pub fn attn_grid_y(splits: usize, blocks: usize, sms: usize, resident: usize) -> usize {
+    let fill = (sms * resident / blocks.max(1)).max(1);
+    splits.clamp(1, ATTN_GRID_Y).min(fill)
 }
 
 /// Tokens per tile of the tensor-core attention kernel for a launch of `rows` rows with `group`
@@ -891,16 +953,35 @@ impl Gpu {
                     Arg::U32(self.u32_of(a.rows, "attention rows")?),
                     Arg::U32(self.u32_of(tpt, "tokens per tile")?),
                 ];
-                let args = [&lead[..], &tiling, &heads, &tail].concat();
-                // Split mode: one block per (tiles, split) up to the grid's limit in y (a block
-                // loops over splits y, y + gridDim.y, ...: the grid bounds the parallelism, not
-                // the result). Fold mode: a block walks all its splits.
-                let ys = if fold { 1 } else { splits.min(ATTN_GRID_Y) };
+                let stages = match (a.kv, a.stages) {
+                    (KvDtype::F16 | KvDtype::Bf16, 0) => self.attn_stages,
+                    (KvDtype::F16 | KvDtype::Bf16, n) => n.min(2),
+                    _ => 1,
+                };
+                let smem = attn_mma_smem(a.head_dim, stages);
+                let stage_arg = [Arg::U32(self.u32_of(stages, "attention stages")?)];
+                let args = [&lead[..], &tiling, &heads, &tail, &stage_arg].concat();
+                let (name, f) = self
+                    .funcs
+                    .get_key_value(kernel.as_str())
+                    .ok_or_else(|| self.err(format!("kernel {kernel} is not built")))?;
+                // Split mode: blocks in y each take a contiguous range of the splits (the grid
+                // bounds the parallelism, not the result). Fold mode: a block walks all its splits.
+                let force = Some(a.grid_y).filter(|&n| n > 0).or(self.attn_grid_y_force);
+                let ys = match (fold, force) {
+                    (true, _) => 1,
+                    (false, Some(n)) => splits.clamp(1, ATTN_GRID_Y).min(n),
+                    (false, None) => {
+                        let resident = self.blocks_per_sm(*name, f, smem)?;
+                        attn_grid_y(splits, blocks, self.sms as usize, resident)
+                    }
+                };
                 let grid = (
                     self.u32_of(blocks, "attention blocks")?,
                     self.u32_of(ys, "attention splits")?,
                 );
-                self.launch(&kernel, grid, 128, &args)?;
+                let smem = self.u32_of(smem, "attention shared memory")?;
+                self.launch_fn(f, name, grid, 128, smem, &args)?;
             }
             None => {
                 // At most ATTN_GRID_Y blocks per (row, head); each loops over its splits.
@@ -977,10 +1058,10 @@ mod tests {
     #[test]
     fn every_attention_kernel_name_is_a_kernel_with_the_launch_s_arguments() {
         // Gpu::attention's tensor-core launch: 9 lead, rows and tokens per tile, 2 head counts,
-        // block size and scale.
+        // block size, scale and stages.
         let mut args = vec![Arg::Ptr(1); 8];
         args.extend([Arg::U64(130), Arg::U32(4), Arg::U32(4), Arg::U32(32)]);
-        args.extend([Arg::U32(8), Arg::U32(16), Arg::F32(0.1)]);
+        args.extend([Arg::U32(8), Arg::U32(16), Arg::F32(0.1), Arg::U32(2)]);
         for hd in [64, 128] {
             for kv in KvDtype::ALL {
                 for fold in [false, true] {
@@ -990,6 +1071,21 @@ mod tests {
             }
         }
         assert_eq!(attn_mma_kernel(96, KvDtype::F16, true), None);
+    }
+
+    #[test]
+    fn split_mode_grid_fills_the_gpu_within_the_splits() {
+        // Decode on an 8-KV-head model, 3 blocks resident per SM on 132 SMs: 49 blocks per head.
+        assert_eq!(attn_grid_y(125, 8, 132, 3), 49);
+        // Fewer splits than that: one block per split.
+        assert_eq!(attn_grid_y(9, 8, 132, 3), 9);
+        // Never past ATTN_GRID_Y, never 0 (an empty context still launches one block).
+        assert_eq!(attn_grid_y(2048, 1, 132, 8), ATTN_GRID_Y);
+        assert_eq!(attn_grid_y(0, 8, 132, 3), 1);
+        assert_eq!(attn_grid_y(512, 4096, 132, 3), 1);
+        // Two buffers of K and V tiles for head_dim 128: 69,632 bytes (past the 48 KiB default).
+        assert_eq!(attn_mma_smem(128, 2), 69_632);
+        assert_eq!(attn_mma_smem(64, 1), 18_432);
     }
 
     #[test]

@@ -82,6 +82,25 @@ pub fn attn_fold_default() -> Option<bool> {
     }
 }
 
+/// `MEMRA_ATTN_STAGES=1` stages one split's K/V at a time in the tensor-core attention over
+/// f16 / bf16 caches; unset or 2: double-buffered (the next split's copy overlaps this split's
+/// work). The bits are the same either way; this is for A/B runs.
+pub fn attn_stages_default() -> usize {
+    match std::env::var("MEMRA_ATTN_STAGES").as_deref() {
+        Ok("1") => 1,
+        _ => 2,
+    }
+}
+
+/// `MEMRA_ATTN_GRID_Y=N` forces the split-mode attention grid to N blocks in y per (tiles, KV
+/// head) (at most 128); unset: enough to fill the GPU. Performance only (A/B runs).
+pub fn attn_grid_y_default() -> Option<usize> {
+    std::env::var("MEMRA_ATTN_GRID_Y")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+}
+
 /// Whether the v2 tensor-core products are used for the types they support: yes, unless
 /// `MEMRA_CUDA_PRODUCTS=v1` (the v1 CUDA-core kernels for every type, for A/B runs).
 pub fn products_v2_default() -> bool {

@@ -122,6 +122,8 @@ impl CudaOps {
                 }),
                 tile_tokens: 0,
                 fold: Some(fold),
+                stages: 0,
+                grid_y: 0,
             };
             g.attention(&a)?;
             r0 += rows;
