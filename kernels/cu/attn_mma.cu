@@ -162,7 +162,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
                                               const u32* __restrict__ row_seq, const u32* __restrict__ table_off,
                                               const u32* __restrict__ tables, float* __restrict__ part,
                                               u64 part_stride, u32 rows, u32 tpt, u32 n_heads, u32 n_kv_heads,
-                                              u32 block_size, float scale, u32 stages) {
+                                              u32 block_size, float scale, u32 stages, u32 wide_ok) {
     constexpr int KS = HD / 16;  // k-steps of Q K^T
     constexpr int NT = HD / 8;   // n-tiles of P V
     constexpr int LD = HD + AM_PAD;
@@ -170,6 +170,8 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
     constexpr bool BF = F::BF16;
     // Buffer b: K tile at am_smem + 2 b TILE, V tile after it (b = 0 only, unless double-buffered).
     extern __shared__ __align__(16) u16 am_smem[];
+    __shared__ float wide_m[AM_WARPS][16];   // wide: each warp's row maxima over its positions
+    __shared__ uint4 wide_p[AM_WARPS][32];   // wide: warp w's lanes' P fragments of k-step w
     const bool pipe = F::DIRECT && stages > 1;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -181,7 +183,10 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
     // Fold mode starts the longest (last) groups first.
     const u32 b0 = (FOLD ? groups - 1 - bx : bx) * per_block;  // the block's first row
     const u32 bt = min(per_block, rows - b0);                   // the block's tokens (<= 64)
-    const u32 wt0 = w * tpt;                                     // this warp's first token in the block
+    // Wide (split mode, the block's tokens all in tile 0: decode at batch 1): the 4 warps share
+    // tile 0's rows and split each split's work (n-tiles of S and of P V) between them.
+    const bool wide = !FOLD && wide_ok && bt <= tpt;
+    const u32 wt0 = wide ? 0 : w * tpt;                          // this warp's first token in the block
     const u32 ntok = wt0 < bt ? min(tpt, bt - wt0) : 0;
     const u64 width = (u64)n_kv_heads * HD;
     const u64 rb = F::row_bytes(width);
@@ -274,6 +279,110 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
             __syncthreads();
             const bool mine[2] = {p0 < lim[0], p0 < lim[1]};
             if (!__any_sync(FULL_MASK, mine[0] || mine[1])) continue;  // uniform over the warp
+            if (!FOLD && wide) {
+                // The same values as the steps below, each computed by one warp: warp w takes
+                // positions 16w .. 16w + 15 (n-tiles 2w, 2w + 1 of S, which are k-step w of P V)
+                // and dimensions w HD / 4 .. of o; the maxima are exact in any order, and every
+                // warp sums l from all the P fragments in the steps' order.
+                float s2[2][4];
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int nc = 2 * w + j;
+                    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    const u16* kr = sk + (nc * 8 + (lane & 7)) * LD + 8 * (lane >> 3);
+#pragma unroll
+                    for (int ks = 0; ks < KS; ks += 2) {
+                        u32 b[4];
+                        ldsm_x4(b, kr + 16 * ks);
+                        am_mma<BF>(qa[ks], b[0], b[1], c);
+                        am_mma<BF>(qa[ks + 1], b[2], b[3], c);
+                    }
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const u32 pe = p0 + nc * 8 + 2 * t + (e & 1);
+                        s2[j][e] = pe < lim[e >> 1] ? __fmul_rn(c[e], scale) : NEG_INF;
+                    }
+                }
+                float m[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    m[h] = fmaxf(fmaxf(s2[0][2 * h], s2[0][2 * h + 1]), fmaxf(s2[1][2 * h], s2[1][2 * h + 1]));
+                    m[h] = fmaxf(m[h], __shfl_xor_sync(FULL_MASK, m[h], 1));
+                    m[h] = fmaxf(m[h], __shfl_xor_sync(FULL_MASK, m[h], 2));
+                    if (t == 0) wide_m[w][g + 8 * h] = m[h];
+                }
+                __syncthreads();
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = g + 8 * h;
+                    m[h] = fmaxf(fmaxf(wide_m[0][r], wide_m[1][r]), fmaxf(wide_m[2][r], wide_m[3][r]));
+                }
+                u32 mp[4];
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const float x0 = s2[j][2 * h], x1 = s2[j][2 * h + 1];
+                        const float e0 = x0 == NEG_INF ? 0.0f : expf(x0 - m[h]);
+                        const float e1 = x1 == NEG_INF ? 0.0f : expf(x1 - m[h]);
+                        mp[j * 2 + h] = am_pair<BF>(e0, e1);
+                    }
+                }
+                wide_p[w][lane] = make_uint4(mp[0], mp[1], mp[2], mp[3]);
+                __syncthreads();
+                u32 pa[4][4];
+                float l[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) {
+                    const uint4 v = wide_p[kk][lane];
+                    pa[kk][0] = v.x;
+                    pa[kk][1] = v.y;
+                    pa[kk][2] = v.z;
+                    pa[kk][3] = v.w;
+                }
+#pragma unroll
+                for (int nc = 0; nc < 8; ++nc) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const u32 ph = pa[nc >> 1][(nc & 1) * 2 + h];
+                        l[h] = __fadd_rn(__fadd_rn(l[h], am_f32<BF>(ph & 0xffffu)), am_f32<BF>(ph >> 16));
+                    }
+                }
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    l[h] = __fadd_rn(l[h], __shfl_xor_sync(FULL_MASK, l[h], 1));
+                    l[h] = __fadd_rn(l[h], __shfl_xor_sync(FULL_MASK, l[h], 2));
+                }
+                float* dst[2] = {nullptr, nullptr};
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    if (!mine[h]) continue;
+                    dst[h] = part + ((u64)(b0 + tok[h]) * n_heads + head[h]) * part_stride + (u64)split * (HD + 2);
+                    if (w == 0 && t == 0) {
+                        dst[h][0] = m[h];
+                        dst[h][1] = l[h];
+                    }
+                }
+                const u16* vr = sv + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4);
+#pragma unroll
+                for (int nt = w * (NT / AM_WARPS); nt < (w + 1) * (NT / AM_WARPS); nt += 2) {
+                    float o0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, o1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int kk = 0; kk < 4; ++kk) {
+                        u32 b[4];
+                        ldsm_x4_t(b, vr + 16 * kk * LD + 8 * nt);
+                        am_mma<BF>(pa[kk], b[0], b[1], o0);
+                        am_mma<BF>(pa[kk], b[2], b[3], o1);
+                    }
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        if (!mine[h]) continue;
+                        *(float2*)(dst[h] + 2 + 8 * nt + 2 * t) = make_float2(o0[2 * h], o0[2 * h + 1]);
+                        *(float2*)(dst[h] + 2 + 8 * (nt + 1) + 2 * t) = make_float2(o1[2 * h], o1[2 * h + 1]);
+                    }
+                }
+                continue;
+            }
             // 1. scores of the split's 64 positions.
             float s[8][4];
 #pragma unroll
@@ -388,14 +497,15 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
 
 // Grid: (ceil(rows / (4 tpt)) * n_kv_heads, up to the splits of the launch's longest row), 128
 // threads, am_smem_bytes(HD, stages) of dynamic shared memory: attn_mma_h<HD>_<fmt> (split mode),
-// attn_mmaf_h<HD>_<fmt> (fold mode, grid y = 1). stages: 2 double-buffers f16 / bf16 caches.
+// attn_mmaf_h<HD>_<fmt> (fold mode, grid y = 1). stages: 2 double-buffers f16 / bf16 caches;
+// wide: 1 lets a split-mode block whose tokens fit one tile spread each split over its 4 warps.
 #define ATTN_MMA_KERNEL(suffix, HD, FMT, FOLD)                                                              \
     extern "C" __global__ void __launch_bounds__(128) attn_##suffix(                                        \
         const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq,                     \
         const u32* table_off, const u32* tables, float* part, u64 part_stride, u32 rows, u32 tpt,           \
-        u32 n_heads, u32 n_kv_heads, u32 block_size, float scale, u32 stages) {                             \
+        u32 n_heads, u32 n_kv_heads, u32 block_size, float scale, u32 stages, u32 wide) {                   \
         attn_mma_body<HD, FMT, FOLD>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, rows,    \
-                                     tpt, n_heads, n_kv_heads, block_size, scale, stages);                  \
+                                     tpt, n_heads, n_kv_heads, block_size, scale, stages, wide);            \
     }
 #define ATTN_MMA_SHAPES(M)                                                                        \
     M(mma_h64_f32, 64, KvF32, false) M(mma_h64_f16, 64, KvF16, false) M(mma_h64_bf16, 64, KvBF16, false)   \

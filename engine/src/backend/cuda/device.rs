@@ -125,6 +125,9 @@ pub struct Gpu {
     attn_stages: usize,
     /// `MEMRA_ATTN_GRID_Y`: split-mode blocks per (tiles, KV head) forced (A/B runs).
     attn_grid_y_force: Option<usize>,
+    /// `MEMRA_ATTN_WIDE=0`: a split-mode block whose tokens fit one tile keeps its work on one
+    /// warp (default: spread over the block's 4 warps, the same bits).
+    attn_wide: bool,
     /// Resident blocks per multiprocessor of an attention kernel with its shared memory.
     occupancy: Mutex<HashMap<(&'static str, usize), usize>>,
     funcs: HashMap<&'static str, CudaFunction>,
@@ -219,6 +222,7 @@ impl Gpu {
             attn_fold_force: super::attn_fold_default(),
             attn_stages: super::attn_stages_default(),
             attn_grid_y_force: super::attn_grid_y_default(),
+            attn_wide: std::env::var("MEMRA_ATTN_WIDE").map_or(true, |v| v != "0"),
             occupancy: Mutex::new(HashMap::new()),
             funcs,
             variants: Mutex::new(HashMap::new()),
@@ -959,7 +963,10 @@ impl Gpu {
                     _ => 1,
                 };
                 let smem = attn_mma_smem(a.head_dim, stages);
-                let stage_arg = [Arg::U32(self.u32_of(stages, "attention stages")?)];
+                let stage_arg = [
+                    Arg::U32(self.u32_of(stages, "attention stages")?),
+                    Arg::U32(self.attn_wide as u32),
+                ];
                 let args = [&lead[..], &tiling, &heads, &tail, &stage_arg].concat();
                 let (name, f) = self
                     .funcs
@@ -1058,10 +1065,16 @@ mod tests {
     #[test]
     fn every_attention_kernel_name_is_a_kernel_with_the_launch_s_arguments() {
         // Gpu::attention's tensor-core launch: 9 lead, rows and tokens per tile, 2 head counts,
-        // block size, scale and stages.
+        // block size, scale, stages and wide.
         let mut args = vec![Arg::Ptr(1); 8];
         args.extend([Arg::U64(130), Arg::U32(4), Arg::U32(4), Arg::U32(32)]);
-        args.extend([Arg::U32(8), Arg::U32(16), Arg::F32(0.1), Arg::U32(2)]);
+        args.extend([
+            Arg::U32(8),
+            Arg::U32(16),
+            Arg::F32(0.1),
+            Arg::U32(2),
+            Arg::U32(1),
+        ]);
         for hd in [64, 128] {
             for kv in KvDtype::ALL {
                 for fold in [false, true] {
