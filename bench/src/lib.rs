@@ -9,6 +9,7 @@ pub mod kernels;
 pub mod load;
 pub mod peer;
 pub mod peer_build;
+pub mod peer_import;
 pub mod plan;
 pub mod record;
 pub mod report;

@@ -345,6 +345,74 @@ enum PeerCmd {
     /// under the same --run as memra's.
     #[command(name = "llama.cpp")]
     LlamaCpp(PeerBenchFlags),
+    /// Turn llama-bench JSON lines saved by hand (`llama-bench ... -o jsonl > F.jsonl`) into the
+    /// rows `peer llama.cpp` records, appended to --out under memra's --run. What the lines do
+    /// not say comes from the flags, else from memra's rows of the same run in --out (model
+    /// file, sha256, size, shape, dtype, driver, SMs, commit). All or nothing.
+    Import(PeerImportFlags),
+}
+
+/// The flags of `peer import`.
+#[derive(Args)]
+struct PeerImportFlags {
+    /// llama-bench `-o jsonl` output files.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// The run id of memra's rows of this comparison.
+    #[arg(long)]
+    run: String,
+    /// The rows file to append to (reports/data/NAME.jsonl).
+    #[arg(long)]
+    out: PathBuf,
+    /// The GGUF llama-bench measured, when it is here (name, size and sha256 read from it).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The model's file name in the rows (default: --model's, else llama-bench's model_filename).
+    #[arg(long)]
+    model_file: Option<String>,
+    /// The GGUF's sha256 prefix (12 hex digits) when the file is not here.
+    #[arg(long, conflicts_with = "model")]
+    model_sha256: Option<String>,
+    /// The GGUF's size in bytes when the file is not here.
+    #[arg(long, conflicts_with = "model")]
+    model_bytes: Option<u64>,
+    /// The model's shape label (llama3-8b).
+    #[arg(long)]
+    shape: Option<String>,
+    /// The weight type label (Q4_K_M).
+    #[arg(long)]
+    dtype: Option<String>,
+    /// The KV type every line must show (type_k); the rows' kv_dtype where a line has none.
+    #[arg(long)]
+    kv_dtype: Option<String>,
+    /// The device name where a line has no gpu_info.
+    #[arg(long)]
+    device_name: Option<String>,
+    /// The NVIDIA driver version.
+    #[arg(long)]
+    driver: Option<String>,
+    /// The GPU's streaming multiprocessors.
+    #[arg(long)]
+    sms: Option<u32>,
+    /// memra's commit.
+    #[arg(long)]
+    commit: Option<String>,
+    /// The time of rows whose line has no test_time (RFC 3339 UTC).
+    #[arg(long)]
+    time: Option<String>,
+    /// The peer's version in the rows.
+    #[arg(long = "version", default_value = memra_bench::peer_import::DEFAULT_VERSION)]
+    peer_version: String,
+    /// The rows' source remark [default: "llama-bench -ngl 99 -fa 1 JSON, same lease as
+    /// memra", and then every line must show -ngl 99 and flash attention on].
+    #[arg(long)]
+    source: Option<String>,
+    /// Replace the rows of --out that measure the same tests instead of refusing them.
+    #[arg(long)]
+    replace: bool,
+    /// Print the rows, write nothing.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 /// The flags of `peer llama.cpp`.
@@ -436,7 +504,9 @@ fn peer(cmd: PeerCmd) -> Result<()> {
                 model: memra_bench::record::model_ref(&f.model)?,
                 shape: f.shape,
                 dtype: f.dtype,
-                source: f.peer_source,
+                kv_dtype: None,
+                version: f.peer_source,
+                source: memra_bench::peer::LLAMA_BENCH_SOURCE.into(),
             };
             let kv = f.kv_dtype.map(|k| k.to_string());
             let plan = memra_bench::peer::BenchPlan {
@@ -454,6 +524,42 @@ fn peer(cmd: PeerCmd) -> Result<()> {
             if let Some(o) = f.out {
                 memra_bench::record::append(&o, &rows)?;
             }
+            Ok(())
+        }
+        PeerCmd::Import(f) => {
+            let a = memra_bench::peer_import::ImportArgs {
+                model: f.model,
+                model_file: f.model_file,
+                model_sha256: f.model_sha256,
+                model_bytes: f.model_bytes,
+                shape: f.shape,
+                dtype: f.dtype,
+                kv_dtype: f.kv_dtype,
+                device_name: f.device_name,
+                driver: f.driver,
+                sms: f.sms,
+                commit: f.commit,
+                time: f.time,
+                version: f.peer_version,
+                source: f.source,
+                replace: f.replace,
+                dry_run: f.dry_run,
+                ..memra_bench::peer_import::ImportArgs::new(f.files, &f.run, &f.out)
+            };
+            let r = memra_bench::peer_import::import(&a)?;
+            for n in &r.notes {
+                eprintln!("note: {n}");
+            }
+            for row in &r.rows {
+                println!("{}", serde_json::to_string(row).unwrap_or_default());
+            }
+            let verb = if a.dry_run { "would write" } else { "wrote" };
+            eprintln!(
+                "{verb} {} rows to {} ({} replaced)",
+                r.rows.len(),
+                a.out.display(),
+                r.replaced
+            );
             Ok(())
         }
     }

@@ -18,6 +18,9 @@ struct BenchLine {
     build_commit: Option<String>,
     build_number: Option<u64>,
     gpu_info: Option<String>,
+    /// The `-m` path llama-bench was given.
+    #[serde(default)]
+    model_filename: Option<String>,
     n_prompt: u64,
     n_gen: u64,
     #[serde(default)]
@@ -29,33 +32,98 @@ struct BenchLine {
     /// The KV cache type (`-ctk`).
     #[serde(default)]
     type_k: Option<String>,
+    /// When the test ran (RFC 3339 UTC, `2026-12-02T08:04:42Z`).
+    #[serde(default)]
+    test_time: Option<String>,
+    /// `-ngl` (a number; read leniently, as the settings' types vary between versions).
+    #[serde(default)]
+    n_gpu_layers: Option<serde_json::Value>,
+    /// `-fa`: a bool in older llama-bench, 0/1/-1 or on/off/auto in newer ones.
+    #[serde(default)]
+    flash_attn: Option<serde_json::Value>,
+}
+
+/// `flash_attn` as on (true) or off (false); None when absent or `auto`.
+fn flash_attn_on(v: &serde_json::Value) -> Option<bool> {
+    use serde_json::Value;
+    match v {
+        Value::Bool(b) => Some(*b),
+        Value::Number(n) => match n.as_i64() {
+            Some(1) => Some(true),
+            Some(0) => Some(false),
+            _ => None,
+        },
+        Value::String(s) => match s.to_ascii_lowercase().as_str() {
+            "1" | "on" | "true" | "enabled" => Some(true),
+            "0" | "off" | "false" | "disabled" => Some(false),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// The labels and run every row of one model file shares.
 #[derive(Clone, Debug)]
 pub struct PeerRun {
     pub run: String,
+    /// The rows' time where a line has no `test_time` (llama-bench prints one per test).
     pub time: String,
+    /// The device; a line's `gpu_info` names it instead where present.
     pub device: DeviceRef,
     pub commit: Option<String>,
     pub model: ModelRef,
     pub shape: Option<String>,
     pub dtype: Option<String>,
-    /// Where the peer's source came from (`--peer-source`): named in every row's version, since
-    /// a llama.cpp built outside its git tree reports build 0 and an unknown commit.
+    /// The rows' `kv_dtype` where a line has no `type_k`.
+    pub kv_dtype: Option<String>,
+    /// Where the peer's source came from (`--peer-source`): the rows' version, with llama.cpp's
+    /// build number and commit added when it reports them (a llama.cpp built outside its git
+    /// tree reports build 0 and an unknown commit).
+    pub version: String,
+    /// The rows' `source` remark (how they were measured).
     pub source: String,
 }
 
-/// Rows from llama-bench's JSON lines: a `pp` test is prefill, a `tg` test decode.
+/// The `source` of the rows `peer llama.cpp` records.
+pub const LLAMA_BENCH_SOURCE: &str = "llama-bench -ngl 99 -fa 1";
+
+/// One row from llama-bench's output, with the line it came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PeerRow {
+    /// 1-based line number in the text.
+    pub line: usize,
+    /// llama-bench's `model_filename` (the `-m` path), when printed.
+    pub model_filename: Option<String>,
+    /// `-ngl`, when printed.
+    pub n_gpu_layers: Option<i64>,
+    /// `-fa` on or off, when printed (None for `auto`).
+    pub flash_attn: Option<bool>,
+    pub row: Row,
+}
+
+/// Rows from llama-bench's JSON lines: a `pp` test is prefill, a `tg` test decode (a `pg` test,
+/// both at once, has no row). Lines that do not start with `{` (log lines on the same stream)
+/// are skipped.
 pub fn rows_from_jsonl(text: &str, p: &PeerRun) -> Result<Vec<Row>> {
+    let rows = peer_rows(text, p, false, "llama-bench output")?;
+    Ok(rows.into_iter().map(|r| r.row).collect())
+}
+
+/// [`rows_from_jsonl`] with each row's line. `strict`: every non-blank line must be a
+/// llama-bench JSON line (a saved `-o jsonl` file). Errors name `what` and the line.
+pub fn peer_rows(text: &str, p: &PeerRun, strict: bool, what: &str) -> Result<Vec<PeerRow>> {
     let mut rows = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
-        if !line.starts_with('{') {
+        if line.is_empty() || (!strict && !line.starts_with('{')) {
             continue;
         }
-        let b: BenchLine = serde_json::from_str(line)
-            .map_err(|e| Error::Input(format!("llama-bench line {}: {e}", i + 1)))?;
+        let b: BenchLine = serde_json::from_str(line).map_err(|e| {
+            Error::Input(format!(
+                "{what}:{}: not a llama-bench JSON result line: {e}",
+                i + 1
+            ))
+        })?;
         let workload = match (b.n_prompt, b.n_gen) {
             (_, 0) => Workload::Prefill,
             (0, _) => Workload::Decode,
@@ -63,9 +131,9 @@ pub fn rows_from_jsonl(text: &str, p: &PeerRun) -> Result<Vec<Row>> {
         };
         let version = match (b.build_number, b.build_commit.as_deref()) {
             (Some(n), Some(c)) if n > 0 && c != "unknown" => {
-                format!("{}, llama.cpp build {n} ({c})", p.source)
+                format!("{}, llama.cpp build {n} ({c})", p.version)
             }
-            _ => p.source.clone(),
+            _ => p.version.clone(),
         };
         let mut device = p.device.clone();
         if let Some(g) = b.gpu_info.filter(|g| !g.is_empty()) {
@@ -74,9 +142,9 @@ pub fn rows_from_jsonl(text: &str, p: &PeerRun) -> Result<Vec<Row>> {
         let finite = b.samples_ts.iter().copied().filter(|x| x.is_finite());
         let min = finite.clone().reduce(f64::min);
         let max = finite.reduce(f64::max);
-        rows.push(Row {
+        let row = Row {
             run: p.run.clone(),
-            time: p.time.clone(),
+            time: b.test_time.unwrap_or_else(|| p.time.clone()),
             device,
             engine: "llama.cpp".into(),
             version: Some(version),
@@ -99,15 +167,24 @@ pub fn rows_from_jsonl(text: &str, p: &PeerRun) -> Result<Vec<Row>> {
                 .bytes
                 .filter(|_| workload == Workload::Decode)
                 .map(|x| x as f64 * b.avg_ts / 1e9),
-            kv_dtype: b.type_k.clone(),
+            kv_dtype: b.type_k.or_else(|| p.kv_dtype.clone()),
             kv_gb_s: None,
             runs: b.samples_ts.len().max(1) as u64,
             valid: true,
-            source: Some("llama-bench -ngl 99 -fa 1".into()),
+            source: Some(p.source.clone()),
+        };
+        rows.push(PeerRow {
+            line: i + 1,
+            model_filename: b.model_filename,
+            n_gpu_layers: b.n_gpu_layers.as_ref().and_then(|v| v.as_i64()),
+            flash_attn: b.flash_attn.as_ref().and_then(flash_attn_on),
+            row,
         });
     }
     if rows.is_empty() {
-        return Err(Error::Input("llama-bench printed no pp/tg result".into()));
+        return Err(Error::Input(format!(
+            "{what}: no pp/tg result of llama-bench"
+        )));
     }
     Ok(rows)
 }
@@ -210,7 +287,9 @@ mod tests {
             },
             shape: Some("llama3-8b".into()),
             dtype: Some("Q4_K_M".into()),
-            source: "src".into(),
+            kv_dtype: None,
+            version: "src".into(),
+            source: LLAMA_BENCH_SOURCE.into(),
         }
     }
 

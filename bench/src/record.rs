@@ -139,22 +139,40 @@ impl Row {
     }
 }
 
-/// Appends rows to a JSONL file (created with its folder when absent).
-pub fn append(path: &Path, rows: &[Row]) -> Result<()> {
-    let err = |e: std::io::Error| Error::Input(format!("{}: {e}", path.display()));
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(err)?;
-    }
+/// Rows as JSON lines, each ending in a newline.
+pub fn to_lines(rows: &[Row]) -> Result<String> {
     let mut text = String::new();
     for r in rows {
         text.push_str(&serde_json::to_string(r).map_err(|e| Error::Input(e.to_string()))?);
         text.push('\n');
     }
+    Ok(text)
+}
+
+/// Appends rows to a JSONL file (created with its folder when absent) in one write; a file whose
+/// last line lacks its newline gets one first.
+pub fn append(path: &Path, rows: &[Row]) -> Result<()> {
+    let err = |e: std::io::Error| Error::Input(format!("{}: {e}", path.display()));
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    let mut text = to_lines(rows)?;
     let mut f = std::fs::OpenOptions::new()
         .create(true)
+        .read(true)
         .append(true)
         .open(path)
         .map_err(err)?;
+    let len = f.metadata().map_err(err)?.len();
+    if len > 0 {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut last = [0u8];
+        f.seek(SeekFrom::End(-1)).map_err(err)?;
+        f.read_exact(&mut last).map_err(err)?;
+        if last[0] != b'\n' {
+            text.insert(0, '\n');
+        }
+    }
     f.write_all(text.as_bytes()).map_err(err)
 }
 

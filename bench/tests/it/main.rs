@@ -2,6 +2,7 @@
 
 mod logits_equivalence;
 mod peer_build;
+mod peer_import;
 mod real_tokenizer;
 mod report;
 mod synth_gguf;
