@@ -86,7 +86,8 @@ if has gemma; then
   run invariance-tiny-gemma3 240 "$BIN/memra-verify" invariance --device cuda:0 --tiny gemma3 --max-m 64
   run graph-tiny-gemma3 240 "$BIN/memra-verify" graph --device cuda:0 --tiny gemma3 --max-m 64
   if [ -e "$GEMMA" ]; then
-    run invariance-gemma3-270m 300 "$BIN/memra-verify" invariance --device cuda:0 "$GEMMA" --max-m 64
+    # A 600-token prompt: the local layers' 512-position window slides.
+    run invariance-gemma3-270m 300 "$BIN/memra-verify" invariance --device cuda:0 "$GEMMA" --max-m 64 --prompt-len 600
     run graph-gemma3-270m 300 "$BIN/memra-verify" graph --device cuda:0 "$GEMMA" --max-m 64
     run tokens-gemma3-270m 240 "$BIN/memra-verify" tokens --device cuda:0 "$GEMMA" \
       --fixture verify/fixtures/gemma3-270m-reference.json
