@@ -13,11 +13,24 @@
 // position compute the same sequence. GQA: head h reads KV head h / (n_heads / n_kv_heads).
 // head_dim <= 256. part: part_stride floats per (row, head) of the launch, split i at
 // i * (head_dim + 2): [mx, l, o[0..head_dim)].
+// Sliding window (`window` > 0; 0: none): a row sees positions lo ..= pos, lo = pos + 1 - window
+// when pos + 1 > window, else 0 (the CPU's backend/cpu/attention.rs). The split grid stays the
+// fixed one from position 0: the splits below lo's split lo / ATTN_SPLIT are never computed (their
+// partial slots are left as they are; attn_combine starts at that split), and positions below
+// lo inside that first split are skipped like positions past pos: their K and V are never read
+// and they add nothing to the max, the sum or the weighted V. The first split holds lo <= pos, so
+// no computed split is empty. So a row's bits depend only on its position, window and KV; with
+// window 0 (or window >= pos + 1) the operations are exactly those of the unwindowed kernel.
 
 #define ATTN_SPLIT 64
 #define ATTN_WARPS 4
 #define ATTN_PER_WARP (ATTN_SPLIT / ATTN_WARPS)
 #define ATTN_DPL 8  // most dimensions per lane
+
+// The first position a row of `n` = pos + 1 positions sees under `window` (0: none). Shared
+// with attn_combine (attn_mma.cu repeats it: the modules compile apart) and mirrored on the
+// host by attn_window_start (engine/src/backend/cuda/device.rs).
+__device__ __forceinline__ u32 attn_window_lo(u32 n, u32 window) { return window != 0 && n > window ? n - window : 0u; }
 
 __device__ __forceinline__ float warp_sum_tree(float s) {
     s += __shfl_xor_sync(FULL_MASK, s, 16);
@@ -39,13 +52,14 @@ __device__ __forceinline__ void attn_split_body(
     const float* __restrict__ Q, const u8* __restrict__ Kc, const u8* __restrict__ Vc,
     const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ table_off,
     const u32* __restrict__ tables, float* __restrict__ part, u64 part_stride, u32 n_heads, u32 n_kv_heads,
-    u32 head_dim, u32 block_size, float scale) {
+    u32 head_dim, u32 block_size, float scale, u32 window) {
     __shared__ float sc[ATTN_SPLIT];
     __shared__ float wo[ATTN_WARPS][256];
     __shared__ float wl[ATTN_WARPS];
     const u32 rh = blockIdx.x;  // row * n_heads + head
     const u32 r = rh / n_heads, h = rh % n_heads;
     const u32 n = pos[r] + 1;
+    const u32 lo = attn_window_lo(n, window);  // the first position the row sees
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const u32 kvh = h / (n_heads / n_kv_heads);
     const u64 width = (u64)n_kv_heads * head_dim;
@@ -57,10 +71,12 @@ __device__ __forceinline__ void attn_split_body(
         const u32 d = lane + 32 * j;
         qv[j] = d < head_dim ? q[d] : 0.0f;
     }
-    // Splits blockIdx.y, blockIdx.y + gridDim.y, ... (the grid only bounds the parallelism).
-    for (u32 split = blockIdx.y; split * ATTN_SPLIT < n; split += gridDim.y) {
+    // Splits s0 + blockIdx.y, s0 + blockIdx.y + gridDim.y, ... from the window's first split s0
+    // (the grid only bounds the parallelism).
+    for (u32 split = lo / ATTN_SPLIT + blockIdx.y; split * ATTN_SPLIT < n; split += gridDim.y) {
         const u32 p0 = split * ATTN_SPLIT;
         const u32 p1 = min(p0 + ATTN_SPLIT, n);
+        const u32 j0 = lo > p0 ? lo - p0 : 0u;  // the first position seen, relative to p0
         // 1. scores. Every lane first forms its partial dot product of all its positions
         // (independent chains, every load in flight at once), then the 16 xor trees run
         // interleaved: the same operations per position as one position at a time.
@@ -70,7 +86,7 @@ __device__ __forceinline__ void attn_split_body(
 #pragma unroll
         for (u32 i = 0; i < ATTN_PER_WARP; ++i) {
             sp[i] = 0.0f;
-            if (i < cnt) {
+            if (i < cnt && a0 + i >= lo) {
                 const u8* k = kv_row<F>(Kc, tab, a0 + i, block_size, width);
 #pragma unroll
                 for (int j = 0; j < ATTN_DPL; ++j) {
@@ -86,14 +102,14 @@ __device__ __forceinline__ void attn_split_body(
         if (lane == 0) {
 #pragma unroll
             for (u32 i = 0; i < ATTN_PER_WARP; ++i)
-                if (i < cnt) sc[a0 + i - p0] = __fmul_rn(sp[i], scale);
+                if (i < cnt && a0 + i >= lo) sc[a0 + i - p0] = __fmul_rn(sp[i], scale);
         }
         __syncthreads();
         // 2. the split's max (exact whatever the order): two scores per lane, then the warp's
         // xor tree.
         float mx = -__int_as_float(0x7f800000);
-        if ((u32)lane < p1 - p0) mx = sc[lane];
-        if ((u32)lane + 32 < p1 - p0) mx = fmaxf(mx, sc[lane + 32]);
+        if ((u32)lane >= j0 && (u32)lane < p1 - p0) mx = sc[lane];
+        if ((u32)lane + 32 >= j0 && (u32)lane + 32 < p1 - p0) mx = fmaxf(mx, sc[lane + 32]);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, o));
         // 3. this warp's weighted V sum, in position order (loads first, then the chains).
@@ -103,7 +119,7 @@ __device__ __forceinline__ void attn_split_body(
         float l = 0.0f;
 #pragma unroll
         for (u32 i = 0; i < ATTN_PER_WARP; ++i) {
-            if (i < cnt) {
+            if (i < cnt && a0 + i >= lo) {
                 const u32 p = a0 + i;
                 const float e = expf(sc[p - p0] - mx);
                 l = __fadd_rn(l, e);
@@ -148,12 +164,13 @@ __device__ __forceinline__ void attn_split2_body(
     const float* __restrict__ Q, const u8* __restrict__ Kc, const u8* __restrict__ Vc,
     const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ table_off,
     const u32* __restrict__ tables, float* __restrict__ part, u64 part_stride, u32 n_heads, u32 n_kv_heads,
-    u32 head_dim, u32 block_size, float scale) {
+    u32 head_dim, u32 block_size, float scale, u32 window) {
     __shared__ float qs[256];
     __shared__ float sc[ATTN_SPLIT];
     const u32 rh = blockIdx.x;
     const u32 r = rh / n_heads, h = rh % n_heads;
     const u32 n = pos[r] + 1;
+    const u32 lo = attn_window_lo(n, window);
     const u32 kvh = h / (n_heads / n_kv_heads);
     const u64 width = (u64)n_kv_heads * head_dim;
     const u32* tab = tables + table_off[row_seq[r]];
@@ -161,10 +178,11 @@ __device__ __forceinline__ void attn_split2_body(
     const u32 tid = threadIdx.x;
     for (u32 d = tid; d < head_dim; d += blockDim.x) qs[d] = q[d];
     __syncthreads();
-    for (u32 split = blockIdx.y; split * ATTN_SPLIT < n; split += gridDim.y) {
+    for (u32 split = lo / ATTN_SPLIT + blockIdx.y; split * ATTN_SPLIT < n; split += gridDim.y) {
         const u32 p0 = split * ATTN_SPLIT;
         const u32 cnt = min((u32)ATTN_SPLIT, n - p0);
-        if (tid < cnt) {
+        const u32 j0 = lo > p0 ? lo - p0 : 0u;  // positions p0 + j0 .. p0 + cnt - 1 are seen
+        if (tid >= j0 && tid < cnt) {
             const u8* k = kv_row<F>(Kc, tab, p0 + tid, block_size, width);
             float s = 0.0f;
 #pragma unroll 8
@@ -173,15 +191,15 @@ __device__ __forceinline__ void attn_split2_body(
         }
         __syncthreads();
         float mx = -__int_as_float(0x7f800000);
-        for (u32 i = 0; i < cnt; ++i) mx = fmaxf(mx, sc[i]);
+        for (u32 i = j0; i < cnt; ++i) mx = fmaxf(mx, sc[i]);
         __syncthreads();
-        if (tid < cnt) sc[tid] = expf(sc[tid] - mx);
+        if (tid >= j0 && tid < cnt) sc[tid] = expf(sc[tid] - mx);
         __syncthreads();
         float* dst = part + (u64)rh * part_stride + (u64)split * (head_dim + 2);
         for (u32 d = tid; d < head_dim; d += blockDim.x) {
             float o = 0.0f;
 #pragma unroll 8
-            for (u32 i = 0; i < cnt; ++i) {
+            for (u32 i = j0; i < cnt; ++i) {
                 const u8* v = kv_row<F>(Vc, tab, p0 + i, block_size, width);
                 o = __fmaf_rn(sc[i], F::ld(v, kvh * head_dim + d, (u32)width), o);
             }
@@ -189,7 +207,7 @@ __device__ __forceinline__ void attn_split2_body(
         }
         if (tid == 0) {
             float l = 0.0f;
-            for (u32 i = 0; i < cnt; ++i) l = __fadd_rn(l, sc[i]);
+            for (u32 i = j0; i < cnt; ++i) l = __fadd_rn(l, sc[i]);
             dst[0] = mx;
             dst[1] = l;
         }
@@ -197,22 +215,23 @@ __device__ __forceinline__ void attn_split2_body(
     }
 }
 
-// The split kernels per KV format: attn_split_<fmt>, attn_split2_<fmt>.
+// The split kernels per KV format: attn_split_<fmt>, attn_split2_<fmt>. Grid: (rows x n_heads,
+// up to the splits a row computes), 128 threads.
 #define ATTN_SPLIT_KERNEL(suffix, FMT)                                                                         \
     extern "C" __global__ void __launch_bounds__(128) attn_split_##suffix(                                     \
         const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq, const u32* table_off,  \
         const u32* tables, float* part, u64 part_stride, u32 n_heads, u32 n_kv_heads, u32 head_dim,           \
-        u32 block_size, float scale) {                                                                         \
+        u32 block_size, float scale, u32 window) {                                                             \
         attn_split_body<FMT>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, n_heads,           \
-                             n_kv_heads, head_dim, block_size, scale);                                        \
+                             n_kv_heads, head_dim, block_size, scale, window);                                \
     }
 #define ATTN_SPLIT2_KERNEL(suffix, FMT)                                                                        \
     extern "C" __global__ void __launch_bounds__(128) attn_split2_##suffix(                                    \
         const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq, const u32* table_off,  \
         const u32* tables, float* part, u64 part_stride, u32 n_heads, u32 n_kv_heads, u32 head_dim,           \
-        u32 block_size, float scale) {                                                                         \
+        u32 block_size, float scale, u32 window) {                                                             \
         attn_split2_body<FMT>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, n_heads,          \
-                              n_kv_heads, head_dim, block_size, scale);                                       \
+                              n_kv_heads, head_dim, block_size, scale, window);                               \
     }
 ATTN_SPLIT_KERNEL(f32, KvF32)
 ATTN_SPLIT_KERNEL(f16, KvF16)

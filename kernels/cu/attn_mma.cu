@@ -522,6 +522,9 @@ ATTN_MMA_SHAPES(ATTN_MMA_KERNEL)
 // folded in split order exactly as attn_fold / attn_fold_o do one after the other (the running
 // state starts at M = -inf, L = 0, O = 0); with `folded` the one partial already is the folded
 // state (attn_mmaf). Then out = O * (1 / L).
+// Sliding window (`window` > 0, split partials of attn_split / attn_split2 only: a windowed launch
+// never runs attn_mma): the fold starts at the row's first split in the window, lo / 64 with
+// lo = pos + 1 - window (attention.cu); the splits below it were never computed.
 // The partials are staged in shared memory CB chunks of splits at a time (coalesced loads). Per
 // chunk, warp 0 forms the running maxima with an inclusive max scan (max is exact, so these are
 // the running maxima of the sequential fold) and the weights a_i = expf(M_{i-1} - M_i), b_i =
@@ -533,7 +536,7 @@ ATTN_MMA_SHAPES(ATTN_MMA_KERNEL)
 #define COMBINE_STAGE 4160  // floats: 32 splits of head_dim <= 128, or 16 of head_dim <= 256
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attn_combine(
     const float* __restrict__ part, float* __restrict__ O, const u32* __restrict__ pos, u64 part_stride, u32 rows,
-    u32 n_heads, u32 head_dim, u16* Xh, float* Xs, u32 kp, u32 bf, u32 folded) {
+    u32 n_heads, u32 head_dim, u16* Xh, float* Xs, u32 kp, u32 bf, u32 folded, u32 window) {
     __shared__ __align__(16) float so[COMBINE_STAGE];
     __shared__ float sa[32], sb[32], sl;
     const u32 gw = blockIdx.x;  // row * n_heads + head
@@ -554,6 +557,7 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attn_combine(
         }
     } else {
         const u32 ns = (pos[r] + AM_SPLIT) / AM_SPLIT;
+        const u32 s0 = (window != 0 && pos[r] + 1 > window ? pos[r] + 1 - window : 0u) / AM_SPLIT;
         const u32 cs = head_dim <= 128 ? 32 : 16;  // splits per chunk
         float M = NEG_INF;                         // warp 0: the running max
         acc[0] = acc[1] = 0.0f;
@@ -570,8 +574,8 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attn_combine(
                 pre[k] = x < half ? __ldg(s + x) : make_float2(0.0f, 0.0f);
             }
         };
-        load(0);
-        for (u32 c0 = 0; c0 < ns; c0 += cs) {
+        load(s0);
+        for (u32 c0 = s0; c0 < ns; c0 += cs) {
             const u32 n = min(cs, ns - c0);
             __syncthreads();  // the previous chunk is consumed
 #pragma unroll

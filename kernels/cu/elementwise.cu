@@ -24,6 +24,31 @@ extern "C" __global__ void swiglu(float* g, const float* u, u64 n) {
     }
 }
 
+// GeGLU with the tanh GELU: g = ((0.5 x) (1 + tanh(C (x + ((0.044715 x) x) x)))) u with x = g,
+// C = sqrt(2 / pi) (the f32 constant of the CPU's ops::geglu_tanh), in the CPU's operation order;
+// tanhf is the GPU's own (docs/VERIFY.md: within 1e-6 of the CPU, relative to the largest value).
+extern "C" __global__ void geglu_tanh(float* g, const float* u, u64 n) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const float x = g[i];
+        const float t = tanhf(0.7978846f * (x + 0.044715f * x * x * x));
+        g[i] = 0.5f * x * (1.0f + t) * u[i];
+    }
+}
+
+// x[i] *= s, i < n (Gemma's embedding scale): the CPU's one rounded product, bit for bit.
+extern "C" __global__ void scale_in_place(float* x, float s, u64 n) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        x[i] = x[i] * s;
+    }
+}
+
+// Logit softcapping: x[i] = cap * tanh(x[i] / cap), i < n (IEEE division; the GPU's tanhf).
+extern "C" __global__ void softcap(float* x, float cap, u64 n) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        x[i] = cap * tanhf(x[i] / cap);
+    }
+}
+
 // dst[r][j] = src[idx[r]][j] for r < rows, j < width.
 extern "C" __global__ void gather_rows(float* dst, const float* src, const u32* idx, u32 rows, u32 width) {
     u64 n = (u64)rows * width;

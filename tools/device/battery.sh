@@ -7,8 +7,11 @@
 #   vs plain bits, device vs host token selection; SmolLM2, llama3-8b q4_k_m); memra-verify tokens
 #   (SmolLM2); run-gen --device cuda --json tok/s (512-token prompt, 128 new tokens) for SmolLM2
 #   and synthetic llama3-8b at q4_k_m, q8_0, f16 (CUDA graphs on), plus SmolLM2 and q4_k_m with
-#   --no-cuda-graph and with seeded top-k sampling.
-# Needs $HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf staged (docs/DEVICE.md).
+#   --no-cuda-graph and with seeded top-k sampling; gemma: invariance and graph on a tiny random
+#   gemma3 (sliding window 4), and on Gemma 3 270M when staged: invariance, graph, tokens vs
+#   verify/fixtures/gemma3-270m-reference.json, run-gen tok/s.
+# Needs $HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf staged (docs/DEVICE.md); Gemma 3 270M
+# ($HOME/models/gemma-3-270m-q4_k_m.gguf) is optional.
 # Env: BATTERY_STEPS (default "smi kernels synth inv graph tokens speed"), BATTERY_SYNTH (llama3-8b
 # dtypes to generate/measure, default "q4_k_m q8_0 f16").
 set -uo pipefail
@@ -19,9 +22,10 @@ mkdir -p "$LOG"
 BIN="${MEMRA_BIN:-$PWD/.device/bin}"
 MODELS="$HOME/models"
 SMOL="$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA="$MODELS/gemma-3-270m-q4_k_m.gguf"
 # The GGUF whose tokenizer synthetic models copy (SmolLM2, or a small file carrying its tokenizer).
 TOKSRC="${BATTERY_TOKENIZER:-$SMOL}"
-STEPS="${BATTERY_STEPS:-smi kernels synth inv graph tokens serve server speed}"
+STEPS="${BATTERY_STEPS:-smi kernels synth inv graph tokens gemma serve server speed}"
 SYNTH="${BATTERY_SYNTH:-q4_k_m q8_0 f16}"
 export MEMRA_KERNEL_CACHE="$HOME/.cache/memra/kernels"
 if [ -n "${CUDA_HOME:-}" ]; then
@@ -74,6 +78,22 @@ fi
 if has tokens && [ -e "$SMOL" ]; then
   run tokens-smollm2 180 "$BIN/memra-verify" tokens --device cuda:0 "$SMOL" \
     --fixture verify/fixtures/smollm2-135m-reference.json
+fi
+
+if has gemma; then
+  # The tiny random gemma3 (window 4, a global layer every 2): windowed attention, GeGLU and the
+  # scales on the device without a model file.
+  run invariance-tiny-gemma3 240 "$BIN/memra-verify" invariance --device cuda:0 --tiny gemma3 --max-m 64
+  run graph-tiny-gemma3 240 "$BIN/memra-verify" graph --device cuda:0 --tiny gemma3 --max-m 64
+  if [ -e "$GEMMA" ]; then
+    # A 600-token prompt: the local layers' 512-position window slides.
+    run invariance-gemma3-270m 300 "$BIN/memra-verify" invariance --device cuda:0 "$GEMMA" --max-m 64 --prompt-len 600
+    run graph-gemma3-270m 300 "$BIN/memra-verify" graph --device cuda:0 "$GEMMA" --max-m 64
+    run tokens-gemma3-270m 240 "$BIN/memra-verify" tokens --device cuda:0 "$GEMMA" \
+      --fixture verify/fixtures/gemma3-270m-reference.json
+  else
+    row "Gemma 3 270M" "not staged ($GEMMA): tiny gemma3 only"
+  fi
 fi
 
 if has serve; then
@@ -130,6 +150,8 @@ if has speed; then
   speed smollm2-q4_1-nograph "$SMOL" --no-cuda-graph
   speed smollm2-q4_1-sampled "$SMOL" $SAMPLED
   speed smollm2-q4_1-sampled-nograph "$SMOL" $SAMPLED --no-cuda-graph
+  speed gemma3-270m-q4_k_m "$GEMMA"
+  speed gemma3-270m-q4_k_m-nograph "$GEMMA" --no-cuda-graph
   for d in $SYNTH; do speed "llama3-8b-$d" "$(llama "$d")"; done
   if case " $SYNTH " in *" q4_k_m "*) true;; *) false;; esac; then
     speed llama3-8b-q4_k_m-nograph "$(llama q4_k_m)" --no-cuda-graph

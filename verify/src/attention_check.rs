@@ -11,21 +11,22 @@ use memra_engine::quant::dot_f32 as dot;
 
 use crate::case::{Case, compare};
 
-struct Shape {
-    n_heads: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
-    block_size: usize,
+pub(crate) struct Shape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
 }
 
-/// The CPU's attention for one (row, head): scores, max, exp-sum, weighted V sum, in order.
+/// The CPU's attention for one (row, head) over positions `lo..=pos` (`lo` > 0: a sliding
+/// window's start): scores, max, exp-sum, weighted V sum, in order.
 #[allow(clippy::too_many_arguments)]
-fn reference(
+pub(crate) fn reference(
     s: &Shape,
     kc: &[f32],
     vc: &[f32],
     table: &[u32],
-    pos: usize,
+    (lo, pos): (usize, usize),
     q: &[f32],
     h: usize,
     out: &mut [f32],
@@ -37,7 +38,7 @@ fn reference(
     let at = |p: usize| {
         (table[p / s.block_size] as usize * s.block_size + p % s.block_size) * width + kvh * hd
     };
-    let mut scores: Vec<f32> = (0..=pos)
+    let mut scores: Vec<f32> = (lo..=pos)
         .map(|p| dot(q, &kc[at(p)..at(p) + hd]) * scale)
         .collect();
     let max = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
@@ -47,7 +48,7 @@ fn reference(
         sum += *sc;
     }
     out.fill(0.0);
-    for (p, &w) in scores.iter().enumerate() {
+    for (p, &w) in (lo..=pos).zip(&scores) {
         for (o, &v) in out.iter_mut().zip(&vc[at(p)..at(p) + hd]) {
             *o += w * v;
         }
@@ -71,13 +72,13 @@ fn tol_for(g: &Gpu, head_dim: usize, kv: KvDtype) -> f64 {
     }
 }
 
-fn uses_mma(g: &Gpu, head_dim: usize) -> bool {
+pub(crate) fn uses_mma(g: &Gpu, head_dim: usize) -> bool {
     g.attn_kernel() == "attn_mma" && attn_mma_kernel(head_dim, KvDtype::F32, false).is_some()
 }
 
 /// A cache of rows of `width` values stored in format `kv`: its bytes and the values it reads
 /// back as.
-fn store(kv: KvDtype, vals: &[f32], width: usize) -> (Vec<u8>, Vec<f32>) {
+pub(crate) fn store(kv: KvDtype, vals: &[f32], width: usize) -> (Vec<u8>, Vec<f32>) {
     let rb = kv.row_bytes(width);
     let mut bytes = vec![0u8; vals.len() / width * rb];
     let mut back = vec![0f32; vals.len()];
@@ -128,7 +129,7 @@ impl Launch<'_> {
     }
 }
 
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
+pub(crate) fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
@@ -178,7 +179,7 @@ pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     for kv in KvDtype::ALL {
         format_cases(g, seed, kv, out)?;
     }
-    Ok(())
+    crate::attention_window_check::window_cases(g, seed, out)
 }
 
 fn format_cases(g: &Gpu, seed: u64, kv: KvDtype, out: &mut Vec<Case>) -> Result<()> {
@@ -249,7 +250,7 @@ fn format_cases(g: &Gpu, seed: u64, kv: KvDtype, out: &mut Vec<Case>) -> Result<
                 let o = (r * s.n_heads + h) * s.head_dim;
                 let table = &tables[row_seq[r] as usize];
                 let (qh, oh) = (&q[o..o + s.head_dim], &mut want[o..o + s.head_dim]);
-                reference(s, &kc, &vc, table, pos[r] as usize, qh, h, oh);
+                reference(s, &kc, &vc, table, (0, pos[r] as usize), qh, h, oh);
             }
         }
         let flat: Vec<u32> = tables.concat();
@@ -288,6 +289,7 @@ fn format_cases(g: &Gpu, seed: u64, kv: KvDtype, out: &mut Vec<Case>) -> Result<
             fold: None,
             stages: 0,
             grid_y: 0,
+            window: None,
         };
         let launch = Launch { g, base: a, qd };
         launch.run(0, rows, 0, None, (0, 0))?;
@@ -361,7 +363,7 @@ fn prefill_case(
         for h in 0..s.n_heads {
             let o = (r * s.n_heads + h) * s.head_dim;
             let (qh, oh) = (&q[o..o + s.head_dim], &mut want[o..o + s.head_dim]);
-            reference(s, kc, vc, table, p as usize, qh, h, oh);
+            reference(s, kc, vc, table, (0, p as usize), qh, h, oh);
         }
     }
     let (dq, dpos, dseq) = (g.upload(&q)?, g.upload(&pos)?, g.upload(&seq)?);

@@ -240,6 +240,7 @@ fn elementwise_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             &want,
             1e-6,
         ));
+        gemma_elementwise(g, (&a, &b), &shape, out)?;
         let da = g.upload(&a)?;
         g.add_in_place(g.ptr(&da), g.ptr(&db), n)?;
         let mut want = a.clone();
@@ -281,6 +282,44 @@ fn elementwise_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             &want,
             0.0,
         ));
+    }
+    Ok(())
+}
+
+/// GeGLU (tanh GELU), scale and softcap against the CPU's ops on `a` (gate / x) and `b` (up),
+/// and on `a` x 10 (tanh saturated). `scale` is one rounded product: exact. GeGLU and softcap
+/// use the GPU's own tanhf: within 1e-6 (relative to the largest value; docs/VERIFY.md).
+fn gemma_elementwise(
+    g: &Gpu,
+    (a, b): (&[f32], &[f32]),
+    shape: &str,
+    out: &mut Vec<Case>,
+) -> Result<()> {
+    let big: Vec<f32> = a.iter().map(|v| v * 10.0).collect();
+    let db = g.upload(b)?;
+    for (x, what) in [(a, ""), (&big[..], " x10")] {
+        let n = x.len();
+        let shape = format!("{shape}{what}");
+        let dx = g.upload(x)?;
+        g.geglu_tanh(g.ptr(&dx), g.ptr(&db), n)?;
+        let mut want = x.to_vec();
+        ops::geglu_tanh(&mut want, b);
+        let got = g.download(&dx)?;
+        out.push(compare("geglu_tanh", shape.clone(), &got, &want, 1e-6));
+        let dx = g.upload(x)?;
+        g.scale(g.ptr(&dx), 25.298_222, n)?;
+        let want: Vec<f32> = x.iter().map(|v| v * 25.298_222).collect();
+        let got = g.download(&dx)?;
+        out.push(compare("scale_in_place", shape.clone(), &got, &want, 0.0));
+        for cap in [30.0f32, 2.5] {
+            let dx = g.upload(x)?;
+            g.softcap(g.ptr(&dx), cap, n)?;
+            let mut want = x.to_vec();
+            ops::softcap(&mut want, cap);
+            let got = g.download(&dx)?;
+            let shape = format!("{shape} cap={cap}");
+            out.push(compare("softcap", shape, &got, &want, 1e-6));
+        }
     }
     Ok(())
 }

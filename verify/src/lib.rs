@@ -4,6 +4,7 @@
 //! `inspect` (a model file validated the way the engine loads it).
 
 mod attention_check;
+mod attention_window_check;
 mod case;
 pub mod golden;
 pub mod graph;

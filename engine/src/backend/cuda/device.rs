@@ -564,6 +564,24 @@ impl Gpu {
         self.launch("swiglu", Self::stride_grid(n as u64), BLOCK, &args)
     }
 
+    /// `g = gelu_tanh(g) * u` for `n` values (GeGLU; the CPU's `ops::geglu_tanh` formula).
+    pub fn geglu_tanh(&self, g: u64, u: u64, n: usize) -> Result<()> {
+        let args = [Arg::Ptr(g), Arg::Ptr(u), Arg::U64(n as u64)];
+        self.launch("geglu_tanh", Self::stride_grid(n as u64), BLOCK, &args)
+    }
+
+    /// `x *= s` for `n` values.
+    pub fn scale(&self, x: u64, s: f32, n: usize) -> Result<()> {
+        let args = [Arg::Ptr(x), Arg::F32(s), Arg::U64(n as u64)];
+        self.launch("scale_in_place", Self::stride_grid(n as u64), BLOCK, &args)
+    }
+
+    /// `x = cap * tanh(x / cap)` for `n` values (logit softcapping).
+    pub fn softcap(&self, x: u64, cap: f32, n: usize) -> Result<()> {
+        let args = [Arg::Ptr(x), Arg::F32(cap), Arg::U64(n as u64)];
+        self.launch("softcap", Self::stride_grid(n as u64), BLOCK, &args)
+    }
+
     /// `dst[r] = src[idx[r]]` for `rows` rows of `width`.
     pub fn gather_rows(
         &self,
@@ -846,6 +864,47 @@ pub struct AttnArgs {
     /// Split-mode blocks in y per (tiles, KV head) (0: [`attn_grid_y`], or `MEMRA_ATTN_GRID_Y`).
     /// A performance choice only.
     pub grid_y: usize,
+    /// Sliding window (`AttnParams::window`, > 0): a row at `pos` sees positions
+    /// [`attn_window_start`]`..=pos`. A windowed launch always runs the CUDA-core split kernels
+    /// (`attn_split` / `attn_split2`), never the tensor-core ones ([`attn_mma_eligible`]).
+    pub window: Option<usize>,
+}
+
+/// The first position a row at `pos` sees under `window`: `pos + 1 - window` when that is
+/// positive, else 0 (the CPU's backend/cpu/attention.rs; `attn_window_lo` in
+/// kernels/cu/attention.cu and the fold start of attn_combine).
+pub fn attn_window_start(pos: usize, window: Option<usize>) -> usize {
+    window.map_or(0, |w| (pos + 1).saturating_sub(w))
+}
+
+/// The first 64-position split a row at `pos` computes under `window` (the splits below it are
+/// never computed nor folded; a split's boundaries stay the fixed grid from position 0).
+pub fn attn_first_split(pos: usize, window: Option<usize>) -> usize {
+    attn_window_start(pos, window) / ATTN_SPLIT
+}
+
+/// The most splits one row of a launch computes when its rows' largest `pos + 1` is `ctx`: all
+/// of them, or under a window those the window's positions touch (`window` positions starting
+/// one short of a split boundary span `(window + 62) / 64 + 1` splits). It sizes the grid only.
+pub fn attn_row_splits(ctx: usize, window: Option<usize>) -> usize {
+    let all = ctx.max(1).div_ceil(ATTN_SPLIT);
+    match window {
+        Some(w) => all.min((w + ATTN_SPLIT - 2) / ATTN_SPLIT + 1),
+        None => all,
+    }
+}
+
+/// Whether a launch runs the tensor-core attention: the `attn_mma` family is in use (`kernel`),
+/// it has kernels for `head_dim` and `group` query heads per KV head fit its 16 mma rows, and
+/// there is no sliding window. Windowed layers (Gemma 3's local layers) take the CUDA-core split
+/// kernels: attn_mma_body has no window mask.
+pub fn attn_mma_eligible(
+    kernel: &str,
+    head_dim: usize,
+    group: usize,
+    window: Option<usize>,
+) -> bool {
+    kernel == "attn_mma" && group <= 16 && matches!(head_dim, 64 | 128) && window.is_none()
 }
 
 /// The tensor-core attention kernel for `head_dim` over a `kv` cache, when it has one: split
@@ -892,7 +951,8 @@ pub fn attn_folded_floats(head_dim: usize) -> usize {
 
 impl Gpu {
     /// Causal paged attention split by a fixed length in positions: partials per (row, head,
-    /// split), then their combination in split order.
+    /// split), then their combination in split order. With a window, only the splits the
+    /// window touches are computed and folded (CUDA-core split kernels only).
     pub fn attention(&self, a: &AttnArgs) -> Result<()> {
         if a.head_dim > 256
             || !a.head_dim.is_multiple_of(2)
@@ -904,15 +964,21 @@ impl Gpu {
                 a.head_dim, a.n_heads, a.n_kv_heads
             )));
         }
+        // The kernels take the window as a u32, 0 for none.
+        let window = match a.window {
+            Some(0) => return Err(self.err("attention: a sliding window of 0 positions")),
+            w => self.u32_of(w.unwrap_or(0), "attention window")?,
+        };
         if a.rows == 0 {
             return Ok(());
         }
         let splits = a.ctx.max(1).div_ceil(ATTN_SPLIT);
         let group = a.n_heads / a.n_kv_heads;
-        let mma = self.uses_attn_mma(a.head_dim, group);
+        let mma = self.uses_attn_mma(a.head_dim, group, a.window);
         let fold = mma
-            && a.fold
-                .unwrap_or_else(|| self.attn_folds(a.rows, a.n_heads, a.n_kv_heads, a.head_dim));
+            && a.fold.unwrap_or_else(|| {
+                self.attn_folds(a.rows, a.n_heads, a.n_kv_heads, a.head_dim, a.window)
+            });
         let stride = if fold {
             attn_folded_floats(a.head_dim)
         } else {
@@ -991,8 +1057,10 @@ impl Gpu {
                 self.launch_fn(f, name, grid, 128, smem, &args)?;
             }
             None => {
-                // At most ATTN_GRID_Y blocks per (row, head); each loops over its splits.
-                let ys = self.u32_of(splits.min(ATTN_GRID_Y), "attention splits")?;
+                // At most ATTN_GRID_Y blocks per (row, head); each loops over its splits (from
+                // its window's first split).
+                let ys = attn_row_splits(a.ctx, a.window).min(ATTN_GRID_Y);
+                let ys = self.u32_of(ys, "attention splits")?;
                 let family = if self.attn_kernel == "attn_split2" {
                     "attn_split2"
                 } else {
@@ -1000,7 +1068,7 @@ impl Gpu {
                 };
                 let kernel = format!("{family}_{}", a.kv);
                 let head_dim = [Arg::U32(self.u32_of(a.head_dim, "head_dim")?)];
-                let args = [&lead[..], &heads, &head_dim, &tail].concat();
+                let args = [&lead[..], &heads, &head_dim, &tail, &[Arg::U32(window)]].concat();
                 self.launch(&kernel, (rh, ys), 128, &args)?;
             }
         }
@@ -1021,31 +1089,35 @@ impl Gpu {
             Arg::U32(self.u32_of(prep.map_or(0, |p| p.kp), "kp")?),
             Arg::U32(prep.is_some_and(|p| p.bf16) as u32),
             Arg::U32(fold as u32),
+            Arg::U32(window),
         ];
         self.launch("attn_combine", (rh, 1), 128, &args)
     }
 
     /// Whether this device runs the tensor-core attention for `head_dim` with `group` query
-    /// heads per KV head (every KV format has its kernels).
-    fn uses_attn_mma(&self, head_dim: usize, group: usize) -> bool {
-        self.attn_kernel == "attn_mma" && group <= 16 && matches!(head_dim, 64 | 128)
+    /// heads per KV head (every KV format has its kernels) and `window` ([`attn_mma_eligible`]:
+    /// never for a windowed launch).
+    fn uses_attn_mma(&self, head_dim: usize, group: usize, window: Option<usize>) -> bool {
+        attn_mma_eligible(self.attn_kernel, head_dim, group, window)
     }
 
     /// Whether a launch of `rows` rows folds its splits inside the tensor-core kernel (enough
     /// blocks without splitting positions, [`ATTN_FOLD_BLOCKS`]; `MEMRA_ATTN_FOLD=0|1` forces
     /// it). The callers size the partials with it: [`attn_folded_floats`] per (row, head).
+    /// Never for a windowed launch (it runs the split kernels: a partial per split).
     pub fn attn_folds(
         &self,
         rows: usize,
         n_heads: usize,
         n_kv_heads: usize,
         head_dim: usize,
+        window: Option<usize>,
     ) -> bool {
         if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
             return false;
         }
         let group = n_heads / n_kv_heads;
-        if !self.uses_attn_mma(head_dim, group) {
+        if !self.uses_attn_mma(head_dim, group, window) {
             return false;
         }
         match self.attn_fold_force {
@@ -1099,6 +1171,141 @@ mod tests {
         // Two buffers of K and V tiles for head_dim 128: 69,632 bytes (past the 48 KiB default).
         assert_eq!(attn_mma_smem(128, 2), 69_632);
         assert_eq!(attn_mma_smem(64, 1), 18_432);
+    }
+
+    #[test]
+    fn the_split_attention_and_combine_kernels_take_the_launch_s_arguments() {
+        // Gpu::attention's split launch: 9 lead, 2 head counts, head_dim, block size and scale,
+        // the window.
+        let mut args = vec![Arg::Ptr(1); 8];
+        args.extend([Arg::U64(130), Arg::U32(4), Arg::U32(1), Arg::U32(256)]);
+        args.extend([Arg::U32(16), Arg::F32(0.1), Arg::U32(512)]);
+        for family in ["attn_split", "attn_split2"] {
+            for kv in KvDtype::ALL {
+                let name = format!("{family}_{kv}");
+                assert_eq!(check_args(&name, &args), Ok(()), "{name}");
+            }
+        }
+        // attn_combine: partials, out, pos, stride, rows, heads, head_dim, the preparation
+        // (values, sums, kp, bf16), folded, window.
+        let mut args = vec![Arg::Ptr(1); 3];
+        args.extend([Arg::U64(130), Arg::U32(3), Arg::U32(4), Arg::U32(256)]);
+        args.extend([Arg::Ptr(0), Arg::Ptr(0), Arg::U32(0), Arg::U32(0)]);
+        args.extend([Arg::U32(0), Arg::U32(512)]);
+        assert_eq!(check_args("attn_combine", &args), Ok(()));
+    }
+
+    #[test]
+    fn the_gemma_elementwise_kernels_take_the_launch_s_arguments() {
+        let glu = [Arg::Ptr(1), Arg::Ptr(2), Arg::U64(3)];
+        assert_eq!(check_args("geglu_tanh", &glu), Ok(()));
+        let scaled = [Arg::Ptr(1), Arg::F32(0.5), Arg::U64(3)];
+        assert_eq!(check_args("scale_in_place", &scaled), Ok(()));
+        assert_eq!(check_args("softcap", &scaled), Ok(()));
+    }
+
+    const WINDOWS: [Option<usize>; 9] = [
+        None,
+        Some(1),
+        Some(2),
+        Some(63),
+        Some(64),
+        Some(65),
+        Some(100),
+        Some(512),
+        Some(4096),
+    ];
+
+    #[test]
+    fn a_window_starts_where_the_cpu_s_does_and_its_first_split_holds_it() {
+        for pos in 0..700usize {
+            for w in WINDOWS {
+                // backend/cpu/attention.rs: start = n.saturating_sub(w), n = pos + 1.
+                let n = pos + 1;
+                let cpu = w.map_or(0, |w| n.saturating_sub(w));
+                let lo = attn_window_start(pos, w);
+                assert_eq!(lo, cpu, "pos {pos} window {w:?}");
+                let s0 = attn_first_split(pos, w);
+                // The first split computed holds lo (so it is never empty: lo <= pos), and no
+                // position the row sees lies below it.
+                assert!(s0 * ATTN_SPLIT <= lo && lo < (s0 + 1) * ATTN_SPLIT);
+                assert!(lo <= pos);
+                if w.is_none() || w.is_some_and(|w| w >= n) {
+                    assert_eq!(s0, 0, "pos {pos} window {w:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_split_grid_covers_every_row_s_window() {
+        for ctx in 1..600usize {
+            for w in WINDOWS {
+                let need = (0..ctx)
+                    .map(|pos| pos / ATTN_SPLIT + 1 - attn_first_split(pos, w))
+                    .max()
+                    .unwrap_or(0);
+                let ys = attn_row_splits(ctx, w);
+                assert!(need <= ys, "ctx {ctx} window {w:?}: {need} > {ys}");
+                // Tight once the context holds a worst-placed window.
+                if w.is_none_or(|w| ctx >= w + 2 * ATTN_SPLIT) {
+                    assert_eq!(need, ys, "ctx {ctx} window {w:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn windowed_attention_never_runs_the_tensor_core_kernels() {
+        for hd in [64, 128] {
+            assert!(attn_mma_eligible("attn_mma", hd, 4, None));
+            for w in [1, 64, 512, 1 << 20] {
+                assert!(!attn_mma_eligible("attn_mma", hd, 4, Some(w)));
+            }
+        }
+        assert!(!attn_mma_eligible("attn_mma", 256, 4, None));
+        assert!(!attn_mma_eligible("attn_mma", 64, 32, None));
+        assert!(!attn_mma_eligible("attn_split", 64, 4, None));
+        assert!(!attn_mma_eligible("attn_split2", 128, 4, None));
+    }
+
+    /// The split kernels' windowed arithmetic, emulated on the host in f64: partials per
+    /// 64-position split from the window's first split (positions below the window skipped),
+    /// folded as attn_combine from that split, equal the direct softmax over the window.
+    #[test]
+    fn folding_the_window_s_splits_is_the_window_s_softmax() {
+        let score = |p: usize| ((p * 37 % 101) as f64 - 50.0) / 7.0;
+        let value = |p: usize| ((p * 53 % 89) as f64 - 44.0) / 9.0;
+        for pos in [
+            0usize, 1, 62, 63, 64, 65, 127, 128, 200, 511, 512, 600, 1000,
+        ] {
+            for w in WINDOWS {
+                let lo = attn_window_start(pos, w);
+                let direct = {
+                    let m = (lo..=pos).map(score).fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = (lo..=pos).map(|p| (score(p) - m).exp()).collect();
+                    let l: f64 = e.iter().sum();
+                    (lo..=pos).zip(&e).map(|(p, e)| e * value(p)).sum::<f64>() / l
+                };
+                let (mut mm, mut ll, mut oo) = (f64::NEG_INFINITY, 0.0, 0.0);
+                for split in attn_first_split(pos, w)..=pos / ATTN_SPLIT {
+                    let p0 = split * ATTN_SPLIT;
+                    let ps = p0.max(lo)..=(p0 + ATTN_SPLIT - 1).min(pos);
+                    assert!(
+                        !ps.is_empty(),
+                        "pos {pos} window {w:?}: empty split {split}"
+                    );
+                    let m = ps.clone().map(score).fold(f64::NEG_INFINITY, f64::max);
+                    let l: f64 = ps.clone().map(|p| (score(p) - m).exp()).sum();
+                    let o: f64 = ps.map(|p| (score(p) - m).exp() * value(p)).sum();
+                    let mn = mm.max(m);
+                    let (a, b) = ((mm - mn).exp(), (m - mn).exp());
+                    (mm, ll, oo) = (mn, ll * a + l * b, oo * a + o * b);
+                }
+                let folded = oo / ll;
+                assert!((folded - direct).abs() < 1e-9, "pos {pos} window {w:?}");
+            }
+        }
     }
 
     #[test]

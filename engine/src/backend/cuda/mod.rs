@@ -23,9 +23,9 @@ pub mod select;
 mod step;
 
 pub use device::{
-    ATTN_SPLIT, Arg, AttnArgs, AttnPrep, Gpu, RopeKvArgs, TOPK_MAX, attn_folded_floats,
-    attn_mma_kernel, attn_part_floats, attn_tile_tokens, device_count, kernel_supports,
-    quiet_catch,
+    ATTN_SPLIT, Arg, AttnArgs, AttnPrep, Gpu, RopeKvArgs, TOPK_MAX, attn_first_split,
+    attn_folded_floats, attn_mma_eligible, attn_mma_kernel, attn_part_floats, attn_row_splits,
+    attn_tile_tokens, attn_window_start, device_count, kernel_supports, quiet_catch,
 };
 pub use graph::BUCKETS;
 pub use mat::{Mat, Mats, Products, Use};
@@ -60,9 +60,9 @@ pub fn graphs_default() -> bool {
 }
 
 /// The attention kernel: `attn_mma` (tensor cores, the default; head dims 64 and 128, other
-/// shapes use `attn_split`), `attn_split` with `MEMRA_ATTN=v1`, or `attn_split2` with
-/// `MEMRA_ATTN=v2`. One process uses one of them for every row: they order the arithmetic
-/// differently.
+/// shapes and every sliding-window layer use `attn_split`), `attn_split` with `MEMRA_ATTN=v1`, or
+/// `attn_split2` with `MEMRA_ATTN=v2`. One process uses one of them for every row of a layer:
+/// they order the arithmetic differently.
 pub fn attn_kernel_default() -> &'static str {
     match std::env::var("MEMRA_ATTN").as_deref() {
         Ok("v1") => "attn_split",

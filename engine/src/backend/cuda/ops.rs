@@ -69,11 +69,6 @@ impl CudaOps {
         p: &AttnParams,
         w: Option<&Mat>,
     ) -> Result<bool> {
-        if p.window.is_some() {
-            return Err(self
-                .gpu
-                .err("sliding-window attention has no CUDA kernel yet"));
-        }
         let l = self.kv(kv)?;
         let g = &self.gpu;
         let (kc, vc) = (g.ptr(&l.k), g.ptr(&l.v));
@@ -84,8 +79,9 @@ impl CudaOps {
             None => None,
         };
         // Split into launches of `chunk` rows to bound the score scratch (one partial per row
-        // and head when the launch folds its splits in the kernel, else one per split).
-        let fold = g.attn_folds(m, p.n_heads, p.n_kv_heads, p.head_dim);
+        // and head when the launch folds its splits in the kernel, else one per split; a
+        // windowed launch never folds: it runs the split kernels, Gpu::attention).
+        let fold = g.attn_folds(m, p.n_heads, p.n_kv_heads, p.head_dim, p.window);
         let part = if fold {
             super::attn_folded_floats(p.head_dim)
         } else {
@@ -124,6 +120,7 @@ impl CudaOps {
                 fold: Some(fold),
                 stages: 0,
                 grid_y: 0,
+                window: p.window,
             };
             g.attention(&a)?;
             r0 += rows;
@@ -244,8 +241,7 @@ impl Ops for CudaOps {
     }
 
     fn require(&self, arch: &str, needs: &[Feature]) -> Result<()> {
-        // No kernel yet for any of them (issue 16's GPU half).
-        match needs.first() {
+        match needs.iter().find(|f| !gpu_has(**f)) {
             Some(f) => Err(self
                 .gpu
                 .err(format!("{arch} is not yet supported on the GPU: {f}"))),
@@ -253,12 +249,14 @@ impl Ops for CudaOps {
         }
     }
 
-    fn scale(&mut self, _x: Act, _s: f32) -> Result<()> {
-        Err(self.gpu.err("scale has no CUDA kernel yet"))
+    fn scale(&mut self, x: Act, s: f32) -> Result<()> {
+        let n = self.n(x) * x.width;
+        self.gpu.scale(self.ptr(x)?, s, n)
     }
 
-    fn softcap(&mut self, _x: Act, _cap: f32) -> Result<()> {
-        Err(self.gpu.err("logit softcapping has no CUDA kernel yet"))
+    fn softcap(&mut self, x: Act, cap: f32) -> Result<()> {
+        let n = self.n(x) * x.width;
+        self.gpu.softcap(self.ptr(x)?, cap, n)
     }
 
     fn moe(&mut self, _w: [&Mat; 3], _x: Act, _r: Act, _o: Act, _p: &MoeParams) -> Result<()> {
@@ -271,12 +269,16 @@ impl Ops for CudaOps {
     }
 
     fn glu(&mut self, kind: Glu, gate: Act, up: Act) -> Result<()> {
+        if gate.width != up.width || gate.id == up.id {
+            return Err(self
+                .gpu
+                .err(format!("glu: widths {} and {}", gate.width, up.width)));
+        }
+        let n = self.n(gate) * gate.width;
+        let (pg, pu) = (self.ptr(gate)?, self.ptr(up)?);
         match kind {
-            Glu::Silu => {
-                let n = self.n(gate) * gate.width;
-                self.gpu.swiglu(self.ptr(gate)?, self.ptr(up)?, n)
-            }
-            Glu::GeluTanh => Err(self.gpu.err("GeGLU has no CUDA kernel yet")),
+            Glu::Silu => self.gpu.swiglu(pg, pu, n),
+            Glu::GeluTanh => self.gpu.geglu_tanh(pg, pu, n),
         }
     }
 
@@ -409,17 +411,49 @@ impl Ops for CudaOps {
         down: &Mat,
         r: Residual,
     ) -> Result<()> {
-        if kind != Glu::Silu {
-            return Err(self.gpu.err("GeGLU has no CUDA kernel yet"));
-        }
         let (g, m) = (&self.gpu, self.n(gate));
         let (pg, pu) = (self.ptr(gate)?, self.ptr(up)?);
-        self.products
-            .swiglu_for(g, (pg, pu), m, gate.width, &[down])?;
-        self.tick("swiglu");
+        match kind {
+            Glu::Silu => self
+                .products
+                .swiglu_for(g, (pg, pu), m, gate.width, &[down])?,
+            // No fused preparation for GeGLU: the activation, then the product's preparation.
+            Glu::GeluTanh => {
+                g.geglu_tanh(pg, pu, m * gate.width)?;
+                self.products.prep(g, pg, gate.width, m, &[down])?;
+            }
+        }
+        self.tick(if kind == Glu::Silu { "swiglu" } else { "geglu" });
         let (tmp, res) = (self.ptr(r.tmp)?, self.ptr(r.res)?);
         self.products.matmul(g, down, (pg, tmp), Some(res), m)?;
         self.tick("down");
         Ok(())
+    }
+}
+
+/// Whether the CUDA backend has `f`'s kernels: everything but the mixture-of-experts FFN
+/// (issue 16's GPU half for qwen3moe). Sliding windows run on the CUDA-core split attention
+/// only (`attn_mma_eligible`).
+fn gpu_has(f: Feature) -> bool {
+    match f {
+        Feature::GeluTanh | Feature::SlidingWindow | Feature::Scale | Feature::Softcap => true,
+        Feature::Moe => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gpu_refuses_only_the_moe_feature() {
+        let has = [
+            Feature::GeluTanh,
+            Feature::SlidingWindow,
+            Feature::Scale,
+            Feature::Softcap,
+        ];
+        assert!(has.iter().all(|&f| gpu_has(f)));
+        assert!(!gpu_has(Feature::Moe));
     }
 }

@@ -11,8 +11,8 @@
 //!   graphs' inert rows);
 //! - working space: the step activations for [`STEP_ROWS`] rows and the head's for
 //!   [`HEAD_ROWS`], the v2 products' prepared activations, the attention scratch of a plain step
-//!   and of the graph state, one RoPE table, plus [`CONTEXT_BYTES`] for kernel modules, the
-//!   driver and per-step uploads.
+//!   and of the graph state, the RoPE tables (one; gemma3's local and global layers have one each),
+//!   plus [`CONTEXT_BYTES`] for kernel modules, the driver and per-step uploads.
 
 use super::device::ATTN_SPLIT;
 use super::step::SCORE_FLOATS;
@@ -179,7 +179,8 @@ pub fn workspace_bytes(c: &ModelConfig, ctx: usize, v2: bool) -> usize {
         .saturating_add(1)
         .checked_next_power_of_two()
         .unwrap_or(usize::MAX);
-    let rope = mul(mul(rope_pos.max(256), c.head_dim), 4);
+    let tables = if c.gemma3.is_some() { 2 } else { 1 };
+    let rope = mul(mul(mul(rope_pos.max(256), c.head_dim), 4), tables);
     [acts, head, prepared, scores, rope, CONTEXT_BYTES]
         .iter()
         .fold(0usize, |a, &b| a.saturating_add(b))
@@ -558,6 +559,16 @@ mod tests {
             let part = ctx.max(1).div_ceil(ATTN_SPLIT) * (hd + 2);
             assert_eq!(part, super::super::device::attn_part_floats(ctx, hd));
         }
+    }
+
+    #[test]
+    fn gemma3_plans_its_second_rope_table() {
+        let llama = crate::models::random::tiny_config(crate::config::Arch::Llama, 97);
+        let gemma = crate::models::random::tiny_config(crate::config::Arch::Gemma3, 97);
+        let ctx = 1000;
+        let table = 1024 * llama.head_dim * 4; // cos and sin, positions to a power of two
+        let extra = workspace_bytes(&gemma, ctx, true) - workspace_bytes(&llama, ctx, true);
+        assert_eq!(extra, table);
     }
 
     #[test]
