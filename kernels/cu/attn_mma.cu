@@ -69,21 +69,96 @@ __device__ __forceinline__ void am_mma(const u32 a[4], u32 b0, u32 b1, float c[4
 }
 
 // Four 8x8 16-bit matrices from shared memory: lanes 8j..8j+7 give the row addresses of matrix j;
-// lane (g, t) receives row g, columns 2t, 2t+1 of each (.trans: rows 2t, 2t+1 of column g).
-__device__ __forceinline__ void ldsm_x4(u32 r[4], const u16* p) {
+// lane (g, t) receives row g, columns 2t, 2t+1 of each (TRANS: rows 2t, 2t+1 of column g).
+template <bool TRANS>
+__device__ __forceinline__ void ldsm_x4_of(u32 r[4], const u16* p) {
     const u32 a = (u32)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(u32 r[4], const u16* p) { ldsm_x4_of<false>(r, p); }
+__device__ __forceinline__ void ldsm_x4_t(u32 r[4], const u16* p) { ldsm_x4_of<true>(r, p); }
+
+// S for n-tile nc (positions p0 + 8 nc ..) of the warp's 16 rows: the KS k-steps chained from +0,
+// scaled; positions at or past a row's limit -> -inf. s[e]: row g + 8 (e >> 1), position
+// p0 + 8 nc + 2t + (e & 1).
+template <int HD, bool BF>
+__device__ __forceinline__ void am_scores(float s[4], const u16* sk, const u32 (*qa)[4], int nc, u32 p0,
+                                          const u32 lim[2], float scale) {
+    constexpr int LD = HD + AM_PAD;
+    const int lane = threadIdx.x & 31, t = lane & 3;
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const u16* kr = sk + (nc * 8 + (lane & 7)) * LD + 8 * (lane >> 3);
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ks += 2) {
+        u32 b[4];
+        ldsm_x4(b, kr + 16 * ks);
+        am_mma<BF>(qa[ks], b[0], b[1], c);
+        am_mma<BF>(qa[ks + 1], b[2], b[3], c);
+    }
+    const float NEG_INF = -__int_as_float(0x7f800000);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const u32 pe = p0 + nc * 8 + 2 * t + (e & 1);
+        s[e] = pe < lim[e >> 1] ? __fmul_rn(c[e], scale) : NEG_INF;
+    }
 }
 
-__device__ __forceinline__ void ldsm_x4_t(u32 r[4], const u16* p) {
-    const u32 a = (u32)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
+// p of one n-tile's scores against the rows' maxima: the mma input pair per row h (+0 where
+// masked), as placed in the P V A fragment.
+template <bool BF>
+__device__ __forceinline__ u32 am_p(const float s[4], int h, float m) {
+    const float NEG_INF = -__int_as_float(0x7f800000);
+    const float x0 = s[2 * h], x1 = s[2 * h + 1];
+    const float e0 = x0 == NEG_INF ? 0.0f : expf(x0 - m);
+    const float e1 = x1 == NEG_INF ? 0.0f : expf(x1 - m);
+    return am_pair<BF>(e0, e1);
+}
+
+// l of the rows from the P fragments: per lane the p (as f32) of n-tiles 0..7 in order, then the
+// quad (xor 1, 2).
+template <bool BF>
+__device__ __forceinline__ void am_l(float l[2], const u32 pa[4][4]) {
+    l[0] = l[1] = 0.0f;
+#pragma unroll
+    for (int nc = 0; nc < 8; ++nc) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const u32 ph = pa[nc >> 1][(nc & 1) * 2 + h];
+            l[h] = __fadd_rn(__fadd_rn(l[h], am_f32<BF>(ph & 0xffffu)), am_f32<BF>(ph >> 16));
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l[h] = __fadd_rn(l[h], __shfl_xor_sync(FULL_MASK, l[h], 1));
+        l[h] = __fadd_rn(l[h], __shfl_xor_sync(FULL_MASK, l[h], 2));
+    }
+}
+
+// o of n-tiles nt, nt + 1 (dimensions 8 nt ..) = P V: the split's 4 k-steps chained from +0.
+// o0 / o1: (row g, dims 8 nt + 2t, + 1), (row g + 8, ...); o1 at n-tile nt + 1.
+template <int HD, bool BF>
+__device__ __forceinline__ void am_pv(float o0[4], float o1[4], const u16* sv, const u32 pa[4][4], int nt) {
+    constexpr int LD = HD + AM_PAD;
+    const int lane = threadIdx.x & 31;
+    const u16* vr = sv + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o0[e] = o1[e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        u32 b[4];
+        ldsm_x4_t(b, vr + 16 * kk * LD + 8 * nt);
+        am_mma<BF>(pa[kk], b[0], b[1], o0);
+        am_mma<BF>(pa[kk], b[2], b[3], o1);
+    }
 }
 
 // Stages positions p0 .. p0 + AM_SPLIT - 1 of KV head kvh of the caches (zeros from nmax on) as
@@ -286,23 +361,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
                 // warp sums l from all the P fragments in the steps' order.
                 float s2[2][4];
 #pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const int nc = 2 * w + j;
-                    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    const u16* kr = sk + (nc * 8 + (lane & 7)) * LD + 8 * (lane >> 3);
-#pragma unroll
-                    for (int ks = 0; ks < KS; ks += 2) {
-                        u32 b[4];
-                        ldsm_x4(b, kr + 16 * ks);
-                        am_mma<BF>(qa[ks], b[0], b[1], c);
-                        am_mma<BF>(qa[ks + 1], b[2], b[3], c);
-                    }
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const u32 pe = p0 + nc * 8 + 2 * t + (e & 1);
-                        s2[j][e] = pe < lim[e >> 1] ? __fmul_rn(c[e], scale) : NEG_INF;
-                    }
-                }
+                for (int j = 0; j < 2; ++j) am_scores<HD, BF>(s2[j], sk, qa, 2 * w + j, p0, lim, scale);
                 float m[2];
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
@@ -321,17 +380,11 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const float x0 = s2[j][2 * h], x1 = s2[j][2 * h + 1];
-                        const float e0 = x0 == NEG_INF ? 0.0f : expf(x0 - m[h]);
-                        const float e1 = x1 == NEG_INF ? 0.0f : expf(x1 - m[h]);
-                        mp[j * 2 + h] = am_pair<BF>(e0, e1);
-                    }
+                    for (int h = 0; h < 2; ++h) mp[j * 2 + h] = am_p<BF>(s2[j], h, m[h]);
                 }
                 wide_p[w][lane] = make_uint4(mp[0], mp[1], mp[2], mp[3]);
                 __syncthreads();
                 u32 pa[4][4];
-                float l[2] = {0.0f, 0.0f};
 #pragma unroll
                 for (int kk = 0; kk < 4; ++kk) {
                     const uint4 v = wide_p[kk][lane];
@@ -340,19 +393,8 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
                     pa[kk][2] = v.z;
                     pa[kk][3] = v.w;
                 }
-#pragma unroll
-                for (int nc = 0; nc < 8; ++nc) {
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const u32 ph = pa[nc >> 1][(nc & 1) * 2 + h];
-                        l[h] = __fadd_rn(__fadd_rn(l[h], am_f32<BF>(ph & 0xffffu)), am_f32<BF>(ph >> 16));
-                    }
-                }
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    l[h] = __fadd_rn(l[h], __shfl_xor_sync(FULL_MASK, l[h], 1));
-                    l[h] = __fadd_rn(l[h], __shfl_xor_sync(FULL_MASK, l[h], 2));
-                }
+                float l[2];
+                am_l<BF>(l, pa);
                 float* dst[2] = {nullptr, nullptr};
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
@@ -363,17 +405,10 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
                         dst[h][1] = l[h];
                     }
                 }
-                const u16* vr = sv + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4);
 #pragma unroll
                 for (int nt = w * (NT / AM_WARPS); nt < (w + 1) * (NT / AM_WARPS); nt += 2) {
-                    float o0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, o1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                    for (int kk = 0; kk < 4; ++kk) {
-                        u32 b[4];
-                        ldsm_x4_t(b, vr + 16 * kk * LD + 8 * nt);
-                        am_mma<BF>(pa[kk], b[0], b[1], o0);
-                        am_mma<BF>(pa[kk], b[2], b[3], o1);
-                    }
+                    float o0[4], o1[4];
+                    am_pv<HD, BF>(o0, o1, sv, pa, nt);
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         if (!mine[h]) continue;
@@ -386,22 +421,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
             // 1. scores of the split's 64 positions.
             float s[8][4];
 #pragma unroll
-            for (int nc = 0; nc < 8; ++nc) {
-                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                const u16* kr = sk + (nc * 8 + (lane & 7)) * LD + 8 * (lane >> 3);
-#pragma unroll
-                for (int ks = 0; ks < KS; ks += 2) {
-                    u32 b[4];
-                    ldsm_x4(b, kr + 16 * ks);
-                    am_mma<BF>(qa[ks], b[0], b[1], c);
-                    am_mma<BF>(qa[ks + 1], b[2], b[3], c);
-                }
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const u32 pe = p0 + nc * 8 + 2 * t + (e & 1);
-                    s[nc][e] = pe < lim[e >> 1] ? __fmul_rn(c[e], scale) : NEG_INF;
-                }
-            }
+            for (int nc = 0; nc < 8; ++nc) am_scores<HD, BF>(s[nc], sk, qa, nc, p0, lim, scale);
             // 2. the rows' maxima over the split.
             float m[2];
 #pragma unroll
@@ -414,24 +434,13 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
             }
             // 3. p as the A fragments of the 4 k-steps of P V, and l.
             u32 pa[4][4];
-            float l[2] = {0.0f, 0.0f};
 #pragma unroll
             for (int nc = 0; nc < 8; ++nc) {
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const float x0 = s[nc][2 * h], x1 = s[nc][2 * h + 1];
-                    const float e0 = x0 == NEG_INF ? 0.0f : expf(x0 - m[h]);
-                    const float e1 = x1 == NEG_INF ? 0.0f : expf(x1 - m[h]);
-                    const u32 ph = am_pair<BF>(e0, e1);
-                    pa[nc >> 1][(nc & 1) * 2 + h] = ph;
-                    l[h] = __fadd_rn(__fadd_rn(l[h], am_f32<BF>(ph & 0xffffu)), am_f32<BF>(ph >> 16));
-                }
+                for (int h = 0; h < 2; ++h) pa[nc >> 1][(nc & 1) * 2 + h] = am_p<BF>(s[nc], h, m[h]);
             }
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                l[h] = __fadd_rn(l[h], __shfl_xor_sync(FULL_MASK, l[h], 1));
-                l[h] = __fadd_rn(l[h], __shfl_xor_sync(FULL_MASK, l[h], 2));
-            }
+            float l[2];
+            am_l<BF>(l, pa);
             // 4. fold weights (fold mode) or the partial's destination (split mode).
             float fa[2] = {1.0f, 1.0f}, fb[2] = {0.0f, 0.0f};
             float* dst[2] = {nullptr, nullptr};
@@ -449,18 +458,10 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
                 }
             }
             // o = P V, two n-tiles at a time.
-            const u16* vr = sv + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4);
 #pragma unroll
             for (int nt = 0; nt < NT; nt += 2) {
-                float o0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, o1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk) {
-                    u32 b[4];
-                    ldsm_x4_t(b, vr + 16 * kk * LD + 8 * nt);
-                    am_mma<BF>(pa[kk], b[0], b[1], o0);
-                    am_mma<BF>(pa[kk], b[2], b[3], o1);
-                }
-                // o0 / o1: (row g, dims 8 nt + 2t, + 1), (row g + 8, ...); o1 at n-tile nt + 1.
+                float o0[4], o1[4];
+                am_pv<HD, BF>(o0, o1, sv, pa, nt);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     if (!mine[h]) continue;

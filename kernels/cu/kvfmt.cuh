@@ -29,6 +29,13 @@ __device__ __forceinline__ u32 b2_rn(float lo, float hi) {
     return d;
 }
 
+// h8 as two h4 (formats that convert their values on the way).
+template <typename F>
+__device__ __forceinline__ uint4 kv_h8_of_h4(const u8* r, u32 d, u32 w) {
+    const uint2 lo = F::h4(r, d, w), hi = F::h4(r, d + 4, w);
+    return make_uint4(lo.x, lo.y, hi.x, hi.y);
+}
+
 struct KvF32 {
     static constexpr bool DIRECT = false;
     static constexpr bool BF16 = false;
@@ -39,10 +46,7 @@ struct KvF32 {
         const float4 v = __ldg((const float4*)(r + 4 * (u64)d));
         return make_uint2(h2_sat(v.x, v.y), h2_sat(v.z, v.w));
     }
-    static __device__ __forceinline__ uint4 h8(const u8* r, u32 d, u32 w) {
-        const uint2 lo = h4(r, d, w), hi = h4(r, d + 4, w);
-        return make_uint4(lo.x, lo.y, hi.x, hi.y);
-    }
+    static __device__ __forceinline__ uint4 h8(const u8* r, u32 d, u32 w) { return kv_h8_of_h4<KvF32>(r, d, w); }
 };
 
 struct KvF16 {
@@ -84,8 +88,5 @@ struct KvQ8 {
         return make_uint2(h2_sat(x0, x1), h2_sat(x2, x3));
     }
     // Two h4 (a Q8_0 row is only 4-byte aligned).
-    static __device__ __forceinline__ uint4 h8(const u8* r, u32 d, u32 w) {
-        const uint2 lo = h4(r, d, w), hi = h4(r, d + 4, w);
-        return make_uint4(lo.x, lo.y, hi.x, hi.y);
-    }
+    static __device__ __forceinline__ uint4 h8(const u8* r, u32 d, u32 w) { return kv_h8_of_h4<KvQ8>(r, d, w); }
 };
