@@ -147,13 +147,7 @@ pub trait Backend: Send {
         let inner: Vec<Option<SelectParams>> = select
             .iter()
             .zip(logprobs)
-            .map(|(s, lp)| {
-                if lp.is_some() {
-                    None
-                } else {
-                    *s
-                }
-            })
+            .map(|(s, lp)| if lp.is_some() { None } else { *s })
             .collect();
         let out = self.step_select(batch, &inner)?;
         Ok(score_on_host(out, select, logprobs))

@@ -798,9 +798,7 @@ impl Gpu {
             return Ok(());
         }
         if words < width.div_ceil(32) {
-            return Err(self.err(format!(
-                "mask_rows: {words} mask words for {width} logits"
-            )));
+            return Err(self.err(format!("mask_rows: {words} mask words for {width} logits")));
         }
         let args = [
             Arg::Ptr(logits),
@@ -812,7 +810,12 @@ impl Gpu {
         ];
         // At most 16 blocks of 256 per row: 151,936 logits are 37 strides of 4,096.
         let x = width.div_ceil(BLOCK as usize).clamp(1, 16) as u32;
-        self.launch("mask_rows", (x, self.u32_of(n, "masked rows")?), BLOCK, &args)
+        self.launch(
+            "mask_rows",
+            (x, self.u32_of(n, "masked rows")?),
+            BLOCK,
+            &args,
+        )
     }
 }
 

@@ -81,7 +81,11 @@ pub fn plan_row(s: &SelectParams, width: usize) -> SelectPlan {
 /// `sampling::apply_mask`).
 pub fn allowed_count(mask: &[u32], width: usize) -> usize {
     let full = width / 32;
-    let mut n: usize = mask.iter().take(full).map(|w| w.count_ones() as usize).sum();
+    let mut n: usize = mask
+        .iter()
+        .take(full)
+        .map(|w| w.count_ones() as usize)
+        .sum();
     if !width.is_multiple_of(32)
         && let Some(w) = mask.get(full)
     {
@@ -395,10 +399,7 @@ mod tests {
             }
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "width {width}");
-            assert_eq!(
-                bits(&got[width..2 * width]),
-                bits(&base[width..2 * width])
-            );
+            assert_eq!(bits(&got[width..2 * width]), bits(&base[width..2 * width]));
         }
     }
 
@@ -427,7 +428,9 @@ mod tests {
             let words = mask_words(width);
             let mask: Vec<u32> = match case % 6 {
                 // Random, dense.
-                0 => (0..words).map(|w| splitmix(case, 4, w as u64) as u32).collect(),
+                0 => (0..words)
+                    .map(|w| splitmix(case, 4, w as u64) as u32)
+                    .collect(),
                 // Random, sparse.
                 1 => (0..words)
                     .map(|w| {
@@ -512,19 +515,23 @@ mod tests {
         };
         let few = vec![0b1011u32; 4748];
         let one = [0u32, 0, 4];
-        let s = |m: Option<&'static [u32]>| SelectParams {
-            params: Box::leak(Box::new(t.clone())),
-            history: &[],
-            pos: 0,
-            mask: m,
+        let s = |m: Option<&[u32]>| {
+            plan_row(
+                &SelectParams {
+                    params: &t,
+                    history: &[],
+                    pos: 0,
+                    mask: m,
+                },
+                151_936,
+            )
         };
-        let few: &'static [u32] = Box::leak(few.into_boxed_slice());
         // 3 allowed tokens per 32: 14,244 allowed, more than TOPK_MAX.
-        assert_eq!(plan_row(&s(Some(few)), 151_936), SelectPlan::Host);
-        assert_eq!(plan_row(&s(Some(&one)), 151_936), SelectPlan::TopK(1));
-        assert_eq!(plan_row(&s(Some(&[])), 151_936), SelectPlan::TopK(1));
-        assert_eq!(plan_row(&s(Some(&few[..8])), 151_936), SelectPlan::TopK(24));
-        assert_eq!(plan_row(&s(None), 151_936), SelectPlan::Host);
+        assert_eq!(s(Some(&few)), SelectPlan::Host);
+        assert_eq!(s(Some(&one)), SelectPlan::TopK(1));
+        assert_eq!(s(Some(&[])), SelectPlan::TopK(1));
+        assert_eq!(s(Some(&few[..8])), SelectPlan::TopK(24));
+        assert_eq!(s(None), SelectPlan::Host);
     }
 
     #[test]
