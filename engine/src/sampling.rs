@@ -174,14 +174,18 @@ pub fn sample_masked(
     let mut l = logits.to_vec();
     apply_mask(&mut l, mask);
     if l.iter().all(|v| v.is_nan() || *v == f32::NEG_INFINITY) {
-        let first = mask
-            .iter()
-            .enumerate()
-            .find(|(_, w)| **w != 0)
-            .map_or(0, |(i, w)| i as u32 * 32 + w.trailing_zeros());
-        return first;
+        return first_allowed(mask);
     }
     sample(&l, history, p, pos)
+}
+
+/// The lowest id `mask` allows (0 when it allows none): [`sample_masked`]'s answer when the
+/// model gives every allowed token -inf or NaN.
+pub fn first_allowed(mask: &[u32]) -> u32 {
+    mask.iter()
+        .enumerate()
+        .find(|(_, w)| **w != 0)
+        .map_or(0, |(i, w)| i as u32 * 32 + w.trailing_zeros())
 }
 
 /// Applies repetition, presence and frequency penalties for the tokens in `history`.

@@ -153,3 +153,28 @@ extern "C" __global__ void __launch_bounds__(1024) topk_row(const float* logits,
     }
     if (threadIdx.x == 0) out[0] = want;
 }
+
+// mask_rows: the host's apply_mask for `n` rows of a grammar-constrained launch, in place, before
+// the penalties. `packed` is [n row indices | n masks of `words` u32 each]: entry j masks row
+// packed[j] of the `width`-float rows at `logits` with the words at packed + n + j * words (bit
+// i % 32 of word i / 32 allows token i; words >= (width + 31) / 32). A token not allowed becomes
+// -inf. live[j] (zeroed by the caller) becomes 1 when an allowed token's logit, before the
+// penalties, is neither NaN nor -inf: the host's sample_masked picks the lowest allowed id when
+// it stays 0. Grid (x, n), 256 threads: a grid-stride loop over the row per y.
+extern "C" __global__ void __launch_bounds__(256) mask_rows(float* logits, const u32* packed,
+    u32 n, u32 width, u32 words, u32* live) {
+    const u32 j = blockIdx.y;
+    if (j >= n) return;
+    float* x = logits + (u64)packed[j] * width;
+    const u32* m = packed + n + (u64)j * words;
+    bool any = false;
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x) {
+        if ((m[i >> 5] >> (i & 31u)) & 1u) {
+            const float v = x[i];
+            if (v == v && v != -__int_as_float(0x7f800000)) any = true;
+        } else {
+            x[i] = -__int_as_float(0x7f800000);
+        }
+    }
+    if (__syncthreads_or(any ? 1 : 0) && threadIdx.x == 0) atomicOr(&live[j], 1u);
+}

@@ -195,7 +195,7 @@ pub const MODULES: &[Module] = &[
         file: "kernels/cu/sample.cu",
         source: include_str!("../cu/sample.cu"),
         headers: &[],
-        kernels: &["argmax_rows", "penalize_row", "topk_row"],
+        kernels: &["argmax_rows", "penalize_row", "topk_row", "mask_rows"],
     },
     Module {
         name: "products",

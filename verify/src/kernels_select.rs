@@ -1,14 +1,20 @@
 //! `memra-verify kernels`, token selection: `argmax_rows` edge cases, `penalize_row` bits,
 //! `topk_row` candidate lists, and `select_rows` (the backend's device selection) against
 //! `sampling::sample` for many (seed, position, parameters) on random logits with ties, NaN,
-//! infinities and signed zeros. A token that differs is a failure (tolerance 0).
+//! infinities and signed zeros; `mask_rows` against `apply_mask` and `select_rows` on
+//! grammar-constrained rows against `sampling::sample_masked` (random, one-token, past-the-top-k
+//! and nothing-usable masks). A token that differs is a failure (tolerance 0).
 
 use memra_engine::Result;
 use memra_engine::backend::SelectParams;
 use memra_engine::backend::cuda::Gpu;
-use memra_engine::backend::cuda::select::{SelectPlan, plan, select_rows};
+use memra_engine::backend::cuda::select::{
+    SelectPlan, mask_words, pack_masks, plan, plan_row, select_rows,
+};
 use memra_engine::models::random::{splitmix, unit};
-use memra_engine::sampling::{SamplingParams, apply_penalties, argmax, sample};
+use memra_engine::sampling::{
+    SamplingParams, apply_mask, apply_penalties, argmax, sample, sample_masked,
+};
 
 use crate::case::{Case, compare};
 
@@ -256,10 +262,175 @@ fn select_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     Ok(())
 }
 
+/// A grammar mask of kind `kind` for `x` (`width` logits): 0 random dense, 1 random sparse
+/// (about 1 in 8 allowed), 2 one token, 3 only tokens past the unmasked top-`k` (for the
+/// temperature `t`), 4 only tokens whose logits are NaN or -inf (plus none when there are none:
+/// `sample_masked`'s lowest-allowed-id rule), 5 a short mask (the last words missing) with
+/// bits set past the vocabulary in a longer one.
+fn mask_of(kind: usize, seed: u64, s: u64, x: &[f32], t: f32, k: usize) -> Vec<u32> {
+    let width = x.len();
+    let words = width.div_ceil(32);
+    let rnd = |w: usize| splitmix(seed, s, w as u64) as u32;
+    match kind {
+        0 => (0..words).map(rnd).collect(),
+        1 => (0..words)
+            .map(|w| rnd(w) & (rnd(w) >> 11) & (rnd(w) >> 22))
+            .collect(),
+        2 => {
+            let i = (splitmix(seed, s, 1 << 40) % width as u64) as usize;
+            let mut m = vec![0u32; words];
+            m[i / 32] |= 1 << (i % 32);
+            m
+        }
+        3 => {
+            let mut m = vec![u32::MAX; words + 1];
+            for (i, _) in host_candidates(x, t.max(1e-3), k.max(40)) {
+                m[i as usize / 32] &= !(1 << (i % 32));
+            }
+            m
+        }
+        4 => {
+            let mut m = vec![0u32; words];
+            for (i, v) in x.iter().enumerate() {
+                if v.is_nan() || *v == f32::NEG_INFINITY {
+                    m[i / 32] |= 1 << (i % 32);
+                }
+            }
+            m
+        }
+        _ => (0..words / 2).map(|w| rnd(w) | 1).collect(),
+    }
+}
+
+/// `select_rows` on grammar-constrained rows (`mask_rows` before the penalties, then the same
+/// argmax / top-k kernels) against the host's `sample_masked`: every mask kind of [`mask_of`],
+/// greedy and seeded sampling with and without penalties, masked and unmasked rows in one call.
+fn masked_select_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    let grid: Vec<SamplingParams> = param_grid(seed).into_iter().step_by(3).collect();
+    for (wi, width) in [97usize, 1000, 49_152, 151_936].into_iter().enumerate() {
+        let n_rows = 6;
+        let (mut on_device, mut host_plan) = (0usize, 0usize);
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        for (ci, chunk) in grid.chunks(n_rows).enumerate() {
+            let s = 7000 + (wi * 1000 + ci) as u64;
+            let xs: Vec<Vec<f32>> = (0..chunk.len())
+                .map(|r| logits(seed, s * 8 + r as u64, width, r % 2 == 0))
+                .collect();
+            let hs: Vec<Vec<u32>> = (0..chunk.len())
+                .map(|r| history(seed, s * 8 + 4 + r as u64, width, 30))
+                .collect();
+            // Row r of the chunk gets mask kind (ci + r) % 6; every 7th row none.
+            let masks: Vec<Option<Vec<u32>>> = chunk
+                .iter()
+                .enumerate()
+                .map(|(r, p)| {
+                    ((ci * n_rows + r) % 7 != 6).then(|| {
+                        mask_of(
+                            (ci + r) % 6,
+                            seed,
+                            s * 16 + r as u64,
+                            &xs[r],
+                            p.temperature,
+                            p.top_k,
+                        )
+                    })
+                })
+                .collect();
+            let flat: Vec<f32> = xs.iter().flatten().copied().collect();
+            let dx = g.upload(&flat)?;
+            let pos: Vec<u64> = (0..chunk.len())
+                .map(|r| splitmix(seed, s, r as u64) % 100_000)
+                .collect();
+            let rows: Vec<(usize, SelectParams)> = chunk
+                .iter()
+                .enumerate()
+                .map(|(r, p)| {
+                    (
+                        r,
+                        SelectParams {
+                            params: p,
+                            history: &hs[r],
+                            pos: pos[r],
+                            mask: masks[r].as_deref(),
+                        },
+                    )
+                })
+                .collect();
+            let picked = select_rows(g, g.ptr(&dx), width, &rows)?;
+            for (r, (_, sp)) in rows.iter().enumerate() {
+                if plan_row(sp, width) == SelectPlan::Host {
+                    host_plan += 1;
+                    continue;
+                }
+                on_device += 1;
+                let w = match &masks[r] {
+                    Some(m) => sample_masked(&xs[r], &hs[r], &chunk[r], pos[r], m),
+                    None => sample(&xs[r], &hs[r], &chunk[r], pos[r]),
+                };
+                want.push(w as f32);
+                got.push(picked.get(r).copied().flatten().map_or(-1.0, |t| t as f32));
+            }
+        }
+        out.push(compare(
+            "select_rows (grammar masks)",
+            format!("width={width}: {on_device} on device, {host_plan} host-planned"),
+            &got,
+            &want,
+            0.0,
+        ));
+    }
+    Ok(())
+}
+
+/// `mask_rows` alone against `apply_mask`: the masked rows' bits, the rows without a mask
+/// untouched, the live flags.
+fn mask_rows_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    for (wi, width) in [33usize, 1000, 151_936].into_iter().enumerate() {
+        let rows = 7;
+        let xs: Vec<Vec<f32>> = (0..rows)
+            .map(|r| logits(seed, 8000 + (wi * 10 + r) as u64, width, true))
+            .collect();
+        let masks: Vec<Vec<u32>> = (0..6)
+            .map(|k| mask_of(k, seed, 8100 + (wi * 10 + k) as u64, &xs[k], 1.0, 40))
+            .collect();
+        // Rows 0..6 masked in reverse order; row 6 has no mask.
+        let list: Vec<(usize, &[u32])> = (0..6).rev().map(|r| (r, masks[r].as_slice())).collect();
+        let packed = pack_masks(&list, width)?;
+        let flat: Vec<f32> = xs.iter().flatten().copied().collect();
+        let (dx, dp, dl) = (g.upload(&flat)?, g.upload(&packed)?, g.zeros::<u32>(6)?);
+        let words = mask_words(width);
+        g.mask_rows(g.ptr(&dx), g.ptr(&dp), 6, width, words, g.ptr(&dl))?;
+        let got = g.download(&dx)?;
+        let live = g.download(&dl)?;
+        let mut want = flat.clone();
+        let mut want_live = Vec::new();
+        for (r, m) in &list {
+            let row = &mut want[r * width..(r + 1) * width];
+            apply_mask(row, m);
+            want_live.push(row.iter().any(|v| !v.is_nan() && *v != f32::NEG_INFINITY) as u32);
+        }
+        let mut c = compare("mask_rows", format!("width={width}"), &got, &want, 0.0);
+        let bits_same = got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()));
+        if c.problem.is_none() && !bits_same {
+            c.problem = Some("bits differ from apply_mask".into());
+        }
+        if c.problem.is_none() && live != want_live {
+            c.problem = Some(format!("live flags {live:?}, want {want_live:?}"));
+        }
+        out.push(c);
+    }
+    Ok(())
+}
+
 /// Every selection check.
 pub fn select_kernel_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     argmax_edges(g, out)?;
     penalize_cases(g, seed, out)?;
     topk_cases(g, seed, out)?;
-    select_cases(g, seed, out)
+    select_cases(g, seed, out)?;
+    mask_rows_cases(g, seed, out)?;
+    masked_select_cases(g, seed, out)
 }

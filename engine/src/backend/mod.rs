@@ -45,7 +45,7 @@ pub struct StepOutput {
 }
 
 /// How to pick the next token from one row's logits: exactly `sampling::sample(logits, history,
-/// params, pos)`.
+/// params, pos)` (`sampling::sample_masked` with the row's grammar mask when it has one).
 #[derive(Clone, Copy, Debug)]
 pub struct SelectParams<'a> {
     pub params: &'a SamplingParams,
@@ -54,10 +54,10 @@ pub struct SelectParams<'a> {
     /// The position of the token being picked (the RNG counter).
     pub pos: u64,
     /// Structured output: the tokens the row's grammar allows (a vocabulary bitmask,
-    /// `sampling::apply_mask`). Masked rows are picked on the host
-    /// ([`Backend::step_select_logprobs`] asks the backend for their logits).
-    // TODO(gpu): a device bitmask in the CUDA select kernel, so masked rows need not read
-    // back their logits; the host path is exact by construction and is the reference for it.
+    /// `sampling::apply_mask`); the row's token is `sampling::sample_masked`'s. The host
+    /// selection ([`select_on_host`]) is the reference; the CUDA backend picks masked rows on
+    /// the device (cuda/select.rs: `mask_rows` before the penalties, then the same argmax /
+    /// top-k kernels) and must pick exactly the same token.
     pub mask: Option<&'a [u32]>,
 }
 
@@ -120,15 +120,15 @@ pub trait Backend: Send {
         select: &[Option<SelectParams>],
     ) -> Result<StepSelected> {
         check_select(batch, select)?;
-        check_unmasked(select)?;
         let out = self.step(batch)?;
         Ok(select_on_host(out.logits, select))
     }
     /// [`Backend::step_select`] where some rows also want logprobs: a row with `Some(n)` in
     /// `logprobs` (and `Some` select params) gets [`Selected::Scored`] with the `n` most likely
     /// alternatives; the others are as in `step_select`. The default asks `step_select` for the
-    /// logits of the logprob rows only (the other rows are picked as the backend picks them, on
-    /// the device for CUDA) and scores those rows on the host. A backend may score on the device
+    /// logits of the logprob rows only (the other rows, masked ones included, are picked as the
+    /// backend picks them, on the device for CUDA) and scores those rows on the host (under
+    /// their mask when they have one). A backend may score on the device
     /// (returning only the k pairs), but must give exactly the same token and values.
     fn step_select_logprobs(
         &mut self,
@@ -147,13 +147,7 @@ pub trait Backend: Send {
         let inner: Vec<Option<SelectParams>> = select
             .iter()
             .zip(logprobs)
-            .map(|(s, lp)| {
-                if lp.is_some() || s.is_some_and(|s| s.mask.is_some()) {
-                    None
-                } else {
-                    *s
-                }
-            })
+            .map(|(s, lp)| if lp.is_some() { None } else { *s })
             .collect();
         let out = self.step_select(batch, &inner)?;
         Ok(score_on_host(out, select, logprobs))
@@ -239,9 +233,7 @@ pub fn check_batch(
     Ok(())
 }
 
-/// Checks that `select` has one entry per row that wants logits (and, for
-/// [`Backend::step_select`], that no row carries a grammar mask: masked rows go through
-/// [`Backend::step_select_logprobs`], which picks them on the host).
+/// Checks that `select` has one entry per row that wants logits.
 pub fn check_select(batch: &StepBatch, select: &[Option<SelectParams>]) -> Result<()> {
     let want = batch.rows.iter().filter(|r| r.want_logits).count();
     if want != select.len() {
@@ -253,25 +245,15 @@ pub fn check_select(batch: &StepBatch, select: &[Option<SelectParams>]) -> Resul
     Ok(())
 }
 
-/// Refuses grammar masks in [`Backend::step_select`] (they are picked on the host by
-/// [`Backend::step_select_logprobs`]).
-pub fn check_unmasked(select: &[Option<SelectParams>]) -> Result<()> {
-    if select.iter().flatten().any(|s| s.mask.is_some()) {
-        return Err(Error::Input(
-            "step_select: a masked row must go through step_select_logprobs".into(),
-        ));
-    }
-    Ok(())
-}
-
-/// The host selection: `sample` for `Some` rows, the logits for `None` rows.
+/// The host selection: `sample` (`sample_masked` for masked rows) for `Some` rows, the logits
+/// for `None` rows.
 pub fn select_on_host(logits: Vec<Vec<f32>>, select: &[Option<SelectParams>]) -> StepSelected {
-    let jobs: Vec<SampleJob> = logits
+    let jobs: Vec<(&[f32], SelectParams)> = logits
         .iter()
         .zip(select)
-        .filter_map(|(l, s)| s.map(|s| (l.as_slice(), s.history, s.params, s.pos)))
+        .filter_map(|(l, s)| s.map(|s| (l.as_slice(), s)))
         .collect();
-    let mut tokens = sample_rows(&jobs).into_iter();
+    let mut tokens = pick_on_host(&jobs).into_iter();
     let rows = logits
         .into_iter()
         .zip(select)
@@ -281,6 +263,24 @@ pub fn select_on_host(logits: Vec<Vec<f32>>, select: &[Option<SelectParams>]) ->
         })
         .collect();
     StepSelected { rows }
+}
+
+/// The token of each `(logits, params)` row on the host: [`sample_masked`] for a masked row,
+/// [`sample`] otherwise (the unmasked rows together through [`sample_rows`], in parallel when
+/// they are many). In order.
+pub fn pick_on_host(rows: &[(&[f32], SelectParams)]) -> Vec<u32> {
+    let jobs: Vec<SampleJob> = rows
+        .iter()
+        .filter(|(_, s)| s.mask.is_none())
+        .map(|(l, s)| (*l, s.history, s.params, s.pos))
+        .collect();
+    let mut plain = sample_rows(&jobs).into_iter();
+    rows.iter()
+        .map(|(l, s)| match s.mask {
+            Some(m) => sample_masked(l, s.history, s.params, s.pos, m),
+            None => plain.next().unwrap_or_default(),
+        })
+        .collect()
 }
 
 /// Which backend to run on, as given by `--device auto|cpu|cuda[:N]`.

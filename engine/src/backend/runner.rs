@@ -117,7 +117,6 @@ impl<O: Exec> Backend for Runner<O> {
         select: &[Option<SelectParams>],
     ) -> Result<StepSelected> {
         check_select(batch, select)?;
-        super::check_unmasked(select)?;
         let rows = self.forward(batch)?;
         self.ops.select(self.logits, &rows, select)
     }

@@ -780,6 +780,45 @@ impl Gpu {
     }
 }
 
+impl Gpu {
+    /// The host's `apply_mask` on `n` rows of `width` logits at `logits`, in place: `packed` is
+    /// [`super::select::pack_masks`]'s layout (`n` row indices, then `n` masks of `words` u32).
+    /// `live[j]` (zeroed by the caller) becomes 1 when entry `j` allows a token whose logit is
+    /// neither NaN nor -inf.
+    pub fn mask_rows(
+        &self,
+        logits: u64,
+        packed: u64,
+        n: usize,
+        width: usize,
+        words: usize,
+        live: u64,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        if words < width.div_ceil(32) {
+            return Err(self.err(format!("mask_rows: {words} mask words for {width} logits")));
+        }
+        let args = [
+            Arg::Ptr(logits),
+            Arg::Ptr(packed),
+            Arg::U32(self.u32_of(n, "masked rows")?),
+            Arg::U32(self.u32_of(width, "width")?),
+            Arg::U32(self.u32_of(words, "mask words")?),
+            Arg::Ptr(live),
+        ];
+        // At most 16 blocks of 256 per row: 151,936 logits are 37 strides of 4,096.
+        let x = width.div_ceil(BLOCK as usize).clamp(1, 16) as u32;
+        self.launch(
+            "mask_rows",
+            (x, self.u32_of(n, "masked rows")?),
+            BLOCK,
+            &args,
+        )
+    }
+}
+
 /// The most candidates `topk_row` returns (`TOPK_MAX` in kernels/cu/sample.cu).
 pub const TOPK_MAX: usize = 1024;
 

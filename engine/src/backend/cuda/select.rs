@@ -10,6 +10,14 @@
 //!   same order give the same f64 softmax, top-p, min-p and Philox draw, bit for bit.
 //! - Anything else (sampled with top-k 0 or above [`TOPK_MAX`] over a large vocabulary) is
 //!   [`SelectPlan::Host`]: the caller copies the logits back and samples on the host.
+//! - Grammar-constrained rows (`SelectParams::mask`) take the same plans: `mask_rows` first sets
+//!   the logits of the tokens the mask does not allow to -inf (the host's `apply_mask`, before
+//!   the penalties, as `sample_masked` does) and records whether an allowed token has a logit
+//!   that is neither NaN nor -inf; when none has, the token is the lowest allowed id
+//!   (`sample_masked`'s rule) without looking further. A sampled masked row's effective top-k is
+//!   also bounded by the number of tokens its mask allows (the others are -inf and can never be
+//!   candidates), so a mask allowing at most [`TOPK_MAX`] tokens is picked on the device whatever
+//!   its top-k. All masked rows of a call share one upload ([`pack_masks`]) and one launch.
 
 use std::collections::BTreeMap;
 
@@ -17,7 +25,7 @@ use super::Gpu;
 pub use super::device::TOPK_MAX;
 use crate::backend::SelectParams;
 use crate::error::Result;
-use crate::sampling::{SamplingParams, sample};
+use crate::sampling::{SamplingParams, first_allowed, sample};
 
 /// How one row's token is picked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +54,77 @@ pub fn plan(p: &SamplingParams, width: usize) -> SelectPlan {
     }
 }
 
+/// The plan for one row: [`plan`], with a masked row's effective top-k bounded by the number of
+/// tokens its mask allows (at least 1).
+pub fn plan_row(s: &SelectParams, width: usize) -> SelectPlan {
+    let base = plan(s.params, width);
+    let Some(m) = s.mask else {
+        return base;
+    };
+    if s.params.is_greedy() {
+        return SelectPlan::Greedy;
+    }
+    let k = if s.params.top_k == 0 || s.params.top_k >= width {
+        width
+    } else {
+        s.params.top_k
+    };
+    let k = k.min(allowed_count(m, width).max(1));
+    if k <= TOPK_MAX {
+        SelectPlan::TopK(k)
+    } else {
+        SelectPlan::Host
+    }
+}
+
+/// How many of the first `width` tokens `mask` allows (bits past `width` do not count, as in
+/// `sampling::apply_mask`).
+pub fn allowed_count(mask: &[u32], width: usize) -> usize {
+    let full = width / 32;
+    let mut n: usize = mask
+        .iter()
+        .take(full)
+        .map(|w| w.count_ones() as usize)
+        .sum();
+    if !width.is_multiple_of(32)
+        && let Some(w) = mask.get(full)
+    {
+        n += (w & ((1u32 << (width % 32)) - 1)).count_ones() as usize;
+    }
+    n
+}
+
+/// The words of one packed mask for `width` logits.
+pub fn mask_words(width: usize) -> usize {
+    width.div_ceil(32)
+}
+
+/// The device layout of `masks` (each `(row of the logits, mask)`) for `mask_rows`: the `n` row
+/// indices, then `n` masks of [`mask_words`]`(width)` u32 each, in the order given. A mask
+/// shorter than that is padded with zero words (tokens past its end are not allowed, as in
+/// `sampling::apply_mask`); a longer one is cut, and the bits of the last word past `width` are
+/// cleared. Rows without a mask have no entry: `mask_rows` does not touch them.
+pub fn pack_masks(masks: &[(usize, &[u32])], width: usize) -> Result<Vec<u32>> {
+    let words = mask_words(width);
+    let mut out = Vec::with_capacity(masks.len() * (1 + words));
+    for (r, _) in masks {
+        out.push(u32::try_from(*r).map_err(|_| {
+            crate::error::Error::Input(format!("mask_rows: logits row {r} beyond u32"))
+        })?);
+    }
+    for (_, m) in masks {
+        let start = out.len();
+        out.extend(m.iter().take(words));
+        out.resize(start + words, 0);
+        if !width.is_multiple_of(32)
+            && let Some(last) = out.last_mut()
+        {
+            *last &= (1u32 << (width % 32)) - 1;
+        }
+    }
+    Ok(out)
+}
+
 fn has_penalties(p: &SamplingParams) -> bool {
     !(p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0)
 }
@@ -59,7 +138,7 @@ pub fn select_rows(
     width: usize,
     rows: &[(usize, SelectParams)],
 ) -> Result<Vec<Option<u32>>> {
-    let plans: Vec<SelectPlan> = rows.iter().map(|(_, s)| plan(s.params, width)).collect();
+    let plans: Vec<SelectPlan> = rows.iter().map(|(_, s)| plan_row(s, width)).collect();
     if plans.iter().all(|p| *p == SelectPlan::Host) {
         return Ok(vec![None; rows.len()]);
     }
@@ -72,9 +151,33 @@ pub fn select_rows(
         .max()
         .unwrap_or(1);
     let stride = 1 + 2 * kmax;
-    let out = g.zeros::<u32>(rows.len() * stride)?;
+    // Masked rows planned on the device: (entry, row of the logits, mask); their `live` flags
+    // follow the rows' outputs in `out`.
+    let masked: Vec<(usize, usize, &[u32])> = rows
+        .iter()
+        .zip(&plans)
+        .enumerate()
+        .filter(|(_, (_, p))| **p != SelectPlan::Host)
+        .filter_map(|(i, ((r, s), _))| s.mask.map(|m| (i, *r, m)))
+        .collect();
+    let live_at = rows.len() * stride;
+    let out = g.zeros::<u32>(live_at + masked.len())?;
     let out_ptr = g.ptr(&out);
     let mut keep = Vec::new();
+    let mut packed_keep = None;
+    if !masked.is_empty() {
+        let list: Vec<(usize, &[u32])> = masked.iter().map(|&(_, r, m)| (r, m)).collect();
+        let packed = g.upload(&pack_masks(&list, width)?)?;
+        g.mask_rows(
+            logits,
+            g.ptr(&packed),
+            masked.len(),
+            width,
+            mask_words(width),
+            out_ptr + (live_at * 4) as u64,
+        )?;
+        packed_keep = Some(packed);
+    }
     for (i, ((r, s), plan)) in rows.iter().zip(&plans).enumerate() {
         if *plan == SelectPlan::Host {
             continue;
@@ -100,9 +203,18 @@ pub fn select_rows(
     }
     let host = g.download(&out)?;
     drop(keep);
+    drop(packed_keep);
+    let mut masked_iter = masked.iter().enumerate().peekable();
     let mut picked = Vec::with_capacity(rows.len());
     for (i, ((_, s), plan)) in rows.iter().zip(&plans).enumerate() {
         let at = |j: usize| host.get(i * stride + j).copied().unwrap_or(0);
+        if let Some((j, &(_, _, m))) = masked_iter.next_if(|(_, e)| e.0 == i)
+            && host.get(live_at + j).copied().unwrap_or(0) == 0
+        {
+            // sample_masked: no allowed token has a usable logit.
+            picked.push(Some(first_allowed(m)));
+            continue;
+        }
         picked.push(match plan {
             SelectPlan::Host => None,
             SelectPlan::Greedy => Some(at(1)),
@@ -118,8 +230,13 @@ pub fn select_rows(
 }
 
 /// `sampling::sample` over the device's first candidates: `vals` are the penalized logits of
-/// `ids`, in the host's candidate order; penalties are already applied.
+/// `ids`, in the host's candidate order; penalties are already applied. When none of them is a
+/// candidate (all -inf: the device never returns NaN ones), no token of the row is one, and
+/// `sample` gives the greedy answer over a row of NaN and -inf: token 0.
 pub fn finish_on_host(ids: &[u32], vals: &[f32], s: &SelectParams) -> u32 {
+    if vals.iter().all(|v| v.is_nan() || *v == f32::NEG_INFINITY) {
+        return 0;
+    }
     let p = SamplingParams {
         repetition_penalty: 1.0,
         presence_penalty: 0.0,
@@ -134,7 +251,7 @@ pub fn finish_on_host(ids: &[u32], vals: &[f32], s: &SelectParams) -> u32 {
 mod tests {
     use super::*;
     use crate::models::random::{splitmix, unit};
-    use crate::sampling::apply_penalties;
+    use crate::sampling::{apply_penalties, first_allowed};
 
     /// What `topk_row` returns, computed on the host: the first k (id, penalized logit) of the
     /// sampler's order (logit / temperature by total order descending, id ascending, no NaN).
@@ -207,6 +324,214 @@ mod tests {
             }
         }
         assert!(checked > 900, "{checked}");
+    }
+
+    /// `mask_rows` run on the host from the packed layout: (masked rows, live flags).
+    fn mask_rows_on_host(logits: &mut [f32], packed: &[u32], n: usize, width: usize) -> Vec<u32> {
+        let words = mask_words(width);
+        assert_eq!(packed.len(), n * (1 + words));
+        let mut live = vec![0u32; n];
+        for j in 0..n {
+            let r = packed[j] as usize;
+            let m = &packed[n + j * words..n + (j + 1) * words];
+            for (i, x) in logits[r * width..(r + 1) * width].iter_mut().enumerate() {
+                if m[i >> 5] >> (i & 31) & 1 == 1 {
+                    if !x.is_nan() && *x != f32::NEG_INFINITY {
+                        live[j] = 1;
+                    }
+                } else {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+        live
+    }
+
+    #[test]
+    fn packed_masks_follow_the_host_convention() {
+        use crate::sampling::apply_mask;
+        // Bit order: bit t % 32 of word t / 32; a width that is not a multiple of 32; masks
+        // shorter (missing words: not allowed) and longer (bits past the width) than needed;
+        // rows without a mask are left alone.
+        for width in [1usize, 31, 32, 33, 97, 1000] {
+            let words = mask_words(width);
+            let rows = 5;
+            let base: Vec<f32> = (0..rows * width)
+                .map(|i| (unit(width as u64, 9, i as u64) * 8.0).round() - 4.0)
+                .collect();
+            let masks: Vec<Vec<u32>> = vec![
+                (0..words + 2)
+                    .map(|w| splitmix(width as u64, 10, w as u64) as u32)
+                    .collect(),
+                vec![0b1010_0001],
+                vec![0; words],
+                vec![u32::MAX; words],
+            ];
+            // Rows 0, 2, 3, 4 masked (not in row order); row 1 has no mask.
+            let list: Vec<(usize, &[u32])> = vec![
+                (3, &masks[0]),
+                (0, &masks[1]),
+                (4, &masks[2]),
+                (2, &masks[3]),
+            ];
+            let packed = pack_masks(&list, width).unwrap();
+            assert_eq!(&packed[..4], &[3, 0, 4, 2]);
+            let mut got = base.clone();
+            let live = mask_rows_on_host(&mut got, &packed, list.len(), width);
+            let mut want = base.clone();
+            for (j, (r, m)) in list.iter().enumerate() {
+                apply_mask(&mut want[r * width..(r + 1) * width], m);
+                let any = want[r * width..(r + 1) * width]
+                    .iter()
+                    .any(|v| !v.is_nan() && *v != f32::NEG_INFINITY);
+                assert_eq!(live[j], any as u32, "width {width} entry {j}");
+                assert_eq!(
+                    allowed_count(m, width),
+                    (0..width)
+                        .filter(|&t| m.get(t / 32).is_some_and(|w| w >> (t % 32) & 1 == 1))
+                        .count()
+                );
+                // No bit past the width survives packing.
+                let last = packed[list.len() + j * words + words - 1];
+                if width % 32 != 0 {
+                    assert_eq!(last >> (width % 32), 0);
+                }
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "width {width}");
+            assert_eq!(bits(&got[width..2 * width]), bits(&base[width..2 * width]));
+        }
+    }
+
+    /// The device road for masked rows, run on the host (mask, penalties, the first k
+    /// candidates, `finish_on_host`; the lowest allowed id when nothing allowed is live)
+    /// against `sample_masked`.
+    #[test]
+    fn masked_rows_give_sample_masked_s_token() {
+        use crate::sampling::sample_masked;
+        let mut checked = 0;
+        for case in 0..600u64 {
+            let width = [5usize, 97, 1000, 3000][(case % 4) as usize];
+            let mut l: Vec<f32> = (0..width as u64)
+                .map(|i| (unit(case, 1, i) * 40.0).round() / 4.0)
+                .collect();
+            for (j, x) in [f32::NAN, f32::NEG_INFINITY, -0.0, 0.0]
+                .into_iter()
+                .enumerate()
+            {
+                let i = (splitmix(case, 2, j as u64) % width as u64) as usize;
+                l[i] = x;
+            }
+            let history: Vec<u32> = (0..20)
+                .map(|i| (splitmix(case, 3, i) % 30) as u32)
+                .collect();
+            let words = mask_words(width);
+            let mask: Vec<u32> = match case % 6 {
+                // Random, dense.
+                0 => (0..words)
+                    .map(|w| splitmix(case, 4, w as u64) as u32)
+                    .collect(),
+                // Random, sparse.
+                1 => (0..words)
+                    .map(|w| {
+                        let a = splitmix(case, 4, w as u64) as u32;
+                        a & (a >> 7) & (a >> 13)
+                    })
+                    .collect(),
+                // One token.
+                2 => {
+                    let t = (splitmix(case, 5, 0) % width as u64) as usize;
+                    let mut m = vec![0u32; words];
+                    m[t / 32] |= 1 << (t % 32);
+                    m
+                }
+                // Only tokens past the unmasked top-40.
+                3 => {
+                    let (ids, _) = candidates(&l, 1.0, 40);
+                    let mut m = vec![u32::MAX; words];
+                    for t in ids {
+                        m[t as usize / 32] &= !(1 << (t % 32));
+                    }
+                    m
+                }
+                // Only tokens whose logits are -inf or NaN, and one short mask.
+                4 => {
+                    let mut m = vec![0u32; words];
+                    for (t, v) in l.iter().enumerate() {
+                        if v.is_nan() || *v == f32::NEG_INFINITY {
+                            m[t / 32] |= 1 << (t % 32);
+                        }
+                    }
+                    m
+                }
+                _ => vec![0xf0f0_f0f0; words / 2],
+            };
+            let p = SamplingParams {
+                temperature: [0.0f32, 0.5, 1.0, 1.7][(case / 6 % 4) as usize],
+                top_k: [0usize, 1, 3, 40, 1024, 5000][(case / 2 % 6) as usize],
+                top_p: [1.0f32, 0.9, 0.4][(case / 3 % 3) as usize],
+                min_p: [0.0f32, 0.05][(case / 5 % 2) as usize],
+                repetition_penalty: if case % 5 == 0 { 1.3 } else { 1.0 },
+                presence_penalty: if case % 7 == 0 { 0.4 } else { 0.0 },
+                frequency_penalty: if case % 11 == 0 { 0.2 } else { 0.0 },
+                seed: case * 31,
+            };
+            for pos in [0u64, 7, 12_345] {
+                let s = SelectParams {
+                    params: &p,
+                    history: &history,
+                    pos,
+                    mask: Some(&mask),
+                };
+                let want = sample_masked(&l, &history, &p, pos, &mask);
+                let mut x = l.clone();
+                let packed = pack_masks(&[(0, &mask)], width).unwrap();
+                let live = mask_rows_on_host(&mut x, &packed, 1, width);
+                apply_penalties(&mut x, &history, &p);
+                let got = if live[0] == 0 {
+                    first_allowed(&mask)
+                } else {
+                    match plan_row(&s, width) {
+                        SelectPlan::Greedy => crate::sampling::argmax(&x),
+                        SelectPlan::TopK(k) => {
+                            let (ids, vals) = candidates(&x, p.temperature, k);
+                            finish_on_host(&ids, &vals, &s)
+                        }
+                        SelectPlan::Host => continue,
+                    }
+                };
+                assert_eq!(got, want, "case {case} pos {pos} {p:?}");
+                checked += 1;
+            }
+        }
+        assert!(checked > 1500, "{checked}");
+    }
+
+    #[test]
+    fn masked_plans() {
+        let t = SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        };
+        let few = vec![0b1011u32; 4748];
+        let one = [0u32, 0, 4];
+        let s = |m: Option<&[u32]>| {
+            plan_row(
+                &SelectParams {
+                    params: &t,
+                    history: &[],
+                    pos: 0,
+                    mask: m,
+                },
+                151_936,
+            )
+        };
+        // 3 allowed tokens per 32: 14,244 allowed, more than TOPK_MAX.
+        assert_eq!(s(Some(&few)), SelectPlan::Host);
+        assert_eq!(s(Some(&one)), SelectPlan::TopK(1));
+        assert_eq!(s(Some(&[])), SelectPlan::TopK(1));
+        assert_eq!(s(Some(&few[..8])), SelectPlan::TopK(24));
+        assert_eq!(s(None), SelectPlan::Host);
     }
 
     #[test]

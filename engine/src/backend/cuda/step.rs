@@ -196,8 +196,8 @@ impl Exec for CudaOps {
         out
     }
 
-    /// Greedy and small-top-k rows are picked on the device (select.rs); the others' logits
-    /// come back and are sampled on the host.
+    /// Greedy and small-top-k rows, masked (structured-output) ones included, are picked on
+    /// the device (select.rs); the others' logits come back and are sampled on the host.
     fn select(
         &mut self,
         logits: Act,
@@ -228,18 +228,19 @@ impl Exec for CudaOps {
             .filter_map(|i| rows.get(i).copied())
             .collect();
         let back = self.read_rows(logits, &need)?;
-        // Host-planned rows are sampled together (in parallel when they are many).
+        // Host-planned rows are sampled together (in parallel when they are many; masked ones
+        // by `sample_masked`).
         let mut back_iter = back.iter();
-        let jobs: Vec<crate::sampling::SampleJob> = select
+        let jobs: Vec<(&[f32], SelectParams)> = select
             .iter()
             .zip(&tokens)
             .filter(|(_, t)| t.is_none())
             .filter_map(|(s, _)| {
                 let l = back_iter.next()?;
-                s.map(|s| (l.as_slice(), s.history, s.params, s.pos))
+                s.map(|s| (l.as_slice(), s))
             })
             .collect();
-        let mut host_tokens = crate::sampling::sample_rows(&jobs).into_iter();
+        let mut host_tokens = crate::backend::pick_on_host(&jobs).into_iter();
         let mut back = back.into_iter();
         let mut out = Vec::with_capacity(select.len());
         for (s, t) in select.iter().zip(tokens) {
