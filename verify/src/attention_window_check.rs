@@ -130,6 +130,8 @@ impl Rig<'_> {
             prep: None,
             tile_tokens: 0,
             fold: None,
+            stages: 0,
+            grid_y: 0,
             window,
         };
         g.attention(&a)?;
