@@ -208,8 +208,7 @@ impl Gpu {
         k: usize,
         norm: bool,
     ) -> Result<()> {
-        if e > memra_kernels::MOE_MAX_EXPERTS || k == 0 || k > e.min(memra_kernels::MOE_MAX_USED)
-        {
+        if e > memra_kernels::MOE_MAX_EXPERTS || k == 0 || k > e.min(memra_kernels::MOE_MAX_USED) {
             return Err(self.err(format!("moe_route: {k} of {e} experts")));
         }
         if m == 0 {
@@ -365,7 +364,7 @@ mod tests {
             let mut next = 0;
             for &(p0, n) in &cs {
                 assert_eq!(p0, next);
-                assert!(n >= 1 && n <= PAIRS_PER_LAUNCH);
+                assert!((1..=PAIRS_PER_LAUNCH).contains(&n));
                 next += n;
             }
             assert_eq!(next, pairs);

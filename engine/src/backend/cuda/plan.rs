@@ -196,9 +196,17 @@ pub fn workspace_bytes(c: &ModelConfig, ctx: usize, v2: bool) -> usize {
         .unwrap_or(usize::MAX);
     let tables = if c.gemma3.is_some() { 2 } else { 1 };
     let rope = mul(mul(mul(rope_pos.max(256), c.head_dim), 4), tables);
-    [acts, head, prepared, moe_prepared, scores, rope, CONTEXT_BYTES]
-        .iter()
-        .fold(0usize, |a, &b| a.saturating_add(b))
+    [
+        acts,
+        head,
+        prepared,
+        moe_prepared,
+        scores,
+        rope,
+        CONTEXT_BYTES,
+    ]
+    .iter()
+    .fold(0usize, |a, &b| a.saturating_add(b))
 }
 
 /// What a model needs on the device.
