@@ -10,7 +10,8 @@
 
 template <int DT>
 __device__ __forceinline__ void matmul_body(const u8* __restrict__ W, const float* __restrict__ X,
-                                            float* __restrict__ Y, u32 M, u32 N, u32 K, u64 row_bytes) {
+                                            float* __restrict__ Y, u32 M, u32 N, u32 K, u64 row_bytes,
+                                            u32 mstart, u32 mstride) {
     typedef Blk<DT> B;
     const int lane = threadIdx.x & 31;
     const int l = lane & 15;
@@ -22,7 +23,7 @@ __device__ __forceinline__ void matmul_body(const u8* __restrict__ W, const floa
     const u8* row = W + (u64)(valid ? n : n0) * row_bytes;
     const u32 nb = K / B::BS;
     const u32 kfull = nb * B::BS;
-    for (u32 m0 = blockIdx.y * 8; m0 < M; m0 += gridDim.y * 8) {
+    for (u32 m0 = mstart; m0 < M; m0 += mstride) {
         const u32 mt = min(8u, M - m0);
         const float* x0 = X + (u64)m0 * K;
         float acc[8];
@@ -56,7 +57,24 @@ __device__ __forceinline__ void matmul_body(const u8* __restrict__ W, const floa
 #define MATMUL_KERNEL(suffix, DT)                                                               \
     extern "C" __global__ void __launch_bounds__(256) matmul_##suffix(                          \
         const u8* W, const float* X, float* Y, u32 M, u32 N, u32 K, u64 row_bytes) {            \
-        matmul_body<DT>(W, X, Y, M, N, K, row_bytes);                                           \
+        matmul_body<DT>(W, X, Y, M, N, K, row_bytes, blockIdx.y * 8, gridDim.y * 8);            \
     }
 
 FOR_EACH_DTYPE(MATMUL_KERNEL)
+
+// The expert products of a mixture-of-experts FFN over the stored GGUF layout (the types the
+// v2 products do not read): one (row, slot) pair p = p0 + blockIdx.y per block row, the body
+// above at M = 1 over expert ids[p]'s rows (W + e * wstride; e clamped to n_experts - 1), input
+// row p / xdiv of X (rows of K), output row p of Y (rows of N). Same bits as matmul_<type> of
+// that expert on that row, whatever the other pairs.
+#define MATMUL_ID_KERNEL(suffix, DT)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256) matmul_id_##suffix(                             \
+        const u8* W, u64 wstride, const float* X, const u32* ids, u32 xdiv, u32 p0, u32 n_experts,    \
+        float* Y, u32 N, u32 K, u64 row_bytes) {                                                      \
+        const u32 p = p0 + blockIdx.y;                                                                \
+        const u32 e = min(ids[p], n_experts - 1);                                                     \
+        matmul_body<DT>(W + (u64)e * wstride, X + (u64)(p / xdiv) * K, Y + (u64)p * N, 1, N, K,       \
+                        row_bytes, 0, 8);                                                             \
+    }
+
+FOR_EACH_DTYPE(MATMUL_ID_KERNEL)

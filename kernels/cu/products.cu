@@ -201,14 +201,13 @@ __device__ __forceinline__ Outs outs(float* Y, float* Y2, float* Y3, u32 n1, u32
 template <class F>
 __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __restrict__ X,
                                         const float* __restrict__ Xs, const Outs& out, const float* R, u32 M,
-                                        u32 N, u32 nkt, u32 nseg, u32 kp) {
+                                        u32 N, u32 nkt, u32 nseg, u32 kp, u32 m0) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const u32 rp = (u32)warp % MMQ_RPB, wk = (u32)warp / MMQ_RPB;
     const u32 wks = blockDim.x / (32 * MMQ_RPB);  // 1 or nseg (checked by the host)
     const u32 rt = blockIdx.x * MMQ_RPB + rp;
     const bool live = rt < (N + 15) / 16;
-    const u32 m0 = blockIdx.y * 8 * MMQ_NT;
     const TokRows tr = tok_rows(m0, M, g, t);
     float tot[MMQ_NT][4];
 #pragma unroll
@@ -445,7 +444,7 @@ __device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8*
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
         const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
         const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
-        product<FMT>(W, X, Xs, o, R, M, N, nkt, nseg, kp);                                                    \
+        product<FMT>(W, X, Xs, o, R, M, N, nkt, nseg, kp, blockIdx.y * 8 * MMQ_NT);                           \
     }
 
 MMQ_KERNEL(q8_0, FmtQ8_0)
@@ -456,6 +455,36 @@ MMQ_KERNEL(q5_k, FmtQ5_K)
 MMQ_KERNEL(q6_k, FmtQ6_K)
 MMQ_KERNEL(f16, FmtF16<0>)
 MMQ_KERNEL(bf16, FmtF16<1>)
+
+// The expert products of a mixture-of-experts FFN (issue 16; engine/src/backend/cuda/moe.rs):
+// one (row, slot) pair per blockIdx.y (pair p = p0 + blockIdx.y, slot p % k of step row p / k),
+// each the product above at M = 1 of the pair's expert's matrix: W holds the experts' tile
+// layouts one after the other, `wstride` bytes apart; ids[p] is the pair's expert (clamped to
+// n_experts - 1, so a bad id cannot read out of bounds). The pair's activations are prepared
+// row p / xdiv (xdiv = k: the step row's input, shared by its k slots; xdiv = 1: the pair's own
+// row) and its N outputs go to row p of Y. Every element is the dense product's sequence for
+// that expert and row (M = 1 computes the same bits as any M), so a pair's result does not
+// depend on the other pairs, on how many chose its expert, or on the launch.
+#define MMQ_ID_KERNEL(suffix, FMT)                                                                          \
+    extern "C" __global__ void __launch_bounds__(MMQ_MAXT, MMQ_MINB) mmq_id_##suffix(                                   \
+        const u8* W, u64 wstride, const u8* X, const float* Xs, const u32* ids, u32 xdiv, u32 p0,           \
+        u32 n_experts, float* Y, u32 N, u32 nkt, u32 nseg, u32 kp) {                                        \
+        const u32 p = p0 + blockIdx.y;                                                                      \
+        const u32 e = min(ids[p], n_experts - 1);                                                           \
+        const u32 xr = p / xdiv;                                                                            \
+        const Outs o = outs(Y + (u64)p * N, nullptr, nullptr, N, 0, N);                                     \
+        product<FMT>(W + (u64)e * wstride, X + (u64)xr * kp * 2, Xs + (u64)xr * (kp / 32), o, nullptr, 1,   \
+                     N, nkt, nseg, kp, 0);                                                                  \
+    }
+
+MMQ_ID_KERNEL(q8_0, FmtQ8_0)
+MMQ_ID_KERNEL(q4_0, FmtQ4_0)
+MMQ_ID_KERNEL(q4_1, FmtQ4_1)
+MMQ_ID_KERNEL(q4_k, FmtQ4_K)
+MMQ_ID_KERNEL(q5_k, FmtQ5_K)
+MMQ_ID_KERNEL(q6_k, FmtQ6_K)
+MMQ_ID_KERNEL(f16, FmtF16<0>)
+MMQ_ID_KERNEL(bf16, FmtF16<1>)
 
 // MINB: two blocks per SM where stages and registers allow it (F16 and Q8_0 at
 // M = 512: 20-30% faster than one, H200), one for the K-quants and Q4_1 (which would spill)

@@ -62,8 +62,8 @@ pub const WEIGHT_TYPES: &[&str] = &[
 ];
 
 macro_rules! per_type {
-    ($prefix:literal) => {
-        &[
+    ($($prefix:literal),+) => {
+        &[$(
             concat!($prefix, "f32"),
             concat!($prefix, "f16"),
             concat!($prefix, "bf16"),
@@ -75,7 +75,7 @@ macro_rules! per_type {
             concat!($prefix, "q4_k"),
             concat!($prefix, "q5_k"),
             concat!($prefix, "q6_k"),
-        ]
+        )+]
     };
 }
 
@@ -116,7 +116,7 @@ pub const MODULES: &[Module] = &[
         file: "kernels/cu/matmul.cu",
         source: include_str!("../cu/matmul.cu"),
         headers: &[H_DEQUANT],
-        kernels: per_type!("matmul_"),
+        kernels: per_type!("matmul_", "matmul_id_"),
     },
     Module {
         name: "embed",
@@ -222,9 +222,29 @@ pub const MODULES: &[Module] = &[
             "mms_q6_k",
             "mms_f16",
             "mms_bf16",
+            "mmq_id_q8_0",
+            "mmq_id_q4_0",
+            "mmq_id_q4_1",
+            "mmq_id_q4_k",
+            "mmq_id_q5_k",
+            "mmq_id_q6_k",
+            "mmq_id_f16",
+            "mmq_id_bf16",
         ],
     },
+    Module {
+        name: "moe",
+        file: "kernels/cu/moe.cu",
+        source: include_str!("../cu/moe.cu"),
+        headers: &[],
+        kernels: &["moe_route", "moe_combine"],
+    },
 ];
+
+/// Most experts a router may have and most experts per row (kernels/cu/moe.cu, `MOE_MAX_E`,
+/// `MOE_MAX_K`).
+pub const MOE_MAX_EXPERTS: usize = 1024;
+pub const MOE_MAX_USED: usize = 32;
 
 /// The module named `name`.
 pub fn module(name: &str) -> Option<&'static Module> {

@@ -13,6 +13,7 @@ pub mod invariance;
 pub mod kernels;
 mod kernels_select;
 mod kv_write_check;
+mod moe_check;
 mod products_check;
 pub mod serve_invariance;
 pub mod spec;

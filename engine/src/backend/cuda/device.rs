@@ -48,7 +48,7 @@ fn signatures() -> &'static Result<HashMap<String, Vec<Param>>, String> {
 }
 
 /// Checks a launch of kernel `name` with `args` against the kernel's parameters.
-fn check_args(name: &str, args: &[Arg]) -> std::result::Result<(), String> {
+pub(super) fn check_args(name: &str, args: &[Arg]) -> std::result::Result<(), String> {
     let sigs = signatures().as_ref().map_err(|e| e.clone())?;
     let params = sigs
         .get(name)
@@ -447,11 +447,11 @@ impl Gpu {
     }
 
     /// Grid for a grid-stride kernel over `n` elements.
-    fn stride_grid(n: u64) -> (u32, u32) {
+    pub(super) fn stride_grid(n: u64) -> (u32, u32) {
         (n.div_ceil(BLOCK as u64).clamp(1, MAX_BLOCKS) as u32, 1)
     }
 
-    fn u32_of(&self, v: usize, what: &str) -> Result<u32> {
+    pub(super) fn u32_of(&self, v: usize, what: &str) -> Result<u32> {
         u32::try_from(v)
             .map_err(|_| self.err(format!("{what} = {v} exceeds the kernel's u32 range")))
     }

@@ -12,6 +12,7 @@ use super::products::{self, ActBuf, ActKind, PMat};
 use super::profile::Profile;
 use crate::error::Result;
 use crate::quant::DType;
+use crate::quant::repack::repack;
 use crate::weights::{Bytes, Tensor};
 
 /// A weight matrix on the device.
@@ -21,14 +22,42 @@ pub struct Mat {
     /// The v2 tile layout.
     packed: Option<PMat>,
     dtype: DType,
+    /// Rows and columns (of one expert, for a stack).
     rows: usize,
     cols: usize,
     row_bytes: usize,
+    /// Experts of a stack ([`Products::upload_experts`]); 0 for a plain matrix.
+    experts: usize,
+    /// Bytes from one expert to the next in the layout uploaded (tile or stored).
+    expert_stride: usize,
 }
 
 impl Mat {
     pub fn rows(&self) -> usize {
         self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Experts of a stack; 0 for a plain matrix.
+    pub fn experts(&self) -> usize {
+        self.experts
+    }
+
+    /// Bytes between consecutive experts of a stack.
+    pub fn expert_stride(&self) -> usize {
+        self.expert_stride
+    }
+
+    /// The stored layout's device address and bytes per row, when uploaded.
+    pub fn stored(&self, g: &Gpu) -> Option<(u64, usize)> {
+        self.data.as_ref().map(|d| (g.ptr(d), self.row_bytes))
     }
 
     /// The tile layout, when the v2 products read this matrix.
@@ -76,6 +105,10 @@ pub struct Products {
     keys: Vec<(ActKind, usize, usize)>,
     /// Buffers for `rows` rows, per key.
     bufs: Vec<(ActKind, usize, ActBuf)>,
+    /// (kind, K, padded K, rows per step row) of the expert products whose inputs are the
+    /// (row, slot) pairs of a mixture-of-experts FFN (the down stacks), and their buffers.
+    expert_keys: Vec<(ActKind, usize, usize, usize)>,
+    expert_bufs: Vec<(ActKind, usize, ActBuf)>,
     rows: usize,
 }
 
@@ -86,6 +119,8 @@ impl Products {
             profile,
             keys: Vec::new(),
             bufs: Vec::new(),
+            expert_keys: Vec::new(),
+            expert_bufs: Vec::new(),
             rows: 0,
         }
     }
@@ -118,6 +153,82 @@ impl Products {
             rows,
             cols,
             row_bytes: t.row_bytes(),
+            experts: 0,
+            expert_stride: 0,
+        })
+    }
+
+    /// Uploads a stack of experts `[E, rows, cols]` (3-D tensor) for [`Products::moe`]: each
+    /// expert repacked on its own into the tile layout when the v2 products read the type (the
+    /// experts' tiles one after the other), else the stored layout. `pairs`: when the stack's
+    /// input is the (row, slot) pairs of the FFN (the down stack), the pairs per step row (the
+    /// experts per row), so that [`Products::reserve`] sizes their prepared activations;
+    /// otherwise its input is the step's rows.
+    pub fn upload_experts(&mut self, g: &Gpu, t: &Tensor, pairs: Option<usize>) -> Result<Mat> {
+        let (e, rows, cols) = match t.shape[..] {
+            [e, r, c] if e > 0 => (e, r, c),
+            _ => {
+                return Err(g.err(format!(
+                    "expert stack {} has shape {:?}, expected [experts, rows, cols]",
+                    t.name, t.shape
+                )));
+            }
+        };
+        let row_bytes = t.row_bytes();
+        let stored = rows * row_bytes;
+        if t.data.len() != e * stored {
+            return Err(g.err(format!(
+                "expert stack {}: {} bytes for {e} x {rows} rows of {row_bytes}",
+                t.name,
+                t.data.len()
+            )));
+        }
+        let (packed, data, stride) = if self.v2 && products::product_supports(t.dtype) {
+            let mut bytes = Vec::new();
+            let mut first = None;
+            for x in 0..e {
+                let p = repack(t.dtype, &t.data[x * stored..(x + 1) * stored], rows, cols)?;
+                if x == 0 {
+                    first = Some((p.padded_cols(), p.col_tiles, p.data.len()));
+                }
+                bytes.extend_from_slice(&p.data);
+            }
+            let (kp, col_tiles, stride) =
+                first.ok_or_else(|| g.err("expert stack without experts"))?;
+            let pm = PMat {
+                data: g.upload(&bytes)?,
+                dtype: t.dtype,
+                rows,
+                cols,
+                kp,
+                col_tiles,
+                nseg: self.profile.nseg(rows, col_tiles),
+            };
+            let kind = pm.act();
+            match pairs {
+                None if !self.keys.contains(&(kind, cols, kp)) => {
+                    self.keys.push((kind, cols, kp));
+                    self.rows = 0;
+                }
+                Some(n) if !self.expert_keys.contains(&(kind, cols, kp, n)) => {
+                    self.expert_keys.push((kind, cols, kp, n));
+                    self.rows = 0;
+                }
+                _ => {}
+            }
+            (Some(pm), None, stride)
+        } else {
+            (None, Some(g.upload(&t.data)?), stored)
+        };
+        Ok(Mat {
+            data,
+            packed,
+            dtype: t.dtype,
+            rows,
+            cols,
+            row_bytes,
+            experts: e,
+            expert_stride: stride,
         })
     }
 
@@ -147,14 +258,29 @@ impl Products {
             return Ok(());
         }
         self.bufs.clear();
+        self.expert_bufs.clear();
         for &(kind, k, kp) in &self.keys {
             self.bufs.push((kind, k, g.act_buf(kind, rows, kp)?));
+        }
+        for &(kind, k, kp, n) in &self.expert_keys {
+            self.expert_bufs
+                .push((kind, k, g.act_buf(kind, rows * n, kp)?));
         }
         self.rows = rows;
         Ok(())
     }
 
-    fn act(&self, g: &Gpu, kind: ActKind, k: usize) -> Result<&ActBuf> {
+    /// The prepared activations of the (row, slot) pairs of K values (an expert down stack's
+    /// input).
+    pub(super) fn expert_act(&self, g: &Gpu, kind: ActKind, k: usize) -> Result<&ActBuf> {
+        self.expert_bufs
+            .iter()
+            .find(|(kk, kc, _)| *kk == kind && *kc == k)
+            .map(|(_, _, a)| a)
+            .ok_or_else(|| g.err(format!("no {kind:?} expert activation buffer for K = {k}")))
+    }
+
+    pub(super) fn act(&self, g: &Gpu, kind: ActKind, k: usize) -> Result<&ActBuf> {
         self.bufs
             .iter()
             .find(|(kk, kc, _)| *kk == kind && *kc == k)

@@ -8,12 +8,14 @@
 //! the composite ops (RMSNorm / SwiGLU / attention + activation preparation, RoPE + KV write,
 //! the residual add in the product); step.rs sets up a step's rows and reads results back; a
 //! step of up to 64 rows runs as a CUDA graph per row bucket (graph.rs; `CudaOptions::graphs`);
-//! tokens are picked on the device (select.rs); `MEMRA_PROFILE_OPS=1` times the ops of plain
-//! steps (opprof.rs).
+//! tokens are picked on the device (select.rs); the mixture-of-experts FFN routes and runs its
+//! experts on the device (moe.rs); `MEMRA_PROFILE_OPS=1` times the ops of plain steps
+//! (opprof.rs).
 
 mod device;
 mod graph;
 mod mat;
+pub mod moe;
 mod opprof;
 mod ops;
 pub mod plan;
@@ -178,6 +180,21 @@ pub struct CudaOps {
     layout_epoch: u64,
     /// Per-op device times of plain steps (`MEMRA_PROFILE_OPS=1`), printed when dropped.
     prof: Option<opprof::OpProf>,
+    /// The model's expert parameters and hidden size (a mixture-of-experts model).
+    moe_cfg: Option<(crate::config::MoeParams, usize)>,
+    /// The MoE op's scratch activations, declared with the first expert stack.
+    moe_acts: Option<MoeActs>,
+}
+
+/// Scratch activations of the MoE op, `k` = experts per row ([`moe::MoeBufs`]): per step row,
+/// the k expert ids and k weights, the k gate and k up rows, the k down rows.
+#[derive(Clone, Copy, Debug)]
+struct MoeActs {
+    k: usize,
+    route: crate::ops::Act,
+    gate: crate::ops::Act,
+    up: crate::ops::Act,
+    y: crate::ops::Act,
 }
 
 /// The CUDA backend: the generic runner over the CUDA ops.
@@ -198,7 +215,7 @@ impl Runner<CudaOps> {
         let unsupported = weights
             .iter()
             .map(|(_, t)| t)
-            .find(|t| t.shape.len() == 2 && !kernel_supports(t.dtype));
+            .find(|t| t.shape.len() >= 2 && !kernel_supports(t.dtype));
         if let Some(t) = unsupported {
             return Err(Error::Unsupported(format!(
                 "CUDA backend: tensor `{}` is {}; supported types: {}",
@@ -234,6 +251,8 @@ impl Runner<CudaOps> {
             graph: None,
             layout_epoch: 0,
             prof: opprof::OpProf::from_env(),
+            moe_cfg: c.moe.map(|p| (p, c.hidden)),
+            moe_acts: None,
         };
         let runner = Runner::build(ops, &weights)?;
         let (g, p) = (&runner.ops().gpu, &runner.ops().products);

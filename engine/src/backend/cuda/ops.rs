@@ -147,10 +147,25 @@ impl Ops for CudaOps {
         self.products.upload_mat(&self.gpu, t, usage)
     }
 
-    fn experts(&mut self, _t: &Tensor) -> Result<Mat> {
-        Err(self
-            .gpu
-            .err("mixture-of-experts weights have no CUDA layout yet"))
+    fn experts(&mut self, t: &Tensor) -> Result<Mat> {
+        let (p, hidden) = self.moe_cfg.ok_or_else(|| {
+            self.gpu
+                .err("expert weights for a model without expert parameters")
+        })?;
+        let (f, k) = (p.expert_ffn, p.n_used);
+        if self.moe_acts.is_none() {
+            let step = Rows::Step;
+            self.moe_acts = Some(super::MoeActs {
+                k,
+                route: self.act("moe_route", 2 * k, step),
+                gate: self.act("moe_gate", k * f, step),
+                up: self.act("moe_up", k * f, step),
+                y: self.act("moe_y", k * hidden, step),
+            });
+        }
+        // The down stack ([E, hidden, f]) reads the (row, slot) pairs; gate and up the rows.
+        let pairs = (t.shape[1..] == [hidden, f]).then_some(k);
+        self.products.upload_experts(&self.gpu, t, pairs)
     }
 
     fn vector(&mut self, t: &Tensor) -> Result<CudaSlice<f32>> {
@@ -259,8 +274,45 @@ impl Ops for CudaOps {
         self.gpu.softcap(self.ptr(x)?, cap, n)
     }
 
-    fn moe(&mut self, _w: [&Mat; 3], _x: Act, _r: Act, _o: Act, _p: &MoeParams) -> Result<()> {
-        Err(self.gpu.err("the moe op has no CUDA kernel yet"))
+    fn moe(&mut self, w: [&Mat; 3], x: Act, router: Act, out: Act, p: &MoeParams) -> Result<()> {
+        let s = self
+            .moe_acts
+            .ok_or_else(|| self.gpu.err("moe: no expert stacks were uploaded"))?;
+        let h = w[2].rows();
+        let shapes_ok = s.k == p.n_used
+            && x.width == h
+            && out.width == h
+            && router.width == p.n_experts
+            && s.gate.width == p.n_used * w[0].rows()
+            && s.y.width == p.n_used * h;
+        if !shapes_ok {
+            return Err(self.gpu.err(format!(
+                "moe: x {} / router {} / out {} wide, {} of {} experts, scratch for {} experts                  of {} / {}",
+                x.width,
+                router.width,
+                out.width,
+                p.n_used,
+                p.n_experts,
+                s.k,
+                s.gate.width,
+                s.y.width
+            )));
+        }
+        let m = self.n(out);
+        let route = self.ptr(s.route)?;
+        let bufs = super::moe::MoeBufs {
+            x: self.ptr(x)?,
+            router: self.ptr(router)?,
+            out: self.ptr(out)?,
+            ids: route,
+            wts: route + (m * s.k * 4) as u64,
+            gate: self.ptr(s.gate)?,
+            up: self.ptr(s.up)?,
+            y: self.ptr(s.y)?,
+        };
+        self.products.moe(&self.gpu, w, &bufs, m, p)?;
+        self.tick("moe");
+        Ok(())
     }
 
     fn add_bias(&mut self, x: Act, b: &CudaSlice<f32>) -> Result<()> {
@@ -431,13 +483,16 @@ impl Ops for CudaOps {
     }
 }
 
-/// Whether the CUDA backend has `f`'s kernels: everything but the mixture-of-experts FFN
-/// (issue 16's GPU half for qwen3moe). Sliding windows run on the CUDA-core split attention
-/// only (`attn_mma_eligible`).
+/// Whether the CUDA backend has `f`'s kernels: every feature (the mixture-of-experts FFN runs
+/// on the device, moe.rs). Sliding windows run on the CUDA-core split attention only
+/// (`attn_mma_eligible`).
 fn gpu_has(f: Feature) -> bool {
     match f {
-        Feature::GeluTanh | Feature::SlidingWindow | Feature::Scale | Feature::Softcap => true,
-        Feature::Moe => false,
+        Feature::GeluTanh
+        | Feature::SlidingWindow
+        | Feature::Scale
+        | Feature::Softcap
+        | Feature::Moe => true,
     }
 }
 
@@ -446,14 +501,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_gpu_refuses_only_the_moe_feature() {
-        let has = [
+    fn the_gpu_has_every_feature() {
+        let all = [
             Feature::GeluTanh,
             Feature::SlidingWindow,
             Feature::Scale,
             Feature::Softcap,
+            Feature::Moe,
         ];
-        assert!(has.iter().all(|&f| gpu_has(f)));
-        assert!(!gpu_has(Feature::Moe));
+        assert!(all.iter().all(|&f| gpu_has(f)));
     }
 }

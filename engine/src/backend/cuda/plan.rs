@@ -148,6 +148,21 @@ pub fn workspace_bytes(c: &ModelConfig, ctx: usize, v2: bool) -> usize {
     let step_width = [c.hidden, c.hidden, qd, kvd, kvd, qd, c.hidden, c.ffn, c.ffn]
         .iter()
         .fold(0usize, |a, &w| a.saturating_add(w));
+    // The MoE op's scratch per row (backend/cuda/moe.rs): k ids and weights, k gate and up
+    // rows, k down rows; and the prepared activations of its k pairs for the down products.
+    let (moe_width, moe_prepared) = match c.moe {
+        Some(p) if p.n_used > 0 => {
+            let k = p.n_used;
+            let width = mul(2, k)
+                .saturating_add(mul(mul(2, k), p.expert_ffn))
+                .saturating_add(mul(k, c.hidden));
+            let kp = p.expert_ffn.div_ceil(256).saturating_mul(256);
+            let prep = mul(mul(STEP_ROWS, k), mul(kp, 2).saturating_add(kp / 32 * 4));
+            (width, if v2 { prep } else { 0 })
+        }
+        _ => (0, 0),
+    };
+    let step_width = step_width.saturating_add(moe_width);
     let acts = mul(mul(STEP_ROWS, step_width), 4);
     // head_in, head_norm and logits.
     let head_width = c.hidden.saturating_mul(2).saturating_add(c.vocab);
@@ -181,9 +196,17 @@ pub fn workspace_bytes(c: &ModelConfig, ctx: usize, v2: bool) -> usize {
         .unwrap_or(usize::MAX);
     let tables = if c.gemma3.is_some() { 2 } else { 1 };
     let rope = mul(mul(mul(rope_pos.max(256), c.head_dim), 4), tables);
-    [acts, head, prepared, scores, rope, CONTEXT_BYTES]
-        .iter()
-        .fold(0usize, |a, &b| a.saturating_add(b))
+    [
+        acts,
+        head,
+        prepared,
+        moe_prepared,
+        scores,
+        rope,
+        CONTEXT_BYTES,
+    ]
+    .iter()
+    .fold(0usize, |a, &b| a.saturating_add(b))
 }
 
 /// What a model needs on the device.

@@ -1,0 +1,431 @@
+//! The mixture-of-experts FFN on the device ([`crate::ops::Ops::moe`], issue 16): routing, the
+//! chosen experts' products through an indirection, and the weighted sum, all on the stream with
+//! no host copy (it runs inside CUDA graph captures).
+//!
+//! 1. `moe_route` (kernels/cu/moe.cu), one warp per row: softmax over the E router logits, the
+//!    k highest probabilities (equal ones: the lowest expert index), renormalised when the
+//!    config says so, sorted by expert index: k (expert, weight) pairs per row in device memory.
+//! 2. The gate and up products of every (row, slot) pair: `mmq_id_<type>` (the v2 tensor-core
+//!    product of products.cu at M = 1, its weights offset by the pair's expert id) or
+//!    `matmul_id_<type>` (the v1 kernel likewise, for the types the v2 products do not read).
+//!    A pair's bits are those of the dense product of its expert on its row: they depend on
+//!    nothing else (not on how many rows chose the expert, nor on the other rows).
+//! 3. The GLU over the pairs (fused with the preparation of the down product's activations),
+//!    then the down product of every pair the same way.
+//! 4. `moe_combine`: each row adds its k weighted expert outputs in ascending expert index onto
+//!    +0, as the CPU does (backend/cpu/moe.rs).
+//!
+//! Speed: decode reads each chosen expert's weights once per (row, slot), as a dense decode
+//! product does. Prefill does the same per pair: an expert chosen by many rows of a chunk is
+//! read once per row (the L2 absorbs part of it), and every pair runs an 8-token mma tile with
+//! one live token: correct and row-invariant, but far from a grouped GEMM (docs/GPU.md).
+
+use super::device::{Arg, Gpu};
+use super::mat::{Mat, Products};
+use super::products::{ActBuf, PMat};
+use super::profile::Launch;
+use crate::error::Result;
+use crate::ops::{Glu, MoeParams};
+use crate::quant::DType;
+
+/// Device addresses of one MoE call over `m` rows with `k` experts each (P = m k pairs).
+#[derive(Clone, Copy, Debug)]
+pub struct MoeBufs {
+    /// Input rows (f32, `m x hidden`).
+    pub x: u64,
+    /// Router logits (f32, `m x E`).
+    pub router: u64,
+    /// Output rows (f32, `m x hidden`).
+    pub out: u64,
+    /// P expert ids (u32) and P weights (f32), row-major by (row, slot).
+    pub ids: u64,
+    pub wts: u64,
+    /// The gate and up outputs of every pair (f32, `P x expert_ffn` each).
+    pub gate: u64,
+    pub up: u64,
+    /// The down outputs of every pair (f32, `P x hidden`).
+    pub y: u64,
+}
+
+/// Most pairs one expert-product launch takes (grid.y); larger calls are cut into launches of
+/// this many, offset by `p0` (the bits do not depend on the cut).
+const PAIRS_PER_LAUNCH: usize = 65535;
+
+/// The (first pair, pairs) of each launch over `pairs` pairs.
+fn pair_chunks(pairs: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..pairs)
+        .step_by(PAIRS_PER_LAUNCH)
+        .map(move |p0| (p0, PAIRS_PER_LAUNCH.min(pairs - p0)))
+}
+
+/// The launch geometry of the expert products: the decode shape of products.cu (one 16-row tile
+/// per block, one 8-token fragment, K split over `nseg` warps). Only `nseg` (the matrix's, fixed
+/// at load) is arithmetic.
+pub const ID_LAUNCH: Launch = Launch {
+    nt: 1,
+    rpb: 1,
+    split_k: true,
+    smem: false,
+};
+
+/// Checks the expert stacks and the call's shapes; returns (expert_ffn, hidden).
+fn check_shapes(g: &Gpu, w: [&Mat; 3], p: &MoeParams) -> Result<(usize, usize)> {
+    let [gate, up, down] = w;
+    let (e, k) = (p.n_experts, p.n_used);
+    let (f, h) = (gate.rows(), gate.cols());
+    let stacks_ok = [gate, up, down].iter().all(|s| s.experts() == e)
+        && (up.rows(), up.cols()) == (f, h)
+        && (down.rows(), down.cols()) == (h, f);
+    if !stacks_ok {
+        return Err(g.err(format!(
+            "moe: expert stacks gate {}x[{}, {}], up {}x[{}, {}], down {}x[{}, {}] for {e} experts",
+            gate.experts(),
+            gate.rows(),
+            gate.cols(),
+            up.experts(),
+            up.rows(),
+            up.cols(),
+            down.experts(),
+            down.rows(),
+            down.cols()
+        )));
+    }
+    if k == 0 || k > e || k > memra_kernels::MOE_MAX_USED || e > memra_kernels::MOE_MAX_EXPERTS {
+        return Err(g.err(format!(
+            "moe: {k} of {e} experts (the kernels take up to {} of up to {})",
+            memra_kernels::MOE_MAX_USED,
+            memra_kernels::MOE_MAX_EXPERTS
+        )));
+    }
+    Ok((f, h))
+}
+
+impl Products {
+    /// The MoE FFN of `m` rows (the [`crate::ops::Ops::moe`] contract) through the buffers of
+    /// `b`; `w`: the gate, up and down stacks ([`Products::upload_experts`]).
+    pub fn moe(&self, g: &Gpu, w: [&Mat; 3], b: &MoeBufs, m: usize, p: &MoeParams) -> Result<()> {
+        let (f, h) = check_shapes(g, w, p)?;
+        let [gate, up, down] = w;
+        let k = p.n_used;
+        if m == 0 {
+            return Ok(());
+        }
+        g.moe_route(b.router, (b.ids, b.wts), m, p.n_experts, k, p.norm_topk)?;
+        let pairs = m * k;
+        self.prep(g, b.x, h, m, &[gate, up])?;
+        self.expert_product(g, gate, (b.x, b.gate), b.ids, k, pairs)?;
+        self.expert_product(g, up, (b.x, b.up), b.ids, k, pairs)?;
+        let down_act = match down.packed() {
+            Some(d) => Some(self.expert_act(g, d.act(), f)?),
+            None => None,
+        };
+        match (p.glu, down_act) {
+            (Glu::Silu, Some(a)) => g.swiglu_prep(b.gate, b.up, None, a, pairs, f)?,
+            (Glu::Silu, None) => g.swiglu(b.gate, b.up, pairs * f)?,
+            (Glu::GeluTanh, a) => {
+                g.geglu_tanh(b.gate, b.up, pairs * f)?;
+                if let Some(a) = a {
+                    g.prepare(b.gate, a, pairs, f)?;
+                }
+            }
+        }
+        self.expert_product(g, down, (b.gate, b.y), b.ids, 1, pairs)?;
+        g.moe_combine(b.y, b.wts, b.out, m, k, h)
+    }
+
+    /// `y[p] = W[ids[p]] x[p / xdiv]` for `pairs` pairs: `x` is f32 for the stored layout, and
+    /// already prepared for the packed one (the step's buffer when `xdiv > 1`, the pairs' when
+    /// `xdiv == 1`).
+    fn expert_product(
+        &self,
+        g: &Gpu,
+        w: &Mat,
+        (x, y): (u64, u64),
+        ids: u64,
+        xdiv: usize,
+        pairs: usize,
+    ) -> Result<()> {
+        match w.packed() {
+            Some(pm) => {
+                let a = if xdiv == 1 {
+                    self.expert_act(g, pm.act(), w.cols())?
+                } else {
+                    self.act(g, pm.act(), w.cols())?
+                };
+                let ids = IdArgs {
+                    ids,
+                    xdiv,
+                    n_experts: w.experts(),
+                    stride: w.expert_stride(),
+                };
+                g.product_id(pm, a, &ids, y, pairs)
+            }
+            None => {
+                let (data, row_bytes) = w
+                    .stored(g)
+                    .ok_or_else(|| g.err("expert stack has no device layout"))?;
+                let ids = IdArgs {
+                    ids,
+                    xdiv,
+                    n_experts: w.experts(),
+                    stride: w.expert_stride(),
+                };
+                let shape = (w.rows(), w.cols(), row_bytes);
+                g.matmul_id(w.dtype(), data, shape, &ids, (x, y), pairs)
+            }
+        }
+    }
+}
+
+/// The indirection of an expert product: ids (u32 per pair), the input row of pair p is
+/// `p / xdiv`, experts `stride` bytes apart.
+#[derive(Clone, Copy, Debug)]
+pub struct IdArgs {
+    pub ids: u64,
+    pub xdiv: usize,
+    pub n_experts: usize,
+    pub stride: usize,
+}
+
+impl IdArgs {
+    fn check(&self, g: &Gpu) -> Result<()> {
+        if self.xdiv == 0 || self.n_experts == 0 {
+            return Err(g.err(format!("expert product: {self:?}")));
+        }
+        Ok(())
+    }
+}
+
+impl Gpu {
+    /// Routes `m` rows of `e` router logits: k (expert, weight) pairs per row, ascending expert
+    /// index, to `ids` (u32) and `wts` (f32).
+    pub fn moe_route(
+        &self,
+        router: u64,
+        (ids, wts): (u64, u64),
+        m: usize,
+        e: usize,
+        k: usize,
+        norm: bool,
+    ) -> Result<()> {
+        if e > memra_kernels::MOE_MAX_EXPERTS || k == 0 || k > e.min(memra_kernels::MOE_MAX_USED) {
+            return Err(self.err(format!("moe_route: {k} of {e} experts")));
+        }
+        if m == 0 {
+            return Ok(());
+        }
+        let args = route_args(router, (ids, wts), e, k, norm);
+        self.launch("moe_route", (self.u32_of(m, "router rows")?, 1), 32, &args)
+    }
+
+    /// `out[r] = sum_j wts[r k + j] y[r k + j]` (j ascending, from +0) for `m` rows of `h`.
+    pub fn moe_combine(
+        &self,
+        y: u64,
+        wts: u64,
+        out: u64,
+        m: usize,
+        k: usize,
+        h: usize,
+    ) -> Result<()> {
+        let args = [
+            Arg::Ptr(y),
+            Arg::Ptr(wts),
+            Arg::Ptr(out),
+            Arg::U32(self.u32_of(m, "rows")?),
+            Arg::U32(self.u32_of(k, "experts per row")?),
+            Arg::U32(self.u32_of(h, "hidden")?),
+        ];
+        let grid = Self::stride_grid((m * h) as u64);
+        self.launch("moe_combine", grid, 256, &args)
+    }
+
+    /// The v2 expert product: `y[p] = W[ids[p]] a[p / xdiv]` for `pairs` pairs (`a`: prepared
+    /// activations; `w`: the experts' tile layouts `ids.stride` bytes apart).
+    pub fn product_id(
+        &self,
+        w: &PMat,
+        a: &ActBuf,
+        ids: &IdArgs,
+        y: u64,
+        pairs: usize,
+    ) -> Result<()> {
+        ids.check(self)?;
+        let rows_needed = pairs.div_ceil(ids.xdiv);
+        if a.kind != w.act() || a.kp != w.kp || rows_needed > a.rows {
+            return Err(self.err(format!(
+                "expert product: {} weights ({} x {}, kp {}) with {:?} activations of {} x {} \
+                 ({rows_needed} rows needed)",
+                w.dtype, w.rows, w.cols, w.kp, a.kind, a.rows, a.kp
+            )));
+        }
+        if pairs == 0 || w.rows == 0 {
+            return Ok(());
+        }
+        let l = ID_LAUNCH;
+        let threads = 32 * w.nseg;
+        if threads > l.max_threads() {
+            return Err(self.err(format!("expert product: nseg {} too large", w.nseg)));
+        }
+        let smem = if w.nseg > 1 { w.nseg * 16 * 8 * 4 } else { 0 };
+        let f = self.variant("products", &l.defines())?;
+        let name = format!("mmq_id_{}", w.dtype.name());
+        let func = f
+            .get(&name)
+            .ok_or_else(|| self.err(format!("kernel {name} missing")))?;
+        let row_tiles = self.u32_of(w.rows.div_ceil(16), "row tiles")?;
+        for (p0, n) in pair_chunks(pairs) {
+            let args = product_id_args(self, w, a, ids, y, p0);
+            let grid = (row_tiles, n as u32);
+            self.launch_fn(func, &name, grid, threads, smem, &args)?;
+        }
+        Ok(())
+    }
+
+    /// The v1 expert product over the stored layout: `y[p] = W[ids[p]] x[p / xdiv]` (f32 rows)
+    /// for `pairs` pairs; `shape` = (rows, cols, bytes per row) of one expert.
+    pub fn matmul_id(
+        &self,
+        dtype: DType,
+        w: u64,
+        shape: (usize, usize, usize),
+        ids: &IdArgs,
+        (x, y): (u64, u64),
+        pairs: usize,
+    ) -> Result<()> {
+        ids.check(self)?;
+        let (n, k, row_bytes) = shape;
+        if !super::kernel_supports(dtype) {
+            return Err(self.err(format!("no expert product kernel for {dtype}")));
+        }
+        if pairs == 0 || n == 0 {
+            return Ok(());
+        }
+        let name = format!("matmul_id_{}", dtype.name());
+        let blocks = self.u32_of(n.div_ceil(16), "matmul blocks")?;
+        for (p0, cnt) in pair_chunks(pairs) {
+            let args = [
+                Arg::Ptr(w),
+                Arg::U64(ids.stride as u64),
+                Arg::Ptr(x),
+                Arg::Ptr(ids.ids),
+                Arg::U32(self.u32_of(ids.xdiv, "xdiv")?),
+                Arg::U32(p0 as u32),
+                Arg::U32(self.u32_of(ids.n_experts, "experts")?),
+                Arg::Ptr(y),
+                Arg::U32(self.u32_of(n, "N")?),
+                Arg::U32(self.u32_of(k, "K")?),
+                Arg::U64(row_bytes as u64),
+            ];
+            self.launch(&name, (blocks, cnt as u32), 256, &args)?;
+        }
+        Ok(())
+    }
+}
+
+fn route_args(router: u64, (ids, wts): (u64, u64), e: usize, k: usize, norm: bool) -> [Arg; 6] {
+    [
+        Arg::Ptr(router),
+        Arg::Ptr(ids),
+        Arg::Ptr(wts),
+        Arg::U32(e as u32),
+        Arg::U32(k as u32),
+        Arg::U32(norm as u32),
+    ]
+}
+
+fn product_id_args(g: &Gpu, w: &PMat, a: &ActBuf, ids: &IdArgs, y: u64, p0: usize) -> [Arg; 13] {
+    [
+        Arg::Ptr(g.ptr(&w.data)),
+        Arg::U64(ids.stride as u64),
+        Arg::Ptr(g.ptr(&a.values)),
+        Arg::Ptr(g.ptr(&a.scales)),
+        Arg::Ptr(ids.ids),
+        Arg::U32(ids.xdiv as u32),
+        Arg::U32(p0 as u32),
+        Arg::U32(ids.n_experts as u32),
+        Arg::Ptr(y),
+        Arg::U32(w.rows as u32),
+        Arg::U32(w.col_tiles as u32),
+        Arg::U32(w.nseg),
+        Arg::U32(w.kp as u32),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::device::check_args;
+
+    #[test]
+    fn pair_chunks_cover_every_pair_once_within_the_grid() {
+        for pairs in [0usize, 1, 7, 65534, 65535, 65536, 200_000] {
+            let cs: Vec<_> = pair_chunks(pairs).collect();
+            let mut next = 0;
+            for &(p0, n) in &cs {
+                assert_eq!(p0, next);
+                assert!((1..=PAIRS_PER_LAUNCH).contains(&n));
+                next += n;
+            }
+            assert_eq!(next, pairs);
+        }
+    }
+
+    #[test]
+    fn the_moe_kernels_take_the_launch_s_arguments() {
+        let args = route_args(1, (2, 3), 128, 8, true);
+        assert_eq!(check_args("moe_route", &args), Ok(()));
+        let combine = [
+            Arg::Ptr(1),
+            Arg::Ptr(2),
+            Arg::Ptr(3),
+            Arg::U32(1),
+            Arg::U32(8),
+            Arg::U32(64),
+        ];
+        assert_eq!(check_args("moe_combine", &combine), Ok(()));
+        // product_id_args without a device: the same kinds in the same places.
+        let id = [
+            Arg::Ptr(1),
+            Arg::U64(4096),
+            Arg::Ptr(2),
+            Arg::Ptr(3),
+            Arg::Ptr(4),
+            Arg::U32(8),
+            Arg::U32(0),
+            Arg::U32(128),
+            Arg::Ptr(5),
+            Arg::U32(768),
+            Arg::U32(32),
+            Arg::U32(8),
+            Arg::U32(2048),
+        ];
+        for t in memra_kernels::PRODUCT_TYPES {
+            assert_eq!(check_args(&format!("mmq_id_{t}"), &id), Ok(()), "{t}");
+        }
+        let v1 = [
+            Arg::Ptr(1),
+            Arg::U64(4096),
+            Arg::Ptr(2),
+            Arg::Ptr(3),
+            Arg::U32(8),
+            Arg::U32(0),
+            Arg::U32(128),
+            Arg::Ptr(4),
+            Arg::U32(768),
+            Arg::U32(2048),
+            Arg::U64(2176),
+        ];
+        for t in memra_kernels::WEIGHT_TYPES {
+            assert_eq!(check_args(&format!("matmul_id_{t}"), &v1), Ok(()), "{t}");
+        }
+    }
+
+    #[test]
+    fn the_expert_launch_is_the_decode_variant_of_the_products() {
+        // The variant the runner compiles before any capture (profile.launch at M <= 8).
+        let p = super::super::profile::Profile::new("compute_90a", 132, 227 * 1024);
+        assert_eq!(p.launch(1, DType::Q4_K, 768), ID_LAUNCH);
+        assert!(ID_LAUNCH.max_threads() >= 32 * super::super::profile::MAX_NSEG);
+    }
+}

@@ -1,0 +1,216 @@
+//! The mixture-of-experts kernels (kernels/cu/moe.cu and the expert products `mmq_id_<type>` /
+//! `matmul_id_<type>`, driven by `Products::moe` as the backend drives them) against the CPU:
+//!
+//! - `moe_route`: the expert ids equal the CPU's `route` (softmax, top-k with ties to the lowest
+//!   index, renormalised, ascending index) exactly; the weights within [`ROUTE_TOL`].
+//! - `moe_<type>` (v2 tile layout) / `moe_v1_<type>` (stored layout): the whole FFN against an
+//!   f64 reference over the dequantized weights (the CPU's routes, each row's experts added in
+//!   ascending index), within [`moe_tol`]; every output element written (NaN-poisoned).
+//! - Row invariance, bitwise: rows computed alone (M = 1) and in a small batch give the bits they
+//!   give inside the full batch, where every expert's row count differs.
+
+use memra_engine::Result;
+use memra_engine::backend::cpu::moe::route;
+use memra_engine::backend::cuda::moe::MoeBufs;
+use memra_engine::backend::cuda::profile::Profile;
+use memra_engine::backend::cuda::{Gpu, Mat, Products};
+use memra_engine::models::random::unit;
+use memra_engine::ops::{Glu, MoeParams};
+use memra_engine::quant::{DType, dequantize_row, quantize};
+use memra_engine::weights::{Bytes, Tensor};
+
+use crate::case::{Case, compare};
+use crate::products_check::product_tol;
+
+/// Router weights: relative error of the GPU's softmax (expf, its own summation order) and
+/// renormalisation against the CPU's.
+pub const ROUTE_TOL: f64 = 1e-5;
+
+/// The FFN against the f64 reference: the v2 products' tolerance (f16 / bf16 activations) for
+/// each of the two products in a row's chain (gate/up, then down), doubled for the GLU between
+/// them; the v1 kernels keep f32 activations (1e-4).
+pub fn moe_tol(d: DType, v2: bool) -> f64 {
+    if v2 { 4.0 * product_tol(d) } else { 1e-4 }
+}
+
+/// (type, v2 layout, experts, used, hidden, expert_ffn, glu).
+type Shape = (DType, bool, usize, usize, usize, usize, Glu);
+
+const SHAPES: [Shape; 9] = [
+    (DType::Q8_0, true, 8, 2, 64, 96, Glu::Silu),
+    (DType::Q8_0, true, 128, 8, 256, 256, Glu::Silu),
+    (DType::Q4_K, true, 128, 8, 256, 256, Glu::Silu),
+    (DType::Q6_K, true, 16, 4, 256, 512, Glu::Silu),
+    (DType::BF16, true, 8, 3, 72, 40, Glu::Silu),
+    (DType::F16, true, 8, 3, 72, 40, Glu::GeluTanh),
+    (DType::F32, false, 8, 3, 72, 40, Glu::Silu),
+    (DType::Q5_0, false, 16, 4, 64, 96, Glu::Silu),
+    (DType::Q8_0, false, 8, 2, 64, 96, Glu::GeluTanh),
+];
+
+/// Rows of the full batch, and the sub-batches (first row, rows) computed on their own.
+const M: usize = 37;
+const SUBS: [(usize, usize); 4] = [(0, 1), (13, 1), (36, 1), (3, 5)];
+
+fn vals(seed: u64, s: u64, n: usize, scale: f32) -> Vec<f32> {
+    (0..n as u64).map(|i| scale * unit(seed, s, i)).collect()
+}
+
+/// A random `[e, rows, cols]` stack in `dtype` and its dequantized values.
+fn stack(seed: u64, s: u64, dtype: DType, shape: [usize; 3]) -> Result<(Tensor, Vec<f32>)> {
+    let [e, rows, cols] = shape;
+    let v = vals(seed, s, e * rows * cols, 0.5);
+    let q = quantize(dtype, &v)?;
+    let rb = q.len() / (e * rows);
+    let mut d = vec![0f32; v.len()];
+    for r in 0..e * rows {
+        dequantize_row(
+            dtype,
+            &q[r * rb..(r + 1) * rb],
+            &mut d[r * cols..(r + 1) * cols],
+        )?;
+    }
+    let t = Tensor::new(format!("s{s}"), dtype, shape.to_vec(), Bytes::owned(q))?;
+    Ok((t, d))
+}
+
+fn glu(kind: Glu, g: f64, u: f64) -> f64 {
+    match kind {
+        Glu::Silu => g / (1.0 + (-g).exp()) * u,
+        Glu::GeluTanh => {
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * g * (1.0 + (c * (g + 0.044715 * g * g * g)).tanh()) * u
+        }
+    }
+}
+
+/// The f64 reference of one row: `x` (h), its routes, the dequantized stacks.
+fn reference_row(
+    x: &[f32],
+    routes: &[(usize, f32)],
+    w: [&[f32]; 3],
+    (f, h): (usize, usize),
+    kind: Glu,
+) -> Vec<f32> {
+    let dot =
+        |row: &[f32], v: &[f64]| -> f64 { row.iter().zip(v).map(|(&a, &b)| a as f64 * b).sum() };
+    let xs: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    let mut out = vec![0f64; h];
+    for &(e, wt) in routes {
+        let a: Vec<f64> = (0..f)
+            .map(|j| {
+                let r = (e * f + j) * h;
+                glu(kind, dot(&w[0][r..r + h], &xs), dot(&w[1][r..r + h], &xs))
+            })
+            .collect();
+        for (c, o) in out.iter_mut().enumerate() {
+            let r = (e * h + c) * f;
+            *o += wt as f64 * dot(&w[2][r..r + f], &a);
+        }
+    }
+    out.into_iter().map(|v| v as f32).collect()
+}
+
+fn one_shape(g: &Gpu, profile: &Profile, seed: u64, s: u64, sh: Shape) -> Result<Vec<Case>> {
+    let (dtype, v2, e, k, h, f, kind) = sh;
+    let p = MoeParams {
+        n_experts: e,
+        n_used: k,
+        // Every other shape without renormalisation (s = 20000 + 10 i).
+        norm_topk: (s / 10).is_multiple_of(2),
+        glu: kind,
+    };
+    let (tg, dg) = stack(seed, s, dtype, [e, f, h])?;
+    let (tu, du) = stack(seed, s + 1, dtype, [e, f, h])?;
+    let (td, dd) = stack(seed, s + 2, dtype, [e, h, f])?;
+    let mut prods = Products::new(v2, profile.clone());
+    let mats: [Mat; 3] = [
+        prods.upload_experts(g, &tg, None)?,
+        prods.upload_experts(g, &tu, None)?,
+        prods.upload_experts(g, &td, Some(k))?,
+    ];
+    prods.reserve(g, M)?;
+    let x = vals(seed, s + 3, M * h, 1.0);
+    let logits = vals(seed, s + 4, M * e, 2.0);
+    let (dx, dr) = (g.upload(&x)?, g.upload(&logits)?);
+    let (dout, dwts) = (g.zeros::<f32>(M * h)?, g.zeros::<f32>(M * k)?);
+    let dids = g.zeros::<u32>(M * k)?;
+    let (dgate, dup) = (g.zeros::<f32>(M * k * f)?, g.zeros::<f32>(M * k * f)?);
+    let dy = g.zeros::<f32>(M * k * h)?;
+    // Rows r0.. of the inputs; outputs and scratch from their start.
+    let at = |r0: usize| MoeBufs {
+        x: g.ptr(&dx) + (r0 * h * 4) as u64,
+        router: g.ptr(&dr) + (r0 * e * 4) as u64,
+        out: g.ptr(&dout),
+        ids: g.ptr(&dids),
+        wts: g.ptr(&dwts),
+        gate: g.ptr(&dgate),
+        up: g.ptr(&dup),
+        y: g.ptr(&dy),
+    };
+    let w = [&mats[0], &mats[1], &mats[2]];
+    let run = |r0: usize, m: usize| -> Result<(Vec<f32>, Vec<u32>, Vec<f32>)> {
+        g.fill(g.ptr(&dout), f32::NAN, M * h)?;
+        g.fill(g.ptr(&dwts), f32::NAN, M * k)?;
+        prods.moe(g, w, &at(r0), m, &p)?;
+        Ok((
+            g.download_range(&dout, 0, m * h)?,
+            g.download_range(&dids, 0, m * k)?,
+            g.download_range(&dwts, 0, m * k)?,
+        ))
+    };
+    let (out, ids, wts) = run(0, M)?;
+    let routes: Vec<Vec<(usize, f32)>> = logits
+        .chunks_exact(e)
+        .map(|l| route(l, k, p.norm_topk))
+        .collect();
+    let want_ids: Vec<f32> = routes.iter().flatten().map(|&(i, _)| i as f32).collect();
+    let want_wts: Vec<f32> = routes.iter().flatten().map(|&(_, w)| w).collect();
+    let shape = format!("{dtype} E={e} k={k} h={h} f={f} {kind:?} M={M}");
+    let mut cases = vec![
+        compare(
+            "moe_route ids",
+            shape.clone(),
+            &ids.iter().map(|&i| i as f32).collect::<Vec<_>>(),
+            &want_ids,
+            0.0,
+        ),
+        compare("moe_route wts", shape.clone(), &wts, &want_wts, ROUTE_TOL),
+    ];
+    let mut want = Vec::with_capacity(M * h);
+    for (r, rt) in routes.iter().enumerate() {
+        let xr = &x[r * h..(r + 1) * h];
+        want.extend(reference_row(xr, rt, [&dg, &du, &dd], (f, h), kind));
+    }
+    let name = if v2 {
+        format!("moe_{dtype}")
+    } else {
+        format!("moe_v1_{dtype}")
+    };
+    let mut c = compare(&name, shape.clone(), &out, &want, moe_tol(dtype, v2));
+    for (r0, m) in SUBS {
+        let (sub, _, _) = run(r0, m)?;
+        let full = &out[r0 * h..(r0 + m) * h];
+        let same = sub
+            .iter()
+            .zip(full)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        if !same && c.problem.is_none() {
+            c.problem = Some(format!(
+                "rows {r0}..{} alone differ from their bits in the batch of {M}",
+                r0 + m
+            ));
+        }
+    }
+    cases.push(c);
+    Ok(cases)
+}
+
+/// Every MoE case on `g`.
+pub fn moe_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    let profile = Profile::for_device(g)?;
+    for (i, &sh) in SHAPES.iter().enumerate() {
+        out.extend(one_shape(g, &profile, seed, 20_000 + 10 * i as u64, sh)?);
+    }
+    Ok(())
+}
