@@ -12,6 +12,7 @@ pub mod blocks;
 pub mod gemma3;
 pub mod llama;
 pub mod llama_postnorm;
+pub mod mtp;
 pub mod qk_order;
 pub mod qwen2;
 pub mod qwen3;

@@ -437,7 +437,9 @@ impl Ops for CudaOps {
 fn gpu_has(f: Feature) -> bool {
     match f {
         Feature::GeluTanh | Feature::SlidingWindow | Feature::Scale | Feature::Softcap => true,
-        Feature::Moe => false,
+        // TODO(gpu): Ops::hidden_in and Exec::set_hidden_in / read-back of the step's
+        // residual rows (the MTP drafter); untested without a GPU, so refused.
+        Feature::Moe | Feature::Mtp => false,
     }
 }
 
@@ -455,5 +457,6 @@ mod tests {
         ];
         assert!(has.iter().all(|&f| gpu_has(f)));
         assert!(!gpu_has(Feature::Moe));
+        assert!(!gpu_has(Feature::Mtp));
     }
 }
