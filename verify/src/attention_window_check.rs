@@ -131,6 +131,9 @@ impl Rig<'_> {
             tile_tokens: 0,
             fold: None,
             window,
+            // The device's choices.
+            stages: 0,
+            grid_y: 0,
         };
         g.attention(&a)?;
         g.download(&dout)
