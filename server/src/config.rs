@@ -310,7 +310,10 @@ mod tests {
         );
         assert_eq!(m[2].spec, None);
         let mtp = parse_models("a=/m/t.gguf+spec=mtp+spec_k=2").unwrap();
-        assert_eq!(mtp[0].spec, Some(SpecConfig::new(DrafterKind::Mtp, 2).unwrap()));
+        assert_eq!(
+            mtp[0].spec,
+            Some(SpecConfig::new(DrafterKind::Mtp, 2).unwrap())
+        );
         let bare = parse_models("/m/t.gguf+spec=ngram").unwrap();
         assert_eq!(
             (bare[0].alias.as_str(), bare[0].spec.is_some()),

@@ -81,7 +81,11 @@ impl Speculation {
 
     /// Hands a step's hidden states to the drafter, per sequence: `ids[seq]` is the sequence
     /// of the step's block table `seq`.
-    pub(crate) fn observe(&mut self, ids: &[SeqId], rows: Vec<(crate::backend::StepRow, Vec<f32>)>) {
+    pub(crate) fn observe(
+        &mut self,
+        ids: &[SeqId],
+        rows: Vec<(crate::backend::StepRow, Vec<f32>)>,
+    ) {
         let mut by: std::collections::BTreeMap<usize, Vec<_>> = Default::default();
         for r in rows {
             by.entry(r.0.seq).or_default().push(r);

@@ -103,7 +103,8 @@ impl<O: Ops> Layer<O> {
             params,
         };
         self.attn.forward(ops, a, l, &s)?;
-        self.ffn.forward(ops, a, l, &self.ffn_norm, eps, Glu::Silu)?;
+        self.ffn
+            .forward(ops, a, l, &self.ffn_norm, eps, Glu::Silu)?;
         ops.dump("l_out", l, a.x);
         Ok(())
     }

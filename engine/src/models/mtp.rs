@@ -174,7 +174,8 @@ impl<O: Ops> Forward<O> for Mtp<O> {
         ops.matmul(&self.h_proj, a.h, a.o)?;
         ops.add(a.x, a.o)?;
         ops.dump("mtp_in", 0, a.x);
-        self.layer.forward(ops, a, 0, (self.rope, self.attn, self.eps))?;
+        self.layer
+            .forward(ops, a, 0, (self.rope, self.attn, self.eps))?;
         Ok(a.x)
     }
 

@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{DraftReq, Drafter};
-use crate::backend::cpu::{CpuBackend, CpuOptions, CpuOps};
+use crate::backend::cpu::{CpuBackend, CpuOps, CpuOptions};
 use crate::backend::exec::Exec;
 use crate::backend::{Backend, Device, StepBatch, StepRow};
 use crate::error::{Error, Result};
@@ -86,7 +86,12 @@ impl MtpDrafter {
     fn prepare(&mut self, id: u64, tokens: &[u32], k: usize) -> Option<usize> {
         let n = tokens.len();
         let s = self.seqs.get_mut(&id)?;
-        let c = s.known.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        let c = s
+            .known
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
         s.known.truncate(c);
         s.hidden.retain(|&p, _| p < c);
         s.done = s.done.min(c.saturating_sub(1));
