@@ -38,7 +38,7 @@ impl<O: Exec> Runner<O> {
     pub fn build_with(
         mut ops: O,
         weights: &ModelWeights,
-        build: fn(&ModelWeights, &mut O) -> Result<Box<dyn Forward<O>>>,
+        build: models::BuildFn<O>,
     ) -> Result<Runner<O>> {
         let config = weights.config.clone();
         let model = build(weights, &mut ops)?;

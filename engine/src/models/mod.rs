@@ -96,6 +96,9 @@ pub trait Forward<O: Ops>: Send {
     fn head(&self, ops: &mut O, x: Act, logits: Act) -> Result<()>;
 }
 
+/// A function building a forward pass of weights on a backend's ops ([`build`], [`mtp::build`]).
+pub type BuildFn<O> = fn(&ModelWeights, &mut O) -> Result<Box<dyn Forward<O>>>;
+
 /// Uploads `w` to `ops` and returns its architecture's forward pass.
 pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
     match w.config.arch {
