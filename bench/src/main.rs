@@ -162,6 +162,10 @@ enum Cmd {
         /// Override the number of layers.
         #[arg(long)]
         layers: Option<usize>,
+        /// Add N multi-token-prediction (`nextn`) layers after the decoder layers (llama,
+        /// qwen2, qwen3 shapes), for `--spec mtp`.
+        #[arg(long, default_value_t = 0)]
+        mtp: usize,
         /// GGUF whose tokenizer is copied ("none": no tokenizer, see --vocab).
         #[arg(long)]
         tokenizer_from: Option<String>,
@@ -713,6 +717,7 @@ fn run(cli: Cli) -> Result<()> {
             llamacpp_rope,
             exact_kquants,
             ctx,
+            mtp,
             quiet,
         } => {
             let home = std::env::var_os("HOME").map(PathBuf::from);
@@ -738,6 +743,7 @@ fn run(cli: Cli) -> Result<()> {
                 llamacpp_rope,
                 exact_kquants,
                 ctx,
+                mtp,
             };
             synth(&args).map(|_| ())
         }

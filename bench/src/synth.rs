@@ -72,6 +72,9 @@ pub struct SynthArgs {
     /// The context length the file declares instead of the shape's (e.g. 131072 for the Llama
     /// 3.1 context over llama3-8b's RoPE scaling): long-context runs need positions past 8,192.
     pub ctx: Option<usize>,
+    /// Multi-token-prediction layers to add after the decoder layers (llama-family shapes;
+    /// random weights: their drafts are noise, see models/mtp.rs).
+    pub mtp: usize,
 }
 
 /// What was written.
@@ -137,6 +140,7 @@ pub fn synth_config(args: &SynthArgs, vocab: usize) -> Result<ModelConfig> {
     if let Some(c) = args.ctx {
         cfg.max_ctx = c;
     }
+    cfg.mtp_layers = args.mtp;
     cfg.validate()?;
     Ok(cfg)
 }
@@ -161,7 +165,8 @@ pub fn gguf_metadata(
         (format!("{a}.vocab_size"), u(cfg.vocab)),
         (format!("{a}.context_length"), u(cfg.max_ctx)),
         (format!("{a}.embedding_length"), u(cfg.hidden)),
-        (format!("{a}.block_count"), u(cfg.n_layers)),
+        // llama.cpp counts the MTP (`nextn`) layers in the block count.
+        (format!("{a}.block_count"), u(cfg.n_layers + cfg.mtp_layers)),
         (format!("{a}.feed_forward_length"), u(cfg.ffn)),
         (format!("{a}.attention.head_count"), u(cfg.n_heads)),
         (format!("{a}.attention.head_count_kv"), u(cfg.n_kv_heads)),
@@ -177,6 +182,9 @@ pub fn gguf_metadata(
             MetaValue::F32(cfg.rms_eps),
         ),
     ];
+    if cfg.mtp_layers > 0 {
+        m.push((format!("{a}.nextn_predict_layers"), u(cfg.mtp_layers)));
+    }
     if let Some(p) = &cfg.gemma3 {
         m.extend(memra_engine::models::gemma3::gguf_keys(p));
     }

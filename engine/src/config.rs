@@ -125,6 +125,11 @@ pub struct ModelConfig {
     /// Set for (and only for) mixture-of-experts architectures (qwen3moe).
     #[serde(default)]
     pub moe: Option<MoeParams>,
+    /// Multi-token-prediction layers after the `n_layers` decoder layers (GGUF
+    /// `{arch}.nextn_predict_layers`, HF `num_nextn_predict_layers`): layer `n_layers + j`
+    /// holds MTP module `j` (models/mtp.rs). 0 for most models.
+    #[serde(default)]
+    pub mtp_layers: usize,
 }
 
 impl ModelConfig {
@@ -196,6 +201,7 @@ impl ModelConfig {
             }
             (false, None) => {}
         }
+        crate::models::mtp::validate(c)?;
         Ok(())
     }
 
@@ -259,9 +265,16 @@ impl ModelConfig {
             }),
             _ => None,
         };
+        // llama.cpp counts the MTP (`nextn`) layers in `block_count`.
+        let mtp_layers = uint("nextn_predict_layers").unwrap_or(0);
+        let blocks = uint("block_count")?;
         let cfg = ModelConfig {
             arch,
-            n_layers: uint("block_count")?,
+            n_layers: blocks.checked_sub(mtp_layers).ok_or_else(|| {
+                Error::Config(format!(
+                    "`{a}.nextn_predict_layers` {mtp_layers} exceeds `{a}.block_count` {blocks}"
+                ))
+            })?,
             hidden,
             n_heads,
             n_kv_heads,
@@ -275,6 +288,7 @@ impl ModelConfig {
             tie_embeddings: g.tensor_info("output.weight").is_none(),
             gemma3: None,
             moe: None,
+            mtp_layers,
         };
         let get = |k: &str| g.get(&format!("{a}.{k}"));
         let cfg = ModelConfig {
@@ -354,6 +368,7 @@ impl ModelConfig {
                 .unwrap_or(false),
             gemma3: None,
             moe: None,
+            mtp_layers: uint("num_nextn_predict_layers").unwrap_or(0),
         };
         let cfg = ModelConfig {
             gemma3: crate::models::gemma3::hf_params(&cfg, v)?,
@@ -391,6 +406,9 @@ impl ModelConfig {
                 "high_freq_factor": rs.high_freq_factor,
                 "original_max_position_embeddings": rs.original_max_position_embeddings,
             });
+        }
+        if self.mtp_layers > 0 {
+            v["num_nextn_predict_layers"] = self.mtp_layers.into();
         }
         (crate::models::def(self.arch).hf_config)(self, &mut v);
         if let Some(b) = bos {

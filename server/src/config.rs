@@ -128,7 +128,7 @@ pub struct ServeArgs {
 pub struct ModelSpec {
     pub alias: String,
     pub path: PathBuf,
-    /// Speculative decoding (`+spec=ngram`, `+draft=PATH`, `+spec_k=K`).
+    /// Speculative decoding (`+spec=ngram`, `+spec=mtp`, `+draft=PATH`, `+spec_k=K`).
     pub spec: Option<SpecConfig>,
     /// The KV cache format for this model (`+kv=q8_0`; default `--kv-dtype`).
     pub kv_dtype: Option<KvDtype>,
@@ -140,7 +140,8 @@ struct EntryOptions {
     kv_dtype: Option<KvDtype>,
 }
 
-/// Splits `path+spec=ngram+spec_k=4+kv=q8_0` (or `+draft=PATH`) into the path and its options.
+/// Splits `path+spec=ngram+spec_k=4+kv=q8_0` (or `+spec=mtp`, `+draft=PATH`) into the path and
+/// its options.
 fn parse_options(entry: &str) -> Result<(String, EntryOptions), String> {
     let mut parts = entry.split('+');
     let path = parts.next().unwrap_or_default().trim().to_string();
@@ -149,6 +150,7 @@ fn parse_options(entry: &str) -> Result<(String, EntryOptions), String> {
         let (key, val) = opt.split_once('=').unwrap_or((opt, ""));
         match key.trim() {
             "spec" if val.trim() == "ngram" => drafter = Some(DrafterKind::Ngram),
+            "spec" if val.trim() == "mtp" => drafter = Some(DrafterKind::Mtp),
             "draft" if !val.trim().is_empty() => {
                 drafter = Some(DrafterKind::Model(PathBuf::from(val.trim())))
             }
@@ -165,7 +167,7 @@ fn parse_options(entry: &str) -> Result<(String, EntryOptions), String> {
             }
             _ => {
                 return Err(format!(
-                    "MEMRA_MODELS entry `{entry}`: unknown option `+{opt}` (expected +spec=ngram, \
+                    "MEMRA_MODELS entry `{entry}`: unknown option `+{opt}` (expected +spec=ngram, +spec=mtp, \
                      +draft=PATH, +spec_k=K or +kv=DTYPE)"
                 ));
             }
@@ -307,13 +309,18 @@ mod tests {
             Some(DrafterKind::Model("/m/d.gguf".into()))
         );
         assert_eq!(m[2].spec, None);
+        let mtp = parse_models("a=/m/t.gguf+spec=mtp+spec_k=2").unwrap();
+        assert_eq!(
+            mtp[0].spec,
+            Some(SpecConfig::new(DrafterKind::Mtp, 2).unwrap())
+        );
         let bare = parse_models("/m/t.gguf+spec=ngram").unwrap();
         assert_eq!(
             (bare[0].alias.as_str(), bare[0].spec.is_some()),
             ("t", true)
         );
         for bad in [
-            "a=/m/t.gguf+spec=mtp",
+            "a=/m/t.gguf+spec=mtp2",
             "a=/m/t.gguf+spec=ngram+spec_k=x",
             "a=/m/t.gguf+spec=ngram+spec_k=0",
         ] {

@@ -5,8 +5,8 @@
 //! - `memra-verify tokens [--device D] MODEL --fixture verify/fixtures/smollm2-135m-reference.json`
 //! - `memra-verify serve-invariance MODEL [--device D] [--requests N] [--max-tokens T]`
 //! - `memra-verify graph [--device cuda:N] (MODEL | --tiny ARCH) [--max-m 64] [--gen-tokens 24]`
-//! - `memra-verify spec [--device D] (MODEL | --tiny ARCH) [--max-tokens 32] [--k-max 8]
-//!   [--drafters ngram,self,random]`
+//! - `memra-verify spec [--device D] (MODEL | --tiny ARCH[+mtp]) [--max-tokens 32] [--k-max 8]
+//!   [--drafters ngram,mtp,self,random]`
 //! - `memra-verify golden [--device D] (MODEL | --tiny ARCH) [--dir verify/golden]
 //!   [--record --reason TEXT]`: plain decoding's logits bytes vs those recorded for the device class
 //! - `memra-verify all [--device D] MODEL [--fixture FILE]`: every gate for the device, then a
@@ -27,6 +27,7 @@ use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::quant::DType;
 use memra_engine::spec::Drafter;
 use memra_engine::spec::draft_model::DraftModelDrafter;
+use memra_engine::spec::mtp::MtpDrafter;
 use memra_engine::spec::ngram::NgramDrafter;
 use memra_engine::{Error, Result};
 use memra_verify::{golden, graph, invariance, kernels, serve_invariance, spec, tokens};
@@ -139,7 +140,8 @@ enum Cmd {
         /// Seed of the sampled configuration.
         #[arg(long, default_value_t = 1234)]
         seed: u64,
-        /// Comma-separated: ngram, self (the target as its own draft model), random (a tiny
+        /// Comma-separated: ngram, mtp (the model's own MTP layer: a model with one, e.g.
+        /// `--tiny llama+mtp`), self (the target as its own draft model), random (a tiny
         /// random model with the target's vocabulary), draft:PATH.
         #[arg(long, default_value = "ngram,self,random")]
         drafters: String,
@@ -196,9 +198,20 @@ enum Cmd {
     },
 }
 
+/// The tiny random model of `ARCH`, or of `ARCH+mtp` with one MTP layer (random: its drafts
+/// are mostly rejected, which exercises the rollback).
 fn tiny(arch: &str) -> Result<ModelWeights> {
+    let (arch, mtp) = match arch.strip_suffix("+mtp") {
+        Some(a) => (a, 1),
+        None => (arch, 0),
+    };
     let arch = Arch::from_gguf_name(arch)?;
-    random_weights(&tiny_config(arch, 97), 5, DType::Q8_0)
+    let cfg = memra_engine::config::ModelConfig {
+        mtp_layers: mtp,
+        ..tiny_config(arch, 97)
+    };
+    cfg.validate()?;
+    random_weights(&cfg, 5, DType::Q8_0)
 }
 
 /// MODEL or --tiny ARCH, as one gate names them.
@@ -385,6 +398,7 @@ fn gate_spec(a: &SpecArgs) -> Result<usize> {
     {
         drafters.push(match d {
             "ngram" => Box::new(NgramDrafter::default()),
+            "mtp" => Box::new(MtpDrafter::new(&w, a.device, a.threads)?),
             "self" => Box::new(DraftModelDrafter::from_weights(
                 w.clone(),
                 "self",
@@ -411,7 +425,7 @@ fn gate_spec(a: &SpecArgs) -> Result<usize> {
                 )?),
                 _ => {
                     return Err(Error::Input(format!(
-                        "spec: drafter `{d}`: expected ngram, self, random or draft:PATH"
+                        "spec: drafter `{d}`: expected ngram, mtp, self, random or draft:PATH"
                     )));
                 }
             },

@@ -36,6 +36,7 @@ fn args(shape: Shape, dtype: SynthDType, format: Format, out: PathBuf) -> SynthA
         out,
         format,
         layers: None,
+        mtp: 0,
         tokenizer: TokenizerSource::Gguf(real_model()),
         threads: None,
         shard_bytes: 1 << 30,

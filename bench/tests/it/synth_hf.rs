@@ -21,6 +21,7 @@ fn args(shape: Shape, dtype: SynthDType, seed: u64, out: PathBuf) -> SynthArgs {
         out,
         format: Format::Hf,
         layers: None,
+        mtp: 0,
         tokenizer: TokenizerSource::None { vocab: VOCAB },
         threads: None,
         shard_bytes: 1 << 30,

@@ -59,6 +59,21 @@ pub trait Exec: Ops {
         Ok(select_on_host(l, select))
     }
 
+    /// Sets the hidden input rows (`rows x width` values) of the following steps, for
+    /// [`Ops::hidden_in`] (MTP). Only backends with [`crate::ops::Feature::Mtp`] have it.
+    fn set_hidden_in(&mut self, _rows: Vec<f32>) -> Result<()> {
+        Err(crate::error::Error::Unsupported(format!(
+            "mtp speculation is not yet supported on {}",
+            self.name()
+        )))
+    }
+
+    /// Whether [`Exec::read_rows`] reads step activations after a step (the residual rows the
+    /// MTP drafter needs, [`crate::backend::Backend::keep_hidden`]).
+    fn reads_step_rows(&self) -> bool {
+        false
+    }
+
     /// The raw bytes of one KV block (all layers, K then V).
     fn kv_block_bytes(&self, block: u32) -> Result<Vec<u8>>;
 

@@ -110,6 +110,22 @@ pub trait Backend: Send {
     fn kv_block_bytes(&self, block: u32) -> Result<Vec<u8>>;
     /// Installs (or removes) a sink for named intermediates; backends may ignore it.
     fn set_dump(&mut self, _dump: Option<DumpFn>) {}
+    /// Keeps (or stops keeping) the final hidden state of every row of the following steps:
+    /// the residual stream after the last decoder layer, before the output norm (an MTP
+    /// drafter's input, spec/mtp.rs). Backends that cannot expose it refuse.
+    fn keep_hidden(&mut self, on: bool) -> Result<()> {
+        if !on {
+            return Ok(());
+        }
+        Err(Error::Unsupported(format!(
+            "mtp speculation is not yet supported on {}",
+            self.name()
+        )))
+    }
+    /// The hidden states kept since the last call: (row, values) in step and row order.
+    fn take_hidden(&mut self) -> Vec<(StepRow, Vec<f32>)> {
+        Vec::new()
+    }
     /// Runs one step like [`Backend::step`] and picks tokens: `select` has one entry per row
     /// that wants logits (in row order); `Some` rows get the token `sampling::sample` picks from
     /// their logits, `None` rows get their logits. The default runs `step` and samples on the

@@ -5,7 +5,8 @@
 
 use super::exec::{Exec, HeadRows};
 use super::{
-    Backend, DumpFn, SelectParams, StepBatch, StepOutput, StepSelected, check_batch, check_select,
+    Backend, DumpFn, SelectParams, StepBatch, StepOutput, StepRow, StepSelected, check_batch,
+    check_select,
 };
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -20,14 +21,27 @@ pub struct Runner<O: Exec> {
     /// The head input: the residual rows that want logits.
     head_in: Act,
     logits: Act,
+    /// Keep every row's final hidden state ([`Backend::keep_hidden`]).
+    keep_hidden: bool,
+    hidden: Vec<(StepRow, Vec<f32>)>,
 }
 
 impl<O: Exec> Runner<O> {
     /// Builds `weights`' architecture on `ops` (uploads its parameters, declares its
     /// activations, RoPE tables and KV layers).
-    pub fn build(mut ops: O, weights: &ModelWeights) -> Result<Runner<O>> {
+    pub fn build(ops: O, weights: &ModelWeights) -> Result<Runner<O>> {
+        Self::build_with(ops, weights, models::build)
+    }
+
+    /// [`Runner::build`] with another forward pass over the same weights (an MTP layer's,
+    /// models/mtp.rs).
+    pub fn build_with(
+        mut ops: O,
+        weights: &ModelWeights,
+        build: models::BuildFn<O>,
+    ) -> Result<Runner<O>> {
         let config = weights.config.clone();
-        let model = models::build(weights, &mut ops)?;
+        let model = build(weights, &mut ops)?;
         let head_in = ops.act("head_in", config.hidden, Rows::Head);
         let logits = ops.act("logits", config.vocab, Rows::Head);
         Ok(Runner {
@@ -36,6 +50,8 @@ impl<O: Exec> Runner<O> {
             config,
             head_in,
             logits,
+            keep_hidden: false,
+            hidden: Vec::new(),
         })
     }
 
@@ -65,8 +81,10 @@ impl<O: Exec> Runner<O> {
             .filter(|&i| batch.rows[i].want_logits)
             .collect();
         let (model, head_in, logits) = (&self.model, self.head_in, self.logits);
-        self.ops.execute(batch, &want, &mut |ops, head| {
+        let mut body_out = None;
+        let rows = self.ops.execute(batch, &want, &mut |ops, head| {
             let x = model.body(ops)?;
+            body_out = Some(x);
             let h = match head {
                 HeadRows::All => x,
                 HeadRows::Gather([]) => return Ok(()),
@@ -76,7 +94,13 @@ impl<O: Exec> Runner<O> {
                 }
             };
             model.head(ops, h, logits)
-        })
+        })?;
+        if let (true, Some(x)) = (self.keep_hidden, body_out) {
+            let all: Vec<usize> = (0..batch.rows.len()).collect();
+            let h = self.ops.read_rows(x, &all)?;
+            self.hidden.extend(batch.rows.iter().copied().zip(h));
+        }
+        Ok(rows)
     }
 }
 
@@ -127,5 +151,22 @@ impl<O: Exec> Backend for Runner<O> {
 
     fn set_dump(&mut self, dump: Option<DumpFn>) {
         self.ops.set_dump(dump);
+    }
+
+    fn keep_hidden(&mut self, on: bool) -> Result<()> {
+        if on && !self.ops.reads_step_rows() {
+            return Err(crate::error::Error::Unsupported(format!(
+                "mtp speculation is not yet supported on {} (it reads the target's hidden \
+                 states, which only the cpu backend exposes so far)",
+                self.ops.name()
+            )));
+        }
+        self.keep_hidden = on;
+        self.hidden.clear();
+        Ok(())
+    }
+
+    fn take_hidden(&mut self) -> Vec<(StepRow, Vec<f32>)> {
+        std::mem::take(&mut self.hidden)
     }
 }

@@ -90,8 +90,9 @@ struct Args {
     /// Run every CUDA step plainly, without CUDA graphs (also: MEMRA_CUDA_GRAPHS=0).
     #[arg(long)]
     no_cuda_graph: bool,
-    /// Speculative decoding: `ngram` (prompt lookup) or `draft:PATH` (a smaller model with the
-    /// same tokenizer). The output is the same as without it.
+    /// Speculative decoding: `ngram` (prompt lookup), `draft:PATH` (a smaller model with the
+    /// same tokenizer) or `mtp` (the model's own MTP layer, CPU only so far). The output is the
+    /// same as without it.
     #[arg(long)]
     spec: Option<String>,
     /// Most draft tokens checked per step (with --spec; adapted down or off when it does not
@@ -149,6 +150,14 @@ fn run(args: Args) -> Result<()> {
         graphs,
         kv_dtype: args.kv_dtype,
     };
+    let spec = match &args.spec {
+        Some(kind) => {
+            let cfg = SpecConfig::new(kind.parse::<DrafterKind>()?, args.spec_k)?;
+            let drafter = open_drafter(&cfg, args.device, args.threads, &model.weights)?;
+            Some((cfg, drafter))
+        }
+        None => None,
+    };
     let mut backend = open_backend_opts(args.device, model.weights, &opts)?;
     let req = GenRequest {
         prompt: ids.clone(),
@@ -174,12 +183,9 @@ fn run(args: Args) -> Result<()> {
         }
         Ok(())
     };
-    let (out, counts) = match &args.spec {
+    let (out, counts) = match spec {
         None => (generate(backend.as_mut(), &req, &mut on_token)?, None),
-        Some(kind) => {
-            let cfg = SpecConfig::new(kind.parse::<DrafterKind>()?, args.spec_k)?;
-            let vocab = backend.config().vocab;
-            let mut drafter = open_drafter(&cfg, args.device, args.threads, vocab)?;
+        Some((cfg, mut drafter)) => {
             let o = SpecOptions {
                 k: cfg.k,
                 adaptive: true,

@@ -74,6 +74,29 @@ impl Speculation {
         Ok(())
     }
 
+    /// Whether the drafter reads the target's hidden states (an MTP drafter).
+    pub(crate) fn wants_hidden(&self) -> bool {
+        self.drafter.wants_hidden()
+    }
+
+    /// Hands a step's hidden states to the drafter, per sequence: `ids[seq]` is the sequence
+    /// of the step's block table `seq`.
+    pub(crate) fn observe(
+        &mut self,
+        ids: &[SeqId],
+        rows: Vec<(crate::backend::StepRow, Vec<f32>)>,
+    ) {
+        let mut by: std::collections::BTreeMap<usize, Vec<_>> = Default::default();
+        for r in rows {
+            by.entry(r.0.seq).or_default().push(r);
+        }
+        for (seq, rows) in by {
+            if let Some(&id) = ids.get(seq) {
+                self.drafter.observe(id, &rows);
+            }
+        }
+    }
+
     /// A step of `rows` rows took `secs`.
     pub(crate) fn step_ran(&mut self, rows: usize, secs: f64) {
         self.cost.record(rows, secs);

@@ -173,14 +173,17 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         graphs: graphs_default(),
         kv_dtype: cfg.kv_dtype,
     };
-    let backend = open_backend_opts(cfg.device, weights, &opts)?;
     let spec = match &cfg.spec {
         Some(sc) => {
-            let d = open_drafter(sc, cfg.device, cfg.threads, vocab)?;
+            let d = open_drafter(sc, cfg.device, cfg.threads, &weights)?;
             Some(Speculation::new(sc.clone(), d))
         }
         None => None,
     };
+    let mut backend = open_backend_opts(cfg.device, weights, &opts)?;
+    if let Some(s) = &spec {
+        backend.keep_hidden(s.wants_hidden())?;
+    }
     let scfg = cfg.scheduler.clone();
     let reserve = scfg.admit_reserve_blocks;
     let sched = Scheduler::new(
@@ -392,6 +395,10 @@ impl Worker {
         drop(select);
         if let Some(s) = self.spec.as_mut() {
             s.step_ran(plan.batch.rows.len(), t.elapsed().as_secs_f64());
+            if s.wants_hidden() {
+                let ids: Vec<SeqId> = plan.seqs.iter().map(|p| p.id).collect();
+                s.observe(&ids, self.backend.take_hidden());
+            }
         }
         self.sched.complete(plan);
         if out.rows.len() != picks {

@@ -20,7 +20,7 @@ pub const DEF: ArchDef = ArchDef {
 };
 
 /// (GGUF suffix, HF suffix) of the llama family's layer tensors (qwen2 and qwen3 use them too).
-pub const NAMES: [(&str, &str); 14] = [
+pub const NAMES: [(&str, &str); 20] = [
     ("attn_norm.weight", "input_layernorm.weight"),
     ("attn_q.weight", "self_attn.q_proj.weight"),
     ("attn_k.weight", "self_attn.k_proj.weight"),
@@ -35,6 +35,13 @@ pub const NAMES: [(&str, &str); 14] = [
     ("ffn_gate.weight", "mlp.gate_proj.weight"),
     ("ffn_up.weight", "mlp.up_proj.weight"),
     ("ffn_down.weight", "mlp.down_proj.weight"),
+    // MTP layers (models/mtp.rs): llama.cpp `nextn.*`, DeepSeek-V3 HF names.
+    ("nextn.eh_proj.weight", "eh_proj.weight"),
+    ("nextn.enorm.weight", "enorm.weight"),
+    ("nextn.hnorm.weight", "hnorm.weight"),
+    ("nextn.shared_head_norm.weight", "shared_head.norm.weight"),
+    ("nextn.shared_head_head.weight", "shared_head.head.weight"),
+    ("nextn.embed_tokens.weight", "embed_tokens.weight"),
 ];
 
 fn tensors(c: &ModelConfig) -> Vec<TensorSpec> {
@@ -47,7 +54,10 @@ pub fn decoder_tensors(
     extra: impl Fn(usize) -> Vec<TensorSpec>,
 ) -> Vec<TensorSpec> {
     let (mut out, last) = blocks::embedding_tensors(c);
-    for l in 0..c.n_layers {
+    for l in 0..c.n_layers + c.mtp_layers {
+        if l >= c.n_layers {
+            out.extend(super::mtp::tensors(c, l));
+        }
         out.push(TensorSpec::norm(Role::AttnNorm(l), c.hidden));
         out.extend(blocks::qkv_tensors(c, l));
         out.extend(extra(l));
@@ -59,11 +69,45 @@ pub fn decoder_tensors(
     out
 }
 
-struct Layer<O: Ops> {
+/// One pre-norm decoder layer (also an MTP layer's block, models/mtp.rs).
+pub(crate) struct Layer<O: Ops> {
     attn_norm: O::Vector,
     attn: SelfAttn<O>,
     ffn_norm: O::Vector,
     ffn: GluFfn<O>,
+}
+
+impl<O: Ops> Layer<O> {
+    /// Loads layer `l` (its own KV layer).
+    pub(crate) fn load(ops: &mut O, w: &ModelWeights, l: usize) -> Result<Layer<O>> {
+        Ok(Layer {
+            attn_norm: ops.vector(w.get(Role::AttnNorm(l))?)?,
+            attn: SelfAttn::load(ops, w, l)?,
+            ffn_norm: ops.vector(w.get(Role::FfnNorm(l))?)?,
+            ffn: GluFfn::load(ops, w, l)?,
+        })
+    }
+
+    /// `a.x += attn(a.x)`, then `a.x += ffn(a.x)`.
+    pub(crate) fn forward(
+        &self,
+        ops: &mut O,
+        a: &Acts,
+        l: usize,
+        (rope, params, eps): (RopeId, AttnParams, f32),
+    ) -> Result<()> {
+        let s = AttnStep {
+            norm: &self.attn_norm,
+            eps,
+            rope,
+            params,
+        };
+        self.attn.forward(ops, a, l, &s)?;
+        self.ffn
+            .forward(ops, a, l, &self.ffn_norm, eps, Glu::Silu)?;
+        ops.dump("l_out", l, a.x);
+        Ok(())
+    }
 }
 
 /// A llama-family model on one backend.
@@ -81,12 +125,7 @@ pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>
     let emb = Embedding::load(ops, w)?;
     let mut layers = Vec::with_capacity(c.n_layers);
     for l in 0..c.n_layers {
-        layers.push(Layer {
-            attn_norm: ops.vector(w.get(Role::AttnNorm(l))?)?,
-            attn: SelfAttn::load(ops, w, l)?,
-            ffn_norm: ops.vector(w.get(Role::FfnNorm(l))?)?,
-            ffn: GluFfn::load(ops, w, l)?,
-        });
+        layers.push(Layer::load(ops, w, l)?);
     }
     Ok(Box::new(Llama {
         emb,
@@ -103,15 +142,7 @@ impl<O: Ops> Forward<O> for Llama<O> {
         let a = &self.acts;
         self.emb.embed(ops, a.x)?;
         for (l, w) in self.layers.iter().enumerate() {
-            let s = AttnStep {
-                norm: &w.attn_norm,
-                eps: self.eps,
-                rope: self.rope,
-                params: self.attn,
-            };
-            w.attn.forward(ops, a, l, &s)?;
-            w.ffn.forward(ops, a, l, &w.ffn_norm, self.eps, Glu::Silu)?;
-            ops.dump("l_out", l, a.x);
+            w.forward(ops, a, l, (self.rope, self.attn, self.eps))?;
         }
         Ok(a.x)
     }

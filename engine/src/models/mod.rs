@@ -12,6 +12,7 @@ pub mod blocks;
 pub mod gemma3;
 pub mod llama;
 pub mod llama_postnorm;
+pub mod mtp;
 pub mod qk_order;
 pub mod qwen2;
 pub mod qwen3;
@@ -94,6 +95,9 @@ pub trait Forward<O: Ops>: Send {
     /// The output head: `x` (step rows, or head rows) into `logits` (head rows).
     fn head(&self, ops: &mut O, x: Act, logits: Act) -> Result<()>;
 }
+
+/// A function building a forward pass of weights on a backend's ops ([`build`], [`mtp::build`]).
+pub type BuildFn<O> = fn(&ModelWeights, &mut O) -> Result<Box<dyn Forward<O>>>;
 
 /// Uploads `w` to `ops` and returns its architecture's forward pass.
 pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>>> {

@@ -58,6 +58,7 @@ pub fn tiny_config(arch: Arch, vocab: usize) -> ModelConfig {
             expert_ffn: 32,
             norm_topk: true,
         }),
+        mtp_layers: 0,
     }
 }
 

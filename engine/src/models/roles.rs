@@ -35,6 +35,19 @@ pub enum Role {
     GateExps(usize),
     UpExps(usize),
     DownExps(usize),
+    /// Multi-token prediction (models/mtp.rs), on layers `n_layers..`: the projection of
+    /// `[enorm(embed(t)), hnorm(h)]` `[hidden, 2 * hidden]`.
+    MtpEhProj(usize),
+    /// RMSNorm of the embedded next token.
+    MtpEnorm(usize),
+    /// RMSNorm of the previous hidden state.
+    MtpHnorm(usize),
+    /// The final norm before the (shared) output head.
+    MtpSharedNorm(usize),
+    /// The MTP layer's own output head (optional: the model's when absent).
+    MtpHead(usize),
+    /// The MTP layer's own embedding (optional: the model's when absent).
+    MtpEmbed(usize),
 }
 
 /// The placeholder for the expert index in the HF name of a stacked-experts role
@@ -47,7 +60,7 @@ pub fn expert_name(stack_hf_name: &str, e: usize) -> String {
 }
 
 /// GGUF suffixes of the per-layer roles, in [`Role`] order from `AttnNorm`.
-const GGUF_LAYER: [&str; 20] = [
+const GGUF_LAYER: [&str; 26] = [
     "attn_norm.weight",
     "attn_q.weight",
     "attn_k.weight",
@@ -68,6 +81,12 @@ const GGUF_LAYER: [&str; 20] = [
     "ffn_gate_exps.weight",
     "ffn_up_exps.weight",
     "ffn_down_exps.weight",
+    "nextn.eh_proj.weight",
+    "nextn.enorm.weight",
+    "nextn.hnorm.weight",
+    "nextn.shared_head_norm.weight",
+    "nextn.shared_head_head.weight",
+    "nextn.embed_tokens.weight",
 ];
 
 fn layer_role(i: usize, l: usize) -> Option<Role> {
@@ -92,6 +111,12 @@ fn layer_role(i: usize, l: usize) -> Option<Role> {
         17 => Role::GateExps(l),
         18 => Role::UpExps(l),
         19 => Role::DownExps(l),
+        20 => Role::MtpEhProj(l),
+        21 => Role::MtpEnorm(l),
+        22 => Role::MtpHnorm(l),
+        23 => Role::MtpSharedNorm(l),
+        24 => Role::MtpHead(l),
+        25 => Role::MtpEmbed(l),
         _ => return None,
     })
 }
@@ -119,6 +144,12 @@ fn role_index(r: Role) -> Option<(usize, usize)> {
         Role::GateExps(l) => (17, l),
         Role::UpExps(l) => (18, l),
         Role::DownExps(l) => (19, l),
+        Role::MtpEhProj(l) => (20, l),
+        Role::MtpEnorm(l) => (21, l),
+        Role::MtpHnorm(l) => (22, l),
+        Role::MtpSharedNorm(l) => (23, l),
+        Role::MtpHead(l) => (24, l),
+        Role::MtpEmbed(l) => (25, l),
         Role::TokenEmbd | Role::OutputNorm | Role::Output => return None,
     })
 }

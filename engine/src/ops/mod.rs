@@ -76,6 +76,8 @@ pub enum Feature {
     Softcap,
     /// [`Ops::experts`] and [`Ops::moe`].
     Moe,
+    /// [`Ops::hidden_in`] (multi-token prediction, models/mtp.rs).
+    Mtp,
 }
 
 impl std::fmt::Display for Feature {
@@ -86,6 +88,7 @@ impl std::fmt::Display for Feature {
             Feature::Scale => "scale",
             Feature::Softcap => "logit softcapping",
             Feature::Moe => "mixture-of-experts FFN (the moe op)",
+            Feature::Mtp => "multi-token prediction (mtp speculation; the hidden_in op)",
         })
     }
 }
@@ -177,6 +180,14 @@ pub trait Ops: Send + Sized + 'static {
 
     /// `out[r] = dequantize(table[token[r]])`.
     fn embed(&mut self, table: &Self::Mat, out: Act) -> Result<()>;
+    /// `out[r]` = row `r` of the step's hidden input (an MTP layer's previous hidden state,
+    /// set by [`crate::backend::exec::Exec::set_hidden_in`]). Only backends with
+    /// [`Feature::Mtp`] have it.
+    fn hidden_in(&mut self, _out: Act) -> Result<()> {
+        Err(crate::error::Error::Unsupported(
+            "mtp speculation is not yet supported on this backend".into(),
+        ))
+    }
     /// `y[r][n] = dot(W[n], x[r])`.
     fn matmul(&mut self, w: &Self::Mat, x: Act, y: Act) -> Result<()>;
     /// `ys[i] = W[i] x` for each matrix of `w`.

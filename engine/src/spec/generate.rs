@@ -55,12 +55,38 @@ pub fn generate_spec_timed(
     opts: SpecOptions,
     on_token: &mut dyn FnMut(u32) -> Result<()>,
 ) -> Result<(GenOutput, SpecCounts, SpecTiming)> {
+    let hidden = drafter.wants_hidden();
+    if hidden {
+        backend.keep_hidden(true)?;
+    }
+    let r = run_spec(backend, drafter, req, opts, on_token);
+    if hidden {
+        backend.keep_hidden(false)?;
+    }
+    r
+}
+
+/// Hands the hidden states of the last step(s) to a drafter that reads them.
+fn observe(backend: &mut dyn Backend, drafter: &mut dyn Drafter) {
+    if drafter.wants_hidden() {
+        drafter.observe(0, &backend.take_hidden());
+    }
+}
+
+fn run_spec(
+    backend: &mut dyn Backend,
+    drafter: &mut dyn Drafter,
+    req: &GenRequest,
+    opts: SpecOptions,
+    on_token: &mut dyn FnMut(u32) -> Result<()>,
+) -> Result<(GenOutput, SpecCounts, SpecTiming)> {
     let (total, blocks) = check_gen(backend, req)?;
     let table: Vec<u32> = (0..blocks as u32).collect();
     let t0 = Instant::now();
     let want_logits = req.logits_top > 0 || req.keep_logits;
     let mut history = req.prompt.clone();
     let first = prefill(backend, req, &table, want_logits)?;
+    observe(backend, drafter);
     let mut out = GenOutput {
         tokens: Vec::new(),
         finish_reason: FinishReason::Length,
@@ -111,6 +137,7 @@ pub fn generate_spec_timed(
         let ts = Instant::now();
         timing.draft_secs += (ts - td).as_secs_f64();
         let picks = verify(backend, req, &table, &history, &drafts, want_logits)?;
+        observe(backend, drafter);
         let step = ts.elapsed().as_secs_f64();
         cost.record(drafts.len() + 1, step);
         if drafts.is_empty() {

@@ -14,6 +14,7 @@
 pub mod control;
 pub mod draft_model;
 pub mod generate;
+pub mod mtp;
 pub mod ngram;
 
 use std::path::PathBuf;
@@ -43,6 +44,17 @@ pub trait Drafter: Send {
     fn draft(&mut self, reqs: &[DraftReq]) -> Result<Vec<Vec<u32>>>;
     /// The sequence ended: drop its state.
     fn forget(&mut self, _id: u64) {}
+    /// Whether the drafter reads the target's final hidden states (an MTP drafter): the
+    /// caller then keeps them ([`crate::backend::Backend::keep_hidden`]) and hands every
+    /// step's rows of each sequence to [`Drafter::observe`].
+    fn wants_hidden(&self) -> bool {
+        false
+    }
+    /// The target's hidden states of rows of sequence `id` (the row's token and position; the
+    /// row's `seq` is the step's, not meaningful here), in position order, as a step computed
+    /// them: rows of drafts the target went on to reject included (the drafter keeps the rows
+    /// its next request's tokens agree with).
+    fn observe(&mut self, _id: u64, _rows: &[(crate::backend::StepRow, Vec<f32>)]) {}
 }
 
 /// Which drafter a model uses.
@@ -52,6 +64,8 @@ pub enum DrafterKind {
     Ngram,
     /// A smaller model with the same tokenizer.
     Model(PathBuf),
+    /// The target's own multi-token-prediction layer (models/mtp.rs).
+    Mtp,
 }
 
 impl std::str::FromStr for DrafterKind {
@@ -59,10 +73,11 @@ impl std::str::FromStr for DrafterKind {
     fn from_str(s: &str) -> Result<Self> {
         match s {
             "ngram" => Ok(DrafterKind::Ngram),
+            "mtp" => Ok(DrafterKind::Mtp),
             _ => match s.strip_prefix("draft:") {
                 Some(p) if !p.is_empty() => Ok(DrafterKind::Model(PathBuf::from(p))),
                 _ => Err(Error::Input(format!(
-                    "speculative drafter `{s}`: expected ngram or draft:PATH"
+                    "speculative drafter `{s}`: expected ngram, mtp or draft:PATH"
                 ))),
             },
         }
@@ -120,12 +135,12 @@ impl SpecCounts {
     }
 }
 
-/// Opens the drafter `cfg` names; a draft model runs on `device` with `kv_blocks` blocks.
+/// Opens the drafter `cfg` names for the target `target`; a draft model runs on `device`.
 pub fn open_drafter(
     cfg: &SpecConfig,
     device: crate::backend::Device,
     threads: usize,
-    target_vocab: usize,
+    target: &crate::models::ModelWeights,
 ) -> Result<Box<dyn Drafter>> {
     match &cfg.drafter {
         DrafterKind::Ngram => Ok(Box::new(ngram::NgramDrafter::default())),
@@ -133,8 +148,9 @@ pub fn open_drafter(
             p,
             device,
             threads,
-            target_vocab,
+            target.config.vocab,
         )?)),
+        DrafterKind::Mtp => Ok(Box::new(mtp::MtpDrafter::new(target, device, threads)?)),
     }
 }
 
@@ -158,8 +174,9 @@ mod tests {
             DrafterKind::Model("/m/a.gguf".into())
         );
         let e = "draft:".parse::<DrafterKind>().unwrap_err().to_string();
-        assert!(e.contains("ngram or draft:PATH"), "{e}");
-        assert!("mtp".parse::<DrafterKind>().is_err());
+        assert!(e.contains("ngram, mtp or draft:PATH"), "{e}");
+        assert_eq!("mtp".parse::<DrafterKind>().unwrap(), DrafterKind::Mtp);
+        assert!("mtp2".parse::<DrafterKind>().is_err());
         assert!(SpecConfig::new(DrafterKind::Ngram, 0).is_err());
         assert!(SpecConfig::new(DrafterKind::Ngram, MAX_K + 1).is_err());
     }

@@ -18,7 +18,8 @@ pub fn gguf_meta(c: &ModelConfig) -> Vec<(String, MetaValue)> {
         ("general.architecture".into(), MetaValue::Str(a.into())),
         (k("context_length"), u(c.max_ctx)),
         (k("embedding_length"), u(c.hidden)),
-        (k("block_count"), u(c.n_layers)),
+        // llama.cpp counts the MTP (`nextn`) layers in the block count.
+        (k("block_count"), u(c.n_layers + c.mtp_layers)),
         (k("feed_forward_length"), u(c.ffn)),
         (k("attention.head_count"), u(c.n_heads)),
         (k("attention.head_count_kv"), u(c.n_kv_heads)),
@@ -31,6 +32,9 @@ pub fn gguf_meta(c: &ModelConfig) -> Vec<(String, MetaValue)> {
     ];
     if let Some(p) = &c.gemma3 {
         m.extend(gemma3::gguf_keys(p));
+    }
+    if c.mtp_layers > 0 {
+        m.push((k("nextn_predict_layers"), u(c.mtp_layers)));
     }
     if let Some(p) = &c.moe {
         m.extend(qwen3_moe::gguf_keys(c.arch, p));

@@ -24,5 +24,6 @@ mod reference_fixture;
 mod run_gen;
 mod safetensors;
 mod spec_generate;
+mod spec_mtp;
 mod tiny_files;
 mod tokenizer;

@@ -29,6 +29,7 @@ fn tiny_config() -> ModelConfig {
         tie_embeddings: true,
         gemma3: None,
         moe: None,
+        mtp_layers: 0,
     }
 }
 

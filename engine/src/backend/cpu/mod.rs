@@ -78,6 +78,8 @@ pub struct CpuOps {
     /// Per RoPE table, per step row: (cos, sin) at the row's position.
     rope_rows: Vec<Vec<(Vec<f32>, Vec<f32>)>>,
     dump: Option<DumpFn>,
+    /// The hidden input rows of [`Ops::hidden_in`].
+    hidden_in: Vec<f32>,
 }
 
 fn err(what: String) -> Error {
@@ -108,6 +110,7 @@ impl CpuOps {
             ropes: Vec::new(),
             rope_rows: Vec::new(),
             dump: None,
+            hidden_in: Vec::new(),
         })
     }
 
@@ -227,6 +230,22 @@ impl Ops for CpuOps {
             });
         self.acts[out.id].data = data;
         r
+    }
+
+    fn hidden_in(&mut self, out: Act) -> Result<()> {
+        let n = self.rows(out) * out.width;
+        match self.hidden_in.get(..n) {
+            Some(src) => {
+                self.acts[out.id].data[..n].copy_from_slice(src);
+                Ok(())
+            }
+            None => Err(err(format!(
+                "hidden_in: {} values for {} rows of {}",
+                self.hidden_in.len(),
+                self.rows(out),
+                out.width
+            ))),
+        }
     }
 
     fn matmul(&mut self, w: &Tensor, x: Act, y: Act) -> Result<()> {
@@ -448,6 +467,15 @@ impl Exec for CpuOps {
                     .ok_or_else(|| err(format!("row {r} beyond the activation")))
             })
             .collect()
+    }
+
+    fn set_hidden_in(&mut self, rows: Vec<f32>) -> Result<()> {
+        self.hidden_in = rows;
+        Ok(())
+    }
+
+    fn reads_step_rows(&self) -> bool {
+        true
     }
 
     fn kv_block_bytes(&self, block: u32) -> Result<Vec<u8>> {

@@ -484,7 +484,7 @@ impl Ops for CudaOps {
 }
 
 /// Whether the CUDA backend has `f`'s kernels: every feature (the mixture-of-experts FFN runs
-/// on the device, moe.rs). Sliding windows run on the CUDA-core split attention only
+/// on the device, moe.rs) but the MTP drafter's hidden-state hand-over. Sliding windows run on the CUDA-core split attention only
 /// (`attn_mma_eligible`).
 fn gpu_has(f: Feature) -> bool {
     match f {
@@ -493,6 +493,9 @@ fn gpu_has(f: Feature) -> bool {
         | Feature::Scale
         | Feature::Softcap
         | Feature::Moe => true,
+        // TODO(gpu): Ops::hidden_in and Exec::set_hidden_in / read-back of the step's
+        // residual rows (the MTP drafter); untested without a GPU, so refused.
+        Feature::Mtp => false,
     }
 }
 
@@ -501,7 +504,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_gpu_has_every_feature() {
+    fn the_gpu_has_every_feature_but_mtp() {
         let all = [
             Feature::GeluTanh,
             Feature::SlidingWindow,
@@ -510,5 +513,6 @@ mod tests {
             Feature::Moe,
         ];
         assert!(all.iter().all(|&f| gpu_has(f)));
+        assert!(!gpu_has(Feature::Mtp));
     }
 }

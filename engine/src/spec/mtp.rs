@@ -1,0 +1,234 @@
+//! The MTP drafter: the target's own multi-token-prediction layer (models/mtp.rs) drafts from
+//! the target's final hidden states.
+//!
+//! MTP position `i` takes the target's hidden state `h_i` and the token `t_{i+1}` and predicts
+//! `t_{i+2}`. For a sequence of `n` tokens (the last one not yet run by the target), the drafter
+//! catches its own KV up to MTP position `n - 2` with the target's hidden states (which the
+//! caller hands over after every target step, [`Drafter::observe`]); that row's logits give
+//! draft 1. Drafts 2..K chain MTP module 0: position `n - 2 + j` takes the MTP layer's own
+//! output hidden state of the position before and draft `j` (vLLM's and llama.cpp's choice
+//! for checkpoints with one MTP layer; a checkpoint with several still drafts with its first).
+//! Drafting is greedy (argmax). The chained positions' KV is rewritten on the next call: only
+//! positions computed from the target's own hidden states and committed tokens are kept, so a
+//! rejected draft leaves nothing behind.
+//!
+//! Runs on the CPU backend only for now: CUDA neither exposes its hidden states nor has the
+//! `hidden_in` op (a clear error says so).
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::{DraftReq, Drafter};
+use crate::backend::cpu::{CpuBackend, CpuOps, CpuOptions};
+use crate::backend::exec::Exec;
+use crate::backend::{Backend, Device, StepBatch, StepRow};
+use crate::error::{Error, Result};
+use crate::kv::{BlockAllocator, blocks_for};
+use crate::models::{ModelWeights, mtp};
+use crate::sampling::argmax;
+
+const BLOCK: usize = 16;
+
+/// What the drafter holds of one sequence.
+#[derive(Default)]
+struct MtpSeq {
+    blocks: Vec<u32>,
+    /// The tokens at positions `0..known.len()` of the target's hidden states received.
+    known: Vec<u32>,
+    /// Received hidden states not yet used, by position.
+    hidden: BTreeMap<usize, Vec<f32>>,
+    /// MTP positions `0..done` hold KV computed from the target's hidden states and committed
+    /// tokens (the chained positions after them are rewritten by every call).
+    done: usize,
+}
+
+/// Drafts with the target's MTP layer.
+pub struct MtpDrafter {
+    backend: CpuBackend,
+    alloc: BlockAllocator,
+    seqs: HashMap<u64, MtpSeq>,
+}
+
+impl MtpDrafter {
+    /// The drafter of `target`'s MTP module 0; an error naming the missing layers when it has
+    /// none, or when `device` is a GPU.
+    pub fn new(target: &ModelWeights, device: Device, threads: usize) -> Result<MtpDrafter> {
+        mtp::require(target)?;
+        if let Device::Cuda(_) = device {
+            return Err(Error::Unsupported(
+                "mtp speculation is not yet supported on cuda (use --device cpu)".into(),
+            ));
+        }
+        let c = &target.config;
+        let blocks = (8 * blocks_for(c.max_ctx, BLOCK)).min(512);
+        let opts = CpuOptions {
+            threads,
+            kv_blocks: blocks,
+            block_size: BLOCK,
+            kv_dtype: Default::default(),
+        };
+        let mut backend = CpuBackend::build_with(CpuOps::new(&opts)?, target, mtp::build)?;
+        backend.keep_hidden(true)?;
+        Ok(MtpDrafter {
+            backend,
+            alloc: BlockAllocator::new(blocks),
+            seqs: HashMap::new(),
+        })
+    }
+
+    /// The MTP KV positions `id` holds from the target's own states (tests).
+    pub fn done(&self, id: u64) -> usize {
+        self.seqs.get(&id).map_or(0, |s| s.done)
+    }
+
+    /// Makes `id`'s state agree with `tokens`; returns the first MTP position to compute
+    /// (positions up to `tokens.len() - 2` must be), or `None` when a hidden state it needs is
+    /// missing or the KV pool is short (then no draft this time).
+    fn prepare(&mut self, id: u64, tokens: &[u32], k: usize) -> Option<usize> {
+        let n = tokens.len();
+        let s = self.seqs.get_mut(&id)?;
+        let c = s
+            .known
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        s.known.truncate(c);
+        s.hidden.retain(|&p, _| p < c);
+        s.done = s.done.min(c.saturating_sub(1));
+        if n < 2 || c + 1 < n {
+            return None;
+        }
+        let start = s.done.min(n - 2);
+        if (start..n - 1).any(|p| !s.hidden.contains_key(&p)) {
+            return None;
+        }
+        let need = blocks_for(n + k - 2, BLOCK);
+        while s.blocks.len() < need {
+            s.blocks.push(self.alloc.alloc()?);
+        }
+        Some(start)
+    }
+
+    /// One MTP step: `rows` of (sequence index, token, position, hidden input); returns the
+    /// logits and hidden output of each sequence's last row (rows of one sequence adjacent).
+    fn step(
+        &mut self,
+        rows: &[(usize, u32, usize, Vec<f32>)],
+        tables: Vec<Vec<u32>>,
+    ) -> Result<Vec<(Vec<f32>, Vec<f32>)>> {
+        let mut batch = StepBatch {
+            rows: Vec::with_capacity(rows.len()),
+            block_tables: tables,
+        };
+        let mut input = Vec::new();
+        for (j, &(seq, token, pos, ref h)) in rows.iter().enumerate() {
+            let last = rows.get(j + 1).is_none_or(|r| r.0 != seq);
+            batch.rows.push(StepRow {
+                token,
+                pos: pos as u32,
+                seq,
+                want_logits: last,
+            });
+            input.extend_from_slice(h);
+        }
+        self.backend.ops_mut().set_hidden_in(input)?;
+        let logits = self.backend.step(&batch)?.logits;
+        let hidden = self.backend.take_hidden();
+        let outs = hidden
+            .into_iter()
+            .filter(|(r, _)| r.want_logits)
+            .map(|(_, h)| h);
+        Ok(logits.into_iter().zip(outs).collect())
+    }
+}
+
+impl Drafter for MtpDrafter {
+    fn name(&self) -> String {
+        "mtp".into()
+    }
+
+    fn draft(&mut self, reqs: &[DraftReq]) -> Result<Vec<Vec<u32>>> {
+        let ctx = self.backend.config().max_ctx;
+        let mut out = vec![Vec::new(); reqs.len()];
+        // (request index, draft count, first MTP position to compute).
+        let mut live: Vec<(usize, usize, usize)> = Vec::new();
+        for (i, r) in reqs.iter().enumerate() {
+            let k = r.k.min(ctx.saturating_sub(r.tokens.len()));
+            if k == 0 {
+                continue;
+            }
+            match self.prepare(r.id, r.tokens, k) {
+                Some(start) => live.push((i, k, start)),
+                None => continue,
+            }
+        }
+        // Round 0 catches up with the target's states; later rounds chain their own.
+        let mut chain: Vec<Vec<f32>> = vec![Vec::new(); reqs.len()];
+        for round in 0.. {
+            live.retain(|&(i, k, _)| out[i].len() < k);
+            if live.is_empty() {
+                break;
+            }
+            let mut rows: Vec<(usize, u32, usize, Vec<f32>)> = Vec::new();
+            let mut tables = Vec::new();
+            for (si, &(i, _, start)) in live.iter().enumerate() {
+                let r = &reqs[i];
+                let s = &self.seqs[&r.id];
+                let n = r.tokens.len();
+                if round == 0 {
+                    for p in start..n - 1 {
+                        rows.push((si, r.tokens[p + 1], p, s.hidden[&p].clone()));
+                    }
+                } else {
+                    let t = out[i][round - 1];
+                    rows.push((si, t, n - 2 + round, std::mem::take(&mut chain[i])));
+                }
+                tables.push(s.blocks.clone());
+            }
+            let res = self.step(&rows, tables)?;
+            for (&(i, _, _), (logits, h)) in live.iter().zip(res) {
+                out[i].push(argmax(&logits));
+                chain[i] = h;
+                if round == 0 {
+                    let r = &reqs[i];
+                    let n = r.tokens.len();
+                    if let Some(s) = self.seqs.get_mut(&r.id) {
+                        s.done = n - 1;
+                        // Keep the last state used: a repeated call recomputes that position.
+                        s.hidden.retain(|&p, _| p + 2 >= n);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn forget(&mut self, id: u64) {
+        if let Some(s) = self.seqs.remove(&id) {
+            for b in s.blocks {
+                if self.alloc.release(b).is_ok() {
+                    let _ = self.alloc.push_free(b);
+                }
+            }
+        }
+    }
+
+    fn wants_hidden(&self) -> bool {
+        true
+    }
+
+    fn observe(&mut self, id: u64, rows: &[(StepRow, Vec<f32>)]) {
+        let s = self.seqs.entry(id).or_default();
+        for (r, h) in rows {
+            let p = r.pos as usize;
+            if p > s.known.len() {
+                // A gap (rows this drafter never saw): only earlier positions stay usable.
+                continue;
+            }
+            s.known.truncate(p);
+            s.hidden.retain(|&q, _| q < p);
+            s.known.push(r.token);
+            s.hidden.insert(p, h.clone());
+        }
+    }
+}
