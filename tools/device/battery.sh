@@ -9,7 +9,10 @@
 #   and synthetic llama3-8b at q4_k_m, q8_0, f16 (CUDA graphs on), plus SmolLM2 and q4_k_m with
 #   --no-cuda-graph and with seeded top-k sampling; gemma: invariance and graph on a tiny random
 #   gemma3 (sliding window 4), and on Gemma 3 270M when staged: invariance, graph, tokens vs
-#   verify/fixtures/gemma3-270m-reference.json, run-gen tok/s.
+#   verify/fixtures/gemma3-270m-reference.json, run-gen tok/s; moe: invariance and graph on a tiny
+#   random qwen3moe, then the synthetic qwen3-30b-a3b q4_k_m (run-gen tok/s); long (issue 11): a
+#   128k-context llama3-8b q4_k_m, invariance at an 8,192-token prompt per KV format (f16, bf16,
+#   q8_0), the cached-turn TTFT (5,700 + 50 tokens) and decode at depth 8,192 / 32,768 per format.
 # Needs $HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf staged (docs/DEVICE.md); Gemma 3 270M
 # ($HOME/models/gemma-3-270m-q4_k_m.gguf) is optional.
 # Env: BATTERY_STEPS (default "smi kernels synth inv graph tokens speed"), BATTERY_SYNTH (llama3-8b
@@ -93,6 +96,42 @@ if has gemma; then
       --fixture verify/fixtures/gemma3-270m-reference.json
   else
     row "Gemma 3 270M" "not staged ($GEMMA): tiny gemma3 only"
+  fi
+fi
+
+if has moe; then
+  # The tiny random qwen3moe (8 experts, top 3): routing, expert products and the combine.
+  run invariance-tiny-qwen3moe 240 "$BIN/memra-verify" invariance --device cuda:0 --tiny qwen3moe --max-m 64
+  run graph-tiny-qwen3moe 240 "$BIN/memra-verify" graph --device cuda:0 --tiny qwen3moe --max-m 64
+  f="$MODELS/synth-qwen3-30b-a3b-q4_k_m.gguf"
+  if [ ! -e "$f" ]; then
+    run synth-qwen3-30b-a3b 400 "$BIN/memra-bench" synth --shape qwen3-30b-a3b --dtype q4_k_m \
+      --tokenizer-from "$TOKSRC" --out "$f.tmp" --quiet && mv "$f.tmp" "$f"
+  fi
+  [ -e "$f" ] && run invariance-qwen3-30b-a3b 400 "$BIN/memra-verify" invariance --device cuda:0 "$f" --max-m 16
+fi
+
+if has long; then
+  # Issue 11: the 128k-context synthetic llama3-8b (Llama-3.1 rope scaling, as llama.cpp reads it).
+  f="$MODELS/synth-llama3-8b-q4_k_m-128k.gguf"
+  if [ ! -e "$f" ]; then
+    run synth-llama3-8b-128k 240 "$BIN/memra-bench" synth --shape llama3-8b --dtype q4_k_m --ctx 131072 \
+      --llamacpp-rope --tokenizer-from "$TOKSRC" --out "$f.tmp" --quiet && mv "$f.tmp" "$f"
+  fi
+  if [ -e "$f" ]; then
+    for kv in f16 bf16 q8_0; do
+      run "invariance-8k-$kv" 300 "$BIN/memra-verify" --kv-dtype "$kv" invariance "$f" --device cuda:0 \
+        --prompt-len 8192 --max-m 8
+    done
+    run ttft-cached-turn 200 "$BIN/memra-bench" ttft "$f" --device cuda:0 --prompt 5700 --turn 50 --gen 1 \
+      --runs 5 --shape llama3-8b --dtype Q4_K_M --out "$OUT/long.jsonl"
+    grep ttft "$LOG/ttft-cached-turn.log" | tee -a "$SUMMARY"
+    for kv in f16 bf16 q8_0; do
+      run "decode-depth-$kv" 300 "$BIN/memra-bench" decode "$f" --device cuda:0 --prompt 512 \
+        --depth 8192,32768 --gen 128 --runs 3 --kv-dtype "$kv" --shape llama3-8b --dtype Q4_K_M \
+        --out "$OUT/long.jsonl"
+      grep decode "$LOG/decode-depth-$kv.log" | tee -a "$SUMMARY"
+    done
   fi
 fi
 
