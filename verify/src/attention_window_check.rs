@@ -133,9 +133,6 @@ impl Rig<'_> {
             stages: 0,
             grid_y: 0,
             window,
-            // The device's choices.
-            stages: 0,
-            grid_y: 0,
         };
         g.attention(&a)?;
         g.download(&dout)
