@@ -29,7 +29,7 @@
 
 // The first position a row of `n` = pos + 1 positions sees under `window` (0: none). Shared
 // with attn_combine (attn_mma.cu repeats it: the modules compile apart) and mirrored on the
-// host by attn_window_start (engine/src/backend/cuda/device.rs).
+// host by attn_window_start (engine/src/backend/cuda/attention.rs).
 __device__ __forceinline__ u32 attn_window_lo(u32 n, u32 window) { return window != 0 && n > window ? n - window : 0u; }
 
 __device__ __forceinline__ float warp_sum_tree(float s) {

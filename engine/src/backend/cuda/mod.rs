@@ -12,6 +12,7 @@
 //! experts on the device (moe.rs); `MEMRA_PROFILE_OPS=1` times the ops of plain steps
 //! (opprof.rs).
 
+mod attention;
 mod device;
 mod graph;
 mod mat;
@@ -24,11 +25,11 @@ pub mod profile;
 pub mod select;
 mod step;
 
-pub use device::{
-    ATTN_SPLIT, Arg, AttnArgs, AttnPrep, Gpu, RopeKvArgs, TOPK_MAX, attn_first_split,
-    attn_folded_floats, attn_mma_eligible, attn_mma_kernel, attn_part_floats, attn_row_splits,
-    attn_tile_tokens, attn_window_start, device_count, kernel_supports, quiet_catch,
+pub use attention::{
+    ATTN_SPLIT, AttnArgs, AttnPrep, attn_first_split, attn_folded_floats, attn_mma_eligible,
+    attn_mma_kernel, attn_part_floats, attn_row_splits, attn_tile_tokens, attn_window_start,
 };
+pub use device::{Arg, Gpu, RopeKvArgs, TOPK_MAX, device_count, kernel_supports, quiet_catch};
 pub use graph::BUCKETS;
 pub use mat::{Mat, Mats, Products, Use};
 

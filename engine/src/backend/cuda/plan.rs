@@ -14,7 +14,7 @@
 //!   and of the graph state, the RoPE tables (one; gemma3's local and global layers have one each),
 //!   plus [`CONTEXT_BYTES`] for kernel modules, the driver and per-step uploads.
 
-use super::device::ATTN_SPLIT;
+use super::attention::ATTN_SPLIT;
 use super::step::SCORE_FLOATS;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -580,7 +580,7 @@ mod tests {
             (131072, 256),
         ] {
             let part = ctx.max(1).div_ceil(ATTN_SPLIT) * (hd + 2);
-            assert_eq!(part, super::super::device::attn_part_floats(ctx, hd));
+            assert_eq!(part, super::super::attention::attn_part_floats(ctx, hd));
         }
     }
 
