@@ -46,6 +46,10 @@ struct SpeedFlags {
     /// conversation's next user message) instead of the same prompt again.
     #[arg(long, default_value_t = 0)]
     turn: usize,
+    /// decode only: constrain the timed requests by this JSON Schema file (structured output,
+    /// as `response_format: json_schema`); the rows say `"constraint": "json_schema"`.
+    #[arg(long)]
+    schema: Option<PathBuf>,
     /// The KV cache's element format: f16 (default), bf16, q8_0 or f32.
     #[arg(long, default_value = "f16")]
     kv_dtype: memra_engine::engine::KvDtype,
@@ -609,9 +613,9 @@ fn server_speed(
 
 fn speed(kind: memra_bench::speed::Kind, f: SpeedFlags) -> Result<()> {
     if let Some(addr) = f.server.clone() {
-        if !f.depth.is_empty() || f.turn > 0 {
+        if !f.depth.is_empty() || f.turn > 0 || f.schema.is_some() {
             return Err(Error::Input(
-                "--depth and --turn are not supported with --server".into(),
+                "--depth, --turn and --schema are not supported with --server".into(),
             ));
         }
         let rows = server_speed(kind, addr, &f)?;
@@ -633,6 +637,7 @@ fn speed(kind: memra_bench::speed::Kind, f: SpeedFlags) -> Result<()> {
         shape: f.shape.clone(),
         dtype: f.dtype.clone(),
         kv_dtype: f.kv_dtype,
+        schema: f.schema.clone(),
     };
     let rows = memra_bench::speed::run(&f.model, &args)?;
     print_rows(&f, &rows)
@@ -656,7 +661,7 @@ fn print_rows(f: &SpeedFlags, rows: &[memra_bench::record::Row]) -> Result<()> {
                 _ => String::new(),
             };
             println!(
-                "{} prompt {}{}: {v}{range} {} over {} runs{}",
+                "{} prompt {}{}: {v}{range} {} over {} runs{}{}",
                 r.workload.name(),
                 r.prompt.unwrap_or(0),
                 match r.depth {
@@ -665,6 +670,14 @@ fn print_rows(f: &SpeedFlags, rows: &[memra_bench::record::Row]) -> Result<()> {
                 },
                 r.unit,
                 r.runs,
+                match (&r.constraint, &r.schema) {
+                    (Some(c), s) => format!(
+                        " ({c} {}, {} tokens)",
+                        s.as_deref().unwrap_or(""),
+                        r.generated.unwrap_or(0)
+                    ),
+                    _ => String::new(),
+                },
                 if r.valid {
                     ""
                 } else {
@@ -925,6 +938,8 @@ fn run(cli: Cli) -> Result<()> {
                     weight_gb_s: None,
                     kv_dtype: None,
                     kv_gb_s: None,
+                    constraint: None,
+                    schema: None,
                     runs: 1,
                     valid: ok,
                     source: Some(format!(

@@ -169,6 +169,8 @@ pub fn peer_rows(text: &str, p: &PeerRun, strict: bool, what: &str) -> Result<Ve
                 .map(|x| x as f64 * b.avg_ts / 1e9),
             kv_dtype: b.type_k.or_else(|| p.kv_dtype.clone()),
             kv_gb_s: None,
+            constraint: None,
+            schema: None,
             runs: b.samples_ts.len().max(1) as u64,
             valid: true,
             source: Some(p.source.clone()),

@@ -115,6 +115,13 @@ pub struct Row {
     /// tok/s (GB/s); weights + KV = the step's bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_gb_s: Option<f64>,
+    /// What constrained the generated tokens: `json_schema` for a decode run with `--schema`
+    /// (structured output through llguidance); absent when unconstrained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<String>,
+    /// The schema file's name of a constrained row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<String>,
     /// Timed runs behind `value`.
     pub runs: u64,
     /// False when a timed run's tokens differed from the untimed reference run's.
@@ -127,6 +134,14 @@ pub struct Row {
 impl Row {
     /// The model's label in tables: shape and dtype.
     pub fn model_label(&self) -> String {
+        let label = self.plain_label();
+        match &self.constraint {
+            Some(c) => format!("{label} [{c}]"),
+            None => label,
+        }
+    }
+
+    fn plain_label(&self) -> String {
         match (&self.shape, &self.dtype) {
             (Some(s), Some(d)) => format!("{s} {d}"),
             (Some(s), None) => s.clone(),
@@ -348,6 +363,8 @@ mod tests {
             weight_gb_s: None,
             kv_dtype: Some("bf16".into()),
             kv_gb_s: Some(0.5),
+            constraint: None,
+            schema: None,
             runs: 3,
             valid: true,
             source: None,

@@ -244,6 +244,8 @@ fn base_row(a: &ServerTtft, mref: &ModelRef, generated: usize) -> Row {
         weight_gb_s: None,
         kv_dtype: None,
         kv_gb_s: None,
+        constraint: None,
+        schema: None,
         runs: a.runs as u64,
         valid: true,
         source: Some(format!("server {}", a.addr)),

@@ -5,7 +5,8 @@
 //! Then the median of the timed runs with min and max. Decode rows carry the model file's bytes and
 //! the achieved weight GB/s; on a GPU the run also records the device copy bandwidth (the roofline).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -13,6 +14,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use memra_engine::backend::Device;
 use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig};
 use memra_engine::error::{Error, Result};
+use memra_engine::grammar::{Grammar, GrammarSpec, Grammars};
 use memra_engine::loader::load_model;
 use memra_engine::models::random::splitmix;
 use memra_engine::request::{Event, EventStream, ValidRequest};
@@ -58,11 +60,15 @@ pub struct SpeedArgs {
     pub dtype: Option<String>,
     /// The KV cache's element format.
     pub kv_dtype: memra_engine::engine::KvDtype,
+    /// Decode only: a JSON Schema file; the timed requests are constrained by it (structured
+    /// output, as the server's `response_format: json_schema`).
+    pub schema: Option<PathBuf>,
 }
 
 /// One request's outcome.
 struct Outcome {
     tokens: Vec<u32>,
+    text: String,
     ttft_s: f64,
     /// From the first to the last token.
     decode_s: f64,
@@ -82,7 +88,33 @@ pub fn turn_ids(stream: u64, len: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-fn request(prompt: Vec<u32>, n_gen: usize, salt: String) -> ValidRequest {
+/// The grammar of the JSON Schema in `path`, compiled as the server compiles
+/// `response_format: json_schema`. Every error names the file.
+pub fn schema_grammar(
+    path: &Path,
+    tok: &memra_engine::tokenizer::Tokenizer,
+) -> Result<Arc<Grammar>> {
+    let name = path.display();
+    let text =
+        std::fs::read_to_string(path).map_err(|e| Error::Input(format!("--schema {name}: {e}")))?;
+    let schema: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Input(format!("--schema {name} is not JSON: {e}")))?;
+    if !schema.is_object() {
+        return Err(Error::Input(format!(
+            "--schema {name}: a JSON Schema must be a JSON object"
+        )));
+    }
+    Grammars::new(tok)
+        .compile(&GrammarSpec::JsonSchema(schema))
+        .map_err(|e| Error::Input(format!("--schema {name}: {e}")))
+}
+
+fn request(
+    prompt: Vec<u32>,
+    n_gen: usize,
+    salt: String,
+    grammar: Option<&Arc<Grammar>>,
+) -> ValidRequest {
     ValidRequest {
         model: "bench".into(),
         tenant: "bench".into(),
@@ -95,12 +127,12 @@ fn request(prompt: Vec<u32>, n_gen: usize, salt: String) -> ValidRequest {
         ignore_eos: true,
         tenant_max_in_flight: None,
         speculative: true,
-        grammar: None,
+        grammar: grammar.cloned(),
     }
 }
 
 fn drain(mut s: EventStream, t0: Instant) -> Result<Outcome> {
-    let (mut tokens, mut first, mut last) = (Vec::new(), None, 0.0);
+    let (mut tokens, mut text, mut first, mut last) = (Vec::new(), String::new(), None, 0.0);
     loop {
         match s.blocking_recv() {
             Some(Event::Token(t)) => {
@@ -108,12 +140,14 @@ fn drain(mut s: EventStream, t0: Instant) -> Result<Outcome> {
                 first.get_or_insert(now);
                 last = now;
                 tokens.push(t.id);
+                text.push_str(&t.text);
             }
-            Some(Event::Text(_)) => {}
+            Some(Event::Text(t)) => text.push_str(&t),
             Some(Event::Done { .. }) => {
                 let ttft_s = first.unwrap_or(0.0);
                 return Ok(Outcome {
                     tokens,
+                    text,
                     ttft_s,
                     decode_s: last - ttft_s,
                 });
@@ -177,8 +211,17 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
         ));
     }
     let mref: ModelRef = record::model_ref(model)?;
+    if a.schema.is_some() && a.kind != Kind::Decode {
+        return Err(Error::Input("--schema applies to decode only".into()));
+    }
     let m = load_model(model)?;
     let vocab = m.config.vocab;
+    let grammar = a
+        .schema
+        .as_deref()
+        .map(|p| schema_grammar(p, &m.tokenizer))
+        .transpose()?;
+    let g = grammar.as_ref();
     let cfg = EngineConfig {
         device: a.device,
         prefix_cache: true,
@@ -235,6 +278,13 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
         weight_gb_s: None,
         kv_dtype: Some(info.kv_dtype.to_string()),
         kv_gb_s: None,
+        constraint: grammar.as_ref().map(|_| "json_schema".to_string()),
+        schema: a.schema.as_deref().map(|p| {
+            p.file_name()
+                .unwrap_or(p.as_os_str())
+                .to_string_lossy()
+                .into_owned()
+        }),
         runs: a.runs as u64,
         valid: true,
         source: None,
@@ -282,12 +332,22 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
         }
         let ids = prompt_ids(p, vocab);
         bar.set_message(format!("{:?} prompt {p}", a.kind));
-        let reference = once(&engine, request(ids.clone(), n_gen, fresh()))?;
+        let reference = once(&engine, request(ids.clone(), n_gen, fresh(), g))?;
         bar.inc(1);
+        if g.is_some() {
+            // The grammar's output, for the record (a JSON string: one line).
+            bar.suspend(|| {
+                eprintln!(
+                    "schema output, prompt {p}, {} tokens: {}",
+                    reference.tokens.len(),
+                    serde_json::to_string(&reference.text).unwrap_or_default()
+                )
+            });
+        }
         let mut timed = Vec::new();
         let mut valid = true;
         for _ in 0..a.runs {
-            let o = once(&engine, request(ids.clone(), n_gen, fresh()))?;
+            let o = once(&engine, request(ids.clone(), n_gen, fresh(), g))?;
             valid &= o.tokens == reference.tokens;
             timed.push(o);
             bar.inc(1);
@@ -308,16 +368,25 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
         };
         match a.kind {
             Kind::Decode => {
+                // A grammar may end the output before `n_gen` tokens: the row counts the tokens
+                // generated (every timed run gave the reference's, or the row is invalid).
+                let got = reference.tokens.len();
+                if got < 2 {
+                    return Err(Error::Input(format!(
+                        "prompt {p}: the output ended after {got} token(s); decode needs at least 2"
+                    )));
+                }
                 let v = timed
                     .iter()
-                    .map(|o| (n_gen - 1) as f64 / o.decode_s.max(1e-9))
+                    .map(|o| (got - 1) as f64 / o.decode_s.max(1e-9))
                     .collect();
                 let mut r = row(Workload::Decode, "tok/s", v, valid);
+                r.generated = Some(got as u64);
                 if let (Some(b), Some(v)) = (mref.bytes, r.value) {
                     r.weight_gb_s = Some(b as f64 * v / 1e9);
                 }
                 // Generated token i (0-based) reads the KV of the p + i positions before it.
-                let mean_ctx = p as f64 + (n_gen - 1) as f64 / 2.0;
+                let mean_ctx = p as f64 + (got - 1) as f64 / 2.0;
                 r.kv_gb_s = r
                     .value
                     .map(|v| info.kv_token_bytes as f64 * mean_ctx * v / 1e9);
@@ -335,7 +404,7 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
                 rows.push(row(Workload::TtftCold, "ms", v, valid));
                 // The same prompt under one salt: the first request fills the prefix cache.
                 let warm = fresh();
-                let first = once(&engine, request(ids.clone(), n_gen, warm.clone()))?;
+                let first = once(&engine, request(ids.clone(), n_gen, warm.clone(), None))?;
                 bar.inc(1);
                 let mut cached = Vec::new();
                 let mut ok = first.tokens == reference.tokens;
@@ -347,10 +416,10 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
                         // fresh salt gives the tokens the cached run must give.
                         let mut t = ids.clone();
                         t.extend(turn_ids(1 + run as u64, a.turn, vocab));
-                        let cold = once(&engine, request(t.clone(), n_gen, fresh()))?;
+                        let cold = once(&engine, request(t.clone(), n_gen, fresh(), None))?;
                         (t, cold.tokens)
                     };
-                    let o = once(&engine, request(turn_prompt, n_gen, warm.clone()))?;
+                    let o = once(&engine, request(turn_prompt, n_gen, warm.clone(), None))?;
                     ok &= o.tokens == want;
                     cached.push(o.ttft_s * 1e3);
                     bar.inc(1);

@@ -5,5 +5,6 @@ mod peer_build;
 mod peer_import;
 mod real_tokenizer;
 mod report;
+mod schema;
 mod synth_gguf;
 mod synth_hf;

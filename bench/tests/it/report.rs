@@ -69,6 +69,8 @@ fn row(run: &str, engine: &str, w: Workload, value: f64) -> Row {
         weight_gb_s: None,
         kv_dtype: None,
         kv_gb_s: None,
+        constraint: None,
+        schema: None,
         runs: 1,
         valid: true,
         source: None,
@@ -135,6 +137,7 @@ fn speed_rows_on_the_real_model_are_valid() {
         shape: Some("smollm2-135m".into()),
         dtype: Some("Q4_1".into()),
         kv_dtype: Default::default(),
+        schema: None,
     };
     let rows = memra_bench::speed::run(
         &model,
