@@ -118,6 +118,16 @@ impl BlockAllocator {
         }
     }
 
+    /// Drops one reference to each of `blocks` and puts those left unreferenced back on the free
+    /// list (a sequence's blocks of a private pool, as a drafter's KV).
+    pub fn release_all(&mut self, blocks: &[u32]) {
+        for &b in blocks {
+            if let Ok(0) = self.release(b) {
+                let _ = self.push_free(b);
+            }
+        }
+    }
+
     /// Puts an unreferenced block back on the free list.
     pub fn push_free(&mut self, b: u32) -> Result<()> {
         let i = b as usize;

@@ -199,6 +199,30 @@ fn param_grid(seed: u64) -> Vec<SamplingParams> {
     v
 }
 
+/// One launch's rows: parameters, histories and (optional) masks by row, positions from
+/// (seed, s).
+fn launch_rows<'a>(
+    chunk: &'a [SamplingParams],
+    hs: &'a [Vec<u32>],
+    seed: u64,
+    s: u64,
+    masks: Option<&'a [Option<Vec<u32>>]>,
+) -> Vec<(usize, SelectParams<'a>)> {
+    chunk
+        .iter()
+        .enumerate()
+        .map(|(r, p)| {
+            let params = SelectParams {
+                params: p,
+                history: &hs[r],
+                pos: splitmix(seed, s, r as u64) % 100_000,
+                mask: masks.and_then(|m| m[r].as_deref()),
+            };
+            (r, params)
+        })
+        .collect()
+}
+
 fn select_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     let grid = param_grid(seed);
     for (wi, width) in [97usize, 1000, 49_152, 151_936].into_iter().enumerate() {
@@ -216,24 +240,7 @@ fn select_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                 .collect();
             let flat: Vec<f32> = xs.iter().flatten().copied().collect();
             let dx = g.upload(&flat)?;
-            let pos: Vec<u64> = (0..chunk.len())
-                .map(|r| splitmix(seed, s, r as u64) % 100_000)
-                .collect();
-            let rows: Vec<(usize, SelectParams)> = chunk
-                .iter()
-                .enumerate()
-                .map(|(r, p)| {
-                    (
-                        r,
-                        SelectParams {
-                            params: p,
-                            history: &hs[r],
-                            pos: pos[r],
-                            mask: None,
-                        },
-                    )
-                })
-                .collect();
+            let rows = launch_rows(chunk, &hs, seed, s, None);
             let picked = select_rows(g, g.ptr(&dx), width, &rows)?;
             for (r, p) in chunk.iter().enumerate() {
                 match plan(p, width) {
@@ -244,7 +251,7 @@ fn select_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                         continue;
                     }
                 }
-                let w = sample(&xs[r], &hs[r], p, pos[r]);
+                let w = sample(&xs[r], &hs[r], p, rows[r].1.pos);
                 want.push(w as f32);
                 got.push(picked.get(r).copied().flatten().map_or(-1.0, |t| t as f32));
             }
@@ -338,24 +345,7 @@ fn masked_select_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                 .collect();
             let flat: Vec<f32> = xs.iter().flatten().copied().collect();
             let dx = g.upload(&flat)?;
-            let pos: Vec<u64> = (0..chunk.len())
-                .map(|r| splitmix(seed, s, r as u64) % 100_000)
-                .collect();
-            let rows: Vec<(usize, SelectParams)> = chunk
-                .iter()
-                .enumerate()
-                .map(|(r, p)| {
-                    (
-                        r,
-                        SelectParams {
-                            params: p,
-                            history: &hs[r],
-                            pos: pos[r],
-                            mask: masks[r].as_deref(),
-                        },
-                    )
-                })
-                .collect();
+            let rows = launch_rows(chunk, &hs, seed, s, Some(&masks));
             let picked = select_rows(g, g.ptr(&dx), width, &rows)?;
             for (r, (_, sp)) in rows.iter().enumerate() {
                 if plan_row(sp, width) == SelectPlan::Host {
@@ -364,8 +354,8 @@ fn masked_select_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                 }
                 on_device += 1;
                 let w = match &masks[r] {
-                    Some(m) => sample_masked(&xs[r], &hs[r], &chunk[r], pos[r], m),
-                    None => sample(&xs[r], &hs[r], &chunk[r], pos[r]),
+                    Some(m) => sample_masked(&xs[r], &hs[r], &chunk[r], rows[r].1.pos, m),
+                    None => sample(&xs[r], &hs[r], &chunk[r], rows[r].1.pos),
                 };
                 want.push(w as f32);
                 got.push(picked.get(r).copied().flatten().map_or(-1.0, |t| t as f32));

@@ -205,11 +205,7 @@ impl Drafter for MtpDrafter {
 
     fn forget(&mut self, id: u64) {
         if let Some(s) = self.seqs.remove(&id) {
-            for b in s.blocks {
-                if self.alloc.release(b).is_ok() {
-                    let _ = self.alloc.push_free(b);
-                }
-            }
+            self.alloc.release_all(&s.blocks);
         }
     }
 

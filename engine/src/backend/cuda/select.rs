@@ -270,24 +270,31 @@ mod tests {
         )
     }
 
+    /// Case `case`'s row: width, logits on a quarter grid with a NaN, a -inf and both zeros
+    /// planted, and a penalty history.
+    fn random_row(case: u64) -> (usize, Vec<f32>, Vec<u32>) {
+        let width = [5usize, 97, 1000, 3000][(case % 4) as usize];
+        let mut l: Vec<f32> = (0..width as u64)
+            .map(|i| (unit(case, 1, i) * 40.0).round() / 4.0)
+            .collect();
+        for (j, x) in [f32::NAN, f32::NEG_INFINITY, -0.0, 0.0]
+            .into_iter()
+            .enumerate()
+        {
+            let i = (splitmix(case, 2, j as u64) % width as u64) as usize;
+            l[i] = x;
+        }
+        let history: Vec<u32> = (0..20)
+            .map(|i| (splitmix(case, 3, i) % 30) as u32)
+            .collect();
+        (width, l, history)
+    }
+
     #[test]
     fn first_k_candidates_give_the_full_samplers_token() {
         let mut checked = 0;
         for case in 0..400u64 {
-            let width = [5usize, 97, 1000, 3000][(case % 4) as usize];
-            let mut l: Vec<f32> = (0..width as u64)
-                .map(|i| (unit(case, 1, i) * 40.0).round() / 4.0)
-                .collect();
-            for (j, x) in [f32::NAN, f32::NEG_INFINITY, -0.0, 0.0]
-                .into_iter()
-                .enumerate()
-            {
-                let i = (splitmix(case, 2, j as u64) % width as u64) as usize;
-                l[i] = x;
-            }
-            let history: Vec<u32> = (0..20)
-                .map(|i| (splitmix(case, 3, i) % 30) as u32)
-                .collect();
+            let (width, l, history) = random_row(case);
             let p = SamplingParams {
                 temperature: [0.5f32, 1.0, 1.7][(case % 3) as usize],
                 top_k: [0usize, 1, 3, 40, 1024, 5000][(case % 6) as usize],
@@ -411,20 +418,7 @@ mod tests {
         use crate::sampling::sample_masked;
         let mut checked = 0;
         for case in 0..600u64 {
-            let width = [5usize, 97, 1000, 3000][(case % 4) as usize];
-            let mut l: Vec<f32> = (0..width as u64)
-                .map(|i| (unit(case, 1, i) * 40.0).round() / 4.0)
-                .collect();
-            for (j, x) in [f32::NAN, f32::NEG_INFINITY, -0.0, 0.0]
-                .into_iter()
-                .enumerate()
-            {
-                let i = (splitmix(case, 2, j as u64) % width as u64) as usize;
-                l[i] = x;
-            }
-            let history: Vec<u32> = (0..20)
-                .map(|i| (splitmix(case, 3, i) % 30) as u32)
-                .collect();
+            let (width, l, history) = random_row(case);
             let words = mask_words(width);
             let mask: Vec<u32> = match case % 6 {
                 // Random, dense.
