@@ -70,14 +70,14 @@ fn request(prompt: Vec<u32>, params: SamplingParams) -> GenRequest {
     }
 }
 
-fn bits(o: &GenOutput) -> Vec<Vec<u32>> {
+pub(super) fn bits(o: &GenOutput) -> Vec<Vec<u32>> {
     o.logits
         .iter()
         .map(|l| l.iter().map(|v| v.to_bits()).collect())
         .collect()
 }
 
-fn same(plain: &GenOutput, spec: &GenOutput, what: &str) {
+pub(super) fn same(plain: &GenOutput, spec: &GenOutput, what: &str) {
     assert_eq!(plain.tokens, spec.tokens, "{what}: tokens");
     assert_eq!(plain.finish_reason, spec.finish_reason, "{what}: finish");
     assert!(bits(plain) == bits(spec), "{what}: logits bytes differ");

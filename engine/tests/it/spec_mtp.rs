@@ -6,7 +6,7 @@
 use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
 use memra_engine::backend::{Backend, Device};
 use memra_engine::config::{Arch, ModelConfig};
-use memra_engine::generate::{GenOutput, GenRequest, generate};
+use memra_engine::generate::{GenRequest, generate};
 use memra_engine::loader::load_weights;
 use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::models::{ModelWeights, Role, def};
@@ -19,6 +19,8 @@ use memra_engine::testing::tiny_gguf::gguf_meta;
 use memra_engine::weights::Tensor;
 
 use super::qwen3_moe::{hf_tensors, write_gguf_with, write_hf_model};
+
+use super::spec_generate::{bits, same};
 
 const VOCAB: usize = 48;
 
@@ -86,13 +88,6 @@ fn request(prompt: Vec<u32>, params: SamplingParams) -> GenRequest {
     }
 }
 
-fn bits(o: &GenOutput) -> Vec<Vec<u32>> {
-    o.logits
-        .iter()
-        .map(|l| l.iter().map(|v| v.to_bits()).collect())
-        .collect()
-}
-
 fn params() -> Vec<(&'static str, SamplingParams)> {
     let sampled = SamplingParams {
         temperature: 0.9,
@@ -124,9 +119,7 @@ fn check_exact(w: ModelWeights, what: &str) -> (u64, u64) {
                 let o = SpecOptions { k, adaptive: false };
                 let (s, c) = generate_spec(&mut b, &mut d, &req, o, &mut |_| Ok(())).unwrap();
                 let at = format!("{what} {pname} k={k}");
-                assert_eq!(plain.tokens, s.tokens, "{at}: tokens");
-                assert_eq!(plain.finish_reason, s.finish_reason, "{at}: finish");
-                assert!(bits(&plain) == bits(&s), "{at}: logits bytes differ");
+                same(&plain, &s, &at);
                 assert!(c.drafted > 0, "{at}: nothing drafted");
                 if pname == "greedy" {
                     drafted += c.drafted;
