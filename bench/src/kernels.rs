@@ -62,30 +62,33 @@ pub struct Report {
     pub mismatches: Vec<String>,
 }
 
-/// Parses `nt,rpb,s|n|m` items separated by `;` (s = split K over warps, m = the
-/// shared-memory product).
+/// Parses `nt,rpb,s|n|m|w` items separated by `;` (s = split K over warps, m = the
+/// shared-memory product, w = the warpgroup product: sm_90a, F16 / BF16 / Q4_K).
 pub fn parse_launches(s: &str) -> Result<Vec<Launch>> {
     s.split(';')
         .filter(|x| !x.trim().is_empty())
         .map(|item| {
             let p: Vec<&str> = item.split(',').map(|x| x.trim()).collect();
-            let bad = || Error::Input(format!("--launches item `{item}`: expected nt,rpb,s|n|m"));
+            let bad = || Error::Input(format!("--launches item `{item}`: expected nt,rpb,s|n|m|w"));
             if p.len() != 3 {
                 return Err(bad());
             }
             let nt: u32 = p[0].parse().map_err(|_| bad())?;
             let rpb: u32 = p[1].parse().map_err(|_| bad())?;
-            if !matches!(nt, 1 | 2 | 4 | 8)
-                || !(1..=8).contains(&rpb)
-                || !matches!(p[2], "s" | "n" | "m")
-            {
+            let ok = match p[2] {
+                "w" => matches!(nt, 8 | 16) && rpb == 1,
+                "s" | "n" | "m" => matches!(nt, 1 | 2 | 4 | 8) && (1..=8).contains(&rpb),
+                _ => false,
+            };
+            if !ok {
                 return Err(bad());
             }
             Ok(Launch {
                 nt,
                 rpb,
                 split_k: p[2] == "s",
-                smem: p[2] == "m",
+                smem: p[2] == "m" || p[2] == "w",
+                wg: p[2] == "w",
             })
         })
         .collect()

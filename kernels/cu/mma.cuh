@@ -79,3 +79,79 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Warpgroup mma (sm_90a only; `MWG_OK`): D[64 x N] += A[64 x 16] B[16 x N], A from registers
+// (each warp of the warpgroup its 16 rows, in the mma.sync m16n8k16 A fragment layout), B from
+// shared memory through a matrix descriptor, f32 accumulators in the mma.sync C layout per n8
+// group j: d[4 j + e] = C[g + 8 (e >> 1)][8 j + 2 t + (e & 1)]. Measured on the H200
+// (tools/device/probes/wgmma_bits.cu): the same bits as mma.sync m16n8k16 on the same A, B and
+// accumulator, f16 and bf16, so a wgmma product computes what the mma.sync products compute.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MWG_OK 1
+#else
+#define MWG_OK 0
+#endif
+
+// Descriptor of a no-swizzle K-major B operand: core matrices of 8 columns x 8 k values (8 rows
+// of 16 bytes, 128 contiguous bytes); the k-neighbour core at +128 (LBO), the next 8 columns at
+// +256 (SBO).
+__device__ __forceinline__ unsigned long long wg_desc(const void* smem) {
+    const u32 addr = (u32)__cvta_generic_to_shared(smem);
+    return (unsigned long long)((addr >> 4) & 0x3FFF) | ((unsigned long long)(128 >> 4) << 16) |
+           ((unsigned long long)(256 >> 4) << 32);
+}
+
+__device__ __forceinline__ void wg_fence() {
+#if MWG_OK
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_commit() {
+#if MWG_OK
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_wait0() {
+#if MWG_OK
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+
+#define WG_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define WG_F16R(i) WG_F4(i), WG_F4(i + 4), WG_F4(i + 8), WG_F4(i + 12)
+#define WG_OPS32                                                                                       \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26," \
+    "%27,%28,%29,%30,%31}"
+#define WG_OPS64                                                                                       \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26," \
+    "%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,"   \
+    "%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+
+// d[N / 2] += A B for one k16 step: N = 64 or 128 columns, BF = 1 for bf16 operands.
+template <int N, int BF>
+__device__ __forceinline__ void wg_mma(float* d, const u32 a[4], unsigned long long desc) {
+#if MWG_OK
+    if (N == 64 && !BF) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " WG_OPS32
+                     ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+                     : WG_F16R(0), WG_F16R(16)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+    } else if (N == 64) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_OPS32
+                     ", {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+                     : WG_F16R(0), WG_F16R(16)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+    } else if (!BF) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WG_OPS64
+                     ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+                     : WG_F16R(0), WG_F16R(16), WG_F16R(32), WG_F16R(48)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_OPS64
+                     ", {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+                     : WG_F16R(0), WG_F16R(16), WG_F16R(32), WG_F16R(48)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+    }
+#endif
+}

@@ -323,21 +323,22 @@ struct Mms {
     };
 };
 
-// Stage k-tile kt of the block's row tiles and tokens into `st` (one commit group per call).
-template <class F>
+// Stage k-tile kt of the block's row tiles and tokens into `st` (one commit group per call); L
+// (Mms<F> or Mwg<F>) gives the block's TILES, TOKS, the staged token row's bytes BROW and ABYTES.
+template <class F, class L = Mms<F>>
 __device__ __forceinline__ void mms_stage(u8* st, const u8* __restrict__ W, const u8* __restrict__ X, u32 kt,
                                           u32 rt0, u32 nrt, u32 nkt, u32 m0, u32 M, u32 kp) {
     constexpr u32 ACH = F::TB / 16, BCH = F::KT * 2 / 16;
-    for (u32 i = threadIdx.x; i < Mms<F>::TILES * ACH; i += blockDim.x) {
+    for (u32 i = threadIdx.x; i < L::TILES * ACH; i += blockDim.x) {
         const u32 tl = i / ACH, c = i % ACH;
         const u32 rt = min(rt0 + tl, nrt - 1);  // past the last tile: a copy, never written out
         cp_async16(st + tl * F::TB + c * 16, W + ((u64)rt * nkt + kt) * F::TB + c * 16);
     }
-    u8* b = st + Mms<F>::ABYTES;
-    for (u32 i = threadIdx.x; i < Mms<F>::TOKS * BCH; i += blockDim.x) {
+    u8* b = st + L::ABYTES;
+    for (u32 i = threadIdx.x; i < L::TOKS * BCH; i += blockDim.x) {
         const u32 tk = i / BCH, c = i % BCH;
         const u32 m = min(m0 + tk, M - 1);  // past M: a copy of row M - 1, never written out
-        cp_async16(b + tk * Mms<F>::BROW + c * 16, X + ((u64)m * kp + (u64)kt * F::KT) * 2 + c * 16);
+        cp_async16(b + tk * L::BROW + c * 16, X + ((u64)m * kp + (u64)kt * F::KT) * 2 + c * 16);
     }
 }
 
@@ -438,6 +439,120 @@ __device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8*
 #undef MMS_TOT
 }
 
+// ---------------------------------------------------------------------------------------------
+// The warpgroup product for large M on sm_90a (`mwg_<type>`, F16 / BF16 / Q4_K): the same
+// per-element sequence as `product_smem` (every segment in order, the steps of a segment in
+// order, each a k16 mma accumulating into the segment's chain from -0.0, the segment sums added
+// in order from -0.0), with each step one wgmma of 64 rows x MWG_N tokens instead of 4 x
+// MWG_N / 8 mma.sync per warp: wgmma gives mma.sync's bits (mma.cuh), so mwg, mms and mmq
+// results are bitwise equal at every M. A block = 2 warpgroups x 64 rows (warp w: row tile w of
+// the block's 8) x MWG_N tokens; weight tiles and token rows staged by cp.async (MMS_STAGES
+// stages), each stage's token rows then rewritten into the wgmma B layout (mma.cuh, wg_desc):
+// the prepared activations hold, per 32-column block, lane t's B fragments of the block's two
+// steps in 32-bit words 4t..4t+3 (prep.cuh: word 4t + 2 step + h = columns 16 step + 8 h + 2t,
+// +1); a B core row needs the columns 16 step + 8 h + 0..7 = words 2 step + h + (0, 4, 8, 12).
+
+#ifndef MWG_N
+#define MWG_N 128
+#endif
+
+template <class F>
+struct Mwg {
+    enum {
+        TILES = 8,
+        TOKS = MWG_N,
+        BROW = F::KT * 2 + 16,
+        ABYTES = TILES * F::TB,
+        STAGE = ABYTES + TOKS * BROW,
+        STEP = MWG_N * 32,  // bytes of one k16 step of the B layout
+        BBYTES = (F::KT / 16) * STEP,
+    };
+};
+
+template <class F>
+__device__ __forceinline__ void mwg_relayout(const u8* raw, u8* bl) {
+    constexpr u32 BLOCKS = F::KT / 32;
+    for (u32 i = threadIdx.x; i < MWG_N * BLOCKS; i += blockDim.x) {
+        const u32 n = i % MWG_N, bb = i / MWG_N;
+        const uint4* q = (const uint4*)(raw + n * Mwg<F>::BROW + bb * 64);
+        const uint4 q0 = q[0], q1 = q[1], q2 = q[2], q3 = q[3];
+        u8* d0 = bl + 2 * bb * Mwg<F>::STEP + (n / 8) * 256 + (n % 8) * 16;
+        u8* d1 = d0 + Mwg<F>::STEP;
+        *(uint4*)d0 = make_uint4(q0.x, q1.x, q2.x, q3.x);
+        *(uint4*)(d0 + 128) = make_uint4(q0.y, q1.y, q2.y, q3.y);
+        *(uint4*)d1 = make_uint4(q0.z, q1.z, q2.z, q3.z);
+        *(uint4*)(d1 + 128) = make_uint4(q0.w, q1.w, q2.w, q3.w);
+    }
+}
+
+template <class F>
+__device__ __forceinline__ void product_wg(const u8* __restrict__ W, const u8* __restrict__ X, const Outs& out,
+                                           const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {
+#if MWG_OK
+    extern __shared__ uint4 mwg_smem[];
+    u8* sm = (u8*)mwg_smem;
+    u8* bl = sm + MMS_STAGES * Mwg<F>::STAGE;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const u32 nrt = (N + 15) / 16;
+    const u32 rt0 = blockIdx.x * Mwg<F>::TILES;
+    const u32 m0 = blockIdx.y * MWG_N;
+    constexpr int ND = MWG_N / 2;
+    float acc[ND], tot[ND];
+#pragma unroll
+    for (int i = 0; i < ND; ++i) acc[i] = tot[i] = NEG_ZERO;
+#pragma unroll
+    for (int s = 0; s < MMS_STAGES - 1; ++s) {
+        if ((u32)s < nkt) mms_stage<F, Mwg<F>>(sm + s * Mwg<F>::STAGE, W, X, s, rt0, nrt, nkt, m0, M, kp);
+        cp_async_commit();
+    }
+    u32 seg = 0, kend = nkt / nseg;
+    for (u32 kt = 0; kt < nkt; ++kt) {
+        cp_async_wait<MMS_STAGES - 2>();
+        __syncthreads();  // stage kt is in; every warp is done with stage kt - 1 and with `bl`
+        const u32 nk = kt + MMS_STAGES - 1;
+        if (nk < nkt) mms_stage<F, Mwg<F>>(sm + (nk % MMS_STAGES) * Mwg<F>::STAGE, W, X, nk, rt0, nrt, nkt, m0, M, kp);
+        cp_async_commit();
+        const u8* a = sm + (kt % MMS_STAGES) * Mwg<F>::STAGE;
+        mwg_relayout<F>(a + Mwg<F>::ABYTES, bl);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        typename F::Tile tl;
+        F::template load<Sld>(a + warp * F::TB, lane, tl);
+        wg_fence();
+#pragma unroll
+        for (int b = 0; b < F::NB; ++b) {
+            u32 af[2][4];
+            F::block_a(tl, b, af);
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+                wg_mma<MWG_N, F::BF>(acc, af[half], wg_desc(bl + (2 * b + half) * Mwg<F>::STEP));
+        }
+        wg_commit();
+        wg_wait0();
+        if (kt + 1 == kend) {  // the end of segment `seg`
+#pragma unroll
+            for (int i = 0; i < ND; ++i) {
+                tot[i] = __fadd_rn(tot[i], acc[i]);
+                acc[i] = NEG_ZERO;
+            }
+            ++seg;
+            kend = (seg + 1) * nkt / nseg;
+        }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int i = 0; i < ND; ++i) {
+        const int j = i >> 2, e = i & 3;
+        const u32 n = (rt0 + warp) * 16 + g + 8 * (e >> 1);
+        const u32 m = m0 + j * 8 + 2 * t + (e & 1);
+        if (n < N && m < M) out.put(m, n, tot[i], R);
+    }
+#else
+    __trap();  // sm_90a only: the host launches mwg only there (profile.rs)
+#endif
+}
+
 // Y, Y2, Y3 with n1 / n2: see Outs (n1 = N for a single output); R: residual (rows of N).
 #define MMQ_KERNEL(suffix, FMT)                                                                             \
     extern "C" __global__ void __launch_bounds__(MMQ_MAXT, MMQ_MINB) mmq_##suffix(                                      \
@@ -505,3 +620,16 @@ MMS_KERNEL(q5_k, FmtQ5_K, 1)
 MMS_KERNEL(q6_k, FmtQ6_K, 1)
 MMS_KERNEL(f16, FmtF16<0>, 2)
 MMS_KERNEL(bf16, FmtF16<1>, 2)
+
+// The warpgroup product (sm_90a): one block of 2 warpgroups per SM.
+#define MWG_KERNEL(suffix, FMT)                                                                            \
+    extern "C" __global__ void __launch_bounds__(256, 1) mwg_##suffix(                                     \
+        const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
+        const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
+        const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
+        product_wg<FMT>(W, X, o, R, M, N, nkt, nseg, kp);                                                     \
+    }
+
+MWG_KERNEL(q4_k, FmtQ4_K)
+MWG_KERNEL(f16, FmtF16<0>)
+MWG_KERNEL(bf16, FmtF16<1>)

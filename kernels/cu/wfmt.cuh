@@ -249,7 +249,7 @@ __device__ __forceinline__ u32 lop_1024(u32 a, u32 mask) {
 // once), and the mma chain over the whole segment is the accumulation (no per-block epilogue,
 // no block sums of the activations).
 struct FmtQ4_K {
-    enum { KT = 256, TB = 2368, NB = 8, MIN = 0 };
+    enum { KT = 256, TB = 2368, NB = 8, MIN = 0, BF = 0 };
     struct Tile {
         uint4 q[4];
         uint4 s[2];  // words (g, 0..3), (g, 4..7)
@@ -272,8 +272,8 @@ struct FmtQ4_K {
         *dl2 = __byte_perm(v, v, 0x1010);
         *ml2 = __byte_perm(v, v, 0x3232);
     }
-    static __device__ __forceinline__ void block(const Tile& t, int b, const u32 bf[4], const XSum&,
-                                                 float acc[4]) {
+    // The A fragments of block b's two steps (2 b, 2 b + 1), dequantized to f16.
+    static __device__ __forceinline__ void block_a(const Tile& t, int b, u32 a[2][4]) {
         const u32 sw = word_of(t.s[b >> 2], b & 3);
         u32 dl[2], ml[2];
         row_scales(sw, 0x4140, t.dm[0], &dl[0], &ml[0]);
@@ -282,15 +282,20 @@ struct FmtQ4_K {
         for (int half = 0; half < 2; ++half) {
             const int s = 2 * b + half;
             const u32 w = word_of(t.q[s >> 2], s & 3), w8 = w >> 8;
-            u32 a[4];
-            a[0] = hsub2(lop_1024(w, 0x000F000Fu), F16_1024X2);
-            a[1] = hfma2(lop_1024(w, 0x00F000F0u), 0x2C002C00u, 0xD400D400u);  // (1024 + 16 q) / 16 - 64
-            a[2] = hsub2(lop_1024(w8, 0x000F000Fu), F16_1024X2);
-            a[3] = hfma2(lop_1024(w8, 0x00F000F0u), 0x2C002C00u, 0xD400D400u);
+            a[half][0] = hsub2(lop_1024(w, 0x000F000Fu), F16_1024X2);
+            a[half][1] = hfma2(lop_1024(w, 0x00F000F0u), 0x2C002C00u, 0xD400D400u);  // (1024 + 16 q) / 16 - 64
+            a[half][2] = hsub2(lop_1024(w8, 0x000F000Fu), F16_1024X2);
+            a[half][3] = hfma2(lop_1024(w8, 0x00F000F0u), 0x2C002C00u, 0xD400D400u);
 #pragma unroll
-            for (int r = 0; r < 4; ++r) a[r] = hfma2(a[r], dl[r & 1], ml[r & 1]);
-            mma_f16_k16(a, bf[2 * half], bf[2 * half + 1], acc);
+            for (int r = 0; r < 4; ++r) a[half][r] = hfma2(a[half][r], dl[r & 1], ml[r & 1]);
         }
+    }
+    static __device__ __forceinline__ void block(const Tile& t, int b, const u32 bf[4], const XSum&,
+                                                 float acc[4]) {
+        u32 a[2][4];
+        block_a(t, b, a);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) mma_f16_k16(a[half], bf[2 * half], bf[2 * half + 1], acc);
     }
 };
 
@@ -353,9 +358,9 @@ struct FmtQ6_K {
 // ---- F16 / BF16: KT = 64 (four steps); [0, 2048) step s at s * 512 + L * 16: the 4 words of
 // lane L's A fragment. No scales: the mma chain over the whole segment is the accumulation
 // (block b = steps 2b, 2b + 1, added into acc directly).
-template <int BF>
+template <int BFV>
 struct FmtF16 {
-    enum { KT = 64, TB = 2048, NB = 2, MIN = 0 };
+    enum { KT = 64, TB = 2048, NB = 2, MIN = 0, BF = BFV };
     struct Tile {
         uint4 q[4];
     };
@@ -363,6 +368,16 @@ struct FmtF16 {
     static __device__ __forceinline__ void load(const u8* tile, int lane, Tile& t) {
 #pragma unroll
         for (int s = 0; s < 4; ++s) t.q[s] = L::u4(tile + s * 512 + lane * 16);
+    }
+    static __device__ __forceinline__ void block_a(const Tile& t, int b, u32 a[2][4]) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const uint4& q = t.q[2 * b + half];
+            a[half][0] = q.x;
+            a[half][1] = q.y;
+            a[half][2] = q.z;
+            a[half][3] = q.w;
+        }
     }
     static __device__ __forceinline__ void block(const Tile& t, int b, const u32 bf[4], const XSum&,
                                                  float acc[4]) {

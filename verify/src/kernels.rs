@@ -364,6 +364,7 @@ pub fn run(device: usize, seed: u64) -> Result<Vec<Case>> {
     super::attention_check::attention_cases(&g, seed, &mut out)?;
     super::kv_write_check::kv_write_cases(&g, seed, &mut out)?;
     super::products_check::product_cases(&g, seed, &mut out)?;
+    super::products_check::product_geometry_cases(&g, seed, &mut out)?;
     super::moe_check::moe_cases(&g, seed, &mut out)?;
     Ok(out)
 }

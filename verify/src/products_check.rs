@@ -6,7 +6,7 @@
 use memra_engine::Result;
 use memra_engine::backend::cuda::Gpu;
 use memra_engine::backend::cuda::products::ActKind;
-use memra_engine::backend::cuda::profile::Profile;
+use memra_engine::backend::cuda::profile::{self, Launch, Profile};
 use memra_engine::models::random::unit;
 use memra_engine::quant::{DType, dequantize_row, quantize};
 
@@ -97,6 +97,90 @@ pub fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                     out.push(c);
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// Large-M geometries bitwise against each other on every row: the register-tiled product, the
+/// shared-memory product and (sm_90a) the warpgroup product, at M = 300 (several token blocks,
+/// the last one partial) over N = 1040 (a partial row block) for the types with a warpgroup
+/// kernel, plus the CPU tolerance.
+pub fn product_geometry_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    let profile = Profile::for_device(g)?;
+    let (m, n) = (300usize, 1040usize);
+    for (i, dtype) in [DType::F16, DType::BF16, DType::Q4_K].into_iter().enumerate() {
+        let k = if dtype == DType::Q4_K { 768 } else { 576 };
+        let stream = 19_000 + 10 * i as u64;
+        let wv: Vec<f32> = (0..(n * k) as u64).map(|j| unit(seed, stream, j)).collect();
+        let wq = quantize(dtype, &wv)?;
+        let rb = wq.len() / n;
+        let mut wd = vec![0f32; n * k];
+        for r in 0..n {
+            dequantize_row(dtype, &wq[r * rb..(r + 1) * rb], &mut wd[r * k..(r + 1) * k])?;
+        }
+        let x: Vec<f32> = (0..(m * k) as u64)
+            .map(|j| unit(seed, stream + 1, j))
+            .collect();
+        let mut want = vec![0f32; m * n];
+        for mi in 0..m {
+            for ni in 0..n {
+                let s: f64 = wd[ni * k..(ni + 1) * k]
+                    .iter()
+                    .zip(&x[mi * k..(mi + 1) * k])
+                    .map(|(&a, &b)| a as f64 * b as f64)
+                    .sum();
+                want[mi * n + ni] = s as f32;
+            }
+        }
+        let w = g.upload_packed(&profile, dtype, &wq, n, k)?;
+        let act = g.act_buf(w.act(), m, w.kp)?;
+        let dx = g.upload(&x)?;
+        let dy = g.zeros::<f32>(m * n)?;
+        g.prepare(g.ptr(&dx), &act, m, k)?;
+        let mut launches: Vec<(String, Launch)> = vec![
+            ("mmq".into(), profile.launch(64, dtype, n)),
+            ("smem".into(), profile::smem(4, 2)),
+        ];
+        if profile.wgmma {
+            if let Some(l) = profile::warpgroup(dtype) {
+                launches.push(("wgmma".into(), l));
+            }
+        }
+        let mut first: Option<Vec<f32>> = None;
+        for (name, l) in launches {
+            if !l.fits(dtype, profile.smem_max) {
+                continue;
+            }
+            g.fill(g.ptr(&dy), f32::NAN, m * n)?;
+            g.product(&w, &act, g.ptr(&dy), None, m, l)?;
+            let got = g.download_range(&dy, 0, m * n)?;
+            let mut c = compare(
+                &format!("product_geom_{dtype}"),
+                format!("{name} M={m} N={n} K={k} nseg={}", w.nseg),
+                &got,
+                &want,
+                product_tol(dtype),
+            );
+            match &first {
+                None => first = Some(got),
+                Some(f) => {
+                    if let Some(j) = f
+                        .iter()
+                        .zip(&got)
+                        .position(|(a, b)| a.to_bits() != b.to_bits())
+                    {
+                        c.problem.get_or_insert_with(|| {
+                            format!(
+                                "row {} column {} differs from the first geometry's bits",
+                                j / n,
+                                j % n
+                            )
+                        });
+                    }
+                }
+            }
+            out.push(c);
         }
     }
     Ok(())

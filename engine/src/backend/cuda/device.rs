@@ -296,7 +296,7 @@ impl Gpu {
             let f = loaded
                 .load_function(k)
                 .map_err(|e| self.err(format!("kernel {k} of {}: {e:?}", m.file)))?;
-            if k.starts_with("mms_") {
+            if k.starts_with("mms_") || k.starts_with("mwg_") {
                 self.allow_dynamic_smem(&f).map_err(|e| {
                     self.err(format!("kernel {k} of {}: shared memory: {e:?}", m.file))
                 })?;

@@ -66,6 +66,7 @@ pub const ID_LAUNCH: Launch = Launch {
     rpb: 1,
     split_k: true,
     smem: false,
+    wg: false,
 };
 
 /// Checks the expert stacks and the call's shapes; returns (expert_ffn, hidden).

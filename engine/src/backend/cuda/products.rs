@@ -258,6 +258,12 @@ impl Gpu {
         if m == 0 || w.rows == 0 {
             return Ok(());
         }
+        if l.wg && self.arch != "compute_90a" {
+            return Err(self.err(format!(
+                "product: the warpgroup launch needs sm_90a (this device: {})",
+                self.arch
+            )));
+        }
         let wk = if l.split_k { w.nseg } else { 1 };
         let threads = if l.smem {
             l.max_threads()
@@ -265,7 +271,12 @@ impl Gpu {
             32 * l.rpb * wk
         };
         let f = self.variant("products", &l.defines())?;
-        let name = format!("{}_{}", if l.smem { "mms" } else { "mmq" }, w.dtype.name());
+        let kind = match (l.smem, l.wg) {
+            (true, true) => "mwg",
+            (true, false) => "mms",
+            _ => "mmq",
+        };
+        let name = format!("{kind}_{}", w.dtype.name());
         let func = f
             .get(&name)
             .ok_or_else(|| self.err(format!("kernel {name} missing")))?;

@@ -19,6 +19,9 @@ pub struct Launch {
     /// The shared-memory product (`mms_<type>`): 8 warps, each `rpb` row tiles x `nt` token
     /// fragments, operands staged by cp.async (large M).
     pub smem: bool,
+    /// With `smem`: the warpgroup product (`mwg_<type>`, sm_90a, F16 / BF16 / Q4_K): 2
+    /// warpgroups x 64 rows x `8 nt` tokens per block, each k16 step one wgmma (same bits).
+    pub wg: bool,
 }
 
 /// Most segments a matrix is cut into (and warps per block of a split-K launch).
@@ -35,6 +38,9 @@ impl Launch {
 
     /// Rows and tokens per block of a shared-memory launch.
     pub fn smem_block(&self) -> (usize, usize) {
+        if self.wg {
+            return (WG_ROWS, 8 * self.nt as usize);
+        }
         (
             SMEM_WARP_ROWS * 16 * self.rpb as usize,
             SMEM_WARP_TOKS * 8 * self.nt as usize,
@@ -45,6 +51,10 @@ impl Launch {
     /// columns (kernels/cu/products.cu, `Mms`).
     pub fn smem_bytes(&self, tile_bytes: usize, kt: usize) -> usize {
         let (rows, toks) = self.smem_block();
+        if self.wg {
+            // Stages of tiles and token rows (+16 bytes each), then one k-tile in the B layout.
+            return SMEM_STAGES * ((rows / 16) * tile_bytes + toks * (kt * 2 + 16)) + toks * kt * 2;
+        }
         let totals = if self.totals_in_smem() {
             SMEM_THREADS as usize * (self.rpb * self.nt) as usize * 4 * 4
         } else {
@@ -61,6 +71,9 @@ impl Launch {
 
     /// The NVRTC defines of the kernel variant.
     pub fn defines(&self) -> Vec<String> {
+        if self.wg {
+            return vec![format!("MWG_N={}", 8 * self.nt)];
+        }
         if self.smem {
             return vec![
                 format!("MMS_NT={}", self.nt),
@@ -77,6 +90,9 @@ impl Launch {
     }
 }
 
+/// Rows per block of the warpgroup product (kernels/cu/products.cu, `Mwg`: 8 row tiles).
+const WG_ROWS: usize = 128;
+
 /// Threads of a shared-memory launch (kernels/cu/products.cu: MMS_WR x MMS_WT warps).
 pub const SMEM_THREADS: u32 = 256;
 const SMEM_WARP_ROWS: usize = 4;
@@ -92,6 +108,9 @@ impl Launch {
     /// `smem_max` bytes of shared memory: always, except a shared-memory launch whose stages
     /// exceed it.
     pub fn fits(&self, dtype: DType, smem_max: usize) -> bool {
+        if self.wg && warpgroup(dtype).is_none() {
+            return false;
+        }
         !self.smem
             || crate::quant::repack::tile_format(dtype)
                 .is_some_and(|f| self.smem_bytes(f.tile_bytes, f.kt) <= smem_max)
@@ -111,6 +130,9 @@ pub struct Profile {
     /// The shared-memory geometry for every type instead of the tuned one
     /// (`MEMRA_MMS_TILE=nt,rpb`, for measuring; docs/FLAGS.md).
     pub smem_tile: Option<Launch>,
+    /// Whether large-M F16 / BF16 / Q4_K products use the warpgroup (wgmma) kernel: sm_90a
+    /// (`compute_90a`) unless `MEMRA_WGMMA=0`.
+    pub wgmma: bool,
 }
 
 const fn split(nt: u32) -> Launch {
@@ -119,6 +141,7 @@ const fn split(nt: u32) -> Launch {
         rpb: 1,
         split_k: true,
         smem: false,
+        wg: false,
     }
 }
 
@@ -128,6 +151,7 @@ const fn tiled(nt: u32, rpb: u32) -> Launch {
         rpb,
         split_k: false,
         smem: false,
+        wg: false,
     }
 }
 
@@ -138,7 +162,25 @@ pub const fn smem(nt: u32, rpb: u32) -> Launch {
         rpb,
         split_k: false,
         smem: true,
+        wg: false,
     }
+}
+
+/// The warpgroup launch of a `dtype` product (sm_90a), when it has one: 128 tokens per block
+/// for F16 / BF16, 64 for Q4_K (whose 256-column stages are larger).
+pub const fn warpgroup(dtype: DType) -> Option<Launch> {
+    let nt = match dtype {
+        DType::F16 | DType::BF16 => 16,
+        DType::Q4_K => 8,
+        _ => return None,
+    };
+    Some(Launch {
+        nt,
+        rpb: 1,
+        split_k: false,
+        smem: true,
+        wg: true,
+    })
 }
 
 /// The weight types whose products prefer wider token tiles (cheap dequantization).
@@ -159,6 +201,7 @@ impl Profile {
             warps_per_sm: 16,
             smem_max,
             smem_tile: None,
+            wgmma: arch == "compute_90a",
         }
     }
 
@@ -172,6 +215,17 @@ impl Profile {
                 _ => {
                     return Err(crate::error::Error::Input(format!(
                         "MEMRA_WARPS_PER_SM={v}: expected a whole number from 1 to 64"
+                    )));
+                }
+            };
+        }
+        if let Ok(v) = std::env::var("MEMRA_WGMMA") {
+            p.wgmma = match v.trim() {
+                "0" => false,
+                "1" => p.arch == "compute_90a",
+                _ => {
+                    return Err(crate::error::Error::Input(format!(
+                        "MEMRA_WGMMA={v}: expected 0 or 1"
                     )));
                 }
             };
@@ -216,6 +270,13 @@ impl Profile {
             17..=64 if wide(dtype) => split(4),
             17..=64 => split(2),
             _ => {
+                if let Some(w) = warpgroup(dtype).filter(|_| self.wgmma && self.smem_tile.is_none()) {
+                    let (br, bt) = w.smem_block();
+                    let blocks = rows.div_ceil(br) * m.div_ceil(bt);
+                    if 2 * blocks >= self.sms as usize && w.fits(dtype, self.smem_max) {
+                        return w;
+                    }
+                }
                 let s = match (self.smem_tile, dtype) {
                     (Some(t), _) => t,
                     (None, DType::Q5_K) => smem(4, 1),
@@ -250,6 +311,11 @@ impl Profile {
             smem(8, 1),
         ];
         v.extend(self.smem_tile.filter(|t| !v.contains(t)));
+        if self.wgmma {
+            for d in [DType::F16, DType::Q4_K] {
+                v.extend(warpgroup(d).filter(|t| !v.contains(t)));
+            }
+        }
         v
     }
 
@@ -257,19 +323,21 @@ impl Profile {
     pub fn describe(&self) -> String {
         let l = |m: usize, d: DType| {
             let x = self.launch(m, d, 4096);
-            let kind = match (x.split_k, x.smem) {
-                (true, _) => "s",
-                (_, true) => "m",
+            let kind = match (x.split_k, x.smem, x.wg) {
+                (true, _, _) => "s",
+                (_, true, true) => "w",
+                (_, true, _) => "m",
                 _ => "",
             };
             format!("nt{}r{}{kind}", x.nt, x.rpb)
         };
         format!(
-            "profile {} sms={} smem/block={} KiB warps/sm={} launch (4096 rows) q4_k m=1/16/64/512: {} {} {} {}; f16: {} {} {} {}",
+            "profile {} sms={} smem/block={} KiB warps/sm={} wgmma={} launch (4096 rows) q4_k m=1/16/64/512: {} {} {} {}; f16: {} {} {} {}",
             self.arch,
             self.sms,
             self.smem_max / 1024,
             self.warps_per_sm,
+            self.wgmma,
             l(1, DType::Q4_K),
             l(16, DType::Q4_K),
             l(64, DType::Q4_K),
@@ -294,6 +362,25 @@ mod tests {
         assert!(!p.launch(512, DType::Q4_1, 576).smem);
         assert!(p.launch(4096, DType::Q4_1, 576).smem);
         assert!(!p.launch(64, DType::F16, 1 << 16).smem);
+    }
+
+    #[test]
+    fn large_f16_and_q4_k_products_take_the_warpgroup_kernel_on_sm90a_only() {
+        let p = Profile::new("compute_90a", 132, SMEM_MAX_SM90);
+        for d in [DType::F16, DType::BF16, DType::Q4_K] {
+            let l = p.launch(512, d, 4096);
+            assert!(l.wg && l.smem && l.fits(d, SMEM_MAX_SM90), "{d}: {l:?}");
+            assert!(p.all_launches().contains(&l), "{d}");
+            // Small M keeps the register-tiled product.
+            assert!(!p.launch(64, d, 4096).wg, "{d}");
+        }
+        for d in [DType::Q8_0, DType::Q6_K, DType::Q4_1, DType::Q5_K] {
+            assert!(!p.launch(512, d, 4096).wg, "{d}");
+            assert!(warpgroup(d).is_none_or(|l| !l.fits(d, SMEM_MAX_SM90)), "{d}");
+        }
+        let b = Profile::new("compute_120a", 170, 99 * 1024);
+        assert!(!b.wgmma);
+        assert!(!b.launch(512, DType::F16, 4096).wg);
     }
 
     #[test]
