@@ -130,9 +130,13 @@ pub struct Profile {
     /// The shared-memory geometry for every type instead of the tuned one
     /// (`MEMRA_MMS_TILE=nt,rpb`, for measuring; docs/FLAGS.md).
     pub smem_tile: Option<Launch>,
-    /// Whether large-M F16 / BF16 / Q4_K products use the warpgroup (wgmma) kernel: sm_90a
-    /// (`compute_90a`) unless `MEMRA_WGMMA=0`.
+    /// Whether this device has the warpgroup (wgmma) products: sm_90a (`compute_90a`) unless
+    /// `MEMRA_WGMMA=0`.
     pub wgmma: bool,
+    /// Whether large-M products of every type with a warpgroup kernel take it (`MEMRA_WGMMA=all`)
+    /// instead of only those measured faster than the shared-memory product (Q4_K; F16 / BF16
+    /// were 4% slower end to end on the H200, reports/kernel-notes.md).
+    pub wgmma_all: bool,
 }
 
 const fn split(nt: u32) -> Launch {
@@ -202,6 +206,7 @@ impl Profile {
             smem_max,
             smem_tile: None,
             wgmma: arch == "compute_90a",
+            wgmma_all: false,
         }
     }
 
@@ -220,15 +225,16 @@ impl Profile {
             };
         }
         if let Ok(v) = std::env::var("MEMRA_WGMMA") {
-            p.wgmma = match v.trim() {
-                "0" => false,
-                "1" => p.arch == "compute_90a",
+            match v.trim() {
+                "0" => p.wgmma = false,
+                "1" => {}
+                "all" => p.wgmma_all = true,
                 _ => {
                     return Err(crate::error::Error::Input(format!(
-                        "MEMRA_WGMMA={v}: expected 0 or 1"
+                        "MEMRA_WGMMA={v}: expected 0, 1 or all"
                     )));
                 }
-            };
+            }
         }
         if let Ok(v) = std::env::var("MEMRA_MMS_TILE") {
             let bad = || {
@@ -270,7 +276,8 @@ impl Profile {
             17..=64 if wide(dtype) => split(4),
             17..=64 => split(2),
             _ => {
-                if let Some(w) = warpgroup(dtype).filter(|_| self.wgmma && self.smem_tile.is_none()) {
+                let wanted = self.wgmma && (self.wgmma_all || dtype == DType::Q4_K);
+                if let Some(w) = warpgroup(dtype).filter(|_| wanted && self.smem_tile.is_none()) {
                     let (br, bt) = w.smem_block();
                     let blocks = rows.div_ceil(br) * m.div_ceil(bt);
                     if 2 * blocks >= self.sms as usize && w.fits(dtype, self.smem_max) {
@@ -312,8 +319,9 @@ impl Profile {
         ];
         v.extend(self.smem_tile.filter(|t| !v.contains(t)));
         if self.wgmma {
-            for d in [DType::F16, DType::Q4_K] {
-                v.extend(warpgroup(d).filter(|t| !v.contains(t)));
+            v.extend(warpgroup(DType::Q4_K));
+            if self.wgmma_all {
+                v.extend(warpgroup(DType::F16));
             }
         }
         v
@@ -332,12 +340,13 @@ impl Profile {
             format!("nt{}r{}{kind}", x.nt, x.rpb)
         };
         format!(
-            "profile {} sms={} smem/block={} KiB warps/sm={} wgmma={} launch (4096 rows) q4_k m=1/16/64/512: {} {} {} {}; f16: {} {} {} {}",
+            "profile {} sms={} smem/block={} KiB warps/sm={} wgmma={}{} launch (4096 rows) q4_k m=1/16/64/512: {} {} {} {}; f16: {} {} {} {}",
             self.arch,
             self.sms,
             self.smem_max / 1024,
             self.warps_per_sm,
             self.wgmma,
+            if self.wgmma_all { " (all)" } else { "" },
             l(1, DType::Q4_K),
             l(16, DType::Q4_K),
             l(64, DType::Q4_K),
@@ -366,7 +375,11 @@ mod tests {
 
     #[test]
     fn large_f16_and_q4_k_products_take_the_warpgroup_kernel_on_sm90a_only() {
-        let p = Profile::new("compute_90a", 132, SMEM_MAX_SM90);
+        let mut p = Profile::new("compute_90a", 132, SMEM_MAX_SM90);
+        // By default only Q4_K (measured faster); MEMRA_WGMMA=all takes F16 / BF16 too.
+        assert!(p.launch(512, DType::Q4_K, 4096).wg);
+        assert!(!p.launch(512, DType::F16, 4096).wg);
+        p.wgmma_all = true;
         for d in [DType::F16, DType::BF16, DType::Q4_K] {
             let l = p.launch(512, d, 4096);
             assert!(l.wg && l.smem && l.fits(d, SMEM_MAX_SM90), "{d}: {l:?}");
