@@ -9,11 +9,21 @@
 //! 2. Whole generations (greedy, and seeded sampling with top-k, top-p, min-p, penalties), graphs
 //!    on and off, tokens picked on the device (`step_select`) and on the host from the logits
 //!    (`keep_logits`): all four token lists must be equal.
+//! 3. Grammar masks given late (`step_select_lazy_masks`: the engine's structured-output path,
+//!    the masks computed while the device runs the forward) against the same step with the
+//!    masks in `select` from the start (`step_select_logprobs`), graphs off and on, on batches
+//!    of the step-1 kind and on the whole prompt with random rows (past the largest bucket with
+//!    the default sizes: plain even with graphs on): the same tokens, logprob bits, logits bits
+//!    and KV bytes. Rows mix masked and unmasked, greedy, top-k 40 (device) and no top-k
+//!    (host-planned) sampling, logprobs and logits rows; masks are dense, sparse, one token or
+//!    none. It also counts the lazy steps whose forward was still running on the device when
+//!    the masks were asked for (the overlap; reported, not gated: a small step may be done by
+//!    then).
 
-use memra_engine::backend::Backend;
-use memra_engine::backend::StepBatch;
-use memra_engine::backend::StepRow;
 use memra_engine::backend::cuda::CudaBackend;
+use memra_engine::backend::{
+    Backend, SelectParams, Selected, StepBatch, StepMasks, StepRow, StepSelected,
+};
 use memra_engine::generate::{GenRequest, generate};
 use memra_engine::models::random::splitmix;
 use memra_engine::sampling::SamplingParams;
@@ -25,7 +35,7 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
-fn all_kv(b: &CudaBackend) -> Result<Vec<Vec<u8>>> {
+fn all_kv(b: &dyn Backend) -> Result<Vec<Vec<u8>>> {
     (0..b.kv_blocks() as u32)
         .map(|i| b.kv_block_bytes(i))
         .collect()
@@ -38,6 +48,15 @@ pub fn blocks_needed(prompt_len: usize, gen_tokens: usize, bs: usize) -> usize {
     gen_blocks + prompt_len.div_ceil(bs) + 64usize.div_ceil(bs) + 1
 }
 
+/// What [`run`] found.
+#[derive(Debug, Default)]
+pub struct GraphReport {
+    pub inv: InvReport,
+    /// Of the lazy-mask steps (check 3), how many found the forward still running on the
+    /// device when they asked for the masks, and how many there were.
+    pub overlapped: (usize, usize),
+}
+
 /// Runs the check on `b` (graphs are switched on and off as needed).
 pub fn run(
     b: &mut CudaBackend,
@@ -45,7 +64,7 @@ pub fn run(
     prompt_len: usize,
     max_m: usize,
     gen_tokens: usize,
-) -> Result<InvReport> {
+) -> Result<GraphReport> {
     let bs = b.kv_block_size();
     let vocab = b.config().vocab as u64;
     let gen_blocks = (prompt_len + gen_tokens).div_ceil(bs);
@@ -91,7 +110,9 @@ pub fn run(
         splitmix(seed, 12, stream) % n.max(1)
     };
     let fill_cap = (fill_n * bs) as u64;
-    for m in 1..=max_m {
+    // M rows: the target row (the prompt's last, wants logits) at a random place and M - 1
+    // random rows, each its own sequence over the filler table at a distinct position.
+    let mut random_batch = |m: usize| {
         let mut rows = vec![StepRow {
             token: prompt[prompt_len - 1],
             pos: (prompt_len - 1) as u32,
@@ -112,15 +133,17 @@ pub fn run(
                 want_logits: rnd(2) == 0,
             });
         }
-        // The target at a random place.
         let at = rnd(rows.len() as u64) as usize;
         rows.swap(0, at);
         let mut tables = vec![prompt_table.clone()];
         tables.extend(std::iter::repeat_n(fill_table.clone(), rows.len() - 1));
-        let batch = StepBatch {
+        StepBatch {
             rows,
             block_tables: tables,
-        };
+        }
+    };
+    for m in 1..=max_m {
+        let batch = random_batch(m);
         b.set_graphs(false);
         let plain = b.step(&batch)?;
         let plain_kv = all_kv(b)?;
@@ -143,6 +166,34 @@ pub fn run(
                 .push(format!("M={m}: KV bytes after the graph step differ"));
         }
     }
+    // 3. Lazy masks: step-1 batches, and the prompt again with random rows (past the largest
+    // bucket with the default sizes: plain even with graphs on).
+    let mut overlapped = (0, 0);
+    let mut sizes: Vec<usize> = [1, 2, 7, 16, 33, 64]
+        .into_iter()
+        .filter(|&m| m <= max_m)
+        .collect();
+    sizes.push(max_m);
+    sizes.dedup();
+    let mut batches: Vec<StepBatch> = sizes.into_iter().map(&mut random_batch).collect();
+    // The random rows of a max_m batch, then the whole prompt (sequence 0, in position
+    // order), every row picking.
+    let mut big = random_batch(max_m);
+    big.rows.retain(|r| r.seq != 0);
+    big.rows
+        .extend(prompt.iter().enumerate().map(|(p, &t)| StepRow {
+            token: t,
+            pos: p as u32,
+            seq: 0,
+            want_logits: true,
+        }));
+    batches.push(big);
+    for (i, batch) in batches.iter().enumerate() {
+        let (o, n) = lazy_masks(b, seed ^ ((i as u64) << 8), batch, &mut rep)?;
+        overlapped.0 += o;
+        overlapped.1 += n;
+    }
+
     let (captures, replays) = b.graph_counts();
     rep.checks += 1;
     if max_m > 0 && (replays < max_m as u64 || captures == 0) {
@@ -224,5 +275,180 @@ pub fn run(
             ));
         }
     }
-    Ok(rep)
+    Ok(GraphReport {
+        inv: rep,
+        overlapped,
+    })
+}
+
+/// A selection result as bits (tokens, logprobs, logits).
+fn bits(out: &StepSelected) -> Vec<(u8, Vec<u32>)> {
+    out.rows
+        .iter()
+        .map(|s| match s {
+            Selected::Token(t) => (0, vec![*t]),
+            Selected::Logits(l) => (1, l.iter().map(|v| v.to_bits()).collect()),
+            Selected::Scored {
+                token,
+                logprob,
+                top,
+            } => {
+                let mut v = vec![*token, logprob.to_bits()];
+                v.extend(top.iter().flat_map(|(t, l)| [*t, l.to_bits()]));
+                (2, v)
+            }
+        })
+        .collect()
+}
+
+/// A step's selection results as bits (per picking row: a tag, then the token, logprob and
+/// alternatives, or the logits) and the KV bytes after it.
+pub type StepBits = (Vec<(u8, Vec<u32>)>, Vec<Vec<u8>>);
+
+/// One lazy-vs-eager comparison ([`lazy_and_eager`]).
+#[derive(Debug)]
+pub struct LazyCheck {
+    /// `step_select_logprobs` with the masks in `select`: the results as bits, the KV bytes.
+    pub eager: StepBits,
+    /// `step_select_lazy_masks` with the same masks from its callback.
+    pub lazy: StepBits,
+    /// Whether `busy` said the device was still running when the masks were asked for.
+    pub overlapped: bool,
+    /// Rows that had a mask.
+    pub masked: usize,
+}
+
+/// Check 3's step on `batch` (see the module comment), on any backend: the same picking rows
+/// (random parameters, histories and masks from `seed`) with the masks up front, then from the
+/// callback of `step_select_lazy_masks`, which asks `busy` first.
+pub fn lazy_and_eager(
+    b: &mut dyn Backend,
+    seed: u64,
+    batch: &StepBatch,
+    busy: &dyn Fn() -> Result<bool>,
+) -> Result<LazyCheck> {
+    let vocab = b.config().vocab;
+    let words = vocab.div_ceil(32);
+    let params = [
+        SamplingParams::default(),
+        SamplingParams {
+            repetition_penalty: 1.2,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 0.9,
+            top_k: 40,
+            presence_penalty: 0.3,
+            seed: seed ^ 0x1a2,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 0.95,
+            seed: seed ^ 0x3b4,
+            ..Default::default()
+        },
+    ];
+    let want = batch.rows.iter().filter(|r| r.want_logits).count();
+    let r = |i: usize, k: u64| splitmix(seed, 20 + k, i as u64);
+    let histories: Vec<Vec<u32>> = (0..want)
+        .map(|i| {
+            (0..r(i, 0) % 30)
+                .map(|j| (splitmix(seed, 30 + i as u64, j) % vocab as u64) as u32)
+                .collect()
+        })
+        .collect();
+    // Every seventh row returns its logits (no mask); every third wants logprobs.
+    let logits_row = |i: usize| i % 7 == 6;
+    let masks: StepMasks = (0..want)
+        .map(|i| {
+            let word = |w: usize| splitmix(seed, 40 + i as u64, w as u64) as u32;
+            match r(i, 1) % 6 {
+                _ if logits_row(i) => None,
+                // Dense, sparse (about 1 in 8 allowed), one token, none.
+                0 => Some((0..words).map(word).collect()),
+                1 => Some(
+                    (0..words)
+                        .map(|w| word(w) & word(w + words) & word(w + 2 * words))
+                        .collect(),
+                ),
+                2 => {
+                    let t = (r(i, 2) % vocab as u64) as usize;
+                    let mut m = vec![0u32; words];
+                    m[t / 32] |= 1 << (t % 32);
+                    Some(m)
+                }
+                3 => Some(vec![0u32; words]),
+                _ => None,
+            }
+        })
+        .collect();
+    let logprobs: Vec<Option<usize>> = (0..want)
+        .map(|i| (i % 3 == 1 && !logits_row(i)).then_some(1 + i % 4))
+        .collect();
+    let select = |with_masks: bool| -> Vec<Option<SelectParams>> {
+        (0..want)
+            .map(|i| {
+                (!logits_row(i)).then(|| SelectParams {
+                    params: &params[(r(i, 3) % 4) as usize],
+                    history: &histories[i],
+                    pos: histories[i].len() as u64,
+                    mask: masks[i].as_deref().filter(|_| with_masks),
+                })
+            })
+            .collect()
+    };
+    let eager = b.step_select_logprobs(batch, &select(true), &logprobs)?;
+    let eager = (bits(&eager), all_kv(b)?);
+    let mut overlapped = false;
+    let mut cb = || {
+        overlapped = busy()?;
+        Ok(masks.clone())
+    };
+    let lazy = b.step_select_lazy_masks(batch, &select(false), &logprobs, &mut cb)?;
+    let lazy = (bits(&lazy), all_kv(b)?);
+    Ok(LazyCheck {
+        eager,
+        lazy,
+        overlapped,
+        masked: masks.iter().filter(|m| m.is_some()).count(),
+    })
+}
+
+/// Check 3 on one batch, graphs off and on: the four results the same bits. Returns (lazy
+/// steps whose forward was still running when the masks were asked for, lazy steps).
+fn lazy_masks(
+    b: &mut CudaBackend,
+    seed: u64,
+    batch: &StepBatch,
+    rep: &mut InvReport,
+) -> Result<(usize, usize)> {
+    let busy = b.gpu().busy_probe();
+    let mut runs = Vec::new();
+    let mut overlapped = 0;
+    for graphs in [false, true] {
+        b.set_graphs(graphs);
+        let c = lazy_and_eager(b, seed, batch, &busy)?;
+        overlapped += usize::from(c.overlapped);
+        runs.push((graphs, "masks up front", c.eager));
+        runs.push((graphs, "lazy masks", c.lazy));
+    }
+    rep.checks += 1;
+    let m = batch.rows.len();
+    let (_, _, (first, first_kv)) = &runs[0];
+    for (graphs, how, (got, kv)) in &runs[1..] {
+        if got != first {
+            let at = got.iter().zip(first).position(|(a, b)| a != b).unwrap_or(0);
+            rep.failures.push(format!(
+                "lazy masks, M={m}: graphs {graphs}, {how}: picking row {at} differs from the \
+                 plain step with the masks up front"
+            ));
+        }
+        if kv != first_kv {
+            rep.failures.push(format!(
+                "lazy masks, M={m}: graphs {graphs}, {how}: KV bytes differ"
+            ));
+        }
+    }
+    Ok((overlapped, 2))
 }

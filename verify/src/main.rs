@@ -294,15 +294,21 @@ fn gate_graph(
         kv_dtype: kv_dtype(),
     };
     let mut b = CudaBackend::new(w, &opts)?;
-    let rep = graph::run(&mut b, seed, prompt_len, max_m, gen_tokens)?;
+    let graph::GraphReport {
+        inv: rep,
+        overlapped,
+    } = graph::run(&mut b, seed, prompt_len, max_m, gen_tokens)?;
     let (captures, replays) = b.graph_counts();
     println!(
         "graph on {}: {} checks (M = 1..{max_m} graph vs plain logits and KV bits; 5 \
-         sampling configs x graphs on/off x device/host selection), {captures} \
-         captures, {replays} replays, {} failed",
+         sampling configs x graphs on/off x device/host selection; lazy vs up-front grammar \
+         masks), {captures} captures, {replays} replays, {} failed; masks asked while the \
+         forward ran on the device: {} of {} lazy steps",
         b.name(),
         rep.checks,
-        rep.failures.len()
+        rep.failures.len(),
+        overlapped.0,
+        overlapped.1
     );
     Ok(print_failures(&rep.failures))
 }

@@ -31,7 +31,10 @@ pub trait Exec: Ops {
 
     /// Runs one step's forward: sets up the rows of `batch` (checked by the runner) and calls
     /// `pass` with the head rows to use. Returns, per row of `want` (the step rows that want
-    /// logits), its row in the head activations.
+    /// logits), its row in the head activations. It may return before the device has run the
+    /// pass, and should when it can (the CUDA backend enqueues the kernels or the step's graph
+    /// and does not wait): the runner computes the step's grammar masks meanwhile
+    /// ([`crate::backend::Backend::step_select_lazy_masks`]).
     fn execute(
         &mut self,
         batch: &StepBatch,

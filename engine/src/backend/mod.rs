@@ -84,6 +84,15 @@ pub struct StepSelected {
     pub rows: Vec<Selected>,
 }
 
+/// The grammar masks of one step's picking rows ([`Backend::step_select_lazy_masks`]): one
+/// entry per `select` entry, in the same order; `Some` for a row its grammar constrains (a
+/// vocabulary bitmask as in [`SelectParams::mask`]).
+pub type StepMasks = Vec<Option<Vec<u32>>>;
+
+/// Computes a step's masks when the backend asks for them: once per step, after the forward
+/// pass is launched and before any token is picked.
+pub type MaskFn<'a> = dyn FnMut() -> Result<StepMasks> + 'a;
+
 /// Receives named intermediates (`attn_norm`, `q`, `k`, `v`, `attn_out`, `ffn_out`, ...) per layer:
 /// `(name, layer, rows, values)` with `values.len()` a multiple of `rows`.
 pub type DumpFn = Box<dyn FnMut(&str, usize, usize, &[f32]) + Send>;
@@ -153,21 +162,91 @@ pub trait Backend: Send {
         logprobs: &[Option<usize>],
     ) -> Result<StepSelected> {
         check_select(batch, select)?;
-        if logprobs.len() != select.len() {
-            return Err(Error::Input(format!(
-                "step_select_logprobs: {} logprob entries for {} rows",
-                logprobs.len(),
-                select.len()
-            )));
-        }
-        let inner: Vec<Option<SelectParams>> = select
-            .iter()
-            .zip(logprobs)
-            .map(|(s, lp)| if lp.is_some() { None } else { *s })
-            .collect();
-        let out = self.step_select(batch, &inner)?;
+        check_logprobs(select, logprobs)?;
+        let out = self.step_select(batch, &logits_for_scoring(select, logprobs))?;
         Ok(score_on_host(out, select, logprobs))
     }
+    /// [`Backend::step_select_logprobs`] with the rows' grammar masks computed late, so that
+    /// the host computes them while the device runs the forward pass (a row's forward never
+    /// depends on its mask; only its pick does). `masks` is called once, after the forward
+    /// pass of `batch` is launched and before any token is picked; its entry `i` becomes the
+    /// `mask` of `select[i]` (replacing the one given there; a `None` row must get `None`).
+    /// The result is exactly `step_select_logprobs` with those masks in `select`, token for
+    /// token and bit for bit. An error from `masks` is the step's error; the rows' KV may
+    /// then have been written, as after any failed step.
+    ///
+    /// The default computes the masks first, then runs `step_select_logprobs` (no overlap).
+    /// The generic runner (runner.rs, the CPU and CUDA backends) launches the forward first:
+    /// on the CPU that is the whole forward, on CUDA the kernels (or the step's graph) are
+    /// enqueued and not waited for.
+    fn step_select_lazy_masks(
+        &mut self,
+        batch: &StepBatch,
+        select: &[Option<SelectParams>],
+        logprobs: &[Option<usize>],
+        masks: &mut MaskFn,
+    ) -> Result<StepSelected> {
+        check_select(batch, select)?;
+        check_logprobs(select, logprobs)?;
+        let m = masks()?;
+        let select = with_masks(select, &m)?;
+        self.step_select_logprobs(batch, &select, logprobs)
+    }
+}
+
+/// Checks that `logprobs` has one entry per `select` entry.
+pub fn check_logprobs(select: &[Option<SelectParams>], logprobs: &[Option<usize>]) -> Result<()> {
+    if logprobs.len() != select.len() {
+        return Err(Error::Input(format!(
+            "step_select_logprobs: {} logprob entries for {} rows",
+            logprobs.len(),
+            select.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The selection the default [`Backend::step_select_logprobs`] asks the backend for: rows that
+/// want logprobs come back as logits (`None`), for [`score_on_host`]; the others as given.
+pub fn logits_for_scoring<'a>(
+    select: &[Option<SelectParams<'a>>],
+    logprobs: &[Option<usize>],
+) -> Vec<Option<SelectParams<'a>>> {
+    select
+        .iter()
+        .zip(logprobs)
+        .map(|(s, lp)| if lp.is_some() { None } else { *s })
+        .collect()
+}
+
+/// `select` with each entry's mask replaced by its entry of `masks`
+/// ([`Backend::step_select_lazy_masks`]): one entry per row, and none for a `None` row.
+pub fn with_masks<'a>(
+    select: &[Option<SelectParams<'a>>],
+    masks: &'a [Option<Vec<u32>>],
+) -> Result<Vec<Option<SelectParams<'a>>>> {
+    if masks.len() != select.len() {
+        return Err(Error::Input(format!(
+            "step_select_lazy_masks: {} masks for {} rows",
+            masks.len(),
+            select.len()
+        )));
+    }
+    select
+        .iter()
+        .zip(masks)
+        .enumerate()
+        .map(|(i, (s, m))| match (s, m) {
+            (Some(s), m) => Ok(Some(SelectParams {
+                mask: m.as_deref(),
+                ..*s
+            })),
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(Error::Input(format!(
+                "step_select_lazy_masks: a mask for row {i}, which returns its logits"
+            ))),
+        })
+        .collect()
 }
 
 /// The host side of the default [`Backend::step_select_logprobs`]: rows that came back as

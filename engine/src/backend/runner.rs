@@ -5,8 +5,8 @@
 
 use super::exec::{Exec, HeadRows};
 use super::{
-    Backend, DumpFn, SelectParams, StepBatch, StepOutput, StepRow, StepSelected, check_batch,
-    check_select,
+    Backend, DumpFn, MaskFn, SelectParams, StepBatch, StepOutput, StepRow, StepSelected,
+    check_batch, check_logprobs, check_select, logits_for_scoring, score_on_host, with_masks,
 };
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -143,6 +143,28 @@ impl<O: Exec> Backend for Runner<O> {
         check_select(batch, select)?;
         let rows = self.forward(batch)?;
         self.ops.select(self.logits, &rows, select)
+    }
+
+    /// The forward pass first ([`Exec::execute`] returns once it is launched: on CUDA
+    /// enqueued, graph or plain, and not waited for), then the masks (on CUDA while the device
+    /// runs the forward), then the selection as `step_select_logprobs` makes it. With
+    /// [`Backend::keep_hidden`] on, the forward reads the hidden states back, which waits for
+    /// the device before the masks.
+    fn step_select_lazy_masks(
+        &mut self,
+        batch: &StepBatch,
+        select: &[Option<SelectParams>],
+        logprobs: &[Option<usize>],
+        masks: &mut MaskFn,
+    ) -> Result<StepSelected> {
+        check_select(batch, select)?;
+        check_logprobs(select, logprobs)?;
+        let rows = self.forward(batch)?;
+        let m = masks()?;
+        let select = with_masks(select, &m)?;
+        let inner = logits_for_scoring(&select, logprobs);
+        let out = self.ops.select(self.logits, &rows, &inner)?;
+        Ok(score_on_host(out, &select, logprobs))
     }
 
     fn kv_block_bytes(&self, block: u32) -> Result<Vec<u8>> {

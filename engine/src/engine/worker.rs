@@ -1,6 +1,8 @@
 //! A model's engine thread: it owns the backend and the scheduler. Each step is
 //! schedule -> execute -> update: the backend picks the tokens (on the device where it can; only
-//! the asked-for logprobs come back), and the thread sends each request its token ids. Text,
+//! the asked-for logprobs come back), and the thread sends each request its token ids. The
+//! structured-output masks are computed in a callback the backend calls once the step's forward
+//! pass is launched (`Backend::step_select_lazy_masks`), so on a GPU they overlap it. Text,
 //! stop strings and logprob formatting happen on each request's reader ([`super::output`]).
 
 use std::collections::HashMap;
@@ -70,8 +72,9 @@ struct Worker {
     /// EOS and end-of-turn ids.
     stop_ids: Vec<u32>,
     max_ctx: usize,
-    /// The tokenizer's vocabulary (grammar masks cover it).
-    vocab: usize,
+    /// The mask a request whose grammar failed picks under: only `stop_ids` (grammar masks
+    /// cover the tokenizer's vocabulary).
+    stop_mask: Mask,
     stats: Arc<Mutex<ModelStats>>,
     admission: Arc<Admission>,
     shutting_down: bool,
@@ -210,7 +213,7 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         rx,
         stop_ids: tokenizer.stop_ids().to_vec(),
         max_ctx,
-        vocab: tokenizer.vocab_size(),
+        stop_mask: stop_only(tokenizer.vocab_size(), tokenizer.stop_ids()),
         stats,
         admission,
         shutting_down: false,
@@ -255,6 +258,46 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// The grammar masks of a step's picking rows ([`crate::backend::StepMasks`]): per sequence of
+/// `sampled`, one entry per row it picks at (its drafts' rows included), `Some` when its
+/// request is constrained, each a function of the request's own generated tokens only. A
+/// grammar failure ends that request (`Active::failed`; its rows get `stop_mask` and may then
+/// only end the sequence).
+fn grammar_masks(
+    active: &mut HashMap<SeqId, Active>,
+    sampled: &[&ScheduledSeq],
+    stop_mask: &Mask,
+) -> Vec<Option<Mask>> {
+    let mut out = Vec::with_capacity(sampled.len());
+    for p in sampled {
+        let rows = p.drafts.len() + 1;
+        let walked = active.get_mut(&p.id).and_then(|a| {
+            let m = a.constraint.as_mut()?.masks_along(&p.drafts);
+            Some((a, m))
+        });
+        match walked {
+            None => out.extend(std::iter::repeat_n(None, rows)),
+            Some((_, Ok(m))) => out.extend(m.into_iter().map(Some)),
+            Some((a, Err(e))) => {
+                a.failed = Some(format!("structured output failed: {e}"));
+                out.extend(std::iter::repeat_n(Some(stop_mask.clone()), rows));
+            }
+        }
+    }
+    out
+}
+
+/// The mask that allows only `stop_ids` over `vocab` tokens.
+fn stop_only(vocab: usize, stop_ids: &[u32]) -> Mask {
+    let mut m = vec![0u32; vocab.div_ceil(32)];
+    for &t in stop_ids {
+        if let Some(w) = m.get_mut(t as usize / 32) {
+            *w |= 1 << (t % 32);
+        }
+    }
+    m
 }
 
 impl Worker {
@@ -355,7 +398,6 @@ impl Worker {
     /// Runs the planned rows on the backend, which picks the token of every sequence that
     /// reached its end (with the logprobs its request asked for).
     fn execute(&mut self, plan: &SchedulerOutput) -> Result<Vec<Selected>> {
-        let greedy = SamplingParams::default();
         let sampled: Vec<&ScheduledSeq> = plan.seqs.iter().filter(|p| p.sample).collect();
         // A sequence checking drafts picks at each of its rows, row j with the drafts before it
         // as history: exactly plain decoding's pick at that position.
@@ -369,28 +411,41 @@ impl Worker {
                 })
             })
             .collect();
-        let masks = self.masks(&sampled);
+        // The sampling parameters are copied: the mask callback below walks the grammars in
+        // `self.active` while `select` is borrowed.
+        let params: Vec<SamplingParams> = sampled
+            .iter()
+            .map(|p| {
+                self.active
+                    .get(&p.id)
+                    .map_or_else(SamplingParams::default, |a| a.req.params.clone())
+            })
+            .collect();
         let mut select = Vec::with_capacity(sampled.len());
         let mut logprobs = Vec::with_capacity(sampled.len());
-        for ((p, ext), masks) in sampled.iter().zip(&exts).zip(&masks) {
-            let a = self.active.get(&p.id);
+        for ((p, ext), params) in sampled.iter().zip(&exts).zip(&params) {
             let tokens = self.sched.tokens(p.id).unwrap_or_default();
             let n = tokens.len();
+            let want = self.active.get(&p.id).and_then(|a| a.req.logprobs);
             for j in 0..=p.drafts.len() {
                 let history = ext.as_deref().map_or(tokens, |e| &e[..n + j]);
                 select.push(Some(SelectParams {
-                    params: a.map_or(&greedy, |a| &a.req.params),
+                    params,
                     history,
                     pos: history.len() as u64,
-                    mask: masks.as_ref().and_then(|m| m.get(j)).map(Vec::as_slice),
+                    mask: None,
                 }));
-                logprobs.push(a.and_then(|a| a.req.logprobs));
+                logprobs.push(want);
             }
         }
+        // The grammar masks are computed once the backend has launched the forward pass (on a
+        // GPU, while it runs): a row's forward does not depend on its mask, only its pick.
+        let (active, stop_mask) = (&mut self.active, &self.stop_mask);
+        let mut masks = || Ok(grammar_masks(active, &sampled, stop_mask));
         let t = Instant::now();
-        let out = self
-            .backend
-            .step_select_logprobs(&plan.batch, &select, &logprobs)?;
+        let out =
+            self.backend
+                .step_select_lazy_masks(&plan.batch, &select, &logprobs, &mut masks)?;
         let picks = select.len();
         drop(select);
         if let Some(s) = self.spec.as_mut() {
@@ -408,36 +463,6 @@ impl Worker {
             });
         }
         Ok(out.rows)
-    }
-
-    /// The grammar masks of the constrained sequences among `sampled`: per sequence, one mask
-    /// per row it picks at (its drafts' rows included), each a function of the request's own
-    /// generated tokens only. A grammar failure ends that request (its rows may then only end
-    /// the sequence).
-    fn masks(&mut self, sampled: &[&ScheduledSeq]) -> Vec<Option<Vec<Mask>>> {
-        let stop_only = {
-            let mut m = vec![0u32; self.vocab.div_ceil(32)];
-            for &t in &self.stop_ids {
-                if let Some(w) = m.get_mut(t as usize / 32) {
-                    *w |= 1 << (t % 32);
-                }
-            }
-            m
-        };
-        sampled
-            .iter()
-            .map(|p| {
-                let a = self.active.get_mut(&p.id)?;
-                let c = a.constraint.as_mut()?;
-                match c.masks_along(&p.drafts) {
-                    Ok(m) => Some(m),
-                    Err(e) => {
-                        a.failed = Some(format!("structured output failed: {e}"));
-                        Some(vec![stop_only.clone(); p.drafts.len() + 1])
-                    }
-                }
-            })
-            .collect()
     }
 
     /// Asks the drafter for drafts for the decoding sequences that speculate.

@@ -177,3 +177,84 @@ fn constrained_output_is_the_same_alone_batched_and_speculative() {
         engine.shutdown();
     }
 }
+
+/// What a stream gave: the token ids and text before its end, and the first line of the error
+/// it ended with (`None`: it finished; llguidance's state dump follows on the next lines).
+fn collect_or_error(mut s: EventStream) -> (Vec<u32>, String, Option<String>) {
+    let (mut ids, mut text) = (Vec::new(), String::new());
+    loop {
+        match s.blocking_recv() {
+            Some(Event::Token(t)) => {
+                ids.push(t.id);
+                text.push_str(&t.text);
+            }
+            Some(Event::Text(x)) => text.push_str(&x),
+            Some(Event::Done { .. }) => return (ids, text, None),
+            Some(Event::Error(e)) => {
+                return (ids, text, e.lines().next().map(str::to_string));
+            }
+            None => panic!("the stream ended without Done"),
+        }
+    }
+}
+
+/// A grammar whose mask cannot be computed (no token can extend it: llguidance's "no
+/// extension") fails its own request with a `structured output failed` error, at the step
+/// where the mask fails: at once for a grammar that rejects everything, after one token for
+/// one that rejects everything after `x`. The requests batched with it (constrained and
+/// not, plain and speculative) give their solo bytes. The masks are computed in the backend's
+/// callback after the forward (`step_select_lazy_masks`); this is the behaviour the engine
+/// had when it computed them before the step.
+#[test]
+fn a_grammar_that_rejects_everything_fails_only_its_request() {
+    let grammars = Grammars::new(&tokenizer());
+    let good = grammars
+        .compile(&GrammarSpec::JsonSchema(schema()))
+        .unwrap();
+    let nothing = grammars
+        .compile(&GrammarSpec::Lark("start: /[^\\s\\S]/\n".into()))
+        .unwrap();
+    let x_then_nothing = grammars
+        .compile(&GrammarSpec::Lark("start: \"x\" /[^\\s\\S]/\n".into()))
+        .unwrap();
+    let p = prompts();
+    let reqs = [
+        request(p[0].clone(), 0, Some(nothing)),
+        request(p[1].clone(), 17, Some(good)),
+        request(p[2].clone(), 0, Some(x_then_nothing)),
+        request(p[3].clone(), 34, None),
+        request(p[4].clone(), 0, None),
+    ];
+    let solo_engine = start(512, None);
+    let solo: Vec<_> = reqs
+        .iter()
+        .map(|r| collect_or_error(solo_engine.submit(r.clone()).unwrap()))
+        .collect();
+    solo_engine.shutdown();
+    let failed = |o: &(Vec<u32>, String, Option<String>)| {
+        o.2.as_deref()
+            .is_some_and(|e| e.contains("structured output failed"))
+    };
+    assert!(solo[0].0.is_empty() && failed(&solo[0]), "{:?}", solo[0]);
+    assert_eq!(solo[2].1, "x", "{:?}", solo[2]);
+    assert!(failed(&solo[2]), "{:?}", solo[2]);
+    for i in [1, 3, 4] {
+        assert!(solo[i].2.is_none(), "request {i}: {:?}", solo[i]);
+        assert!(!solo[i].0.is_empty(), "request {i}");
+    }
+    let spec = SpecConfig::new(DrafterKind::Ngram, 4).unwrap();
+    for (name, engine) in [
+        ("batched", start(16, None)),
+        ("speculative", start(16, Some(spec))),
+    ] {
+        let streams: Vec<EventStream> = reqs
+            .iter()
+            .map(|r| engine.submit(r.clone()).unwrap())
+            .collect();
+        let outs: Vec<_> = streams.into_iter().map(collect_or_error).collect();
+        for (i, (a, b)) in solo.iter().zip(&outs).enumerate() {
+            assert_eq!(a, b, "{name}: request {i} differs from its solo run");
+        }
+        engine.shutdown();
+    }
+}

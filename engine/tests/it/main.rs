@@ -13,6 +13,7 @@ mod gemma3;
 mod gguf_corrupt;
 mod gguf_roundtrip;
 mod kv_exhaustion;
+mod lazy_masks;
 mod llama_postnorm;
 mod load_corrupt_gguf;
 mod load_corrupt_hf;

@@ -1,6 +1,7 @@
 //! The integration tests of memra-verify, one module per area, linked into one test binary.
 
 mod golden;
+mod graph_lazy_masks;
 mod inspect;
 mod invariance_cpu;
 mod serve_invariance;

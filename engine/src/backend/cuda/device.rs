@@ -436,6 +436,23 @@ impl Gpu {
             .map_err(|e| self.err(format!("kernel execution failed: {e:?}")))
     }
 
+    /// A probe saying whether the work enqueued on the stream so far is still running, without
+    /// waiting for it (an event recorded at the call and queried at once). It holds its own
+    /// handle on the stream, so it can be asked while the backend is busy in a call: `memra-verify
+    /// graph` asks it from a step's mask callback to see the masks overlap the forward.
+    pub fn busy_probe(&self) -> impl Fn() -> Result<bool> + use<> {
+        let stream = self.stream.clone();
+        let name = self.name.clone();
+        move || {
+            let err = |e| Error::Backend {
+                backend: name.clone(),
+                what: format!("stream probe: {e:?}"),
+            };
+            let event = stream.record_event(None).map_err(err)?;
+            event.try_is_complete().map(|done| !done).map_err(err)
+        }
+    }
+
     /// The device address of `s`.
     pub fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
         let (p, _guard) = s.device_ptr(&self.stream);

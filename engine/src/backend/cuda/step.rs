@@ -141,7 +141,12 @@ impl Exec for CudaOps {
         self.kv_dtype
     }
 
-    /// As a CUDA graph when enabled and the batch fits a bucket, else plainly.
+    /// As a CUDA graph when enabled and the batch fits a bucket, else plainly. Either way it
+    /// returns with the pass enqueued on the stream and not waited for (the inputs go up by
+    /// stream-ordered copies; the only explicit synchronizations are before the first kernel, when the
+    /// activations grow, and the op profile's with `MEMRA_PROFILE_OPS=1`): the runner computes
+    /// the step's grammar masks while the device runs it, and [`Exec::select`]'s read-back is
+    /// the step's first wait.
     fn execute(
         &mut self,
         batch: &StepBatch,
