@@ -12,7 +12,7 @@
 #   verify/fixtures/gemma3-270m-reference.json, run-gen tok/s; moe: invariance and graph on a tiny
 #   random qwen3moe, then the synthetic qwen3-30b-a3b q4_k_m (run-gen tok/s); long (issue 11): a
 #   128k-context llama3-8b q4_k_m, invariance at an 8,192-token prompt per KV format (f16, bf16,
-#   q8_0), the cached-turn TTFT (5,700 + 50 tokens) and decode at depth 8,192 / 32,768 per format.
+#   q8_0), serve-invariance over a 5,700-token shared context (f16, q8_0), the cached-turn TTFT (5,700 + 50 tokens) and decode at depth 8,192 / 32,768 per format.
 # Needs $HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf staged (docs/DEVICE.md); Gemma 3 270M
 # ($HOME/models/gemma-3-270m-q4_k_m.gguf) is optional.
 # Env: BATTERY_STEPS (default "smi kernels synth inv graph tokens speed"), BATTERY_SYNTH (llama3-8b
@@ -122,6 +122,12 @@ if has long; then
     for kv in f16 bf16 q8_0; do
       run "invariance-8k-$kv" 300 "$BIN/memra-verify" --kv-dtype "$kv" invariance "$f" --device cuda:0 \
         --prompt-len 8192 --max-m 8
+    done
+    for kv in f16 q8_0; do
+      # A 5,700-token shared context: long prompts through the engine, and a prefix-cache hit of
+      # the whole context in the warm phase, with the cold run's bytes.
+      run "serve-invariance-5k7-$kv" 400 "$BIN/memra-verify" --kv-dtype "$kv" serve-invariance "$f" \
+        --device cuda:0 --requests 8 --max-tokens 16 --context 5700
     done
     run ttft-cached-turn 200 "$BIN/memra-bench" ttft "$f" --device cuda:0 --prompt 5700 --turn 50 --gen 1 \
       --runs 5 --shape llama3-8b --dtype Q4_K_M --out "$OUT/long.jsonl"

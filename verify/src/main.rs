@@ -121,6 +121,10 @@ enum Cmd {
         requests: usize,
         #[arg(long, default_value_t = 16)]
         max_tokens: usize,
+        /// Tokens of a long shared context before the shared prompts (long prompts, and a
+        /// prefix-cache hit of that many tokens in the warm phase); 0: none.
+        #[arg(long, default_value_t = 0)]
+        context: usize,
     },
     /// Speculative decoding vs plain decoding: tokens, finish reason, logits bytes.
     Spec {
@@ -341,11 +345,18 @@ fn gate_tokens(model: &Path, fixture: &Path, device: Device) -> Result<usize> {
     Ok(bad)
 }
 
-fn gate_serve(model: &Path, device: Device, requests: usize, max_tokens: usize) -> Result<usize> {
+fn gate_serve(
+    model: &Path,
+    device: Device,
+    requests: usize,
+    max_tokens: usize,
+    context: usize,
+) -> Result<usize> {
     let opts = serve_invariance::Options {
         device,
         requests,
         max_tokens,
+        context,
         kv_dtype: kv_dtype(),
     };
     let rep = serve_invariance::run(model, &opts)?;
@@ -659,7 +670,7 @@ fn gate_all(
     gates.push(("golden", Box::new(|| gate_golden(&golden_args))));
     gates.push((
         "serve-invariance",
-        Box::new(|| gate_serve(model, device, if cuda { 32 } else { 6 }, 12)),
+        Box::new(|| gate_serve(model, device, if cuda { 32 } else { 6 }, 12, 0)),
     ));
     let mut summary = Vec::new();
     for (name, g) in &gates {
@@ -731,7 +742,8 @@ fn run(cli: Cli) -> Result<usize> {
             device,
             requests,
             max_tokens,
-        } => gate_serve(&model, device, requests, max_tokens),
+            context,
+        } => gate_serve(&model, device, requests, max_tokens, context),
         Cmd::Spec {
             model,
             tiny: t,

@@ -26,6 +26,10 @@ pub struct Options {
     pub requests: usize,
     pub max_tokens: usize,
     pub kv_dtype: memra_engine::backend::KvDtype,
+    /// Tokens of a long shared context put before the shared prompts (0: none): long prompts
+    /// (chunked prefill over thousands of positions) and a prefix-cache hit of that many tokens
+    /// in the warm phase (issue 11: a cached long conversation gives the cold run's bytes).
+    pub context: usize,
 }
 
 /// One request's output: tokens, text, logprob bits (own and top alternatives), finish reason.
@@ -70,17 +74,34 @@ const QUESTIONS: &[&str] = &[
     "Hi",
 ];
 
-/// Prompts of mixed lengths; most share a long common prefix.
-fn prompts(tok: &Tokenizer, n: usize) -> Result<Vec<Vec<u32>>> {
+const FILLER: &str = "Earlier in this conversation the user and the assistant talked about \
+rivers, mountains, old maps, the weather of coastal towns, and how to bake bread at home. ";
+
+/// `n` tokens of a fixed filler text (repeated as often as needed).
+fn context_tokens(tok: &Tokenizer, n: usize) -> Result<Vec<u32>> {
+    let unit = tok.encode(FILLER, false)?;
+    if unit.is_empty() {
+        return Err(Error::Input("the tokenizer encodes the filler text to nothing".into()));
+    }
+    Ok(unit.iter().copied().cycle().take(n).collect())
+}
+
+/// Prompts of mixed lengths; most share a long common prefix (`context` filler tokens, then
+/// the shared instructions), one in four is short.
+fn prompts(tok: &Tokenizer, n: usize, context: usize) -> Result<Vec<Vec<u32>>> {
     let bos = tok.add_bos_default();
+    let ctx = context_tokens(tok, context)?;
     (0..n)
         .map(|i| {
             let q = QUESTIONS[i % QUESTIONS.len()];
-            let text = match i % 4 {
-                3 => format!("{q} ({i})"),
-                _ => format!("{SHARED} {q} ({i})"),
-            };
-            tok.encode(&text, bos)
+            if i % 4 == 3 {
+                return tok.encode(&format!("{q} ({i})"), bos);
+            }
+            let tail = tok.encode(&format!("{SHARED} {q} ({i})"), false)?;
+            let mut p = tok.encode("", bos)?;
+            p.extend_from_slice(&ctx);
+            p.extend_from_slice(&tail);
+            Ok(p)
         })
         .collect()
 }
@@ -251,7 +272,7 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
     }
     let m = load_model(model)?;
     let tok = m.tokenizer.clone();
-    let p = prompts(&tok, opts.requests)?;
+    let p = prompts(&tok, opts.requests, opts.context)?;
     let g = schema_grammar(&tok)?;
     let bs = 16;
     let per: Vec<usize> = p

@@ -37,6 +37,29 @@ fn serve_invariance_passes_on_cpu_with_smollm2() {
     assert!(drafts > 0, "{stdout}");
 }
 
+/// A long shared context (issue 11): its prompts are prefilled in many chunks, and the warm
+/// phase serves at least the whole context from the prefix cache, with the cold run's bytes.
+#[test]
+fn serve_invariance_with_a_long_shared_context() {
+    use memra_engine::backend::Device;
+    use memra_verify::serve_invariance::{Options, run};
+    let opts = Options {
+        device: Device::Cpu,
+        requests: 3,
+        max_tokens: 3,
+        kv_dtype: Default::default(),
+        context: 300,
+    };
+    let rep = run(&real_model(), &opts).expect("serve-invariance");
+    assert!(rep.failures.is_empty(), "{:?}", rep.failures);
+    // Requests 0..2 share the 300-token context (request 3 would be the short one).
+    assert!(
+        rep.warm_cached_tokens >= 3 * 300,
+        "cached {} prompt tokens",
+        rep.warm_cached_tokens
+    );
+}
+
 #[test]
 fn serve_invariance_library_compares_every_request() {
     use memra_engine::backend::Device;
@@ -46,6 +69,7 @@ fn serve_invariance_library_compares_every_request() {
         requests: 3,
         max_tokens: 4,
         kv_dtype: Default::default(),
+        context: 0,
     };
     let rep = run(&real_model(), &opts).expect("serve-invariance");
     assert_eq!(rep.requests, 3);
@@ -82,6 +106,7 @@ fn serve_invariance_passes_on_cpu_with_a_tiny_moe() {
         requests: 4,
         max_tokens: 8,
         kv_dtype: Default::default(),
+        context: 0,
     };
     let rep = run(&path, &opts);
     let _ = std::fs::remove_file(&path);
