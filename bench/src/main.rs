@@ -605,7 +605,7 @@ fn server_speed(
     };
     let mref = memra_bench::record::model_ref(&f.model)?;
     match kind {
-        Kind::Ttft => run(&a, &mref, &prompts),
+        Kind::Ttft => run(&a, &mref, &prompts, (f.turn, vocab)),
         Kind::Prefill => run_speed(&a, &mref, &prompts, Speed::Prefill),
         Kind::Decode => run_speed(&a, &mref, &prompts, Speed::Decode(f.gen_tokens)),
     }
@@ -613,10 +613,13 @@ fn server_speed(
 
 fn speed(kind: memra_bench::speed::Kind, f: SpeedFlags) -> Result<()> {
     if let Some(addr) = f.server.clone() {
-        if !f.depth.is_empty() || f.turn > 0 || f.schema.is_some() {
+        if !f.depth.is_empty() || f.schema.is_some() {
             return Err(Error::Input(
-                "--depth, --turn and --schema are not supported with --server".into(),
+                "--depth and --schema are not supported with --server".into(),
             ));
+        }
+        if f.turn > 0 && kind != memra_bench::speed::Kind::Ttft {
+            return Err(Error::Input("--turn applies to ttft only".into()));
         }
         let rows = server_speed(kind, addr, &f)?;
         return print_rows(&f, &rows);

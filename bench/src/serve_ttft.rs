@@ -252,8 +252,16 @@ fn base_row(a: &ServerTtft, mref: &ModelRef, generated: usize) -> Row {
     }
 }
 
-/// TTFT cold and cached rows for `prompt` (token ids) of `p` tokens.
-pub fn run(a: &ServerTtft, mref: &ModelRef, prompts: &[(usize, Vec<u32>)]) -> Result<Vec<Row>> {
+/// TTFT cold and cached rows for `prompt` (token ids) of `p` tokens. With `turn` = (N, vocab),
+/// N > 0, each cached run sends the cached prompt plus a fresh N-token turn
+/// ([`crate::speed::turn_ids`]) and must give the text of that turn's untimed cold run (fresh
+/// salt); its row has `prompt` = p + N and `depth` = p, as the engine's rows.
+pub fn run(
+    a: &ServerTtft,
+    mref: &ModelRef,
+    prompts: &[(usize, Vec<u32>)],
+    turn: (usize, usize),
+) -> Result<Vec<Row>> {
     if a.runs == 0 {
         return Err(Error::Input("--runs must be at least 1".into()));
     }
@@ -274,17 +282,26 @@ pub fn run(a: &ServerTtft, mref: &ModelRef, prompts: &[(usize, Vec<u32>)]) -> Re
         }
         once(a, ids, None, 1)?; // fills the cache
         let (mut warm, mut ok_warm) = (Vec::new(), true);
-        for _ in 0..a.runs {
-            let o = once(a, ids, None, 1)?;
-            ok_warm &= o.text == reference;
+        for run in 0..a.runs {
+            let (t, want) = if turn.0 == 0 {
+                (ids.clone(), reference.clone())
+            } else {
+                let mut t = ids.clone();
+                t.extend(crate::speed::turn_ids(1 + run as u64, turn.0, turn.1));
+                let cold = once(a, &t, Some(&fresh()), 1)?.text;
+                (t, cold)
+            };
+            let o = once(a, &t, None, 1)?;
+            ok_warm &= o.text == want;
             warm.push(o.first * 1e3);
         }
-        for (w, vals, ok) in [
-            (Workload::TtftCold, cold, ok_cold),
-            (Workload::TtftCached, warm, ok_warm),
-        ] {
-            rows.push(measured(&base, w, *p, &vals, ok));
+        rows.push(measured(&base, Workload::TtftCold, *p, &cold, ok_cold));
+        let mut r = measured(&base, Workload::TtftCached, *p, &warm, ok_warm);
+        if turn.0 > 0 {
+            r.prompt = Some((p + turn.0) as u64);
+            r.depth = Some(*p as u64);
         }
+        rows.push(r);
     }
     Ok(rows)
 }
@@ -370,4 +387,118 @@ mod tests {
         );
         assert_eq!(decode["stream_options"]["include_usage"], true);
     }
+
+    /// A one-thread mock completions server: answers every request with one text chunk that
+    /// names the prompt (its length and sum, plus a mark for requests without a salt whose
+    /// prompt is longer than `mark_over`) and records (prompt, salted).
+    fn mock(mark_over: usize) -> (String, std::sync::mpsc::Receiver<(Vec<u64>, bool)>) {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(mut c) = c else { return };
+                let mut r = BufReader::new(c.try_clone().unwrap());
+                let mut len = 0usize;
+                loop {
+                    let mut h = String::new();
+                    if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap();
+                    }
+                }
+                let mut b = vec![0u8; len];
+                r.read_exact(&mut b).unwrap();
+                let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+                let prompt: Vec<u64> = v["prompt"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap())
+                    .collect();
+                let salted = v.get("cache_salt").is_some();
+                let mark = if !salted && prompt.len() > mark_over { "!" } else { "" };
+                let text = format!("{}:{}{mark}", prompt.len(), prompt.iter().sum::<u64>());
+                let body = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n\
+                     data: {{\"choices\":[{{\"text\":\"{text}\"}}]}}\n\ndata: [DONE]\n\n"
+                );
+                tx.send((prompt, salted)).unwrap(); // before the answer: no race with the client
+                c.write_all(body.as_bytes()).unwrap();
+            }
+        });
+        (addr, rx)
+    }
+
+    fn args(addr: String) -> ServerTtft {
+        ServerTtft {
+            addr,
+            model: "m".into(),
+            api_key: None,
+            engine: "memra".into(),
+            version: None,
+            device: DeviceRef {
+                name: "test".into(),
+                driver: None,
+                sms: None,
+            },
+            run: "t".into(),
+            runs: 2,
+            shape: None,
+            dtype: None,
+        }
+    }
+
+    fn mref() -> ModelRef {
+        ModelRef {
+            file: "x.gguf".into(),
+            sha256: None,
+            bytes: None,
+        }
+    }
+
+    #[test]
+    fn a_cached_turn_sends_the_prompt_plus_fresh_turn_tokens_checked_against_its_cold_run() {
+        let (addr, rx) = mock(usize::MAX);
+        let ids: Vec<u32> = (0..6).map(|i| 100 + i).collect();
+        let rows = run(&args(addr), &mref(), &[(6, ids.clone())], (4, 1000)).unwrap();
+        let cached = rows
+            .iter()
+            .find(|r| r.workload == Workload::TtftCached)
+            .unwrap();
+        assert_eq!((cached.prompt, cached.depth), (Some(10), Some(6)));
+        assert!(cached.value.is_some(), "the turns gave their cold runs' text");
+        let reqs: Vec<(Vec<u64>, bool)> = rx.try_iter().collect();
+        // Unsalted 10-token requests: the two timed turns, each after the cached prompt, with
+        // different turn tokens; each also ran cold (salted) once.
+        let turns: Vec<&Vec<u64>> = reqs
+            .iter()
+            .filter(|(p, s)| !s && p.len() == 10)
+            .map(|(p, _)| p)
+            .collect();
+        assert_eq!(turns.len(), 2);
+        assert_ne!(turns[0], turns[1]);
+        for t in &turns {
+            assert_eq!(t[..6], ids.iter().map(|&x| x as u64).collect::<Vec<_>>()[..]);
+            assert!(reqs.iter().any(|(p, s)| *s && p == *t), "a cold run of the same turn");
+        }
+    }
+
+    #[test]
+    fn a_cached_turn_whose_text_differs_from_its_cold_run_makes_the_row_invalid() {
+        let (addr, _rx) = mock(6);
+        let ids: Vec<u32> = (0..6).map(|i| 100 + i).collect();
+        let rows = run(&args(addr), &mref(), &[(6, ids)], (4, 1000)).unwrap();
+        let cached = rows
+            .iter()
+            .find(|r| r.workload == Workload::TtftCached)
+            .unwrap();
+        assert!(cached.value.is_none());
+        let cold = rows.iter().find(|r| r.workload == Workload::TtftCold).unwrap();
+        assert!(cold.value.is_some());
+    }
+
 }

@@ -132,6 +132,18 @@ if has long; then
     run ttft-cached-turn 200 "$BIN/memra-bench" ttft "$f" --device cuda:0 --prompt 5700 --turn 50 --gen 1 \
       --runs 5 --shape llama3-8b --dtype Q4_K_M --out "$OUT/long.jsonl"
     grep ttft "$LOG/ttft-cached-turn.log" | tee -a "$SUMMARY"
+    # The same cached turn through memra-server (streaming, time to the first content delta).
+    MEMRA_MODELS="m=$f" MEMRA_ADDR="127.0.0.1:18082" MEMRA_DEVICE=cuda:0 \
+      "$BIN/memra-server" > "$LOG/server-long.log" 2>&1 &
+    spid=$!
+    for _ in $(seq 1 240); do
+      curl -s -o /dev/null -w "%{http_code}" "127.0.0.1:18082/ready" 2>/dev/null | grep -q 200 && break
+      sleep 0.5
+    done
+    run ttft-cached-turn-server 200 "$BIN/memra-bench" ttft "$f" --server 127.0.0.1:18082 --prompt 5700 \
+      --turn 50 --gen 1 --runs 5 --shape llama3-8b --dtype Q4_K_M --out "$OUT/long.jsonl"
+    grep ttft "$LOG/ttft-cached-turn-server.log" | tee -a "$SUMMARY"
+    kill -TERM "$spid"; wait "$spid"
     for kv in f16 bf16 q8_0; do
       run "decode-depth-$kv" 300 "$BIN/memra-bench" decode "$f" --device cuda:0 --prompt 512 \
         --depth 8192,32768 --gen 128 --runs 3 --kv-dtype "$kv" --shape llama3-8b --dtype Q4_K_M \
