@@ -420,7 +420,11 @@ mod tests {
                     .map(|x| x.as_u64().unwrap())
                     .collect();
                 let salted = v.get("cache_salt").is_some();
-                let mark = if !salted && prompt.len() > mark_over { "!" } else { "" };
+                let mark = if !salted && prompt.len() > mark_over {
+                    "!"
+                } else {
+                    ""
+                };
                 let text = format!("{}:{}{mark}", prompt.len(), prompt.iter().sum::<u64>());
                 let body = format!(
                     "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n\
@@ -470,7 +474,10 @@ mod tests {
             .find(|r| r.workload == Workload::TtftCached)
             .unwrap();
         assert_eq!((cached.prompt, cached.depth), (Some(10), Some(6)));
-        assert!(cached.value.is_some(), "the turns gave their cold runs' text");
+        assert!(
+            cached.value.is_some(),
+            "the turns gave their cold runs' text"
+        );
         let reqs: Vec<(Vec<u64>, bool)> = rx.try_iter().collect();
         // Unsalted 10-token requests: the two timed turns, each after the cached prompt, with
         // different turn tokens; each also ran cold (salted) once.
@@ -482,8 +489,14 @@ mod tests {
         assert_eq!(turns.len(), 2);
         assert_ne!(turns[0], turns[1]);
         for t in &turns {
-            assert_eq!(t[..6], ids.iter().map(|&x| x as u64).collect::<Vec<_>>()[..]);
-            assert!(reqs.iter().any(|(p, s)| *s && p == *t), "a cold run of the same turn");
+            assert_eq!(
+                t[..6],
+                ids.iter().map(|&x| x as u64).collect::<Vec<_>>()[..]
+            );
+            assert!(
+                reqs.iter().any(|(p, s)| *s && p == *t),
+                "a cold run of the same turn"
+            );
         }
     }
 
@@ -497,8 +510,10 @@ mod tests {
             .find(|r| r.workload == Workload::TtftCached)
             .unwrap();
         assert!(cached.value.is_none());
-        let cold = rows.iter().find(|r| r.workload == Workload::TtftCold).unwrap();
+        let cold = rows
+            .iter()
+            .find(|r| r.workload == Workload::TtftCold)
+            .unwrap();
         assert!(cold.value.is_some());
     }
-
 }

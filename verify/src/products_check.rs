@@ -109,7 +109,10 @@ pub fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
 pub fn product_geometry_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     let profile = Profile::for_device(g)?;
     let (m, n) = (300usize, 1040usize);
-    for (i, dtype) in [DType::F16, DType::BF16, DType::Q4_K].into_iter().enumerate() {
+    for (i, dtype) in [DType::F16, DType::BF16, DType::Q4_K]
+        .into_iter()
+        .enumerate()
+    {
         let k = if dtype == DType::Q4_K { 768 } else { 576 };
         let stream = 19_000 + 10 * i as u64;
         let wv: Vec<f32> = (0..(n * k) as u64).map(|j| unit(seed, stream, j)).collect();
@@ -117,7 +120,11 @@ pub fn product_geometry_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result
         let rb = wq.len() / n;
         let mut wd = vec![0f32; n * k];
         for r in 0..n {
-            dequantize_row(dtype, &wq[r * rb..(r + 1) * rb], &mut wd[r * k..(r + 1) * k])?;
+            dequantize_row(
+                dtype,
+                &wq[r * rb..(r + 1) * rb],
+                &mut wd[r * k..(r + 1) * k],
+            )?;
         }
         let x: Vec<f32> = (0..(m * k) as u64)
             .map(|j| unit(seed, stream + 1, j))
@@ -142,10 +149,8 @@ pub fn product_geometry_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result
             ("mmq".into(), profile.launch(64, dtype, n)),
             ("smem".into(), profile::smem(4, 2)),
         ];
-        if profile.wgmma {
-            if let Some(l) = profile::warpgroup(dtype) {
-                launches.push(("wgmma".into(), l));
-            }
+        if let Some(l) = profile::warpgroup(dtype).filter(|_| profile.wgmma) {
+            launches.push(("wgmma".into(), l));
         }
         let mut first: Option<Vec<f32>> = None;
         for (name, l) in launches {

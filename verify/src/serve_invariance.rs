@@ -81,7 +81,9 @@ rivers, mountains, old maps, the weather of coastal towns, and how to bake bread
 fn context_tokens(tok: &Tokenizer, n: usize) -> Result<Vec<u32>> {
     let unit = tok.encode(FILLER, false)?;
     if unit.is_empty() {
-        return Err(Error::Input("the tokenizer encodes the filler text to nothing".into()));
+        return Err(Error::Input(
+            "the tokenizer encodes the filler text to nothing".into(),
+        ));
     }
     Ok(unit.iter().copied().cycle().take(n).collect())
 }

@@ -389,7 +389,10 @@ mod tests {
         }
         for d in [DType::Q8_0, DType::Q6_K, DType::Q4_1, DType::Q5_K] {
             assert!(!p.launch(512, d, 4096).wg, "{d}");
-            assert!(warpgroup(d).is_none_or(|l| !l.fits(d, SMEM_MAX_SM90)), "{d}");
+            assert!(
+                warpgroup(d).is_none_or(|l| !l.fits(d, SMEM_MAX_SM90)),
+                "{d}"
+            );
         }
         let b = Profile::new("compute_120a", 170, 99 * 1024);
         assert!(!b.wgmma);
