@@ -3,5 +3,6 @@
 mod golden;
 mod inspect;
 mod invariance_cpu;
+mod mtp_check;
 mod serve_invariance;
 mod spec_gate;
