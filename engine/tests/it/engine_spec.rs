@@ -191,6 +191,9 @@ fn mtp_speculation_in_the_engine_loop_equals_plain() {
     for k in [1, 4] {
         let (d, a) = check_against_plain(&oracle, SpecConfig::new(DrafterKind::Mtp, k).unwrap(), 6);
         eprintln!("oracle MTP layer k={k}: {a} of {d} drafts accepted");
-        assert!(d > 0 && a * 4 >= d * 3, "oracle MTP k={k}: {a} of {d} accepted");
+        assert!(
+            d > 0 && a * 4 >= d * 3,
+            "oracle MTP k={k}: {a} of {d} accepted"
+        );
     }
 }
