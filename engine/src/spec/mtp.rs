@@ -95,11 +95,6 @@ impl MtpDrafter {
         })
     }
 
-    /// The backend the MTP layer runs on (`cpu`, `cuda:0`).
-    pub fn backend_name(&self) -> String {
-        self.backend.name()
-    }
-
     /// The MTP KV positions `id` holds from the target's own states (tests).
     pub fn done(&self, id: u64) -> usize {
         self.seqs.get(&id).map_or(0, |s| s.done)
