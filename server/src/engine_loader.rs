@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use memra_server::Generate;
 use memra_server::config::{ModelSpec, ServeArgs};
-use memra_server::real::{RealEngine, StartConfig, engine_settings};
+use memra_server::real::{RealEngine, StartConfig};
 
 /// Starts loading; `on_error` gets the message if a model fails to load.
 pub fn start(
@@ -12,14 +12,6 @@ pub fn start(
     args: &ServeArgs,
     on_error: Box<dyn FnOnce(String) + Send>,
 ) -> Result<Arc<dyn Generate>, String> {
-    let (engine, limits) = engine_settings(args)?;
-    let cfg = StartConfig {
-        models: specs
-            .iter()
-            .map(|s| (s.alias.clone(), s.path.clone(), s.spec.clone(), s.kv_dtype))
-            .collect(),
-        engine,
-        limits,
-    };
+    let cfg = StartConfig::from_args(specs, args)?;
     Ok(RealEngine::start(cfg, on_error))
 }

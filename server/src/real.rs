@@ -114,6 +114,24 @@ pub struct StartConfig {
     pub limits: AdmissionLimits,
 }
 
+impl StartConfig {
+    /// What the binary starts for `specs` (MEMRA_MODELS) under the flags `args`.
+    pub fn from_args(
+        specs: &[crate::config::ModelSpec],
+        args: &ServeArgs,
+    ) -> std::result::Result<StartConfig, String> {
+        let (engine, limits) = engine_settings(args)?;
+        Ok(StartConfig {
+            models: specs
+                .iter()
+                .map(|s| (s.alias.clone(), s.path.clone(), s.spec.clone(), s.kv_dtype))
+                .collect(),
+            engine,
+            limits,
+        })
+    }
+}
+
 /// The engine, once loaded.
 pub struct RealEngine {
     loaded: OnceLock<Loaded>,

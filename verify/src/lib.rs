@@ -1,11 +1,12 @@
 //! memra-verify: exactness gates (EXACTNESS.md). `kernels` (every CUDA kernel vs the CPU
 //! reference), `invariance` (same rows, same bits under any batch or chunking, any backend),
-//! `tokens` (greedy tokens vs the reference fixture), `spec` (speculative vs plain decoding),
+//! `tokens` (greedy tokens vs the reference fixture), `spec` (speculative vs plain decoding;
+//! with the MTP drafter on a GPU also its hand-over against the CPU's, `mtp_check`),
 //! `inspect` (a model file validated the way the engine loads it).
 
 mod attention_check;
 mod attention_window_check;
-mod case;
+pub mod case;
 pub mod golden;
 pub mod graph;
 pub mod inspect;
@@ -14,6 +15,7 @@ pub mod kernels;
 mod kernels_select;
 mod kv_write_check;
 mod moe_check;
+pub mod mtp_check;
 mod products_check;
 pub mod serve_invariance;
 pub mod spec;

@@ -5,7 +5,7 @@
 //! - `memra-verify tokens [--device D] MODEL --fixture verify/fixtures/smollm2-135m-reference.json`
 //! - `memra-verify serve-invariance MODEL [--device D] [--requests N] [--max-tokens T]`
 //! - `memra-verify graph [--device cuda:N] (MODEL | --tiny ARCH) [--max-m 64] [--gen-tokens 24]`
-//! - `memra-verify spec [--device D] (MODEL | --tiny ARCH[+mtp]) [--max-tokens 32] [--k-max 8]
+//! - `memra-verify spec [--device D] (MODEL | --tiny ARCH[+mtp|+mtp-oracle]) [--max-tokens 32] [--k-max 8]
 //!   [--drafters ngram,mtp,self,random]`
 //! - `memra-verify golden [--device D] (MODEL | --tiny ARCH) [--dir verify/golden]
 //!   [--record --reason TEXT]`: plain decoding's logits bytes vs those recorded for the device class
@@ -19,18 +19,21 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
+use memra_engine::backend::cpu::{CpuBackend, CpuOps, CpuOptions};
 use memra_engine::backend::cuda::{CudaBackend, CudaOptions};
 use memra_engine::backend::{Backend, Device, KvDtype};
 use memra_engine::config::Arch;
-use memra_engine::models::ModelWeights;
-use memra_engine::models::random::{random_weights, tiny_config};
+use memra_engine::models::random::{oracle_mtp_weights, random_weights, tiny_config};
+use memra_engine::models::{ModelWeights, mtp};
 use memra_engine::quant::DType;
 use memra_engine::spec::Drafter;
 use memra_engine::spec::draft_model::DraftModelDrafter;
 use memra_engine::spec::mtp::MtpDrafter;
 use memra_engine::spec::ngram::NgramDrafter;
 use memra_engine::{Error, Result};
-use memra_verify::{golden, graph, invariance, kernels, serve_invariance, spec, tokens};
+use memra_verify::{
+    case, golden, graph, invariance, kernels, mtp_check, serve_invariance, spec, tokens,
+};
 
 #[derive(Parser)]
 #[command(name = "memra-verify", about = "memra exactness gates")]
@@ -130,7 +133,8 @@ enum Cmd {
     Spec {
         /// A GGUF file or HF folder (its tokenizer encodes the prompts).
         model: Option<PathBuf>,
-        /// Use a tiny random model of this architecture instead of MODEL.
+        /// Use a tiny random model of this architecture instead of MODEL (`ARCH+mtp`: with a
+        /// random MTP layer; `ARCH+mtp-oracle`: with one wired to draft the model's own picks).
         #[arg(long, conflicts_with = "model")]
         tiny: Option<String>,
         #[arg(long, default_value = "auto")]
@@ -202,20 +206,26 @@ enum Cmd {
     },
 }
 
-/// The tiny random model of `ARCH`, or of `ARCH+mtp` with one MTP layer (random: its drafts
-/// are mostly rejected, which exercises the rollback).
+/// The tiny random model of `ARCH`, of `ARCH+mtp` with one random MTP layer (its drafts are
+/// mostly rejected, which exercises the rollback), or of `ARCH+mtp-oracle` with one MTP layer
+/// wired to draft the model's own picks (`oracle_mtp_weights`: nearly every draft is accepted
+/// when the drafter runs it right).
 fn tiny(arch: &str) -> Result<ModelWeights> {
-    let (arch, mtp) = match arch.strip_suffix("+mtp") {
-        Some(a) => (a, 1),
-        None => (arch, 0),
+    let (arch, mtp) = match (arch.strip_suffix("+mtp"), arch.strip_suffix("+mtp-oracle")) {
+        (Some(a), _) => (a, Some(false)),
+        (_, Some(a)) => (a, Some(true)),
+        _ => (arch, None),
     };
     let arch = Arch::from_gguf_name(arch)?;
     let cfg = memra_engine::config::ModelConfig {
-        mtp_layers: mtp,
+        mtp_layers: usize::from(mtp.is_some()),
         ..tiny_config(arch, 97)
     };
     cfg.validate()?;
-    random_weights(&cfg, 5, DType::Q8_0)
+    match mtp {
+        Some(true) => oracle_mtp_weights(&cfg, 5),
+        _ => random_weights(&cfg, 5, DType::Q8_0),
+    }
 }
 
 /// MODEL or --tiny ARCH, as one gate names them.
@@ -470,8 +480,16 @@ fn gate_spec(a: &SpecArgs) -> Result<usize> {
         logits_path,
         select_path,
     };
+    // The MTP drafter on a GPU: its hand-over is also checked against the CPU's.
+    let mtp_check = match resolve(a.device) {
+        Device::Cuda(n) if drafters.iter().any(|d| d.name() == "mtp") => Some((n, w.clone())),
+        _ => None,
+    };
     let mut b = open_backend(a.device, w, blocks, bs, a.threads)?;
-    let rows = spec::run(b.as_mut(), &mut drafters, &prompts, &opts)?;
+    let mut rows = spec::run(b.as_mut(), &mut drafters, &prompts, &opts)?;
+    if a.tiny.is_some_and(|t| t.ends_with("+mtp-oracle")) {
+        spec::require_oracle_acceptance(&mut rows, "mtp");
+    }
     print!("{}", spec::report(&rows));
     println!(
         "spec on {}: prompts {} x K = 1..{} x greedy/seeded, {} tokens each, paths: {}",
@@ -485,7 +503,67 @@ fn gate_spec(a: &SpecArgs) -> Result<usize> {
         a.max_tokens,
         a.paths
     );
-    Ok(spec::failures(&rows))
+    let mut bad = spec::failures(&rows);
+    if let Some((n, w)) = mtp_check {
+        drop(drafters);
+        bad += gate_mtp_check(&w, n, b.as_mut(), &prompts, (blocks, a.threads))?;
+    }
+    Ok(bad)
+}
+
+/// The MTP drafter's hand-over on CUDA device `n` against the CPU's (verify/src/mtp_check.rs):
+/// the target's hidden states as `target` hands them over, the MTP layer as CUDA graphs and
+/// plainly. Returns the failed cases.
+fn gate_mtp_check(
+    w: &ModelWeights,
+    n: usize,
+    target: &mut dyn Backend,
+    prompts: &[spec::Prompt],
+    (blocks, threads): (usize, usize),
+) -> Result<usize> {
+    let bs = target.kv_block_size();
+    let mut cpu_target = open_backend(Device::Cpu, w.clone(), blocks, bs, threads)?;
+    let cpu_opts = CpuOptions {
+        threads,
+        kv_blocks: blocks,
+        block_size: bs,
+        kv_dtype: kv_dtype(),
+    };
+    let mut cpu_mtp = CpuBackend::build_with(CpuOps::new(&cpu_opts)?, w, mtp::build)?;
+    let cuda_opts = CudaOptions {
+        device: n,
+        kv_blocks: blocks,
+        block_size: bs,
+        graphs: true,
+        kv_dtype: kv_dtype(),
+    };
+    let mut dev_mtp = CudaBackend::new_with(w, &cuda_opts, mtp::build)?;
+    let mut cases = Vec::new();
+    for graphs in [true, false] {
+        dev_mtp.set_graphs(graphs);
+        let mut reference = mtp_check::Side {
+            target: cpu_target.as_mut(),
+            mtp: &mut cpu_mtp,
+        };
+        let mut device = mtp_check::Side {
+            target: &mut *target,
+            mtp: &mut dev_mtp,
+        };
+        let label = if graphs { "mtp graphs" } else { "mtp plain" };
+        cases.extend(mtp_check::run(&mut reference, &mut device, prompts, label)?);
+    }
+    let (captures, _) = dev_mtp.graph_counts();
+    print!("{}", case::report(&cases));
+    let bad = cases.iter().filter(|c| !c.ok()).count();
+    println!(
+        "mtp hand-over on {} vs cpu: {} cases (target hidden states, MTP logits and output \
+         states; MTP layer as CUDA graphs ({captures} captured) and plainly), tolerance {:.0e}, \
+         {bad} failed",
+        Backend::name(target),
+        cases.len(),
+        mtp_check::MTP_TOL
+    );
+    Ok(bad)
 }
 
 /// The golden gate's own arguments.

@@ -7,7 +7,8 @@
 //!   for bit (`keep_logits`: the host samples from the logits);
 //! - the token ids and the finish reason with the backend choosing the tokens itself (no logits
 //!   come back; on CUDA the device sampler runs), against plain decoding on the same path;
-//! - the speculation counters of the two paths (drafts depend only on the tokens).
+//! - the speculation counters of the two paths (drafts depend only on the tokens);
+//! - something drafted (a row without a single draft checked plain decoding only).
 
 use memra_engine::backend::Backend;
 use memra_engine::generate::{GenOutput, GenRequest, generate};
@@ -260,11 +261,32 @@ pub fn run(
                         }
                     }
                 }
+                if row.counts.drafted == 0 {
+                    row.failures
+                        .push("nothing was drafted: the row checked plain decoding only".into());
+                }
                 rows.push(row);
             }
         }
     }
     Ok(rows)
+}
+
+/// Greedy drafts of a drafter that drafts the model's own picks (the MTP layer of
+/// `oracle_mtp_weights`) are accepted but for near-ties: a greedy row of `drafter` with fewer
+/// than 90% of its drafts accepted fails (the drafter does not run its layer right).
+pub fn require_oracle_acceptance(rows: &mut [Row], drafter: &str) {
+    for r in rows
+        .iter_mut()
+        .filter(|r| r.drafter == drafter && r.sampling == "greedy")
+    {
+        let (d, a) = (r.counts.drafted, r.counts.accepted);
+        if a * 10 < d * 9 {
+            r.failures.push(format!(
+                "an oracle drafter: only {a} of {d} greedy drafts accepted (90% expected)"
+            ));
+        }
+    }
 }
 
 /// The table, every failure in full, and a count line.

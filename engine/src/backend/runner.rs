@@ -9,7 +9,7 @@ use super::{
     check_batch, check_logprobs, check_select, logits_for_scoring, score_on_host, with_masks,
 };
 use crate::config::ModelConfig;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::models::{self, Forward, ModelWeights};
 use crate::ops::{Act, Rows};
 
@@ -64,8 +64,10 @@ impl<O: Exec> Runner<O> {
         &mut self.ops
     }
 
-    /// Runs the forward pass; returns, per row that wants logits, its row in `self.logits`.
-    fn forward(&mut self, batch: &StepBatch) -> Result<Vec<usize>> {
+    /// Runs the forward pass; returns, per row that wants logits, its row in `self.logits` and
+    /// in the activation the head read (the returned one: the gathered head input, or the final
+    /// residual rows themselves when the head ran over every row).
+    fn forward(&mut self, batch: &StepBatch) -> Result<(Vec<usize>, Act)> {
         let o = &self.ops;
         check_batch(
             batch,
@@ -75,13 +77,14 @@ impl<O: Exec> Runner<O> {
             &o.name(),
         )?;
         if batch.rows.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), self.head_in));
         }
         let want: Vec<usize> = (0..batch.rows.len())
             .filter(|&i| batch.rows[i].want_logits)
             .collect();
         let (model, head_in, logits) = (&self.model, self.head_in, self.logits);
         let mut body_out = None;
+        let mut head_x = head_in;
         let rows = self.ops.execute(batch, &want, &mut |ops, head| {
             let x = model.body(ops)?;
             body_out = Some(x);
@@ -93,6 +96,7 @@ impl<O: Exec> Runner<O> {
                     head_in
                 }
             };
+            head_x = h;
             model.head(ops, h, logits)
         })?;
         if let (true, Some(x)) = (self.keep_hidden, body_out) {
@@ -100,7 +104,7 @@ impl<O: Exec> Runner<O> {
             let h = self.ops.read_rows(x, &all)?;
             self.hidden.extend(batch.rows.iter().copied().zip(h));
         }
-        Ok(rows)
+        Ok((rows, head_x))
     }
 }
 
@@ -130,7 +134,7 @@ impl<O: Exec> Backend for Runner<O> {
     }
 
     fn step(&mut self, batch: &StepBatch) -> Result<StepOutput> {
-        let rows = self.forward(batch)?;
+        let (rows, _) = self.forward(batch)?;
         let logits = self.ops.read_rows(self.logits, &rows)?;
         Ok(StepOutput { logits })
     }
@@ -141,7 +145,7 @@ impl<O: Exec> Backend for Runner<O> {
         select: &[Option<SelectParams>],
     ) -> Result<StepSelected> {
         check_select(batch, select)?;
-        let rows = self.forward(batch)?;
+        let (rows, _) = self.forward(batch)?;
         self.ops.select(self.logits, &rows, select)
     }
 
@@ -177,9 +181,9 @@ impl<O: Exec> Backend for Runner<O> {
 
     fn keep_hidden(&mut self, on: bool) -> Result<()> {
         if on && !self.ops.reads_step_rows() {
-            return Err(crate::error::Error::Unsupported(format!(
-                "mtp speculation is not yet supported on {} (it reads the target's hidden \
-                 states, which only the cpu backend exposes so far)",
+            return Err(Error::Unsupported(format!(
+                "mtp speculation is not supported on {} (it reads the target's hidden states, \
+                 which this backend does not expose)",
                 self.ops.name()
             )));
         }
@@ -190,5 +194,41 @@ impl<O: Exec> Backend for Runner<O> {
 
     fn take_hidden(&mut self) -> Vec<(StepRow, Vec<f32>)> {
         std::mem::take(&mut self.hidden)
+    }
+}
+
+/// A forward pass that reads a hidden input per row (an MTP layer, models/mtp.rs), run one step
+/// at a time: the drafter's side of the hidden-state hand-over (spec/mtp.rs).
+pub trait HiddenStep: Backend {
+    /// Runs `batch` with `hidden_in` (`rows x hidden` values, in row order) as its rows'
+    /// hidden inputs; returns, per row that wants logits (in row order), its logits and its
+    /// final hidden state (the residual rows the head read: only those come back).
+    fn step_hidden(
+        &mut self,
+        batch: &StepBatch,
+        hidden_in: Vec<f32>,
+    ) -> Result<Vec<(Vec<f32>, Vec<f32>)>>;
+}
+
+impl<O: Exec> HiddenStep for Runner<O> {
+    fn step_hidden(
+        &mut self,
+        batch: &StepBatch,
+        hidden_in: Vec<f32>,
+    ) -> Result<Vec<(Vec<f32>, Vec<f32>)>> {
+        let want = batch.rows.len() * self.config.hidden;
+        if hidden_in.len() != want {
+            return Err(Error::Input(format!(
+                "step_hidden: {} hidden input values for {} rows of {}",
+                hidden_in.len(),
+                batch.rows.len(),
+                self.config.hidden
+            )));
+        }
+        self.ops.set_hidden_in(hidden_in)?;
+        let (rows, head_x) = self.forward(batch)?;
+        let logits = self.ops.read_rows(self.logits, &rows)?;
+        let hidden = self.ops.read_rows(head_x, &rows)?;
+        Ok(logits.into_iter().zip(hidden).collect())
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! `run-gen MODEL (--prompt TEXT | --prompt-ids 1,2,3) [--chat] [--system TEXT] [--max-tokens N]
 //!  [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--device auto|cpu|cuda[:N]]
-//!  [--threads N] [--json] [--logits-top K] [--no-cuda-graph] [--spec ngram|draft:PATH]
+//!  [--threads N] [--json] [--logits-top K] [--no-cuda-graph] [--spec ngram|mtp|draft:PATH]
 //!  [--spec-k K]`
 
 use std::io::Write;
@@ -91,8 +91,8 @@ struct Args {
     #[arg(long)]
     no_cuda_graph: bool,
     /// Speculative decoding: `ngram` (prompt lookup), `draft:PATH` (a smaller model with the
-    /// same tokenizer) or `mtp` (the model's own MTP layer, CPU only so far). The output is the
-    /// same as without it.
+    /// same tokenizer) or `mtp` (the model's own MTP layer, on the same device as the model).
+    /// The output is the same as without it.
     #[arg(long)]
     spec: Option<String>,
     /// Most draft tokens checked per step (with --spec; adapted down or off when it does not

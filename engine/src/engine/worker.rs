@@ -164,6 +164,15 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
     } = a
         .take()
         .ok_or_else(|| Error::Input("engine thread started twice".into()))?;
+    // The drafter first: what it takes (a draft model, the MTP layer's copy of the head) is
+    // then no longer free when the KV pool is sized from free memory.
+    let spec = match &cfg.spec {
+        Some(sc) => {
+            let d = open_drafter(sc, cfg.device, cfg.threads, &weights)?;
+            Some(Speculation::new(sc.clone(), d))
+        }
+        None => None,
+    };
     let blocks = kv_blocks(&weights, &cfg)?;
     let max_ctx = weights.config.max_ctx;
     let vocab = weights.config.vocab;
@@ -175,13 +184,6 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         threads: cfg.threads,
         graphs: graphs_default(),
         kv_dtype: cfg.kv_dtype,
-    };
-    let spec = match &cfg.spec {
-        Some(sc) => {
-            let d = open_drafter(sc, cfg.device, cfg.threads, &weights)?;
-            Some(Speculation::new(sc.clone(), d))
-        }
-        None => None,
     };
     let mut backend = open_backend_opts(cfg.device, weights, &opts)?;
     if let Some(s) = &spec {

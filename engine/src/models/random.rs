@@ -99,3 +99,39 @@ pub fn random_weights(config: &ModelConfig, seed: u64, dtype: DType) -> Result<M
     };
     ModelWeights::build(config, &mut get)
 }
+
+/// `config` (llama-family, tied embeddings, at least one MTP layer) with weights whose
+/// prediction depends on the current token only: every attention and FFN output projection is
+/// zero, so the final hidden state is the token's embedding. Its first MTP layer is wired to the
+/// same function of the next token (`eh_proj = [I, 0]`, its block's outputs zero, the model's
+/// output norm as its shared norm): its drafts are the model's own greedy picks (up to
+/// near-ties), so speculation with it accepts nearly every draft. The other weights are
+/// [`random_weights`]' in F32.
+pub fn oracle_mtp_weights(config: &ModelConfig, seed: u64) -> Result<ModelWeights> {
+    let cfg = ModelConfig {
+        tie_embeddings: true,
+        mtp_layers: config.mtp_layers.max(1),
+        ..config.clone()
+    };
+    let base = random_weights(&cfg, seed, DType::F32)?;
+    let (h, l) = (cfg.hidden, cfg.n_layers);
+    let mut src = |role: Role| -> Result<Option<Tensor>> {
+        let name = role.gguf_name();
+        let filled = |shape: Vec<usize>, f: &dyn Fn(usize) -> f32| {
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = (0..n).map(f).collect();
+            Tensor::from_f32(name.clone(), shape, &v).map(Some)
+        };
+        match role {
+            Role::AttnOut(_) | Role::Down(_) => filled(base.get(role)?.shape.clone(), &|_| 0.0),
+            // Row i, column i of [hidden, 2 * hidden]: the embedding half only.
+            Role::MtpEhProj(_) => filled(vec![h, 2 * h], &|j| {
+                if j % (2 * h) == j / (2 * h) { 1.0 } else { 0.0 }
+            }),
+            Role::MtpEnorm(_) => filled(vec![h], &|_| 1.0),
+            Role::MtpSharedNorm(x) if x == l => Ok(Some(base.get(Role::OutputNorm)?.clone())),
+            _ => Ok(base.opt(role).cloned()),
+        }
+    };
+    ModelWeights::build(&cfg, &mut src)
+}

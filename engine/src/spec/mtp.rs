@@ -12,16 +12,18 @@
 //! positions computed from the target's own hidden states and committed tokens are kept, so a
 //! rejected draft leaves nothing behind.
 //!
-//! Runs on the CPU backend only for now: CUDA neither exposes its hidden states nor has the
-//! `hidden_in` op (a clear error says so).
+//! The MTP layer runs on the target's kind of backend (`device`: the CPU, or a CUDA device with
+//! its own runner beside the target's), fed through [`HiddenStep`]: the hidden input rows go
+//! up with the step, and only the rows that want logits come back (logits and output state).
 
 use std::collections::{BTreeMap, HashMap};
 
 use super::{DraftReq, Drafter};
 use crate::backend::cpu::{CpuBackend, CpuOps, CpuOptions};
-use crate::backend::exec::Exec;
-use crate::backend::{Backend, Device, StepBatch, StepRow};
-use crate::error::{Error, Result};
+use crate::backend::cuda::{CudaBackend, CudaOptions, cuda_available, graphs_default};
+use crate::backend::runner::HiddenStep;
+use crate::backend::{Device, StepBatch, StepRow};
+use crate::error::Result;
 use crate::kv::{BlockAllocator, blocks_for};
 use crate::models::{ModelWeights, mtp};
 use crate::sampling::argmax;
@@ -43,31 +45,49 @@ struct MtpSeq {
 
 /// Drafts with the target's MTP layer.
 pub struct MtpDrafter {
-    backend: CpuBackend,
+    backend: Box<dyn HiddenStep>,
     alloc: BlockAllocator,
     seqs: HashMap<u64, MtpSeq>,
 }
 
 impl MtpDrafter {
-    /// The drafter of `target`'s MTP module 0; an error naming the missing layers when it has
-    /// none, or when `device` is a GPU.
+    /// The drafter of `target`'s MTP module 0 on `device` (`auto`: CUDA device 0 when there
+    /// is one, as the target's backend); an error naming the missing layers when it has none.
+    /// On CUDA the MTP layer runs as CUDA graphs unless `MEMRA_CUDA_GRAPHS=0`.
     pub fn new(target: &ModelWeights, device: Device, threads: usize) -> Result<MtpDrafter> {
         mtp::require(target)?;
-        if let Device::Cuda(_) = device {
-            return Err(Error::Unsupported(
-                "mtp speculation is not yet supported on cuda (use --device cpu)".into(),
-            ));
-        }
         let c = &target.config;
         let blocks = (8 * blocks_for(c.max_ctx, BLOCK)).min(512);
-        let opts = CpuOptions {
-            threads,
-            kv_blocks: blocks,
-            block_size: BLOCK,
-            kv_dtype: Default::default(),
+        let cuda = match device {
+            Device::Cuda(n) => Some(n),
+            Device::Auto if cuda_available() => Some(0),
+            Device::Auto | Device::Cpu => None,
         };
-        let mut backend = CpuBackend::build_with(CpuOps::new(&opts)?, target, mtp::build)?;
-        backend.keep_hidden(true)?;
+        let backend: Box<dyn HiddenStep> = match cuda {
+            Some(n) => {
+                let opts = CudaOptions {
+                    device: n,
+                    kv_blocks: blocks,
+                    block_size: BLOCK,
+                    graphs: graphs_default(),
+                    kv_dtype: Default::default(),
+                };
+                Box::new(CudaBackend::new_with(target, &opts, mtp::build)?)
+            }
+            None => {
+                let opts = CpuOptions {
+                    threads,
+                    kv_blocks: blocks,
+                    block_size: BLOCK,
+                    kv_dtype: Default::default(),
+                };
+                Box::new(CpuBackend::build_with(
+                    CpuOps::new(&opts)?,
+                    target,
+                    mtp::build,
+                )?)
+            }
+        };
         Ok(MtpDrafter {
             backend,
             alloc: BlockAllocator::new(blocks),
@@ -131,14 +151,7 @@ impl MtpDrafter {
             });
             input.extend_from_slice(h);
         }
-        self.backend.ops_mut().set_hidden_in(input)?;
-        let logits = self.backend.step(&batch)?.logits;
-        let hidden = self.backend.take_hidden();
-        let outs = hidden
-            .into_iter()
-            .filter(|(r, _)| r.want_logits)
-            .map(|(_, h)| h);
-        Ok(logits.into_iter().zip(outs).collect())
+        self.backend.step_hidden(&batch, input)
     }
 }
 

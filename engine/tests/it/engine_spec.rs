@@ -1,14 +1,18 @@
 //! The engine loop with speculation: batched requests, speculative and plain mixed in one step,
-//! greedy and seeded sampling, logprobs: every stream equals the plain engine's, byte for byte.
+//! greedy and seeded sampling, logprobs: every stream equals the plain engine's, byte for byte,
+//! with the n-gram drafter and with the MTP drafter (the model's own MTP layer, fed each step's
+//! hidden states).
 
 use crate::common;
 
 use memra_engine::backend::Device;
 use memra_engine::config::Arch;
+use memra_engine::config::ModelConfig;
 use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle, KvBudget};
 use memra_engine::formats::gguf::Gguf;
 use memra_engine::loader::Model;
-use memra_engine::models::random::{random_weights, tiny_config};
+use memra_engine::models::ModelWeights;
+use memra_engine::models::random::{oracle_mtp_weights, random_weights, tiny_config};
 use memra_engine::quant::DType;
 use memra_engine::request::{Event, EventStream, ValidRequest};
 use memra_engine::sampling::SamplingParams;
@@ -21,6 +25,10 @@ const VOCAB: usize = 48;
 
 fn start(spec: Option<SpecConfig>) -> EngineHandle {
     let weights = random_weights(&tiny_config(Arch::Llama, VOCAB), 3, DType::Q8_0).unwrap();
+    start_with(weights, spec)
+}
+
+fn start_with(weights: ModelWeights, spec: Option<SpecConfig>) -> EngineHandle {
     let tokenizer = Tokenizer::from_gguf(&Gguf::open(&common::real_model()).unwrap()).unwrap();
     let model = Model {
         path: "tiny".into(),
@@ -139,5 +147,53 @@ fn speculative_engine_streams_equal_plain_under_batching() {
             "k={k}: no draft accepted: the test proves nothing"
         );
         e.shutdown();
+    }
+}
+
+/// The engine's streams with `spec` on `weights` equal its streams without; returns the
+/// model's (drafted, accepted) totals.
+fn check_against_plain(weights: &ModelWeights, spec: SpecConfig, n: usize) -> (u64, u64) {
+    let plain = start_with(weights.clone(), None);
+    let want = run_all(&plain, n);
+    plain.shutdown();
+    let k = spec.k;
+    let e = start_with(weights.clone(), Some(spec));
+    let got = run_all(&e, n);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.0, w.0, "request {i} k={k}: tokens/logprobs differ");
+        assert_eq!(g.1, w.1, "request {i} k={k}: finish");
+        if !request(i).speculative {
+            assert_eq!(g.2, 0, "request {i} opted out but accepted drafts");
+        }
+    }
+    let stats = e.stats();
+    let m = &stats.models[0];
+    let counts = (m.spec_drafted_total, m.spec_accepted_total);
+    // Usage: the accepted drafts of each stream add up to the model's total.
+    let usage: u64 = got.iter().map(|g| g.2 as u64).sum();
+    assert_eq!(usage, counts.1, "k={k}: usage vs model counters");
+    e.shutdown();
+    counts
+}
+
+#[test]
+fn mtp_speculation_in_the_engine_loop_equals_plain() {
+    let cfg = ModelConfig {
+        mtp_layers: 1,
+        ..tiny_config(Arch::Llama, VOCAB)
+    };
+    // A random MTP layer: drafts mostly rejected (the drafter's KV rolls back every step).
+    let random = random_weights(&cfg, 3, DType::Q8_0).unwrap();
+    let (d, _) = check_against_plain(&random, SpecConfig::new(DrafterKind::Mtp, 3).unwrap(), 6);
+    assert!(d > 0, "random MTP layer: nothing drafted");
+    // A layer wired to draft the model's own picks: most greedy drafts accepted.
+    let oracle = oracle_mtp_weights(&cfg, 3).unwrap();
+    for k in [1, 4] {
+        let (d, a) = check_against_plain(&oracle, SpecConfig::new(DrafterKind::Mtp, k).unwrap(), 6);
+        eprintln!("oracle MTP layer k={k}: {a} of {d} drafts accepted");
+        assert!(
+            d > 0 && a * 4 >= d * 3,
+            "oracle MTP k={k}: {a} of {d} accepted"
+        );
     }
 }

@@ -8,7 +8,7 @@ use memra_engine::backend::{Backend, Device};
 use memra_engine::config::{Arch, ModelConfig};
 use memra_engine::generate::{GenRequest, generate};
 use memra_engine::loader::load_weights;
-use memra_engine::models::random::{random_weights, tiny_config};
+use memra_engine::models::random::{oracle_mtp_weights, random_weights, tiny_config};
 use memra_engine::models::{ModelWeights, Role, def};
 use memra_engine::quant::DType;
 use memra_engine::sampling::SamplingParams;
@@ -35,38 +35,9 @@ fn tiny_mtp(arch: Arch, seed: u64) -> ModelWeights {
     random_weights(&mtp_config(arch), seed, DType::Q8_0).unwrap()
 }
 
-/// A model whose prediction depends on the current token only (every attention and FFN output
-/// projection zero: the final hidden state is the token's embedding), with an MTP layer wired
-/// to the same function of the next token (`eh_proj = [I, 0]`, its block's outputs zero, the
-/// model's output norm as its shared norm): its drafts are the model's own greedy picks.
+/// A model with an MTP layer wired to draft the model's own picks (`oracle_mtp_weights`).
 fn oracle(seed: u64) -> ModelWeights {
-    let cfg = ModelConfig {
-        tie_embeddings: true,
-        ..mtp_config(Arch::Llama)
-    };
-    let base = random_weights(&cfg, seed, DType::F32).unwrap();
-    let (h, l) = (cfg.hidden, cfg.n_layers);
-    let mut src = |role: Role| -> memra_engine::Result<Option<Tensor>> {
-        let name = role.gguf_name();
-        let zeros = |shape: Vec<usize>| {
-            let n = shape.iter().product();
-            Tensor::from_f32(name.clone(), shape, &vec![0.0; n]).map(Some)
-        };
-        match role {
-            Role::AttnOut(_) | Role::Down(_) => zeros(base.get(role)?.shape.clone()),
-            Role::MtpEhProj(_) => {
-                let mut v = vec![0f32; h * 2 * h];
-                for i in 0..h {
-                    v[i * 2 * h + i] = 1.0;
-                }
-                Tensor::from_f32(name.clone(), vec![h, 2 * h], &v).map(Some)
-            }
-            Role::MtpEnorm(_) => Tensor::from_f32(name.clone(), vec![h], &vec![1.0; h]).map(Some),
-            Role::MtpSharedNorm(x) if x == l => Ok(Some(base.get(Role::OutputNorm)?.clone())),
-            _ => Ok(base.opt(role).cloned()),
-        }
-    };
-    ModelWeights::build(&cfg, &mut src).unwrap()
+    oracle_mtp_weights(&mtp_config(Arch::Llama), seed).unwrap()
 }
 
 fn cpu(w: ModelWeights) -> CpuBackend {
@@ -156,11 +127,17 @@ fn a_model_without_mtp_layers_is_refused_naming_them() {
     assert!(e.contains("no MTP layers"), "{e}");
     assert!(e.contains("blk.2.nextn.eh_proj.weight"), "{e}");
     assert!(e.contains("model.layers.2.eh_proj.weight"), "{e}");
-    let e = MtpDrafter::new(&tiny_mtp(Arch::Llama, 1), Device::Cuda(0), 1)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(e.contains("not yet supported on cuda"), "{e}");
+    // On CUDA the MTP layer opens on the device beside the target; without one, a clear error.
+    if !memra_engine::backend::cuda::cuda_available() {
+        let e = MtpDrafter::new(&tiny_mtp(Arch::Llama, 1), Device::Cuda(0), 1)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("cuda:0") && e.contains("CUDA is not available"),
+            "{e}"
+        );
+    }
 }
 
 /// The target's hidden states of `tokens` (one step), as the drafter is handed them.

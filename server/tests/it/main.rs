@@ -12,4 +12,5 @@ mod request_battery;
 mod request_proptest;
 mod security;
 mod served;
+mod spec_mtp;
 mod tiny_engine;

@@ -4,5 +4,6 @@ mod golden;
 mod graph_lazy_masks;
 mod inspect;
 mod invariance_cpu;
+mod mtp_check;
 mod serve_invariance;
 mod spec_gate;

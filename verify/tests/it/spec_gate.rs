@@ -208,6 +208,99 @@ fn spec_cli_passes_on_tiny() {
     assert!(stdout.trim_end().ends_with("ALL GREEN"), "{stdout}");
 }
 
+/// `spec --tiny ARCH+mtp[-oracle] --drafters mtp` on the CPU: the command the GPU runbook runs
+/// (there with `--device cuda:0`, which adds the hand-over check against the CPU).
+fn spec_mtp_cli(tiny: &str) -> String {
+    let out = bin()
+        .args(["spec", "--tiny", tiny, "--drafters", "mtp", "--k-max", "4"])
+        .args(["--max-tokens", "16", "--device", "cpu", "--threads", "2"])
+        .output()
+        .expect("run memra-verify");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    // mtp x greedy/sampled x K = 1..4, no hand-over check on the CPU (it is the reference).
+    assert_eq!(stdout.matches("identical").count(), 8, "{stdout}");
+    assert!(!stdout.contains("mtp hand-over"), "{stdout}");
+    assert!(stdout.trim_end().ends_with("ALL GREEN"), "{stdout}");
+    stdout
+}
+
+/// (drafted, accepted) of the greedy rows of a spec table.
+fn greedy_counts(table: &str) -> (u64, u64) {
+    table
+        .lines()
+        .filter(|l| l.starts_with("mtp ") && l.contains(" greedy "))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[4].parse::<u64>().unwrap(), f[5].parse::<u64>().unwrap())
+        })
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+}
+
+#[test]
+fn spec_cli_passes_with_the_mtp_drafter() {
+    let random = spec_mtp_cli("llama+mtp");
+    let (d, _) = greedy_counts(&random);
+    assert!(d > 0, "{random}");
+    // The wired layer drafts the model's own picks: the gate requires 90% of greedy drafts.
+    let oracle = spec_mtp_cli("llama+mtp-oracle");
+    let (d, a) = greedy_counts(&oracle);
+    assert!(d > 0 && a * 10 >= d * 9, "{oracle}");
+}
+
+#[test]
+fn rows_without_drafts_or_with_a_failing_oracle_fail() {
+    let row = |sampling: &str, drafted, accepted| spec::Row {
+        drafter: "mtp".into(),
+        sampling: sampling.into(),
+        k: 2,
+        counts: memra_engine::spec::SpecCounts {
+            drafted,
+            accepted,
+            steps: 1,
+        },
+        ..Default::default()
+    };
+    let mut rows = vec![
+        row("greedy", 20, 19),
+        row("greedy", 20, 10),
+        row("t0.8/k40/s1234", 20, 1),
+    ];
+    spec::require_oracle_acceptance(&mut rows, "mtp");
+    let ok: Vec<bool> = rows.iter().map(spec::Row::ok).collect();
+    assert_eq!(ok, [true, false, true]);
+    assert!(rows[1].failures[0].contains("10 of 20"), "{:?}", rows[1]);
+    // The gate itself fails a row that drafted nothing: a drafter that never drafts.
+    struct Never;
+    impl Drafter for Never {
+        fn name(&self) -> String {
+            "never".into()
+        }
+        fn draft(
+            &mut self,
+            reqs: &[memra_engine::spec::DraftReq],
+        ) -> memra_engine::Result<Vec<Vec<u32>>> {
+            Ok(vec![Vec::new(); reqs.len()])
+        }
+    }
+    let mut b = tiny_backend(16);
+    let mut drafters: Vec<Box<dyn Drafter>> = vec![Box::new(Never)];
+    let opts = Options {
+        max_tokens: 8,
+        k_max: 1,
+        ..Default::default()
+    };
+    let rows = spec::run(&mut b, &mut drafters, &spec::synthetic_prompts(97), &opts).unwrap();
+    assert_eq!(rows.len(), 2);
+    assert!(
+        rows.iter()
+            .all(|r| r.failures.iter().any(|f| f.contains("nothing was drafted"))),
+        "{}",
+        spec::report(&rows)
+    );
+}
+
 #[test]
 fn spec_cli_names_bad_input() {
     for (args, want) in [

@@ -25,7 +25,7 @@ use crate::ops::Rows;
 
 /// Row counts of the captured graphs.
 pub const BUCKETS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
-const MAX_BUCKET: usize = 64;
+pub(super) const MAX_BUCKET: usize = 64;
 
 /// A captured graph. `CudaGraph` holds raw driver handles and is not `Send`; it is only used
 /// through `&mut CudaBackend`, one thread at a time, which is the external serialization the

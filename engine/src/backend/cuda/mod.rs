@@ -9,12 +9,13 @@
 //! the residual add in the product); step.rs sets up a step's rows and reads results back; a
 //! step of up to 64 rows runs as a CUDA graph per row bucket (graph.rs; `CudaOptions::graphs`);
 //! tokens are picked on the device (select.rs); the mixture-of-experts FFN routes and runs its
-//! experts on the device (moe.rs); `MEMRA_PROFILE_OPS=1` times the ops of plain steps
-//! (opprof.rs).
+//! experts on the device (moe.rs); the MTP drafter's hidden input rows are uploaded and copied
+//! in (hidden.rs); `MEMRA_PROFILE_OPS=1` times the ops of plain steps (opprof.rs).
 
 mod attention;
 mod device;
 mod graph;
+mod hidden;
 mod mat;
 pub mod moe;
 mod opprof;
@@ -185,6 +186,10 @@ pub struct CudaOps {
     moe_cfg: Option<(crate::config::MoeParams, usize)>,
     /// The MoE op's scratch activations, declared with the first expert stack.
     moe_acts: Option<MoeActs>,
+    /// The model's hidden size (the width of the hidden input rows, hidden.rs).
+    hidden: usize,
+    /// The hidden input rows of the MTP forward (hidden.rs).
+    hidden_in: hidden::HiddenIn,
 }
 
 /// Scratch activations of the MoE op, `k` = experts per row ([`moe::MoeBufs`]): per step row,
@@ -207,65 +212,21 @@ impl Runner<CudaOps> {
     /// fit in the free device memory (plan.rs: weights as stored on the device, the KV pool and
     /// working space).
     pub fn new(weights: ModelWeights, opts: &CudaOptions) -> Result<CudaBackend> {
-        let c = &weights.config;
-        if opts.block_size == 0 || opts.kv_blocks == 0 {
-            return Err(Error::Input(
-                "KV block size and block count must be > 0".into(),
-            ));
-        }
-        let unsupported = weights
-            .iter()
-            .map(|(_, t)| t)
-            .find(|t| t.shape.len() >= 2 && !kernel_supports(t.dtype));
-        if let Some(t) = unsupported {
-            return Err(Error::Unsupported(format!(
-                "CUDA backend: tensor `{}` is {}; supported types: {}",
-                t.name,
-                t.dtype,
-                memra_kernels::WEIGHT_TYPES.join(", ")
-            )));
-        }
-        opts.kv_dtype.check_width(c.n_kv_heads * c.head_dim)?;
+        preflight(&weights, opts)?;
         plan::check_fits(&weights, opts)?;
-        let gpu = Gpu::open(opts.device)?;
-        let profile = profile::Profile::for_device(&gpu)?;
-        let v2 = products_v2_default();
-        let ops = CudaOps {
-            gpu,
-            products: Products::new(v2, profile),
-            n_heads: c.n_heads,
-            head_dim: c.head_dim,
-            max_ctx: c.max_ctx,
-            kv: Vec::new(),
-            kv_dtype: opts.kv_dtype,
-            kv_blocks: opts.kv_blocks,
-            block_size: opts.block_size,
-            acts: Vec::new(),
-            cap: [0; 2],
-            rows: [0; 2],
-            ropes: Vec::new(),
-            rope_len: 0,
-            meta: step::Meta::default(),
-            scores: (0, 0),
-            plain: None,
-            graphs_on: opts.graphs,
-            graph: None,
-            layout_epoch: 0,
-            prof: opprof::OpProf::from_env(),
-            moe_cfg: c.moe.map(|p| (p, c.hidden)),
-            moe_acts: None,
-        };
-        let runner = Runner::build(ops, &weights)?;
-        let (g, p) = (&runner.ops().gpu, &runner.ops().products);
-        // Compile the product variants now: never inside a graph capture.
-        if p.v2 {
-            for l in p.profile.all_launches() {
-                g.variant("products", &l.defines())?;
-            }
-            g.variant("products", &[])?;
-        }
-        g.sync()?;
-        Ok(runner)
+        open_runner(&weights, opts, crate::models::build)
+    }
+
+    /// [`CudaBackend::new`] with another forward pass over the same weights (an MTP layer's,
+    /// models/mtp.rs, which uploads a few of them). No memory plan: the plan counts every
+    /// tensor of `weights`; an allocation that fails says so.
+    pub fn new_with(
+        weights: &ModelWeights,
+        opts: &CudaOptions,
+        build: crate::models::BuildFn<CudaOps>,
+    ) -> Result<CudaBackend> {
+        preflight(weights, opts)?;
+        open_runner(weights, opts, build)
     }
 
     /// The tuned parameters in use.
@@ -292,6 +253,79 @@ impl Runner<CudaOps> {
     pub fn graph_counts(&self) -> (u64, u64) {
         self.ops().graph_counts()
     }
+}
+
+/// The checks made before anything is uploaded: options, tensor types, KV format.
+fn preflight(weights: &ModelWeights, opts: &CudaOptions) -> Result<()> {
+    let c = &weights.config;
+    if opts.block_size == 0 || opts.kv_blocks == 0 {
+        return Err(Error::Input(
+            "KV block size and block count must be > 0".into(),
+        ));
+    }
+    let unsupported = weights
+        .iter()
+        .map(|(_, t)| t)
+        .find(|t| t.shape.len() >= 2 && !kernel_supports(t.dtype));
+    if let Some(t) = unsupported {
+        return Err(Error::Unsupported(format!(
+            "CUDA backend: tensor `{}` is {}; supported types: {}",
+            t.name,
+            t.dtype,
+            memra_kernels::WEIGHT_TYPES.join(", ")
+        )));
+    }
+    opts.kv_dtype.check_width(c.n_kv_heads * c.head_dim)
+}
+
+/// Opens the device, builds `build`'s forward pass over `weights` on it (uploads), compiles the
+/// product variants (never inside a graph capture).
+fn open_runner(
+    weights: &ModelWeights,
+    opts: &CudaOptions,
+    build: crate::models::BuildFn<CudaOps>,
+) -> Result<CudaBackend> {
+    let c = &weights.config;
+    let gpu = Gpu::open(opts.device)?;
+    let profile = profile::Profile::for_device(&gpu)?;
+    let v2 = products_v2_default();
+    let ops = CudaOps {
+        gpu,
+        products: Products::new(v2, profile),
+        n_heads: c.n_heads,
+        head_dim: c.head_dim,
+        max_ctx: c.max_ctx,
+        kv: Vec::new(),
+        kv_dtype: opts.kv_dtype,
+        kv_blocks: opts.kv_blocks,
+        block_size: opts.block_size,
+        acts: Vec::new(),
+        cap: [0; 2],
+        rows: [0; 2],
+        ropes: Vec::new(),
+        rope_len: 0,
+        meta: step::Meta::default(),
+        scores: (0, 0),
+        plain: None,
+        graphs_on: opts.graphs,
+        graph: None,
+        layout_epoch: 0,
+        prof: opprof::OpProf::from_env(),
+        moe_cfg: c.moe.map(|p| (p, c.hidden)),
+        moe_acts: None,
+        hidden: c.hidden,
+        hidden_in: hidden::HiddenIn::default(),
+    };
+    let runner = Runner::build_with(ops, weights, build)?;
+    let (g, p) = (&runner.ops().gpu, &runner.ops().products);
+    if p.v2 {
+        for l in p.profile.all_launches() {
+            g.variant("products", &l.defines())?;
+        }
+        g.variant("products", &[])?;
+    }
+    g.sync()?;
+    Ok(runner)
 }
 
 fn class(r: Rows) -> usize {

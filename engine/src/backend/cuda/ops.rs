@@ -217,6 +217,10 @@ impl Ops for CudaOps {
         Ok(())
     }
 
+    fn hidden_in(&mut self, out: Act) -> Result<()> {
+        self.copy_hidden_in(out)
+    }
+
     fn matmul(&mut self, w: &Mat, x: Act, y: Act) -> Result<()> {
         let (g, m) = (&self.gpu, self.n(y));
         let (px, py) = (self.ptr(x)?, self.ptr(y)?);
@@ -484,18 +488,16 @@ impl Ops for CudaOps {
 }
 
 /// Whether the CUDA backend has `f`'s kernels: every feature (the mixture-of-experts FFN runs
-/// on the device, moe.rs) but the MTP drafter's hidden-state hand-over. Sliding windows run on the CUDA-core split attention only
-/// (`attn_mma_eligible`).
+/// on the device, moe.rs; the MTP forward's hidden input, hidden.rs). Sliding windows run on the
+/// CUDA-core split attention only (`attn_mma_eligible`).
 fn gpu_has(f: Feature) -> bool {
     match f {
         Feature::GeluTanh
         | Feature::SlidingWindow
         | Feature::Scale
         | Feature::Softcap
-        | Feature::Moe => true,
-        // TODO(gpu): Ops::hidden_in and Exec::set_hidden_in / read-back of the step's
-        // residual rows (the MTP drafter); untested without a GPU, so refused.
-        Feature::Mtp => false,
+        | Feature::Moe
+        | Feature::Mtp => true,
     }
 }
 
@@ -504,15 +506,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_gpu_has_every_feature_but_mtp() {
+    fn the_gpu_has_every_feature() {
         let all = [
             Feature::GeluTanh,
             Feature::SlidingWindow,
             Feature::Scale,
             Feature::Softcap,
             Feature::Moe,
+            Feature::Mtp,
         ];
         assert!(all.iter().all(|&f| gpu_has(f)));
-        assert!(!gpu_has(Feature::Mtp));
     }
 }

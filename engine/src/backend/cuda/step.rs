@@ -74,6 +74,21 @@ impl CudaOps {
         Ok((bufs, ctx))
     }
 
+    /// As a CUDA graph when enabled and the batch fits a bucket, else plainly.
+    fn execute_any(
+        &mut self,
+        batch: &StepBatch,
+        want: &[usize],
+        pass: &mut dyn FnMut(&mut Self, HeadRows) -> Result<()>,
+    ) -> Result<Vec<usize>> {
+        if self.graphs_on
+            && let Some(rows) = self.execute_graph(batch, want, pass)?
+        {
+            return Ok(rows);
+        }
+        self.execute_plain(batch, want, pass)
+    }
+
     /// Runs `pass` over `batch` outside any graph, the head on the rows of `want`.
     fn execute_plain(
         &mut self,
@@ -141,24 +156,22 @@ impl Exec for CudaOps {
         self.kv_dtype
     }
 
-    /// As a CUDA graph when enabled and the batch fits a bucket, else plainly. Either way it
-    /// returns with the pass enqueued on the stream and not waited for (the inputs go up by
-    /// stream-ordered copies; the only explicit synchronizations are before the first kernel, when the
-    /// activations grow, and the op profile's with `MEMRA_PROFILE_OPS=1`): the runner computes
-    /// the step's grammar masks while the device runs it, and [`Exec::select`]'s read-back is
-    /// the step's first wait.
+    /// As a CUDA graph when enabled and the batch fits a bucket, else plainly, with the hidden
+    /// input rows checked (hidden.rs). Either way it returns with the pass enqueued on the
+    /// stream and not waited for (the inputs go up by stream-ordered copies; the only explicit
+    /// synchronizations are before the first kernel, when the activations grow, and the op
+    /// profile's with `MEMRA_PROFILE_OPS=1`): the runner computes the step's grammar masks while
+    /// the device runs it, and [`Exec::select`]'s read-back is the step's first wait.
     fn execute(
         &mut self,
         batch: &StepBatch,
         want: &[usize],
         pass: &mut dyn FnMut(&mut Self, HeadRows) -> Result<()>,
     ) -> Result<Vec<usize>> {
-        if self.graphs_on
-            && let Some(rows) = self.execute_graph(batch, want, pass)?
-        {
-            return Ok(rows);
-        }
-        self.execute_plain(batch, want, pass)
+        self.begin_hidden_in(batch.rows.len())?;
+        let r = self.execute_any(batch, want, pass);
+        self.end_hidden_in();
+        r
     }
 
     fn gather(&mut self, x: Act, rows: &[usize], out: Act) -> Result<()> {
@@ -178,23 +191,31 @@ impl Exec for CudaOps {
         Ok(())
     }
 
+    /// One device-to-host copy of the rows from the first to the last of `rows` (logits, or
+    /// the final residual rows a step left in its activation).
     fn read_rows(&mut self, x: Act, rows: &[usize]) -> Result<Vec<Vec<f32>>> {
-        let Some(&last) = rows.iter().max() else {
+        let (Some(&first), Some(&last)) = (rows.iter().min(), rows.iter().max()) else {
             self.gpu.sync()?;
             return Ok(Vec::new());
         };
         let w = x.width;
-        let buf = self.acts[x.id]
-            .buf
-            .as_ref()
-            .ok_or_else(|| self.gpu.err("logits buffer missing"))?;
-        let host = self.gpu.download_range(buf, 0, (last + 1) * w)?;
+        let d = &self.acts[x.id];
+        let buf = d.buf.as_ref().ok_or_else(|| {
+            self.gpu
+                .err(format!("activation {} is not allocated", d.name))
+        })?;
+        let host = self
+            .gpu
+            .download_range(buf, first * w, (last + 1 - first) * w)?;
         let out = rows
             .iter()
             .map(|&r| {
-                host.get(r * w..(r + 1) * w)
+                host.get((r - first) * w..(r + 1 - first) * w)
                     .map(|s| s.to_vec())
-                    .ok_or_else(|| self.gpu.err("logits row beyond the buffer"))
+                    .ok_or_else(|| {
+                        self.gpu
+                            .err(format!("row {r} beyond activation {}", d.name))
+                    })
             })
             .collect();
         self.gpu.sync()?;
@@ -266,6 +287,16 @@ impl Exec for CudaOps {
             )));
         }
         Ok(StepSelected { rows: out })
+    }
+
+    fn set_hidden_in(&mut self, rows: Vec<f32>) -> Result<()> {
+        self.upload_hidden_in(rows)
+    }
+
+    /// Step activations stay on the device after a step (the runner reads the final residual
+    /// rows: the MTP drafter's input).
+    fn reads_step_rows(&self) -> bool {
+        true
     }
 
     fn kv_block_bytes(&self, block: u32) -> Result<Vec<u8>> {

@@ -1,0 +1,106 @@
+//! Hidden states for the MTP drafter (spec/mtp.rs, models/mtp.rs) on the device.
+//!
+//! - Read-back (the target's final hidden states, and the MTP layer's own output of the rows
+//!   that want logits) needs nothing here: the runner reads the rows it needs from the step's
+//!   activations with `Exec::read_rows`, one device-to-host copy per step.
+//! - The MTP forward's hidden input ([`crate::ops::Ops::hidden_in`]): `Exec::set_hidden_in`
+//!   uploads the next step's rows into a buffer of at least [`MAX_BUCKET`] rows whose address
+//!   stays fixed (a captured graph copies from it; growing it bumps `layout_epoch`, so graphs
+//!   are captured again); the op is one device-to-device copy of the step's rows. A forward that
+//!   reads them gets an error for a step whose rows were not given.
+
+use super::CudaOps;
+use super::graph::MAX_BUCKET;
+use crate::error::Result;
+use crate::ops::Act;
+
+/// The hidden input rows of the MTP forward.
+#[derive(Default)]
+pub(super) struct HiddenIn {
+    buf: Option<cudarc::driver::CudaSlice<f32>>,
+    /// Values given for the next step.
+    given: usize,
+    /// Rows of the step being run.
+    step_rows: usize,
+    /// The forward reads them (set by the op's first call).
+    read: bool,
+}
+
+impl CudaOps {
+    /// Uploads the hidden input rows of the next step (`rows x hidden` values, row order).
+    pub(super) fn upload_hidden_in(&mut self, rows: Vec<f32>) -> Result<()> {
+        let need = rows.len().max(MAX_BUCKET * self.hidden);
+        if self.hidden_in.buf.as_ref().is_none_or(|b| b.len() < need) {
+            // Queued work (or a captured graph) may still read the old buffer.
+            self.gpu.sync()?;
+            self.hidden_in.buf = None;
+            self.hidden_in.buf = Some(self.gpu.zeros(need.next_power_of_two())?);
+            self.layout_epoch += 1;
+        }
+        if let Some(buf) = self.hidden_in.buf.as_mut()
+            && !rows.is_empty()
+        {
+            self.gpu
+                .stream
+                .memcpy_htod(rows.as_slice(), buf)
+                .map_err(|e| self.gpu.err(format!("hidden input upload: {e:?}")))?;
+        }
+        self.hidden_in.given = rows.len();
+        Ok(())
+    }
+
+    /// Before a step of `m` rows: when the forward reads hidden inputs, they must have been
+    /// given for exactly these rows.
+    pub(super) fn begin_hidden_in(&mut self, m: usize) -> Result<()> {
+        self.hidden_in.step_rows = m;
+        let h = &self.hidden_in;
+        if h.read && h.given != m * self.hidden {
+            return Err(self.hidden_in_error(m, self.hidden));
+        }
+        Ok(())
+    }
+
+    /// After a step: its rows are used up.
+    pub(super) fn end_hidden_in(&mut self) {
+        self.hidden_in.given = 0;
+    }
+
+    fn hidden_in_error(&self, m: usize, width: usize) -> crate::error::Error {
+        self.gpu.err(format!(
+            "hidden_in: {} values for {m} rows of {width}",
+            self.hidden_in.given
+        ))
+    }
+
+    /// The op: the step's hidden input rows into `out` (every row of the launch: a graph
+    /// bucket's inert rows copy stale but finite values whose outputs are never read).
+    pub(super) fn copy_hidden_in(&mut self, out: Act) -> Result<()> {
+        let m = self.hidden_in.step_rows;
+        if self.hidden_in.given != m * out.width {
+            return Err(self.hidden_in_error(m, out.width));
+        }
+        self.hidden_in.read = true;
+        let n = self.n(out) * out.width;
+        let src = self
+            .hidden_in
+            .buf
+            .as_ref()
+            .and_then(|b| b.try_slice(..n))
+            .ok_or_else(|| self.gpu.err(format!("hidden_in: no buffer of {n} values")))?;
+        let dst = self.acts[out.id]
+            .buf
+            .as_mut()
+            .and_then(|b| b.try_slice_mut(..n))
+            .ok_or_else(|| {
+                self.gpu.err(format!(
+                    "hidden_in: activation {} holds fewer than {n} values",
+                    out.id
+                ))
+            });
+        let mut dst = dst?;
+        self.gpu
+            .stream
+            .memcpy_dtod(&src, &mut dst)
+            .map_err(|e| self.gpu.err(format!("hidden_in copy: {e:?}")))
+    }
+}
