@@ -163,7 +163,7 @@ impl<O: Exec> Backend for Runner<O> {
     ) -> Result<StepSelected> {
         check_select(batch, select)?;
         check_logprobs(select, logprobs)?;
-        let rows = self.forward(batch)?;
+        let (rows, _) = self.forward(batch)?;
         let m = masks()?;
         let select = with_masks(select, &m)?;
         let inner = logits_for_scoring(&select, logprobs);
