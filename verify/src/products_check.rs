@@ -44,6 +44,29 @@ fn ks(d: DType) -> Vec<usize> {
     }
 }
 
+/// A random `n` x `k` matrix of `dtype` from stream `stream`: its GGUF rows and their
+/// dequantized values (the CPU reference's weights).
+fn random_matrix(
+    dtype: DType,
+    n: usize,
+    k: usize,
+    seed: u64,
+    stream: u64,
+) -> Result<(Vec<u8>, Vec<f32>)> {
+    let wv: Vec<f32> = (0..(n * k) as u64).map(|i| unit(seed, stream, i)).collect();
+    let wq = quantize(dtype, &wv)?;
+    let rb = wq.len() / n;
+    let mut wd = vec![0f32; n * k];
+    for r in 0..n {
+        dequantize_row(
+            dtype,
+            &wq[r * rb..(r + 1) * rb],
+            &mut wd[r * k..(r + 1) * k],
+        )?;
+    }
+    Ok((wq, wd))
+}
+
 pub fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     let profile = Profile::for_device(g)?;
     let mut stream = 9000;
@@ -51,17 +74,7 @@ pub fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         for &n in &NS {
             for k in ks(dtype) {
                 stream += 1;
-                let wv: Vec<f32> = (0..(n * k) as u64).map(|i| unit(seed, stream, i)).collect();
-                let wq = quantize(dtype, &wv)?;
-                let rb = wq.len() / n;
-                let mut wd = vec![0f32; n * k];
-                for r in 0..n {
-                    dequantize_row(
-                        dtype,
-                        &wq[r * rb..(r + 1) * rb],
-                        &mut wd[r * k..(r + 1) * k],
-                    )?;
-                }
+                let (wq, wd) = random_matrix(dtype, n, k, seed, stream)?;
                 let mmax = *MS.iter().max().unwrap_or(&1);
                 let x: Vec<f32> = (0..(mmax * k) as u64)
                     .map(|i| unit(seed, stream + 50_000, i))
@@ -115,17 +128,7 @@ pub fn product_geometry_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result
     {
         let k = if dtype == DType::Q4_K { 768 } else { 576 };
         let stream = 19_000 + 10 * i as u64;
-        let wv: Vec<f32> = (0..(n * k) as u64).map(|j| unit(seed, stream, j)).collect();
-        let wq = quantize(dtype, &wv)?;
-        let rb = wq.len() / n;
-        let mut wd = vec![0f32; n * k];
-        for r in 0..n {
-            dequantize_row(
-                dtype,
-                &wq[r * rb..(r + 1) * rb],
-                &mut wd[r * k..(r + 1) * k],
-            )?;
-        }
+        let (wq, wd) = random_matrix(dtype, n, k, seed, stream)?;
         let x: Vec<f32> = (0..(m * k) as u64)
             .map(|j| unit(seed, stream + 1, j))
             .collect();
