@@ -553,6 +553,153 @@ __device__ __forceinline__ void product_wg(const u8* __restrict__ W, const u8* _
 #endif
 }
 
+// Experiment (session 8, NOT yet run on a GPU; products.cu with `#define MWG_PIPE 1` through
+// MEMRA_KERNEL_DIR to A/B it): the same sequence as product_wg with one block barrier per
+// k-tile and the wgmmas of k-tile kt still running while the block prepares kt + 1. Token rows go
+// global -> registers -> the B layout (no raw stage, no rewrite pass): thread i loads its items
+// of k-tile kt + S - 1 in iteration kt and stores them in iteration kt + 1 (after that
+// iteration's barrier, when every warpgroup has waited for the wgmmas that read the slot), so a
+// load has a whole iteration to land. Weight tiles keep cp.async. B slots are per stage.
+#ifndef MWG_PIPE
+#define MWG_PIPE 0
+#endif
+
+template <class F>
+struct MwgP {
+    enum {
+        TILES = 8,
+        ABYTES = TILES * F::TB,
+        STEP = MWG_N * 32,
+        BBYTES = (F::KT / 16) * STEP,
+        STAGE = ABYTES + BBYTES,
+        ITEMS = MWG_N * (F::KT / 32) / 256,  // (token, 32-column block) items per thread
+    };
+};
+
+template <class F>
+__device__ __forceinline__ void mwgp_load_x(const u8* __restrict__ X, u32 kt, u32 m0, u32 M, u32 kp,
+                                            uint4 xr[MwgP<F>::ITEMS][4]) {
+#pragma unroll
+    for (int j = 0; j < MwgP<F>::ITEMS; ++j) {
+        const u32 item = threadIdx.x + 256 * j;
+        const u32 n = item % MWG_N, bb = item / MWG_N;
+        const u32 m = min(m0 + n, M - 1);  // past M: a copy of row M - 1, never written out
+        const u8* src = X + ((u64)m * kp + (u64)kt * F::KT) * 2 + bb * 64;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) xr[j][q] = ld16(src + 16 * q);
+    }
+}
+
+template <class F>
+__device__ __forceinline__ void mwgp_store_x(u8* bl, const uint4 xr[MwgP<F>::ITEMS][4]) {
+#pragma unroll
+    for (int j = 0; j < MwgP<F>::ITEMS; ++j) {
+        const u32 item = threadIdx.x + 256 * j;
+        const u32 n = item % MWG_N, bb = item / MWG_N;
+        const uint4 q0 = xr[j][0], q1 = xr[j][1], q2 = xr[j][2], q3 = xr[j][3];
+        u8* d0 = bl + 2 * bb * MwgP<F>::STEP + (n / 8) * 256 + (n % 8) * 16;
+        u8* d1 = d0 + MwgP<F>::STEP;
+        *(uint4*)d0 = make_uint4(q0.x, q1.x, q2.x, q3.x);
+        *(uint4*)(d0 + 128) = make_uint4(q0.y, q1.y, q2.y, q3.y);
+        *(uint4*)d1 = make_uint4(q0.z, q1.z, q2.z, q3.z);
+        *(uint4*)(d1 + 128) = make_uint4(q0.w, q1.w, q2.w, q3.w);
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+template <class F>
+__device__ __forceinline__ void mwgp_stage_a(u8* st, const u8* __restrict__ W, u32 kt, u32 rt0, u32 nrt,
+                                             u32 nkt) {
+    constexpr u32 ACH = F::TB / 16;
+    for (u32 i = threadIdx.x; i < MwgP<F>::TILES * ACH; i += blockDim.x) {
+        const u32 tl = i / ACH, c = i % ACH;
+        const u32 rt = min(rt0 + tl, nrt - 1);
+        cp_async16(st + tl * F::TB + c * 16, W + ((u64)rt * nkt + kt) * F::TB + c * 16);
+    }
+}
+
+template <class F>
+__device__ __forceinline__ void product_wgp(const u8* __restrict__ W, const u8* __restrict__ X, const Outs& out,
+                                            const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {
+#if MWG_OK
+    static_assert(MMS_STAGES >= 3, "a B slot is rewritten two iterations after its wgmmas were issued");
+    extern __shared__ uint4 mwg_smem[];
+    u8* sm = (u8*)mwg_smem;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const u32 nrt = (N + 15) / 16;
+    const u32 rt0 = blockIdx.x * MwgP<F>::TILES;
+    const u32 m0 = blockIdx.y * MWG_N;
+    constexpr int ND = MWG_N / 2;
+    constexpr u32 S = MMS_STAGES;
+    float acc[ND], tot[ND];
+#pragma unroll
+    for (int i = 0; i < ND; ++i) acc[i] = tot[i] = NEG_ZERO;
+    uint4 xr[MwgP<F>::ITEMS][4];
+    // Prologue: weight tiles of k-tiles 0..S-2 by cp.async, token rows of 0..S-3 stored now, of
+    // S-2 loaded into registers (stored in iteration 0).
+#pragma unroll
+    for (u32 s = 0; s + 1 < S; ++s) {
+        if (s < nkt) mwgp_stage_a<F>(sm + s * MwgP<F>::STAGE, W, s, rt0, nrt, nkt);
+        cp_async_commit();
+        if (s < nkt) {
+            mwgp_load_x<F>(X, s, m0, M, kp, xr);
+            if (s + 2 < S) mwgp_store_x<F>(sm + s * MwgP<F>::STAGE + MwgP<F>::ABYTES, xr);
+        }
+    }
+    u32 seg = 0, kend = nkt / nseg;
+    for (u32 kt = 0; kt < nkt; ++kt) {
+        cp_async_wait<S - 2>();
+        __syncthreads();  // tiles of kt in; B of kt stored (last iteration); every warpgroup has
+                          // waited for the wgmmas of kt - 2 and read its tiles of kt - 1
+        const u32 nx = kt + S - 2;  // token rows held in registers since the last iteration
+        if (nx < nkt) mwgp_store_x<F>(sm + (nx % S) * MwgP<F>::STAGE + MwgP<F>::ABYTES, xr);
+        const u32 nk = kt + S - 1;
+        if (nk < nkt) {
+            mwgp_stage_a<F>(sm + (nk % S) * MwgP<F>::STAGE, W, nk, rt0, nrt, nkt);
+            mwgp_load_x<F>(X, nk, m0, M, kp, xr);
+        }
+        cp_async_commit();
+        const u8* a = sm + (kt % S) * MwgP<F>::STAGE;
+        const u8* bl = a + MwgP<F>::ABYTES;
+        typename F::Tile tl;
+        F::template load<Sld>(a + warp * F::TB, lane, tl);
+        wg_fence();
+#pragma unroll
+        for (int b = 0; b < F::NB; ++b) {
+            u32 af[2][4];
+            F::block_a(tl, b, af);
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+                wg_mma<MWG_N, F::BF>(acc, af[half], wg_desc(bl + (2 * b + half) * MwgP<F>::STEP));
+        }
+        wg_commit();
+        if (kt + 1 == kend) {  // the end of segment `seg`: its chain must be complete
+            wg_wait0();
+#pragma unroll
+            for (int i = 0; i < ND; ++i) {
+                tot[i] = __fadd_rn(tot[i], acc[i]);
+                acc[i] = NEG_ZERO;
+            }
+            ++seg;
+            kend = (seg + 1) * nkt / nseg;
+        } else {
+            wg_wait1();  // the wgmmas of kt - 1 are done (their B slot is free after the barrier)
+        }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int i = 0; i < ND; ++i) {
+        const int j = i >> 2, e = i & 3;
+        const u32 n = (rt0 + warp) * 16 + g + 8 * (e >> 1);
+        const u32 m = m0 + j * 8 + 2 * t + (e & 1);
+        if (n < N && m < M) out.put(m, n, tot[i], R);
+    }
+#else
+    __trap();
+#endif
+}
+
 // Y, Y2, Y3 with n1 / n2: see Outs (n1 = N for a single output); R: residual (rows of N).
 #define MMQ_KERNEL(suffix, FMT)                                                                             \
     extern "C" __global__ void __launch_bounds__(MMQ_MAXT, MMQ_MINB) mmq_##suffix(                                      \
@@ -627,7 +774,11 @@ MMS_KERNEL(bf16, FmtF16<1>, 2)
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
         const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
         const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
-        product_wg<FMT>(W, X, o, R, M, N, nkt, nseg, kp);                                                     \
+        if (MWG_PIPE) {                                                                                       \
+            product_wgp<FMT>(W, X, o, R, M, N, nkt, nseg, kp);                                                \
+        } else {                                                                                              \
+            product_wg<FMT>(W, X, o, R, M, N, nkt, nseg, kp);                                                 \
+        }                                                     \
     }
 
 MWG_KERNEL(q4_k, FmtQ4_K)
