@@ -185,10 +185,14 @@ pub struct CudaOps {
     moe_cfg: Option<(crate::config::MoeParams, usize)>,
     /// The MoE op's scratch activations, declared with the first expert stack.
     moe_acts: Option<MoeActs>,
+    /// The grouped expert products' offsets ([`moe::MoeBufs::offs`]), allocated with the first
+    /// expert stack (before any graph capture).
+    moe_offs: Option<CudaSlice<u32>>,
 }
 
 /// Scratch activations of the MoE op, `k` = experts per row ([`moe::MoeBufs`]): per step row,
-/// the k expert ids and k weights, the k gate and k up rows, the k down rows.
+/// the k expert ids, k weights and k places of the grouped path's sorted pairs (`route`), the k
+/// gate and k up rows, the k down rows.
 #[derive(Clone, Copy, Debug)]
 struct MoeActs {
     k: usize,
@@ -254,6 +258,7 @@ impl Runner<CudaOps> {
             prof: opprof::OpProf::from_env(),
             moe_cfg: c.moe.map(|p| (p, c.hidden)),
             moe_acts: None,
+            moe_offs: None,
         };
         let runner = Runner::build(ops, &weights)?;
         let (g, p) = (&runner.ops().gpu, &runner.ops().products);
