@@ -1,6 +1,7 @@
 // Mixture-of-experts routing and combination (issue 16; engine/src/backend/cuda/moe.rs drives
-// them around the expert products mmq_id_<type> / matmul_id_<type>). Both are per row: a row's
-// results depend on its own router logits and expert outputs only.
+// them around the expert products mmq_id_<type> / matmul_id_<type> / mmq_grouped_<type>).
+// moe_route and moe_combine are per row: a row's results depend on its own router logits and
+// expert outputs only; moe_group only sorts pair indices (integers, one possible result).
 
 // Most experts a router may have (the shared-memory arrays of moe_route; the host checks).
 #define MOE_MAX_E 1024
@@ -97,6 +98,74 @@ extern "C" __global__ void __launch_bounds__(32) moe_route(const float* __restri
             ids[(u64)row * k + j] = rid[j];
             wts[(u64)row * k + j] = rw[j];
         }
+    }
+}
+
+// Warps of moe_group (each owns a contiguous range of pairs).
+#define MOE_GW 8
+
+// The pairs of a grouped expert product (issue 16; products.cu, mmq_grouped_<type>), a
+// deterministic counting sort of the P pair ids (each clamped to E - 1 as mmq_id does): writes
+// order[0..P) = the pair indices sorted by expert, ascending pair index within an expert;
+// offs[e] = the first of expert e's pairs in `order` (offs[E] = P); offs[E + 1 + e] = its first
+// token tile of T pairs (each expert's pairs cut into ceil(count / T) tiles; offs[2 E + 1] = all
+// tiles). One block of 32 * MOE_GW threads; warp w owns pairs [w P / GW, (w + 1) P / GW): its
+// per-expert counts (a warp's equal ids found with __match_any_sync, the lowest lane adds them),
+// then each expert's exclusive offset (experts in index order, then warps in order), then the
+// warp walks its range again and each pair takes the next place of its expert (its rank among
+// the warp's earlier equal lanes). Integers only: the result is unique.
+extern "C" __global__ void __launch_bounds__(32 * MOE_GW) moe_group(const u32* __restrict__ ids,
+                                                                   u32* __restrict__ order,
+                                                                   u32* __restrict__ offs, u32 P, u32 E, u32 T) {
+    __shared__ u32 cnt[MOE_GW][MOE_MAX_E];
+    __shared__ u32 base[MOE_MAX_E];
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (u32 e = lane; e < E; e += 32) cnt[warp][e] = 0;
+    __syncwarp();
+    const u32 lo = (u32)((u64)P * warp / MOE_GW), hi = (u32)((u64)P * (warp + 1) / MOE_GW);
+    for (u32 q = lo; q < hi; q += 32) {
+        const u32 p = q + lane;
+        const bool ok = p < hi;
+        const u32 e = ok ? min(ids[p], E - 1) : MOE_NONE;
+        const u32 same = __match_any_sync(FULL_MASK, e);
+        if (ok && lane == (u32)(__ffs(same) - 1)) cnt[warp][e] += __popc(same);
+        __syncwarp();
+    }
+    __syncthreads();
+    // Per expert: the warps' counts become exclusive offsets among the expert's pairs.
+    for (u32 e = threadIdx.x; e < E; e += blockDim.x) {
+        u32 s = 0;
+        for (u32 w = 0; w < MOE_GW; ++w) {
+            const u32 c = cnt[w][e];
+            cnt[w][e] = s;
+            s += c;
+        }
+        base[e] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32 a = 0, t = 0;
+        for (u32 e = 0; e < E; ++e) {
+            const u32 c = base[e];
+            offs[e] = a;
+            offs[E + 1 + e] = t;
+            base[e] = a;
+            a += c;
+            t += (c + T - 1) / T;
+        }
+        offs[E] = a;
+        offs[2 * E + 1] = t;
+    }
+    __syncthreads();
+    for (u32 q = lo; q < hi; q += 32) {
+        const u32 p = q + lane;
+        const bool ok = p < hi;
+        const u32 e = ok ? min(ids[p], E - 1) : MOE_NONE;
+        const u32 same = __match_any_sync(FULL_MASK, e);
+        if (ok) order[base[e] + cnt[warp][e] + __popc(same & ((1u << lane) - 1))] = p;
+        __syncwarp();
+        if (ok && lane == (u32)(__ffs(same) - 1)) cnt[warp][e] += __popc(same);
+        __syncwarp();
     }
 }
 

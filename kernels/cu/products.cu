@@ -127,7 +127,11 @@ struct TokRows {
     u32 b[MMQ_NT], c0[MMQ_NT], c1[MMQ_NT];
 };
 
-__device__ __forceinline__ TokRows tok_rows(u32 m0, u32 M, int g, int t) {
+// With G (the grouped expert products), token i of the launch is activation row
+// gather[i] / xdiv; without it (every dense product), row i, and gather / xdiv are unused.
+template <bool G = false>
+__device__ __forceinline__ TokRows tok_rows(u32 m0, u32 M, int g, int t, const u32* gather = nullptr,
+                                            u32 xdiv = 1) {
     TokRows r;
 #pragma unroll
     for (int nf = 0; nf < MMQ_NT; ++nf) {
@@ -135,6 +139,11 @@ __device__ __forceinline__ TokRows tok_rows(u32 m0, u32 M, int g, int t) {
         r.b[nf] = min(base + g, M - 1);
         r.c0[nf] = min(base + 2 * t, M - 1);
         r.c1[nf] = min(base + 2 * t + 1, M - 1);
+        if (G) {
+            r.b[nf] = __ldg(gather + r.b[nf]) / xdiv;
+            r.c0[nf] = __ldg(gather + r.c0[nf]) / xdiv;
+            r.c1[nf] = __ldg(gather + r.c1[nf]) / xdiv;
+        }
     }
     return r;
 }
@@ -198,17 +207,21 @@ __device__ __forceinline__ Outs outs(float* Y, float* Y2, float* Y3, u32 n1, u32
     return o;
 }
 
-template <class F>
+// G: the grouped expert products (mmq_grouped_<type>): token i of the launch reads activation
+// row gather[i] / xdiv and writes output row gather[i]; the arithmetic of every element is
+// unchanged (the rows only move addresses). Without G every dense product, as before.
+template <class F, bool G = false>
 __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __restrict__ X,
                                         const float* __restrict__ Xs, const Outs& out, const float* R, u32 M,
-                                        u32 N, u32 nkt, u32 nseg, u32 kp, u32 m0) {
+                                        u32 N, u32 nkt, u32 nseg, u32 kp, u32 m0,
+                                        const u32* __restrict__ gather = nullptr, u32 xdiv = 1) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const u32 rp = (u32)warp % MMQ_RPB, wk = (u32)warp / MMQ_RPB;
     const u32 wks = blockDim.x / (32 * MMQ_RPB);  // 1 or nseg (checked by the host)
     const u32 rt = blockIdx.x * MMQ_RPB + rp;
     const bool live = rt < (N + 15) / 16;
-    const TokRows tr = tok_rows(m0, M, g, t);
+    const TokRows tr = tok_rows<G>(m0, M, g, t, gather, xdiv);
     float tot[MMQ_NT][4];
 #pragma unroll
     for (int nf = 0; nf < MMQ_NT; ++nf)
@@ -255,7 +268,7 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
             for (int e = 0; e < 4; ++e) {
                 const u32 n = rt * 16 + g + 8 * (e >> 1);
                 const u32 m = m0 + nf * 8 + 2 * t + (e & 1);
-                if (n < N && m < M) out.put(m, n, tot[nf][e], R);
+                if (n < N && m < M) out.put(G ? __ldg(gather + m) : m, n, tot[nf][e], R);
             }
         return;
     }
@@ -275,7 +288,7 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
         for (u32 s = 0; s < wks; ++s) v = __fadd_rn(v, part[((s * MMQ_RPB + rp2) * 16 + row) * cols + col]);
         const u32 n = (blockIdx.x * MMQ_RPB + rp2) * 16 + row;
         const u32 m = m0 + col;
-        if (n < N && m < M) out.put(m, n, v, R);
+        if (n < N && m < M) out.put(G ? __ldg(gather + m) : m, n, v, R);
     }
 }
 
@@ -747,6 +760,48 @@ MMQ_ID_KERNEL(q5_k, FmtQ5_K)
 MMQ_ID_KERNEL(q6_k, FmtQ6_K)
 MMQ_ID_KERNEL(f16, FmtF16<0>)
 MMQ_ID_KERNEL(bf16, FmtF16<1>)
+
+// The grouped expert products (issue 16, prefill-sized calls; engine/src/backend/cuda/moe.rs):
+// moe_group (moe.cu) has sorted the pairs by expert, ascending pair index within an expert, into
+// `order`, with the pair offsets offs[0..=E] and the token-tile offsets offs[E + 1..=2 E + 1]
+// (tiles of 8 * MMQ_NT pairs). Block (x, y) takes tile b = b0 + y: expert e with
+// tile_off[e] <= b < tile_off[e + 1] (the last such e: empty experts have no tiles; blocks past
+// the last tile exit), and runs the product above over that expert's pairs as M rows, gathered:
+// pair order[offs[e] + i] reads activation row pair / xdiv and writes row pair of Y. The same
+// per-element sequence as mmq_id (which is the dense product at M = 1): bitwise equal results.
+__device__ __forceinline__ u32 moe_tile_expert(const u32* __restrict__ toff, u32 E, u32 b) {
+    u32 lo = 0, hi = E;  // toff[lo] <= b (toff[0] = 0); the answer is in [lo, hi)
+    while (hi - lo > 1) {
+        const u32 mid = (lo + hi) / 2;
+        if (__ldg(toff + mid) <= b) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+#define MMQ_GROUPED_KERNEL(suffix, FMT)                                                                     \
+    extern "C" __global__ void __launch_bounds__(MMQ_MAXT, MMQ_MINB) mmq_grouped_##suffix(                  \
+        const u8* W, u64 wstride, const u8* X, const float* Xs, const u32* order, const u32* offs, u32 xdiv,  \
+        u32 b0, u32 n_experts, float* Y, u32 N, u32 nkt, u32 nseg, u32 kp) {                                 \
+        const u32 b = b0 + blockIdx.y;                                                                      \
+        const u32* toff = offs + n_experts + 1;                                                             \
+        if (b >= __ldg(toff + n_experts)) return;                                                           \
+        const u32 e = moe_tile_expert(toff, n_experts, b);                                                  \
+        const u32 first = __ldg(offs + e), cnt = __ldg(offs + e + 1) - first;                               \
+        const u32 m0 = (b - __ldg(toff + e)) * (8 * MMQ_NT);                                                \
+        const Outs o = outs(Y, nullptr, nullptr, N, 0, N);                                                  \
+        product<FMT, true>(W + (u64)e * wstride, X, Xs, o, nullptr, cnt, N, nkt, nseg, kp, m0,              \
+                           order + first, xdiv);                                                            \
+    }
+
+MMQ_GROUPED_KERNEL(q8_0, FmtQ8_0)
+MMQ_GROUPED_KERNEL(q4_0, FmtQ4_0)
+MMQ_GROUPED_KERNEL(q4_1, FmtQ4_1)
+MMQ_GROUPED_KERNEL(q4_k, FmtQ4_K)
+MMQ_GROUPED_KERNEL(q5_k, FmtQ5_K)
+MMQ_GROUPED_KERNEL(q6_k, FmtQ6_K)
+MMQ_GROUPED_KERNEL(f16, FmtF16<0>)
+MMQ_GROUPED_KERNEL(bf16, FmtF16<1>)
 
 // MINB: two blocks per SM where stages and registers allow it (F16 and Q8_0 at
 // M = 512: 20-30% faster than one, H200), one for the K-quants and Q4_1 (which would spill)

@@ -233,6 +233,14 @@ pub const MODULES: &[Module] = &[
             "mmq_id_q6_k",
             "mmq_id_f16",
             "mmq_id_bf16",
+            "mmq_grouped_q8_0",
+            "mmq_grouped_q4_0",
+            "mmq_grouped_q4_1",
+            "mmq_grouped_q4_k",
+            "mmq_grouped_q5_k",
+            "mmq_grouped_q6_k",
+            "mmq_grouped_f16",
+            "mmq_grouped_bf16",
         ],
     },
     Module {
@@ -240,7 +248,7 @@ pub const MODULES: &[Module] = &[
         file: "kernels/cu/moe.cu",
         source: include_str!("../cu/moe.cu"),
         headers: &[],
-        kernels: &["moe_route", "moe_combine"],
+        kernels: &["moe_route", "moe_group", "moe_combine"],
     },
 ];
 

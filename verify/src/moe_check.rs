@@ -8,10 +8,15 @@
 //!   ascending index), within [`moe_tol`]; every output element written (NaN-poisoned).
 //! - Row invariance, bitwise: rows computed alone (M = 1) and in a small batch give the bits they
 //!   give inside the full batch, where every expert's row count differs.
+//! - `moe_grouped_<type>`: the grouped expert products (pairs sorted by expert, each expert's
+//!   pairs one block of rows) against the per-pair products on the same inputs, bitwise, for
+//!   several routings ([`Routing`]: all pairs on the first k experts (k = 1: one expert),
+//!   uniform, a third of the experts never chosen) and pair counts that are not a multiple of
+//!   the token tile; and the grouped output against the f64 reference within [`moe_tol`].
 
 use memra_engine::Result;
 use memra_engine::backend::cpu::moe::route;
-use memra_engine::backend::cuda::moe::MoeBufs;
+use memra_engine::backend::cuda::moe::{MoeBufs, group_offsets_len};
 use memra_engine::backend::cuda::profile::Profile;
 use memra_engine::backend::cuda::{Gpu, Mat, Products};
 use memra_engine::models::random::unit;
@@ -137,6 +142,10 @@ fn one_shape(g: &Gpu, profile: &Profile, seed: u64, s: u64, sh: Shape) -> Result
     let dids = g.zeros::<u32>(M * k)?;
     let (dgate, dup) = (g.zeros::<f32>(M * k * f)?, g.zeros::<f32>(M * k * f)?);
     let dy = g.zeros::<f32>(M * k * h)?;
+    let (dorder, doffs) = (
+        g.zeros::<u32>(M * k)?,
+        g.zeros::<u32>(group_offsets_len(e))?,
+    );
     // Rows r0.. of the inputs; outputs and scratch from their start.
     let at = |r0: usize| MoeBufs {
         x: g.ptr(&dx) + (r0 * h * 4) as u64,
@@ -147,6 +156,8 @@ fn one_shape(g: &Gpu, profile: &Profile, seed: u64, s: u64, sh: Shape) -> Result
         gate: g.ptr(&dgate),
         up: g.ptr(&dup),
         y: g.ptr(&dy),
+        order: g.ptr(&dorder),
+        offs: g.ptr(&doffs),
     };
     let w = [&mats[0], &mats[1], &mats[2]];
     let run = |r0: usize, m: usize| -> Result<(Vec<f32>, Vec<u32>, Vec<f32>)> {
@@ -206,11 +217,168 @@ fn one_shape(g: &Gpu, profile: &Profile, seed: u64, s: u64, sh: Shape) -> Result
     Ok(cases)
 }
 
+/// How the router logits of a grouped-vs-per-pair case spread the pairs over the experts.
+#[derive(Clone, Copy, Debug)]
+enum Routing {
+    /// Experts 0..k far ahead of the rest: every row picks them (k = 1: all pairs on one
+    /// expert; each expert then gets M pairs, several token tiles).
+    First,
+    /// Random logits.
+    Uniform,
+    /// Experts with index divisible by 3 far behind: never picked (empty experts between
+    /// non-empty ones).
+    SomeEmpty,
+}
+
+const ROUTINGS: [Routing; 3] = [Routing::First, Routing::Uniform, Routing::SomeEmpty];
+
+/// (type, experts, used, hidden, expert_ffn, glu) of the grouped cases (v2 layouts).
+type GroupShape = (DType, usize, usize, usize, usize, Glu);
+
+const GROUP_SHAPES: [GroupShape; 4] = [
+    (DType::Q8_0, 8, 1, 64, 96, Glu::Silu),
+    (DType::Q4_K, 128, 8, 256, 256, Glu::Silu),
+    (DType::BF16, 8, 3, 72, 40, Glu::GeluTanh),
+    (DType::Q6_K, 16, 4, 256, 512, Glu::Silu),
+];
+
+/// Rows of the grouped cases: P = rows x k pairs is never a multiple of the 32-pair tile for
+/// these k, and 133 rows put several tiles on one expert.
+const GROUP_ROWS: [usize; 2] = [37, 133];
+
+fn grouped_shape(
+    g: &Gpu,
+    profile: &Profile,
+    seed: u64,
+    s: u64,
+    sh: GroupShape,
+) -> Result<Vec<Case>> {
+    let (dtype, e, k, h, f, kind) = sh;
+    let p = MoeParams {
+        n_experts: e,
+        n_used: k,
+        norm_topk: true,
+        glu: kind,
+    };
+    let (tg, dg) = stack(seed, s, dtype, [e, f, h])?;
+    let (tu, du) = stack(seed, s + 1, dtype, [e, f, h])?;
+    let (td, dd) = stack(seed, s + 2, dtype, [e, h, f])?;
+    let mut prods = Products::new(true, profile.clone());
+    let mats: [Mat; 3] = [
+        prods.upload_experts(g, &tg, None)?,
+        prods.upload_experts(g, &tu, None)?,
+        prods.upload_experts(g, &td, Some(k))?,
+    ];
+    let rows_max = GROUP_ROWS.iter().copied().max().unwrap_or(1);
+    prods.reserve(g, rows_max)?;
+    let w = [&mats[0], &mats[1], &mats[2]];
+    let x = vals(seed, s + 3, rows_max * h, 1.0);
+    let dx = g.upload(&x)?;
+    let pairs_max = rows_max * k;
+    let dout = g.zeros::<f32>(rows_max * h)?;
+    let (dids, dwts) = (g.zeros::<u32>(pairs_max)?, g.zeros::<f32>(pairs_max)?);
+    let (dgate, dup) = (
+        g.zeros::<f32>(pairs_max * f)?,
+        g.zeros::<f32>(pairs_max * f)?,
+    );
+    let dy = g.zeros::<f32>(pairs_max * h)?;
+    let (dorder, doffs) = (
+        g.zeros::<u32>(pairs_max)?,
+        g.zeros::<u32>(group_offsets_len(e))?,
+    );
+    let mut cases = Vec::new();
+    for (ri, routing) in ROUTINGS.into_iter().enumerate() {
+        for &m in &GROUP_ROWS {
+            let mut logits = vals(seed, s + 4 + ri as u64, m * e, 2.0);
+            for (i, l) in logits.iter_mut().enumerate() {
+                match routing {
+                    Routing::First if i % e < k => *l += 40.0,
+                    Routing::SomeEmpty if (i % e).is_multiple_of(3) => *l -= 40.0,
+                    _ => {}
+                }
+            }
+            let dr = g.upload(&logits)?;
+            let bufs = MoeBufs {
+                x: g.ptr(&dx),
+                router: g.ptr(&dr),
+                out: g.ptr(&dout),
+                ids: g.ptr(&dids),
+                wts: g.ptr(&dwts),
+                gate: g.ptr(&dgate),
+                up: g.ptr(&dup),
+                y: g.ptr(&dy),
+                order: g.ptr(&dorder),
+                offs: g.ptr(&doffs),
+            };
+            let mut run = |grouped: bool| -> Result<Vec<f32>> {
+                // Poisoned: a pair the grouped products skip leaves NaN in the output.
+                for (buf, n) in [
+                    (&dout, m * h),
+                    (&dgate, m * k * f),
+                    (&dup, m * k * f),
+                    (&dy, m * k * h),
+                ] {
+                    g.fill(g.ptr(buf), f32::NAN, n)?;
+                }
+                prods.profile.moe_grouped = Some(grouped);
+                prods.moe(g, w, &bufs, m, &p)?;
+                g.download_range(&dout, 0, m * h)
+            };
+            let per_pair = run(false)?;
+            let grouped = run(true)?;
+            let mut want = Vec::with_capacity(m * h);
+            for (r, l) in logits.chunks_exact(e).enumerate() {
+                let rt = route(l, k, p.norm_topk);
+                want.extend(reference_row(
+                    &x[r * h..(r + 1) * h],
+                    &rt,
+                    [&dg, &du, &dd],
+                    (f, h),
+                    kind,
+                ));
+            }
+            let shape = format!("{dtype} E={e} k={k} h={h} f={f} {kind:?} M={m} {routing:?}");
+            let mut c = compare(
+                &format!("moe_grouped_{dtype}"),
+                shape,
+                &grouped,
+                &want,
+                moe_tol(dtype, true),
+            );
+            if let Some(i) = grouped
+                .iter()
+                .zip(&per_pair)
+                .position(|(a, b)| a.to_bits() != b.to_bits())
+                && c.problem.is_none()
+            {
+                c.problem = Some(format!(
+                    "element {i}: grouped {} != per pair {} (bitwise)",
+                    grouped[i], per_pair[i]
+                ));
+            }
+            cases.push(c);
+        }
+    }
+    Ok(cases)
+}
+
 /// Every MoE case on `g`.
 pub fn moe_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     let profile = Profile::for_device(g)?;
+    // The shapes above run per pair or grouped as the profile picks for their M rows (by
+    // default grouped only for the 8-of-128 batch of 37, whose sub-batches run per pair: the
+    // invariance check there compares the two paths too); the grouped cases force each path.
     for (i, &sh) in SHAPES.iter().enumerate() {
         out.extend(one_shape(g, &profile, seed, 20_000 + 10 * i as u64, sh)?);
+    }
+    for (i, &sh) in GROUP_SHAPES.iter().enumerate() {
+        out.extend(grouped_shape(
+            g,
+            &profile,
+            seed,
+            21_000 + 10 * i as u64,
+            sh,
+        )?);
     }
     Ok(())
 }

@@ -186,6 +186,9 @@ pub struct CudaOps {
     moe_cfg: Option<(crate::config::MoeParams, usize)>,
     /// The MoE op's scratch activations, declared with the first expert stack.
     moe_acts: Option<MoeActs>,
+    /// The grouped expert products' offsets ([`moe::MoeBufs::offs`]), allocated with the first
+    /// expert stack (before any graph capture).
+    moe_offs: Option<CudaSlice<u32>>,
     /// The model's hidden size (the width of the hidden input rows, hidden.rs).
     hidden: usize,
     /// The hidden input rows of the MTP forward (hidden.rs).
@@ -193,7 +196,8 @@ pub struct CudaOps {
 }
 
 /// Scratch activations of the MoE op, `k` = experts per row ([`moe::MoeBufs`]): per step row,
-/// the k expert ids and k weights, the k gate and k up rows, the k down rows.
+/// the k expert ids, k weights and k places of the grouped path's sorted pairs (`route`), the k
+/// gate and k up rows, the k down rows.
 #[derive(Clone, Copy, Debug)]
 struct MoeActs {
     k: usize,
@@ -313,6 +317,7 @@ fn open_runner(
         prof: opprof::OpProf::from_env(),
         moe_cfg: c.moe.map(|p| (p, c.hidden)),
         moe_acts: None,
+        moe_offs: None,
         hidden: c.hidden,
         hidden_in: hidden::HiddenIn::default(),
     };

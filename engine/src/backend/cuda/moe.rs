@@ -10,20 +10,30 @@
 //!    `matmul_id_<type>` (the v1 kernel likewise, for the types the v2 products do not read).
 //!    A pair's bits are those of the dense product of its expert on its row: they depend on
 //!    nothing else (not on how many rows chose the expert, nor on the other rows).
+//!    Grouped (prefill-sized calls, [`super::profile::Profile::moe_grouped`]): `moe_group` first sorts the
+//!    pairs by expert on the device (a counting sort: ascending pair index within an expert,
+//!    per-expert pair and token-tile offsets), then `mmq_grouped_<type>` runs, per expert, the
+//!    same v2 product over that expert's pairs as a block of rows ([`MOE_GROUPED_LAUNCH`]: 32
+//!    pairs per weight tile), each row gathered from and written to its pair's row. The v2
+//!    products compute one per-element sequence at every M and launch geometry, so the grouped
+//!    and per-pair paths give the same bits (`memra-verify kernels` compares them bitwise). The
+//!    grid is sized from the host-known bound on tiles (blocks past the last tile exit): no
+//!    host copy, graph-safe.
 //! 3. The GLU over the pairs (fused with the preparation of the down product's activations),
 //!    then the down product of every pair the same way.
 //! 4. `moe_combine`: each row adds its k weighted expert outputs in ascending expert index onto
 //!    +0, as the CPU does (backend/cpu/moe.rs).
 //!
 //! Speed: decode reads each chosen expert's weights once per (row, slot), as a dense decode
-//! product does. Prefill does the same per pair: an expert chosen by many rows of a chunk is
-//! read once per row (the L2 absorbs part of it), and every pair runs an 8-token mma tile with
-//! one live token: correct and row-invariant, but far from a grouped GEMM (docs/GPU.md).
+//! product does. Per pair, prefill would do the same (an expert chosen by many rows of a chunk
+//! read once per row, every pair an 8-token mma tile with one live token); the grouped path
+//! reads an expert's weights once per 32 of its pairs instead. The stored (v1) layout always
+//! runs per pair.
 
 use super::device::{Arg, Gpu};
 use super::mat::{Mat, Products};
 use super::products::{ActBuf, PMat};
-use super::profile::Launch;
+use super::profile::{Launch, MOE_GROUPED_LAUNCH};
 use crate::error::Result;
 use crate::ops::{Glu, MoeParams};
 use crate::quant::DType;
@@ -45,6 +55,27 @@ pub struct MoeBufs {
     pub up: u64,
     /// The down outputs of every pair (f32, `P x hidden`).
     pub y: u64,
+    /// The grouped path's scratch ([`super::profile::Profile::moe_grouped`]; unused by the per-pair path): the
+    /// P pair indices sorted by expert (u32), and [`group_offsets_len`] u32 offsets.
+    pub order: u64,
+    pub offs: u64,
+}
+
+/// u32 values of the grouped path's offsets for `n_experts` experts (`moe_group`: pair offsets
+/// and token-tile offsets, E + 1 each).
+pub fn group_offsets_len(n_experts: usize) -> usize {
+    2 * (n_experts + 1)
+}
+
+/// Pairs of one expert per block of the grouped products (`8 * MMQ_NT` of
+/// [`MOE_GROUPED_LAUNCH`]; `moe_group` cuts each expert's pairs into tiles of this many).
+pub const MOE_TILE: usize = 8 * MOE_GROUPED_LAUNCH.nt as usize;
+
+/// A bound on the token tiles of `pairs` pairs over `n_experts` experts (sum over experts of
+/// ceil(count / MOE_TILE) <= floor(pairs / MOE_TILE) + the non-empty experts): the grid of a
+/// grouped product, whose blocks past the real count exit.
+fn tile_bound(pairs: usize, n_experts: usize) -> usize {
+    pairs / MOE_TILE + n_experts.min(pairs)
 }
 
 /// Most pairs one expert-product launch takes (grid.y); larger calls are cut into launches of
@@ -113,9 +144,15 @@ impl Products {
         }
         g.moe_route(b.router, (b.ids, b.wts), m, p.n_experts, k, p.norm_topk)?;
         let pairs = m * k;
+        let all_packed = w.iter().all(|s| s.packed().is_some());
+        let group = (all_packed && self.profile.moe_grouped(pairs, p.n_experts))
+            .then_some((b.order, b.offs));
+        if group.is_some() {
+            g.moe_group(b.ids, (b.order, b.offs), pairs, p.n_experts)?;
+        }
         self.prep(g, b.x, h, m, &[gate, up])?;
-        self.expert_product(g, gate, (b.x, b.gate), b.ids, k, pairs)?;
-        self.expert_product(g, up, (b.x, b.up), b.ids, k, pairs)?;
+        self.expert_product(g, gate, (b.x, b.gate), b.ids, group, k, pairs)?;
+        self.expert_product(g, up, (b.x, b.up), b.ids, group, k, pairs)?;
         let down_act = match down.packed() {
             Some(d) => Some(self.expert_act(g, d.act(), f)?),
             None => None,
@@ -130,19 +167,22 @@ impl Products {
                 }
             }
         }
-        self.expert_product(g, down, (b.gate, b.y), b.ids, 1, pairs)?;
+        self.expert_product(g, down, (b.gate, b.y), b.ids, group, 1, pairs)?;
         g.moe_combine(b.y, b.wts, b.out, m, k, h)
     }
 
     /// `y[p] = W[ids[p]] x[p / xdiv]` for `pairs` pairs: `x` is f32 for the stored layout, and
     /// already prepared for the packed one (the step's buffer when `xdiv > 1`, the pairs' when
-    /// `xdiv == 1`).
+    /// `xdiv == 1`). `group`: (order, offsets) of `moe_group` for the grouped product (packed
+    /// layouts only), or `None` for one product per pair.
+    #[allow(clippy::too_many_arguments)]
     fn expert_product(
         &self,
         g: &Gpu,
         w: &Mat,
         (x, y): (u64, u64),
         ids: u64,
+        group: Option<(u64, u64)>,
         xdiv: usize,
         pairs: usize,
     ) -> Result<()> {
@@ -159,7 +199,10 @@ impl Products {
                     n_experts: w.experts(),
                     stride: w.expert_stride(),
                 };
-                g.product_id(pm, a, &ids, y, pairs)
+                match group {
+                    Some(grp) => g.product_grouped(pm, a, &ids, grp, y, pairs),
+                    None => g.product_id(pm, a, &ids, y, pairs),
+                }
             }
             None => {
                 let (data, row_bytes) = w
@@ -217,6 +260,26 @@ impl Gpu {
         }
         let args = route_args(router, (ids, wts), e, k, norm);
         self.launch("moe_route", (self.u32_of(m, "router rows")?, 1), 32, &args)
+    }
+
+    /// Sorts `pairs` expert ids by expert for the grouped products (`moe_group`): `order` gets
+    /// the pair indices (ascending within an expert), `offs` the [`group_offsets_len`] pair and
+    /// token-tile offsets. One block; integers only.
+    pub fn moe_group(
+        &self,
+        ids: u64,
+        (order, offs): (u64, u64),
+        pairs: usize,
+        e: usize,
+    ) -> Result<()> {
+        if e == 0 || e > memra_kernels::MOE_MAX_EXPERTS {
+            return Err(self.err(format!("moe_group: {e} experts")));
+        }
+        if pairs == 0 {
+            return Ok(());
+        }
+        let args = group_args(ids, (order, offs), self.u32_of(pairs, "pairs")?, e);
+        self.launch("moe_group", (1, 1), 256, &args)
     }
 
     /// `out[r] = sum_j wts[r k + j] y[r k + j]` (j ascending, from +0) for `m` rows of `h`.
@@ -283,6 +346,53 @@ impl Gpu {
         Ok(())
     }
 
+    /// The grouped v2 expert product: the bits of [`Gpu::product_id`] (`y[p] = W[ids[p]]
+    /// a[p / xdiv]`), computed per expert over its pairs (`order`, `offs`: [`Gpu::moe_group`] of
+    /// the same ids) as a block of rows, [`MOE_TILE`] pairs per block.
+    pub fn product_grouped(
+        &self,
+        w: &PMat,
+        a: &ActBuf,
+        ids: &IdArgs,
+        (order, offs): (u64, u64),
+        y: u64,
+        pairs: usize,
+    ) -> Result<()> {
+        ids.check(self)?;
+        let rows_needed = pairs.div_ceil(ids.xdiv);
+        if a.kind != w.act() || a.kp != w.kp || rows_needed > a.rows {
+            return Err(self.err(format!(
+                "grouped expert product: {} weights ({} x {}, kp {}) with {:?} activations of \
+                 {} x {} ({rows_needed} rows needed)",
+                w.dtype, w.rows, w.cols, w.kp, a.kind, a.rows, a.kp
+            )));
+        }
+        if pairs == 0 || w.rows == 0 {
+            return Ok(());
+        }
+        let l = MOE_GROUPED_LAUNCH;
+        let threads = 32 * l.rpb * w.nseg;
+        if threads > l.max_threads() {
+            return Err(self.err(format!("grouped expert product: nseg {} too large", w.nseg)));
+        }
+        let smem = if w.nseg > 1 {
+            w.nseg * l.rpb * 16 * 8 * l.nt * 4
+        } else {
+            0
+        };
+        let f = self.variant("products", &l.defines())?;
+        let name = format!("mmq_grouped_{}", w.dtype.name());
+        let func = f
+            .get(&name)
+            .ok_or_else(|| self.err(format!("kernel {name} missing")))?;
+        let blocks_x = self.u32_of(w.rows.div_ceil(16).div_ceil(l.rpb as usize), "row tiles")?;
+        for (b0, n) in pair_chunks(tile_bound(pairs, ids.n_experts)) {
+            let args = product_grouped_args(self, w, a, ids, (order, offs), y, b0);
+            self.launch_fn(func, &name, (blocks_x, n as u32), threads, smem, &args)?;
+        }
+        Ok(())
+    }
+
     /// The v1 expert product over the stored layout: `y[p] = W[ids[p]] x[p / xdiv]` (f32 rows)
     /// for `pairs` pairs; `shape` = (rows, cols, bytes per row) of one expert.
     pub fn matmul_id(
@@ -332,6 +442,44 @@ fn route_args(router: u64, (ids, wts): (u64, u64), e: usize, k: usize, norm: boo
         Arg::U32(e as u32),
         Arg::U32(k as u32),
         Arg::U32(norm as u32),
+    ]
+}
+
+fn group_args(ids: u64, (order, offs): (u64, u64), pairs: u32, e: usize) -> [Arg; 6] {
+    [
+        Arg::Ptr(ids),
+        Arg::Ptr(order),
+        Arg::Ptr(offs),
+        Arg::U32(pairs),
+        Arg::U32(e as u32),
+        Arg::U32(MOE_TILE as u32),
+    ]
+}
+
+fn product_grouped_args(
+    g: &Gpu,
+    w: &PMat,
+    a: &ActBuf,
+    ids: &IdArgs,
+    (order, offs): (u64, u64),
+    y: u64,
+    b0: usize,
+) -> [Arg; 14] {
+    [
+        Arg::Ptr(g.ptr(&w.data)),
+        Arg::U64(ids.stride as u64),
+        Arg::Ptr(g.ptr(&a.values)),
+        Arg::Ptr(g.ptr(&a.scales)),
+        Arg::Ptr(order),
+        Arg::Ptr(offs),
+        Arg::U32(ids.xdiv as u32),
+        Arg::U32(b0 as u32),
+        Arg::U32(ids.n_experts as u32),
+        Arg::Ptr(y),
+        Arg::U32(w.rows as u32),
+        Arg::U32(w.col_tiles as u32),
+        Arg::U32(w.nseg),
+        Arg::U32(w.kp as u32),
     ]
 }
 
@@ -420,6 +568,68 @@ mod tests {
         for t in memra_kernels::WEIGHT_TYPES {
             assert_eq!(check_args(&format!("matmul_id_{t}"), &v1), Ok(()), "{t}");
         }
+    }
+
+    #[test]
+    fn the_grouped_kernels_take_the_launch_s_arguments() {
+        let args = group_args(1, (2, 3), 100, 128);
+        assert_eq!(check_args("moe_group", &args), Ok(()));
+        // product_grouped_args without a device: the same kinds in the same places.
+        let grouped = [
+            Arg::Ptr(1),
+            Arg::U64(4096),
+            Arg::Ptr(2),
+            Arg::Ptr(3),
+            Arg::Ptr(4),
+            Arg::Ptr(5),
+            Arg::U32(8),
+            Arg::U32(0),
+            Arg::U32(128),
+            Arg::Ptr(6),
+            Arg::U32(768),
+            Arg::U32(32),
+            Arg::U32(8),
+            Arg::U32(2048),
+        ];
+        for t in memra_kernels::PRODUCT_TYPES {
+            assert_eq!(
+                check_args(&format!("mmq_grouped_{t}"), &grouped),
+                Ok(()),
+                "{t}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_tile_bound_covers_every_distribution() {
+        // Tiles of a count distribution: sum of ceil(c / MOE_TILE).
+        let tiles = |c: &[usize]| c.iter().map(|&n| n.div_ceil(MOE_TILE)).sum::<usize>();
+        let mut cases: Vec<(usize, Vec<usize>)> = vec![
+            (1, vec![1, 0, 0]),
+            (8, vec![MOE_TILE + 1; 8]),
+            (128, vec![MOE_TILE - 1; 128]),
+            (4, vec![5 * MOE_TILE + 3, 0, 1, 0]),
+        ];
+        // Every way of spreading 3 tiles + 2 pairs over 3 experts.
+        let p = 3 * MOE_TILE + 2;
+        for a in 0..=p {
+            for b in 0..=p - a {
+                cases.push((3, vec![a, b, p - a - b]));
+            }
+        }
+        for (e, c) in cases {
+            let pairs: usize = c.iter().sum();
+            assert!(tiles(&c) <= tile_bound(pairs, e), "{c:?}");
+        }
+        assert_eq!(group_offsets_len(128), 258);
+    }
+
+    #[test]
+    fn the_grouped_launch_is_compiled_at_load() {
+        let p = super::super::profile::Profile::new("compute_90a", 132, 227 * 1024);
+        assert!(p.all_launches().contains(&MOE_GROUPED_LAUNCH));
+        const { assert!(MOE_GROUPED_LAUNCH.split_k) };
+        assert!(MOE_GROUPED_LAUNCH.max_threads() >= 32 * super::super::profile::MAX_NSEG);
     }
 
     #[test]

@@ -153,11 +153,15 @@ impl Ops for CudaOps {
                 .err("expert weights for a model without expert parameters")
         })?;
         let (f, k) = (p.expert_ffn, p.n_used);
+        if self.moe_offs.is_none() {
+            let n = super::moe::group_offsets_len(p.n_experts);
+            self.moe_offs = Some(self.gpu.zeros::<u32>(n)?);
+        }
         if self.moe_acts.is_none() {
             let step = Rows::Step;
             self.moe_acts = Some(super::MoeActs {
                 k,
-                route: self.act("moe_route", 2 * k, step),
+                route: self.act("moe_route", 3 * k, step),
                 gate: self.act("moe_gate", k * f, step),
                 up: self.act("moe_up", k * f, step),
                 y: self.act("moe_y", k * hidden, step),
@@ -304,6 +308,11 @@ impl Ops for CudaOps {
         }
         let m = self.n(out);
         let route = self.ptr(s.route)?;
+        let offs = self
+            .moe_offs
+            .as_ref()
+            .map(|o| self.gpu.ptr(o))
+            .ok_or_else(|| self.gpu.err("moe: no expert stacks were uploaded"))?;
         let bufs = super::moe::MoeBufs {
             x: self.ptr(x)?,
             router: self.ptr(router)?,
@@ -313,6 +322,8 @@ impl Ops for CudaOps {
             gate: self.ptr(s.gate)?,
             up: self.ptr(s.up)?,
             y: self.ptr(s.y)?,
+            order: route + (2 * m * s.k * 4) as u64,
+            offs,
         };
         self.products.moe(&self.gpu, w, &bufs, m, p)?;
         self.tick("moe");

@@ -148,12 +148,13 @@ pub fn workspace_bytes(c: &ModelConfig, ctx: usize, v2: bool) -> usize {
     let step_width = [c.hidden, c.hidden, qd, kvd, kvd, qd, c.hidden, c.ffn, c.ffn]
         .iter()
         .fold(0usize, |a, &w| a.saturating_add(w));
-    // The MoE op's scratch per row (backend/cuda/moe.rs): k ids and weights, k gate and up
-    // rows, k down rows; and the prepared activations of its k pairs for the down products.
+    // The MoE op's scratch per row (backend/cuda/moe.rs): k ids, weights and sorted pairs, k
+    // gate and up rows, k down rows; and the prepared activations of its k pairs for the down
+    // products.
     let (moe_width, moe_prepared) = match c.moe {
         Some(p) if p.n_used > 0 => {
             let k = p.n_used;
-            let width = mul(2, k)
+            let width = mul(3, k)
                 .saturating_add(mul(mul(2, k), p.expert_ffn))
                 .saturating_add(mul(k, c.hidden));
             let kp = p.expert_ffn.div_ceil(256).saturating_mul(256);

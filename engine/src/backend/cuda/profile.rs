@@ -24,6 +24,16 @@ pub struct Launch {
     pub wg: bool,
 }
 
+/// The launch geometry of the grouped expert products (`mmq_grouped_<type>`, issue 16): 32
+/// pairs of one expert per block, K split over the matrix's segments (experts are small
+/// matrices: the split keeps the grid full). One of [`Profile::all_launches`], so its variant is
+/// compiled at load. Speed only.
+pub const MOE_GROUPED_LAUNCH: Launch = split(4);
+
+/// Most pairs of a mixture-of-experts call that always run one product per pair
+/// ([`Profile::moe_grouped`]).
+pub const MOE_GROUPED_MIN_PAIRS: usize = 64;
+
 /// Most segments a matrix is cut into (and warps per block of a split-K launch).
 pub const MAX_NSEG: u32 = 8;
 
@@ -137,6 +147,10 @@ pub struct Profile {
     /// instead of only those measured faster than the shared-memory product (Q4_K; F16 / BF16
     /// were 4% slower end to end on the H200, reports/kernel-notes.md).
     pub wgmma_all: bool,
+    /// The mixture-of-experts products' path for every call instead of the choice by size
+    /// (`MEMRA_MOE_GROUPED=0|1`, docs/FLAGS.md): `Some(true)` grouped by expert, `Some(false)`
+    /// one M = 1 product per (row, slot) pair. Speed only: both give the same bits.
+    pub moe_grouped: Option<bool>,
 }
 
 const fn split(nt: u32) -> Launch {
@@ -207,7 +221,19 @@ impl Profile {
             smem_tile: None,
             wgmma: arch == "compute_90a",
             wgmma_all: false,
+            moe_grouped: None,
         }
+    }
+
+    /// Whether a mixture-of-experts call of `pairs` (row, slot) pairs over `n_experts` experts
+    /// takes the grouped expert products (the pairs sorted by expert, each expert's pairs one
+    /// block of rows: its weights read once per [`MOE_GROUPED_LAUNCH`] token tile) instead of an
+    /// M = 1 product per pair (its weights read once per pair). Grouping pays when experts get
+    /// several pairs each: more than [`MOE_GROUPED_MIN_PAIRS`] pairs and at least two per expert
+    /// on average (a guess, not yet measured: issue 16). `MEMRA_MOE_GROUPED` overrides it.
+    pub fn moe_grouped(&self, pairs: usize, n_experts: usize) -> bool {
+        self.moe_grouped
+            .unwrap_or(pairs > MOE_GROUPED_MIN_PAIRS && pairs >= 2 * n_experts)
     }
 
     /// [`Profile::new`] with the overrides of the environment: `MEMRA_WARPS_PER_SM` (1..=64)
@@ -235,6 +261,17 @@ impl Profile {
                     )));
                 }
             }
+        }
+        if let Ok(v) = std::env::var("MEMRA_MOE_GROUPED") {
+            p.moe_grouped = match v.trim() {
+                "0" => Some(false),
+                "1" => Some(true),
+                _ => {
+                    return Err(crate::error::Error::Input(format!(
+                        "MEMRA_MOE_GROUPED={v}: expected 0 or 1"
+                    )));
+                }
+            };
         }
         if let Ok(v) = std::env::var("MEMRA_MMS_TILE") {
             let bad = || {
@@ -362,6 +399,22 @@ impl Profile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn moe_calls_group_by_size_unless_overridden() {
+        let mut p = Profile::new("compute_90a", 132, SMEM_MAX_SM90);
+        // Decode-sized calls run per pair; a prefill chunk of Qwen3-30B-A3B (128 experts, 8
+        // per row) groups from 32 rows.
+        assert!(!p.moe_grouped(8, 128));
+        assert!(!p.moe_grouped(64, 8));
+        assert!(!p.moe_grouped(255, 128));
+        assert!(p.moe_grouped(256, 128));
+        assert!(p.moe_grouped(65, 8));
+        p.moe_grouped = Some(true);
+        assert!(p.moe_grouped(1, 128));
+        p.moe_grouped = Some(false);
+        assert!(!p.moe_grouped(1 << 20, 8));
+    }
 
     #[test]
     fn small_grids_keep_the_register_tiled_product() {
