@@ -350,26 +350,78 @@ fn argmax_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     Ok(())
 }
 
-/// Runs every kernel check on device `device`; returns the cases (failures included).
-pub fn run(device: usize, seed: u64) -> Result<Vec<Case>> {
+/// The kernel gate's case groups, in run order (`memra-verify kernels --only`).
+pub const GROUPS: [&str; 12] = [
+    "matmul",
+    "embed",
+    "norm",
+    "rope",
+    "elementwise",
+    "argmax",
+    "select",
+    "attention",
+    "kv_write",
+    "products",
+    "product_geom",
+    "moe",
+];
+
+/// Checks a `--only` list against [`GROUPS`]; an unknown name is an error naming it.
+pub fn check_groups(only: &[String]) -> Result<()> {
+    match only.iter().find(|g| !GROUPS.contains(&g.as_str())) {
+        Some(g) => Err(Error::Input(format!(
+            "--only: unknown kernel group `{g}`; groups: {}",
+            GROUPS.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Runs the kernel checks on device `device` (the groups named in `only`, or every group when
+/// it is empty); returns the cases (failures included).
+pub fn run(device: usize, seed: u64, only: &[String]) -> Result<Vec<Case>> {
+    check_groups(only)?;
     let g = Gpu::open(device)?;
     let mut out = Vec::new();
-    matmul_cases(&g, seed, &mut out)?;
-    embed_cases(&g, seed, &mut out)?;
-    norm_cases(&g, seed, &mut out)?;
-    rope_cases(&g, seed, &mut out)?;
-    elementwise_cases(&g, seed, &mut out)?;
-    argmax_cases(&g, seed, &mut out)?;
-    super::kernels_select::select_kernel_cases(&g, seed, &mut out)?;
-    super::attention_check::attention_cases(&g, seed, &mut out)?;
-    super::kv_write_check::kv_write_cases(&g, seed, &mut out)?;
-    super::products_check::product_cases(&g, seed, &mut out)?;
-    super::products_check::product_geometry_cases(&g, seed, &mut out)?;
-    super::moe_check::moe_cases(&g, seed, &mut out)?;
+    type Group = fn(&Gpu, u64, &mut Vec<Case>) -> Result<()>;
+    let groups: [Group; 12] = [
+        matmul_cases,
+        embed_cases,
+        norm_cases,
+        rope_cases,
+        elementwise_cases,
+        argmax_cases,
+        super::kernels_select::select_kernel_cases,
+        super::attention_check::attention_cases,
+        super::kv_write_check::kv_write_cases,
+        super::products_check::product_cases,
+        super::products_check::product_geometry_cases,
+        super::moe_check::moe_cases,
+    ];
+    for (name, f) in GROUPS.iter().zip(groups) {
+        if only.is_empty() || only.iter().any(|o| o == name) {
+            f(&g, seed, &mut out)?;
+        }
+    }
     Ok(out)
 }
 
 /// An error for a failed gate.
 pub fn gate_error(what: &str) -> Error {
     Error::Input(what.to_string())
+}
+
+#[cfg(test)]
+mod group_tests {
+    use super::*;
+
+    #[test]
+    fn only_names_known_groups() {
+        assert!(check_groups(&[]).is_ok());
+        assert!(check_groups(&["product_geom".into(), "moe".into()]).is_ok());
+        let e = check_groups(&["products".into(), "prodcts".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`prodcts`") && e.contains("product_geom"), "{e}");
+    }
 }

@@ -71,6 +71,10 @@ enum Cmd {
         device: Device,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Only these case groups (comma-separated: matmul, embed, norm, rope, elementwise,
+        /// argmax, select, attention, kv_write, products, product_geom, moe); all by default.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
     },
     /// Logits and KV bytes bitwise equal under any batch composition and prefill chunking.
     Invariance {
@@ -247,9 +251,13 @@ fn cuda_index(gate: &str, device: Device) -> Result<usize> {
 }
 
 /// Every gate returns its number of failures (0: green).
-fn gate_kernels(device: Device, seed: u64) -> Result<usize> {
+fn gate_kernels(device: Device, seed: u64, only: &[String]) -> Result<usize> {
+    kernels::check_groups(only)?;
     let n = cuda_index("kernels", device)?;
-    let cases = kernels::run(n, seed)?;
+    if !only.is_empty() {
+        println!("kernel groups: {} (of {})", only.join(", "), kernels::GROUPS.len());
+    }
+    let cases = kernels::run(n, seed, only)?;
     print!("{}", kernels::report(&cases));
     Ok(cases.iter().filter(|c| !c.ok()).count())
 }
@@ -729,7 +737,7 @@ fn gate_all(
     type Gate<'a> = (&'static str, Box<dyn Fn() -> Result<usize> + 'a>);
     let mut gates: Vec<Gate> = Vec::new();
     if cuda {
-        gates.push(("kernels", Box::new(|| gate_kernels(device, 1))));
+        gates.push(("kernels", Box::new(|| gate_kernels(device, 1, &[]))));
     }
     gates.push((
         "invariance",
@@ -776,7 +784,7 @@ fn gate_all(
 
 fn run(cli: Cli) -> Result<usize> {
     match cli.cmd {
-        Cmd::Kernels { device, seed } => gate_kernels(device, seed),
+        Cmd::Kernels { device, seed, only } => gate_kernels(device, seed, &only),
         Cmd::Invariance {
             model,
             tiny: t,
