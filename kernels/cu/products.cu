@@ -823,17 +823,19 @@ MMS_KERNEL(q6_k, FmtQ6_K, 1)
 MMS_KERNEL(f16, FmtF16<0>, 2)
 MMS_KERNEL(bf16, FmtF16<1>, 2)
 
-// The warpgroup product (sm_90a): one block of 2 warpgroups per SM.
+// The warpgroup product (sm_90a): one block of 2 warpgroups per SM. Chosen by the preprocessor:
+// the pipelined body is only instantiated when asked for (its per-thread items need MWG_N >= 128).
+#if MWG_PIPE
+#define MWG_PRODUCT product_wgp
+#else
+#define MWG_PRODUCT product_wg
+#endif
 #define MWG_KERNEL(suffix, FMT)                                                                            \
     extern "C" __global__ void __launch_bounds__(256, 1) mwg_##suffix(                                     \
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
         const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
         const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
-        if (MWG_PIPE) {                                                                                       \
-            product_wgp<FMT>(W, X, o, R, M, N, nkt, nseg, kp);                                                \
-        } else {                                                                                              \
-            product_wg<FMT>(W, X, o, R, M, N, nkt, nseg, kp);                                                 \
-        }                                                     \
+        MWG_PRODUCT<FMT>(W, X, o, R, M, N, nkt, nseg, kp);                                                    \
     }
 
 MWG_KERNEL(q4_k, FmtQ4_K)
