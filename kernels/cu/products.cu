@@ -504,9 +504,54 @@ __device__ __forceinline__ void mwg_relayout(const u8* raw, u8* bl) {
 // the chain c from +0.0 by wgmma (the same steps in the same order, the same bits as mma.sync),
 // then acc += s * c per element with the scales of the warp's rows g, g + 8 (the wgmma C layout
 // is mma.sync's per warp: element i is row g + 8 ((i & 3) >> 1)). The same sequence as `block`.
+//
+// Experiment (session 9, NOT yet run on a GPU; `#define MWG_SPIPE 1` through MEMRA_KERNEL_DIR to
+// A/B it): two chain sets, part q + 1's wgmmas issued before part q's epilogue (wait_group 1), so
+// the tensor cores run while the scales are applied. The same chains and the same additions into
+// acc in the same order: the same bits.
+#ifndef MWG_SPIPE
+#define MWG_SPIPE 0
+#endif
+
+template <class F>
+__device__ __forceinline__ void mwg_part_issue(const typename F::Tile& tl, const u8* bl, int q, float* c) {
+    constexpr int ND = MWG_N / 2, H = 2 / F::WGP;
+    const int b = q / F::WGP, p = q % F::WGP;
+    u32 af[2][4];
+    F::part_a(tl, b, p, af);
+#pragma unroll
+    for (int i = 0; i < ND; ++i) c[i] = 0.0f;
+    wg_keep<MWG_N>(c);  // the zeros written before the fence, not between it and the wgmma
+    wg_fence();
+#pragma unroll
+    for (int h = 0; h < H; ++h)
+        wg_mma<MWG_N, F::BF>(c, af[h], wg_desc(bl + (2 * b + p * H + h) * Mwg<F>::STEP));
+    wg_commit();
+}
+
 template <class F>
 __device__ __forceinline__ void mwg_scaled(const typename F::Tile& tl, const u8* bl, float* acc) {
     constexpr int ND = MWG_N / 2, H = 2 / F::WGP;
+    if constexpr (MWG_SPIPE) {
+        constexpr int P = F::NB * F::WGP;
+        float c[2][ND];
+        mwg_part_issue<F>(tl, bl, 0, c[0]);
+#pragma unroll
+        for (int q = 0; q < P; ++q) {
+            if (q + 1 < P) {
+                mwg_part_issue<F>(tl, bl, q + 1, c[(q + 1) & 1]);
+                wg_wait1();
+            } else {
+                wg_wait0();
+            }
+            wg_keep<MWG_N>(c[q & 1]);
+            float sc[2];
+            F::part_scale(tl, q / F::WGP, q % F::WGP, sc);
+#pragma unroll
+            for (int i = 0; i < ND; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(sc[(i & 3) >> 1], c[q & 1][i]));
+        }
+        return;
+    }
 #pragma unroll
     for (int b = 0; b < F::NB; ++b) {
 #pragma unroll
@@ -859,12 +904,14 @@ MMS_KERNEL(q6_k, FmtQ6_K, 1)
 MMS_KERNEL(f16, FmtF16<0>, 2)
 MMS_KERNEL(bf16, FmtF16<1>, 2)
 
-// The pipelined experiment (MWG_PIPE) for the pure-chain formats (F::WGP = 0: Q4_K, F16, BF16);
-// the scaled formats always take product_wg.
+// The pipelined experiment (MWG_PIPE) for the pure-chain formats (F::WGP = 0: Q4_K, F16, BF16)
+// where a thread has whole items to stage (MwgP::ITEMS > 0: not F16 / BF16 at MWG_N = 64, the
+// module variant of the 64-token launches, which every mwg kernel shares); the others take
+// product_wg.
 template <class F>
 __device__ __forceinline__ void product_mwg(const u8* __restrict__ W, const u8* __restrict__ X, const Outs& out,
                                             const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {
-    if constexpr (MWG_PIPE && F::WGP == 0) {
+    if constexpr (MWG_PIPE && F::WGP == 0 && MWG_N * (F::KT / 32) >= 256) {
         product_wgp<F>(W, X, out, R, M, N, nkt, nseg, kp);
     } else {
         product_wg<F>(W, X, out, R, M, N, nkt, nseg, kp);
