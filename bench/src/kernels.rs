@@ -63,7 +63,7 @@ pub struct Report {
 }
 
 /// Parses `nt,rpb,s|n|m|w` items separated by `;` (s = split K over warps, m = the
-/// shared-memory product, w = the warpgroup product: sm_90a, F16 / BF16 / Q4_K).
+/// shared-memory product, w = the warpgroup product: sm_90a, `profile::WGMMA_TYPES`).
 pub fn parse_launches(s: &str) -> Result<Vec<Launch>> {
     s.split(';')
         .filter(|x| !x.trim().is_empty())

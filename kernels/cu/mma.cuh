@@ -133,6 +133,20 @@ __device__ __forceinline__ void wg_wait1() {
     "%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,"   \
     "%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 
+// An empty asm that "rewrites" d[N / 2]: reads of d after it are ordered after it, so after a
+// preceding wgmma wait (the compiler may otherwise schedule them above the wait, and ptxas then
+// injects a full warpgroup.wait of its own).
+template <int N>
+__device__ __forceinline__ void wg_keep(float* d) {
+#if MWG_OK
+    if (N == 64) {
+        asm volatile("" : WG_F16R(0), WG_F16R(16)::"memory");
+    } else {
+        asm volatile("" : WG_F16R(0), WG_F16R(16), WG_F16R(32), WG_F16R(48)::"memory");
+    }
+#endif
+}
+
 // d[N / 2] += A B for one k16 step: N = 64 or 128 columns, BF = 1 for bf16 operands.
 template <int N, int BF>
 __device__ __forceinline__ void wg_mma(float* d, const u32 a[4], unsigned long long desc) {

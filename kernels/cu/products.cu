@@ -453,10 +453,11 @@ __device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8*
 }
 
 // ---------------------------------------------------------------------------------------------
-// The warpgroup product for large M on sm_90a (`mwg_<type>`, F16 / BF16 / Q4_K): the same
-// per-element sequence as `product_smem` (every segment in order, the steps of a segment in
-// order, each a k16 mma accumulating into the segment's chain from -0.0, the segment sums added
-// in order from -0.0), with each step one wgmma of 64 rows x MWG_N tokens instead of 4 x
+// The warpgroup product for large M on sm_90a (`mwg_<type>`, F16 / BF16 / Q4_K / Q8_0 / Q4_0 /
+// Q6_K): the same per-element sequence as `product_smem` (every segment in order, the steps of a
+// segment in order, each a k16 mma accumulating into the segment's chain from -0.0, or for the
+// scaled formats into the part's chain from +0.0 then scaled into the segment's, the segment sums
+// added in order from -0.0), with each step one wgmma of 64 rows x MWG_N tokens instead of 4 x
 // MWG_N / 8 mma.sync per warp: wgmma gives mma.sync's bits (mma.cuh), so mwg, mms and mmq
 // results are bitwise equal at every M. A block = 2 warpgroups x 64 rows (warp w: row tile w of
 // the block's 8) x MWG_N tokens; weight tiles and token rows staged by cp.async (MMS_STAGES
@@ -498,6 +499,82 @@ __device__ __forceinline__ void mwg_relayout(const u8* raw, u8* bl) {
     }
 }
 
+// One k-tile of a scaled format (F::WGP > 0: Q8_0, Q4_0, Q6_K), whose `block` chains each part
+// (2 / WGP steps) from +0.0 and adds scale * chain into the segment chain (wfmt.cuh): per part,
+// the chain c from +0.0 by wgmma (the same steps in the same order, the same bits as mma.sync),
+// then acc += s * c per element with the scales of the warp's rows g, g + 8 (the wgmma C layout
+// is mma.sync's per warp: element i is row g + 8 ((i & 3) >> 1)). The same sequence as `block`.
+//
+// Experiment (session 9, NOT yet run on a GPU; `#define MWG_SPIPE 1` through MEMRA_KERNEL_DIR to
+// A/B it): two chain sets, part q + 1's wgmmas issued before part q's epilogue (wait_group 1), so
+// the tensor cores run while the scales are applied. The same chains and the same additions into
+// acc in the same order: the same bits.
+#ifndef MWG_SPIPE
+#define MWG_SPIPE 0
+#endif
+
+template <class F>
+__device__ __forceinline__ void mwg_part_issue(const typename F::Tile& tl, const u8* bl, int q, float* c) {
+    constexpr int ND = MWG_N / 2, H = 2 / F::WGP;
+    const int b = q / F::WGP, p = q % F::WGP;
+    u32 af[2][4];
+    F::part_a(tl, b, p, af);
+#pragma unroll
+    for (int i = 0; i < ND; ++i) c[i] = 0.0f;
+    wg_keep<MWG_N>(c);  // the zeros written before the fence, not between it and the wgmma
+    wg_fence();
+#pragma unroll
+    for (int h = 0; h < H; ++h)
+        wg_mma<MWG_N, F::BF>(c, af[h], wg_desc(bl + (2 * b + p * H + h) * Mwg<F>::STEP));
+    wg_commit();
+}
+
+template <class F>
+__device__ __forceinline__ void mwg_scaled(const typename F::Tile& tl, const u8* bl, float* acc) {
+    constexpr int ND = MWG_N / 2, H = 2 / F::WGP;
+    if constexpr (MWG_SPIPE) {
+        constexpr int P = F::NB * F::WGP;
+        float c[2][ND];
+        mwg_part_issue<F>(tl, bl, 0, c[0]);
+#pragma unroll
+        for (int q = 0; q < P; ++q) {
+            if (q + 1 < P) {
+                mwg_part_issue<F>(tl, bl, q + 1, c[(q + 1) & 1]);
+                wg_wait1();
+            } else {
+                wg_wait0();
+            }
+            wg_keep<MWG_N>(c[q & 1]);
+            float sc[2];
+            F::part_scale(tl, q / F::WGP, q % F::WGP, sc);
+#pragma unroll
+            for (int i = 0; i < ND; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(sc[(i & 3) >> 1], c[q & 1][i]));
+        }
+        return;
+    }
+#pragma unroll
+    for (int b = 0; b < F::NB; ++b) {
+#pragma unroll
+        for (int p = 0; p < F::WGP; ++p) {
+            u32 af[2][4];
+            F::part_a(tl, b, p, af);
+            float c[ND];
+#pragma unroll
+            for (int i = 0; i < ND; ++i) c[i] = 0.0f;
+            wg_fence();
+#pragma unroll
+            for (int h = 0; h < H; ++h)
+                wg_mma<MWG_N, F::BF>(c, af[h], wg_desc(bl + (2 * b + p * H + h) * Mwg<F>::STEP));
+            wg_commit();
+            wg_wait0();
+            float sc[2];
+            F::part_scale(tl, b, p, sc);
+#pragma unroll
+            for (int i = 0; i < ND; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(sc[(i & 3) >> 1], c[i]));
+        }
+    }
+}
+
 template <class F>
 __device__ __forceinline__ void product_wg(const u8* __restrict__ W, const u8* __restrict__ X, const Outs& out,
                                            const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {
@@ -532,17 +609,21 @@ __device__ __forceinline__ void product_wg(const u8* __restrict__ W, const u8* _
         __syncthreads();
         typename F::Tile tl;
         F::template load<Sld>(a + warp * F::TB, lane, tl);
-        wg_fence();
+        if constexpr (F::WGP == 0) {
+            wg_fence();
 #pragma unroll
-        for (int b = 0; b < F::NB; ++b) {
-            u32 af[2][4];
-            F::block_a(tl, b, af);
+            for (int b = 0; b < F::NB; ++b) {
+                u32 af[2][4];
+                F::block_a(tl, b, af);
 #pragma unroll
-            for (int half = 0; half < 2; ++half)
-                wg_mma<MWG_N, F::BF>(acc, af[half], wg_desc(bl + (2 * b + half) * Mwg<F>::STEP));
+                for (int half = 0; half < 2; ++half)
+                    wg_mma<MWG_N, F::BF>(acc, af[half], wg_desc(bl + (2 * b + half) * Mwg<F>::STEP));
+            }
+            wg_commit();
+            wg_wait0();
+        } else {
+            mwg_scaled<F>(tl, bl, acc);
         }
-        wg_commit();
-        wg_wait0();
         if (kt + 1 == kend) {  // the end of segment `seg`
 #pragma unroll
             for (int i = 0; i < ND; ++i) {
@@ -823,21 +904,32 @@ MMS_KERNEL(q6_k, FmtQ6_K, 1)
 MMS_KERNEL(f16, FmtF16<0>, 2)
 MMS_KERNEL(bf16, FmtF16<1>, 2)
 
-// The warpgroup product (sm_90a): one block of 2 warpgroups per SM. Chosen by the preprocessor:
-// the pipelined body is only instantiated when asked for (its per-thread items need MWG_N >= 128).
-#if MWG_PIPE
-#define MWG_PRODUCT product_wgp
-#else
-#define MWG_PRODUCT product_wg
-#endif
+// The pipelined experiment (MWG_PIPE) for the pure-chain formats (F::WGP = 0: Q4_K, F16, BF16)
+// where a thread has whole items to stage (MwgP::ITEMS > 0: not F16 / BF16 at MWG_N = 64, the
+// module variant of the 64-token launches, which every mwg kernel shares); the others take
+// product_wg.
+template <class F>
+__device__ __forceinline__ void product_mwg(const u8* __restrict__ W, const u8* __restrict__ X, const Outs& out,
+                                            const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {
+    if constexpr (MWG_PIPE && F::WGP == 0 && MWG_N * (F::KT / 32) >= 256) {
+        product_wgp<F>(W, X, out, R, M, N, nkt, nseg, kp);
+    } else {
+        product_wg<F>(W, X, out, R, M, N, nkt, nseg, kp);
+    }
+}
+
+// The warpgroup product (sm_90a): one block of 2 warpgroups per SM.
 #define MWG_KERNEL(suffix, FMT)                                                                            \
     extern "C" __global__ void __launch_bounds__(256, 1) mwg_##suffix(                                     \
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
         const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
         const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
-        MWG_PRODUCT<FMT>(W, X, o, R, M, N, nkt, nseg, kp);                                                    \
+        product_mwg<FMT>(W, X, o, R, M, N, nkt, nseg, kp);                                                    \
     }
 
 MWG_KERNEL(q4_k, FmtQ4_K)
 MWG_KERNEL(f16, FmtF16<0>)
 MWG_KERNEL(bf16, FmtF16<1>)
+MWG_KERNEL(q8_0, FmtQ8_0)
+MWG_KERNEL(q4_0, FmtQ4_0)
+MWG_KERNEL(q6_k, FmtQ6_K)

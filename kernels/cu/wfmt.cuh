@@ -70,7 +70,7 @@ __device__ __forceinline__ void mma2(const u32 a0[4], const u32 a1[4], u32 b00, 
 // bytes = step words 0, 1 of the first step, then of the second); [1024, 1088) f16 d of (row,
 // block) at 1024 + (row * 2 + block) * 2. Value d * q.
 struct FmtQ8_0 {
-    enum { KT = 64, TB = 1088, NB = 2, MIN = 0 };
+    enum { KT = 64, TB = 1088, NB = 2, MIN = 0, BF = 0, WGP = 1 };
     struct Tile {
         uint4 q[2];
         u32 d[2];
@@ -96,6 +96,17 @@ struct FmtQ8_0 {
         acc[2] = __fadd_rn(acc[2], __fmul_rn(d1, c[2]));
         acc[3] = __fadd_rn(acc[3], __fmul_rn(d1, c[3]));
     }
+    // The warpgroup product's view of `block` (WGP parts per block; products.cu, product_wg):
+    // part p's A fragments (steps 2 b, 2 b + 1), chained from +0.0, then acc += scale * chain
+    // with the scales of rows g, g + 8.
+    static __device__ __forceinline__ void part_a(const Tile& t, int b, int, u32 a[2][4]) {
+        codes8(t.q[b].x, t.q[b].y, a[0]);
+        codes8(t.q[b].z, t.q[b].w, a[1]);
+    }
+    static __device__ __forceinline__ void part_scale(const Tile& t, int b, int, float s[2]) {
+        s[0] = f16_to_f32((u16)(t.d[0] >> (16 * b)));
+        s[1] = f16_to_f32((u16)(t.d[1] >> (16 * b)));
+    }
 };
 
 // ---- Q4_0 / Q4_1: KT = 64; [0, 512) lane L's 16 bytes = the nibble words of steps 0..3; then
@@ -103,7 +114,7 @@ struct FmtQ8_0 {
 // Q4_1: f16 (d, m) at 512 + (row * 2 + block) * 4 (TB 640), value d * q + m.
 template <int ONE>
 struct FmtQ4_01 {
-    enum { KT = 64, TB = ONE ? 640 : 576, NB = 2, MIN = ONE };
+    enum { KT = 64, TB = ONE ? 640 : 576, NB = 2, MIN = ONE, BF = 0, WGP = 1 };
     struct Tile {
         uint4 q;
         uint2 s[2];  // rows g, g + 8: Q4_0 uses .x (d of blocks 0, 1)
@@ -142,6 +153,16 @@ struct FmtQ4_01 {
                 acc[e] = __fadd_rn(acc[e], __fmul_rn(d, c[e]));
             }
         }
+    }
+    // The warpgroup view of `block` (Q4_0 only: Q4_1's minimum term needs the block sums).
+    static __device__ __forceinline__ void part_a(const Tile& t, int b, int, u32 a[2][4]) {
+        const u32 bias = ONE ? F16_1024X2 : 0x64086408u;
+        codes4(word_of(t.q, 2 * b), 0, 0, 0, 0, bias, a[0]);
+        codes4(word_of(t.q, 2 * b + 1), 0, 0, 0, 0, bias, a[1]);
+    }
+    static __device__ __forceinline__ void part_scale(const Tile& t, int b, int, float s[2]) {
+        s[0] = f16_to_f32((u16)(t.s[0].x >> (16 * b)));
+        s[1] = f16_to_f32((u16)(t.s[1].x >> (16 * b)));
     }
 };
 typedef FmtQ4_01<0> FmtQ4_0;
@@ -249,7 +270,7 @@ __device__ __forceinline__ u32 lop_1024(u32 a, u32 mask) {
 // once), and the mma chain over the whole segment is the accumulation (no per-block epilogue,
 // no block sums of the activations).
 struct FmtQ4_K {
-    enum { KT = 256, TB = 2368, NB = 8, MIN = 0, BF = 0 };
+    enum { KT = 256, TB = 2368, NB = 8, MIN = 0, BF = 0, WGP = 0 };
     struct Tile {
         uint4 q[4];
         uint4 s[2];  // words (g, 0..3), (g, 4..7)
@@ -304,7 +325,7 @@ struct FmtQ4_K {
 // scales of each row (one per 16 values = per step) at 3072 + row * 16; [3328, 3360) f16 d of
 // each row at 3328 + row * 2. Value d * sc * (q - 32): one mma per step, scaled per step.
 struct FmtQ6_K {
-    enum { KT = 256, TB = 3360, NB = 8, MIN = 0 };
+    enum { KT = 256, TB = 3360, NB = 8, MIN = 0, BF = 0, WGP = 2 };
     struct Tile {
         uint4 q[4];
         uint4 hb[2];
@@ -353,6 +374,14 @@ struct FmtQ6_K {
             acc[3] = __fadd_rn(acc[3], __fmul_rn(s1, c[3]));
         }
     }
+    // The warpgroup view of `block`: two parts per block, part p = step 2 b + p alone.
+    static __device__ __forceinline__ void part_a(const Tile& t, int b, int p, u32 a[2][4]) {
+        step_codes(t, 2 * b + p, a[0]);
+    }
+    static __device__ __forceinline__ void part_scale(const Tile& t, int b, int p, float s[2]) {
+        s[0] = scale(t, 0, 2 * b + p);
+        s[1] = scale(t, 1, 2 * b + p);
+    }
 };
 
 // ---- F16 / BF16: KT = 64 (four steps); [0, 2048) step s at s * 512 + L * 16: the 4 words of
@@ -360,7 +389,7 @@ struct FmtQ6_K {
 // (block b = steps 2b, 2b + 1, added into acc directly).
 template <int BFV>
 struct FmtF16 {
-    enum { KT = 64, TB = 2048, NB = 2, MIN = 0, BF = BFV };
+    enum { KT = 64, TB = 2048, NB = 2, MIN = 0, BF = BFV, WGP = 0 };
     struct Tile {
         uint4 q[4];
     };

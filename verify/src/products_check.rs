@@ -122,11 +122,26 @@ pub fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
 pub fn product_geometry_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     let profile = Profile::for_device(g)?;
     let (m, n) = (300usize, 1040usize);
-    for (i, dtype) in [DType::F16, DType::BF16, DType::Q4_K]
+    // Every type with a warpgroup kernel (the first three keep their streams of session 8).
+    let types = [
+        DType::F16,
+        DType::BF16,
+        DType::Q4_K,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q6_K,
+    ];
+    if let Some(d) = profile::WGMMA_TYPES
         .into_iter()
-        .enumerate()
+        .find(|d| !types.contains(d))
     {
-        let k = if dtype == DType::Q4_K { 768 } else { 576 };
+        return Err(memra_engine::Error::Input(format!(
+            "product_geometry_cases: {d} has a warpgroup kernel but no geometry case"
+        )));
+    }
+    for (i, dtype) in types.into_iter().enumerate() {
+        // Several k-tiles (KT = 256 for the K-quants, 64 otherwise) and segments.
+        let k = if dtype.block_size() == 256 { 768 } else { 576 };
         let stream = 19_000 + 10 * i as u64;
         let (wq, wd) = random_matrix(dtype, n, k, seed, stream)?;
         let x: Vec<f32> = (0..(m * k) as u64)

@@ -19,7 +19,7 @@ pub struct Launch {
     /// The shared-memory product (`mms_<type>`): 8 warps, each `rpb` row tiles x `nt` token
     /// fragments, operands staged by cp.async (large M).
     pub smem: bool,
-    /// With `smem`: the warpgroup product (`mwg_<type>`, sm_90a, F16 / BF16 / Q4_K): 2
+    /// With `smem`: the warpgroup product (`mwg_<type>`, sm_90a, [`WGMMA_TYPES`]): 2
     /// warpgroups x 64 rows x `8 nt` tokens per block, each k16 step one wgmma (same bits).
     pub wg: bool,
 }
@@ -143,10 +143,10 @@ pub struct Profile {
     /// Whether this device has the warpgroup (wgmma) products: sm_90a (`compute_90a`) unless
     /// `MEMRA_WGMMA=0`.
     pub wgmma: bool,
-    /// Whether large-M products of every type with a warpgroup kernel take it (`MEMRA_WGMMA=all`)
-    /// instead of only those measured faster than the shared-memory product (Q4_K; F16 / BF16
-    /// were 4% slower end to end on the H200, reports/kernel-notes.md).
-    pub wgmma_all: bool,
+    /// The types whose large-M products take the warpgroup kernel (with `wgmma`):
+    /// [`WGMMA_DEFAULT`] unless `MEMRA_WGMMA` says `all` ([`WGMMA_TYPES`]) or lists them
+    /// (`q4_k,q8_0`, docs/FLAGS.md).
+    pub wgmma_types: Vec<DType>,
     /// The mixture-of-experts products' path for every call instead of the choice by size
     /// (`MEMRA_MOE_GROUPED=0|1`, docs/FLAGS.md): `Some(true)` grouped by expert, `Some(false)`
     /// one M = 1 product per (row, slot) pair. Speed only: both give the same bits.
@@ -184,12 +184,33 @@ pub const fn smem(nt: u32, rpb: u32) -> Launch {
     }
 }
 
+/// The types with a warpgroup kernel (`mwg_<type>`, kernels/cu/products.cu). Q4_1 and Q5_K
+/// have none: their minimum term needs the activations' block sums per token.
+pub const WGMMA_TYPES: [DType; 6] = [
+    DType::Q4_K,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q6_K,
+    DType::F16,
+    DType::BF16,
+];
+
+/// The types that take the warpgroup kernel by default: Q4_K (measured +5.7% Q4_K_M pp512 on the
+/// H200). The scaled quantized types Q8_0, Q4_0, Q6_K have warpgroup kernels too, taken only
+/// when `MEMRA_WGMMA` lists them until the H200 has compared their bits and timed them
+/// (kernel-notes.md, the prediction); F16 / BF16 were 4% slower end to end on the H200, so only
+/// with `MEMRA_WGMMA=all` or a list naming them.
+pub const WGMMA_DEFAULT: [DType; 1] = [DType::Q4_K];
+
 /// The warpgroup launch of a `dtype` product (sm_90a), when it has one: 128 tokens per block
-/// for F16 / BF16, 64 for Q4_K (whose 256-column stages are larger).
+/// for F16 / BF16, 64 for the K-quants (whose 256-column stages are larger: 3 stages of Q6_K at
+/// 128 tokens would not fit 227 KiB) and for the scaled types Q8_0 / Q4_0 (whose per-part chain
+/// needs another accumulator set: at 128 tokens ptxas spills 36 bytes at 255 registers, at 64
+/// it takes 159 registers and none; NVRTC 13.0, sm_90a).
 pub const fn warpgroup(dtype: DType) -> Option<Launch> {
     let nt = match dtype {
         DType::F16 | DType::BF16 => 16,
-        DType::Q4_K => 8,
+        DType::Q4_K | DType::Q6_K | DType::Q8_0 | DType::Q4_0 => 8,
         _ => return None,
     };
     Some(Launch {
@@ -220,7 +241,7 @@ impl Profile {
             smem_max,
             smem_tile: None,
             wgmma: arch == "compute_90a",
-            wgmma_all: false,
+            wgmma_types: WGMMA_DEFAULT.to_vec(),
             moe_grouped: None,
         }
     }
@@ -251,16 +272,7 @@ impl Profile {
             };
         }
         if let Ok(v) = std::env::var("MEMRA_WGMMA") {
-            match v.trim() {
-                "0" => p.wgmma = false,
-                "1" => {}
-                "all" => p.wgmma_all = true,
-                _ => {
-                    return Err(crate::error::Error::Input(format!(
-                        "MEMRA_WGMMA={v}: expected 0, 1 or all"
-                    )));
-                }
-            }
+            p.set_wgmma(&v)?;
         }
         if let Ok(v) = std::env::var("MEMRA_MOE_GROUPED") {
             p.moe_grouped = match v.trim() {
@@ -290,6 +302,48 @@ impl Profile {
         Ok(p)
     }
 
+    /// Applies a `MEMRA_WGMMA` value: `0` (no warpgroup kernel), `1` (the default types,
+    /// [`WGMMA_DEFAULT`]), `all` ([`WGMMA_TYPES`]) or a comma-separated list of types by their
+    /// lower-case names, each one of [`WGMMA_TYPES`] (`q4_k,q8_0`). A list does not turn the
+    /// warpgroup kernels on where the device lacks them.
+    pub fn set_wgmma(&mut self, v: &str) -> crate::error::Result<()> {
+        match v.trim() {
+            "0" => self.wgmma = false,
+            "1" => self.wgmma_types = WGMMA_DEFAULT.to_vec(),
+            "all" => self.wgmma_types = WGMMA_TYPES.to_vec(),
+            list => {
+                let bad = |what: String| {
+                    let names: Vec<&str> = WGMMA_TYPES.iter().map(|d| d.name()).collect();
+                    crate::error::Error::Input(format!(
+                        "MEMRA_WGMMA={v}: {what}; expected 0, 1, all or a comma-separated list of \
+                         types from {}",
+                        names.join(", ")
+                    ))
+                };
+                let mut types = Vec::new();
+                for name in list.split(',').map(str::trim) {
+                    let d = WGMMA_TYPES
+                        .into_iter()
+                        .find(|d| d.name() == name.to_ascii_lowercase())
+                        .ok_or_else(|| {
+                            bad(format!("`{name}` is not a type with a warpgroup kernel"))
+                        })?;
+                    if !types.contains(&d) {
+                        types.push(d);
+                    }
+                }
+                self.wgmma_types = types;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether large-M `dtype` products take the warpgroup kernel on this device (when its grid
+    /// fills the device and its stages fit).
+    pub fn wgmma_for(&self, dtype: DType) -> bool {
+        self.wgmma && self.wgmma_types.contains(&dtype)
+    }
+
     /// The canonical segment count of a matrix of `rows` rows and `col_tiles` column tiles: the
     /// power of two that gives about `warps_per_sm` warps per multiprocessor at M = 1, at most
     /// [`MAX_NSEG`] and at most one segment per tile.
@@ -313,8 +367,8 @@ impl Profile {
             17..=64 if wide(dtype) => split(4),
             17..=64 => split(2),
             _ => {
-                let wanted = self.wgmma && (self.wgmma_all || dtype == DType::Q4_K);
-                if let Some(w) = warpgroup(dtype).filter(|_| wanted && self.smem_tile.is_none()) {
+                let wanted = self.wgmma_for(dtype) && self.smem_tile.is_none();
+                if let Some(w) = warpgroup(dtype).filter(|_| wanted) {
                     let (br, bt) = w.smem_block();
                     let blocks = rows.div_ceil(br) * m.div_ceil(bt);
                     if 2 * blocks >= self.sms as usize && w.fits(dtype, self.smem_max) {
@@ -356,9 +410,10 @@ impl Profile {
         ];
         v.extend(self.smem_tile.filter(|t| !v.contains(t)));
         if self.wgmma {
-            v.extend(warpgroup(DType::Q4_K));
-            if self.wgmma_all {
-                v.extend(warpgroup(DType::F16));
+            for &d in &self.wgmma_types {
+                if let Some(w) = warpgroup(d).filter(|w| !v.contains(w)) {
+                    v.push(w);
+                }
             }
         }
         v
@@ -377,13 +432,17 @@ impl Profile {
             format!("nt{}r{}{kind}", x.nt, x.rpb)
         };
         format!(
-            "profile {} sms={} smem/block={} KiB warps/sm={} wgmma={}{} launch (4096 rows) q4_k m=1/16/64/512: {} {} {} {}; f16: {} {} {} {}",
+            "profile {} sms={} smem/block={} KiB warps/sm={} wgmma={} launch (4096 rows) q4_k m=1/16/64/512: {} {} {} {}; f16: {} {} {} {}",
             self.arch,
             self.sms,
             self.smem_max / 1024,
             self.warps_per_sm,
-            self.wgmma,
-            if self.wgmma_all { " (all)" } else { "" },
+            if self.wgmma {
+                let names: Vec<&str> = self.wgmma_types.iter().map(|d| d.name()).collect();
+                format!("[{}]", names.join(","))
+            } else {
+                "off".to_string()
+            },
             l(1, DType::Q4_K),
             l(16, DType::Q4_K),
             l(64, DType::Q4_K),
@@ -427,29 +486,61 @@ mod tests {
     }
 
     #[test]
-    fn large_f16_and_q4_k_products_take_the_warpgroup_kernel_on_sm90a_only() {
+    fn large_products_take_the_warpgroup_kernel_on_sm90a_only() {
         let mut p = Profile::new("compute_90a", 132, SMEM_MAX_SM90);
-        // By default only Q4_K (measured faster); MEMRA_WGMMA=all takes F16 / BF16 too.
-        assert!(p.launch(512, DType::Q4_K, 4096).wg);
-        assert!(!p.launch(512, DType::F16, 4096).wg);
-        p.wgmma_all = true;
-        for d in [DType::F16, DType::BF16, DType::Q4_K] {
+        // By default Q4_K; MEMRA_WGMMA=all adds the others.
+        for d in WGMMA_DEFAULT {
+            let l = p.launch(512, d, 4096);
+            assert!(l.wg && l.smem && l.fits(d, SMEM_MAX_SM90), "{d}: {l:?}");
+            assert!(p.all_launches().contains(&l), "{d}");
+        }
+        for d in [DType::F16, DType::BF16, DType::Q8_0, DType::Q6_K] {
+            assert!(!p.launch(512, d, 4096).wg, "{d}");
+        }
+        p.set_wgmma("all").unwrap();
+        for d in WGMMA_TYPES {
             let l = p.launch(512, d, 4096);
             assert!(l.wg && l.smem && l.fits(d, SMEM_MAX_SM90), "{d}: {l:?}");
             assert!(p.all_launches().contains(&l), "{d}");
             // Small M keeps the register-tiled product.
             assert!(!p.launch(64, d, 4096).wg, "{d}");
         }
-        for d in [DType::Q8_0, DType::Q6_K, DType::Q4_1, DType::Q5_K] {
+        for d in [DType::Q4_1, DType::Q5_K] {
             assert!(!p.launch(512, d, 4096).wg, "{d}");
-            assert!(
-                warpgroup(d).is_none_or(|l| !l.fits(d, SMEM_MAX_SM90)),
-                "{d}"
-            );
+            assert!(warpgroup(d).is_none(), "{d}");
         }
+        p.set_wgmma("0").unwrap();
+        assert!(!p.launch(512, DType::Q4_K, 4096).wg);
+        assert!(p.all_launches().iter().all(|l| !l.wg));
         let b = Profile::new("compute_120a", 170, 99 * 1024);
         assert!(!b.wgmma);
         assert!(!b.launch(512, DType::F16, 4096).wg);
+    }
+
+    #[test]
+    fn memra_wgmma_takes_a_list_of_types() {
+        let mut p = Profile::new("compute_90a", 132, SMEM_MAX_SM90);
+        p.set_wgmma(" q8_0, F16 ,q8_0").unwrap();
+        assert_eq!(p.wgmma_types, vec![DType::Q8_0, DType::F16]);
+        assert!(p.launch(512, DType::Q8_0, 4096).wg);
+        assert!(p.launch(512, DType::F16, 4096).wg);
+        assert!(!p.launch(512, DType::Q4_K, 4096).wg);
+        p.set_wgmma("q6_k").unwrap();
+        assert!(p.launch(512, DType::Q6_K, 4096).wg);
+        assert!(!p.all_launches().contains(&warpgroup(DType::F16).unwrap()));
+        p.set_wgmma("1").unwrap();
+        assert_eq!(p.wgmma_types, WGMMA_DEFAULT.to_vec());
+        for bad in ["q5_k", "q4_k,", "yes", "q4_k;q8_0", ""] {
+            let e = p.set_wgmma(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("MEMRA_WGMMA") && e.contains("q8_0, q4_0"),
+                "{bad}: {e}"
+            );
+        }
+        // A list does not give a device without wgmma the warpgroup kernels.
+        let mut b = Profile::new("compute_120a", 170, 99 * 1024);
+        b.set_wgmma("q4_k").unwrap();
+        assert!(!b.launch(512, DType::Q4_K, 4096).wg);
     }
 
     #[test]
