@@ -255,7 +255,11 @@ fn gate_kernels(device: Device, seed: u64, only: &[String]) -> Result<usize> {
     kernels::check_groups(only)?;
     let n = cuda_index("kernels", device)?;
     if !only.is_empty() {
-        println!("kernel groups: {} (of {})", only.join(", "), kernels::GROUPS.len());
+        println!(
+            "kernel groups: {} (of {})",
+            only.join(", "),
+            kernels::GROUPS.len()
+        );
     }
     let cases = kernels::run(n, seed, only)?;
     print!("{}", kernels::report(&cases));

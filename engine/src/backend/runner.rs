@@ -24,6 +24,10 @@ pub struct Runner<O: Exec> {
     /// Keep every row's final hidden state ([`Backend::keep_hidden`]).
     keep_hidden: bool,
     hidden: Vec<(StepRow, Vec<f32>)>,
+    /// The body's output activation, learnt the first time the pass runs: a replayed CUDA
+    /// graph does not call the pass, but the body always returns the same activation (the
+    /// residual stream), which the replay fills.
+    body_x: Option<Act>,
 }
 
 impl<O: Exec> Runner<O> {
@@ -52,6 +56,7 @@ impl<O: Exec> Runner<O> {
             logits,
             keep_hidden: false,
             hidden: Vec::new(),
+            body_x: None,
         })
     }
 
@@ -99,7 +104,16 @@ impl<O: Exec> Runner<O> {
             head_x = h;
             model.head(ops, h, logits)
         })?;
-        if let (true, Some(x)) = (self.keep_hidden, body_out) {
+        if body_out.is_some() {
+            self.body_x = body_out;
+        }
+        if self.keep_hidden {
+            // On a graph replay the pass did not run: `body_out` is None, the rows are in the
+            // activation the captured pass wrote (H200 session 9: the MTP drafter got no hidden
+            // rows and drafted nothing).
+            let x = self.body_x.ok_or_else(|| {
+                Error::Unsupported("hidden states asked before the forward pass ran".into())
+            })?;
             let all: Vec<usize> = (0..batch.rows.len()).collect();
             let h = self.ops.read_rows(x, &all)?;
             self.hidden.extend(batch.rows.iter().copied().zip(h));

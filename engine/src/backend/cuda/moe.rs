@@ -151,8 +151,8 @@ impl Products {
             g.moe_group(b.ids, (b.order, b.offs), pairs, p.n_experts)?;
         }
         self.prep(g, b.x, h, m, &[gate, up])?;
-        self.expert_product(g, gate, (b.x, b.gate), b.ids, group, k, pairs)?;
-        self.expert_product(g, up, (b.x, b.up), b.ids, group, k, pairs)?;
+        self.expert_product(g, gate, (b.x, b.gate), b.ids, group, Some(k), pairs)?;
+        self.expert_product(g, up, (b.x, b.up), b.ids, group, Some(k), pairs)?;
         let down_act = match down.packed() {
             Some(d) => Some(self.expert_act(g, d.act(), f)?),
             None => None,
@@ -167,13 +167,14 @@ impl Products {
                 }
             }
         }
-        self.expert_product(g, down, (b.gate, b.y), b.ids, group, 1, pairs)?;
+        self.expert_product(g, down, (b.gate, b.y), b.ids, group, None, pairs)?;
         g.moe_combine(b.y, b.wts, b.out, m, k, h)
     }
 
     /// `y[p] = W[ids[p]] x[p / xdiv]` for `pairs` pairs: `x` is f32 for the stored layout, and
-    /// already prepared for the packed one (the step's buffer when `xdiv > 1`, the pairs' when
-    /// `xdiv == 1`). `group`: (order, offsets) of `moe_group` for the grouped product (packed
+    /// already prepared for the packed one. `token_rows`: `Some(k)`: x holds the step's rows,
+    /// each shared by its k pairs (xdiv = k, the step's buffer; k may be 1); `None`: x holds
+    /// one row per pair (xdiv = 1, the pairs' buffer). `group`: (order, offsets) of `moe_group` for the grouped product (packed
     /// layouts only), or `None` for one product per pair.
     #[allow(clippy::too_many_arguments)]
     fn expert_product(
@@ -183,15 +184,17 @@ impl Products {
         (x, y): (u64, u64),
         ids: u64,
         group: Option<(u64, u64)>,
-        xdiv: usize,
+        token_rows: Option<usize>,
         pairs: usize,
     ) -> Result<()> {
+        let xdiv = token_rows.unwrap_or(1);
         match w.packed() {
             Some(pm) => {
-                let a = if xdiv == 1 {
-                    self.expert_act(g, pm.act(), w.cols())?
-                } else {
-                    self.act(g, pm.act(), w.cols())?
+                // Not decided by xdiv: with one expert per row (k = 1) the step's rows are
+                // the pairs' too, but they sit in the step's buffer (H200 session 9).
+                let a = match token_rows {
+                    Some(_) => self.act(g, pm.act(), w.cols())?,
+                    None => self.expert_act(g, pm.act(), w.cols())?,
                 };
                 let ids = IdArgs {
                     ids,

@@ -589,4 +589,34 @@ mod tests {
             }
         }
     }
+
+    /// Every products variant a profile can launch compiles for its architecture (the engine
+    /// compiles them at start; H200 session 9 found MWG_N=64, Q4_K's warpgroup launch, broken
+    /// while the default build compiled). Needs NVRTC (tools/test.sh puts it on the path).
+    #[test]
+    fn every_products_variant_compiles_for_its_architecture() {
+        let mut hopper = Profile::new("compute_90a", 132, SMEM_MAX_SM90);
+        hopper.set_wgmma("all").unwrap();
+        let blackwell = Profile::new("compute_120a", 170, 99 * 1024);
+        let m = memra_kernels::module("products").expect("products module");
+        // One thread per architecture (NVRTC takes ~5 s a variant).
+        std::thread::scope(|s| {
+            for (arch, p) in [("compute_90a", hopper), ("compute_120a", blackwell)] {
+                s.spawn(move || {
+                    let mut sets: Vec<Vec<String>> = vec![Vec::new(), MOE_GROUPED_LAUNCH.defines()];
+                    for l in p.all_launches() {
+                        if !sets.contains(&l.defines()) {
+                            sets.push(l.defines());
+                        }
+                    }
+                    for d in sets {
+                        let b = memra_kernels::Build::with_defines(&d);
+                        if let Err(e) = memra_kernels::compile_with(m, arch, &b) {
+                            panic!("{arch} products {d:?}: {e}");
+                        }
+                    }
+                });
+            }
+        });
+    }
 }
