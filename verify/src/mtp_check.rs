@@ -84,30 +84,36 @@ pub fn run(
         let ids = &p.ids;
         let shape = format!("{} ({} rows, {label})", p.name, ids.len());
         let want = hidden_of(reference.target, ids)?;
-        let got = hidden_of(device.target, ids)?;
-        cases.push(compare(
-            "target hidden",
-            shape.clone(),
-            &got.concat(),
-            &want.concat(),
-            MTP_TOL,
-        ));
+        // Twice on the device: with graphs on, the second step replays the graph the first
+        // captured (session 9: a replay handed over no rows).
+        for run in ["", ", again"] {
+            let got = hidden_of(device.target, ids)?;
+            cases.push(compare(
+                "target hidden",
+                format!("{shape}{run}"),
+                &got.concat(),
+                &want.concat(),
+                MTP_TOL,
+            ));
+        }
         // Both MTP layers read the reference's states: only the layer itself differs.
-        let got = mtp_of(device.mtp, ids, &want)?;
-        let want = mtp_of(reference.mtp, ids, &want)?;
+        let mtp_want = mtp_of(reference.mtp, ids, &want)?;
         let part = |v: &[(Vec<f32>, Vec<f32>)], logits: bool| -> Vec<f32> {
             v.iter()
                 .flat_map(|(l, h)| if logits { l.clone() } else { h.clone() })
                 .collect()
         };
-        for (kernel, logits) in [("mtp logits", true), ("mtp hidden out", false)] {
-            cases.push(compare(
-                kernel,
-                shape.clone(),
-                &part(&got, logits),
-                &part(&want, logits),
-                MTP_TOL,
-            ));
+        for run in ["", ", again"] {
+            let got = mtp_of(device.mtp, ids, &want)?;
+            for (kernel, logits) in [("mtp logits", true), ("mtp hidden out", false)] {
+                cases.push(compare(
+                    kernel,
+                    format!("{shape}{run}"),
+                    &part(&got, logits),
+                    &part(&mtp_want, logits),
+                    MTP_TOL,
+                ));
+            }
         }
     }
     Ok(cases)

@@ -106,6 +106,9 @@ impl<O: Exec> Runner<O> {
         })?;
         if body_out.is_some() {
             self.body_x = body_out;
+        } else if let Some(x) = self.body_x {
+            // A replayed graph: its head ran over every row of the body's output.
+            head_x = x;
         }
         if self.keep_hidden {
             // On a graph replay the pass did not run: `body_out` is None, the rows are in the
