@@ -306,10 +306,16 @@ pub fn run(
     Ok(rows)
 }
 
-/// The GPU's name and driver from nvidia-smi (the server's device; no CUDA context is opened
-/// here), or the CPU.
+/// The GPU's name and driver from nvidia-smi (the server's device, `cuda:N`, or `auto`: GPU 0
+/// when nvidia-smi answers; no CUDA context is opened here), or the CPU.
 pub fn device_of(device: &str) -> DeviceRef {
-    let smi = device.strip_prefix("cuda:").and_then(|id| {
+    // `auto`: the server's own default, its first GPU when there is one.
+    let id = if device == "auto" {
+        Some("0")
+    } else {
+        device.strip_prefix("cuda:")
+    };
+    let smi = id.and_then(|id| {
         std::process::Command::new("nvidia-smi")
             .args([
                 "--query-gpu=name,driver_version",

@@ -140,7 +140,7 @@ if has long; then
       curl -s -o /dev/null -w "%{http_code}" "127.0.0.1:18082/ready" 2>/dev/null | grep -q 200 && break
       sleep 0.5
     done
-    run ttft-cached-turn-server 200 "$BIN/memra-bench" ttft "$f" --server 127.0.0.1:18082 --prompt 5700 \
+    run ttft-cached-turn-server 200 "$BIN/memra-bench" ttft "$f" --server 127.0.0.1:18082 --device cuda:0 --prompt 5700 \
       --turn 50 --gen 1 --runs 5 --shape llama3-8b --dtype Q4_K_M --out "$OUT/long.jsonl"
     grep ttft "$LOG/ttft-cached-turn-server.log" | tee -a "$SUMMARY"
     kill -TERM "$spid"; wait "$spid"
