@@ -116,6 +116,28 @@ fn reference_row(
     out.into_iter().map(|v| v as f32).collect()
 }
 
+/// Random gate, up and down stacks of `e` experts (`k` per row, hidden `h`, expert FFN `f`;
+/// streams s, s + 1, s + 2) uploaded to fresh products: (products, stacks, dequantized values).
+fn upload_stacks(
+    g: &Gpu,
+    profile: &Profile,
+    v2: bool,
+    (seed, s): (u64, u64),
+    dtype: DType,
+    [e, k, h, f]: [usize; 4],
+) -> Result<(Products, [Mat; 3], [Vec<f32>; 3])> {
+    let (tg, dg) = stack(seed, s, dtype, [e, f, h])?;
+    let (tu, du) = stack(seed, s + 1, dtype, [e, f, h])?;
+    let (td, dd) = stack(seed, s + 2, dtype, [e, h, f])?;
+    let mut prods = Products::new(v2, profile.clone());
+    let mats = [
+        prods.upload_experts(g, &tg, None)?,
+        prods.upload_experts(g, &tu, None)?,
+        prods.upload_experts(g, &td, Some(k))?,
+    ];
+    Ok((prods, mats, [dg, du, dd]))
+}
+
 fn one_shape(g: &Gpu, profile: &Profile, seed: u64, s: u64, sh: Shape) -> Result<Vec<Case>> {
     let (dtype, v2, e, k, h, f, kind) = sh;
     let p = MoeParams {
@@ -125,15 +147,8 @@ fn one_shape(g: &Gpu, profile: &Profile, seed: u64, s: u64, sh: Shape) -> Result
         norm_topk: (s / 10).is_multiple_of(2),
         glu: kind,
     };
-    let (tg, dg) = stack(seed, s, dtype, [e, f, h])?;
-    let (tu, du) = stack(seed, s + 1, dtype, [e, f, h])?;
-    let (td, dd) = stack(seed, s + 2, dtype, [e, h, f])?;
-    let mut prods = Products::new(v2, profile.clone());
-    let mats: [Mat; 3] = [
-        prods.upload_experts(g, &tg, None)?,
-        prods.upload_experts(g, &tu, None)?,
-        prods.upload_experts(g, &td, Some(k))?,
-    ];
+    let (mut prods, mats, [dg, du, dd]) =
+        upload_stacks(g, profile, v2, (seed, s), dtype, [e, k, h, f])?;
     prods.reserve(g, M)?;
     let x = vals(seed, s + 3, M * h, 1.0);
     let logits = vals(seed, s + 4, M * e, 2.0);
@@ -260,15 +275,8 @@ fn grouped_shape(
         norm_topk: true,
         glu: kind,
     };
-    let (tg, dg) = stack(seed, s, dtype, [e, f, h])?;
-    let (tu, du) = stack(seed, s + 1, dtype, [e, f, h])?;
-    let (td, dd) = stack(seed, s + 2, dtype, [e, h, f])?;
-    let mut prods = Products::new(true, profile.clone());
-    let mats: [Mat; 3] = [
-        prods.upload_experts(g, &tg, None)?,
-        prods.upload_experts(g, &tu, None)?,
-        prods.upload_experts(g, &td, Some(k))?,
-    ];
+    let (mut prods, mats, [dg, du, dd]) =
+        upload_stacks(g, profile, true, (seed, s), dtype, [e, k, h, f])?;
     let rows_max = GROUP_ROWS.iter().copied().max().unwrap_or(1);
     prods.reserve(g, rows_max)?;
     let w = [&mats[0], &mats[1], &mats[2]];
