@@ -1,0 +1,31 @@
+# Helpers for a lease queue (sourced by the queue scripts; runs ON the GPU machine from
+# $HOME/repo). Logs and the summary go to $HOME/q, NOT $OUT (the device tool empties $OUT at
+# every call); poll.sh copies them into $OUT. docs/DEVICE.md "Lease scripts".
+B=$HOME/dev/.device/bin
+export MEMRA_KERNEL_CACHE=$HOME/.cache/memra/kernels MEMRA_COMMIT=$(cat $HOME/dev/.device/COMMIT 2>/dev/null)
+M=$HOME/models
+SMOL=$M/SmolLM2-135M-Instruct.Q4_1.gguf
+GEMMA=$M/gemma-3-270m-q4_k_m.gguf
+Q4=$M/q4.gguf      # llama3-8b Q4_K_M, 128k context (synth.sh)
+MOE=$M/moe.gguf    # qwen3-30b-a3b Q4_K_M
+Q8=$M/q8.gguf F16=$M/f16.gguf
+O=$HOME/q; mkdir -p $O/logs; S=$O/summary.txt
+LB=$HOME/llama.cpp/build/bin/llama-bench
+export B O
+# row NAME TEXT: one line of the summary
+row() { printf '%s %-26s %s\n' "$(date +%T)" "$1" "$2" >> $S; }
+# run NAME TIMEOUT CMD...: a step with its log; the summary gets rc, seconds and the last line
+run() { local n=$1 t=$2; shift 2; local t0=$SECONDS; timeout $t "$@" > $O/logs/$n.log 2>&1; local rc=$?
+  row "$n" "rc=$rc $((SECONDS-t0))s $(grep -v '^\s*$' $O/logs/$n.log | tail -n 1 | cut -c1-150)"; return $rc; }
+# waitf FILE [SECONDS]: wait for a staged or synthesized file
+waitf() { for i in $(seq 1 ${2:-400}); do [ -e "$1" ] && return 0; sleep 1; done; row "MISSING $1" ""; return 1; }
+# peer NAME llama-bench-args...: one llama-bench run (-ngl 99 -fa 1 -r 3, JSONL into $O/peer.jsonl)
+peer() { local n=$1; shift; [ -x $LB ] || { row "peer-$n" "no llama-bench"; return; }
+  local t0=$SECONDS; timeout 240 $LB "$@" -ngl 99 -fa 1 -r 3 -o jsonl >> $O/peer.jsonl 2>> $O/logs/peer-$n.err
+  row "peer-$n" "rc=$? $((SECONDS-t0))s $(tail -n 1 $O/peer.jsonl | grep -oE '"avg_ts": [0-9.]+')"; }
+# peerwait: until the background llama.cpp build has ended
+peerwait() { for i in $(seq 1 400); do grep -q "build rc=" $HOME/llama-build.log 2>/dev/null && break; sleep 1; done
+  row peer-build "$(tail -n 1 $HOME/llama-build.log 2>/dev/null)"; }
+# $MB ARGS...: memra-bench with the queue's run id ($RUN) and rows file appended (mb.sh; a
+# script, not a function, so that `run` can put it under `timeout`)
+MB=$HOME/repo/tools/device/lease/mb.sh

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# piece.sh PIECE... NAME [FINAL.gguf]: append carried pieces to $HOME/models/NAME.part; with
+# FINAL, check its sha256 against tools/device/lease/NAME.sha (copied by start.sh), rename it
+# to $HOME/models/FINAL and touch $HOME/NAME.ok (queues wait for that file).
+set -u
+args=("$@"); n=${#args[@]}
+if [[ "${args[$((n-1))]}" == *.gguf ]]; then final=${args[$((n-1))]}; name=${args[$((n-2))]}; pieces=("${args[@]:0:$((n-2))}")
+else final=""; name=${args[$((n-1))]}; pieces=("${args[@]:0:$((n-1))}"); fi
+P=$HOME/models/$name.part
+mkdir -p $HOME/models && cat "${pieces[@]}" >> $P && ls -la $P
+if [ -n "$final" ]; then
+  echo "$(cat $HOME/repo/tools/device/lease/$name.sha)  $P" | sha256sum -c - && mv $P $HOME/models/$final && touch $HOME/$name.ok
+fi

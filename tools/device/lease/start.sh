@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# start.sh QUEUE [POLL_S]: the first call of a lease, from the repo root on the device with
+# .stage/bins.tgz (tools/device/pack.sh; tar czf .stage/bins.tgz .device), .stage/tok.gguf (a
+# GGUF with the tokenizer, for synthetic models), .stage/llama.tgz (peer-src.sh) carried.
+# Unpacks the binaries, copies tools/ and verify/ to $HOME/repo, starts the llama.cpp build,
+# the synthetic models (synth.sh: LEASE_SYNTH, default "q4 moe") and QUEUE (a script sourcing
+# lib.sh, ending with `touch $HOME/queue.done`), all in their own sessions, then polls.
+set -u
+Q=${1:?queue script}
+mkdir -p $HOME/dev $HOME/models $HOME/repo/.stage $HOME/q/logs
+tar xzf .stage/bins.tgz -C $HOME/dev; cat $HOME/dev/.device/COMMIT
+cp -r tools verify kernels $HOME/repo/; cp .stage/llama.tgz $HOME/repo/.stage/ 2>/dev/null
+cp .stage/tok.gguf $HOME/models/tok.gguf
+cd $HOME/repo
+export MEMRA_BIN=$HOME/dev/.device/bin
+[ -e .stage/llama.tgz ] && tools/device/peer.sh unpack && (setsid nohup tools/device/peer.sh build > /dev/null 2>&1 &)
+(setsid nohup tools/device/lease/synth.sh > $HOME/synth.log 2>&1 &)
+(setsid nohup bash "$Q" > $HOME/queue.log 2>&1 &)
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv
+tools/device/lease/poll.sh ${2:-5}
