@@ -74,6 +74,12 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(full ? 16u : 0u)
                  : "memory");
 }
+// A 4-byte copy global -> shared (cp.async.ca: 4-byte copies go through L1; both addresses
+// 4-byte aligned), in the same commit groups.
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+    const u32 s = (u32)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
