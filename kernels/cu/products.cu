@@ -795,23 +795,29 @@ __device__ __forceinline__ void product_wgp(const u8* __restrict__ W, const u8* 
 }
 
 // Experiment (session 10, compile-checked only, NOT yet run on a GPU; products.cu with
-// `#define MWG_GATHER 1` (or 2) through MEMRA_KERNEL_DIR to A/B it): the same sequence as
+// `#define MWG_GATHER 1` (2, 3) through MEMRA_KERNEL_DIR to A/B it): the same sequence as
 // product_wg (the same wgmmas per k-tile in the same order into the same chains, the same
-// segment ends and totals), with the token rows staged by cp.async straight into the wgmma B
+// segment ends and totals), with the token rows staged by cp.async straight into a wgmma B
 // layout: 4-byte copies (cp_async4), one per 32-bit word of the prepared activations, in each
 // stage's commit group next to the weight tiles' 16-byte copies. No raw token rows, no rewrite
 // pass, one block barrier per k-tile, and one wgmma group in flight (wait_group 1): k-tile kt's
 // wgmmas run while the block waits for k-tile kt + 1, syncs and loads its A fragments.
 //
-// Word w = 4t + 2 st + h of 32-column block bb of a token row (prep.cuh: columns 16 st + 8 h +
-// 2t, +1) goes to B step 2 bb + st, k-half h, row n of the core matrix of columns n / 8, 4-byte
-// column t: (2 bb + st) * STEP + h * 128 + (n / 8) * 256 + (n % 8) * 16 + 4t (wg_desc's layout,
-// what mwg_relayout writes). Which thread copies which word (speed only):
-//   MWG_GATHER = 1: a warp's copy instruction writes one whole core matrix (8 tokens x 16
-//     bytes, 128 contiguous bytes: no bank conflict) and reads 16 bytes (4 words 16 bytes apart)
-//     of each of 8 token rows (the 4 instructions h, st of the same bytes hit L1: .ca);
-//   MWG_GATHER = 2: a warp reads 2 token rows' 64 contiguous bytes (coalesced) and writes 8
-//     16-byte core rows whose 4 k-halves / steps fall on the same banks (4-way conflict).
+// Word w = 4t + 2 st + h of 32-column block bb of a token row (prep.cuh) holds columns
+// 16 st + 8 h + 2t, +1. Layouts and which thread copies which word (speed only: every layout
+// hands the wgmma the same B values, so the same bits):
+//   MWG_GATHER = 1: wg_desc's layout (what mwg_relayout writes): the word goes to step 2 bb + st,
+//     k-half h, row n of the core matrix of columns n / 8, 4-byte column t: (2 bb + st) * STEP +
+//     h * 128 + (n / 8) * 256 + (n % 8) * 16 + 4t. A warp's copy writes one whole core matrix (8
+//     tokens x 16 bytes, 128 contiguous bytes: no bank conflict) and reads 16 bytes (4 words 16
+//     bytes apart) of each of 8 token rows (the 4 copies of those bytes hit L1: .ca);
+//   MWG_GATHER = 2: the same layout; a warp reads 2 token rows' 64 contiguous bytes (coalesced)
+//     and writes 8 16-byte core rows whose k-halves / steps share banks (4-way conflict);
+//   MWG_GATHER = 3 (F16 / BF16 / Q4_K; the scaled formats take 1): the 128-byte swizzle
+//     (wg_desc_sw128): per 64 columns (2 blocks), an atom column of MWG_N rows of 128 bytes,
+//     token n's row at (n / 8) * 1024 + (n % 8) * 128, column k's 16-byte chunk k / 8 at
+//     (k / 8) ^ (n % 8). A warp's copy moves one token row's 128 contiguous bytes (coalesced)
+//     into one 128-byte row, the XOR spreading it over all 32 banks (no conflict).
 //
 // Slots: weights k-tile j in A slot j % S, token rows in B slot j % (S + 1) (S = MMS_STAGES).
 // Iteration kt: cp.async.wait_group S - 2 (k-tiles 0..kt landed: S - 1 groups from the
@@ -829,9 +835,10 @@ __device__ __forceinline__ void product_wgp(const u8* __restrict__ W, const u8* 
 //     wait_group 1 has passed): the extra slot is what one group in flight costs.
 //   S = 3: 3 A slots, 4 B slots, the copies of 2 k-tiles in flight behind the one computed;
 //   S = 4: 4 A slots, 5 B slots, 3 k-tiles in flight.
-// Shared memory: S * ABYTES + (S + 1) * BBYTES = the host's mwg allocation (profile.rs
-// smem_bytes: S * (ABYTES + MWG_N * (2 KT + 16)) + BBYTES) less 16 * S * MWG_N bytes, checked
-// below, so the host launches it unchanged.
+// Shared memory: S * ABYTES + (S + 1) * BBYTES (+ up to 1008 bytes to align the B slots to 1024
+// for the swizzle) is within the host's mwg allocation (profile.rs smem_bytes:
+// S * (ABYTES + MWG_N * (2 KT + 16)) + BBYTES, 16 * S * MWG_N bytes more; checked below), so the
+// host launches it unchanged.
 // Segment ends: wait_group 0 before the accumulators are added into the totals (same order).
 // The scaled formats (F::WGP > 0) run mwg_scaled on the B slot as product_wg does (it waits for
 // each part: nothing stays in flight past a k-tile), so they only gain the gather.
@@ -847,41 +854,63 @@ struct MwgG {
         ABYTES = TILES * F::TB,
         STEP = MWG_N * 32,
         BBYTES = (F::KT / 16) * STEP,
-        BOFF = S * ABYTES,  // the S + 1 B slots after the S A slots
-        SMEM = S * ABYTES + (S + 1) * BBYTES,
+        BOFF = S * ABYTES,  // the S + 1 B slots after the S A slots (aligned up to 1024 at run time)
+        SMEM = S * ABYTES + 1008 + (S + 1) * BBYTES,
         BLOCKS = F::KT / 32,
-        // Token rows per thread: 64 tokens x 4 words per pass (1), 16 tokens x 16 words (2).
-        ROWS = MWG_GATHER == 2 ? MWG_N / 16 : MWG_N / 64,
+        // The layout (MWG_GATHER; 3 for the pure chains only: mwg_scaled reads wg_desc's).
+        MAP = MWG_GATHER == 3 && F::WGP != 0 ? 1 : MWG_GATHER,
+        // Token rows per thread: 64 tokens x 4 words per pass (1), 16 tokens x 16 words (2), one
+        // token per warp and 8-token group (3).
+        ROWS = MAP == 3 ? MWG_N / 8 : MAP == 2 ? MWG_N / 16 : MWG_N / 64,
     };
 };
 
+// Descriptor of k16 step s of a B slot.
+template <class F>
+__device__ __forceinline__ unsigned long long mwgg_desc(const u8* bl, int s) {
+    if constexpr (MwgG<F>::MAP == 3) return wg_desc_sw128(bl + (s / 4) * (MWG_N * 128) + (s % 4) * 32);
+    else return wg_desc(bl + s * MwgG<F>::STEP);
+}
+
 // This thread's token rows (clamped: past M a copy of row M - 1, never written out), with its
-// fixed byte offset inside a 32-column block folded in.
+// fixed byte offset inside the k-tile folded in.
 template <class F>
 __device__ __forceinline__ void mwgg_rows(const u8* __restrict__ X, u32 m0, u32 M, u32 kp,
                                           const u8* xr[MwgG<F>::ROWS]) {
+    constexpr int MAP = MwgG<F>::MAP;
     const u32 tid = threadIdx.x;
 #pragma unroll
     for (int j = 0; j < MwgG<F>::ROWS; ++j) {
         u32 n, off;
-        if constexpr (MWG_GATHER == 2) {
+        if constexpr (MAP == 3) {
+            n = (tid >> 5) + 8 * j;
+            off = 4 * (tid & 31);  // word `lane` of each 128 bytes
+        } else if constexpr (MAP == 2) {
             n = (tid >> 4) + 16 * j;
-            off = 16 * ((tid >> 2) & 3) + 4 * (tid & 3);  // word 4t + c
+            off = 16 * ((tid >> 2) & 3) + 4 * (tid & 3);  // word 4t + c of each block
         } else {
             n = (tid >> 2) + 64 * j;
-            off = 16 * (tid & 3);  // words 4t .. 4t + 3 (one per instruction)
+            off = 16 * (tid & 3);  // words 4t .. 4t + 3 of each block (one per copy)
         }
         xr[j] = X + (u64)min(m0 + n, M - 1) * kp * 2 + off;
     }
 }
 
-// The cp.async copies of k-tile kt's token rows into B slot `bs` (wgmma layout).
+// The cp.async copies of k-tile kt's token rows into B slot `bs`.
 template <class F>
 __device__ __forceinline__ void mwgg_stage_b(u8* bs, const u8* const xr[MwgG<F>::ROWS], u32 kt) {
     using L = MwgG<F>;
     const u32 tid = threadIdx.x;
     const u64 kb = (u64)kt * F::KT * 2;
-    if constexpr (MWG_GATHER == 2) {
+    if constexpr (L::MAP == 3) {
+        const u32 lane = tid & 31, w = tid >> 5;  // tokens w + 8 j: row w of every 8-row group
+        const u32 t = (lane >> 2) & 3, ch = 4 * (lane >> 4) + (lane & 3);  // chunk (k % 64) / 8
+        u8* d = bs + w * 128 + ((ch ^ w) * 16) + 4 * t;
+#pragma unroll
+        for (int j = 0; j < L::ROWS; ++j)
+#pragma unroll
+            for (int q = 0; q < F::KT / 64; ++q) cp_async4(d + q * (MWG_N * 128) + 1024 * j, xr[j] + kb + 128 * q);
+    } else if constexpr (L::MAP == 2) {
         const u32 c = tid & 3, t = (tid >> 2) & 3, nl = tid >> 4;
         u8* d = bs + (c >> 1) * L::STEP + (c & 1) * 128 + (nl / 8) * 256 + (nl % 8) * 16 + 4 * t;
 #pragma unroll
@@ -909,9 +938,12 @@ __device__ __forceinline__ void product_wgg(const u8* __restrict__ W, const u8* 
     using L = MwgG<F>;
     static_assert(L::SMEM <= MMS_STAGES * Mwg<F>::STAGE + Mwg<F>::BBYTES,
                   "the host allocates product_wg's shared memory (profile.rs smem_bytes)");
-    static_assert(L::S >= 2 && MWG_N % 64 == 0 && L::ABYTES % 16 == 0, "slots 16-byte aligned");
+    static_assert(L::S >= 2 && MWG_N % 64 == 0 && L::ABYTES % 16 == 0 && L::BBYTES % 1024 == 0, "slot alignment");
+    static_assert(L::MAP != 3 || F::KT % 64 == 0, "whole 128-byte swizzle atoms");
     extern __shared__ uint4 mwg_smem[];
     u8* sm = (u8*)mwg_smem;
+    const u32 sbase = (u32)__cvta_generic_to_shared(sm);
+    u8* bsl = sm + (((sbase + L::BOFF + 1023) & ~1023u) - sbase);  // B slot 0, 1024-byte aligned
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const u32 nrt = (N + 15) / 16;
@@ -928,7 +960,7 @@ __device__ __forceinline__ void product_wgg(const u8* __restrict__ W, const u8* 
     for (u32 s = 0; s + 1 < S; ++s) {
         if (s < nkt) {
             mwgp_stage_a<F>(sm + s * L::ABYTES, W, s, rt0, nrt, nkt);
-            mwgg_stage_b<F>(sm + L::BOFF + s * L::BBYTES, xr, s);
+            mwgg_stage_b<F>(bsl + s * L::BBYTES, xr, s);
         }
         cp_async_commit();
     }
@@ -941,11 +973,11 @@ __device__ __forceinline__ void product_wgg(const u8* __restrict__ W, const u8* 
         const u32 nk = kt + S - 1;
         if (nk < nkt) {
             mwgp_stage_a<F>(sm + (nk % S) * L::ABYTES, W, nk, rt0, nrt, nkt);
-            mwgg_stage_b<F>(sm + L::BOFF + (nk % (S + 1)) * L::BBYTES, xr, nk);
+            mwgg_stage_b<F>(bsl + (nk % (S + 1)) * L::BBYTES, xr, nk);
         }
         cp_async_commit();
         const u8* a = sm + (kt % S) * L::ABYTES;
-        const u8* bl = sm + L::BOFF + (kt % (S + 1)) * L::BBYTES;
+        const u8* bl = bsl + (kt % (S + 1)) * L::BBYTES;
         typename F::Tile tl;
         F::template load<Sld>(a + warp * F::TB, lane, tl);
         const bool send = kt + 1 == kend;  // the end of segment `seg`
@@ -957,7 +989,7 @@ __device__ __forceinline__ void product_wgg(const u8* __restrict__ W, const u8* 
                 F::block_a(tl, b, af);
 #pragma unroll
                 for (int half = 0; half < 2; ++half)
-                    wg_mma<MWG_N, F::BF>(acc, af[half], wg_desc(bl + (2 * b + half) * L::STEP));
+                    wg_mma<MWG_N, F::BF>(acc, af[half], mwgg_desc<F>(bl, 2 * b + half));
             }
             wg_commit();
             if (send) {
