@@ -818,6 +818,7 @@ __device__ __forceinline__ void product_wgp(const u8* __restrict__ W, const u8* 
 //     token n's row at (n / 8) * 1024 + (n % 8) * 128, column k's 16-byte chunk k / 8 at
 //     (k / 8) ^ (n % 8). A warp's copy moves one token row's 128 contiguous bytes (coalesced)
 //     into one 128-byte row, the XOR spreading it over all 32 banks (no conflict).
+// tools/mwg_gather_layout.py checks the three maps against the descriptors' addressing on the CPU.
 //
 // Slots: weights k-tile j in A slot j % S, token rows in B slot j % (S + 1) (S = MMS_STAGES).
 // Iteration kt: cp.async.wait_group S - 2 (k-tiles 0..kt landed: S - 1 groups from the
