@@ -74,6 +74,12 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(full ? 16u : 0u)
                  : "memory");
 }
+// A 4-byte copy global -> shared (cp.async.ca: 4-byte copies go through L1; both addresses
+// 4-byte aligned), in the same commit groups.
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+    const u32 s = (u32)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -100,6 +106,16 @@ __device__ __forceinline__ unsigned long long wg_desc(const void* smem) {
     const u32 addr = (u32)__cvta_generic_to_shared(smem);
     return (unsigned long long)((addr >> 4) & 0x3FFF) | ((unsigned long long)(128 >> 4) << 16) |
            ((unsigned long long)(256 >> 4) << 32);
+}
+
+// Descriptor of a 128-byte-swizzled K-major B operand (the MWG_GATHER = 3 experiment, not yet
+// run on a GPU): rows (columns n of B) of 64 16-bit k values = 128 bytes, the 16-byte chunk j of
+// row r stored at chunk j ^ (r % 8), 8-row groups 1024 bytes apart (SBO; LBO unused: 1), each
+// 8 x 128-byte atom 1024-byte aligned; k16 step s of an atom starts at its address + 32 s.
+__device__ __forceinline__ unsigned long long wg_desc_sw128(const void* smem) {
+    const u32 addr = (u32)__cvta_generic_to_shared(smem);
+    return (unsigned long long)((addr >> 4) & 0x3FFF) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
+           (1ull << 62);
 }
 
 __device__ __forceinline__ void wg_fence() {
