@@ -8,15 +8,18 @@ set -u
 cd $HOME/repo; . tools/device/lease/lib.sh
 export RUN=${LEASE_RUN:-h200-$(date +%Y%m%d)-lease}
 row start "$(cat $HOME/dev/.device/COMMIT) run $RUN"
-mkdir -p kvar/pipe kvar/gather
-{ echo '#define MWG_PIPE 1'; cat kernels/cu/products.cu; } > kvar/pipe/products.cu
-{ echo '#define MWG_GATHER 1'; cat kernels/cu/products.cu; } > kvar/gather/products.cu
+# Warpgroup variants (reports/kernel-notes.md): MWG_PIPE, and MWG_GATHER maps 1-3 (3: the
+# 128-byte swizzle through wg_desc_sw128, never run: if only its bits differ, the descriptor is
+# at fault)
+VARS="pipe g1 g2 g3"
+mkdir -p kvar/pipe; { echo '#define MWG_PIPE 1'; cat kernels/cu/products.cu; } > kvar/pipe/products.cu
+for g in 1 2 3; do mkdir -p kvar/g$g; { echo "#define MWG_GATHER $g"; cat kernels/cu/products.cu; } > kvar/g$g/products.cu; done
 g1() {  # every kernel (grouped MoE k = 1, product_geom of every warpgroup type), MTP on CUDA
   run kernels 600 $B/memra-verify kernels --device cuda:0
   grep -E "FAIL|differ|ALL|product_geom" $O/logs/kernels.log | head -12 >> $S
   run mtp-spec 300 $B/memra-verify spec --device cuda:0 --tiny llama+mtp --drafters mtp --k-max 4
   run mtp-oracle 300 $B/memra-verify spec --device cuda:0 --tiny llama+mtp-oracle --drafters mtp --k-max 4
-  for v in pipe gather; do
+  for v in $VARS; do
     run geom-$v 300 env MEMRA_KERNEL_DIR=$HOME/repo/kvar/$v MEMRA_WGMMA=all $B/memra-verify kernels --device cuda:0 --only product_geom
   done
 }
@@ -59,7 +62,7 @@ done
 # the warpgroup kernels of Q6_K (inside Q4_K_M) and Q8_0, against the default
 run q4-pp-wgq6 200 env MEMRA_WGMMA=q4_k,q6_k $B/memra-bench prefill $Q4 --device cuda:0 --prompt 512,4096 --runs 3 --shape llama3-8b --dtype Q4_K_M --run $RUN-wgq6 --out $O/ab.jsonl --quiet
 waitf $Q8 10 && run q8-pp-wgq8 200 env MEMRA_WGMMA=q4_k,q8_0 $B/memra-bench prefill $Q8 --device cuda:0 --prompt 512,4096 --runs 3 --shape llama3-8b --dtype Q8_0 --run $RUN-wgq8 --out $O/ab.jsonl --quiet
-for v in base pipe gather; do
+for v in base $VARS; do
   kd=(env -u MEMRA_KERNEL_DIR); [ $v != base ] && kd=(env MEMRA_KERNEL_DIR=$HOME/repo/kvar/$v)
   run kbench-$v 200 "${kd[@]}" MEMRA_WGMMA=all $B/memra-bench kernels --dtypes f16,q4_k,q8_0,q6_k --shapes 14336x4096,4096x14336 --m 512,4096 --reps 5
   grep -E "^ *(f16|q4_k|q8_0|q6_k) .*(512|4096) " $O/logs/kbench-$v.log | head -32 >> $S
