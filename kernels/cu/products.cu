@@ -575,6 +575,45 @@ __device__ __forceinline__ void mwg_scaled(const typename F::Tile& tl, const u8*
     }
 }
 
+// Shared by the warpgroup products (product_wg, product_wgp, product_wgg): one k-tile's wgmmas
+// (fence, then the NB blocks' two k16 steps in order; `desc(step)`: step's B descriptor) and
+// their commit; a segment's end (totals += chain in order, the chain back to -0.0); the totals
+// out.
+template <class F, class D>
+__device__ __forceinline__ void mwg_issue(float* acc, const typename F::Tile& tl, D desc) {
+    wg_fence();
+#pragma unroll
+    for (int b = 0; b < F::NB; ++b) {
+        u32 af[2][4];
+        F::block_a(tl, b, af);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) wg_mma<MWG_N, F::BF>(acc, af[half], desc(2 * b + half));
+    }
+    wg_commit();
+}
+
+template <int ND>
+__device__ __forceinline__ void mwg_fold(float* tot, float* acc) {
+#pragma unroll
+    for (int i = 0; i < ND; ++i) {
+        tot[i] = __fadd_rn(tot[i], acc[i]);
+        acc[i] = NEG_ZERO;
+    }
+}
+
+template <int ND>
+__device__ __forceinline__ void mwg_store(const Outs& out, const float* tot, const float* R, u32 M, u32 N, u32 n0,
+                                          u32 m0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < ND; ++i) {
+        const int j = i >> 2, e = i & 3;
+        const u32 n = n0 + g + 8 * (e >> 1);
+        const u32 m = m0 + j * 8 + 2 * t + (e & 1);
+        if (n < N && m < M) out.put(m, n, tot[i], R);
+    }
+}
+
 template <class F>
 __device__ __forceinline__ void product_wg(const u8* __restrict__ W, const u8* __restrict__ X, const Outs& out,
                                            const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {
@@ -610,38 +649,19 @@ __device__ __forceinline__ void product_wg(const u8* __restrict__ W, const u8* _
         typename F::Tile tl;
         F::template load<Sld>(a + warp * F::TB, lane, tl);
         if constexpr (F::WGP == 0) {
-            wg_fence();
-#pragma unroll
-            for (int b = 0; b < F::NB; ++b) {
-                u32 af[2][4];
-                F::block_a(tl, b, af);
-#pragma unroll
-                for (int half = 0; half < 2; ++half)
-                    wg_mma<MWG_N, F::BF>(acc, af[half], wg_desc(bl + (2 * b + half) * Mwg<F>::STEP));
-            }
-            wg_commit();
+            mwg_issue<F>(acc, tl, [&](int st) { return wg_desc(bl + st * Mwg<F>::STEP); });
             wg_wait0();
         } else {
             mwg_scaled<F>(tl, bl, acc);
         }
         if (kt + 1 == kend) {  // the end of segment `seg`
-#pragma unroll
-            for (int i = 0; i < ND; ++i) {
-                tot[i] = __fadd_rn(tot[i], acc[i]);
-                acc[i] = NEG_ZERO;
-            }
+            mwg_fold<ND>(tot, acc);
             ++seg;
             kend = (seg + 1) * nkt / nseg;
         }
     }
     cp_async_wait<0>();
-#pragma unroll
-    for (int i = 0; i < ND; ++i) {
-        const int j = i >> 2, e = i & 3;
-        const u32 n = (rt0 + warp) * 16 + g + 8 * (e >> 1);
-        const u32 m = m0 + j * 8 + 2 * t + (e & 1);
-        if (n < N && m < M) out.put(m, n, tot[i], R);
-    }
+    mwg_store<ND>(out, tot, R, M, N, (rt0 + warp) * 16, m0);
 #else
     __trap();  // sm_90a only: the host launches mwg only there (profile.rs)
 #endif
@@ -758,23 +778,10 @@ __device__ __forceinline__ void product_wgp(const u8* __restrict__ W, const u8* 
         const u8* bl = a + MwgP<F>::ABYTES;
         typename F::Tile tl;
         F::template load<Sld>(a + warp * F::TB, lane, tl);
-        wg_fence();
-#pragma unroll
-        for (int b = 0; b < F::NB; ++b) {
-            u32 af[2][4];
-            F::block_a(tl, b, af);
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-                wg_mma<MWG_N, F::BF>(acc, af[half], wg_desc(bl + (2 * b + half) * MwgP<F>::STEP));
-        }
-        wg_commit();
+        mwg_issue<F>(acc, tl, [&](int st) { return wg_desc(bl + st * MwgP<F>::STEP); });
         if (kt + 1 == kend) {  // the end of segment `seg`: its chain must be complete
             wg_wait0();
-#pragma unroll
-            for (int i = 0; i < ND; ++i) {
-                tot[i] = __fadd_rn(tot[i], acc[i]);
-                acc[i] = NEG_ZERO;
-            }
+            mwg_fold<ND>(tot, acc);
             ++seg;
             kend = (seg + 1) * nkt / nseg;
         } else {
@@ -782,13 +789,7 @@ __device__ __forceinline__ void product_wgp(const u8* __restrict__ W, const u8* 
         }
     }
     cp_async_wait<0>();
-#pragma unroll
-    for (int i = 0; i < ND; ++i) {
-        const int j = i >> 2, e = i & 3;
-        const u32 n = (rt0 + warp) * 16 + g + 8 * (e >> 1);
-        const u32 m = m0 + j * 8 + 2 * t + (e & 1);
-        if (n < N && m < M) out.put(m, n, tot[i], R);
-    }
+    mwg_store<ND>(out, tot, R, M, N, (rt0 + warp) * 16, m0);
 #else
     __trap();
 #endif
@@ -983,16 +984,7 @@ __device__ __forceinline__ void product_wgg(const u8* __restrict__ W, const u8* 
         F::template load<Sld>(a + warp * F::TB, lane, tl);
         const bool send = kt + 1 == kend;  // the end of segment `seg`
         if constexpr (F::WGP == 0) {
-            wg_fence();
-#pragma unroll
-            for (int b = 0; b < F::NB; ++b) {
-                u32 af[2][4];
-                F::block_a(tl, b, af);
-#pragma unroll
-                for (int half = 0; half < 2; ++half)
-                    wg_mma<MWG_N, F::BF>(acc, af[half], mwgg_desc<F>(bl, 2 * b + half));
-            }
-            wg_commit();
+            mwg_issue<F>(acc, tl, [&](int st) { return mwgg_desc<F>(bl, st); });
             if (send) {
                 wg_wait0();  // the segment's chain complete
                 wg_keep<MWG_N>(acc);
@@ -1003,24 +995,14 @@ __device__ __forceinline__ void product_wgg(const u8* __restrict__ W, const u8* 
             mwg_scaled<F>(tl, bl, acc);  // waits for every part (wait_group 0)
         }
         if (send) {
-#pragma unroll
-            for (int i = 0; i < ND; ++i) {
-                tot[i] = __fadd_rn(tot[i], acc[i]);
-                acc[i] = NEG_ZERO;
-            }
+            mwg_fold<ND>(tot, acc);
             ++seg;
             kend = (seg + 1) * nkt / nseg;
         }
     }
     wg_wait0();  // nothing is in flight here (the last k-tile ends the last segment)
     cp_async_wait<0>();
-#pragma unroll
-    for (int i = 0; i < ND; ++i) {
-        const int j = i >> 2, e = i & 3;
-        const u32 n = (rt0 + warp) * 16 + g + 8 * (e >> 1);
-        const u32 m = m0 + j * 8 + 2 * t + (e & 1);
-        if (n < N && m < M) out.put(m, n, tot[i], R);
-    }
+    mwg_store<ND>(out, tot, R, M, N, (rt0 + warp) * 16, m0);
 #else
     __trap();  // sm_90a only
 #endif

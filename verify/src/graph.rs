@@ -21,9 +21,7 @@
 //!    then).
 
 use memra_engine::backend::cuda::CudaBackend;
-use memra_engine::backend::{
-    Backend, SelectParams, Selected, StepBatch, StepMasks, StepRow, StepSelected,
-};
+use memra_engine::backend::{Backend, SelectParams, Selected, StepBatch, StepMasks, StepRow};
 use memra_engine::generate::{GenRequest, generate};
 use memra_engine::models::random::splitmix;
 use memra_engine::sampling::SamplingParams;
@@ -281,26 +279,6 @@ pub fn run(
     })
 }
 
-/// A selection result as bits (tokens, logprobs, logits).
-fn bits(out: &StepSelected) -> Vec<(u8, Vec<u32>)> {
-    out.rows
-        .iter()
-        .map(|s| match s {
-            Selected::Token(t) => (0, vec![*t]),
-            Selected::Logits(l) => (1, l.iter().map(|v| v.to_bits()).collect()),
-            Selected::Scored {
-                token,
-                logprob,
-                top,
-            } => {
-                let mut v = vec![*token, logprob.to_bits()];
-                v.extend(top.iter().flat_map(|(t, l)| [*t, l.to_bits()]));
-                (2, v)
-            }
-        })
-        .collect()
-}
-
 /// A step's selection results as bits (per picking row: a tag, then the token, logprob and
 /// alternatives, or the logits) and the KV bytes after it.
 pub type StepBits = (Vec<(u8, Vec<u32>)>, Vec<Vec<u8>>);
@@ -399,14 +377,20 @@ pub fn lazy_and_eager(
             .collect()
     };
     let eager = b.step_select_logprobs(batch, &select(true), &logprobs)?;
-    let eager = (bits(&eager), all_kv(b)?);
+    let eager = (
+        eager.rows.iter().map(Selected::bits).collect::<Vec<_>>(),
+        all_kv(b)?,
+    );
     let mut overlapped = false;
     let mut cb = || {
         overlapped = busy()?;
         Ok(masks.clone())
     };
     let lazy = b.step_select_lazy_masks(batch, &select(false), &logprobs, &mut cb)?;
-    let lazy = (bits(&lazy), all_kv(b)?);
+    let lazy = (
+        lazy.rows.iter().map(Selected::bits).collect::<Vec<_>>(),
+        all_kv(b)?,
+    );
     Ok(LazyCheck {
         eager,
         lazy,

@@ -350,28 +350,34 @@ fn argmax_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     Ok(())
 }
 
-/// The kernel gate's case groups, in run order (`memra-verify kernels --only`).
-pub const GROUPS: [&str; 12] = [
-    "matmul",
-    "embed",
-    "norm",
-    "rope",
-    "elementwise",
-    "argmax",
-    "select",
-    "attention",
-    "kv_write",
-    "products",
-    "product_geom",
-    "moe",
+/// A group of kernel cases: appends its cases for device `g` and seed.
+type Group = fn(&Gpu, u64, &mut Vec<Case>) -> Result<()>;
+
+/// The kernel gate's case groups by name, in run order (`memra-verify kernels --only`).
+pub const GROUPS: [(&str, Group); 12] = [
+    ("matmul", matmul_cases),
+    ("embed", embed_cases),
+    ("norm", norm_cases),
+    ("rope", rope_cases),
+    ("elementwise", elementwise_cases),
+    ("argmax", argmax_cases),
+    ("select", super::kernels_select::select_kernel_cases),
+    ("attention", super::attention_check::attention_cases),
+    ("kv_write", super::kv_write_check::kv_write_cases),
+    ("products", super::products_check::product_cases),
+    (
+        "product_geom",
+        super::products_check::product_geometry_cases,
+    ),
+    ("moe", super::moe_check::moe_cases),
 ];
 
 /// Checks a `--only` list against [`GROUPS`]; an unknown name is an error naming it.
 pub fn check_groups(only: &[String]) -> Result<()> {
-    match only.iter().find(|g| !GROUPS.contains(&g.as_str())) {
-        Some(g) => Err(Error::Input(format!(
-            "--only: unknown kernel group `{g}`; groups: {}",
-            GROUPS.join(", ")
+    match only.iter().find(|o| !GROUPS.iter().any(|(n, _)| n == o)) {
+        Some(o) => Err(Error::Input(format!(
+            "--only: unknown kernel group `{o}`; groups: {}",
+            GROUPS.map(|(n, _)| n).join(", ")
         ))),
         None => Ok(()),
     }
@@ -383,22 +389,7 @@ pub fn run(device: usize, seed: u64, only: &[String]) -> Result<Vec<Case>> {
     check_groups(only)?;
     let g = Gpu::open(device)?;
     let mut out = Vec::new();
-    type Group = fn(&Gpu, u64, &mut Vec<Case>) -> Result<()>;
-    let groups: [Group; 12] = [
-        matmul_cases,
-        embed_cases,
-        norm_cases,
-        rope_cases,
-        elementwise_cases,
-        argmax_cases,
-        super::kernels_select::select_kernel_cases,
-        super::attention_check::attention_cases,
-        super::kv_write_check::kv_write_cases,
-        super::products_check::product_cases,
-        super::products_check::product_geometry_cases,
-        super::moe_check::moe_cases,
-    ];
-    for (name, f) in GROUPS.iter().zip(groups) {
+    for (name, f) in GROUPS {
         if only.is_empty() || only.iter().any(|o| o == name) {
             f(&g, seed, &mut out)?;
         }

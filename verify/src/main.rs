@@ -252,7 +252,6 @@ fn cuda_index(gate: &str, device: Device) -> Result<usize> {
 
 /// Every gate returns its number of failures (0: green).
 fn gate_kernels(device: Device, seed: u64, only: &[String]) -> Result<usize> {
-    kernels::check_groups(only)?;
     let n = cuda_index("kernels", device)?;
     if !only.is_empty() {
         println!(

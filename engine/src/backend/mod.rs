@@ -78,6 +78,26 @@ pub enum Selected {
     },
 }
 
+impl Selected {
+    /// The result as bits, for bitwise comparisons (gates, tests): a kind tag (0 token, 1
+    /// logits, 2 scored) and the token ids and the values' bit patterns in order.
+    pub fn bits(&self) -> (u8, Vec<u32>) {
+        match self {
+            Selected::Token(t) => (0, vec![*t]),
+            Selected::Logits(l) => (1, l.iter().map(|v| v.to_bits()).collect()),
+            Selected::Scored {
+                token,
+                logprob,
+                top,
+            } => {
+                let mut v = vec![*token, logprob.to_bits()];
+                v.extend(top.iter().flat_map(|(t, l)| [*t, l.to_bits()]));
+                (2, v)
+            }
+        }
+    }
+}
+
 /// Per row that wanted logits, in row order.
 #[derive(Clone, Debug, Default)]
 pub struct StepSelected {

@@ -147,23 +147,6 @@ fn params() -> Vec<SamplingParams> {
     ]
 }
 
-/// A selection result as bits: tokens, logprob and logits values by their bit patterns.
-fn key(s: &Selected) -> (u8, Vec<u32>) {
-    match s {
-        Selected::Token(t) => (0, vec![*t]),
-        Selected::Logits(l) => (1, l.iter().map(|v| v.to_bits()).collect()),
-        Selected::Scored {
-            token,
-            logprob,
-            top,
-        } => {
-            let mut v = vec![*token, logprob.to_bits()];
-            v.extend(top.iter().flat_map(|(t, l)| [*t, l.to_bits()]));
-            (2, v)
-        }
-    }
-}
-
 fn all_kv(b: &dyn Backend) -> Vec<Vec<u8>> {
     (0..SEQS.len() as u32)
         .map(|i| b.kv_block_bytes(i).expect("kv"))
@@ -224,7 +207,7 @@ fn run(b: &mut dyn Backend, how: Masks, log: &Arc<Mutex<Vec<String>>>) -> Run {
         b.step_select_logprobs(&batch, &select, &logprobs)
     }
     .expect("step");
-    (out.rows.iter().map(key).collect(), all_kv(b))
+    (out.rows.iter().map(Selected::bits).collect(), all_kv(b))
 }
 
 /// A dump sink that logs the forward's intermediates by name and layer.
