@@ -15,10 +15,10 @@ VARS="pipe g1 g2 g3"
 mkdir -p kvar/pipe; { echo '#define MWG_PIPE 1'; cat kernels/cu/products.cu; } > kvar/pipe/products.cu
 for g in 1 2 3; do mkdir -p kvar/g$g; { echo "#define MWG_GATHER $g"; cat kernels/cu/products.cu; } > kvar/g$g/products.cu; done
 g1() {  # every kernel (grouped MoE k = 1, product_geom of every warpgroup type), MTP on CUDA
-  run kernels 600 $B/memra-verify kernels --device cuda:0
-  grep -E "FAIL|differ|ALL|product_geom" $O/logs/kernels.log | head -12 >> $S
   run mtp-spec 300 $B/memra-verify spec --device cuda:0 --tiny llama+mtp --drafters mtp --k-max 4
   run mtp-oracle 300 $B/memra-verify spec --device cuda:0 --tiny llama+mtp-oracle --drafters mtp --k-max 4
+  run kernels 600 $B/memra-verify kernels --device cuda:0
+  grep -E "FAIL|differ|ALL|product_geom" $O/logs/kernels.log | head -12 >> $S
   for v in $VARS; do
     run geom-$v 300 env MEMRA_KERNEL_DIR=$HOME/repo/kvar/$v MEMRA_WGMMA=all $B/memra-verify kernels --device cuda:0 --only product_geom
   done
