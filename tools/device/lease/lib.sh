@@ -14,13 +14,19 @@ LB=$HOME/llama.cpp/build/bin/llama-bench
 export B O
 # row NAME TEXT: one line of the summary
 row() { printf '%s %-26s %s\n' "$(date +%T)" "$1" "$2" >> $S; }
-# run NAME TIMEOUT CMD...: a step with its log; the summary gets rc, seconds and the last line
-run() { local n=$1 t=$2; shift 2; local t0=$SECONDS; timeout $t "$@" > $O/logs/$n.log 2>&1; local rc=$?
+# run NAME TIMEOUT CMD...: a step with its log; the summary gets rc, seconds and the last line.
+# A step named in $LEASE_SKIP (space-separated) is skipped: a queue restarted on a fresh machine
+# (the last one was handed back) passes the steps an earlier machine finished.
+run() { local n=$1 t=$2; shift 2; local t0=$SECONDS
+  case " ${LEASE_SKIP:-} " in *" $n "*) row "$n" "skipped (LEASE_SKIP)"; return 0 ;; esac
+  timeout $t "$@" > $O/logs/$n.log 2>&1; local rc=$?
   row "$n" "rc=$rc $((SECONDS-t0))s $(grep -v '^\s*$' $O/logs/$n.log | tail -n 1 | cut -c1-150)"; return $rc; }
 # waitf FILE [SECONDS]: wait for a staged or synthesized file
 waitf() { for i in $(seq 1 ${2:-400}); do [ -e "$1" ] && return 0; sleep 1; done; row "MISSING $1" ""; return 1; }
 # peer NAME llama-bench-args...: one llama-bench run (-ngl 99 -fa 1 -r 3, JSONL into $O/peer.jsonl)
-peer() { local n=$1; shift; [ -x $LB ] || { row "peer-$n" "no llama-bench"; return; }
+peer() { local n=$1; shift
+  case " ${LEASE_SKIP:-} " in *" peer-$n "*) row "peer-$n" "skipped (LEASE_SKIP)"; return 0 ;; esac
+  [ -x $LB ] || { row "peer-$n" "no llama-bench"; return; }
   local t0=$SECONDS; timeout 240 $LB "$@" -ngl 99 -fa 1 -r 3 -o jsonl >> $O/peer.jsonl 2>> $O/logs/peer-$n.err
   row "peer-$n" "rc=$? $((SECONDS-t0))s $(tail -n 1 $O/peer.jsonl | grep -oE '"avg_ts": [0-9.]+')"; }
 # peerwait: until the background llama.cpp build has ended
