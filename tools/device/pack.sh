@@ -11,6 +11,17 @@ for b in run-gen memra-verify memra-bench memra-server; do
   cp "$TARGET/release/$b" .device/bin/
   strip .device/bin/$b 2>/dev/null || true
 done
+# Precompiled kernels (cubin) for the H200 (sm_90a): every module and products variant the
+# engine can launch there, so that a fresh machine neither runs NVRTC nor the driver's JIT
+# (tools/device/lease/start.sh copies them into the kernel cache). PACK_KCACHE=0 skips it.
+rm -rf .device/kcache
+if [ "${PACK_KCACHE:-1}" != 0 ]; then
+  # NVRTC from the PyPI wheel tools/test.sh fetches (the H200's version)
+  NV="${MEMRA_CACHE:-$HOME/.cache/memra}/nvrtc/13.0.88/nvidia/cu13/lib"
+  [ -e "$NV/libnvrtc.so.13" ] || { echo "pack.sh: no NVRTC in $NV (run tools/test.sh once, or PACK_KCACHE=0)" >&2; exit 1; }
+  LD_LIBRARY_PATH="$NV${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$TARGET/release/memra-bench" kernel-cache --arch sm_90a --out .device/kcache
+fi
 # The commit the binaries were built from (the device copy's git metadata may be older).
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +dirty)" > .device/COMMIT
 ls -l .device/bin
