@@ -5,6 +5,7 @@ pub mod convert;
 pub mod generate;
 pub mod http;
 pub mod kblocks;
+pub mod kernel_cache;
 pub mod kernels;
 pub mod load;
 pub mod peer;

@@ -147,6 +147,17 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Precompile every kernel the engine can load on --arch to SASS (cubin files), here,
+    /// without a GPU; a device whose MEMRA_KERNEL_CACHE holds them skips NVRTC and the driver's
+    /// JIT (docs/DEVICE.md). Needs NVRTC (libnvrtc.so on LD_LIBRARY_PATH).
+    KernelCache {
+        /// sm_90a (H100/H200) or sm_120a (RTX 5090 / RTX PRO 6000).
+        #[arg(long, default_value = "sm_90a")]
+        arch: String,
+        /// Output folder (default: the kernel cache, MEMRA_KERNEL_CACHE or ~/.cache/memra/kernels).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Write a deterministic synthetic model of a real shape (random weights, real tokenizer).
     Synth {
         /// smollm2-135m, llama3-8b, qwen3-8b, tiny-llama, tiny-qwen2, tiny-qwen3.
@@ -795,6 +806,24 @@ fn run(cli: Cli) -> Result<()> {
                     );
                 }
             }
+            Ok(())
+        }
+        Cmd::KernelCache { arch, out } => {
+            let out = out.unwrap_or_else(memra_kernels::default_cache_dir);
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let t0 = std::time::Instant::now();
+            let written = memra_bench::kernel_cache::write_all(&arch, &out, threads)?;
+            for w in &written {
+                println!("{:>10} bytes {:>6.1} s  {}", w.bytes, w.secs, w.file);
+            }
+            let bytes: u64 = written.iter().map(|w| w.bytes).sum();
+            println!(
+                "{} cubins for {arch}, {:.1} MB, in {:.1} s -> {}",
+                written.len(),
+                bytes as f64 / 1e6,
+                t0.elapsed().as_secs_f64(),
+                out.display()
+            );
             Ok(())
         }
         Cmd::Kernels {

@@ -13,7 +13,10 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+pub mod cubin;
 pub mod sig;
+
+pub use cubin::{Image, load_image_with};
 
 /// The prelude prepended to every module source.
 pub const PRELUDE: &str = include_str!("../cu/prelude.cuh");
@@ -463,20 +466,28 @@ pub fn cache_path_with(
     version: (i32, i32),
     b: &Build,
 ) -> PathBuf {
+    dir.join(format!(
+        "{}-{arch}-nvrtc{}.{}-{}.ptx",
+        m.name,
+        version.0,
+        version.1,
+        cache_hash(m, b)
+    ))
+}
+
+/// The cache key of `m` under `b`: the first 8 bytes (hex) of the sha256 of its full source and
+/// NVRTC options.
+pub fn cache_hash(m: &Module, b: &Build) -> String {
     let mut h = Sha256::new();
     h.update(full_source_with(m, b).as_bytes());
     for o in options_for(m, b) {
         h.update(o.as_bytes());
         h.update([0u8]);
     }
-    let hex: String = h.finalize()[..8]
+    h.finalize()[..8]
         .iter()
         .map(|b| format!("{b:02x}"))
-        .collect();
-    dir.join(format!(
-        "{}-{arch}-nvrtc{}.{}-{hex}.ptx",
-        m.name, version.0, version.1
-    ))
+        .collect()
 }
 
 /// PTX of `m` for `arch`, from the disk cache under `dir` or compiled (and then stored). A cache

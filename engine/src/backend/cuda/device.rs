@@ -139,7 +139,7 @@ pub struct Gpu {
 pub type Funcs = Arc<HashMap<String, CudaFunction>>;
 
 /// Modules compiled on first use with their defines (tile parameters), not at open.
-const LAZY_MODULES: &[&str] = &["products"];
+pub(super) const LAZY_MODULES: &[&str] = &["products"];
 
 const BLOCK: u32 = 256;
 /// Grid-stride kernels use at most this many blocks.
@@ -199,11 +199,11 @@ impl Gpu {
             if LAZY_MODULES.contains(&m.name) {
                 continue;
             }
-            let ptx =
-                memra_kernels::compile_cached(m, arch, &dir).map_err(|e| fail(e.to_string()))?;
-            let module = ctx
-                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-                .map_err(|e| fail(format!("loading {} for {arch}: {e:?}", m.file)))?;
+            let image = memra_kernels::load_image_with(m, arch, &dir, &Default::default())
+                .map_err(|e| fail(e.to_string()))?;
+            let what = image_kind(&image);
+            let module = load_image(&ctx, image)
+                .map_err(|e| fail(format!("loading {} ({what}) for {arch}: {e:?}", m.file)))?;
             for &k in m.kernels {
                 let f = module
                     .load_function(k)
@@ -285,12 +285,11 @@ impl Gpu {
             .ok_or_else(|| self.err(format!("no kernel module {module}")))?;
         let build = memra_kernels::Build::with_defines(defines);
         let dir = memra_kernels::default_cache_dir();
-        let ptx = memra_kernels::compile_cached_with(m, self.arch, &dir, &build)
+        let image = memra_kernels::load_image_with(m, self.arch, &dir, &build)
             .map_err(|e| self.err(e.to_string()))?;
-        let loaded = self
-            .ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-            .map_err(|e| self.err(format!("loading {} {defines:?}: {e:?}", m.file)))?;
+        let what = image_kind(&image);
+        let loaded = load_image(&self.ctx, image)
+            .map_err(|e| self.err(format!("loading {} {defines:?} ({what}): {e:?}", m.file)))?;
         let mut funcs = HashMap::new();
         for &k in m.kernels {
             let f = loaded
@@ -862,6 +861,25 @@ pub struct RopeKvArgs {
     pub head_dim: usize,
     /// The caches' format.
     pub kv: KvDtype,
+}
+
+/// "cubin" or "PTX": which kind of image a load error is about.
+fn image_kind(image: &memra_kernels::Image) -> &'static str {
+    match image {
+        memra_kernels::Image::Cubin(_) => "precompiled cubin",
+        memra_kernels::Image::Ptx(_) => "PTX",
+    }
+}
+
+/// Loads a module image: a precompiled cubin as it is, PTX through the driver's JIT.
+fn load_image(
+    ctx: &Arc<CudaContext>,
+    image: memra_kernels::Image,
+) -> std::result::Result<Arc<cudarc::driver::CudaModule>, cudarc::driver::DriverError> {
+    match image {
+        memra_kernels::Image::Cubin(bin) => ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin)),
+        memra_kernels::Image::Ptx(ptx) => ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)),
+    }
 }
 
 #[cfg(test)]

@@ -455,6 +455,37 @@ impl Profile {
     }
 }
 
+/// Every (module, build) the engine can load on a device of `arch` (`compute_90a`,
+/// `compute_120a`): each module loaded at start with its default build, and the `products`
+/// variants of every launch a profile can choose (every warpgroup type enabled) plus the grouped
+/// MoE launch. `memra-bench kernel-cache` precompiles exactly these; a CI test compiles them.
+/// The products builds read `MEMRA_KERNEL_DIR` as the engine does.
+pub fn kernel_builds(
+    arch: &'static str,
+) -> Vec<(&'static memra_kernels::Module, memra_kernels::Build)> {
+    let mut out = Vec::new();
+    for m in memra_kernels::MODULES {
+        if !super::device::LAZY_MODULES.contains(&m.name) {
+            out.push((m, memra_kernels::Build::default()));
+        }
+    }
+    let Some(products) = memra_kernels::module("products") else {
+        return out;
+    };
+    let mut p = Profile::new(arch, 132, SMEM_MAX_SM90);
+    p.wgmma_types = WGMMA_TYPES.to_vec();
+    let mut sets: Vec<Vec<String>> = vec![Vec::new(), MOE_GROUPED_LAUNCH.defines()];
+    for l in p.all_launches() {
+        if !sets.contains(&l.defines()) {
+            sets.push(l.defines());
+        }
+    }
+    for d in sets {
+        out.push((products, memra_kernels::Build::with_defines(&d)));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -595,24 +626,20 @@ mod tests {
     /// while the default build compiled). Needs NVRTC (tools/test.sh puts it on the path).
     #[test]
     fn every_products_variant_compiles_for_its_architecture() {
-        let mut hopper = Profile::new("compute_90a", 132, SMEM_MAX_SM90);
-        hopper.set_wgmma("all").unwrap();
-        let blackwell = Profile::new("compute_120a", 170, 99 * 1024);
-        let m = memra_kernels::module("products").expect("products module");
         // One thread per architecture (NVRTC takes ~5 s a variant).
         std::thread::scope(|s| {
-            for (arch, p) in [("compute_90a", hopper), ("compute_120a", blackwell)] {
+            for arch in ["compute_90a", "compute_120a"] {
                 s.spawn(move || {
-                    let mut sets: Vec<Vec<String>> = vec![Vec::new(), MOE_GROUPED_LAUNCH.defines()];
-                    for l in p.all_launches() {
-                        if !sets.contains(&l.defines()) {
-                            sets.push(l.defines());
-                        }
-                    }
-                    for d in sets {
-                        let b = memra_kernels::Build::with_defines(&d);
-                        if let Err(e) = memra_kernels::compile_with(m, arch, &b) {
-                            panic!("{arch} products {d:?}: {e}");
+                    let builds = kernel_builds(arch);
+                    let products: Vec<_> = builds
+                        .iter()
+                        .filter(|(m, _)| m.name == "products")
+                        .collect();
+                    // the default, the grouped MoE launch, at least one warpgroup launch on Hopper
+                    assert!(products.len() >= if arch == "compute_90a" { 3 } else { 2 });
+                    for (m, b) in products {
+                        if let Err(e) = memra_kernels::compile_with(m, arch, b) {
+                            panic!("{arch} products {:?}: {e}", b.defines);
                         }
                     }
                 });
