@@ -16,9 +16,7 @@ done
 # (tools/device/lease/start.sh copies them into the kernel cache). PACK_KCACHE=0 skips it.
 rm -rf .device/kcache
 if [ "${PACK_KCACHE:-1}" != 0 ]; then
-  # NVRTC from the PyPI wheel tools/test.sh fetches (the H200's version)
-  NV="${MEMRA_CACHE:-$HOME/.cache/memra}/nvrtc/13.0.88/nvidia/cu13/lib"
-  [ -e "$NV/libnvrtc.so.13" ] || { echo "pack.sh: no NVRTC in $NV (run tools/test.sh once, or PACK_KCACHE=0)" >&2; exit 1; }
+  NV="$(tools/nvrtc.sh)"   # NVRTC from PyPI (the H200's version)
   LD_LIBRARY_PATH="$NV${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     "$TARGET/release/memra-bench" kernel-cache --arch sm_90a --out .device/kcache
 fi
