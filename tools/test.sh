@@ -21,16 +21,8 @@ tools/fetch-models.sh gemma3 >/dev/null || echo "warning: gemma3 model not fetch
 # Fetches NVRTC 13.0.88 (the H200's version) from PyPI once into ${MEMRA_CACHE:-~/.cache/memra}/nvrtc
 # and puts its lib folder on LD_LIBRARY_PATH, so every .cu module is compiled for sm_90a and sm_120a.
 echo "== NVRTC (PyPI nvidia-cuda-nvrtc)"
-NVRTC_VERSION=13.0.88
-NVRTC_DIR="${MEMRA_CACHE:-$HOME/.cache/memra}/nvrtc/$NVRTC_VERSION"
-if [ ! -e "$NVRTC_DIR/nvidia/cu13/lib/libnvrtc.so.13" ]; then
-  mkdir -p "$NVRTC_DIR"
-  "$PY" -m pip download --quiet --disable-pip-version-check --no-deps \
-    "nvidia-cuda-nvrtc==$NVRTC_VERSION" -d "$NVRTC_DIR/wheel"
-  "$PY" -c 'import sys, zipfile, glob; zipfile.ZipFile(glob.glob(sys.argv[1] + "/*.whl")[0]).extractall(sys.argv[2])' \
-    "$NVRTC_DIR/wheel" "$NVRTC_DIR"
-fi
-export LD_LIBRARY_PATH="$NVRTC_DIR/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+NVRTC_LIB="$(PYTHON="$PY" tools/nvrtc.sh)"
+export LD_LIBRARY_PATH="$NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # --- end NVRTC ---
 
 echo "== cargo fmt --check"
