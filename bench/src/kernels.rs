@@ -134,8 +134,16 @@ pub fn random_matrix(dtype: DType, n: usize, k: usize, seed: u64) -> Result<Vec<
     Ok(out)
 }
 
+/// `nt<nt>r<rpb>` and the kind as the startup log writes it (profile `describe`): `s` split K,
+/// `m` the shared-memory product, `w` the warpgroup product, none the register-tiled one.
 fn launch_name(l: &Launch) -> String {
-    format!("nt{}r{}{}", l.nt, l.rpb, if l.split_k { "s" } else { "" })
+    let kind = match (l.split_k, l.smem, l.wg) {
+        (true, _, _) => "s",
+        (_, true, true) => "w",
+        (_, true, _) => "m",
+        _ => "",
+    };
+    format!("nt{}r{}{kind}", l.nt, l.rpb)
 }
 
 fn median(v: &mut [f64]) -> f64 {

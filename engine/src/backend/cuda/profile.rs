@@ -151,6 +151,10 @@ pub struct Profile {
     /// (`MEMRA_MOE_GROUPED=0|1`, docs/FLAGS.md): `Some(true)` grouped by expert, `Some(false)`
     /// one M = 1 product per (row, slot) pair. Speed only: both give the same bits.
     pub moe_grouped: Option<bool>,
+    /// Tokens per block of every warpgroup launch instead of [`warpgroup`]'s per type
+    /// (`MEMRA_WGMMA_TOKENS=64|128`, for measuring; docs/FLAGS.md): at 64, F16 / BF16 blocks
+    /// take ~83 KiB and ~116 registers, so two fit one SM. Speed only.
+    pub wg_tokens: Option<u32>,
 }
 
 const fn split(nt: u32) -> Launch {
@@ -243,7 +247,17 @@ impl Profile {
             wgmma: arch == "compute_90a",
             wgmma_types: WGMMA_DEFAULT.to_vec(),
             moe_grouped: None,
+            wg_tokens: None,
         }
+    }
+
+    /// The warpgroup launch of `dtype` on this device ([`warpgroup`], with the
+    /// `MEMRA_WGMMA_TOKENS` override).
+    pub fn warpgroup(&self, dtype: DType) -> Option<Launch> {
+        warpgroup(dtype).map(|w| match self.wg_tokens {
+            Some(t) => Launch { nt: t / 8, ..w },
+            None => w,
+        })
     }
 
     /// Whether a mixture-of-experts call of `pairs` (row, slot) pairs over `n_experts` experts
@@ -281,6 +295,17 @@ impl Profile {
                 _ => {
                     return Err(crate::error::Error::Input(format!(
                         "MEMRA_MOE_GROUPED={v}: expected 0 or 1"
+                    )));
+                }
+            };
+        }
+        if let Ok(v) = std::env::var("MEMRA_WGMMA_TOKENS") {
+            p.wg_tokens = match v.trim() {
+                "64" => Some(64),
+                "128" => Some(128),
+                _ => {
+                    return Err(crate::error::Error::Input(format!(
+                        "MEMRA_WGMMA_TOKENS={v}: expected 64 or 128"
                     )));
                 }
             };
@@ -368,7 +393,7 @@ impl Profile {
             17..=64 => split(2),
             _ => {
                 let wanted = self.wgmma_for(dtype) && self.smem_tile.is_none();
-                if let Some(w) = warpgroup(dtype).filter(|_| wanted) {
+                if let Some(w) = self.warpgroup(dtype).filter(|_| wanted) {
                     let (br, bt) = w.smem_block();
                     let blocks = rows.div_ceil(br) * m.div_ceil(bt);
                     if 2 * blocks >= self.sms as usize && w.fits(dtype, self.smem_max) {
@@ -411,7 +436,7 @@ impl Profile {
         v.extend(self.smem_tile.filter(|t| !v.contains(t)));
         if self.wgmma {
             for &d in &self.wgmma_types {
-                if let Some(w) = warpgroup(d).filter(|w| !v.contains(w)) {
+                if let Some(w) = self.warpgroup(d).filter(|w| !v.contains(w)) {
                     v.push(w);
                 }
             }
@@ -540,6 +565,15 @@ mod tests {
             assert!(!p.launch(512, d, 4096).wg, "{d}");
             assert!(warpgroup(d).is_none(), "{d}");
         }
+        // MEMRA_WGMMA_TOKENS=64: F16 blocks small enough for two per SM (228 KiB), compiled at
+        // load like every other launch (the K-quants' 64-token variant).
+        p.wg_tokens = Some(64);
+        let l = p.launch(512, DType::F16, 4096);
+        assert!(l.wg && l.nt == 8 && p.all_launches().contains(&l), "{l:?}");
+        let f = crate::quant::repack::tile_format(DType::F16).unwrap();
+        assert!(2 * l.smem_bytes(f.tile_bytes, f.kt) <= 228 * 1024);
+        assert_eq!(p.launch(512, DType::Q4_K, 4096).nt, 8);
+        p.wg_tokens = None;
         p.set_wgmma("0").unwrap();
         assert!(!p.launch(512, DType::Q4_K, 4096).wg);
         assert!(p.all_launches().iter().all(|l| !l.wg));
