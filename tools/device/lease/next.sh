@@ -79,5 +79,14 @@ ab f16-pp-wg64-g3 MEMRA_WGMMA=f16 MEMRA_WGMMA_TOKENS=64 MEMRA_KERNEL_DIR=$HOME/r
 ab f16-pp-wg128-g3 MEMRA_WGMMA=f16 MEMRA_KERNEL_DIR=$HOME/repo/kvar/g3
 run q4-pp-wgq6 200 env MEMRA_WGMMA=q4_k,q6_k $B/memra-bench prefill $Q4 --device cuda:0 --prompt 512,4096 --runs 3 --shape llama3-8b --dtype Q4_K_M --run $RUN-wgq6 --out $O/ab.jsonl --quiet
 run q8-pp-wgq8 200 env MEMRA_WGMMA=q4_k,q8_0 $B/memra-bench prefill $Q8 --device cuda:0 --prompt 512,4096 --runs 3 --shape llama3-8b --dtype Q8_0 --run $RUN-wgq8 --out $O/ab.jsonl --quiet
+# issue 8, decode (Q4_K_M ~0.96x, F16 ~0.99x in earlier runs): the products alone at M = 1 on
+# the decode shapes, the per-op split of a step, and more K segments per matrix (nseg: more
+# warps in flight at M = 1; changes the arithmetic, so an A/B only)
+run kbench-m1 240 $B/memra-bench kernels --dtypes q4_k,q6_k,f16 --shapes 4096x4096,1024x4096,28672x4096,4096x14336 --m 1 --reps 20
+grep -E "s +[0-9]" $O/logs/kbench-m1.log | head -24 >> $S
+run q4-decode-ops 200 env MEMRA_PROFILE_OPS=1 MEMRA_CUDA_GRAPHS=0 $B/memra-bench decode $Q4 --device cuda:0 --prompt 512 --gen 64 --runs 1 --shape llama3-8b --dtype Q4_K_M --run $RUN-ops --out $O/ab.jsonl
+for w in 32 64; do
+  run q4-decode-w$w 200 env MEMRA_WARPS_PER_SM=$w $B/memra-bench decode $Q4 --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape llama3-8b --dtype Q4_K_M --run $RUN-w$w --out $O/ab.jsonl --quiet
+done
 row queue-done ""
 touch $HOME/queue.done
