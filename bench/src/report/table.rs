@@ -124,10 +124,8 @@ fn side_by_side(rows: &[&Row], run: &str) -> String {
         }
     }
     for m in &models {
-        let (md, pd) = (
-            find(true, m, Workload::Decode),
-            find(false, m, Workload::Decode),
-        );
+        let md = find(true, m, Workload::Decode);
+        let pd = md.and_then(|x| decode_peer(&in_run, x));
         let (mp, pp) = (
             find(true, m, Workload::Prefill),
             find(false, m, Workload::Prefill),
@@ -136,8 +134,8 @@ fn side_by_side(rows: &[&Row], run: &str) -> String {
             s,
             "| {m} | {} | {} | {} | {} | {} | {} |",
             cell(md),
-            cell(pd),
-            ratio(md, pd, false),
+            cell(pd.as_ref()),
+            ratio(md, pd.as_ref(), false),
             cell(mp),
             cell(pp),
             ratio(mp, pp, false)
@@ -251,25 +249,42 @@ fn latest_memra(rows: &[&Row]) -> String {
     s
 }
 
-/// Whether `run` compares both engines' decode at depth 0 (the headline suite; depth-series runs
-/// have their own table).
+/// The context before a decode row's measured tokens: its depth, or its prompt at depth 0
+/// (memra's `--prompt 512` and llama-bench's `-p 0 -d 512` both decode after 512 tokens).
+fn ctx(r: &Row) -> Option<u64> {
+    r.depth.filter(|&d| d > 0).or(r.prompt)
+}
+
+/// The peer's engine-level decode row (not through a server) of `in_run` that measured what
+/// memra's decode row `m` did: the same model, context and KV format (a row without a KV format
+/// matches any).
+fn decode_peer<'a>(in_run: &[&'a Row], m: &Row) -> Option<&'a Row> {
+    in_run.iter().copied().find(|p| {
+        p.engine != "memra"
+            && p.workload == Workload::Decode
+            && p.model_label() == m.model_label()
+            && ctx(p) == ctx(m)
+            && (p.kv_dtype.is_none() || m.kv_dtype.is_none() || p.kv_dtype == m.kv_dtype)
+            && !p.source.as_deref().is_some_and(|s| s.starts_with("server"))
+    })
+}
+
+/// Whether `run` compares both engines' decode after the same context (the headline suite;
+/// depth-series runs have their own table).
 fn compares_plain_decode(rows: &[&Row], run: &str) -> bool {
-    let has = |memra: bool| {
-        rows.iter().any(|r| {
-            r.run == run
-                && (r.engine == "memra") == memra
-                && r.workload == Workload::Decode
-                && r.depth.unwrap_or(0) == 0
-        })
-    };
-    has(true) && has(false)
+    let in_run: Vec<&Row> = rows.iter().filter(|r| r.run == run).copied().collect();
+    in_run.iter().any(|r| {
+        r.engine == "memra"
+            && r.workload == Workload::Decode
+            && r.depth.unwrap_or(0) == 0
+            && decode_peer(&in_run, r).is_some()
+    })
 }
 
 /// The decode-at-depth table of one run, when its peer has depth rows: memra and the peer
 /// matched on (model, KV format, context before the measured tokens: the depth, or memra's prompt
 /// at depth 0).
 fn depth_table(rows: &[&Row], run: &str) -> String {
-    let ctx = |r: &Row| r.depth.filter(|&d| d > 0).or(r.prompt);
     let decode: Vec<&Row> = rows
         .iter()
         .filter(|r| r.run == run && r.workload == Workload::Decode)
@@ -390,6 +405,42 @@ pub fn reports_readme(all: &[Row], valid: &[&Row], figures: &[String]) -> String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(engine: &str, prompt: u64, depth: u64, kv: &str, value: f64) -> Row {
+        serde_json::from_value(serde_json::json!({
+            "run": "r", "time": "2026-12-03T07:00:00Z",
+            "device": {"name": "NVIDIA H200", "driver": "580", "sms": 132},
+            "engine": engine, "version": null, "commit": "abc",
+            "model": {"file": "q4.gguf", "sha256": "a65e030642f0", "bytes": 1},
+            "shape": "llama3-8b", "dtype": "Q4_K_M", "workload": "decode", "batch": 1,
+            "prompt": prompt, "gen": 128, "depth": depth, "value": value, "unit": "tok/s",
+            "kv_dtype": kv, "runs": 3, "valid": true
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn decode_pairs_the_peer_that_decoded_after_the_same_context() {
+        // memra: a 512-token prompt, then 128 tokens; llama-bench: -p 0 -d 512 -n 128, and a
+        // depth-8192 row of each engine.
+        let rows = [
+            row("memra", 512, 0, "f16", 288.7),
+            row("llama.cpp", 0, 8192, "f16", 249.4),
+            row("llama.cpp", 0, 512, "q8_0", 270.0),
+            row("llama.cpp", 0, 512, "f16", 277.9),
+            row("memra", 512, 8192, "f16", 261.6),
+        ];
+        let refs: Vec<&Row> = rows.iter().collect();
+        assert!(compares_plain_decode(&refs, "r"));
+        assert_eq!(decode_peer(&refs, &rows[0]).and_then(|p| p.value), Some(277.9));
+        assert_eq!(decode_peer(&refs, &rows[4]).and_then(|p| p.value), Some(249.4));
+        let t = side_by_side(&refs, "r");
+        assert!(t.contains("| 288.7 | 277.9 | 1.04x |"), "{t}");
+        // Without a peer at that context there is no ratio.
+        let alone = [row("memra", 512, 0, "f16", 288.7), row("llama.cpp", 0, 8192, "f16", 249.4)];
+        let refs: Vec<&Row> = alone.iter().collect();
+        assert!(!compares_plain_decode(&refs, "r"));
+    }
 
     #[test]
     fn values_are_grouped_by_thousands() {
