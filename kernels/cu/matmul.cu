@@ -1,7 +1,7 @@
 // Y[m][n] = sum_k W[n][k] * X[m][k] over weights in their GGUF block layout.
 //
 // Row invariance and the CPU's bits: each output element is the CPU's dot_f32 of the
-// dequantized weight row and the input row. A half-warp (16 lanes) owns one output feature n
+// dequantized weight row and the input row (F32 weights: matmul_f32_rows below, the GPU's own order). A half-warp (16 lanes) owns one output feature n
 // for a tile of up to 8 token rows; lane l accumulates elements l, l + 16, l + 32, ... in order
 // into one f32 accumulator per token (product rounded, then added: --fmad=false), then the
 // fixed tree +8, +4, +2, +1 (tree16), then lane 0 adds the K % 16 tail in order. No step depends
@@ -54,10 +54,62 @@ __device__ __forceinline__ void matmul_body(const u8* __restrict__ W, const floa
     }
 }
 
+// F32 weights (a mixture-of-experts router: GGUF keeps `ffn_gate_inp` in F32; F32 checkpoints)
+// take the GPU's own order (the products-v2 decision: within tolerance of the CPU's dot_f32, not
+// its bits): one block of 8 warps per output feature n (blockIdx.x) and tile of up to 8 token
+// rows; warp w sums the fixed K chunk [w K / 8, (w + 1) K / 8) (lane l: elements c0 + l,
+// c0 + l + 32, ... in order, fma from +0), then the xor tree 16 .. 1 (lane 0's sum), then thread
+// t adds the 8 warp sums in warp order from -0 into row t of the tile. A function of (n, K) and
+// the token row alone: every M and tile gives the same bits. A router (128 x 2048) ran ~80 us per
+// call in the half-warp body above (16 lanes per feature, 8 blocks for 128 features: H200
+// session 11); here its 128 blocks read each row with every load of a warp in flight.
+__device__ __forceinline__ void matmul_f32_rows(const u8* __restrict__ W, const float* __restrict__ X,
+                                                float* __restrict__ Y, u32 M, u32 N, u32 K, u64 row_bytes) {
+    __shared__ float part[8][8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 n = blockIdx.x;
+    const float* w = (const float*)(W + (u64)n * row_bytes);
+    const u32 c0 = (u32)((u64)warp * K / 8), c1 = (u32)((u64)(warp + 1) * K / 8);
+    for (u32 m0 = blockIdx.y * 8; m0 < M; m0 += gridDim.y * 8) {
+        const u32 mt = min(8u, M - m0);
+        const float* x0 = X + (u64)m0 * K;
+        float acc[8];
+#pragma unroll
+        for (int t = 0; t < 8; ++t) acc[t] = 0.0f;
+#pragma unroll 4
+        for (u32 k = c0 + lane; k < c1; k += 32) {
+            const float wv = __ldg(w + k);
+#pragma unroll
+            for (int t = 0; t < 8; ++t)
+                if ((u32)t < mt) acc[t] = __fmaf_rn(wv, x0[(u64)t * K + k], acc[t]);
+        }
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+            float s = acc[t];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL_MASK, s, o));
+            if (lane == 0) part[warp][t] = s;
+        }
+        __syncthreads();
+        if (threadIdx.x < mt) {
+            float v = -0.0f;
+#pragma unroll
+            for (int q = 0; q < 8; ++q) v = __fadd_rn(v, part[q][threadIdx.x]);
+            Y[(u64)(m0 + threadIdx.x) * N + n] = v;
+        }
+        __syncthreads();  // part is rewritten by the next tile
+    }
+}
+
+// matmul_<type>: grid (N / 16 rounded up, token tiles) of 256 threads, except F32: grid (N, token
+// tiles) (matmul_f32_rows; the host's Gpu::matmul).
 #define MATMUL_KERNEL(suffix, DT)                                                               \
     extern "C" __global__ void __launch_bounds__(256) matmul_##suffix(                          \
         const u8* W, const float* X, float* Y, u32 M, u32 N, u32 K, u64 row_bytes) {            \
-        matmul_body<DT>(W, X, Y, M, N, K, row_bytes, blockIdx.y * 8, gridDim.y * 8);            \
+        if constexpr (DT == DT_F32)                                                             \
+            matmul_f32_rows(W, X, Y, M, N, K, row_bytes);                                       \
+        else                                                                                    \
+            matmul_body<DT>(W, X, Y, M, N, K, row_bytes, blockIdx.y * 8, gridDim.y * 8);        \
     }
 
 FOR_EACH_DTYPE(MATMUL_KERNEL)
@@ -66,7 +118,7 @@ FOR_EACH_DTYPE(MATMUL_KERNEL)
 // v2 products do not read): one (row, slot) pair p = p0 + blockIdx.y per block row, the body
 // above at M = 1 over expert ids[p]'s rows (W + e * wstride; e clamped to n_experts - 1), input
 // row p / xdiv of X (rows of K), output row p of Y (rows of N). Same bits as matmul_<type> of
-// that expert on that row, whatever the other pairs.
+// that expert on that row (F32: the half-warp body, not matmul_f32_rows), whatever the other pairs.
 #define MATMUL_ID_KERNEL(suffix, DT)                                                                  \
     extern "C" __global__ void __launch_bounds__(256) matmul_id_##suffix(                             \
         const u8* W, u64 wstride, const float* X, const u32* ids, u32 xdiv, u32 p0, u32 n_experts,    \

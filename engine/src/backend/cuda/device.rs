@@ -497,8 +497,10 @@ impl Gpu {
             return Ok(());
         }
         let name = format!("matmul_{}", dtype.name());
+        // F32: one block per output feature (matmul_f32_rows), else 16 features per block.
+        let features = if dtype == DType::F32 { 1 } else { 16 };
         let grid = (
-            self.u32_of(n.div_ceil(16), "matmul blocks")?,
+            self.u32_of(n.div_ceil(features), "matmul blocks")?,
             m.div_ceil(8).min(65535) as u32,
         );
         let args = [
