@@ -1,7 +1,7 @@
 // Y[m][n] = sum_k W[n][k] * X[m][k] over weights in their GGUF block layout.
 //
 // Row invariance and the CPU's bits: each output element is the CPU's dot_f32 of the
-// dequantized weight row and the input row (F32 weights: matmul_f32_rows below, the GPU's own order). A half-warp (16 lanes) owns one output feature n
+// dequantized weight row and the input row (matmul_f32_rows below: F32 in the GPU's own order). A half-warp (16 lanes) owns one output feature n
 // for a tile of up to 8 token rows; lane l accumulates elements l, l + 16, l + 32, ... in order
 // into one f32 accumulator per token (product rounded, then added: --fmad=false), then the
 // fixed tree +8, +4, +2, +1 (tree16), then lane 0 adds the K % 16 tail in order. No step depends
@@ -62,8 +62,9 @@ __device__ __forceinline__ void matmul_body(const u8* __restrict__ W, const floa
 // t adds the 8 warp sums in warp order from -0 into row t of the tile. A function of (n, K) and
 // the token row alone: every M and tile gives the same bits. A router (128 x 2048) ran ~80 us per
 // call in the half-warp body above (16 lanes per feature, 8 blocks for 128 features: H200
-// session 11); here its 128 blocks read each row with every load of a warp in flight.
-__device__ __forceinline__ void matmul_f32_rows(const u8* __restrict__ W, const float* __restrict__ X,
+// session 11); here its 128 blocks read each row with every load of a warp in flight. NOT yet
+// run on a GPU (written after session 11's leases): opt-in until `memra-verify kernels` passes.
+__device__ __forceinline__ void matmul_f32_rows_body(const u8* __restrict__ W, const float* __restrict__ X,
                                                 float* __restrict__ Y, u32 M, u32 N, u32 K, u64 row_bytes) {
     __shared__ float part[8][8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -101,16 +102,18 @@ __device__ __forceinline__ void matmul_f32_rows(const u8* __restrict__ W, const 
     }
 }
 
-// matmul_<type>: grid (N / 16 rounded up, token tiles) of 256 threads, except F32: grid (N, token
-// tiles) (matmul_f32_rows; the host's Gpu::matmul).
 #define MATMUL_KERNEL(suffix, DT)                                                               \
     extern "C" __global__ void __launch_bounds__(256) matmul_##suffix(                          \
         const u8* W, const float* X, float* Y, u32 M, u32 N, u32 K, u64 row_bytes) {            \
-        if constexpr (DT == DT_F32)                                                             \
-            matmul_f32_rows(W, X, Y, M, N, K, row_bytes);                                       \
-        else                                                                                    \
-            matmul_body<DT>(W, X, Y, M, N, K, row_bytes, blockIdx.y * 8, gridDim.y * 8);        \
+        matmul_body<DT>(W, X, Y, M, N, K, row_bytes, blockIdx.y * 8, gridDim.y * 8);            \
     }
+
+// F32 weights by matmul_f32_rows: grid (N, token tiles) of 256 threads (Gpu::matmul with
+// MEMRA_F32_ROWS=1, until the H200 has gated it; then for every F32 product).
+extern "C" __global__ void __launch_bounds__(256) matmul_f32_rows(const u8* W, const float* X, float* Y, u32 M,
+                                                                  u32 N, u32 K, u64 row_bytes) {
+    matmul_f32_rows_body(W, X, Y, M, N, K, row_bytes);
+}
 
 FOR_EACH_DTYPE(MATMUL_KERNEL)
 

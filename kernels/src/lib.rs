@@ -65,7 +65,7 @@ pub const WEIGHT_TYPES: &[&str] = &[
 ];
 
 macro_rules! per_type {
-    ($($prefix:literal),+) => {
+    ($($prefix:literal),+ $(; $($extra:literal),+)?) => {
         &[$(
             concat!($prefix, "f32"),
             concat!($prefix, "f16"),
@@ -78,7 +78,7 @@ macro_rules! per_type {
             concat!($prefix, "q4_k"),
             concat!($prefix, "q5_k"),
             concat!($prefix, "q6_k"),
-        )+]
+        )+ $($($extra,)+)?]
     };
 }
 
@@ -119,7 +119,7 @@ pub const MODULES: &[Module] = &[
         file: "kernels/cu/matmul.cu",
         source: include_str!("../cu/matmul.cu"),
         headers: &[H_DEQUANT],
-        kernels: per_type!("matmul_", "matmul_id_"),
+        kernels: per_type!("matmul_", "matmul_id_"; "matmul_f32_rows"),
     },
     Module {
         name: "embed",

@@ -18,9 +18,10 @@ fn rand_vec(seed: u64, s: u64, n: usize, scale: f32) -> Vec<f32> {
     (0..n as u64).map(|i| scale * unit(seed, s, i)).collect()
 }
 
-/// Relative tolerance per weight type. The kernels follow the CPU's operation order, so all but
-/// F32 are expected to be exact; F32 (matmul_f32_rows: 8 K chunks, fma, a lane tree) takes the
-/// GPU's own order, within ~K ulps of the CPU's dot_f32 (1e-5 of the largest output at K <= 576).
+/// Relative tolerance per weight type. The kernels follow the CPU's operation order, so all are
+/// expected to be exact, except F32 under `MEMRA_F32_ROWS=1` (matmul_f32_rows: 8 K chunks, fma,
+/// a lane tree: the GPU's own order, within ~K ulps of the CPU's dot_f32, 1e-5 of the largest
+/// output at K <= 576).
 fn matmul_tol(_d: DType) -> f64 {
     1e-5
 }

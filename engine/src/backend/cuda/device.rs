@@ -128,6 +128,9 @@ pub struct Gpu {
     /// `MEMRA_ATTN_WIDE=0`: a split-mode block whose tokens fit one tile keeps its work on one
     /// warp (default: spread over the block's 4 warps, the same bits).
     pub(super) attn_wide: bool,
+    /// `MEMRA_F32_ROWS=1`: F32 weights (MoE routers) by `matmul_f32_rows` (one block of 8 warps
+    /// per output feature, the GPU's own order) instead of the v1 half-warp body.
+    pub(super) f32_rows: bool,
     /// Resident blocks per multiprocessor of an attention kernel with its shared memory.
     occupancy: Mutex<HashMap<(&'static str, usize), usize>>,
     pub(super) funcs: HashMap<&'static str, CudaFunction>,
@@ -223,6 +226,7 @@ impl Gpu {
             attn_stages: super::attn_stages_default(),
             attn_grid_y_force: super::attn_grid_y_default(),
             attn_wide: std::env::var("MEMRA_ATTN_WIDE").map_or(true, |v| v != "0"),
+            f32_rows: std::env::var("MEMRA_F32_ROWS").is_ok_and(|v| v == "1"),
             occupancy: Mutex::new(HashMap::new()),
             funcs,
             variants: Mutex::new(HashMap::new()),
@@ -496,9 +500,13 @@ impl Gpu {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        let name = format!("matmul_{}", dtype.name());
-        // F32: one block per output feature (matmul_f32_rows), else 16 features per block.
-        let features = if dtype == DType::F32 { 1 } else { 16 };
+        // MEMRA_F32_ROWS=1: F32 by matmul_f32_rows, one block per output feature.
+        let rows = dtype == DType::F32 && self.f32_rows;
+        let name = match rows {
+            true => "matmul_f32_rows".to_string(),
+            false => format!("matmul_{}", dtype.name()),
+        };
+        let features = if rows { 1 } else { 16 };
         let grid = (
             self.u32_of(n.div_ceil(features), "matmul blocks")?,
             m.div_ceil(8).min(65535) as u32,
