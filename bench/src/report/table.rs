@@ -432,12 +432,21 @@ mod tests {
         ];
         let refs: Vec<&Row> = rows.iter().collect();
         assert!(compares_plain_decode(&refs, "r"));
-        assert_eq!(decode_peer(&refs, &rows[0]).and_then(|p| p.value), Some(277.9));
-        assert_eq!(decode_peer(&refs, &rows[4]).and_then(|p| p.value), Some(249.4));
+        assert_eq!(
+            decode_peer(&refs, &rows[0]).and_then(|p| p.value),
+            Some(277.9)
+        );
+        assert_eq!(
+            decode_peer(&refs, &rows[4]).and_then(|p| p.value),
+            Some(249.4)
+        );
         let t = side_by_side(&refs, "r");
         assert!(t.contains("| 288.7 | 277.9 | 1.04x |"), "{t}");
         // Without a peer at that context there is no ratio.
-        let alone = [row("memra", 512, 0, "f16", 288.7), row("llama.cpp", 0, 8192, "f16", 249.4)];
+        let alone = [
+            row("memra", 512, 0, "f16", 288.7),
+            row("llama.cpp", 0, 8192, "f16", 249.4),
+        ];
         let refs: Vec<&Row> = alone.iter().collect();
         assert!(!compares_plain_decode(&refs, "r"));
     }
