@@ -30,9 +30,22 @@
 // kernels gate (every tiling, both modes) and the invariance gate (chunkings 1 / 7 / 64 / whole,
 // random batches) check it.
 
+// Sliding window (`window` > 0; 0: none; the host passes it with MEMRA_ATTN_EXT=1, until the
+// H200 has gated it): row r sees positions lo_r ..= pos_r, lo_r = pos_r + 1 - window when
+// pos_r + 1 > window (attention.cu's attn_window_lo). Positions below lo_r are masked like those
+// past pos_r; a split wholly below lo_r is not the row's (no partial: attn_combine starts at
+// lo_r's split, fold mode leaves the row's state untouched); a pass stages zeros below its
+// lowest lo (never reading those positions). So a row's bits still depend only on its own q,
+// pos, window and KV. head_dim 256 (Gemma 3): split mode over f16 / bf16 caches only (fold
+// mode's O and the register-staged formats would need too many registers).
+
 #define AM_SPLIT 64  // = ATTN_SPLIT of attention.cu
 #define AM_WARPS 4
 #define AM_PAD 8  // u16 of padding per staged row: ldmatrix rows land on distinct banks
+
+// The first position a row of n = pos + 1 positions sees under `window` (0: none): attention.cu's
+// attn_window_lo (a separate module), attn_window_start on the host.
+__device__ __forceinline__ u32 am_window_lo(u32 n, u32 window) { return window != 0 && n > window ? n - window : 0u; }
 
 // The running state of a row (M, L) folded with a split's (m, l); a and b weigh the old O and the
 // split's o. M = -inf before the first split gives a = 0, b = 1: the first fold is exact.
@@ -92,7 +105,7 @@ __device__ __forceinline__ void ldsm_x4_t(u32 r[4], const u16* p) { ldsm_x4_of<t
 // p0 + 8 nc + 2t + (e & 1).
 template <int HD, bool BF>
 __device__ __forceinline__ void am_scores(float s[4], const u16* sk, const u32 (*qa)[4], int nc, u32 p0,
-                                          const u32 lim[2], float scale) {
+                                          const u32 lim[2], const u32 lo[2], float scale) {
     constexpr int LD = HD + AM_PAD;
     const int lane = threadIdx.x & 31, t = lane & 3;
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -108,7 +121,7 @@ __device__ __forceinline__ void am_scores(float s[4], const u16* sk, const u32 (
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         const u32 pe = p0 + nc * 8 + 2 * t + (e & 1);
-        s[e] = pe < lim[e >> 1] ? __fmul_rn(c[e], scale) : NEG_INF;
+        s[e] = pe < lim[e >> 1] && pe >= lo[e >> 1] ? __fmul_rn(c[e], scale) : NEG_INF;
     }
 }
 
@@ -161,12 +174,12 @@ __device__ __forceinline__ void am_pv(float o0[4], float o1[4], const u16* sv, c
     }
 }
 
-// Stages positions p0 .. p0 + AM_SPLIT - 1 of KV head kvh of the caches (zeros from nmax on) as
+// Stages positions p0 .. p0 + AM_SPLIT - 1 of KV head kvh of the caches (zeros below lmin and from nmax on) as
 // rows of LD u16, 8 values per 16-byte chunk; every thread of the block takes part. With BOTH the
 // K and V loads are all in flight before the first store (more registers), else K, then V.
 template <int HD, typename F>
 __device__ __forceinline__ void am_load(uint4* x, const u8* __restrict__ cache, const u32* __restrict__ tab, u32 p0,
-                                        u32 nmax, u32 kvh, u32 block_size, u64 rb, u32 width) {
+                                        u32 lmin, u32 nmax, u32 kvh, u32 block_size, u64 rb, u32 width) {
     constexpr int CH = HD / 8;
     constexpr int PER = AM_SPLIT * CH / (AM_WARPS * 32);
 #pragma unroll
@@ -174,7 +187,7 @@ __device__ __forceinline__ void am_load(uint4* x, const u8* __restrict__ cache, 
         const u32 c = threadIdx.x + AM_WARPS * 32 * i;
         const u32 p = p0 + c / CH, d = kvh * HD + (c % CH) * 8;
         x[i] = make_uint4(0u, 0u, 0u, 0u);
-        if (p < nmax) {
+        if (p < nmax && p >= lmin) {
             const u8* row = cache + ((u64)tab[p / block_size] * block_size + p % block_size) * rb;
             x[i] = F::h8(row, d, width);
         }
@@ -193,11 +206,11 @@ __device__ __forceinline__ void am_store(u16* dst, const uint4* x) {
     }
 }
 
-// The same positions of an f16 / bf16 cache (F::DIRECT) copied with cp.async (zeros from nmax on,
+// The same positions of an f16 / bf16 cache (F::DIRECT) copied with cp.async (zeros below lmin and from nmax on,
 // nothing read there); the caller commits and waits.
 template <int HD, typename F>
 __device__ __forceinline__ void am_issue(u16* dst, const u8* __restrict__ cache, const u32* __restrict__ tab, u32 p0,
-                                         u32 nmax, u32 kvh, u32 block_size, u64 rb) {
+                                         u32 lmin, u32 nmax, u32 kvh, u32 block_size, u64 rb) {
     constexpr int CH = HD / 8;
     constexpr int LD = HD + AM_PAD;
     constexpr int PER = AM_SPLIT * CH / (AM_WARPS * 32);
@@ -205,7 +218,7 @@ __device__ __forceinline__ void am_issue(u16* dst, const u8* __restrict__ cache,
     for (int i = 0; i < PER; ++i) {
         const u32 c = threadIdx.x + AM_WARPS * 32 * i;
         const u32 p = p0 + c / CH, d = kvh * HD + (c % CH) * 8;
-        const bool in = p < nmax;
+        const bool in = p < nmax && p >= lmin;
         const u8* src = cache;
         if (in) src = cache + ((u64)tab[p / block_size] * block_size + p % block_size) * rb + 2 * (u64)d;
         cp_async16_zfill(dst + (c / CH) * LD + (c % CH) * 8, src, in);
@@ -214,19 +227,19 @@ __device__ __forceinline__ void am_issue(u16* dst, const u8* __restrict__ cache,
 
 template <int HD, typename F, bool BOTH>
 __device__ __forceinline__ void am_stage(u16* sk, u16* sv, const u8* __restrict__ Kc, const u8* __restrict__ Vc,
-                                         const u32* __restrict__ tab, u32 p0, u32 nmax, u32 kvh, u32 block_size,
-                                         u64 rb, u32 width) {
+                                         const u32* __restrict__ tab, u32 p0, u32 lmin, u32 nmax, u32 kvh,
+                                         u32 block_size, u64 rb, u32 width) {
     constexpr int PER = AM_SPLIT * (HD / 8) / (AM_WARPS * 32);
     uint4 xk[PER];
-    am_load<HD, F>(xk, Kc, tab, p0, nmax, kvh, block_size, rb, width);
+    am_load<HD, F>(xk, Kc, tab, p0, lmin, nmax, kvh, block_size, rb, width);
     if (BOTH) {
         uint4 xv[PER];
-        am_load<HD, F>(xv, Vc, tab, p0, nmax, kvh, block_size, rb, width);
+        am_load<HD, F>(xv, Vc, tab, p0, lmin, nmax, kvh, block_size, rb, width);
         am_store<HD>(sk, xk);
         am_store<HD>(sv, xv);
     } else {
         am_store<HD>(sk, xk);
-        am_load<HD, F>(xk, Vc, tab, p0, nmax, kvh, block_size, rb, width);
+        am_load<HD, F>(xk, Vc, tab, p0, lmin, nmax, kvh, block_size, rb, width);
         am_store<HD>(sv, xk);
     }
 }
@@ -237,7 +250,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
                                               const u32* __restrict__ row_seq, const u32* __restrict__ table_off,
                                               const u32* __restrict__ tables, float* __restrict__ part,
                                               u64 part_stride, u32 rows, u32 tpt, u32 n_heads, u32 n_kv_heads,
-                                              u32 block_size, float scale, u32 stages, u32 wide_ok) {
+                                              u32 block_size, float scale, u32 stages, u32 wide_ok, u32 window) {
     constexpr int KS = HD / 16;  // k-steps of Q K^T
     constexpr int NT = HD / 8;   // n-tiles of P V
     constexpr int LD = HD + AM_PAD;
@@ -267,7 +280,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
     const u64 rb = F::row_bytes(width);
     const float NEG_INF = -__int_as_float(0x7f800000);
     // This lane's two mma rows (g, g + 8): token (in the block) and head, or none.
-    u32 tok[2], head[2], lim0[2];
+    u32 tok[2], head[2], lim0[2], lo0[2];
     bool real[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -276,6 +289,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
         head[h] = kvh * G + i % G;
         real[h] = i / G < ntok;
         lim0[h] = real[h] ? pos[b0 + tok[h]] + 1 : 0;
+        lo0[h] = am_window_lo(lim0[h], window);
     }
     // Lane j knows block tokens j and j + 32: sequence and pos + 1.
     const u32 ja = lane, jb = lane + 32;
@@ -295,12 +309,20 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
             ((unsigned long long)__ballot_sync(FULL_MASK, inb) << 32) | __ballot_sync(FULL_MASK, ina);
         todo &= ~act;
         u32 nmax = max(ina ? na : 0u, inb ? nb : 0u);  // the pass's largest pos + 1
+        // The pass's lowest window start (0 without a window): nothing below it is staged.
+        u32 lmin = min(ina ? am_window_lo(na, window) : 0xffffffffu, inb ? am_window_lo(nb, window) : 0xffffffffu);
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) nmax = max(nmax, __shfl_xor_sync(FULL_MASK, nmax, o));
+        for (int o = 16; o > 0; o >>= 1) {
+            nmax = max(nmax, __shfl_xor_sync(FULL_MASK, nmax, o));
+            lmin = min(lmin, __shfl_xor_sync(FULL_MASK, lmin, o));
+        }
         const u32* tab = tables + table_off[seq];
-        u32 lim[2];
+        u32 lim[2], lo[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) lim[h] = real[h] && ((act >> tok[h]) & 1ull) ? lim0[h] : 0;
+        for (int h = 0; h < 2; ++h) {
+            lim[h] = real[h] && ((act >> tok[h]) & 1ull) ? lim0[h] : 0;
+            lo[h] = lo0[h];
+        }
         // Q fragments: a[0] = (row g, dims 2t, 2t+1), a[1] = (row g + 8, ...), a[2] = (row g, 2t+8,
         // 2t+9), a[3] = (row g + 8, ...) of each k-step of 16 dimensions.
         u32 qa[KS][4];
@@ -318,14 +340,15 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
                 qa[ks][h + 2] = am_pair<BF>(hi.x, hi.y);
             }
         }
-        // Fold mode: every split of the pass in order; split mode: this block's range of splits.
-        const u32 ns = (nmax + AM_SPLIT - 1) / AM_SPLIT;
-        const u32 s_lo = FOLD ? 0u : (u32)((u64)blockIdx.y * ns / gridDim.y);
-        const u32 s_hi = FOLD ? ns : (u32)((u64)(blockIdx.y + 1) * ns / gridDim.y);
+        // Fold mode: every split of the pass in order; split mode: this block's range of splits
+        // (of those from the pass's lowest window start; all of them without a window).
+        const u32 ns = (nmax + AM_SPLIT - 1) / AM_SPLIT, s0 = lmin / AM_SPLIT;
+        const u32 s_lo = FOLD ? s0 : s0 + (u32)((u64)blockIdx.y * (ns - s0) / gridDim.y);
+        const u32 s_hi = FOLD ? ns : s0 + (u32)((u64)(blockIdx.y + 1) * (ns - s0) / gridDim.y);
         if (pipe && s_lo < s_hi) {
             __syncthreads();  // the previous pass's tiles are consumed
-            am_issue<HD, F>(am_smem, Kc, tab, s_lo * AM_SPLIT, nmax, kvh, block_size, rb);
-            am_issue<HD, F>(am_smem + TILE, Vc, tab, s_lo * AM_SPLIT, nmax, kvh, block_size, rb);
+            am_issue<HD, F>(am_smem, Kc, tab, s_lo * AM_SPLIT, lmin, nmax, kvh, block_size, rb);
+            am_issue<HD, F>(am_smem + TILE, Vc, tab, s_lo * AM_SPLIT, lmin, nmax, kvh, block_size, rb);
             cp_async_commit();
         }
         for (u32 split = s_lo; split < s_hi; ++split) {
@@ -336,23 +359,24 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
             if (pipe) {
                 if (split + 1 < s_hi) {
                     u16* nk = am_smem + 2 * TILE * ((split + 1 - s_lo) & 1);
-                    am_issue<HD, F>(nk, Kc, tab, p0 + AM_SPLIT, nmax, kvh, block_size, rb);
-                    am_issue<HD, F>(nk + TILE, Vc, tab, p0 + AM_SPLIT, nmax, kvh, block_size, rb);
+                    am_issue<HD, F>(nk, Kc, tab, p0 + AM_SPLIT, lmin, nmax, kvh, block_size, rb);
+                    am_issue<HD, F>(nk + TILE, Vc, tab, p0 + AM_SPLIT, lmin, nmax, kvh, block_size, rb);
                     cp_async_commit();
                     cp_async_wait<1>();  // this split's group has landed
                 } else {
                     cp_async_wait<0>();
                 }
             } else if (F::DIRECT) {
-                am_issue<HD, F>(sk, Kc, tab, p0, nmax, kvh, block_size, rb);
-                am_issue<HD, F>(sv, Vc, tab, p0, nmax, kvh, block_size, rb);
+                am_issue<HD, F>(sk, Kc, tab, p0, lmin, nmax, kvh, block_size, rb);
+                am_issue<HD, F>(sv, Vc, tab, p0, lmin, nmax, kvh, block_size, rb);
                 cp_async_commit();
                 cp_async_wait<0>();
             } else {
-                am_stage<HD, F, !FOLD>(sk, sv, Kc, Vc, tab, p0, nmax, kvh, block_size, rb, (u32)width);
+                am_stage<HD, F, !FOLD>(sk, sv, Kc, Vc, tab, p0, lmin, nmax, kvh, block_size, rb, (u32)width);
             }
             __syncthreads();
-            const bool mine[2] = {p0 < lim[0], p0 < lim[1]};
+            // The row's splits: below its pos, not wholly below its window.
+            const bool mine[2] = {p0 < lim[0] && p0 + AM_SPLIT > lo[0], p0 < lim[1] && p0 + AM_SPLIT > lo[1]};
             if (!__any_sync(FULL_MASK, mine[0] || mine[1])) continue;  // uniform over the warp
             if (!FOLD && wide) {
                 // The same values as the steps below, each computed by one warp: warp w takes
@@ -361,7 +385,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
                 // warp sums l from all the P fragments in the steps' order.
                 float s2[2][4];
 #pragma unroll
-                for (int j = 0; j < 2; ++j) am_scores<HD, BF>(s2[j], sk, qa, 2 * w + j, p0, lim, scale);
+                for (int j = 0; j < 2; ++j) am_scores<HD, BF>(s2[j], sk, qa, 2 * w + j, p0, lim, lo, scale);
                 float m[2];
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
@@ -421,7 +445,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
             // 1. scores of the split's 64 positions.
             float s[8][4];
 #pragma unroll
-            for (int nc = 0; nc < 8; ++nc) am_scores<HD, BF>(s[nc], sk, qa, nc, p0, lim, scale);
+            for (int nc = 0; nc < 8; ++nc) am_scores<HD, BF>(s[nc], sk, qa, nc, p0, lim, lo, scale);
             // 2. the rows' maxima over the split.
             float m[2];
 #pragma unroll
@@ -504,9 +528,9 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
     extern "C" __global__ void __launch_bounds__(128) attn_##suffix(                                        \
         const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq,                     \
         const u32* table_off, const u32* tables, float* part, u64 part_stride, u32 rows, u32 tpt,           \
-        u32 n_heads, u32 n_kv_heads, u32 block_size, float scale, u32 stages, u32 wide) {                   \
+        u32 n_heads, u32 n_kv_heads, u32 block_size, float scale, u32 stages, u32 wide, u32 window) {       \
         attn_mma_body<HD, FMT, FOLD>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, rows,    \
-                                     tpt, n_heads, n_kv_heads, block_size, scale, stages, wide);            \
+                                     tpt, n_heads, n_kv_heads, block_size, scale, stages, wide, window);    \
     }
 #define ATTN_MMA_SHAPES(M)                                                                        \
     M(mma_h64_f32, 64, KvF32, false) M(mma_h64_f16, 64, KvF16, false) M(mma_h64_bf16, 64, KvBF16, false)   \
@@ -514,7 +538,8 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
     M(mma_h128_bf16, 128, KvBF16, false) M(mma_h128_q8_0, 128, KvQ8, false)                                \
     M(mmaf_h64_f32, 64, KvF32, true) M(mmaf_h64_f16, 64, KvF16, true) M(mmaf_h64_bf16, 64, KvBF16, true)   \
     M(mmaf_h64_q8_0, 64, KvQ8, true) M(mmaf_h128_f32, 128, KvF32, true) M(mmaf_h128_f16, 128, KvF16, true) \
-    M(mmaf_h128_bf16, 128, KvBF16, true) M(mmaf_h128_q8_0, 128, KvQ8, true)
+    M(mmaf_h128_bf16, 128, KvBF16, true) M(mmaf_h128_q8_0, 128, KvQ8, true)                                \
+    M(mma_h256_f16, 256, KvF16, false) M(mma_h256_bf16, 256, KvBF16, false)
 
 ATTN_MMA_SHAPES(ATTN_MMA_KERNEL)
 
@@ -523,8 +548,7 @@ ATTN_MMA_SHAPES(ATTN_MMA_KERNEL)
 // folded in split order exactly as attn_fold / attn_fold_o do one after the other (the running
 // state starts at M = -inf, L = 0, O = 0); with `folded` the one partial already is the folded
 // state (attn_mmaf). Then out = O * (1 / L).
-// Sliding window (`window` > 0, split partials of attn_split / attn_split2 only: a windowed launch
-// never runs attn_mma): the fold starts at the row's first split in the window, lo / 64 with
+// Sliding window (`window` > 0, split partials of attn_split / attn_split2 / attn_mma): the fold starts at the row's first split in the window, lo / 64 with
 // lo = pos + 1 - window (attention.cu); the splits below it were never computed.
 // The partials are staged in shared memory CB chunks of splits at a time (coalesced loads). Per
 // chunk, warp 0 forms the running maxima with an inclusive max scan (max is exact, so these are

@@ -190,6 +190,8 @@ pub const MODULES: &[Module] = &[
             "attn_mmaf_h128_f16",
             "attn_mmaf_h128_bf16",
             "attn_mmaf_h128_q8_0",
+            "attn_mma_h256_f16",
+            "attn_mma_h256_bf16",
             "attn_combine",
         ],
     },

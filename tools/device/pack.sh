@@ -19,6 +19,19 @@ if [ "${PACK_KCACHE:-1}" != 0 ]; then
   NV="$(tools/nvrtc.sh)"   # NVRTC from PyPI (the H200's version)
   LD_LIBRARY_PATH="$NV${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     "$TARGET/release/memra-bench" kernel-cache --arch sm_90a --out .device/kcache
+  # Variants of products.cu, precompiled too (a lease compiling one in the process took > 240 s
+  # in session 11): PACK_KVARS="pipe:MWG_PIPE=1 g3:MWG_GATHER=3" writes .device/kvar/NAME/
+  # products.cu = "#define MWG_PIPE 1" + products.cu (a queue passes MEMRA_KERNEL_DIR=
+  # $HOME/dev/.device/kvar/NAME; the cache key is the source's hash, so the bytes must be these)
+  # and its builds into .device/kcache.
+  rm -rf .device/kvar
+  for v in ${PACK_KVARS:-}; do
+    n=${v%%:*}; d=${v#*:}
+    mkdir -p ".device/kvar/$n"
+    { echo "#define ${d%%=*} ${d#*=}"; cat kernels/cu/products.cu; } > ".device/kvar/$n/products.cu"
+    MEMRA_KERNEL_DIR=".device/kvar/$n" LD_LIBRARY_PATH="$NV${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+      "$TARGET/release/memra-bench" kernel-cache --arch sm_90a --out .device/kcache
+  done
 fi
 # The commit the binaries were built from (the device copy's git metadata may be older).
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +dirty)" > .device/COMMIT

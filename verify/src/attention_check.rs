@@ -63,7 +63,12 @@ pub(crate) fn reference(
 /// or bf16 over a bf16 cache; docs/VERIFY.md) and of the f32 split kernels (`MEMRA_ATTN=v1|v2`,
 /// other head dims), against the CPU reading the same cache.
 fn tol_for(g: &Gpu, head_dim: usize, kv: KvDtype) -> f64 {
-    if !uses_mma(g, head_dim) {
+    mma_tol(uses_mma(g, head_dim), kv)
+}
+
+/// [`tol_for`] of a launch that runs the tensor-core kernel (`mma`) or not.
+pub(crate) fn mma_tol(mma: bool, kv: KvDtype) -> f64 {
+    if !mma {
         1e-5
     } else if kv == KvDtype::Bf16 {
         1.6e-2

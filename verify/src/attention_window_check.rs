@@ -1,7 +1,8 @@
 //! Sliding-window attention (Gemma 3's local layers) against the CPU backend's formula: a row at
 //! `pos` sees positions `pos + 1 - window ..= pos`. A windowed launch runs the CUDA-core split
-//! kernels (attn_split / attn_split2, never attn_mma), computes only the 64-position splits the
-//! window touches and folds them from the first (attn_combine). Checked per KV format, head dims
+//! kernels (attn_split / attn_split2), or attn_mma with `MEMRA_ATTN_EXT=1` (head_dim 256 over
+//! f16 / bf16 caches too; the tensor-core tolerance then), computes only the 64-position splits
+//! the window touches and folds them from the first (attn_combine). Checked per KV format, head dims
 //! 256 (Gemma 3 270M: 4 heads over 1 KV head) and 64, windows smaller and larger than the context:
 //!
 //! - decode-shaped launches: rows at positions around the window and split boundaries, each
@@ -18,12 +19,16 @@ use memra_engine::backend::KvDtype;
 use memra_engine::backend::cuda::{AttnArgs, Gpu, attn_part_floats, attn_window_start};
 use memra_engine::models::random::{splitmix, unit};
 
-use crate::attention_check::{Shape, reference, same_bits, store, uses_mma};
+use crate::attention_check::{Shape, mma_tol, reference, same_bits, store};
 use crate::case::{Case, compare};
 
-/// The split kernels' tolerance against the CPU (f32 throughout: FMA and another summation
-/// order only; docs/VERIFY.md).
-const TOL: f64 = 1e-5;
+/// The tolerance against the CPU of a windowed launch of shape `s` over `kv`: the split kernels'
+/// (f32 throughout: FMA and another summation order only) or the tensor-core kernel's
+/// (docs/VERIFY.md).
+fn tol(g: &Gpu, s: &Shape, kv: KvDtype) -> f64 {
+    let group = s.n_heads / s.n_kv_heads;
+    mma_tol(g.uses_attn_mma(s.head_dim, group, Some(1), kv), kv)
+}
 
 const WINDOWS: [usize; 5] = [1, 5, 64, 100, 512];
 
@@ -270,7 +275,7 @@ fn decode_checks(rig: &Rig<'_>, kv: &Kv, rows: &[(u32, u32)], q: &[f32], w: usiz
         shape,
         &got,
         &want(s, kv, rows, q, Some(w)),
-        TOL,
+        tol(g, s, kvd),
     );
     let mut bits = |what: &str, other: &[f32]| {
         if !same_bits(&got, other) && case.problem.is_none() {
@@ -287,9 +292,12 @@ fn decode_checks(rig: &Rig<'_>, kv: &Kv, rows: &[(u32, u32)], q: &[f32], w: usiz
     bits("the rows reversed", &unrev);
     // A launch sized for a longer context: more grid blocks, another partial stride.
     bits("a launch for ctx 8192", &rig.run(rows, q, 8192, Some(w))?);
-    // A window over every row's whole past is the unwindowed split kernel (when the launch
-    // without a window runs it too: head dims without a tensor-core kernel, MEMRA_ATTN=v1|v2).
-    if w >= ctx && !uses_mma(g, s.head_dim) {
+    // A window over every row's whole past is the unwindowed kernel (when the launch without a
+    // window runs the same family: both split kernels, or both attn_mma with MEMRA_ATTN_EXT=1).
+    let group = s.n_heads / s.n_kv_heads;
+    let same = g.uses_attn_mma(s.head_dim, group, Some(w), kvd)
+        == g.uses_attn_mma(s.head_dim, group, None, kvd);
+    if w >= ctx && same {
         bits("no window", &rig.run(rows, q, ctx, None)?);
     }
     Ok(case)
@@ -325,7 +333,7 @@ fn prefill_case(
         shape,
         &got,
         &want(s, &kv, &rows, &q, Some(w)),
-        TOL,
+        tol(g, s, kvd),
     );
     if !same_bits(&got, &alone) {
         case.problem = Some("rows differ between one launch and one launch per row".into());

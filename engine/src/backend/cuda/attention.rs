@@ -98,23 +98,37 @@ pub fn attn_row_splits(ctx: usize, window: Option<usize>) -> usize {
 }
 
 /// Whether a launch runs the tensor-core attention: the `attn_mma` family is in use (`kernel`),
-/// it has kernels for `head_dim` and `group` query heads per KV head fit its 16 mma rows, and
-/// there is no sliding window. Windowed layers (Gemma 3's local layers) take the CUDA-core split
-/// kernels: attn_mma_body has no window mask.
+/// `group` query heads per KV head fit its 16 mma rows, and it has a kernel for `head_dim` over
+/// `kv` ([`attn_mma_kernel`]) and the window. Without `ext` (`MEMRA_ATTN_EXT=1`, until the H200
+/// has gated it): head dims 64 and 128 without a window; windowed layers (Gemma 3's local layers)
+/// and head_dim 256 take the CUDA-core split kernels. With `ext`: windows on every head dim, and
+/// head_dim 256 over f16 / bf16 caches.
 pub fn attn_mma_eligible(
     kernel: &str,
     head_dim: usize,
     group: usize,
     window: Option<usize>,
+    kv: KvDtype,
+    ext: bool,
 ) -> bool {
-    kernel == "attn_mma" && group <= 16 && matches!(head_dim, 64 | 128) && window.is_none()
+    kernel == "attn_mma"
+        && group <= 16
+        && (ext || window.is_none())
+        && attn_mma_kernel(head_dim, kv, false).is_some()
+        && (head_dim != 256 || ext)
 }
 
 /// The tensor-core attention kernel for `head_dim` over a `kv` cache, when it has one: split
-/// mode (`attn_mma_*`) or, with `fold`, fold mode (`attn_mmaf_*`).
+/// mode (`attn_mma_*`) or, with `fold`, fold mode (`attn_mmaf_*`). head_dim 256: split mode over
+/// f16 / bf16 caches only.
 pub fn attn_mma_kernel(head_dim: usize, kv: KvDtype, fold: bool) -> Option<String> {
     let mode = if fold { "mmaf" } else { "mma" };
-    matches!(head_dim, 64 | 128).then(|| format!("attn_{mode}_h{head_dim}_{kv}"))
+    let has = match head_dim {
+        64 | 128 => true,
+        256 => !fold && matches!(kv, KvDtype::F16 | KvDtype::Bf16),
+        _ => false,
+    };
+    has.then(|| format!("attn_{mode}_h{head_dim}_{kv}"))
 }
 
 /// Dynamic shared memory of a tensor-core attention launch: `stages` buffers of a K and a V tile
@@ -155,7 +169,7 @@ pub fn attn_folded_floats(head_dim: usize) -> usize {
 impl Gpu {
     /// Causal paged attention split by a fixed length in positions: partials per (row, head,
     /// split), then their combination in split order. With a window, only the splits the
-    /// window touches are computed and folded (CUDA-core split kernels only).
+    /// window touches are computed and folded.
     pub fn attention(&self, a: &AttnArgs) -> Result<()> {
         if a.head_dim > 256
             || !a.head_dim.is_multiple_of(2)
@@ -177,7 +191,7 @@ impl Gpu {
         }
         let splits = a.ctx.max(1).div_ceil(ATTN_SPLIT);
         let group = a.n_heads / a.n_kv_heads;
-        let mma = self.uses_attn_mma(a.head_dim, group, a.window);
+        let mma = self.uses_attn_mma(a.head_dim, group, a.window, a.kv);
         let fold = mma
             && a.fold.unwrap_or_else(|| {
                 self.attn_folds(a.rows, a.n_heads, a.n_kv_heads, a.head_dim, a.window)
@@ -235,6 +249,7 @@ impl Gpu {
                 let stage_arg = [
                     Arg::U32(self.u32_of(stages, "attention stages")?),
                     Arg::U32(self.attn_wide as u32),
+                    Arg::U32(window),
                 ];
                 let args = [&lead[..], &tiling, &heads, &tail, &stage_arg].concat();
                 let (name, f) = self
@@ -298,10 +313,15 @@ impl Gpu {
     }
 
     /// Whether this device runs the tensor-core attention for `head_dim` with `group` query
-    /// heads per KV head (every KV format has its kernels) and `window` ([`attn_mma_eligible`]:
-    /// never for a windowed launch).
-    fn uses_attn_mma(&self, head_dim: usize, group: usize, window: Option<usize>) -> bool {
-        attn_mma_eligible(self.attn_kernel, head_dim, group, window)
+    /// heads per KV head, `window` and a `kv` cache ([`attn_mma_eligible`]).
+    pub fn uses_attn_mma(
+        &self,
+        head_dim: usize,
+        group: usize,
+        window: Option<usize>,
+        kv: KvDtype,
+    ) -> bool {
+        attn_mma_eligible(self.attn_kernel, head_dim, group, window, kv, self.attn_ext)
     }
 
     /// Whether a launch of `rows` rows folds its splits inside the tensor-core kernel (enough
@@ -320,7 +340,10 @@ impl Gpu {
             return false;
         }
         let group = n_heads / n_kv_heads;
-        if !self.uses_attn_mma(head_dim, group, window) {
+        // Fold mode has kernels for every KV format at head dims 64 / 128 (F16 stands for them).
+        if attn_mma_kernel(head_dim, KvDtype::F16, true).is_none()
+            || !self.uses_attn_mma(head_dim, group, window, KvDtype::F16)
+        {
             return false;
         }
         match self.attn_fold_force {
@@ -341,7 +364,7 @@ mod tests {
     #[test]
     fn every_attention_kernel_name_is_a_kernel_with_the_launch_s_arguments() {
         // Gpu::attention's tensor-core launch: 9 lead, rows and tokens per tile, 2 head counts,
-        // block size, scale, stages and wide.
+        // block size, scale, stages, wide and the window.
         let mut args = vec![Arg::Ptr(1); 8];
         args.extend([Arg::U64(130), Arg::U32(4), Arg::U32(4), Arg::U32(32)]);
         args.extend([
@@ -350,16 +373,69 @@ mod tests {
             Arg::F32(0.1),
             Arg::U32(2),
             Arg::U32(1),
+            Arg::U32(512),
         ]);
-        for hd in [64, 128] {
+        for hd in [64, 128, 256] {
             for kv in KvDtype::ALL {
                 for fold in [false, true] {
-                    let name = attn_mma_kernel(hd, kv, fold).unwrap();
+                    let Some(name) = attn_mma_kernel(hd, kv, fold) else {
+                        assert!(hd == 256 && (fold || matches!(kv, KvDtype::F32 | KvDtype::Q8_0)));
+                        continue;
+                    };
                     assert_eq!(check_args(&name, &args), Ok(()), "{name}");
                 }
             }
         }
         assert_eq!(attn_mma_kernel(96, KvDtype::F16, true), None);
+        // head_dim 256 and windows only with MEMRA_ATTN_EXT=1.
+        assert!(!attn_mma_eligible(
+            "attn_mma",
+            256,
+            4,
+            None,
+            KvDtype::F16,
+            false
+        ));
+        assert!(attn_mma_eligible(
+            "attn_mma",
+            256,
+            4,
+            Some(512),
+            KvDtype::F16,
+            true
+        ));
+        assert!(!attn_mma_eligible(
+            "attn_mma",
+            256,
+            4,
+            None,
+            KvDtype::Q8_0,
+            true
+        ));
+        assert!(!attn_mma_eligible(
+            "attn_mma",
+            128,
+            4,
+            Some(512),
+            KvDtype::F16,
+            false
+        ));
+        assert!(attn_mma_eligible(
+            "attn_mma",
+            128,
+            4,
+            Some(512),
+            KvDtype::Q8_0,
+            true
+        ));
+        assert!(!attn_mma_eligible(
+            "attn_split",
+            128,
+            4,
+            None,
+            KvDtype::F16,
+            true
+        ));
     }
 
     #[test]

@@ -128,6 +128,9 @@ pub struct Gpu {
     /// `MEMRA_ATTN_WIDE=0`: a split-mode block whose tokens fit one tile keeps its work on one
     /// warp (default: spread over the block's 4 warps, the same bits).
     pub(super) attn_wide: bool,
+    /// `MEMRA_ATTN_EXT=1`: the tensor-core attention also for sliding windows and head_dim 256
+    /// (attention.rs `attn_mma_eligible`; until the H200 has gated it).
+    pub(super) attn_ext: bool,
     /// `MEMRA_F32_ROWS=1`: F32 weights (MoE routers) by `matmul_f32_rows` (one block of 8 warps
     /// per output feature, the GPU's own order) instead of the v1 half-warp body.
     pub(super) f32_rows: bool,
@@ -227,6 +230,7 @@ impl Gpu {
             attn_grid_y_force: super::attn_grid_y_default(),
             attn_wide: std::env::var("MEMRA_ATTN_WIDE").map_or(true, |v| v != "0"),
             f32_rows: std::env::var("MEMRA_F32_ROWS").is_ok_and(|v| v == "1"),
+            attn_ext: std::env::var("MEMRA_ATTN_EXT").is_ok_and(|v| v == "1"),
             occupancy: Mutex::new(HashMap::new()),
             funcs,
             variants: Mutex::new(HashMap::new()),
