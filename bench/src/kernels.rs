@@ -134,18 +134,6 @@ pub fn random_matrix(dtype: DType, n: usize, k: usize, seed: u64) -> Result<Vec<
     Ok(out)
 }
 
-/// `nt<nt>r<rpb>` and the kind as the startup log writes it (profile `describe`): `s` split K,
-/// `m` the shared-memory product, `w` the warpgroup product, none the register-tiled one.
-fn launch_name(l: &Launch) -> String {
-    let kind = match (l.split_k, l.smem, l.wg) {
-        (true, _, _) => "s",
-        (_, true, true) => "w",
-        (_, true, _) => "m",
-        _ => "",
-    };
-    format!("nt{}r{}{kind}", l.nt, l.rpb)
-}
-
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -346,7 +334,7 @@ fn check_case(c: &Case, a: &KernelArgs, mmax: usize, rep: &mut Report) -> Result
                     c.dtype,
                     c.n,
                     c.k,
-                    launch_name(&l),
+                    l.name(),
                     y[first],
                     base[first]
                 ));
@@ -385,7 +373,7 @@ fn time_case(c: &Case, a: &KernelArgs, rep: &mut Report, table: &mut String) -> 
                 n: c.n,
                 k: c.k,
                 m,
-                launch: launch_name(&l),
+                launch: l.name(),
                 nseg: w0.nseg,
                 us_median: med,
                 us_min: t[0],

@@ -79,6 +79,18 @@ impl Launch {
         self.smem && self.rpb * self.nt >= 16
     }
 
+    /// `nt<nt>r<rpb>` and the kind (the startup log, `memra-bench kernels`): `s` split K, `m`
+    /// the shared-memory product, `w` the warpgroup product, none the register-tiled one.
+    pub fn name(&self) -> String {
+        let kind = match (self.split_k, self.smem, self.wg) {
+            (true, _, _) => "s",
+            (_, true, true) => "w",
+            (_, true, _) => "m",
+            _ => "",
+        };
+        format!("nt{}r{}{kind}", self.nt, self.rpb)
+    }
+
     /// The NVRTC defines of the kernel variant.
     pub fn defines(&self) -> Vec<String> {
         if self.wg {
@@ -446,16 +458,7 @@ impl Profile {
 
     /// One line for the startup log.
     pub fn describe(&self) -> String {
-        let l = |m: usize, d: DType| {
-            let x = self.launch(m, d, 4096);
-            let kind = match (x.split_k, x.smem, x.wg) {
-                (true, _, _) => "s",
-                (_, true, true) => "w",
-                (_, true, _) => "m",
-                _ => "",
-            };
-            format!("nt{}r{}{kind}", x.nt, x.rpb)
-        };
+        let l = |m: usize, d: DType| self.launch(m, d, 4096).name();
         format!(
             "profile {} sms={} smem/block={} KiB warps/sm={} wgmma={} launch (4096 rows) q4_k m=1/16/64/512: {} {} {} {}; f16: {} {} {} {}",
             self.arch,
