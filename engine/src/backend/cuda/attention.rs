@@ -527,17 +527,31 @@ mod tests {
     }
 
     #[test]
-    fn windowed_attention_never_runs_the_tensor_core_kernels() {
+    fn windowed_attention_runs_the_tensor_core_kernels_only_with_ext() {
+        let f16 = KvDtype::F16;
         for hd in [64, 128] {
-            assert!(attn_mma_eligible("attn_mma", hd, 4, None));
-            for w in [1, 64, 512, 1 << 20] {
-                assert!(!attn_mma_eligible("attn_mma", hd, 4, Some(w)));
+            for ext in [false, true] {
+                assert!(attn_mma_eligible("attn_mma", hd, 4, None, f16, ext));
+                for w in [1, 64, 512, 1 << 20] {
+                    assert_eq!(attn_mma_eligible("attn_mma", hd, 4, Some(w), f16, ext), ext);
+                }
             }
         }
-        assert!(!attn_mma_eligible("attn_mma", 256, 4, None));
-        assert!(!attn_mma_eligible("attn_mma", 64, 32, None));
-        assert!(!attn_mma_eligible("attn_split", 64, 4, None));
-        assert!(!attn_mma_eligible("attn_split2", 128, 4, None));
+        assert!(!attn_mma_eligible("attn_mma", 256, 4, None, f16, false));
+        assert!(attn_mma_eligible(
+            "attn_mma",
+            256,
+            4,
+            None,
+            KvDtype::Bf16,
+            true
+        ));
+        for ext in [false, true] {
+            assert!(!attn_mma_eligible("attn_mma", 64, 32, None, f16, ext));
+            assert!(!attn_mma_eligible("attn_split", 64, 4, None, f16, ext));
+            assert!(!attn_mma_eligible("attn_split2", 128, 4, None, f16, ext));
+            assert!(!attn_mma_eligible("attn_mma", 96, 4, None, f16, ext));
+        }
     }
 
     /// The split kernels' windowed arithmetic, emulated on the host in f64: partials per
