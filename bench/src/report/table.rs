@@ -90,9 +90,15 @@ fn side_by_side(rows: &[&Row], run: &str) -> String {
                     || !r.source.as_deref().is_some_and(|s| s.starts_with("server")))
         })
     };
-    let peer = in_run
-        .iter()
-        .find(|r| r.engine != "memra")
+    // The peer as its engine-level rows name it (server rows may name the server instead).
+    let engine_level = |r: &&&Row| {
+        matches!(r.workload, Workload::Decode | Workload::Prefill)
+            && !r.source.as_deref().is_some_and(|s| s.starts_with("server"))
+    };
+    let peers = || in_run.iter().filter(|r| r.engine != "memra");
+    let peer = peers()
+        .find(engine_level)
+        .or_else(|| peers().next())
         .map(|r| {
             format!(
                 "{} {}",
@@ -269,16 +275,26 @@ fn decode_peer<'a>(in_run: &[&'a Row], m: &Row) -> Option<&'a Row> {
     })
 }
 
-/// Whether `run` compares both engines' decode after the same context (the headline suite;
-/// depth-series runs have their own table).
+/// Whether `run` is a headline suite: both engines' decode at depth 0, or both engines' decode
+/// after the same context (memra from a prompt, llama-bench `-d`) and both engines' prefill.
+/// Depth-series runs (decode at depth only) have their own table.
 fn compares_plain_decode(rows: &[&Row], run: &str) -> bool {
     let in_run: Vec<&Row> = rows.iter().filter(|r| r.run == run).copied().collect();
-    in_run.iter().any(|r| {
+    let has = |memra: bool, w: Workload, depth0: bool| {
+        in_run.iter().any(|r| {
+            (r.engine == "memra") == memra
+                && r.workload == w
+                && (!depth0 || r.depth.unwrap_or(0) == 0)
+        })
+    };
+    let paired = in_run.iter().any(|r| {
         r.engine == "memra"
             && r.workload == Workload::Decode
             && r.depth.unwrap_or(0) == 0
             && decode_peer(&in_run, r).is_some()
-    })
+    });
+    (has(true, Workload::Decode, true) && has(false, Workload::Decode, true))
+        || (paired && has(true, Workload::Prefill, false) && has(false, Workload::Prefill, false))
 }
 
 /// The decode-at-depth table of one run, when its peer has depth rows: memra and the peer
@@ -431,7 +447,21 @@ mod tests {
             row("memra", 512, 8192, "f16", 261.6),
         ];
         let refs: Vec<&Row> = rows.iter().collect();
-        assert!(compares_plain_decode(&refs, "r"));
+        // Decode only: a depth series, not a headline suite.
+        assert!(!compares_plain_decode(&refs, "r"));
+        let prefill = |engine: &str| Row {
+            workload: Workload::Prefill,
+            ..row(engine, 512, 0, "f16", 9000.0)
+        };
+        let suite: Vec<Row> = rows
+            .iter()
+            .cloned()
+            .chain([prefill("memra"), prefill("llama.cpp")])
+            .collect();
+        assert!(compares_plain_decode(
+            &suite.iter().collect::<Vec<_>>(),
+            "r"
+        ));
         assert_eq!(
             decode_peer(&refs, &rows[0]).and_then(|p| p.value),
             Some(277.9)
