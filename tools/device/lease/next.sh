@@ -15,7 +15,10 @@ export RUN=${LEASE_RUN:-h200-$(date +%Y%m%d)-lease}
 KV=$HOME/dev/.device/kvar
 NEW=(env MEMRA_F32_ROWS=1 MEMRA_ATTN_EXT=1)
 row start "$(cat $HOME/dev/.device/COMMIT) run $RUN; $(ls $MEMRA_KERNEL_CACHE 2>/dev/null | grep -c cubin) cubins; kvar: $(ls $KV 2>/dev/null | tr '\n' ' ')"
-g1() {  # every kernel with the new code on (F32 matmul cases, window and head_dim 256 attention)
+g1() {  # the default kernels against the H200's golden records (attn_mma now takes a window
+  # argument: with 0 the bits must not move), then every kernel with the new code on (F32 matmul
+  # cases, window and head_dim 256 attention)
+  waitf $HOME/smol.ok 300 && run golden 300 $B/memra-verify golden $SMOL --device cuda:0
   run kernels-new 600 "${NEW[@]}" $B/memra-verify kernels --device cuda:0
   grep -E "FAIL|differ|ALL" $O/logs/kernels-new.log | head -8 >> $S
   run inv-tiny-moe 200 "${NEW[@]}" $B/memra-verify invariance --tiny qwen3moe --device cuda:0
