@@ -212,21 +212,23 @@ pub const WGMMA_TYPES: [DType; 6] = [
 ];
 
 /// The types that take the warpgroup kernel by default: Q4_K (measured +5.7% Q4_K_M pp512 on the
-/// H200). The scaled quantized types Q8_0, Q4_0, Q6_K have warpgroup kernels too, taken only
-/// when `MEMRA_WGMMA` lists them until the H200 has compared their bits and timed them
-/// (kernel-notes.md, the prediction); F16 / BF16 were 4% slower end to end on the H200, so only
-/// with `MEMRA_WGMMA=all` or a list naming them.
-pub const WGMMA_DEFAULT: [DType; 1] = [DType::Q4_K];
+/// H200) and F16 (at 64 tokens per block, two blocks per SM: pp512 12,462 vs 12,147, pp4096
+/// 11,041 vs 10,732 for the shared-memory mma.sync product, H200 session 11; its bits equal the
+/// other geometries', `memra-bench kernels` ALL EQUAL there). The scaled quantized types Q8_0,
+/// Q4_0, Q6_K have warpgroup kernels too, taken only when `MEMRA_WGMMA` lists them (Q8_0 was 20%
+/// slower end to end, Q6_K no faster: session 11); BF16 (the F16 kernel over bf16, not timed)
+/// with `MEMRA_WGMMA=all` or a list naming it.
+pub const WGMMA_DEFAULT: [DType; 2] = [DType::Q4_K, DType::F16];
 
-/// The warpgroup launch of a `dtype` product (sm_90a), when it has one: 128 tokens per block
-/// for F16 / BF16, 64 for the K-quants (whose 256-column stages are larger: 3 stages of Q6_K at
-/// 128 tokens would not fit 227 KiB) and for the scaled types Q8_0 / Q4_0 (whose per-part chain
-/// needs another accumulator set: at 128 tokens ptxas spills 36 bytes at 255 registers, at 64
-/// it takes 159 registers and none; NVRTC 13.0, sm_90a).
+/// The warpgroup launch of a `dtype` product (sm_90a), when it has one: 64 tokens per block.
+/// F16 / BF16 at 64 take ~83 KiB and 116 registers, so two blocks share an SM (faster end to end
+/// than one block of 128 tokens: H200 session 11, `MEMRA_WGMMA_TOKENS` measures either); the
+/// K-quants' 256-column stages are larger (3 stages of Q6_K at 128 tokens would not fit 227 KiB);
+/// the scaled types Q8_0 / Q4_0 need another accumulator set per part (at 128 tokens ptxas
+/// spills 36 bytes at 255 registers, at 64 it takes 159 registers and none; NVRTC 13.0, sm_90a).
 pub const fn warpgroup(dtype: DType) -> Option<Launch> {
     let nt = match dtype {
-        DType::F16 | DType::BF16 => 16,
-        DType::Q4_K | DType::Q6_K | DType::Q8_0 | DType::Q4_0 => 8,
+        DType::F16 | DType::BF16 | DType::Q4_K | DType::Q6_K | DType::Q8_0 | DType::Q4_0 => 8,
         _ => return None,
     };
     Some(Launch {
@@ -553,9 +555,16 @@ mod tests {
             assert!(l.wg && l.smem && l.fits(d, SMEM_MAX_SM90), "{d}: {l:?}");
             assert!(p.all_launches().contains(&l), "{d}");
         }
-        for d in [DType::F16, DType::BF16, DType::Q8_0, DType::Q6_K] {
+        for d in [DType::BF16, DType::Q8_0, DType::Q6_K] {
             assert!(!p.launch(512, d, 4096).wg, "{d}");
         }
+        // F16 at 64 tokens per block: two blocks fit one SM (228 KiB).
+        let l = p.launch(512, DType::F16, 4096);
+        let f = crate::quant::repack::tile_format(DType::F16).unwrap();
+        assert!(
+            l.nt == 8 && 2 * l.smem_bytes(f.tile_bytes, f.kt) <= 228 * 1024,
+            "{l:?}"
+        );
         p.set_wgmma("all").unwrap();
         for d in WGMMA_TYPES {
             let l = p.launch(512, d, 4096);
@@ -568,14 +577,12 @@ mod tests {
             assert!(!p.launch(512, d, 4096).wg, "{d}");
             assert!(warpgroup(d).is_none(), "{d}");
         }
-        // MEMRA_WGMMA_TOKENS=64: F16 blocks small enough for two per SM (228 KiB), compiled at
-        // load like every other launch (the K-quants' 64-token variant).
-        p.wg_tokens = Some(64);
+        // MEMRA_WGMMA_TOKENS=128: F16 blocks of 128 tokens, compiled at load like every other
+        // launch; Q6_K's stages would not fit at 128 (the shared-memory product then).
+        p.wg_tokens = Some(128);
         let l = p.launch(512, DType::F16, 4096);
-        assert!(l.wg && l.nt == 8 && p.all_launches().contains(&l), "{l:?}");
-        let f = crate::quant::repack::tile_format(DType::F16).unwrap();
-        assert!(2 * l.smem_bytes(f.tile_bytes, f.kt) <= 228 * 1024);
-        assert_eq!(p.launch(512, DType::Q4_K, 4096).nt, 8);
+        assert!(l.wg && l.nt == 16 && p.all_launches().contains(&l), "{l:?}");
+        assert!(!p.launch(512, DType::Q6_K, 4096).wg);
         p.wg_tokens = None;
         p.set_wgmma("0").unwrap();
         assert!(!p.launch(512, DType::Q4_K, 4096).wg);
@@ -595,7 +602,7 @@ mod tests {
         assert!(!p.launch(512, DType::Q4_K, 4096).wg);
         p.set_wgmma("q6_k").unwrap();
         assert!(p.launch(512, DType::Q6_K, 4096).wg);
-        assert!(!p.all_launches().contains(&warpgroup(DType::F16).unwrap()));
+        assert!(!p.launch(512, DType::F16, 4096).wg);
         p.set_wgmma("1").unwrap();
         assert_eq!(p.wgmma_types, WGMMA_DEFAULT.to_vec());
         for bad in ["q5_k", "q4_k,", "yes", "q4_k;q8_0", ""] {
