@@ -58,10 +58,11 @@ for v in base pipe g1 g3; do
   grep -E "w +[0-9]" $O/logs/kbench-$v.log | head -8 >> $S
 done
 ab() { local n=$1; shift; run $n 200 env "$@" $B/memra-bench prefill $F16 --device cuda:0 --prompt 512,4096 --runs 3 --shape llama3-8b --dtype F16 --run $RUN-$n --out $O/ab.jsonl --quiet; }
-ab f16-pp-wg64 MEMRA_WGMMA=f16 MEMRA_WGMMA_TOKENS=64
-ab f16-pp-wg64-g1 MEMRA_WGMMA=f16 MEMRA_WGMMA_TOKENS=64 MEMRA_KERNEL_DIR=$KV/g1
-ab f16-pp-wg64-g3 MEMRA_WGMMA=f16 MEMRA_WGMMA_TOKENS=64 MEMRA_KERNEL_DIR=$KV/g3
-ab f16-pp-wg128-g3 MEMRA_WGMMA=f16 MEMRA_KERNEL_DIR=$KV/g3
+# (F16's default since session 11: the warpgroup kernel at 64 tokens per block)
+ab f16-pp-mms MEMRA_WGMMA=q4_k
+ab f16-pp-g1 MEMRA_KERNEL_DIR=$KV/g1
+ab f16-pp-g3 MEMRA_KERNEL_DIR=$KV/g3
+ab f16-pp-wg128-g3 MEMRA_WGMMA_TOKENS=128 MEMRA_KERNEL_DIR=$KV/g3
 run f16-prefill 200 $MB prefill $F16 --device cuda:0 --prompt 512,4096 --runs 3 --shape llama3-8b --dtype F16
 peer f16-pp -m $F16 -p 512,4096 -n 0
 run f16-decode 300 $MB decode $F16 --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape llama3-8b --dtype F16
