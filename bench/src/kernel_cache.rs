@@ -28,7 +28,9 @@ pub struct Written {
     pub secs: f64,
 }
 
-/// Compiles every [`kernel_builds`] entry of `arch` to a cubin under `out`, `threads` at a time.
+/// Compiles every [`kernel_builds`] entry of `arch` to a cubin under `out`, `threads` at a time,
+/// keeping a cubin already there (its name is the key of its source and options: the same
+/// compile; a run with `MEMRA_KERNEL_DIR` then compiles only the builds the directory changes).
 /// Stops at the first failure, naming the module and its defines.
 pub fn write_all(arch: &str, out: &Path, threads: usize) -> Result<Vec<Written>> {
     let arch = virtual_arch(arch)?;
@@ -42,7 +44,12 @@ pub fn write_all(arch: &str, out: &Path, threads: usize) -> Result<Vec<Written>>
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some((m, b)) = builds.get(i) else { break };
                     let t0 = Instant::now();
-                    let r = memra_kernels::cubin::write_cubin_with(m, arch, out, b)
+                    let have = memra_kernels::cubin::cubin_path_with(out, m, arch, b)
+                        .ok()
+                        .filter(|p| p.is_file());
+                    let r = have
+                        .map(Ok)
+                        .unwrap_or_else(|| memra_kernels::cubin::write_cubin_with(m, arch, out, b))
                         .map_err(|e| format!("{} {:?}: {e}", m.file, b.defines))
                         .map(|p| {
                             let bytes = std::fs::metadata(&p).map(|md| md.len()).unwrap_or(0);

@@ -27,10 +27,6 @@
 #define ATTN_PER_WARP (ATTN_SPLIT / ATTN_WARPS)
 #define ATTN_DPL 8  // most dimensions per lane
 
-// The first position a row of `n` = pos + 1 positions sees under `window` (0: none). Shared
-// with attn_combine (attn_mma.cu repeats it: the modules compile apart) and mirrored on the
-// host by attn_window_start (engine/src/backend/cuda/attention.rs).
-__device__ __forceinline__ u32 attn_window_lo(u32 n, u32 window) { return window != 0 && n > window ? n - window : 0u; }
 
 __device__ __forceinline__ float warp_sum_tree(float s) {
     s += __shfl_xor_sync(FULL_MASK, s, 16);

@@ -32,7 +32,7 @@
 
 // Sliding window (`window` > 0; 0: none; the host passes it with MEMRA_ATTN_EXT=1, until the
 // H200 has gated it): row r sees positions lo_r ..= pos_r, lo_r = pos_r + 1 - window when
-// pos_r + 1 > window (attention.cu's attn_window_lo). Positions below lo_r are masked like those
+// pos_r + 1 > window (kvfmt.cuh's attn_window_lo). Positions below lo_r are masked like those
 // past pos_r; a split wholly below lo_r is not the row's (no partial: attn_combine starts at
 // lo_r's split, fold mode leaves the row's state untouched); a pass stages zeros below its
 // lowest lo (never reading those positions). So a row's bits still depend only on its own q,
@@ -43,9 +43,6 @@
 #define AM_WARPS 4
 #define AM_PAD 8  // u16 of padding per staged row: ldmatrix rows land on distinct banks
 
-// The first position a row of n = pos + 1 positions sees under `window` (0: none): attention.cu's
-// attn_window_lo (a separate module), attn_window_start on the host.
-__device__ __forceinline__ u32 am_window_lo(u32 n, u32 window) { return window != 0 && n > window ? n - window : 0u; }
 
 // The running state of a row (M, L) folded with a split's (m, l); a and b weigh the old O and the
 // split's o. M = -inf before the first split gives a = 0, b = 1: the first fold is exact.
@@ -289,7 +286,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
         head[h] = kvh * G + i % G;
         real[h] = i / G < ntok;
         lim0[h] = real[h] ? pos[b0 + tok[h]] + 1 : 0;
-        lo0[h] = am_window_lo(lim0[h], window);
+        lo0[h] = attn_window_lo(lim0[h], window);
     }
     // Lane j knows block tokens j and j + 32: sequence and pos + 1.
     const u32 ja = lane, jb = lane + 32;
@@ -310,7 +307,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
         todo &= ~act;
         u32 nmax = max(ina ? na : 0u, inb ? nb : 0u);  // the pass's largest pos + 1
         // The pass's lowest window start (0 without a window): nothing below it is staged.
-        u32 lmin = min(ina ? am_window_lo(na, window) : 0xffffffffu, inb ? am_window_lo(nb, window) : 0xffffffffu);
+        u32 lmin = min(ina ? attn_window_lo(na, window) : 0xffffffffu, inb ? attn_window_lo(nb, window) : 0xffffffffu);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
             nmax = max(nmax, __shfl_xor_sync(FULL_MASK, nmax, o));
@@ -582,7 +579,7 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attn_combine(
         }
     } else {
         const u32 ns = (pos[r] + AM_SPLIT) / AM_SPLIT;
-        const u32 s0 = (window != 0 && pos[r] + 1 > window ? pos[r] + 1 - window : 0u) / AM_SPLIT;
+        const u32 s0 = attn_window_lo(pos[r] + 1, window) / AM_SPLIT;
         const u32 cs = head_dim <= 128 ? 32 : 16;  // splits per chunk
         float M = NEG_INF;                         // warp 0: the running max
         acc[0] = acc[1] = 0.0f;

@@ -90,3 +90,9 @@ struct KvQ8 {
     // Two h4 (a Q8_0 row is only 4-byte aligned).
     static __device__ __forceinline__ uint4 h8(const u8* r, u32 d, u32 w) { return kv_h8_of_h4<KvQ8>(r, d, w); }
 };
+
+// The first position a row of `n` = pos + 1 positions sees under a sliding `window` (0: none):
+// the attention modules' one definition (attention.cu, attn_mma.cu and its attn_combine, which
+// compile apart but all include this header), mirrored on the host by attn_window_start
+// (engine/src/backend/cuda/attention.rs).
+__device__ __forceinline__ u32 attn_window_lo(u32 n, u32 window) { return window != 0 && n > window ? n - window : 0u; }

@@ -23,7 +23,8 @@ if [ "${PACK_KCACHE:-1}" != 0 ]; then
   # in session 11): PACK_KVARS="pipe:MWG_PIPE=1 g3:MWG_GATHER=3" writes .device/kvar/NAME/
   # products.cu = "#define MWG_PIPE 1" + products.cu (a queue passes MEMRA_KERNEL_DIR=
   # $HOME/dev/.device/kvar/NAME; the cache key is the source's hash, so the bytes must be these)
-  # and its builds into .device/kcache.
+  # and its builds into .device/kcache (kernel-cache keeps the cubins already there: only the
+  # products builds the variant changes are compiled).
   rm -rf .device/kvar
   for v in ${PACK_KVARS:-}; do
     n=${v%%:*}; d=${v#*:}

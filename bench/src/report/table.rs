@@ -86,15 +86,12 @@ fn side_by_side(rows: &[&Row], run: &str) -> String {
                 && r.depth.unwrap_or(0) == 0
                 // Decode and prefill compare the engines themselves; server-measured rows of
                 // those (`--server`) stay in the run list.
-                && (matches!(w, Workload::TtftCold | Workload::TtftCached)
-                    || !r.source.as_deref().is_some_and(|s| s.starts_with("server")))
+                && (matches!(w, Workload::TtftCold | Workload::TtftCached) || !via_server(r))
         })
     };
     // The peer as its engine-level rows name it (server rows may name the server instead).
-    let engine_level = |r: &&&Row| {
-        matches!(r.workload, Workload::Decode | Workload::Prefill)
-            && !r.source.as_deref().is_some_and(|s| s.starts_with("server"))
-    };
+    let engine_level =
+        |r: &&&Row| matches!(r.workload, Workload::Decode | Workload::Prefill) && !via_server(r);
     let peers = || in_run.iter().filter(|r| r.engine != "memra");
     let peer = peers()
         .find(engine_level)
@@ -271,8 +268,13 @@ fn decode_peer<'a>(in_run: &[&'a Row], m: &Row) -> Option<&'a Row> {
             && p.model_label() == m.model_label()
             && ctx(p) == ctx(m)
             && (p.kv_dtype.is_none() || m.kv_dtype.is_none() || p.kv_dtype == m.kv_dtype)
-            && !p.source.as_deref().is_some_and(|s| s.starts_with("server"))
+            && !via_server(p)
     })
+}
+
+/// Whether a row was measured through a server (`memra-bench ttft|decode --server`, load).
+fn via_server(r: &Row) -> bool {
+    r.source.as_deref().is_some_and(|s| s.starts_with("server"))
 }
 
 /// Whether `run` is a headline suite: both engines' decode at depth 0, or both engines' decode

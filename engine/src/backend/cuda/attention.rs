@@ -75,7 +75,7 @@ pub struct AttnArgs {
 
 /// The first position a row at `pos` sees under `window`: `pos + 1 - window` when that is
 /// positive, else 0 (the CPU's backend/cpu/attention.rs; `attn_window_lo` in
-/// kernels/cu/attention.cu and the fold start of attn_combine).
+/// kernels/cu/kvfmt.cuh for the attention kernels and attn_combine's fold start).
 pub fn attn_window_start(pos: usize, window: Option<usize>) -> usize {
     window.map_or(0, |w| (pos + 1).saturating_sub(w))
 }
