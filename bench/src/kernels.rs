@@ -69,7 +69,7 @@ pub fn parse_launches(s: &str) -> Result<Vec<Launch>> {
         .filter(|x| !x.trim().is_empty())
         .map(|item| {
             let p: Vec<&str> = item.split(',').map(|x| x.trim()).collect();
-            let bad = || Error::Input(format!("--launches item `{item}`: expected nt,rpb,s|n|m|w"));
+            let bad = || Error::Input(format!("--launches item `{item}`: expected nt,rpb,s|n|m|w|x"));
             if p.len() != 3 {
                 return Err(bad());
             }
@@ -77,6 +77,7 @@ pub fn parse_launches(s: &str) -> Result<Vec<Launch>> {
             let rpb: u32 = p[1].parse().map_err(|_| bad())?;
             let ok = match p[2] {
                 "w" => matches!(nt, 8 | 16) && rpb == 1,
+                "x" => nt == 16 && rpb == 1,
                 "s" | "n" | "m" => matches!(nt, 1 | 2 | 4 | 8) && (1..=8).contains(&rpb),
                 _ => false,
             };
@@ -87,8 +88,9 @@ pub fn parse_launches(s: &str) -> Result<Vec<Launch>> {
                 nt,
                 rpb,
                 split_k: p[2] == "s",
-                smem: p[2] == "m" || p[2] == "w",
-                wg: p[2] == "w",
+                smem: matches!(p[2], "m" | "w" | "x"),
+                wg: matches!(p[2], "w" | "x"),
+                ws: p[2] == "x",
             })
         })
         .collect()

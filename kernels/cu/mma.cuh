@@ -190,3 +190,27 @@ __device__ __forceinline__ void wg_mma(float* d, const u32 a[4], unsigned long l
     }
 #endif
 }
+
+// ---------------------------------------------------------------------------------------------
+// mbarriers in shared memory (the warp-specialized product, products.cu `product_ws`): a phase
+// completes when its expected arrivals have arrived; waits name the phase by its parity.
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(u64* bar, u32 count) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u64* bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared.b64 st, [%0];\n}\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// One arrival on `bar` when every cp.async this thread issued before has landed (.noinc: it
+// counts as one of the phase's expected arrivals).
+__device__ __forceinline__ void mbar_arrive_cp_async(u64* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+// Blocks until the phase of parity `parity` of `bar` has completed.
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nMBAR_WAIT:\nmbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n@!p bra MBAR_WAIT;\n}\n" ::"r"(
+            smem_addr(bar)),
+        "r"(parity)
+        : "memory");
+}

@@ -1149,3 +1149,173 @@ MWG_KERNEL(bf16, FmtF16<1>)
 MWG_KERNEL(q8_0, FmtQ8_0)
 MWG_KERNEL(q4_0, FmtQ4_0)
 MWG_KERNEL(q6_k, FmtQ6_K)
+
+// ---------------------------------------------------------------------------------------------
+// The warp-specialized warpgroup product (`mws_<type>`, sm_90a, F16 / BF16; issue 8: F16
+// prefill): the same per-element sequence as product_wg (every segment in order, the k16 steps
+// of a segment in order as wgmmas accumulating into the segment's chain from -0.0, the segment
+// sums added into the totals in order from -0.0), so its bits equal mwg's, mms's and mmq's at
+// every M. What differs is who waits for what:
+//   * 3 warpgroups: warpgroup 0 only copies (cp.async: the weight tiles of a k-tile in 16-byte
+//     copies, the token rows in 4-byte copies straight into the 128-byte-swizzled B layout of
+//     MWG_GATHER = 3, wg_desc_sw128), warpgroups 1 and 2 only compute: 64 rows (warp w of the
+//     pair: row tile w of the block's 8) x MWG_N tokens each;
+//   * MWS_STAGES slots, each with two mbarriers: `full` (128 arrivals: every copier's
+//     cp.async.mbarrier.arrive.noinc, i.e. when its copies of that k-tile have landed) and
+//     `empty` (8 arrivals: lane 0 of each computing warp once the wgmmas that read the slot have
+//     retired). No block barrier in the loop;
+//   * one wgmma group stays in flight (wait_group 1): k-tile kt's wgmmas run while the warp
+//     waits for kt + 1 and loads its A fragments; a segment's end waits for all (wait_group 0)
+//     and adds the chain into the totals, which live in shared memory (one f32 per computing
+//     thread and element, touched once per segment) so the registers hold one chain.
+// Shared memory: [B slots (1024-aligned)][A slots][totals][full x S][empty x S].
+#ifndef MWS_STAGES
+#define MWS_STAGES 4
+#endif
+
+template <class F>
+struct Mws {
+    enum {
+        S = MWS_STAGES,
+        TILES = 8,
+        ABYTES = TILES * F::TB,
+        BBYTES = MWG_N * F::KT * 2,  // KT / 64 atom columns of MWG_N 128-byte rows
+        ND = MWG_N / 2,
+        TOTS = 256 * ND * 4,
+        SMEM = 1024 + S * (BBYTES + ABYTES) + TOTS + 16 * S,
+    };
+};
+
+// The copies of k-tile kt into slot (a, b), by copier thread `ct` (0..127): weight tiles as in
+// mwgp_stage_a; token rows one 128-byte piece per warp instruction (coalesced), token
+// n = cw + 4 j (cw = ct / 32), lane L's word into the swizzled row (MWG_GATHER = 3's map).
+template <class F>
+__device__ __forceinline__ void mws_copy(u8* a, u8* b, const u8* __restrict__ W, const u8* __restrict__ X,
+                                         u32 kt, u32 rt0, u32 nrt, u32 nkt, u32 m0, u32 M, u32 kp, u32 ct) {
+    constexpr u32 ACH = F::TB / 16;
+#pragma unroll 4
+    for (u32 i = ct; i < Mws<F>::TILES * ACH; i += 128) {
+        const u32 tl = i / ACH, c = i % ACH;
+        const u32 rt = min(rt0 + tl, nrt - 1);  // past the last tile: a copy, never written out
+        cp_async16(a + tl * F::TB + c * 16, W + ((u64)rt * nkt + kt) * F::TB + c * 16);
+    }
+    const u32 lane = ct & 31, cw = ct >> 5;
+    const u32 t = (lane >> 2) & 3, ch = 4 * (lane >> 4) + (lane & 3);  // chunk (k % 64) / 8
+    const u64 kb = (u64)kt * F::KT * 2 + 4 * lane;
+#pragma unroll 8
+    for (u32 j = 0; j < MWG_N / 4; ++j) {
+        const u32 n = cw + 4 * j, r = n & 7;
+        const u8* src = X + (u64)min(m0 + n, M - 1) * kp * 2 + kb;  // past M: row M - 1, never written
+        u8* d = b + (n >> 3) * 1024 + r * 128 + ((ch ^ r) * 16) + 4 * t;
+#pragma unroll
+        for (u32 q = 0; q < F::KT / 64; ++q) cp_async4(d + q * (MWG_N * 128), src + 128 * q);
+    }
+}
+
+template <class F>
+__device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* __restrict__ X, const Outs& out,
+                                           const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {
+#if MWG_OK
+    using L = Mws<F>;
+    static_assert(F::WGP == 0 && F::KT % 64 == 0 && MWG_N % 8 == 0, "pure chains, whole swizzle atoms");
+    constexpr u32 S = L::S;
+    constexpr int ND = L::ND;
+    extern __shared__ uint4 mws_smem[];
+    u8* sm = (u8*)mws_smem;
+    const u32 sbase = smem_addr(sm);
+    u8* bsl = sm + (((sbase + 1023) & ~1023u) - sbase);  // B slot 0, 1024-byte aligned
+    u8* asl = bsl + S * L::BBYTES;
+    float* tots = (float*)(asl + S * L::ABYTES);
+    u64* full = (u64*)(tots + 256 * ND);
+    u64* empty = full + S;
+    // The warp index through a shuffle: warp-uniform to the compiler, so the role branch below
+    // is not a divergent path (ptxas would otherwise serialize the wgmmas inside it).
+    const int lane = threadIdx.x & 31, warp = __shfl_sync(FULL_MASK, threadIdx.x >> 5, 0);
+    const u32 nrt = (N + 15) / 16;
+    const u32 rt0 = blockIdx.x * L::TILES;
+    const u32 m0 = blockIdx.y * MWG_N;
+    if (threadIdx.x == 0) {
+        for (u32 s = 0; s < S; ++s) {
+            mbar_init(full + s, 128);
+            mbar_init(empty + s, 8);
+        }
+    }
+    __syncthreads();
+    if (warp < 4) {  // the copier warpgroup
+        for (u32 kt = 0; kt < nkt; ++kt) {
+            const u32 s = kt % S;
+            if (kt >= S) mbar_wait(empty + s, ((kt / S) + 1) & 1);  // use kt / S - 1 retired
+            mws_copy<F>(asl + s * L::ABYTES, bsl + s * L::BBYTES, W, X, kt, rt0, nrt, nkt, m0, M, kp,
+                        threadIdx.x);
+            mbar_arrive_cp_async(full + s);
+        }
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        return;
+    }
+    const u32 ct = threadIdx.x - 128, cw = (u32)warp - 4;  // computing thread, warp (= row tile)
+#pragma unroll
+    for (int i = 0; i < ND; ++i) tots[i * 256 + ct] = NEG_ZERO;
+    float acc[ND];
+#pragma unroll
+    for (int i = 0; i < ND; ++i) acc[i] = NEG_ZERO;
+    u32 seg = 0, kend = nkt / nseg, rel = 0;  // rel: the next k-tile whose slot goes back
+    // One k-tile; `cur` holds its A fragments (ptxas keeps an in-flight wgmma's registers apart:
+    // a loop unrolled by two with two named sets made it serialize the wgmmas instead).
+    auto step = [&](u32 kt, typename F::Tile& cur) {
+        const u32 s = kt % S;
+        mbar_wait(full + s, (kt / S) & 1);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the copies, to the wgmma
+        F::template load<Sld>(asl + s * L::ABYTES + cw * F::TB, lane, cur);
+        const u8* bl = bsl + s * L::BBYTES;
+        mwg_issue<F>(acc, cur, [&](int st) { return wg_desc_sw128(bl + (st / 4) * (MWG_N * 128) + (st % 4) * 32); });
+        const bool send = kt + 1 == kend;  // the end of segment `seg`
+        if (send) {
+            wg_wait0();  // the segment's chain complete
+            wg_keep<MWG_N>(acc);
+        } else {
+            wg_wait1();  // k-tile kt - 1's wgmmas retired
+        }
+        const u32 upto = send ? kt + 1 : kt;
+        for (; rel < upto; ++rel)
+            if (lane == 0) mbar_arrive(empty + rel % S);
+        if (send) {
+#pragma unroll
+            for (int i = 0; i < ND; ++i) {
+                tots[i * 256 + ct] = __fadd_rn(tots[i * 256 + ct], acc[i]);
+                acc[i] = NEG_ZERO;
+            }
+            ++seg;
+            kend = (seg + 1) * nkt / nseg;
+        }
+    };
+    for (u32 kt = 0; kt < nkt; ++kt) {
+        typename F::Tile cur;
+        step(kt, cur);
+    }
+    const int g = lane >> 2, t = lane & 3;
+    const u32 n0 = (rt0 + cw) * 16;
+#pragma unroll
+    for (int i = 0; i < ND; ++i) {
+        const int j = i >> 2, e = i & 3;
+        const u32 n = n0 + g + 8 * (e >> 1);
+        const u32 m = m0 + j * 8 + 2 * t + (e & 1);
+        if (n < N && m < M) out.put(m, n, tots[i * 256 + ct], R);
+    }
+#else
+    __trap();  // sm_90a only
+#endif
+}
+
+// The warp-specialized product (sm_90a): one block of 3 warpgroups per SM.
+#define MWS_KERNEL(suffix, FMT)                                                                            \
+    extern "C" __global__ void __launch_bounds__(384, 1) mws_##suffix(                                     \
+        const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
+        const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
+        const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
+        product_ws<FMT>(W, X, o, R, M, N, nkt, nseg, kp);                                                     \
+    }
+
+#if MWG_N == 128  // the host launches mws only with the 128-token build
+MWS_KERNEL(f16, FmtF16<0>)
+MWS_KERNEL(bf16, FmtF16<1>)
+#endif

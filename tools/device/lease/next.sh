@@ -47,22 +47,27 @@ waitf $HOME/gemma.ok 60 && {
   run gemma-prefill-ext 200 env MEMRA_ATTN_EXT=1 $B/memra-bench prefill $GEMMA --device cuda:0 --prompt 512,4096 --runs 3 --shape gemma3-270m --dtype Q4_K_M --run $RUN-ext --out $O/ab.jsonl --quiet
   run gemma-prefill 200 $MB prefill $GEMMA --device cuda:0 --prompt 512,4096 --runs 3 --shape gemma3-270m --dtype Q4_K_M
   peer gemma-pp -m $GEMMA -p 512,4096 -n 0
-  run gemma-ops-ext 120 env MEMRA_ATTN_EXT=1 MEMRA_PROFILE_OPS=1 MEMRA_CUDA_GRAPHS=0 $B/memra-bench decode $GEMMA --device cuda:0 --prompt 512 --gen 64 --runs 1 --shape gemma3-270m --dtype Q4_K_M --run $RUN-ops --out $O/ab.jsonl
 }
-run moe-ops-f32rows 150 env MEMRA_F32_ROWS=1 MEMRA_PROFILE_OPS=1 MEMRA_CUDA_GRAPHS=0 $B/memra-bench decode $MOE --device cuda:0 --prompt 512 --gen 32 --runs 1 --shape qwen3-30b-a3b --dtype Q4_K_M --run $RUN-ops --out $O/ab.jsonl
 # issue 8: F16 prefill, the warpgroup variants with precompiled cubins (kernel alone, then end to
 # end at 64 tokens per block), and F16 decode against llama.cpp again
-for v in base pipe g1 g3; do
+for v in base g3; do  # (pipe and g1 dropped in session 12: the lease's minutes go to product_ws)
   kd=(env -u MEMRA_KERNEL_DIR); [ $v != base ] && kd=(env MEMRA_KERNEL_DIR=$KV/$v)
   run kbench-$v 240 "${kd[@]}" MEMRA_WGMMA=all $B/memra-bench kernels --dtypes f16,q4_k --shapes 14336x4096,4096x14336 --m 512,4096 --reps 5
   grep -E "w +[0-9]" $O/logs/kbench-$v.log | head -8 >> $S
 done
 ab() { local n=$1; shift; run $n 200 env "$@" $B/memra-bench prefill $F16 --device cuda:0 --prompt 512,4096 --runs 3 --shape llama3-8b --dtype F16 --run $RUN-$n --out $O/ab.jsonl --quiet; }
 # (F16's default since session 11: the warpgroup kernel at 64 tokens per block)
-ab f16-pp-mms MEMRA_WGMMA=q4_k
-ab f16-pp-g1 MEMRA_KERNEL_DIR=$KV/g1
 ab f16-pp-g3 MEMRA_KERNEL_DIR=$KV/g3
-ab f16-pp-wg128-g3 MEMRA_WGMMA_TOKENS=128 MEMRA_KERNEL_DIR=$KV/g3
+# product_ws (MEMRA_WGMMA_WS=1, written in session 12, never run before): its bits against every
+# other geometry first (short timeout: a wrong mbarrier phase would hang), then timed
+if run geom-ws 90 env MEMRA_WGMMA_WS=1 $B/memra-verify kernels --only product_geom --device cuda:0; then
+  grep -E "FAIL|differ|ALL" $O/logs/geom-ws.log | head -4 >> $S
+  run kbench-ws 150 env MEMRA_WGMMA_WS=1 $B/memra-bench kernels --dtypes f16 --shapes 14336x4096,4096x14336,6144x4096,4096x4096 --m 512,4096 --reps 5
+  grep -E "x +[0-9]|w +[0-9]|EQUAL|MISMATCH" $O/logs/kbench-ws.log | head -12 >> $S
+  ab f16-pp-ws MEMRA_WGMMA_WS=1
+else
+  grep -E "FAIL|differ|rror" $O/logs/geom-ws.log | head -4 >> $S
+fi
 run f16-prefill 200 $MB prefill $F16 --device cuda:0 --prompt 512,4096 --runs 3 --shape llama3-8b --dtype F16
 peer f16-pp -m $F16 -p 512,4096 -n 0
 run f16-decode 300 $MB decode $F16 --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape llama3-8b --dtype F16

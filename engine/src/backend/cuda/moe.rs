@@ -98,6 +98,7 @@ pub const ID_LAUNCH: Launch = Launch {
     split_k: true,
     smem: false,
     wg: false,
+    ws: false,
 };
 
 /// Checks the expert stacks and the call's shapes; returns (expert_ffn, hidden).

@@ -272,6 +272,7 @@ impl Gpu {
         };
         let f = self.variant("products", &l.defines())?;
         let kind = match (l.smem, l.wg) {
+            (true, true) if l.ws => "mws",
             (true, true) => "mwg",
             (true, false) => "mms",
             _ => "mmq",

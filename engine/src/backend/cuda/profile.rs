@@ -22,6 +22,10 @@ pub struct Launch {
     /// With `smem`: the warpgroup product (`mwg_<type>`, sm_90a, [`WGMMA_TYPES`]): 2
     /// warpgroups x 64 rows x `8 nt` tokens per block, each k16 step one wgmma (same bits).
     pub wg: bool,
+    /// With `wg`: the warp-specialized warpgroup product (`mws_<type>`, F16 / BF16): 3
+    /// warpgroups (one copies, two compute 64 rows x `8 nt` tokens each), mbarrier slots, one
+    /// wgmma group in flight, segment totals in shared memory. Same bits.
+    pub ws: bool,
 }
 
 /// The launch geometry of the grouped expert products (`mmq_grouped_<type>`, issue 16): 32
@@ -40,6 +44,9 @@ pub const MAX_NSEG: u32 = 8;
 impl Launch {
     /// The most threads a launch of this geometry uses.
     pub fn max_threads(&self) -> u32 {
+        if self.ws {
+            return WS_THREADS;
+        }
         if self.smem {
             return SMEM_THREADS;
         }
@@ -61,6 +68,14 @@ impl Launch {
     /// columns (kernels/cu/products.cu, `Mms`).
     pub fn smem_bytes(&self, tile_bytes: usize, kt: usize) -> usize {
         let (rows, toks) = self.smem_block();
+        if self.ws {
+            // 1024 (alignment), stages of B (the swizzled layout) and tiles, the totals (one f32
+            // per computing thread and accumulator), two mbarriers per stage (products.cu, Mws).
+            return 1024
+                + WS_STAGES * (toks * kt * 2 + (rows / 16) * tile_bytes)
+                + 256 * (toks / 2) * 4
+                + 16 * WS_STAGES;
+        }
         if self.wg {
             // Stages of tiles and token rows (+16 bytes each), then one k-tile in the B layout.
             return SMEM_STAGES * ((rows / 16) * tile_bytes + toks * (kt * 2 + 16)) + toks * kt * 2;
@@ -84,6 +99,7 @@ impl Launch {
     pub fn name(&self) -> String {
         let kind = match (self.split_k, self.smem, self.wg) {
             (true, _, _) => "s",
+            _ if self.ws => "x",
             (_, true, true) => "w",
             (_, true, _) => "m",
             _ => "",
@@ -115,6 +131,11 @@ impl Launch {
 /// Rows per block of the warpgroup product (kernels/cu/products.cu, `Mwg`: 8 row tiles).
 const WG_ROWS: usize = 128;
 
+/// Threads of a warp-specialized launch (kernels/cu/products.cu, `product_ws`: 3 warpgroups).
+pub const WS_THREADS: u32 = 384;
+/// k-tile slots of the warp-specialized product (MWS_STAGES).
+const WS_STAGES: usize = 4;
+
 /// Threads of a shared-memory launch (kernels/cu/products.cu: MMS_WR x MMS_WT warps).
 pub const SMEM_THREADS: u32 = 256;
 const SMEM_WARP_ROWS: usize = 4;
@@ -130,6 +151,9 @@ impl Launch {
     /// `smem_max` bytes of shared memory: always, except a shared-memory launch whose stages
     /// exceed it.
     pub fn fits(&self, dtype: DType, smem_max: usize) -> bool {
+        if self.ws && warp_specialized(dtype).is_none() {
+            return false;
+        }
         if self.wg && warpgroup(dtype).is_none() {
             return false;
         }
@@ -167,6 +191,10 @@ pub struct Profile {
     /// (`MEMRA_WGMMA_TOKENS=64|128`, for measuring; docs/FLAGS.md): at 64, F16 / BF16 blocks
     /// take ~83 KiB and ~116 registers, so two fit one SM. Speed only.
     pub wg_tokens: Option<u32>,
+    /// F16 / BF16 large-M products take the warp-specialized launch ([`warp_specialized`])
+    /// instead of [`warpgroup`]'s (`MEMRA_WGMMA_WS=1`, for measuring; docs/FLAGS.md). Speed
+    /// only.
+    pub ws: bool,
 }
 
 const fn split(nt: u32) -> Launch {
@@ -176,6 +204,7 @@ const fn split(nt: u32) -> Launch {
         split_k: true,
         smem: false,
         wg: false,
+        ws: false,
     }
 }
 
@@ -186,6 +215,7 @@ const fn tiled(nt: u32, rpb: u32) -> Launch {
         split_k: false,
         smem: false,
         wg: false,
+        ws: false,
     }
 }
 
@@ -197,6 +227,7 @@ pub const fn smem(nt: u32, rpb: u32) -> Launch {
         split_k: false,
         smem: true,
         wg: false,
+        ws: false,
     }
 }
 
@@ -237,7 +268,24 @@ pub const fn warpgroup(dtype: DType) -> Option<Launch> {
         split_k: false,
         smem: true,
         wg: true,
+        ws: false,
     })
+}
+
+/// The warp-specialized launch of a `dtype` product (sm_90a, `MEMRA_WGMMA_WS=1`), when it has
+/// one: F16 / BF16, 128 rows x 128 tokens per block (~193 KiB: one block per SM).
+pub const fn warp_specialized(dtype: DType) -> Option<Launch> {
+    match dtype {
+        DType::F16 | DType::BF16 => Some(Launch {
+            nt: 16,
+            rpb: 1,
+            split_k: false,
+            smem: true,
+            wg: true,
+            ws: true,
+        }),
+        _ => None,
+    }
 }
 
 /// The weight types whose products prefer wider token tiles (cheap dequantization).
@@ -262,12 +310,20 @@ impl Profile {
             wgmma_types: WGMMA_DEFAULT.to_vec(),
             moe_grouped: None,
             wg_tokens: None,
+            ws: false,
         }
     }
 
-    /// The warpgroup launch of `dtype` on this device ([`warpgroup`], with the
-    /// `MEMRA_WGMMA_TOKENS` override).
+    /// The warpgroup launch of `dtype` on this device: [`warp_specialized`] with
+    /// `MEMRA_WGMMA_WS=1`, else [`Profile::warpgroup_plain`].
     pub fn warpgroup(&self, dtype: DType) -> Option<Launch> {
+        warp_specialized(dtype)
+            .filter(|_| self.ws)
+            .or_else(|| self.warpgroup_plain(dtype))
+    }
+
+    /// [`warpgroup`] with the `MEMRA_WGMMA_TOKENS` override.
+    pub fn warpgroup_plain(&self, dtype: DType) -> Option<Launch> {
         warpgroup(dtype).map(|w| match self.wg_tokens {
             Some(t) => Launch { nt: t / 8, ..w },
             None => w,
@@ -320,6 +376,17 @@ impl Profile {
                 _ => {
                     return Err(crate::error::Error::Input(format!(
                         "MEMRA_WGMMA_TOKENS={v}: expected 64 or 128"
+                    )));
+                }
+            };
+        }
+        if let Ok(v) = std::env::var("MEMRA_WGMMA_WS") {
+            p.ws = match v.trim() {
+                "0" => false,
+                "1" => true,
+                _ => {
+                    return Err(crate::error::Error::Input(format!(
+                        "MEMRA_WGMMA_WS={v}: expected 0 or 1"
                     )));
                 }
             };
@@ -450,8 +517,11 @@ impl Profile {
         v.extend(self.smem_tile.filter(|t| !v.contains(t)));
         if self.wgmma {
             for &d in &self.wgmma_types {
-                if let Some(w) = self.warpgroup(d).filter(|w| !v.contains(w)) {
-                    v.push(w);
+                let ws = warp_specialized(d).filter(|_| self.ws);
+                for w in [self.warpgroup_plain(d), ws].into_iter().flatten() {
+                    if !v.contains(&w) {
+                        v.push(w);
+                    }
                 }
             }
         }
@@ -504,6 +574,7 @@ pub fn kernel_builds(
     };
     let mut p = Profile::new(arch, 132, SMEM_MAX_SM90);
     p.wgmma_types = WGMMA_TYPES.to_vec();
+    p.ws = true;
     let mut sets: Vec<Vec<String>> = vec![Vec::new(), MOE_GROUPED_LAUNCH.defines()];
     for l in p.all_launches() {
         if !sets.contains(&l.defines()) {
@@ -589,6 +660,35 @@ mod tests {
         assert!(p.all_launches().iter().all(|l| !l.wg));
         let b = Profile::new("compute_120a", 170, 99 * 1024);
         assert!(!b.wgmma);
+        assert!(!b.launch(512, DType::F16, 4096).wg);
+    }
+
+    #[test]
+    fn the_warp_specialized_launch_is_opt_in_for_f16_and_bf16() {
+        let mut p = Profile::new("compute_90a", 132, SMEM_MAX_SM90);
+        assert!(!p.launch(512, DType::F16, 4096).ws);
+        assert!(p.all_launches().iter().all(|l| !l.ws));
+        p.ws = true;
+        let l = p.launch(512, DType::F16, 4096);
+        assert!(l.ws && l.wg && l.smem && l.max_threads() == WS_THREADS, "{l:?}");
+        assert_eq!(l.name(), "nt16r1x");
+        // One block per SM: 4 slots of 16 KiB tiles + 16 KiB token rows, 64 KiB of totals.
+        let f = crate::quant::repack::tile_format(DType::F16).unwrap();
+        let bytes = l.smem_bytes(f.tile_bytes, f.kt);
+        assert_eq!(bytes, 1024 + 4 * 32768 + 65536 + 64);
+        assert!(l.fits(DType::F16, SMEM_MAX_SM90) && l.fits(DType::BF16, SMEM_MAX_SM90));
+        assert!(!l.fits(DType::Q4_K, SMEM_MAX_SM90) && !l.fits(DType::F16, 99 * 1024));
+        // Both warpgroup launches are compiled at load (and precompiled by kernel-cache); the
+        // other types keep theirs.
+        let all = p.all_launches();
+        assert!(all.contains(&l) && all.contains(&warpgroup(DType::F16).unwrap()));
+        assert!(!p.launch(512, DType::Q4_K, 4096).ws);
+        assert!(kernel_builds("compute_90a")
+            .iter()
+            .any(|(_, b)| b.defines.contains(&"MWG_N=128".to_string())));
+        // Not on a device without wgmma.
+        let mut b = Profile::new("compute_120a", 170, 99 * 1024);
+        b.ws = true;
         assert!(!b.launch(512, DType::F16, 4096).wg);
     }
 
