@@ -69,7 +69,11 @@ pub fn parse_launches(s: &str) -> Result<Vec<Launch>> {
         .filter(|x| !x.trim().is_empty())
         .map(|item| {
             let p: Vec<&str> = item.split(',').map(|x| x.trim()).collect();
-            let bad = || Error::Input(format!("--launches item `{item}`: expected nt,rpb,s|n|m|w|x"));
+            let bad = || {
+                Error::Input(format!(
+                    "--launches item `{item}`: expected nt,rpb,s|n|m|w|x"
+                ))
+            };
             if p.len() != 3 {
                 return Err(bad());
             }

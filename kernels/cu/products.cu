@@ -1172,6 +1172,12 @@ MWG_KERNEL(q6_k, FmtQ6_K)
 #ifndef MWS_STAGES
 #define MWS_STAGES 4
 #endif
+// Wgmma groups a computing warpgroup leaves in flight past a k-tile: 1 (its A fragments for k-tile
+// kt + 1 load while kt's wgmmas run) or 0 (wait_group 0 every k-tile; the other computing
+// warpgroup's wgmmas keep the tensor pipe busy meanwhile). Same bits either way.
+#ifndef MWS_INFLIGHT
+#define MWS_INFLIGHT 1
+#endif
 
 template <class F>
 struct Mws {
@@ -1215,7 +1221,7 @@ __device__ __forceinline__ void mws_copy(u8* a, u8* b, const u8* __restrict__ W,
 template <class F>
 __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* __restrict__ X, const Outs& out,
                                            const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {
-#if MWG_OK
+#if MWG_OK && MWG_N == 128
     using L = Mws<F>;
     static_assert(F::WGP == 0 && F::KT % 64 == 0 && MWG_N % 8 == 0, "pure chains, whole swizzle atoms");
     constexpr u32 S = L::S;
@@ -1269,13 +1275,13 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
         const u8* bl = bsl + s * L::BBYTES;
         mwg_issue<F>(acc, cur, [&](int st) { return wg_desc_sw128(bl + (st / 4) * (MWG_N * 128) + (st % 4) * 32); });
         const bool send = kt + 1 == kend;  // the end of segment `seg`
-        if (send) {
-            wg_wait0();  // the segment's chain complete
+        if (send || !MWS_INFLIGHT) {
+            wg_wait0();  // the segment's chain complete (or every k-tile, MWS_INFLIGHT 0)
             wg_keep<MWG_N>(acc);
         } else {
             wg_wait1();  // k-tile kt - 1's wgmmas retired
         }
-        const u32 upto = send ? kt + 1 : kt;
+        const u32 upto = send || !MWS_INFLIGHT ? kt + 1 : kt;
         for (; rel < upto; ++rel)
             if (lane == 0) mbar_arrive(empty + rel % S);
         if (send) {
@@ -1302,7 +1308,7 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
         if (n < N && m < M) out.put(m, n, tots[i * 256 + ct], R);
     }
 #else
-    __trap();  // sm_90a only
+    __trap();  // sm_90a, the 128-token build only (the host launches mws only there)
 #endif
 }
 
@@ -1315,7 +1321,6 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
         product_ws<FMT>(W, X, o, R, M, N, nkt, nseg, kp);                                                     \
     }
 
-#if MWG_N == 128  // the host launches mws only with the 128-token build
+// Every build defines them (one kernel list per module); only the 128-token build has a body.
 MWS_KERNEL(f16, FmtF16<0>)
 MWS_KERNEL(bf16, FmtF16<1>)
-#endif

@@ -19,7 +19,7 @@ fn rand_vec(seed: u64, s: u64, n: usize, scale: f32) -> Vec<f32> {
 }
 
 /// Relative tolerance per weight type. The kernels follow the CPU's operation order, so all are
-/// expected to be exact, except F32 under `MEMRA_F32_ROWS=1` (matmul_f32_rows: 8 K chunks, fma,
+/// expected to be exact, except F32 (matmul_f32_rows, unless `MEMRA_F32_ROWS=0`: 8 K chunks, fma,
 /// a lane tree: the GPU's own order, within ~K ulps of the CPU's dot_f32, 1e-5 of the largest
 /// output at K <= 576).
 fn matmul_tol(_d: DType) -> f64 {

@@ -99,10 +99,10 @@ pub fn attn_row_splits(ctx: usize, window: Option<usize>) -> usize {
 
 /// Whether a launch runs the tensor-core attention: the `attn_mma` family is in use (`kernel`),
 /// `group` query heads per KV head fit its 16 mma rows, and it has a kernel for `head_dim` over
-/// `kv` ([`attn_mma_kernel`]) and the window. Without `ext` (`MEMRA_ATTN_EXT=1`, until the H200
-/// has gated it): head dims 64 and 128 without a window; windowed layers (Gemma 3's local layers)
-/// and head_dim 256 take the CUDA-core split kernels. With `ext`: windows on every head dim, and
-/// head_dim 256 over f16 / bf16 caches.
+/// `kv` ([`attn_mma_kernel`]) and the window. With `ext` (the default; `MEMRA_ATTN_EXT=0` turns it
+/// off): windows on every head dim, and head_dim 256 over f16 / bf16 caches. Without it: head dims
+/// 64 and 128 without a window; windowed layers (Gemma 3's local layers) and head_dim 256 take the
+/// CUDA-core split kernels.
 pub fn attn_mma_eligible(
     kernel: &str,
     head_dim: usize,
@@ -387,7 +387,7 @@ mod tests {
             }
         }
         assert_eq!(attn_mma_kernel(96, KvDtype::F16, true), None);
-        // head_dim 256 and windows only with MEMRA_ATTN_EXT=1.
+        // head_dim 256 and windows only with `ext` (MEMRA_ATTN_EXT=0 turns it off).
         assert!(!attn_mma_eligible(
             "attn_mma",
             256,

@@ -128,11 +128,12 @@ pub struct Gpu {
     /// `MEMRA_ATTN_WIDE=0`: a split-mode block whose tokens fit one tile keeps its work on one
     /// warp (default: spread over the block's 4 warps, the same bits).
     pub(super) attn_wide: bool,
-    /// `MEMRA_ATTN_EXT=1`: the tensor-core attention also for sliding windows and head_dim 256
-    /// (attention.rs `attn_mma_eligible`; until the H200 has gated it).
+    /// The tensor-core attention also for sliding windows and head_dim 256 (attention.rs
+    /// `attn_mma_eligible`; default since H200 session 13, `MEMRA_ATTN_EXT=0` turns it off).
     pub(super) attn_ext: bool,
-    /// `MEMRA_F32_ROWS=1`: F32 weights (MoE routers) by `matmul_f32_rows` (one block of 8 warps
-    /// per output feature, the GPU's own order) instead of the v1 half-warp body.
+    /// F32 weights (MoE routers) by `matmul_f32_rows` (one block of 8 warps per output feature,
+    /// the GPU's own order; default since H200 session 13) instead of the v1 half-warp body
+    /// (`MEMRA_F32_ROWS=0`).
     pub(super) f32_rows: bool,
     /// Resident blocks per multiprocessor of an attention kernel with its shared memory.
     occupancy: Mutex<HashMap<(&'static str, usize), usize>>,
@@ -229,8 +230,8 @@ impl Gpu {
             attn_stages: super::attn_stages_default(),
             attn_grid_y_force: super::attn_grid_y_default(),
             attn_wide: std::env::var("MEMRA_ATTN_WIDE").map_or(true, |v| v != "0"),
-            f32_rows: std::env::var("MEMRA_F32_ROWS").is_ok_and(|v| v == "1"),
-            attn_ext: std::env::var("MEMRA_ATTN_EXT").is_ok_and(|v| v == "1"),
+            f32_rows: std::env::var("MEMRA_F32_ROWS").map_or(true, |v| v != "0"),
+            attn_ext: std::env::var("MEMRA_ATTN_EXT").map_or(true, |v| v != "0"),
             occupancy: Mutex::new(HashMap::new()),
             funcs,
             variants: Mutex::new(HashMap::new()),
@@ -303,7 +304,7 @@ impl Gpu {
             let f = loaded
                 .load_function(k)
                 .map_err(|e| self.err(format!("kernel {k} of {}: {e:?}", m.file)))?;
-            if k.starts_with("mms_") || k.starts_with("mwg_") {
+            if k.starts_with("mms_") || k.starts_with("mwg_") || k.starts_with("mws_") {
                 self.allow_dynamic_smem(&f).map_err(|e| {
                     self.err(format!("kernel {k} of {}: shared memory: {e:?}", m.file))
                 })?;
@@ -504,7 +505,7 @@ impl Gpu {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        // MEMRA_F32_ROWS=1: F32 by matmul_f32_rows, one block per output feature.
+        // F32 by matmul_f32_rows, one block per output feature (unless MEMRA_F32_ROWS=0).
         let rows = dtype == DType::F32 && self.f32_rows;
         let name = match rows {
             true => "matmul_f32_rows".to_string(),

@@ -500,7 +500,7 @@ impl Ops for CudaOps {
 
 /// Whether the CUDA backend has `f`'s kernels: every feature (the mixture-of-experts FFN runs
 /// on the device, moe.rs; the MTP forward's hidden input, hidden.rs). Sliding windows run on the
-/// CUDA-core split attention, or the tensor-core one with `MEMRA_ATTN_EXT=1`
+/// tensor-core attention, or the CUDA-core split one with `MEMRA_ATTN_EXT=0`
 /// (`attn_mma_eligible`).
 fn gpu_has(f: Feature) -> bool {
     match f {

@@ -670,7 +670,10 @@ mod tests {
         assert!(p.all_launches().iter().all(|l| !l.ws));
         p.ws = true;
         let l = p.launch(512, DType::F16, 4096);
-        assert!(l.ws && l.wg && l.smem && l.max_threads() == WS_THREADS, "{l:?}");
+        assert!(
+            l.ws && l.wg && l.smem && l.max_threads() == WS_THREADS,
+            "{l:?}"
+        );
         assert_eq!(l.name(), "nt16r1x");
         // One block per SM: 4 slots of 16 KiB tiles + 16 KiB token rows, 64 KiB of totals.
         let f = crate::quant::repack::tile_format(DType::F16).unwrap();
@@ -683,9 +686,11 @@ mod tests {
         let all = p.all_launches();
         assert!(all.contains(&l) && all.contains(&warpgroup(DType::F16).unwrap()));
         assert!(!p.launch(512, DType::Q4_K, 4096).ws);
-        assert!(kernel_builds("compute_90a")
-            .iter()
-            .any(|(_, b)| b.defines.contains(&"MWG_N=128".to_string())));
+        assert!(
+            kernel_builds("compute_90a")
+                .iter()
+                .any(|(_, b)| b.defines.contains(&"MWG_N=128".to_string()))
+        );
         // Not on a device without wgmma.
         let mut b = Profile::new("compute_120a", 170, 99 * 1024);
         b.ws = true;
