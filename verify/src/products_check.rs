@@ -170,7 +170,7 @@ pub fn product_geometry_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result
         if let Some(l) = profile::warpgroup(dtype).filter(|_| profile.wgmma) {
             launches.push(("wgmma".into(), l));
         }
-        // The warp-specialized launch with MEMRA_WGMMA_WS=1 (until the H200 has run it).
+        // The warp-specialized launch (F16 / BF16 on sm_90a unless MEMRA_WGMMA_WS=0).
         if let Some(l) = profile::warp_specialized(dtype).filter(|_| profile.wgmma && profile.ws) {
             launches.push(("wgmma-ws".into(), l));
         }

@@ -23,8 +23,8 @@ pub struct Launch {
     /// warpgroups x 64 rows x `8 nt` tokens per block, each k16 step one wgmma (same bits).
     pub wg: bool,
     /// With `wg`: the warp-specialized warpgroup product (`mws_<type>`, F16 / BF16): 3
-    /// warpgroups (one copies, two compute 64 rows x `8 nt` tokens each), mbarrier slots, one
-    /// wgmma group in flight, segment totals in shared memory. Same bits.
+    /// warpgroups (one copies, two compute 64 rows x `8 nt` tokens each), mbarrier slots,
+    /// segment totals in shared memory. Same bits.
     pub ws: bool,
 }
 
@@ -192,8 +192,8 @@ pub struct Profile {
     /// take ~83 KiB and ~116 registers, so two fit one SM. Speed only.
     pub wg_tokens: Option<u32>,
     /// F16 / BF16 large-M products take the warp-specialized launch ([`warp_specialized`])
-    /// instead of [`warpgroup`]'s (`MEMRA_WGMMA_WS=1`, for measuring; docs/FLAGS.md). Speed
-    /// only.
+    /// where its 128-token grid fills the device, else [`warpgroup`]'s (default on sm_90a since
+    /// H200 session 13; `MEMRA_WGMMA_WS=0` turns it off; docs/FLAGS.md). Speed only.
     pub ws: bool,
 }
 
@@ -272,8 +272,8 @@ pub const fn warpgroup(dtype: DType) -> Option<Launch> {
     })
 }
 
-/// The warp-specialized launch of a `dtype` product (sm_90a, `MEMRA_WGMMA_WS=1`), when it has
-/// one: F16 / BF16, 128 rows x 128 tokens per block (~193 KiB: one block per SM).
+/// The warp-specialized launch of a `dtype` product (sm_90a, the default unless
+/// `MEMRA_WGMMA_WS=0`), when it has one: F16 / BF16, 128 rows x 128 tokens per block (~193 KiB: one block per SM).
 pub const fn warp_specialized(dtype: DType) -> Option<Launch> {
     match dtype {
         DType::F16 | DType::BF16 => Some(Launch {
@@ -310,12 +310,12 @@ impl Profile {
             wgmma_types: WGMMA_DEFAULT.to_vec(),
             moe_grouped: None,
             wg_tokens: None,
-            ws: false,
+            ws: arch == "compute_90a",
         }
     }
 
-    /// The warpgroup launch of `dtype` on this device: [`warp_specialized`] with
-    /// `MEMRA_WGMMA_WS=1`, else [`Profile::warpgroup_plain`].
+    /// The warpgroup launch of `dtype` on this device for a grid that fills it: [`warp_specialized`]
+    /// (unless `MEMRA_WGMMA_WS=0`), else [`Profile::warpgroup_plain`].
     pub fn warpgroup(&self, dtype: DType) -> Option<Launch> {
         warp_specialized(dtype)
             .filter(|_| self.ws)
@@ -474,10 +474,13 @@ impl Profile {
             17..=64 => split(2),
             _ => {
                 let wanted = self.wgmma_for(dtype) && self.smem_tile.is_none();
-                if let Some(w) = self.warpgroup(dtype).filter(|_| wanted) {
+                // The warp-specialized launch (128 tokens per block) where its grid covers at
+                // least half the SMs, else the plain warpgroup one (64 tokens for F16 / BF16).
+                let ws = warp_specialized(dtype).filter(|_| self.ws);
+                for w in [ws, self.warpgroup_plain(dtype)].into_iter().flatten() {
                     let (br, bt) = w.smem_block();
                     let blocks = rows.div_ceil(br) * m.div_ceil(bt);
-                    if 2 * blocks >= self.sms as usize && w.fits(dtype, self.smem_max) {
+                    if wanted && 2 * blocks >= self.sms as usize && w.fits(dtype, self.smem_max) {
                         return w;
                     }
                 }
@@ -629,8 +632,10 @@ mod tests {
         for d in [DType::BF16, DType::Q8_0, DType::Q6_K] {
             assert!(!p.launch(512, d, 4096).wg, "{d}");
         }
-        // F16 at 64 tokens per block: two blocks fit one SM (228 KiB).
-        let l = p.launch(512, DType::F16, 4096);
+        // F16's plain warpgroup launch (MEMRA_WGMMA_WS=0, or a grid too small for the
+        // warp-specialized one) at 64 tokens per block: two blocks fit one SM (228 KiB).
+        assert!(p.launch(512, DType::F16, 4096).ws);
+        let l = p.launch(256, DType::F16, 4096);
         let f = crate::quant::repack::tile_format(DType::F16).unwrap();
         assert!(
             l.nt == 8 && 2 * l.smem_bytes(f.tile_bytes, f.kt) <= 228 * 1024,
@@ -651,6 +656,7 @@ mod tests {
         // MEMRA_WGMMA_TOKENS=128: F16 blocks of 128 tokens, compiled at load like every other
         // launch; Q6_K's stages would not fit at 128 (the shared-memory product then).
         p.wg_tokens = Some(128);
+        p.ws = false;
         let l = p.launch(512, DType::F16, 4096);
         assert!(l.wg && l.nt == 16 && p.all_launches().contains(&l), "{l:?}");
         assert!(!p.launch(512, DType::Q6_K, 4096).wg);
@@ -664,11 +670,17 @@ mod tests {
     }
 
     #[test]
-    fn the_warp_specialized_launch_is_opt_in_for_f16_and_bf16() {
+    fn the_warp_specialized_launch_takes_large_f16_and_bf16_products() {
         let mut p = Profile::new("compute_90a", 132, SMEM_MAX_SM90);
+        p.ws = false;
         assert!(!p.launch(512, DType::F16, 4096).ws);
         assert!(p.all_launches().iter().all(|l| !l.ws));
         p.ws = true;
+        assert_eq!(Profile::new("compute_90a", 132, SMEM_MAX_SM90).ws, p.ws);
+        // 4096 rows x 256 tokens: 64 blocks of 128 x 128 leave half the SMs idle; the plain
+        // warpgroup launch (64 tokens per block, two per SM) takes it.
+        let mid = p.launch(256, DType::F16, 4096);
+        assert!(mid.wg && !mid.ws, "{mid:?}");
         let l = p.launch(512, DType::F16, 4096);
         assert!(
             l.ws && l.wg && l.smem && l.max_threads() == WS_THREADS,
