@@ -108,8 +108,8 @@ __device__ __forceinline__ unsigned long long wg_desc(const void* smem) {
            ((unsigned long long)(256 >> 4) << 32);
 }
 
-// Descriptor of a 128-byte-swizzled K-major B operand (the MWG_GATHER = 3 experiment, not yet
-// run on a GPU): rows (columns n of B) of 64 16-bit k values = 128 bytes, the 16-byte chunk j of
+// Descriptor of a 128-byte-swizzled K-major B operand (product_ws; bit-equal to wg_desc's
+// layout on the H200, session 13): rows (columns n of B) of 64 16-bit k values = 128 bytes, the 16-byte chunk j of
 // row r stored at chunk j ^ (r % 8), 8-row groups 1024 bytes apart (SBO; LBO unused: 1), each
 // 8 x 128-byte atom 1024-byte aligned; k16 step s of an atom starts at its address + 32 s.
 __device__ __forceinline__ unsigned long long wg_desc_sw128(const void* smem) {

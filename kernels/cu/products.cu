@@ -575,7 +575,7 @@ __device__ __forceinline__ void mwg_scaled(const typename F::Tile& tl, const u8*
     }
 }
 
-// Shared by the warpgroup products (product_wg, product_wgp, product_wgg): one k-tile's wgmmas
+// Shared by the warpgroup products (product_wg, product_ws): one k-tile's wgmmas
 // (fence, then the NB blocks' two k16 steps in order; `desc(step)`: step's B descriptor) and
 // their commit; a segment's end (totals += chain in order, the chain back to -0.0); the totals
 // out.
@@ -664,347 +664,6 @@ __device__ __forceinline__ void product_wg(const u8* __restrict__ W, const u8* _
     mwg_store<ND>(out, tot, R, M, N, (rt0 + warp) * 16, m0);
 #else
     __trap();  // sm_90a only: the host launches mwg only there (profile.rs)
-#endif
-}
-
-// Experiment (session 8, NOT yet run on a GPU; products.cu with `#define MWG_PIPE 1` through
-// MEMRA_KERNEL_DIR to A/B it): the same sequence as product_wg with one block barrier per
-// k-tile and the wgmmas of k-tile kt still running while the block prepares kt + 1. Token rows go
-// global -> registers -> the B layout (no raw stage, no rewrite pass): thread i loads its items
-// of k-tile kt + S - 1 in iteration kt and stores them in iteration kt + 1 (after that
-// iteration's barrier, when every warpgroup has waited for the wgmmas that read the slot), so a
-// load has a whole iteration to land. Weight tiles keep cp.async. B slots are per stage.
-#ifndef MWG_PIPE
-#define MWG_PIPE 0
-#endif
-
-template <class F>
-struct MwgP {
-    enum {
-        TILES = 8,
-        ABYTES = TILES * F::TB,
-        STEP = MWG_N * 32,
-        BBYTES = (F::KT / 16) * STEP,
-        STAGE = ABYTES + BBYTES,
-        ITEMS = MWG_N * (F::KT / 32) / 256,  // (token, 32-column block) items per thread
-    };
-};
-
-template <class F>
-__device__ __forceinline__ void mwgp_load_x(const u8* __restrict__ X, u32 kt, u32 m0, u32 M, u32 kp,
-                                            uint4 xr[MwgP<F>::ITEMS][4]) {
-#pragma unroll
-    for (int j = 0; j < MwgP<F>::ITEMS; ++j) {
-        const u32 item = threadIdx.x + 256 * j;
-        const u32 n = item % MWG_N, bb = item / MWG_N;
-        const u32 m = min(m0 + n, M - 1);  // past M: a copy of row M - 1, never written out
-        const u8* src = X + ((u64)m * kp + (u64)kt * F::KT) * 2 + bb * 64;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) xr[j][q] = ld16(src + 16 * q);
-    }
-}
-
-template <class F>
-__device__ __forceinline__ void mwgp_store_x(u8* bl, const uint4 xr[MwgP<F>::ITEMS][4]) {
-#pragma unroll
-    for (int j = 0; j < MwgP<F>::ITEMS; ++j) {
-        const u32 item = threadIdx.x + 256 * j;
-        const u32 n = item % MWG_N, bb = item / MWG_N;
-        const uint4 q0 = xr[j][0], q1 = xr[j][1], q2 = xr[j][2], q3 = xr[j][3];
-        u8* d0 = bl + 2 * bb * MwgP<F>::STEP + (n / 8) * 256 + (n % 8) * 16;
-        u8* d1 = d0 + MwgP<F>::STEP;
-        *(uint4*)d0 = make_uint4(q0.x, q1.x, q2.x, q3.x);
-        *(uint4*)(d0 + 128) = make_uint4(q0.y, q1.y, q2.y, q3.y);
-        *(uint4*)d1 = make_uint4(q0.z, q1.z, q2.z, q3.z);
-        *(uint4*)(d1 + 128) = make_uint4(q0.w, q1.w, q2.w, q3.w);
-    }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-template <class F>
-__device__ __forceinline__ void mwgp_stage_a(u8* st, const u8* __restrict__ W, u32 kt, u32 rt0, u32 nrt,
-                                             u32 nkt) {
-    constexpr u32 ACH = F::TB / 16;
-    for (u32 i = threadIdx.x; i < MwgP<F>::TILES * ACH; i += blockDim.x) {
-        const u32 tl = i / ACH, c = i % ACH;
-        const u32 rt = min(rt0 + tl, nrt - 1);
-        cp_async16(st + tl * F::TB + c * 16, W + ((u64)rt * nkt + kt) * F::TB + c * 16);
-    }
-}
-
-template <class F>
-__device__ __forceinline__ void product_wgp(const u8* __restrict__ W, const u8* __restrict__ X, const Outs& out,
-                                            const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {
-#if MWG_OK
-    static_assert(MMS_STAGES >= 3, "a B slot is rewritten two iterations after its wgmmas were issued");
-    extern __shared__ uint4 mwg_smem[];
-    u8* sm = (u8*)mwg_smem;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    const u32 nrt = (N + 15) / 16;
-    const u32 rt0 = blockIdx.x * MwgP<F>::TILES;
-    const u32 m0 = blockIdx.y * MWG_N;
-    constexpr int ND = MWG_N / 2;
-    constexpr u32 S = MMS_STAGES;
-    float acc[ND], tot[ND];
-#pragma unroll
-    for (int i = 0; i < ND; ++i) acc[i] = tot[i] = NEG_ZERO;
-    uint4 xr[MwgP<F>::ITEMS][4];
-    // Prologue: weight tiles of k-tiles 0..S-2 by cp.async, token rows of 0..S-3 stored now, of
-    // S-2 loaded into registers (stored in iteration 0).
-#pragma unroll
-    for (u32 s = 0; s + 1 < S; ++s) {
-        if (s < nkt) mwgp_stage_a<F>(sm + s * MwgP<F>::STAGE, W, s, rt0, nrt, nkt);
-        cp_async_commit();
-        if (s < nkt) {
-            mwgp_load_x<F>(X, s, m0, M, kp, xr);
-            if (s + 2 < S) mwgp_store_x<F>(sm + s * MwgP<F>::STAGE + MwgP<F>::ABYTES, xr);
-        }
-    }
-    u32 seg = 0, kend = nkt / nseg;
-    for (u32 kt = 0; kt < nkt; ++kt) {
-        cp_async_wait<S - 2>();
-        __syncthreads();  // tiles of kt in; B of kt stored (last iteration); every warpgroup has
-                          // waited for the wgmmas of kt - 2 and read its tiles of kt - 1
-        const u32 nx = kt + S - 2;  // token rows held in registers since the last iteration
-        if (nx < nkt) mwgp_store_x<F>(sm + (nx % S) * MwgP<F>::STAGE + MwgP<F>::ABYTES, xr);
-        const u32 nk = kt + S - 1;
-        if (nk < nkt) {
-            mwgp_stage_a<F>(sm + (nk % S) * MwgP<F>::STAGE, W, nk, rt0, nrt, nkt);
-            mwgp_load_x<F>(X, nk, m0, M, kp, xr);
-        }
-        cp_async_commit();
-        const u8* a = sm + (kt % S) * MwgP<F>::STAGE;
-        const u8* bl = a + MwgP<F>::ABYTES;
-        typename F::Tile tl;
-        F::template load<Sld>(a + warp * F::TB, lane, tl);
-        mwg_issue<F>(acc, tl, [&](int st) { return wg_desc(bl + st * MwgP<F>::STEP); });
-        if (kt + 1 == kend) {  // the end of segment `seg`: its chain must be complete
-            wg_wait0();
-            mwg_fold<ND>(tot, acc);
-            ++seg;
-            kend = (seg + 1) * nkt / nseg;
-        } else {
-            wg_wait1();  // the wgmmas of kt - 1 are done (their B slot is free after the barrier)
-        }
-    }
-    cp_async_wait<0>();
-    mwg_store<ND>(out, tot, R, M, N, (rt0 + warp) * 16, m0);
-#else
-    __trap();
-#endif
-}
-
-// Experiment (session 10, compile-checked only, NOT yet run on a GPU; products.cu with
-// `#define MWG_GATHER 1` (2, 3) through MEMRA_KERNEL_DIR to A/B it): the same sequence as
-// product_wg (the same wgmmas per k-tile in the same order into the same chains, the same
-// segment ends and totals), with the token rows staged by cp.async straight into a wgmma B
-// layout: 4-byte copies (cp_async4), one per 32-bit word of the prepared activations, in each
-// stage's commit group next to the weight tiles' 16-byte copies. No raw token rows, no rewrite
-// pass, one block barrier per k-tile, and one wgmma group in flight (wait_group 1): k-tile kt's
-// wgmmas run while the block waits for k-tile kt + 1, syncs and loads its A fragments.
-//
-// Word w = 4t + 2 st + h of 32-column block bb of a token row (prep.cuh) holds columns
-// 16 st + 8 h + 2t, +1. Layouts and which thread copies which word (speed only: every layout
-// hands the wgmma the same B values, so the same bits):
-//   MWG_GATHER = 1: wg_desc's layout (what mwg_relayout writes): the word goes to step 2 bb + st,
-//     k-half h, row n of the core matrix of columns n / 8, 4-byte column t: (2 bb + st) * STEP +
-//     h * 128 + (n / 8) * 256 + (n % 8) * 16 + 4t. A warp's copy writes one whole core matrix (8
-//     tokens x 16 bytes, 128 contiguous bytes: no bank conflict) and reads 16 bytes (4 words 16
-//     bytes apart) of each of 8 token rows (the 4 copies of those bytes hit L1: .ca);
-//   MWG_GATHER = 2: the same layout; a warp reads 2 token rows' 64 contiguous bytes (coalesced)
-//     and writes 8 16-byte core rows whose k-halves / steps share banks (4-way conflict);
-//   MWG_GATHER = 3 (F16 / BF16 / Q4_K; the scaled formats take 1): the 128-byte swizzle
-//     (wg_desc_sw128): per 64 columns (2 blocks), an atom column of MWG_N rows of 128 bytes,
-//     token n's row at (n / 8) * 1024 + (n % 8) * 128, column k's 16-byte chunk k / 8 at
-//     (k / 8) ^ (n % 8). A warp's copy moves one token row's 128 contiguous bytes (coalesced)
-//     into one 128-byte row, the XOR spreading it over all 32 banks (no conflict).
-// tools/mwg_gather_layout.py checks the three maps against the descriptors' addressing on the CPU.
-//
-// Slots: weights k-tile j in A slot j % S, token rows in B slot j % (S + 1) (S = MMS_STAGES).
-// Iteration kt: cp.async.wait_group S - 2 (k-tiles 0..kt landed: S - 1 groups from the
-// prologue, one per earlier iteration), fence.proxy.async (this thread's landed copies made
-// visible to the wgmma's async proxy), barrier, then the copies of k-tile kt + S - 1:
-//   * A slot (kt + S - 1) % S = (kt - 1) % S: read only by ld.shared (F::load) of iteration
-//     kt - 1, which every warp finished before this barrier (as in product_smem);
-//   * B slot (kt + S - 1) % (S + 1) = (kt - 2) % (S + 1): read by the wgmmas of k-tile kt - 2.
-//     Every warpgroup, in iteration kt - 1, committed k-tile kt - 1's group and then passed
-//     wait_group 1 (all but the newest group complete: kt - 2's is) or wait_group 0, before
-//     arriving at this barrier. So no wgmma of any warpgroup still reads it. The slots of
-//     k-tiles kt - 2 .. kt + S - 2 (in flight: kt - 1's wgmmas, kt's, the copies of kt + 1 ..
-//     kt + S - 2) are S + 1 consecutive k-tiles, hence distinct slots. With S B slots the copy
-//     would go to k-tile kt - 1's slot, whose wgmmas may still run in either warpgroup (only
-//     wait_group 1 has passed): the extra slot is what one group in flight costs.
-//   S = 3: 3 A slots, 4 B slots, the copies of 2 k-tiles in flight behind the one computed;
-//   S = 4: 4 A slots, 5 B slots, 3 k-tiles in flight.
-// Shared memory: S * ABYTES + (S + 1) * BBYTES (+ up to 1008 bytes to align the B slots to 1024
-// for the swizzle) is within the host's mwg allocation (profile.rs smem_bytes:
-// S * (ABYTES + MWG_N * (2 KT + 16)) + BBYTES, 16 * S * MWG_N bytes more; checked below), so the
-// host launches it unchanged.
-// Segment ends: wait_group 0 before the accumulators are added into the totals (same order).
-// The scaled formats (F::WGP > 0) run mwg_scaled on the B slot as product_wg does (it waits for
-// each part: nothing stays in flight past a k-tile), so they only gain the gather.
-#ifndef MWG_GATHER
-#define MWG_GATHER 0
-#endif
-
-template <class F>
-struct MwgG {
-    enum {
-        S = MMS_STAGES,
-        TILES = 8,
-        ABYTES = TILES * F::TB,
-        STEP = MWG_N * 32,
-        BBYTES = (F::KT / 16) * STEP,
-        BOFF = S * ABYTES,  // the S + 1 B slots after the S A slots (aligned up to 1024 at run time)
-        SMEM = S * ABYTES + 1008 + (S + 1) * BBYTES,
-        BLOCKS = F::KT / 32,
-        // The layout (MWG_GATHER; 3 for the pure chains only: mwg_scaled reads wg_desc's).
-        MAP = MWG_GATHER == 3 && F::WGP != 0 ? 1 : MWG_GATHER,
-        // Token rows per thread: 64 tokens x 4 words per pass (1), 16 tokens x 16 words (2), one
-        // token per warp and 8-token group (3).
-        ROWS = MAP == 3 ? MWG_N / 8 : MAP == 2 ? MWG_N / 16 : MWG_N / 64,
-    };
-};
-
-// Descriptor of k16 step s of a B slot.
-template <class F>
-__device__ __forceinline__ unsigned long long mwgg_desc(const u8* bl, int s) {
-    if constexpr (MwgG<F>::MAP == 3) return wg_desc_sw128(bl + (s / 4) * (MWG_N * 128) + (s % 4) * 32);
-    else return wg_desc(bl + s * MwgG<F>::STEP);
-}
-
-// This thread's token rows (clamped: past M a copy of row M - 1, never written out), with its
-// fixed byte offset inside the k-tile folded in.
-template <class F>
-__device__ __forceinline__ void mwgg_rows(const u8* __restrict__ X, u32 m0, u32 M, u32 kp,
-                                          const u8* xr[MwgG<F>::ROWS]) {
-    constexpr int MAP = MwgG<F>::MAP;
-    const u32 tid = threadIdx.x;
-#pragma unroll
-    for (int j = 0; j < MwgG<F>::ROWS; ++j) {
-        u32 n, off;
-        if constexpr (MAP == 3) {
-            n = (tid >> 5) + 8 * j;
-            off = 4 * (tid & 31);  // word `lane` of each 128 bytes
-        } else if constexpr (MAP == 2) {
-            n = (tid >> 4) + 16 * j;
-            off = 16 * ((tid >> 2) & 3) + 4 * (tid & 3);  // word 4t + c of each block
-        } else {
-            n = (tid >> 2) + 64 * j;
-            off = 16 * (tid & 3);  // words 4t .. 4t + 3 of each block (one per copy)
-        }
-        xr[j] = X + (u64)min(m0 + n, M - 1) * kp * 2 + off;
-    }
-}
-
-// The cp.async copies of k-tile kt's token rows into B slot `bs`.
-template <class F>
-__device__ __forceinline__ void mwgg_stage_b(u8* bs, const u8* const xr[MwgG<F>::ROWS], u32 kt) {
-    using L = MwgG<F>;
-    const u32 tid = threadIdx.x;
-    const u64 kb = (u64)kt * F::KT * 2;
-    if constexpr (L::MAP == 3) {
-        const u32 lane = tid & 31, w = tid >> 5;  // tokens w + 8 j: row w of every 8-row group
-        const u32 t = (lane >> 2) & 3, ch = 4 * (lane >> 4) + (lane & 3);  // chunk (k % 64) / 8
-        u8* d = bs + w * 128 + ((ch ^ w) * 16) + 4 * t;
-#pragma unroll
-        for (int j = 0; j < L::ROWS; ++j)
-#pragma unroll
-            for (int q = 0; q < F::KT / 64; ++q) cp_async4(d + q * (MWG_N * 128) + 1024 * j, xr[j] + kb + 128 * q);
-    } else if constexpr (L::MAP == 2) {
-        const u32 c = tid & 3, t = (tid >> 2) & 3, nl = tid >> 4;
-        u8* d = bs + (c >> 1) * L::STEP + (c & 1) * 128 + (nl / 8) * 256 + (nl % 8) * 16 + 4 * t;
-#pragma unroll
-        for (int j = 0; j < L::ROWS; ++j)
-#pragma unroll
-            for (int bb = 0; bb < L::BLOCKS; ++bb) cp_async4(d + 2 * bb * L::STEP + 512 * j, xr[j] + kb + 64 * bb);
-    } else {
-        const u32 t = tid & 3, nl = tid >> 2;
-        u8* d = bs + (nl / 8) * 256 + (nl % 8) * 16 + 4 * t;
-#pragma unroll
-        for (int j = 0; j < L::ROWS; ++j)
-#pragma unroll
-            for (int bb = 0; bb < L::BLOCKS; ++bb)
-#pragma unroll
-                for (int c = 0; c < 4; ++c)
-                    cp_async4(d + 2048 * j + (2 * bb + (c >> 1)) * L::STEP + (c & 1) * 128,
-                              xr[j] + kb + 64 * bb + 4 * c);
-    }
-}
-
-template <class F>
-__device__ __forceinline__ void product_wgg(const u8* __restrict__ W, const u8* __restrict__ X, const Outs& out,
-                                            const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {
-#if MWG_OK
-    using L = MwgG<F>;
-    static_assert(L::SMEM <= MMS_STAGES * Mwg<F>::STAGE + Mwg<F>::BBYTES,
-                  "the host allocates product_wg's shared memory (profile.rs smem_bytes)");
-    static_assert(L::S >= 2 && MWG_N % 64 == 0 && L::ABYTES % 16 == 0 && L::BBYTES % 1024 == 0, "slot alignment");
-    static_assert(L::MAP != 3 || F::KT % 64 == 0, "whole 128-byte swizzle atoms");
-    extern __shared__ uint4 mwg_smem[];
-    u8* sm = (u8*)mwg_smem;
-    const u32 sbase = (u32)__cvta_generic_to_shared(sm);
-    u8* bsl = sm + (((sbase + L::BOFF + 1023) & ~1023u) - sbase);  // B slot 0, 1024-byte aligned
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    const u32 nrt = (N + 15) / 16;
-    const u32 rt0 = blockIdx.x * L::TILES;
-    const u32 m0 = blockIdx.y * MWG_N;
-    constexpr int ND = MWG_N / 2;
-    constexpr u32 S = L::S;
-    float acc[ND], tot[ND];
-#pragma unroll
-    for (int i = 0; i < ND; ++i) acc[i] = tot[i] = NEG_ZERO;
-    const u8* xr[L::ROWS];
-    mwgg_rows<F>(X, m0, M, kp, xr);
-#pragma unroll
-    for (u32 s = 0; s + 1 < S; ++s) {
-        if (s < nkt) {
-            mwgp_stage_a<F>(sm + s * L::ABYTES, W, s, rt0, nrt, nkt);
-            mwgg_stage_b<F>(bsl + s * L::BBYTES, xr, s);
-        }
-        cp_async_commit();
-    }
-    u32 seg = 0, kend = nkt / nseg;
-    for (u32 kt = 0; kt < nkt; ++kt) {
-        cp_async_wait<S - 2>();
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();  // k-tile kt in; every warp has read A slot kt - 1 and every warpgroup
-                          // has retired the wgmmas of k-tile kt - 2 (the comment above)
-        const u32 nk = kt + S - 1;
-        if (nk < nkt) {
-            mwgp_stage_a<F>(sm + (nk % S) * L::ABYTES, W, nk, rt0, nrt, nkt);
-            mwgg_stage_b<F>(bsl + (nk % (S + 1)) * L::BBYTES, xr, nk);
-        }
-        cp_async_commit();
-        const u8* a = sm + (kt % S) * L::ABYTES;
-        const u8* bl = bsl + (kt % (S + 1)) * L::BBYTES;
-        typename F::Tile tl;
-        F::template load<Sld>(a + warp * F::TB, lane, tl);
-        const bool send = kt + 1 == kend;  // the end of segment `seg`
-        if constexpr (F::WGP == 0) {
-            mwg_issue<F>(acc, tl, [&](int st) { return mwgg_desc<F>(bl, st); });
-            if (send) {
-                wg_wait0();  // the segment's chain complete
-                wg_keep<MWG_N>(acc);
-            } else {
-                wg_wait1();  // k-tile kt - 1's wgmmas done: its B slot is free after the next barrier
-            }
-        } else {
-            mwg_scaled<F>(tl, bl, acc);  // waits for every part (wait_group 0)
-        }
-        if (send) {
-            mwg_fold<ND>(tot, acc);
-            ++seg;
-            kend = (seg + 1) * nkt / nseg;
-        }
-    }
-    wg_wait0();  // nothing is in flight here (the last k-tile ends the last segment)
-    cp_async_wait<0>();
-    mwg_store<ND>(out, tot, R, M, N, (rt0 + warp) * 16, m0);
-#else
-    __trap();  // sm_90a only
 #endif
 }
 
@@ -1118,20 +777,12 @@ MMS_KERNEL(q6_k, FmtQ6_K, 1)
 MMS_KERNEL(f16, FmtF16<0>, 2)
 MMS_KERNEL(bf16, FmtF16<1>, 2)
 
-// The pipelined experiment (MWG_PIPE) for the pure-chain formats (F::WGP = 0: Q4_K, F16, BF16)
-// where a thread has whole items to stage (MwgP::ITEMS > 0: not F16 / BF16 at MWG_N = 64, the
-// module variant of the 64-token launches, which every mwg kernel shares); the others take
-// product_wg.
+// (The MWG_PIPE / MWG_GATHER experiments that could replace product_wg here were deleted in
+// session 13: reports/kernel-notes.md.)
 template <class F>
 __device__ __forceinline__ void product_mwg(const u8* __restrict__ W, const u8* __restrict__ X, const Outs& out,
                                             const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {
-    if constexpr (MWG_GATHER != 0) {
-        product_wgg<F>(W, X, out, R, M, N, nkt, nseg, kp);
-    } else if constexpr (MWG_PIPE && F::WGP == 0 && MWG_N * (F::KT / 32) >= 256) {
-        product_wgp<F>(W, X, out, R, M, N, nkt, nseg, kp);
-    } else {
-        product_wg<F>(W, X, out, R, M, N, nkt, nseg, kp);
-    }
+    product_wg<F>(W, X, out, R, M, N, nkt, nseg, kp);
 }
 
 // The warpgroup product (sm_90a): one block of 2 warpgroups per SM.
@@ -1157,9 +808,15 @@ MWG_KERNEL(q6_k, FmtQ6_K)
 // sums added into the totals in order from -0.0), so its bits equal mwg's, mms's and mmq's at
 // every M. What differs is who waits for what:
 //   * 3 warpgroups: warpgroup 0 only copies (cp.async: the weight tiles of a k-tile in 16-byte
-//     copies, the token rows in 4-byte copies straight into the 128-byte-swizzled B layout of
-//     MWG_GATHER = 3, wg_desc_sw128), warpgroups 1 and 2 only compute: 64 rows (warp w of the
-//     pair: row tile w of the block's 8) x MWG_N tokens each;
+//     copies, the token rows in 4-byte copies straight into the 128-byte-swizzled K-major B
+//     layout of wg_desc_sw128), warpgroups 1 and 2 only compute: 64 rows (warp w of the pair:
+//     row tile w of the block's 8) x MWG_N tokens each;
+//   * the B layout: per 64 columns (2 blocks of 32), an atom column of MWG_N rows of 128 bytes,
+//     token n's row at (n / 8) * 1024 + (n % 8) * 128, column k's 16-byte chunk k / 8 at
+//     (k / 8) ^ (n % 8); k16 step s of an atom column at +32 s. Word w = 4t + 2 st + h of a
+//     32-column block of a prepared token row (prep.cuh) holds columns 16 st + 8 h + 2t, +1, so
+//     lane L of a copying warp moves word L of each 128 bytes of one token row (coalesced) to
+//     chunk (4 (L / 16) + L % 4) ^ (n % 8), byte 4 ((L / 4) % 4) of it (no bank conflict);
 //   * MWS_STAGES slots, each with two mbarriers: `full` (128 arrivals: every copier's
 //     cp.async.mbarrier.arrive.noinc, i.e. when its copies of that k-tile have landed) and
 //     `empty` (8 arrivals: lane 0 of each computing warp once the wgmmas that read the slot have
@@ -1194,9 +851,9 @@ struct Mws {
     };
 };
 
-// The copies of k-tile kt into slot (a, b), by copier thread `ct` (0..127): weight tiles as in
-// mwgp_stage_a; token rows one 128-byte piece per warp instruction (coalesced), token
-// n = cw + 4 j (cw = ct / 32), lane L's word into the swizzled row (MWG_GATHER = 3's map).
+// The copies of k-tile kt into slot (a, b), by copier thread `ct` (0..127): the block's 8 weight
+// tiles of the k-tile in 16-byte pieces; token rows one 128-byte piece per warp instruction
+// (coalesced), token n = cw + 4 j (cw = ct / 32), lane L's word into the swizzled row (above).
 template <class F>
 __device__ __forceinline__ void mws_copy(u8* a, u8* b, const u8* __restrict__ W, const u8* __restrict__ X,
                                          u32 kt, u32 rt0, u32 nrt, u32 nkt, u32 m0, u32 M, u32 kp, u32 ct) {

@@ -72,8 +72,18 @@ fn latest_time<'a>(rows: &[&'a Row], run: &str) -> &'a str {
         .unwrap_or("")
 }
 
-/// The side-by-side table of one run.
-fn side_by_side(rows: &[&Row], run: &str) -> String {
+/// The key of a side-by-side line: the model for decode / prefill, `workload:model` for the
+/// server workloads (TTFT, load).
+fn line_key(w: Workload, model: &str) -> String {
+    match w {
+        Workload::Decode | Workload::Prefill => model.to_string(),
+        _ => format!("{}:{model}", w.name()),
+    }
+}
+
+/// The side-by-side table of one run (only the lines keyed in `only`, when given).
+fn side_by_side(rows: &[&Row], run: &str, only: Option<&[String]>) -> String {
+    let wanted = |w: Workload, m: &str| only.is_none_or(|k| k.contains(&line_key(w, m)));
     let in_run: Vec<&Row> = rows.iter().filter(|r| r.run == run).copied().collect();
     let Some(first) = in_run.first() else {
         return String::new();
@@ -122,7 +132,10 @@ fn side_by_side(rows: &[&Row], run: &str) -> String {
     let mut models: Vec<String> = Vec::new();
     for r in &in_run {
         let m = r.model_label();
-        if matches!(r.workload, Workload::Decode | Workload::Prefill) && !models.contains(&m) {
+        if matches!(r.workload, Workload::Decode | Workload::Prefill)
+            && !models.contains(&m)
+            && wanted(r.workload, &m)
+        {
             models.push(m);
         }
     }
@@ -151,7 +164,7 @@ fn side_by_side(rows: &[&Row], run: &str) -> String {
             .filter(|r| r.workload == w && r.engine == "memra")
         {
             let m = r.model_label();
-            if seen.contains(&m) {
+            if seen.contains(&m) || !wanted(w, &m) {
                 continue;
             }
             seen.push(m.clone());
@@ -277,28 +290,6 @@ fn via_server(r: &Row) -> bool {
     r.source.as_deref().is_some_and(|s| s.starts_with("server"))
 }
 
-/// Whether `run` is a headline suite: both engines' decode at depth 0, or both engines' decode
-/// after the same context (memra from a prompt, llama-bench `-d`) and both engines' prefill.
-/// Depth-series runs (decode at depth only) have their own table.
-fn compares_plain_decode(rows: &[&Row], run: &str) -> bool {
-    let in_run: Vec<&Row> = rows.iter().filter(|r| r.run == run).copied().collect();
-    let has = |memra: bool, w: Workload, depth0: bool| {
-        in_run.iter().any(|r| {
-            (r.engine == "memra") == memra
-                && r.workload == w
-                && (!depth0 || r.depth.unwrap_or(0) == 0)
-        })
-    };
-    let paired = in_run.iter().any(|r| {
-        r.engine == "memra"
-            && r.workload == Workload::Decode
-            && r.depth.unwrap_or(0) == 0
-            && decode_peer(&in_run, r).is_some()
-    });
-    (has(true, Workload::Decode, true) && has(false, Workload::Decode, true))
-        || (paired && has(true, Workload::Prefill, false) && has(false, Workload::Prefill, false))
-}
-
 /// The decode-at-depth table of one run, when its peer has depth rows: memra and the peer
 /// matched on (model, KV format, context before the measured tokens: the depth, or memra's prompt
 /// at depth 0).
@@ -338,17 +329,69 @@ fn depth_table(rows: &[&Row], run: &str) -> String {
     s
 }
 
-/// The README's section (between the markers).
+/// Per side-by-side line (a model's decode / prefill, a server workload of a model), the run
+/// whose memra rows of it are the newest among the runs that compare it with a peer (memra's
+/// decode with the peer's after the same context, or both engines' prefill, or both engines'
+/// row of the server workload); grouped by run, the run of the newest line first.
+fn newest_lines<'a>(valid: &[&'a Row]) -> Vec<(&'a str, Vec<String>)> {
+    let mut best: BTreeMap<String, (&'a str, &'a str)> = BTreeMap::new();
+    for run in side_by_side_runs(valid) {
+        let in_run: Vec<&Row> = valid.iter().filter(|r| r.run == run).copied().collect();
+        let peer_has = |w: Workload, m: &str| {
+            in_run
+                .iter()
+                .any(|p| p.engine != "memra" && p.workload == w && p.model_label() == m)
+        };
+        for r in in_run.iter().filter(|r| r.engine == "memra") {
+            let m = r.model_label();
+            let compared = match r.workload {
+                Workload::Decode => {
+                    r.depth.unwrap_or(0) == 0 && !via_server(r) && decode_peer(&in_run, r).is_some()
+                }
+                Workload::Prefill => !via_server(r) && peer_has(Workload::Prefill, &m),
+                Workload::TtftCold | Workload::TtftCached | Workload::Load => {
+                    peer_has(r.workload, &m)
+                }
+                _ => false,
+            };
+            if !compared {
+                continue;
+            }
+            let key = line_key(r.workload, &m);
+            if best.get(&key).is_none_or(|(t, _)| *t <= r.time.as_str()) {
+                best.insert(key, (r.time.as_str(), run));
+            }
+        }
+    }
+    let mut groups: Vec<(&'a str, &'a str, Vec<String>)> = Vec::new();
+    for (key, (time, run)) in best {
+        match groups.iter_mut().find(|g| g.1 == run) {
+            Some(g) => {
+                g.0 = g.0.max(time);
+                g.2.push(key);
+            }
+            None => groups.push((time, run, vec![key])),
+        }
+    }
+    groups.sort_by(|a, b| b.0.cmp(a.0));
+    groups
+        .into_iter()
+        .map(|(_, run, keys)| (run, keys))
+        .collect()
+}
+
+/// The README's section (between the markers): per model, its newest comparison with a peer.
 pub fn readme_section(valid: &[&Row]) -> String {
     let mut s = String::new();
-    let runs = side_by_side_runs(valid);
-    match runs
-        .iter()
-        .rev()
-        .find(|run| compares_plain_decode(valid, run))
-    {
-        Some(run) => s.push_str(&side_by_side(valid, run)),
-        None => s.push_str("No run with memra and a peer recorded yet.\n"),
+    let lines = newest_lines(valid);
+    if lines.is_empty() {
+        s.push_str("No run with memra and a peer recorded yet.\n");
+    }
+    for (i, (run, keys)) in lines.iter().enumerate() {
+        if i > 0 {
+            s.push('\n');
+        }
+        s.push_str(&side_by_side(valid, run, Some(keys)));
     }
     s.push_str(
         "\nThe newest memra numbers (each from its own run; a ratio only ever joins rows of one run):\n\n",
@@ -370,7 +413,7 @@ pub fn reports_readme(all: &[Row], valid: &[&Row], figures: &[String]) -> String
         s.push_str("No run with memra and a peer recorded yet.\n");
     }
     for run in runs.iter().rev() {
-        s.push_str(&side_by_side(valid, run));
+        s.push_str(&side_by_side(valid, run, None));
         s.push('\n');
         let d = depth_table(valid, run);
         if !d.is_empty() {
@@ -449,21 +492,11 @@ mod tests {
             row("memra", 512, 8192, "f16", 261.6),
         ];
         let refs: Vec<&Row> = rows.iter().collect();
-        // Decode only: a depth series, not a headline suite.
-        assert!(!compares_plain_decode(&refs, "r"));
-        let prefill = |engine: &str| Row {
-            workload: Workload::Prefill,
-            ..row(engine, 512, 0, "f16", 9000.0)
-        };
-        let suite: Vec<Row> = rows
-            .iter()
-            .cloned()
-            .chain([prefill("memra"), prefill("llama.cpp")])
-            .collect();
-        assert!(compares_plain_decode(
-            &suite.iter().collect::<Vec<_>>(),
-            "r"
-        ));
+        // memra's 512-token decode pairs with the peer's `-d 512` row.
+        assert_eq!(
+            newest_lines(&refs),
+            vec![("r", vec!["llama3-8b Q4_K_M".to_string()])]
+        );
         assert_eq!(
             decode_peer(&refs, &rows[0]).and_then(|p| p.value),
             Some(277.9)
@@ -472,7 +505,7 @@ mod tests {
             decode_peer(&refs, &rows[4]).and_then(|p| p.value),
             Some(249.4)
         );
-        let t = side_by_side(&refs, "r");
+        let t = side_by_side(&refs, "r", None);
         assert!(t.contains("| 288.7 | 277.9 | 1.04x |"), "{t}");
         // Without a peer at that context there is no ratio.
         let alone = [
@@ -480,7 +513,72 @@ mod tests {
             row("llama.cpp", 0, 8192, "f16", 249.4),
         ];
         let refs: Vec<&Row> = alone.iter().collect();
-        assert!(!compares_plain_decode(&refs, "r"));
+        assert!(newest_lines(&refs).is_empty());
+    }
+
+    #[test]
+    fn the_readme_takes_each_model_from_its_newest_comparison() {
+        let at = |run: &str, time: &str, engine: &str, shape: &str, value: f64| Row {
+            run: run.into(),
+            time: time.into(),
+            shape: Some(shape.into()),
+            ..row(
+                engine,
+                if engine == "memra" { 512 } else { 0 },
+                if engine == "memra" { 0 } else { 512 },
+                "f16",
+                value,
+            )
+        };
+        let rows = [
+            at("old", "2026-12-03T07:00:00Z", "memra", "llama3-8b", 288.7),
+            at(
+                "old",
+                "2026-12-03T07:00:00Z",
+                "llama.cpp",
+                "llama3-8b",
+                277.9,
+            ),
+            at("old", "2026-12-03T07:00:01Z", "memra", "gemma3-270m", 349.2),
+            at(
+                "old",
+                "2026-12-03T07:00:01Z",
+                "llama.cpp",
+                "gemma3-270m",
+                967.0,
+            ),
+            at("new", "2026-12-03T16:00:00Z", "memra", "gemma3-270m", 393.0),
+            at(
+                "new",
+                "2026-12-03T16:00:00Z",
+                "llama.cpp",
+                "gemma3-270m",
+                950.7,
+            ),
+            // A newer memra row without a peer in its run does not replace a comparison.
+            at("alone", "2026-12-03T17:00:00Z", "memra", "llama3-8b", 300.0),
+        ];
+        let refs: Vec<&Row> = rows.iter().collect();
+        assert_eq!(
+            newest_lines(&refs),
+            vec![
+                ("new", vec!["gemma3-270m Q4_K_M".to_string()]),
+                ("old", vec!["llama3-8b Q4_K_M".to_string()]),
+            ]
+        );
+        let all = readme_section(&refs);
+        let s = &all[..all.find("The newest memra numbers").unwrap()];
+        let (new_at, old_at) = (s.find("Run `new`").unwrap(), s.find("Run `old`").unwrap());
+        assert!(new_at < old_at, "{s}");
+        assert!(
+            s.contains("| gemma3-270m Q4_K_M | 393.0 | 950.7 | 0.41x |"),
+            "{s}"
+        );
+        assert!(
+            s.contains("| llama3-8b Q4_K_M | 288.7 | 277.9 | 1.04x |"),
+            "{s}"
+        );
+        assert!(!s.contains("349.2") && !s.contains("300.0"), "{s}");
     }
 
     #[test]

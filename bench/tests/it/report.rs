@@ -215,9 +215,13 @@ fn depth_rows_are_matched_by_context_and_kv_format_and_stay_out_of_the_headline(
         kv_dtype: Some(kv.into()),
         ..row("deep", engine, Workload::Decode, value)
     };
+    let later = |engine: &str, value: f64| Row {
+        time: "2026-12-02T00:00:00Z".into(),
+        ..row("plain", engine, Workload::Decode, value)
+    };
     let rows = [
-        row("plain", "memra", Workload::Decode, 100.0),
-        row("plain", "llama.cpp", Workload::Decode, 200.0),
+        later("memra", 100.0),
+        later("llama.cpp", 200.0),
         // memra's depth-0 row of a 512-token prompt is llama-bench's -d 512.
         at("memra", 512, 0, "f16", 300.0),
         at("llama.cpp", 0, 512, "f16", 250.0),
@@ -240,9 +244,10 @@ fn depth_rows_are_matched_by_context_and_kv_format_and_stay_out_of_the_headline(
             .1
             .clone()
     };
-    // The headline stays on the run that compares plain decode.
+    // The headline takes the model's newest comparison; the depth rows stay out of it.
     let top = text("../README.md");
-    assert!(top.contains("Run `plain`"), "{top}");
+    assert!(top.contains("Run `plain`") && !top.contains("Run `deep`"), "{top}");
+    assert!(!top.contains("150.0") && !top.contains("8000"), "{top}");
     let all = text("README.md");
     assert!(
         all.contains("| m Q4_K_M | f16 | 512 | 300.0 | 250.0 | 1.20x |"),

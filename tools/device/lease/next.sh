@@ -1,37 +1,47 @@
 #!/usr/bin/env bash
-# The queue of the next H200 lease (written in session 13, second lease). Session 13's first lease
-# (reports/h200-session13-2026-12-03.md) gated matmul_f32_rows and the windowed / head_dim 256
-# attn_mma (now the defaults) and found product_ws "missing": its kernels were not in the products
-# module's kernel list. This queue runs product_ws (MEMRA_WGMMA_WS=1) in its two builds: one wgmma
-# group in flight (default) and MWS_INFLIGHT=0 (kvar w0), bits first, then timed, then F16 prefill.
-#   stage: PACK_KVARS="w0:MWS_INFLIGHT=0" tools/device/stage.sh; carry bins.tgz, tok.gguf,
-#   llama.tgz (no real models needed); LEASE_SYNTH="f16".
+# The queue of the next H200 lease (written at the end of session 13). Session 13 made three
+# kernels the defaults from A/B rows (reports/h200-session13-2026-12-03.md): matmul_f32_rows (MoE
+# routers), attn_mma for sliding windows / head_dim 256 (Gemma 3), and the warp-specialized F16
+# product mws (MWS_INFLIGHT 0). This queue gates the defaults as built (golden, every kernel with
+# mws in products_check, F16 invariance on the 8B file, MoE / Gemma gates), then measures every
+# side-by-side row in ONE run id so the README's table is one run again.
+#   stage: tools/device/stage.sh (bins with .device/kcache), tok.gguf, llama.tgz, SmolLM2 (2
+#   calls, NAME smol), Gemma 3 270M (5 pieces, NAME gemma); LEASE_SYNTH="q4 q8 f16 moe".
 #   After a lost machine: the same with LEASE_SKIP="done steps".
 set -u
 cd $HOME/repo; . tools/device/lease/lib.sh
 export RUN=${LEASE_RUN:-h200-$(date +%Y%m%d)-lease}
-KV=$HOME/dev/.device/kvar
-row start "$(cat $HOME/dev/.device/COMMIT) run $RUN; $(ls $MEMRA_KERNEL_CACHE 2>/dev/null | grep -c cubin) cubins; kvar: $(ls $KV 2>/dev/null | tr '\n' ' ')"
-# The new defaults (F32 routers, windowed / head_dim 256 attention) on the tiny models.
-run inv-tiny-moe 200 $B/memra-verify invariance --tiny qwen3moe --device cuda:0
-run inv-tiny-gemma 200 $B/memra-verify invariance --tiny gemma3 --device cuda:0
-ok=()
-for v in ws w0; do  # product_ws: its bits against every other geometry (short: a wrong mbarrier phase hangs)
-  kd=(env -u MEMRA_KERNEL_DIR); [ $v != ws ] && kd=(env MEMRA_KERNEL_DIR=$KV/$v)
-  if run geom-$v 90 "${kd[@]}" MEMRA_WGMMA_WS=1 $B/memra-verify kernels --only product_geom --device cuda:0; then ok+=($v); fi
-  grep -E "FAIL|differ|ALL|rror" $O/logs/geom-$v.log | head -4 >> $S
-done
-for v in "${ok[@]}"; do
-  kd=(env -u MEMRA_KERNEL_DIR); [ $v != ws ] && kd=(env MEMRA_KERNEL_DIR=$KV/$v)
-  run kbench-$v 150 "${kd[@]}" MEMRA_WGMMA_WS=1 $B/memra-bench kernels --dtypes f16 --shapes 14336x4096,4096x14336,6144x4096,4096x4096 --m 512,4096 --reps 5
-  grep -E "x +[0-9]|w +[0-9]|EQUAL|MISMATCH" $O/logs/kbench-$v.log | head -20 >> $S
-done
-ab() { local n=$1; shift; run $n 200 env "$@" $B/memra-bench prefill $F16 --device cuda:0 --prompt 512,4096 --runs 3 --shape llama3-8b --dtype F16 --run $RUN-$n --out $O/ab.jsonl --quiet; }
-waitf $F16 400 && {
-  for v in "${ok[@]}"; do
-    if [ $v = ws ]; then ab f16-pp-ws MEMRA_WGMMA_WS=1; else ab f16-pp-$v MEMRA_WGMMA_WS=1 MEMRA_KERNEL_DIR=$KV/$v; fi
-  done
-  run f16-prefill 200 $MB prefill $F16 --device cuda:0 --prompt 512,4096 --runs 3 --shape llama3-8b --dtype F16
+row start "$(cat $HOME/dev/.device/COMMIT) run $RUN; $(ls $MEMRA_KERNEL_CACHE 2>/dev/null | grep -c cubin) cubins"
+g1() {
+  waitf $HOME/smol.ok 300 && run golden 300 $B/memra-verify golden $SMOL --device cuda:0
+  run kernels 600 $B/memra-verify kernels --device cuda:0
+  grep -E "FAIL|differ|ALL" $O/logs/kernels.log | head -6 >> $S
+  waitf $F16 && run inv-f16 420 $B/memra-verify invariance $F16 --device cuda:0 --prompt-len 700 --max-m 8
 }
+g2() {
+  waitf $HOME/gemma.ok 400 && {
+    run inv-gemma 300 $B/memra-verify invariance $GEMMA --device cuda:0 --prompt-len 700
+    run serve-inv-gemma 300 $B/memra-verify serve-invariance $GEMMA --device cuda:0
+  }
+  waitf $MOE 400 && run graph-moe 300 $B/memra-verify graph $MOE --device cuda:0
+}
+g1 & g2 & wait
+row gates-done ""
+peerwait
+for x in q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1 moe:Q4_K_M gemma:Q4_K_M; do
+  k=${x%%:*}; dt=${x##*:}
+  case $k in q4) f=$Q4 sh=llama3-8b ;; q8) f=$Q8 sh=llama3-8b ;; f16) f=$F16 sh=llama3-8b ;;
+    smol) f=$SMOL sh=smollm2-135m ;; moe) f=$MOE sh=qwen3-30b-a3b ;; gemma) f=$GEMMA sh=gemma3-270m ;; esac
+  waitf $f 60 || continue
+  run $k-decode 300 $MB decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt
+  peer $k-tg -m $f -p 0 -n 128 -d 512
+  run $k-prefill 240 $MB prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt
+  peer $k-pp -m $f -p 512,4096 -n 0
+done
+ln -sf $Q4 $M/synth-llama3-8b-q4_k_m.gguf
+run load 420 env OUT=$O/sbs RUN=$RUN SBS_STEPS=load MEMRA_BIN=$B tools/device/sidebyside.sh
+grep -h "streaming" $O/sbs/sidebyside.md >> $S 2>/dev/null
+# Where F16 prefill's time goes with mws (products were 84% of a 2,000-token step in session 13)
+run f16-ops 200 env MEMRA_PROFILE_OPS=1 $B/run-gen $F16 --device cuda:0 --no-cuda-graph --prompt "$(python3 -c "print(' '.join(['hello world']*1000))")" --max-tokens 4
 row queue-done ""
 touch $HOME/queue.done
