@@ -246,7 +246,10 @@ fn depth_rows_are_matched_by_context_and_kv_format_and_stay_out_of_the_headline(
     };
     // The headline takes the model's newest comparison; the depth rows stay out of it.
     let top = text("../README.md");
-    assert!(top.contains("Run `plain`") && !top.contains("Run `deep`"), "{top}");
+    assert!(
+        top.contains("Run `plain`") && !top.contains("Run `deep`"),
+        "{top}"
+    );
     assert!(!top.contains("150.0") && !top.contains("8000"), "{top}");
     let all = text("README.md");
     assert!(
