@@ -250,7 +250,13 @@ fn depth_rows_are_matched_by_context_and_kv_format_and_stay_out_of_the_headline(
         top.contains("Run `plain`") && !top.contains("Run `deep`"),
         "{top}"
     );
-    assert!(!top.contains("150.0") && !top.contains("8000"), "{top}");
+    // The side-by-side above the newest-numbers table holds no depth row.
+    let side = top.split("The newest memra numbers").next().unwrap();
+    assert!(
+        side.contains("| m Q4_K_M | 100.0 | 200.0 | 0.50x |"),
+        "{top}"
+    );
+    assert!(!side.contains("150.0") && !side.contains("8000"), "{top}");
     let all = text("README.md");
     assert!(
         all.contains("| m Q4_K_M | f16 | 512 | 300.0 | 250.0 | 1.20x |"),
