@@ -223,7 +223,7 @@ fn make_case<'a>(
         .collect::<Result<_>>()?;
     let x: Vec<f32> = (0..mmax * k).map(|i| normalish(99, i as u64)).collect();
     let xd = gpu.upload(&x)?;
-    let act = gpu.act_buf(ActKind::of(dtype), mmax, copies[0].kp)?;
+    let act = gpu.act_buf(ActKind::of(dtype), mmax, copies[0].kp, true)?;
     gpu.prepare(gpu.ptr(&xd), &act, mmax, k)?;
     gpu.sync()?;
     Ok(Case {

@@ -206,6 +206,26 @@ __device__ __forceinline__ void mbar_arrive(u64* bar) {
 __device__ __forceinline__ void mbar_arrive_cp_async(u64* bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
+#if MWG_OK
+// One arrival on `bar` that also makes its phase expect `bytes` more transaction bytes (the
+// bulk copies below complete them).
+__device__ __forceinline__ void mbar_expect(u64* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+// The copy engine (sm_90): `bytes` (a multiple of 16; both addresses 16-byte aligned) global ->
+// shared in one instruction, completing as transaction bytes on `bar`.
+__device__ __forceinline__ void bulk_g2s(void* smem, const void* gmem, u32 bytes, u64* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_addr(smem)),
+                 "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
+// Makes initialized mbarriers visible to the copy engine.
+__device__ __forceinline__ void mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+#endif
 // Blocks until the phase of parity `parity` of `bar` has completed.
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
     asm volatile(

@@ -119,6 +119,31 @@ extern "C" __global__ void swiglu_prep(const float* G, const float* __restrict__
     }
 }
 
+// The token image of the warp-specialized product (product_ws, MWS_BULK): prepared rows
+// [M][kp] rewritten, per 128-token block and 64-column k-tile, as the 16 KiB that the block's B
+// slot holds (128-byte-swizzled K-major: token n's row at (n / 8) * 1024 + (n % 8) * 128,
+// columns 8c .. 8c + 7 of the k-tile, in order, as 16-byte chunk c ^ (n % 8)), so that one bulk
+// copy fills a slot. Image (b, kt) is at (b * (kp / 64) + kt) * 16384. Tokens past M are zeros
+// (their columns are never written out, and an mma column does not depend on the others). The
+// prepared block's word 4t + j (j = 2 step + half) holds columns 8j + 2t, +1, so chunk j of a
+// 32-column block is words j, j + 4, j + 8, j + 12. One thread per 16-byte chunk of the image,
+// in image order, grid-stride.
+extern "C" __global__ void ws_image(const u32* __restrict__ Xh, uint4* __restrict__ img, u32 M, u32 kp) {
+    const u32 nkt = kp / 64;
+    const u64 total = (u64)((M + 127) / 128) * nkt * 1024;
+    for (u64 o = (u64)blockIdx.x * blockDim.x + threadIdx.x; o < total; o += (u64)gridDim.x * blockDim.x) {
+        const u64 tile = o / 1024;
+        const u32 pos = (u32)(o % 1024), r = (pos / 8) % 8, c = (pos % 8) ^ r;
+        const u32 n = (u32)(tile / nkt) * 128 + (pos / 64) * 8 + r, kt = (u32)(tile % nkt);
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (n < M) {
+            const u32* src = Xh + (u64)n * (kp / 2) + kt * 32 + (c / 4) * 16 + (c % 4);
+            v = make_uint4(src[0], src[4], src[8], src[12]);
+        }
+        img[o] = v;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The product driver.
 
@@ -807,18 +832,22 @@ MWG_KERNEL(q6_k, FmtQ6_K)
 // of a segment in order as wgmmas accumulating into the segment's chain from -0.0, the segment
 // sums added into the totals in order from -0.0), so its bits equal mwg's, mms's and mmq's at
 // every M. What differs is who waits for what:
-//   * 3 warpgroups: warpgroup 0 only copies (cp.async: the weight tiles of a k-tile in 16-byte
-//     copies, the token rows in 4-byte copies straight into the 128-byte-swizzled K-major B
-//     layout of wg_desc_sw128), warpgroups 1 and 2 only compute: 64 rows (warp w of the pair:
-//     row tile w of the block's 8) x MWG_N tokens each;
+//   * 3 warpgroups: warpgroup 0 only copies, warpgroups 1 and 2 only compute: 64 rows (warp w
+//     of the pair: row tile w of the block's 8) x MWG_N tokens each. With MWS_BULK (the
+//     default) one thread of warpgroup 0 fills a slot with 9 bulk copies (the copy engine): the
+//     block's 8 weight tiles of the k-tile (2 KiB each) and its 16 KiB token image (ws_image
+//     above, already in the B layout); with MWS_BULK 0 its 128 threads use cp.async: the weight
+//     tiles in 16-byte copies, the token rows in 4-byte copies straight into the
+//     128-byte-swizzled K-major B layout of wg_desc_sw128 (session 13: the LSU-bound feed);
 //   * the B layout: per 64 columns (2 blocks of 32), an atom column of MWG_N rows of 128 bytes,
 //     token n's row at (n / 8) * 1024 + (n % 8) * 128, column k's 16-byte chunk k / 8 at
 //     (k / 8) ^ (n % 8); k16 step s of an atom column at +32 s. Word w = 4t + 2 st + h of a
 //     32-column block of a prepared token row (prep.cuh) holds columns 16 st + 8 h + 2t, +1, so
 //     lane L of a copying warp moves word L of each 128 bytes of one token row (coalesced) to
 //     chunk (4 (L / 16) + L % 4) ^ (n % 8), byte 4 ((L / 4) % 4) of it (no bank conflict);
-//   * MWS_STAGES slots, each with two mbarriers: `full` (128 arrivals: every copier's
-//     cp.async.mbarrier.arrive.noinc, i.e. when its copies of that k-tile have landed) and
+//   * MWS_STAGES slots, each with two mbarriers: `full` (MWS_BULK: one arrival expecting the
+//     slot's bytes, complete when the bulk copies have landed; else 128 arrivals, every
+//     copier's cp.async.mbarrier.arrive.noinc once its copies of that k-tile have landed) and
 //     `empty` (8 arrivals: lane 0 of each computing warp once the wgmmas that read the slot have
 //     retired). No block barrier in the loop;
 //   * by default (MWS_INFLIGHT 0) a warp waits for its k-tile's wgmmas (wait_group 0) before the
@@ -836,6 +865,11 @@ MWG_KERNEL(q6_k, FmtQ6_K)
 // the same kernel times, F16 prefill 12,030 tok/s at 0 against 11,771 at 1, so 0.
 #ifndef MWS_INFLIGHT
 #define MWS_INFLIGHT 0
+#endif
+// 1: slots filled by the copy engine from the token image (ws_image); 0: by cp.async from the
+// prepared rows. Same bytes in the slots, so the same bits.
+#ifndef MWS_BULK
+#define MWS_BULK 1
 #endif
 
 template <class F>
@@ -878,11 +912,12 @@ __device__ __forceinline__ void mws_copy(u8* a, u8* b, const u8* __restrict__ W,
 }
 
 template <class F>
-__device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* __restrict__ X, const Outs& out,
-                                           const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {
+__device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* __restrict__ X, const u8* __restrict__ Xi,
+                                           const Outs& out, const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {
 #if MWG_OK && MWG_N == 128
     using L = Mws<F>;
     static_assert(F::WGP == 0 && F::KT % 64 == 0 && MWG_N % 8 == 0, "pure chains, whole swizzle atoms");
+    static_assert(!MWS_BULK || (F::KT == 64 && L::BBYTES == 16384), "the token image's 16 KiB k-tiles");
     constexpr u32 S = L::S;
     constexpr int ND = L::ND;
     extern __shared__ uint4 mws_smem[];
@@ -901,11 +936,27 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
     const u32 m0 = blockIdx.y * MWG_N;
     if (threadIdx.x == 0) {
         for (u32 s = 0; s < S; ++s) {
-            mbar_init(full + s, 128);
+            mbar_init(full + s, MWS_BULK ? 1 : 128);
             mbar_init(empty + s, 8);
         }
+        mbar_init_fence();
     }
     __syncthreads();
+    if (MWS_BULK && warp < 4) {  // the copier warpgroup: one thread drives the copy engine
+        if (threadIdx.x != 0) return;
+        const u8* xi = Xi + (u64)blockIdx.y * nkt * L::BBYTES;
+        for (u32 kt = 0; kt < nkt; ++kt) {
+            const u32 s = kt % S;
+            if (kt >= S) mbar_wait(empty + s, ((kt / S) + 1) & 1);  // use kt / S - 1 retired
+            mbar_expect(full + s, L::BBYTES + L::ABYTES);
+            bulk_g2s(bsl + s * L::BBYTES, xi + (u64)kt * L::BBYTES, L::BBYTES, full + s);
+            for (u32 tl = 0; tl < L::TILES; ++tl) {
+                const u32 rt = min(rt0 + tl, nrt - 1);  // past the last tile: a copy, never written out
+                bulk_g2s(asl + s * L::ABYTES + tl * F::TB, W + ((u64)rt * nkt + kt) * F::TB, F::TB, full + s);
+            }
+        }
+        return;
+    }
     if (warp < 4) {  // the copier warpgroup
         for (u32 kt = 0; kt < nkt; ++kt) {
             const u32 s = kt % S;
@@ -975,9 +1026,9 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
 #define MWS_KERNEL(suffix, FMT)                                                                            \
     extern "C" __global__ void __launch_bounds__(384, 1) mws_##suffix(                                     \
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
-        const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
+        const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp, const u8* Xi) {                              \
         const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
-        product_ws<FMT>(W, X, o, R, M, N, nkt, nseg, kp);                                                     \
+        product_ws<FMT>(W, X, Xi, o, R, M, N, nkt, nseg, kp);                                                 \
     }
 
 // Every build defines them (one kernel list per module); only the 128-token build has a body.

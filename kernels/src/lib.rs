@@ -211,6 +211,7 @@ pub const MODULES: &[Module] = &[
             "prepare_h16",
             "norm_prep",
             "swiglu_prep",
+            "ws_image",
             "mmq_q8_0",
             "mmq_q4_0",
             "mmq_q4_1",

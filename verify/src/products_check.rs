@@ -80,7 +80,7 @@ pub fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                     .map(|i| unit(seed, stream + 50_000, i))
                     .collect();
                 let w = g.upload_packed(&profile, dtype, &wq, n, k)?;
-                let act = g.act_buf(w.act(), mmax, w.kp)?;
+                let act = g.act_buf(w.act(), mmax, w.kp, true)?;
                 let dx = g.upload(&x)?;
                 let dy = g.zeros::<f32>(mmax * n)?;
                 let mut first: Option<Vec<f32>> = None;
@@ -159,7 +159,7 @@ pub fn product_geometry_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result
             }
         }
         let w = g.upload_packed(&profile, dtype, &wq, n, k)?;
-        let act = g.act_buf(w.act(), m, w.kp)?;
+        let act = g.act_buf(w.act(), m, w.kp, true)?;
         let dx = g.upload(&x)?;
         let dy = g.zeros::<f32>(m * n)?;
         g.prepare(g.ptr(&dx), &act, m, k)?;

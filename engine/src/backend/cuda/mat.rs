@@ -260,11 +260,11 @@ impl Products {
         self.bufs.clear();
         self.expert_bufs.clear();
         for &(kind, k, kp) in &self.keys {
-            self.bufs.push((kind, k, g.act_buf(kind, rows, kp)?));
+            self.bufs.push((kind, k, g.act_buf(kind, rows, kp, true)?));
         }
         for &(kind, k, kp, n) in &self.expert_keys {
             self.expert_bufs
-                .push((kind, k, g.act_buf(kind, rows * n, kp)?));
+                .push((kind, k, g.act_buf(kind, rows * n, kp, false)?));
         }
         self.rows = rows;
         Ok(())

@@ -63,6 +63,9 @@ pub struct ActBuf {
     pub values: CudaSlice<u8>,
     /// One f32 per 32 columns: the sum of the block's 16-bit values.
     pub scales: CudaSlice<u8>,
+    /// The warp-specialized product's token image (products.cu `ws_image`: per 128 rows and 64
+    /// columns, the 16 KiB its bulk copy moves), on sm_90a where the buffer asked for one.
+    pub image: Option<CudaSlice<u8>>,
 }
 
 /// Blocks of 8 warps for one warp per (row, 32-column block) of `m` rows of `kp` columns
@@ -97,14 +100,22 @@ impl Gpu {
         })
     }
 
-    /// Allocates prepared-activation buffers.
-    pub fn act_buf(&self, kind: ActKind, rows: usize, kp: usize) -> Result<ActBuf> {
+    /// Allocates prepared-activation buffers; with `image`, on sm_90a, also the token image
+    /// that the warp-specialized product reads (as large as the values, rounded up to 128
+    /// rows): buffers of dense products, not those of the expert products, which never use it.
+    pub fn act_buf(&self, kind: ActKind, rows: usize, kp: usize, image: bool) -> Result<ActBuf> {
+        let image = if image && self.arch == "compute_90a" && kp % 64 == 0 {
+            Some(self.zeros(rows.div_ceil(128) * 128 * kp * 2)?)
+        } else {
+            None
+        };
         Ok(ActBuf {
             kind,
             kp,
             rows,
             values: self.zeros(rows * kp * 2)?,
             scales: self.zeros(rows * (kp / 32) * 4)?,
+            image,
         })
     }
 
@@ -192,6 +203,19 @@ impl Gpu {
             Arg::U32((a.kind == ActKind::BF16) as u32),
         ];
         self.launch_prep("swiglu_prep", (warp_grid(m, a.kp), 1), &args)
+    }
+
+    /// Rewrites `m` prepared rows of `a` into its token image `img` (products.cu `ws_image`).
+    fn ws_image(&self, a: &ActBuf, img: &CudaSlice<u8>, m: usize) -> Result<()> {
+        let chunks = (m.div_ceil(128) * a.kp / 64 * 1024) as u64;
+        let args = [
+            Arg::Ptr(self.ptr(&a.values)),
+            Arg::Ptr(self.ptr(img)),
+            Arg::U32(m as u32),
+            Arg::U32(a.kp as u32),
+        ];
+        let blocks = chunks.div_ceil(256).clamp(1, 1 << 16) as u32;
+        self.launch_prep("ws_image", (blocks, 1), &args)
     }
 
     /// Launches `name` of the products module's default variant (the activation kernels).
@@ -311,7 +335,19 @@ impl Gpu {
         } else {
             0
         };
-        let args = [
+        let image = if kind == "mws" {
+            let img = a.image.as_ref().ok_or_else(|| {
+                self.err(format!(
+                    "{name}: the prepared activations of {} x {} have no token image",
+                    a.rows, a.kp
+                ))
+            })?;
+            self.ws_image(a, img, m)?;
+            self.ptr(img)
+        } else {
+            0
+        };
+        let mut args = vec![
             Arg::Ptr(self.ptr(&w.data)),
             Arg::Ptr(self.ptr(&a.values)),
             Arg::Ptr(self.ptr(&a.scales)),
@@ -327,6 +363,9 @@ impl Gpu {
             Arg::U32(w.nseg),
             Arg::U32(w.kp as u32),
         ];
+        if kind == "mws" {
+            args.push(Arg::Ptr(image));
+        }
         if threads > l.max_threads() {
             return Err(self.err(format!(
                 "product launch of {threads} threads exceeds the variant's {}",
