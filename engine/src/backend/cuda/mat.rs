@@ -9,7 +9,7 @@ use cudarc::driver::CudaSlice;
 
 use super::Gpu;
 use super::products::{self, ActBuf, ActKind, PMat};
-use super::profile::Profile;
+use super::profile::{Profile, warp_specialized};
 use crate::error::Result;
 use crate::quant::DType;
 use crate::quant::repack::repack;
@@ -103,6 +103,9 @@ pub struct Products {
     pub profile: Profile,
     /// (kind, K, padded K) of every packed matrix uploaded.
     keys: Vec<(ActKind, usize, usize)>,
+    /// The keys that a matrix with a warp-specialized launch reads: their buffers also hold the
+    /// token image that launch reads (`ActBuf::image`).
+    images: Vec<(ActKind, usize, usize)>,
     /// Buffers for `rows` rows, per key.
     bufs: Vec<(ActKind, usize, ActBuf)>,
     /// (kind, K, padded K, rows per step row) of the expert products whose inputs are the
@@ -118,6 +121,7 @@ impl Products {
             v2,
             profile,
             keys: Vec::new(),
+            images: Vec::new(),
             bufs: Vec::new(),
             expert_keys: Vec::new(),
             expert_bufs: Vec::new(),
@@ -139,6 +143,11 @@ impl Products {
             if !self.keys.contains(&key) {
                 self.keys.push(key);
                 self.rows = 0; // allocate the new key's buffers at the next reserve
+            }
+            let ws = self.profile.ws && warp_specialized(t.dtype).is_some();
+            if ws && !self.images.contains(&key) {
+                self.images.push(key);
+                self.rows = 0;
             }
         }
         let data = if usage != Use::Product || packed.is_none() {
@@ -260,7 +269,8 @@ impl Products {
         self.bufs.clear();
         self.expert_bufs.clear();
         for &(kind, k, kp) in &self.keys {
-            self.bufs.push((kind, k, g.act_buf(kind, rows, kp, true)?));
+            let image = self.images.contains(&(kind, k, kp));
+            self.bufs.push((kind, k, g.act_buf(kind, rows, kp, image)?));
         }
         for &(kind, k, kp, n) in &self.expert_keys {
             self.expert_bufs
