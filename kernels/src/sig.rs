@@ -118,12 +118,26 @@ fn params_of(list: &str) -> Result<Vec<Param>, String> {
 
 /// After `extern "C" __global__ void` at `i`: the (possibly `##`-templated) name and the
 /// parameter list text.
+/// Attributes between `void` and the name are skipped: `__launch_bounds__(..)`,
+/// `__cluster_dims__(..)` and upper-case macros that stand for them (`MWS_ATTRS`).
 fn declaration(s: &str, i: usize) -> Result<(String, &str), String> {
     let mut j = skip_ws(s, i);
-    if s[j..].starts_with("__launch_bounds__") {
-        let open = j + "__launch_bounds__".len();
-        let (_, after) = parens(s, open).ok_or("unbalanced __launch_bounds__")?;
-        j = skip_ws(s, after);
+    loop {
+        let (word, after) = ident(s, j);
+        if word == "__launch_bounds__" || word == "__cluster_dims__" {
+            let (_, end) = parens(s, after).ok_or_else(|| format!("unbalanced {word}"))?;
+            j = skip_ws(s, end);
+            continue;
+        }
+        let next = skip_ws(s, after);
+        let upper = word
+            .bytes()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_');
+        if !word.is_empty() && upper && s.as_bytes().get(next) != Some(&b'(') {
+            j = next;
+            continue;
+        }
+        break;
     }
     let (name, after) = ident(s, j);
     let (list, _) =
@@ -235,6 +249,12 @@ extern "C" __global__ void __launch_bounds__(128, 2) one(const float* __restrict
     }
 K(q4, A)
 K(f16, B<0>)
+#define ATTRS __cluster_dims__(1, 2, 1) __launch_bounds__(384, 1)
+#define C(suffix, T)                                          \
+    extern "C" __global__ void ATTRS c_##suffix(u8* w, u32 n) { \
+        go<T>(w, n);                                          \
+    }
+C(f16, B<0>)
 #define EACH(M) \
     M(x, X1)    \
     M(y, Y1)
@@ -242,9 +262,10 @@ EACH(K)
 "#;
         let got = signatures(src).unwrap();
         let names: Vec<&str> = got.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, vec!["k_q4", "k_f16", "k_x", "k_y", "one"]);
+        assert_eq!(names, vec!["k_q4", "k_f16", "c_f16", "k_x", "k_y", "one"]);
+        assert_eq!(got[2].params, vec![Param::Ptr, Param::U32]);
         assert_eq!(
-            got[4].params,
+            got[5].params,
             vec![Param::Ptr, Param::U32, Param::F32, Param::U64]
         );
         assert_eq!(got[0].params, vec![Param::Ptr, Param::U32]);
