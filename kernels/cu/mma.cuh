@@ -221,33 +221,6 @@ __device__ __forceinline__ void bulk_g2s(void* smem, const void* gmem, u32 bytes
                  "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
                  : "memory");
 }
-// The same into the same shared-memory offset of every CTA of the cluster in `mask`, each
-// completing on its own mbarrier at `bar`'s offset.
-__device__ __forceinline__ void bulk_g2s_mc(void* smem, const void* gmem, u32 bytes, u64* bar, u16 mask) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], "
-        "%4;" ::"r"(smem_addr(smem)),
-        "l"(gmem), "r"(bytes), "r"(smem_addr(bar)), "h"(mask)
-        : "memory");
-}
-// This CTA's rank in its cluster.
-__device__ __forceinline__ u32 cluster_rank() {
-    u32 r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-// One arrival on the mbarrier at `bar`'s offset in the shared memory of cluster CTA `rank`.
-__device__ __forceinline__ void mbar_arrive_cluster(u64* bar, u32 rank) {
-    asm volatile(
-        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, "
-        "[ra];\n}\n" ::"r"(smem_addr(bar)),
-        "r"(rank)
-        : "memory");
-}
-// Every thread of the cluster that has not exited, here (release / acquire).
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
 // Makes initialized mbarriers visible to the copy engine.
 __device__ __forceinline__ void mbar_init_fence() {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");

@@ -123,15 +123,14 @@ extern "C" __global__ void swiglu_prep(const float* G, const float* __restrict__
 // [M][kp] rewritten, per 128-token block and 64-column k-tile, as the 16 KiB that the block's B
 // slot holds (128-byte-swizzled K-major: token n's row at (n / 8) * 1024 + (n % 8) * 128,
 // columns 8c .. 8c + 7 of the k-tile, in order, as 16-byte chunk c ^ (n % 8)), so that one bulk
-// copy fills a slot. Image (b, kt) is at (b * (kp / 64) + kt) * 16384, for an even number of
-// blocks b (whole clusters of two, MWS_CLUSTER). Tokens past M are zeros
+// copy fills a slot. Image (b, kt) is at (b * (kp / 64) + kt) * 16384. Tokens past M are zeros
 // (their columns are never written out, and an mma column does not depend on the others). The
 // prepared block's word 4t + j (j = 2 step + half) holds columns 8j + 2t, +1, so chunk j of a
 // 32-column block is words j, j + 4, j + 8, j + 12. One thread per 16-byte chunk of the image,
 // in image order, grid-stride.
 extern "C" __global__ void ws_image(const u32* __restrict__ Xh, uint4* __restrict__ img, u32 M, u32 kp) {
     const u32 nkt = kp / 64;
-    const u64 total = (u64)((M + 255) / 256) * 2 * nkt * 1024;
+    const u64 total = (u64)((M + 127) / 128) * nkt * 1024;
     for (u64 o = (u64)blockIdx.x * blockDim.x + threadIdx.x; o < total; o += (u64)gridDim.x * blockDim.x) {
         const u64 tile = o / 1024;
         const u32 pos = (u32)(o % 1024), r = (pos / 8) % 8, c = (pos % 8) ^ r;
@@ -872,16 +871,6 @@ MWG_KERNEL(q6_k, FmtQ6_K)
 #ifndef MWS_BULK
 #define MWS_BULK 1
 #endif
-// 2 (with MWS_BULK): blocks in clusters of 2 along the tokens (the same weight rows, token
-// blocks 2c and 2c + 1; the host rounds the grid to whole clusters, the image has whole pairs
-// of 128-token blocks): each CTA's copier multicasts 4 of the 8 weight tiles into both CTAs'
-// slots, so each weight tile leaves L2 once per pair (32 -> 24 KiB per block and k-tile; H200
-// session 14: the bulk feed runs at the L2's ~7 TB/s). A slot goes back only when the
-// computing warps of both CTAs are done with it (`empty` counts 16 arrivals, 8 of them
-// remote). 1: no clusters. Same bytes in the slots, so the same bits.
-#ifndef MWS_CLUSTER
-#define MWS_CLUSTER 1
-#endif
 
 template <class F>
 struct Mws {
@@ -948,37 +937,22 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
     if (threadIdx.x == 0) {
         for (u32 s = 0; s < S; ++s) {
             mbar_init(full + s, MWS_BULK ? 1 : 128);
-            mbar_init(empty + s, 8 * MWS_CLUSTER);
+            mbar_init(empty + s, 8);
         }
         mbar_init_fence();
     }
-#if MWS_CLUSTER == 2
-    static_assert(MWS_BULK, "clusters share the bulk feed");
-    const u32 crank = cluster_rank();
-    cluster_sync();  // both CTAs' mbarriers initialized before either multicasts
-#else
-    constexpr u32 crank = 0;
     __syncthreads();
-#endif
     if (MWS_BULK && warp < 4) {  // the copier warpgroup: one thread drives the copy engine
         if (threadIdx.x != 0) return;
         const u8* xi = Xi + (u64)blockIdx.y * nkt * L::BBYTES;
-        constexpr u32 MINE = L::TILES / MWS_CLUSTER;  // weight tiles this CTA copies
         for (u32 kt = 0; kt < nkt; ++kt) {
             const u32 s = kt % S;
             if (kt >= S) mbar_wait(empty + s, ((kt / S) + 1) & 1);  // use kt / S - 1 retired
             mbar_expect(full + s, L::BBYTES + L::ABYTES);
             bulk_g2s(bsl + s * L::BBYTES, xi + (u64)kt * L::BBYTES, L::BBYTES, full + s);
-            for (u32 i = 0; i < MINE; ++i) {
-                const u32 tl = crank * MINE + i;
+            for (u32 tl = 0; tl < L::TILES; ++tl) {
                 const u32 rt = min(rt0 + tl, nrt - 1);  // past the last tile: a copy, never written out
-                u8* dst = asl + s * L::ABYTES + tl * F::TB;
-                const u8* src = W + ((u64)rt * nkt + kt) * F::TB;
-                if (MWS_CLUSTER == 2) {
-                    bulk_g2s_mc(dst, src, F::TB, full + s, (u16)3);
-                } else {
-                    bulk_g2s(dst, src, F::TB, full + s);
-                }
+                bulk_g2s(asl + s * L::ABYTES + tl * F::TB, W + ((u64)rt * nkt + kt) * F::TB, F::TB, full + s);
             }
         }
         return;
@@ -1019,12 +993,7 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
         }
         const u32 upto = send || !MWS_INFLIGHT ? kt + 1 : kt;
         for (; rel < upto; ++rel)
-            if (lane == 0) {
-                mbar_arrive(empty + rel % S);
-                // The other CTA's copier waits for this one's warps too; past nkt - S it copies
-                // nothing more (so no arrival reaches a CTA that may have exited).
-                if (MWS_CLUSTER == 2 && rel + S < nkt) mbar_arrive_cluster(empty + rel % S, crank ^ 1);
-            }
+            if (lane == 0) mbar_arrive(empty + rel % S);
         if (send) {
 #pragma unroll
             for (int i = 0; i < ND; ++i) {
@@ -1053,15 +1022,9 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
 #endif
 }
 
-// The warp-specialized product (sm_90a): one block of 3 warpgroups per SM (in clusters of 2
-// along y with MWS_CLUSTER 2: the host reads the kernel's cluster height and rounds the grid).
-#if MWS_CLUSTER == 2 && MWG_OK
-#define MWS_ATTRS __cluster_dims__(1, 2, 1) __launch_bounds__(384, 1)
-#else
-#define MWS_ATTRS __launch_bounds__(384, 1)
-#endif
+// The warp-specialized product (sm_90a): one block of 3 warpgroups per SM.
 #define MWS_KERNEL(suffix, FMT)                                                                            \
-    extern "C" __global__ void MWS_ATTRS mws_##suffix(                                                       \
+    extern "C" __global__ void __launch_bounds__(384, 1) mws_##suffix(                                     \
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
         const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp, const u8* Xi) {                              \
         const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \

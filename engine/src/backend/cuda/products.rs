@@ -64,8 +64,7 @@ pub struct ActBuf {
     /// One f32 per 32 columns: the sum of the block's 16-bit values.
     pub scales: CudaSlice<u8>,
     /// The warp-specialized product's token image (products.cu `ws_image`: per 128 rows and 64
-    /// columns, the 16 KiB its bulk copy moves; whole pairs of 128-row blocks, for clusters of
-    /// two), on sm_90a where the buffer asked for one.
+    /// columns, the 16 KiB its bulk copy moves), on sm_90a where the buffer asked for one.
     pub image: Option<CudaSlice<u8>>,
 }
 
@@ -106,7 +105,7 @@ impl Gpu {
     /// rows): buffers of dense products, not those of the expert products, which never use it.
     pub fn act_buf(&self, kind: ActKind, rows: usize, kp: usize, image: bool) -> Result<ActBuf> {
         let image = if image && self.arch == "compute_90a" && kp % 64 == 0 {
-            Some(self.zeros(rows.div_ceil(256) * 256 * kp * 2)?)
+            Some(self.zeros(rows.div_ceil(128) * 128 * kp * 2)?)
         } else {
             None
         };
@@ -208,7 +207,7 @@ impl Gpu {
 
     /// Rewrites `m` prepared rows of `a` into its token image `img` (products.cu `ws_image`).
     fn ws_image(&self, a: &ActBuf, img: &CudaSlice<u8>, m: usize) -> Result<()> {
-        let chunks = (m.div_ceil(256) * 2 * a.kp / 64 * 1024) as u64;
+        let chunks = (m.div_ceil(128) * a.kp / 64 * 1024) as u64;
         let args = [
             Arg::Ptr(self.ptr(&a.values)),
             Arg::Ptr(self.ptr(img)),
@@ -313,20 +312,9 @@ impl Gpu {
         } else {
             (l.rpb, 8 * l.nt)
         };
-        // A kernel built for clusters (products.cu MWS_CLUSTER) runs on whole clusters: the
-        // blocks past M compute rows that are never written.
-        let cluster = func
-            .get_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT,
-            )
-            .unwrap_or(0)
-            .max(1) as u32;
         let grid = (
             row_tiles.div_ceil(rows_per_block),
-            (m as u32)
-                .div_ceil(toks_per_block)
-                .next_multiple_of(cluster)
-                .min(65535),
+            (m as u32).div_ceil(toks_per_block).min(65535),
         );
         if (m as u32).div_ceil(toks_per_block) > 65535 {
             return Err(self.err(format!("product: {m} rows exceed one launch")));
