@@ -104,7 +104,7 @@ impl Gpu {
     /// that the warp-specialized product reads (as large as the values, rounded up to 128
     /// rows): buffers of dense products, not those of the expert products, which never use it.
     pub fn act_buf(&self, kind: ActKind, rows: usize, kp: usize, image: bool) -> Result<ActBuf> {
-        let image = if image && self.arch == "compute_90a" && kp % 64 == 0 {
+        let image = if image && self.arch == "compute_90a" && kp.is_multiple_of(64) {
             Some(self.zeros(rows.div_ceil(128) * 128 * kp * 2)?)
         } else {
             None
