@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# The queue of the next H200 lease (written at the end of session 13). Session 13 made three
-# kernels the defaults from A/B rows (reports/h200-session13-2026-12-03.md): matmul_f32_rows (MoE
-# routers), attn_mma for sliding windows / head_dim 256 (Gemma 3), and the warp-specialized F16
-# product mws (MWS_INFLIGHT 0). This queue gates the defaults as built (golden, every kernel with
+# The queue of the next H200 lease (written in session 13, extended in session 14). Sessions 13
+# and 14 made four kernels the defaults from A/B rows (reports/h200-session13-2026-12-03.md,
+# reports/h200-session14-2026-12-04.md): matmul_f32_rows (MoE routers), attn_mma for sliding
+# windows / head_dim 256 (Gemma 3), the warp-specialized F16 product mws (MWS_INFLIGHT 0) and its
+# bulk-copy feed (MWS_BULK 1). This queue gates the defaults as built (golden, every kernel with
 # mws in products_check, F16 invariance on the 8B file, MoE / Gemma gates), then measures every
-# side-by-side row in ONE run id so the README's table is one run again.
-#   stage: tools/device/stage.sh (bins with .device/kcache), tok.gguf, llama.tgz, SmolLM2 (2
-#   calls, NAME smol), Gemma 3 270M (5 pieces, NAME gemma); LEASE_SYNTH="q4 q8 f16 moe".
+# side-by-side row in ONE run id so the README's table is one run again (session 14's F16 pp512,
+# 20,157 tok/s, has no llama.cpp row in its own run), and, when staged, A/Bs MWS_INFLIGHT=1 on
+# the bulk feed (kbench only).
+#   stage: PACK_KVARS="i1:MWS_INFLIGHT=1" tools/device/stage.sh (bins with .device/kcache),
+#   tok.gguf, llama.tgz, SmolLM2 (2 calls, NAME smol), Gemma 3 270M (5 pieces, NAME gemma);
+#   LEASE_SYNTH="q4 q8 f16 moe".
 #   After a lost machine: the same with LEASE_SKIP="done steps".
 set -u
 cd $HOME/repo; . tools/device/lease/lib.sh
@@ -27,6 +31,12 @@ g2() {
 }
 g1 & g2 & wait
 row gates-done ""
+I1=$HOME/dev/.device/kvar/i1
+if [ -d $I1 ]; then
+  KB="$B/memra-bench kernels --dtypes f16 --shapes 14336x4096,4096x14336,6144x4096,4096x4096 --m 512,4096 --reps 10"
+  run kb-f16 60 $KB --json $O/kb-f16.json; grep nt16r1x $O/logs/kb-f16.log >> $S
+  run kb-f16-i1 60 env MEMRA_KERNEL_DIR=$I1 $KB --json $O/kb-f16-i1.json; grep nt16r1x $O/logs/kb-f16-i1.log >> $S
+fi
 peerwait
 for x in q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1 moe:Q4_K_M gemma:Q4_K_M; do
   k=${x%%:*}; dt=${x##*:}
