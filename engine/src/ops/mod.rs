@@ -291,7 +291,8 @@ pub trait Ops: Send + Sized + 'static {
         self.matmul_add(w, att, r)
     }
 
-    /// `gate = act(gate) * up`, then `r.res += down gate`.
+    /// `r.res += down (act(gate) * up)`; `gate` holds `act(gate) * up` afterwards or is scratch
+    /// (a backend that prepares the product's input in the same pass need not write it back).
     fn glu_matmul_add(
         &mut self,
         kind: Glu,
