@@ -335,6 +335,7 @@ impl Gpu {
         } else {
             0
         };
+        // The warp-specialized product reads the token image (one more argument).
         let image = if kind == "mws" {
             let img = a.image.as_ref().ok_or_else(|| {
                 self.err(format!(
@@ -343,9 +344,9 @@ impl Gpu {
                 ))
             })?;
             self.ws_image(a, img, m)?;
-            self.ptr(img)
+            Some(Arg::Ptr(self.ptr(img)))
         } else {
-            0
+            None
         };
         let mut args = vec![
             Arg::Ptr(self.ptr(&w.data)),
@@ -363,9 +364,7 @@ impl Gpu {
             Arg::U32(w.nseg),
             Arg::U32(w.kp as u32),
         ];
-        if kind == "mws" {
-            args.push(Arg::Ptr(image));
-        }
+        args.extend(image);
         if threads > l.max_threads() {
             return Err(self.err(format!(
                 "product launch of {threads} threads exceeds the variant's {}",
