@@ -380,6 +380,26 @@ __device__ __forceinline__ void mms_stage(u8* st, const u8* __restrict__ W, cons
     }
 }
 
+// The order in which a product's blocks take their (row-tile group, token block) pairs. The
+// launch runs blocks in linear order, x fastest; taken straight (TILE_GROUP 0), the ~132 blocks
+// in flight at M = 512 are 132 row-tile groups of ONE token block, so every token block streams
+// the whole weight matrix from HBM again (llama3-8b's 28672-row gate/up: 4 x 235 MB per layer,
+// ~3 TB/s in session 14's kernel rows). Grouped, consecutive blocks take TILE_GROUP row-tile
+// groups by every token block, so the blocks sharing a weight tile run together and read it
+// once from HBM, then from L2. Only the order changes: every block computes the same tile with
+// the same operations, so the bits are those of any order.
+#ifndef TILE_GROUP
+#define TILE_GROUP 8
+#endif
+__device__ __forceinline__ uint2 tile_order() {
+    const u32 gx = gridDim.x, gy = gridDim.y;
+    if (TILE_GROUP == 0 || gy == 1) return make_uint2(blockIdx.x, blockIdx.y);
+    const u32 lin = blockIdx.y * gx + blockIdx.x, per = TILE_GROUP * gy;
+    const u32 x0 = lin / per * TILE_GROUP, r = lin % per;
+    const u32 w = min((u32)TILE_GROUP, gx - x0);  // the last group may be narrower
+    return make_uint2(x0 + r % w, r / w);
+}
+
 template <class F>
 __device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8* __restrict__ X,
                                              const float* __restrict__ Xs, const Outs& out, const float* R,
@@ -390,8 +410,9 @@ __device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8*
     const int g = lane >> 2, t = lane & 3;
     const u32 wr = (u32)warp % MMS_WR, wt = (u32)warp / MMS_WR;
     const u32 nrt = (N + 15) / 16;
-    const u32 rt0 = blockIdx.x * Mms<F>::TILES;
-    const u32 m0 = blockIdx.y * Mms<F>::TOKS;
+    const uint2 bt = tile_order();
+    const u32 rt0 = bt.x * Mms<F>::TILES;
+    const u32 m0 = bt.y * Mms<F>::TOKS;
     const u32 nbk = kp / 32;
     // This lane's token columns 2t, 2t + 1 of each fragment (the block sums of MIN formats).
     u32 c0[MMS_NT], c1[MMS_NT];
@@ -649,8 +670,9 @@ __device__ __forceinline__ void product_wg(const u8* __restrict__ W, const u8* _
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const u32 nrt = (N + 15) / 16;
-    const u32 rt0 = blockIdx.x * Mwg<F>::TILES;
-    const u32 m0 = blockIdx.y * MWG_N;
+    const uint2 bt = tile_order();
+    const u32 rt0 = bt.x * Mwg<F>::TILES;
+    const u32 m0 = bt.y * MWG_N;
     constexpr int ND = MWG_N / 2;
     float acc[ND], tot[ND];
 #pragma unroll
@@ -932,8 +954,9 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
     // is not a divergent path (ptxas would otherwise serialize the wgmmas inside it).
     const int lane = threadIdx.x & 31, warp = __shfl_sync(FULL_MASK, threadIdx.x >> 5, 0);
     const u32 nrt = (N + 15) / 16;
-    const u32 rt0 = blockIdx.x * L::TILES;
-    const u32 m0 = blockIdx.y * MWG_N;
+    const uint2 bt = tile_order();
+    const u32 rt0 = bt.x * L::TILES;
+    const u32 m0 = bt.y * MWG_N;
     if (threadIdx.x == 0) {
         for (u32 s = 0; s < S; ++s) {
             mbar_init(full + s, MWS_BULK ? 1 : 128);
@@ -944,7 +967,7 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
     __syncthreads();
     if (MWS_BULK && warp < 4) {  // the copier warpgroup: one thread drives the copy engine
         if (threadIdx.x != 0) return;
-        const u8* xi = Xi + (u64)blockIdx.y * nkt * L::BBYTES;
+        const u8* xi = Xi + (u64)bt.y * nkt * L::BBYTES;
         for (u32 kt = 0; kt < nkt; ++kt) {
             const u32 s = kt % S;
             if (kt >= S) mbar_wait(empty + s, ((kt / S) + 1) & 1);  // use kt / S - 1 retired

@@ -6,9 +6,10 @@
 # bulk-copy feed (MWS_BULK 1). This queue gates the defaults as built (golden, every kernel with
 # mws in products_check, F16 invariance on the 8B file, MoE / Gemma gates), then measures every
 # side-by-side row in ONE run id so the README's table is one run again (session 14's F16 pp512,
-# 20,157 tok/s, has no llama.cpp row in its own run), and, when staged, A/Bs MWS_INFLIGHT=1 on
-# the bulk feed (kbench only).
-#   stage: PACK_KVARS="i1:MWS_INFLIGHT=1" tools/device/stage.sh (bins with .device/kcache),
+# 20,157 tok/s, has no llama.cpp row in its own run), and A/Bs every staged products.cu variant
+# (session 15: g0 = TILE_GROUP 0, the products' old block order; i1 = MWS_INFLIGHT 1) in kbench
+# and in F16 / Q4_K_M prefill (log only).
+#   stage: PACK_KVARS="g0:TILE_GROUP=0 i1:MWS_INFLIGHT=1" tools/device/stage.sh (bins with .device/kcache),
 #   tok.gguf, llama.tgz, SmolLM2 (2 calls, NAME smol), Gemma 3 270M (5 pieces, NAME gemma);
 #   LEASE_SYNTH="q4 q8 f16 moe".
 #   After a lost machine: the same with LEASE_SKIP="done steps".
@@ -31,12 +32,17 @@ g2() {
 }
 g1 & g2 & wait
 row gates-done ""
-I1=$HOME/dev/.device/kvar/i1
-if [ -d $I1 ]; then
-  KB="$B/memra-bench kernels --dtypes f16 --shapes 14336x4096,4096x14336,6144x4096,4096x4096 --m 512,4096 --reps 10"
-  run kb-f16 60 $KB --json $O/kb-f16.json; grep nt16r1x $O/logs/kb-f16.log >> $S
-  run kb-f16-i1 60 env MEMRA_KERNEL_DIR=$I1 $KB --json $O/kb-f16-i1.json; grep nt16r1x $O/logs/kb-f16-i1.log >> $S
-fi
+# Products.cu variants staged with PACK_KVARS (each a .device/kvar/NAME): kbench A/B against the
+# default build, F16 and Q4_K at the llama3-8b shapes (28672 x 4096: the fused gate/up).
+KV=$HOME/dev/.device/kvar
+KB="$B/memra-bench kernels --shapes 28672x4096,4096x14336,6144x4096 --m 512,4096 --reps 10"
+kb() { local n=kb-$1-${2:-def} d=$1; shift 2
+  run $n 150 "$@" $KB --dtypes $d --json $O/$n.json; grep -E "r[0-9]+[xwm] |ALL|MISM" $O/logs/$n.log >> $S; }
+kb f16 "" env; kb q4_k "" env
+for v in $(ls $KV 2>/dev/null); do
+  kb f16 $v env MEMRA_KERNEL_DIR=$KV/$v
+  [ $v = g0 ] && kb q4_k $v env MEMRA_KERNEL_DIR=$KV/$v
+done
 peerwait
 for x in q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1 moe:Q4_K_M gemma:Q4_K_M; do
   k=${x%%:*}; dt=${x##*:}
@@ -47,6 +53,11 @@ for x in q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1 moe:Q4_K_M gemma:Q4_K_M; do
   peer $k-tg -m $f -p 0 -n 128 -d 512
   run $k-prefill 240 $MB prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt
   peer $k-pp -m $f -p 512,4096 -n 0
+  # the same prefill with each staged variant (log only: no rows for the README)
+  for v in $(ls $KV 2>/dev/null); do
+    [ $k = f16 ] || [ $k = q4 ] || continue
+    run $k-prefill-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt
+  done
 done
 ln -sf $Q4 $M/synth-llama3-8b-q4_k_m.gguf
 run load 420 env OUT=$O/sbs RUN=$RUN SBS_STEPS=load MEMRA_BIN=$B tools/device/sidebyside.sh
