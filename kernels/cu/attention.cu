@@ -217,7 +217,7 @@ __device__ __forceinline__ void attn_split2_body(
     extern "C" __global__ void __launch_bounds__(128) attn_split_##suffix(                                     \
         const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq, const u32* table_off,  \
         const u32* tables, float* part, u64 part_stride, u32 n_heads, u32 n_kv_heads, u32 head_dim,           \
-        u32 block_size, float scale, u32 window) {                                                             \
+        u32 block_size, float scale, u32 window) { pdl_entry();                                                             \
         attn_split_body<FMT>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, n_heads,           \
                              n_kv_heads, head_dim, block_size, scale, window);                                \
     }
@@ -225,7 +225,7 @@ __device__ __forceinline__ void attn_split2_body(
     extern "C" __global__ void __launch_bounds__(128) attn_split2_##suffix(                                    \
         const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq, const u32* table_off,  \
         const u32* tables, float* part, u64 part_stride, u32 n_heads, u32 n_kv_heads, u32 head_dim,           \
-        u32 block_size, float scale, u32 window) {                                                             \
+        u32 block_size, float scale, u32 window) { pdl_entry();                                                             \
         attn_split2_body<FMT>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, n_heads,          \
                               n_kv_heads, head_dim, block_size, scale, window);                               \
     }

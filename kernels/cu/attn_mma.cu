@@ -525,7 +525,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
     extern "C" __global__ void __launch_bounds__(128) attn_##suffix(                                        \
         const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq,                     \
         const u32* table_off, const u32* tables, float* part, u64 part_stride, u32 rows, u32 tpt,           \
-        u32 n_heads, u32 n_kv_heads, u32 block_size, float scale, u32 stages, u32 wide, u32 window) {       \
+        u32 n_heads, u32 n_kv_heads, u32 block_size, float scale, u32 stages, u32 wide, u32 window) { pdl_entry();       \
         attn_mma_body<HD, FMT, FOLD>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, rows,    \
                                      tpt, n_heads, n_kv_heads, block_size, scale, stages, wide, window);    \
     }
@@ -559,6 +559,7 @@ ATTN_MMA_SHAPES(ATTN_MMA_KERNEL)
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attn_combine(
     const float* __restrict__ part, float* __restrict__ O, const u32* __restrict__ pos, u64 part_stride, u32 rows,
     u32 n_heads, u32 head_dim, u16* Xh, float* Xs, u32 kp, u32 bf, u32 folded, u32 window) {
+    pdl_entry();
     __shared__ __align__(16) float so[COMBINE_STAGE];
     __shared__ float sa[32], sb[32], sl;
     const u32 gw = blockIdx.x;  // row * n_heads + head

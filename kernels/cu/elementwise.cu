@@ -3,6 +3,7 @@
 
 // x[i] += y[i] (residual add), i < n.
 extern "C" __global__ void add_in_place(float* x, const float* y, u64 n) {
+    pdl_entry();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         x[i] = x[i] + y[i];
     }
@@ -10,6 +11,7 @@ extern "C" __global__ void add_in_place(float* x, const float* y, u64 n) {
 
 // x[m][j] += b[j] for rows of `width`, n = rows * width.
 extern "C" __global__ void add_bias(float* x, const float* b, u64 n, u32 width) {
+    pdl_entry();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         x[i] = x[i] + b[i % width];
     }
@@ -17,6 +19,7 @@ extern "C" __global__ void add_bias(float* x, const float* b, u64 n, u32 width) 
 
 // SwiGLU: g = (g / (1 + exp(-g))) * u, as the CPU's ops::swiglu.
 extern "C" __global__ void swiglu(float* g, const float* u, u64 n) {
+    pdl_entry();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         float x = g[i];
         float s = x / (1.0f + expf(-x));
@@ -28,6 +31,7 @@ extern "C" __global__ void swiglu(float* g, const float* u, u64 n) {
 // C = sqrt(2 / pi) (the f32 constant of the CPU's ops::geglu_tanh), in the CPU's operation order;
 // tanhf is the GPU's own (docs/VERIFY.md: within 1e-6 of the CPU, relative to the largest value).
 extern "C" __global__ void geglu_tanh(float* g, const float* u, u64 n) {
+    pdl_entry();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         const float x = g[i];
         const float t = tanhf(0.7978846f * (x + 0.044715f * x * x * x));
@@ -37,6 +41,7 @@ extern "C" __global__ void geglu_tanh(float* g, const float* u, u64 n) {
 
 // x[i] *= s, i < n (Gemma's embedding scale): the CPU's one rounded product, bit for bit.
 extern "C" __global__ void scale_in_place(float* x, float s, u64 n) {
+    pdl_entry();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         x[i] = x[i] * s;
     }
@@ -44,6 +49,7 @@ extern "C" __global__ void scale_in_place(float* x, float s, u64 n) {
 
 // Logit softcapping: x[i] = cap * tanh(x[i] / cap), i < n (IEEE division; the GPU's tanhf).
 extern "C" __global__ void softcap(float* x, float cap, u64 n) {
+    pdl_entry();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         x[i] = cap * tanhf(x[i] / cap);
     }
@@ -51,6 +57,7 @@ extern "C" __global__ void softcap(float* x, float cap, u64 n) {
 
 // dst[r][j] = src[idx[r]][j] for r < rows, j < width.
 extern "C" __global__ void gather_rows(float* dst, const float* src, const u32* idx, u32 rows, u32 width) {
+    pdl_entry();
     u64 n = (u64)rows * width;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         u64 r = i / width, j = i % width;
@@ -60,6 +67,7 @@ extern "C" __global__ void gather_rows(float* dst, const float* src, const u32* 
 
 // dst[dst_off + i] = src[src_off + i] for i < n (KV block copies within one cache buffer).
 extern "C" __global__ void copy_range(float* buf, u64 src_off, u64 dst_off, u64 n) {
+    pdl_entry();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         buf[dst_off + i] = buf[src_off + i];
     }
@@ -67,6 +75,7 @@ extern "C" __global__ void copy_range(float* buf, u64 src_off, u64 dst_off, u64 
 
 // Fills x[0..n) with v (poisoning output buffers in tests).
 extern "C" __global__ void fill_f32(float* x, float v, u64 n) {
+    pdl_entry();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         x[i] = v;
     }

@@ -24,7 +24,7 @@ __device__ __forceinline__ void embed_body(const u8* __restrict__ W, const u32* 
 
 #define EMBED_KERNEL(suffix, DT)                                                                     \
     extern "C" __global__ void embed_##suffix(const u8* W, const u32* tokens, float* Y, u32 K,      \
-                                              u64 row_bytes) {                                       \
+                                              u64 row_bytes) { pdl_entry();                                       \
         embed_body<DT>(W, tokens, Y, K, row_bytes);                                                  \
     }
 

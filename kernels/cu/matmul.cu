@@ -104,7 +104,7 @@ __device__ __forceinline__ void matmul_f32_rows_body(const u8* __restrict__ W, c
 
 #define MATMUL_KERNEL(suffix, DT)                                                               \
     extern "C" __global__ void __launch_bounds__(256) matmul_##suffix(                          \
-        const u8* W, const float* X, float* Y, u32 M, u32 N, u32 K, u64 row_bytes) {            \
+        const u8* W, const float* X, float* Y, u32 M, u32 N, u32 K, u64 row_bytes) { pdl_entry();            \
         matmul_body<DT>(W, X, Y, M, N, K, row_bytes, blockIdx.y * 8, gridDim.y * 8);            \
     }
 
@@ -112,6 +112,7 @@ __device__ __forceinline__ void matmul_f32_rows_body(const u8* __restrict__ W, c
 // MEMRA_F32_ROWS=1, until the H200 has gated it; then for every F32 product).
 extern "C" __global__ void __launch_bounds__(256) matmul_f32_rows(const u8* W, const float* X, float* Y, u32 M,
                                                                   u32 N, u32 K, u64 row_bytes) {
+    pdl_entry();
     matmul_f32_rows_body(W, X, Y, M, N, K, row_bytes);
 }
 
@@ -125,7 +126,7 @@ FOR_EACH_DTYPE(MATMUL_KERNEL)
 #define MATMUL_ID_KERNEL(suffix, DT)                                                                  \
     extern "C" __global__ void __launch_bounds__(256) matmul_id_##suffix(                             \
         const u8* W, u64 wstride, const float* X, const u32* ids, u32 xdiv, u32 p0, u32 n_experts,    \
-        float* Y, u32 N, u32 K, u64 row_bytes) {                                                      \
+        float* Y, u32 N, u32 K, u64 row_bytes) { pdl_entry();                                                      \
         const u32 p = p0 + blockIdx.y;                                                                \
         const u32 e = min(ids[p], n_experts - 1);                                                     \
         matmul_body<DT>(W + (u64)e * wstride, X + (u64)(p / xdiv) * K, Y + (u64)p * N, 1, N, K,       \

@@ -24,6 +24,7 @@ __device__ __forceinline__ bool moe_before(float pa, u32 ia, float pb, u32 ib) {
 // weights of row r at [r * k, r * k + k), ascending expert index (the order the CPU adds them).
 extern "C" __global__ void __launch_bounds__(32) moe_route(const float* __restrict__ L, u32* __restrict__ ids,
                                                            float* __restrict__ wts, u32 E, u32 k, u32 norm) {
+    pdl_entry();
     __shared__ float p[MOE_MAX_E];
     __shared__ u8 taken[MOE_MAX_E];
     __shared__ u32 rid[MOE_MAX_K];
@@ -117,6 +118,7 @@ extern "C" __global__ void __launch_bounds__(32) moe_route(const float* __restri
 extern "C" __global__ void __launch_bounds__(32 * MOE_GW) moe_group(const u32* __restrict__ ids,
                                                                    u32* __restrict__ order,
                                                                    u32* __restrict__ offs, u32 P, u32 E, u32 T) {
+    pdl_entry();
     __shared__ u32 cnt[MOE_GW][MOE_MAX_E];
     __shared__ u32 base[MOE_MAX_E];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -174,6 +176,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_GW) moe_group(const u32* _
 // `o += w * v`). Grid-stride over M * H elements.
 extern "C" __global__ void moe_combine(const float* __restrict__ Y, const float* __restrict__ wts,
                                        float* __restrict__ out, u32 M, u32 k, u32 H) {
+    pdl_entry();
     const u64 n = (u64)M * H;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         const u64 r = i / H, c = i % H;

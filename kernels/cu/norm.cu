@@ -4,6 +4,7 @@
 // every read before the first write.
 extern "C" __global__ void __launch_bounds__(256) rms_norm(const float* X, const float* W, float* Y,
                                                             u32 rows, u32 width, float eps) {
+    pdl_entry();
     const u32 r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (r >= rows) return;  // uniform over the warp
     const int lane = threadIdx.x & 31;

@@ -12,6 +12,19 @@ typedef unsigned long long u64;
 
 #define FULL_MASK 0xffffffffu
 
+// Every kernel's first statement (programmatic dependent launch, sm_90+): the host launches a
+// kernel while the one before it on the stream is still finishing (its blocks get resident and
+// run this), `griddepcontrol.wait` holds it until that grid has completed and its memory is
+// visible, then `launch_dependents` lets the next kernel do the same. Nothing, neither a read nor
+// a write, happens before the wait, so the order of every memory access is the stream's order
+// and no output bit can change; launched without the attribute (MEMRA_PDL=0, older GPUs) both
+// instructions return at once.
+__device__ __forceinline__ void pdl_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // f16 bits -> f32 (exact) by the PTX conversion instruction.
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;

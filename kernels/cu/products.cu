@@ -45,6 +45,7 @@
 // block), grid-stride.
 extern "C" __global__ void prepare_h16(const float* __restrict__ X, u16* __restrict__ Xh, float* __restrict__ Xs,
                                        u32 M, u32 K, u32 kp, u32 bf) {
+    pdl_entry();
     const int lane = threadIdx.x & 31;
     const u32 nb = kp / 32;
     const u64 total = (u64)M * nb;
@@ -65,6 +66,7 @@ extern "C" __global__ void prepare_h16(const float* __restrict__ X, u16* __restr
 extern "C" __global__ void __launch_bounds__(256) norm_prep(const float* X, const float* __restrict__ W, float* Y,
                                                             u16* __restrict__ Xh, float* __restrict__ Xs,
                                                             u32 width, u32 kp, float eps, u32 bf) {
+    pdl_entry();
     __shared__ float part[8];
     __shared__ float total;
     const u32 row = blockIdx.x;
@@ -100,6 +102,7 @@ extern "C" __global__ void __launch_bounds__(256) norm_prep(const float* X, cons
 // f32 to Y (when not null; Y may be G) and prepared into Xh / Xs. One warp per (row, block).
 extern "C" __global__ void swiglu_prep(const float* G, const float* __restrict__ U, float* Y, u16* __restrict__ Xh,
                                        float* __restrict__ Xs, u32 M, u32 width, u32 kp, u32 bf) {
+    pdl_entry();
     const int lane = threadIdx.x & 31;
     const u32 nb = kp / 32;
     const u64 total = (u64)M * nb;
@@ -129,6 +132,7 @@ extern "C" __global__ void swiglu_prep(const float* G, const float* __restrict__
 // 32-column block is words j, j + 4, j + 8, j + 12. One thread per 16-byte chunk of the image,
 // in image order, grid-stride.
 extern "C" __global__ void ws_image(const u32* __restrict__ Xh, uint4* __restrict__ img, u32 M, u32 kp) {
+    pdl_entry();
     const u32 nkt = kp / 64;
     const u64 total = (u64)((M + 127) / 128) * nkt * 1024;
     for (u64 o = (u64)blockIdx.x * blockDim.x + threadIdx.x; o < total; o += (u64)gridDim.x * blockDim.x) {
@@ -718,7 +722,7 @@ __device__ __forceinline__ void product_wg(const u8* __restrict__ W, const u8* _
 #define MMQ_KERNEL(suffix, FMT)                                                                             \
     extern "C" __global__ void __launch_bounds__(MMQ_MAXT, MMQ_MINB) mmq_##suffix(                                      \
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
-        const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
+        const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) { pdl_entry();                                            \
         const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
         product<FMT>(W, X, Xs, o, R, M, N, nkt, nseg, kp, blockIdx.y * 8 * MMQ_NT);                           \
     }
@@ -744,7 +748,7 @@ MMQ_KERNEL(bf16, FmtF16<1>)
 #define MMQ_ID_KERNEL(suffix, FMT)                                                                          \
     extern "C" __global__ void __launch_bounds__(MMQ_MAXT, MMQ_MINB) mmq_id_##suffix(                                   \
         const u8* W, u64 wstride, const u8* X, const float* Xs, const u32* ids, u32 xdiv, u32 p0,           \
-        u32 n_experts, float* Y, u32 N, u32 nkt, u32 nseg, u32 kp) {                                        \
+        u32 n_experts, float* Y, u32 N, u32 nkt, u32 nseg, u32 kp) { pdl_entry();                                        \
         const u32 p = p0 + blockIdx.y;                                                                      \
         const u32 e = min(ids[p], n_experts - 1);                                                           \
         const u32 xr = p / xdiv;                                                                            \
@@ -783,7 +787,7 @@ __device__ __forceinline__ u32 moe_tile_expert(const u32* __restrict__ toff, u32
 #define MMQ_GROUPED_KERNEL(suffix, FMT)                                                                     \
     extern "C" __global__ void __launch_bounds__(MMQ_MAXT, MMQ_MINB) mmq_grouped_##suffix(                  \
         const u8* W, u64 wstride, const u8* X, const float* Xs, const u32* order, const u32* offs, u32 xdiv,  \
-        u32 b0, u32 n_experts, float* Y, u32 N, u32 nkt, u32 nseg, u32 kp) {                                 \
+        u32 b0, u32 n_experts, float* Y, u32 N, u32 nkt, u32 nseg, u32 kp) { pdl_entry();                                 \
         const u32 b = b0 + blockIdx.y;                                                                      \
         const u32* toff = offs + n_experts + 1;                                                             \
         if (b >= __ldg(toff + n_experts)) return;                                                           \
@@ -810,7 +814,7 @@ MMQ_GROUPED_KERNEL(bf16, FmtF16<1>)
 #define MMS_KERNEL(suffix, FMT, MINB)                                                                       \
     extern "C" __global__ void __launch_bounds__(256, MMS_MINB > 0 ? MMS_MINB : MMS_TOTS ? 1 : MINB) mms_##suffix(                                         \
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
-        const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
+        const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) { pdl_entry();                                            \
         const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
         product_smem<FMT>(W, X, Xs, o, R, M, N, nkt, nseg, kp);                                               \
     }
@@ -836,7 +840,7 @@ __device__ __forceinline__ void product_mwg(const u8* __restrict__ W, const u8* 
 #define MWG_KERNEL(suffix, FMT)                                                                            \
     extern "C" __global__ void __launch_bounds__(256, 1) mwg_##suffix(                                     \
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
-        const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                            \
+        const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) { pdl_entry();                                            \
         const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
         product_mwg<FMT>(W, X, o, R, M, N, nkt, nseg, kp);                                                    \
     }
@@ -1049,7 +1053,7 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
 #define MWS_KERNEL(suffix, FMT)                                                                            \
     extern "C" __global__ void __launch_bounds__(384, 1) mws_##suffix(                                     \
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
-        const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp, const u8* Xi) {                              \
+        const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp, const u8* Xi) { pdl_entry();                              \
         const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
         product_ws<FMT>(W, X, Xi, o, R, M, N, nkt, nseg, kp);                                                 \
     }

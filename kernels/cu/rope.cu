@@ -2,6 +2,7 @@
 // (f64 angles rounded to f32, as the CPU's Rope::cos_sin). One thread per (row, head, i).
 extern "C" __global__ void rope(float* X, const u32* pos, const float* cos_t, const float* sin_t,
                                 u32 rows, u32 n_heads, u32 head_dim) {
+    pdl_entry();
     const u32 half = head_dim / 2;
     const u64 n = (u64)rows * n_heads * half;
     for (u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (u64)gridDim.x * blockDim.x) {
@@ -34,7 +35,7 @@ __device__ __forceinline__ void kv_write_body(u8* Kc, u8* Vc, const float* K, co
 
 #define KV_WRITE_KERNEL(suffix, FMT)                                                                    \
     extern "C" __global__ void kv_write_##suffix(u8* Kc, u8* Vc, const float* K, const float* V,        \
-                                                 const u32* slot, u32 rows, u32 width) {                \
+                                                 const u32* slot, u32 rows, u32 width) { pdl_entry();                \
         kv_write_body<FMT>(Kc, Vc, K, V, slot, rows, width);                                            \
     }
 
@@ -46,6 +47,7 @@ KV_WRITE_KERNEL(bf16, KvBF16)
 // K and of V: d = max|x| / 127 (the warp's xor max: exact), q = roundf(x * (1 / d)), scale f16(d).
 extern "C" __global__ void kv_write_q8_0(u8* Kc, u8* Vc, const float* K, const float* V, const u32* slot,
                                          u32 rows, u32 width) {
+    pdl_entry();
     const u32 lane = threadIdx.x & 31;
     const u32 nb = width / 32;
     const u64 rb = KvQ8::row_bytes(width);
@@ -111,7 +113,7 @@ __device__ __forceinline__ void rope_kv_body(float* Q, float* K, const float* V,
     extern "C" __global__ void rope_kv_##suffix(float* Q, float* K, const float* V, const u32* pos,       \
                                                 const float* cos_t, const float* sin_t, u8* Kc, u8* Vc,   \
                                                 const u32* slot, u32 rows, u32 n_heads, u32 n_kv_heads,   \
-                                                u32 head_dim) {                                           \
+                                                u32 head_dim) { pdl_entry();                                           \
         rope_kv_body<FMT>(Q, K, V, pos, cos_t, sin_t, Kc, Vc, slot, rows, n_heads, n_kv_heads, head_dim); \
     }
 

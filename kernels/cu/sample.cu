@@ -5,6 +5,7 @@
 // 256 threads per row; thread t scans t, t + 256, ... keeping its first maximum; a shared-memory
 // tree then prefers the larger value, then the lower index.
 extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* logits, u32* out, u32 width) {
+    pdl_entry();
     __shared__ float best_v[256];
     __shared__ u32 best_i[256];
     const float* x = logits + (u64)blockIdx.x * width;
@@ -42,6 +43,7 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* logit
 //   l = rep != 1 ? (l > 0 ? l / rep : l * rep) : l;   l = l - (pres + freq * (float)n).
 extern "C" __global__ void __launch_bounds__(256) penalize_row(float* logits, const u32* tok,
     const u32* cnt, u32 n, u32 width, float rep, float pres, float freq) {
+    pdl_entry();
     for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         const u32 t = tok[i];
         if (t >= width) continue;
@@ -71,6 +73,7 @@ __device__ __forceinline__ u64 cand_key(float l, float temperature, u32 id) {
 // then the k keys >= the k-th are gathered and bitonic-sorted. One block of 1024 threads.
 extern "C" __global__ void __launch_bounds__(1024) topk_row(const float* logits, u32 width,
     float temperature, u32 k, u32 kmax, u32* out) {
+    pdl_entry();
     __shared__ u64 keys[TOPK_MAX];
     __shared__ u32 hist[256];
     __shared__ u32 s_valid, s_count, s_remaining;
@@ -163,6 +166,7 @@ extern "C" __global__ void __launch_bounds__(1024) topk_row(const float* logits,
 // it stays 0. Grid (x, n), 256 threads: a grid-stride loop over the row per y.
 extern "C" __global__ void __launch_bounds__(256) mask_rows(float* logits, const u32* packed,
     u32 n, u32 width, u32 words, u32* live) {
+    pdl_entry();
     const u32 j = blockIdx.y;
     if (j >= n) return;
     float* x = logits + (u64)packed[j] * width;

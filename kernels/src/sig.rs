@@ -231,9 +231,52 @@ pub fn signatures(src: &str) -> Result<Vec<Signature>, String> {
     Ok(out)
 }
 
+/// The kernel definitions in `src` whose body does not begin with the statement `first` (each
+/// named by the text of its declaration up to the body): every kernel must run prelude.cuh's
+/// `pdl_entry();` before touching memory, because the host launches it while the kernel before
+/// it may still be running (programmatic dependent launch).
+pub fn kernels_not_starting_with(src: &str, first: &str) -> Vec<String> {
+    let s = clean(src);
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(k) = s[i..].find(KERNEL) {
+        let at = i + k;
+        let Some(b) = s[at..].find('{') else {
+            out.push(s[at..].trim().to_string());
+            break;
+        };
+        let body = at + b + 1;
+        if !s[body..].trim_start().starts_with(first) {
+            out.push(
+                s[at..at + b]
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            );
+        }
+        i = body;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_kernels_without_the_entry_statement() {
+        let src = r#"
+extern "C" __global__ void __launch_bounds__(256) a(u32 n) {
+    pdl_entry();
+    go(n);
+}
+#define K(suffix) \
+    extern "C" __global__ void k_##suffix(u32 n) { pdl_entry(); go(n); }
+extern "C" __global__ void b(u32 n) { /* first */ go(n); pdl_entry(); }
+"#;
+        let bad = kernels_not_starting_with(src, "pdl_entry();");
+        assert_eq!(bad, vec!["extern \"C\" __global__ void b(u32 n)"]);
+    }
 
     #[test]
     fn reads_direct_and_macro_kernels() {
@@ -295,6 +338,16 @@ mod modules {
             defined.sort();
             listed.sort();
             assert_eq!(defined, listed, "{}", m.file);
+        }
+    }
+
+    /// Every kernel starts with `pdl_entry();` (the host launches with programmatic dependent
+    /// launch on sm_90+: a kernel touching memory before that wait would race the one before).
+    #[test]
+    fn every_kernel_waits_for_its_predecessor_first() {
+        for m in crate::MODULES {
+            let bad = super::kernels_not_starting_with(m.source, "pdl_entry();");
+            assert!(bad.is_empty(), "{}: {bad:?}", m.file);
         }
     }
 }

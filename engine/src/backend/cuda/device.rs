@@ -135,6 +135,9 @@ pub struct Gpu {
     /// the GPU's own order; default since H200 session 13) instead of the v1 half-warp body
     /// (`MEMRA_F32_ROWS=0`).
     pub(super) f32_rows: bool,
+    /// Programmatic dependent launch (sm_90+, default; `MEMRA_PDL=0` turns it off): see
+    /// [`Gpu::launch_pdl`].
+    pub(super) pdl: bool,
     /// Resident blocks per multiprocessor of an attention kernel with its shared memory.
     occupancy: Mutex<HashMap<(&'static str, usize), usize>>,
     pub(super) funcs: HashMap<&'static str, CudaFunction>,
@@ -232,6 +235,7 @@ impl Gpu {
             attn_wide: std::env::var("MEMRA_ATTN_WIDE").map_or(true, |v| v != "0"),
             f32_rows: std::env::var("MEMRA_F32_ROWS").map_or(true, |v| v != "0"),
             attn_ext: std::env::var("MEMRA_ATTN_EXT").map_or(true, |v| v != "0"),
+            pdl: major >= 9 && std::env::var("MEMRA_PDL").map_or(true, |v| v != "0"),
             occupancy: Mutex::new(HashMap::new()),
             funcs,
             variants: Mutex::new(HashMap::new()),
@@ -337,6 +341,11 @@ impl Gpu {
         args: &[Arg],
     ) -> Result<()> {
         check_args(what, args).map_err(|e| self.err(e))?;
+        if self.pdl {
+            return self
+                .launch_pdl(f, grid, block, smem, args)
+                .map_err(|e| self.err(format!("launch {what}: {e:?}")));
+        }
         let mut b = self.stream.launch_builder(f);
         for a in args {
             match a {
@@ -355,6 +364,64 @@ impl Gpu {
         unsafe { b.launch(cfg) }
             .map(|_| ())
             .map_err(|e| self.err(format!("launch {what}: {e:?}")))
+    }
+
+    /// [`Gpu::launch_fn`] with programmatic dependent launch allowed (`cuLaunchKernelEx`, the
+    /// programmatic stream serialization attribute): the kernel may start while the previous one
+    /// on the stream finishes; every kernel's first statement (prelude.cuh `pdl_entry`) waits
+    /// for that one to complete, so only the launch latency and the blocks' start overlap it.
+    fn launch_pdl(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> std::result::Result<(), DriverError> {
+        use cudarc::driver::sys;
+        use std::ffi::c_void;
+        // Each argument's bytes in an 8-byte cell (a u32 or f32 parameter reads the first 4).
+        let mut cells: Vec<[u8; 8]> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::Ptr(v) | Arg::U64(v) => v.to_le_bytes(),
+                Arg::U32(v) => u64::from(v).to_le_bytes(),
+                Arg::F32(v) => u64::from(v.to_bits()).to_le_bytes(),
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = cells
+            .iter_mut()
+            .map(|c| c.as_mut_ptr() as *mut c_void)
+            .collect();
+        // SAFETY: a plain C struct (an id and a union of integers): all zeros is a valid value.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.0.max(1),
+            gridDimY: grid.1.max(1),
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        self.ctx.bind_to_thread()?;
+        // SAFETY: `params` points at one cell per kernel parameter (checked by `check_args`),
+        // alive across the call (the driver copies them); the function and stream belong to this
+        // context.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
     }
 
     /// Milliseconds of device time taken by the work `f` queues on the stream (events around
