@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
-# The queue of the next H200 lease (written in session 13, extended in session 14). Sessions 13
-# and 14 made four kernels the defaults from A/B rows (reports/h200-session13-2026-12-03.md,
-# reports/h200-session14-2026-12-04.md): matmul_f32_rows (MoE routers), attn_mma for sliding
-# windows / head_dim 256 (Gemma 3), the warp-specialized F16 product mws (MWS_INFLIGHT 0) and its
-# bulk-copy feed (MWS_BULK 1). This queue gates the defaults as built (golden, every kernel with
-# mws in products_check, F16 invariance on the 8B file, MoE / Gemma gates), then measures every
-# side-by-side row in ONE run id so the README's table is one run again (session 14's F16 pp512,
-# 20,157 tok/s, has no llama.cpp row in its own run), and A/Bs every staged products.cu variant
-# (session 15: g0 = TILE_GROUP 0, the products' old block order; i1 = MWS_INFLIGHT 1) in kbench
-# and in F16 / Q4_K_M prefill (log only).
-#   stage: PACK_KVARS="g0:TILE_GROUP=0 i1:MWS_INFLIGHT=1" tools/device/stage.sh (bins with .device/kcache),
-#   tok.gguf, llama.tgz, SmolLM2 (2 calls, NAME smol), Gemma 3 270M (5 pieces, NAME gemma);
-#   LEASE_SYNTH="q4 q8 f16 moe".
+# The queue of the next H200 lease (written in session 13, run in session 15 as run
+# h200-20261204-s15; kept for the next one). Gates the defaults as built (golden, every kernel
+# in `memra-verify kernels`, F16 invariance on the 8B file, MoE / Gemma gates), then measures
+# every side-by-side row with llama.cpp in ONE run id (the README's table), and A/Bs every
+# staged products.cu variant in kbench and end to end (log only). Session 15 made TILE_GROUP 8
+# and programmatic dependent launch (MEMRA_PDL) the defaults; its note names the variants to
+# stage next: t4 / t16 (TILE_GROUP 4 / 16, prefill), p4 / p8 (MMQ_PF 4 / 8: decode tiles in
+# flight per warp; F16's default is 2).
+#   stage: PACK_KVARS="t16:TILE_GROUP=16 p4:MMQ_PF=4 p8:MMQ_PF=8" tools/device/stage.sh (bins
+#   with .device/kcache), tok.gguf, llama.tgz, SmolLM2 (2 calls, NAME smol), Gemma 3 270M
+#   (5 pieces, NAME gemma); LEASE_SYNTH="q4 q8 f16 moe". Keep every call within 30 s of the
+#   last (idle release): session 15 lost a machine to a pause.
 #   After a lost machine: the same with LEASE_SKIP="done steps".
 set -u
 cd $HOME/repo; . tools/device/lease/lib.sh
@@ -32,16 +31,19 @@ g2() {
 }
 g1 & g2 & wait
 row gates-done ""
-# Products.cu variants staged with PACK_KVARS (each a .device/kvar/NAME): kbench A/B against the
-# default build, F16 and Q4_K at the llama3-8b shapes (28672 x 4096: the fused gate/up).
+# Products.cu variants staged with PACK_KVARS (each a .device/kvar/NAME), A/B against the default
+# build in kbench: names t* (block order, TILE_GROUP) at the prefill shapes and M, names p*
+# (decode loads in flight, MMQ_PF) at the decode M, F16 and Q4_K.
 KV=$HOME/dev/.device/kvar
-KB="$B/memra-bench kernels --shapes 28672x4096,4096x14336,6144x4096 --m 512,4096 --reps 10"
-kb() { local n=kb-$1-${2:-def} d=$1; shift 2
-  run $n 150 "$@" $KB --dtypes $d --json $O/$n.json; grep -E "r[0-9]+[xwm] |ALL|MISM" $O/logs/$n.log >> $S; }
-kb f16 "" env; kb q4_k "" env
+KBP="$B/memra-bench kernels --shapes 28672x4096,4096x14336,6144x4096 --m 512,4096 --reps 10"
+KBD="$B/memra-bench kernels --shapes 28672x4096,4096x14336,6144x4096,4096x4096 --m 1,4,16 --reps 20"
+kb() { local n=kb-$1-$2-$3 d=$1 w=$2; shift 3
+  run $n 150 "$@" $([ $w = pre ] && echo $KBP || echo $KBD) --dtypes $d --json $O/$n.json
+  grep -E "r[0-9]+[xwm] |r1s |ALL|MISM" $O/logs/$n.log >> $S; }
+for d in f16 q4_k; do kb $d pre def env; kb $d dec def env; done
 for v in $(ls $KV 2>/dev/null); do
-  kb f16 $v env MEMRA_KERNEL_DIR=$KV/$v
-  [ $v = g0 ] && kb q4_k $v env MEMRA_KERNEL_DIR=$KV/$v
+  case $v in t*) w=pre ;; *) w=dec ;; esac
+  for d in f16 q4_k; do kb $d $w $v env MEMRA_KERNEL_DIR=$KV/$v; done
 done
 peerwait
 for x in q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1 moe:Q4_K_M gemma:Q4_K_M; do
@@ -53,10 +55,13 @@ for x in q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1 moe:Q4_K_M gemma:Q4_K_M; do
   peer $k-tg -m $f -p 0 -n 128 -d 512
   run $k-prefill 240 $MB prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt
   peer $k-pp -m $f -p 512,4096 -n 0
-  # the same prefill with each staged variant (log only: no rows for the README)
+  # the same workload with each staged variant (log only: no rows for the README)
   for v in $(ls $KV 2>/dev/null); do
     [ $k = f16 ] || [ $k = q4 ] || continue
-    run $k-prefill-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt
+    case $v in
+      t*) run $k-prefill-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
+      *) run $k-decode-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt ;;
+    esac
   done
 done
 ln -sf $Q4 $M/synth-llama3-8b-q4_k_m.gguf
