@@ -45,6 +45,13 @@ for v in $(ls $KV 2>/dev/null); do
   case $v in t*) w=pre ;; *) w=dec ;; esac
   for d in f16 q4_k; do kb $d $w $v env MEMRA_KERNEL_DIR=$KV/$v; done
 done
+# Where mws (F16 prefill, ~480-530 TFLOP/s against cuBLAS's ~780 on this GPU) spends its time:
+# Nsight Compute's speed-of-light, memory and warp-state sections of one 28672 x 4096 launch at
+# M = 512 (KINDS.md: ncu reads the counters on the Firecracker machines; clocks left alone).
+NCU=${CUDA_HOME:-/usr/local/cuda}/bin/ncu
+[ -x $NCU ] && run ncu-mws 150 $NCU --clock-control none --kernel-name regex:mws_f16 --launch-count 1 \
+  --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+  $B/memra-bench kernels --dtypes f16 --shapes 28672x4096 --m 512 --reps 1
 peerwait
 for x in q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1 moe:Q4_K_M gemma:Q4_K_M; do
   k=${x%%:*}; dt=${x##*:}

@@ -141,7 +141,11 @@ impl Exec for CudaOps {
         } else {
             "products v1".into()
         };
-        Some(format!("{products}; attention {}", self.gpu.attn_kernel()))
+        let launch = if self.gpu.pdl { "pdl" } else { "plain" };
+        Some(format!(
+            "{products}; attention {}; launches {launch}",
+            self.gpu.attn_kernel()
+        ))
     }
 
     fn kv_block_size(&self) -> usize {
