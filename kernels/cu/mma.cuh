@@ -74,12 +74,6 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(full ? 16u : 0u)
                  : "memory");
 }
-// A 4-byte copy global -> shared (cp.async.ca: 4-byte copies go through L1; both addresses
-// 4-byte aligned), in the same commit groups.
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-    const u32 s = (u32)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -200,11 +194,6 @@ __device__ __forceinline__ void mbar_init(u64* bar, u32 count) {
 }
 __device__ __forceinline__ void mbar_arrive(u64* bar) {
     asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared.b64 st, [%0];\n}\n" ::"r"(smem_addr(bar)) : "memory");
-}
-// One arrival on `bar` when every cp.async this thread issued before has landed (.noinc: it
-// counts as one of the phase's expected arrivals).
-__device__ __forceinline__ void mbar_arrive_cp_async(u64* bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 #if MWG_OK
 // One arrival on `bar` that also makes its phase expect `bytes` more transaction bytes (the

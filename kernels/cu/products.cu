@@ -122,7 +122,7 @@ extern "C" __global__ void swiglu_prep(const float* G, const float* __restrict__
     }
 }
 
-// The token image of the warp-specialized product (product_ws, MWS_BULK): prepared rows
+// The token image of the warp-specialized product (product_ws): prepared rows
 // [M][kp] rewritten, per 128-token block and 64-column k-tile, as the 16 KiB that the block's B
 // slot holds (128-byte-swizzled K-major: token n's row at (n / 8) * 1024 + (n % 8) * 128,
 // columns 8c .. 8c + 7 of the k-tile, in order, as 16-byte chunk c ^ (n % 8)), so that one bulk
@@ -446,7 +446,7 @@ __device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8*
         if ((u32)s < nkt) mms_stage<F>(sm + s * Mms<F>::STAGE, W, X, s, rt0, nrt, nkt, m0, M, kp);
         cp_async_commit();
     }
-    u32 seg = 0, kend = nkt / nseg;
+    u32 seg = 0, kend = nkt / nseg, rel = 0;
     for (u32 kt = 0; kt < nkt; ++kt) {
         cp_async_wait<MMS_STAGES - 2>();
         __syncthreads();  // stage kt is in; every warp is done with stage kt - 1
@@ -686,7 +686,7 @@ __device__ __forceinline__ void product_wg(const u8* __restrict__ W, const u8* _
         if ((u32)s < nkt) mms_stage<F, Mwg<F>>(sm + s * Mwg<F>::STAGE, W, X, s, rt0, nrt, nkt, m0, M, kp);
         cp_async_commit();
     }
-    u32 seg = 0, kend = nkt / nseg;
+    u32 seg = 0, kend = nkt / nseg, rel = 0;
     for (u32 kt = 0; kt < nkt; ++kt) {
         cp_async_wait<MMS_STAGES - 2>();
         __syncthreads();  // stage kt is in; every warp is done with stage kt - 1 and with `bl`
@@ -859,43 +859,24 @@ MWG_KERNEL(q6_k, FmtQ6_K)
 // sums added into the totals in order from -0.0), so its bits equal mwg's, mms's and mmq's at
 // every M. What differs is who waits for what:
 //   * 3 warpgroups: warpgroup 0 only copies, warpgroups 1 and 2 only compute: 64 rows (warp w
-//     of the pair: row tile w of the block's 8) x MWG_N tokens each. With MWS_BULK (the
-//     default) one thread of warpgroup 0 fills a slot with 9 bulk copies (the copy engine): the
-//     block's 8 weight tiles of the k-tile (2 KiB each) and its 16 KiB token image (ws_image
-//     above, already in the B layout); with MWS_BULK 0 its 128 threads use cp.async: the weight
-//     tiles in 16-byte copies, the token rows in 4-byte copies straight into the
-//     128-byte-swizzled K-major B layout of wg_desc_sw128 (session 13: the LSU-bound feed);
-//   * the B layout: per 64 columns (2 blocks of 32), an atom column of MWG_N rows of 128 bytes,
-//     token n's row at (n / 8) * 1024 + (n % 8) * 128, column k's 16-byte chunk k / 8 at
-//     (k / 8) ^ (n % 8); k16 step s of an atom column at +32 s. Word w = 4t + 2 st + h of a
-//     32-column block of a prepared token row (prep.cuh) holds columns 16 st + 8 h + 2t, +1, so
-//     lane L of a copying warp moves word L of each 128 bytes of one token row (coalesced) to
-//     chunk (4 (L / 16) + L % 4) ^ (n % 8), byte 4 ((L / 4) % 4) of it (no bank conflict);
-//   * MWS_STAGES slots, each with two mbarriers: `full` (MWS_BULK: one arrival expecting the
-//     slot's bytes, complete when the bulk copies have landed; else 128 arrivals, every
-//     copier's cp.async.mbarrier.arrive.noinc once its copies of that k-tile have landed) and
-//     `empty` (8 arrivals: lane 0 of each computing warp once the wgmmas that read the slot have
-//     retired). No block barrier in the loop;
-//   * by default (MWS_INFLIGHT 0) a warp waits for its k-tile's wgmmas (wait_group 0) before the
-//     next k-tile, the other computing warpgroup's keeping the tensor pipe busy (with 1, kt's
-//     wgmmas run while the warp waits for kt + 1 and loads its A fragments); a segment's end adds
-//     the chain into the totals, which live in shared memory (one f32 per computing
-//     thread and element, touched once per segment) so the registers hold one chain.
+//     of the pair: row tile w of the block's 8) x MWG_N tokens each. One thread of warpgroup 0
+//     fills a slot with 9 bulk copies (the copy engine): the block's 8 weight tiles of the
+//     k-tile (2 KiB each) and its 16 KiB token image (ws_image above, already in the
+//     128-byte-swizzled K-major B layout of wg_desc_sw128). Session 14 measured the cp.async
+//     feed this replaced (128 threads, the token rows in 4-byte copies) at half the speed, and
+//     session 15 a wgmma group left in flight past each k-tile as slower: both are gone (they
+//     stay in git history, kernel-notes names the commits);
+//   * MWS_STAGES slots, each with two mbarriers: `full` (one arrival expecting the slot's bytes,
+//     complete when the bulk copies have landed) and `empty` (8 arrivals: lane 0 of each
+//     computing warp once the wgmmas that read the slot have retired). No block barrier in the
+//     loop;
+//   * a warp waits for its k-tile's wgmmas (wait_group 0) before the next k-tile, the other
+//     computing warpgroup's keeping the tensor pipe busy; a segment's end adds the chain into
+//     the totals, which live in shared memory (one f32 per computing thread and element,
+//     touched once per segment) so the registers hold one chain.
 // Shared memory: [B slots (1024-aligned)][A slots][totals][full x S][empty x S].
 #ifndef MWS_STAGES
 #define MWS_STAGES 4
-#endif
-// Wgmma groups a computing warpgroup leaves in flight past a k-tile: 0 (wait_group 0 every k-tile;
-// the other computing warpgroup's wgmmas keep the tensor pipe busy meanwhile) or 1 (its A
-// fragments for k-tile kt + 1 load while kt's wgmmas run). Same bits either way; H200 session 13:
-// the same kernel times, F16 prefill 12,030 tok/s at 0 against 11,771 at 1, so 0.
-#ifndef MWS_INFLIGHT
-#define MWS_INFLIGHT 0
-#endif
-// 1: slots filled by the copy engine from the token image (ws_image); 0: by cp.async from the
-// prepared rows. Same bytes in the slots, so the same bits.
-#ifndef MWS_BULK
-#define MWS_BULK 1
 #endif
 
 template <class F>
@@ -911,39 +892,13 @@ struct Mws {
     };
 };
 
-// The copies of k-tile kt into slot (a, b), by copier thread `ct` (0..127): the block's 8 weight
-// tiles of the k-tile in 16-byte pieces; token rows one 128-byte piece per warp instruction
-// (coalesced), token n = cw + 4 j (cw = ct / 32), lane L's word into the swizzled row (above).
 template <class F>
-__device__ __forceinline__ void mws_copy(u8* a, u8* b, const u8* __restrict__ W, const u8* __restrict__ X,
-                                         u32 kt, u32 rt0, u32 nrt, u32 nkt, u32 m0, u32 M, u32 kp, u32 ct) {
-    constexpr u32 ACH = F::TB / 16;
-#pragma unroll 4
-    for (u32 i = ct; i < Mws<F>::TILES * ACH; i += 128) {
-        const u32 tl = i / ACH, c = i % ACH;
-        const u32 rt = min(rt0 + tl, nrt - 1);  // past the last tile: a copy, never written out
-        cp_async16(a + tl * F::TB + c * 16, W + ((u64)rt * nkt + kt) * F::TB + c * 16);
-    }
-    const u32 lane = ct & 31, cw = ct >> 5;
-    const u32 t = (lane >> 2) & 3, ch = 4 * (lane >> 4) + (lane & 3);  // chunk (k % 64) / 8
-    const u64 kb = (u64)kt * F::KT * 2 + 4 * lane;
-#pragma unroll 8
-    for (u32 j = 0; j < MWG_N / 4; ++j) {
-        const u32 n = cw + 4 * j, r = n & 7;
-        const u8* src = X + (u64)min(m0 + n, M - 1) * kp * 2 + kb;  // past M: row M - 1, never written
-        u8* d = b + (n >> 3) * 1024 + r * 128 + ((ch ^ r) * 16) + 4 * t;
-#pragma unroll
-        for (u32 q = 0; q < F::KT / 64; ++q) cp_async4(d + q * (MWG_N * 128), src + 128 * q);
-    }
-}
-
-template <class F>
-__device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* __restrict__ X, const u8* __restrict__ Xi,
-                                           const Outs& out, const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {
+__device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* __restrict__ Xi, const Outs& out,
+                                           const float* R, u32 M, u32 N, u32 nkt, u32 nseg) {
 #if MWG_OK && MWG_N == 128
     using L = Mws<F>;
     static_assert(F::WGP == 0 && F::KT % 64 == 0 && MWG_N % 8 == 0, "pure chains, whole swizzle atoms");
-    static_assert(!MWS_BULK || (F::KT == 64 && L::BBYTES == 16384), "the token image's 16 KiB k-tiles");
+    static_assert(F::KT == 64 && L::BBYTES == 16384, "the token image's 16 KiB k-tiles");
     constexpr u32 S = L::S;
     constexpr int ND = L::ND;
     extern __shared__ uint4 mws_smem[];
@@ -963,13 +918,13 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
     const u32 m0 = bt.y * MWG_N;
     if (threadIdx.x == 0) {
         for (u32 s = 0; s < S; ++s) {
-            mbar_init(full + s, MWS_BULK ? 1 : 128);
+            mbar_init(full + s, 1);
             mbar_init(empty + s, 8);
         }
         mbar_init_fence();
     }
     __syncthreads();
-    if (MWS_BULK && warp < 4) {  // the copier warpgroup: one thread drives the copy engine
+    if (warp < 4) {  // the copier warpgroup: one thread drives the copy engine
         if (threadIdx.x != 0) return;
         const u8* xi = Xi + (u64)bt.y * nkt * L::BBYTES;
         for (u32 kt = 0; kt < nkt; ++kt) {
@@ -984,24 +939,13 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
         }
         return;
     }
-    if (warp < 4) {  // the copier warpgroup
-        for (u32 kt = 0; kt < nkt; ++kt) {
-            const u32 s = kt % S;
-            if (kt >= S) mbar_wait(empty + s, ((kt / S) + 1) & 1);  // use kt / S - 1 retired
-            mws_copy<F>(asl + s * L::ABYTES, bsl + s * L::BBYTES, W, X, kt, rt0, nrt, nkt, m0, M, kp,
-                        threadIdx.x);
-            mbar_arrive_cp_async(full + s);
-        }
-        asm volatile("cp.async.wait_all;" ::: "memory");
-        return;
-    }
     const u32 ct = threadIdx.x - 128, cw = (u32)warp - 4;  // computing thread, warp (= row tile)
 #pragma unroll
     for (int i = 0; i < ND; ++i) tots[i * 256 + ct] = NEG_ZERO;
     float acc[ND];
 #pragma unroll
     for (int i = 0; i < ND; ++i) acc[i] = NEG_ZERO;
-    u32 seg = 0, kend = nkt / nseg, rel = 0;  // rel: the next k-tile whose slot goes back
+    u32 seg = 0, kend = nkt / nseg, rel = 0;
     // One k-tile; `cur` holds its A fragments (ptxas keeps an in-flight wgmma's registers apart:
     // a loop unrolled by two with two named sets made it serialize the wgmmas instead).
     auto step = [&](u32 kt, typename F::Tile& cur) {
@@ -1012,14 +956,11 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
         const u8* bl = bsl + s * L::BBYTES;
         mwg_issue<F>(acc, cur, [&](int st) { return wg_desc_sw128(bl + (st / 4) * (MWG_N * 128) + (st % 4) * 32); });
         const bool send = kt + 1 == kend;  // the end of segment `seg`
-        if (send || !MWS_INFLIGHT) {
-            wg_wait0();  // the segment's chain complete (or every k-tile, MWS_INFLIGHT 0)
-            wg_keep<MWG_N>(acc);
-        } else {
-            wg_wait1();  // k-tile kt - 1's wgmmas retired
-        }
-        const u32 upto = send || !MWS_INFLIGHT ? kt + 1 : kt;
-        for (; rel < upto; ++rel)
+        wg_wait0();
+        wg_keep<MWG_N>(acc);
+        // Slot kt % S goes back (rel == kt here: one arrival; this form is the SASS the H200
+        // gated and timed, a plain arrive on `s` compiles differently and is for a lease to try).
+        for (; rel < kt + 1; ++rel)
             if (lane == 0) mbar_arrive(empty + rel % S);
         if (send) {
 #pragma unroll
@@ -1055,7 +996,7 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
         const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp, const u8* Xi) { pdl_entry();                              \
         const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
-        product_ws<FMT>(W, X, Xi, o, R, M, N, nkt, nseg, kp);                                                 \
+        product_ws<FMT>(W, Xi, o, R, M, N, nkt, nseg);                                                         \
     }
 
 // Every build defines them (one kernel list per module); only the 128-token build has a body.

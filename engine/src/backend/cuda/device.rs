@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError,
-    LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    ValidAsZeroBits,
 };
 
 use memra_kernels::sig::Param;
@@ -136,7 +136,7 @@ pub struct Gpu {
     /// (`MEMRA_F32_ROWS=0`).
     pub(super) f32_rows: bool,
     /// Programmatic dependent launch (sm_90+, default; `MEMRA_PDL=0` turns it off): see
-    /// [`Gpu::launch_pdl`].
+    /// [`Gpu::launch_ex`].
     pub(super) pdl: bool,
     /// Resident blocks per multiprocessor of an attention kernel with its shared memory.
     occupancy: Mutex<HashMap<(&'static str, usize), usize>>,
@@ -341,36 +341,16 @@ impl Gpu {
         args: &[Arg],
     ) -> Result<()> {
         check_args(what, args).map_err(|e| self.err(e))?;
-        if self.pdl {
-            return self
-                .launch_pdl(f, grid, block, smem, args)
-                .map_err(|e| self.err(format!("launch {what}: {e:?}")));
-        }
-        let mut b = self.stream.launch_builder(f);
-        for a in args {
-            match a {
-                Arg::Ptr(v) | Arg::U64(v) => b.arg(v),
-                Arg::U32(v) => b.arg(v),
-                Arg::F32(v) => b.arg(v),
-            };
-        }
-        let cfg = LaunchConfig {
-            grid_dim: (grid.0.max(1), grid.1.max(1), 1),
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: smem,
-        };
-        // SAFETY: the caller's argument list matches the kernel's parameters; pointers come
-        // from live allocations sized by the caller.
-        unsafe { b.launch(cfg) }
-            .map(|_| ())
+        self.launch_ex(f, grid, block, smem, args)
             .map_err(|e| self.err(format!("launch {what}: {e:?}")))
     }
 
-    /// [`Gpu::launch_fn`] with programmatic dependent launch allowed (`cuLaunchKernelEx`, the
-    /// programmatic stream serialization attribute): the kernel may start while the previous one
-    /// on the stream finishes; every kernel's first statement (prelude.cuh `pdl_entry`) waits
-    /// for that one to complete, so only the launch latency and the blocks' start overlap it.
-    fn launch_pdl(
+    /// The launch itself (`cuLaunchKernelEx`). With `pdl`, programmatic dependent launch is
+    /// allowed (the programmatic stream serialization attribute): the kernel may start while the
+    /// previous one on the stream finishes; every kernel's first statement (prelude.cuh
+    /// `pdl_entry`) waits for that one to complete, so only the launch latency and the blocks'
+    /// start overlap it. Without it, a plain launch (no attribute).
+    fn launch_ex(
         &self,
         f: &CudaFunction,
         grid: (u32, u32),
@@ -407,7 +387,7 @@ impl Gpu {
             sharedMemBytes: smem,
             hStream: self.stream.cu_stream(),
             attrs: &mut attr,
-            numAttrs: 1,
+            numAttrs: u32::from(self.pdl),
         };
         self.ctx.bind_to_thread()?;
         // SAFETY: `params` points at one cell per kernel parameter (checked by `check_args`),
