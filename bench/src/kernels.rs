@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use memra_engine::backend::cuda::Gpu;
 use memra_engine::backend::cuda::products::{ActBuf, ActKind, PMat};
-use memra_engine::backend::cuda::profile::{Launch, Profile};
+use memra_engine::backend::cuda::profile::{Launch, Profile, WS_STAGES};
 use memra_engine::error::{Error, Result};
 use memra_engine::quant::{self, DType};
 
@@ -95,6 +95,7 @@ pub fn parse_launches(s: &str) -> Result<Vec<Launch>> {
                 smem: matches!(p[2], "m" | "w" | "x"),
                 wg: matches!(p[2], "w" | "x"),
                 ws: p[2] == "x",
+                stages: if p[2] == "x" { WS_STAGES } else { 0 },
             })
         })
         .collect()

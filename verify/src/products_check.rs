@@ -171,7 +171,7 @@ pub fn product_geometry_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result
             launches.push(("wgmma".into(), l));
         }
         // The warp-specialized launch (F16 / BF16 on sm_90a unless MEMRA_WGMMA_WS=0).
-        if let Some(l) = profile::warp_specialized(dtype).filter(|_| profile.wgmma && profile.ws) {
+        if let Some(l) = profile.warp_specialized(dtype).filter(|_| profile.wgmma) {
             launches.push(("wgmma-ws".into(), l));
         }
         let mut first: Option<Vec<f32>> = None;

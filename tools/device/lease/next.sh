@@ -45,13 +45,19 @@ for v in $(ls $KV 2>/dev/null); do
   case $v in t*) w=pre ;; *) w=dec ;; esac
   for d in f16 q4_k; do kb $d $w $v env MEMRA_KERNEL_DIR=$KV/$v; done
 done
+# The warp-specialized product's k-tile slots (MEMRA_WS_STAGES; 4 by default, 5 the most that
+# fits 227 KiB): is mws waiting on its feed's latency (more slots help, fewer hurt) or on L2's
+# bandwidth (neither matters)?
+for n in 3 5; do kb f16 pre ws$n env MEMRA_WS_STAGES=$n; done
 # Where mws (F16 prefill, ~480-530 TFLOP/s against cuBLAS's ~780 on this GPU) spends its time:
 # Nsight Compute's speed-of-light, memory and warp-state sections of one 28672 x 4096 launch at
 # M = 512 (KINDS.md: ncu reads the counters on the Firecracker machines; clocks left alone).
 NCU=${CUDA_HOME:-/usr/local/cuda}/bin/ncu
 [ -x $NCU ] && run ncu-mws 150 $NCU --clock-control none --kernel-name regex:mws_f16 --launch-count 1 \
-  --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-  $B/memra-bench kernels --dtypes f16 --shapes 28672x4096 --m 512 --reps 1
+  --set full $B/memra-bench kernels --dtypes f16 --shapes 28672x4096 --m 512 --reps 1
+# and the F16 decode product that runs at 1.7 TB/s (4096 x 4096 at M = 1, split K)
+[ -x $NCU ] && run ncu-mmq 150 $NCU --clock-control none --kernel-name regex:mmq_f16 --launch-count 1 \
+  --set full $B/memra-bench kernels --dtypes f16 --shapes 4096x4096 --m 1 --reps 1
 peerwait
 for x in q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1 moe:Q4_K_M gemma:Q4_K_M; do
   k=${x%%:*}; dt=${x##*:}
@@ -63,9 +69,10 @@ for x in q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1 moe:Q4_K_M gemma:Q4_K_M; do
   run $k-prefill 240 $MB prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt
   peer $k-pp -m $f -p 512,4096 -n 0
   # the same workload with each staged variant (log only: no rows for the README)
-  for v in $(ls $KV 2>/dev/null); do
+  for v in $(ls $KV 2>/dev/null) $([ $k = f16 ] && echo ws5); do
     [ $k = f16 ] || [ $k = q4 ] || continue
     case $v in
+      ws*) run $k-prefill-$v 240 env MEMRA_WS_STAGES=${v#ws} $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
       t*) run $k-prefill-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
       *) run $k-decode-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt ;;
     esac

@@ -99,6 +99,7 @@ pub const ID_LAUNCH: Launch = Launch {
     smem: false,
     wg: false,
     ws: false,
+    stages: 0,
 };
 
 /// Checks the expert stacks and the call's shapes; returns (expert_ffn, hidden).

@@ -26,6 +26,9 @@ pub struct Launch {
     /// warpgroups (one copies, two compute 64 rows x `8 nt` tokens each), mbarrier slots,
     /// segment totals in shared memory. Same bits.
     pub ws: bool,
+    /// With `ws`: k-tile slots in shared memory (`MWS_STAGES`, default [`WS_STAGES`];
+    /// `MEMRA_WS_STAGES` for measuring); 0 for every other launch. Speed only.
+    pub stages: u32,
 }
 
 /// The launch geometry of the grouped expert products (`mmq_grouped_<type>`, issue 16): 32
@@ -71,10 +74,11 @@ impl Launch {
         if self.ws {
             // 1024 (alignment), stages of B (the swizzled layout) and tiles, the totals (one f32
             // per computing thread and accumulator), two mbarriers per stage (products.cu, Mws).
+            let stages = self.stages as usize;
             return 1024
-                + WS_STAGES * (toks * kt * 2 + (rows / 16) * tile_bytes)
+                + stages * (toks * kt * 2 + (rows / 16) * tile_bytes)
                 + 256 * (toks / 2) * 4
-                + 16 * WS_STAGES;
+                + 16 * stages;
         }
         if self.wg {
             // Stages of tiles and token rows (+16 bytes each), then one k-tile in the B layout.
@@ -104,13 +108,24 @@ impl Launch {
             (_, true, _) => "m",
             _ => "",
         };
-        format!("nt{}r{}{kind}", self.nt, self.rpb)
+        let slots = if self.ws && self.stages != WS_STAGES {
+            self.stages.to_string()
+        } else {
+            String::new()
+        };
+        format!("nt{}r{}{kind}{slots}", self.nt, self.rpb)
     }
 
     /// The NVRTC defines of the kernel variant.
     pub fn defines(&self) -> Vec<String> {
         if self.wg {
-            return vec![format!("MWG_N={}", 8 * self.nt)];
+            let mut d = vec![format!("MWG_N={}", 8 * self.nt)];
+            // Only a slot count other than the default changes the module (the default build
+            // stays the one the gates ran).
+            if self.ws && self.stages != WS_STAGES {
+                d.push(format!("MWS_STAGES={}", self.stages));
+            }
+            return d;
         }
         if self.smem {
             return vec![
@@ -133,8 +148,8 @@ const WG_ROWS: usize = 128;
 
 /// Threads of a warp-specialized launch (kernels/cu/products.cu, `product_ws`: 3 warpgroups).
 pub const WS_THREADS: u32 = 384;
-/// k-tile slots of the warp-specialized product (MWS_STAGES).
-const WS_STAGES: usize = 4;
+/// k-tile slots of the warp-specialized product (MWS_STAGES's default in products.cu).
+pub const WS_STAGES: u32 = 4;
 
 /// Threads of a shared-memory launch (kernels/cu/products.cu: MMS_WR x MMS_WT warps).
 pub const SMEM_THREADS: u32 = 256;
@@ -195,6 +210,10 @@ pub struct Profile {
     /// where its 128-token grid fills the device, else [`warpgroup`]'s (default on sm_90a since
     /// H200 session 13; `MEMRA_WGMMA_WS=0` turns it off; docs/FLAGS.md). Speed only.
     pub ws: bool,
+    /// k-tile slots of every warp-specialized launch instead of [`WS_STAGES`]
+    /// (`MEMRA_WS_STAGES=2..=8`, for measuring; docs/FLAGS.md): a count whose slots do not fit
+    /// the device's shared memory leaves the plain warpgroup launch. Speed only.
+    pub ws_stages: Option<u32>,
 }
 
 const fn split(nt: u32) -> Launch {
@@ -205,6 +224,7 @@ const fn split(nt: u32) -> Launch {
         smem: false,
         wg: false,
         ws: false,
+        stages: 0,
     }
 }
 
@@ -216,6 +236,7 @@ const fn tiled(nt: u32, rpb: u32) -> Launch {
         smem: false,
         wg: false,
         ws: false,
+        stages: 0,
     }
 }
 
@@ -228,6 +249,7 @@ pub const fn smem(nt: u32, rpb: u32) -> Launch {
         smem: true,
         wg: false,
         ws: false,
+        stages: 0,
     }
 }
 
@@ -269,6 +291,7 @@ pub const fn warpgroup(dtype: DType) -> Option<Launch> {
         smem: true,
         wg: true,
         ws: false,
+        stages: 0,
     })
 }
 
@@ -283,6 +306,7 @@ pub const fn warp_specialized(dtype: DType) -> Option<Launch> {
             smem: true,
             wg: true,
             ws: true,
+            stages: WS_STAGES,
         }),
         _ => None,
     }
@@ -311,15 +335,24 @@ impl Profile {
             moe_grouped: None,
             wg_tokens: None,
             ws: arch == "compute_90a",
+            ws_stages: None,
         }
     }
 
     /// The warpgroup launch of `dtype` on this device for a grid that fills it: [`warp_specialized`]
     /// (unless `MEMRA_WGMMA_WS=0`), else [`Profile::warpgroup_plain`].
     pub fn warpgroup(&self, dtype: DType) -> Option<Launch> {
-        warp_specialized(dtype)
-            .filter(|_| self.ws)
+        self.warp_specialized(dtype)
             .or_else(|| self.warpgroup_plain(dtype))
+    }
+
+    /// [`warp_specialized`] on this device: none with `MEMRA_WGMMA_WS=0`, the slot count of
+    /// `MEMRA_WS_STAGES`.
+    pub fn warp_specialized(&self, dtype: DType) -> Option<Launch> {
+        warp_specialized(dtype).filter(|_| self.ws).map(|w| Launch {
+            stages: self.ws_stages.unwrap_or(w.stages),
+            ..w
+        })
     }
 
     /// [`warpgroup`] with the `MEMRA_WGMMA_TOKENS` override.
@@ -387,6 +420,16 @@ impl Profile {
                 _ => {
                     return Err(crate::error::Error::Input(format!(
                         "MEMRA_WGMMA_WS={v}: expected 0 or 1"
+                    )));
+                }
+            };
+        }
+        if let Ok(v) = std::env::var("MEMRA_WS_STAGES") {
+            p.ws_stages = match v.trim().parse::<u32>() {
+                Ok(n) if (2..=8).contains(&n) => Some(n),
+                _ => {
+                    return Err(crate::error::Error::Input(format!(
+                        "MEMRA_WS_STAGES={v}: expected a whole number from 2 to 8"
                     )));
                 }
             };
@@ -476,7 +519,7 @@ impl Profile {
                 let wanted = self.wgmma_for(dtype) && self.smem_tile.is_none();
                 // The warp-specialized launch (128 tokens per block) where its grid covers at
                 // least half the SMs, else the plain warpgroup one (64 tokens for F16 / BF16).
-                let ws = warp_specialized(dtype).filter(|_| self.ws);
+                let ws = self.warp_specialized(dtype);
                 for w in [ws, self.warpgroup_plain(dtype)].into_iter().flatten() {
                     let (br, bt) = w.smem_block();
                     let blocks = rows.div_ceil(br) * m.div_ceil(bt);
@@ -520,7 +563,7 @@ impl Profile {
         v.extend(self.smem_tile.filter(|t| !v.contains(t)));
         if self.wgmma {
             for &d in &self.wgmma_types {
-                let ws = warp_specialized(d).filter(|_| self.ws);
+                let ws = self.warp_specialized(d);
                 for w in [self.warpgroup_plain(d), ws].into_iter().flatten() {
                     if !v.contains(&w) {
                         v.push(w);
@@ -707,6 +750,32 @@ mod tests {
         let mut b = Profile::new("compute_120a", 170, 99 * 1024);
         b.ws = true;
         assert!(!b.launch(512, DType::F16, 4096).wg);
+    }
+
+    #[test]
+    fn a_slot_count_override_changes_the_ws_module_only_when_it_differs() {
+        let mut p = Profile::new("compute_90a", 132, SMEM_MAX_SM90);
+        let f = crate::quant::repack::tile_format(DType::F16).unwrap();
+        let def = p.launch(512, DType::F16, 4096);
+        assert_eq!(def.stages, WS_STAGES);
+        assert_eq!(def.defines(), vec!["MWG_N=128".to_string()]);
+        p.ws_stages = Some(WS_STAGES);
+        assert_eq!(p.launch(512, DType::F16, 4096), def);
+        // Five slots of 32 KiB still fit 227 KiB with the 64 KiB of totals; six do not, and the
+        // product keeps the plain warpgroup launch.
+        p.ws_stages = Some(5);
+        let five = p.launch(512, DType::F16, 4096);
+        assert!(five.ws && five.stages == 5, "{five:?}");
+        assert_eq!(
+            five.smem_bytes(f.tile_bytes, f.kt),
+            1024 + 5 * 32768 + 65536 + 80
+        );
+        assert!(five.defines().contains(&"MWS_STAGES=5".to_string()));
+        assert_eq!(five.name(), "nt16r1x5");
+        assert!(p.all_launches().contains(&five));
+        p.ws_stages = Some(6);
+        let six = p.launch(512, DType::F16, 4096);
+        assert!(six.wg && !six.ws, "{six:?}");
     }
 
     #[test]
