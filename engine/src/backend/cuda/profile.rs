@@ -621,6 +621,12 @@ pub fn kernel_builds(
     let mut p = Profile::new(arch, 132, SMEM_MAX_SM90);
     p.wgmma_types = WGMMA_TYPES.to_vec();
     p.ws = true;
+    // `MEMRA_WS_STAGES=n memra-bench kernel-cache` precompiles that slot count's build too (a
+    // lease measuring it then compiles nothing; an invalid value is the engine's error to give).
+    p.ws_stages = std::env::var("MEMRA_WS_STAGES")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|n| (2..=8).contains(n));
     let mut sets: Vec<Vec<String>> = vec![Vec::new(), MOE_GROUPED_LAUNCH.defines()];
     for l in p.all_launches() {
         if !sets.contains(&l.defines()) {
