@@ -18,12 +18,17 @@ typedef unsigned long long u64;
 // visible, then `launch_dependents` lets the next kernel do the same. Nothing, neither a read nor
 // a write, happens before the wait, so the order of every memory access is the stream's order
 // and no output bit can change; launched without the attribute (MEMRA_PDL=0, older GPUs) both
-// instructions return at once.
-__device__ __forceinline__ void pdl_entry() {
+// instructions return at once. A macro, so that a module can set PDL_TRIGGER before its kernels:
+// 0 leaves out `launch_dependents` (the next kernel then starts as this one's blocks exit, which
+// keeps its blocks from piling onto the first SMs to free up; an A/B of products.cu, PDL_LATE).
+__device__ __forceinline__ void pdl_entry_(bool trigger) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+    if (trigger) asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+    else asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+#define PDL_TRIGGER 1
+#define pdl_entry() pdl_entry_(PDL_TRIGGER)
 
 // f16 bits -> f32 (exact) by the PTX conversion instruction.
 __device__ __forceinline__ float f16_to_f32(u16 h) {

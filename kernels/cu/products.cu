@@ -18,6 +18,13 @@
 //
 // Token rows past M are clamped to row M - 1 for loading and never written.
 
+// PDL_LATE (an A/B define): this module's kernels do not trigger their dependents early
+// (prelude.cuh, PDL_TRIGGER).
+#ifdef PDL_LATE
+#undef PDL_TRIGGER
+#define PDL_TRIGGER 0
+#endif
+
 #ifndef MMQ_NT
 #define MMQ_NT 1
 #endif
@@ -202,10 +209,18 @@ __device__ __forceinline__ void tile_blocks(const typename F::Tile& cur, u32 kt,
 
 // Where output column n of row m goes: columns [0, n1) to Y (rows of n1), [n1, n1 + n2) to Y2
 // (rows of n2), the rest to Y3 (a fused QKV or gate/up matrix written to separate buffers).
+// n2 == GLU_ILV: a gate/up matrix with its rows interleaved by 8 (16-row tile j = gate rows
+// 8j .. 8j + 7, then up rows 8j .. 8j + 7; engine quant::repack::interleave_glu), written back
+// to the gate (Y) and up (Y2) rows of n1 features each.
+#define GLU_ILV 0xffffffffu
 struct Outs {
     float* y[3];
     u32 n1, n2, N;
     __device__ __forceinline__ u64 off(u32 m, u32 n, int* which) const {
+        if (n2 == GLU_ILV) {
+            *which = (n >> 3) & 1;
+            return (u64)m * n1 + (n >> 4) * 8 + (n & 7);
+        }
         if (n < n1) {
             *which = 0;
             return (u64)m * n1 + n;
@@ -878,6 +893,19 @@ MWG_KERNEL(q6_k, FmtQ6_K)
 #ifndef MWS_STAGES
 #define MWS_STAGES 4
 #endif
+// A/B defines (H200 session 16's ncu: the tensor pipe 52% busy, L2 57%, 4 or 5 slots alike, so
+// the computing warpgroups wait on their own k-tile's latency): MWS_PAIR 1 waits for two
+// k-tiles' slots, loads both A sets, issues their 8 wgmmas and waits once (two k-tiles of one
+// segment; a segment's odd last k-tile alone), the same wgmmas in the same order into the same
+// chain, so the same bits; MWS_FENCE 0 drops the proxy fence between a slot's mbarrier and its
+// reads (the bulk copies and the wgmmas are both the async proxy; the mbarrier's completion
+// makes the bytes visible).
+#ifndef MWS_PAIR
+#define MWS_PAIR 0
+#endif
+#ifndef MWS_FENCE
+#define MWS_FENCE 1
+#endif
 
 template <class F>
 struct Mws {
@@ -892,9 +920,23 @@ struct Mws {
     };
 };
 
-template <class F>
+// The SwiGLU epilogue of product_ws (`mws_glu_<type>`): a gate/up matrix with its rows
+// interleaved by 8 (Outs, GLU_ILV), so a block's 128 rows are 64 features' gate and up. Instead
+// of the totals, it writes v = (g / (1 + exp(-g))) * u of each feature and token, prepared for
+// the down product into xh / xs (rows of kp columns, bf as in prep_store) with swiglu_prep's
+// exact operations and warp organization: a warp takes (token, 32-feature block) pairs, lane =
+// feature, so the values, their rounding and each block's sum are swiglu_prep's bits. Features
+// at or past ff are 0 (as past swiglu_prep's width).
+struct GluOut {
+    u16* xh;
+    float* xs;
+    u32 ff, kp, bf;
+};
+
+template <class F, bool GLU = false>
 __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* __restrict__ Xi, const Outs& out,
-                                           const float* R, u32 M, u32 N, u32 nkt, u32 nseg) {
+                                           const float* R, u32 M, u32 N, u32 nkt, u32 nseg,
+                                           const GluOut glu = GluOut{}) {
 #if MWG_OK && MWG_N == 128
     using L = Mws<F>;
     static_assert(F::WGP == 0 && F::KT % 64 == 0 && MWG_N % 8 == 0, "pure chains, whole swizzle atoms");
@@ -951,7 +993,9 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
     auto step = [&](u32 kt, typename F::Tile& cur) {
         const u32 s = kt % S;
         mbar_wait(full + s, (kt / S) & 1);
+#if MWS_FENCE
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the copies, to the wgmma
+#endif
         F::template load<Sld>(asl + s * L::ABYTES + cw * F::TB, lane, cur);
         const u8* bl = bsl + s * L::BBYTES;
         mwg_issue<F>(acc, cur, [&](int st) { return wg_desc_sw128(bl + (st / 4) * (MWG_N * 128) + (st % 4) * 32); });
@@ -972,9 +1016,70 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
             kend = (seg + 1) * nkt / nseg;
         }
     };
+#if MWS_PAIR
+    for (u32 kt = 0; kt < nkt;) {
+        if (kt + 1 >= kend) {  // a segment's last k-tile alone
+            typename F::Tile cur;
+            step(kt, cur);
+            ++kt;
+            continue;
+        }
+        typename F::Tile c0, c1;
+        const u32 s0 = kt % S, s1 = (kt + 1) % S;
+        mbar_wait(full + s0, (kt / S) & 1);
+        mbar_wait(full + s1, ((kt + 1) / S) & 1);
+#if MWS_FENCE
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+        F::template load<Sld>(asl + s0 * L::ABYTES + cw * F::TB, lane, c0);
+        F::template load<Sld>(asl + s1 * L::ABYTES + cw * F::TB, lane, c1);
+        const u8* b0 = bsl + s0 * L::BBYTES;
+        const u8* b1 = bsl + s1 * L::BBYTES;
+        mwg_issue<F>(acc, c0, [&](int st) { return wg_desc_sw128(b0 + (st / 4) * (MWG_N * 128) + (st % 4) * 32); });
+        mwg_issue<F>(acc, c1, [&](int st) { return wg_desc_sw128(b1 + (st / 4) * (MWG_N * 128) + (st % 4) * 32); });
+        const bool send = kt + 2 == kend;
+        wg_wait0();
+        wg_keep<MWG_N>(acc);
+        for (; rel < kt + 2; ++rel)
+            if (lane == 0) mbar_arrive(empty + rel % S);
+        if (send) {
+#pragma unroll
+            for (int i = 0; i < ND; ++i) {
+                tots[i * 256 + ct] = __fadd_rn(tots[i * 256 + ct], acc[i]);
+                acc[i] = NEG_ZERO;
+            }
+            ++seg;
+            kend = (seg + 1) * nkt / nseg;
+        }
+        kt += 2;
+    }
+#else
     for (u32 kt = 0; kt < nkt; ++kt) {
         typename F::Tile cur;
         step(kt, cur);
+    }
+#endif
+    if (GLU) {
+        // Every computing thread's totals are final: the two warpgroups meet (named barrier 1,
+        // their 256 threads; the copier has left). Total i of thread (warp w, lane 4 g + t) is
+        // row 16 w + g + 8 ((i & 3) >> 1), token 8 (i >> 2) + 2 t + (i & 1) of the block; row
+        // 16 w + g is feature 8 w + g's gate, row 16 w + 8 + g its up.
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        for (u32 u = cw; u < 2 * MWG_N; u += 8) {
+            const u32 mm = u >> 1, q = u & 1, m = m0 + mm, b = bt.x * 2 + q;
+            if (m >= M || b >= glu.kp / 32) continue;  // warp-uniform
+            const u32 fb = q * 32 + lane, f = bt.x * 64 + fb;
+            const u32 src = (fb >> 3) * 32 + (fb & 7) * 4 + ((mm & 7) >> 1);
+            const u32 i = (mm >> 3) * 4 + (mm & 1);
+            float v = 0.0f;
+            if (f < glu.ff) {
+                const float g = tots[i * 256 + src], u = tots[(i + 2) * 256 + src];
+                v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+            }
+            __syncwarp();
+            prep_store(v, lane, glu.xh + (u64)m * glu.kp + b * 32, glu.xs + (u64)m * (glu.kp / 32) + b, glu.bf);
+        }
+        return;
     }
     const int g = lane >> 2, t = lane & 3;
     const u32 n0 = (rt0 + cw) * 16;
@@ -999,6 +1104,18 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
         product_ws<FMT>(W, Xi, o, R, M, N, nkt, nseg);                                                         \
     }
 
+// The same product over a gate/up matrix interleaved by 8, with the SwiGLU epilogue above: v
+// prepared for the down product (xh / xs: rows of kp columns; ff features).
+#define MWS_GLU_KERNEL(suffix, FMT)                                                                        \
+    extern "C" __global__ void __launch_bounds__(384, 1) mws_glu_##suffix(                                 \
+        const u8* W, const u8* Xi, u16* Xh, float* Xs, u32 M, u32 N, u32 nkt, u32 nseg, u32 ff, u32 kp,     \
+        u32 bf) { pdl_entry();                                                                              \
+        const Outs o = outs(nullptr, nullptr, nullptr, N, 0, N);                                            \
+        product_ws<FMT, true>(W, Xi, o, nullptr, M, N, nkt, nseg, GluOut{Xh, Xs, ff, kp, bf});              \
+    }
+
 // Every build defines them (one kernel list per module); only the 128-token build has a body.
 MWS_KERNEL(f16, FmtF16<0>)
 MWS_KERNEL(bf16, FmtF16<1>)
+MWS_GLU_KERNEL(f16, FmtF16<0>)
+MWS_GLU_KERNEL(bf16, FmtF16<1>)

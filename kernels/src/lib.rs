@@ -236,6 +236,8 @@ pub const MODULES: &[Module] = &[
             "mwg_q6_k",
             "mws_f16",
             "mws_bf16",
+            "mws_glu_f16",
+            "mws_glu_bf16",
             "mmq_id_q8_0",
             "mmq_id_q4_0",
             "mmq_id_q4_1",

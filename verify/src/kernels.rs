@@ -356,7 +356,7 @@ fn argmax_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
 type Group = fn(&Gpu, u64, &mut Vec<Case>) -> Result<()>;
 
 /// The kernel gate's case groups by name, in run order (`memra-verify kernels --only`).
-pub const GROUPS: [(&str, Group); 12] = [
+pub const GROUPS: [(&str, Group); 13] = [
     ("matmul", matmul_cases),
     ("embed", embed_cases),
     ("norm", norm_cases),
@@ -372,6 +372,7 @@ pub const GROUPS: [(&str, Group); 12] = [
         super::products_check::product_geometry_cases,
     ),
     ("moe", super::moe_check::moe_cases),
+    ("glu", super::glu_check::glu_cases),
 ];
 
 /// Checks a `--only` list against [`GROUPS`]; an unknown name is an error naming it.

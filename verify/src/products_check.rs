@@ -46,7 +46,7 @@ fn ks(d: DType) -> Vec<usize> {
 
 /// A random `n` x `k` matrix of `dtype` from stream `stream`: its GGUF rows and their
 /// dequantized values (the CPU reference's weights).
-fn random_matrix(
+pub(crate) fn random_matrix(
     dtype: DType,
     n: usize,
     k: usize,

@@ -186,9 +186,9 @@ pub struct GluFfn<O: Ops> {
 
 impl<O: Ops> GluFfn<O> {
     pub fn load(ops: &mut O, w: &ModelWeights, l: usize) -> Result<GluFfn<O>> {
-        let gate_up = [w.get(Role::Gate(l))?, w.get(Role::Up(l))?];
+        let (gate, up) = (w.get(Role::Gate(l))?, w.get(Role::Up(l))?);
         Ok(GluFfn {
-            gate_up: ops.mats(&gate_up)?,
+            gate_up: ops.glu_mats(gate, up)?,
             down: ops.mat(w.get(Role::Down(l))?)?,
         })
     }
@@ -204,10 +204,10 @@ impl<O: Ops> GluFfn<O> {
         eps: f32,
         kind: Glu,
     ) -> Result<()> {
-        ops.norm_matmuls(a.x, norm, eps, a.h, &self.gate_up, &[a.gate, a.up])?;
-        ops.dump("ffn_norm", l, a.h);
         let r = Residual { res: a.x, tmp: a.o };
-        ops.glu_matmul_add(kind, a.gate, a.up, &self.down, r)?;
+        let xn = (a.x, norm, eps, a.h);
+        ops.norm_glu_ffn(xn, &self.gate_up, kind, (a.gate, a.up), &self.down, r)?;
+        ops.dump("ffn_norm", l, a.h);
         ops.dump("ffn_out", l, a.o);
         Ok(())
     }

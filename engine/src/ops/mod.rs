@@ -154,6 +154,11 @@ pub trait Ops: Send + Sized + 'static {
     fn mat(&mut self, t: &Tensor) -> Result<Self::Mat>;
     /// Uploads matrices that are always applied to the same input, in this order.
     fn mats(&mut self, ts: &[&Tensor]) -> Result<Self::Mats>;
+    /// Uploads a gated FFN's gate and up matrices (for [`Ops::norm_glu_ffn`]); a backend may
+    /// lay them out for a fused activation. The default is [`Ops::mats`].
+    fn glu_mats(&mut self, gate: &Tensor, up: &Tensor) -> Result<Self::Mats> {
+        self.mats(&[gate, up])
+    }
     /// Uploads an embedding table (for [`Ops::embed`]); `head`: it is also the output matrix
     /// (tied embeddings). The default is [`Ops::mat`].
     fn table(&mut self, t: &Tensor, _head: bool) -> Result<Self::Mat> {
@@ -303,6 +308,23 @@ pub trait Ops: Send + Sized + 'static {
     ) -> Result<()> {
         self.glu(kind, gate, up)?;
         self.matmul_add(down, gate, r)
+    }
+
+    /// A gated FFN added into the residual: RMSNorm of `x` into `h`, `gate`, `up` = the
+    /// matrices of `gate_up` ([`Ops::glu_mats`]) times `h`, then [`Ops::glu_matmul_add`] (`gate`
+    /// and `up` are scratch afterwards).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_glu_ffn(
+        &mut self,
+        (x, norm, eps, h): (Act, &Self::Vector, f32, Act),
+        gate_up: &Self::Mats,
+        kind: Glu,
+        (gate, up): (Act, Act),
+        down: &Self::Mat,
+        r: Residual,
+    ) -> Result<()> {
+        self.norm_matmuls(x, norm, eps, h, gate_up, &[gate, up])?;
+        self.glu_matmul_add(kind, gate, up, down, r)
     }
 
     /// Hands a named intermediate (`attn_norm`, `q`, ..., layer `layer`) to the dump sink, if

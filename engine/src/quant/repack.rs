@@ -344,6 +344,34 @@ fn read_row(
         .collect()
 }
 
+/// A gate matrix and an up matrix of `ff` rows each (GGUF rows of `row_bytes` in `gate`, `up`)
+/// as one matrix of 2 `ff` rows interleaved by 8: rows 16 j .. 16 j + 7 are gate rows 8 j ..
+/// 8 j + 7, rows 16 j + 8 .. 16 j + 15 up rows 8 j .. 8 j + 7. A 16-row tile of the products
+/// then holds feature 8 j + g's gate in row g and its up in row g + 8, which the mma / wgmma
+/// C layout gives one thread (products.cu: the `Outs` GLU_ILV mode, the SwiGLU epilogue). Only
+/// rows move, so every output element's arithmetic is the plain fused matrix's. `ff` must be a
+/// multiple of 8.
+pub fn interleave_glu(gate: &[u8], up: &[u8], ff: usize, row_bytes: usize) -> Result<Vec<u8>> {
+    if !ff.is_multiple_of(8)
+        || ff.checked_mul(row_bytes) != Some(gate.len())
+        || gate.len() != up.len()
+    {
+        return Err(Error::Quant(format!(
+            "interleaved gate/up: {ff} rows of {row_bytes} bytes (a multiple of 8 rows) from {} \
+             and {} bytes",
+            gate.len(),
+            up.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(2 * gate.len());
+    let block = 8 * row_bytes;
+    for (g, u) in gate.chunks_exact(block).zip(up.chunks_exact(block)) {
+        out.extend_from_slice(g);
+        out.extend_from_slice(u);
+    }
+    Ok(out)
+}
+
 /// Repacks `rows` x `cols` values of `dtype` stored as GGUF rows in `src`.
 pub fn repack(dtype: DType, src: &[u8], rows: usize, cols: usize) -> Result<Packed> {
     let f = tile_format(dtype)
@@ -430,6 +458,26 @@ pub fn unpack(p: &Packed) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn interleave_glu_puts_a_features_gate_and_up_in_one_tile() {
+        // 16 features of 3-byte rows: gate row f = [f, f, f], up row f = [100 + f; 3].
+        let (ff, rb) = (16, 3);
+        let gate: Vec<u8> = (0..ff).flat_map(|f| [f as u8; 3]).collect();
+        let up: Vec<u8> = (0..ff).flat_map(|f| [100 + f as u8; 3]).collect();
+        let out = interleave_glu(&gate, &up, ff, rb).unwrap();
+        assert_eq!(out.len(), 2 * ff * rb);
+        for r in 0..2 * ff {
+            let (tile, g) = (r / 16, r % 16);
+            let f = (8 * tile + g % 8) as u8;
+            let want = if g < 8 { f } else { 100 + f };
+            assert_eq!(out[r * rb..(r + 1) * rb], [want; 3], "row {r}");
+        }
+        // Not a multiple of 8 rows, or the byte counts disagree: an error, not a panic.
+        assert!(interleave_glu(&gate[..12 * rb], &up[..12 * rb], 12, rb).is_err());
+        assert!(interleave_glu(&gate, &up[..8 * rb], ff, rb).is_err());
+        assert!(interleave_glu(&gate, &up, ff, rb + 1).is_err());
+    }
+
     use super::*;
 
     /// Deterministic pseudo-random bytes (any bit pattern is a valid block for a byte round trip).

@@ -12,7 +12,7 @@ use super::products::{self, ActBuf, ActKind, PMat};
 use super::profile::{Profile, warp_specialized};
 use crate::error::Result;
 use crate::quant::DType;
-use crate::quant::repack::repack;
+use crate::quant::repack::{interleave_glu, repack};
 use crate::weights::{Bytes, Tensor};
 
 /// A weight matrix on the device.
@@ -85,12 +85,20 @@ pub enum Mats {
         rows: Vec<usize>,
     },
     Each(Vec<Mat>),
+    /// A gate and an up matrix of `ff` rows as one packed matrix with its rows interleaved by
+    /// 8 (`quant::repack::interleave_glu`): F16 / BF16 where the warp-specialized product runs,
+    /// whose SwiGLU epilogue needs a feature's gate and up in one thread
+    /// ([`Products::glu_product`]).
+    Glu {
+        mat: Mat,
+        ff: usize,
+    },
 }
 
 impl Mats {
     fn list(&self) -> Vec<&Mat> {
         match self {
-            Mats::Fused { mat, .. } => vec![mat],
+            Mats::Fused { mat, .. } | Mats::Glu { mat, .. } => vec![mat],
             Mats::Each(v) => v.iter().collect(),
         }
     }
@@ -259,6 +267,62 @@ impl Products {
         let fused = Tensor::new(first.name.clone(), d, shape, Bytes::owned(bytes))?;
         let mat = self.upload_mat(g, &fused, Use::Product)?;
         Ok(Mats::Fused { mat, rows })
+    }
+
+    /// Uploads an FFN's gate and up matrices (one input): interleaved by 8 ([`Mats::Glu`])
+    /// where the warp-specialized product takes their type and the SwiGLU epilogue is on
+    /// (`MEMRA_GLU`), else as [`Products::upload_mats`].
+    pub fn upload_glu(&mut self, g: &Gpu, gate: &Tensor, up: &Tensor) -> Result<Mats> {
+        let (d, (ff, cols)) = (gate.dtype, gate.rows_cols());
+        let fits = self.v2
+            && self.profile.ws
+            && self.profile.glu
+            && warp_specialized(d).is_some()
+            && products::product_supports(d)
+            && up.dtype == d
+            && up.rows_cols() == (ff, cols)
+            && ff.is_multiple_of(8);
+        if !fits {
+            return self.upload_mats(g, &[gate, up]);
+        }
+        let bytes = interleave_glu(&gate.data, &up.data, ff, gate.row_bytes())?;
+        let t = Tensor::new(
+            gate.name.clone(),
+            d,
+            vec![2 * ff, cols],
+            Bytes::owned(bytes),
+        )?;
+        let mat = self.upload_mat(g, &t, Use::Product)?;
+        Ok(Mats::Glu { mat, ff })
+    }
+
+    /// Whether [`Products::glu_product`] runs for `m` rows of `w` into `down`: an interleaved
+    /// matrix whose launch at `m` is the warp-specialized one, and a packed `down` reading
+    /// `ff` columns of the same activation kind.
+    pub fn glu_fuses(&self, w: &Mats, down: &Mat, m: usize) -> bool {
+        let Mats::Glu { mat, ff } = w else {
+            return false;
+        };
+        let (Some(p), Some(dp)) = (&mat.packed, &down.packed) else {
+            return false;
+        };
+        self.profile.launch(m, mat.dtype, p.rows).ws && dp.act() == p.act() && down.cols == *ff
+    }
+
+    /// SiLU(gate) * up of `m` rows of the interleaved `w`, prepared for `down` in the gate/up
+    /// product's epilogue (when [`Products::glu_fuses`]; the same bits as the split product,
+    /// then [`Products::swiglu_for`]).
+    pub fn glu_product(&self, g: &Gpu, w: &Mats, down: &Mat, m: usize) -> Result<()> {
+        let (Mats::Glu { mat, ff }, Some(dp)) = (w, &down.packed) else {
+            return Err(g.err("SwiGLU product of matrices that are not interleaved"));
+        };
+        let p = mat
+            .packed
+            .as_ref()
+            .ok_or_else(|| g.err("interleaved gate/up matrix is not packed"))?;
+        let a = self.act(g, p.act(), mat.cols)?;
+        let out = self.act(g, dp.act(), *ff)?;
+        g.product_glu(p, a, out, m, self.profile.launch(m, mat.dtype, p.rows))
     }
 
     /// Makes the prepared-activation buffers hold `rows` rows (after a device sync).
@@ -443,6 +507,21 @@ impl Products {
                 }
                 let a = self.act(g, p.act(), mat.cols)?;
                 g.product_to(p, a, ys, None, m, self.profile.launch(m, mat.dtype, p.rows))
+            }
+            Mats::Glu { mat, ff } => {
+                let p = mat
+                    .packed
+                    .as_ref()
+                    .ok_or_else(|| g.err("interleaved gate/up matrix is not packed"))?;
+                let [(gate, gw), (up, uw)] = ys else {
+                    return Err(g.err(format!("gate/up product into {} outputs", ys.len())));
+                };
+                if (*gw, *uw) != (*ff, *ff) {
+                    return Err(g.err(format!("gate/up product of {ff} features into {ys:?}")));
+                }
+                let a = self.act(g, p.act(), mat.cols)?;
+                let l = self.profile.launch(m, mat.dtype, p.rows);
+                g.product_glu_split(p, a, (*gate, *up), m, l)
             }
             Mats::Each(ws) => {
                 if ws.len() != ys.len() {

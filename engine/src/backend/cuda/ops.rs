@@ -142,6 +142,10 @@ impl Ops for CudaOps {
         self.products.upload_mats(&self.gpu, ts)
     }
 
+    fn glu_mats(&mut self, gate: &Tensor, up: &Tensor) -> Result<Mats> {
+        self.products.upload_glu(&self.gpu, gate, up)
+    }
+
     fn table(&mut self, t: &Tensor, head: bool) -> Result<Mat> {
         let usage = if head { Use::Both } else { Use::Lookup };
         self.products.upload_mat(&self.gpu, t, usage)
@@ -467,6 +471,35 @@ impl Ops for CudaOps {
         let (tmp, res) = (self.ptr(r.tmp)?, self.ptr(r.res)?);
         self.products.matmul(g, w, (patt, tmp), Some(res), m)?;
         self.tick("o");
+        Ok(())
+    }
+
+    fn norm_glu_ffn(
+        &mut self,
+        (x, norm, eps, h): (Act, &CudaSlice<f32>, f32, Act),
+        gate_up: &Mats,
+        kind: Glu,
+        (gate, up): (Act, Act),
+        down: &Mat,
+        r: Residual,
+    ) -> Result<()> {
+        let m = self.n(h);
+        if kind != Glu::Silu || !self.products.glu_fuses(gate_up, down, m) {
+            self.norm_matmuls(x, norm, eps, h, gate_up, &[gate, up])?;
+            return self.glu_matmul_add(kind, gate, up, down, r);
+        }
+        // SwiGLU in the gate/up product's epilogue, prepared for down (same bits).
+        let g = &self.gpu;
+        let xwy = (self.ptr(x)?, g.ptr(norm), self.ptr(h)?);
+        self.products
+            .norm_for_mats(g, xwy, m, x.width, eps, gate_up)?;
+        self.tick("norm");
+        self.products.glu_product(g, gate_up, down, m)?;
+        self.tick("gate/up+swiglu");
+        let (tmp, res) = (self.ptr(r.tmp)?, self.ptr(r.res)?);
+        self.products
+            .matmul(g, down, (self.ptr(gate)?, tmp), Some(res), m)?;
+        self.tick("down");
         Ok(())
     }
 

@@ -68,6 +68,20 @@ pub struct ActBuf {
     pub image: Option<CudaSlice<u8>>,
 }
 
+/// Where a product's outputs go (products.cu `Outs`).
+#[derive(Clone, Copy)]
+enum Dest<'a> {
+    /// Column ranges to up to three buffers: (buffer, columns) in column order.
+    Split(&'a [(u64, usize)]),
+    /// A gate/up matrix interleaved by 8: gate rows, up rows (each `rows / 2` wide).
+    Interleaved(u64, u64),
+    /// The SwiGLU epilogue: `act(gate) * up` prepared into the down product's activations.
+    Glu(&'a ActBuf),
+}
+
+/// products.cu `GLU_ILV`: `Outs`'s n2 for an interleaved gate/up matrix.
+const GLU_ILV: u32 = u32::MAX;
+
 /// Blocks of 8 warps for one warp per (row, 32-column block) of `m` rows of `kp` columns
 /// (grid-stride beyond 65536 blocks).
 fn warp_grid(m: usize, kp: usize) -> u32 {
@@ -271,8 +285,76 @@ impl Gpu {
                 r.is_some()
             )));
         }
-        let ptr = |i: usize| outs.get(i).map_or(0, |o| o.0);
-        let cols = |i: usize| outs.get(i).map_or(0, |o| o.1);
+        self.product_into(w, a, Dest::Split(outs), r, m, l)
+    }
+
+    /// [`Gpu::product`] of a gate/up matrix with its rows interleaved by 8
+    /// (`quant::repack::interleave_glu`): gate rows to `gate`, up rows to `up` (rows of
+    /// `w.rows / 2` each), as [`Gpu::product_to`] writes the plain fused matrix.
+    pub fn product_glu_split(
+        &self,
+        w: &PMat,
+        a: &ActBuf,
+        (gate, up): (u64, u64),
+        m: usize,
+        l: Launch,
+    ) -> Result<()> {
+        self.product_into(w, a, Dest::Interleaved(gate, up), None, m, l)
+    }
+
+    /// The warp-specialized product of a gate/up matrix interleaved by 8 with the SwiGLU
+    /// epilogue (products.cu `mws_glu_<type>`): `act(gate) * up` of `w.rows / 2` features,
+    /// prepared into `out` (the down product's activations), the bits of
+    /// [`Gpu::product_glu_split`] then [`Gpu::swiglu_prep`]. `l` must be the warp-specialized
+    /// launch.
+    pub fn product_glu(
+        &self,
+        w: &PMat,
+        a: &ActBuf,
+        out: &ActBuf,
+        m: usize,
+        l: Launch,
+    ) -> Result<()> {
+        let ff = w.rows / 2;
+        if !l.ws
+            || !w.rows.is_multiple_of(16)
+            || out.kind != w.act()
+            || out.kp != ff.next_multiple_of(64)
+        {
+            return Err(self.err(format!(
+                "SwiGLU product: {l:?} of {} rows into {:?} activations of kp {}",
+                w.rows, out.kind, out.kp
+            )));
+        }
+        self.check_act(out, m, ff)?;
+        self.product_into(w, a, Dest::Glu(out), None, m, l)
+    }
+
+    fn product_into(
+        &self,
+        w: &PMat,
+        a: &ActBuf,
+        dest: Dest,
+        r: Option<u64>,
+        m: usize,
+        l: Launch,
+    ) -> Result<()> {
+        // Outs (products.cu): (Y, Y2, Y3, n1, n2); n2 = GLU_ILV for an interleaved gate/up.
+        let outs = match dest {
+            Dest::Split(o) => {
+                let ptr = |i: usize| o.get(i).map_or(0, |o| o.0);
+                let cols = |i: usize| o.get(i).map_or(0, |o| o.1 as u32);
+                [
+                    ptr(0),
+                    ptr(1),
+                    ptr(2),
+                    u64::from(cols(0)),
+                    u64::from(cols(1)),
+                ]
+            }
+            Dest::Interleaved(gate, up) => [gate, up, 0, (w.rows / 2) as u64, u64::from(GLU_ILV)],
+            Dest::Glu(_) => [0; 5],
+        };
         if a.kind != w.act() || a.kp != w.kp || m > a.rows {
             return Err(self.err(format!(
                 "product: {} weights ({} x {}, kp {}) with {:?} activations of {} x {}",
@@ -295,7 +377,9 @@ impl Gpu {
             32 * l.rpb * wk
         };
         let f = self.variant("products", &l.defines())?;
+        let glu = matches!(dest, Dest::Glu(_));
         let kind = match (l.smem, l.wg) {
+            (true, true) if l.ws && glu => "mws_glu",
             (true, true) if l.ws => "mws",
             (true, true) => "mwg",
             (true, false) => "mms",
@@ -336,7 +420,7 @@ impl Gpu {
             0
         };
         // The warp-specialized product reads the token image (one more argument).
-        let image = if kind == "mws" {
+        let image = if l.ws {
             let img = a.image.as_ref().ok_or_else(|| {
                 self.err(format!(
                     "{name}: the prepared activations of {} x {} have no token image",
@@ -348,23 +432,42 @@ impl Gpu {
         } else {
             None
         };
-        let mut args = vec![
-            Arg::Ptr(self.ptr(&w.data)),
-            Arg::Ptr(self.ptr(&a.values)),
-            Arg::Ptr(self.ptr(&a.scales)),
-            Arg::Ptr(ptr(0)),
-            Arg::Ptr(ptr(1)),
-            Arg::Ptr(ptr(2)),
-            Arg::U32(cols(0) as u32),
-            Arg::U32(cols(1) as u32),
-            Arg::Ptr(r.unwrap_or(0)),
-            Arg::U32(m as u32),
-            Arg::U32(w.rows as u32),
-            Arg::U32(w.col_tiles as u32),
-            Arg::U32(w.nseg),
-            Arg::U32(w.kp as u32),
-        ];
-        args.extend(image);
+        let args = match dest {
+            // mws_glu_<type>(W, Xi, Xh, Xs, M, N, nkt, nseg, ff, kp, bf)
+            Dest::Glu(out) => vec![
+                Arg::Ptr(self.ptr(&w.data)),
+                image.ok_or_else(|| self.err("SwiGLU product without a token image"))?,
+                Arg::Ptr(self.ptr(&out.values)),
+                Arg::Ptr(self.ptr(&out.scales)),
+                Arg::U32(m as u32),
+                Arg::U32(w.rows as u32),
+                Arg::U32(w.col_tiles as u32),
+                Arg::U32(w.nseg),
+                Arg::U32((w.rows / 2) as u32),
+                Arg::U32(out.kp as u32),
+                Arg::U32((out.kind == ActKind::BF16) as u32),
+            ],
+            _ => {
+                let mut v = vec![
+                    Arg::Ptr(self.ptr(&w.data)),
+                    Arg::Ptr(self.ptr(&a.values)),
+                    Arg::Ptr(self.ptr(&a.scales)),
+                    Arg::Ptr(outs[0]),
+                    Arg::Ptr(outs[1]),
+                    Arg::Ptr(outs[2]),
+                    Arg::U32(outs[3] as u32),
+                    Arg::U32(outs[4] as u32),
+                    Arg::Ptr(r.unwrap_or(0)),
+                    Arg::U32(m as u32),
+                    Arg::U32(w.rows as u32),
+                    Arg::U32(w.col_tiles as u32),
+                    Arg::U32(w.nseg),
+                    Arg::U32(w.kp as u32),
+                ];
+                v.extend(image);
+                v
+            }
+        };
         if threads > l.max_threads() {
             return Err(self.err(format!(
                 "product launch of {threads} threads exceeds the variant's {}",

@@ -214,6 +214,10 @@ pub struct Profile {
     /// (`MEMRA_WS_STAGES=2..=8`, for measuring; docs/FLAGS.md): a count whose slots do not fit
     /// the device's shared memory leaves the plain warpgroup launch. Speed only.
     pub ws_stages: Option<u32>,
+    /// F16 / BF16 gate/up matrices interleaved by 8 and, where the warp-specialized product
+    /// runs, SwiGLU in its epilogue (default on sm_90a; `MEMRA_GLU=0` off, for measuring;
+    /// docs/FLAGS.md). Speed only: the same bits either way.
+    pub glu: bool,
 }
 
 const fn split(nt: u32) -> Launch {
@@ -336,6 +340,7 @@ impl Profile {
             wg_tokens: None,
             ws: arch == "compute_90a",
             ws_stages: None,
+            glu: true,
         }
     }
 
@@ -420,6 +425,17 @@ impl Profile {
                 _ => {
                     return Err(crate::error::Error::Input(format!(
                         "MEMRA_WGMMA_WS={v}: expected 0 or 1"
+                    )));
+                }
+            };
+        }
+        if let Ok(v) = std::env::var("MEMRA_GLU") {
+            p.glu = match v.trim() {
+                "0" => false,
+                "1" => true,
+                _ => {
+                    return Err(crate::error::Error::Input(format!(
+                        "MEMRA_GLU={v}: expected 0 or 1"
                     )));
                 }
             };
