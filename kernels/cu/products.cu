@@ -18,9 +18,11 @@
 //
 // Token rows past M are clamped to row M - 1 for loading and never written.
 
-// PDL_LATE (an A/B define): this module's kernels do not trigger their dependents early
-// (prelude.cuh, PDL_TRIGGER).
-#ifdef PDL_LATE
+// This module's kernels do not trigger their dependents early (prelude.cuh, PDL_TRIGGER): the
+// next kernel starts as this one's blocks exit. H200 session 16: with the early trigger, F16
+// decode ran 197.6 tok/s, without it 213.5 (MEMRA_PDL=0: 210.7); Q4_K_M decode 297.0 / 294.3.
+// PDL_EARLY (an A/B define) restores the early trigger.
+#ifndef PDL_EARLY
 #undef PDL_TRIGGER
 #define PDL_TRIGGER 0
 #endif
@@ -893,18 +895,12 @@ MWG_KERNEL(q6_k, FmtQ6_K)
 #ifndef MWS_STAGES
 #define MWS_STAGES 4
 #endif
-// A/B defines (H200 session 16's ncu: the tensor pipe 52% busy, L2 57%, 4 or 5 slots alike, so
-// the computing warpgroups wait on their own k-tile's latency): MWS_PAIR 1 waits for two
-// k-tiles' slots, loads both A sets, issues their 8 wgmmas and waits once (two k-tiles of one
-// segment; a segment's odd last k-tile alone), the same wgmmas in the same order into the same
-// chain, so the same bits; MWS_FENCE 0 drops the proxy fence between a slot's mbarrier and its
-// reads (the bulk copies and the wgmmas are both the async proxy; the mbarrier's completion
-// makes the bytes visible).
-#ifndef MWS_PAIR
-#define MWS_PAIR 0
-#endif
+// MWS_FENCE 1 (an A/B define) puts back a proxy fence between a slot's mbarrier wait and its
+// reads: not needed (the bulk copies complete_tx on the slot's mbarrier, whose completion makes
+// their bytes visible to the waiting threads and to their wgmmas, the pattern of every TMA ->
+// wgmma pipeline); H200 session 16: without it 2-4% faster at M = 512, bits ALL EQUAL.
 #ifndef MWS_FENCE
-#define MWS_FENCE 1
+#define MWS_FENCE 0
 #endif
 
 template <class F>
@@ -1016,49 +1012,10 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
             kend = (seg + 1) * nkt / nseg;
         }
     };
-#if MWS_PAIR
-    for (u32 kt = 0; kt < nkt;) {
-        if (kt + 1 >= kend) {  // a segment's last k-tile alone
-            typename F::Tile cur;
-            step(kt, cur);
-            ++kt;
-            continue;
-        }
-        typename F::Tile c0, c1;
-        const u32 s0 = kt % S, s1 = (kt + 1) % S;
-        mbar_wait(full + s0, (kt / S) & 1);
-        mbar_wait(full + s1, ((kt + 1) / S) & 1);
-#if MWS_FENCE
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-        F::template load<Sld>(asl + s0 * L::ABYTES + cw * F::TB, lane, c0);
-        F::template load<Sld>(asl + s1 * L::ABYTES + cw * F::TB, lane, c1);
-        const u8* b0 = bsl + s0 * L::BBYTES;
-        const u8* b1 = bsl + s1 * L::BBYTES;
-        mwg_issue<F>(acc, c0, [&](int st) { return wg_desc_sw128(b0 + (st / 4) * (MWG_N * 128) + (st % 4) * 32); });
-        mwg_issue<F>(acc, c1, [&](int st) { return wg_desc_sw128(b1 + (st / 4) * (MWG_N * 128) + (st % 4) * 32); });
-        const bool send = kt + 2 == kend;
-        wg_wait0();
-        wg_keep<MWG_N>(acc);
-        for (; rel < kt + 2; ++rel)
-            if (lane == 0) mbar_arrive(empty + rel % S);
-        if (send) {
-#pragma unroll
-            for (int i = 0; i < ND; ++i) {
-                tots[i * 256 + ct] = __fadd_rn(tots[i * 256 + ct], acc[i]);
-                acc[i] = NEG_ZERO;
-            }
-            ++seg;
-            kend = (seg + 1) * nkt / nseg;
-        }
-        kt += 2;
-    }
-#else
     for (u32 kt = 0; kt < nkt; ++kt) {
         typename F::Tile cur;
         step(kt, cur);
     }
-#endif
     if (GLU) {
         // Every computing thread's totals are final: the two warpgroups meet (named barrier 1,
         // their 256 threads; the copier has left). Total i of thread (warp w, lane 4 g + t) is

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The queue of the next H200 lease (written in session 13, run in session 15 as run
-# h200-20261204-s15; kept for the next one). Gates the defaults as built (golden, every kernel
-# in `memra-verify kernels`, F16 invariance on the 8B file, MoE / Gemma gates), then measures
-# every side-by-side row with llama.cpp in ONE run id (the README's table), and A/Bs every
-# staged products.cu variant in kbench and end to end (log only). Session 15 made TILE_GROUP 8
-# and programmatic dependent launch (MEMRA_PDL) the defaults; its note names the variants to
-# stage next: t4 / t16 (TILE_GROUP 4 / 16, prefill), p4 / p8 (MMQ_PF 4 / 8: decode tiles in
-# flight per warp; F16's default is 2).
-#   stage: PACK_KVARS="t16:TILE_GROUP=16 p4:MMQ_PF=4 p8:MMQ_PF=8" tools/device/stage.sh (bins
+# The queue of the next H200 lease (written in session 13, run in sessions 15 and 16 as runs
+# h200-20261204-s15 / -s16; kept for the next one). Gates the defaults as built (golden, every
+# kernel in `memra-verify kernels`, the issue's gates on SmolLM2 and Q4_K_M: invariance, graph,
+# tokens, serve-invariance of 32 requests; F16 invariance on the 8B file, MoE / Gemma gates),
+# then measures every side-by-side row with llama.cpp in ONE run id (the README's table), and
+# A/Bs every staged products.cu variant in kbench and end to end (log only). Session 16 made the
+# SwiGLU epilogue (MEMRA_GLU), products.cu's late PDL trigger and MWS_FENCE 0 the defaults; to
+# see them against the old choices in the same run:
+#   stage: PACK_KVARS="e:PDL_EARLY=1 f:MWS_FENCE=1" tools/device/stage.sh (bins
 #   with .device/kcache), tok.gguf, llama.tgz, SmolLM2 (2 calls, NAME smol), Gemma 3 270M
 #   (5 pieces, NAME gemma); LEASE_SYNTH="q4 q8 f16 moe". Keep every call within 30 s of the
 #   last (idle release): session 15 lost a machine to a pause.
@@ -17,9 +17,16 @@ cd $HOME/repo; . tools/device/lease/lib.sh
 export RUN=${LEASE_RUN:-h200-$(date +%Y%m%d)-lease}
 row start "$(cat $HOME/dev/.device/COMMIT) run $RUN; $(ls $MEMRA_KERNEL_CACHE 2>/dev/null | grep -c cubin) cubins"
 g1() {
-  waitf $HOME/smol.ok 300 && run golden 300 $B/memra-verify golden $SMOL --device cuda:0
+  waitf $HOME/smol.ok 300 && {
+    run golden 300 $B/memra-verify golden $SMOL --device cuda:0
+    run inv-smol 200 $B/memra-verify invariance $SMOL --device cuda:0
+    run graph-smol 200 $B/memra-verify graph $SMOL --device cuda:0
+    run tokens-smol 200 $B/memra-verify tokens $SMOL --device cuda:0 --fixture verify/fixtures/smollm2-135m-reference.json
+    run serve-inv-smol 300 $B/memra-verify serve-invariance $SMOL --device cuda:0 --requests 32
+  }
   run kernels 600 $B/memra-verify kernels --device cuda:0
   grep -E "FAIL|differ|ALL" $O/logs/kernels.log | head -6 >> $S
+  waitf $Q4 && run inv-q4 420 $B/memra-verify invariance $Q4 --device cuda:0 && run graph-q4 300 $B/memra-verify graph $Q4 --device cuda:0
   waitf $F16 && run inv-f16 420 $B/memra-verify invariance $F16 --device cuda:0 --prompt-len 700 --max-m 8
 }
 g2() {
@@ -42,22 +49,9 @@ kb() { local n=kb-$1-$2-$3 d=$1 w=$2; shift 3
   grep -E "r[0-9]+[xwm] |r1s |ALL|MISM" $O/logs/$n.log >> $S; }
 for d in f16 q4_k; do kb $d pre def env; kb $d dec def env; done
 for v in $(ls $KV 2>/dev/null); do
-  case $v in t*) w=pre ;; *) w=dec ;; esac
+  case $v in t*|f*) w=pre ;; *) w=dec ;; esac
   for d in f16 q4_k; do kb $d $w $v env MEMRA_KERNEL_DIR=$KV/$v; done
 done
-# The warp-specialized product's k-tile slots (MEMRA_WS_STAGES; 4 by default, 5 the most that
-# fits 227 KiB): is mws waiting on its feed's latency (more slots help, fewer hurt) or on L2's
-# bandwidth (neither matters)?
-for n in 3 5; do kb f16 pre ws$n env MEMRA_WS_STAGES=$n; done
-# Where mws (F16 prefill, ~480-530 TFLOP/s against cuBLAS's ~780 on this GPU) spends its time:
-# Nsight Compute's speed-of-light, memory and warp-state sections of one 28672 x 4096 launch at
-# M = 512 (KINDS.md: ncu reads the counters on the Firecracker machines; clocks left alone).
-NCU=${CUDA_HOME:-/usr/local/cuda}/bin/ncu
-[ -x $NCU ] && run ncu-mws 150 $NCU --clock-control none --kernel-name regex:mws_f16 --launch-count 1 \
-  --set full $B/memra-bench kernels --dtypes f16 --shapes 28672x4096 --m 512 --reps 1
-# and the F16 decode product that runs at 1.7 TB/s (4096 x 4096 at M = 1, split K)
-[ -x $NCU ] && run ncu-mmq 150 $NCU --clock-control none --kernel-name regex:mmq_f16 --launch-count 1 \
-  --set full $B/memra-bench kernels --dtypes f16 --shapes 4096x4096 --m 1 --reps 1
 peerwait
 for x in q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1 moe:Q4_K_M gemma:Q4_K_M; do
   k=${x%%:*}; dt=${x##*:}
@@ -69,11 +63,10 @@ for x in q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1 moe:Q4_K_M gemma:Q4_K_M; do
   run $k-prefill 240 $MB prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt
   peer $k-pp -m $f -p 512,4096 -n 0
   # the same workload with each staged variant (log only: no rows for the README)
-  for v in $(ls $KV 2>/dev/null) $([ $k = f16 ] && echo ws5); do
+  for v in $(ls $KV 2>/dev/null); do
     [ $k = f16 ] || [ $k = q4 ] || continue
     case $v in
-      ws*) run $k-prefill-$v 240 env MEMRA_WS_STAGES=${v#ws} $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
-      t*) run $k-prefill-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
+      t*|f*) run $k-prefill-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
       *) run $k-decode-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt ;;
     esac
   done
