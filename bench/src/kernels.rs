@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use memra_engine::backend::cuda::Gpu;
 use memra_engine::backend::cuda::products::{ActBuf, ActKind, PMat};
-use memra_engine::backend::cuda::profile::{Launch, Profile, WS_STAGES};
+use memra_engine::backend::cuda::profile::{Launch, Profile, WS_STAGES, WS_WGS};
 use memra_engine::error::{Error, Result};
 use memra_engine::quant::{self, DType};
 
@@ -96,6 +96,7 @@ pub fn parse_launches(s: &str) -> Result<Vec<Launch>> {
                 wg: matches!(p[2], "w" | "x"),
                 ws: p[2] == "x",
                 stages: if p[2] == "x" { WS_STAGES } else { 0 },
+                wgs: if p[2] == "x" { WS_WGS } else { 0 },
             })
         })
         .collect()

@@ -215,6 +215,9 @@ __device__ __forceinline__ void tile_blocks(const typename F::Tile& cur, u32 kt,
 // 8j .. 8j + 7, then up rows 8j .. 8j + 7; engine quant::repack::interleave_glu), written back
 // to the gate (Y) and up (Y2) rows of n1 features each.
 #define GLU_ILV 0xffffffffu
+#ifndef OUTS_SEL
+#define OUTS_SEL 0
+#endif
 struct Outs {
     float* y[3];
     u32 n1, n2, N;
@@ -234,11 +237,18 @@ struct Outs {
         *which = 2;
         return (u64)m * (N - n1 - n2) + (n - n1 - n2);
     }
-    // Writes v (+ R when given: R has rows of N and is only used without a split).
+    // Writes v (+ R when given: R has rows of N and is only used without a split). y[w] with w
+    // known only at run time puts y in local memory (ncu, H200 session 16: the F16 decode
+    // product's epilogue reads its pointer from there); OUTS_SEL 1 (an A/B define) selects it.
     __device__ __forceinline__ void put(u32 m, u32 n, float v, const float* R) const {
         int w;
         const u64 o = off(m, n, &w);
+#if OUTS_SEL
+        float* const p = w == 0 ? y[0] : (w == 1 ? y[1] : y[2]);
+        p[o] = R ? __fadd_rn(R[o], v) : v;
+#else
         y[w][o] = R ? __fadd_rn(R[o], v) : v;
+#endif
     }
 };
 
@@ -895,6 +905,11 @@ MWG_KERNEL(q6_k, FmtQ6_K)
 #ifndef MWS_STAGES
 #define MWS_STAGES 4
 #endif
+// Computing warpgroups (64 rows each; an A/B define, MEMRA_WS_WGS: with 3, blocks of 192 rows,
+// 96 KiB of totals, 3 slots; the same per-element sequence, so the same bits).
+#ifndef MWS_WG
+#define MWS_WG 2
+#endif
 // MWS_FENCE 1 (an A/B define) puts back a proxy fence between a slot's mbarrier wait and its
 // reads: not needed (the bulk copies complete_tx on the slot's mbarrier, whose completion makes
 // their bytes visible to the waiting threads and to their wgmmas, the pattern of every TMA ->
@@ -907,11 +922,12 @@ template <class F>
 struct Mws {
     enum {
         S = MWS_STAGES,
-        TILES = 8,
+        TILES = 4 * MWS_WG,
+        CT = 128 * MWS_WG,  // computing threads
         ABYTES = TILES * F::TB,
         BBYTES = MWG_N * F::KT * 2,  // KT / 64 atom columns of MWG_N 128-byte rows
         ND = MWG_N / 2,
-        TOTS = 256 * ND * 4,
+        TOTS = CT * ND * 4,
         SMEM = 1024 + S * (BBYTES + ABYTES) + TOTS + 16 * S,
     };
 };
@@ -945,7 +961,7 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
     u8* bsl = sm + (((sbase + 1023) & ~1023u) - sbase);  // B slot 0, 1024-byte aligned
     u8* asl = bsl + S * L::BBYTES;
     float* tots = (float*)(asl + S * L::ABYTES);
-    u64* full = (u64*)(tots + 256 * ND);
+    u64* full = (u64*)(tots + L::CT * ND);
     u64* empty = full + S;
     // The warp index through a shuffle: warp-uniform to the compiler, so the role branch below
     // is not a divergent path (ptxas would otherwise serialize the wgmmas inside it).
@@ -957,7 +973,7 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
     if (threadIdx.x == 0) {
         for (u32 s = 0; s < S; ++s) {
             mbar_init(full + s, 1);
-            mbar_init(empty + s, 8);
+            mbar_init(empty + s, 4 * MWS_WG);
         }
         mbar_init_fence();
     }
@@ -979,7 +995,7 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
     }
     const u32 ct = threadIdx.x - 128, cw = (u32)warp - 4;  // computing thread, warp (= row tile)
 #pragma unroll
-    for (int i = 0; i < ND; ++i) tots[i * 256 + ct] = NEG_ZERO;
+    for (int i = 0; i < ND; ++i) tots[i * L::CT + ct] = NEG_ZERO;
     float acc[ND];
 #pragma unroll
     for (int i = 0; i < ND; ++i) acc[i] = NEG_ZERO;
@@ -1005,7 +1021,7 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
         if (send) {
 #pragma unroll
             for (int i = 0; i < ND; ++i) {
-                tots[i * 256 + ct] = __fadd_rn(tots[i * 256 + ct], acc[i]);
+                tots[i * L::CT + ct] = __fadd_rn(tots[i * L::CT + ct], acc[i]);
                 acc[i] = NEG_ZERO;
             }
             ++seg;
@@ -1021,16 +1037,17 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
         // their 256 threads; the copier has left). Total i of thread (warp w, lane 4 g + t) is
         // row 16 w + g + 8 ((i & 3) >> 1), token 8 (i >> 2) + 2 t + (i & 1) of the block; row
         // 16 w + g is feature 8 w + g's gate, row 16 w + 8 + g its up.
-        asm volatile("bar.sync 1, 256;\n" ::: "memory");
-        for (u32 u = cw; u < 2 * MWG_N; u += 8) {
-            const u32 mm = u >> 1, q = u & 1, m = m0 + mm, b = bt.x * 2 + q;
+        asm volatile("bar.sync 1, %0;\n" ::"n"((int)L::CT) : "memory");
+        constexpr u32 NB = MWS_WG;  // 32-feature blocks per block (64 rows per warpgroup)
+        for (u32 u = cw; u < NB * MWG_N; u += 4 * MWS_WG) {
+            const u32 mm = u / NB, q = u % NB, m = m0 + mm, b = bt.x * NB + q;
             if (m >= M || b >= glu.kp / 32) continue;  // warp-uniform
-            const u32 fb = q * 32 + lane, f = bt.x * 64 + fb;
+            const u32 fb = q * 32 + lane, f = bt.x * 32 * NB + fb;
             const u32 src = (fb >> 3) * 32 + (fb & 7) * 4 + ((mm & 7) >> 1);
             const u32 i = (mm >> 3) * 4 + (mm & 1);
             float v = 0.0f;
             if (f < glu.ff) {
-                const float g = tots[i * 256 + src], u = tots[(i + 2) * 256 + src];
+                const float g = tots[i * L::CT + src], u = tots[(i + 2) * L::CT + src];
                 v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
             }
             __syncwarp();
@@ -1045,7 +1062,7 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
         const int j = i >> 2, e = i & 3;
         const u32 n = n0 + g + 8 * (e >> 1);
         const u32 m = m0 + j * 8 + 2 * t + (e & 1);
-        if (n < N && m < M) out.put(m, n, tots[i * 256 + ct], R);
+        if (n < N && m < M) out.put(m, n, tots[i * L::CT + ct], R);
     }
 #else
     __trap();  // sm_90a, the 128-token build only (the host launches mws only there)
@@ -1054,7 +1071,7 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
 
 // The warp-specialized product (sm_90a): one block of 3 warpgroups per SM.
 #define MWS_KERNEL(suffix, FMT)                                                                            \
-    extern "C" __global__ void __launch_bounds__(384, 1) mws_##suffix(                                     \
+    extern "C" __global__ void __launch_bounds__(128 * (MWS_WG + 1), 1) mws_##suffix(                                     \
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
         const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp, const u8* Xi) { pdl_entry();                              \
         const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
@@ -1064,7 +1081,7 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
 // The same product over a gate/up matrix interleaved by 8, with the SwiGLU epilogue above: v
 // prepared for the down product (xh / xs: rows of kp columns; ff features).
 #define MWS_GLU_KERNEL(suffix, FMT)                                                                        \
-    extern "C" __global__ void __launch_bounds__(384, 1) mws_glu_##suffix(                                 \
+    extern "C" __global__ void __launch_bounds__(128 * (MWS_WG + 1), 1) mws_glu_##suffix(                                 \
         const u8* W, const u8* Xi, u16* Xh, float* Xs, u32 M, u32 N, u32 nkt, u32 nseg, u32 ff, u32 kp,     \
         u32 bf) { pdl_entry();                                                                              \
         const Outs o = outs(nullptr, nullptr, nullptr, N, 0, N);                                            \

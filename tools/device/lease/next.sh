@@ -6,8 +6,10 @@
 # then measures every side-by-side row with llama.cpp in ONE run id (the README's table), and
 # A/Bs every staged products.cu variant in kbench and end to end (log only). Session 16 made the
 # SwiGLU epilogue (MEMRA_GLU), products.cu's late PDL trigger and MWS_FENCE 0 the defaults; to
-# see them against the old choices in the same run:
-#   stage: PACK_KVARS="e:PDL_EARLY=1 f:MWS_FENCE=1" tools/device/stage.sh (bins
+# see them against the old choices in the same run, with two new A/Bs (OUTS_SEL: the output
+# pointer selected, not indexed; MEMRA_WS_WGS=3: three computing warpgroups in mws):
+#   stage: PACK_ENVS="MEMRA_WS_WGS=3" PACK_KVARS="e:PDL_EARLY=1 f:MWS_FENCE=1 o:OUTS_SEL=1"
+#   tools/device/stage.sh (bins
 #   with .device/kcache), tok.gguf, llama.tgz, SmolLM2 (2 calls, NAME smol), Gemma 3 270M
 #   (5 pieces, NAME gemma); LEASE_SYNTH="q4 q8 f16 moe". Keep every call within 30 s of the
 #   last (idle release): session 15 lost a machine to a pause.
@@ -46,12 +48,15 @@ KBP="$B/memra-bench kernels --shapes 28672x4096,4096x14336,6144x4096 --m 512,409
 KBD="$B/memra-bench kernels --shapes 28672x4096,4096x14336,6144x4096,4096x4096 --m 1,4,16 --reps 20"
 kb() { local n=kb-$1-$2-$3 d=$1 w=$2; shift 3
   run $n 150 "$@" $([ $w = pre ] && echo $KBP || echo $KBD) --dtypes $d --json $O/$n.json
-  grep -E "r[0-9]+[xwm] |r1s |ALL|MISM" $O/logs/$n.log >> $S; }
+  grep -E "r[0-9]+[xwm][g0-9]* |r1s |ALL|MISM" $O/logs/$n.log >> $S; }
 for d in f16 q4_k; do kb $d pre def env; kb $d dec def env; done
 for v in $(ls $KV 2>/dev/null); do
   case $v in t*|f*) w=pre ;; *) w=dec ;; esac
   for d in f16 q4_k; do kb $d $w $v env MEMRA_KERNEL_DIR=$KV/$v; done
 done
+# Three computing warpgroups in the warp-specialized product (MEMRA_WS_WGS=3, precompiled with
+# PACK_ENVS): the tensor pipe was 52% busy with two (session 16's ncu).
+kb f16 pre wgs3 env MEMRA_WS_WGS=3
 peerwait
 for x in q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1 moe:Q4_K_M gemma:Q4_K_M; do
   k=${x%%:*}; dt=${x##*:}
@@ -63,9 +68,10 @@ for x in q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1 moe:Q4_K_M gemma:Q4_K_M; do
   run $k-prefill 240 $MB prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt
   peer $k-pp -m $f -p 512,4096 -n 0
   # the same workload with each staged variant (log only: no rows for the README)
-  for v in $(ls $KV 2>/dev/null); do
+  for v in $(ls $KV 2>/dev/null) $([ $k = f16 ] && echo wgs3); do
     [ $k = f16 ] || [ $k = q4 ] || continue
     case $v in
+      wgs3) run $k-prefill-$v 240 env MEMRA_WS_WGS=3 $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
       t*|f*) run $k-prefill-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
       *) run $k-decode-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt ;;
     esac

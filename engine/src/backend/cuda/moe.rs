@@ -100,6 +100,7 @@ pub const ID_LAUNCH: Launch = Launch {
     wg: false,
     ws: false,
     stages: 0,
+    wgs: 0,
 };
 
 /// Checks the expert stacks and the call's shapes; returns (expert_ffn, hidden).

@@ -29,6 +29,9 @@ pub struct Launch {
     /// With `ws`: k-tile slots in shared memory (`MWS_STAGES`, default [`WS_STAGES`];
     /// `MEMRA_WS_STAGES` for measuring); 0 for every other launch. Speed only.
     pub stages: u32,
+    /// With `ws`: computing warpgroups of 64 rows (`MWS_WG`, default [`WS_WGS`];
+    /// `MEMRA_WS_WGS=3` for measuring); 0 for every other launch. Speed only.
+    pub wgs: u32,
 }
 
 /// The launch geometry of the grouped expert products (`mmq_grouped_<type>`, issue 16): 32
@@ -48,7 +51,7 @@ impl Launch {
     /// The most threads a launch of this geometry uses.
     pub fn max_threads(&self) -> u32 {
         if self.ws {
-            return WS_THREADS;
+            return 128 * (self.wgs + 1);
         }
         if self.smem {
             return SMEM_THREADS;
@@ -58,6 +61,9 @@ impl Launch {
 
     /// Rows and tokens per block of a shared-memory launch.
     pub fn smem_block(&self) -> (usize, usize) {
+        if self.ws {
+            return (64 * self.wgs as usize, 8 * self.nt as usize);
+        }
         if self.wg {
             return (WG_ROWS, 8 * self.nt as usize);
         }
@@ -77,7 +83,7 @@ impl Launch {
             let stages = self.stages as usize;
             return 1024
                 + stages * (toks * kt * 2 + (rows / 16) * tile_bytes)
-                + 256 * (toks / 2) * 4
+                + 128 * self.wgs as usize * (toks / 2) * 4
                 + 16 * stages;
         }
         if self.wg {
@@ -113,7 +119,12 @@ impl Launch {
         } else {
             String::new()
         };
-        format!("nt{}r{}{kind}{slots}", self.nt, self.rpb)
+        let wgs = if self.ws && self.wgs != WS_WGS {
+            format!("g{}", self.wgs)
+        } else {
+            String::new()
+        };
+        format!("nt{}r{}{kind}{wgs}{slots}", self.nt, self.rpb)
     }
 
     /// The NVRTC defines of the kernel variant.
@@ -124,6 +135,9 @@ impl Launch {
             // stays the one the gates ran).
             if self.ws && self.stages != WS_STAGES {
                 d.push(format!("MWS_STAGES={}", self.stages));
+            }
+            if self.ws && self.wgs != WS_WGS {
+                d.push(format!("MWS_WG={}", self.wgs));
             }
             return d;
         }
@@ -150,6 +164,11 @@ const WG_ROWS: usize = 128;
 pub const WS_THREADS: u32 = 384;
 /// k-tile slots of the warp-specialized product (MWS_STAGES's default in products.cu).
 pub const WS_STAGES: u32 = 4;
+/// Computing warpgroups of the warp-specialized product (MWS_WG's default in products.cu).
+pub const WS_WGS: u32 = 2;
+/// k-tile slots with three computing warpgroups (four of 40 KiB do not fit beside their 96 KiB
+/// of totals).
+const WS_STAGES_3WG: u32 = 3;
 
 /// Threads of a shared-memory launch (kernels/cu/products.cu: MMS_WR x MMS_WT warps).
 pub const SMEM_THREADS: u32 = 256;
@@ -214,6 +233,9 @@ pub struct Profile {
     /// (`MEMRA_WS_STAGES=2..=8`, for measuring; docs/FLAGS.md): a count whose slots do not fit
     /// the device's shared memory leaves the plain warpgroup launch. Speed only.
     pub ws_stages: Option<u32>,
+    /// Computing warpgroups of every warp-specialized launch instead of [`WS_WGS`]
+    /// (`MEMRA_WS_WGS=2|3`, for measuring; docs/FLAGS.md). Speed only.
+    pub ws_wgs: Option<u32>,
     /// F16 / BF16 gate/up matrices interleaved by 8 and, where the warp-specialized product
     /// runs, SwiGLU in its epilogue (default on sm_90a; `MEMRA_GLU=0` off, for measuring;
     /// docs/FLAGS.md). Speed only: the same bits either way.
@@ -229,6 +251,7 @@ const fn split(nt: u32) -> Launch {
         wg: false,
         ws: false,
         stages: 0,
+        wgs: 0,
     }
 }
 
@@ -241,6 +264,7 @@ const fn tiled(nt: u32, rpb: u32) -> Launch {
         wg: false,
         ws: false,
         stages: 0,
+        wgs: 0,
     }
 }
 
@@ -254,6 +278,7 @@ pub const fn smem(nt: u32, rpb: u32) -> Launch {
         wg: false,
         ws: false,
         stages: 0,
+        wgs: 0,
     }
 }
 
@@ -296,6 +321,7 @@ pub const fn warpgroup(dtype: DType) -> Option<Launch> {
         wg: true,
         ws: false,
         stages: 0,
+        wgs: 0,
     })
 }
 
@@ -311,6 +337,7 @@ pub const fn warp_specialized(dtype: DType) -> Option<Launch> {
             wg: true,
             ws: true,
             stages: WS_STAGES,
+            wgs: WS_WGS,
         }),
         _ => None,
     }
@@ -340,6 +367,7 @@ impl Profile {
             wg_tokens: None,
             ws: arch == "compute_90a",
             ws_stages: None,
+            ws_wgs: None,
             glu: true,
         }
     }
@@ -354,9 +382,14 @@ impl Profile {
     /// [`warp_specialized`] on this device: none with `MEMRA_WGMMA_WS=0`, the slot count of
     /// `MEMRA_WS_STAGES`.
     pub fn warp_specialized(&self, dtype: DType) -> Option<Launch> {
-        warp_specialized(dtype).filter(|_| self.ws).map(|w| Launch {
-            stages: self.ws_stages.unwrap_or(w.stages),
-            ..w
+        warp_specialized(dtype).filter(|_| self.ws).map(|w| {
+            let wgs = self.ws_wgs.unwrap_or(w.wgs);
+            let slots = if wgs == 3 { WS_STAGES_3WG } else { w.stages };
+            Launch {
+                stages: self.ws_stages.unwrap_or(slots),
+                wgs,
+                ..w
+            }
         })
     }
 
@@ -436,6 +469,17 @@ impl Profile {
                 _ => {
                     return Err(crate::error::Error::Input(format!(
                         "MEMRA_GLU={v}: expected 0 or 1"
+                    )));
+                }
+            };
+        }
+        if let Ok(v) = std::env::var("MEMRA_WS_WGS") {
+            p.ws_wgs = match v.trim() {
+                "2" => Some(2),
+                "3" => Some(3),
+                _ => {
+                    return Err(crate::error::Error::Input(format!(
+                        "MEMRA_WS_WGS={v}: expected 2 or 3"
                     )));
                 }
             };
@@ -643,6 +687,10 @@ pub fn kernel_builds(
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .filter(|n| (2..=8).contains(n));
+    p.ws_wgs = std::env::var("MEMRA_WS_WGS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|n| (2..=3).contains(n));
     let mut sets: Vec<Vec<String>> = vec![Vec::new(), MOE_GROUPED_LAUNCH.defines()];
     for l in p.all_launches() {
         if !sets.contains(&l.defines()) {
@@ -798,6 +846,20 @@ mod tests {
         p.ws_stages = Some(6);
         let six = p.launch(512, DType::F16, 4096);
         assert!(six.wg && !six.ws, "{six:?}");
+        // Three computing warpgroups: 192-row blocks, 512 threads, 3 slots of 40 KiB beside 96
+        // KiB of totals.
+        p.ws_stages = None;
+        p.ws_wgs = Some(3);
+        let three = p.launch(512, DType::F16, 28672);
+        assert!(three.ws && three.wgs == 3 && three.stages == 3, "{three:?}");
+        assert_eq!(three.smem_block(), (192, 128));
+        assert_eq!(three.max_threads(), 512);
+        let bytes = three.smem_bytes(f.tile_bytes, f.kt);
+        assert_eq!(bytes, 1024 + 3 * (16384 + 12 * 2048) + 98304 + 48);
+        assert!(bytes <= SMEM_MAX_SM90 && three.fits(DType::F16, SMEM_MAX_SM90));
+        let d = three.defines();
+        assert!(d.contains(&"MWS_WG=3".to_string()) && d.contains(&"MWS_STAGES=3".to_string()));
+        assert_eq!(three.name(), "nt16r1xg33");
     }
 
     #[test]
