@@ -123,6 +123,7 @@ extern "C" __global__ void swiglu_prep(const float* G, const float* __restrict__
         if (k < width) {
             const u64 i = (u64)m * width + k;
             const float g = G[i];
+            // The epilogue of product_ws (GLU) spells the same operations: keep them in step.
             v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), U[i]);
         }
         __syncwarp();
@@ -936,9 +937,9 @@ struct Mws {
 // interleaved by 8 (Outs, GLU_ILV), so a block's 128 rows are 64 features' gate and up. Instead
 // of the totals, it writes v = (g / (1 + exp(-g))) * u of each feature and token, prepared for
 // the down product into xh / xs (rows of kp columns, bf as in prep_store) with swiglu_prep's
-// exact operations and warp organization: a warp takes (token, 32-feature block) pairs, lane =
-// feature, so the values, their rounding and each block's sum are swiglu_prep's bits. Features
-// at or past ff are 0 (as past swiglu_prep's width).
+// operations and warp organization: a warp takes (token, 32-feature block) pairs,
+// lane = feature, so the values, their rounding and each block's sum are swiglu_prep's bits.
+// Features at or past ff are 0 (as past swiglu_prep's width).
 struct GluOut {
     u16* xh;
     float* xs;
@@ -1033,8 +1034,8 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
         step(kt, cur);
     }
     if (GLU) {
-        // Every computing thread's totals are final: the two warpgroups meet (named barrier 1,
-        // their 256 threads; the copier has left). Total i of thread (warp w, lane 4 g + t) is
+        // Every computing thread's totals are final: the computing warpgroups meet (named
+        // barrier 1, their L::CT threads; the copier has left). Total i of thread (warp w, lane 4 g + t) is
         // row 16 w + g + 8 ((i & 3) >> 1), token 8 (i >> 2) + 2 t + (i & 1) of the block; row
         // 16 w + g is feature 8 w + g's gate, row 16 w + 8 + g its up.
         asm volatile("bar.sync 1, %0;\n" ::"n"((int)L::CT) : "memory");
@@ -1048,7 +1049,7 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
             float v = 0.0f;
             if (f < glu.ff) {
                 const float g = tots[i * L::CT + src], u = tots[(i + 2) * L::CT + src];
-                v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+                v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);  // swiglu_prep's
             }
             __syncwarp();
             prep_store(v, lane, glu.xh + (u64)m * glu.kp + b * 32, glu.xs + (u64)m * (glu.kp / 32) + b, glu.bf);

@@ -313,7 +313,6 @@ pub trait Ops: Send + Sized + 'static {
     /// A gated FFN added into the residual: RMSNorm of `x` into `h`, `gate`, `up` = the
     /// matrices of `gate_up` ([`Ops::glu_mats`]) times `h`, then [`Ops::glu_matmul_add`] (`gate`
     /// and `up` are scratch afterwards).
-    #[allow(clippy::too_many_arguments)]
     fn norm_glu_ffn(
         &mut self,
         (x, norm, eps, h): (Act, &Self::Vector, f32, Act),

@@ -95,6 +95,15 @@ pub enum Mats {
     },
 }
 
+impl Mat {
+    /// The tile layout of a matrix the v2 products must read (`what` names it in the error).
+    fn tiles(&self, g: &Gpu, what: &str) -> Result<&PMat> {
+        self.packed
+            .as_ref()
+            .ok_or_else(|| g.err(format!("{what} is not packed")))
+    }
+}
+
 impl Mats {
     fn list(&self) -> Vec<&Mat> {
         match self {
@@ -316,10 +325,7 @@ impl Products {
         let (Mats::Glu { mat, ff }, Some(dp)) = (w, &down.packed) else {
             return Err(g.err("SwiGLU product of matrices that are not interleaved"));
         };
-        let p = mat
-            .packed
-            .as_ref()
-            .ok_or_else(|| g.err("interleaved gate/up matrix is not packed"))?;
+        let p = mat.tiles(g, "interleaved gate/up matrix")?;
         let a = self.act(g, p.act(), mat.cols)?;
         let out = self.act(g, dp.act(), *ff)?;
         g.product_glu(p, a, out, m, self.profile.launch(m, mat.dtype, p.rows))
@@ -498,10 +504,7 @@ impl Products {
     pub fn matmuls(&self, g: &Gpu, w: &Mats, x: u64, ys: &[(u64, usize)], m: usize) -> Result<()> {
         match w {
             Mats::Fused { mat, rows } => {
-                let p = mat
-                    .packed
-                    .as_ref()
-                    .ok_or_else(|| g.err("fused weight matrix is not packed"))?;
+                let p = mat.tiles(g, "fused weight matrix")?;
                 if rows.len() != ys.len() || rows.iter().zip(ys).any(|(r, y)| *r != y.1) {
                     return Err(g.err(format!("fused product of {rows:?} rows into {ys:?}")));
                 }
@@ -509,10 +512,7 @@ impl Products {
                 g.product_to(p, a, ys, None, m, self.profile.launch(m, mat.dtype, p.rows))
             }
             Mats::Glu { mat, ff } => {
-                let p = mat
-                    .packed
-                    .as_ref()
-                    .ok_or_else(|| g.err("interleaved gate/up matrix is not packed"))?;
+                let p = mat.tiles(g, "interleaved gate/up matrix")?;
                 let [(gate, gw), (up, uw)] = ys else {
                     return Err(g.err(format!("gate/up product into {} outputs", ys.len())));
                 };

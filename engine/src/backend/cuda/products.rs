@@ -337,21 +337,15 @@ impl Gpu {
         m: usize,
         l: Launch,
     ) -> Result<()> {
-        // Outs (products.cu): (Y, Y2, Y3, n1, n2); n2 = GLU_ILV for an interleaved gate/up.
-        let outs = match dest {
+        // Outs (products.cu): Y, Y2, Y3 and n1, n2; n2 = GLU_ILV for an interleaved gate/up.
+        let (ys, n1, n2) = match dest {
             Dest::Split(o) => {
                 let ptr = |i: usize| o.get(i).map_or(0, |o| o.0);
                 let cols = |i: usize| o.get(i).map_or(0, |o| o.1 as u32);
-                [
-                    ptr(0),
-                    ptr(1),
-                    ptr(2),
-                    u64::from(cols(0)),
-                    u64::from(cols(1)),
-                ]
+                ([ptr(0), ptr(1), ptr(2)], cols(0), cols(1))
             }
-            Dest::Interleaved(gate, up) => [gate, up, 0, (w.rows / 2) as u64, u64::from(GLU_ILV)],
-            Dest::Glu(_) => [0; 5],
+            Dest::Interleaved(gate, up) => ([gate, up, 0], (w.rows / 2) as u32, GLU_ILV),
+            Dest::Glu(_) => ([0; 3], 0, 0),
         };
         if a.kind != w.act() || a.kp != w.kp || m > a.rows {
             return Err(self.err(format!(
@@ -450,11 +444,11 @@ impl Gpu {
                     Arg::Ptr(self.ptr(&w.data)),
                     Arg::Ptr(self.ptr(&a.values)),
                     Arg::Ptr(self.ptr(&a.scales)),
-                    Arg::Ptr(outs[0]),
-                    Arg::Ptr(outs[1]),
-                    Arg::Ptr(outs[2]),
-                    Arg::U32(outs[3] as u32),
-                    Arg::U32(outs[4] as u32),
+                    Arg::Ptr(ys[0]),
+                    Arg::Ptr(ys[1]),
+                    Arg::Ptr(ys[2]),
+                    Arg::U32(n1),
+                    Arg::U32(n2),
                     Arg::Ptr(r.unwrap_or(0)),
                     Arg::U32(m as u32),
                     Arg::U32(w.rows as u32),

@@ -160,8 +160,9 @@ impl Launch {
 /// Rows per block of the warpgroup product (kernels/cu/products.cu, `Mwg`: 8 row tiles).
 const WG_ROWS: usize = 128;
 
-/// Threads of a warp-specialized launch (kernels/cu/products.cu, `product_ws`: 3 warpgroups).
-pub const WS_THREADS: u32 = 384;
+/// Threads of a default warp-specialized launch (kernels/cu/products.cu, `product_ws`: a copier
+/// warpgroup and [`WS_WGS`] computing ones).
+pub const WS_THREADS: u32 = 128 * (WS_WGS + 1);
 /// k-tile slots of the warp-specialized product (MWS_STAGES's default in products.cu).
 pub const WS_STAGES: u32 = 4;
 /// Computing warpgroups of the warp-specialized product (MWS_WG's default in products.cu).
@@ -240,6 +241,52 @@ pub struct Profile {
     /// runs, SwiGLU in its epilogue (default on sm_90a; `MEMRA_GLU=0` off, for measuring;
     /// docs/FLAGS.md). Speed only: the same bits either way.
     pub glu: bool,
+}
+
+/// Environment setting `name` read by `parse` (`None` when unset); a value `parse` rejects is an
+/// error naming what was `expected`.
+fn env_setting<T>(
+    name: &str,
+    expected: &str,
+    parse: impl Fn(&str) -> Option<T>,
+) -> crate::error::Result<Option<T>> {
+    match std::env::var(name) {
+        Err(_) => Ok(None),
+        Ok(v) => parse(v.trim())
+            .map(Some)
+            .ok_or_else(|| crate::error::Error::Input(format!("{name}={v}: expected {expected}"))),
+    }
+}
+
+/// A `0` / `1` switch.
+fn env_flag(name: &str) -> crate::error::Result<Option<bool>> {
+    env_setting(name, "0 or 1", |v| match v {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
+    })
+}
+
+/// A whole number from `lo` to `hi`.
+fn env_in(name: &str, lo: u32, hi: u32) -> crate::error::Result<Option<u32>> {
+    let expected = format!("a whole number from {lo} to {hi}");
+    env_setting(name, &expected, |v| {
+        v.parse().ok().filter(|n| (lo..=hi).contains(n))
+    })
+}
+
+/// `MEMRA_WS_STAGES` (also read by [`kernel_builds`]).
+fn env_ws_stages() -> crate::error::Result<Option<u32>> {
+    env_in("MEMRA_WS_STAGES", 2, 8)
+}
+
+/// `MEMRA_WS_WGS` (also read by [`kernel_builds`]).
+fn env_ws_wgs() -> crate::error::Result<Option<u32>> {
+    env_setting("MEMRA_WS_WGS", "2 or 3", |v| match v {
+        "2" => Some(2),
+        "3" => Some(3),
+        _ => None,
+    })
 }
 
 const fn split(nt: u32) -> Launch {
@@ -379,8 +426,8 @@ impl Profile {
             .or_else(|| self.warpgroup_plain(dtype))
     }
 
-    /// [`warp_specialized`] on this device: none with `MEMRA_WGMMA_WS=0`, the slot count of
-    /// `MEMRA_WS_STAGES`.
+    /// [`warp_specialized`] on this device: none with `MEMRA_WGMMA_WS=0`, the computing
+    /// warpgroups of `MEMRA_WS_WGS` and the slot count of `MEMRA_WS_STAGES`.
     pub fn warp_specialized(&self, dtype: DType) -> Option<Launch> {
         warp_specialized(dtype).filter(|_| self.ws).map(|w| {
             let wgs = self.ws_wgs.unwrap_or(w.wgs);
@@ -416,84 +463,22 @@ impl Profile {
     /// replaces `warps_per_sm`, which sets every matrix's segment count (docs/FLAGS.md).
     pub fn for_device(g: &super::device::Gpu) -> crate::error::Result<Profile> {
         let mut p = Profile::new(g.arch, g.sms, g.smem_optin);
-        if let Ok(v) = std::env::var("MEMRA_WARPS_PER_SM") {
-            p.warps_per_sm = match v.trim().parse::<u32>() {
-                Ok(n) if (1..=64).contains(&n) => n,
-                _ => {
-                    return Err(crate::error::Error::Input(format!(
-                        "MEMRA_WARPS_PER_SM={v}: expected a whole number from 1 to 64"
-                    )));
-                }
-            };
+        if let Some(n) = env_in("MEMRA_WARPS_PER_SM", 1, 64)? {
+            p.warps_per_sm = n;
         }
         if let Ok(v) = std::env::var("MEMRA_WGMMA") {
             p.set_wgmma(&v)?;
         }
-        if let Ok(v) = std::env::var("MEMRA_MOE_GROUPED") {
-            p.moe_grouped = match v.trim() {
-                "0" => Some(false),
-                "1" => Some(true),
-                _ => {
-                    return Err(crate::error::Error::Input(format!(
-                        "MEMRA_MOE_GROUPED={v}: expected 0 or 1"
-                    )));
-                }
-            };
-        }
-        if let Ok(v) = std::env::var("MEMRA_WGMMA_TOKENS") {
-            p.wg_tokens = match v.trim() {
-                "64" => Some(64),
-                "128" => Some(128),
-                _ => {
-                    return Err(crate::error::Error::Input(format!(
-                        "MEMRA_WGMMA_TOKENS={v}: expected 64 or 128"
-                    )));
-                }
-            };
-        }
-        if let Ok(v) = std::env::var("MEMRA_WGMMA_WS") {
-            p.ws = match v.trim() {
-                "0" => false,
-                "1" => true,
-                _ => {
-                    return Err(crate::error::Error::Input(format!(
-                        "MEMRA_WGMMA_WS={v}: expected 0 or 1"
-                    )));
-                }
-            };
-        }
-        if let Ok(v) = std::env::var("MEMRA_GLU") {
-            p.glu = match v.trim() {
-                "0" => false,
-                "1" => true,
-                _ => {
-                    return Err(crate::error::Error::Input(format!(
-                        "MEMRA_GLU={v}: expected 0 or 1"
-                    )));
-                }
-            };
-        }
-        if let Ok(v) = std::env::var("MEMRA_WS_WGS") {
-            p.ws_wgs = match v.trim() {
-                "2" => Some(2),
-                "3" => Some(3),
-                _ => {
-                    return Err(crate::error::Error::Input(format!(
-                        "MEMRA_WS_WGS={v}: expected 2 or 3"
-                    )));
-                }
-            };
-        }
-        if let Ok(v) = std::env::var("MEMRA_WS_STAGES") {
-            p.ws_stages = match v.trim().parse::<u32>() {
-                Ok(n) if (2..=8).contains(&n) => Some(n),
-                _ => {
-                    return Err(crate::error::Error::Input(format!(
-                        "MEMRA_WS_STAGES={v}: expected a whole number from 2 to 8"
-                    )));
-                }
-            };
-        }
+        p.moe_grouped = env_flag("MEMRA_MOE_GROUPED")?;
+        p.wg_tokens = env_setting("MEMRA_WGMMA_TOKENS", "64 or 128", |v| match v {
+            "64" => Some(64),
+            "128" => Some(128),
+            _ => None,
+        })?;
+        p.ws = env_flag("MEMRA_WGMMA_WS")?.unwrap_or(p.ws);
+        p.glu = env_flag("MEMRA_GLU")?.unwrap_or(p.glu);
+        p.ws_wgs = env_ws_wgs()?;
+        p.ws_stages = env_ws_stages()?;
         if let Ok(v) = std::env::var("MEMRA_MMS_TILE") {
             let bad = || {
                 crate::error::Error::Input(format!(
@@ -681,16 +666,11 @@ pub fn kernel_builds(
     let mut p = Profile::new(arch, 132, SMEM_MAX_SM90);
     p.wgmma_types = WGMMA_TYPES.to_vec();
     p.ws = true;
-    // `MEMRA_WS_STAGES=n memra-bench kernel-cache` precompiles that slot count's build too (a
-    // lease measuring it then compiles nothing; an invalid value is the engine's error to give).
-    p.ws_stages = std::env::var("MEMRA_WS_STAGES")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|n| (2..=8).contains(n));
-    p.ws_wgs = std::env::var("MEMRA_WS_WGS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|n| (2..=3).contains(n));
+    // `MEMRA_WS_STAGES=n memra-bench kernel-cache` (or `MEMRA_WS_WGS`) precompiles that build
+    // too (a lease measuring it then compiles nothing; an invalid value is the engine's error to
+    // give).
+    p.ws_stages = env_ws_stages().ok().flatten();
+    p.ws_wgs = env_ws_wgs().ok().flatten();
     let mut sets: Vec<Vec<String>> = vec![Vec::new(), MOE_GROUPED_LAUNCH.defines()];
     for l in p.all_launches() {
         if !sets.contains(&l.defines()) {
