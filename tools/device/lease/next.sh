@@ -7,7 +7,8 @@
 # A/Bs every staged products.cu variant in kbench and end to end (log only). Session 16 made the
 # SwiGLU epilogue (MEMRA_GLU), products.cu's late PDL trigger and MWS_FENCE 0 the defaults; to
 # see them against the old choices in the same run, with two new A/Bs (OUTS_SEL: the output
-# pointer selected, not indexed; MEMRA_WS_WGS=3: three computing warpgroups in mws):
+# pointer selected, not indexed; MEMRA_WS_WGS=3: three computing warpgroups in mws; =auto: three
+# per product where fewer waves pay):
 #   stage: PACK_ENVS="MEMRA_WS_WGS=3" PACK_KVARS="e:PDL_EARLY=1 f:MWS_FENCE=1 o:OUTS_SEL=1"
 #   tools/device/stage.sh (bins
 #   with .device/kcache), tok.gguf, llama.tgz, SmolLM2 (2 calls, NAME smol), Gemma 3 270M
@@ -68,10 +69,13 @@ for x in q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1 moe:Q4_K_M gemma:Q4_K_M; do
   run $k-prefill 240 $MB prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt
   peer $k-pp -m $f -p 512,4096 -n 0
   # the same workload with each staged variant (log only: no rows for the README)
-  for v in $(ls $KV 2>/dev/null) $([ $k = f16 ] && echo wgs3); do
-    [ $k = f16 ] || [ $k = q4 ] || continue
+  # (SmolLM2: only the early PDL trigger, which session 15's PDL gain was measured with)
+  for v in $(ls $KV 2>/dev/null) $([ $k = f16 ] && echo wgs3 wgsauto wps32); do
+    [ $k = f16 ] || [ $k = q4 ] || { [ $k = smol ] && [ $v = e ]; } || continue
     case $v in
       wgs3) run $k-prefill-$v 240 env MEMRA_WS_WGS=3 $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
+      wps32) run $k-decode-$v 240 env MEMRA_WARPS_PER_SM=32 $B/memra-bench decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt ;;
+      wgsauto) run $k-prefill-$v 240 env MEMRA_WS_WGS=auto $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
       t*|f*) run $k-prefill-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
       *) run $k-decode-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt ;;
     esac

@@ -170,6 +170,9 @@ pub const WS_WGS: u32 = 2;
 /// k-tile slots with three computing warpgroups (four of 40 KiB do not fit beside their 96 KiB
 /// of totals).
 const WS_STAGES_3WG: u32 = 3;
+/// How much faster per row three computing warpgroups are taken to be than two
+/// ([`Profile::ws_wide_pays`], `MEMRA_WS_WGS=auto`): a guess until a lease measures it.
+const WS_WIDE_GAIN: f64 = 1.3;
 
 /// Threads of a shared-memory launch (kernels/cu/products.cu: MMS_WR x MMS_WT warps).
 pub const SMEM_THREADS: u32 = 256;
@@ -235,7 +238,8 @@ pub struct Profile {
     /// the device's shared memory leaves the plain warpgroup launch. Speed only.
     pub ws_stages: Option<u32>,
     /// Computing warpgroups of every warp-specialized launch instead of [`WS_WGS`]
-    /// (`MEMRA_WS_WGS=2|3`, for measuring; docs/FLAGS.md). Speed only.
+    /// (`MEMRA_WS_WGS=2|3`, for measuring; docs/FLAGS.md); `Some(0)` (`MEMRA_WS_WGS=auto`):
+    /// per product, three where [`Profile::ws_wide_pays`] estimates them faster. Speed only.
     pub ws_wgs: Option<u32>,
     /// F16 / BF16 gate/up matrices interleaved by 8 and, where the warp-specialized product
     /// runs, SwiGLU in its epilogue (default on sm_90a; `MEMRA_GLU=0` off, for measuring;
@@ -282,9 +286,10 @@ fn env_ws_stages() -> crate::error::Result<Option<u32>> {
 
 /// `MEMRA_WS_WGS` (also read by [`kernel_builds`]).
 fn env_ws_wgs() -> crate::error::Result<Option<u32>> {
-    env_setting("MEMRA_WS_WGS", "2 or 3", |v| match v {
+    env_setting("MEMRA_WS_WGS", "2, 3 or auto", |v| match v {
         "2" => Some(2),
         "3" => Some(3),
+        "auto" => Some(0),
         _ => None,
     })
 }
@@ -430,14 +435,40 @@ impl Profile {
     /// warpgroups of `MEMRA_WS_WGS` and the slot count of `MEMRA_WS_STAGES`.
     pub fn warp_specialized(&self, dtype: DType) -> Option<Launch> {
         warp_specialized(dtype).filter(|_| self.ws).map(|w| {
-            let wgs = self.ws_wgs.unwrap_or(w.wgs);
-            let slots = if wgs == 3 { WS_STAGES_3WG } else { w.stages };
-            Launch {
-                stages: self.ws_stages.unwrap_or(slots),
-                wgs,
-                ..w
-            }
+            let wgs = self.ws_wgs.filter(|&n| n > 0).unwrap_or(w.wgs);
+            self.ws_with(w, wgs)
         })
+    }
+
+    /// With `MEMRA_WS_WGS=auto`: the three-warpgroup launch of `dtype`, when it exists.
+    fn warp_specialized_wide(&self, dtype: DType) -> Option<Launch> {
+        warp_specialized(dtype)
+            .filter(|_| self.ws && self.ws_wgs == Some(0))
+            .map(|w| self.ws_with(w, 3))
+    }
+
+    /// Whether the three-warpgroup launch `wide` of a product of `rows` rows and `m` tokens is
+    /// estimated faster than the two-warpgroup one `two` (`MEMRA_WS_WGS=auto`): one block per
+    /// SM, so a launch takes its waves times its block's rows over the block's throughput,
+    /// three computing warpgroups taken [`WS_WIDE_GAIN`] times faster per row (an estimate,
+    /// H200 session 16's ncu: the tensor pipe half idle with two). Speed only.
+    pub fn ws_wide_pays(&self, wide: &Launch, two: &Launch, rows: usize, m: usize) -> bool {
+        let cost = |l: &Launch, gain: f64| {
+            let (br, bt) = l.smem_block();
+            let waves = (rows.div_ceil(br) * m.div_ceil(bt)).div_ceil(self.sms as usize);
+            waves as f64 * br as f64 / gain
+        };
+        cost(wide, WS_WIDE_GAIN) < cost(two, 1.0)
+    }
+
+    /// Launch `w` with `wgs` computing warpgroups and its slot count.
+    fn ws_with(&self, w: Launch, wgs: u32) -> Launch {
+        let slots = if wgs == 3 { WS_STAGES_3WG } else { w.stages };
+        Launch {
+            stages: self.ws_stages.unwrap_or(slots),
+            wgs,
+            ..w
+        }
     }
 
     /// [`warpgroup`] with the `MEMRA_WGMMA_TOKENS` override.
@@ -565,7 +596,15 @@ impl Profile {
                 // The warp-specialized launch (128 tokens per block) where its grid covers at
                 // least half the SMs, else the plain warpgroup one (64 tokens for F16 / BF16).
                 let ws = self.warp_specialized(dtype);
-                for w in [ws, self.warpgroup_plain(dtype)].into_iter().flatten() {
+                let wide = self
+                    .warp_specialized_wide(dtype)
+                    .zip(ws)
+                    .filter(|(w3, w2)| self.ws_wide_pays(w3, w2, rows, m))
+                    .map(|(w3, _)| w3);
+                for w in [wide, ws, self.warpgroup_plain(dtype)]
+                    .into_iter()
+                    .flatten()
+                {
                     let (br, bt) = w.smem_block();
                     let blocks = rows.div_ceil(br) * m.div_ceil(bt);
                     if wanted && 2 * blocks >= self.sms as usize && w.fits(dtype, self.smem_max) {
@@ -609,7 +648,8 @@ impl Profile {
         if self.wgmma {
             for &d in &self.wgmma_types {
                 let ws = self.warp_specialized(d);
-                for w in [self.warpgroup_plain(d), ws].into_iter().flatten() {
+                let wide = self.warp_specialized_wide(d);
+                for w in [self.warpgroup_plain(d), ws, wide].into_iter().flatten() {
                     if !v.contains(&w) {
                         v.push(w);
                     }
@@ -840,6 +880,18 @@ mod tests {
         let d = three.defines();
         assert!(d.contains(&"MWS_WG=3".to_string()) && d.contains(&"MWS_STAGES=3".to_string()));
         assert_eq!(three.name(), "nt16r1xg33");
+        // Per product (auto): three where fewer waves of wider blocks pay (gate/up, qkv at 512
+        // tokens), two where both take one wave (4096 rows); both compiled.
+        p.ws_wgs = Some(0);
+        let wgs = |rows: usize, m: usize| p.launch(m, DType::F16, rows).wgs;
+        assert_eq!(wgs(28672, 512), 3);
+        assert_eq!(wgs(6144, 512), 3);
+        assert_eq!(wgs(4096, 512), 2);
+        assert!(p.all_launches().contains(&three));
+        assert!(
+            p.all_launches()
+                .contains(&p.warp_specialized(DType::F16).unwrap())
+        );
     }
 
     #[test]
