@@ -170,9 +170,10 @@ pub const WS_WGS: u32 = 2;
 /// k-tile slots with three computing warpgroups (four of 40 KiB do not fit beside their 96 KiB
 /// of totals).
 const WS_STAGES_3WG: u32 = 3;
-/// How much faster per row three computing warpgroups are taken to be than two
-/// ([`Profile::ws_wide_pays`], `MEMRA_WS_WGS=auto`): a guess until a lease measures it.
-const WS_WIDE_GAIN: f64 = 1.3;
+/// How much faster per row three computing warpgroups are than two ([`Profile::ws_wide_pays`],
+/// `MEMRA_WS_WGS=auto`): H200 session 17, 28672 x 4096 at M = 4096 (37 waves of 192-row blocks
+/// against 55 of 128): 1,897.6 against 1,947.4 µs.
+const WS_WIDE_GAIN: f64 = 1.03;
 
 /// Threads of a shared-memory launch (kernels/cu/products.cu: MMS_WR x MMS_WT warps).
 pub const SMEM_THREADS: u32 = 256;
@@ -880,13 +881,16 @@ mod tests {
         let d = three.defines();
         assert!(d.contains(&"MWS_WG=3".to_string()) && d.contains(&"MWS_STAGES=3".to_string()));
         assert_eq!(three.name(), "nt16r1xg33");
-        // Per product (auto): three where fewer waves of wider blocks pay (gate/up, qkv at 512
-        // tokens), two where both take one wave (4096 rows); both compiled.
+        // Per product (auto): three where fewer waves of wider blocks pay (qkv at 512 tokens:
+        // one wave against two; gate/up at 4,096), two where both take one wave (4096 rows) or
+        // the waves cost the same (gate/up at 512: 5 x 192 against 7 x 128 rows); both compiled.
         p.ws_wgs = Some(0);
         let wgs = |rows: usize, m: usize| p.launch(m, DType::F16, rows).wgs;
-        assert_eq!(wgs(28672, 512), 3);
         assert_eq!(wgs(6144, 512), 3);
+        assert_eq!(wgs(28672, 4096), 3);
+        assert_eq!(wgs(28672, 512), 2);
         assert_eq!(wgs(4096, 512), 2);
+        assert_eq!(wgs(4096, 4096), 2);
         assert!(p.all_launches().contains(&three));
         assert!(
             p.all_launches()
