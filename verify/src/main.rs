@@ -72,7 +72,7 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Only these case groups (comma-separated: matmul, embed, norm, rope, elementwise,
-        /// argmax, select, attention, kv_write, products, product_geom, moe); all by default.
+        /// argmax, select, attention, kv_write, products, product_geom, moe, glu); all by default.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
     },

@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# The queue of the next H200 lease (written in session 13, run in sessions 15 and 16 as runs
-# h200-20261204-s15 / -s16; kept for the next one). Gates the defaults as built (golden, every
-# kernel in `memra-verify kernels`, the issue's gates on SmolLM2 and Q4_K_M: invariance, graph,
-# tokens, serve-invariance of 32 requests; F16 invariance on the 8B file, MoE / Gemma gates),
-# then measures every side-by-side row with llama.cpp in ONE run id (the README's table), and
-# A/Bs every staged products.cu variant in kbench and end to end (log only). Session 16 made the
-# SwiGLU epilogue (MEMRA_GLU), products.cu's late PDL trigger and MWS_FENCE 0 the defaults; to
-# see them against the old choices in the same run, with two new A/Bs (OUTS_SEL: the output
-# pointer selected, not indexed; MEMRA_WS_WGS=3: three computing warpgroups in mws; =auto: three
-# per product where fewer waves pay):
-#   stage: PACK_ENVS="MEMRA_WS_WGS=3" PACK_KVARS="e:PDL_EARLY=1 f:MWS_FENCE=1 o:OUTS_SEL=1"
-#   tools/device/stage.sh (bins
-#   with .device/kcache), tok.gguf, llama.tgz, SmolLM2 (2 calls, NAME smol), Gemma 3 270M
-#   (5 pieces, NAME gemma); LEASE_SYNTH="q4 q8 f16 moe". Keep every call within 30 s of the
-#   last (idle release): session 15 lost a machine to a pause.
-#   After a lost machine: the same with LEASE_SKIP="done steps".
+# The queue of the next H200 lease (written in session 13, run in sessions 15, 16 and 17 as runs
+# h200-20261204-s15 / -s16 / -s17; kept for the next one). Gates the defaults as built (golden,
+# every kernel in `memra-verify kernels`, the issue's gates on SmolLM2 and Q4_K_M: invariance,
+# graph, tokens, serve-invariance of 32 requests; F16 invariance on the 8B file, MoE / Gemma
+# gates), then measures every side-by-side row with llama.cpp in ONE run id (the README's
+# table), and A/Bs every staged products.cu variant in kbench and end to end (log only).
+# Session 17 made the selected output pointer the default (F16 decode 1.03x of llama.cpp in its
+# lease); MEMRA_WS_WGS=auto (three computing warpgroups per product where fewer waves pay) gets
+# its own gates here (the whole kernels gate with three warpgroups, F16 invariance with auto)
+# so that a later session can make it the default.
+#   stage: PACK_ENVS="MEMRA_WS_WGS=3" tools/device/stage.sh (bins with .device/kcache),
+#   tok.gguf, llama.tgz, SmolLM2 (2 calls, NAME smol), Gemma 3 270M (5 pieces, NAME gemma);
+#   LEASE_SYNTH="q4 q8 f16 moe". Keep every call within 30 s of the last (idle release):
+#   sessions 15 and 17 lost a machine to a pause (read results AFTER give_back, not between
+#   polls). After a lost machine: start.sh again with LEASE_SKIP="done steps" (the peer build
+#   then takes ~6 min before the first row). To restart a queue, never `pkill -f next.sh` in a
+#   run command: it matches, and kills, the command itself.
 set -u
 cd $HOME/repo; . tools/device/lease/lib.sh
 export RUN=${LEASE_RUN:-h200-$(date +%Y%m%d)-lease}
@@ -41,6 +42,9 @@ g2() {
 }
 g1 & g2 & wait
 row gates-done ""
+# MEMRA_WS_WGS=auto's gates (not the defaults': for a later default)
+run kernels-wgs3 300 env MEMRA_WS_WGS=3 $B/memra-verify kernels --device cuda:0
+waitf $F16 && run inv-f16-auto 420 env MEMRA_WS_WGS=auto $B/memra-verify invariance $F16 --device cuda:0 --prompt-len 700 --max-m 8
 # Products.cu variants staged with PACK_KVARS (each a .device/kvar/NAME), A/B against the default
 # build in kbench: names t* (block order, TILE_GROUP) at the prefill shapes and M, names p*
 # (decode loads in flight, MMQ_PF) at the decode M, F16 and Q4_K.
@@ -70,11 +74,10 @@ for x in q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1 moe:Q4_K_M gemma:Q4_K_M; do
   peer $k-pp -m $f -p 512,4096 -n 0
   # the same workload with each staged variant (log only: no rows for the README)
   # (SmolLM2: only the early PDL trigger, which session 15's PDL gain was measured with)
-  for v in $(ls $KV 2>/dev/null) $([ $k = f16 ] && echo wgs3 wgsauto wps32); do
+  for v in $(ls $KV 2>/dev/null) $([ $k = f16 ] && echo wgs3 wgsauto); do
     [ $k = f16 ] || [ $k = q4 ] || { [ $k = smol ] && [ $v = e ]; } || continue
     case $v in
       wgs3) run $k-prefill-$v 240 env MEMRA_WS_WGS=3 $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
-      wps32) run $k-decode-$v 240 env MEMRA_WARPS_PER_SM=32 $B/memra-bench decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt ;;
       wgsauto) run $k-prefill-$v 240 env MEMRA_WS_WGS=auto $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
       t*|f*) run $k-prefill-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
       *) run $k-decode-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt ;;
