@@ -76,13 +76,15 @@ sbs() { for x in "$@"; do
   peer $k-pp -m $f -p 512,4096 -n 0
 done; }
 # The same workloads with each staged variant (log only: no rows for the README; SmolLM2 only
-# with the early PDL trigger, which session 15's PDL gain was measured with).
+# with the early PDL trigger, which session 15's PDL gain was measured with; fold0: F16 prefill
+# with split-mode attention, whose ~63 µs per layer at 500 tokens is 9% of the step).
 abs() { for x in "$@"; do
   pick $x; waitf $f 60 || continue
-  for v in $(ls $KV 2>/dev/null) $([ $k = f16 ] && echo wgs3 wgsauto); do
+  for v in $(ls $KV 2>/dev/null) $([ $k = f16 ] && echo wgs3 wgsauto fold0); do
     [ $k = f16 ] || [ $k = q4 ] || { [ $k = smol ] && [ $v = e ]; } || continue
     case $v in
       wgs3) run $k-prefill-$v 240 env MEMRA_WS_WGS=3 $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
+      fold0) run $k-prefill-$v 240 env MEMRA_ATTN_FOLD=0 $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
       wgsauto) run $k-prefill-$v 240 env MEMRA_WS_WGS=auto $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
       t*|f*) run $k-prefill-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
       *) run $k-decode-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt ;;
