@@ -905,13 +905,6 @@ MWG_KERNEL(q6_k, FmtQ6_K)
 #ifndef MWS_WG
 #define MWS_WG 2
 #endif
-// MWS_FENCE 1 (an A/B define) puts back a proxy fence between a slot's mbarrier wait and its
-// reads: not needed (the bulk copies complete_tx on the slot's mbarrier, whose completion makes
-// their bytes visible to the waiting threads and to their wgmmas, the pattern of every TMA ->
-// wgmma pipeline); H200 session 16: without it 2-4% faster at M = 512, bits ALL EQUAL.
-#ifndef MWS_FENCE
-#define MWS_FENCE 0
-#endif
 
 template <class F>
 struct Mws {
@@ -1000,9 +993,9 @@ __device__ __forceinline__ void product_ws(const u8* __restrict__ W, const u8* _
     auto step = [&](u32 kt, typename F::Tile& cur) {
         const u32 s = kt % S;
         mbar_wait(full + s, (kt / S) & 1);
-#if MWS_FENCE
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the copies, to the wgmma
-#endif
+        // No proxy fence: the bulk copies complete_tx on the slot's mbarrier, whose completion
+        // makes their bytes visible to the waiting threads and their wgmmas (H200 sessions 16 /
+        // 17: with a fence here 0-4% slower, bits equal).
         F::template load<Sld>(asl + s * L::ABYTES + cw * F::TB, lane, cur);
         const u8* bl = bsl + s * L::BBYTES;
         mwg_issue<F>(acc, cur, [&](int st) { return wg_desc_sw128(bl + (st / 4) * (MWG_N * 128) + (st % 4) * 32); });

@@ -2,12 +2,12 @@
 # A short second queue (~7 device-minutes, LEASE_SYNTH="f16 q4"; no llama.cpp, no real models;
 # carries .stage/bins.tgz and .stage/tok.gguf). Session 16 ran it to gate the SwiGLU epilogue of
 # the warp-specialized product and to A/B MWS_PAIR (slower, deleted), MWS_FENCE=0 and PDL_LATE
-# (both faster, now the defaults). As kept here it gates the defaults on F16 (memra-verify
+# (both faster, now the defaults; the fence's define is deleted since session 17). As kept here it gates the defaults on F16 (memra-verify
 # kernels with its `glu` group; F16 invariance through prefill chunks that take mws_glu and
 # decode steps that take the split path), then A/Bs every staged products.cu variant in kbench
 # (F16 prefill shapes) and end to end (F16 prefill and decode, Q4_K_M decode), and MEMRA_GLU=0 /
-# MEMRA_PDL=0 end to end. E.g. the old choices back:
-#   PACK_KVARS="e:PDL_EARLY=1 f:MWS_FENCE=1" tools/device/stage.sh
+# MEMRA_PDL=0 end to end. E.g. the early PDL trigger back:
+#   PACK_KVARS="e:PDL_EARLY=1" tools/device/stage.sh
 set -u
 cd $HOME/repo; . tools/device/lease/lib.sh
 export RUN=${LEASE_RUN:-h200-$(date +%Y%m%d)-lease}

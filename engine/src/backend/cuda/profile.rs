@@ -239,9 +239,8 @@ pub struct Profile {
     /// the device's shared memory leaves the plain warpgroup launch. Speed only.
     pub ws_stages: Option<u32>,
     /// Computing warpgroups of every warp-specialized launch instead of [`WS_WGS`]
-    /// (`MEMRA_WS_WGS=2|3`, for measuring; docs/FLAGS.md); `Some(0)` (`MEMRA_WS_WGS=auto`):
-    /// per product, three where [`Profile::ws_wide_pays`] estimates them faster. Speed only.
-    pub ws_wgs: Option<u32>,
+    /// (`MEMRA_WS_WGS=2|3|auto`, for measuring; docs/FLAGS.md). Speed only.
+    pub ws_wgs: Option<WsWgs>,
     /// F16 / BF16 gate/up matrices interleaved by 8 and, where the warp-specialized product
     /// runs, SwiGLU in its epilogue (default on sm_90a; `MEMRA_GLU=0` off, for measuring;
     /// docs/FLAGS.md). Speed only: the same bits either way.
@@ -285,12 +284,21 @@ fn env_ws_stages() -> crate::error::Result<Option<u32>> {
     env_in("MEMRA_WS_STAGES", 2, 8)
 }
 
+/// The computing warpgroups of the warp-specialized launches (`MEMRA_WS_WGS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WsWgs {
+    /// This many for every product (2 or 3).
+    Count(u32),
+    /// Three per product where [`Profile::ws_wide_pays`] estimates them faster, else two.
+    Auto,
+}
+
 /// `MEMRA_WS_WGS` (also read by [`kernel_builds`]).
-fn env_ws_wgs() -> crate::error::Result<Option<u32>> {
+fn env_ws_wgs() -> crate::error::Result<Option<WsWgs>> {
     env_setting("MEMRA_WS_WGS", "2, 3 or auto", |v| match v {
-        "2" => Some(2),
-        "3" => Some(3),
-        "auto" => Some(0),
+        "2" => Some(WsWgs::Count(2)),
+        "3" => Some(WsWgs::Count(3)),
+        "auto" => Some(WsWgs::Auto),
         _ => None,
     })
 }
@@ -436,7 +444,10 @@ impl Profile {
     /// warpgroups of `MEMRA_WS_WGS` and the slot count of `MEMRA_WS_STAGES`.
     pub fn warp_specialized(&self, dtype: DType) -> Option<Launch> {
         warp_specialized(dtype).filter(|_| self.ws).map(|w| {
-            let wgs = self.ws_wgs.filter(|&n| n > 0).unwrap_or(w.wgs);
+            let wgs = match self.ws_wgs {
+                Some(WsWgs::Count(n)) => n,
+                _ => w.wgs,
+            };
             self.ws_with(w, wgs)
         })
     }
@@ -444,16 +455,15 @@ impl Profile {
     /// With `MEMRA_WS_WGS=auto`: the three-warpgroup launch of `dtype`, when it exists.
     fn warp_specialized_wide(&self, dtype: DType) -> Option<Launch> {
         warp_specialized(dtype)
-            .filter(|_| self.ws && self.ws_wgs == Some(0))
+            .filter(|_| self.ws && self.ws_wgs == Some(WsWgs::Auto))
             .map(|w| self.ws_with(w, 3))
     }
 
     /// Whether the three-warpgroup launch `wide` of a product of `rows` rows and `m` tokens is
     /// estimated faster than the two-warpgroup one `two` (`MEMRA_WS_WGS=auto`): one block per
     /// SM, so a launch takes its waves times its block's rows over the block's throughput,
-    /// three computing warpgroups taken [`WS_WIDE_GAIN`] times faster per row (an estimate,
-    /// H200 session 16's ncu: the tensor pipe half idle with two). Speed only.
-    pub fn ws_wide_pays(&self, wide: &Launch, two: &Launch, rows: usize, m: usize) -> bool {
+    /// three computing warpgroups [`WS_WIDE_GAIN`] times faster per row (measured). Speed only.
+    fn ws_wide_pays(&self, wide: &Launch, two: &Launch, rows: usize, m: usize) -> bool {
         let cost = |l: &Launch, gain: f64| {
             let (br, bt) = l.smem_block();
             let waves = (rows.div_ceil(br) * m.div_ceil(bt)).div_ceil(self.sms as usize);
@@ -870,7 +880,7 @@ mod tests {
         // Three computing warpgroups: 192-row blocks, 512 threads, 3 slots of 40 KiB beside 96
         // KiB of totals.
         p.ws_stages = None;
-        p.ws_wgs = Some(3);
+        p.ws_wgs = Some(WsWgs::Count(3));
         let three = p.launch(512, DType::F16, 28672);
         assert!(three.ws && three.wgs == 3 && three.stages == 3, "{three:?}");
         assert_eq!(three.smem_block(), (192, 128));
@@ -884,7 +894,7 @@ mod tests {
         // Per product (auto): three where fewer waves of wider blocks pay (qkv at 512 tokens:
         // one wave against two; gate/up at 4,096), two where both take one wave (4096 rows) or
         // the waves cost the same (gate/up at 512: 5 x 192 against 7 x 128 rows); both compiled.
-        p.ws_wgs = Some(0);
+        p.ws_wgs = Some(WsWgs::Auto);
         let wgs = |rows: usize, m: usize| p.launch(m, DType::F16, rows).wgs;
         assert_eq!(wgs(6144, 512), 3);
         assert_eq!(wgs(28672, 4096), 3);
