@@ -29,8 +29,8 @@ pub struct Launch {
     /// With `ws`: k-tile slots in shared memory (`MWS_STAGES`, default [`WS_STAGES`];
     /// `MEMRA_WS_STAGES` for measuring); 0 for every other launch. Speed only.
     pub stages: u32,
-    /// With `ws`: computing warpgroups of 64 rows (`MWS_WG`, default [`WS_WGS`];
-    /// `MEMRA_WS_WGS=3` for measuring); 0 for every other launch. Speed only.
+    /// With `ws`: computing warpgroups of 64 rows (`MWS_WG`, default [`WS_WGS`]; 3 where
+    /// [`WsWgs::Auto`] picks it or with `MEMRA_WS_WGS=3`); 0 for every other launch. Speed only.
     pub wgs: u32,
 }
 
@@ -171,7 +171,7 @@ pub const WS_WGS: u32 = 2;
 /// of totals).
 const WS_STAGES_3WG: u32 = 3;
 /// How much faster per row three computing warpgroups are than two ([`Profile::ws_wide_pays`],
-/// `MEMRA_WS_WGS=auto`): H200 session 17, 28672 x 4096 at M = 4096 (37 waves of 192-row blocks
+/// [`WsWgs::Auto`]): H200 session 17, 28672 x 4096 at M = 4096 (37 waves of 192-row blocks
 /// against 55 of 128): 1,897.6 against 1,947.4 µs.
 const WS_WIDE_GAIN: f64 = 1.03;
 
@@ -238,9 +238,11 @@ pub struct Profile {
     /// (`MEMRA_WS_STAGES=2..=8`, for measuring; docs/FLAGS.md): a count whose slots do not fit
     /// the device's shared memory leaves the plain warpgroup launch. Speed only.
     pub ws_stages: Option<u32>,
-    /// Computing warpgroups of every warp-specialized launch instead of [`WS_WGS`]
+    /// Computing warpgroups of the warp-specialized launches: [`WsWgs::Auto`] (the default
+    /// since H200 session 18: F16 pp512 23,753 against 23,104 tok/s with two everywhere, its
+    /// kernels and F16 invariance gates ALL GREEN), or a count for every product
     /// (`MEMRA_WS_WGS=2|3|auto`, for measuring; docs/FLAGS.md). Speed only.
-    pub ws_wgs: Option<WsWgs>,
+    pub ws_wgs: WsWgs,
     /// F16 / BF16 gate/up matrices interleaved by 8 and, where the warp-specialized product
     /// runs, SwiGLU in its epilogue (default on sm_90a; `MEMRA_GLU=0` off, for measuring;
     /// docs/FLAGS.md). Speed only: the same bits either way.
@@ -289,7 +291,8 @@ fn env_ws_stages() -> crate::error::Result<Option<u32>> {
 pub enum WsWgs {
     /// This many for every product (2 or 3).
     Count(u32),
-    /// Three per product where [`Profile::ws_wide_pays`] estimates them faster, else two.
+    /// Three per product where [`Profile::ws_wide_pays`] estimates them faster, else two
+    /// (the default).
     Auto,
 }
 
@@ -428,7 +431,7 @@ impl Profile {
             wg_tokens: None,
             ws: arch == "compute_90a",
             ws_stages: None,
-            ws_wgs: None,
+            ws_wgs: WsWgs::Auto,
             glu: true,
         }
     }
@@ -445,22 +448,22 @@ impl Profile {
     pub fn warp_specialized(&self, dtype: DType) -> Option<Launch> {
         warp_specialized(dtype).filter(|_| self.ws).map(|w| {
             let wgs = match self.ws_wgs {
-                Some(WsWgs::Count(n)) => n,
-                _ => w.wgs,
+                WsWgs::Count(n) => n,
+                WsWgs::Auto => w.wgs,
             };
             self.ws_with(w, wgs)
         })
     }
 
-    /// With `MEMRA_WS_WGS=auto`: the three-warpgroup launch of `dtype`, when it exists.
+    /// With [`WsWgs::Auto`] (the default): the three-warpgroup launch of `dtype`, when it exists.
     fn warp_specialized_wide(&self, dtype: DType) -> Option<Launch> {
         warp_specialized(dtype)
-            .filter(|_| self.ws && self.ws_wgs == Some(WsWgs::Auto))
+            .filter(|_| self.ws && self.ws_wgs == WsWgs::Auto)
             .map(|w| self.ws_with(w, 3))
     }
 
     /// Whether the three-warpgroup launch `wide` of a product of `rows` rows and `m` tokens is
-    /// estimated faster than the two-warpgroup one `two` (`MEMRA_WS_WGS=auto`): one block per
+    /// estimated faster than the two-warpgroup one `two` ([`WsWgs::Auto`]): one block per
     /// SM, so a launch takes its waves times its block's rows over the block's throughput,
     /// three computing warpgroups [`WS_WIDE_GAIN`] times faster per row (measured). Speed only.
     fn ws_wide_pays(&self, wide: &Launch, two: &Launch, rows: usize, m: usize) -> bool {
@@ -519,7 +522,9 @@ impl Profile {
         })?;
         p.ws = env_flag("MEMRA_WGMMA_WS")?.unwrap_or(p.ws);
         p.glu = env_flag("MEMRA_GLU")?.unwrap_or(p.glu);
-        p.ws_wgs = env_ws_wgs()?;
+        if let Some(w) = env_ws_wgs()? {
+            p.ws_wgs = w;
+        }
         p.ws_stages = env_ws_stages()?;
         if let Ok(v) = std::env::var("MEMRA_MMS_TILE") {
             let bad = || {
@@ -721,7 +726,9 @@ pub fn kernel_builds(
     // too (a lease measuring it then compiles nothing; an invalid value is the engine's error to
     // give).
     p.ws_stages = env_ws_stages().ok().flatten();
-    p.ws_wgs = env_ws_wgs().ok().flatten();
+    if let Some(w) = env_ws_wgs().ok().flatten() {
+        p.ws_wgs = w;
+    }
     let mut sets: Vec<Vec<String>> = vec![Vec::new(), MOE_GROUPED_LAUNCH.defines()];
     for l in p.all_launches() {
         if !sets.contains(&l.defines()) {
@@ -880,7 +887,7 @@ mod tests {
         // Three computing warpgroups: 192-row blocks, 512 threads, 3 slots of 40 KiB beside 96
         // KiB of totals.
         p.ws_stages = None;
-        p.ws_wgs = Some(WsWgs::Count(3));
+        p.ws_wgs = WsWgs::Count(3);
         let three = p.launch(512, DType::F16, 28672);
         assert!(three.ws && three.wgs == 3 && three.stages == 3, "{three:?}");
         assert_eq!(three.smem_block(), (192, 128));
@@ -894,7 +901,7 @@ mod tests {
         // Per product (auto): three where fewer waves of wider blocks pay (qkv at 512 tokens:
         // one wave against two; gate/up at 4,096), two where both take one wave (4096 rows) or
         // the waves cost the same (gate/up at 512: 5 x 192 against 7 x 128 rows); both compiled.
-        p.ws_wgs = Some(WsWgs::Auto);
+        p.ws_wgs = WsWgs::Auto;
         let wgs = |rows: usize, m: usize| p.launch(m, DType::F16, rows).wgs;
         assert_eq!(wgs(6144, 512), 3);
         assert_eq!(wgs(28672, 4096), 3);
