@@ -5,11 +5,10 @@
 # graph, tokens, serve-invariance of 32 requests; F16 invariance on the 8B file, MoE / Gemma
 # gates), then measures every side-by-side row with llama.cpp in ONE run id (the README's
 # table), and A/Bs every staged products.cu variant in kbench and end to end (log only).
-# Session 17 made the selected output pointer the default (F16 decode 1.03x of llama.cpp in its
-# lease); MEMRA_WS_WGS=auto (three computing warpgroups per product where fewer waves pay) gets
-# its own gates here (the whole kernels gate with three warpgroups, F16 invariance with auto)
-# so that a later session can make it the default.
-#   stage: PACK_ENVS="MEMRA_WS_WGS=3" tools/device/stage.sh (bins with .device/kcache),
+# Session 18 made MEMRA_WS_WGS=auto the default (three computing warpgroups per product where
+# fewer waves pay); the whole kernels gate still runs once more with three warpgroups on every
+# launch, and the F16 A/Bs compare auto with two and three everywhere.
+#   stage: tools/device/stage.sh (bins with .device/kcache),
 #   tok.gguf, llama.tgz, SmolLM2 (2 calls, NAME smol), Gemma 3 270M (5 pieces, NAME gemma);
 #   LEASE_SYNTH="q4 q8 f16 moe". Keep every call within 30 s of the last (idle release):
 #   sessions 15 and 17 lost a machine to a pause (read results AFTER give_back, not between
@@ -42,9 +41,8 @@ g2() {
 }
 g1 & g2 & wait
 row gates-done ""
-# MEMRA_WS_WGS=auto's gates (not the defaults': for a later default)
+# Every launch with three computing warpgroups (auto, the default, takes them for some products)
 run kernels-wgs3 300 env MEMRA_WS_WGS=3 $B/memra-verify kernels --device cuda:0
-waitf $F16 && run inv-f16-auto 420 env MEMRA_WS_WGS=auto $B/memra-verify invariance $F16 --device cuda:0 --prompt-len 700 --max-m 8
 # Products.cu variants staged with PACK_KVARS (each a .device/kvar/NAME), A/B against the default
 # build in kbench: names t* (block order, TILE_GROUP) at the prefill shapes and M, names p*
 # (decode loads in flight, MMQ_PF) at the decode M, F16 and Q4_K.
@@ -59,8 +57,8 @@ for v in $(ls $KV 2>/dev/null); do
   case $v in t*|f*) w=pre ;; *) w=dec ;; esac
   for d in f16 q4_k; do kb $d $w $v env MEMRA_KERNEL_DIR=$KV/$v; done
 done
-# Three computing warpgroups in the warp-specialized product (MEMRA_WS_WGS=3, precompiled with
-# PACK_ENVS): the tensor pipe was 52% busy with two (session 16's ncu).
+# Three computing warpgroups in every warp-specialized product (MEMRA_WS_WGS=3; auto's builds,
+# precompiled by default): the tensor pipe was 52% busy with two (session 16's ncu).
 kb f16 pre wgs3 env MEMRA_WS_WGS=3
 peerwait
 # Model k:DTYPE -> $k, $dt, $f, $sh.
@@ -80,12 +78,12 @@ done; }
 # with split-mode attention, whose ~63 µs per layer at 500 tokens is 9% of the step).
 abs() { for x in "$@"; do
   pick $x; waitf $f 60 || continue
-  for v in $(ls $KV 2>/dev/null) $([ $k = f16 ] && echo wgs3 wgsauto fold0); do
+  for v in $(ls $KV 2>/dev/null) $([ $k = f16 ] && echo wgs2 wgs3 fold0); do
     [ $k = f16 ] || [ $k = q4 ] || { [ $k = smol ] && [ $v = e ]; } || continue
     case $v in
       wgs3) run $k-prefill-$v 240 env MEMRA_WS_WGS=3 $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
       fold0) run $k-prefill-$v 240 env MEMRA_ATTN_FOLD=0 $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
-      wgsauto) run $k-prefill-$v 240 env MEMRA_WS_WGS=auto $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
+      wgs2) run $k-prefill-$v 240 env MEMRA_WS_WGS=2 $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
       t*|f*) run $k-prefill-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
       *) run $k-decode-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt ;;
     esac
