@@ -35,3 +35,21 @@ peerwait() { for i in $(seq 1 400); do grep -q "build rc=" $HOME/llama-build.log
 # $MB ARGS...: memra-bench with the queue's run id ($RUN) and rows file appended (mb.sh; a
 # script, not a function, so that `run` can put it under `timeout`)
 MB=$HOME/repo/tools/device/lease/mb.sh
+# The issue-8 gates on SmolLM2 (golden, invariance, graph, tokens, serve-invariance of 32
+# requests; after its pieces arrived) and on the llama3-8b files (the whole kernels gate;
+# invariance and graph on Q4_K_M; F16 invariance, prompt 700, M to 8).
+gates_smol() {
+  waitf $HOME/smol.ok 300 && {
+    run golden 300 $B/memra-verify golden $SMOL --device cuda:0
+    run inv-smol 200 $B/memra-verify invariance $SMOL --device cuda:0
+    run graph-smol 200 $B/memra-verify graph $SMOL --device cuda:0
+    run tokens-smol 200 $B/memra-verify tokens $SMOL --device cuda:0 --fixture verify/fixtures/smollm2-135m-reference.json
+    run serve-inv-smol 300 $B/memra-verify serve-invariance $SMOL --device cuda:0 --requests 32
+  }
+}
+gates_8b() {
+  run kernels 600 $B/memra-verify kernels --device cuda:0
+  grep -E "FAIL|differ|ALL" $O/logs/kernels.log | head -6 >> $S
+  waitf $Q4 && run inv-q4 420 $B/memra-verify invariance $Q4 --device cuda:0 && run graph-q4 300 $B/memra-verify graph $Q4 --device cuda:0
+  waitf $F16 && run inv-f16 420 $B/memra-verify invariance $F16 --device cuda:0 --prompt-len 700 --max-m 8
+}

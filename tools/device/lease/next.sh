@@ -19,19 +19,7 @@ set -u
 cd $HOME/repo; . tools/device/lease/lib.sh
 export RUN=${LEASE_RUN:-h200-$(date +%Y%m%d)-lease}
 row start "$(cat $HOME/dev/.device/COMMIT) run $RUN; $(ls $MEMRA_KERNEL_CACHE 2>/dev/null | grep -c cubin) cubins"
-g1() {
-  waitf $HOME/smol.ok 300 && {
-    run golden 300 $B/memra-verify golden $SMOL --device cuda:0
-    run inv-smol 200 $B/memra-verify invariance $SMOL --device cuda:0
-    run graph-smol 200 $B/memra-verify graph $SMOL --device cuda:0
-    run tokens-smol 200 $B/memra-verify tokens $SMOL --device cuda:0 --fixture verify/fixtures/smollm2-135m-reference.json
-    run serve-inv-smol 300 $B/memra-verify serve-invariance $SMOL --device cuda:0 --requests 32
-  }
-  run kernels 600 $B/memra-verify kernels --device cuda:0
-  grep -E "FAIL|differ|ALL" $O/logs/kernels.log | head -6 >> $S
-  waitf $Q4 && run inv-q4 420 $B/memra-verify invariance $Q4 --device cuda:0 && run graph-q4 300 $B/memra-verify graph $Q4 --device cuda:0
-  waitf $F16 && run inv-f16 420 $B/memra-verify invariance $F16 --device cuda:0 --prompt-len 700 --max-m 8
-}
+g1() { gates_smol; gates_8b; }
 g2() {
   waitf $HOME/gemma.ok 400 && {
     run inv-gemma 300 $B/memra-verify invariance $GEMMA --device cuda:0 --prompt-len 700
