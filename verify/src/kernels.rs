@@ -327,28 +327,41 @@ fn gemma_elementwise(
 }
 
 fn argmax_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
-    let (rows, width) = (5, 49_152);
-    let mut x = rand_vec(seed, 1500, rows * width, 10.0);
-    // Row r: a planted maximum at two places; the lower index must win.
-    let mut want = Vec::new();
-    for r in 0..rows {
-        let a = (splitmix(seed, 1501, r as u64) % width as u64) as usize;
-        let b = (splitmix(seed, 1502, r as u64) % width as u64) as usize;
-        x[r * width + a] = 50.0;
-        x[r * width + b] = 50.0;
-        want.push(a.min(b) as f32);
+    // SmolLM2's vocabulary (float4 loads, the unrolled loop only), a 262,292-float row (the
+    // unrolled loop and its tail), an odd width and a row one float past a 16-byte address (the
+    // scalar loop).
+    for (k, (rows, width, skew)) in [
+        (5, 49_152, 0),
+        (3, 262_292, 0),
+        (4, 1_001, 0),
+        (2, 4_096, 1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let salt = 1500 + 3 * k as u64;
+        let mut x = rand_vec(seed, salt, skew + rows * width, 10.0);
+        // Row r: a planted maximum at two places; the lower index must win.
+        let mut want = Vec::new();
+        for r in 0..rows {
+            let a = (splitmix(seed, salt + 1, r as u64) % width as u64) as usize;
+            let b = (splitmix(seed, salt + 2, r as u64) % width as u64) as usize;
+            x[skew + r * width + a] = 50.0;
+            x[skew + r * width + b] = 50.0;
+            want.push(a.min(b) as f32);
+        }
+        let dx = g.upload(&x)?;
+        let di = g.zeros::<u32>(rows)?;
+        g.argmax_rows(g.ptr(&dx) + 4 * skew as u64, g.ptr(&di), rows, width)?;
+        let got: Vec<f32> = g.download(&di)?.iter().map(|&v| v as f32).collect();
+        out.push(compare(
+            "argmax_rows",
+            format!("rows={rows} width={width} offset={skew}"),
+            &got,
+            &want,
+            0.0,
+        ));
     }
-    let dx = g.upload(&x)?;
-    let di = g.zeros::<u32>(rows)?;
-    g.argmax_rows(g.ptr(&dx), g.ptr(&di), rows, width)?;
-    let got: Vec<f32> = g.download(&di)?.iter().map(|&v| v as f32).collect();
-    out.push(compare(
-        "argmax_rows",
-        format!("rows={rows} width={width}"),
-        &got,
-        &want,
-        0.0,
-    ));
     Ok(())
 }
 
