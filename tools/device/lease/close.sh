@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The short closing queue of issue 8 (session 18, ~11 device-minutes with the start): the
+# The short closing queue of issue 8 (session 18: ~8 device-minutes from start.sh to queue-done): the
 # Done-when gates on the build as staged (golden; invariance, graph, tokens and serve-invariance
 # of 32 requests on SmolLM2; the whole `memra-verify kernels`; invariance and graph on llama3-8b
 # Q4_K_M; F16 invariance), then every must-reach row side by side with llama.cpp in ONE run id
@@ -14,16 +14,7 @@ row start "$(cat $HOME/dev/.device/COMMIT) run $RUN; $(ls $MEMRA_KERNEL_CACHE 2>
 gates_smol & gates_8b & wait
 row gates-done ""
 peerwait
-for x in q4:$Q4:llama3-8b:Q4_K_M q8:$Q8:llama3-8b:Q8_0 f16:$F16:llama3-8b:F16 smol:$SMOL:smollm2-135m:Q4_1; do
-  IFS=: read k f sh dt <<< "$x"
-  waitf $f 60 || continue
-  run $k-decode 300 $MB decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt
-  peer $k-tg -m $f -p 0 -n 128 -d 512
-  run $k-prefill 240 $MB prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt
-  peer $k-pp -m $f -p 512,4096 -n 0
-done
-ln -sf $Q4 $M/synth-llama3-8b-q4_k_m.gguf
-run load 420 env OUT=$O/sbs RUN=$RUN SBS_STEPS=load MEMRA_BIN=$B tools/device/sidebyside.sh
-grep -h "streaming" $O/sbs/sidebyside.md >> $S 2>/dev/null
+sbs q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1
+load_row
 row queue-done ""
 touch $HOME/queue.done

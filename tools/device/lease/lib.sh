@@ -53,3 +53,22 @@ gates_8b() {
   waitf $Q4 && run inv-q4 420 $B/memra-verify invariance $Q4 --device cuda:0 && run graph-q4 300 $B/memra-verify graph $Q4 --device cuda:0
   waitf $F16 && run inv-f16 420 $B/memra-verify invariance $F16 --device cuda:0 --prompt-len 700 --max-m 8
 }
+# pick k:DTYPE -> $k, $dt, $f (the model file), $sh (its shape label).
+pick() { k=${1%%:*}; dt=${1##*:}
+  case $k in q4) f=$Q4 sh=llama3-8b ;; q8) f=$Q8 sh=llama3-8b ;; f16) f=$F16 sh=llama3-8b ;;
+    smol) f=$SMOL sh=smollm2-135m ;; moe) f=$MOE sh=qwen3-30b-a3b ;; gemma) f=$GEMMA sh=gemma3-270m ;; esac; }
+# sbs k:DTYPE...: the side-by-side rows of each model (memra decode, llama.cpp tg128 at depth
+# 512, memra prefill 512 / 4096, llama.cpp pp512 / pp4096, on the same file; after peerwait).
+sbs() { for x in "$@"; do
+  pick $x; waitf $f 60 || continue
+  run $k-decode 300 $MB decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt
+  peer $k-tg -m $f -p 0 -n 128 -d 512
+  run $k-prefill 240 $MB prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt
+  peer $k-pp -m $f -p 512,4096 -n 0
+done; }
+# load_row: TTFT and the 64-client load row through memra-server and llama-server (Q4_K_M).
+load_row() {
+  ln -sf $Q4 $M/synth-llama3-8b-q4_k_m.gguf
+  run load 420 env OUT=$O/sbs RUN=$RUN SBS_STEPS=load MEMRA_BIN=$B tools/device/sidebyside.sh
+  grep -h "streaming" $O/sbs/sidebyside.md >> $S 2>/dev/null
+}

@@ -49,18 +49,6 @@ done
 # precompiled by default): the tensor pipe was 52% busy with two (session 16's ncu).
 kb f16 pre wgs3 env MEMRA_WS_WGS=3
 peerwait
-# Model k:DTYPE -> $k, $dt, $f, $sh.
-pick() { k=${1%%:*}; dt=${1##*:}
-  case $k in q4) f=$Q4 sh=llama3-8b ;; q8) f=$Q8 sh=llama3-8b ;; f16) f=$F16 sh=llama3-8b ;;
-    smol) f=$SMOL sh=smollm2-135m ;; moe) f=$MOE sh=qwen3-30b-a3b ;; gemma) f=$GEMMA sh=gemma3-270m ;; esac; }
-# The side-by-side rows of each model (memra, then llama.cpp on the same file).
-sbs() { for x in "$@"; do
-  pick $x; waitf $f 60 || continue
-  run $k-decode 300 $MB decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt
-  peer $k-tg -m $f -p 0 -n 128 -d 512
-  run $k-prefill 240 $MB prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt
-  peer $k-pp -m $f -p 512,4096 -n 0
-done; }
 # The same workloads with each staged variant (log only: no rows for the README; SmolLM2 only
 # with the early PDL trigger, which session 15's PDL gain was measured with; fold0: F16 prefill
 # with split-mode attention, whose ~63 µs per layer at 500 tokens is 9% of the step).
@@ -69,20 +57,18 @@ abs() { for x in "$@"; do
   for v in $(ls $KV 2>/dev/null) $([ $k = f16 ] && echo wgs2 wgs3 fold0); do
     [ $k = f16 ] || [ $k = q4 ] || { [ $k = smol ] && [ $v = e ]; } || continue
     case $v in
-      wgs3) run $k-prefill-$v 240 env MEMRA_WS_WGS=3 $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
-      fold0) run $k-prefill-$v 240 env MEMRA_ATTN_FOLD=0 $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
-      wgs2) run $k-prefill-$v 240 env MEMRA_WS_WGS=2 $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
-      t*|f*) run $k-prefill-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
-      *) run $k-decode-$v 240 env MEMRA_KERNEL_DIR=$KV/$v $B/memra-bench decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt ;;
+      wgs2|wgs3) e=MEMRA_WS_WGS=${v#wgs} ;; fold0) e=MEMRA_ATTN_FOLD=0 ;; *) e=MEMRA_KERNEL_DIR=$KV/$v ;;
+    esac
+    case $v in
+      wgs*|fold0|t*|f*) run $k-prefill-$v 240 env $e $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
+      *) run $k-decode-$v 240 env $e $B/memra-bench decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt ;;
     esac
   done
 done; }
 # Issue 8's must-reach rows first (session 17 ran out of budget after them), then the server
 # load row, then the other models and the A/Bs.
 sbs q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1
-ln -sf $Q4 $M/synth-llama3-8b-q4_k_m.gguf
-run load 420 env OUT=$O/sbs RUN=$RUN SBS_STEPS=load MEMRA_BIN=$B tools/device/sidebyside.sh
-grep -h "streaming" $O/sbs/sidebyside.md >> $S 2>/dev/null
+load_row
 sbs moe:Q4_K_M gemma:Q4_K_M
 abs q4:Q4_K_M f16:F16 smol:Q4_1
 # Where F16 prefill's time goes with mws (products were 84% of a 2,000-token step in session 13)
