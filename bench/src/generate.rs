@@ -19,6 +19,7 @@ pub fn fill_values(seed: u64, t: &TensorPlan, first: u64, out: &mut [f32]) {
     match t.init {
         Init::Normal { std } => rng::fill_normal(key, first, 0.0, std, out),
         Init::NearOne { std } => rng::fill_normal(key, first, 1.0, std, out),
+        Init::NearMinusOne { std } => rng::fill_normal(key, first, -1.0, std, out),
     }
 }
 
@@ -62,7 +63,7 @@ pub fn tensor_bytes(
     let direct = is_direct(t, direct_kquants);
     let block_key = rng::tensor_key(seed, &format!("{}#kblocks", t.hf_name()));
     let std = match t.init {
-        Init::Normal { std } | Init::NearOne { std } => std,
+        Init::Normal { std } | Init::NearOne { std } | Init::NearMinusOne { std } => std,
     };
     out.par_chunks_mut(rows_per_chunk * row_bytes)
         .enumerate()

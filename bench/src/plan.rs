@@ -85,6 +85,8 @@ pub enum Init {
     Normal { std: f32 },
     /// Roughly normal around 1 (norm weights).
     NearOne { std: f32 },
+    /// Roughly normal around -1 (decay coefficients).
+    NearMinusOne { std: f32 },
 }
 
 /// One tensor of a synthetic model.
@@ -184,6 +186,7 @@ pub fn plan(cfg: &ModelConfig, dt: SynthDType) -> Vec<TensorPlan> {
                 }
                 Kind::Norm => (DType::F32, Init::NearOne { std: 0.02 }),
                 Kind::Bias => (DType::F32, Init::Normal { std: 0.01 }),
+                Kind::Decay => (DType::F32, Init::NearMinusOne { std: 0.1 }),
             };
             TensorPlan {
                 arch: cfg.arch,

@@ -191,6 +191,9 @@ pub fn gguf_metadata(
     if let Some(p) = &cfg.moe {
         m.extend(memra_engine::models::qwen3_moe::gguf_keys(cfg.arch, p));
     }
+    if let Some(p) = &cfg.hybrid {
+        m.extend(memra_engine::models::qwen3next::gguf_keys(p));
+    }
     if let Some(rs) = cfg.rope_scaling.filter(|_| !llamacpp_rope) {
         m.push((
             format!("{a}.rope.scaling.type"),

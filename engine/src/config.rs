@@ -103,6 +103,83 @@ impl MoeParams {
     }
 }
 
+/// A hybrid model's gated DeltaNet layers (qwen3next): every `full_attn_interval`-th layer
+/// (layer l with `(l + 1) % full_attn_interval == 0`) is gated full attention with partial RoPE
+/// over the first `rope_dim` values of each head; the others are linear attention with a
+/// recurrent state (`n_k_heads` q/k heads of `head_k`, `n_v_heads` value heads of `head_v`, a
+/// causal convolution of `conv_kernel` taps). Every FFN is a MoE with one shared expert of
+/// `shared_ffn`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HybridParams {
+    pub conv_kernel: usize,
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    pub head_k: usize,
+    pub head_v: usize,
+    pub full_attn_interval: usize,
+    pub rope_dim: usize,
+    pub shared_ffn: usize,
+}
+
+impl HybridParams {
+    /// Checks the values are usable against the attention's `head_dim`.
+    pub fn validate(&self, head_dim: usize) -> Result<()> {
+        let nz = [
+            ("linear conv kernel", self.conv_kernel),
+            ("linear key heads", self.n_k_heads),
+            ("linear value heads", self.n_v_heads),
+            ("linear key head size", self.head_k),
+            ("linear value head size", self.head_v),
+            ("full attention interval", self.full_attn_interval),
+            ("rope dimension count", self.rope_dim),
+            ("shared expert FFN size", self.shared_ffn),
+        ];
+        for (name, v) in nz {
+            if v == 0 || v > (1 << 20) {
+                return Err(Error::Config(format!(
+                    "qwen3next {name} {v} is out of range"
+                )));
+            }
+        }
+        let max = crate::backend::state::MAX_CONV_KERNEL;
+        if self.conv_kernel > max {
+            return Err(Error::Config(format!(
+                "qwen3next conv kernel {} is wider than the supported {max}",
+                self.conv_kernel
+            )));
+        }
+        if !self.n_v_heads.is_multiple_of(self.n_k_heads) {
+            return Err(Error::Config(format!(
+                "qwen3next linear value heads {} are not a multiple of the key heads {}",
+                self.n_v_heads, self.n_k_heads
+            )));
+        }
+        if !self.rope_dim.is_multiple_of(2) || self.rope_dim > head_dim {
+            return Err(Error::Config(format!(
+                "qwen3next rope dimension count {} must be even and at most head_dim {head_dim}",
+                self.rope_dim
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether layer `l` is a full-attention layer (else gated DeltaNet).
+    pub fn is_attention(&self, l: usize) -> bool {
+        (l + 1).is_multiple_of(self.full_attn_interval)
+    }
+
+    /// The shapes of the gated DeltaNet ops.
+    pub fn delta(&self) -> crate::ops::DeltaParams {
+        crate::ops::DeltaParams {
+            n_k_heads: self.n_k_heads,
+            n_v_heads: self.n_v_heads,
+            head_k: self.head_k,
+            head_v: self.head_v,
+            conv_kernel: self.conv_kernel,
+        }
+    }
+}
+
 /// The model's shape and hyper-parameters, shared by every format and backend.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
@@ -130,6 +207,9 @@ pub struct ModelConfig {
     /// holds MTP module `j` (models/mtp.rs). 0 for most models.
     #[serde(default)]
     pub mtp_layers: usize,
+    /// Set for (and only for) hybrid gated-DeltaNet architectures (qwen3next).
+    #[serde(default)]
+    pub hybrid: Option<HybridParams>,
 }
 
 impl ModelConfig {
@@ -196,6 +276,22 @@ impl ModelConfig {
             (false, Some(_)) => {
                 return Err(Error::Config(format!(
                     "expert parameters on a {} config",
+                    c.arch.gguf_name()
+                )));
+            }
+            (false, None) => {}
+        }
+        match (c.arch.is_recurrent(), &c.hybrid) {
+            (true, Some(p)) => p.validate(c.head_dim)?,
+            (true, None) => {
+                return Err(Error::Config(format!(
+                    "{} config without its linear-attention parameters",
+                    c.arch.gguf_name()
+                )));
+            }
+            (false, Some(_)) => {
+                return Err(Error::Config(format!(
+                    "linear-attention parameters on a {} config",
                     c.arch.gguf_name()
                 )));
             }
@@ -289,11 +385,13 @@ impl ModelConfig {
             gemma3: None,
             moe: None,
             mtp_layers,
+            hybrid: None,
         };
         let get = |k: &str| g.get(&format!("{a}.{k}"));
         let cfg = ModelConfig {
             gemma3: crate::models::gemma3::gguf_params(&cfg, &get)?,
             moe: crate::models::qwen3_moe::gguf_params(&cfg, &get)?,
+            hybrid: crate::models::qwen3next::gguf_params(&cfg, &get)?,
             ..cfg
         };
         cfg.validate()?;
@@ -369,10 +467,12 @@ impl ModelConfig {
             gemma3: None,
             moe: None,
             mtp_layers: uint("num_nextn_predict_layers").unwrap_or(0),
+            hybrid: None,
         };
         let cfg = ModelConfig {
             gemma3: crate::models::gemma3::hf_params(&cfg, v)?,
             moe: crate::models::qwen3_moe::hf_params(&cfg, v)?,
+            hybrid: crate::models::qwen3next::hf_params(&cfg, v)?,
             ..cfg
         };
         cfg.validate()?;

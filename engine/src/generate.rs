@@ -133,6 +133,7 @@ pub fn generate(
                 want_logits: true,
             }],
             block_tables: vec![table.clone()],
+            state_slots: vec![0],
         };
         let select = select_for(true, want_logits, &req.params, &history);
         next = backend
@@ -221,6 +222,7 @@ pub(crate) fn prefill(
                 })
                 .collect(),
             block_tables: vec![table.to_vec()],
+            state_slots: vec![0],
         };
         let select = select_for(end == n_prompt, want_logits, &req.params, &req.prompt);
         let out = backend.step_select(&batch, &select)?;

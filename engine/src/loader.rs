@@ -150,6 +150,11 @@ pub fn hf_weights(m: &HfModel) -> Result<ModelWeights> {
         if role.is_experts() {
             return hf_expert_stack(m, &role.hf_name(config.arch), experts);
         }
+        if let Some(f) = def(config.arch).hf_tensor
+            && let Some(t) = f(m, &config, role)?
+        {
+            return Ok(t);
+        }
         let t = m.tensor(&role.hf_name(config.arch))?;
         match (t, hf_offset(&config, role)) {
             (Some(t), off) if off != 0.0 => offset(t, off).map(Some),

@@ -27,6 +27,11 @@ pub struct SchedulerConfig {
     pub max_running_per_tenant: usize,
     /// Free blocks a waiting sequence must leave beyond its prompt to be admitted.
     pub admit_reserve_blocks: usize,
+    /// The model keeps recurrent state per sequence (gated DeltaNet layers): each running
+    /// sequence holds one of `max_running` state slots (`StepBatch::state_slots`), and prompts
+    /// take no prefix-cache hits (a hit would need the state at the hit's end, which the
+    /// prefix cache does not hold yet).
+    pub recurrent: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -36,6 +41,7 @@ impl Default for SchedulerConfig {
             max_running: 64,
             max_running_per_tenant: 64,
             admit_reserve_blocks: 1,
+            recurrent: false,
         }
     }
 }
@@ -70,6 +76,8 @@ struct Seq {
     preempted: bool,
     /// Draft tokens to check after the last token at its next decode step (speculation).
     draft: Vec<u32>,
+    /// Its recurrent-state slot while running ([`SchedulerConfig::recurrent`]).
+    slot: Option<u32>,
 }
 
 impl Seq {
@@ -144,11 +152,18 @@ pub struct Scheduler {
     running: Vec<Seq>,
     prefix_hit_tokens: u64,
     preemptions: u64,
+    /// Free recurrent-state slots (the lowest last, so it is taken first).
+    free_slots: Vec<u32>,
 }
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, kv: KvManager) -> Scheduler {
+        let free_slots = match cfg.recurrent {
+            true => (0..cfg.max_running as u32).rev().collect(),
+            false => Vec::new(),
+        };
         Scheduler {
+            free_slots,
             cfg,
             kv,
             waiting: VecDeque::new(),
@@ -219,6 +234,7 @@ impl Scheduler {
             cached_tokens: None,
             preempted: false,
             draft: Vec::new(),
+            slot: None,
         });
     }
 
@@ -326,6 +342,9 @@ impl Scheduler {
         seq.computed = 0;
         seq.published = 0;
         seq.draft.clear();
+        if let Some(slot) = seq.slot.take() {
+            self.free_slots.push(slot);
+        }
         seq
     }
 
@@ -469,7 +488,10 @@ impl Scheduler {
         let Some(seq) = self.waiting.get_mut(widx) else {
             return false;
         };
-        let reusable = (seq.tokens.len() - 1) / bs;
+        let reusable = match self.cfg.recurrent {
+            true => 0,
+            false => (seq.tokens.len() - 1) / bs,
+        };
         seq.ensure_hashes(reusable, bs);
         let hits: Vec<BlockHash> = seq
             .hashes
@@ -483,9 +505,15 @@ impl Scheduler {
         if need > self.kv.available().saturating_sub(idle_hits) {
             return false;
         }
+        if self.cfg.recurrent && self.free_slots.is_empty() {
+            return false;
+        }
         let Some(mut seq) = self.waiting.remove(widx) else {
             return false;
         };
+        if self.cfg.recurrent {
+            seq.slot = self.free_slots.pop();
+        }
         for h in &hits {
             match self.kv.acquire_cached(*h) {
                 Some(b) => seq.blocks.push(b),
@@ -527,6 +555,9 @@ impl Scheduler {
                 });
             }
             out.batch.block_tables.push(s.blocks.clone());
+            if let Some(slot) = s.slot {
+                out.batch.state_slots.push(slot);
+            }
             out.seqs.push(ScheduledSeq {
                 id,
                 start,
@@ -567,6 +598,19 @@ impl Scheduler {
                 return Err(format!("sequence {} computed past its blocks", s.id));
             }
             all.extend_from_slice(&s.blocks);
+        }
+        if self.cfg.recurrent {
+            let mut slots: Vec<u32> = self.free_slots.clone();
+            for s in &self.running {
+                slots.push(
+                    s.slot
+                        .ok_or(format!("running sequence {} has no state slot", s.id))?,
+                );
+            }
+            slots.sort_unstable();
+            if slots != (0..self.cfg.max_running as u32).collect::<Vec<_>>() {
+                return Err(format!("state slots leaked or doubled: {slots:?}"));
+            }
         }
         self.kv.check(&all)
     }

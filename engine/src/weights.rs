@@ -114,6 +114,34 @@ impl Tensor {
         &self.data[r * rb..(r + 1) * rb]
     }
 
+    /// A 2-D tensor `[rows.len(), cols]` of this tensor's rows `rows`, in that order (stored
+    /// bytes copied, any type); an error naming the tensor for a row past its end.
+    pub fn take_rows(&self, name: impl Into<String>, rows: &[usize]) -> Result<Tensor> {
+        let (n, cols) = self.rows_cols();
+        let mut data = Vec::with_capacity(rows.len() * self.row_bytes());
+        for &r in rows {
+            if r >= n {
+                return Err(Error::Weights(format!(
+                    "{}: row {r} of {n} does not exist",
+                    self.name
+                )));
+            }
+            data.extend_from_slice(self.row(r));
+        }
+        Tensor::new(name, self.dtype, vec![rows.len(), cols], Bytes::owned(data))
+    }
+
+    /// The same bytes as a tensor of `shape` (the same element count; rows of whole blocks).
+    pub fn reshaped(&self, shape: Vec<usize>) -> Result<Tensor> {
+        if shape.iter().product::<usize>() != self.numel() {
+            return Err(Error::Weights(format!(
+                "{}: shape {:?} cannot be viewed as {shape:?}",
+                self.name, self.shape
+            )));
+        }
+        Tensor::new(self.name.clone(), self.dtype, shape, self.data.clone())
+    }
+
     /// All values dequantized to f32.
     pub fn to_f32(&self) -> Result<Vec<f32>> {
         let mut out = vec![0f32; self.numel()];

@@ -100,6 +100,7 @@ pub fn run(
     b.step(&StepBatch {
         rows,
         block_tables: vec![prompt_table.clone()],
+        state_slots: Vec::new(),
     })?;
 
     let mut stream = 0u64;
@@ -138,6 +139,7 @@ pub fn run(
         StepBatch {
             rows,
             block_tables: tables,
+            state_slots: Vec::new(),
         }
     };
     for m in 1..=max_m {

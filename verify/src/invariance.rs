@@ -95,6 +95,7 @@ impl Run<'_> {
         let out = self.b.step(&StepBatch {
             rows: rows.clone(),
             block_tables: tables,
+            state_slots: Vec::new(),
         })?;
         let mut logits = out.logits.into_iter();
         let mut mine = Vec::new();

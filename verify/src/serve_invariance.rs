@@ -295,6 +295,7 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
             max_running: 64,
             max_running_per_tenant: 64,
             admit_reserve_blocks: 1,
+            recurrent: false,
         },
         prefix_cache: true,
         spec: None,

@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod exec;
 pub mod runner;
+pub mod state;
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -32,10 +33,15 @@ pub struct StepRow {
 /// The rows of one step and, per sequence, its KV block table. A row's K/V is written at
 /// `block_tables[seq][pos / block_size]`, slot `pos % block_size`; attention reads positions
 /// `0..=pos` of the same sequence. Rows of one sequence within a step must be in position order.
+///
+/// `state_slots` (one per sequence, or empty) names each sequence's recurrent-state slot: a
+/// model with gated DeltaNet layers keeps its per-sequence state there (state.rs) and refuses
+/// a batch without them; other models ignore them.
 #[derive(Clone, Debug, Default)]
 pub struct StepBatch {
     pub rows: Vec<StepRow>,
     pub block_tables: Vec<Vec<u32>>,
+    pub state_slots: Vec<u32>,
 }
 
 /// Logits of the rows that asked for them, in row order.

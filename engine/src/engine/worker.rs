@@ -185,11 +185,13 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         graphs: graphs_default(),
         kv_dtype: cfg.kv_dtype,
     };
+    let recurrent = weights.config.arch.is_recurrent();
     let mut backend = open_backend_opts(cfg.device, weights, &opts)?;
     if let Some(s) = &spec {
         backend.keep_hidden(s.wants_hidden())?;
     }
-    let scfg = cfg.scheduler.clone();
+    let mut scfg = cfg.scheduler.clone();
+    scfg.recurrent = recurrent;
     let reserve = scfg.admit_reserve_blocks;
     let sched = Scheduler::new(
         scfg,

@@ -27,6 +27,7 @@ pub const DEF: ArchDef = ArchDef {
     layer_names: &NAMES,
     tensors,
     hf_config,
+    hf_tensor: None,
 };
 
 /// The Gemma instruct turn format (the 270M GGUF is the base model and carries no template):

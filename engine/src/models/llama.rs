@@ -17,6 +17,7 @@ pub const DEF: ArchDef = ArchDef {
     layer_names: &NAMES,
     tensors,
     hf_config: |_, _| {},
+    hf_tensor: None,
 };
 
 /// (GGUF suffix, HF suffix) of the llama family's layer tensors (qwen2 and qwen3 use them too).

@@ -21,6 +21,7 @@ pub const DEF: ArchDef = ArchDef {
     layer_names: &NAMES,
     tensors,
     hf_config: |_, _| {},
+    hf_tensor: None,
 };
 
 /// (GGUF suffix, HF suffix) of the layer tensors.

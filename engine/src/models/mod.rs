@@ -17,6 +17,7 @@ pub mod qk_order;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_moe;
+pub mod qwen3next;
 #[cfg(any(test, feature = "test-util"))]
 pub mod random;
 pub mod roles;
@@ -42,6 +43,7 @@ pub enum Arch {
     LlamaPostNorm,
     Gemma3,
     Qwen3Moe,
+    Qwen3Next,
 }
 
 /// What the code outside an architecture's file needs to know about it.
@@ -64,16 +66,27 @@ pub struct ArchDef {
     pub tensors: fn(&ModelConfig) -> Vec<TensorSpec>,
     /// Sets this architecture's own keys of an HF `config.json` written for a config.
     pub hf_config: fn(&ModelConfig, &mut serde_json::Value),
+    /// The internal tensor of a role whose HF tensor is not the role's HF name as it stands
+    /// (split, reshaped or transformed: qwen3next); `Ok(None)` for the default mapping.
+    pub hf_tensor: Option<HfTensorFn>,
 }
 
+/// See [`ArchDef::hf_tensor`]: `Ok(Some(None))` is a missing tensor.
+pub type HfTensorFn = fn(
+    &crate::formats::safetensors::HfModel,
+    &ModelConfig,
+    Role,
+) -> Result<Option<Option<crate::weights::Tensor>>>;
+
 /// Every architecture, in registry order.
-pub const ARCHS: [&ArchDef; 6] = [
+pub const ARCHS: [&ArchDef; 7] = [
     &llama::DEF,
     &qwen2::DEF,
     &qwen3::DEF,
     &llama_postnorm::DEF,
     &gemma3::DEF,
     &qwen3_moe::DEF,
+    &qwen3next::DEF,
 ];
 
 /// The definition of `arch`.
@@ -85,6 +98,7 @@ pub fn def(arch: Arch) -> &'static ArchDef {
         Arch::LlamaPostNorm => &llama_postnorm::DEF,
         Arch::Gemma3 => &gemma3::DEF,
         Arch::Qwen3Moe => &qwen3_moe::DEF,
+        Arch::Qwen3Next => &qwen3next::DEF,
     }
 }
 
@@ -108,6 +122,7 @@ pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>
         Arch::LlamaPostNorm => llama_postnorm::build(w, ops),
         Arch::Gemma3 => gemma3::build(w, ops),
         Arch::Qwen3Moe => qwen3_moe::build(w, ops),
+        Arch::Qwen3Next => qwen3next::build(w, ops),
     }
 }
 
@@ -115,7 +130,8 @@ pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>
 /// [`ArchDef::hf_norm_offset`] for the architecture's norm weights, 0 otherwise.
 pub fn hf_offset(c: &ModelConfig, role: Role) -> f32 {
     let d = def(c.arch);
-    if d.hf_norm_offset == 0.0 {
+    // A DeltaNet output's gated norm is stored plain where the others are zero-centred.
+    if d.hf_norm_offset == 0.0 || matches!(role, Role::SsmNorm(_)) {
         return 0.0;
     }
     let norm = (d.tensors)(c)
@@ -131,7 +147,13 @@ fn supported(name: fn(&ArchDef) -> &'static str) -> String {
 impl Arch {
     /// Whether the architecture's FFNs are mixtures of experts ([`ModelConfig::moe`]).
     pub fn is_moe(self) -> bool {
-        self == Arch::Qwen3Moe
+        matches!(self, Arch::Qwen3Moe | Arch::Qwen3Next)
+    }
+
+    /// Whether the architecture has gated DeltaNet layers with a recurrent state per sequence
+    /// ([`ModelConfig::hybrid`], crate::backend::state).
+    pub fn is_recurrent(self) -> bool {
+        self == Arch::Qwen3Next
     }
 
     /// The GGUF `general.architecture` name.

@@ -15,6 +15,7 @@ pub const DEF: ArchDef = ArchDef {
     layer_names: &llama::NAMES,
     tensors,
     hf_config: |_, _| {},
+    hf_tensor: None,
 };
 
 fn tensors(c: &ModelConfig) -> Vec<TensorSpec> {

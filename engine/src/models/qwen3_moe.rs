@@ -30,6 +30,7 @@ pub const DEF: ArchDef = ArchDef {
     layer_names: &NAMES,
     tensors,
     hf_config,
+    hf_tensor: None,
 };
 
 /// (GGUF suffix, HF suffix) of the layer tensors; `*` is the expert index
@@ -146,7 +147,7 @@ pub fn hf_params(c: &ModelConfig, v: &serde_json::Value) -> Result<Option<MoePar
         )));
     }
     for k in ["shared_expert_intermediate_size", "n_shared_experts"] {
-        if v.get(k).and_then(|x| x.as_u64()).is_some_and(|n| n > 0) {
+        if c.arch == Arch::Qwen3Moe && v.get(k).and_then(|x| x.as_u64()).is_some_and(|n| n > 0) {
             return Err(Error::Unsupported(format!(
                 "qwen3moe with shared experts (`{k}`)"
             )));

@@ -59,6 +59,17 @@ pub fn tiny_config(arch: Arch, vocab: usize) -> ModelConfig {
             norm_topk: true,
         }),
         mtp_layers: 0,
+        hybrid: arch.is_recurrent().then_some(crate::config::HybridParams {
+            conv_kernel: 4,
+            n_k_heads: 2,
+            n_v_heads: 4,
+            head_k: 16,
+            head_v: 16,
+            // Layers 0, 1 and 3 DeltaNet, layer 2 attention (with `n_layers` 4 in tests).
+            full_attn_interval: 3,
+            rope_dim: 8,
+            shared_ffn: 48,
+        }),
     }
 }
 
@@ -84,6 +95,7 @@ pub fn random_weights(config: &ModelConfig, seed: u64, dtype: DType) -> Result<M
                 match spec.kind {
                     Kind::Norm => 1.0 + 0.1 * u,
                     Kind::Bias => 0.05 * u,
+                    Kind::Decay => -1.0 - 0.5 * u,
                     Kind::Matrix => 0.15 * u,
                 }
             })

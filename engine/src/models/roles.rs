@@ -48,6 +48,31 @@ pub enum Role {
     MtpHead(usize),
     /// The MTP layer's own embedding (optional: the model's when absent).
     MtpEmbed(usize),
+    /// Gated DeltaNet (qwen3next linear attention): the q/k/v projection in the convolution's
+    /// channel order `[q (all key heads), k (same), v (all value heads)]`.
+    LinQkv(usize),
+    /// The output gate `z` projection `[n_v_heads x head_v, hidden]`.
+    LinGate(usize),
+    /// The beta/alpha projection `[2 n_v_heads, hidden]`, grouped per key head: for key head
+    /// g, the betas of its value heads, then their alphas (llama.cpp's `ssm_ba`, HF
+    /// `in_proj_ba`).
+    SsmBa(usize),
+    /// The causal depthwise convolution `[conv_dim, kernel]`.
+    SsmConv(usize),
+    /// The per-value-head bias added to alpha before the softplus (HF `dt_bias`).
+    SsmDt(usize),
+    /// The per-value-head decay coefficient `-exp(A_log)` (HF stores `A_log`).
+    SsmA(usize),
+    /// The gated RMSNorm of each value head's output `[head_v]` (no `1 + w` offset).
+    SsmNorm(usize),
+    /// The output projection `[hidden, n_v_heads x head_v]`.
+    SsmOut(usize),
+    /// The shared expert's sigmoid gate `[hidden]` (one value per row).
+    ShexpGateInp(usize),
+    /// The shared expert's gate, up and down projections.
+    ShexpGate(usize),
+    ShexpUp(usize),
+    ShexpDown(usize),
 }
 
 /// The placeholder for the expert index in the HF name of a stacked-experts role
@@ -60,7 +85,7 @@ pub fn expert_name(stack_hf_name: &str, e: usize) -> String {
 }
 
 /// GGUF suffixes of the per-layer roles, in [`Role`] order from `AttnNorm`.
-const GGUF_LAYER: [&str; 26] = [
+const GGUF_LAYER: [&str; 38] = [
     "attn_norm.weight",
     "attn_q.weight",
     "attn_k.weight",
@@ -87,6 +112,18 @@ const GGUF_LAYER: [&str; 26] = [
     "nextn.shared_head_norm.weight",
     "nextn.shared_head_head.weight",
     "nextn.embed_tokens.weight",
+    "attn_qkv.weight",
+    "attn_gate.weight",
+    "ssm_ba.weight",
+    "ssm_conv1d.weight",
+    "ssm_dt.bias",
+    "ssm_a",
+    "ssm_norm.weight",
+    "ssm_out.weight",
+    "ffn_gate_inp_shexp.weight",
+    "ffn_gate_shexp.weight",
+    "ffn_up_shexp.weight",
+    "ffn_down_shexp.weight",
 ];
 
 fn layer_role(i: usize, l: usize) -> Option<Role> {
@@ -117,6 +154,18 @@ fn layer_role(i: usize, l: usize) -> Option<Role> {
         23 => Role::MtpSharedNorm(l),
         24 => Role::MtpHead(l),
         25 => Role::MtpEmbed(l),
+        26 => Role::LinQkv(l),
+        27 => Role::LinGate(l),
+        28 => Role::SsmBa(l),
+        29 => Role::SsmConv(l),
+        30 => Role::SsmDt(l),
+        31 => Role::SsmA(l),
+        32 => Role::SsmNorm(l),
+        33 => Role::SsmOut(l),
+        34 => Role::ShexpGateInp(l),
+        35 => Role::ShexpGate(l),
+        36 => Role::ShexpUp(l),
+        37 => Role::ShexpDown(l),
         _ => return None,
     })
 }
@@ -150,6 +199,18 @@ fn role_index(r: Role) -> Option<(usize, usize)> {
         Role::MtpSharedNorm(l) => (23, l),
         Role::MtpHead(l) => (24, l),
         Role::MtpEmbed(l) => (25, l),
+        Role::LinQkv(l) => (26, l),
+        Role::LinGate(l) => (27, l),
+        Role::SsmBa(l) => (28, l),
+        Role::SsmConv(l) => (29, l),
+        Role::SsmDt(l) => (30, l),
+        Role::SsmA(l) => (31, l),
+        Role::SsmNorm(l) => (32, l),
+        Role::SsmOut(l) => (33, l),
+        Role::ShexpGateInp(l) => (34, l),
+        Role::ShexpGate(l) => (35, l),
+        Role::ShexpUp(l) => (36, l),
+        Role::ShexpDown(l) => (37, l),
         Role::TokenEmbd | Role::OutputNorm | Role::Output => return None,
     })
 }

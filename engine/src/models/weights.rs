@@ -16,8 +16,10 @@ pub enum Kind {
     Matrix,
     /// A norm weight (values near 1).
     Norm,
-    /// A bias vector.
+    /// A bias vector (or another small vector of values near 0).
     Bias,
+    /// A negative decay coefficient per head (values near -1: gated DeltaNet's `ssm_a`).
+    Decay,
 }
 
 /// One tensor an architecture expects.
@@ -56,6 +58,15 @@ impl TensorSpec {
             role,
             shape: vec![n],
             kind: Kind::Norm,
+            optional: false,
+        }
+    }
+
+    pub fn decay(role: Role, n: usize) -> TensorSpec {
+        TensorSpec {
+            role,
+            shape: vec![n],
+            kind: Kind::Decay,
             optional: false,
         }
     }

@@ -52,6 +52,35 @@ pub struct RopeId(pub usize);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvId(pub usize);
 
+/// A recurrent-state layer (gated DeltaNet) declared with [`Ops::state_layer`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateId(pub usize);
+
+/// Shapes of one gated DeltaNet layer ([`Ops::state_layer`], [`Ops::conv1d_silu`],
+/// [`Ops::gated_delta`]): the conv input is `[q (n_k_heads x head_k), k (same), v (n_v_heads x
+/// head_v)]`, `conv_dim` values per row; v-head `h` reads k-head `h / (n_v_heads / n_k_heads)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaParams {
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    pub head_k: usize,
+    pub head_v: usize,
+    /// Taps of the causal depthwise convolution.
+    pub conv_kernel: usize,
+}
+
+impl DeltaParams {
+    /// Values per row of the convolution's input and output.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.n_k_heads * self.head_k + self.n_v_heads * self.head_v
+    }
+
+    /// Values per row of the recurrence's output (`n_v_heads x head_v`).
+    pub fn value_dim(&self) -> usize {
+        self.n_v_heads * self.head_v
+    }
+}
+
 /// The gate activation of a gated linear unit: `gate = act(gate) * up`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Glu {
@@ -78,6 +107,9 @@ pub enum Feature {
     Moe,
     /// [`Ops::hidden_in`] (multi-token prediction, models/mtp.rs).
     Mtp,
+    /// Gated DeltaNet layers: [`Ops::state_layer`], [`Ops::conv1d_silu`],
+    /// [`Ops::gated_delta`], [`Ops::sigmoid_mul`] and partial RoPE.
+    Recurrent,
 }
 
 impl std::fmt::Display for Feature {
@@ -89,6 +121,7 @@ impl std::fmt::Display for Feature {
             Feature::Softcap => "logit softcapping",
             Feature::Moe => "mixture-of-experts FFN (the moe op)",
             Feature::Mtp => "multi-token prediction (mtp speculation; the hidden_in op)",
+            Feature::Recurrent => "gated DeltaNet layers (recurrent state; the gated_delta op)",
         })
     }
 }
@@ -175,6 +208,14 @@ pub trait Ops: Send + Sized + 'static {
     fn rope_table(&mut self, rope: Rope) -> Result<RopeId>;
     /// Declares one layer of paged KV cache, `width` values per position for K and for V.
     fn kv_layer(&mut self, width: usize) -> Result<KvId>;
+    /// Declares one gated DeltaNet layer's recurrent state (the convolution's last inputs and
+    /// the delta rule's state, per state slot; crate::backend::state). Only backends with
+    /// [`Feature::Recurrent`] have it.
+    fn state_layer(&mut self, _p: &DeltaParams) -> Result<StateId> {
+        Err(crate::error::Error::Unsupported(
+            "gated DeltaNet layers are not yet supported on this backend".into(),
+        ))
+    }
     /// Checks this backend has every op of `needs` (architecture `arch` uses them); a clear
     /// error naming the first missing one otherwise. The default: every op is there.
     fn require(&self, _arch: &str, _needs: &[Feature]) -> Result<()> {
@@ -210,7 +251,10 @@ pub trait Ops: Send + Sized + 'static {
     fn softcap(&mut self, x: Act, cap: f32) -> Result<()>;
     /// `gate = act(gate) * up`.
     fn glu(&mut self, kind: Glu, gate: Act, up: Act) -> Result<()>;
-    /// Half-rotation (NeoX) RoPE of each head of `x` at the row's position, from `table`.
+    /// Half-rotation (NeoX) RoPE of each head of `x` at the row's position, from `table`: the
+    /// pairs `(i, i + half)` for `i < half`, `half` the table's frequency count. A table of
+    /// fewer than `head_dim / 2` frequencies rotates the first `2 * half` values of each head
+    /// and leaves the rest (partial RoPE, [`Feature::Recurrent`] backends).
     fn rope(&mut self, x: Act, table: RopeId, head_dim: usize) -> Result<()>;
     /// Writes each row's K and V into `kv` at the row's position.
     fn kv_write(&mut self, kv: KvId, k: Act, v: Act) -> Result<()>;
@@ -230,6 +274,44 @@ pub trait Ops: Send + Sized + 'static {
         out: Act,
         p: &MoeParams,
     ) -> Result<()>;
+
+    /// `x[r][j] *= sigmoid(g[r][j / (x.width / g.width)])` (`g.width` divides `x.width`: one
+    /// gate per group of values, e.g. one per row).
+    fn sigmoid_mul(&mut self, _x: Act, _g: Act) -> Result<()> {
+        Err(crate::error::Error::Unsupported(
+            "sigmoid gating is not yet supported on this backend".into(),
+        ))
+    }
+    /// Causal depthwise convolution of each row's `x` (`conv_dim` channels) over its own
+    /// sequence's previous `conv_kernel - 1` inputs (zero before position 0), then SiLU, into
+    /// `out`: `out[c] = silu(sum_t w[c][t] * x[pos - (kernel - 1) + t][c])`, the sum in
+    /// ascending `t` from zero. `w` is `[conv_dim, conv_kernel]`. The inputs of earlier steps
+    /// come from `st` (crate::backend::state says which).
+    fn conv1d_silu(&mut self, _st: StateId, _w: &Self::Vector, _x: Act, _out: Act) -> Result<()> {
+        Err(crate::error::Error::Unsupported(
+            "gated DeltaNet layers are not yet supported on this backend".into(),
+        ))
+    }
+    /// The gated delta rule of each row, in position order per sequence, from the state `st`
+    /// holds for its sequence: `qkv` is the convolution's output (q, k, v), `ba` the
+    /// `[beta (n_v_heads), alpha (n_v_heads)]` projections. Per v-head `h`: `q`, `k` are
+    /// L2-normalised (`x / sqrt(sum x^2 + 1e-6)`), `q` scaled by `1 / sqrt(head_k)`,
+    /// `beta = sigmoid(b)`, `g = a_coef[h] * softplus(a + dt_bias[h])`; then
+    /// `S *= exp(g); S += k (beta (v - S^T k))^T; o = S^T q` (`S` is `head_k x head_v`).
+    /// `out` is `n_v_heads x head_v`. The recurrence is per token (chunk length 1), so a row's
+    /// bits never depend on how its sequence's positions were split into steps.
+    fn gated_delta(
+        &mut self,
+        _st: StateId,
+        _qkv: Act,
+        _ba: Act,
+        _coef: [&Self::Vector; 2],
+        _out: Act,
+    ) -> Result<()> {
+        Err(crate::error::Error::Unsupported(
+            "gated DeltaNet layers are not yet supported on this backend".into(),
+        ))
+    }
 
     // ---- composite ops: fusion points (defaults compose the simple ops) ----
 

@@ -199,6 +199,7 @@ fn verify(
     let batch = StepBatch {
         rows,
         block_tables: vec![table.to_vec()],
+        state_slots: vec![0],
     };
     let n = history.len();
     let select: Vec<Option<SelectParams>> = (0..=drafts.len())

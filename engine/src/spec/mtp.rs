@@ -139,6 +139,7 @@ impl MtpDrafter {
         let mut batch = StepBatch {
             rows: Vec::with_capacity(rows.len()),
             block_tables: tables,
+            state_slots: Vec::new(),
         };
         let mut input = Vec::new();
         for (j, &(seq, token, pos, ref h)) in rows.iter().enumerate() {

@@ -39,6 +39,9 @@ pub fn gguf_meta(c: &ModelConfig) -> Vec<(String, MetaValue)> {
     if let Some(p) = &c.moe {
         m.extend(qwen3_moe::gguf_keys(c.arch, p));
     }
+    if let Some(p) = &c.hybrid {
+        m.extend(crate::models::qwen3next::gguf_keys(p));
+    }
     m
 }
 

@@ -95,12 +95,14 @@ fn batch_neighbours_do_not_change_bits() {
         .step(&StepBatch {
             rows: a.iter().enumerate().map(|(p, &t)| row(t, p, 0)).collect(),
             block_tables: vec![ta.clone()],
+            state_slots: Vec::new(),
         })
         .expect("step a");
     let solo_b = solo
         .step(&StepBatch {
             rows: b.iter().enumerate().map(|(p, &t)| row(t, p, 0)).collect(),
             block_tables: vec![tb.clone()],
+            state_slots: Vec::new(),
         })
         .expect("step b");
     // Together, interleaved in one step.
@@ -115,6 +117,7 @@ fn batch_neighbours_do_not_change_bits() {
         .step(&StepBatch {
             rows: rows.clone(),
             block_tables: vec![ta, tb],
+            state_slots: Vec::new(),
         })
         .expect("step both");
     let (mut ia, mut ib) = (0, 0);
@@ -148,6 +151,7 @@ fn bad_rows_are_clean_errors() {
             want_logits: true,
         }],
         block_tables: vec![vec![0]],
+        state_slots: Vec::new(),
     };
     assert!(
         b.step(&bad_token)
@@ -163,6 +167,7 @@ fn bad_rows_are_clean_errors() {
             want_logits: true,
         }],
         block_tables: vec![vec![0]],
+        state_slots: Vec::new(),
     };
     assert!(
         b.step(&beyond)
@@ -194,6 +199,7 @@ fn step_select_logprobs_matches_the_host_definition() {
             })
             .collect(),
         block_tables: vec![vec![0], vec![1], vec![2]],
+        state_slots: Vec::new(),
     };
     let greedy = SamplingParams::default();
     let sampled = SamplingParams {

@@ -49,6 +49,7 @@ fn start(budget: usize, spec: Option<SpecConfig>) -> EngineHandle {
             max_running: 8,
             max_running_per_tenant: 8,
             admit_reserve_blocks: 1,
+            recurrent: false,
         },
         prefix_cache: true,
         spec,

@@ -73,6 +73,7 @@ fn run(ops: Vec<Op>, blocks: usize, bs: usize, budget: usize, caching: bool) {
         max_running: 4,
         max_running_per_tenant: 3,
         admit_reserve_blocks: 1,
+        recurrent: false,
     };
     let mut h = Harness {
         s: Scheduler::new(cfg, KvManager::new(blocks, bs, caching)),

@@ -15,6 +15,7 @@ fn cfg(budget: usize, running: usize, per_tenant: usize, reserve: usize) -> Sche
         max_running: running,
         max_running_per_tenant: per_tenant,
         admit_reserve_blocks: reserve,
+        recurrent: false,
     }
 }
 

@@ -54,6 +54,7 @@ fn config(kv_blocks: usize, budget: usize) -> EngineConfig {
             max_running: 8,
             max_running_per_tenant: 8,
             admit_reserve_blocks: 1,
+            recurrent: false,
         },
         prefix_cache: true,
         spec: None,

@@ -48,6 +48,7 @@ fn start_with(weights: ModelWeights, spec: Option<SpecConfig>) -> EngineHandle {
             max_running: 8,
             max_running_per_tenant: 8,
             admit_reserve_blocks: 1,
+            recurrent: false,
         },
         prefix_cache: true,
         spec,

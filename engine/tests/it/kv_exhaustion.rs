@@ -49,6 +49,7 @@ fn engine(blocks: usize) -> EngineHandle {
             max_running: 8,
             max_running_per_tenant: 8,
             admit_reserve_blocks: 1,
+            recurrent: false,
         },
         prefix_cache: false,
         spec: None,

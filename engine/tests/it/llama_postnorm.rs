@@ -65,6 +65,7 @@ fn layer_is_pre_norm_attention_post_norm_then_pre_norm_ffn() {
     b.step(&StepBatch {
         rows,
         block_tables: vec![vec![0]],
+        state_slots: Vec::new(),
     })
     .unwrap();
     let d = dumps.lock().unwrap();

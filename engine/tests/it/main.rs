@@ -21,6 +21,7 @@ mod quant;
 mod quant_dot_fast;
 mod qwen3_moe;
 mod qwen3_moe_reference;
+mod qwen3next;
 mod reference_fixture;
 mod run_gen;
 mod safetensors;

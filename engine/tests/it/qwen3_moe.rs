@@ -203,12 +203,14 @@ fn a_row_does_not_depend_on_who_shares_its_experts() {
     solo.step(&StepBatch {
         rows: rows(0),
         block_tables: tables.clone(),
+        state_slots: Vec::new(),
     })
     .unwrap();
     let target = row(123, 20, 0);
     let one = StepBatch {
         rows: vec![target],
         block_tables: tables.clone(),
+        state_slots: Vec::new(),
     };
     let (alone, mine) = layer0_experts(&mut solo, &one);
     // Together: the same prefix, then the decode row among 24 other rows of other sequences.
@@ -216,6 +218,7 @@ fn a_row_does_not_depend_on_who_shares_its_experts() {
     pair.step(&StepBatch {
         rows: rows(0),
         block_tables: tables.clone(),
+        state_slots: Vec::new(),
     })
     .unwrap();
     let mut batch_rows = vec![];
@@ -228,6 +231,7 @@ fn a_row_does_not_depend_on_who_shares_its_experts() {
     let batch = StepBatch {
         rows: batch_rows,
         block_tables: vec![tables[0].clone(), vec![4, 5]],
+        state_slots: Vec::new(),
     };
     let (together, experts) = layer0_experts(&mut pair, &batch);
     let at = batch.rows.iter().position(|r| r.seq == 0).unwrap();

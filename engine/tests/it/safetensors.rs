@@ -30,6 +30,7 @@ fn tiny_config() -> ModelConfig {
         gemma3: None,
         moe: None,
         mtp_layers: 0,
+        hybrid: None,
     }
 }
 

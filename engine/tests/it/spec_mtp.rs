@@ -160,6 +160,7 @@ fn hidden_rows(
     let batch = memra_engine::backend::StepBatch {
         rows,
         block_tables: vec![(0..16).collect()],
+        state_slots: Vec::new(),
     };
     b.step(&batch).unwrap();
     b.take_hidden()

@@ -27,6 +27,7 @@ fn lazy_masks_give_the_up_front_bits_on_the_cpu() {
     let batch = StepBatch {
         rows,
         block_tables: vec![vec![0], vec![1], vec![2]],
+        state_slots: Vec::new(),
     };
     let mut masked = 0;
     for seed in 0..6 {

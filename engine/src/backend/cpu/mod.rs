@@ -6,6 +6,7 @@
 //! batch composition and the prefill chunking.
 
 mod attention;
+mod delta;
 mod kv;
 mod matmul;
 pub mod moe;
@@ -15,12 +16,13 @@ use kv::KvStore;
 
 use super::exec::{Exec, HeadRows};
 use super::runner::Runner;
+use super::state::{SeqPlan, StateBook};
 use super::{DumpFn, StepBatch};
 use crate::error::{Error, Result};
 use crate::kv_format::KvDtype;
 use crate::models::ModelWeights;
 use crate::ops::rope::Rope;
-use crate::ops::{Act, AttnParams, Glu, KvId, MoeParams, Ops, RopeId, Rows};
+use crate::ops::{Act, AttnParams, DeltaParams, Glu, KvId, MoeParams, Ops, RopeId, Rows, StateId};
 use crate::weights::Tensor;
 
 /// CPU backend options.
@@ -80,6 +82,11 @@ pub struct CpuOps {
     dump: Option<DumpFn>,
     /// The hidden input rows of [`Ops::hidden_in`].
     hidden_in: Vec<f32>,
+    /// Gated DeltaNet layers' states ([`Ops::state_layer`]), where each slot stands, and the
+    /// step's plan per sequence.
+    states: Vec<delta::DeltaLayer>,
+    book: StateBook,
+    plans: Vec<SeqPlan>,
 }
 
 fn err(what: String) -> Error {
@@ -111,7 +118,17 @@ impl CpuOps {
             rope_rows: Vec::new(),
             dump: None,
             hidden_in: Vec::new(),
+            states: Vec::new(),
+            book: StateBook::new(0),
+            plans: Vec::new(),
         })
+    }
+
+    /// The state layer `st`.
+    fn state(&mut self, st: StateId) -> Result<&mut delta::DeltaLayer> {
+        self.states
+            .get_mut(st.0)
+            .ok_or_else(|| err(format!("state layer {} does not exist", st.0)))
     }
 
     fn rows(&self, a: Act) -> usize {
@@ -217,6 +234,11 @@ impl Ops for CpuOps {
 
     fn kv_layer(&mut self, width: usize) -> Result<KvId> {
         self.kv.add_layer(width).map(KvId)
+    }
+
+    fn state_layer(&mut self, p: &DeltaParams) -> Result<StateId> {
+        self.states.push(delta::DeltaLayer::new(*p));
+        Ok(StateId(self.states.len() - 1))
     }
 
     fn embed(&mut self, table: &Tensor, out: Act) -> Result<()> {
@@ -404,6 +426,78 @@ impl Ops for CpuOps {
         r
     }
 
+    fn sigmoid_mul(&mut self, x: Act, g: Act) -> Result<()> {
+        let m = self.rows(x);
+        if g.width == 0 || !x.width.is_multiple_of(g.width) || x.id == g.id {
+            return Err(err(format!(
+                "sigmoid_mul: widths {} and {}",
+                x.width, g.width
+            )));
+        }
+        let gates = std::mem::take(&mut self.acts[g.id].data);
+        let xs = &mut self.acts[x.id].data[..m * x.width];
+        for (xr, gr) in xs
+            .chunks_exact_mut(x.width)
+            .zip(gates.chunks_exact(g.width))
+        {
+            delta::sigmoid_mul(xr, gr, x.width / g.width);
+        }
+        self.acts[g.id].data = gates;
+        Ok(())
+    }
+
+    fn conv1d_silu(&mut self, st: StateId, w: &Vec<f32>, x: Act, out: Act) -> Result<()> {
+        let m = self.rows(out);
+        if x.width != out.width || x.id == out.id {
+            return Err(err(format!(
+                "conv1d_silu: widths {} -> {}",
+                x.width, out.width
+            )));
+        }
+        let plans = std::mem::take(&mut self.plans);
+        let xs = std::mem::take(&mut self.acts[x.id].data);
+        let mut dst = std::mem::take(&mut self.acts[out.id].data);
+        let r = self.state(st).map(|layer| {
+            layer.conv1d_silu(&plans, w, &xs[..m * x.width], &mut dst[..m * out.width])
+        });
+        self.acts[x.id].data = xs;
+        self.acts[out.id].data = dst;
+        self.plans = plans;
+        r
+    }
+
+    fn gated_delta(
+        &mut self,
+        st: StateId,
+        qkv: Act,
+        ba: Act,
+        [a_coef, dt]: [&Vec<f32>; 2],
+        out: Act,
+    ) -> Result<()> {
+        let m = self.rows(out);
+        let plans = std::mem::take(&mut self.plans);
+        let mut dst = std::mem::take(&mut self.acts[out.id].data);
+        let mut states = std::mem::take(&mut self.states);
+        let r = match states.get_mut(st.0) {
+            Some(layer) => self.input(qkv, m).and_then(|q| {
+                let b = self.input(ba, m)?;
+                layer.gated_delta(
+                    &self.pool,
+                    &plans,
+                    (q, b),
+                    (a_coef, dt),
+                    &mut dst[..m * out.width],
+                );
+                Ok(())
+            }),
+            None => Err(err(format!("state layer {} does not exist", st.0))),
+        };
+        self.states = states;
+        self.acts[out.id].data = dst;
+        self.plans = plans;
+        r
+    }
+
     fn dump(&mut self, name: &str, layer: usize, x: Act) {
         let m = self.rows(x);
         if let Some(d) = self.dump.as_mut() {
@@ -442,7 +536,25 @@ impl Exec for CpuOps {
             .iter()
             .map(|rope| batch.rows.iter().map(|r| rope.cos_sin(r.pos)).collect())
             .collect();
-        pass(self, HeadRows::Gather(want))?;
+        if self.states.is_empty() {
+            pass(self, HeadRows::Gather(want))?;
+            return Ok((0..want.len()).collect());
+        }
+        // Slots are grown on first use on the CPU.
+        let top = batch
+            .state_slots
+            .iter()
+            .max()
+            .map_or(batch.block_tables.len(), |&s| s as usize + 1);
+        self.book.grow(top);
+        self.plans = self.book.plan(batch)?;
+        match pass(self, HeadRows::Gather(want)) {
+            Ok(()) => self.book.commit(&self.plans),
+            Err(e) => {
+                self.book.invalidate(&self.plans);
+                return Err(e);
+            }
+        }
         Ok((0..want.len()).collect())
     }
 

@@ -45,11 +45,12 @@ pub fn geglu_tanh(gate: &mut [f32], up: &[f32]) {
 }
 
 /// Rotates each head of `x` (heads of `head_dim`) by half rotation (NeoX / HF layout), with
-/// the row's `cos`/`sin` (`head_dim / 2` each).
+/// the row's `cos`/`sin` (`half` each, at most `head_dim / 2`): pairs `(i, i + half)`; values
+/// from `2 * half` on are left as they are (partial RoPE).
 pub fn rope_apply(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
-    let half = head_dim / 2;
+    let half = cos.len().min(head_dim / 2);
     for head in x.chunks_exact_mut(head_dim) {
-        let (a, b) = head.split_at_mut(half);
+        let (a, b) = head[..2 * half].split_at_mut(half);
         for i in 0..half {
             let (x0, x1) = (a[i], b[i]);
             a[i] = x0 * cos[i] - x1 * sin[i];

@@ -543,6 +543,9 @@ fn gpu_has(f: Feature) -> bool {
         | Feature::Softcap
         | Feature::Moe
         | Feature::Mtp => true,
+        // Gated DeltaNet (qwen3next): the CPU reference has it; the kernels are issue 34's
+        // next step.
+        Feature::Recurrent => false,
     }
 }
 

@@ -1,0 +1,229 @@
+//! Recurrent state per sequence (gated DeltaNet layers, ops::Ops::state_layer): which state
+//! slot a sequence uses, where its state stands, and what a step must replay first. Shared by
+//! every backend; the backend holds the state itself (per layer, per slot).
+//!
+//! **The rule** (docs/ARCHITECTURE.md, "Recurrent state"): the delta rule runs per token, in
+//! position order, from the state committed for the slot. A step's rows of a sequence cover
+//! positions `p..=q`; the slot's state is committed at position `C` (every position `< C`
+//! folded in) and its ring holds the per-token inputs of positions `C..W` (`W` = one past the
+//! last position an earlier step computed). The step first folds positions `C..p` from the
+//! ring (replay), then its own rows, and commits at `max(p + 1, q + 2 - RING)`, keeping the
+//! last rows pending in the ring. So the next step may start anywhere in `C'..=q + 1`: a
+//! speculative verify step that is rejected after its `a`-th draft resumes at `p + a + 1` with
+//! no copy of the state, and the bits of every state and row are the same as if the accepted
+//! positions had been computed one per step. A step starting at position 0 resets the slot.
+//!
+//! The convolution keeps the inputs of the last [`CONV_RING`] positions the same way: rows read
+//! earlier positions from the ring and positions of their own step from the step's rows.
+
+use super::StepBatch;
+use crate::error::{Error, Result};
+
+/// Positions of per-token delta-rule inputs a slot keeps: a step may resume at most
+/// `RING - 1` positions before the end of the previous one (speculative rejection).
+pub const RING: usize = 16;
+
+/// Positions of convolution inputs a slot keeps (`RING` plus the widest supported kernel's
+/// history, so a resumed step still finds its first row's taps).
+pub const CONV_RING: usize = RING + MAX_CONV_KERNEL - 1;
+
+/// The widest causal convolution supported.
+pub const MAX_CONV_KERNEL: usize = 8;
+
+/// One sequence's share of a step, for the state ops.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeqPlan {
+    /// Its state slot.
+    pub slot: usize,
+    /// Its rows in the step, in position order (consecutive positions).
+    pub rows: Vec<usize>,
+    /// Position of the first row.
+    pub first: usize,
+    /// Committed position of the slot's state before the step (0 after a reset).
+    pub replay_from: usize,
+    /// Committed position after the step.
+    pub commit_to: usize,
+}
+
+impl SeqPlan {
+    /// Position of the last row.
+    pub fn last(&self) -> usize {
+        self.first + self.rows.len() - 1
+    }
+}
+
+/// Where each slot's state stands (host bookkeeping, the same for every backend).
+#[derive(Clone, Debug)]
+pub struct StateBook {
+    /// Per slot: `Some((committed, written))`, `None` when the slot holds no usable state.
+    slots: Vec<Option<(usize, usize)>>,
+}
+
+impl StateBook {
+    pub fn new(slots: usize) -> StateBook {
+        StateBook {
+            slots: vec![None; slots],
+        }
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Grows the book to at least `n` slots (new slots hold no state).
+    pub fn grow(&mut self, n: usize) {
+        if self.slots.len() < n {
+            self.slots.resize(n, None);
+        }
+    }
+
+    /// The plan of `batch` per sequence (in sequence order); an error naming the problem
+    /// when the batch names a slot count other than its sequence count, a slot twice, rows
+    /// out of order or a first position the slot's state cannot serve. A batch without state
+    /// slots uses slot `i` for sequence `i`.
+    pub fn plan(&self, batch: &StepBatch) -> Result<Vec<SeqPlan>> {
+        let n = batch.block_tables.len();
+        if !batch.state_slots.is_empty() && batch.state_slots.len() != n {
+            return Err(Error::Input(format!(
+                "a recurrent-state model needs one state slot per sequence: {} slots for {n} sequences",
+                batch.state_slots.len()
+            )));
+        }
+        let mut rows: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, r) in batch.rows.iter().enumerate() {
+            rows.get_mut(r.seq)
+                .ok_or_else(|| Error::Input(format!("row {i} names sequence {} of {n}", r.seq)))?
+                .push(i);
+        }
+        let mut seen = vec![false; self.slots.len()];
+        let mut out = Vec::new();
+        for (seq, rows) in rows.into_iter().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            let slot = batch.state_slots.get(seq).map_or(seq, |&s| s as usize);
+            if slot >= self.slots.len() {
+                return Err(Error::Input(format!(
+                    "state slot {slot} of sequence {seq} is outside the backend's {} slots",
+                    self.slots.len()
+                )));
+            }
+            if std::mem::replace(&mut seen[slot], true) {
+                return Err(Error::Input(format!(
+                    "state slot {slot} is used by two sequences of one step"
+                )));
+            }
+            let first = batch.rows[rows[0]].pos as usize;
+            for (k, &r) in rows.iter().enumerate() {
+                if batch.rows[r].pos as usize != first + k {
+                    return Err(Error::Input(format!(
+                        "sequence {seq}'s rows are not consecutive positions from {first} \
+                         (a recurrent-state model computes each sequence in position order)"
+                    )));
+                }
+            }
+            let replay_from = match self.slots[slot] {
+                _ if first == 0 => 0,
+                Some((c, w)) if c <= first && first <= w => c,
+                Some((c, w)) => {
+                    return Err(Error::Input(format!(
+                        "state slot {slot} can resume at positions {c}..={w}, not at {first}"
+                    )));
+                }
+                None => {
+                    return Err(Error::Input(format!(
+                        "state slot {slot} holds no state; sequence {seq} must start at position 0, not {first}"
+                    )));
+                }
+            };
+            let last = first + rows.len() - 1;
+            let commit_to = (first + 1).max((last + 2).saturating_sub(RING));
+            out.push(SeqPlan {
+                slot,
+                rows,
+                first,
+                replay_from,
+                commit_to,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Records a step that ran to completion.
+    pub fn commit(&mut self, plans: &[SeqPlan]) {
+        for p in plans {
+            self.slots[p.slot] = Some((p.commit_to, p.last() + 1));
+        }
+    }
+
+    /// Forgets the state of the slots of a step that failed part-way (their layers may hold
+    /// states of different positions): they must start again at position 0.
+    pub fn invalidate(&mut self, plans: &[SeqPlan]) {
+        for p in plans {
+            self.slots[p.slot] = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::StepRow;
+
+    fn batch(rows: &[(u32, usize)], slots: Vec<u32>) -> StepBatch {
+        let n = rows
+            .iter()
+            .map(|r| r.1 + 1)
+            .max()
+            .unwrap_or(0)
+            .max(slots.len());
+        StepBatch {
+            rows: rows
+                .iter()
+                .map(|&(pos, seq)| StepRow {
+                    token: 1,
+                    pos,
+                    seq,
+                    want_logits: true,
+                })
+                .collect(),
+            block_tables: vec![vec![0]; n],
+            state_slots: slots,
+        }
+    }
+
+    #[test]
+    fn plans_resume_and_refuse() {
+        let mut book = StateBook::new(4);
+        // A prompt of 20 rows in slot 2: commits at 20 + 1 - (RING - 1).
+        let b = batch(&(0..20).map(|p| (p, 0)).collect::<Vec<_>>(), vec![2]);
+        let p = book.plan(&b).unwrap();
+        assert_eq!(p[0].commit_to, 21 - (RING - 1));
+        assert_eq!((p[0].first, p[0].last(), p[0].replay_from), (0, 19, 0));
+        book.commit(&p);
+        // A verify step at 20..=24, then a rejection resuming at 22.
+        let p = book.plan(&batch(
+            &[(20, 0), (21, 0), (22, 0), (23, 0), (24, 0)],
+            vec![2],
+        ));
+        let p = p.unwrap();
+        assert_eq!((p[0].replay_from, p[0].commit_to), (21 - (RING - 1), 21));
+        book.commit(&p);
+        let p = book.plan(&batch(&[(22, 0)], vec![2])).unwrap();
+        assert_eq!((p[0].replay_from, p[0].commit_to), (21, 23));
+        // Before the committed position, past the written one, or a fresh slot mid-sequence.
+        assert!(book.plan(&batch(&[(20, 0)], vec![2])).is_err());
+        assert!(book.plan(&batch(&[(26, 0)], vec![2])).is_err());
+        assert!(book.plan(&batch(&[(5, 0)], vec![1])).is_err());
+        // Position 0 always resets; two sequences may not share a slot; rows must be in order.
+        assert!(book.plan(&batch(&[(0, 0)], vec![2])).is_ok());
+        assert!(book.plan(&batch(&[(0, 0), (0, 1)], vec![3, 3])).is_err());
+        assert!(book.plan(&batch(&[(0, 0), (2, 0)], vec![3])).is_err());
+        assert!(book.plan(&batch(&[(0, 0), (0, 1)], vec![1])).is_err());
+        // No slots named: sequence i uses slot i.
+        assert_eq!(book.plan(&batch(&[(0, 0)], vec![])).unwrap()[0].slot, 0);
+        assert!(book.plan(&batch(&[(0, 0)], vec![4])).is_err());
+        book.invalidate(&p);
+        assert!(book.plan(&batch(&[(23, 0)], vec![2])).is_err());
+    }
+}
