@@ -147,9 +147,10 @@ fn fallback(d: DType, cols: usize) -> DType {
 }
 
 /// The storage type of a matrix (or expert stack) with role `role` and row length `cols`. The
-/// MoE router stays F32 whatever the type, as llama.cpp's converter and quantizer keep it.
+/// MoE router and the DeltaNet convolution stay F32 whatever the type, as llama.cpp's
+/// converter and quantizer keep them.
 fn matrix_type(dt: SynthDType, role: Role, cfg: &ModelConfig, cols: usize) -> DType {
-    if matches!(role, Role::FfnGateInp(_)) {
+    if matches!(role, Role::FfnGateInp(_) | Role::SsmConv(_)) {
         return DType::F32;
     }
     let base = match dt {
@@ -162,7 +163,9 @@ fn matrix_type(dt: SynthDType, role: Role, cfg: &ModelConfig, cols: usize) -> DT
             Role::Output => DType::Q6_K,
             // Tied: the embedding is also the LM head, which llama.cpp keeps at Q6_K.
             Role::TokenEmbd if cfg.tie_embeddings => DType::Q6_K,
-            Role::V(l) | Role::Down(l) | Role::DownExps(l) if use_more_bits(l, cfg.n_layers) => {
+            Role::V(l) | Role::Down(l) | Role::DownExps(l) | Role::ShexpDown(l)
+                if use_more_bits(l, cfg.n_layers) =>
+            {
                 DType::Q6_K
             }
             _ => DType::Q4_K,

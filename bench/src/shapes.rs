@@ -1,6 +1,8 @@
 //! The model shapes `memra-bench synth` can generate.
 
-use memra_engine::config::{Arch, Gemma3Params, Llama3RopeScaling, ModelConfig, MoeParams};
+use memra_engine::config::{
+    Arch, Gemma3Params, HybridParams, Llama3RopeScaling, ModelConfig, MoeParams,
+};
 use memra_engine::error::{Error, Result};
 use memra_engine::models::random::tiny_config;
 
@@ -29,10 +31,17 @@ pub enum Shape {
     Qwen3_30bA3b,
     /// tiny-qwen3 with 8 experts of 32, 3 per token: for tests.
     TinyQwen3Moe,
+    /// Qwen3-Next-80B-A3B body (qwen3next: 48 layers, hidden 2048, gated DeltaNet with 16/32
+    /// heads of 128 and gated attention every 4th layer with 16/2 heads of 256, RoPE over 64;
+    /// 512 experts of 512, 10 per token, a shared expert of 512; untied) with the paired
+    /// tokenizer's vocabulary.
+    Qwen3Next80bA3b,
+    /// qwen3next in 4 layers (DeltaNet and attention alternating), hidden 64: for tests.
+    TinyQwen3Next,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 11] = [
+    pub const ALL: [Shape; 13] = [
         Shape::Smollm2_135m,
         Shape::Llama3_8b,
         Shape::Qwen3_8b,
@@ -44,6 +53,8 @@ impl Shape {
         Shape::TinyGemma3,
         Shape::Qwen3_30bA3b,
         Shape::TinyQwen3Moe,
+        Shape::Qwen3Next80bA3b,
+        Shape::TinyQwen3Next,
     ];
 
     pub fn name(self) -> &'static str {
@@ -59,6 +70,8 @@ impl Shape {
             Shape::TinyGemma3 => "tiny-gemma3",
             Shape::Qwen3_30bA3b => "qwen3-30b-a3b",
             Shape::TinyQwen3Moe => "tiny-qwen3moe",
+            Shape::Qwen3Next80bA3b => "qwen3-next-80b-a3b",
+            Shape::TinyQwen3Next => "tiny-qwen3next",
         }
     }
 
@@ -151,6 +164,41 @@ impl Shape {
                     norm_topk: true,
                 }),
                 ..tiny_config(Arch::Qwen3Moe, vocab)
+            },
+            Shape::TinyQwen3Next => ModelConfig {
+                n_layers: 4,
+                max_ctx: base.max_ctx,
+                rope_theta: 10_000_000.0,
+                rms_eps: 1e-6,
+                ..tiny_config(Arch::Qwen3Next, vocab)
+            },
+            Shape::Qwen3Next80bA3b => ModelConfig {
+                n_layers: 48,
+                hidden: 2048,
+                n_heads: 16,
+                n_kv_heads: 2,
+                head_dim: 256,
+                ffn: 5120,
+                rope_theta: 10_000_000.0,
+                rms_eps: 1e-6,
+                max_ctx: 262_144,
+                moe: Some(MoeParams {
+                    n_experts: 512,
+                    n_used: 10,
+                    expert_ffn: 512,
+                    norm_topk: true,
+                }),
+                hybrid: Some(HybridParams {
+                    conv_kernel: 4,
+                    n_k_heads: 16,
+                    n_v_heads: 32,
+                    head_k: 128,
+                    head_v: 128,
+                    full_attn_interval: 4,
+                    rope_dim: 64,
+                    shared_ffn: 512,
+                }),
+                ..tiny_config(Arch::Qwen3Next, vocab)
             },
             Shape::TinyGemma3 => ModelConfig {
                 max_ctx: base.max_ctx,

@@ -172,7 +172,11 @@ pub fn gguf_metadata(
         (format!("{a}.attention.head_count_kv"), u(cfg.n_kv_heads)),
         (format!("{a}.attention.key_length"), u(cfg.head_dim)),
         (format!("{a}.attention.value_length"), u(cfg.head_dim)),
-        (format!("{a}.rope.dimension_count"), u(cfg.head_dim)),
+        // Partial RoPE (qwen3next) writes its own count with its keys below.
+        (
+            format!("{a}.rope.dimension_count"),
+            u(cfg.hybrid.map_or(cfg.head_dim, |p| p.rope_dim)),
+        ),
         (
             format!("{a}.rope.freq_base"),
             MetaValue::F32(cfg.rope_theta),
@@ -192,7 +196,11 @@ pub fn gguf_metadata(
         m.extend(memra_engine::models::qwen3_moe::gguf_keys(cfg.arch, p));
     }
     if let Some(p) = &cfg.hybrid {
-        m.extend(memra_engine::models::qwen3next::gguf_keys(p));
+        let keys = memra_engine::models::qwen3next::gguf_keys(p);
+        m.extend(
+            keys.into_iter()
+                .filter(|(k, _)| !k.ends_with("rope.dimension_count")),
+        );
     }
     if let Some(rs) = cfg.rope_scaling.filter(|_| !llamacpp_rope) {
         m.push((

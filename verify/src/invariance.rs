@@ -1,6 +1,8 @@
 //! `memra-verify invariance`: the same rows give the same logits and KV bytes, bit for bit,
 //! whatever else is in the step (M = 1..max_m, random filler rows at random depths) and however
-//! the prompt is chunked (1, 7, 64, whole), on any backend.
+//! the prompt is chunked (1, 7, 64, whole), on any backend. A model with a recurrent state per
+//! sequence (qwen3next) gets fillers that start their sequences (position 0, a block each):
+//! a row deeper in a sequence needs that sequence's state.
 
 use memra_engine::Result;
 use memra_engine::backend::{Backend, StepBatch, StepRow};
@@ -19,6 +21,8 @@ struct Run<'a> {
     stream: u64,
     next_block: u32,
     filler_table: Vec<u32>,
+    /// Recurrent-state model: fillers at position 0, filler `i` in block `filler_table[i]`.
+    fresh_fillers: bool,
 }
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
@@ -51,6 +55,15 @@ impl Run<'_> {
         let mut used = Vec::new();
         let mut rows = Vec::new();
         while rows.len() < n && (used.len() as u64) < cap {
+            if self.fresh_fillers {
+                rows.push(StepRow {
+                    token: self.rand(vocab) as u32,
+                    pos: 0,
+                    seq: rows.len() + 1,
+                    want_logits: self.rand(2) == 0,
+                });
+                continue;
+            }
             let pos = self.rand(cap) as u32;
             if used.contains(&pos) {
                 continue;
@@ -91,7 +104,10 @@ impl Run<'_> {
             }
         }
         let mut tables = vec![table.to_vec()];
-        tables.extend(std::iter::repeat_n(self.filler_table.clone(), fill.len()));
+        match self.fresh_fillers {
+            true => tables.extend(self.filler_table[..fill.len()].iter().map(|&b| vec![b])),
+            false => tables.extend(std::iter::repeat_n(self.filler_table.clone(), fill.len())),
+        }
         let out = self.b.step(&StepBatch {
             rows: rows.clone(),
             block_tables: tables,
@@ -152,6 +168,7 @@ pub fn run(
 ) -> Result<InvReport> {
     let bs = backend.kv_block_size();
     let vocab = backend.config().vocab as u64;
+    let backend_recurrent = backend.config().arch.is_recurrent();
     let prompt: Vec<u32> = (0..prompt_len as u64)
         .map(|i| (splitmix(seed, 3, i) % vocab) as u32)
         .collect();
@@ -162,8 +179,9 @@ pub fn run(
         stream: 0,
         next_block: 0,
         filler_table: Vec::new(),
+        fresh_fillers: backend_recurrent,
     };
-    r.filler_table = r.alloc(64usize.div_ceil(bs).max(1) + 1)?;
+    r.filler_table = r.alloc(filler_blocks(bs, backend_recurrent))?;
     let mut rep = InvReport::default();
     let ref_table = r.alloc(nb)?;
     let reference = r.prefill(&prompt, &ref_table, prompt_len, false)?;
@@ -214,7 +232,17 @@ pub fn run(
     Ok(rep)
 }
 
-/// KV blocks [`run`] needs for a prompt of `prompt_len` at block size `bs`.
-pub fn blocks_needed(prompt_len: usize, bs: usize) -> usize {
-    64usize.div_ceil(bs).max(1) + 1 + 9 * prompt_len.div_ceil(bs)
+/// KV blocks of the fillers' table: 64 positions' worth, or one per filler (up to 64) for a
+/// recurrent-state model.
+fn filler_blocks(bs: usize, recurrent: bool) -> usize {
+    match recurrent {
+        true => 64,
+        false => 64usize.div_ceil(bs).max(1) + 1,
+    }
+}
+
+/// KV blocks [`run`] needs for a prompt of `prompt_len` at block size `bs` (recurrent: a
+/// recurrent-state model's fillers).
+pub fn blocks_needed(prompt_len: usize, bs: usize, recurrent: bool) -> usize {
+    filler_blocks(bs, recurrent) + 9 * prompt_len.div_ceil(bs)
 }

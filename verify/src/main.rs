@@ -276,7 +276,7 @@ fn gate_invariance(
         return Err(Error::Input("--prompt-len and --max-m must be > 0".into()));
     }
     let bs = 16;
-    let blocks = invariance::blocks_needed(prompt_len, bs);
+    let blocks = invariance::blocks_needed(prompt_len, bs, w.config.arch.is_recurrent());
     let mut b = open_backend(device, w, blocks, bs, 0)?;
     let rep = invariance::run(b.as_mut(), seed, prompt_len, max_m)?;
     println!(

@@ -7,11 +7,14 @@
 //! positions `p..=q`; the slot's state is committed at position `C` (every position `< C`
 //! folded in) and its ring holds the per-token inputs of positions `C..W` (`W` = one past the
 //! last position an earlier step computed). The step first folds positions `C..p` from the
-//! ring (replay), then its own rows, and commits at `max(p + 1, q + 2 - RING)`, keeping the
-//! last rows pending in the ring. So the next step may start anywhere in `C'..=q + 1`: a
-//! speculative verify step that is rejected after its `a`-th draft resumes at `p + a + 1` with
-//! no copy of the state, and the bits of every state and row are the same as if the accepted
-//! positions had been computed one per step. A step starting at position 0 resets the slot.
+//! ring (replay), then its own rows, and commits at `max(C, q + 2 - RING)`: the last
+//! `RING - 1` positions stay pending in the ring. So the next step may start anywhere in
+//! `C'..=q + 1`: the same step again, a speculative verify step rejected after its `a`-th
+//! draft resuming at `p + a + 1`, or a draft model rewinding its last drafts one step each,
+//! with no copy of the state; and the bits of every state and row are the same as if the
+//! accepted positions had been computed one per step. The price: a step replays up to
+//! `RING - 1` positions of the recurrence (not of the products). A step starting at position
+//! 0 resets the slot.
 //!
 //! The convolution keeps the inputs of the last [`CONV_RING`] positions the same way: rows read
 //! earlier positions from the ring and positions of their own step from the step's rows.
@@ -137,7 +140,7 @@ impl StateBook {
                 }
             };
             let last = first + rows.len() - 1;
-            let commit_to = (first + 1).max((last + 2).saturating_sub(RING));
+            let commit_to = replay_from.max((last + 2).saturating_sub(RING));
             out.push(SeqPlan {
                 slot,
                 rows,
@@ -195,25 +198,42 @@ mod tests {
     #[test]
     fn plans_resume_and_refuse() {
         let mut book = StateBook::new(4);
-        // A prompt of 20 rows in slot 2: commits at 20 + 1 - (RING - 1).
+        // A prompt of 20 rows in slot 2: the last RING - 1 positions stay pending.
         let b = batch(&(0..20).map(|p| (p, 0)).collect::<Vec<_>>(), vec![2]);
         let p = book.plan(&b).unwrap();
-        assert_eq!(p[0].commit_to, 21 - (RING - 1));
+        assert_eq!(p[0].commit_to, 20 - (RING - 1));
         assert_eq!((p[0].first, p[0].last(), p[0].replay_from), (0, 19, 0));
         book.commit(&p);
-        // A verify step at 20..=24, then a rejection resuming at 22.
+        // A verify step at 20..=24, then a rejection resuming at 22, the same step again,
+        // then a rewind of a draft model's single-row steps.
         let p = book.plan(&batch(
             &[(20, 0), (21, 0), (22, 0), (23, 0), (24, 0)],
             vec![2],
         ));
         let p = p.unwrap();
-        assert_eq!((p[0].replay_from, p[0].commit_to), (21 - (RING - 1), 21));
+        assert_eq!((p[0].replay_from, p[0].commit_to), (5, 10));
         book.commit(&p);
         let p = book.plan(&batch(&[(22, 0)], vec![2])).unwrap();
-        assert_eq!((p[0].replay_from, p[0].commit_to), (21, 23));
+        assert_eq!((p[0].replay_from, p[0].commit_to), (10, 10));
+        book.commit(&p);
+        let p = book.plan(&batch(&[(22, 0)], vec![2])).unwrap();
+        assert_eq!((p[0].replay_from, p[0].commit_to), (10, 10));
+        book.commit(&p);
+        for pos in 23..40 {
+            let p = book.plan(&batch(&[(pos, 0)], vec![2])).unwrap();
+            book.commit(&p);
+        }
+        let p = book
+            .plan(&batch(&[(40 - (RING as u32 - 1), 0)], vec![2]))
+            .unwrap();
+        assert_eq!(p[0].replay_from, 40 + 1 - RING);
+        book.commit(&p);
         // Before the committed position, past the written one, or a fresh slot mid-sequence.
-        assert!(book.plan(&batch(&[(20, 0)], vec![2])).is_err());
-        assert!(book.plan(&batch(&[(26, 0)], vec![2])).is_err());
+        assert!(
+            book.plan(&batch(&[(40 - RING as u32, 0)], vec![2]))
+                .is_err()
+        );
+        assert!(book.plan(&batch(&[(27, 0)], vec![2])).is_err());
         assert!(book.plan(&batch(&[(5, 0)], vec![1])).is_err());
         // Position 0 always resets; two sequences may not share a slot; rows must be in order.
         assert!(book.plan(&batch(&[(0, 0)], vec![2])).is_ok());
@@ -224,6 +244,6 @@ mod tests {
         assert_eq!(book.plan(&batch(&[(0, 0)], vec![])).unwrap()[0].slot, 0);
         assert!(book.plan(&batch(&[(0, 0)], vec![4])).is_err());
         book.invalidate(&p);
-        assert!(book.plan(&batch(&[(23, 0)], vec![2])).is_err());
+        assert!(book.plan(&batch(&[(26, 0)], vec![2])).is_err());
     }
 }

@@ -65,8 +65,8 @@ pub fn tiny_config(arch: Arch, vocab: usize) -> ModelConfig {
             n_v_heads: 4,
             head_k: 16,
             head_v: 16,
-            // Layers 0, 1 and 3 DeltaNet, layer 2 attention (with `n_layers` 4 in tests).
-            full_attn_interval: 3,
+            // DeltaNet and attention layers alternate.
+            full_attn_interval: 2,
             rope_dim: 8,
             shared_ffn: 48,
         }),

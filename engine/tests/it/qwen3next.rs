@@ -18,7 +18,7 @@ use crate::qwen3_moe::{cpu, write_gguf_model, write_hf_model};
 
 const VOCAB: usize = 300;
 
-/// Four layers: DeltaNet, DeltaNet, attention, DeltaNet.
+/// Four layers: DeltaNet, attention, DeltaNet, attention.
 fn config() -> ModelConfig {
     ModelConfig {
         n_layers: 4,
@@ -163,8 +163,9 @@ fn rejected_drafts_roll_the_state_back() {
     for (p, (g, e)) in got.iter().zip(&plain).enumerate() {
         assert_eq!(g, e, "position {p}");
     }
-    // Resuming before the committed position is refused, not computed wrongly.
-    let rows = [(toks[20], 20, 0)];
+    // Resuming before the committed position (at most RING - 1 back) is refused, not
+    // computed wrongly.
+    let rows = [(toks[5], 5, 0)];
     let batch = StepBatch {
         rows: rows
             .iter()
@@ -233,11 +234,11 @@ fn malformed_hybrid_files_are_refused_by_name() {
             "blk.0.ssm_conv1d.weight",
             "ssm_conv1d",
         ),
-        ("no-a", meta.clone(), "blk.3.ssm_a", "ssm_a"),
+        ("no-a", meta.clone(), "blk.2.ssm_a", "ssm_a"),
         (
             "wide-conv",
             meta.clone(),
-            "resize:blk.1.ssm_conv1d.weight",
+            "resize:blk.2.ssm_conv1d.weight",
             "ssm_conv1d",
         ),
         (

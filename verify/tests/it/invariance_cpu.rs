@@ -13,7 +13,7 @@ pub(crate) fn cpu(arch: Arch) -> CpuBackend {
     let w = random_weights(&tiny_config(arch, 97), 5, DType::Q8_0).expect("weights");
     let opts = CpuOptions {
         threads: 2,
-        kv_blocks: invariance::blocks_needed(20, 16),
+        kv_blocks: invariance::blocks_needed(20, 16, arch.is_recurrent()),
         block_size: 16,
         ..Default::default()
     };
@@ -28,7 +28,7 @@ fn cpu_backend_is_invariant_in_every_kv_format() {
         let w = random_weights(&tiny_config(Arch::Llama, 97), 5, DType::Q8_0).expect("weights");
         let opts = CpuOptions {
             threads: 2,
-            kv_blocks: invariance::blocks_needed(40, 16),
+            kv_blocks: invariance::blocks_needed(40, 16, false),
             block_size: 16,
             kv_dtype: kv,
         };

@@ -154,8 +154,9 @@ impl DeltaLayer {
                 0 => vec![0f32; nv * head_state],
                 _ => slot.s.clone(),
             };
-            // The committed state is taken after the step at position commit_to - 1.
-            let commit_after = plan.commit_to - 1 - plan.replay_from;
+            // The committed state is the one after position commit_to - 1 (the start state
+            // when nothing is committed past it).
+            let commit_after = plan.commit_to.checked_sub(plan.replay_from + 1);
             jobs.push((plan, steps, start, commit_after));
         }
         // (sequence, head) -> (the head's committed state, its output per step row).
@@ -192,13 +193,13 @@ impl DeltaLayer {
 
 /// One value head `h` of one sequence through `steps` (each: the conv output and `[b a]` of a
 /// position, and its output row when it has one) from state `s0` (`head_k x head_v`). Returns
-/// the state after step `commit_after` and the outputs.
+/// the state after step `commit_after` (`s0` when `None`) and the outputs.
 fn head_steps(
     p: &DeltaParams,
     h: usize,
     s0: &[f32],
     steps: &[(Vec<f32>, Option<usize>)],
-    commit_after: usize,
+    commit_after: Option<usize>,
     (a_coef, dt): (f32, f32),
 ) -> HeadRun {
     let (hk, hv, nk, nv) = (p.head_k, p.head_v, p.n_k_heads, p.n_v_heads);
@@ -206,7 +207,7 @@ fn head_steps(
     let (g, j) = (h / r, h % r);
     let scale = 1.0 / (hk as f32).sqrt();
     let mut s = s0.to_vec();
-    let mut committed = Vec::new();
+    let mut committed = s0.to_vec();
     let mut outs = Vec::new();
     let (mut q, mut k) = (vec![0f32; hk], vec![0f32; hk]);
     let (mut kv, mut o) = (vec![0f32; hv], vec![0f32; hv]);
@@ -243,7 +244,7 @@ fn head_steps(
             }
             outs.push((*row, o.clone()));
         }
-        if n == commit_after {
+        if Some(n) == commit_after {
             committed = s.clone();
         }
     }
