@@ -39,6 +39,19 @@ extern "C" __global__ void geglu_tanh(float* g, const float* u, u64 n) {
     }
 }
 
+// Gating: x[r][c] *= 1 / (1 + exp(-g[r][c / (width / gwidth)])) for rows of `width` values and
+// `gwidth` gates (one gate per group of values), n = rows * width: the CPU's sigmoid_mul.
+extern "C" __global__ void sigmoid_mul(float* x, const float* g, u64 n, u32 width, u32 gwidth) {
+    pdl_entry();
+    const u32 group = width / gwidth;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const u64 r = i / width;
+        const u32 c = (u32)(i % width);
+        const float gv = g[r * gwidth + c / group];
+        x[i] = x[i] * (1.0f / (1.0f + expf(-gv)));
+    }
+}
+
 // x[i] *= s, i < n (Gemma's embedding scale): the CPU's one rounded product, bit for bit.
 extern "C" __global__ void scale_in_place(float* x, float s, u64 n) {
     pdl_entry();

@@ -1,9 +1,10 @@
-// RoPE by half rotation (NeoX / HF order) from host-computed tables cos/sin[pos][head_dim / 2]
-// (f64 angles rounded to f32, as the CPU's Rope::cos_sin). One thread per (row, head, i).
+// RoPE by half rotation (NeoX / HF order) from host-computed tables cos/sin[pos][half] (f64
+// angles rounded to f32, as the CPU's Rope::cos_sin): the pairs (i, i + half) of each head for
+// i < half, `half` at most head_dim / 2 (fewer: partial RoPE, the rest of the head unchanged).
+// One thread per (row, head, i).
 extern "C" __global__ void rope(float* X, const u32* pos, const float* cos_t, const float* sin_t,
-                                u32 rows, u32 n_heads, u32 head_dim) {
+                                u32 rows, u32 n_heads, u32 head_dim, u32 half) {
     pdl_entry();
-    const u32 half = head_dim / 2;
     const u64 n = (u64)rows * n_heads * half;
     for (u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (u64)gridDim.x * blockDim.x) {
         const u64 rh = idx / half;
@@ -71,13 +72,15 @@ extern "C" __global__ void kv_write_q8_0(u8* Kc, u8* Vc, const float* K, const f
 }
 
 // RoPE of Q (n_heads) and K (n_kv_heads) and the KV cache write, in one pass: thread (row, i)
-// for i < (n_heads + n_kv_heads) * head_dim / 2 rotates one pair (same arithmetic as `rope`);
-// the K pairs and the matching V values go to the caches at slot[r] (as `kv_write`). KvQ8 stores
-// nothing (`rope_kv_q8_0` is RoPE of Q and K only; kv_write_q8_0 follows).
+// for i < (n_heads + n_kv_heads) * head_dim / 2; within a head, i < rot (the table's half, at
+// most head_dim / 2) rotates the pair (i, i + rot) (same arithmetic as `rope`), i >= rot moves
+// the two unrotated values rot + i and head_dim / 2 + i (partial RoPE). The K values and the
+// matching V values go to the caches at slot[r] (as `kv_write`). KvQ8 stores nothing
+// (`rope_kv_q8_0` is RoPE of Q and K only; kv_write_q8_0 follows).
 template <typename F>
 __device__ __forceinline__ void rope_kv_body(float* Q, float* K, const float* V, const u32* pos, const float* cos_t,
                                              const float* sin_t, u8* Kc, u8* Vc, const u32* slot, u32 rows,
-                                             u32 n_heads, u32 n_kv_heads, u32 head_dim) {
+                                             u32 n_heads, u32 n_kv_heads, u32 head_dim, u32 rot) {
     const u32 half = head_dim / 2;
     const u32 per_row = (n_heads + n_kv_heads) * half;
     const u64 n = (u64)rows * per_row;
@@ -89,22 +92,28 @@ __device__ __forceinline__ void rope_kv_body(float* Q, float* K, const float* V,
         const bool isk = hh >= n_heads;
         const u32 h = isk ? hh - n_heads : hh;
         float* x = isk ? K + ((u64)r * n_kv_heads + h) * head_dim : Q + ((u64)r * n_heads + h) * head_dim;
-        const u64 t = (u64)pos[r] * half + i;
-        const float c = cos_t[t], s = sin_t[t];
-        const float x0 = x[i], x1 = x[half + i];
-        const float y0 = x0 * c - x1 * s;
-        const float y1 = x1 * c + x0 * s;
-        x[i] = y0;
-        x[half + i] = y1;
+        // The two values of this thread: a rotated pair, or two unrotated ones.
+        const u32 e0 = i < rot ? i : rot + i;
+        const u32 e1 = i < rot ? rot + i : half + i;
+        float y0 = x[e0], y1 = x[e1];
+        if (i < rot) {
+            const u64 t = (u64)pos[r] * rot + i;
+            const float c = cos_t[t], s = sin_t[t];
+            const float x0 = y0, x1 = y1;
+            y0 = x0 * c - x1 * s;
+            y1 = x1 * c + x0 * s;
+            x[e0] = y0;
+            x[e1] = y1;
+        }
         if (isk) {
             const u64 src = (u64)r * width + (u64)h * head_dim;
             u8* kr = Kc + slot[r] * rb;
             u8* vr = Vc + slot[r] * rb;
-            const u32 c0 = h * head_dim + i;
-            F::st(kr, c0, y0);
-            F::st(kr, c0 + half, y1);
-            F::st(vr, c0, V[src + i]);
-            F::st(vr, c0 + half, V[src + half + i]);
+            const u32 c0 = h * head_dim;
+            F::st(kr, c0 + e0, y0);
+            F::st(kr, c0 + e1, y1);
+            F::st(vr, c0 + e0, V[src + e0]);
+            F::st(vr, c0 + e1, V[src + e1]);
         }
     }
 }
@@ -113,8 +122,8 @@ __device__ __forceinline__ void rope_kv_body(float* Q, float* K, const float* V,
     extern "C" __global__ void rope_kv_##suffix(float* Q, float* K, const float* V, const u32* pos,       \
                                                 const float* cos_t, const float* sin_t, u8* Kc, u8* Vc,   \
                                                 const u32* slot, u32 rows, u32 n_heads, u32 n_kv_heads,   \
-                                                u32 head_dim) { pdl_entry();                                           \
-        rope_kv_body<FMT>(Q, K, V, pos, cos_t, sin_t, Kc, Vc, slot, rows, n_heads, n_kv_heads, head_dim); \
+                                                u32 head_dim, u32 rot) { pdl_entry();                                  \
+        rope_kv_body<FMT>(Q, K, V, pos, cos_t, sin_t, Kc, Vc, slot, rows, n_heads, n_kv_heads, head_dim, rot); \
     }
 
 ROPE_KV_KERNEL(f32, KvF32)

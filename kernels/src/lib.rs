@@ -112,6 +112,21 @@ pub const MODULES: &[Module] = &[
             "gather_rows",
             "copy_range",
             "fill_f32",
+            "sigmoid_mul",
+        ],
+    },
+    Module {
+        name: "delta",
+        file: "kernels/cu/delta.cu",
+        source: include_str!("../cu/delta.cu"),
+        headers: &[],
+        kernels: &[
+            "conv1d_silu",
+            "gated_delta_k16",
+            "gated_delta_k32",
+            "gated_delta_k64",
+            "gated_delta_k128",
+            "keep_inputs",
         ],
     },
     Module {

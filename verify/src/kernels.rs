@@ -203,8 +203,7 @@ fn rope_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         g.rope(
             g.ptr(&dx),
             g.ptr(&dp),
-            g.ptr(&dc),
-            g.ptr(&ds),
+            (g.ptr(&dc), g.ptr(&ds), hd / 2),
             rows,
             heads,
             hd,
@@ -369,7 +368,7 @@ fn argmax_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
 type Group = fn(&Gpu, u64, &mut Vec<Case>) -> Result<()>;
 
 /// The kernel gate's case groups by name, in run order (`memra-verify kernels --only`).
-pub const GROUPS: [(&str, Group); 13] = [
+pub const GROUPS: [(&str, Group); 14] = [
     ("matmul", matmul_cases),
     ("embed", embed_cases),
     ("norm", norm_cases),
@@ -386,6 +385,7 @@ pub const GROUPS: [(&str, Group); 13] = [
     ),
     ("moe", super::moe_check::moe_cases),
     ("glu", super::glu_check::glu_cases),
+    ("delta", super::delta_check::delta_cases),
 ];
 
 /// Checks a `--only` list against [`GROUPS`]; an unknown name is an error naming it.

@@ -72,7 +72,8 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Only these case groups (comma-separated: matmul, embed, norm, rope, elementwise,
-        /// argmax, select, attention, kv_write, products, product_geom, moe, glu); all by default.
+        /// argmax, select, attention, kv_write, products, product_geom, moe, glu, delta); all by
+        /// default.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
     },
@@ -317,6 +318,7 @@ fn gate_graph(
         block_size: bs,
         graphs: true,
         kv_dtype: kv_dtype(),
+        state_slots: memra_engine::backend::DEFAULT_STATE_SLOTS,
     };
     let mut b = CudaBackend::new(w, &opts)?;
     let graph::GraphReport {
@@ -547,6 +549,7 @@ fn gate_mtp_check(
         block_size: bs,
         graphs: true,
         kv_dtype: kv_dtype(),
+        state_slots: memra_engine::backend::DEFAULT_STATE_SLOTS,
     };
     let mut dev_mtp = CudaBackend::new_with(w, &cuda_opts, mtp::build)?;
     let mut cases = Vec::new();

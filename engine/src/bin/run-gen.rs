@@ -149,6 +149,7 @@ fn run(args: Args) -> Result<()> {
         threads: args.threads,
         graphs,
         kv_dtype: args.kv_dtype,
+        state_slots: 1,
     };
     let spec = match &args.spec {
         Some(kind) => {

@@ -66,6 +66,7 @@ impl DraftModelDrafter {
             threads,
             graphs: false,
             kv_dtype: Default::default(),
+            state_slots: crate::backend::DEFAULT_STATE_SLOTS,
         };
         let backend = open_backend_opts(device, w, &opts)?;
         Ok(DraftModelDrafter {

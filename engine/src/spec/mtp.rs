@@ -71,6 +71,7 @@ impl MtpDrafter {
                     block_size: BLOCK,
                     graphs: graphs_default(),
                     kv_dtype: Default::default(),
+                    state_slots: crate::backend::DEFAULT_STATE_SLOTS,
                 };
                 Box::new(CudaBackend::new_with(target, &opts, mtp::build)?)
             }

@@ -713,13 +713,15 @@ impl Gpu {
         &self,
         x: u64,
         pos: u64,
-        cos: u64,
-        sin: u64,
+        (cos, sin, half): (u64, u64, usize),
         rows: usize,
         heads: usize,
         head_dim: usize,
     ) -> Result<()> {
-        let n = (rows * heads * (head_dim / 2)) as u64;
+        if half == 0 || 2 * half > head_dim {
+            return Err(self.err(format!("rope: {half} pairs in heads of {head_dim}")));
+        }
+        let n = (rows * heads * half) as u64;
         let args = [
             Arg::Ptr(x),
             Arg::Ptr(pos),
@@ -728,6 +730,7 @@ impl Gpu {
             Arg::U32(self.u32_of(rows, "rows")?),
             Arg::U32(self.u32_of(heads, "heads")?),
             Arg::U32(self.u32_of(head_dim, "head_dim")?),
+            Arg::U32(self.u32_of(half, "rope pairs")?),
         ];
         self.launch("rope", Self::stride_grid(n), BLOCK, &args)
     }
@@ -736,6 +739,12 @@ impl Gpu {
     /// write at `slot[r]`, in one launch (the arithmetic of [`Gpu::rope`] and [`Gpu::kv_write`]);
     /// a Q8_0 cache is written by a second launch (whole 32-value blocks).
     pub fn rope_kv(&self, a: &RopeKvArgs) -> Result<()> {
+        if a.rot == 0 || 2 * a.rot > a.head_dim {
+            return Err(self.err(format!(
+                "rope_kv: {} pairs in heads of {}",
+                a.rot, a.head_dim
+            )));
+        }
         let n = (a.rows * (a.n_heads + a.n_kv_heads) * (a.head_dim / 2)) as u64;
         let args = [
             Arg::Ptr(a.q),
@@ -751,6 +760,7 @@ impl Gpu {
             Arg::U32(self.u32_of(a.n_heads, "heads")?),
             Arg::U32(self.u32_of(a.n_kv_heads, "kv heads")?),
             Arg::U32(self.u32_of(a.head_dim, "head_dim")?),
+            Arg::U32(self.u32_of(a.rot, "rope pairs")?),
         ];
         let kernel = format!("rope_kv_{}", a.kv);
         self.launch(&kernel, Self::stride_grid(n), BLOCK, &args)?;
@@ -921,6 +931,9 @@ pub struct RopeKvArgs {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// Pairs rotated per head (the RoPE table's frequencies: `head_dim / 2`, fewer for
+    /// partial RoPE).
+    pub rot: usize,
     /// The caches' format.
     pub kv: KvDtype,
 }

@@ -43,7 +43,8 @@ struct Captured {
 pub(super) struct GraphState {
     /// Positions covered: the attention score stride and the RoPE table length.
     ctx_cap: usize,
-    /// Input buffers: tokens, pos, row_seq, slot (MAX_BUCKET each), table_off, tables.
+    /// Input buffers: tokens, pos, row_seq, slot (MAX_BUCKET each), table_off, tables, the
+    /// recurrent-state plan (delta.rs).
     inputs: Vec<CudaSlice<u32>>,
     scores: CudaSlice<f32>,
     graphs: HashMap<usize, Captured>,
@@ -58,6 +59,7 @@ const ROW_SEQ: usize = 2;
 const SLOT: usize = 3;
 const TABLE_OFF: usize = 4;
 const TABLES: usize = 5;
+const STATE_PLAN: usize = 6;
 
 impl CudaOps {
     /// Positions the graph buffers cover.
@@ -81,6 +83,7 @@ impl CudaOps {
             MAX_BUCKET,
             MAX_BUCKET + 1,
             MAX_BUCKET * blocks_per_seq + 1,
+            super::delta::plan_words_cap(MAX_BUCKET, MAX_BUCKET),
         ];
         let mut inputs = Vec::with_capacity(sizes.len());
         for n in sizes {
@@ -132,7 +135,7 @@ impl CudaOps {
     }
 
     /// The host side of the fixed inputs for `batch` padded to `bucket` rows.
-    fn graph_inputs(&self, batch: &StepBatch, bucket: usize) -> Result<[Vec<u32>; 6]> {
+    fn graph_inputs(&self, batch: &StepBatch, bucket: usize) -> Result<[Vec<u32>; 7]> {
         let bs = self.block_size;
         let dummy = self.kv_blocks; // the inert rows' private block
         let n_t = batch.block_tables.len();
@@ -171,7 +174,12 @@ impl CudaOps {
             row_seq[i] = u32_of(r.seq, "sequence index")?;
             slot[i] = u32_of(block as usize * bs + p % bs, "KV position index")?;
         }
-        Ok([tokens, pos, row_seq, slot, table_off, tables])
+        // Every bucket entry of the plan: inert past the step's sequences.
+        let plan = match self.states.layers.is_empty() {
+            true => vec![0],
+            false => super::delta::plan_words(&self.states.plans, bucket)?,
+        };
+        Ok([tokens, pos, row_seq, slot, table_off, tables, plan])
     }
 
     fn replay(
@@ -244,6 +252,10 @@ impl CudaOps {
         };
         self.scores = (self.gpu.ptr(&gs.scores), gs.scores.len());
         self.rows = [bucket, bucket];
+        self.states.dev = match self.states.layers.is_empty() {
+            true => (0, 0),
+            false => (p(STATE_PLAN), bucket),
+        };
         self.gpu
             .stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)

@@ -13,6 +13,7 @@
 //! in (hidden.rs); `MEMRA_PROFILE_OPS=1` times the ops of plain steps (opprof.rs).
 
 mod attention;
+pub mod delta;
 mod device;
 mod graph;
 mod hidden;
@@ -56,6 +57,8 @@ pub struct CudaOptions {
     pub graphs: bool,
     /// The KV cache's element format.
     pub kv_dtype: KvDtype,
+    /// Recurrent-state slots (a model with gated DeltaNet layers: one per running sequence).
+    pub state_slots: usize,
 }
 
 /// Whether CUDA graphs are on by default: yes, unless `MEMRA_CUDA_GRAPHS=0`.
@@ -193,6 +196,8 @@ pub struct CudaOps {
     hidden: usize,
     /// The hidden input rows of the MTP forward (hidden.rs).
     hidden_in: hidden::HiddenIn,
+    /// Gated DeltaNet layers' states and the step's plan (delta.rs).
+    states: delta::States,
 }
 
 /// Scratch activations of the MoE op, `k` = experts per row ([`moe::MoeBufs`]): per step row,
@@ -320,6 +325,7 @@ fn open_runner(
         moe_offs: None,
         hidden: c.hidden,
         hidden_in: hidden::HiddenIn::default(),
+        states: delta::States::new(opts.state_slots),
     };
     let runner = Runner::build_with(ops, weights, build)?;
     let (g, p) = (&runner.ops().gpu, &runner.ops().products);

@@ -9,7 +9,10 @@ use super::mat::{Mat, Mats, Use};
 use super::{AttnArgs, AttnPrep, CudaOps, DevAct, KvLayer, RopeKvArgs, RopeTable, class};
 use crate::error::Result;
 use crate::ops::rope::Rope;
-use crate::ops::{Act, AttnParams, Feature, Glu, KvId, MoeParams, Ops, Residual, RopeId, Rows};
+use crate::ops::{
+    Act, AttnParams, DeltaParams, Feature, Glu, KvId, MoeParams, Ops, Residual, RopeId, Rows,
+    StateId,
+};
 use crate::weights::Tensor;
 
 impl CudaOps {
@@ -33,14 +36,15 @@ impl CudaOps {
             .ok_or_else(|| self.gpu.err(format!("KV layer {} does not exist", kv.0)))
     }
 
-    fn rope_ptrs(&self, table: RopeId) -> Result<(u64, u64)> {
+    /// The cos and sin tables of `table` and its frequency count (pairs rotated per head).
+    fn rope_ptrs(&self, table: RopeId) -> Result<(u64, u64, usize)> {
         let g = &self.gpu;
         let t = self
             .ropes
             .get(table.0)
             .ok_or_else(|| g.err(format!("RoPE table {} does not exist", table.0)))?;
         match (&t.cos, &t.sin) {
-            (Some(c), Some(s)) => Ok((g.ptr(c), g.ptr(s))),
+            (Some(c), Some(s)) => Ok((g.ptr(c), g.ptr(s), t.rope.half())),
             _ => Err(g.err("RoPE tables missing")),
         }
     }
@@ -354,10 +358,17 @@ impl Ops for CudaOps {
     }
 
     fn rope(&mut self, x: Act, table: RopeId, head_dim: usize) -> Result<()> {
-        let (cos, sin) = self.rope_ptrs(table)?;
+        let (cos, sin, half) = self.rope_ptrs(table)?;
         let heads = x.width / head_dim.max(1);
         let (g, pos) = (&self.gpu, self.meta.pos);
-        g.rope(self.ptr(x)?, pos, cos, sin, self.n(x), heads, head_dim)
+        g.rope(
+            self.ptr(x)?,
+            pos,
+            (cos, sin, half),
+            self.n(x),
+            heads,
+            head_dim,
+        )
     }
 
     fn kv_write(&mut self, kv: KvId, k: Act, v: Act) -> Result<()> {
@@ -371,6 +382,34 @@ impl Ops for CudaOps {
 
     fn attention(&mut self, kv: KvId, q: Act, out: Act, p: &AttnParams) -> Result<()> {
         self.attention_with(kv, (q, out), p, None).map(|_| ())
+    }
+
+    fn state_layer(&mut self, p: &DeltaParams) -> Result<StateId> {
+        self.new_state_layer(p)
+    }
+
+    fn sigmoid_mul(&mut self, x: Act, g: Act) -> Result<()> {
+        let (px, pg) = (self.ptr(x)?, self.ptr(g)?);
+        self.gpu.sigmoid_mul(px, pg, self.n(x), x.width, g.width)
+    }
+
+    fn conv1d_silu(&mut self, st: StateId, w: &CudaSlice<f32>, x: Act, out: Act) -> Result<()> {
+        self.conv1d_silu_launch(st, w, (x, out))?;
+        self.tick("conv1d");
+        Ok(())
+    }
+
+    fn gated_delta(
+        &mut self,
+        st: StateId,
+        qkv: Act,
+        ba: Act,
+        coef: [&CudaSlice<f32>; 2],
+        out: Act,
+    ) -> Result<()> {
+        self.gated_delta_launch(st, (qkv, ba), coef, out)?;
+        self.tick("gated_delta");
+        Ok(())
     }
 
     // ---- fused composites ----
@@ -430,7 +469,7 @@ impl Ops for CudaOps {
         head_dim: usize,
         kv: KvId,
     ) -> Result<()> {
-        let (cos, sin) = self.rope_ptrs(table)?;
+        let (cos, sin, rot) = self.rope_ptrs(table)?;
         let l = self.kv(kv)?;
         let g = &self.gpu;
         g.rope_kv(&RopeKvArgs {
@@ -447,6 +486,7 @@ impl Ops for CudaOps {
             n_heads: q.width / head_dim.max(1),
             n_kv_heads: k.width / head_dim.max(1),
             head_dim,
+            rot,
             kv: self.kv_dtype,
         })?;
         self.tick("rope/kv");
@@ -532,7 +572,7 @@ impl Ops for CudaOps {
 }
 
 /// Whether the CUDA backend has `f`'s kernels: every feature (the mixture-of-experts FFN runs
-/// on the device, moe.rs; the MTP forward's hidden input, hidden.rs). Sliding windows run on the
+/// on the device, moe.rs; the MTP forward's hidden input, hidden.rs; gated DeltaNet, delta.rs). Sliding windows run on the
 /// tensor-core attention, or the CUDA-core split one with `MEMRA_ATTN_EXT=0`
 /// (`attn_mma_eligible`).
 fn gpu_has(f: Feature) -> bool {
@@ -542,10 +582,8 @@ fn gpu_has(f: Feature) -> bool {
         | Feature::Scale
         | Feature::Softcap
         | Feature::Moe
-        | Feature::Mtp => true,
-        // Gated DeltaNet (qwen3next): the CPU reference has it; the kernels are issue 34's
-        // next step.
-        Feature::Recurrent => false,
+        | Feature::Mtp
+        | Feature::Recurrent => true,
     }
 }
 
@@ -562,6 +600,7 @@ mod tests {
             Feature::Softcap,
             Feature::Moe,
             Feature::Mtp,
+            Feature::Recurrent,
         ];
         assert!(all.iter().all(|&f| gpu_has(f)));
     }

@@ -218,6 +218,8 @@ pub struct DevicePlan {
     pub kv_blocks: usize,
     pub block_size: usize,
     pub workspace: usize,
+    /// Recurrent state of every slot (a model with gated DeltaNet layers; [`state_bytes`]).
+    pub state: usize,
 }
 
 impl DevicePlan {
@@ -241,20 +243,24 @@ impl DevicePlan {
             kv_blocks,
             block_size,
             workspace: workspace_bytes(c, ctx, v2),
+            state: 0,
         })
     }
 
-    /// Weights + KV cache + working space (saturating).
+    /// Weights + KV cache + working space + recurrent state (saturating).
     pub fn total(&self) -> usize {
         self.weights
             .saturating_add(self.kv)
             .saturating_add(self.workspace)
+            .saturating_add(self.state)
     }
 
-    /// KV blocks that would fit in `free` next to the weights and working space (0: none).
+    /// KV blocks that would fit in `free` next to the weights, working space and state (0:
+    /// none).
     pub fn blocks_that_fit(&self, free: usize) -> usize {
         let per_block = self.kv / (self.kv_blocks + 1).max(1);
-        let room = free.saturating_sub(self.weights.saturating_add(self.workspace));
+        let fixed = self.weights.saturating_add(self.workspace);
+        let room = free.saturating_sub(fixed.saturating_add(self.state));
         (room / per_block.max(1)).saturating_sub(1)
     }
 
@@ -281,14 +287,18 @@ impl DevicePlan {
             backend: device.to_string(),
             what: format!(
                 "the model does not fit in device memory: it needs {} (weights {} as stored on \
-                 the device, KV cache {} for {} blocks of {} positions, working space {}) but \
-                 only {} of {} is free; {advice}",
+                 the device, KV cache {} for {} blocks of {} positions, working space {}{}) \
+                 but only {} of {} is free; {advice}",
                 gib(need),
                 gib(self.weights),
                 gib(self.kv),
                 self.kv_blocks,
                 self.block_size,
                 gib(self.workspace),
+                match self.state {
+                    0 => String::new(),
+                    s => format!(", recurrent state {}", gib(s)),
+                },
                 gib(free),
                 gib(total),
             ),
@@ -309,22 +319,36 @@ fn described(weights: &ModelWeights) -> (Vec<TensorDesc>, impl Fn(DType) -> bool
     })
 }
 
-/// The plan of `weights` with a pool of `kv_blocks` on this process's products.
+/// The plan of `weights` with a pool of `kv_blocks` and `state_slots` recurrent-state slots
+/// on this process's products.
 pub fn for_model(
     weights: &ModelWeights,
-    kv_blocks: usize,
-    block_size: usize,
-    kv_dtype: KvDtype,
+    (kv_blocks, block_size, kv_dtype): (usize, usize, KvDtype),
+    state_slots: usize,
 ) -> Result<DevicePlan> {
     let (tensors, packs) = described(weights);
-    DevicePlan::new(
+    let plan = DevicePlan::new(
         &weights.config,
         &tensors,
         &packs,
         kv_blocks,
         block_size,
         kv_dtype,
-    )
+    )?;
+    Ok(DevicePlan {
+        state: state_bytes(&weights.config, state_slots),
+        ..plan
+    })
+}
+
+/// Bytes of the recurrent state of `slots` sequences (gated DeltaNet layers; 0 for other
+/// models): per layer and slot, the state, the conv inputs and the kept inputs (delta.rs).
+pub fn state_bytes(c: &ModelConfig, slots: usize) -> usize {
+    let Some(p) = c.hybrid else { return 0 };
+    let layers = (0..c.n_layers).filter(|&l| !p.is_attention(l)).count();
+    layers
+        .saturating_mul(slots)
+        .saturating_mul(super::delta::slot_bytes(&p.delta()))
 }
 
 /// Bytes the weights and the working space (at the full context) take on the device: what
@@ -349,7 +373,8 @@ pub fn fixed_bytes_of(
 /// Refuses, before anything is allocated, a model that does not fit in the free memory of
 /// device `opts.device` with `opts.kv_blocks` KV blocks; returns the plan when it fits.
 pub fn check_fits(weights: &ModelWeights, opts: &super::CudaOptions) -> Result<DevicePlan> {
-    let plan = for_model(weights, opts.kv_blocks, opts.block_size, opts.kv_dtype)?;
+    let pool = (opts.kv_blocks, opts.block_size, opts.kv_dtype);
+    let plan = for_model(weights, pool, opts.state_slots)?;
     let (free, total) = super::device_memory(opts.device)?;
     plan.check(&format!("cuda:{}", opts.device), free, total)?;
     Ok(plan)

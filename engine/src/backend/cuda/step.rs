@@ -30,6 +30,8 @@ pub(super) struct Meta {
 /// held until the next step so they outlive the kernels that read them.
 pub(super) struct PlainBufs {
     _meta: Vec<CudaSlice<u32>>,
+    /// The recurrent-state plan (delta.rs), for a model with DeltaNet layers.
+    _plan: Option<CudaSlice<u32>>,
     _scores: Option<CudaSlice<f32>>,
     gather: Option<CudaSlice<u32>>,
 }
@@ -115,8 +117,15 @@ impl CudaOps {
         let score_rows = (SCORE_FLOATS / per_row.max(1)).clamp(1, m);
         let scores = g.zeros::<f32>(score_rows * per_row)?;
         self.scores = (g.ptr(&scores), scores.len());
+        let plans = &self.states.plans;
+        let plan = match plans.is_empty() {
+            true => None,
+            false => Some(g.upload(&super::delta::plan_words(plans, plans.len())?)?),
+        };
+        self.states.dev = (plan.as_ref().map_or(0, |b| g.ptr(b)), plans.len());
         self.plain = Some(PlainBufs {
             _meta: bufs,
+            _plan: plan,
             _scores: Some(scores),
             gather: None,
         });
@@ -172,8 +181,13 @@ impl Exec for CudaOps {
         want: &[usize],
         pass: &mut dyn FnMut(&mut Self, HeadRows) -> Result<()>,
     ) -> Result<Vec<usize>> {
-        self.begin_hidden_in(batch.rows.len())?;
+        self.plan_states(batch)?;
+        if let Err(e) = self.begin_hidden_in(batch.rows.len()) {
+            self.finish_states(false);
+            return Err(e);
+        }
         let r = self.execute_any(batch, want, pass);
+        self.finish_states(r.is_ok());
         self.end_hidden_in();
         r
     }

@@ -1,0 +1,191 @@
+// Gated DeltaNet (qwen3next linear attention): the causal depthwise convolution, the gated delta
+// rule and the kept per-token inputs, over each sequence's recurrent state slot. The rule for
+// where a slot's state stands is engine/src/backend/state.rs; the CPU reference is
+// engine/src/backend/cpu/delta.rs, whose operation order these kernels follow (products rounded
+// before they are added: --fmad=false).
+//
+// The step's plan (one entry per sequence, PLAN_W u32 each, then the row lists):
+//   slot, first position, replay_from, commit_to, rows in the step, offset of its row list.
+// A sequence's row list holds its step rows in position order. Entries with no rows are inert
+// (the padding of a CUDA graph's bucket).
+
+#define PLAN_W 6
+// Must equal engine/src/backend/state.rs RING / CONV_RING / MAX_CONV_KERNEL.
+#define RING 16
+#define MAX_CONV_KERNEL 8
+#define CONV_RING (RING + MAX_CONV_KERNEL - 1)
+
+struct SeqPlan {
+    u32 slot, first, replay_from, commit_to, n_rows;
+    const u32* rows;
+};
+
+__device__ __forceinline__ SeqPlan seq_plan(const u32* plan, u32 n_seqs, u32 s) {
+    const u32* e = plan + s * PLAN_W;
+    SeqPlan p;
+    p.slot = e[0];
+    p.first = e[1];
+    p.replay_from = e[2];
+    p.commit_to = e[3];
+    p.n_rows = e[4];
+    p.rows = plan + n_seqs * PLAN_W + e[5];
+    return p;
+}
+
+// Y[row][c] = silu(sum_t W[c][t] * x[pos - (K - 1) + t][c]) for every row of sequence
+// blockIdx.y, channel c = blockIdx.x * blockDim.x + threadIdx.x: taps of the step's own positions
+// from X, earlier ones from the slot's ring, zero before position 0; then the step's inputs into
+// the ring. One thread owns a channel of a sequence, in position order.
+extern "C" __global__ void conv1d_silu(const float* X, float* Y, const float* W, float* ring, const u32* plan,
+                                       u32 n_seqs, u32 conv_dim, u32 kernel) {
+    pdl_entry();
+    const SeqPlan p = seq_plan(plan, n_seqs, blockIdx.y);
+    const u32 c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p.n_rows == 0 || c >= conv_dim) return;
+    float* rg = ring + (u64)p.slot * CONV_RING * conv_dim;
+    float w[MAX_CONV_KERNEL];
+#pragma unroll
+    for (u32 t = 0; t < MAX_CONV_KERNEL; t++) w[t] = t < kernel ? W[(u64)c * kernel + t] : 0.0f;
+    for (u32 i = 0; i < p.n_rows; i++) {
+        const u32 pos = p.first + i;
+        float acc = 0.0f;
+        for (u32 t = 0; t < kernel; t++) {
+            if (pos + t < kernel - 1) continue;
+            const u32 q = pos + t - (kernel - 1);
+            const float v = q >= p.first ? X[(u64)p.rows[q - p.first] * conv_dim + c]
+                                         : rg[(u64)(q % CONV_RING) * conv_dim + c];
+            acc += w[t] * v;
+        }
+        Y[(u64)p.rows[i] * conv_dim + c] = acc / (1.0f + expf(-acc));
+    }
+    for (u32 i = 0; i < p.n_rows; i++) {
+        rg[(u64)((p.first + i) % CONV_RING) * conv_dim + c] = X[(u64)p.rows[i] * conv_dim + c];
+    }
+}
+
+// The gated delta rule of value head h of sequence blockIdx.y, columns tile * 32 + lane of its
+// state (HK x hv, row-major per head in S[slot][head]), blockIdx.x = h * tiles + tile with
+// tiles = ceil(hv / 32). One warp; lane j owns state
+// column j (HK values in registers). Positions replay_from..first come from the slot's kept
+// inputs, then the step's rows (their outputs into O); the state after position commit_to - 1 is
+// written back. Per position, as the CPU: q, k L2-normalised (q scaled by 1/sqrt(HK)),
+// beta = sigmoid(b), decay = exp(a_coef * softplus(a + dt)); S *= decay; kv = S^T k;
+// S += k ((v - kv) beta)^T; o = S^T q.
+template <int HK>
+__device__ __forceinline__ void gated_delta_body(const float* QKV, const float* BA, const float* A, const float* DT,
+                                                 float* O, float* S, const float* inputs, const u32* plan, u32 n_seqs,
+                                                 u32 nk, u32 nv, u32 hv) {
+    __shared__ float qs[HK];
+    __shared__ float ks[HK];
+    const SeqPlan p = seq_plan(plan, n_seqs, blockIdx.y);
+    if (p.n_rows == 0) return;
+    const u32 lane = threadIdx.x;
+    const u32 tiles = (hv + 31) / 32;
+    const u32 h = blockIdx.x / tiles;
+    const u32 j = (blockIdx.x % tiles) * 32 + lane;
+    const bool col = j < hv;
+    const u32 r = nv / nk, g = h / r, jj = h % r;
+    const u32 conv_dim = 2 * nk * HK + nv * hv;
+    const u32 iw = conv_dim + 2 * nv;
+    float* sb = S + ((u64)p.slot * nv + h) * HK * hv;
+    float s[HK];
+#pragma unroll
+    for (int i = 0; i < HK; i++) s[i] = (col && p.first > 0) ? sb[(u64)i * hv + j] : 0.0f;
+    if (col && p.first == 0 && p.commit_to == 0) {
+#pragma unroll
+        for (int i = 0; i < HK; i++) sb[(u64)i * hv + j] = 0.0f;
+    }
+    const float scale = 1.0f / sqrtf((float)HK);
+    const float a_coef = A[h], dt = DT[h];
+    const u32 total = p.first - p.replay_from + p.n_rows;
+    for (u32 n = 0; n < total; n++) {
+        const u32 pos = p.replay_from + n;
+        const float* x;
+        const float* ba;
+        u32 row = 0;
+        if (pos < p.first) {
+            x = inputs + ((u64)p.slot * RING + pos % RING) * iw;
+            ba = x + conv_dim;
+        } else {
+            row = p.rows[pos - p.first];
+            x = QKV + (u64)row * conv_dim;
+            ba = BA + (u64)row * 2 * nv;
+        }
+        float sq = 0.0f, sk = 0.0f;
+        for (u32 i = lane; i < HK; i += 32) {
+            const float qv = x[g * HK + i], kv = x[(nk + g) * HK + i];
+            sq += qv * qv;
+            sk += kv * kv;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            sq += __shfl_xor_sync(FULL_MASK, sq, o);
+            sk += __shfl_xor_sync(FULL_MASK, sk, o);
+        }
+        const float iq = 1.0f / sqrtf(sq + 1e-6f), ik = 1.0f / sqrtf(sk + 1e-6f);
+        for (u32 i = lane; i < HK; i += 32) {
+            qs[i] = x[g * HK + i] * iq * scale;
+            ks[i] = x[(nk + g) * HK + i] * ik * 1.0f;
+        }
+        __syncwarp();
+        const float beta = 1.0f / (1.0f + expf(-ba[g * 2 * r + jj]));
+        const float a = ba[g * 2 * r + r + jj] + dt;
+        const float sp = a > 20.0f ? a : log1pf(expf(a));
+        const float decay = expf(a_coef * sp);
+        if (col) {
+            const float v = x[2 * nk * HK + h * hv + j];
+            float kv = 0.0f;
+#pragma unroll
+            for (int i = 0; i < HK; i++) {
+                s[i] *= decay;
+            }
+#pragma unroll
+            for (int i = 0; i < HK; i++) kv += s[i] * ks[i];
+            const float d = (v - kv) * beta;
+#pragma unroll
+            for (int i = 0; i < HK; i++) s[i] += ks[i] * d;
+            if (pos >= p.first) {
+                float o = 0.0f;
+#pragma unroll
+                for (int i = 0; i < HK; i++) o += s[i] * qs[i];
+                O[(u64)row * nv * hv + (u64)h * hv + j] = o;
+            }
+            if (pos + 1 == p.commit_to) {
+#pragma unroll
+                for (int i = 0; i < HK; i++) sb[(u64)i * hv + j] = s[i];
+            }
+        }
+        __syncwarp();
+    }
+}
+
+#define GATED_DELTA_KERNEL(HK)                                                                                   \
+    extern "C" __global__ void gated_delta_k##HK(const float* QKV, const float* BA, const float* A,              \
+                                                 const float* DT, float* O, float* S, const float* inputs,      \
+                                                 const u32* plan, u32 n_seqs, u32 nk, u32 nv, u32 hv) {         \
+        pdl_entry();                                                                                             \
+        gated_delta_body<HK>(QKV, BA, A, DT, O, S, inputs, plan, n_seqs, nk, nv, hv);                            \
+    }
+
+GATED_DELTA_KERNEL(16)
+GATED_DELTA_KERNEL(32)
+GATED_DELTA_KERNEL(64)
+GATED_DELTA_KERNEL(128)
+
+// Keeps the delta-rule inputs (the conv output row and [b a]) of each sequence's last RING step
+// rows in its slot's ring, after gated_delta read the older ones. Grid: y = sequence.
+extern "C" __global__ void keep_inputs(const float* QKV, const float* BA, float* inputs, const u32* plan, u32 n_seqs,
+                                       u32 conv_dim, u32 nv) {
+    pdl_entry();
+    const SeqPlan p = seq_plan(plan, n_seqs, blockIdx.y);
+    const u32 iw = conv_dim + 2 * nv;
+    const u32 kept = p.n_rows < RING ? p.n_rows : RING;
+    const u64 n = (u64)kept * iw;
+    for (u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (u64)gridDim.x * blockDim.x) {
+        const u32 i = p.n_rows - kept + (u32)(idx / iw);
+        const u32 c = (u32)(idx % iw);
+        const u32 row = p.rows[i];
+        const float v = c < conv_dim ? QKV[(u64)row * conv_dim + c] : BA[(u64)row * 2 * nv + (c - conv_dim)];
+        inputs[((u64)p.slot * RING + (p.first + i) % RING) * iw + c] = v;
+    }
+}
