@@ -115,6 +115,10 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
     #[arg(long, env = "MEMRA_DRAIN_TIMEOUT_S", default_value_t = 30)]
     pub drain_timeout_s: u64,
+    /// Add an `x-memra-cache-key` header to inference responses: a routing key for
+    /// cache-affine gateways (docs/DEPLOY.md says what it hashes).
+    #[arg(long, env = "MEMRA_CACHE_KEY_HEADER")]
+    pub cache_key_header: bool,
     /// Log filter (tracing-subscriber EnvFilter syntax).
     #[arg(long, env = "MEMRA_LOG", default_value = "info")]
     pub log: String,

@@ -4,19 +4,21 @@
 //! - `[overload]` / `[tenant-limit]` / `[draining]`: refused at submission;
 //! - `[fail]`: two tokens, then an error event;
 //! - `[slow]`: 20 ms between tokens (disconnect and drain tests);
+//! - `[queued]`: waits 2 s in the (simulated) queue before its first token (drain tests); the
+//!   stats count it in its tenant's `queued` meanwhile;
 //! - `[slow-tokenize]` in a chat message: tokenizing takes 400 ms (slot-holding tests).
 //!
 //! Sampling with temperature > 0 rotates the reply by the seed, so equal seeds give equal text.
 //! Stop strings, `max_tokens` and `ignore_eos` behave as the seam describes.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use memra_engine::Result;
 use memra_engine::chat::ChatMessage;
-use memra_engine::engine::EngineStats;
+use memra_engine::engine::{EngineStats, ModelStats, TenantStats};
 use memra_engine::generate::FinishReason;
 use memra_engine::request::{Event, EventStream, SubmitError, TokenEvent, Usage, ValidRequest};
 use tokio::sync::mpsc::UnboundedSender;
@@ -91,6 +93,8 @@ pub struct FakeEngine {
     pub cancelled: Arc<AtomicUsize>,
     /// Every request submitted, in order.
     pub submitted: Mutex<Vec<ValidRequest>>,
+    /// Live requests per tenant, queued or running.
+    tenants: Ledger,
     seen_prompts: Mutex<HashSet<CacheKey>>,
     created: u64,
 }
@@ -109,6 +113,7 @@ impl FakeEngine {
             live: Arc::new(AtomicUsize::new(0)),
             cancelled: Arc::new(AtomicUsize::new(0)),
             submitted: Mutex::new(Vec::new()),
+            tenants: Ledger::default(),
             seen_prompts: Mutex::new(HashSet::new()),
             created: 1_700_000_000,
         }
@@ -139,12 +144,51 @@ impl FakeEngine {
     }
 }
 
-/// Decrements the live count when the generation task ends, however it ends.
-struct LiveGuard(Arc<AtomicUsize>);
+type Ledger = Arc<Mutex<HashMap<String, TenantStats>>>;
+
+/// Decrements the live count and the tenant's ledger when the generation task ends, however
+/// it ends.
+struct LiveGuard {
+    live: Arc<AtomicUsize>,
+    tenants: Ledger,
+    tenant: String,
+    running: bool,
+}
+
+impl LiveGuard {
+    fn update(&self, f: impl FnOnce(&mut TenantStats)) {
+        if let Ok(mut t) = self.tenants.lock() {
+            let e = t.entry(self.tenant.clone()).or_default();
+            f(e);
+            if *e == TenantStats::default() {
+                t.remove(&self.tenant);
+            }
+        }
+    }
+
+    /// The request leaves the queue and runs.
+    fn start(&mut self) {
+        if !self.running {
+            self.running = true;
+            self.update(|e| {
+                e.queued = e.queued.saturating_sub(1);
+                e.running += 1;
+            });
+        }
+    }
+}
 
 impl Drop for LiveGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.live.fetch_sub(1, Ordering::SeqCst);
+        let running = self.running;
+        self.update(|e| {
+            if running {
+                e.running = e.running.saturating_sub(1);
+            } else {
+                e.queued = e.queued.saturating_sub(1);
+            }
+        });
     }
 }
 
@@ -156,11 +200,23 @@ struct Job {
     logprobs: Option<usize>,
     fail: bool,
     delay: Duration,
+    /// Time in the queue before the first token.
+    hold: Duration,
     cancelled: Arc<AtomicUsize>,
-    _live: LiveGuard,
+    live: LiveGuard,
 }
 
-async fn run_job(job: Job) {
+async fn run_job(mut job: Job) {
+    if !job.hold.is_zero() {
+        tokio::select! {
+            _ = job.tx.closed() => {
+                job.cancelled.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+            _ = tokio::time::sleep(job.hold) => {}
+        }
+    }
+    job.live.start();
     let mut sent = 0;
     for (i, b) in job.text.bytes().enumerate() {
         if job.fail && i == 2 {
@@ -254,6 +310,18 @@ impl Generate for FakeEngine {
         };
         let (tx, stream) = EventStream::channel();
         self.live.fetch_add(1, Ordering::SeqCst);
+        let hold = if prompt_text.contains("[queued]") {
+            Duration::from_secs(2)
+        } else {
+            Duration::ZERO
+        };
+        let live = LiveGuard {
+            live: self.live.clone(),
+            tenants: self.tenants.clone(),
+            tenant: req.tenant.clone(),
+            running: false,
+        };
+        live.update(|e| e.queued += 1);
         let job = Job {
             tx,
             text,
@@ -271,8 +339,9 @@ impl Generate for FakeEngine {
             } else {
                 0
             }),
+            hold,
             cancelled: self.cancelled.clone(),
-            _live: LiveGuard(self.live.clone()),
+            live,
         };
         tokio::spawn(run_job(job));
         Ok(stream)
@@ -296,11 +365,20 @@ impl Generate for FakeEngine {
     fn stats(&self) -> EngineStats {
         let running = self.live.load(Ordering::SeqCst);
         let used = (running * 2).min(KV_BLOCKS);
+        let tenants = self.tenants.lock().map(|t| t.clone()).unwrap_or_default();
         EngineStats {
-            queue_depth: 0,
+            queue_depth: tenants.values().map(|t| t.queued).sum(),
             running,
             kv_blocks_used: used,
             kv_blocks_free: KV_BLOCKS - used,
+            tenants: tenants.into_iter().collect(),
+            models: vec![ModelStats {
+                alias: FAKE_MODEL.into(),
+                kv_blocks_total: KV_BLOCKS,
+                kv_blocks_used: used,
+                kv_blocks_free: KV_BLOCKS - used,
+                ..ModelStats::default()
+            }],
             ..EngineStats::default()
         }
     }

@@ -3,9 +3,10 @@
 //! Layout: `config` (every flag and env var), `engine` (the narrow trait the server needs from
 //! the engine), `fake` (a scripted engine for tests), `validation` (JSON -> typed request),
 //! `openai` (response shapes), `tools` (tool-call formats), `errors` (the one error -> HTTP mapping), `auth` (keyring),
-//! `metrics`, `sse`, `http` (listener, bodies, drain) and `routes`.
+//! `cache_key` (the gateways' routing key), `metrics`, `sse`, `http` (listener, bodies, drain) and `routes`.
 
 pub mod auth;
+pub mod cache_key;
 pub mod config;
 pub mod engine;
 pub mod errors;

@@ -1,6 +1,10 @@
 //! Prometheus metrics (OpenMetrics text via `prometheus-client`): requests by status and tenant,
 //! queue depth, running sequences, KV blocks, prefix-cache hit tokens, TTFT and inter-token
-//! latency histograms, prompt and generated token counters.
+//! latency histograms, prompt and generated token counters; for routers, each tenant's queue,
+//! running sequences and requests in flight, and each model's KV headroom.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
@@ -9,6 +13,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 use memra_engine::engine::EngineStats;
 
@@ -20,6 +25,16 @@ pub struct RequestLabels {
     pub route: String,
     pub status: String,
     pub tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    pub tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabel {
+    pub model: String,
 }
 
 pub struct Metrics {
@@ -37,6 +52,24 @@ pub struct Metrics {
     spec_accepted: Counter,
     ttft: Histogram,
     itl: Histogram,
+    tenant_queued: Family<TenantLabel, Gauge>,
+    tenant_running: Family<TenantLabel, Gauge>,
+    tenant_in_flight: Family<TenantLabel, Gauge>,
+    /// Tenants seen so far: one that has nothing in flight reads 0 rather than vanishing
+    /// (bounded by the keyring's tenants: names come only from authenticated keys).
+    tenants_seen: Mutex<BTreeSet<String>>,
+    kv_total: Family<ModelLabel, Gauge>,
+    kv_cached: Family<ModelLabel, Gauge>,
+    kv_headroom_tokens: Family<ModelLabel, Gauge>,
+    kv_headroom_ratio: Family<ModelLabel, Gauge<f64, AtomicU64>>,
+}
+
+/// What `/metrics` reads besides the engine's stats: the server's own in-flight counts and each
+/// model's positions per KV block.
+pub struct ServerLoad<'a> {
+    pub in_flight: usize,
+    pub tenants_in_flight: &'a HashMap<String, usize>,
+    pub block_size: &'a dyn Fn(&str) -> Option<usize>,
 }
 
 impl Default for Metrics {
@@ -62,6 +95,14 @@ impl Metrics {
             spec_accepted: Counter::default(),
             ttft: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             itl: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            tenant_queued: Family::default(),
+            tenant_running: Family::default(),
+            tenant_in_flight: Family::default(),
+            tenants_seen: Mutex::new(BTreeSet::new()),
+            kv_total: Family::default(),
+            kv_cached: Family::default(),
+            kv_headroom_tokens: Family::default(),
+            kv_headroom_ratio: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -125,6 +166,41 @@ impl Metrics {
             "Time between consecutive generated tokens of a request",
             m.itl.clone(),
         );
+        registry.register(
+            "tenant_queue_depth",
+            "A tenant's requests admitted by the engine and waiting to run",
+            m.tenant_queued.clone(),
+        );
+        registry.register(
+            "tenant_running_sequences",
+            "A tenant's sequences being generated",
+            m.tenant_running.clone(),
+        );
+        registry.register(
+            "tenant_http_in_flight",
+            "A tenant's inference requests being served (tokenizing, queued or running)",
+            m.tenant_in_flight.clone(),
+        );
+        registry.register(
+            "kv_blocks_capacity",
+            "A model's KV cache blocks",
+            m.kv_total.clone(),
+        );
+        registry.register(
+            "kv_blocks_cached",
+            "A model's idle KV blocks kept by the prefix cache (free: evicted when needed)",
+            m.kv_cached.clone(),
+        );
+        registry.register(
+            "kv_headroom_tokens",
+            "Positions a model's free KV blocks hold (prefix-cache blocks count as free)",
+            m.kv_headroom_tokens.clone(),
+        );
+        registry.register(
+            "kv_headroom_ratio",
+            "A model's free KV blocks over all its blocks (0 to 1)",
+            m.kv_headroom_ratio.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -160,14 +236,43 @@ impl Metrics {
         self.generated_tokens.inc_by(n as u64);
     }
 
-    /// The text exposition, with gauges set from `stats` and `in_flight`.
-    pub fn render(&self, stats: &EngineStats, in_flight: usize) -> String {
+    /// The text exposition, with gauges set from `stats` and `load`.
+    pub fn render(&self, stats: &EngineStats, load: &ServerLoad) -> String {
         let g = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
         self.queue_depth.set(g(stats.queue_depth));
         self.running.set(g(stats.running));
         self.kv_used.set(g(stats.kv_blocks_used));
         self.kv_free.set(g(stats.kv_blocks_free));
-        self.in_flight.set(g(in_flight));
+        self.in_flight.set(g(load.in_flight));
+        if let Ok(mut seen) = self.tenants_seen.lock() {
+            seen.extend(stats.tenants.keys().cloned());
+            seen.extend(load.tenants_in_flight.keys().cloned());
+            for t in seen.iter() {
+                let l = TenantLabel { tenant: t.clone() };
+                let ts = stats.tenants.get(t).copied().unwrap_or_default();
+                self.tenant_queued.get_or_create(&l).set(g(ts.queued));
+                self.tenant_running.get_or_create(&l).set(g(ts.running));
+                let n = load.tenants_in_flight.get(t).copied().unwrap_or(0);
+                self.tenant_in_flight.get_or_create(&l).set(g(n));
+            }
+        }
+        for m in &stats.models {
+            let l = ModelLabel {
+                model: m.alias.clone(),
+            };
+            self.kv_total.get_or_create(&l).set(g(m.kv_blocks_total));
+            self.kv_cached.get_or_create(&l).set(g(m.kv_blocks_cached));
+            if let Some(b) = (load.block_size)(&m.alias) {
+                let tokens = m.kv_blocks_free.saturating_mul(b);
+                self.kv_headroom_tokens.get_or_create(&l).set(g(tokens));
+            }
+            let ratio = if m.kv_blocks_total == 0 {
+                0.0
+            } else {
+                m.kv_blocks_free as f64 / m.kv_blocks_total as f64
+            };
+            self.kv_headroom_ratio.get_or_create(&l).set(ratio);
+        }
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             out.clear();

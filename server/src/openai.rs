@@ -208,6 +208,9 @@ pub struct KvCacheJson {
     pub dtype: String,
     pub bytes_per_token: usize,
     pub capacity_tokens: usize,
+    /// Positions per KV block (the prefix cache's unit); not in the API.
+    #[serde(skip)]
+    pub block_size: usize,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]

@@ -189,6 +189,7 @@ fn wrap(handle: EngineHandle) -> Loaded {
                 dtype: m.kv_dtype.to_string(),
                 bytes_per_token: m.kv_token_bytes,
                 capacity_tokens: m.kv_blocks * m.block_size,
+                block_size: m.block_size,
             }),
         })
         .collect();

@@ -34,6 +34,8 @@ pub struct Limits {
     /// How long a request waits for its tokenization before it fails (the work itself, bounded
     /// by the template's fuel, keeps its slot until it ends).
     pub tokenize_timeout: Duration,
+    /// Whether inference responses carry `x-memra-cache-key` (a routing key for gateways).
+    pub cache_key_header: bool,
 }
 
 impl Default for Limits {
@@ -49,6 +51,7 @@ impl Default for Limits {
             max_connections: 1024,
             tokenize_workers: default_tokenize_workers(),
             tokenize_timeout: Duration::from_secs(20),
+            cache_key_header: false,
         }
     }
 }
@@ -65,6 +68,7 @@ impl Limits {
             body_timeout: Duration::from_secs(a.body_timeout_s),
             stream_write_timeout: Duration::from_secs(a.stream_write_timeout_s),
             max_connections: a.max_connections.max(1),
+            cache_key_header: a.cache_key_header,
             ..Limits::default()
         }
     }
@@ -87,6 +91,8 @@ pub struct State {
     pub limits: Limits,
     pub metrics: Metrics,
     draining: AtomicBool,
+    /// Flips to true when the drain starts (requests waiting for their first token watch it).
+    drain_signal: tokio::sync::watch::Sender<bool>,
     in_flight: AtomicUsize,
     tenants: Mutex<HashMap<String, usize>>,
     /// Permits of the bounded tokenizer pool.
@@ -120,6 +126,7 @@ impl State {
             auth,
             metrics: Metrics::new(),
             draining: AtomicBool::new(false),
+            drain_signal: tokio::sync::watch::Sender::new(false),
             in_flight: AtomicUsize::new(0),
             tenants: Mutex::new(HashMap::new()),
             tokenize_pool: Arc::new(tokio::sync::Semaphore::new(limits.tokenize_workers.max(1))),
@@ -142,6 +149,18 @@ impl State {
 
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
+        self.drain_signal.send_replace(true);
+    }
+
+    /// Resolves once the drain has started (at once if it already has).
+    pub async fn drain_started(&self) {
+        let mut rx = self.drain_signal.subscribe();
+        let _ = rx.wait_for(|d| *d).await;
+    }
+
+    /// Requests in flight per tenant (tenants with none are absent).
+    pub fn tenants_in_flight(&self) -> HashMap<String, usize> {
+        self.tenants.lock().map(|t| t.clone()).unwrap_or_default()
     }
 
     /// Requests being served now.

@@ -62,6 +62,9 @@ pub struct Parsed {
     pub logprobs: Option<usize>,
     pub user: Option<String>,
     pub cache_salt: Option<String>,
+    /// OpenAI's `prompt_cache_key`: a routing hint only (`x-memra-cache-key`); it neither
+    /// changes the output nor namespaces the prefix cache (`cache_salt` does).
+    pub prompt_cache_key: Option<String>,
     /// `"ignore_eos": true` generates past the end-of-sequence tokens up to `max_tokens`
     /// (benchmarks; as llama-server and vLLM accept it). Stop strings still apply.
     pub ignore_eos: bool,
@@ -461,6 +464,7 @@ pub fn parse(kind: Kind, body: &[u8], max_tokens_cap: usize) -> Result<Parsed, A
         logprobs,
         user: get_tag(&o, "user")?,
         cache_salt: get_tag(&o, "cache_salt")?,
+        prompt_cache_key: get_tag(&o, "prompt_cache_key")?,
         ignore_eos: get_bool(&o, "ignore_eos")?.unwrap_or(false),
         speculative: get_bool(&o, "speculative")?.unwrap_or(true),
         structured: parse_structured(&o, kind)?,

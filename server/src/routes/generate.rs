@@ -1,7 +1,7 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions`: auth, body (under a size limit and
 //! a timeout, before any slot is taken), parse, admission, a byte bound on the prompt, tokenize
-//! (in a bounded pool off the executor, the slot held until the work ends), submit, then a
-//! whole response or an SSE stream.
+//! (in a bounded pool off the executor, the slot held until the work ends), submit, wait for
+//! the first token (a drain meanwhile: 503 `draining`), then a whole response or an SSE stream.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,13 +9,14 @@ use std::time::Instant;
 use memra_engine::grammar::Grammar;
 
 use hyper::body::Incoming;
-use hyper::header::CONTENT_TYPE;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use memra_engine::request::{Event, SubmitError};
 
 use super::running::{Running, observe_token};
 use super::shape::{Shaper, ShaperInit};
 use super::stream;
+use crate::cache_key::{self, KeyInput};
 use crate::errors::ApiError;
 use crate::http::body::{self, Body};
 use crate::state::{Permit, State};
@@ -170,6 +171,21 @@ pub async fn handle(
         permit,
     )
     .await?;
+    if st.is_draining() {
+        return Err(ApiError::from(SubmitError::Draining));
+    }
+    let cache_key = st.limits.cache_key_header.then(|| {
+        cache_key::cache_key(&KeyInput {
+            model: &parsed.model,
+            tenant: &who.name,
+            cache_salt: parsed.cache_salt.as_deref(),
+            prompt_cache_key: parsed.prompt_cache_key.as_deref(),
+            user: parsed.user.as_deref(),
+            prompt: &parsed.prompt,
+            ids: &ids,
+            block: model.kv_cache.as_ref().map_or(16, |k| k.block_size),
+        })
+    });
     let shaper = Shaper::new(ShaperInit {
         kind,
         request_id: request_id.to_string(),
@@ -203,7 +219,7 @@ pub async fn handle(
         } => ApiError::context_length(kind.prompt_param(), prompt, max_tokens, ctx),
         e => ApiError::from(e),
     })?;
-    let run = Running {
+    let mut run = Running {
         events,
         shaper,
         state: st.clone(),
@@ -212,18 +228,50 @@ pub async fn handle(
         tokens: 0,
         counted: false,
     };
-    if streaming {
-        Ok(stream::respond(run))
+    let first = first_event(&mut run).await?;
+    let mut resp = if streaming {
+        stream::respond(run, first)
     } else {
-        collect(run).await
+        collect(run, first).await?
+    };
+    if let Some(v) = cache_key.and_then(|k| HeaderValue::from_str(&k).ok()) {
+        resp.headers_mut().insert(cache_key::HEADER, v);
+    }
+    Ok(resp)
+}
+
+/// Waits for the request's first event from the engine. Until it comes nothing is sent (a
+/// stream's status and headers included), so a drain that starts meanwhile answers 503
+/// `draining` with Retry-After, and the caller's dropping `run` cancels the request in the
+/// engine (it frees its KV): a request still queued on a replica that is going away is retried
+/// elsewhere instead of holding the drain up or being cut off. An engine error before any
+/// token is an HTTP error too.
+async fn first_event(run: &mut Running) -> Result<Event, ApiError> {
+    let st = run.state.clone();
+    let ev = tokio::select! {
+        biased;
+        ev = run.events.recv() => ev,
+        _ = st.drain_started() => return Err(ApiError::from(SubmitError::Draining)),
+    };
+    match ev {
+        Some(Event::Error(m)) => Err(ApiError::engine(m)),
+        Some(ev) => Ok(ev),
+        None => Err(ApiError::engine(
+            "the engine ended the request without finishing it",
+        )),
     }
 }
 
-/// Gathers the whole generation into one response.
-async fn collect(mut run: Running) -> Result<Response<Body>, ApiError> {
+/// Gathers the whole generation (from its `first` event on) into one response.
+async fn collect(mut run: Running, first: Event) -> Result<Response<Body>, ApiError> {
     let mut last: Option<Instant> = None;
+    let mut pending = Some(first);
     loop {
-        match run.events.recv().await {
+        let ev = match pending.take() {
+            Some(ev) => Some(ev),
+            None => run.events.recv().await,
+        };
+        match ev {
             Some(Event::Token(t)) => {
                 observe_token(&mut run, &mut last);
                 let _ = run.shaper.token_chunk(&t);

@@ -6,7 +6,7 @@ use serde_json::json;
 
 use crate::errors::ApiError;
 use crate::http::body::{self, Body};
-use crate::metrics::CONTENT_TYPE;
+use crate::metrics::{CONTENT_TYPE, ServerLoad};
 use crate::openai::{ModelJson, ModelList};
 use crate::state::State;
 
@@ -40,7 +40,20 @@ pub fn metrics(
     tenant: &mut String,
 ) -> Result<Response<Body>, ApiError> {
     *tenant = super::authenticate(st, req)?.name;
-    let text = st.metrics.render(&st.engine.stats(), st.in_flight());
+    let models = st.engine.models();
+    let block_size = |alias: &str| {
+        models
+            .iter()
+            .find(|m| m.alias == alias)
+            .and_then(|m| m.kv_cache.as_ref())
+            .map(|k| k.block_size)
+    };
+    let load = ServerLoad {
+        in_flight: st.in_flight(),
+        tenants_in_flight: &st.tenants_in_flight(),
+        block_size: &block_size,
+    };
+    let text = st.metrics.render(&st.engine.stats(), &load);
     Ok(body::text(StatusCode::OK, CONTENT_TYPE, text))
 }
 

@@ -18,13 +18,15 @@ use crate::sse;
 /// Chunks buffered between the forwarding task and the socket.
 const CHANNEL: usize = 64;
 
-pub fn respond(run: Running) -> Response<Body> {
+/// The SSE response of a request whose `first` event has arrived (generate.rs waits for it
+/// before committing the status).
+pub fn respond(run: Running, first: Event) -> Response<Body> {
     let (tx, rx) = mpsc::channel(CHANNEL);
-    tokio::spawn(forward(run, tx));
+    tokio::spawn(forward(run, first, tx));
     body::sse(rx)
 }
 
-async fn forward(mut run: Running, tx: mpsc::Sender<bytes::Bytes>) {
+async fn forward(mut run: Running, first: Event, tx: mpsc::Sender<bytes::Bytes>) {
     let wait = run.state.limits.stream_write_timeout;
     if let Some(c) = run.shaper.role_chunk()
         && !send_all(&tx, vec![sse::event(&c)], wait).await
@@ -32,11 +34,15 @@ async fn forward(mut run: Running, tx: mpsc::Sender<bytes::Bytes>) {
         return;
     }
     let mut last = None;
+    let mut pending = Some(first);
     loop {
-        let ev = tokio::select! {
-            biased;
-            _ = tx.closed() => return,
-            ev = run.events.recv() => ev,
+        let ev = match pending.take() {
+            Some(ev) => Some(ev),
+            None => tokio::select! {
+                biased;
+                _ = tx.closed() => return,
+                ev = run.events.recv() => ev,
+            },
         };
         let frames = match ev {
             Some(Event::Token(t)) => {

@@ -10,6 +10,7 @@ mod lifecycle;
 mod real_model;
 mod request_battery;
 mod request_proptest;
+mod routing;
 mod security;
 mod served;
 mod spec_mtp;

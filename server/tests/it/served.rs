@@ -136,24 +136,41 @@ async fn a_keyring_tenants_limit_reaches_the_engine() {
     let auth = Auth::Keyring(Arc::new(KeyringWatch::open(path).unwrap()));
     // Default flags: 64 running, 64 in flight per tenant unless the keyring says otherwise.
     let s = serve(tiny_model(), &["--kv-blocks", "2048"], auth).await;
-    let mut held = Vec::new();
-    for i in 0..100 {
-        let r = post(&s.url, "/v1/completions", Some(&big), &long_stream(i)).await;
-        assert_eq!(r.status(), 200, "request {i} of a tenant allowed 200");
-        held.push(r);
-    }
+    // Streams answer with their first token, so the queued ones are sent concurrently (a
+    // task each, holding its response open).
+    let send = |key: &str, i: usize| {
+        let (url, key) = (s.url.clone(), key.to_string());
+        tokio::spawn(async move {
+            let r = post(&url, "/v1/completions", Some(&key), &long_stream(i)).await;
+            assert_eq!(r.status(), 200, "request {i}");
+            r
+        })
+    };
+    let mut held: Vec<_> = (0..100).map(|i| send(&big, i)).collect();
     // All 100 are in the engine at once: 64 running, 36 queued.
-    let t = s.engine.stats().tenants["big"];
-    assert_eq!(t.running + t.queued, 100, "{t:?}");
+    let e = s.engine.clone();
+    wait_for("100 requests of a tenant allowed 200 in the engine", || {
+        e.stats()
+            .tenants
+            .get("big")
+            .is_some_and(|t| t.running + t.queued == 100)
+    })
+    .await;
     // A tenant allowed 3: the fourth gets 429.
-    for i in 0..3 {
-        let r = post(&s.url, "/v1/completions", Some(&small), &long_stream(i)).await;
-        assert_eq!(r.status(), 200);
-        held.push(r);
-    }
+    held.extend((0..3).map(|i| send(&small, i)));
+    let e = s.engine.clone();
+    wait_for("3 requests of a tenant allowed 3 in the engine", || {
+        e.stats()
+            .tenants
+            .get("small")
+            .is_some_and(|t| t.running + t.queued == 3)
+    })
+    .await;
     let r = post(&s.url, "/v1/completions", Some(&small), &long_stream(3)).await;
     assert_eq!(r.status(), 429);
-    drop(held);
+    for h in held {
+        h.abort();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
