@@ -23,6 +23,24 @@ impl Posted {
             .unwrap_or(0)
     }
 
+    /// Reads the headers (names lowercased), leaving the reader at the body.
+    pub fn headers(&mut self) -> Result<Vec<(String, String)>, String> {
+        let mut out = Vec::new();
+        loop {
+            let mut h = String::new();
+            let n = self
+                .reader
+                .read_line(&mut h)
+                .map_err(|e| format!("read: {e}"))?;
+            if n == 0 || h == "\r\n" || h == "\n" {
+                return Ok(out);
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                out.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+            }
+        }
+    }
+
     /// Reads the headers and the whole body (de-chunked when the server sent it chunked).
     pub fn body(mut self) -> Result<String, String> {
         let mut chunked = false;
@@ -73,7 +91,7 @@ pub fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {
 
 /// GETs `path` at `addr` (optional bearer key); returns the status code and the whole body.
 pub fn get(addr: &str, path: &str, api_key: Option<&str>) -> Result<(u16, String), String> {
-    let p = request(addr, "GET", path, api_key, None)?;
+    let p = request(addr, "GET", path, api_key, &[], None)?;
     let code = p.code();
     Ok((code, p.body()?))
 }
@@ -81,7 +99,18 @@ pub fn get(addr: &str, path: &str, api_key: Option<&str>) -> Result<(u16, String
 /// POSTs `body` (JSON) to `path` at `addr` with an optional bearer key and reads the status
 /// line. Errors name the step that failed (connect, send, read).
 pub fn post(addr: &str, path: &str, api_key: Option<&str>, body: &str) -> Result<Posted, String> {
-    request(addr, "POST", path, api_key, Some(body))
+    request(addr, "POST", path, api_key, &[], Some(body))
+}
+
+/// [`post`] with extra request headers (name, value).
+pub fn post_with(
+    addr: &str,
+    path: &str,
+    api_key: Option<&str>,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Result<Posted, String> {
+    request(addr, "POST", path, api_key, headers, Some(body))
 }
 
 fn request(
@@ -89,13 +118,17 @@ fn request(
     method: &str,
     path: &str,
     api_key: Option<&str>,
+    headers: &[(&str, &str)],
     body: Option<&str>,
 ) -> Result<Posted, String> {
     let mut s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(300))).ok();
-    let auth = api_key
+    let mut auth = api_key
         .map(|k| format!("authorization: Bearer {k}\r\n"))
         .unwrap_or_default();
+    for (k, v) in headers {
+        auth.push_str(&format!("{k}: {v}\r\n"));
+    }
     let req = match body {
         Some(body) => format!(
             "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n{auth}content-length: {}\r\nconnection: close\r\n\r\n{body}",

@@ -8,6 +8,14 @@
 //! a `shared_prefix` fraction of requests start with one long common system prompt (prefix-cache
 //! reuse); a `cancel` fraction of requests hang up after their first few tokens (counted as
 //! cancelled, not as errors); `duration_s` stops issuing new requests after that many seconds.
+//!
+//! Replicas behind a load balancer (docs/DEPLOY.md): `turns` makes each client's requests
+//! multi-turn conversations (each turn resends the history with the replies it got, so a
+//! replica holding the conversation's prefix cache serves it from there); `affinity_header`
+//! names a request header carrying the conversation's id (`conv-N`, also sent as `user`) for a
+//! balancer to hash on; `retries` retries a 429/503 after its `Retry-After` (capped at 10 s).
+//! The report adds the prompt tokens served from the cache (`cached_share`), the retries, and
+//! the streams cut after their first token.
 
 use std::io::BufRead;
 use std::time::Instant;
@@ -32,6 +40,12 @@ pub struct LoadArgs {
     pub cancel: f64,
     /// Stop issuing requests after this many seconds (0: no bound).
     pub duration_s: f64,
+    /// Turns per conversation (1: independent requests).
+    pub turns: usize,
+    /// A request header carrying the conversation id, for a balancer's consistent hash.
+    pub affinity_header: Option<String>,
+    /// Times a request answered 429/503 is retried after its Retry-After.
+    pub retries: usize,
 }
 
 impl LoadArgs {
@@ -54,6 +68,9 @@ impl LoadArgs {
             shared_prefix: 0.0,
             cancel: 0.0,
             duration_s: 0.0,
+            turns: 1,
+            affinity_header: None,
+            retries: 0,
         }
     }
 }
@@ -106,6 +123,16 @@ pub struct LoadReport {
     /// Gaps between consecutive content chunks of a stream (ms).
     pub itl_ms: Option<Percentiles>,
     pub first_error: Option<String>,
+    /// Prompt tokens of the completed requests, and how many came from the prefix cache
+    /// (`usage.prompt_tokens_details.cached_tokens`).
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    /// cached_tokens / prompt_tokens.
+    pub cached_share: f64,
+    /// Retries after a 429/503 (each counted once per attempt).
+    pub retried: usize,
+    /// Errors after the stream's first token (the rest of `errors` came before it).
+    pub cut_streams: usize,
 }
 
 /// The long system prompt a `shared_prefix` fraction of requests begin with.
@@ -119,11 +146,14 @@ pub(crate) fn in_fraction(i: usize, f: f64) -> bool {
     ((i + 1) as f64 * f).floor() > (i as f64 * f).floor()
 }
 
-fn body(a: &LoadArgs, i: usize) -> String {
+/// The body of request `i`; `history` holds the conversation's earlier turns (user and
+/// assistant messages), `conv` its id when it is one.
+fn body(a: &LoadArgs, i: usize, history: &[serde_json::Value], conv: Option<usize>) -> String {
     let mut messages = Vec::new();
     if in_fraction(i, a.shared_prefix) {
         messages.push(serde_json::json!({"role": "system", "content": shared_system()}));
     }
+    messages.extend_from_slice(history);
     let mut content = format!("Tell me a short story about the number {i}.");
     if !a.prompt_words.is_empty() {
         let words = a.prompt_words[i % a.prompt_words.len()];
@@ -133,7 +163,7 @@ fn body(a: &LoadArgs, i: usize) -> String {
         content = format!("{content} Context: {}", filler.join(" "));
     }
     messages.push(serde_json::json!({"role": "user", "content": content}));
-    serde_json::json!({
+    let mut v = serde_json::json!({
         "model": a.model,
         "messages": messages,
         "max_tokens": a.max_tokens,
@@ -141,8 +171,11 @@ fn body(a: &LoadArgs, i: usize) -> String {
         "seed": i,
         "stream": true,
         "stream_options": {"include_usage": true},
-    })
-    .to_string()
+    });
+    if let Some(c) = conv {
+        v["user"] = serde_json::json!(format!("conv-{c}"));
+    }
+    v.to_string()
 }
 
 /// One request's outcome.
@@ -152,38 +185,103 @@ struct One {
     ttft_ms: Option<f64>,
     gaps_ms: Vec<f64>,
     cancelled: bool,
+    /// The reply's text (the next turn's assistant message).
+    text: String,
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    retried: usize,
 }
 
 /// Why a request did not complete.
 #[derive(Debug)]
 enum Fail {
-    Shed,
+    /// 429/503 (after the retries, if any), with its Retry-After seconds.
+    Shed(Option<u64>),
     Malformed(String),
     Error(String),
+    /// An error after the stream's first token.
+    Cut(String),
 }
 
-/// One streaming request over HTTP/1.1 (Connection: close).
-fn one(args: &LoadArgs, i: usize) -> std::result::Result<One, Fail> {
+/// Longest wait for a Retry-After.
+const MAX_RETRY_WAIT_S: u64 = 10;
+
+/// One request, retried after a 429/503 up to `args.retries` times (TTFT counts from the
+/// first attempt, as the client sees it).
+fn one_retried(
+    args: &LoadArgs,
+    i: usize,
+    body: &str,
+    conv: Option<usize>,
+) -> std::result::Result<One, Fail> {
+    let t0 = Instant::now();
+    let mut retried = 0;
+    loop {
+        match one(args, i, body, conv, t0) {
+            Err(Fail::Shed(after)) if retried < args.retries => {
+                retried += 1;
+                let s = after.unwrap_or(1).min(MAX_RETRY_WAIT_S);
+                std::thread::sleep(std::time::Duration::from_secs(s));
+            }
+            Ok(mut o) => {
+                o.retried = retried;
+                return Ok(o);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// One streaming request over HTTP/1.1 (Connection: close); times count from `t0`.
+fn one(
+    args: &LoadArgs,
+    i: usize,
+    body: &str,
+    conv: Option<usize>,
+    t0: Instant,
+) -> std::result::Result<One, Fail> {
     let err = Fail::Error;
-    let p = crate::http::post(
+    let conv_id = conv.map(|c| format!("conv-{c}"));
+    let headers: Vec<(&str, &str)> = match (&args.affinity_header, &conv_id) {
+        (Some(h), Some(c)) => vec![(h.as_str(), c.as_str())],
+        _ => Vec::new(),
+    };
+    let mut p = crate::http::post_with(
         &args.addr,
         "/v1/chat/completions",
         args.api_key.as_deref(),
-        &body(args, i),
+        &headers,
+        body,
     )
     .map_err(err)?;
-    match p.code() {
+    let code = p.code();
+    let head = p.headers().map_err(err)?;
+    match code {
         200 => {}
-        429 | 503 => return Err(Fail::Shed),
+        429 | 503 => {
+            let after = head
+                .iter()
+                .find(|(k, _)| k == "retry-after")
+                .and_then(|(_, v)| v.parse().ok());
+            return Err(Fail::Shed(after));
+        }
         _ => return Err(err(format!("status {}", p.status))),
     }
-    let (t0, r) = (p.sent, p.reader);
+    let r = p.reader;
     let cancel_after = in_fraction(i, args.cancel).then_some(2);
     let mut out = One::default();
     let (mut finishes, mut done, mut usage, mut last) = (0, false, None, None::<f64>);
     let mut chunks = 0usize;
+    // An error after the first token cuts a stream that had started.
+    let fail = |chunks: usize, m: String| {
+        if chunks > 0 {
+            Fail::Cut(m)
+        } else {
+            Fail::Error(m)
+        }
+    };
     for line in r.lines() {
-        let line = line.map_err(|e| err(format!("read: {e}")))?;
+        let line = line.map_err(|e| fail(chunks, format!("read: {e}")))?;
         let Some(data) = line.strip_prefix("data: ") else {
             continue;
         };
@@ -194,16 +292,20 @@ fn one(args: &LoadArgs, i: usize) -> std::result::Result<One, Fail> {
         let v: serde_json::Value = serde_json::from_str(data)
             .map_err(|e| Fail::Malformed(format!("malformed: bad chunk JSON: {e}")))?;
         if v.get("error").is_some() {
-            return Err(err(format!("error chunk: {data}")));
+            return Err(fail(chunks, format!("error chunk: {data}")));
         }
         if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
             usage = u.get("completion_tokens").and_then(|t| t.as_u64());
+            let n = |x: &serde_json::Value| x.as_u64().unwrap_or(0) as usize;
+            out.prompt_tokens = n(&u["prompt_tokens"]);
+            out.cached_tokens = n(&u["prompt_tokens_details"]["cached_tokens"]);
         }
         let choice = &v["choices"][0];
-        if choice["delta"]["content"]
+        if let Some(c) = choice["delta"]["content"]
             .as_str()
-            .is_some_and(|c| !c.is_empty())
+            .filter(|c| !c.is_empty())
         {
+            out.text.push_str(c);
             let now = t0.elapsed().as_secs_f64() * 1e3;
             match last {
                 None => out.ttft_ms = Some(now),
@@ -225,6 +327,9 @@ fn one(args: &LoadArgs, i: usize) -> std::result::Result<One, Fail> {
             out.tokens = n as usize;
             Ok(out)
         }
+        (false, _, _) if chunks > 0 => Err(Fail::Cut(format!(
+            "the stream ended after {chunks} chunks without [DONE]"
+        ))),
         _ => Err(Fail::Malformed(format!(
             "malformed stream: [DONE] {done}, finish_reason chunks {finishes}, usage {usage:?}"
         ))),
@@ -246,6 +351,16 @@ pub fn run(args: &LoadArgs) -> Result<LoadReport> {
             )));
         }
     }
+    if args.turns == 0 {
+        return Err(Error::Input("--turns must be > 0".into()));
+    }
+    if let Some(h) = &args.affinity_header
+        && (h.is_empty() || !h.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'))
+    {
+        return Err(Error::Input(format!(
+            "--affinity-header `{h}`: expected a header name of letters, digits and `-`"
+        )));
+    }
     if !(args.duration_s >= 0.0 && args.duration_s.is_finite()) {
         return Err(Error::Input(format!(
             "--duration-s {}: expected seconds >= 0",
@@ -258,11 +373,31 @@ pub fn run(args: &LoadArgs) -> Result<LoadReport> {
             let a = args.clone();
             std::thread::spawn(move || {
                 let mut v = Vec::new();
+                let mut history: Vec<serde_json::Value> = Vec::new();
                 for r in 0..a.requests {
                     if a.duration_s > 0.0 && t0.elapsed().as_secs_f64() >= a.duration_s {
                         break;
                     }
-                    v.push(one(&a, c * a.requests + r));
+                    let i = c * a.requests + r;
+                    if r % a.turns == 0 {
+                        history.clear();
+                    }
+                    let conv =
+                        (a.turns > 1).then(|| c * a.requests.div_ceil(a.turns) + r / a.turns);
+                    let b = body(&a, i, &history, conv);
+                    let res = one_retried(&a, i, &b, conv);
+                    if a.turns > 1 {
+                        let msgs: serde_json::Value = serde_json::from_str(&b).unwrap_or_default();
+                        if let Some(user) = msgs["messages"].as_array().and_then(|m| m.last()) {
+                            history.push(user.clone());
+                        }
+                        let reply = match &res {
+                            Ok(o) if !o.text.is_empty() => o.text.clone(),
+                            _ => "(no reply)".to_string(),
+                        };
+                        history.push(serde_json::json!({"role": "assistant", "content": reply}));
+                    }
+                    v.push(res);
                 }
                 v
             })
@@ -282,11 +417,19 @@ pub fn run(args: &LoadArgs) -> Result<LoadReport> {
             match r {
                 Ok(o) => {
                     rep.completion_tokens += o.tokens;
+                    rep.prompt_tokens += o.prompt_tokens;
+                    rep.cached_tokens += o.cached_tokens;
+                    rep.retried += o.retried;
                     rep.cancelled += o.cancelled as usize;
                     ttft.extend(o.ttft_ms);
                     gaps.extend(o.gaps_ms);
                 }
-                Err(Fail::Shed) => rep.shed += 1,
+                Err(Fail::Shed(_)) => rep.shed += 1,
+                Err(Fail::Cut(e)) => {
+                    rep.errors += 1;
+                    rep.cut_streams += 1;
+                    rep.first_error.get_or_insert(e);
+                }
                 Err(Fail::Malformed(e)) => {
                     rep.malformed += 1;
                     rep.first_error.get_or_insert(e);
@@ -300,6 +443,7 @@ pub fn run(args: &LoadArgs) -> Result<LoadReport> {
     }
     rep.wall_s = t0.elapsed().as_secs_f64();
     rep.aggregate_tok_s = rep.completion_tokens as f64 / rep.wall_s.max(1e-9);
+    rep.cached_share = rep.cached_tokens as f64 / rep.prompt_tokens.max(1) as f64;
     rep.ttft_ms = Percentiles::of(ttft);
     rep.itl_ms = Percentiles::of(gaps);
     Ok(rep)
@@ -336,7 +480,7 @@ mod tests {
         a.prompt_words = vec![0, 50];
         a.shared_prefix = 0.5;
         let b: Vec<serde_json::Value> = (0..4)
-            .map(|i| serde_json::from_str(&body(&a, i)).unwrap())
+            .map(|i| serde_json::from_str(&body(&a, i, &[], None)).unwrap())
             .collect();
         let user = |v: &serde_json::Value| {
             let m = v["messages"].as_array().unwrap();
@@ -349,6 +493,39 @@ mod tests {
             .count();
         assert_eq!(systems, 2);
         assert_eq!(b[0]["stream"], true);
+    }
+
+    #[test]
+    fn turns_resend_the_history_under_the_conversation_id() {
+        let a = LoadArgs::plain("x".into(), "m".into(), 1, 4, 8);
+        let history = vec![
+            serde_json::json!({"role": "user", "content": "first"}),
+            serde_json::json!({"role": "assistant", "content": "reply"}),
+        ];
+        let v: serde_json::Value = serde_json::from_str(&body(&a, 1, &history, Some(7))).unwrap();
+        let m = v["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[0]["content"], "first");
+        assert_eq!(m[1]["role"], "assistant");
+        assert_eq!(m[2]["role"], "user");
+        assert_eq!(v["user"], "conv-7");
+        let plain: serde_json::Value = serde_json::from_str(&body(&a, 1, &[], None)).unwrap();
+        assert!(plain.get("user").is_none());
+    }
+
+    #[test]
+    fn bad_turns_and_header_names_are_refused() {
+        let mut a = LoadArgs::plain("127.0.0.1:1".into(), "m".into(), 1, 1, 1);
+        a.turns = 0;
+        assert!(run(&a).unwrap_err().to_string().contains("--turns"));
+        a.turns = 2;
+        a.affinity_header = Some("x bad: y".into());
+        assert!(
+            run(&a)
+                .unwrap_err()
+                .to_string()
+                .contains("--affinity-header")
+        );
     }
 
     #[test]

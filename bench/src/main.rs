@@ -282,6 +282,19 @@ enum Cmd {
         /// Stop issuing new requests after this many seconds (0: no bound).
         #[arg(long, default_value_t = 0.0)]
         duration_s: f64,
+        /// Each client's requests are conversations of this many turns (each turn resends the
+        /// history with the replies), reported with the share of prompt tokens served from the
+        /// prefix cache.
+        #[arg(long, default_value_t = 1)]
+        turns: usize,
+        /// Send the conversation id (`conv-N`) in this request header, for a load balancer's
+        /// consistent hash (docs/DEPLOY.md), e.g. x-memra-cache-key.
+        #[arg(long)]
+        affinity_header: Option<String>,
+        /// Retry a request answered 429/503 after its Retry-After (at most 10 s), this many
+        /// times.
+        #[arg(long, default_value_t = 0)]
+        retries: usize,
         /// Soak for this many minutes instead: clients cycle streaming and whole chat and
         /// completion requests (`--cancel`: the share of streams that hang up) while the
         /// server's RSS, open fds and KV blocks are sampled; ends with a flat/growing verdict.
@@ -903,6 +916,9 @@ fn run(cli: Cli) -> Result<()> {
             shared_prefix,
             cancel,
             duration_s,
+            turns,
+            affinity_header,
+            retries,
             soak,
             pid,
             sample_s,
@@ -936,6 +952,9 @@ fn run(cli: Cli) -> Result<()> {
                 shared_prefix,
                 cancel,
                 duration_s,
+                turns,
+                affinity_header,
+                retries,
                 ..memra_bench::load::LoadArgs::plain(addr, model, clients, requests, max_tokens)
             };
             let rep = memra_bench::load::run(&args)?;
