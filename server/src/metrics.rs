@@ -55,8 +55,9 @@ pub struct Metrics {
     tenant_queued: Family<TenantLabel, Gauge>,
     tenant_running: Family<TenantLabel, Gauge>,
     tenant_in_flight: Family<TenantLabel, Gauge>,
-    /// Tenants seen so far: one that has nothing in flight reads 0 rather than vanishing
-    /// (bounded by the keyring's tenants: names come only from authenticated keys).
+    /// Tenants seen so far (in a request or the engine's stats): one that has nothing in flight
+    /// reads 0 rather than vanishing (bounded by the keyring's tenants: names come only from
+    /// authenticated keys).
     tenants_seen: Mutex<BTreeSet<String>>,
     kv_total: Family<ModelLabel, Gauge>,
     kv_cached: Family<ModelLabel, Gauge>,
@@ -205,6 +206,12 @@ impl Metrics {
     }
 
     pub fn request(&self, route: &str, status: u16, tenant: &str) {
+        if tenant != "-"
+            && let Ok(mut seen) = self.tenants_seen.lock()
+            && !seen.contains(tenant)
+        {
+            seen.insert(tenant.to_string());
+        }
         self.requests
             .get_or_create(&RequestLabels {
                 route: route.to_string(),

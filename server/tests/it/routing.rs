@@ -26,6 +26,14 @@ async fn metrics(s: &TestServer) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_give_each_tenants_queue_and_the_kv_headroom() {
     let s = open().await;
+    // A tenant whose requests all ended between two scrapes is listed, at 0.
+    let r = s.post("/v1/chat/completions", &chat_body("hi")).await;
+    assert_eq!(r.status(), 200);
+    let t = metrics(&s).await;
+    assert_eq!(
+        metric(&t, r#"memra_tenant_queue_depth{tenant="default"}"#),
+        0.0
+    );
     let url = format!("{}/v1/chat/completions", s.url);
     let waiting = tokio::spawn(async move {
         TestServer::client()
