@@ -155,6 +155,10 @@ pub struct KvManager {
     alloc: BlockAllocator,
     cache: PrefixCache,
     caching: bool,
+    /// Hashes evicted from the prefix cache since the last [`KvManager::take_evicted`], kept
+    /// only when [`KvManager::track_evictions`] is on (recurrent-state snapshots are attached
+    /// to them).
+    evicted: Option<Vec<BlockHash>>,
 }
 
 impl KvManager {
@@ -165,7 +169,26 @@ impl KvManager {
             alloc: BlockAllocator::new(blocks),
             cache: PrefixCache::default(),
             caching,
+            evicted: None,
         }
+    }
+
+    /// Whether the prefix cache is on.
+    pub fn caching(&self) -> bool {
+        self.caching
+    }
+
+    /// Keeps (or stops keeping) the hashes of evicted blocks for [`KvManager::take_evicted`].
+    pub fn track_evictions(&mut self, on: bool) {
+        self.evicted = on.then(Vec::new);
+    }
+
+    /// The hashes evicted from the prefix cache since the last call (none unless tracked).
+    pub fn take_evicted(&mut self) -> Vec<BlockHash> {
+        self.evicted
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     pub fn block_size(&self) -> usize {
@@ -201,7 +224,10 @@ impl KvManager {
         if let Some(b) = self.alloc.alloc() {
             return Some(b);
         }
-        let b = self.cache.evict_lru()?;
+        let (b, h) = self.cache.evict_lru_hash()?;
+        if let (Some(ev), Some(h)) = (self.evicted.as_mut(), h) {
+            ev.push(h);
+        }
         // An idle cached block has refcount 0 and is not on the free list.
         self.alloc.push_free(b).ok()?;
         self.alloc.alloc()
@@ -323,9 +349,12 @@ mod tests {
         m.release(a).unwrap();
         assert_eq!(m.available(), 2);
         assert_eq!(m.cached_idle(), 2);
-        // b became idle first: it is evicted first.
+        // b became idle first: it is evicted first (and reported when tracked).
+        m.track_evictions(true);
         assert_eq!(m.allocate(), Some(b));
         assert!(!m.is_cached(2));
+        assert_eq!(m.take_evicted(), vec![2]);
+        assert!(m.take_evicted().is_empty());
         assert_eq!(m.acquire_cached(1), Some(a));
         m.check(&[a, b]).unwrap();
     }

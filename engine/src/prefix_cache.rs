@@ -127,12 +127,18 @@ impl PrefixCache {
 
     /// Drops the least recently idle block from the cache and returns it.
     pub fn evict_lru(&mut self) -> Option<u32> {
+        self.evict_lru_hash().map(|(b, _)| b)
+    }
+
+    /// [`PrefixCache::evict_lru`], with the hash the block was cached under.
+    pub fn evict_lru_hash(&mut self) -> Option<(u32, Option<BlockHash>)> {
         let (_, b) = self.lru.pop_first()?;
         self.idle_tick.remove(&b);
-        if let Some(h) = self.by_block.remove(&b) {
+        let h = self.by_block.remove(&b);
+        if let Some(h) = h {
             self.by_hash.remove(&h);
         }
-        Some(b)
+        Some((b, h))
     }
 
     /// Internal consistency of the maps.
@@ -152,6 +158,186 @@ impl PrefixCache {
             if self.idle_tick.get(b) != Some(t) || !self.by_block.contains_key(b) {
                 return Err(format!("prefix cache: idle block {b} is inconsistent"));
             }
+        }
+        Ok(())
+    }
+}
+
+/// What one snapshot id of a [`SnapshotPool`] holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Snap {
+    Free,
+    /// Reserved for a save the engine has been asked for, of the state at the end of the
+    /// block with this hash.
+    Pending(BlockHash),
+    /// Saved: the recurrent state at the end of the block with this hash; `tick` is its last
+    /// use (the LRU key).
+    Attached {
+        hash: BlockHash,
+        tick: u64,
+    },
+}
+
+/// The recurrent-state snapshots of a model with gated DeltaNet layers, attached to prefix-cache
+/// blocks: snapshot `id` holds the state at the end of the block whose hash it is attached to
+/// (ids only; the states live in the backend, `Backend::save_state`). A bounded pool of ids
+/// `0..capacity`, reused least recently used first.
+#[derive(Debug, Default)]
+pub struct SnapshotPool {
+    ids: Vec<Snap>,
+    /// Free ids (the lowest last, so it is taken first).
+    free: Vec<u32>,
+    by_hash: HashMap<BlockHash, u32>,
+    /// Attached ids by their last use (oldest first).
+    lru: BTreeMap<u64, u32>,
+    tick: u64,
+}
+
+impl SnapshotPool {
+    pub fn new(capacity: usize) -> SnapshotPool {
+        let n = capacity.min(u32::MAX as usize) as u32;
+        SnapshotPool {
+            ids: vec![Snap::Free; n as usize],
+            free: (0..n).rev().collect(),
+            ..Default::default()
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Snapshots saved and attached.
+    pub fn attached(&self) -> usize {
+        self.by_hash.len()
+    }
+
+    /// The snapshot attached to the block with hash `hash`.
+    pub fn get(&self, hash: BlockHash) -> Option<u32> {
+        self.by_hash.get(&hash).copied()
+    }
+
+    /// The hash an attached snapshot belongs to.
+    pub fn hash_of(&self, id: u32) -> Option<BlockHash> {
+        match self.ids.get(id as usize) {
+            Some(Snap::Attached { hash, .. }) => Some(*hash),
+            _ => None,
+        }
+    }
+
+    /// Whether `id` is reserved for a save.
+    pub fn is_pending(&self, id: u32) -> bool {
+        matches!(self.ids.get(id as usize), Some(Snap::Pending(_)))
+    }
+
+    /// A hit on attached snapshot `id`: it becomes the most recently used.
+    pub fn touch(&mut self, id: u32) {
+        if let Some(Snap::Attached { tick, .. }) = self.ids.get_mut(id as usize) {
+            self.lru.remove(tick);
+            self.tick += 1;
+            *tick = self.tick;
+            self.lru.insert(self.tick, id);
+        }
+    }
+
+    /// Reserves an id for a snapshot of the state at the end of block `hash`: a free id, else
+    /// the least recently used attached one outside `pinned` (that snapshot is dropped).
+    /// `None` when every id is reserved or pinned.
+    pub fn reserve(&mut self, hash: BlockHash, pinned: &[u32]) -> Option<u32> {
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                let id = self.lru.values().copied().find(|id| !pinned.contains(id))?;
+                self.release(id);
+                self.free.pop()?
+            }
+        };
+        self.ids[id as usize] = Snap::Pending(hash);
+        Some(id)
+    }
+
+    /// The save of reserved id `id` succeeded: it is attached to its block's hash. `false`
+    /// (and the id freed) when the id was not reserved or the hash already has a snapshot.
+    pub fn attach(&mut self, id: u32) -> bool {
+        let Some(&Snap::Pending(hash)) = self.ids.get(id as usize) else {
+            return false;
+        };
+        if self.by_hash.contains_key(&hash) {
+            self.release(id);
+            return false;
+        }
+        self.tick += 1;
+        self.ids[id as usize] = Snap::Attached {
+            hash,
+            tick: self.tick,
+        };
+        self.lru.insert(self.tick, id);
+        self.by_hash.insert(hash, id);
+        true
+    }
+
+    /// Frees `id`, reserved or attached (a failed save or restore, an eviction).
+    pub fn release(&mut self, id: u32) {
+        let Some(slot) = self.ids.get_mut(id as usize) else {
+            return;
+        };
+        match std::mem::replace(slot, Snap::Free) {
+            Snap::Free => return,
+            Snap::Pending(_) => {}
+            Snap::Attached { hash, tick } => {
+                self.lru.remove(&tick);
+                self.by_hash.remove(&hash);
+            }
+        }
+        self.free.push(id);
+    }
+
+    /// Drops the snapshot attached to `hash` (its block left the prefix cache).
+    pub fn drop_hash(&mut self, hash: BlockHash) {
+        if let Some(id) = self.get(hash) {
+            self.release(id);
+        }
+    }
+
+    /// Attached ids, in no particular order.
+    pub fn attached_ids(&self) -> impl Iterator<Item = (u32, BlockHash)> + '_ {
+        self.by_hash.iter().map(|(&h, &id)| (id, h))
+    }
+
+    /// Reserved ids.
+    pub fn pending_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.ids.len() as u32).filter(|&id| self.is_pending(id))
+    }
+
+    /// Internal consistency: every id is free, reserved or attached exactly once.
+    pub fn check(&self) -> Result<(), String> {
+        let mut free = vec![false; self.ids.len()];
+        for &id in &self.free {
+            match self.ids.get(id as usize) {
+                Some(Snap::Free) if !free[id as usize] => free[id as usize] = true,
+                _ => {
+                    return Err(format!(
+                        "snapshot {id}: on the free list but in use or twice"
+                    ));
+                }
+            }
+        }
+        for (id, s) in self.ids.iter().enumerate() {
+            let id = id as u32;
+            match *s {
+                Snap::Free if !free[id as usize] => {
+                    return Err(format!("snapshot {id}: free but not on the free list"));
+                }
+                Snap::Attached { hash, tick }
+                    if self.by_hash.get(&hash) != Some(&id) || self.lru.get(&tick) != Some(&id) =>
+                {
+                    return Err(format!("snapshot {id}: attached but not indexed"));
+                }
+                _ => {}
+            }
+        }
+        if self.by_hash.len() != self.lru.len() {
+            return Err("snapshots: hash index and LRU list differ in size".into());
         }
         Ok(())
     }
@@ -199,5 +385,34 @@ mod tests {
         assert_eq!(c.evict_lru(), None);
         assert!(c.is_empty());
         c.check().unwrap();
+    }
+
+    #[test]
+    fn snapshot_pool_reuses_the_least_recently_used() {
+        let mut p = SnapshotPool::new(2);
+        let a = p.reserve(100, &[]).unwrap();
+        let b = p.reserve(200, &[]).unwrap();
+        assert_eq!((a, b), (0, 1));
+        // Both reserved: no room.
+        assert_eq!(p.reserve(300, &[]), None);
+        assert!(p.attach(a) && p.attach(b));
+        assert_eq!((p.get(100), p.get(200)), (Some(0), Some(1)));
+        // A hit on a makes b the least recently used; pinned, a is taken instead.
+        p.touch(a);
+        assert_eq!(p.reserve(300, &[b]), Some(a));
+        assert_eq!(p.get(100), None);
+        assert!(!p.attach(b), "attached already: not reserved");
+        // A second snapshot of one block is not attached.
+        p.release(a);
+        let c = p.reserve(200, &[]).unwrap();
+        assert!(!p.attach(c));
+        assert_eq!(p.get(200), Some(b));
+        p.drop_hash(200);
+        assert_eq!(p.get(200), None);
+        assert_eq!(p.attached(), 0);
+        p.release(7);
+        p.check().unwrap();
+        assert_eq!(p.pending_ids().count(), 0);
+        assert_eq!(SnapshotPool::new(0).reserve(1, &[]), None);
     }
 }

@@ -6,12 +6,25 @@
 //! A step: [`Scheduler::schedule`] -> the backend runs the batch -> [`Scheduler::complete`] ->
 //! the engine samples for each `sample` sequence and calls [`Scheduler::append_token`] or
 //! [`Scheduler::finish`].
+//!
+//! **Recurrent-state models** ([`SchedulerConfig::recurrent`]) keep a state per sequence in a
+//! state slot, so a prefix-cache hit also needs the state at the hit's end. Such states are
+//! snapshots (ids of a bounded [`SnapshotPool`], the states themselves in the backend) attached
+//! to prefix-cache block hashes. A sequence admitted with a prompt of `n` tokens takes one at
+//! `P = ((n - 1) / bs) * bs` (the end of the last block a later hit could reuse; none when
+//! `P == 0` or it starts there): the prefill chunk that reaches `P` ends exactly at `P`, and
+//! that step's [`ScheduledSeq::save`] asks the engine to save the slot's state at `P` after
+//! the step; [`Scheduler::complete`] attaches it to the hash of the block ending at `P`. A hit
+//! is the deepest cached block `j` (blocks `0..=j` all cached) that carries a snapshot: the
+//! sequence starts at `(j + 1) * bs`, its first step's [`ScheduledSeq::restore`] asking the
+//! engine to load the snapshot into its slot first. A snapshot is dropped when its block leaves
+//! the prefix cache, or reused least recently used first when the pool needs room.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
 use crate::backend::{StepBatch, StepRow};
 use crate::kv::{KvManager, blocks_for};
-use crate::prefix_cache::{BlockHash, block_hash};
+use crate::prefix_cache::{BlockHash, SnapshotPool, block_hash};
 
 /// A request's id inside the engine.
 pub type SeqId = u64;
@@ -28,10 +41,12 @@ pub struct SchedulerConfig {
     /// Free blocks a waiting sequence must leave beyond its prompt to be admitted.
     pub admit_reserve_blocks: usize,
     /// The model keeps recurrent state per sequence (gated DeltaNet layers): each running
-    /// sequence holds one of `max_running` state slots (`StepBatch::state_slots`), and prompts
-    /// take no prefix-cache hits (a hit would need the state at the hit's end, which the
-    /// prefix cache does not hold yet).
+    /// sequence holds one of `max_running` state slots (`StepBatch::state_slots`), and a
+    /// prefix-cache hit needs a state snapshot at its end (the module documentation).
     pub recurrent: bool,
+    /// Recurrent-state snapshots kept for prefix-cache hits (`recurrent` models only): `None`
+    /// = `2 * max_running`; `Some(0)` = none (a recurrent model then takes no hits).
+    pub state_snapshots: Option<usize>,
 }
 
 impl Default for SchedulerConfig {
@@ -42,6 +57,7 @@ impl Default for SchedulerConfig {
             max_running_per_tenant: 64,
             admit_reserve_blocks: 1,
             recurrent: false,
+            state_snapshots: None,
         }
     }
 }
@@ -78,6 +94,13 @@ struct Seq {
     draft: Vec<u32>,
     /// Its recurrent-state slot while running ([`SchedulerConfig::recurrent`]).
     slot: Option<u32>,
+    /// A prefix hit's snapshot `(id, position)` to load into the slot before its first step
+    /// (until that step is planned, the snapshot is pinned).
+    restore: Option<(u32, usize)>,
+    /// Where to take a state snapshot (its prefill chunks stop there).
+    save_at: Option<usize>,
+    /// The snapshot id of a save planned in the last step, until [`Scheduler::complete`].
+    pending_save: Option<u32>,
 }
 
 impl Seq {
@@ -106,6 +129,18 @@ impl Seq {
     }
 }
 
+/// A recurrent-state snapshot the engine saves or restores around a step
+/// ([`crate::backend::Backend::save_state`], [`crate::backend::Backend::restore_state`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateOp {
+    /// The sequence's state slot.
+    pub slot: u32,
+    /// The position the snapshot holds the state at.
+    pub pos: usize,
+    /// The snapshot id.
+    pub snap: u32,
+}
+
 /// One sequence's share of a step.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScheduledSeq {
@@ -118,6 +153,12 @@ pub struct ScheduledSeq {
     pub sample: bool,
     /// Draft tokens checked this step (rows after the last token; each row wants logits).
     pub drafts: Vec<u32>,
+    /// Before the step: load this snapshot into the slot (`pos == start`, a prefix hit).
+    pub restore: Option<StateOp>,
+    /// After the step succeeded: save the slot's state at `pos` (`start + len`) as this
+    /// snapshot; [`Scheduler::complete`] attaches it ([`Scheduler::drop_snapshot`] when the
+    /// save failed).
+    pub save: Option<StateOp>,
 }
 
 /// The plan of one step: the backend batch (sequence `i` of the batch is `seqs[i]`) and the
@@ -132,6 +173,29 @@ pub struct SchedulerOutput {
 impl SchedulerOutput {
     pub fn is_empty(&self) -> bool {
         self.seqs.is_empty()
+    }
+
+    /// Takes sequence `id` out of the plan (its rows, block table, state slot and entry; the
+    /// other sequences renumbered), e.g. when its snapshot could not be restored. Returns
+    /// whether it was there.
+    pub fn remove_seq(&mut self, id: SeqId) -> bool {
+        let Some(i) = self.seqs.iter().position(|p| p.id == id) else {
+            return false;
+        };
+        self.seqs.remove(i);
+        if i < self.batch.block_tables.len() {
+            self.batch.block_tables.remove(i);
+        }
+        if i < self.batch.state_slots.len() {
+            self.batch.state_slots.remove(i);
+        }
+        self.batch.rows.retain(|r| r.seq != i);
+        for r in &mut self.batch.rows {
+            if r.seq > i {
+                r.seq -= 1;
+            }
+        }
+        true
     }
 }
 
@@ -154,16 +218,25 @@ pub struct Scheduler {
     preemptions: u64,
     /// Free recurrent-state slots (the lowest last, so it is taken first).
     free_slots: Vec<u32>,
+    /// Recurrent-state snapshots attached to prefix-cache blocks (capacity 0 unless the
+    /// model is recurrent and the prefix cache is on).
+    snaps: SnapshotPool,
 }
 
 impl Scheduler {
-    pub fn new(cfg: SchedulerConfig, kv: KvManager) -> Scheduler {
+    pub fn new(cfg: SchedulerConfig, mut kv: KvManager) -> Scheduler {
         let free_slots = match cfg.recurrent {
             true => (0..cfg.max_running as u32).rev().collect(),
             false => Vec::new(),
         };
+        let snapshots = match cfg.recurrent && kv.caching() {
+            true => cfg.state_snapshots.unwrap_or(2 * cfg.max_running.max(1)),
+            false => 0,
+        };
+        kv.track_evictions(snapshots > 0);
         Scheduler {
             free_slots,
+            snaps: SnapshotPool::new(snapshots),
             cfg,
             kv,
             waiting: VecDeque::new(),
@@ -202,6 +275,22 @@ impl Scheduler {
         self.preemptions
     }
 
+    /// The recurrent-state snapshot pool's capacity (0: recurrent models take no hits).
+    pub fn snapshot_capacity(&self) -> usize {
+        self.snaps.capacity()
+    }
+
+    /// Recurrent-state snapshots saved and attached to prefix-cache blocks.
+    pub fn snapshots(&self) -> usize {
+        self.snaps.attached()
+    }
+
+    /// Drops snapshot `snap` whatever it holds: its save or restore failed in the backend, so
+    /// no later hit may use it.
+    pub fn drop_snapshot(&mut self, snap: u32) {
+        self.snaps.release(snap);
+    }
+
     /// Waiting and running sequences per tenant.
     pub fn tenant_loads(&self) -> BTreeMap<String, TenantLoad> {
         let mut m: BTreeMap<String, TenantLoad> = BTreeMap::new();
@@ -235,6 +324,9 @@ impl Scheduler {
             preempted: false,
             draft: Vec::new(),
             slot: None,
+            restore: None,
+            save_at: None,
+            pending_save: None,
         });
     }
 
@@ -345,6 +437,11 @@ impl Scheduler {
         if let Some(slot) = seq.slot.take() {
             self.free_slots.push(slot);
         }
+        seq.restore = None;
+        seq.save_at = None;
+        if let Some(id) = seq.pending_save.take() {
+            self.snaps.release(id);
+        }
         seq
     }
 
@@ -364,13 +461,21 @@ impl Scheduler {
     /// exhausted.
     fn ensure_blocks(&mut self, idx: usize, positions: usize) -> bool {
         let need = blocks_for(positions, self.kv.block_size());
+        let mut ok = true;
         while self.running[idx].blocks.len() < need {
             match self.kv.allocate() {
                 Some(b) => self.running[idx].blocks.push(b),
-                None => return false,
+                None => {
+                    ok = false;
+                    break;
+                }
             }
         }
-        true
+        // A snapshot goes with its block out of the prefix cache.
+        for h in self.kv.take_evicted() {
+            self.snaps.drop_hash(h);
+        }
+        ok
     }
 
     /// Plans the next step.
@@ -429,7 +534,13 @@ impl Scheduler {
         loop {
             let idx = self.running.iter().position(|s| s.id == id)?;
             let s = &self.running[idx];
-            let n = s.wanted().min(budget);
+            let mut n = s.wanted().min(budget);
+            // A chunk stops at the position of a snapshot to take.
+            if let Some(p) = s.save_at
+                && s.computed < p
+            {
+                n = n.min(p - s.computed);
+            }
             if n == 0 {
                 return None;
             }
@@ -482,24 +593,34 @@ impl Scheduler {
 
     /// Moves `waiting[widx]` to running if its uncached prompt plus the reserve fits, taking its
     /// prefix-cache hits. Only blocks strictly before the last token's block boundary are reused,
-    /// so the last token is always computed (its logits are needed).
+    /// so the last token is always computed (its logits are needed). A recurrent model's hit
+    /// ends at the deepest of those blocks that carries a state snapshot (none without one),
+    /// and the sequence takes a snapshot at the end of the last reusable block when it computes
+    /// past a hit.
     fn admit(&mut self, widx: usize) -> bool {
         let bs = self.kv.block_size();
         let Some(seq) = self.waiting.get_mut(widx) else {
             return false;
         };
-        let reusable = match self.cfg.recurrent {
-            true => 0,
-            false => (seq.tokens.len() - 1) / bs,
-        };
+        let reusable = (seq.tokens.len() - 1) / bs;
         seq.ensure_hashes(reusable, bs);
-        let hits: Vec<BlockHash> = seq
+        let mut hits: Vec<BlockHash> = seq
             .hashes
             .iter()
             .take(reusable)
             .take_while(|h| self.kv.is_cached(**h))
             .copied()
             .collect();
+        let mut snap = None;
+        if self.cfg.recurrent {
+            let deepest = hits
+                .iter()
+                .enumerate()
+                .rev()
+                .find_map(|(j, h)| self.snaps.get(*h).map(|id| (j, id)));
+            hits.truncate(deepest.map_or(0, |(j, _)| j + 1));
+            snap = deepest.map(|(_, id)| id);
+        }
         let idle_hits = hits.iter().filter(|h| self.kv.is_cached_idle(**h)).count();
         let need = blocks_for(seq.tokens.len(), bs) - hits.len() + self.cfg.admit_reserve_blocks;
         if need > self.kv.available().saturating_sub(idle_hits) {
@@ -520,8 +641,29 @@ impl Scheduler {
                 None => break,
             }
         }
+        if self.cfg.recurrent {
+            match snap {
+                // The whole hit: its state comes from the snapshot.
+                Some(id) if seq.blocks.len() == hits.len() => {
+                    self.snaps.touch(id);
+                    seq.restore = Some((id, hits.len() * bs));
+                }
+                // No state for a part of a hit: computed from position 0.
+                _ => {
+                    for b in seq.blocks.drain(..) {
+                        let _ = self.kv.release(b);
+                    }
+                }
+            }
+        }
         seq.computed = seq.blocks.len() * bs;
         seq.published = seq.blocks.len();
+        if self.snaps.capacity() > 0 {
+            let p = reusable * bs;
+            if p > seq.computed && self.snaps.get(seq.hashes[reusable - 1]).is_none() {
+                seq.save_at = Some(p);
+            }
+        }
         if seq.cached_tokens.is_none() {
             seq.cached_tokens = Some(seq.computed);
             self.prefix_hit_tokens += seq.computed as u64;
@@ -531,12 +673,38 @@ impl Scheduler {
         true
     }
 
-    fn build(&self, planned: Vec<(SeqId, usize)>, mut out: SchedulerOutput) -> SchedulerOutput {
+    fn build(&mut self, planned: Vec<(SeqId, usize)>, mut out: SchedulerOutput) -> SchedulerOutput {
+        let bs = self.kv.block_size();
+        // Snapshots a sequence is yet to restore, or restores before this step, stay.
+        let mut pinned: Vec<u32> = self
+            .running
+            .iter()
+            .filter_map(|s| s.restore.map(|r| r.0))
+            .collect();
         for (id, n) in planned {
             // A planned sequence can be preempted later in the same step: skip it then.
-            let Some(s) = self.running.iter().find(|s| s.id == id) else {
+            let Some(idx) = self.running.iter().position(|s| s.id == id) else {
                 continue;
             };
+            let (mut restore, mut save) = (None, None);
+            let s = &mut self.running[idx];
+            if let (Some(slot), Some((snap, pos))) = (s.slot, s.restore.take()) {
+                restore = Some(StateOp { slot, pos, snap });
+            }
+            if let (Some(slot), Some(pos)) = (s.slot, s.save_at)
+                && s.computed + n == pos
+            {
+                s.save_at = None;
+                let hash = s.hashes[pos / bs - 1];
+                if self.snaps.get(hash).is_none()
+                    && let Some(snap) = self.snaps.reserve(hash, &pinned)
+                {
+                    s.pending_save = Some(snap);
+                    pinned.push(snap);
+                    save = Some(StateOp { slot, pos, snap });
+                }
+            }
+            let s = &self.running[idx];
             let i = out.seqs.len();
             let start = s.computed;
             let len = s.tokens.len();
@@ -564,6 +732,8 @@ impl Scheduler {
                 len: n,
                 sample,
                 drafts,
+                restore,
+                save,
             });
         }
         out
@@ -578,12 +748,24 @@ impl Scheduler {
                 continue;
             };
             s.draft.clear();
+            let pending = s.pending_save.take();
             if s.computed != p.start {
+                if let Some(id) = pending {
+                    self.snaps.release(id);
+                }
                 continue;
             }
             // Draft rows are not part of the sequence until accepted ([`Self::accept_drafts`]).
             s.computed = (p.start + p.len).min(s.tokens.len());
             Self::publish(&mut self.kv, s, bs);
+            // The saved state belongs to the block ending at its position, now published.
+            if let Some(id) = pending {
+                let at_block = p.save.filter(|v| v.snap == id && v.pos == s.computed);
+                let cached = at_block.is_some_and(|v| self.kv.is_cached(s.hashes[v.pos / bs - 1]));
+                if !(cached && self.snaps.attach(id)) {
+                    self.snaps.release(id);
+                }
+            }
         }
     }
 
@@ -612,6 +794,50 @@ impl Scheduler {
                 return Err(format!("state slots leaked or doubled: {slots:?}"));
             }
         }
+        self.check_snapshots()?;
         self.kv.check(&all)
+    }
+
+    /// The snapshot invariants: every attached snapshot's block is in the prefix cache; a
+    /// reserved id belongs to exactly one running sequence's planned save; a sequence to
+    /// restore holds the snapshot's blocks and starts at its position.
+    fn check_snapshots(&self) -> Result<(), String> {
+        let bs = self.kv.block_size();
+        self.snaps.check()?;
+        if let Some(s) = self
+            .waiting
+            .iter()
+            .find(|s| s.restore.is_some() || s.pending_save.is_some() || s.save_at.is_some())
+        {
+            return Err(format!("waiting sequence {} holds a snapshot", s.id));
+        }
+        for (id, h) in self.snaps.attached_ids() {
+            if !self.kv.is_cached(h) {
+                return Err(format!("snapshot {id}: its block left the prefix cache"));
+            }
+        }
+        let mut pending: Vec<u32> = self.running.iter().filter_map(|s| s.pending_save).collect();
+        pending.sort_unstable();
+        if pending != self.snaps.pending_ids().collect::<Vec<_>>() {
+            return Err(format!("reserved snapshots {pending:?} leaked or doubled"));
+        }
+        for s in &self.running {
+            if let Some((id, pos)) = s.restore {
+                let want = pos
+                    .checked_sub(1)
+                    .and_then(|p| s.hashes.get(p / bs))
+                    .copied();
+                if self.snaps.hash_of(id).is_none() || self.snaps.hash_of(id) != want {
+                    return Err(format!("sequence {}: snapshot {id} is not its hit's", s.id));
+                }
+                if s.computed != pos || s.blocks.len() * bs < pos {
+                    return Err(format!(
+                        "sequence {}: restores {pos} at {}",
+                        s.id, s.computed
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -296,6 +296,7 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
             max_running_per_tenant: 64,
             admit_reserve_blocks: 1,
             recurrent: false,
+            state_snapshots: None,
         },
         prefix_cache: true,
         spec: None,

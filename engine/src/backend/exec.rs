@@ -80,6 +80,27 @@ pub trait Exec: Ops {
     /// The raw bytes of one KV block (all layers, K then V).
     fn kv_block_bytes(&self, block: u32) -> Result<Vec<u8>>;
 
+    /// See [`crate::backend::Backend::state_snapshots`].
+    fn state_snapshots(&self) -> bool {
+        false
+    }
+
+    /// See [`crate::backend::Backend::save_state`].
+    fn save_state(&mut self, _slot: u32, _pos: u32, _snap: u32) -> Result<()> {
+        Err(crate::error::Error::Unsupported(format!(
+            "recurrent-state snapshots are not supported on {}",
+            self.name()
+        )))
+    }
+
+    /// See [`crate::backend::Backend::restore_state`].
+    fn restore_state(&mut self, _slot: u32, _snap: u32) -> Result<u32> {
+        Err(crate::error::Error::Unsupported(format!(
+            "recurrent-state snapshots are not supported on {}",
+            self.name()
+        )))
+    }
+
     /// Installs (or removes) the sink for [`Ops::dump`].
     fn set_dump(&mut self, _dump: Option<DumpFn>) {}
 }

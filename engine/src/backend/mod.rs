@@ -161,6 +161,36 @@ pub trait Backend: Send {
     fn take_hidden(&mut self) -> Vec<(StepRow, Vec<f32>)> {
         Vec::new()
     }
+    /// Whether [`Backend::save_state`] and [`Backend::restore_state`] work: the model has
+    /// recurrent-state layers and the backend can snapshot them. The engine takes prefix-cache
+    /// hits for a recurrent model only then.
+    fn state_snapshots(&self) -> bool {
+        false
+    }
+    /// Stores state slot `slot`'s recurrent state as of position `pos` (every position
+    /// `< pos` folded in, and the convolution inputs of positions `pos - K + 1 .. pos`) as
+    /// snapshot `snap`, replacing any earlier snapshot of that id. Valid iff the slot holds
+    /// state committed at `C` and written to `W` with `C <= pos <= W` (state.rs): the state at
+    /// `pos` is then computed by replaying the kept inputs of `C..pos` from the committed
+    /// state, the same arithmetic as a step, so it has the bits the sequence's own steps give
+    /// it there. The slot itself is unchanged. An error otherwise (and the snapshot id then
+    /// holds no snapshot).
+    fn save_state(&mut self, _slot: u32, _pos: u32, _snap: u32) -> Result<()> {
+        Err(Error::Unsupported(format!(
+            "recurrent-state snapshots are not supported on {}",
+            self.name()
+        )))
+    }
+    /// Loads snapshot `snap` into state slot `slot` (state and convolution tail); the slot is
+    /// then committed and written to the snapshot's position, which is returned: the slot's
+    /// next step must start there. An error for an unknown snapshot (the slot then holds no
+    /// state).
+    fn restore_state(&mut self, _slot: u32, _snap: u32) -> Result<u32> {
+        Err(Error::Unsupported(format!(
+            "recurrent-state snapshots are not supported on {}",
+            self.name()
+        )))
+    }
     /// Runs one step like [`Backend::step`] and picks tokens: `select` has one entry per row
     /// that wants logits (in row order); `Some` rows get the token `sampling::sample` picks from
     /// their logits, `None` rows get their logits. The default runs `step` and samples on the

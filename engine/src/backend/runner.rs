@@ -212,6 +212,18 @@ impl<O: Exec> Backend for Runner<O> {
     fn take_hidden(&mut self) -> Vec<(StepRow, Vec<f32>)> {
         std::mem::take(&mut self.hidden)
     }
+
+    fn state_snapshots(&self) -> bool {
+        self.ops.state_snapshots()
+    }
+
+    fn save_state(&mut self, slot: u32, pos: u32, snap: u32) -> Result<()> {
+        self.ops.save_state(slot, pos, snap)
+    }
+
+    fn restore_state(&mut self, slot: u32, snap: u32) -> Result<u32> {
+        self.ops.restore_state(slot, snap)
+    }
 }
 
 /// A forward pass that reads a hidden input per row (an MTP layer, models/mtp.rs), run one step

@@ -33,6 +33,10 @@ pub const CONV_RING: usize = RING + MAX_CONV_KERNEL - 1;
 /// The widest causal convolution supported.
 pub const MAX_CONV_KERNEL: usize = 8;
 
+/// The most state slots a snapshot may be restored into (slot ids below this): a restore
+/// grows the backend's slots, and a wild id must not allocate without bound.
+pub const MAX_STATE_SLOTS: usize = 1 << 16;
+
 /// One sequence's share of a step, for the state ops.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SeqPlan {
@@ -159,6 +163,28 @@ impl StateBook {
         }
     }
 
+    /// Where slot `slot` stands: `Some((committed, written))`, `None` when it holds no usable
+    /// state (or does not exist). A step, or a snapshot
+    /// ([`crate::backend::Backend::save_state`]), may start anywhere in `committed..=written`.
+    pub fn span(&self, slot: usize) -> Option<(usize, usize)> {
+        self.slots.get(slot).copied().flatten()
+    }
+
+    /// Records that slot `slot` now holds the state at position `pos` with nothing pending (a
+    /// restored snapshot, [`crate::backend::Backend::restore_state`]): its next step starts at
+    /// `pos`. Grows the book when needed.
+    pub fn set(&mut self, slot: usize, pos: usize) {
+        self.grow(slot + 1);
+        self.slots[slot] = Some((pos, pos));
+    }
+
+    /// Forgets slot `slot`'s state (a restore that failed part-way).
+    pub fn clear(&mut self, slot: usize) {
+        if let Some(s) = self.slots.get_mut(slot) {
+            *s = None;
+        }
+    }
+
     /// Forgets the state of the slots of a step that failed part-way (their layers may hold
     /// states of different positions): they must start again at position 0.
     pub fn invalidate(&mut self, plans: &[SeqPlan]) {
@@ -245,5 +271,31 @@ mod tests {
         assert!(book.plan(&batch(&[(0, 0)], vec![4])).is_err());
         book.invalidate(&p);
         assert!(book.plan(&batch(&[(26, 0)], vec![2])).is_err());
+    }
+
+    #[test]
+    fn span_and_set() {
+        let mut book = StateBook::new(2);
+        assert_eq!(book.span(0), None);
+        assert_eq!(book.span(7), None);
+        let p = book
+            .plan(&batch(
+                &(0..20).map(|p| (p, 0)).collect::<Vec<_>>(),
+                vec![1],
+            ))
+            .unwrap();
+        book.commit(&p);
+        assert_eq!(book.span(1), Some((20 - (RING - 1), 20)));
+        // A restored snapshot at 32 in a slot beyond the book: the next step starts there and
+        // nowhere else.
+        book.set(5, 32);
+        assert_eq!(book.slots(), 6);
+        assert_eq!(book.span(5), Some((32, 32)));
+        assert!(book.plan(&batch(&[(32, 0)], vec![5])).is_ok());
+        assert!(book.plan(&batch(&[(31, 0)], vec![5])).is_err());
+        assert!(book.plan(&batch(&[(33, 0)], vec![5])).is_err());
+        book.clear(5);
+        book.clear(99);
+        assert_eq!(book.span(5), None);
     }
 }

@@ -27,9 +27,12 @@ use crate::models::ModelWeights;
 use crate::prefix_cache::namespace;
 use crate::request::{Event, Usage, ValidRequest};
 use crate::sampling::SamplingParams;
-use crate::scheduler::{NewSeq, ScheduledSeq, Scheduler, SchedulerOutput, SeqId};
+use crate::scheduler::{NewSeq, ScheduledSeq, Scheduler, SchedulerOutput, SeqId, StateOp};
 use crate::spec::{SpecCounts, accept, open_drafter};
 use crate::tokenizer::Tokenizer;
+
+/// A sequence that failed outside the step (a state snapshot), with why.
+type Failed = (SeqId, String);
 
 /// A request on its way to the model's thread.
 pub(crate) struct Submitted {
@@ -192,6 +195,10 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
     }
     let mut scfg = cfg.scheduler.clone();
     scfg.recurrent = recurrent;
+    // A recurrent model's prefix hits need state snapshots; without them it takes none.
+    if recurrent && !backend.state_snapshots() {
+        scfg.state_snapshots = Some(0);
+    }
     let reserve = scfg.admit_reserve_blocks;
     let sched = Scheduler::new(
         scfg,
@@ -373,7 +380,7 @@ impl Worker {
     fn step(&mut self) {
         self.reap_cancelled();
         self.draft();
-        let plan = self.sched.schedule();
+        let mut plan = self.sched.schedule();
         for p in &plan.seqs {
             if let Some(a) = self.active.get_mut(&p.id) {
                 self.admission.started(&mut a.ticket);
@@ -387,8 +394,17 @@ impl Worker {
             }
             return;
         }
+        self.restore_states(&mut plan);
+        if plan.is_empty() {
+            return;
+        }
         match self.execute(&plan) {
-            Ok(rows) => self.update(&plan, rows),
+            Ok((rows, failed)) => {
+                for (id, why) in failed {
+                    self.send(id, Msg::Event(Event::Error(why)));
+                }
+                self.update(&plan, rows)
+            }
             Err(e) => {
                 for p in &plan.seqs {
                     let why = format!("the model failed: {e}");
@@ -399,9 +415,50 @@ impl Worker {
         self.steps += 1;
     }
 
+    /// Loads the planned prefix hits' state snapshots into their sequences' state slots
+    /// (recurrent models). A sequence whose restore fails ends with an error and leaves the
+    /// plan (the snapshot is dropped); the others run.
+    fn restore_states(&mut self, plan: &mut SchedulerOutput) {
+        let ops: Vec<(SeqId, StateOp)> = plan
+            .seqs
+            .iter()
+            .filter_map(|p| p.restore.map(|r| (p.id, r)))
+            .collect();
+        for (id, r) in ops {
+            let why = match self.backend.restore_state(r.slot, r.snap) {
+                Ok(pos) if pos as usize == r.pos => continue,
+                Ok(pos) => format!("it holds position {pos}, not {}", r.pos),
+                Err(e) => e.to_string(),
+            };
+            self.sched.drop_snapshot(r.snap);
+            plan.remove_seq(id);
+            let why = format!("restoring the cached prefix's recurrent state failed: {why}");
+            self.send(id, Msg::Event(Event::Error(why)));
+        }
+    }
+
+    /// Saves the state snapshots a step's plan asks for (recurrent models), after the step
+    /// ran; returns the sequences whose save failed, with why.
+    fn save_states(&mut self, plan: &SchedulerOutput) -> Vec<(SeqId, StateOp, String)> {
+        let mut failed = Vec::new();
+        for p in &plan.seqs {
+            let Some(v) = p.save else { continue };
+            let saved = u32::try_from(v.pos)
+                .map_err(|_| Error::Input(format!("position {} beyond u32", v.pos)))
+                .and_then(|pos| self.backend.save_state(v.slot, pos, v.snap));
+            if let Err(e) = saved {
+                let why = format!("saving the prompt's recurrent state failed: {e}");
+                failed.push((p.id, v, why));
+            }
+        }
+        failed
+    }
+
     /// Runs the planned rows on the backend, which picks the token of every sequence that
-    /// reached its end (with the logprobs its request asked for).
-    fn execute(&mut self, plan: &SchedulerOutput) -> Result<Vec<Selected>> {
+    /// reached its end (with the logprobs its request asked for), then saves the planned state
+    /// snapshots. Returns the picks and the sequences whose snapshot failed (to end with an
+    /// error).
+    fn execute(&mut self, plan: &SchedulerOutput) -> Result<(Vec<Selected>, Vec<Failed>)> {
         let sampled: Vec<&ScheduledSeq> = plan.seqs.iter().filter(|p| p.sample).collect();
         // A sequence checking drafts picks at each of its rows, row j with the drafts before it
         // as history: exactly plain decoding's pick at that position.
@@ -459,14 +516,19 @@ impl Worker {
                 s.observe(&ids, self.backend.take_hidden());
             }
         }
+        let failed = self.save_states(plan);
         self.sched.complete(plan);
+        for (_, v, _) in &failed {
+            self.sched.drop_snapshot(v.snap);
+        }
         if out.rows.len() != picks {
             return Err(Error::Backend {
                 backend: self.backend.name(),
                 what: format!("{} selected rows for {} picks", out.rows.len(), picks),
             });
         }
-        Ok(out.rows)
+        let failed = failed.into_iter().map(|(id, _, why)| (id, why)).collect();
+        Ok((out.rows, failed))
     }
 
     /// Asks the drafter for drafts for the decoding sequences that speculate.

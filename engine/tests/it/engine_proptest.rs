@@ -1,11 +1,14 @@
 //! Property tests of the scheduler on random arrival / cancel / step sequences: no block is
-//! leaked or double freed, budgets hold, and every admitted request finishes.
+//! leaked or double freed, budgets hold, and every admitted request finishes. For a
+//! recurrent-state model, a fake state per slot (a digest of the tokens folded in) checks that
+//! every step starts where its slot's state stands and that a restored snapshot holds exactly
+//! the sequence's own prefix.
 
 use std::collections::HashMap;
 
 use memra_engine::kv::KvManager;
 use memra_engine::prefix_cache::namespace;
-use memra_engine::scheduler::{NewSeq, Scheduler, SchedulerConfig, SeqId};
+use memra_engine::scheduler::{NewSeq, Scheduler, SchedulerConfig, SchedulerOutput, SeqId};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -30,11 +33,80 @@ struct Harness {
     left: HashMap<SeqId, usize>,
     next: SeqId,
     budget: usize,
+    /// Recurrent: the fake state per slot and per snapshot, `(position, digest)`.
+    slots: HashMap<u32, (usize, u64)>,
+    snaps: HashMap<u32, (usize, u64)>,
+    /// Recurrent: every `fail_every`-th save fails (the sequence ends, the snapshot goes).
+    fail_every: usize,
+    saves: usize,
+}
+
+/// The fake state after folding `tokens` into `d`.
+fn fold(d: u64, tokens: impl IntoIterator<Item = u32>) -> u64 {
+    tokens.into_iter().fold(d, |d, t| {
+        d.wrapping_mul(0x100000001b3).wrapping_add(t as u64 + 1)
+    })
 }
 
 impl Harness {
+    /// Runs the fake recurrent state through a plan: restores, steps, saves.
+    fn run_states(&mut self, out: &SchedulerOutput) -> Vec<(SeqId, u32)> {
+        let mut failed = Vec::new();
+        for (i, p) in out.seqs.iter().enumerate() {
+            let slot = out.batch.state_slots[i];
+            if let Some(r) = p.restore {
+                assert_eq!(
+                    (r.slot, r.pos),
+                    (slot, p.start),
+                    "restore before the first step"
+                );
+                let snap = *self.snaps.get(&r.snap).expect("restoring a saved snapshot");
+                assert_eq!(snap.0, r.pos);
+                self.slots.insert(slot, snap);
+            }
+            let (pos, d) = match p.start {
+                0 => (0, 0),
+                _ => *self.slots.get(&slot).expect("a state in the slot"),
+            };
+            assert_eq!(pos, p.start, "a step starts where its slot's state stands");
+            let tokens = self.s.tokens(p.id).unwrap();
+            assert_eq!(
+                d,
+                fold(0, tokens[..pos].iter().copied()),
+                "the state of its own prefix"
+            );
+            let rows = out
+                .batch
+                .rows
+                .iter()
+                .filter(|r| r.seq == i)
+                .map(|r| r.token);
+            let after = (p.start + p.len, fold(d, rows));
+            self.slots.insert(slot, after);
+            if let Some(v) = p.save {
+                assert_eq!(
+                    (v.slot, v.pos),
+                    (slot, after.0),
+                    "a save at the chunk's end"
+                );
+                self.saves += 1;
+                match self.saves.is_multiple_of(self.fail_every) {
+                    true => failed.push((p.id, v.snap)),
+                    false => {
+                        self.snaps.insert(v.snap, after);
+                    }
+                }
+            }
+        }
+        failed
+    }
+
     fn step(&mut self) {
         let out = self.s.schedule();
+        let failed = match self.s.config().recurrent {
+            true => self.run_states(&out),
+            false => Vec::new(),
+        };
         assert!(out.batch.rows.len() <= self.budget);
         assert_eq!(out.batch.block_tables.len(), out.seqs.len());
         for r in &out.batch.rows {
@@ -46,7 +118,19 @@ impl Harness {
             );
         }
         self.s.complete(&out);
-        for p in out.seqs.iter().filter(|p| p.sample) {
+        let ended: Vec<SeqId> = failed.iter().map(|f| f.0).collect();
+        for (id, snap) in failed {
+            // The engine drops the snapshot and ends the sequence.
+            self.s.drop_snapshot(snap);
+            self.snaps.remove(&snap);
+            assert!(self.s.finish(id));
+            self.left.remove(&id);
+        }
+        for p in out
+            .seqs
+            .iter()
+            .filter(|p| p.sample && !ended.contains(&p.id))
+        {
             let left = self
                 .left
                 .get_mut(&p.id)
@@ -67,19 +151,27 @@ impl Harness {
     }
 }
 
-fn run(ops: Vec<Op>, blocks: usize, bs: usize, budget: usize, caching: bool) {
+/// Recurrent-state options: snapshots (`None`: the default count) and how often a save fails.
+type Recurrent = Option<(Option<usize>, usize)>;
+
+fn run(ops: Vec<Op>, blocks: usize, bs: usize, budget: usize, caching: bool, rec: Recurrent) {
     let cfg = SchedulerConfig {
         max_batch_tokens: budget,
         max_running: 4,
         max_running_per_tenant: 3,
         admit_reserve_blocks: 1,
-        recurrent: false,
+        recurrent: rec.is_some(),
+        state_snapshots: rec.and_then(|r| r.0),
     };
     let mut h = Harness {
         s: Scheduler::new(cfg, KvManager::new(blocks, bs, caching)),
         left: HashMap::new(),
         next: 0,
         budget,
+        slots: HashMap::new(),
+        snaps: HashMap::new(),
+        fail_every: rec.map_or(usize::MAX, |r| r.1.max(1)),
+        saves: 0,
     };
     for o in ops {
         match o {
@@ -132,6 +224,18 @@ proptest! {
         budget in 1usize..40,
         caching in any::<bool>(),
     ) {
-        run(ops, blocks, bs, budget, caching);
+        run(ops, blocks, bs, budget, caching, None);
+    }
+
+    #[test]
+    fn recurrent_snapshots_hold_their_prefix(
+        ops in prop::collection::vec(op(), 1..120),
+        blocks in 10usize..40,
+        bs in prop::sample::select(vec![1usize, 2, 4, 8]),
+        budget in 1usize..40,
+        snapshots in prop::option::of(0usize..4),
+        fail_every in prop::sample::select(vec![3usize, 7, usize::MAX]),
+    ) {
+        run(ops, blocks, bs, budget, true, Some((snapshots, fail_every)));
     }
 }

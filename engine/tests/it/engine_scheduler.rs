@@ -16,6 +16,7 @@ fn cfg(budget: usize, running: usize, per_tenant: usize, reserve: usize) -> Sche
         max_running_per_tenant: per_tenant,
         admit_reserve_blocks: reserve,
         recurrent: false,
+        state_snapshots: None,
     }
 }
 
@@ -290,4 +291,225 @@ fn drafts_are_cut_to_the_step_budget() {
     let o = s.schedule();
     assert_eq!(o.batch.rows.len(), 3);
     assert_eq!(o.seqs[0].drafts, vec![4, 5]);
+}
+
+// ---- Recurrent-state models: snapshots at the last full block of a prompt, hits there ----
+
+use memra_engine::scheduler::StateOp;
+
+fn rcfg(budget: usize, running: usize, snapshots: Option<usize>) -> SchedulerConfig {
+    SchedulerConfig {
+        recurrent: true,
+        state_snapshots: snapshots,
+        ..cfg(budget, running, running, 0)
+    }
+}
+
+type Planned = (usize, usize, Option<StateOp>, Option<StateOp>);
+
+/// `(start, len, restore, save)` of sequence `id` in a plan (its ops name its own slot).
+fn planned(o: &SchedulerOutput, id: SeqId) -> Planned {
+    let (i, p) = o
+        .seqs
+        .iter()
+        .enumerate()
+        .find(|(_, p)| p.id == id)
+        .expect("planned");
+    for op in [p.restore, p.save].into_iter().flatten() {
+        assert_eq!(op.slot, o.batch.state_slots[i], "the sequence's own slot");
+    }
+    (p.start, p.len, p.restore, p.save)
+}
+
+#[test]
+fn recurrent_prompts_snapshot_their_last_full_block_and_hit_there() {
+    let mut s = sched(32, 4, rcfg(64, 4, None));
+    assert_eq!(s.snapshot_capacity(), 8);
+    // 10 tokens, blocks of 4: the snapshot is at 8, the chunk stops there.
+    s.add(seq(1, "a", (0..10).collect()));
+    let o = step(&mut s);
+    let (start, len, restore, save) = planned(&o, 1);
+    assert_eq!((start, len, restore), (0, 8, None));
+    let save = save.expect("a save at 8");
+    assert_eq!(save.pos, 8);
+    assert_eq!(s.snapshots(), 1);
+    let o = step(&mut s);
+    assert_eq!(planned(&o, 1), (8, 2, None, None));
+    s.finish(1);
+    // The same prompt: a hit of 8 tokens; the snapshot is restored before its first step.
+    s.add(seq(2, "a", (0..10).collect()));
+    let o = step(&mut s);
+    let (start, len, restore, save2) = planned(&o, 2);
+    assert_eq!((start, len, save2), (8, 2, None));
+    assert_eq!(
+        restore,
+        Some(StateOp {
+            slot: o.batch.state_slots[0],
+            pos: 8,
+            snap: save.snap
+        })
+    );
+    assert_eq!(s.cached_tokens(2), 8);
+    assert_eq!(s.prefix_hit_tokens(), 8);
+    // A longer prompt through the same two blocks: the hit at 8, a snapshot of its own at 12.
+    s.add(seq(3, "a", (0..14).collect()));
+    let o = step(&mut s);
+    let (start, len, restore, save) = planned(&o, 3);
+    assert_eq!((start, len), (8, 4));
+    assert_eq!(restore.map(|r| r.pos), Some(8));
+    assert_eq!(save.map(|v| v.pos), Some(12));
+    assert_eq!(s.snapshots(), 2);
+    assert_eq!(s.cached_tokens(3), 8);
+    // Its continuation; then a prompt one block deeper hits at 12.
+    step(&mut s);
+    s.add(seq(4, "a", (0..15).collect()));
+    let o = step(&mut s);
+    assert_eq!(planned(&o, 4).2.map(|r| r.pos), Some(12));
+    assert_eq!(s.cached_tokens(4), 12);
+    // Another tenant shares nothing.
+    s.add(seq(5, "b", (0..10).collect()));
+    let o = step(&mut s);
+    assert_eq!(planned(&o, 5).2, None);
+    assert_eq!(s.cached_tokens(5), 0);
+}
+
+#[test]
+fn recurrent_chunks_end_at_the_snapshot() {
+    let mut s = sched(32, 4, rcfg(3, 4, None));
+    s.add(seq(1, "a", (0..10).collect()));
+    let chunks: Vec<Planned> = (0..4).map(|_| planned(&step(&mut s), 1)).collect();
+    let spans: Vec<(usize, usize)> = chunks.iter().map(|c| (c.0, c.1)).collect();
+    assert_eq!(spans, vec![(0, 3), (3, 3), (6, 2), (8, 2)]);
+    assert!(chunks[0].3.is_none() && chunks[1].3.is_none() && chunks[3].3.is_none());
+    assert_eq!(chunks[2].3.map(|v| v.pos), Some(8));
+}
+
+#[test]
+fn recurrent_short_prompts_take_no_snapshot() {
+    let mut s = sched(32, 4, rcfg(64, 4, None));
+    // P = 0 for up to one block plus one token: 1, 4 and 3 tokens; 5 tokens snapshot at 4.
+    for (id, len) in [(1, 1), (2, 4), (3, 3)] {
+        s.add(seq(id, "a", (0..len).collect()));
+    }
+    s.add(seq(4, "a", (10..15).collect()));
+    let o = step(&mut s);
+    for id in 1..=3 {
+        assert_eq!(planned(&o, id).3, None, "sequence {id}");
+    }
+    assert_eq!(planned(&o, 4).3.map(|v| v.pos), Some(4));
+    assert_eq!(s.snapshots(), 1);
+    for id in 1..=4 {
+        s.finish(id);
+    }
+    // A hit needs a snapshot: the 4-token prompt's block is cached but carries none.
+    s.add(seq(5, "a", (0..6).collect()));
+    let o = step(&mut s);
+    assert_eq!(planned(&o, 5).2, None);
+    assert_eq!(s.cached_tokens(5), 0);
+}
+
+#[test]
+fn recurrent_snapshot_pool_is_bounded_and_lru() {
+    let mut s = sched(64, 4, rcfg(64, 4, Some(1)));
+    s.add(seq(1, "a", (0..10).collect()));
+    step(&mut s);
+    s.finish(1);
+    // Another prompt needs the pool's only id: the first prompt's snapshot goes.
+    s.add(seq(2, "a", (50..60).collect()));
+    let o = step(&mut s);
+    assert!(planned(&o, 2).3.is_some());
+    s.finish(2);
+    assert_eq!(s.snapshots(), 1);
+    // The first prompt's blocks are still cached, its state is not: no hit, a new snapshot.
+    s.add(seq(3, "a", (0..10).collect()));
+    let o = step(&mut s);
+    assert_eq!(planned(&o, 3).2, None);
+    assert!(planned(&o, 3).3.is_some());
+    assert_eq!(s.cached_tokens(3), 0);
+    // A failed save is dropped: no hit on it later.
+    let snap = planned(&o, 3).3.unwrap().snap;
+    s.drop_snapshot(snap);
+    s.check().unwrap();
+    assert_eq!(s.snapshots(), 0);
+    step(&mut s);
+    s.finish(3);
+    s.add(seq(4, "a", (0..10).collect()));
+    let o = step(&mut s);
+    assert_eq!(planned(&o, 4).2, None);
+    // No snapshots at all: no hits, no saves.
+    let mut s = sched(64, 4, rcfg(64, 4, Some(0)));
+    for id in 0..2 {
+        s.add(seq(id, "a", (0..10).collect()));
+        let o = step(&mut s);
+        assert_eq!((planned(&o, id).2, planned(&o, id).3), (None, None));
+        assert_eq!(s.cached_tokens(id), 0);
+        step(&mut s);
+        s.finish(id);
+    }
+    // Nor without a prefix cache.
+    let s = Scheduler::new(rcfg(64, 4, None), KvManager::new(64, 4, false));
+    assert_eq!(s.snapshot_capacity(), 0);
+}
+
+#[test]
+fn recurrent_snapshot_leaves_with_its_block() {
+    // 4 blocks of 4: a 9-token prompt leaves 2 cached blocks, the second with a snapshot.
+    let mut s = sched(4, 4, rcfg(64, 4, None));
+    s.add(seq(1, "a", (0..9).collect()));
+    step(&mut s);
+    s.finish(1);
+    assert_eq!(s.snapshots(), 1);
+    // A 16-token prompt takes every block: the cached ones are evicted, the snapshot too.
+    s.add(seq(2, "a", (100..116).collect()));
+    // Its first chunk (to its own snapshot at 12) takes 3 blocks: block 0 of the first
+    // prompt is evicted, block 1 and its snapshot stay (unreachable without block 0).
+    let o = step(&mut s);
+    assert_eq!(planned(&o, 2).3.map(|v| v.pos), Some(12));
+    assert_eq!(s.snapshots(), 2);
+    // The rest takes the last block: block 1 is evicted, and its snapshot with it.
+    step(&mut s);
+    assert_eq!(s.snapshots(), 1);
+    s.finish(2);
+    s.add(seq(3, "a", (0..9).collect()));
+    let o = step(&mut s);
+    assert_eq!(planned(&o, 3).2, None);
+    assert_eq!(s.cached_tokens(3), 0);
+}
+
+#[test]
+fn a_sequence_leaves_a_plan_cleanly() {
+    let mut s = sched(32, 4, rcfg(64, 4, None));
+    s.add(seq(1, "a", (0..5).collect()));
+    s.add(seq(2, "b", (0..6).collect()));
+    s.add(seq(3, "c", (0..3).collect()));
+    let mut o = s.schedule();
+    let slots = o.batch.state_slots.clone();
+    assert!(o.remove_seq(1));
+    assert!(!o.remove_seq(1));
+    assert_eq!(o.seqs.iter().map(|p| p.id).collect::<Vec<_>>(), vec![2, 3]);
+    assert_eq!(o.batch.state_slots, slots[1..].to_vec());
+    assert_eq!(o.batch.block_tables.len(), 2);
+    let seqs: Vec<usize> = o.batch.rows.iter().map(|r| r.seq).collect();
+    assert_eq!(seqs, [vec![0; 4], vec![1; 3]].concat());
+    // The engine ends the removed sequence; the rest completes.
+    s.finish(1);
+    s.complete(&o);
+    s.check().unwrap();
+}
+
+#[test]
+fn non_recurrent_plans_have_no_state_ops() {
+    let mut s = sched(32, 4, cfg(64, 4, 4, 0));
+    assert_eq!(s.snapshot_capacity(), 0);
+    for round in 0..2 {
+        s.add(seq(round, "a", (0..10).collect()));
+        let o = step(&mut s);
+        assert!(
+            o.seqs
+                .iter()
+                .all(|p| p.restore.is_none() && p.save.is_none())
+        );
+        assert_eq!(o.seqs[0].len, 10 - 8 * round as usize);
+        s.finish(round);
+    }
 }

@@ -55,6 +55,7 @@ fn config(kv_blocks: usize, budget: usize) -> EngineConfig {
             max_running_per_tenant: 8,
             admit_reserve_blocks: 1,
             recurrent: false,
+            state_snapshots: None,
         },
         prefix_cache: true,
         spec: None,

@@ -49,6 +49,7 @@ fn start_with(weights: ModelWeights, spec: Option<SpecConfig>) -> EngineHandle {
             max_running_per_tenant: 8,
             admit_reserve_blocks: 1,
             recurrent: false,
+            state_snapshots: None,
         },
         prefix_cache: true,
         spec,

@@ -50,6 +50,7 @@ fn engine(blocks: usize) -> EngineHandle {
             max_running_per_tenant: 8,
             admit_reserve_blocks: 1,
             recurrent: false,
+            state_snapshots: None,
         },
         prefix_cache: false,
         spec: None,

@@ -22,6 +22,7 @@ mod quant_dot_fast;
 mod qwen3_moe;
 mod qwen3_moe_reference;
 mod qwen3next;
+mod qwen3next_prefix;
 mod reference_fixture;
 mod run_gen;
 mod safetensors;

@@ -6,6 +6,8 @@
 //! its sequence's tokens: never on the step split, the other sequences or the thread count
 //! (work is spread over (sequence, value head) pairs only).
 
+use std::collections::HashMap;
+
 use rayon::prelude::*;
 
 use crate::backend::state::{CONV_RING, RING, SeqPlan};
@@ -25,10 +27,26 @@ struct Slot {
     inputs: Vec<f32>,
 }
 
-/// One gated DeltaNet layer's states, per slot (grown on first use).
+/// A saved state ([`DeltaLayer::save`]): one layer's state of a sequence at a position.
+struct Snap {
+    /// The position: every position `< pos` is folded into `s`.
+    pos: usize,
+    /// The delta rule's state at `pos`, as [`Slot::s`].
+    s: Vec<f32>,
+    /// The convolution inputs of positions `pos - (K - 1) .. pos` in order (zeros before
+    /// position 0), `conv_dim` each.
+    conv: Vec<f32>,
+}
+
+/// One gated DeltaNet layer's states, per slot (grown on first use), and its snapshots by id
+/// (grown on demand; the scheduler bounds the ids).
 pub struct DeltaLayer {
     p: DeltaParams,
     slots: Vec<Slot>,
+    /// The layer's `(a_coef, dt)` as its steps pass them: a snapshot replays the recurrence
+    /// with them.
+    coefs: Option<(Vec<f32>, Vec<f32>)>,
+    snaps: HashMap<u32, Snap>,
 }
 
 /// `1 / (1 + exp(-x))`.
@@ -62,7 +80,101 @@ impl DeltaLayer {
         DeltaLayer {
             p,
             slots: Vec::new(),
+            coefs: None,
+            snaps: HashMap::new(),
         }
+    }
+
+    /// Stores slot `slot`'s state at position `pos` as snapshot `snap`, the slot standing at
+    /// `(committed, written)` = `span` with `committed <= pos <= written` (checked by the
+    /// caller against the book): positions `committed..pos` are folded from the slot's kept
+    /// inputs into its committed state by [`head_steps`], exactly as a step replays them, and
+    /// the convolution inputs of the `K - 1` positions before `pos` are copied from its ring.
+    pub fn save(
+        &mut self,
+        pool: &rayon::ThreadPool,
+        slot: usize,
+        (committed, pos): (usize, usize),
+        snap: u32,
+    ) -> Result<(), String> {
+        let p = self.p;
+        let (cd, nv, k) = (p.conv_dim(), p.n_v_heads, p.conv_kernel);
+        let iw = self.input_width();
+        let head_state = p.head_k * p.head_v;
+        let (Some(sl), Some((a_coef, dt))) = (self.slots.get(slot), self.coefs.as_ref()) else {
+            return Err(format!(
+                "state slot {slot} has not run a step in this layer"
+            ));
+        };
+        if committed > pos || pos - committed >= RING {
+            return Err(format!(
+                "a snapshot at {pos} cannot be replayed from the state committed at {committed}"
+            ));
+        }
+        let steps: Vec<(Vec<f32>, Option<usize>)> = (committed..pos)
+            .map(|q| {
+                (
+                    sl.inputs[(q % RING) * iw..(q % RING + 1) * iw].to_vec(),
+                    None,
+                )
+            })
+            .collect();
+        let start = match pos {
+            0 => vec![0f32; nv * head_state],
+            _ => sl.s.clone(),
+        };
+        let commit_after = (pos - committed).checked_sub(1);
+        let heads: Vec<Vec<f32>> = pool.install(|| {
+            (0..nv)
+                .into_par_iter()
+                .map(|h| {
+                    let s0 = &start[h * head_state..(h + 1) * head_state];
+                    head_steps(&p, h, s0, &steps, commit_after, (a_coef[h], dt[h])).0
+                })
+                .collect()
+        });
+        let mut conv = vec![0f32; (k - 1) * cd];
+        for (t, row) in conv.chunks_exact_mut(cd).enumerate() {
+            if let Some(q) = (pos + t).checked_sub(k - 1) {
+                let at = (q % CONV_RING) * cd;
+                row.copy_from_slice(&sl.conv[at..at + cd]);
+            }
+        }
+        self.snaps.insert(
+            snap,
+            Snap {
+                pos,
+                s: heads.concat(),
+                conv,
+            },
+        );
+        Ok(())
+    }
+
+    /// Loads snapshot `snap` into slot `slot` (grown when needed): its state and the
+    /// convolution inputs before its position; returns the position.
+    pub fn restore(&mut self, slot: usize, snap: u32) -> Result<usize, String> {
+        let (cd, k) = (self.p.conv_dim(), self.p.conv_kernel);
+        if !self.snaps.contains_key(&snap) {
+            return Err(format!("state snapshot {snap} does not exist"));
+        }
+        self.slot(slot);
+        let (Some(sn), Some(sl)) = (self.snaps.get(&snap), self.slots.get_mut(slot)) else {
+            return Err(format!("state snapshot {snap} does not exist"));
+        };
+        sl.s.copy_from_slice(&sn.s);
+        for (t, row) in sn.conv.chunks_exact(cd).enumerate().take(k - 1) {
+            if let Some(q) = (sn.pos + t).checked_sub(k - 1) {
+                let at = (q % CONV_RING) * cd;
+                sl.conv[at..at + cd].copy_from_slice(row);
+            }
+        }
+        Ok(sn.pos)
+    }
+
+    /// Forgets snapshot `snap` (a save that failed in another layer).
+    pub fn drop_snapshot(&mut self, snap: u32) {
+        self.snaps.remove(&snap);
     }
 
     fn input_width(&self) -> usize {
@@ -130,6 +242,13 @@ impl DeltaLayer {
         let (cd, nv, hv) = (p.conv_dim(), p.n_v_heads, p.head_v);
         let iw = self.input_width();
         let head_state = p.head_k * hv;
+        if self
+            .coefs
+            .as_ref()
+            .is_none_or(|(a, d)| a.as_slice() != a_coef || d.as_slice() != dt)
+        {
+            self.coefs = Some((a_coef.to_vec(), dt.to_vec()));
+        }
         for plan in plans {
             self.slot(plan.slot);
         }

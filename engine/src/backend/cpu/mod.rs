@@ -12,11 +12,13 @@ mod matmul;
 pub mod moe;
 pub mod ops;
 
+use std::collections::HashMap;
+
 use kv::KvStore;
 
 use super::exec::{Exec, HeadRows};
 use super::runner::Runner;
-use super::state::{SeqPlan, StateBook};
+use super::state::{MAX_STATE_SLOTS, SeqPlan, StateBook};
 use super::{DumpFn, StepBatch};
 use crate::error::{Error, Result};
 use crate::kv_format::KvDtype;
@@ -87,6 +89,9 @@ pub struct CpuOps {
     states: Vec<delta::DeltaLayer>,
     book: StateBook,
     plans: Vec<SeqPlan>,
+    /// The position of each state snapshot saved in every state layer, by id
+    /// ([`Exec::save_state`]).
+    snaps: HashMap<u32, usize>,
 }
 
 fn err(what: String) -> Error {
@@ -121,6 +126,7 @@ impl CpuOps {
             states: Vec::new(),
             book: StateBook::new(0),
             plans: Vec::new(),
+            snaps: HashMap::new(),
         })
     }
 
@@ -599,5 +605,81 @@ impl Exec for CpuOps {
 
     fn set_dump(&mut self, dump: Option<DumpFn>) {
         self.dump = dump;
+    }
+
+    fn state_snapshots(&self) -> bool {
+        !self.states.is_empty()
+    }
+
+    fn save_state(&mut self, slot: u32, pos: u32, snap: u32) -> Result<()> {
+        if self.states.is_empty() {
+            return Err(Error::Unsupported(
+                "state snapshots: the model has no recurrent-state layers".into(),
+            ));
+        }
+        let (slot, pos) = (slot as usize, pos as usize);
+        // The id holds no snapshot until every layer has this one.
+        self.snaps.remove(&snap);
+        let committed = match self.book.span(slot) {
+            Some((c, w)) if c <= pos && pos <= w => c,
+            Some((c, w)) => {
+                return Err(Error::Input(format!(
+                    "state slot {slot} can be saved at positions {c}..={w}, not at {pos}"
+                )));
+            }
+            None => {
+                return Err(Error::Input(format!(
+                    "state slot {slot} holds no state to save"
+                )));
+            }
+        };
+        let pool = &self.pool;
+        let saved = self
+            .states
+            .iter_mut()
+            .try_for_each(|l| l.save(pool, slot, (committed, pos), snap));
+        if let Err(e) = saved {
+            for l in &mut self.states {
+                l.drop_snapshot(snap);
+            }
+            return Err(err(format!("state snapshot {snap}: {e}")));
+        }
+        self.snaps.insert(snap, pos);
+        Ok(())
+    }
+
+    fn restore_state(&mut self, slot: u32, snap: u32) -> Result<u32> {
+        if self.states.is_empty() {
+            return Err(Error::Unsupported(
+                "state snapshots: the model has no recurrent-state layers".into(),
+            ));
+        }
+        let slot = slot as usize;
+        if slot >= MAX_STATE_SLOTS {
+            return Err(Error::Input(format!(
+                "state slot {slot} is beyond the {MAX_STATE_SLOTS} slots a backend holds"
+            )));
+        }
+        let Some(&pos) = self.snaps.get(&snap) else {
+            return Err(Error::Input(format!(
+                "state snapshot {snap} does not exist"
+            )));
+        };
+        // The slot's earlier state is gone from here on, whatever happens below.
+        self.book.clear(slot);
+        for l in &mut self.states {
+            match l.restore(slot, snap) {
+                Ok(p) if p == pos => {}
+                Ok(p) => {
+                    return Err(err(format!(
+                        "state snapshot {snap}: a layer holds position {p}, not {pos}"
+                    )));
+                }
+                Err(e) => return Err(err(format!("state snapshot {snap}: {e}"))),
+            }
+        }
+        self.book.set(slot, pos);
+        // Saved from a u32 position.
+        Ok(pos as u32)
     }
 }
