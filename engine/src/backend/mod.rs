@@ -474,9 +474,14 @@ pub fn open_backend(
         threads,
         graphs: cuda::graphs_default(),
         kv_dtype,
+        state_slots: DEFAULT_STATE_SLOTS,
     };
     open_backend_opts(device, weights, &opts)
 }
+
+/// Recurrent-state slots of a backend opened without a scheduler's count (a model with gated
+/// DeltaNet layers: one slot per sequence a step may hold; the CPU grows them on use).
+pub const DEFAULT_STATE_SLOTS: usize = 64;
 
 /// Options of [`open_backend_opts`].
 #[derive(Clone, Copy, Debug)]
@@ -489,6 +494,8 @@ pub struct OpenOptions {
     pub threads: usize,
     /// Run CUDA steps of up to 64 rows as CUDA graphs (ignored by the CPU backend).
     pub graphs: bool,
+    /// Recurrent-state slots allocated up front (CUDA; the CPU grows them on use).
+    pub state_slots: usize,
     /// The KV cache's element format.
     pub kv_dtype: KvDtype,
 }
@@ -515,6 +522,7 @@ pub fn open_backend_opts(
             block_size: o.block_size,
             graphs: o.graphs,
             kv_dtype: o.kv_dtype,
+            state_slots: o.state_slots,
         };
         Ok(Box::new(cuda::CudaBackend::new(w, &opts)?))
     };

@@ -108,7 +108,9 @@ fn kv_blocks(weights: &ModelWeights, cfg: &EngineConfig) -> Result<usize> {
     let (free, fixed) = match cuda {
         Some(n) => (
             device_memory(n)?.0,
-            crate::backend::cuda::plan::fixed_bytes(weights)?,
+            crate::backend::cuda::plan::fixed_bytes(weights)?.saturating_add(
+                crate::backend::cuda::plan::state_bytes(c, cfg.scheduler.max_running),
+            ),
         ),
         None => (host_available_bytes()?, weights.nbytes()),
     };
@@ -187,6 +189,7 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         threads: cfg.threads,
         graphs: graphs_default(),
         kv_dtype: cfg.kv_dtype,
+        state_slots: cfg.scheduler.max_running,
     };
     let recurrent = weights.config.arch.is_recurrent();
     let mut backend = open_backend_opts(cfg.device, weights, &opts)?;

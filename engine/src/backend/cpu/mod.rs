@@ -6,7 +6,7 @@
 //! batch composition and the prefill chunking.
 
 mod attention;
-mod delta;
+pub mod delta;
 mod kv;
 mod matmul;
 pub mod moe;
