@@ -18,6 +18,7 @@ mod kernels_select;
 mod kv_write_check;
 mod moe_check;
 pub mod mtp_check;
+pub mod peer_logits;
 mod products_check;
 pub mod serve_invariance;
 pub mod spec;

@@ -32,7 +32,8 @@ use memra_engine::spec::mtp::MtpDrafter;
 use memra_engine::spec::ngram::NgramDrafter;
 use memra_engine::{Error, Result};
 use memra_verify::{
-    case, golden, graph, invariance, kernels, mtp_check, serve_invariance, spec, tokens,
+    case, golden, graph, invariance, kernels, mtp_check, peer_logits, serve_invariance, spec,
+    tokens,
 };
 
 #[derive(Parser)]
@@ -119,6 +120,23 @@ enum Cmd {
         fixture: PathBuf,
         #[arg(long, default_value = "auto")]
         device: Device,
+    },
+    /// memra's logits vs another engine's on the same GGUF (llama.cpp through
+    /// tools/peer/logits.py): top-1 agreement and the largest logit difference over the peer's
+    /// greedy continuations.
+    PeerLogits {
+        model: PathBuf,
+        /// The peer's JSON (tools/peer/logits.py), its logits file beside it.
+        #[arg(long)]
+        peer: PathBuf,
+        #[arg(long, default_value = "auto")]
+        device: Device,
+        /// The least share of positions whose top-1 token must agree.
+        #[arg(long, default_value_t = 0.99)]
+        min_agreement: f64,
+        /// The largest absolute logit difference allowed, relative to the largest |logit|.
+        #[arg(long, default_value_t = peer_logits::PEER_TOL)]
+        tol: f64,
     },
     /// The same prompts served alone, together (staggered), and with the prefix cache warm.
     ServeInvariance {
@@ -338,6 +356,34 @@ fn gate_graph(
         overlapped.1
     );
     Ok(print_failures(&rep.failures))
+}
+
+fn gate_peer_logits(
+    model: &Path,
+    peer: &Path,
+    device: Device,
+    (min, tol): (f64, f64),
+) -> Result<usize> {
+    let weights = memra_engine::loader::load_weights(model)?;
+    let mut b = open_backend(device, weights, 64, 16, 0)?;
+    let r = peer_logits::run(b.as_mut(), peer)?;
+    let rel = r.max_abs as f64 / (r.max_logit as f64).max(1.0);
+    println!(
+        "peer-logits on {} vs {}: {} positions, top-1 agreement {:.2}% ({} differ), max |logit \
+         diff| {:.3e} ({:.3e} of the largest |logit| {:.3})",
+        b.name(),
+        r.peer,
+        r.steps,
+        100.0 * r.agreement(),
+        r.disagreements.len(),
+        r.max_abs,
+        rel,
+        r.max_logit
+    );
+    for (c, s, margin) in &r.disagreements {
+        println!("  prompt {c} step {s}: top-1 differs (the peer's top-2 margin {margin:.4})");
+    }
+    Ok(usize::from(r.agreement() < min) + usize::from(rel > tol))
 }
 
 fn gate_tokens(model: &Path, fixture: &Path, device: Device) -> Result<usize> {
@@ -880,6 +926,13 @@ fn run(cli: Cli) -> Result<usize> {
             record: if record { reason.as_deref() } else { None },
             optional: false,
         }),
+        Cmd::PeerLogits {
+            model,
+            peer,
+            device,
+            min_agreement,
+            tol,
+        } => gate_peer_logits(&model, &peer, device, (min_agreement, tol)),
         Cmd::Inspect { .. } => Err(Error::Input("inspect runs before the gates".into())),
     }
 }

@@ -8,6 +8,7 @@ SMOL=$M/SmolLM2-135M-Instruct.Q4_1.gguf
 GEMMA=$M/gemma-3-270m-q4_k_m.gguf
 Q4=$M/q4.gguf      # llama3-8b Q4_K_M, 128k context (synth.sh)
 MOE=$M/moe.gguf    # qwen3-30b-a3b Q4_K_M
+Q3N=$M/q3n.gguf    # qwen3-next-80b-a3b Q4_K_M (~45 GB)
 Q8=$M/q8.gguf F16=$M/f16.gguf
 O=$HOME/q; mkdir -p $O/logs; S=$O/summary.txt
 LB=$HOME/llama.cpp/build/bin/llama-bench
@@ -56,7 +57,8 @@ gates_8b() {
 # pick k:DTYPE -> $k, $dt, $f (the model file), $sh (its shape label).
 pick() { k=${1%%:*}; dt=${1##*:}
   case $k in q4) f=$Q4 sh=llama3-8b ;; q8) f=$Q8 sh=llama3-8b ;; f16) f=$F16 sh=llama3-8b ;;
-    smol) f=$SMOL sh=smollm2-135m ;; moe) f=$MOE sh=qwen3-30b-a3b ;; gemma) f=$GEMMA sh=gemma3-270m ;; esac; }
+    smol) f=$SMOL sh=smollm2-135m ;; moe) f=$MOE sh=qwen3-30b-a3b ;; gemma) f=$GEMMA sh=gemma3-270m ;;
+    q3n) f=$Q3N sh=qwen3-next-80b-a3b ;; esac; }
 # sbs k:DTYPE...: the side-by-side rows of each model (memra decode, llama.cpp tg128 at depth
 # 512, memra prefill 512 / 4096, llama.cpp pp512 / pp4096, on the same file; after peerwait).
 sbs() { for x in "$@"; do

@@ -10,6 +10,7 @@ Q=${1:?queue script}
 mkdir -p $HOME/dev $HOME/models $HOME/repo/.stage $HOME/q/logs
 tar xzf .stage/bins.tgz -C $HOME/dev; cat $HOME/dev/.device/COMMIT
 cp -r tools verify kernels $HOME/repo/; cp .stage/llama.tgz $HOME/repo/.stage/ 2>/dev/null
+cp .stage/peer*.json .stage/peer*.bin $HOME/repo/.stage/ 2>/dev/null   # peer logits (tools/peer)
 cp .stage/tok.gguf $HOME/models/tok.gguf
 # precompiled kernels (pack.sh): into the cache lib.sh's MEMRA_KERNEL_CACHE names
 [ -d $HOME/dev/.device/kcache ] && mkdir -p $HOME/.cache/memra/kernels && cp $HOME/dev/.device/kcache/* $HOME/.cache/memra/kernels/ && echo "kernels: $(ls $HOME/dev/.device/kcache | wc -l) precompiled"

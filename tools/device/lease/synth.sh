@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The synthetic models of LEASE_SYNTH (q4 moe q8 f16), one after another, each written to .tmp
+# The synthetic models of LEASE_SYNTH (q4 moe q8 f16 q3n), one after another, each written to .tmp
 # and renamed when complete (queues wait for the final name). ~seconds each on the H200 host.
 set -u
 cd $HOME/repo; . tools/device/lease/lib.sh
@@ -11,6 +11,7 @@ for x in ${LEASE_SYNTH:-q4 moe}; do
     moe) s $MOE --shape qwen3-30b-a3b --dtype q4_k_m ;;
     q8) s $Q8 --shape llama3-8b --dtype q8_0 --llamacpp-rope ;;
     f16) s $F16 --shape llama3-8b --dtype f16 --llamacpp-rope ;;
+    q3n) s $Q3N --shape qwen3-next-80b-a3b --dtype q4_k_m ;;
   esac
 done
 df -h $M | tail -1
