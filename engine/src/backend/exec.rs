@@ -80,6 +80,9 @@ pub trait Exec: Ops {
     /// The raw bytes of one KV block (all layers, K then V).
     fn kv_block_bytes(&self, block: u32) -> Result<Vec<u8>>;
 
+    /// See [`crate::backend::Backend::set_state_keep`].
+    fn set_state_keep(&mut self, _positions: usize) {}
+
     /// See [`crate::backend::Backend::state_snapshots`].
     fn state_snapshots(&self) -> bool {
         false

@@ -161,6 +161,10 @@ pub trait Backend: Send {
     fn take_hidden(&mut self) -> Vec<(StepRow, Vec<f32>)> {
         Vec::new()
     }
+    /// How far behind its last step's first row a sequence's next step may start (recurrent
+    /// state, state.rs [`state::StateBook::set_keep`]): 0 by default; a draft model, which
+    /// rewinds its drafts one step each, asks for more. Other models ignore it.
+    fn set_state_keep(&mut self, _positions: usize) {}
     /// Whether [`Backend::save_state`] and [`Backend::restore_state`] work: the model has
     /// recurrent-state layers and the backend can snapshot them. The engine takes prefix-cache
     /// hits for a recurrent model only then.

@@ -213,6 +213,10 @@ impl<O: Exec> Backend for Runner<O> {
         std::mem::take(&mut self.hidden)
     }
 
+    fn set_state_keep(&mut self, positions: usize) {
+        self.ops.set_state_keep(positions);
+    }
+
     fn state_snapshots(&self) -> bool {
         self.ops.state_snapshots()
     }

@@ -7,14 +7,16 @@
 //! positions `p..=q`; the slot's state is committed at position `C` (every position `< C`
 //! folded in) and its ring holds the per-token inputs of positions `C..W` (`W` = one past the
 //! last position an earlier step computed). The step first folds positions `C..p` from the
-//! ring (replay), then its own rows, and commits at `max(C, q + 2 - RING)`: the last
-//! `RING - 1` positions stay pending in the ring. So the next step may start anywhere in
-//! `C'..=q + 1`: the same step again, a speculative verify step rejected after its `a`-th
-//! draft resuming at `p + a + 1`, or a draft model rewinding its last drafts one step each,
-//! with no copy of the state; and the bits of every state and row are the same as if the
-//! accepted positions had been computed one per step. The price: a step replays up to
-//! `RING - 1` positions of the recurrence (not of the products). A step starting at position
-//! 0 resets the slot.
+//! ring (replay), then its own rows, and commits at
+//! `C' = max(C, min(p, q + 1 - keep), q + 2 - RING)`: the positions from `C'` stay pending in
+//! the ring. So the next step may start anywhere in `C'..=q + 1`, with no copy of the state:
+//! the same step again, a speculative verify step rejected after its `a`-th draft resuming at
+//! `p + a + 1`, or (with `keep` up to `RING - 1`, [`StateBook::set_keep`]) a draft model
+//! rewinding its last drafts, each a step of its own; and the bits of every state and row
+//! are the same as if the accepted positions had been computed one per step. With `keep` 0
+//! (a target model) a decode step replays one position (the last step's row); with more,
+//! up to `keep` positions of the recurrence (not of the products). A step starting at
+//! position 0 resets the slot.
 //!
 //! The convolution keeps the inputs of the last [`CONV_RING`] positions the same way: rows read
 //! earlier positions from the ring and positions of their own step from the step's rows.
@@ -64,13 +66,24 @@ impl SeqPlan {
 pub struct StateBook {
     /// Per slot: `Some((committed, written))`, `None` when the slot holds no usable state.
     slots: Vec<Option<(usize, usize)>>,
+    /// Positions before a step's last row that stay re-runnable even behind its first row.
+    keep: usize,
 }
 
 impl StateBook {
     pub fn new(slots: usize) -> StateBook {
         StateBook {
             slots: vec![None; slots],
+            keep: 0,
         }
+    }
+
+    /// How far behind a step's first row the next step may start: 0 (the default: the same
+    /// step again, or anywhere in it) up to `RING - 1` (a draft model, which rewinds its
+    /// drafts one step each; every later step then replays up to that many positions). With
+    /// 0 a decode step replays one position, the last step's row.
+    pub fn set_keep(&mut self, keep: usize) {
+        self.keep = keep.min(RING - 1);
     }
 
     pub fn slots(&self) -> usize {
@@ -144,7 +157,9 @@ impl StateBook {
                 }
             };
             let last = first + rows.len() - 1;
-            let commit_to = replay_from.max((last + 2).saturating_sub(RING));
+            let commit_to = replay_from
+                .max(first.min((last + 1).saturating_sub(self.keep)))
+                .max((last + 2).saturating_sub(RING));
             out.push(SeqPlan {
                 slot,
                 rows,
@@ -224,6 +239,7 @@ mod tests {
     #[test]
     fn plans_resume_and_refuse() {
         let mut book = StateBook::new(4);
+        book.set_keep(RING - 1);
         // A prompt of 20 rows in slot 2: the last RING - 1 positions stay pending.
         let b = batch(&(0..20).map(|p| (p, 0)).collect::<Vec<_>>(), vec![2]);
         let p = book.plan(&b).unwrap();
@@ -271,6 +287,35 @@ mod tests {
         assert!(book.plan(&batch(&[(0, 0)], vec![4])).is_err());
         book.invalidate(&p);
         assert!(book.plan(&batch(&[(26, 0)], vec![2])).is_err());
+    }
+
+    /// The default: a step commits before its first row, so a decode step replays one
+    /// position (the last step's), and only the last step can be re-run or resumed inside.
+    #[test]
+    fn a_target_replays_one_position_when_decoding() {
+        let mut book = StateBook::new(1);
+        let b = batch(&(0..10).map(|p| (p, 0)).collect::<Vec<_>>(), vec![0]);
+        let p = book.plan(&b).unwrap();
+        assert_eq!(p[0].commit_to, 0);
+        book.commit(&p);
+        for pos in 10..14 {
+            let p = book.plan(&batch(&[(pos, 0)], vec![0])).unwrap();
+            let from = if pos == 10 { 0 } else { pos as usize - 1 };
+            assert_eq!((p[0].replay_from, p[0].commit_to), (from, pos as usize));
+            book.commit(&p);
+        }
+        // A verify step 14..=18 rejected after its second draft, then decoding on.
+        let p = book.plan(&batch(
+            &[(14, 0), (15, 0), (16, 0), (17, 0), (18, 0)],
+            vec![0],
+        ));
+        book.commit(&p.unwrap());
+        let p = book.plan(&batch(&[(17, 0)], vec![0])).unwrap();
+        assert_eq!((p[0].replay_from, p[0].commit_to), (14, 17));
+        book.commit(&p);
+        // The same step again is fine; one step further back is not.
+        assert!(book.plan(&batch(&[(17, 0)], vec![0])).is_ok());
+        assert!(book.plan(&batch(&[(16, 0)], vec![0])).is_err());
     }
 
     #[test]

@@ -68,7 +68,9 @@ impl DraftModelDrafter {
             kv_dtype: Default::default(),
             state_slots: crate::backend::DEFAULT_STATE_SLOTS,
         };
-        let backend = open_backend_opts(device, w, &opts)?;
+        let mut backend = open_backend_opts(device, w, &opts)?;
+        // It drafts one token a step and rewinds to the last accepted one (recurrent state).
+        backend.set_state_keep(crate::backend::state::RING - 1);
         Ok(DraftModelDrafter {
             name: format!("draft:{name}"),
             backend,

@@ -93,19 +93,19 @@ fn a_restored_snapshot_continues_with_the_same_bits() {
     let whole = chunked(&mut cpu(w.clone()), &toks, (0, 40), 40, &[0, 1, 2], 0);
     let mut b = cpu(w);
     assert!(b.state_snapshots());
-    // Sequence X in slot 1: 0..20, then 20..32 (committed at 17, written to 32).
+    // Sequence X in slot 1: 0..20, then 20..32 (committed at 20, written to 32).
     chunked(&mut b, &toks, (0, 32), 20, &[0, 1, 2], 1);
     // Snapshots at the written position, inside the ring and at the committed position.
     b.save_state(1, 32, 7).unwrap();
     b.save_state(1, 24, 8).unwrap();
-    b.save_state(1, 17, 9).unwrap();
-    // X goes on with other tokens: its slot moves on (committed at 25, written to 40), the
+    b.save_state(1, 20, 9).unwrap();
+    // X goes on with other tokens: its slot moves on (committed at 32, written to 40), the
     // snapshots do not.
     let mut other = toks.clone();
     other[32..].copy_from_slice(&tokens(9, 8));
     chunked(&mut b, &other, (32, 40), 8, &[0, 1, 2], 1);
     let e = b.save_state(1, 24, 10).unwrap_err().to_string();
-    assert!(e.contains("can be saved at positions 25..=40"), "{e}");
+    assert!(e.contains("can be saved at positions 32..=40"), "{e}");
     assert!(b.save_state(1, 41, 10).is_err());
     let e = b.save_state(6, 8, 10).unwrap_err().to_string();
     assert!(e.contains("holds no state"), "{e}");
@@ -115,7 +115,7 @@ fn a_restored_snapshot_continues_with_the_same_bits() {
     // Y, Z, V: each snapshot restored into a fresh slot, then the rest of the prompt in
     // chunks of 3 (the blocks before the snapshot are X's; rows rewritten there get the same
     // values): every position's logits have the whole prompt's bits.
-    for (snap, pos, slot, last) in [(7u32, 32usize, 3u32, 3u32), (8, 24, 4, 4), (9, 17, 5, 5)] {
+    for (snap, pos, slot, last) in [(7u32, 32usize, 3u32, 3u32), (8, 24, 4, 4), (9, 20, 5, 5)] {
         assert_eq!(b.restore_state(slot, snap).unwrap(), pos as u32);
         // The next step starts at the snapshot's position and nowhere else.
         let e = run(&mut b, &toks, (pos + 1, pos + 2), &[0, 1, last], slot)

@@ -607,6 +607,10 @@ impl Exec for CpuOps {
         self.dump = dump;
     }
 
+    fn set_state_keep(&mut self, positions: usize) {
+        self.book.set_keep(positions);
+    }
+
     fn state_snapshots(&self) -> bool {
         !self.states.is_empty()
     }

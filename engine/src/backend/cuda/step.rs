@@ -307,6 +307,10 @@ impl Exec for CudaOps {
         Ok(StepSelected { rows: out })
     }
 
+    fn set_state_keep(&mut self, positions: usize) {
+        self.states.book.set_keep(positions);
+    }
+
     fn set_hidden_in(&mut self, rows: Vec<f32>) -> Result<()> {
         self.upload_hidden_in(rows)
     }
