@@ -65,20 +65,22 @@ extern "C" __global__ void conv1d_silu(const float* X, float* Y, const float* W,
 
 // The gated delta rule of value head h of sequence blockIdx.y, columns tile * 32 + lane of its
 // state (HK x hv, row-major per head in S[slot][head]), blockIdx.x = h * tiles + tile with
-// tiles = ceil(hv / 32). One warp; lane j owns state
-// column j (HK values in registers). Positions replay_from..first come from the slot's kept
-// inputs, then the step's rows (their outputs into O); the state after position commit_to - 1 is
-// written back. Per position, as the CPU: q, k L2-normalised (q scaled by 1/sqrt(HK)),
+// tiles = ceil(hv / 32). One warp; lane j owns state column j (HK values in registers).
+// Positions replay_from..first come from the slot's kept inputs, then the step's rows (their
+// outputs into O); the state after position commit_to - 1 (the start state when commit_to is
+// replay_from) is written to D: D[slot][head] when d_per_slot, else D[head] (a snapshot: an
+// entry with no rows that only replays up to `first`). Per position, as the CPU: q, k L2-normalised (q scaled by 1/sqrt(HK)),
 // beta = sigmoid(b), decay = exp(a_coef * softplus(a + dt)); S *= decay; kv = S^T k;
 // S += k ((v - kv) beta)^T; o = S^T q.
 template <int HK>
 __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* BA, const float* A, const float* DT,
-                                                 float* O, float* S, const float* inputs, const u32* plan, u32 n_seqs,
-                                                 u32 nk, u32 nv, u32 hv) {
+                                                 float* O, const float* S, float* D, u32 d_per_slot,
+                                                 const float* inputs, const u32* plan, u32 n_seqs, u32 nk, u32 nv,
+                                                 u32 hv) {
     __shared__ float qs[HK];
     __shared__ float ks[HK];
     const SeqPlan p = seq_plan(plan, n_seqs, blockIdx.y);
-    if (p.n_rows == 0) return;
+    if (p.n_rows == 0 && p.first == p.replay_from) return;
     const u32 lane = threadIdx.x;
     const u32 tiles = (hv + 31) / 32;
     const u32 h = blockIdx.x / tiles;
@@ -87,13 +89,14 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
     const u32 r = nv / nk, g = h / r, jj = h % r;
     const u32 conv_dim = 2 * nk * HK + nv * hv;
     const u32 iw = conv_dim + 2 * nv;
-    float* sb = S + ((u64)p.slot * nv + h) * HK * hv;
+    const float* sb = S + ((u64)p.slot * nv + h) * HK * hv;
+    float* db = D + ((d_per_slot ? (u64)p.slot * nv : 0) + h) * HK * hv;
     float s[HK];
 #pragma unroll
     for (int i = 0; i < HK; i++) s[i] = (col && p.first > 0) ? sb[(u64)i * hv + j] : 0.0f;
-    if (col && p.first == 0 && p.commit_to == 0) {
+    if (col && p.commit_to == p.replay_from) {
 #pragma unroll
-        for (int i = 0; i < HK; i++) sb[(u64)i * hv + j] = 0.0f;
+        for (int i = 0; i < HK; i++) db[(u64)i * hv + j] = s[i];
     }
     const float scale = 1.0f / sqrtf((float)HK);
     const float a_coef = A[h], dt = DT[h];
@@ -152,7 +155,7 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
             }
             if (pos + 1 == p.commit_to) {
 #pragma unroll
-                for (int i = 0; i < HK; i++) sb[(u64)i * hv + j] = s[i];
+                for (int i = 0; i < HK; i++) db[(u64)i * hv + j] = s[i];
             }
         }
         __syncwarp();
@@ -161,10 +164,11 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
 
 #define GATED_DELTA_KERNEL(HK)                                                                                   \
     extern "C" __global__ void gated_delta_k##HK(const float* QKV, const float* BA, const float* A,              \
-                                                 const float* DT, float* O, float* S, const float* inputs,      \
-                                                 const u32* plan, u32 n_seqs, u32 nk, u32 nv, u32 hv) {         \
+                                                 const float* DT, float* O, const float* S, float* D,           \
+                                                 u32 d_per_slot, const float* inputs, const u32* plan,          \
+                                                 u32 n_seqs, u32 nk, u32 nv, u32 hv) {                          \
         pdl_entry();                                                                                             \
-        gated_delta_body<HK>(QKV, BA, A, DT, O, S, inputs, plan, n_seqs, nk, nv, hv);                            \
+        gated_delta_body<HK>(QKV, BA, A, DT, O, S, D, d_per_slot, inputs, plan, n_seqs, nk, nv, hv);             \
     }
 
 GATED_DELTA_KERNEL(16)

@@ -99,6 +99,9 @@ fn gpu_step(
         Arg::Ptr(d.dt),
         Arg::Ptr(g.ptr(&dout)),
         Arg::Ptr(d.s),
+        // The state is written back into its slot.
+        Arg::Ptr(d.s),
+        Arg::U32(1),
         Arg::Ptr(d.inputs),
         Arg::Ptr(g.ptr(&dplan)),
         Arg::U32(n),

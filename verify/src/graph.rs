@@ -5,7 +5,9 @@
 //!    (random tokens, positions, want_logits) runs plainly, then the same batch runs as a graph
 //!    (bucket replays with fresh inputs every time): every returned logits row and every KV block
 //!    must have the same bits. Re-running a batch rewrites its KV slots with the same values, so
-//!    the second run starts from the state the first one saw.
+//!    the second run starts from the state the first one saw. A model with a recurrent state
+//!    per sequence (qwen3next) gets random rows that start their sequences (position 0, a
+//!    KV block each): a row deeper in a sequence needs that sequence's state.
 //! 2. Whole generations (greedy, and seeded sampling with top-k, top-p, min-p, penalties), graphs
 //!    on and off, tokens picked on the device (`step_select`) and on the host from the logits
 //!    (`keep_logits`): all four token lists must be equal.
@@ -39,11 +41,20 @@ fn all_kv(b: &dyn Backend) -> Result<Vec<Vec<u8>>> {
         .collect()
 }
 
-/// KV blocks [`run`] needs.
-pub fn blocks_needed(prompt_len: usize, gen_tokens: usize, bs: usize) -> usize {
-    // Prompt table, a filler table of 64 positions, and the generations' blocks 0.. (reused).
+/// KV blocks of the random rows: a table of 64 positions, or one block per row (up to 64)
+/// for a recurrent-state model.
+fn filler_blocks(bs: usize, recurrent: bool) -> usize {
+    match recurrent {
+        true => 64,
+        false => 64usize.div_ceil(bs) + 1,
+    }
+}
+
+/// KV blocks [`run`] needs (`recurrent`: a recurrent-state model's random rows).
+pub fn blocks_needed(prompt_len: usize, gen_tokens: usize, bs: usize, recurrent: bool) -> usize {
+    // Prompt table, the random rows' blocks, and the generations' blocks 0.. (reused).
     let gen_blocks = (prompt_len + gen_tokens).div_ceil(bs);
-    gen_blocks + prompt_len.div_ceil(bs) + 64usize.div_ceil(bs) + 1
+    gen_blocks + prompt_len.div_ceil(bs) + filler_blocks(bs, recurrent)
 }
 
 /// What [`run`] found.
@@ -69,7 +80,8 @@ pub fn run(
     let nb = prompt_len.div_ceil(bs);
     let prompt_table: Vec<u32> = (gen_blocks..gen_blocks + nb).map(|v| v as u32).collect();
     let fill_start = gen_blocks + nb;
-    let fill_n = 64usize.div_ceil(bs) + 1;
+    let recurrent = b.config().arch.is_recurrent();
+    let fill_n = filler_blocks(bs, recurrent);
     if fill_start + fill_n > b.kv_blocks() {
         return Err(Error::Input(format!(
             "graph check needs {} KV blocks, the backend has {}",
@@ -119,6 +131,14 @@ pub fn run(
             want_logits: true,
         }];
         let mut used = Vec::new();
+        while rows.len() < m && recurrent {
+            rows.push(StepRow {
+                token: rnd(vocab) as u32,
+                pos: 0,
+                seq: rows.len(),
+                want_logits: rnd(2) == 0,
+            });
+        }
         while rows.len() < m && (used.len() as u64) < fill_cap {
             let pos = rnd(fill_cap) as u32;
             if used.contains(&pos) {
@@ -135,7 +155,10 @@ pub fn run(
         let at = rnd(rows.len() as u64) as usize;
         rows.swap(0, at);
         let mut tables = vec![prompt_table.clone()];
-        tables.extend(std::iter::repeat_n(fill_table.clone(), rows.len() - 1));
+        match recurrent {
+            true => tables.extend(fill_table[..rows.len() - 1].iter().map(|&b| vec![b])),
+            false => tables.extend(std::iter::repeat_n(fill_table.clone(), rows.len() - 1)),
+        }
         StepBatch {
             rows,
             block_tables: tables,

@@ -332,7 +332,7 @@ fn gate_graph(
     let bs = 16;
     let opts = CudaOptions {
         device: n,
-        kv_blocks: graph::blocks_needed(prompt_len, gen_tokens, bs),
+        kv_blocks: graph::blocks_needed(prompt_len, gen_tokens, bs, w.config.arch.is_recurrent()),
         block_size: bs,
         graphs: true,
         kv_dtype: kv_dtype(),

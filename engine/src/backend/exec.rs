@@ -88,6 +88,11 @@ pub trait Exec: Ops {
         false
     }
 
+    /// See [`crate::backend::Backend::state_snapshot_capacity`].
+    fn state_snapshot_capacity(&self) -> Option<usize> {
+        None
+    }
+
     /// See [`crate::backend::Backend::save_state`].
     fn save_state(&mut self, _slot: u32, _pos: u32, _snap: u32) -> Result<()> {
         Err(crate::error::Error::Unsupported(format!(

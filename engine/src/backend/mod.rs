@@ -171,6 +171,11 @@ pub trait Backend: Send {
     fn state_snapshots(&self) -> bool {
         false
     }
+    /// The most snapshots the backend holds (ids `0..n`), when it holds a fixed number (the
+    /// GPU allocates them up front); `None`: as many as asked for.
+    fn state_snapshot_capacity(&self) -> Option<usize> {
+        None
+    }
     /// Stores state slot `slot`'s recurrent state as of position `pos` (every position
     /// `< pos` folded in, and the convolution inputs of positions `pos - K + 1 .. pos`) as
     /// snapshot `snap`, replacing any earlier snapshot of that id. Valid iff the slot holds

@@ -221,6 +221,10 @@ impl<O: Exec> Backend for Runner<O> {
         self.ops.state_snapshots()
     }
 
+    fn state_snapshot_capacity(&self) -> Option<usize> {
+        self.ops.state_snapshot_capacity()
+    }
+
     fn save_state(&mut self, slot: u32, pos: u32, snap: u32) -> Result<()> {
         self.ops.save_state(slot, pos, snap)
     }

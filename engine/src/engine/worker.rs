@@ -202,6 +202,10 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
     if recurrent && !backend.state_snapshots() {
         scfg.state_snapshots = Some(0);
     }
+    if let Some(cap) = backend.state_snapshot_capacity() {
+        let want = scfg.state_snapshots.unwrap_or(2 * scfg.max_running.max(1));
+        scfg.state_snapshots = Some(want.min(cap));
+    }
     let reserve = scfg.admit_reserve_blocks;
     let sched = Scheduler::new(
         scfg,

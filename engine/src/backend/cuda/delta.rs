@@ -4,6 +4,13 @@
 //! where to commit) as one u32 array the kernels read: `PLAN_W` words per sequence, then the
 //! row lists. Plain steps upload it; CUDA graphs copy it into a fixed buffer of
 //! [`plan_words_cap`] words (a bucket's sequences, every entry beyond the step's inert).
+//!
+//! Snapshots (prefix-cache hits of a recurrent model, [`crate::backend::Backend::save_state`]):
+//! [`snapshot_capacity`] of them per layer, allocated with the layer: the state at a position
+//! (the delta kernel replaying the slot's kept inputs into the snapshot) and the slot's
+//! convolution ring (its entries are by position, so the restored slot reads the right taps).
+
+use std::collections::HashMap;
 
 use cudarc::driver::CudaSlice;
 
@@ -11,7 +18,7 @@ use super::CudaOps;
 use super::device::{Arg, Gpu};
 use crate::backend::StepBatch;
 use crate::backend::state::{CONV_RING, RING, SeqPlan, StateBook};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ops::{Act, DeltaParams, StateId};
 
 /// u32 words of one sequence's plan entry (kernels/cu/delta.cu `PLAN_W`).
@@ -29,6 +36,12 @@ pub(super) struct StateLayer {
     conv: CudaSlice<f32>,
     /// `[slot][RING][conv_dim + 2 n_v_heads]`.
     inputs: CudaSlice<f32>,
+    /// Snapshots: `[snap][n_v_heads][head_k][head_v]` and `[snap][CONV_RING][conv_dim]`.
+    snap_s: CudaSlice<f32>,
+    snap_conv: CudaSlice<f32>,
+    /// The device addresses of the layer's `[a_coef, dt]` (the model's vectors), learnt at its
+    /// first step: a snapshot replays with them.
+    coef: Option<(u64, u64)>,
 }
 
 /// The recurrent state of a model's DeltaNet layers and the current step's plan.
@@ -38,6 +51,8 @@ pub(super) struct States {
     pub plans: Vec<SeqPlan>,
     /// The step's plan on the device and its sequence count (entries), set by the step.
     pub dev: (u64, usize),
+    /// Saved snapshots: id -> position.
+    pub snaps: HashMap<u32, usize>,
 }
 
 impl States {
@@ -47,16 +62,24 @@ impl States {
             book: StateBook::new(slots),
             plans: Vec::new(),
             dev: (0, 0),
+            snaps: HashMap::new(),
         }
     }
 }
 
-/// Bytes of one slot's state in one layer (the memory plan, plan.rs).
-pub fn slot_bytes(p: &DeltaParams) -> usize {
+/// Snapshots a backend of `slots` state slots holds per layer (ids `0..`): half a slot each.
+pub fn snapshot_capacity(slots: usize) -> usize {
+    (slots / 2).max(1)
+}
+
+/// Bytes of one layer's state buffers for `slots` slots and their snapshots (the memory
+/// plan, plan.rs).
+pub fn layer_bytes(p: &DeltaParams, slots: usize) -> usize {
     let s = p.n_v_heads * p.head_k * p.head_v;
     let conv = CONV_RING * p.conv_dim();
     let inputs = RING * (p.conv_dim() + 2 * p.n_v_heads);
-    4 * (s + conv + inputs)
+    let snaps = snapshot_capacity(slots) * (s + conv);
+    4 * (slots * (s + conv + inputs) + snaps)
 }
 
 /// Words of the plan buffer of a graph over at most `seqs` sequences and `rows` rows.
@@ -97,12 +120,17 @@ impl CudaOps {
             )));
         }
         let slots = self.states.book.slots();
+        let snaps = snapshot_capacity(slots);
         let g = &self.gpu;
+        let s = p.n_v_heads * p.head_k * p.head_v;
         let layer = StateLayer {
             p: *p,
-            s: g.zeros(slots * p.n_v_heads * p.head_k * p.head_v)?,
+            s: g.zeros(slots * s)?,
             conv: g.zeros(slots * CONV_RING * p.conv_dim())?,
             inputs: g.zeros(slots * RING * (p.conv_dim() + 2 * p.n_v_heads))?,
+            snap_s: g.zeros(snaps * s)?,
+            snap_conv: g.zeros(snaps * CONV_RING * p.conv_dim())?,
+            coef: None,
         };
         self.states.layers.push(layer);
         Ok(StateId(self.states.layers.len() - 1))
@@ -172,7 +200,7 @@ impl CudaOps {
 
     /// The gated delta rule of every row into `out`, then the step's inputs kept.
     pub(super) fn gated_delta_launch(
-        &self,
+        &mut self,
         st: StateId,
         (qkv, ba): (Act, Act),
         [a, dt]: [&CudaSlice<f32>; 2],
@@ -195,34 +223,20 @@ impl CudaOps {
                 dt.len()
             )));
         }
+        let coef = (self.gpu.ptr(a), self.gpu.ptr(dt));
+        if let Some(l) = self.states.layers.get_mut(st.0) {
+            l.coef = Some(coef);
+        }
+        let (l, g) = (self.state(st)?, &self.gpu);
         let (plan, n_seqs) = self.states.dev;
         if n_seqs == 0 {
             return Ok(());
         }
         let (pq, pb) = (self.ptr(qkv)?, self.ptr(ba)?);
         let u = |v: usize, what| g.u32_of(v, what);
-        let args = [
-            Arg::Ptr(pq),
-            Arg::Ptr(pb),
-            Arg::Ptr(g.ptr(a)),
-            Arg::Ptr(g.ptr(dt)),
-            Arg::Ptr(self.ptr(out)?),
-            Arg::Ptr(g.ptr(&l.s)),
-            Arg::Ptr(g.ptr(&l.inputs)),
-            Arg::Ptr(plan),
-            Arg::U32(u(n_seqs, "sequences")?),
-            Arg::U32(u(p.n_k_heads, "key heads")?),
-            Arg::U32(u(p.n_v_heads, "value heads")?),
-            Arg::U32(u(p.head_v, "value head size")?),
-        ];
-        let tiles = p.head_v.div_ceil(32) * p.n_v_heads;
-        let kernel = format!("gated_delta_k{}", p.head_k);
-        g.launch(
-            &kernel,
-            (u(tiles, "delta blocks")?, n_seqs as u32),
-            32,
-            &args,
-        )?;
+        let dst = (g.ptr(&l.s), true);
+        let rows = (pq, pb, self.ptr(out)?);
+        delta_launch(g, l, rows, [g.ptr(a), g.ptr(dt)], dst, (plan, n_seqs))?;
         let keep = [
             Arg::Ptr(pq),
             Arg::Ptr(pb),
@@ -240,6 +254,156 @@ impl CudaOps {
             &keep,
         )
     }
+}
+
+impl CudaOps {
+    /// Saves `slot`'s state as of `pos` (its book's `C <= pos <= W`) as snapshot `snap` of
+    /// every layer: the delta kernel replays the kept inputs `C..pos` into the snapshot, and
+    /// the slot's conv ring is copied.
+    pub(super) fn save_snapshot(&mut self, slot: usize, pos: usize, snap: u32) -> Result<()> {
+        let s = &mut self.states;
+        s.snaps.remove(&snap);
+        let cap = snapshot_capacity(s.book.slots());
+        if snap as usize >= cap {
+            return Err(Error::Input(format!(
+                "state snapshot {snap} is beyond the {cap} this device holds"
+            )));
+        }
+        let committed = match s.book.span(slot) {
+            Some((c, w)) if c <= pos && pos <= w => c,
+            Some((c, w)) => {
+                return Err(Error::Input(format!(
+                    "state slot {slot} can be saved at positions {c}..={w}, not at {pos}"
+                )));
+            }
+            None => {
+                return Err(Error::Input(format!(
+                    "state slot {slot} holds no state to save"
+                )));
+            }
+        };
+        let plan = SeqPlan {
+            slot,
+            rows: Vec::new(),
+            first: pos,
+            replay_from: committed,
+            commit_to: pos,
+        };
+        let g = &self.gpu;
+        let words = g.upload(&plan_words(std::slice::from_ref(&plan), 1)?)?;
+        for l in &mut self.states.layers {
+            let (a, dt) = l
+                .coef
+                .ok_or_else(|| g.err("state snapshot before any step"))?;
+            let per = l.p.n_v_heads * l.p.head_k * l.p.head_v;
+            let dst = g.ptr(&l.snap_s) + (snap as usize * per * 4) as u64;
+            delta_launch(g, l, (0, 0, 0), [a, dt], (dst, false), (g.ptr(&words), 1))?;
+            let ring = CONV_RING * l.p.conv_dim();
+            copy(
+                g,
+                &l.conv,
+                slot * ring,
+                &mut l.snap_conv,
+                snap as usize * ring,
+                ring,
+            )?;
+        }
+        // The plan buffer must outlive the launches.
+        g.sync()?;
+        self.states.snaps.insert(snap, pos);
+        Ok(())
+    }
+
+    /// Loads snapshot `snap` into `slot`; returns its position.
+    pub(super) fn restore_snapshot(&mut self, slot: usize, snap: u32) -> Result<usize> {
+        let s = &mut self.states;
+        let Some(&pos) = s.snaps.get(&snap) else {
+            return Err(Error::Input(format!(
+                "state snapshot {snap} does not exist"
+            )));
+        };
+        if slot >= s.book.slots() {
+            return Err(Error::Input(format!(
+                "state slot {slot} is beyond the {} this device holds",
+                s.book.slots()
+            )));
+        }
+        s.book.clear(slot);
+        let g = &self.gpu;
+        for l in &mut s.layers {
+            let per = l.p.n_v_heads * l.p.head_k * l.p.head_v;
+            copy(g, &l.snap_s, snap as usize * per, &mut l.s, slot * per, per)?;
+            let ring = CONV_RING * l.p.conv_dim();
+            copy(
+                g,
+                &l.snap_conv,
+                snap as usize * ring,
+                &mut l.conv,
+                slot * ring,
+                ring,
+            )?;
+        }
+        s.book.set(slot, pos);
+        Ok(pos)
+    }
+}
+
+/// The delta kernel of layer `l` over `plan` (its address, entries): `(qkv, ba, out)` rows,
+/// `[a_coef, dt]`, the commit target (`D` and whether it is per slot).
+fn delta_launch(
+    g: &Gpu,
+    l: &StateLayer,
+    (qkv, ba, out): (u64, u64, u64),
+    [a, dt]: [u64; 2],
+    (dst, per_slot): (u64, bool),
+    (plan, n_seqs): (u64, usize),
+) -> Result<()> {
+    let p = &l.p;
+    let u = |v: usize, what| g.u32_of(v, what);
+    let args = [
+        Arg::Ptr(qkv),
+        Arg::Ptr(ba),
+        Arg::Ptr(a),
+        Arg::Ptr(dt),
+        Arg::Ptr(out),
+        Arg::Ptr(g.ptr(&l.s)),
+        Arg::Ptr(dst),
+        Arg::U32(u32::from(per_slot)),
+        Arg::Ptr(g.ptr(&l.inputs)),
+        Arg::Ptr(plan),
+        Arg::U32(u(n_seqs, "sequences")?),
+        Arg::U32(u(p.n_k_heads, "key heads")?),
+        Arg::U32(u(p.n_v_heads, "value heads")?),
+        Arg::U32(u(p.head_v, "value head size")?),
+    ];
+    let tiles = p.head_v.div_ceil(32) * p.n_v_heads;
+    let kernel = format!("gated_delta_k{}", p.head_k);
+    g.launch(
+        &kernel,
+        (u(tiles, "delta blocks")?, n_seqs as u32),
+        32,
+        &args,
+    )
+}
+
+/// `n` values of `src` from `from` into `dst` at `to` (stream-ordered).
+fn copy(
+    g: &Gpu,
+    src: &CudaSlice<f32>,
+    from: usize,
+    dst: &mut CudaSlice<f32>,
+    to: usize,
+    n: usize,
+) -> Result<()> {
+    let s = src
+        .try_slice(from..from + n)
+        .ok_or_else(|| g.err(format!("state copy: {from}+{n} beyond its source")))?;
+    let mut d = dst
+        .try_slice_mut(to..to + n)
+        .ok_or_else(|| g.err(format!("state copy: {to}+{n} beyond its target")))?;
+    g.stream
+        .memcpy_dtod(&s, &mut d)
+        .map_err(|e| g.err(format!("state copy: {e:?}")))
 }
 
 impl Gpu {

@@ -342,13 +342,12 @@ pub fn for_model(
 }
 
 /// Bytes of the recurrent state of `slots` sequences (gated DeltaNet layers; 0 for other
-/// models): per layer and slot, the state, the conv inputs and the kept inputs (delta.rs).
+/// models): per layer and slot, the state, the conv inputs and the kept inputs, and the
+/// layer's snapshots (delta.rs).
 pub fn state_bytes(c: &ModelConfig, slots: usize) -> usize {
     let Some(p) = c.hybrid else { return 0 };
     let layers = (0..c.n_layers).filter(|&l| !p.is_attention(l)).count();
-    layers
-        .saturating_mul(slots)
-        .saturating_mul(super::delta::slot_bytes(&p.delta()))
+    layers.saturating_mul(super::delta::layer_bytes(&p.delta(), slots))
 }
 
 /// Bytes the weights and the working space (at the full context) take on the device: what

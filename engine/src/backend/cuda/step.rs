@@ -311,6 +311,23 @@ impl Exec for CudaOps {
         self.states.book.set_keep(positions);
     }
 
+    fn state_snapshots(&self) -> bool {
+        !self.states.layers.is_empty()
+    }
+
+    fn state_snapshot_capacity(&self) -> Option<usize> {
+        Some(super::delta::snapshot_capacity(self.states.book.slots()))
+    }
+
+    fn save_state(&mut self, slot: u32, pos: u32, snap: u32) -> Result<()> {
+        self.save_snapshot(slot as usize, pos as usize, snap)
+    }
+
+    fn restore_state(&mut self, slot: u32, snap: u32) -> Result<u32> {
+        self.restore_snapshot(slot as usize, snap)
+            .and_then(|p| u32_of(p, "snapshot position"))
+    }
+
     fn set_hidden_in(&mut self, rows: Vec<f32>) -> Result<()> {
         self.upload_hidden_in(rows)
     }
