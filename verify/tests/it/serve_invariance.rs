@@ -82,8 +82,19 @@ fn serve_invariance_library_compares_every_request() {
 /// cached requests change every expert's row count, never a byte of any stream.
 #[test]
 fn serve_invariance_passes_on_cpu_with_a_tiny_moe() {
+    tiny_serve(memra_engine::config::Arch::Qwen3Moe, 0);
+}
+
+/// A tiny qwen3next (gated DeltaNet with a recurrent state per sequence): its warm phase takes
+/// prefix hits from state snapshots (a 40-token shared context), byte-identical.
+#[test]
+fn serve_invariance_passes_on_cpu_with_a_tiny_recurrent_model() {
+    tiny_serve(memra_engine::config::Arch::Qwen3Next, 40);
+}
+
+/// serve-invariance on a tiny random model of `arch` with SmolLM2's tokenizer, 4 requests.
+fn tiny_serve(arch: memra_engine::config::Arch, context: usize) {
     use memra_engine::backend::Device;
-    use memra_engine::config::Arch;
     use memra_engine::formats::gguf::Gguf;
     use memra_engine::models::random::{random_weights, tiny_config};
     use memra_engine::quant::DType;
@@ -96,17 +107,22 @@ fn serve_invariance_passes_on_cpu_with_a_tiny_moe() {
         .filter(|(k, _)| k.starts_with("tokenizer."))
         .cloned()
         .collect();
-    let w = random_weights(&tiny_config(Arch::Qwen3Moe, 49152), 3, DType::Q8_0).expect("weights");
+    let w = random_weights(&tiny_config(arch, 49152), 3, DType::Q8_0).expect("weights");
     let mut meta = gguf_meta(&w.config);
     meta.extend(tok);
-    let path = std::env::temp_dir().join(format!("memra-serve-moe-{}.gguf", std::process::id()));
+    let name = format!(
+        "memra-serve-{}-{}.gguf",
+        arch.gguf_name(),
+        std::process::id()
+    );
+    let path = std::env::temp_dir().join(name);
     write_model(&w, &meta, &path).expect("write");
     let opts = Options {
         device: Device::Cpu,
         requests: 4,
         max_tokens: 8,
         kv_dtype: Default::default(),
-        context: 0,
+        context,
     };
     let rep = run(&path, &opts);
     let _ = std::fs::remove_file(&path);

@@ -208,6 +208,36 @@ fn spec_cli_passes_on_tiny() {
     assert!(stdout.trim_end().ends_with("ALL GREEN"), "{stdout}");
 }
 
+/// A recurrent-state model (qwen3next): the target's state slots roll back on rejection, the
+/// draft model (`self`) rewinds its drafts one step each.
+#[test]
+fn spec_cli_passes_on_a_tiny_recurrent_model() {
+    let out = bin()
+        .args([
+            "spec",
+            "--tiny",
+            "qwen3next",
+            "--device",
+            "cpu",
+            "--threads",
+            "2",
+            "--k-max",
+            "4",
+            "--max-tokens",
+            "16",
+            "--drafters",
+            "ngram,self",
+        ])
+        .output()
+        .expect("run memra-verify");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    // ngram and self x greedy/sampled x K = 1..4.
+    assert_eq!(stdout.matches("identical").count(), 16, "{stdout}");
+    assert!(stdout.trim_end().ends_with("ALL GREEN"), "{stdout}");
+}
+
 /// `spec --tiny ARCH+mtp[-oracle] --drafters mtp` on the CPU: the command the GPU runbook runs
 /// (there with `--device cuda:0`, which adds the hand-over check against the CPU).
 fn spec_mtp_cli(tiny: &str) -> String {
