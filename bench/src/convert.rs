@@ -180,6 +180,9 @@ pub fn convert_gguf_to_hf(args: &ConvertArgs) -> Result<ConvertReport> {
         tokenizer_config_json,
         max_shard_bytes: args.shard_bytes,
     };
+    if cfg.arch == memra_engine::config::Arch::Qwen3Next {
+        return hybrid_to_hf(args, &hf_spec, start);
+    }
     let (decls, parts) = hf_decls(
         jobs.iter()
             .map(|j| (j.role, cfg.arch, j.out_dtype, j.shape.clone())),
@@ -197,6 +200,32 @@ pub fn convert_gguf_to_hf(args: &ConvertArgs) -> Result<ConvertReport> {
         config: cfg,
         tensors: jobs.len(),
         bytes,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// A qwen3next GGUF as an HF folder: the engine's own mapping (`qwen3next::hf_tensors`:
+/// `in_proj_qkvz`, `A_log`, the MTP module's `mtp.*` names), in memory, float tensors as they
+/// are (quantized ones are refused: HF folders hold floats).
+fn hybrid_to_hf(args: &ConvertArgs, spec: &HfFolderSpec, start: Instant) -> Result<ConvertReport> {
+    if args.dtype.is_some() {
+        return Err(Error::Input(
+            "--dtype: a qwen3next GGUF converts with its own float types".into(),
+        ));
+    }
+    let w = memra_engine::loader::load_weights(&args.input)?;
+    if let Some((_, t)) = w.iter().find(|(_, t)| !t.dtype.is_float()) {
+        return Err(Error::Input(format!(
+            "qwen3next: `{}` is {}; convert a float (f32/f16/bf16) GGUF",
+            t.name, t.dtype
+        )));
+    }
+    let tensors = memra_engine::models::qwen3next::hf_tensors(&w)?;
+    memra_engine::formats::safetensors::write_hf_folder(&args.out, spec, &tensors)?;
+    Ok(ConvertReport {
+        config: w.config.clone(),
+        tensors: tensors.len(),
+        bytes: tensors.iter().map(|(_, t)| t.data.len() as u64).sum(),
         seconds: start.elapsed().as_secs_f64(),
     })
 }

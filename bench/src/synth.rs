@@ -289,6 +289,9 @@ pub fn synth(args: &SynthArgs) -> Result<SynthReport> {
     let start = Instant::now();
     let tok = load_tokenizer(&args.tokenizer)?;
     let cfg = synth_config(args, tok.vocab)?;
+    if args.format == Format::Hf && cfg.arch == memra_engine::config::Arch::Qwen3Next {
+        return hybrid_hf(args, &tok, start);
+    }
     let tensors = plan(&cfg, args.dtype);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads.unwrap_or(0))
@@ -365,18 +368,65 @@ pub fn synth(args: &SynthArgs) -> Result<SynthReport> {
     })
 }
 
+/// A qwen3next HF folder: its HF tensors are not one per internal tensor (`in_proj_qkvz` holds
+/// two, `A_log` is a transform), so the GGUF is written first (beside `--out`), loaded, and
+/// mapped by the engine's own `qwen3next::hf_tensors`, in memory (fine for test shapes; the
+/// 80B shape is a GGUF one).
+fn hybrid_hf(args: &SynthArgs, tok: &TokenizerParts, start: Instant) -> Result<SynthReport> {
+    let tmp = args.out.with_extension("gguf.tmp");
+    let gguf = SynthArgs {
+        format: Format::Gguf,
+        out: tmp.clone(),
+        ..args.clone()
+    };
+    float_only(args)?;
+    let made = synth(&gguf);
+    let tensors = made.and_then(|_| {
+        let w = memra_engine::loader::load_weights(&tmp)?;
+        memra_engine::models::qwen3next::hf_tensors(&w).map(|t| (w.config, t))
+    });
+    let _ = std::fs::remove_file(&tmp);
+    let (cfg, tensors) = tensors?;
+    let spec = hf_spec(args, &cfg, tok)?;
+    memra_engine::formats::safetensors::write_hf_folder(&args.out, &spec, &tensors)?;
+    let bytes = tensors.iter().map(|(_, t)| t.data.len() as u64).sum();
+    Ok(SynthReport {
+        config: cfg,
+        tensors: tensors.len(),
+        bytes,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Refuses a quantized `--dtype` for an HF folder.
+fn float_only(args: &SynthArgs) -> Result<()> {
+    match args.dtype.float_type() {
+        Some(_) => Ok(()),
+        None => Err(Error::Input(format!(
+            "--format hf holds f32/f16/bf16 tensors only, not {}",
+            args.dtype.name()
+        ))),
+    }
+}
+
 fn hf_folder_sink(
     args: &SynthArgs,
     cfg: &ModelConfig,
     tensors: &[TensorPlan],
     tok: &TokenizerParts,
 ) -> Result<Box<dyn TensorSink>> {
-    if args.dtype.float_type().is_none() {
-        return Err(Error::Input(format!(
-            "--format hf holds f32/f16/bf16 tensors only, not {}",
-            args.dtype.name()
-        )));
-    }
+    float_only(args)?;
+    let spec = hf_spec(args, cfg, tok)?;
+    let (decls, parts) = hf_decls(
+        tensors
+            .iter()
+            .map(|t| (t.role, t.arch, t.dtype, t.shape.clone())),
+    );
+    Ok(split_sink(hf_sink(&args.out, &spec, decls)?, parts))
+}
+
+/// The config and tokenizer files of an HF folder of `cfg`.
+fn hf_spec(args: &SynthArgs, cfg: &ModelConfig, tok: &TokenizerParts) -> Result<HfFolderSpec> {
     let (tokenizer_json, tokenizer_config_json, bos, eos) = match &tok.source {
         Some(g) => {
             let (tj, tc) = crate::tok::hf_tokenizer_files(g)?;
@@ -390,18 +440,12 @@ fn hf_folder_sink(
         }
         None => (None, None, None, None),
     };
-    let spec = HfFolderSpec {
+    Ok(HfFolderSpec {
         config_json: cfg.to_hf_json(bos, eos),
         tokenizer_json,
         tokenizer_config_json,
         max_shard_bytes: args.shard_bytes,
-    };
-    let (decls, parts) = hf_decls(
-        tensors
-            .iter()
-            .map(|t| (t.role, t.arch, t.dtype, t.shape.clone())),
-    );
-    Ok(split_sink(hf_sink(&args.out, &spec, decls)?, parts))
+    })
 }
 
 /// The default tokenizer source: `$MEMRA_MODELS_DIR` (or `~/.cache/memra/models`) /

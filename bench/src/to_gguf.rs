@@ -31,6 +31,9 @@ pub fn convert_hf_to_gguf(args: &ToGgufArgs) -> Result<ConvertReport> {
     let start = Instant::now();
     let m = HfModel::open(&args.input)?;
     let cfg = m.config.clone();
+    if cfg.arch == memra_engine::config::Arch::Qwen3Next {
+        return hybrid_to_gguf(args, start);
+    }
     let mut jobs: Vec<(String, Role)> = Vec::new();
     for name in m.tensor_names() {
         // One tensor per expert: the stack is read (and written) once, at expert 0.
@@ -84,18 +87,7 @@ pub fn convert_hf_to_gguf(args: &ToGgufArgs) -> Result<ConvertReport> {
             dims: t.shape.iter().rev().map(|&d| d as u64).collect(),
         });
     }
-    let tok = match &args.tokenizer_from {
-        Some(p) => load_tokenizer(&TokenizerSource::Gguf(p.clone()))?,
-        None => load_tokenizer(&TokenizerSource::None { vocab: cfg.vocab })?,
-    };
-    if !tok.gguf_meta.is_empty() && tok.vocab != cfg.vocab {
-        return Err(Error::Input(format!(
-            "the tokenizer has {} tokens but the model's vocabulary is {}",
-            tok.vocab, cfg.vocab
-        )));
-    }
-    let mut meta = gguf_metadata(&cfg, "memra-convert", file_type, false);
-    meta.extend(tok.gguf_meta);
+    let meta = gguf_meta(args, &cfg, file_type)?;
     let sink = gguf_sink(&args.out, meta, &decls)?;
     let produce = |i: usize| -> Result<Vec<u8>> {
         let (name, role) = jobs
@@ -116,6 +108,66 @@ pub fn convert_hf_to_gguf(args: &ToGgufArgs) -> Result<ConvertReport> {
     let bytes = stream_tensors(&names, &produce, sink, args.progress)?;
     Ok(ConvertReport {
         config: cfg,
+        tensors: names.len(),
+        bytes,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// The GGUF metadata of `cfg` and the tokenizer of `--tokenizer-from`.
+fn gguf_meta(
+    args: &ToGgufArgs,
+    cfg: &memra_engine::config::ModelConfig,
+    file_type: SynthDType,
+) -> Result<Vec<(String, memra_engine::formats::gguf::MetaValue)>> {
+    let tok = match &args.tokenizer_from {
+        Some(p) => load_tokenizer(&TokenizerSource::Gguf(p.clone()))?,
+        None => load_tokenizer(&TokenizerSource::None { vocab: cfg.vocab })?,
+    };
+    if !tok.gguf_meta.is_empty() && tok.vocab != cfg.vocab {
+        return Err(Error::Input(format!(
+            "the tokenizer has {} tokens but the model's vocabulary is {}",
+            tok.vocab, cfg.vocab
+        )));
+    }
+    let mut meta = gguf_metadata(cfg, "memra-convert", file_type, false);
+    meta.extend(tok.gguf_meta);
+    Ok(meta)
+}
+
+/// A qwen3next HF folder as a GGUF file: loaded by the engine's own mapping (models/qwen3next.rs
+/// `hf_tensor`), whose internal tensors are llama.cpp's layout, in memory.
+fn hybrid_to_gguf(args: &ToGgufArgs, start: Instant) -> Result<ConvertReport> {
+    let w = memra_engine::loader::load_weights(&args.input)?;
+    let mut file_type = SynthDType::F32;
+    let mut decls = Vec::new();
+    let mut data = Vec::new();
+    for (role, t) in w.iter() {
+        if t.shape.len() >= 2 && role != Role::TokenEmbd {
+            file_type = match t.dtype {
+                DType::F16 => SynthDType::F16,
+                DType::BF16 => SynthDType::BF16,
+                _ => SynthDType::F32,
+            };
+        }
+        decls.push(GgufDecl {
+            name: role.gguf_name(),
+            dtype: t.dtype,
+            dims: t.shape.iter().rev().map(|&d| d as u64).collect(),
+        });
+        data.push(t.data.to_vec());
+    }
+    let meta = gguf_meta(args, &w.config, file_type)?;
+    let sink = gguf_sink(&args.out, meta, &decls)?;
+    let names: Vec<String> = decls.iter().map(|d| d.name.clone()).collect();
+    let produce = |i: usize| -> Result<Vec<u8>> {
+        data.get(i)
+            .cloned()
+            .ok_or_else(|| Error::Input(format!("tensor {i} out of range")))
+    };
+    let bytes = stream_tensors(&names, &produce, sink, args.progress)?;
+    Ok(ConvertReport {
+        config: w.config.clone(),
         tensors: names.len(),
         bytes,
         seconds: start.elapsed().as_secs_f64(),

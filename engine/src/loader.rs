@@ -147,13 +147,13 @@ pub fn hf_weights(m: &HfModel) -> Result<ModelWeights> {
     check_layers(&config, m.tensor_names().len())?;
     let experts = config.moe.map_or(0, |p| p.n_experts);
     let mut get = |role: Role| -> Result<Option<Tensor>> {
-        if role.is_experts() {
-            return hf_expert_stack(m, &role.hf_name(config.arch), experts);
-        }
         if let Some(f) = def(config.arch).hf_tensor
             && let Some(t) = f(m, &config, role)?
         {
             return Ok(t);
+        }
+        if role.is_experts() {
+            return hf_expert_stack(m, &role.hf_name(config.arch), experts);
         }
         let t = m.tensor(&role.hf_name(config.arch))?;
         match (t, hf_offset(&config, role)) {

@@ -18,6 +18,7 @@ pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_moe;
 pub mod qwen3next;
+pub mod qwen3next_mtp;
 #[cfg(any(test, feature = "test-util"))]
 pub mod random;
 pub mod roles;
@@ -67,7 +68,8 @@ pub struct ArchDef {
     /// Sets this architecture's own keys of an HF `config.json` written for a config.
     pub hf_config: fn(&ModelConfig, &mut serde_json::Value),
     /// The internal tensor of a role whose HF tensor is not the role's HF name as it stands
-    /// (split, reshaped or transformed: qwen3next); `Ok(None)` for the default mapping.
+    /// (split, reshaped, transformed or renamed: qwen3next); `Ok(None)` for the default
+    /// mapping. Asked before the default, expert stacks included.
     pub hf_tensor: Option<HfTensorFn>,
 }
 

@@ -39,9 +39,12 @@ pub fn validate(c: &ModelConfig) -> Result<()> {
     if c.mtp_layers == 0 {
         return Ok(());
     }
-    if !matches!(c.arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3) {
+    if !matches!(
+        c.arch,
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Next
+    ) {
         return Err(Error::Config(format!(
-            "MTP layers on a {} model: supported for llama, qwen2 and qwen3",
+            "MTP layers on a {} model: supported for llama, qwen2, qwen3 and qwen3next",
             c.arch.gguf_name()
         )));
     }
@@ -88,7 +91,7 @@ pub fn require(w: &ModelWeights) -> Result<()> {
 }
 
 /// Columns `from..from + n` of a matrix, as f32 (the two halves of `eh_proj`).
-fn columns(t: &Tensor, from: usize, n: usize) -> Result<Tensor> {
+pub(super) fn columns(t: &Tensor, from: usize, n: usize) -> Result<Tensor> {
     let (rows, cols) = (t.shape[0], t.shape[1]);
     let mut row = vec![0f32; cols];
     let mut out = Vec::with_capacity(rows * n * 4);
@@ -124,11 +127,10 @@ pub struct Mtp<O: Ops> {
     eps: f32,
 }
 
-/// Builds MTP module 0 of `w` (layer `n_layers`).
-pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
-    require(w)?;
+/// MTP module 0's embedding and head: its own embedding or the model's, its own head or the
+/// model's output (the embedding when tied), after its shared norm.
+pub(super) fn mtp_embedding<O: Ops>(ops: &mut O, w: &ModelWeights) -> Result<Embedding<O>> {
     let c = &w.config;
-    ops.require("mtp", &[Feature::Mtp])?;
     let l = c.n_layers;
     let own_embed = w.opt(Role::MtpEmbed(l));
     let embed_t = match own_embed {
@@ -140,16 +142,28 @@ pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>
         (None, None, Some(_)) => Some(w.get(Role::TokenEmbd)?),
         (None, None, None) => None,
     };
-    let emb = Embedding {
+    Ok(Embedding {
         embed: ops.table(embed_t, head_t.is_none())?,
         out_norm: ops.vector(w.get(Role::MtpSharedNorm(l))?)?,
         output: head_t.map(|t| ops.mat(t)).transpose()?,
         eps: c.rms_eps,
-    };
+    })
+}
+
+/// Builds MTP module 0 of `w` (layer `n_layers`): the llama-family one here, qwen3next's in
+/// its file.
+pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
+    require(w)?;
+    if w.config.arch == Arch::Qwen3Next {
+        return super::qwen3next_mtp::build(w, ops);
+    }
+    let c = &w.config;
+    ops.require("mtp", &[Feature::Mtp])?;
+    let l = c.n_layers;
     let eh = w.get(Role::MtpEhProj(l))?;
     let h = c.hidden;
     Ok(Box::new(Mtp {
-        emb,
+        emb: mtp_embedding(ops, w)?,
         enorm: ops.vector(w.get(Role::MtpEnorm(l))?)?,
         hnorm: ops.vector(w.get(Role::MtpHnorm(l))?)?,
         e_proj: ops.mat(&columns(eh, 0, h)?)?,

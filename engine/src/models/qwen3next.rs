@@ -92,15 +92,33 @@ fn hybrid(c: &ModelConfig) -> Result<HybridParams> {
 fn tensors(c: &ModelConfig) -> Vec<TensorSpec> {
     let (mut out, last) = blocks::embedding_tensors(c);
     // A config without its parameters fails validation; list no layer tensors for it.
-    let (Some(p), Some(m)) = (c.hybrid, c.moe) else {
+    let (Some(p), Some(_)) = (c.hybrid, c.moe) else {
         out.extend(last);
+        return out;
+    };
+    for l in 0..c.n_layers {
+        out.extend(layer_tensors(c, l, p.is_attention(l)));
+    }
+    out.extend(last);
+    // MTP layers (qwen3next_mtp.rs): the nextn tensors, then a full-attention layer.
+    for l in c.n_layers..c.n_layers + c.mtp_layers {
+        out.extend(super::mtp::tensors(c, l));
+        out.extend(layer_tensors(c, l, true));
+    }
+    out
+}
+
+/// The tensors of layer `l`: its mixer (full attention or gated DeltaNet), its FFN.
+pub(super) fn layer_tensors(c: &ModelConfig, l: usize, attention: bool) -> Vec<TensorSpec> {
+    let mut out = Vec::new();
+    let (Some(p), Some(m)) = (c.hybrid, c.moe) else {
         return out;
     };
     let (h, d) = (c.hidden, p.delta());
     let (e, f) = (m.n_experts, m.expert_ffn);
-    for l in 0..c.n_layers {
+    {
         out.push(TensorSpec::norm(Role::AttnNorm(l), h));
-        if p.is_attention(l) {
+        if attention {
             let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
             out.push(TensorSpec::matrix(Role::Q(l), 2 * qd, h));
             out.push(TensorSpec::matrix(Role::K(l), kvd, h));
@@ -131,7 +149,6 @@ fn tensors(c: &ModelConfig) -> Vec<TensorSpec> {
         out.push(TensorSpec::matrix(Role::ShexpUp(l), p.shared_ffn, h));
         out.push(TensorSpec::matrix(Role::ShexpDown(l), h, p.shared_ffn));
     }
-    out.extend(last);
     out
 }
 
@@ -280,15 +297,50 @@ fn qkvz_rows(p: &HybridParams, qkv: bool) -> Vec<usize> {
     }
 }
 
+/// The HF name of `role` (`:qkv` / `:z` mark the halves of `in_proj_qkvz`): the layer names
+/// of the architecture, and for the MTP module (layers from `n_layers`) Qwen3-Next's `mtp.*`
+/// names; `None` for an MTP tensor HF checkpoints do not have (its own embedding or head).
+pub fn hf_name(c: &ModelConfig, role: Role) -> Option<String> {
+    let name = role.hf_name(c.arch);
+    let Some(l) = role.layer().filter(|&l| l >= c.n_layers) else {
+        return Some(name);
+    };
+    Some(match role {
+        Role::MtpEhProj(_) => "mtp.fc.weight".into(),
+        Role::MtpEnorm(_) => "mtp.pre_fc_norm_embedding.weight".into(),
+        Role::MtpHnorm(_) => "mtp.pre_fc_norm_hidden.weight".into(),
+        Role::MtpSharedNorm(_) => "mtp.norm.weight".into(),
+        Role::MtpHead(_) | Role::MtpEmbed(_) => return None,
+        _ => name.replacen(
+            &format!("model.layers.{l}."),
+            &format!("mtp.layers.{}.", l - c.n_layers),
+            1,
+        ),
+    })
+}
+
+/// `t + offset` in F32 (an HF norm weight into the internal one).
+fn offset(t: Tensor, off: f32) -> Result<Tensor> {
+    let v: Vec<f32> = t.to_f32()?.into_iter().map(|x| x + off).collect();
+    Tensor::from_f32(t.name.clone(), t.shape.clone(), &v)
+}
+
 /// The internal tensor of `role` from an HF folder, where it is not the HF tensor of the
 /// role's name as it stands (plus the norm offset): the DeltaNet projections split out of
 /// `in_proj_qkvz`, `A_log` as `-exp(A_log)`, the conv's `[C, 1, K]` and the shared gate's
 /// `[1, hidden]` as the GGUF shapes. `None`: the default mapping applies.
 pub fn hf_tensor(m: &HfModel, c: &ModelConfig, role: Role) -> Result<Option<Option<Tensor>>> {
     let p = hybrid(c)?;
-    let name = role.hf_name(c.arch);
+    let mtp = role.layer().is_some_and(|l| l >= c.n_layers);
+    let Some(name) = hf_name(c, role) else {
+        return Ok(Some(None));
+    };
     let get = |n: &str| m.tensor(n);
     let out = match role {
+        r if r.is_experts() && mtp => {
+            let n = c.moe.map_or(0, |e| e.n_experts);
+            return crate::loader::hf_expert_stack(m, &name, n).map(Some);
+        }
         Role::LinQkv(_) | Role::LinGate(_) => {
             let (base, _) = name.rsplit_once(':').unwrap_or((&name, ""));
             let Some(t) = get(base)? else {
@@ -322,6 +374,15 @@ pub fn hf_tensor(m: &HfModel, c: &ModelConfig, role: Role) -> Result<Option<Opti
                 _ => t,
             }
         }
+        _ if mtp => {
+            let Some(t) = get(&name)? else {
+                return Ok(Some(None));
+            };
+            match super::hf_offset(c, role) {
+                0.0 => t,
+                off => offset(t, off)?,
+            }
+        }
         _ => return Ok(None),
     };
     Ok(Some(Some(out)))
@@ -336,7 +397,12 @@ pub fn hf_tensors(w: &ModelWeights) -> Result<Vec<(String, Tensor)>> {
     let p = hybrid(c)?;
     let mut out = Vec::new();
     for (role, t) in w.iter() {
-        let name = role.hf_name(c.arch);
+        let Some(name) = hf_name(c, role) else {
+            return Err(Error::Weights(format!(
+                "{}: HF qwen3next checkpoints have no such MTP tensor",
+                role.gguf_name()
+            )));
+        };
         let t = match role {
             Role::LinGate(_) => continue,
             Role::LinQkv(l) => {
@@ -434,10 +500,10 @@ struct Layer<O: Ops> {
 }
 
 /// The activations, declared once and shared by every layer.
-struct Acts {
-    x: Act,
-    h: Act,
-    o: Act,
+pub(super) struct Acts {
+    pub(super) x: Act,
+    pub(super) h: Act,
+    pub(super) o: Act,
     q: Act,
     qgate: Act,
     k: Act,
@@ -453,7 +519,7 @@ struct Acts {
     sh_up: Act,
     sh_out: Act,
     sh_g: Act,
-    head: Act,
+    pub(super) head: Act,
 }
 
 impl Acts {
@@ -485,10 +551,12 @@ impl Acts {
     }
 }
 
-struct Qwen3Next<O: Ops> {
-    emb: Embedding<O>,
+/// The model (or, with its own embedding and one attention layer, its MTP module:
+/// qwen3next_mtp.rs).
+pub(super) struct Qwen3Next<O: Ops> {
+    pub(super) emb: Embedding<O>,
     layers: Vec<Layer<O>>,
-    acts: Acts,
+    pub(super) acts: Acts,
     rope: RopeId,
     attn: AttnParams,
     moe: ops::MoeParams,
@@ -510,14 +578,15 @@ fn split_q(t: &Tensor, n_heads: usize, head_dim: usize) -> Result<[Tensor; 2]> {
     ])
 }
 
+/// Uploads layer `l`, a full-attention one when `attention`, else gated DeltaNet.
 fn load_layer<O: Ops>(
     ops: &mut O,
     w: &ModelWeights,
-    p: &HybridParams,
     l: usize,
+    attention: bool,
 ) -> Result<Layer<O>> {
     let c = &w.config;
-    let mixer = if p.is_attention(l) {
+    let mixer = if attention {
         let [q, gate] = split_q(w.get(Role::Q(l))?, c.n_heads, c.head_dim)?;
         let (k, v) = (w.get(Role::K(l))?, w.get(Role::V(l))?);
         Mixer::Attn(Attn {
@@ -545,7 +614,7 @@ fn load_layer<O: Ops>(
             ],
             norm: ops.vector(w.get(Role::SsmNorm(l))?)?,
             out: ops.mat(w.get(Role::SsmOut(l))?)?,
-            st: ops.state_layer(&p.delta())?,
+            st: ops.state_layer(&hybrid(c)?.delta())?,
         })
     };
     let sh_gate = w.get(Role::ShexpGateInp(l))?;
@@ -571,34 +640,63 @@ fn load_layer<O: Ops>(
 pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
     let c = &w.config;
     let p = hybrid(c)?;
-    let m = c
-        .moe
-        .ok_or_else(|| Error::Config("qwen3next config without its expert parameters".into()))?;
     ops.require("qwen3next", &NEEDS)?;
     let emb = Embedding::load(ops, w)?;
-    let layers = (0..c.n_layers)
-        .map(|l| load_layer(ops, w, &p, l))
-        .collect::<Result<Vec<_>>>()?;
-    let rope = ops.rope_table(Rope::new(p.rope_dim, c.rope_theta, None, None))?;
-    Ok(Box::new(Qwen3Next {
-        emb,
-        layers,
-        acts: Acts::declare(ops, c, &p, m.n_experts),
-        rope,
-        attn: AttnParams::causal(c.n_heads, c.n_kv_heads, c.head_dim),
-        moe: ops::MoeParams {
-            n_experts: m.n_experts,
-            n_used: m.n_used,
-            norm_topk: m.norm_topk,
-            glu: Glu::Silu,
-        },
-        head_dim: c.head_dim,
-        head_v: p.head_v,
-        eps: c.rms_eps,
-    }))
+    let layers = (0..c.n_layers).map(|l| (l, p.is_attention(l))).collect();
+    Ok(Box::new(Qwen3Next::load(ops, w, emb, layers)?))
 }
 
 impl<O: Ops> Qwen3Next<O> {
+    /// Uploads `layers` (index, full attention) of `w` beside `emb`, declares the activations.
+    pub(super) fn load(
+        ops: &mut O,
+        w: &ModelWeights,
+        emb: Embedding<O>,
+        layers: Vec<(usize, bool)>,
+    ) -> Result<Qwen3Next<O>> {
+        let c = &w.config;
+        let p = hybrid(c)?;
+        let m = c.moe.ok_or_else(|| {
+            Error::Config("qwen3next config without its expert parameters".into())
+        })?;
+        let layers = layers
+            .into_iter()
+            .map(|(l, attention)| load_layer(ops, w, l, attention))
+            .collect::<Result<Vec<_>>>()?;
+        let rope = ops.rope_table(Rope::new(p.rope_dim, c.rope_theta, None, None))?;
+        Ok(Qwen3Next {
+            emb,
+            layers,
+            acts: Acts::declare(ops, c, &p, m.n_experts),
+            rope,
+            attn: AttnParams::causal(c.n_heads, c.n_kv_heads, c.head_dim),
+            moe: ops::MoeParams {
+                n_experts: m.n_experts,
+                n_used: m.n_used,
+                norm_topk: m.norm_topk,
+                glu: Glu::Silu,
+            },
+            head_dim: c.head_dim,
+            head_v: p.head_v,
+            eps: c.rms_eps,
+        })
+    }
+
+    /// Layer `i` of the loaded ones (model layer `l`, for the dumps), into the residual.
+    pub(super) fn layer(&self, ops: &mut O, i: usize, l: usize) -> Result<()> {
+        let (a, w) = (&self.acts, &self.layers[i]);
+        ops.rms_norm(a.x, &w.attn_norm, a.h, a.x.width, self.eps)?;
+        ops.dump("attn_norm", l, a.h);
+        match &w.mixer {
+            Mixer::Attn(m) => self.attention(ops, m, l)?,
+            Mixer::Delta(m) => self.delta(ops, m, l)?,
+        }
+        ops.dump("attn_out", l, a.o);
+        self.ffn(ops, w, l)?;
+        ops.dump("l_out", l, a.x);
+        Ok(())
+    }
+
     /// `x += out(sigmoid(gate) * attention(rope(norm(q)), rope(norm(k)), v))`.
     fn attention(&self, ops: &mut O, w: &Attn<O>, l: usize) -> Result<()> {
         let (a, hd) = (&self.acts, self.head_dim);
@@ -649,20 +747,11 @@ impl<O: Ops> Qwen3Next<O> {
 
 impl<O: Ops> Forward<O> for Qwen3Next<O> {
     fn body(&self, ops: &mut O) -> Result<Act> {
-        let a = &self.acts;
-        self.emb.embed(ops, a.x)?;
-        for (l, w) in self.layers.iter().enumerate() {
-            ops.rms_norm(a.x, &w.attn_norm, a.h, a.x.width, self.eps)?;
-            ops.dump("attn_norm", l, a.h);
-            match &w.mixer {
-                Mixer::Attn(m) => self.attention(ops, m, l)?,
-                Mixer::Delta(m) => self.delta(ops, m, l)?,
-            }
-            ops.dump("attn_out", l, a.o);
-            self.ffn(ops, w, l)?;
-            ops.dump("l_out", l, a.x);
+        self.emb.embed(ops, self.acts.x)?;
+        for l in 0..self.layers.len() {
+            self.layer(ops, l, l)?;
         }
-        Ok(a.x)
+        Ok(self.acts.x)
     }
 
     fn head(&self, ops: &mut O, x: Act, logits: Act) -> Result<()> {

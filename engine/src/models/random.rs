@@ -112,7 +112,7 @@ pub fn random_weights(config: &ModelConfig, seed: u64, dtype: DType) -> Result<M
     ModelWeights::build(config, &mut get)
 }
 
-/// `config` (llama-family, tied embeddings, at least one MTP layer) with weights whose
+/// `config` (llama-family or qwen3next, tied embeddings, at least one MTP layer) with weights whose
 /// prediction depends on the current token only: every attention and FFN output projection is
 /// zero, so the final hidden state is the token's embedding. Its first MTP layer is wired to the
 /// same function of the next token (`eh_proj = [I, 0]`, its block's outputs zero, the model's
@@ -135,7 +135,13 @@ pub fn oracle_mtp_weights(config: &ModelConfig, seed: u64) -> Result<ModelWeight
             Tensor::from_f32(name.clone(), shape, &v).map(Some)
         };
         match role {
-            Role::AttnOut(_) | Role::Down(_) => filled(base.get(role)?.shape.clone(), &|_| 0.0),
+            // Every block's output projection (attention, DeltaNet, FFN, experts, shared
+            // expert): each layer adds zero to the residual.
+            Role::AttnOut(_)
+            | Role::Down(_)
+            | Role::SsmOut(_)
+            | Role::DownExps(_)
+            | Role::ShexpDown(_) => filled(base.get(role)?.shape.clone(), &|_| 0.0),
             // Row i, column i of [hidden, 2 * hidden]: the embedding half only.
             Role::MtpEhProj(_) => filled(vec![h, 2 * h], &|j| {
                 if j % (2 * h) == j / (2 * h) { 1.0 } else { 0.0 }

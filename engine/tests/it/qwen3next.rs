@@ -220,6 +220,49 @@ fn gguf_and_hf_copies_agree() {
     }
 }
 
+/// With an MTP module: GGUF (`blk.4.nextn.*` and the layer under `blk.4`) and HF (`mtp.fc`,
+/// `mtp.pre_fc_norm_*`, `mtp.norm`, `mtp.layers.0.*`) hold the same weights.
+#[test]
+fn mtp_tensors_load_from_gguf_and_hf() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = ModelConfig {
+        mtp_layers: 1,
+        tie_embeddings: true,
+        ..config()
+    };
+    let w = random_weights(&c, 12, DType::F32).expect("weights");
+    let gguf = dir.path().join("mtp.gguf");
+    write_gguf_model(&w, &gguf);
+    let hf = dir.path().join("mtp-hf");
+    let tensors = qwen3next::hf_tensors(&w).expect("hf tensors");
+    for n in [
+        "mtp.fc.weight",
+        "mtp.norm.weight",
+        "mtp.layers.0.self_attn.q_proj.weight",
+    ] {
+        assert!(tensors.iter().any(|(x, _)| x == n), "{n} missing");
+    }
+    assert!(
+        tensors
+            .iter()
+            .any(|(x, _)| x.starts_with("mtp.layers.0.mlp.experts.3."))
+    );
+    write_hf_model(&hf, w.config.to_hf_json(None, None), &tensors);
+    let (g, h) = (load_weights(&gguf).unwrap(), load_weights(&hf).unwrap());
+    assert_eq!(g.config.mtp_layers, 1);
+    assert_eq!(h.config, g.config);
+    for (role, t) in g.iter() {
+        let u = h.get(role).unwrap();
+        let (a, b) = (t.to_f32().unwrap(), u.to_f32().unwrap());
+        // Norms and A_log go through `- 1` / `ln` and back in HF.
+        let close = a
+            .iter()
+            .zip(&b)
+            .all(|(x, y)| (x - y).abs() <= 1e-6 * (1.0 + x.abs()));
+        assert!(close, "{}", role.gguf_name());
+    }
+}
+
 #[test]
 fn malformed_hybrid_files_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();

@@ -279,6 +279,17 @@ fn spec_cli_passes_with_the_mtp_drafter() {
     assert!(d > 0 && a * 10 >= d * 9, "{oracle}");
 }
 
+/// qwen3next's own MTP module (qwen3next_mtp.rs: a full-attention layer with the MoE FFN) as
+/// the drafter of a recurrent-state target.
+#[test]
+fn spec_cli_passes_with_the_qwen3next_mtp_drafter() {
+    let random = spec_mtp_cli("qwen3next+mtp");
+    assert!(greedy_counts(&random).0 > 0, "{random}");
+    let oracle = spec_mtp_cli("qwen3next+mtp-oracle");
+    let (d, a) = greedy_counts(&oracle);
+    assert!(d > 0 && a * 10 >= d * 9, "{oracle}");
+}
+
 #[test]
 fn rows_without_drafts_or_with_a_failing_oracle_fail() {
     let row = |sampling: &str, drafted, accepted| spec::Row {
