@@ -685,11 +685,9 @@ impl<O: Ops> Qwen3Next<O> {
     /// Layer `i` of the loaded ones (model layer `l`, for the dumps), into the residual.
     pub(super) fn layer(&self, ops: &mut O, i: usize, l: usize) -> Result<()> {
         let (a, w) = (&self.acts, &self.layers[i]);
-        ops.rms_norm(a.x, &w.attn_norm, a.h, a.x.width, self.eps)?;
-        ops.dump("attn_norm", l, a.h);
         match &w.mixer {
-            Mixer::Attn(m) => self.attention(ops, m, l)?,
-            Mixer::Delta(m) => self.delta(ops, m, l)?,
+            Mixer::Attn(m) => self.attention(ops, &w.attn_norm, m, l)?,
+            Mixer::Delta(m) => self.delta(ops, &w.attn_norm, m, l)?,
         }
         ops.dump("attn_out", l, a.o);
         self.ffn(ops, w, l)?;
@@ -697,10 +695,13 @@ impl<O: Ops> Qwen3Next<O> {
         Ok(())
     }
 
-    /// `x += out(sigmoid(gate) * attention(rope(norm(q)), rope(norm(k)), v))`.
-    fn attention(&self, ops: &mut O, w: &Attn<O>, l: usize) -> Result<()> {
+    /// `x += out(sigmoid(gate) * attention(rope(q_norm(q)), rope(k_norm(k)), v))`, q/k/v and
+    /// the gate from `norm(x)` (one fused norm + products where the backend fuses them).
+    fn attention(&self, ops: &mut O, norm: &O::Vector, w: &Attn<O>, l: usize) -> Result<()> {
         let (a, hd) = (&self.acts, self.head_dim);
-        ops.matmuls(&w.qkvg, a.h, &[a.q, a.k, a.v, a.qgate])?;
+        let outs = [a.q, a.k, a.v, a.qgate];
+        ops.norm_matmuls(a.x, norm, self.eps, a.h, &w.qkvg, &outs)?;
+        ops.dump("attn_norm", l, a.h);
         let [qn, kn] = &w.qk_norm;
         ops.rms_norm(a.q, qn, a.q, hd, self.eps)?;
         ops.rms_norm(a.k, kn, a.k, hd, self.eps)?;
@@ -712,10 +713,12 @@ impl<O: Ops> Qwen3Next<O> {
         ops.matmul_add(&w.out, a.att, Residual { res: a.x, tmp: a.o })
     }
 
-    /// `x += out(silu(z) * norm(gated_delta(conv1d_silu(W_qkv h))))`.
-    fn delta(&self, ops: &mut O, w: &Delta<O>, l: usize) -> Result<()> {
+    /// `x += out(silu(z) * norm(gated_delta(conv1d_silu(W_qkv h))))`, `h = norm(x)`.
+    fn delta(&self, ops: &mut O, norm: &O::Vector, w: &Delta<O>, l: usize) -> Result<()> {
         let a = &self.acts;
-        ops.matmuls(&w.proj, a.h, &[a.lin_in, a.z, a.ba])?;
+        let outs = [a.lin_in, a.z, a.ba];
+        ops.norm_matmuls(a.x, norm, self.eps, a.h, &w.proj, &outs)?;
+        ops.dump("attn_norm", l, a.h);
         ops.conv1d_silu(w.st, &w.conv, a.lin_in, a.lin_conv)?;
         ops.dump("conv", l, a.lin_conv);
         let [ca, cdt] = &w.coef;
