@@ -4,6 +4,10 @@
 #   gates    the delta kernels and their neighbours (rope, elementwise), then invariance,
 #            graph and spec on a tiny random qwen3next
 #   serve    serve-invariance (prefix-cache hits from state snapshots) on a tiny qwen3next file
+#   mtp      spec with qwen3next's own MTP module (random and oracle-wired: the hand-over check
+#            against the CPU, the oracle's acceptance)
+#   smol     golden and invariance on SmolLM2 (staged with piece.sh ... smol): the kernels the
+#            hybrid work changed (rope_kv, sigmoid) keep every other model's bits
 #   peer     llama.cpp's logits (tools/peer/logits.py on the CPU, carried as .stage/peer16.*:
 #            a poll call copies .bin then .json into $HOME/repo/.stage) vs memra's on the GPU
 #   sbs      qwen3-next-80b-a3b Q4_K_M (synthetic, LEASE_SYNTH=q3n) side by side with llama.cpp
@@ -29,7 +33,15 @@ if on gates; then
   run spec-tiny 400 $B/memra-verify spec --device cuda:0 --tiny qwen3next --max-tokens 24 --k-max 4 --drafters ngram,self
 fi
 on serve && run serve-tiny 400 $B/memra-verify serve-invariance $T --device cuda:0 --requests 16 --context 40
+if on mtp; then
+  run mtp-tiny 300 $B/memra-verify spec --device cuda:0 --tiny qwen3next+mtp --drafters mtp --k-max 4 --max-tokens 16
+  run mtp-oracle 300 $B/memra-verify spec --device cuda:0 --tiny qwen3next+mtp-oracle --drafters mtp --k-max 4 --max-tokens 16
+fi
 on peer && waitf .stage/peer16.json 120 && run peer-tiny 120 $B/memra-verify peer-logits $TF --peer .stage/peer16.json --device cuda:0
+if on smol && waitf $HOME/smol.ok 200; then
+  run golden 300 $B/memra-verify golden $SMOL --device cuda:0
+  run inv-smol 200 $B/memra-verify invariance $SMOL --device cuda:0
+fi
 if on sbs; then peerwait; sbs q3n:q4_k_m; fi
 if on decode && waitf $Q3N 400; then
   run q3n-decode1 200 $MB decode $Q3N --device cuda:0 --prompt 512 --gen 128 --runs 1 --shape qwen3-next-80b-a3b --dtype q4_k_m
