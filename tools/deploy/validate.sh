@@ -12,14 +12,27 @@
 #     model serves a few requests, a real Prometheus (Debian package) scrapes it with
 #     prometheus-static.yml and the rules, and every PromQL expression of the dashboard and of
 #     the rules is evaluated through Prometheus's API: it must parse, and the ones over
-#     metrics this server exports must return data. The dashboard's JSON structure is checked
-#     here (Grafana itself is not installable on this machine);
+#     metrics this server exports must return data;
+#   - Grafana dashboard: its JSON type-checked, strictly (unknown fields, wrong types, values
+#     outside an enum, missing required fields fail), against Grafana's own schema types
+#     (npm @grafana/schema: the dashboard and each panel plugin's options; Prometheus queries:
+#     @grafana/grafana-foundation-sdk) by the TypeScript compiler: tools/deploy/grafana-check.mjs.
+#     Grafana itself is not installable here. Plus the structure checks (ids, grid, variables);
 #   - nginx: `nginx -t` on deploy/nginx/memra.conf (loopback upstreams);
-#   - Envoy: `envoy --mode validate` when an envoy binary is on PATH, else said to be skipped.
+#   - Envoy: envoy.yaml loaded into Envoy's API schema (PyPI xds-protos: the generated
+#     envoy.config.bootstrap.v3.Bootstrap and every typed_config's extension type; protobuf's
+#     parser, unknown fields refused), protoc-gen-validate's rules, deprecated fields refused:
+#     tools/deploy/envoy-check.py. `envoy --mode validate` too when an envoy binary is on PATH
+#     (none is installable here).
+#   Each schema checker is also run on a deliberately broken copy and must reject it.
 #
-# Exit 0 when every check that ran passed. Needs: kubectl (or kustomize), python3 with venv,
-# promtool + prometheus (apt-get install -y prometheus), nginx; MEMRA_BIN_DIR as in
-# affinity-test.sh (default: cargo build).
+# Python and npm packages are pinned and installed once into ${MEMRA_CACHE:-~/.cache/memra}/
+# deploy-validate (pip --target / a venv / npm --prefix, never the system); when PyPI or npm
+# cannot be reached on the first run, the check fails and says so.
+#
+# Exit 0 when every check that ran passed. Needs: kubectl (or kustomize), python3 with venv and
+# pip, node + npm, promtool + prometheus (apt-get install -y prometheus), nginx; MEMRA_BIN_DIR as
+# in affinity-test.sh (default: cargo build).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT="$PWD"
@@ -44,6 +57,60 @@ skip() {
   SKIPPED+=("$*")
 }
 
+# --- Pinned tools from the registries, cached ---------------------------------------------
+CACHE="${MEMRA_CACHE:-$HOME/.cache/memra}/deploy-validate"
+mkdir -p "$CACHE"
+key() { (python3 -c 'import sys, sysconfig; print(sys.version, sysconfig.get_platform())'; printf '%s\n' "$@") | sha256sum | cut -c1-12; }
+# pip_target NAME SPEC...: pip installs exactly SPEC... (a complete pinned list: no dependency
+# resolution) once into $CACHE/NAME-KEY; prints the directory. Log: $TMP/pip-NAME.log.
+pip_target() {
+  local name="$1"
+  shift
+  local dir
+  dir="$CACHE/$name-$(key "$@")"
+  if [ ! -f "$dir/.complete" ]; then
+    rm -rf "$dir" "$dir.tmp"
+    python3 -m pip install --quiet --disable-pip-version-check --no-deps --target "$dir.tmp" "$@" \
+      >"$TMP/pip-$name.log" 2>&1 || return 1
+    touch "$dir.tmp/.complete"
+    mv "$dir.tmp" "$dir"
+  fi
+  echo "$dir"
+}
+# pip_venv NAME SPEC...: a venv with SPEC... and their dependencies, once, in $CACHE/NAME-KEY.
+pip_venv() {
+  local name="$1"
+  shift
+  local dir
+  dir="$CACHE/$name-$(key "$@")"
+  if [ ! -f "$dir/.complete" ]; then
+    rm -rf "$dir"
+    { python3 -m venv "$dir" && "$dir/bin/pip" install --quiet --disable-pip-version-check "$@"; } \
+      >"$TMP/pip-$name.log" 2>&1 || { rm -rf "$dir"; return 1; }
+    touch "$dir/.complete"
+  fi
+  echo "$dir"
+}
+# npm_prefix NAME SPEC...: npm installs SPEC... once into $CACHE/NAME-KEY/node_modules.
+npm_prefix() {
+  local name="$1"
+  shift
+  local dir
+  dir="$CACHE/$name-$(printf '%s\n' "$@" | sha256sum | cut -c1-12)"
+  if [ ! -f "$dir/.complete" ]; then
+    rm -rf "$dir" "$dir.tmp"
+    mkdir -p "$dir.tmp"
+    echo '{"private": true}' >"$dir.tmp/package.json"
+    npm install --prefix "$dir.tmp" --no-audit --no-fund --ignore-scripts --loglevel=error "$@" \
+      >"$TMP/npm-$name.log" 2>&1 || return 1
+    touch "$dir.tmp/.complete"
+    mv "$dir.tmp" "$dir"
+  fi
+  echo "$dir"
+}
+# The first error line of an install log (else its last line), for a failure message.
+errline() { grep -m1 -E '(Error|ERROR):' "$1" 2>/dev/null || grep -v '^\s*$' "$1" 2>/dev/null | tail -1; }
+
 # --- Kubernetes -------------------------------------------------------------------------
 if command -v kubectl >/dev/null; then
   kubectl kustomize deploy/k8s >"$TMP/k8s.yaml" && pass "kubectl kustomize deploy/k8s" ||
@@ -59,17 +126,17 @@ else
     cat "$f" >>"$TMP/k8s.yaml"
   done
 fi
-if python3 -m venv "$TMP/venv" >/dev/null 2>&1 &&
-  "$TMP/venv/bin/pip" install -q "kubernetes-validate==1.37.0" >"$TMP/pip.log" 2>&1; then
+K8S_PY=(kubernetes-validate==1.37.0)
+if KV="$(pip_venv k8s "${K8S_PY[@]}")"; then
   for v in 1.30.0 1.37.0; do
-    if "$TMP/venv/bin/kubernetes-validate" --strict --quiet -k "$v" "$TMP/k8s.yaml"; then
+    if "$KV/bin/kubernetes-validate" --strict --quiet -k "$v" "$TMP/k8s.yaml"; then
       pass "kubernetes-validate --strict -k $v ($(grep -c '^kind:' "$TMP/k8s.yaml") objects)"
     else
       fail "kubernetes-validate --strict -k $v"
     fi
   done
 else
-  skip "kubernetes-validate (pip install failed: $(tail -1 "$TMP/pip.log" 2>/dev/null))"
+  fail "kubernetes-validate: pip could not install ${K8S_PY[*]} (is PyPI reachable?): $(errline "$TMP/pip-k8s.log")"
 fi
 
 # --- Prometheus config and rules --------------------------------------------------------
@@ -110,11 +177,74 @@ else
 fi
 
 # --- Envoy ------------------------------------------------------------------------------
+# Envoy's API schema from PyPI: xds-protos (the envoy.* protobufs generated from
+# envoyproxy/data-plane-api), protobuf, protoc-gen-validate's runtime and its dependencies.
+ENVOY_PY=(xds-protos==1.85.0 protobuf==6.33.6 protoc-gen-validate==1.3.3 Jinja2==3.1.6
+  MarkupSafe==3.0.4 validate-email==1.3 PyYAML==6.0.4)
+ENVOY_YAML=deploy/k8s/envoy/envoy.yaml
+if EP="$(pip_target envoy "${ENVOY_PY[@]}")"; then
+  envoy_check() { PYTHONPATH="$EP" python3 tools/deploy/envoy-check.py "$1" >"$2" 2>&1; }
+  if envoy_check "$ENVOY_YAML" "$TMP/envoy-check.log"; then
+    pass "Envoy schema (xds-protos 1.85.0, protobuf 6.33.6, protoc-gen-validate 1.3.3): $(tail -1 "$TMP/envoy-check.log")"
+  else
+    fail "Envoy schema: $ENVOY_YAML:"
+    cat "$TMP/envoy-check.log"
+  fi
+  # The checker must reject: a misspelled field inside a typed_config (an Any), and a value
+  # that breaks a protoc-gen-validate rule (connect_timeout must be > 0).
+  sed 's/^\( *\)retry_on:/\1retry_onn:/' "$ENVOY_YAML" >"$TMP/envoy-bad1.yaml"
+  sed 's/^\( *\)connect_timeout: 2s/\1connect_timeout: 0s/' "$ENVOY_YAML" >"$TMP/envoy-bad2.yaml"
+  if ! envoy_check "$TMP/envoy-bad1.yaml" "$TMP/envoy-bad1.log" && grep -q '"retry_onn"' "$TMP/envoy-bad1.log" &&
+    ! envoy_check "$TMP/envoy-bad2.yaml" "$TMP/envoy-bad2.log" && grep -q 'connect_timeout is not greater' "$TMP/envoy-bad2.log"; then
+    pass "Envoy schema rejects a broken copy (retry_onn in a typed_config; connect_timeout: 0s)"
+  else
+    fail "Envoy schema accepted a broken copy:"
+    cat "$TMP/envoy-bad1.log" "$TMP/envoy-bad2.log"
+  fi
+else
+  fail "Envoy schema: pip could not install ${ENVOY_PY[*]} (is PyPI reachable?): $(errline "$TMP/pip-envoy.log")"
+fi
 if command -v envoy >/dev/null; then
-  envoy --mode validate -c deploy/k8s/envoy/envoy.yaml >"$TMP/envoy.log" 2>&1 &&
+  envoy --mode validate -c "$ENVOY_YAML" >"$TMP/envoy.log" 2>&1 &&
     pass "envoy --mode validate" || fail "envoy --mode validate: $(tail -3 "$TMP/envoy.log")"
 else
-  skip "envoy --mode validate (no envoy binary: not packaged for Debian or PyPI here)"
+  skip "envoy --mode validate (no envoy binary: not packaged for Debian, PyPI or npm here; the schema check above stands in)"
+fi
+
+# --- Grafana dashboard: Grafana's schema types ------------------------------------------
+GRAFANA_NPM=(typescript@5.9.3 @grafana/schema@13.2.3 @grafana/grafana-foundation-sdk@0.0.21)
+DASH=deploy/grafana/memra-dashboard.json
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  fail "Grafana schema: needs node and npm (apt-get install -y nodejs npm)"
+elif GN="$(npm_prefix grafana "${GRAFANA_NPM[@]}")"; then
+  if node tools/deploy/grafana-check.mjs "$DASH" "$GN/node_modules" >"$TMP/grafana-check.log" 2>&1; then
+    pass "Grafana schema: $(tail -1 "$TMP/grafana-check.log")"
+  else
+    fail "Grafana schema: $DASH:"
+    cat "$TMP/grafana-check.log"
+  fi
+  # The checker must reject a copy with an unknown top-level field, an unknown panel option and
+  # a string where a number belongs, naming each.
+  python3 - "$DASH" "$TMP/dash-bad.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["titel"] = "typo"
+ts = next(p for p in d["panels"] if p["type"] == "timeseries")
+ts["options"]["tooltipp"] = {}
+ts["gridPos"]["w"] = "12"
+json.dump(d, open(sys.argv[2], "w"), indent=2)
+PY
+  if ! node tools/deploy/grafana-check.mjs "$TMP/dash-bad.json" "$GN/node_modules" >"$TMP/grafana-bad.log" 2>&1 &&
+    grep -q "'\"titel\"' does not exist" "$TMP/grafana-bad.log" &&
+    grep -q "'\"tooltipp\"' does not exist" "$TMP/grafana-bad.log" &&
+    grep -q "\"w\": \"12\".*not assignable to type 'number'" "$TMP/grafana-bad.log"; then
+    pass "Grafana schema rejects a broken copy (unknown field titel, unknown option tooltipp, gridPos.w \"12\")"
+  else
+    fail "Grafana schema did not reject the broken copy as expected:"
+    cat "$TMP/grafana-bad.log"
+  fi
+else
+  fail "Grafana schema: npm could not install ${GRAFANA_NPM[*]} (is the npm registry reachable?): $(errline "$TMP/npm-grafana.log")"
 fi
 
 # --- Grafana dashboard structure --------------------------------------------------------
