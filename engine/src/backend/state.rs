@@ -185,6 +185,20 @@ impl StateBook {
         self.slots.get(slot).copied().flatten()
     }
 
+    /// The committed position a snapshot of slot `slot` at `pos` replays from (its `C`, when
+    /// `C <= pos <= W`); an error naming the span otherwise, or when the slot holds no state.
+    pub fn save_from(&self, slot: usize, pos: usize) -> Result<usize> {
+        match self.span(slot) {
+            Some((c, w)) if c <= pos && pos <= w => Ok(c),
+            Some((c, w)) => Err(Error::Input(format!(
+                "state slot {slot} can be saved at positions {c}..={w}, not at {pos}"
+            ))),
+            None => Err(Error::Input(format!(
+                "state slot {slot} holds no state to save"
+            ))),
+        }
+    }
+
     /// Records that slot `slot` now holds the state at position `pos` with nothing pending (a
     /// restored snapshot, [`crate::backend::Backend::restore_state`]): its next step starts at
     /// `pos`. Grows the book when needed.

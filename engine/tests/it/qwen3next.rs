@@ -40,14 +40,9 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// Runs one step of rows `(token, pos, seq)` over `tables` / `slots`; the logit bits per row.
-fn step(
-    b: &mut CpuBackend,
-    rows: &[(u32, usize, usize)],
-    tables: &[Vec<u32>],
-    slots: &[u32],
-) -> Vec<Vec<u32>> {
-    let batch = StepBatch {
+/// The step of rows `(token, pos, seq)` over `tables` / `slots`, every row wanting logits.
+fn batch(rows: &[(u32, usize, usize)], tables: &[Vec<u32>], slots: &[u32]) -> StepBatch {
+    StepBatch {
         rows: rows
             .iter()
             .map(|&(token, pos, seq)| StepRow {
@@ -59,7 +54,17 @@ fn step(
             .collect(),
         block_tables: tables.to_vec(),
         state_slots: slots.to_vec(),
-    };
+    }
+}
+
+/// Runs one step of rows `(token, pos, seq)` over `tables` / `slots`; the logit bits per row.
+fn step(
+    b: &mut CpuBackend,
+    rows: &[(u32, usize, usize)],
+    tables: &[Vec<u32>],
+    slots: &[u32],
+) -> Vec<Vec<u32>> {
+    let batch = batch(rows, tables, slots);
     let out = b.step(&batch).expect("step");
     out.logits.iter().map(|l| bits(l)).collect()
 }
@@ -165,21 +170,8 @@ fn rejected_drafts_roll_the_state_back() {
     }
     // Resuming before the committed position (at most RING - 1 back) is refused, not
     // computed wrongly.
-    let rows = [(toks[5], 5, 0)];
-    let batch = StepBatch {
-        rows: rows
-            .iter()
-            .map(|&(token, pos, seq)| StepRow {
-                token,
-                pos: pos as u32,
-                seq,
-                want_logits: true,
-            })
-            .collect(),
-        block_tables: table.clone(),
-        state_slots: vec![0],
-    };
-    let e = b.step(&batch).unwrap_err().to_string();
+    let e = b.step(&batch(&[(toks[5], 5, 0)], &table, &[0]));
+    let e = e.unwrap_err().to_string();
     assert!(e.contains("can resume at positions"), "{e}");
 }
 

@@ -624,19 +624,7 @@ impl Exec for CpuOps {
         let (slot, pos) = (slot as usize, pos as usize);
         // The id holds no snapshot until every layer has this one.
         self.snaps.remove(&snap);
-        let committed = match self.book.span(slot) {
-            Some((c, w)) if c <= pos && pos <= w => c,
-            Some((c, w)) => {
-                return Err(Error::Input(format!(
-                    "state slot {slot} can be saved at positions {c}..={w}, not at {pos}"
-                )));
-            }
-            None => {
-                return Err(Error::Input(format!(
-                    "state slot {slot} holds no state to save"
-                )));
-            }
-        };
+        let committed = self.book.save_from(slot, pos)?;
         let pool = &self.pool;
         let saved = self
             .states

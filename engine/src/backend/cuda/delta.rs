@@ -269,19 +269,7 @@ impl CudaOps {
                 "state snapshot {snap} is beyond the {cap} this device holds"
             )));
         }
-        let committed = match s.book.span(slot) {
-            Some((c, w)) if c <= pos && pos <= w => c,
-            Some((c, w)) => {
-                return Err(Error::Input(format!(
-                    "state slot {slot} can be saved at positions {c}..={w}, not at {pos}"
-                )));
-            }
-            None => {
-                return Err(Error::Input(format!(
-                    "state slot {slot} holds no state to save"
-                )));
-            }
-        };
+        let committed = s.book.save_from(slot, pos)?;
         let plan = SeqPlan {
             slot,
             rows: Vec::new(),
