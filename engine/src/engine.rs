@@ -99,6 +99,11 @@ pub struct ModelInfo {
     /// capacity in positions is `kv_blocks * block_size`.
     pub kv_dtype: KvDtype,
     pub kv_token_bytes: usize,
+    /// Speculative decoding: the drafter in use (`ngram`, `mtp+ngram`, ...) and its most
+    /// drafts per step; `None` when the model decodes plainly.
+    pub spec: Option<(String, usize)>,
+    /// What opening the drafter noticed (an `auto` drafter that left the MTP layers out).
+    pub spec_notes: Vec<String>,
 }
 
 /// A tenant's requests in the engine.
@@ -127,6 +132,14 @@ pub struct ModelStats {
     /// Draft tokens checked / accepted by speculative decoding.
     pub spec_drafted_total: u64,
     pub spec_accepted_total: u64,
+    /// Sequence steps that checked at least one draft.
+    pub spec_steps_total: u64,
+    /// Decode steps of sequences that may speculate but checked no draft, by reason.
+    pub spec_fallbacks: crate::spec::SpecFallbacks,
+    /// The drafter (`ngram`, `mtp+ngram`, ...; empty when the model does not speculate) and
+    /// the counters of each drafter it drafts with.
+    pub spec_drafter: String,
+    pub spec_by_drafter: Vec<(String, crate::spec::SpecCounts)>,
 }
 
 /// A snapshot of the whole engine.

@@ -374,7 +374,8 @@ impl Scheduler {
     }
 
     /// Sets the draft a running sequence checks at its next decode step (replacing any earlier
-    /// one). The rows count against the step's token budget; the draft is cut to fit, and it is
+    /// one). The rows count against the step's token budget; the draft is cut to fit, left out
+    /// when the KV pool is short of a block for it (nobody is preempted for a draft), and
     /// dropped when the step runs or the sequence is preempted.
     pub fn set_draft(&mut self, id: SeqId, draft: Vec<u32>) -> bool {
         match self.running.iter_mut().find(|s| s.id == id) {
@@ -545,8 +546,13 @@ impl Scheduler {
                 return None;
             }
             let positions = s.computed + n;
+            let decode = s.remaining() == 1;
             if self.ensure_blocks(idx, positions) {
                 return Some(n);
+            }
+            // Short of KV for a draft: the draft goes, nobody is preempted for it.
+            if decode && n > 1 && self.ensure_blocks(idx, positions - (n - 1)) {
+                return Some(1);
             }
             // The most recently admitted of: this sequence and those not planned this step.
             let victim = self

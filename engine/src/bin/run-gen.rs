@@ -2,8 +2,8 @@
 //!
 //! `run-gen MODEL (--prompt TEXT | --prompt-ids 1,2,3) [--chat] [--system TEXT] [--max-tokens N]
 //!  [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--device auto|cpu|cuda[:N]]
-//!  [--threads N] [--json] [--logits-top K] [--no-cuda-graph] [--spec ngram|mtp|draft:PATH]
-//!  [--spec-k K]`
+//!  [--threads N] [--json] [--logits-top K] [--no-cuda-graph]
+//!  [--spec ngram|mtp|draft:PATH|auto|auto+draft:PATH] [--spec-k K]`
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -91,8 +91,9 @@ struct Args {
     #[arg(long)]
     no_cuda_graph: bool,
     /// Speculative decoding: `ngram` (prompt lookup), `draft:PATH` (a smaller model with the
-    /// same tokenizer) or `mtp` (the model's own MTP layer, on the same device as the model).
-    /// The output is the same as without it.
+    /// same tokenizer), `mtp` (the model's own MTP layer, on the same device as the model),
+    /// `auto` (its MTP layers if it has them, with n-gram lookup, picked per step by measured
+    /// acceptance) or `auto+draft:PATH`. The output is the same as without it.
     #[arg(long)]
     spec: Option<String>,
     /// Most draft tokens checked per step (with --spec; adapted down or off when it does not
@@ -154,8 +155,17 @@ fn run(args: Args) -> Result<()> {
     let spec = match &args.spec {
         Some(kind) => {
             let cfg = SpecConfig::new(kind.parse::<DrafterKind>()?, args.spec_k)?;
-            let drafter = open_drafter(&cfg, args.device, args.threads, &model.weights)?;
-            Some((cfg, drafter))
+            let o = open_drafter(
+                &cfg,
+                args.device,
+                args.threads,
+                &model.weights,
+                Some(&tokenizer),
+            )?;
+            for n in &o.notes {
+                eprintln!("run-gen: {n}");
+            }
+            Some((cfg, o.drafter))
         }
         None => None,
     };

@@ -1,13 +1,17 @@
 //! Speculation inside the engine loop: before a step, drafts for the decoding sequences that
 //! take part (batched in one drafter call); after it, the acceptance rule per sequence. Plain
 //! and speculative sequences share the step; each sequence has its own K.
+//!
+//! Every decode step of a sequence that may speculate and checks no draft is counted with its
+//! reason ([`SpecFallbacks`]): backing off after low acceptance, the load cut-off, no room, the
+//! drafter had nothing, the drafter failed.
 
 use std::collections::HashMap;
 
 use crate::error::Result;
-use crate::scheduler::{Scheduler, SeqId};
+use crate::scheduler::{Scheduler, SchedulerOutput, SeqId};
 use crate::spec::control::{SpecControl, StepCost};
-use crate::spec::{DraftReq, Drafter, SpecConfig, SpecCounts};
+use crate::spec::{DraftReq, Drafter, SpecConfig, SpecCounts, SpecFallbacks};
 
 /// A model's speculation state (owned by its engine thread).
 pub(crate) struct Speculation {
@@ -15,8 +19,13 @@ pub(crate) struct Speculation {
     drafter: Box<dyn Drafter>,
     controls: HashMap<SeqId, SpecControl>,
     cost: StepCost,
+    /// The target's vocabulary: a draft token outside it ends the draft there.
+    vocab: usize,
+    /// Drafts set this step (sequence, tokens), until [`Self::planned`] sees the plan.
+    set: HashMap<SeqId, usize>,
     /// Model totals (for /metrics).
     pub(crate) counts: SpecCounts,
+    pub(crate) fallbacks: SpecFallbacks,
 }
 
 /// What the worker knows of a request, for drafting.
@@ -28,32 +37,61 @@ pub(crate) struct DraftCandidate {
 }
 
 impl Speculation {
-    pub(crate) fn new(cfg: SpecConfig, drafter: Box<dyn Drafter>) -> Speculation {
+    pub(crate) fn new(cfg: SpecConfig, drafter: Box<dyn Drafter>, vocab: usize) -> Speculation {
         Speculation {
             cfg,
             drafter,
             controls: HashMap::new(),
             cost: StepCost::default(),
+            vocab,
+            set: HashMap::new(),
             counts: SpecCounts::default(),
+            fallbacks: SpecFallbacks::default(),
+        }
+    }
+
+    /// The drafter's name (`ngram`, `mtp+ngram`, ...).
+    pub(crate) fn name(&self) -> String {
+        self.drafter.name()
+    }
+
+    /// Counters per drafter: the parts of a drafter that picks among others, else the one.
+    pub(crate) fn by_drafter(&self) -> Vec<(String, SpecCounts)> {
+        let parts = self.drafter.parts();
+        if parts.is_empty() {
+            vec![(self.drafter.name(), self.counts)]
+        } else {
+            parts
         }
     }
 
     /// Sets this step's drafts in the scheduler. Under high occupancy (at least
     /// `cfg.max_batch` running) nobody drafts: plain batched decode fills the device better.
+    /// K per sequence: [`SpecControl::depth`] under the measured cost of a row.
     pub(crate) fn draft(&mut self, sched: &mut Scheduler, cands: &[DraftCandidate]) -> Result<()> {
+        self.set.clear();
+        if cands.is_empty() {
+            return Ok(());
+        }
         if sched.running_len() >= self.cfg.max_batch {
+            self.fallbacks.load += cands.len() as u64;
             return Ok(());
         }
         let k_max = self.cfg.k;
+        let r = self.cost.row_cost();
         let mut asks: Vec<(SeqId, usize)> = Vec::new();
         for c in cands {
             let ctl = self
                 .controls
                 .entry(c.id)
                 .or_insert_with(|| SpecControl::new(k_max));
-            let k = ctl.k().min(c.room);
-            if k > 0 {
-                asks.push((c.id, k));
+            if ctl.backing_off() {
+                self.fallbacks.backoff += 1;
+                continue;
+            }
+            match ctl.depth(r).min(c.room) {
+                0 => self.fallbacks.no_room += 1,
+                k => asks.push((c.id, k)),
             }
         }
         if asks.is_empty() {
@@ -63,15 +101,38 @@ impl Speculation {
             .iter()
             .filter_map(|&(id, k)| sched.tokens(id).map(|tokens| DraftReq { id, tokens, k }))
             .collect();
-        let drafts = self.drafter.draft(&reqs)?;
+        let drafts = match self.drafter.draft(&reqs) {
+            Ok(d) => d,
+            Err(e) => {
+                self.fallbacks.error += reqs.len() as u64;
+                return Err(e);
+            }
+        };
         let ids: Vec<(SeqId, usize)> = reqs.iter().map(|r| (r.id, r.k)).collect();
         for ((id, k), mut d) in ids.into_iter().zip(drafts) {
             d.truncate(k);
-            if !d.is_empty() {
+            if let Some(bad) = d.iter().position(|&t| t as usize >= self.vocab) {
+                d.truncate(bad);
+            }
+            if d.is_empty() {
+                self.fallbacks.no_draft += 1;
+            } else {
+                self.set.insert(id, d.len());
                 sched.set_draft(id, d);
             }
         }
         Ok(())
+    }
+
+    /// The step's plan: a sequence whose draft the scheduler left out entirely (token budget,
+    /// KV pool) decodes plainly for lack of room.
+    pub(crate) fn planned(&mut self, plan: &SchedulerOutput) {
+        for p in &plan.seqs {
+            if p.sample && p.drafts.is_empty() && self.set.contains_key(&p.id) {
+                self.fallbacks.no_room += 1;
+            }
+        }
+        self.set.clear();
     }
 
     /// Whether the drafter reads the target's hidden states (an MTP drafter).
@@ -108,6 +169,9 @@ impl Speculation {
         let r = self.cost.row_cost();
         if let Some(c) = self.controls.get_mut(&id) {
             c.verified(drafted, accepted, r);
+        }
+        if drafted > 0 {
+            self.drafter.verified(id, drafted, accepted);
         }
         self.counts.add(drafted, accepted);
     }

@@ -171,12 +171,24 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         .ok_or_else(|| Error::Input("engine thread started twice".into()))?;
     // The drafter first: what it takes (a draft model, the MTP layer's copy of the head) is
     // then no longer free when the KV pool is sized from free memory.
-    let spec = match &cfg.spec {
+    let (spec, spec_notes) = match &cfg.spec {
         Some(sc) => {
-            let d = open_drafter(sc, cfg.device, cfg.threads, &weights)?;
-            Some(Speculation::new(sc.clone(), d))
+            let o = open_drafter(sc, cfg.device, cfg.threads, &weights, Some(&tokenizer)).map_err(
+                |e| {
+                    Error::Input(format!(
+                        "model `{alias}`: speculative drafter `{}`: {}",
+                        sc.drafter.label(),
+                        crate::spec::bare(&e)
+                    ))
+                },
+            )?;
+            let vocab = weights.config.vocab;
+            (
+                Some(Speculation::new(sc.clone(), o.drafter, vocab)),
+                o.notes,
+            )
         }
-        None => None,
+        None => (None, Vec::new()),
     };
     let blocks = kv_blocks(&weights, &cfg)?;
     let max_ctx = weights.config.max_ctx;
@@ -223,6 +235,8 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         block_size: cfg.block_size,
         kv_dtype: cfg.kv_dtype,
         kv_token_bytes,
+        spec: spec.as_ref().map(|s| (s.name(), s.cfg.k)),
+        spec_notes,
     };
     let w = Worker {
         backend,
@@ -400,6 +414,9 @@ impl Worker {
                 Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}
             }
             return;
+        }
+        if let Some(s) = self.spec.as_mut() {
+            s.planned(&plan);
         }
         self.restore_states(&mut plan);
         if plan.is_empty() {
@@ -736,6 +753,12 @@ impl Worker {
             if let Some(sp) = &self.spec {
                 s.spec_drafted_total = sp.counts.drafted;
                 s.spec_accepted_total = sp.counts.accepted;
+                s.spec_steps_total = sp.counts.steps;
+                s.spec_fallbacks = sp.fallbacks;
+                if s.spec_drafter.is_empty() {
+                    s.spec_drafter = sp.name();
+                }
+                s.spec_by_drafter = sp.by_drafter();
             }
         }
     }

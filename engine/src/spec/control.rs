@@ -1,43 +1,82 @@
 //! Automatic fallback: per sequence, how many tokens to draft next step (0 = plain decode).
 //!
 //! A verify step of K drafts costs about `1 + r*K` plain steps, where `r` is the cost of one
-//! extra row relative to a step ([`StepCost`] measures it); with acceptance rate `p` per draft
-//! it yields `1 + p + ... + p^K` tokens. Speculation pays while `p > r` (the K = 1 break-even):
-//! below it the sequence decodes plainly for a back-off that doubles each time, then probes again
-//! with K = 1. K grows by one after a fully accepted draft and halves after a fully rejected one.
-//! None of this changes output: acceptance makes every K, and no speculation, produce the same
-//! tokens.
+//! extra row relative to a step ([`StepCost`] measures it); with acceptance `p` per draft (the
+//! chance a draft is accepted given that the one before it was) it yields `1 + p + ... + p^K`
+//! tokens. Speculation pays while `p > r` (the K = 1 break-even): below it the sequence decodes
+//! plainly for a back-off that doubles each time, then probes again with K = 1. The depth asked
+//! for is the K that maximizes tokens per unit of step time under the measured `p` and `r`
+//! ([`best_depth`]), capped by a ceiling that grows by one after a fully accepted draft and
+//! halves after a fully rejected one. None of this changes output: acceptance makes every K,
+//! and no speculation, produce the same tokens.
 
 /// Per-sequence controller.
 #[derive(Clone, Debug)]
 pub struct SpecControl {
     k_max: usize,
+    /// The ceiling on K.
     k: usize,
-    /// Exponential moving average of accepted / drafted.
-    rate: f32,
+    /// Decayed counts of accepted drafts and of drafts whose acceptance was decided (the
+    /// accepted ones plus the first rejected one of each step): `p = hits / tries`.
+    hits: f32,
+    tries: f32,
     /// Plain steps left before probing again.
     off: u32,
     /// The next back-off length.
     backoff: u32,
 }
 
-const ALPHA: f32 = 0.3;
+/// Weight a step's evidence keeps per later step.
+const DECAY: f32 = 0.7;
 const MAX_BACKOFF: u32 = 64;
+
+/// The depth (1..=`k_max`) that yields the most tokens per unit of step time when each draft is
+/// accepted with probability `p` (given the one before it was) and a row costs `r` of a step:
+/// the argmax of `(1 + p + ... + p^K) / (1 + r*K)`.
+pub fn best_depth(p: f32, r: f32, k_max: usize) -> usize {
+    let (p, r) = (p.clamp(0.0, 1.0) as f64, r.max(0.0) as f64);
+    let (mut best, mut best_k) = (0.0f64, 1);
+    let (mut tokens, mut pk) = (1.0f64, 1.0f64);
+    for k in 1..=k_max.max(1) {
+        pk *= p;
+        tokens += pk;
+        let v = tokens / (1.0 + r * k as f64);
+        if v > best * (1.0 + 1e-6) {
+            (best, best_k) = (v, k);
+        }
+    }
+    best_k
+}
 
 impl SpecControl {
     pub fn new(k_max: usize) -> SpecControl {
         SpecControl {
             k_max: k_max.max(1),
             k: k_max.max(1),
-            rate: 1.0,
+            hits: 1.0,
+            tries: 1.0,
             off: 0,
             backoff: 4,
         }
     }
 
-    /// Drafts to ask for this step (0: decode plainly).
+    /// The ceiling on K this step (0: decode plainly, backing off).
     pub fn k(&self) -> usize {
         if self.off > 0 { 0 } else { self.k }
+    }
+
+    /// Drafts to ask for this step when a row costs `row_cost` of a step: [`best_depth`] under
+    /// the measured acceptance, within the ceiling (0: decode plainly).
+    pub fn depth(&self, row_cost: f32) -> usize {
+        match self.k() {
+            0 => 0,
+            k => best_depth(self.rate(), row_cost, k),
+        }
+    }
+
+    /// Whether the sequence is backing off (low acceptance).
+    pub fn backing_off(&self) -> bool {
+        self.off > 0
     }
 
     /// A plain step ran (no draft checked).
@@ -47,7 +86,9 @@ impl SpecControl {
             if self.off == 0 {
                 // Probe: one draft, optimistic rate so one bad probe does not end it at once.
                 self.k = 1;
-                self.rate = self.rate.max(0.5);
+                if self.rate() < 0.5 {
+                    (self.hits, self.tries) = (0.5, 1.0);
+                }
             }
         }
     }
@@ -57,23 +98,28 @@ impl SpecControl {
         if drafted == 0 {
             return self.plain_step();
         }
-        let p = accepted as f32 / drafted as f32;
-        self.rate = (1.0 - ALPHA) * self.rate + ALPHA * p;
+        let rejected = usize::from(accepted < drafted);
+        self.hits = DECAY * self.hits + accepted as f32;
+        self.tries = DECAY * self.tries + (accepted + rejected) as f32;
         if accepted == drafted {
             self.k = (self.k + 1).min(self.k_max);
             self.backoff = 4;
         } else if accepted == 0 {
             self.k = (self.k / 2).max(1);
         }
-        if self.rate < row_cost {
+        if self.rate() < row_cost {
             self.off = self.backoff;
             self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
         }
     }
 
-    /// Current acceptance estimate.
+    /// Current estimate of `p`, the acceptance of a draft given the one before it was accepted.
     pub fn rate(&self) -> f32 {
-        self.rate
+        if self.tries > 0.0 {
+            self.hits / self.tries
+        } else {
+            1.0
+        }
     }
 }
 
@@ -165,6 +211,26 @@ mod tests {
             c.verified(2, 1, 0.2);
         }
         assert!(c.k() > 0);
+    }
+
+    #[test]
+    fn depth_follows_acceptance_and_row_cost() {
+        // Certain acceptance: as deep as allowed; expensive rows and poor acceptance: one.
+        assert_eq!(best_depth(1.0, 0.05, 8), 8);
+        assert_eq!(best_depth(0.5, 0.3, 8), 1);
+        assert_eq!(best_depth(0.0, 0.0, 8), 1);
+        let mid = best_depth(0.8, 0.05, 16);
+        assert!((4..=10).contains(&mid), "{mid}");
+        // The controller: full acceptance on cheap rows asks for the ceiling, a poor record
+        // on expensive rows for one draft.
+        let mut c = SpecControl::new(8);
+        assert_eq!(c.depth(0.02), 8);
+        for _ in 0..6 {
+            c.verified(4, 1, 0.3);
+        }
+        assert!(c.k() > 0 && c.depth(0.3) == 1, "{} {}", c.k(), c.depth(0.3));
+        // Accepted 1 of 4 each step: about one success per two decided drafts.
+        assert!((c.rate() - 0.5).abs() < 0.05, "{}", c.rate());
     }
 
     #[test]

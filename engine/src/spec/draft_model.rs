@@ -42,6 +42,29 @@ impl DraftModelDrafter {
         Self::from_weights(w, &name, device, threads, target_vocab)
     }
 
+    /// [`Self::open`], also checking the draft model's tokenizer against the target's (`target`,
+    /// when given): the same entry for every id ([`super::check_tokenizers`]).
+    pub fn open_checked(
+        path: &Path,
+        device: Device,
+        threads: usize,
+        target_vocab: usize,
+        target: Option<&crate::tokenizer::Tokenizer>,
+    ) -> Result<Self> {
+        let named = |e: String| Error::Input(format!("draft model: {e}"));
+        super::check_draft_path(path).map_err(|e| named(super::bare(&e)))?;
+        let Some(target) = target else {
+            return Self::open(path, device, threads, target_vocab);
+        };
+        let m = crate::loader::load_model(path).map_err(|e| named(super::bare(&e)))?;
+        super::check_tokenizers(&m.tokenizer, target).map_err(named)?;
+        let name = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into(),
+        );
+        Self::from_weights(m.weights, &name, device, threads, target_vocab)
+    }
+
     /// A drafter over weights already in memory (tests, synthetic pairs).
     pub fn from_weights(
         w: ModelWeights,

@@ -120,7 +120,12 @@ fn run_spec(
         }
         // Drafts may reach position total - 1 at most (plain decoding's last pick).
         let room = total - history.len() - 1;
-        let k = if opts.adaptive { control.k() } else { opts.k }.min(room);
+        let k = if opts.adaptive {
+            control.depth(cost.row_cost())
+        } else {
+            opts.k
+        }
+        .min(room);
         let td = Instant::now();
         let drafts = if k == 0 {
             Vec::new()
@@ -151,6 +156,9 @@ fn run_spec(
         let a = accept(&drafts, &tokens);
         counts.add(drafts.len(), a);
         control.verified(drafts.len(), a, cost.row_cost());
+        if !drafts.is_empty() {
+            drafter.verified(0, drafts.len(), a);
+        }
         pending.extend(picks.into_iter().take(a + 1));
     }
     drafter.forget(0);

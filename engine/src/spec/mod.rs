@@ -4,7 +4,8 @@
 //! greedy and seeded sampling alike.
 //!
 //! - [`Drafter`]: the one trait every drafter implements ([`ngram::NgramDrafter`],
-//!   [`draft_model::DraftModelDrafter`]).
+//!   [`draft_model::DraftModelDrafter`], [`mtp::MtpDrafter`], and [`pick::PickDrafter`], which
+//!   picks among others per sequence by measured acceptance).
 //! - [`accept`]: the acceptance rule.
 //! - [`control::SpecControl`]: the per-sequence fallback (depth K, off and back on).
 //! - [`generate::generate_spec`]: one sequence, speculatively (run-gen, memra-verify).
@@ -16,6 +17,7 @@ pub mod draft_model;
 pub mod generate;
 pub mod mtp;
 pub mod ngram;
+pub mod pick;
 
 use std::path::PathBuf;
 
@@ -55,6 +57,14 @@ pub trait Drafter: Send {
     /// them: rows of drafts the target went on to reject included (the drafter keeps the rows
     /// its next request's tokens agree with).
     fn observe(&mut self, _id: u64, _rows: &[(crate::backend::StepRow, Vec<f32>)]) {}
+    /// Sequence `id`'s last draft was checked: `accepted` of the `drafted` tokens the step
+    /// checked (it may have cut the draft) were accepted. Feedback for a drafter that picks
+    /// among others.
+    fn verified(&mut self, _id: u64, _drafted: usize, _accepted: usize) {}
+    /// A drafter made of others: each part's name and counters (empty for a single drafter).
+    fn parts(&self) -> Vec<(String, SpecCounts)> {
+        Vec::new()
+    }
 }
 
 /// Which drafter a model uses.
@@ -66,6 +76,24 @@ pub enum DrafterKind {
     Model(PathBuf),
     /// The target's own multi-token-prediction layer (models/mtp.rs).
     Mtp,
+    /// The best the model has, picked per sequence and step by measured acceptance
+    /// ([`pick::PickDrafter`]): its MTP layers when it has them, the draft model when one is
+    /// given, and n-gram prompt lookup (alone when the model has neither).
+    Auto(Option<PathBuf>),
+}
+
+impl DrafterKind {
+    /// The parse of [`std::str::FromStr`] written back (`ngram`, `mtp`, `draft:PATH`, `auto`,
+    /// `auto+draft:PATH`).
+    pub fn label(&self) -> String {
+        match self {
+            DrafterKind::Ngram => "ngram".into(),
+            DrafterKind::Mtp => "mtp".into(),
+            DrafterKind::Model(p) => format!("draft:{}", p.display()),
+            DrafterKind::Auto(None) => "auto".into(),
+            DrafterKind::Auto(Some(p)) => format!("auto+draft:{}", p.display()),
+        }
+    }
 }
 
 impl std::str::FromStr for DrafterKind {
@@ -74,12 +102,23 @@ impl std::str::FromStr for DrafterKind {
         match s {
             "ngram" => Ok(DrafterKind::Ngram),
             "mtp" => Ok(DrafterKind::Mtp),
-            _ => match s.strip_prefix("draft:") {
-                Some(p) if !p.is_empty() => Ok(DrafterKind::Model(PathBuf::from(p))),
-                _ => Err(Error::Input(format!(
-                    "speculative drafter `{s}`: expected ngram, mtp or draft:PATH"
-                ))),
-            },
+            "auto" => Ok(DrafterKind::Auto(None)),
+            _ => {
+                let (auto, rest) = match s.strip_prefix("auto+") {
+                    Some(r) => (true, r),
+                    None => (false, s),
+                };
+                match rest.strip_prefix("draft:") {
+                    Some(p) if !p.is_empty() && auto => {
+                        Ok(DrafterKind::Auto(Some(PathBuf::from(p))))
+                    }
+                    Some(p) if !p.is_empty() => Ok(DrafterKind::Model(PathBuf::from(p))),
+                    _ => Err(Error::Input(format!(
+                        "speculative drafter `{s}`: expected ngram, mtp, draft:PATH, auto or \
+                         auto+draft:PATH"
+                    ))),
+                }
+            }
         }
     }
 }
@@ -105,6 +144,16 @@ impl SpecConfig {
             k,
             max_batch: 16,
         })
+    }
+
+    /// memra-server's default for a model named without options: `auto` (the model's MTP
+    /// layers if it has them, with n-gram lookup) at [`DEFAULT_K`] drafts.
+    pub fn auto() -> SpecConfig {
+        SpecConfig {
+            drafter: DrafterKind::Auto(None),
+            k: DEFAULT_K,
+            max_batch: 16,
+        }
     }
 }
 
@@ -135,23 +184,159 @@ impl SpecCounts {
     }
 }
 
-/// Opens the drafter `cfg` names for the target `target`; a draft model runs on `device`.
+/// Most draft tokens per step of memra-server's default configuration.
+pub const DEFAULT_K: usize = 4;
+
+/// A drafter opened for a target, with what the opening noticed (an `auto` drafter that left
+/// out the model's MTP layers, and why).
+pub struct Opened {
+    pub drafter: Box<dyn Drafter>,
+    pub notes: Vec<String>,
+}
+
+/// Why decode steps of sequences that may speculate checked no draft (counts of such
+/// sequence-steps).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecFallbacks {
+    /// Low acceptance: the sequence backs off (plain steps, then a probe).
+    pub backoff: u64,
+    /// Load: at least `max_batch` sequences running, so nobody drafts.
+    pub load: u64,
+    /// No room: nothing left to draft before the request's `max_tokens` or the context end,
+    /// or the step's token budget / the KV pool left no row for the draft.
+    pub no_room: u64,
+    /// The drafter proposed nothing (no n-gram match, no state for the MTP layer, ...).
+    pub no_draft: u64,
+    /// The drafter failed (the step decoded plainly).
+    pub error: u64,
+}
+
+impl SpecFallbacks {
+    /// (label, count) of each reason, for /metrics.
+    pub fn labeled(&self) -> [(&'static str, u64); 5] {
+        [
+            ("backoff", self.backoff),
+            ("load", self.load),
+            ("no_room", self.no_room),
+            ("no_draft", self.no_draft),
+            ("error", self.error),
+        ]
+    }
+}
+
+/// Opens the drafter `cfg` names for the target `target` (whose tokenizer, when given, a draft
+/// model's must equal); a draft model or MTP layer runs on `device`.
 pub fn open_drafter(
     cfg: &SpecConfig,
     device: crate::backend::Device,
     threads: usize,
     target: &crate::models::ModelWeights,
-) -> Result<Box<dyn Drafter>> {
-    match &cfg.drafter {
-        DrafterKind::Ngram => Ok(Box::new(ngram::NgramDrafter::default())),
-        DrafterKind::Model(p) => Ok(Box::new(draft_model::DraftModelDrafter::open(
+    tokenizer: Option<&crate::tokenizer::Tokenizer>,
+) -> Result<Opened> {
+    let draft_model = |p: &std::path::Path| -> Result<Box<dyn Drafter>> {
+        Ok(Box::new(draft_model::DraftModelDrafter::open_checked(
             p,
             device,
             threads,
             target.config.vocab,
-        )?)),
-        DrafterKind::Mtp => Ok(Box::new(mtp::MtpDrafter::new(target, device, threads)?)),
+            tokenizer,
+        )?))
+    };
+    let mut notes = Vec::new();
+    let drafter: Box<dyn Drafter> = match &cfg.drafter {
+        DrafterKind::Ngram => Box::new(ngram::NgramDrafter::default()),
+        DrafterKind::Model(p) => draft_model(p)?,
+        DrafterKind::Mtp => Box::new(mtp::MtpDrafter::new(target, device, threads)?),
+        DrafterKind::Auto(draft) => {
+            let mut models: Vec<Box<dyn Drafter>> = Vec::new();
+            if target.config.mtp_layers > 0 {
+                match mtp::MtpDrafter::new(target, device, threads) {
+                    Ok(d) => models.push(Box::new(d)),
+                    Err(e) => notes.push(format!(
+                        "the model has {} MTP layer(s) but its MTP drafter did not open ({e}): \
+                         drafting without it",
+                        target.config.mtp_layers
+                    )),
+                }
+            }
+            if let Some(p) = draft {
+                models.push(draft_model(p)?);
+            }
+            if models.is_empty() {
+                Box::new(ngram::NgramDrafter::default())
+            } else {
+                Box::new(pick::PickDrafter::new(models))
+            }
+        }
+    };
+    Ok(Opened { drafter, notes })
+}
+
+/// An error's message without the `invalid input: ` of [`Error::Input`] (for messages that
+/// wrap it in context of their own).
+pub fn bare(e: &Error) -> String {
+    match e {
+        Error::Input(m) => m.clone(),
+        e => e.to_string(),
     }
+}
+
+/// Whether a draft model's tokenizer is the target's: the same number of ids and the same
+/// entry for every id. `Err` says where they differ.
+pub fn check_tokenizers(
+    draft: &crate::tokenizer::Tokenizer,
+    target: &crate::tokenizer::Tokenizer,
+) -> std::result::Result<(), String> {
+    let (n, m) = (draft.vocab_size(), target.vocab_size());
+    if n != m {
+        return Err(format!(
+            "its tokenizer has {n} tokens, the target's {m}: a draft model must share the \
+             target's tokenizer"
+        ));
+    }
+    let differ: Vec<u32> = (0..n as u32)
+        .filter(|&id| draft.token_text(id) != target.token_text(id))
+        .collect();
+    if let Some(&id) = differ.first() {
+        return Err(format!(
+            "its tokenizer differs from the target's at {} of {n} tokens (first: id {id} is {:?}, \
+             the target's {:?}): a draft model must share the target's tokenizer",
+            differ.len(),
+            draft.token_text(id).unwrap_or_default(),
+            target.token_text(id).unwrap_or_default()
+        ));
+    }
+    Ok(())
+}
+
+/// The checks of a draft model's path that need no model loaded: it exists, and it is a
+/// readable file (GGUF magic) or a folder with a `config.json`. For a refusal before loading
+/// the target; the error does not repeat the path.
+pub fn check_draft_path(path: &std::path::Path) -> Result<()> {
+    let unreadable = |e: std::io::Error| Error::Input(format!("cannot read it: {e}"));
+    let meta = std::fs::metadata(path).map_err(unreadable)?;
+    if meta.is_dir() {
+        std::fs::File::open(path.join("config.json")).map_err(|e| {
+            Error::Input(format!(
+                "a folder without a readable config.json (an HF model folder has one): {e}"
+            ))
+        })?;
+        return Ok(());
+    }
+    let mut magic = [0u8; 4];
+    let mut f = std::fs::File::open(path).map_err(unreadable)?;
+    std::io::Read::read_exact(&mut f, &mut magic).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => {
+            Error::Input("it is shorter than a GGUF header (empty?)".into())
+        }
+        _ => unreadable(e),
+    })?;
+    if &magic != b"GGUF" {
+        return Err(Error::Input(format!(
+            "not a GGUF file (it starts with {magic:02x?}) nor an HF model folder"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -174,7 +359,15 @@ mod tests {
             DrafterKind::Model("/m/a.gguf".into())
         );
         let e = "draft:".parse::<DrafterKind>().unwrap_err().to_string();
-        assert!(e.contains("ngram, mtp or draft:PATH"), "{e}");
+        assert!(e.contains("ngram, mtp, draft:PATH, auto"), "{e}");
+        assert_eq!(
+            "auto".parse::<DrafterKind>().unwrap(),
+            DrafterKind::Auto(None)
+        );
+        let a = "auto+draft:/m/d.gguf".parse::<DrafterKind>().unwrap();
+        assert_eq!(a, DrafterKind::Auto(Some("/m/d.gguf".into())));
+        assert_eq!(a.label(), "auto+draft:/m/d.gguf");
+        assert!("auto+ngram".parse::<DrafterKind>().is_err());
         assert_eq!("mtp".parse::<DrafterKind>().unwrap(), DrafterKind::Mtp);
         assert!("mtp2".parse::<DrafterKind>().is_err());
         assert!(SpecConfig::new(DrafterKind::Ngram, 0).is_err());

@@ -293,6 +293,34 @@ fn drafts_are_cut_to_the_step_budget() {
     assert_eq!(o.seqs[0].drafts, vec![4, 5]);
 }
 
+#[test]
+fn a_draft_short_of_kv_is_left_out_and_preempts_nobody() {
+    // 4 blocks of 4: two sequences of 7 tokens hold 2 blocks each, none free.
+    let mut s = sched(4, 4, cfg(32, 8, 8, 0));
+    s.add(seq(1, "a", (1..=6).collect()));
+    s.add(seq(2, "a", (11..=16).collect()));
+    let o = step(&mut s);
+    assert_eq!(o.seqs.len(), 2);
+    assert_eq!(s.kv().available(), 0);
+    // Sequence 1 (7 tokens, 6 computed) drafts 4 more: positions 7..10 need a third block.
+    assert!(s.set_draft(1, vec![20, 21, 22, 23]));
+    let o = step(&mut s);
+    assert!(
+        o.preempted.is_empty(),
+        "preempted {:?} for a draft",
+        o.preempted
+    );
+    assert_eq!(o.seqs.len(), 2);
+    assert!(o.seqs.iter().all(|p| p.drafts.is_empty() && p.len == 1));
+    // Within its block a draft still runs.
+    let mut s = sched(4, 4, cfg(32, 8, 8, 0));
+    s.add(seq(1, "a", (1..=4).collect()));
+    step(&mut s);
+    assert!(s.set_draft(1, vec![20, 21]));
+    let o = step(&mut s);
+    assert_eq!(o.seqs[0].drafts, vec![20, 21]);
+}
+
 // ---- Recurrent-state models: snapshots at the last full block of a prompt, hits there ----
 
 use memra_engine::scheduler::StateOp;

@@ -199,3 +199,97 @@ fn mtp_speculation_in_the_engine_loop_equals_plain() {
         );
     }
 }
+
+#[test]
+fn sampled_requests_speculate_in_the_engine() {
+    // Sampled requests (temperature, top-k, a repetition penalty, a seed) check drafts and
+    // accept some; their streams are plain decoding's (checked by the tests above).
+    let e = start(Some(SpecConfig::new(DrafterKind::Ngram, 4).unwrap()));
+    let n = 8;
+    let got = run_all(&e, n);
+    let sampled: usize = (0..n)
+        .filter(|&i| request(i).params.temperature > 0.0 && request(i).speculative)
+        .map(|i| got[i].2)
+        .sum();
+    e.shutdown();
+    assert!(sampled > 0, "no sampled request accepted a draft");
+}
+
+#[test]
+fn auto_speculation_equals_plain_and_reports_its_drafters() {
+    // Without MTP layers `auto` is n-gram lookup alone.
+    let plain_model = random_weights(&tiny_config(Arch::Llama, VOCAB), 3, DType::Q8_0).unwrap();
+    let (d, a) = check_against_plain(
+        &plain_model,
+        SpecConfig::new(DrafterKind::Auto(None), 4).unwrap(),
+        8,
+    );
+    assert!(d > 0 && a > 0, "auto (ngram): {a} of {d}");
+    let e = start_with(
+        plain_model,
+        Some(SpecConfig::new(DrafterKind::Auto(None), 4).unwrap()),
+    );
+    assert_eq!(e.models()[0].spec, Some(("ngram".to_string(), 4)));
+    e.shutdown();
+    // With an MTP layer: the layer and n-gram lookup, picked per sequence.
+    let cfg = ModelConfig {
+        mtp_layers: 1,
+        ..tiny_config(Arch::Llama, VOCAB)
+    };
+    let oracle = oracle_mtp_weights(&cfg, 3).unwrap();
+    let spec = SpecConfig::new(DrafterKind::Auto(None), 4).unwrap();
+    let (d, a) = check_against_plain(&oracle, spec.clone(), 6);
+    assert!(d > 0 && a * 2 >= d, "auto (mtp+ngram): {a} of {d}");
+    let e = start_with(oracle, Some(spec));
+    assert_eq!(e.models()[0].spec, Some(("mtp+ngram".to_string(), 4)));
+    let _ = run_all(&e, 6);
+    let stats = e.stats();
+    let m = &stats.models[0];
+    assert_eq!(m.spec_drafter, "mtp+ngram");
+    let names: Vec<&str> = m.spec_by_drafter.iter().map(|p| p.0.as_str()).collect();
+    assert_eq!(names, ["mtp", "ngram"]);
+    let by: u64 = m.spec_by_drafter.iter().map(|p| p.1.drafted).sum();
+    assert_eq!(
+        by, m.spec_drafted_total,
+        "the parts add up to the model's drafts"
+    );
+    assert!(
+        m.spec_by_drafter[0].1.drafted > 0,
+        "the MTP layer never drafted"
+    );
+    assert!(m.spec_steps_total > 0);
+    e.shutdown();
+}
+
+#[test]
+fn fallbacks_are_counted_by_reason() {
+    // max_batch 1: every decode step of a batch of several is at the load cut-off.
+    let spec = SpecConfig {
+        max_batch: 1,
+        ..SpecConfig::new(DrafterKind::Ngram, 4).unwrap()
+    };
+    let e = start(Some(spec));
+    let _ = run_all(&e, 6);
+    let stats = e.stats();
+    let f = stats.models[0].spec_fallbacks;
+    assert!(f.load > 0, "{f:?}");
+    e.shutdown();
+    // One request at a time: no load cut-off. A request of 2 tokens has no room to draft at
+    // its one decode step (the prefill picked the first token).
+    let e = start(Some(SpecConfig::new(DrafterKind::Ngram, 4).unwrap()));
+    for i in 0..3 {
+        let _ = collect(e.submit(request(i)).unwrap());
+    }
+    let short = ValidRequest {
+        max_tokens: 2,
+        ..request(0)
+    };
+    let (toks, _, _) = collect(e.submit(short).unwrap());
+    assert_eq!(toks.len(), 2);
+    let stats = e.stats();
+    let f = stats.models[0].spec_fallbacks;
+    assert_eq!(f.load, 0, "{f:?}");
+    assert!(f.no_room > 0, "{f:?}");
+    assert_eq!(f.error, 0, "{f:?}");
+    e.shutdown();
+}
