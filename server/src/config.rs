@@ -56,8 +56,9 @@ pub enum KeysAction {
 #[derive(Args, Clone, Debug)]
 pub struct ServeArgs {
     /// Models to serve: `alias=path[,alias2=path2]` (a path is a GGUF file or an HF folder; a
-    /// bare path is served under its file name). Default: the model fetched by
-    /// tools/fetch-models.sh.
+    /// bare path is served under its file name), each with options after the path
+    /// (`+spec=auto|ngram|mtp|draft|off`, `+draft=PATH`, `+spec_k=K`, `+kv=DTYPE`; speculation is
+    /// on by default). Default: the model fetched by tools/fetch-models.sh.
     #[arg(long, env = "MEMRA_MODELS")]
     pub models: Option<String>,
     /// Where tools/fetch-models.sh keeps models (default ~/.cache/memra/models).
@@ -132,10 +133,17 @@ pub struct ServeArgs {
 pub struct ModelSpec {
     pub alias: String,
     pub path: PathBuf,
-    /// Speculative decoding (`+spec=ngram`, `+spec=mtp`, `+draft=PATH`, `+spec_k=K`).
+    /// Speculative decoding: on by default (`auto`: the model's MTP layers if it has them, a
+    /// `+draft=PATH` model, n-gram lookup, picked per sequence by measured acceptance);
+    /// `+spec=ngram|mtp|draft|auto`, `+spec_k=K`; `None` with `+spec=off`.
     pub spec: Option<SpecConfig>,
     /// The KV cache format for this model (`+kv=q8_0`; default `--kv-dtype`).
     pub kv_dtype: Option<KvDtype>,
+}
+
+/// The speculation of a model named without options: `auto` at the default depth.
+pub fn default_spec() -> SpecConfig {
+    SpecConfig::auto()
 }
 
 /// The per-model options of a MEMRA_MODELS entry.
@@ -144,20 +152,24 @@ struct EntryOptions {
     kv_dtype: Option<KvDtype>,
 }
 
-/// Splits `path+spec=ngram+spec_k=4+kv=q8_0` (or `+spec=mtp`, `+draft=PATH`) into the path and
-/// its options.
+/// Splits `path+spec=ngram+spec_k=4+kv=q8_0` (or `+spec=mtp|auto|draft|off`, `+draft=PATH`)
+/// into the path and its options. Without `+spec`, speculation is `auto`.
 fn parse_options(entry: &str) -> Result<(String, EntryOptions), String> {
     let mut parts = entry.split('+');
     let path = parts.next().unwrap_or_default().trim().to_string();
-    let (mut drafter, mut k, mut kv_dtype) = (None, 4usize, None);
+    let (mut mode, mut draft, mut k, mut kv_dtype) = (
+        None::<String>,
+        None::<PathBuf>,
+        memra_engine::spec::DEFAULT_K,
+        None,
+    );
     for opt in parts {
         let (key, val) = opt.split_once('=').unwrap_or((opt, ""));
         match key.trim() {
-            "spec" if val.trim() == "ngram" => drafter = Some(DrafterKind::Ngram),
-            "spec" if val.trim() == "mtp" => drafter = Some(DrafterKind::Mtp),
-            "draft" if !val.trim().is_empty() => {
-                drafter = Some(DrafterKind::Model(PathBuf::from(val.trim())))
+            "spec" if ["ngram", "mtp", "auto", "draft", "off"].contains(&val.trim()) => {
+                mode = Some(val.trim().to_string())
             }
+            "draft" if !val.trim().is_empty() => draft = Some(PathBuf::from(val.trim())),
             "kv" => {
                 kv_dtype = Some(
                     KvDtype::parse(val)
@@ -171,12 +183,25 @@ fn parse_options(entry: &str) -> Result<(String, EntryOptions), String> {
             }
             _ => {
                 return Err(format!(
-                    "MEMRA_MODELS entry `{entry}`: unknown option `+{opt}` (expected +spec=ngram, +spec=mtp, \
-                     +draft=PATH, +spec_k=K or +kv=DTYPE)"
+                    "MEMRA_MODELS entry `{entry}`: unknown option `+{opt}` (expected \
+                     +spec=auto|ngram|mtp|draft|off, +draft=PATH, +spec_k=K or +kv=DTYPE)"
                 ));
             }
         }
     }
+    let bad = |why: &str| Err(format!("MEMRA_MODELS entry `{entry}`: {why}"));
+    let drafter = match (mode.as_deref(), draft) {
+        (Some("off"), None) => None,
+        (Some("off"), Some(_)) => return bad("+spec=off with +draft=PATH"),
+        (Some("ngram"), None) => Some(DrafterKind::Ngram),
+        (Some("mtp"), None) => Some(DrafterKind::Mtp),
+        (Some("ngram" | "mtp"), Some(_)) => {
+            return bad("+draft=PATH goes with +spec=auto (the default) or +spec=draft");
+        }
+        (Some("draft"), Some(p)) => Some(DrafterKind::Model(p)),
+        (Some("draft"), None) => return bad("+spec=draft needs +draft=PATH"),
+        (_, p) => Some(DrafterKind::Auto(p)),
+    };
     let spec = match drafter {
         Some(d) => {
             Some(SpecConfig::new(d, k).map_err(|e| format!("MEMRA_MODELS entry `{entry}`: {e}"))?)
@@ -255,7 +280,7 @@ impl ServeArgs {
             return Ok(vec![ModelSpec {
                 alias: DEFAULT_MODEL_ALIAS.into(),
                 path,
-                spec: None,
+                spec: Some(default_spec()),
                 kv_dtype: None,
             }]);
         }
@@ -300,23 +325,38 @@ mod tests {
 
     #[test]
     fn models_take_speculation_options() {
-        let m =
-            parse_models("a=/m/t.gguf+spec=ngram+spec_k=6,b=/m/u.gguf+draft=/m/d.gguf,c=/m/v.gguf")
-                .unwrap();
+        let m = parse_models(
+            "a=/m/t.gguf+spec=ngram+spec_k=6,b=/m/u.gguf+draft=/m/d.gguf,c=/m/v.gguf,\
+             d=/m/w.gguf+spec=off,e=/m/x.gguf+spec=draft+draft=/m/d.gguf",
+        )
+        .unwrap();
         assert_eq!(m[0].path, PathBuf::from("/m/t.gguf"));
         assert_eq!(
             m[0].spec,
             Some(SpecConfig::new(DrafterKind::Ngram, 6).unwrap())
         );
+        // A draft model joins the automatic choice; no option at all is `auto`; `off` is off.
         assert_eq!(
             m[1].spec.as_ref().map(|s| s.drafter.clone()),
+            Some(DrafterKind::Auto(Some("/m/d.gguf".into())))
+        );
+        assert_eq!(m[2].spec, Some(default_spec()));
+        assert_eq!(default_spec().drafter, DrafterKind::Auto(None));
+        assert_eq!(default_spec().k, memra_engine::spec::DEFAULT_K);
+        assert_eq!(m[3].spec, None);
+        assert_eq!(
+            m[4].spec.as_ref().map(|s| s.drafter.clone()),
             Some(DrafterKind::Model("/m/d.gguf".into()))
         );
-        assert_eq!(m[2].spec, None);
         let mtp = parse_models("a=/m/t.gguf+spec=mtp+spec_k=2").unwrap();
         assert_eq!(
             mtp[0].spec,
             Some(SpecConfig::new(DrafterKind::Mtp, 2).unwrap())
+        );
+        let auto = parse_models("a=/m/t.gguf+spec=auto+spec_k=8").unwrap();
+        assert_eq!(
+            auto[0].spec,
+            Some(SpecConfig::new(DrafterKind::Auto(None), 8).unwrap())
         );
         let bare = parse_models("/m/t.gguf+spec=ngram").unwrap();
         assert_eq!(
@@ -327,9 +367,25 @@ mod tests {
             "a=/m/t.gguf+spec=mtp2",
             "a=/m/t.gguf+spec=ngram+spec_k=x",
             "a=/m/t.gguf+spec=ngram+spec_k=0",
+            "a=/m/t.gguf+spec=off+draft=/m/d.gguf",
+            "a=/m/t.gguf+spec=ngram+draft=/m/d.gguf",
+            "a=/m/t.gguf+spec=draft",
+            "a=/m/t.gguf+draft=",
         ] {
             let e = parse_models(bad).unwrap_err();
             assert!(e.contains("MEMRA_MODELS entry"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn the_default_model_speculates() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(DEFAULT_MODEL_FILE), b"GGUF").unwrap();
+        let d = dir.path().display().to_string();
+        let cli = Cli::try_parse_from(["memra-server", "--models-dir", &d]).unwrap();
+        let mut args = cli.serve;
+        args.models = None;
+        let m = args.model_specs().unwrap();
+        assert_eq!(m[0].spec, Some(default_spec()));
     }
 }

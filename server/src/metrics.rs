@@ -1,7 +1,9 @@
 //! Prometheus metrics (OpenMetrics text via `prometheus-client`): requests by status and tenant,
 //! queue depth, running sequences, KV blocks, prefix-cache hit tokens, TTFT and inter-token
 //! latency histograms, prompt and generated token counters; for routers, each tenant's queue,
-//! running sequences and requests in flight, and each model's KV headroom.
+//! running sequences and requests in flight, and each model's KV headroom; per model, its
+//! speculative decoding: the drafter, drafts checked and accepted (per drafter), verify steps,
+//! the acceptance rate and why sequences decoded without drafts.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -37,6 +39,18 @@ pub struct ModelLabel {
     pub model: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DrafterLabels {
+    pub model: String,
+    pub drafter: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FallbackLabels {
+    pub model: String,
+    pub reason: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
@@ -63,6 +77,22 @@ pub struct Metrics {
     kv_cached: Family<ModelLabel, Gauge>,
     kv_headroom_tokens: Family<ModelLabel, Gauge>,
     kv_headroom_ratio: Family<ModelLabel, Gauge<f64, AtomicU64>>,
+    spec_drafter: Family<DrafterLabels, Gauge>,
+    spec_model_drafted: Family<DrafterLabels, Counter>,
+    spec_model_accepted: Family<DrafterLabels, Counter>,
+    spec_verify_steps: Family<ModelLabel, Counter>,
+    spec_acceptance: Family<ModelLabel, Gauge<f64, AtomicU64>>,
+    spec_fallbacks: Family<FallbackLabels, Counter>,
+    /// Serializes the catching up of the engine-total counters (two scrapes at once).
+    totals: Mutex<()>,
+}
+
+/// Raises counter `c` to the engine's running total `to` (totals only grow).
+fn catch_up(c: &Counter, to: u64) {
+    let now = c.get();
+    if to > now {
+        c.inc_by(to - now);
+    }
 }
 
 /// What `/metrics` reads besides the engine's stats: the server's own in-flight counts and each
@@ -104,6 +134,13 @@ impl Metrics {
             kv_cached: Family::default(),
             kv_headroom_tokens: Family::default(),
             kv_headroom_ratio: Family::default(),
+            spec_drafter: Family::default(),
+            spec_model_drafted: Family::default(),
+            spec_model_accepted: Family::default(),
+            spec_verify_steps: Family::default(),
+            spec_acceptance: Family::default(),
+            spec_fallbacks: Family::default(),
+            totals: Mutex::new(()),
             registry: Registry::default(),
         };
         registry.register(
@@ -202,6 +239,40 @@ impl Metrics {
             "A model's free KV blocks over all its blocks (0 to 1)",
             m.kv_headroom_ratio.clone(),
         );
+        registry.register(
+            "model_spec_drafter",
+            "A model's speculative drafter (1): ngram, mtp, draft:FILE or parts joined by + \
+             (picked per sequence by measured acceptance); off when it decodes plainly",
+            m.spec_drafter.clone(),
+        );
+        registry.register(
+            "model_spec_draft_tokens",
+            "Draft tokens a model's verify steps checked, per drafter",
+            m.spec_model_drafted.clone(),
+        );
+        registry.register(
+            "model_spec_accepted_tokens",
+            "Draft tokens a model accepted (emitted without a step of their own), per drafter",
+            m.spec_model_accepted.clone(),
+        );
+        registry.register(
+            "model_spec_verify_steps",
+            "Sequence steps of a model that checked at least one draft",
+            m.spec_verify_steps.clone(),
+        );
+        registry.register(
+            "model_spec_acceptance_ratio",
+            "A model's accepted over checked draft tokens since start (0 to 1)",
+            m.spec_acceptance.clone(),
+        );
+        registry.register(
+            "model_spec_fallbacks",
+            "Decode steps of sequences that may speculate but checked no draft, by reason: \
+             backoff (low acceptance), load (batch at or over the cut-off), no_room (max_tokens, \
+             the context, the step's token budget or the KV pool), no_draft (the drafter had \
+             nothing), error (the drafter failed)",
+            m.spec_fallbacks.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -243,6 +314,52 @@ impl Metrics {
         self.generated_tokens.inc_by(n as u64);
     }
 
+    /// A model's speculation metrics from its engine totals.
+    fn spec(&self, m: &memra_engine::engine::ModelStats) {
+        let model = m.alias.clone();
+        let drafter = if m.spec_drafter.is_empty() {
+            "off".to_string()
+        } else {
+            m.spec_drafter.clone()
+        };
+        self.spec_drafter
+            .get_or_create(&DrafterLabels {
+                model: model.clone(),
+                drafter,
+            })
+            .set(1);
+        if m.spec_drafter.is_empty() {
+            return;
+        }
+        let Ok(_g) = self.totals.lock() else {
+            return;
+        };
+        for (d, c) in &m.spec_by_drafter {
+            let l = DrafterLabels {
+                model: model.clone(),
+                drafter: d.clone(),
+            };
+            catch_up(&self.spec_model_drafted.get_or_create(&l), c.drafted);
+            catch_up(&self.spec_model_accepted.get_or_create(&l), c.accepted);
+        }
+        let l = ModelLabel {
+            model: model.clone(),
+        };
+        catch_up(
+            &self.spec_verify_steps.get_or_create(&l),
+            m.spec_steps_total,
+        );
+        let ratio = m.spec_accepted_total as f64 / m.spec_drafted_total.max(1) as f64;
+        self.spec_acceptance.get_or_create(&l).set(ratio);
+        for (reason, n) in m.spec_fallbacks.labeled() {
+            let l = FallbackLabels {
+                model: model.clone(),
+                reason: reason.into(),
+            };
+            catch_up(&self.spec_fallbacks.get_or_create(&l), n);
+        }
+    }
+
     /// The text exposition, with gauges set from `stats` and `load`.
     pub fn render(&self, stats: &EngineStats, load: &ServerLoad) -> String {
         let g = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
@@ -279,11 +396,139 @@ impl Metrics {
                 m.kv_blocks_free as f64 / m.kv_blocks_total as f64
             };
             self.kv_headroom_ratio.get_or_create(&l).set(ratio);
+            self.spec(m);
         }
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memra_engine::engine::ModelStats;
+    use memra_engine::spec::{SpecCounts, SpecFallbacks};
+
+    fn render(m: &Metrics, models: Vec<ModelStats>) -> String {
+        let stats = EngineStats {
+            models,
+            ..EngineStats::default()
+        };
+        let tenants = HashMap::new();
+        let bs = |_: &str| Some(16);
+        m.render(
+            &stats,
+            &ServerLoad {
+                in_flight: 0,
+                tenants_in_flight: &tenants,
+                block_size: &bs,
+            },
+        )
+    }
+
+    fn line<'a>(text: &'a str, prefix: &str) -> &'a str {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no `{prefix}` in\n{text}"))
+    }
+
+    fn speculating(drafted: u64, accepted: u64, load: u64) -> ModelStats {
+        ModelStats {
+            alias: "chat".into(),
+            spec_drafted_total: drafted,
+            spec_accepted_total: accepted,
+            spec_steps_total: drafted / 2,
+            spec_fallbacks: SpecFallbacks {
+                backoff: 3,
+                load,
+                no_room: 1,
+                no_draft: 7,
+                error: 0,
+            },
+            spec_drafter: "mtp+ngram".into(),
+            spec_by_drafter: vec![
+                (
+                    "mtp".into(),
+                    SpecCounts {
+                        drafted: drafted - 10,
+                        accepted: accepted - 10,
+                        steps: 0,
+                    },
+                ),
+                (
+                    "ngram".into(),
+                    SpecCounts {
+                        drafted: 10,
+                        accepted: 10,
+                        steps: 0,
+                    },
+                ),
+            ],
+            ..ModelStats::default()
+        }
+    }
+
+    #[test]
+    fn speculation_is_reported_per_model_drafter_and_reason() {
+        let m = Metrics::new();
+        let plain = ModelStats {
+            alias: "plain".into(),
+            ..ModelStats::default()
+        };
+        let t = render(&m, vec![speculating(40, 30, 5), plain.clone()]);
+        line(
+            &t,
+            r#"memra_model_spec_drafter{model="chat",drafter="mtp+ngram"} 1"#,
+        );
+        line(
+            &t,
+            r#"memra_model_spec_drafter{model="plain",drafter="off"} 1"#,
+        );
+        line(
+            &t,
+            r#"memra_model_spec_draft_tokens_total{model="chat",drafter="mtp"} 30"#,
+        );
+        line(
+            &t,
+            r#"memra_model_spec_accepted_tokens_total{model="chat",drafter="ngram"} 10"#,
+        );
+        line(
+            &t,
+            r#"memra_model_spec_verify_steps_total{model="chat"} 20"#,
+        );
+        line(
+            &t,
+            r#"memra_model_spec_acceptance_ratio{model="chat"} 0.75"#,
+        );
+        for (reason, n) in [("backoff", 3), ("load", 5), ("no_room", 1), ("no_draft", 7)] {
+            line(
+                &t,
+                &format!(
+                    r#"memra_model_spec_fallbacks_total{{model="chat",reason="{reason}"}} {n}"#
+                ),
+            );
+        }
+        line(
+            &t,
+            r#"memra_model_spec_fallbacks_total{model="chat",reason="error"} 0"#,
+        );
+        assert!(
+            !t.contains(r#"memra_model_spec_verify_steps_total{model="plain"}"#),
+            "a model that does not speculate has no speculation counters"
+        );
+        // Counters follow the engine's totals across scrapes.
+        let t = render(&m, vec![speculating(100, 60, 9), plain]);
+        line(
+            &t,
+            r#"memra_model_spec_draft_tokens_total{model="chat",drafter="mtp"} 90"#,
+        );
+        line(
+            &t,
+            r#"memra_model_spec_fallbacks_total{model="chat",reason="load"} 9"#,
+        );
+        line(&t, r#"memra_model_spec_acceptance_ratio{model="chat"} 0.6"#);
     }
 }

@@ -13,6 +13,7 @@ use memra_engine::engine::{
 use memra_engine::loader::load_model;
 use memra_engine::request::{EventStream, SubmitError, ValidRequest};
 use memra_engine::scheduler::SchedulerConfig;
+use memra_engine::spec::DrafterKind;
 
 use crate::config::ServeArgs;
 use crate::engine::{Generate, KvCacheJson, ModelText, ServedModel};
@@ -196,7 +197,26 @@ fn wrap(handle: EngineHandle) -> Loaded {
     Loaded { handle, models }
 }
 
+/// Refuses a model whose draft model is missing or unreadable before any model loads (the
+/// vocabulary and tokenizer are checked against the target's once it has loaded).
+pub fn check_draft_paths(cfg: &StartConfig) -> std::result::Result<(), String> {
+    for (alias, _, spec, _) in &cfg.models {
+        let draft = match spec.as_ref().map(|s| &s.drafter) {
+            Some(DrafterKind::Model(p) | DrafterKind::Auto(Some(p))) => p,
+            _ => continue,
+        };
+        memra_engine::spec::check_draft_path(draft).map_err(|e| {
+            format!(
+                "model `{alias}`: draft model +draft={}: {e}",
+                draft.display()
+            )
+        })?;
+    }
+    Ok(())
+}
+
 fn load(cfg: StartConfig) -> std::result::Result<Loaded, String> {
+    check_draft_paths(&cfg)?;
     let mut models = Vec::new();
     for (alias, path, spec, kv_dtype) in cfg.models {
         let bar = spinner(format!("loading {alias} from {}", path.display()));
@@ -231,6 +251,17 @@ fn load(cfg: StartConfig) -> std::result::Result<Loaded, String> {
         );
         if let Some(p) = &m.profile {
             tracing::info!("{}: device {p}", m.alias);
+        }
+        match &m.spec {
+            Some((drafter, k)) => tracing::info!(
+                "{}: speculative decoding with {drafter}, at most {k} drafts per step (output \
+                 unchanged; `+spec=off` turns it off)",
+                m.alias
+            ),
+            None => tracing::info!("{}: plain decoding (+spec=off)", m.alias),
+        }
+        for n in &m.spec_notes {
+            tracing::warn!("{}: {n}", m.alias);
         }
     }
     Ok(wrap(handle))
