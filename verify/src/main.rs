@@ -6,7 +6,7 @@
 //! - `memra-verify serve-invariance MODEL [--device D] [--requests N] [--max-tokens T]`
 //! - `memra-verify graph [--device cuda:N] (MODEL | --tiny ARCH) [--max-m 64] [--gen-tokens 24]`
 //! - `memra-verify spec [--device D] (MODEL | --tiny ARCH[+mtp|+mtp-oracle]) [--max-tokens 32] [--k-max 8]
-//!   [--drafters ngram,mtp,self,random]`
+//!   [--drafters ngram,mtp,self,random,auto,pick]`
 //! - `memra-verify golden [--device D] (MODEL | --tiny ARCH) [--dir verify/golden]
 //!   [--record --reason TEXT]`: plain decoding's logits bytes vs those recorded for the device class
 //! - `memra-verify all [--device D] MODEL [--fixture FILE]`: every gate for the device, then a
@@ -173,7 +173,9 @@ enum Cmd {
         seed: u64,
         /// Comma-separated: ngram, mtp (the model's own MTP layer: a model with one, e.g.
         /// `--tiny llama+mtp`), self (the target as its own draft model), random (a tiny
-        /// random model with the target's vocabulary), draft:PATH.
+        /// random model with the target's vocabulary), auto (memra-server's default: the MTP
+        /// layer if the model has one, with n-gram lookup, picked per step), pick (self and
+        /// n-gram lookup, picked per step), draft:PATH.
         #[arg(long, default_value = "ngram,self,random")]
         drafters: String,
         /// CPU threads (0 = all cores).
@@ -502,6 +504,15 @@ fn gate_spec(a: &SpecArgs) -> Result<usize> {
                     vocab,
                 )?)
             }
+            // memra-server's default: the MTP layers (if any) and n-gram lookup, picked per step.
+            "auto" => {
+                let cfg = memra_engine::spec::SpecConfig::auto();
+                memra_engine::spec::open_drafter(&cfg, a.device, a.threads, &w, None)?.drafter
+            }
+            // The target as a draft model and n-gram lookup, picked per step.
+            "pick" => Box::new(memra_engine::spec::pick::PickDrafter::new(vec![Box::new(
+                DraftModelDrafter::from_weights(w.clone(), "self", a.device, a.threads, vocab)?,
+            )])),
             _ => match d.strip_prefix("draft:") {
                 Some(p) if !p.is_empty() => Box::new(DraftModelDrafter::open(
                     Path::new(p),
@@ -511,7 +522,8 @@ fn gate_spec(a: &SpecArgs) -> Result<usize> {
                 )?),
                 _ => {
                     return Err(Error::Input(format!(
-                        "spec: drafter `{d}`: expected ngram, mtp, self, random or draft:PATH"
+                        "spec: drafter `{d}`: expected ngram, mtp, self, random, auto, pick or \
+                         draft:PATH"
                     )));
                 }
             },

@@ -1,9 +1,12 @@
 //! `serve-invariance`: the same prompts through the engine alone, then together with staggered
 //! arrivals and mixed lengths (chunked prefill, a KV pool small enough to preempt), then again
-//! with the prefix cache warm, then together on an engine that speculates (n-gram drafts, one
-//! request in three opting out); every token, text byte and logprob bit must be identical.
-//! One request in four is constrained by a JSON schema (structured output), so grammar masks
-//! run in the mixed load too.
+//! with the prefix cache warm, then together on an engine that speculates as memra-server does
+//! by default (`SpecConfig::auto()`: the model's MTP layers if it has them, with n-gram lookup;
+//! at most 16 running drafting), then on one that drafts for every running sequence (`auto`, K
+//! = 8, no load cut-off); one request in three opts out of speculation. Every token, text byte
+//! and logprob bit must be identical. Half the requests are sampled (temperature 0.8, top-p
+//! 0.95, top-k 40, a repetition penalty, a seed per request); one in four is constrained by a
+//! JSON schema (structured output), so grammar masks run in the mixed load too.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -15,7 +18,7 @@ use memra_engine::loader::load_model;
 use memra_engine::request::{Event, EventStream, SubmitError, ValidRequest};
 use memra_engine::sampling::SamplingParams;
 use memra_engine::scheduler::SchedulerConfig;
-use memra_engine::spec::{DrafterKind, SpecConfig};
+use memra_engine::spec::SpecConfig;
 use memra_engine::tokenizer::Tokenizer;
 use memra_engine::{Error, Result};
 
@@ -40,6 +43,8 @@ pub struct Output {
     pub logprobs: Vec<(u32, Vec<(u32, u32)>)>,
     pub finish: String,
     pub cached_tokens: usize,
+    /// Draft tokens accepted (usage).
+    pub accepted: usize,
 }
 
 /// The comparison.
@@ -53,9 +58,13 @@ pub struct Report {
     /// Prompt tokens served from the prefix cache in the warm phase.
     pub warm_cached_tokens: usize,
     pub preemptions: u64,
-    /// Draft tokens checked / accepted in the speculative phase.
+    /// Draft tokens checked / accepted in the speculative phases (default, then every sequence).
     pub spec_drafted: u64,
     pub spec_accepted: u64,
+    /// The drafter of the speculative phases (`ngram`, `mtp+ngram`).
+    pub drafter: String,
+    /// Draft tokens accepted from sampled requests (speculative phases).
+    pub sampled_accepted: usize,
     pub failures: Vec<String>,
 }
 
@@ -115,6 +124,7 @@ fn params(i: usize) -> SamplingParams {
         SamplingParams {
             temperature: 0.8,
             top_p: 0.95,
+            top_k: 40,
             repetition_penalty: 1.1,
             seed: 7 + i as u64,
             ..Default::default()
@@ -190,6 +200,7 @@ fn read(s: &mut EventStream, o: &mut Output) -> Result<bool> {
         }) => {
             o.finish = finish_reason.as_str().to_string();
             o.cached_tokens = usage.cached_tokens;
+            o.accepted = usage.accepted_tokens;
             Ok(false)
         }
         Some(Event::Error(e)) => Err(Error::Input(format!("request failed: {e}"))),
@@ -334,23 +345,34 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
             .push("warm: no prompt token came from the prefix cache".into());
     }
     e.shutdown();
-    // The same load on an engine that speculates for every running sequence.
-    let spec = SpecConfig {
+    // The same load on an engine that speculates as memra-server does by default, then on one
+    // that drafts for every running sequence, deeper.
+    let every = SpecConfig {
+        k: 8,
         max_batch: usize::MAX,
-        ..SpecConfig::new(DrafterKind::Ngram, 4)?
+        ..SpecConfig::auto()
     };
-    let cfg = EngineConfig {
-        spec: Some(spec),
-        ..base
-    };
-    let e = Engine::start(vec![("m".into(), load_model(model)?, cfg)], limits)?;
-    let spec_out = together(&e, &p, opts.max_tokens, &g)?;
-    compare("speculative", &alone, &spec_out, &mut rep);
-    for m in e.stats().models {
-        rep.spec_drafted += m.spec_drafted_total;
-        rep.spec_accepted += m.spec_accepted_total;
+    for (phase, spec) in [("default", SpecConfig::auto()), ("speculative", every)] {
+        let cfg = EngineConfig {
+            spec: Some(spec),
+            ..base.clone()
+        };
+        let e = Engine::start(vec![("m".into(), load_model(model)?, cfg)], limits.clone())?;
+        let spec_out = together(&e, &p, opts.max_tokens, &g)?;
+        compare(phase, &alone, &spec_out, &mut rep);
+        rep.sampled_accepted += spec_out
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| params(*i).temperature > 0.0)
+            .map(|(_, o)| o.accepted)
+            .sum::<usize>();
+        for m in e.stats().models {
+            rep.spec_drafted += m.spec_drafted_total;
+            rep.spec_accepted += m.spec_accepted_total;
+            rep.drafter = m.spec_drafter;
+        }
+        e.shutdown();
     }
-    e.shutdown();
     Ok(rep)
 }
 
@@ -358,16 +380,18 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
 pub fn summary(r: &Report) -> String {
     let mut s = format!(
         "serve-invariance on {}: {} requests ({} constrained by a JSON schema) alone / together \
-         (staggered) / warm prefix cache / speculative; {} tokens compared, {} prompt tokens from the cache when warm, {} preemptions, \
-         {} drafts ({} accepted), {} differences\n",
+         (staggered) / warm prefix cache / default speculation / speculative for all; {} tokens compared, {} prompt tokens from the cache when warm, {} preemptions, \
+         drafter {}: {} drafts ({} accepted, {} of them in sampled requests), {} differences\n",
         r.backend,
         r.requests,
         r.constrained,
         r.tokens_compared,
         r.warm_cached_tokens,
         r.preemptions,
+        r.drafter,
         r.spec_drafted,
         r.spec_accepted,
+        r.sampled_accepted,
         r.failures.len()
     );
     for f in &r.failures {

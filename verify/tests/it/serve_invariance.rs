@@ -35,6 +35,8 @@ fn serve_invariance_passes_on_cpu_with_smollm2() {
         .and_then(|n| n.parse().ok())
         .expect("summary names the drafts");
     assert!(drafts > 0, "{stdout}");
+    // Speculation as memra-server does it by default: SmolLM2 has no MTP layers.
+    assert!(stdout.contains("drafter ngram:"), "{stdout}");
 }
 
 /// A long shared context (issue 11): its prompts are prefilled in many chunks, and the warm
@@ -92,8 +94,26 @@ fn serve_invariance_passes_on_cpu_with_a_tiny_recurrent_model() {
     tiny_serve(memra_engine::config::Arch::Qwen3Next, 40);
 }
 
+/// A tiny llama with an MTP layer wired to draft the model's own picks: the default
+/// speculation drafts with the layer and n-gram lookup, and changes no byte.
+#[test]
+fn serve_invariance_default_speculation_with_mtp_layers() {
+    let rep = tiny_serve_with(memra_engine::config::Arch::Llama, 0, true);
+    assert_eq!(rep.drafter, "mtp+ngram");
+    assert!(rep.spec_accepted > 0, "{rep:?}");
+}
+
 /// serve-invariance on a tiny random model of `arch` with SmolLM2's tokenizer, 4 requests.
 fn tiny_serve(arch: memra_engine::config::Arch, context: usize) {
+    tiny_serve_with(arch, context, false);
+}
+
+/// [`tiny_serve`], with an oracle MTP layer when `mtp`; returns the report.
+fn tiny_serve_with(
+    arch: memra_engine::config::Arch,
+    context: usize,
+    mtp: bool,
+) -> memra_verify::serve_invariance::Report {
     use memra_engine::backend::Device;
     use memra_engine::formats::gguf::Gguf;
     use memra_engine::models::random::{random_weights, tiny_config};
@@ -107,7 +127,15 @@ fn tiny_serve(arch: memra_engine::config::Arch, context: usize) {
         .filter(|(k, _)| k.starts_with("tokenizer."))
         .cloned()
         .collect();
-    let w = random_weights(&tiny_config(arch, 49152), 3, DType::Q8_0).expect("weights");
+    let w = if mtp {
+        let cfg = memra_engine::config::ModelConfig {
+            mtp_layers: 1,
+            ..tiny_config(arch, 49152)
+        };
+        memra_engine::models::random::oracle_mtp_weights(&cfg, 3).expect("weights")
+    } else {
+        random_weights(&tiny_config(arch, 49152), 3, DType::Q8_0).expect("weights")
+    };
     let mut meta = gguf_meta(&w.config);
     meta.extend(tok);
     let name = format!(
@@ -130,4 +158,5 @@ fn tiny_serve(arch: memra_engine::config::Arch, context: usize) {
     assert_eq!(rep.requests, 4);
     assert!(rep.tokens_compared > 0);
     assert!(rep.failures.is_empty(), "{:?}", rep.failures);
+    rep
 }

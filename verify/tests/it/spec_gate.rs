@@ -290,6 +290,33 @@ fn spec_cli_passes_with_the_qwen3next_mtp_drafter() {
     assert!(d > 0 && a * 10 >= d * 9, "{oracle}");
 }
 
+/// memra-server's default drafter (`auto`: here the MTP layer and n-gram lookup, picked per
+/// step) and `pick` (the target as a draft model and n-gram lookup): the drafter changes
+/// between steps of one sequence, and the output never does.
+#[test]
+fn spec_cli_passes_with_drafters_picked_per_step() {
+    let out = bin()
+        .args([
+            "spec",
+            "--tiny",
+            "llama+mtp-oracle",
+            "--drafters",
+            "auto,pick",
+        ])
+        .args(["--k-max", "3", "--max-tokens", "12", "--device", "cpu"])
+        .args(["--threads", "2", "--paths", "logits"])
+        .output()
+        .expect("run memra-verify");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    // 2 drafters x greedy/sampled x K = 1..3.
+    assert_eq!(stdout.matches("identical").count(), 12, "{stdout}");
+    assert!(stdout.contains("mtp+ngram "), "{stdout}");
+    assert!(stdout.contains("draft:self+ngram "), "{stdout}");
+    assert!(stdout.trim_end().ends_with("ALL GREEN"), "{stdout}");
+}
+
 #[test]
 fn rows_without_drafts_or_with_a_failing_oracle_fail() {
     let row = |sampling: &str, drafted, accepted| spec::Row {
