@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use memra_engine::backend::cuda::Gpu;
 use memra_engine::backend::cuda::products::{ActBuf, ActKind, PMat};
-use memra_engine::backend::cuda::profile::{Launch, Profile, WS_STAGES, WS_WGS};
+use memra_engine::backend::cuda::profile::{Launch, Profile, WS_STAGES, WS_STAGES_3WG, WS_WGS};
 use memra_engine::error::{Error, Result};
 use memra_engine::quant::{self, DType};
 
@@ -62,8 +62,10 @@ pub struct Report {
     pub mismatches: Vec<String>,
 }
 
-/// Parses `nt,rpb,s|n|m|w` items separated by `;` (s = split K over warps, m = the
-/// shared-memory product, w = the warpgroup product: sm_90a, `profile::WGMMA_TYPES`).
+/// Parses `nt,rpb,s|n|m|w|x|x3` items separated by `;` (s = split K over warps, n = the
+/// register-tiled product, m = the shared-memory product, w = the warpgroup product: sm_90a,
+/// `profile::WGMMA_TYPES`; x / x3 = the warp-specialized product with two / three computing
+/// warpgroups: F16 / BF16).
 pub fn parse_launches(s: &str) -> Result<Vec<Launch>> {
     s.split(';')
         .filter(|x| !x.trim().is_empty())
@@ -71,7 +73,7 @@ pub fn parse_launches(s: &str) -> Result<Vec<Launch>> {
             let p: Vec<&str> = item.split(',').map(|x| x.trim()).collect();
             let bad = || {
                 Error::Input(format!(
-                    "--launches item `{item}`: expected nt,rpb,s|n|m|w|x"
+                    "--launches item `{item}`: expected nt,rpb,s|n|m|w|x|x3"
                 ))
             };
             if p.len() != 3 {
@@ -81,22 +83,27 @@ pub fn parse_launches(s: &str) -> Result<Vec<Launch>> {
             let rpb: u32 = p[1].parse().map_err(|_| bad())?;
             let ok = match p[2] {
                 "w" => matches!(nt, 8 | 16) && rpb == 1,
-                "x" => nt == 16 && rpb == 1,
+                "x" | "x3" => nt == 16 && rpb == 1,
                 "s" | "n" | "m" => matches!(nt, 1 | 2 | 4 | 8) && (1..=8).contains(&rpb),
                 _ => false,
             };
             if !ok {
                 return Err(bad());
             }
+            let (stages, wgs) = match p[2] {
+                "x" => (WS_STAGES, WS_WGS),
+                "x3" => (WS_STAGES_3WG, 3),
+                _ => (0, 0),
+            };
             Ok(Launch {
                 nt,
                 rpb,
                 split_k: p[2] == "s",
-                smem: matches!(p[2], "m" | "w" | "x"),
-                wg: matches!(p[2], "w" | "x"),
-                ws: p[2] == "x",
-                stages: if p[2] == "x" { WS_STAGES } else { 0 },
-                wgs: if p[2] == "x" { WS_WGS } else { 0 },
+                smem: matches!(p[2], "m" | "w" | "x" | "x3"),
+                wg: matches!(p[2], "w" | "x" | "x3"),
+                ws: matches!(p[2], "x" | "x3"),
+                stages,
+                wgs,
             })
         })
         .collect()
@@ -244,7 +251,7 @@ fn make_case<'a>(
 /// Checks and times every case; returns the report and a printable table.
 pub fn run(a: &KernelArgs) -> Result<(Report, String)> {
     let gpu = Gpu::open(a.device)?;
-    let profile = Profile::for_device(&gpu)?;
+    let profile = Profile::for_device(&gpu);
     let mut rep = Report {
         device: format!("{} ({}, {} SMs)", gpu.name, gpu.arch, gpu.sms),
         profile: profile.describe(),

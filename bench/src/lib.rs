@@ -2,6 +2,7 @@
 
 pub mod concurrency;
 pub mod convert;
+pub mod flags;
 pub mod generate;
 pub mod http;
 pub mod kblocks;

@@ -107,6 +107,13 @@ enum Cmd {
         #[command(subcommand)]
         cmd: PeerCmd,
     },
+    /// docs/FLAGS.md from the one table of settings (engine/src/settings.rs): printed, or
+    /// written to --out.
+    Flags {
+        /// Write it here (docs/FLAGS.md) instead of printing it.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Tables, SVG figures and the README's performance section from reports/data/*.jsonl.
     Report {
         /// The folder of measurement rows.
@@ -137,7 +144,9 @@ enum Cmd {
         /// Row counts M.
         #[arg(long, default_value = "1,2,4,8,16,32,64,512")]
         m: String,
-        /// Extra launch geometries `nt,rpb,s|n;...` to check and time.
+        /// Extra launch geometries `nt,rpb,KIND;...` to check and time: KIND s (split K), n
+        /// (register-tiled), m (shared-memory), w (warpgroup), x / x3 (warp-specialized with two /
+        /// three computing warpgroups), e.g. `16,1,w` for 128-token warpgroup blocks.
         #[arg(long, default_value = "")]
         launches: String,
         /// Timed repetitions per case.
@@ -490,7 +499,7 @@ struct PeerBenchFlags {
 /// `peer fetch | build | llama.cpp`.
 fn peer(cmd: PeerCmd) -> Result<()> {
     use memra_bench::peer_build as pb;
-    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let home = memra_engine::settings::home();
     match cmd {
         PeerCmd::Fetch { out } => {
             let bytes = pb::fetch(&out)?;
@@ -731,6 +740,15 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Prefill(f) => speed(Kind::Prefill, f),
         Cmd::Ttft(f) => speed(Kind::Ttft, f),
         Cmd::Peer { cmd } => peer(cmd),
+        Cmd::Flags { out } => {
+            let md = memra_bench::flags::markdown();
+            match out {
+                Some(p) => std::fs::write(&p, md)
+                    .map_err(|e| Error::Input(format!("writing {}: {e}", p.display())))?,
+                None => print!("{md}"),
+            }
+            Ok(())
+        }
         Cmd::Report { data, out, readme } => {
             let args = memra_bench::report::ReportArgs {
                 data,
@@ -760,7 +778,7 @@ fn run(cli: Cli) -> Result<()> {
             mtp,
             quiet,
         } => {
-            let home = std::env::var_os("HOME").map(PathBuf::from);
+            let home = memra_engine::settings::home();
             let tokenizer = match tokenizer_from.as_deref() {
                 Some("none") => TokenizerSource::None { vocab },
                 Some(p) => TokenizerSource::Gguf(PathBuf::from(p)),

@@ -316,7 +316,7 @@ pub fn detect_arch() -> Result<String> {
 
 /// Whether `program` is an executable file in a folder of PATH.
 pub fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH")
+    memra_engine::settings::search_path()
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
 }
 

@@ -288,7 +288,7 @@ pub fn new_run_id() -> String {
 
 /// memra's commit: `MEMRA_COMMIT`, else `git rev-parse --short HEAD` in the current folder.
 pub fn commit() -> Option<String> {
-    if let Ok(c) = std::env::var("MEMRA_COMMIT") {
+    if let Some(c) = memra_engine::settings::commit() {
         return Some(c).filter(|c| !c.is_empty());
     }
     let out = std::process::Command::new("git")

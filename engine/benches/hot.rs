@@ -96,7 +96,7 @@ fn sampler(c: &mut Criterion) {
 
 /// The model file for the tokenizer and GGUF cases, when there is one.
 fn model() -> Option<PathBuf> {
-    let p = std::env::var_os("MEMRA_TEST_MODEL").map(PathBuf::from);
+    let p = memra_engine::settings::var_os("MEMRA_TEST_MODEL").map(PathBuf::from);
     if p.is_none() {
         eprintln!("MEMRA_TEST_MODEL is not set: the tokenizer and gguf_open cases are left out");
     }

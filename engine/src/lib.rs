@@ -20,6 +20,7 @@ pub mod quant;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;
+pub mod settings;
 pub mod spec;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;

@@ -12,17 +12,9 @@ pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// `~/.cache/memra/models/…`. Panics with the fix (run tools/fetch-models.sh) when it is missing,
 /// so a test that needs it fails loudly instead of skipping; CI always fetches it.
 pub fn real_model() -> PathBuf {
-    let p = std::env::var_os("MEMRA_TEST_MODEL")
+    let p = crate::settings::var_os("MEMRA_TEST_MODEL")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            std::env::var_os("MEMRA_MODELS_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                        .join(".cache/memra/models")
-                })
-                .join(DEFAULT_MODEL_FILE)
-        });
+        .unwrap_or_else(|| crate::settings::models_dir().join(DEFAULT_MODEL_FILE));
     assert!(
         p.exists(),
         "test model {} is missing: run tools/fetch-models.sh (tools/test.sh does), or set MEMRA_TEST_MODEL",

@@ -151,67 +151,7 @@ __device__ __forceinline__ void attn_split_body(
     }
 }
 
-// attn_split2: the same split partials with a wider layout (the default): one block of 128
-// threads per (row, head, split); thread i scores position p0 + i (dot over the dimensions in
-// order, one fma chain); e_p = expf(s_p - mx); thread d sums e_p * v_p[d] over the split's
-// positions in order; l = the e_p summed in order by thread 0.
-template <typename F>
-__device__ __forceinline__ void attn_split2_body(
-    const float* __restrict__ Q, const u8* __restrict__ Kc, const u8* __restrict__ Vc,
-    const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ table_off,
-    const u32* __restrict__ tables, float* __restrict__ part, u64 part_stride, u32 n_heads, u32 n_kv_heads,
-    u32 head_dim, u32 block_size, float scale, u32 window) {
-    __shared__ float qs[256];
-    __shared__ float sc[ATTN_SPLIT];
-    const u32 rh = blockIdx.x;
-    const u32 r = rh / n_heads, h = rh % n_heads;
-    const u32 n = pos[r] + 1;
-    const u32 lo = attn_window_lo(n, window);
-    const u32 kvh = h / (n_heads / n_kv_heads);
-    const u64 width = (u64)n_kv_heads * head_dim;
-    const u32* tab = tables + table_off[row_seq[r]];
-    const float* q = Q + (u64)rh * head_dim;
-    const u32 tid = threadIdx.x;
-    for (u32 d = tid; d < head_dim; d += blockDim.x) qs[d] = q[d];
-    __syncthreads();
-    for (u32 split = lo / ATTN_SPLIT + blockIdx.y; split * ATTN_SPLIT < n; split += gridDim.y) {
-        const u32 p0 = split * ATTN_SPLIT;
-        const u32 cnt = min((u32)ATTN_SPLIT, n - p0);
-        const u32 j0 = lo > p0 ? lo - p0 : 0u;  // positions p0 + j0 .. p0 + cnt - 1 are seen
-        if (tid >= j0 && tid < cnt) {
-            const u8* k = kv_row<F>(Kc, tab, p0 + tid, block_size, width);
-            float s = 0.0f;
-#pragma unroll 8
-            for (u32 d = 0; d < head_dim; ++d) s = __fmaf_rn(qs[d], F::ld(k, kvh * head_dim + d, (u32)width), s);
-            sc[tid] = __fmul_rn(s, scale);
-        }
-        __syncthreads();
-        float mx = -__int_as_float(0x7f800000);
-        for (u32 i = j0; i < cnt; ++i) mx = fmaxf(mx, sc[i]);
-        __syncthreads();
-        if (tid >= j0 && tid < cnt) sc[tid] = expf(sc[tid] - mx);
-        __syncthreads();
-        float* dst = part + (u64)rh * part_stride + (u64)split * (head_dim + 2);
-        for (u32 d = tid; d < head_dim; d += blockDim.x) {
-            float o = 0.0f;
-#pragma unroll 8
-            for (u32 i = j0; i < cnt; ++i) {
-                const u8* v = kv_row<F>(Vc, tab, p0 + i, block_size, width);
-                o = __fmaf_rn(sc[i], F::ld(v, kvh * head_dim + d, (u32)width), o);
-            }
-            dst[2 + d] = o;
-        }
-        if (tid == 0) {
-            float l = 0.0f;
-            for (u32 i = j0; i < cnt; ++i) l = __fadd_rn(l, sc[i]);
-            dst[0] = mx;
-            dst[1] = l;
-        }
-        __syncthreads();
-    }
-}
-
-// The split kernels per KV format: attn_split_<fmt>, attn_split2_<fmt>. Grid: (rows x n_heads,
+// The split kernels per KV format: attn_split_<fmt>. Grid: (rows x n_heads,
 // up to the splits a row computes), 128 threads.
 #define ATTN_SPLIT_KERNEL(suffix, FMT)                                                                         \
     extern "C" __global__ void __launch_bounds__(128) attn_split_##suffix(                                     \
@@ -221,19 +161,7 @@ __device__ __forceinline__ void attn_split2_body(
         attn_split_body<FMT>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, n_heads,           \
                              n_kv_heads, head_dim, block_size, scale, window);                                \
     }
-#define ATTN_SPLIT2_KERNEL(suffix, FMT)                                                                        \
-    extern "C" __global__ void __launch_bounds__(128) attn_split2_##suffix(                                    \
-        const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq, const u32* table_off,  \
-        const u32* tables, float* part, u64 part_stride, u32 n_heads, u32 n_kv_heads, u32 head_dim,           \
-        u32 block_size, float scale, u32 window) { pdl_entry();                                                             \
-        attn_split2_body<FMT>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, n_heads,          \
-                              n_kv_heads, head_dim, block_size, scale, window);                               \
-    }
 ATTN_SPLIT_KERNEL(f32, KvF32)
 ATTN_SPLIT_KERNEL(f16, KvF16)
 ATTN_SPLIT_KERNEL(bf16, KvBF16)
 ATTN_SPLIT_KERNEL(q8_0, KvQ8)
-ATTN_SPLIT2_KERNEL(f32, KvF32)
-ATTN_SPLIT2_KERNEL(f16, KvF16)
-ATTN_SPLIT2_KERNEL(bf16, KvBF16)
-ATTN_SPLIT2_KERNEL(q8_0, KvQ8)

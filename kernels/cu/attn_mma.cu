@@ -541,11 +541,11 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
 ATTN_MMA_SHAPES(ATTN_MMA_KERNEL)
 
 // attn_combine: one block of 4 warps per (row, head) of `rows` rows, for the partials of every
-// attention kernel (attn_split, attn_split2, attn_mma). The partials of splits 0 .. pos / 64 are
+// attention kernel (attn_split, attn_mma). The partials of splits 0 .. pos / 64 are
 // folded in split order exactly as attn_fold / attn_fold_o do one after the other (the running
 // state starts at M = -inf, L = 0, O = 0); with `folded` the one partial already is the folded
 // state (attn_mmaf). Then out = O * (1 / L).
-// Sliding window (`window` > 0, split partials of attn_split / attn_split2 / attn_mma): the fold starts at the row's first split in the window, lo / 64 with
+// Sliding window (`window` > 0, split partials of attn_split / attn_mma): the fold starts at the row's first split in the window, lo / 64 with
 // lo = pos + 1 - window (attention.cu); the splits below it were never computed.
 // The partials are staged in shared memory CB chunks of splits at a time (coalesced loads). Per
 // chunk, warp 0 forms the running maxima with an inclusive max scan (max is exact, so these are

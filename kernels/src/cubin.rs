@@ -3,7 +3,7 @@
 //! `memra-bench kernel-cache --arch sm_90a --out DIR` writes them on a machine without a GPU;
 //! the device loads `DIR/<module>-sm_90a-<hash>.cubin` when `MEMRA_KERNEL_CACHE` names DIR,
 //! the hash being the PTX cache's (source and options), so a changed source or define never
-//! loads a stale cubin. `MEMRA_KERNEL_CUBIN=0` ignores them (the PTX path, as before).
+//! loads a stale cubin. A cache folder without cubins gives the PTX path.
 
 use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
@@ -185,19 +185,15 @@ pub fn image_with(
     compile_cached_with(m, arch, dir, b).map(Image::Ptx)
 }
 
-/// Whether precompiled cubins are used: `MEMRA_KERNEL_CUBIN` is not `0`.
-pub fn cubins_enabled() -> bool {
-    std::env::var("MEMRA_KERNEL_CUBIN").map_or(true, |v| v != "0")
-}
-
-/// [`image_with`] with the switch from `MEMRA_KERNEL_CUBIN`.
+/// [`image_with`] taking a precompiled cubin when there is one (to load PTX instead, point
+/// `MEMRA_KERNEL_CACHE` at a folder without cubins).
 pub fn load_image_with(
     m: &Module,
     arch: &'static str,
     dir: &Path,
     b: &Build,
 ) -> Result<Image, KernelError> {
-    image_with(m, arch, dir, b, cubins_enabled())
+    image_with(m, arch, dir, b, true)
 }
 
 #[cfg(test)]

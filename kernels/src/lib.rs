@@ -177,10 +177,6 @@ pub const MODULES: &[Module] = &[
             "attn_split_f16",
             "attn_split_bf16",
             "attn_split_q8_0",
-            "attn_split2_f32",
-            "attn_split2_f16",
-            "attn_split2_bf16",
-            "attn_split2_q8_0",
         ],
     },
     Module {
@@ -463,7 +459,9 @@ pub fn compile_with(m: &Module, arch: &'static str, b: &Build) -> Result<String,
     Ok(text.trim_end_matches('\0').to_string())
 }
 
-/// The cache folder: `$MEMRA_KERNEL_CACHE`, else `~/.cache/memra/kernels`.
+/// The cache folder: `$MEMRA_KERNEL_CACHE`, else `~/.cache/memra/kernels`. (This crate's two
+/// environment variables, `MEMRA_KERNEL_CACHE` and `MEMRA_KERNEL_DIR`, are rows of the one table
+/// of settings, engine/src/settings.rs; it sits below the engine, so it reads them itself.)
 pub fn default_cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("MEMRA_KERNEL_CACHE") {
         return PathBuf::from(d);

@@ -60,7 +60,7 @@ pub(crate) fn reference(
 }
 
 /// Error bound of the tensor-core kernel (Q, K, V and the softmax weights enter the mma as f16,
-/// or bf16 over a bf16 cache; docs/VERIFY.md) and of the f32 split kernels (`MEMRA_ATTN=v1|v2`,
+/// or bf16 over a bf16 cache; docs/VERIFY.md) and of the f32 split kernel (`--attn-split`,
 /// other head dims), against the CPU reading the same cache.
 fn tol_for(g: &Gpu, head_dim: usize, kv: KvDtype) -> f64 {
     mma_tol(uses_mma(g, head_dim), kv)

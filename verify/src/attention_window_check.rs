@@ -1,7 +1,7 @@
 //! Sliding-window attention (Gemma 3's local layers) against the CPU backend's formula: a row at
-//! `pos` sees positions `pos + 1 - window ..= pos`. A windowed launch runs the CUDA-core split
-//! kernels (attn_split / attn_split2) with `MEMRA_ATTN_EXT=0`, by default attn_mma (head_dim 256 over
-//! f16 / bf16 caches too; the tensor-core tolerance then), computes only the 64-position splits
+//! `pos` sees positions `pos + 1 - window ..= pos`. A windowed launch runs attn_mma where it has
+//! a kernel (head_dim 256 over f16 / bf16 caches too; the tensor-core tolerance then), else or
+//! with `memra-verify kernels --attn-split` the CUDA-core split kernel, computes only the 64-position splits
 //! the window touches and folds them from the first (attn_combine). Checked per KV format, head dims
 //! 256 (Gemma 3 270M: 4 heads over 1 KV head) and 64, windows smaller and larger than the context:
 //!
@@ -293,7 +293,7 @@ fn decode_checks(rig: &Rig<'_>, kv: &Kv, rows: &[(u32, u32)], q: &[f32], w: usiz
     // A launch sized for a longer context: more grid blocks, another partial stride.
     bits("a launch for ctx 8192", &rig.run(rows, q, 8192, Some(w))?);
     // A window over every row's whole past is the unwindowed kernel (when the launch without a
-    // window runs the same family: both split kernels with MEMRA_ATTN_EXT=0, or both attn_mma).
+    // window runs the same family: both the split kernel, or both attn_mma).
     let group = s.n_heads / s.n_kv_heads;
     let same = g.uses_attn_mma(s.head_dim, group, Some(w), kvd)
         == g.uses_attn_mma(s.head_dim, group, None, kvd);

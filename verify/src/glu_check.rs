@@ -38,7 +38,7 @@ fn prepared(g: &Gpu, a: &ActBuf, m: usize) -> Result<(Vec<u8>, Vec<u8>)> {
 }
 
 pub fn glu_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
-    let profile = Profile::for_device(g)?;
+    let profile = Profile::for_device(g);
     // 200 features (kp 256: a partial last 64-feature block, zero padding), 576 columns (9
     // k-tiles, several segments), 300 tokens (a partial last 128-token block).
     let (ff, k, m) = (200usize, 576usize, 300usize);
@@ -88,7 +88,11 @@ pub fn glu_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         // The interleaved matrix split back, at the same launch and at the warp-specialized one.
         let mut launches = vec![("mmq", small)];
         let ws = profile.warp_specialized(dtype).filter(|_| profile.wgmma);
+        let ws3 = profile
+            .warp_specialized_wide(dtype)
+            .filter(|_| profile.wgmma);
         launches.extend(ws.map(|l| ("ws", l)));
+        launches.extend(ws3.map(|l| ("ws3", l)));
         for (name, l) in &launches {
             let (gs, us) = (g.zeros::<f32>(m * ff)?, g.zeros::<f32>(m * ff)?);
             g.fill(g.ptr(&gs), f32::NAN, m * ff)?;
@@ -112,33 +116,37 @@ pub fn glu_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                 .or_else(|| first_difference("up", &bits(&uv), &bits(&uref)));
             out.push(c);
         }
-        // The SwiGLU epilogue against the plain product then swiglu_prep, bitwise.
-        let Some(l) = ws else {
+        // The SwiGLU epilogue (two and three computing warpgroups) against the plain product
+        // then swiglu_prep, bitwise.
+        if ws.is_none() {
             continue;
-        };
+        }
         let kp = ff.next_multiple_of(64);
         let want_act = g.act_buf(wp.act(), m, kp, false)?;
         g.swiglu_prep(g.ptr(&gr), g.ptr(&ur), None, &want_act, m, ff)?;
-        let mut got_act = g.act_buf(wp.act(), m, kp, false)?;
-        // Unwritten bytes show: the buffer starts as all ones.
-        got_act.values = g.upload(&vec![0xffu8; m * kp * 2])?;
-        got_act.scales = g.upload(&vec![0xffu8; m * (kp / 32) * 4])?;
-        g.product_glu(&wi, &act, &got_act, m, l)?;
         let (wv, wsum) = prepared(g, &want_act, m)?;
-        let (gv, gsum) = prepared(g, &got_act, m)?;
-        let as_f32 = |b: &[u8]| b.iter().map(|&x| x as f32).collect::<Vec<f32>>();
-        let mut c = compare(
-            &format!("glu_epilogue_{dtype}"),
-            format!("ws M={m} FF={ff} K={k} kp={kp}"),
-            &as_f32(&gv),
-            &as_f32(&wv),
-            0.0,
-        );
-        c.problem = c
-            .problem
-            .or_else(|| first_difference("prepared values", &gv, &wv))
-            .or_else(|| first_difference("block sums", &gsum, &wsum));
-        out.push(c);
+        for (name, l) in [("ws", ws), ("ws3", ws3)] {
+            let Some(l) = l else { continue };
+            let mut got_act = g.act_buf(wp.act(), m, kp, false)?;
+            // Unwritten bytes show: the buffer starts as all ones.
+            got_act.values = g.upload(&vec![0xffu8; m * kp * 2])?;
+            got_act.scales = g.upload(&vec![0xffu8; m * (kp / 32) * 4])?;
+            g.product_glu(&wi, &act, &got_act, m, l)?;
+            let (gv, gsum) = prepared(g, &got_act, m)?;
+            let as_f32 = |b: &[u8]| b.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+            let mut c = compare(
+                &format!("glu_epilogue_{dtype}"),
+                format!("{name} M={m} FF={ff} K={k} kp={kp}"),
+                &as_f32(&gv),
+                &as_f32(&wv),
+                0.0,
+            );
+            c.problem = c
+                .problem
+                .or_else(|| first_difference("prepared values", &gv, &wv))
+                .or_else(|| first_difference("block sums", &gsum, &wsum));
+            out.push(c);
+        }
     }
     Ok(())
 }

@@ -258,7 +258,7 @@ pub fn report(rows: &[Row]) -> String {
 
 /// memra's commit: `MEMRA_COMMIT`, else `git rev-parse --short HEAD` here, else none.
 pub fn commit() -> Option<String> {
-    if let Ok(c) = std::env::var("MEMRA_COMMIT") {
+    if let Some(c) = memra_engine::settings::commit() {
         return Some(c);
     }
     let out = std::process::Command::new("git")

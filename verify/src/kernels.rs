@@ -19,9 +19,8 @@ fn rand_vec(seed: u64, s: u64, n: usize, scale: f32) -> Vec<f32> {
 }
 
 /// Relative tolerance per weight type. The kernels follow the CPU's operation order, so all are
-/// expected to be exact, except F32 (matmul_f32_rows, unless `MEMRA_F32_ROWS=0`: 8 K chunks, fma,
-/// a lane tree: the GPU's own order, within ~K ulps of the CPU's dot_f32, 1e-5 of the largest
-/// output at K <= 576).
+/// expected to be exact, except F32 (matmul_f32_rows: 8 K chunks, fma, a lane tree: the GPU's
+/// own order, within ~K ulps of the CPU's dot_f32, 1e-5 of the largest output at K <= 576).
 fn matmul_tol(_d: DType) -> f64 {
     1e-5
 }
@@ -401,9 +400,14 @@ pub fn check_groups(only: &[String]) -> Result<()> {
 
 /// Runs the kernel checks on device `device` (the groups named in `only`, or every group when
 /// it is empty); returns the cases (failures included).
-pub fn run(device: usize, seed: u64, only: &[String]) -> Result<Vec<Case>> {
+/// The cases of the groups in `only` (all when empty) on CUDA device `device`; with
+/// `attn_split`, every attention launch on the CUDA-core split kernel ([`Gpu::force_attn_split`]).
+pub fn run(device: usize, seed: u64, only: &[String], attn_split: bool) -> Result<Vec<Case>> {
     check_groups(only)?;
-    let g = Gpu::open(device)?;
+    let mut g = Gpu::open(device)?;
+    if attn_split {
+        g.force_attn_split();
+    }
     let mut out = Vec::new();
     for (name, f) in GROUPS {
         if only.is_empty() || only.iter().any(|o| o == name) {

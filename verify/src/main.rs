@@ -77,6 +77,11 @@ enum Cmd {
         /// default.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
+        /// Every attention launch on the CUDA-core split kernel (`attn_split`), also the shapes
+        /// the tensor-core kernels take by default: checks the split kernel on every shape and
+        /// window (run the `attention` group both ways).
+        #[arg(long)]
+        attn_split: bool,
     },
     /// Logits and KV bytes bitwise equal under any batch composition and prefill chunking.
     Invariance {
@@ -272,7 +277,7 @@ fn cuda_index(gate: &str, device: Device) -> Result<usize> {
 }
 
 /// Every gate returns its number of failures (0: green).
-fn gate_kernels(device: Device, seed: u64, only: &[String]) -> Result<usize> {
+fn gate_kernels(device: Device, seed: u64, only: &[String], attn_split: bool) -> Result<usize> {
     let n = cuda_index("kernels", device)?;
     if !only.is_empty() {
         println!(
@@ -281,7 +286,10 @@ fn gate_kernels(device: Device, seed: u64, only: &[String]) -> Result<usize> {
             kernels::GROUPS.len()
         );
     }
-    let cases = kernels::run(n, seed, only)?;
+    if attn_split {
+        println!("attention: the CUDA-core split kernel for every launch (--attn-split)");
+    }
+    let cases = kernels::run(n, seed, only, attn_split)?;
     print!("{}", kernels::report(&cases));
     Ok(cases.iter().filter(|c| !c.ok()).count())
 }
@@ -801,7 +809,7 @@ fn gate_all(
     type Gate<'a> = (&'static str, Box<dyn Fn() -> Result<usize> + 'a>);
     let mut gates: Vec<Gate> = Vec::new();
     if cuda {
-        gates.push(("kernels", Box::new(|| gate_kernels(device, 1, &[]))));
+        gates.push(("kernels", Box::new(|| gate_kernels(device, 1, &[], false))));
     }
     gates.push((
         "invariance",
@@ -848,7 +856,12 @@ fn gate_all(
 
 fn run(cli: Cli) -> Result<usize> {
     match cli.cmd {
-        Cmd::Kernels { device, seed, only } => gate_kernels(device, seed, &only),
+        Cmd::Kernels {
+            device,
+            seed,
+            only,
+            attn_split,
+        } => gate_kernels(device, seed, &only, attn_split),
         Cmd::Invariance {
             model,
             tiny: t,

@@ -68,7 +68,7 @@ pub(crate) fn random_matrix(
 }
 
 pub fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
-    let profile = Profile::for_device(g)?;
+    let profile = Profile::for_device(g);
     let mut stream = 9000;
     for dtype in TYPES {
         for &n in &NS {
@@ -120,7 +120,7 @@ pub fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
 /// the last one partial) over N = 1040 (a partial row block) for the types with a warpgroup
 /// kernel, plus the CPU tolerance.
 pub fn product_geometry_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
-    let profile = Profile::for_device(g)?;
+    let profile = Profile::for_device(g);
     let (m, n) = (300usize, 1040usize);
     // Every type with a warpgroup kernel (the first three keep their streams of session 8).
     let types = [
@@ -170,9 +170,16 @@ pub fn product_geometry_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result
         if let Some(l) = profile::warpgroup(dtype).filter(|_| profile.wgmma) {
             launches.push(("wgmma".into(), l));
         }
-        // The warp-specialized launch (F16 / BF16 on sm_90a unless MEMRA_WGMMA_WS=0).
+        // The warp-specialized launches (F16 / BF16 on sm_90a): two computing warpgroups, and
+        // three (the profile takes it per product where its waves pay).
         if let Some(l) = profile.warp_specialized(dtype).filter(|_| profile.wgmma) {
             launches.push(("wgmma-ws".into(), l));
+        }
+        if let Some(l) = profile
+            .warp_specialized_wide(dtype)
+            .filter(|_| profile.wgmma)
+        {
+            launches.push(("wgmma-ws3".into(), l));
         }
         let mut first: Option<Vec<f32>> = None;
         for (name, l) in launches {

@@ -1,5 +1,6 @@
 //! The integration tests of memra-bench, one module per area, linked into one test binary.
 
+mod flags;
 mod logits_equivalence;
 mod peer_build;
 mod peer_import;

@@ -187,7 +187,7 @@ fn llama_bench_jsonl_becomes_the_rows_peer_llama_cpp_records() {
 
 /// reports/data/h200.jsonl: memra's decode row of run h200-20261202-s6-b (line 198) and the
 /// llama.cpp rows the hand conversion made of the same lease's llama-bench (lines 215, 216).
-const MEMRA_ROW: &str = r#"{"run": "h200-20261202-s6-b", "time": "2026-12-02T08:01:17Z", "device": {"name": "NVIDIA H200", "driver": "580.159.04", "sms": 132}, "engine": "memra", "version": null, "commit": "c88788e", "model": {"file": "q4.gguf", "sha256": "a65e030642f0", "bytes": 4466639808}, "shape": "llama3-8b", "dtype": "Q4_K_M", "workload": "decode", "batch": 1, "prompt": 512, "gen": 128, "depth": 0, "value": 280.9337669467129, "unit": "tok/s", "min": 275.48718737724823, "max": 281.67093836539516, "weight_gb_s": 1254.8299468555824, "kv_dtype": "f16", "kv_gb_s": 21.191377928563366, "runs": 3, "valid": true}"#;
+const OUR_ROW: &str = r#"{"run": "h200-20261202-s6-b", "time": "2026-12-02T08:01:17Z", "device": {"name": "NVIDIA H200", "driver": "580.159.04", "sms": 132}, "engine": "memra", "version": null, "commit": "c88788e", "model": {"file": "q4.gguf", "sha256": "a65e030642f0", "bytes": 4466639808}, "shape": "llama3-8b", "dtype": "Q4_K_M", "workload": "decode", "batch": 1, "prompt": 512, "gen": 128, "depth": 0, "value": 280.9337669467129, "unit": "tok/s", "min": 275.48718737724823, "max": 281.67093836539516, "weight_gb_s": 1254.8299468555824, "kv_dtype": "f16", "kv_gb_s": 21.191377928563366, "runs": 3, "valid": true}"#;
 const COMMITTED: &str = concat!(
     r#"{"run": "h200-20261202-s6-b", "time": "2026-12-02T08:04:54Z", "device": {"name": "NVIDIA H200", "driver": "580.159.04", "sms": 132}, "engine": "llama.cpp", "version": "llama-cpp-python 0.3.36 (vendored llama.cpp)", "commit": "c88788e", "model": {"file": "q4.gguf", "sha256": "a65e030642f0", "bytes": 4466639808}, "shape": "llama3-8b", "dtype": "Q4_K_M", "workload": "decode", "batch": 1, "prompt": 0, "gen": 128, "depth": 512, "value": 251.033889, "unit": "tok/s", "min": 247.373, "max": 253.117, "stddev": 3.180445, "weight_gb_s": 1121.2779617644533, "kv_dtype": "q8_0", "runs": 3, "valid": true, "source": "llama-bench -ngl 99 -fa 1 JSON, same lease as memra"}"#,
     "\n",
@@ -197,7 +197,7 @@ const COMMITTED: &str = concat!(
 #[test]
 fn the_committed_hand_converted_rows_come_from_the_run_s_memra_rows() {
     let dir = tempfile::tempdir().unwrap();
-    let out = write(dir.path(), "h200.jsonl", &format!("{MEMRA_ROW}\n"));
+    let out = write(dir.path(), "h200.jsonl", &format!("{OUR_ROW}\n"));
     let m = "/root/q4.gguf";
     let text = [
         bench_line(
@@ -233,7 +233,7 @@ fn the_committed_hand_converted_rows_come_from_the_run_s_memra_rows() {
         r.notes
     );
     let after = std::fs::read_to_string(&out).unwrap();
-    assert!(after.starts_with(&format!("{MEMRA_ROW}\n")));
+    assert!(after.starts_with(&format!("{OUR_ROW}\n")));
     assert_eq!(rows(&after)[1..], rows(COMMITTED)[..]);
 
     // Without memra's rows the model must be named: an error saying how, nothing written.
@@ -264,7 +264,7 @@ fn the_committed_hand_converted_rows_come_from_the_run_s_memra_rows() {
 #[test]
 fn another_model_of_the_run_lends_the_machine_not_its_labels() {
     let dir = tempfile::tempdir().unwrap();
-    let out = write(dir.path(), "h200.jsonl", &format!("{MEMRA_ROW}\n"));
+    let out = write(dir.path(), "h200.jsonl", &format!("{OUR_ROW}\n"));
     let model = write(dir.path(), "m.gguf", "GGUF");
     let input = write(dir.path(), "q8.jsonl", &sample());
     let r = import(&ImportArgs {
@@ -294,7 +294,7 @@ fn a_malformed_line_is_an_error_naming_it_and_writes_nothing() {
         "bad.jsonl",
         &format!("{}\n{}\n{cut}\n{}\n", lines[0], lines[1], lines[3]),
     );
-    let before = format!("{MEMRA_ROW}\n");
+    let before = format!("{OUR_ROW}\n");
     let out = write(dir.path(), "h200.jsonl", &before);
     let e = import(&explicit(vec![good.clone(), bad], &out, &model))
         .unwrap_err()
@@ -326,7 +326,7 @@ fn a_malformed_line_is_an_error_naming_it_and_writes_nothing() {
     let broken = write(
         dir.path(),
         "broken.jsonl",
-        &format!("{MEMRA_ROW}\n{{\"run\": 1}}\n"),
+        &format!("{OUR_ROW}\n{{\"run\": 1}}\n"),
     );
     let e = import(&explicit(vec![good], &broken, &model))
         .unwrap_err()
@@ -340,13 +340,13 @@ fn a_test_already_in_the_file_is_refused_unless_replace() {
     let model = write(dir.path(), "m.gguf", "GGUF");
     let input = write(dir.path(), "q8.jsonl", &sample());
     // A file whose last line lacks its newline: the rows still start on lines of their own.
-    let out = write(dir.path(), "h200.jsonl", MEMRA_ROW);
+    let out = write(dir.path(), "h200.jsonl", OUR_ROW);
     let a = explicit(vec![input.clone()], &out, &model);
     let first = import(&a).unwrap();
     let text = std::fs::read_to_string(&out).unwrap();
     assert_eq!(
         text,
-        format!("{MEMRA_ROW}\n{}", to_lines(&first.rows).unwrap())
+        format!("{OUR_ROW}\n{}", to_lines(&first.rows).unwrap())
     );
 
     // Again: refused, naming the file's line and the test; nothing written.

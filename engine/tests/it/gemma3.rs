@@ -82,17 +82,9 @@ fn chat_template_is_the_gemma_turn_format() {
 
 /// The real Gemma 3 270M GGUF, if fetched (`MEMRA_GEMMA3_MODEL` overrides the cache path).
 fn real_gemma() -> Option<PathBuf> {
-    let p = std::env::var_os("MEMRA_GEMMA3_MODEL")
+    let p = memra_engine::settings::var_os("MEMRA_GEMMA3_MODEL")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            std::env::var_os("MEMRA_MODELS_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                        .join(".cache/memra/models")
-                })
-                .join("gemma-3-270m-q4_k_m.gguf")
-        });
+        .unwrap_or_else(|| memra_engine::settings::models_dir().join("gemma-3-270m-q4_k_m.gguf"));
     if p.exists() {
         return Some(p);
     }

@@ -7,21 +7,9 @@ use memra_engine::formats::gguf::{Gguf, MetaValue};
 use memra_engine::quant::DType;
 use sha2::{Digest, Sha256};
 
-/// The real test model: `MEMRA_TEST_MODEL` or the fetch-models.sh cache path.
+/// The real test model (`MEMRA_TEST_MODEL` or the fetch-models.sh cache path).
 fn real_model() -> PathBuf {
-    let path = match std::env::var_os("MEMRA_TEST_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let home = std::env::var_os("HOME").unwrap_or_default();
-            PathBuf::from(home).join(".cache/memra/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        }
-    };
-    assert!(
-        path.is_file(),
-        "test model {} is missing: run tools/fetch-models.sh",
-        path.display()
-    );
-    path
+    memra_engine::testing::real_model()
 }
 
 fn sha256_hex(b: &[u8]) -> String {

@@ -26,6 +26,7 @@ mod qwen3next_prefix;
 mod reference_fixture;
 mod run_gen;
 mod safetensors;
+mod settings;
 mod spec_config;
 mod spec_generate;
 mod spec_mtp;

@@ -259,7 +259,7 @@ fn gguf_py_dequantize(d: DType, bytes: &[u8]) -> Vec<f32> {
     std::fs::write(&src, bytes).expect("write");
     let script =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/fixtures/make_quant_fixtures.py");
-    let python = std::env::var("MEMRA_PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = memra_engine::settings::var("MEMRA_PYTHON").unwrap_or_else(|| "python3".into());
     let out = Command::new(&python)
         .arg(&script)
         .arg("--dequantize")

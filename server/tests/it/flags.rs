@@ -1,68 +1,65 @@
-//! docs/FLAGS.md's memra-server section lists every flag and environment variable that
-//! config.rs declares, and nothing that it does not.
+//! memra-server's flags (server/src/config.rs, clap) are exactly the memra-server rows of the one
+//! table of settings (engine/src/settings.rs), with the same environment variables and defaults;
+//! docs/FLAGS.md is generated from that table (bench/tests/it/flags.rs checks the file).
 
 use clap::CommandFactory;
+use memra_engine::settings::{Program, SETTINGS};
 use memra_server::config::Cli;
 
-fn section() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/FLAGS.md");
-    let text = std::fs::read_to_string(path).expect("docs/FLAGS.md");
-    let start = text
-        .find("## memra-server")
-        .expect("a `## memra-server` section");
-    let rest = &text[start + 3..];
-    let end = rest.find("\n## ").map(|e| e + 1).unwrap_or(rest.len());
-    rest[..end].to_string()
-}
-
-fn walk(cmd: &clap::Command, envs: &mut Vec<String>, flags: &mut Vec<String>) {
+/// (flag, env, clap's default) of every visible argument of `cmd` and its subcommands.
+fn walk(cmd: &clap::Command, out: &mut Vec<(String, String, Option<String>)>) {
     for a in cmd.get_arguments() {
         if a.is_hide_set() {
             continue;
         }
-        if let Some(e) = a.get_env() {
-            envs.push(e.to_string_lossy().into_owned());
-        }
-        if let Some(l) = a.get_long()
-            && l != "help"
-            && l != "version"
-        {
-            flags.push(format!("--{l}"));
-        }
+        let Some(l) = a.get_long().filter(|l| *l != "help" && *l != "version") else {
+            continue;
+        };
+        let env = a
+            .get_env()
+            .map(|e| e.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let def = a
+            .get_default_values()
+            .first()
+            .map(|d| d.to_string_lossy().into_owned());
+        out.push((format!("--{l}"), env, def));
     }
     for s in cmd.get_subcommands() {
-        walk(s, envs, flags);
+        walk(s, out);
     }
 }
 
 #[test]
-fn every_flag_and_env_var_is_documented() {
-    let doc = section();
-    let (mut envs, mut flags) = (Vec::new(), Vec::new());
-    walk(&Cli::command(), &mut envs, &mut flags);
-    assert!(envs.len() >= 10, "{envs:?}");
-    for e in &envs {
-        assert!(
-            doc.contains(&format!("`{e}`")),
-            "docs/FLAGS.md (memra-server) lacks `{e}`"
-        );
-    }
-    for f in &flags {
-        assert!(
-            doc.contains(f.as_str()),
-            "docs/FLAGS.md (memra-server) lacks {f}"
-        );
-    }
-    // And the doc names no variable the server does not read (tools/install.sh's aside).
-    let tools_vars = ["MEMRA_INSTALL_DIR"];
-    for word in doc.split('`').filter(|w| w.starts_with("MEMRA_")) {
-        if tools_vars.contains(&word) {
-            continue;
+fn every_flag_and_env_var_is_a_row_of_the_settings_table() {
+    let mut args = Vec::new();
+    walk(&Cli::command(), &mut args);
+    assert!(args.len() >= 10, "{args:?}");
+    let rows: Vec<_> = SETTINGS
+        .iter()
+        .filter(|s| s.program == Program::Server)
+        .collect();
+    for (flag, env, def) in &args {
+        // `keys add --max-in-flight` (no variable) shares the serve flag's name.
+        let Some(row) = rows
+            .iter()
+            .find(|r| r.flag == flag && (r.env == env || env.is_empty()))
+        else {
+            panic!("memra-server {flag} ({env}) is not in engine/src/settings.rs");
+        };
+        let shown = row.default.trim_matches('`');
+        match def.as_deref() {
+            Some("false") => assert_eq!(shown, "off", "{flag}"),
+            Some(d) => assert_eq!(shown, d, "{flag}: the table's default differs from clap's"),
+            None => {}
         }
-        let name = word.split(['=', ' ']).next().unwrap_or(word);
+    }
+    for r in &rows {
         assert!(
-            envs.iter().any(|e| e == name),
-            "docs/FLAGS.md names {name}, which config.rs lacks"
+            args.iter().any(|(f, e, _)| f == r.flag && e == r.env),
+            "the settings table lists memra-server {} ({}), which config.rs lacks",
+            r.flag,
+            r.env
         );
     }
 }

@@ -235,7 +235,7 @@ async fn disconnect_frees_kv(url: &str, key: &str) {
 }
 
 fn python() -> String {
-    std::env::var("MEMRA_PYTHON").unwrap_or_else(|_| "python3".into())
+    memra_engine::settings::var("MEMRA_PYTHON").unwrap_or_else(|| "python3".into())
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -19,6 +19,12 @@ pub struct AttnPrep {
 /// Positions per attention split (`ATTN_SPLIT` in kernels/cu/attention.cu).
 pub const ATTN_SPLIT: usize = 64;
 
+/// Staged K/V buffers of the tensor-core attention over f16 / bf16 caches: two (cp.async; the
+/// next split's copy in flight while a split is computed: H200 session 7, decode at depth
+/// 32,768 170.0 -> 178.6 tok/s). The kernels gate also runs one (`AttnArgs::stages`): the same
+/// bits.
+pub const ATTN_STAGES: usize = 2;
+
 /// The most blocks of an attention launch in y (splits: 8,192 positions); more splits loop in
 /// their blocks. CUDA graphs launch the grid of the graph's context cap, whose blocks past a row's
 /// splits exit at once: a bound keeps those cheap for long-context models.
@@ -61,15 +67,15 @@ pub struct AttnArgs {
     /// kernel (one partial per row and head, `scores` needs [`attn_folded_floats`] per row) or
     /// write a partial per split. A performance choice only: a row's bits do not depend on it.
     pub fold: Option<bool>,
-    /// Staged K/V buffers of the tensor-core kernel over f16 / bf16 caches (0: the device's,
-    /// `MEMRA_ATTN_STAGES`). A performance choice only.
+    /// Staged K/V buffers of the tensor-core kernel over f16 / bf16 caches (0: [`ATTN_STAGES`];
+    /// 1: one, for the kernels gate). A performance choice only.
     pub stages: usize,
-    /// Split-mode blocks in y per (tiles, KV head) (0: [`attn_grid_y`], or `MEMRA_ATTN_GRID_Y`).
-    /// A performance choice only.
+    /// Split-mode blocks in y per (tiles, KV head) (0: [`attn_grid_y`]). A performance choice
+    /// only.
     pub grid_y: usize,
     /// Sliding window (`AttnParams::window`, > 0): a row at `pos` sees positions
-    /// [`attn_window_start`]`..=pos`. A windowed launch always runs the CUDA-core split kernels
-    /// (`attn_split` / `attn_split2`), never the tensor-core ones ([`attn_mma_eligible`]).
+    /// [`attn_window_start`]`..=pos`, on the tensor-core kernels where the launch has one
+    /// ([`attn_mma_eligible`]), else the CUDA-core split kernel.
     pub window: Option<usize>,
 }
 
@@ -99,23 +105,19 @@ pub fn attn_row_splits(ctx: usize, window: Option<usize>) -> usize {
 
 /// Whether a launch runs the tensor-core attention: the `attn_mma` family is in use (`kernel`),
 /// `group` query heads per KV head fit its 16 mma rows, and it has a kernel for `head_dim` over
-/// `kv` ([`attn_mma_kernel`]) and the window. With `ext` (the default; `MEMRA_ATTN_EXT=0` turns it
-/// off): windows on every head dim, and head_dim 256 over f16 / bf16 caches. Without it: head dims
-/// 64 and 128 without a window; windowed layers (Gemma 3's local layers) and head_dim 256 take the
-/// CUDA-core split kernels.
+/// `kv` ([`attn_mma_kernel`]: head dims 64 and 128, and 256 over f16 / bf16 caches), with or
+/// without a sliding window (Gemma 3's local layers: a per-row window mask, the splits below a
+/// row's window skipped; since H200 session 13, Gemma 3 270M decode 352 -> 393 tok/s, prefill
+/// 20,196 -> 32,802 against the split kernels). Every other launch takes the CUDA-core split
+/// kernel. One process uses one family per launch shape: they order the arithmetic differently.
 pub fn attn_mma_eligible(
     kernel: &str,
     head_dim: usize,
     group: usize,
-    window: Option<usize>,
+    _window: Option<usize>,
     kv: KvDtype,
-    ext: bool,
 ) -> bool {
-    kernel == "attn_mma"
-        && group <= 16
-        && (ext || window.is_none())
-        && attn_mma_kernel(head_dim, kv, false).is_some()
-        && (head_dim != 256 || ext)
+    kernel == "attn_mma" && group <= 16 && attn_mma_kernel(head_dim, kv, false).is_some()
 }
 
 /// The tensor-core attention kernel for `head_dim` over a `kv` cache, when it has one: split
@@ -241,14 +243,17 @@ impl Gpu {
                     Arg::U32(self.u32_of(tpt, "tokens per tile")?),
                 ];
                 let stages = match (a.kv, a.stages) {
-                    (KvDtype::F16 | KvDtype::Bf16, 0) => self.attn_stages,
+                    (KvDtype::F16 | KvDtype::Bf16, 0) => ATTN_STAGES,
                     (KvDtype::F16 | KvDtype::Bf16, n) => n.min(2),
                     _ => 1,
                 };
                 let smem = attn_mma_smem(a.head_dim, stages);
                 let stage_arg = [
                     Arg::U32(self.u32_of(stages, "attention stages")?),
-                    Arg::U32(self.attn_wide as u32),
+                    // Wide: a split-mode block whose tokens fit one tile (batch-1 decode) spreads
+                    // each split over its 4 warps (H200 session 7: depth 32,768 178.6 -> 186.3
+                    // tok/s; the same bits).
+                    Arg::U32(1),
                     Arg::U32(window),
                 ];
                 let args = [&lead[..], &tiling, &heads, &tail, &stage_arg].concat();
@@ -258,7 +263,7 @@ impl Gpu {
                     .ok_or_else(|| self.err(format!("kernel {kernel} is not built")))?;
                 // Split mode: blocks in y each take a contiguous range of the splits (the grid
                 // bounds the parallelism, not the result). Fold mode: a block walks all its splits.
-                let force = Some(a.grid_y).filter(|&n| n > 0).or(self.attn_grid_y_force);
+                let force = Some(a.grid_y).filter(|&n| n > 0);
                 let ys = match (fold, force) {
                     (true, _) => 1,
                     (false, Some(n)) => splits.clamp(1, ATTN_GRID_Y).min(n),
@@ -279,12 +284,7 @@ impl Gpu {
                 // its window's first split).
                 let ys = attn_row_splits(a.ctx, a.window).min(ATTN_GRID_Y);
                 let ys = self.u32_of(ys, "attention splits")?;
-                let family = if self.attn_kernel == "attn_split2" {
-                    "attn_split2"
-                } else {
-                    "attn_split"
-                };
-                let kernel = format!("{family}_{}", a.kv);
+                let kernel = format!("attn_split_{}", a.kv);
                 let head_dim = [Arg::U32(self.u32_of(a.head_dim, "head_dim")?)];
                 let args = [&lead[..], &heads, &head_dim, &tail, &[Arg::U32(window)]].concat();
                 self.launch(&kernel, (rh, ys), 128, &args)?;
@@ -321,13 +321,14 @@ impl Gpu {
         window: Option<usize>,
         kv: KvDtype,
     ) -> bool {
-        attn_mma_eligible(self.attn_kernel, head_dim, group, window, kv, self.attn_ext)
+        attn_mma_eligible(self.attn_kernel, head_dim, group, window, kv)
     }
 
     /// Whether a launch of `rows` rows folds its splits inside the tensor-core kernel (enough
-    /// blocks without splitting positions, [`ATTN_FOLD_BLOCKS`]; `MEMRA_ATTN_FOLD=0|1` forces
-    /// it). The callers size the partials with it: [`attn_folded_floats`] per (row, head).
-    /// Never for a windowed launch (it runs the split kernels: a partial per split).
+    /// blocks without splitting positions, [`ATTN_FOLD_BLOCKS`]; `AttnArgs::fold` forces either
+    /// mode per launch, for the kernels gate). The callers size the partials with it:
+    /// [`attn_folded_floats`] per (row, head). Never for a launch on the split kernel (a partial
+    /// per split).
     pub fn attn_folds(
         &self,
         rows: usize,
@@ -346,13 +347,8 @@ impl Gpu {
         {
             return false;
         }
-        match self.attn_fold_force {
-            Some(f) => f,
-            None => {
-                let tpt = attn_tile_tokens(rows, group);
-                rows.div_ceil(4 * tpt) * n_kv_heads >= ATTN_FOLD_BLOCKS
-            }
-        }
+        let tpt = attn_tile_tokens(rows, group);
+        rows.div_ceil(4 * tpt) * n_kv_heads >= ATTN_FOLD_BLOCKS
     }
 }
 
@@ -387,55 +383,22 @@ mod tests {
             }
         }
         assert_eq!(attn_mma_kernel(96, KvDtype::F16, true), None);
-        // head_dim 256 and windows only with `ext` (MEMRA_ATTN_EXT=0 turns it off).
-        assert!(!attn_mma_eligible(
-            "attn_mma",
-            256,
-            4,
-            None,
-            KvDtype::F16,
-            false
-        ));
         assert!(attn_mma_eligible(
             "attn_mma",
             256,
             4,
             Some(512),
-            KvDtype::F16,
-            true
+            KvDtype::F16
         ));
-        assert!(!attn_mma_eligible(
-            "attn_mma",
-            256,
-            4,
-            None,
-            KvDtype::Q8_0,
-            true
-        ));
-        assert!(!attn_mma_eligible(
-            "attn_mma",
-            128,
-            4,
-            Some(512),
-            KvDtype::F16,
-            false
-        ));
+        assert!(!attn_mma_eligible("attn_mma", 256, 4, None, KvDtype::Q8_0));
         assert!(attn_mma_eligible(
             "attn_mma",
             128,
             4,
             Some(512),
-            KvDtype::Q8_0,
-            true
+            KvDtype::Q8_0
         ));
-        assert!(!attn_mma_eligible(
-            "attn_split",
-            128,
-            4,
-            None,
-            KvDtype::F16,
-            true
-        ));
+        assert!(!attn_mma_eligible("attn_split", 128, 4, None, KvDtype::F16));
     }
 
     #[test]
@@ -460,11 +423,9 @@ mod tests {
         let mut args = vec![Arg::Ptr(1); 8];
         args.extend([Arg::U64(130), Arg::U32(4), Arg::U32(1), Arg::U32(256)]);
         args.extend([Arg::U32(16), Arg::F32(0.1), Arg::U32(512)]);
-        for family in ["attn_split", "attn_split2"] {
-            for kv in KvDtype::ALL {
-                let name = format!("{family}_{kv}");
-                assert_eq!(check_args(&name, &args), Ok(()), "{name}");
-            }
+        for kv in KvDtype::ALL {
+            let name = format!("attn_split_{kv}");
+            assert_eq!(check_args(&name, &args), Ok(()), "{name}");
         }
         // attn_combine: partials, out, pos, stride, rows, heads, head_dim, the preparation
         // (values, sums, kp, bf16), folded, window.
@@ -527,31 +488,27 @@ mod tests {
     }
 
     #[test]
-    fn windowed_attention_runs_the_tensor_core_kernels_only_with_ext() {
+    fn windowed_attention_runs_the_tensor_core_kernels_where_they_exist() {
         let f16 = KvDtype::F16;
-        for hd in [64, 128] {
-            for ext in [false, true] {
-                assert!(attn_mma_eligible("attn_mma", hd, 4, None, f16, ext));
-                for w in [1, 64, 512, 1 << 20] {
-                    assert_eq!(attn_mma_eligible("attn_mma", hd, 4, Some(w), f16, ext), ext);
-                }
+        for hd in [64, 128, 256] {
+            for w in [None, Some(1), Some(64), Some(512), Some(1 << 20)] {
+                assert!(attn_mma_eligible("attn_mma", hd, 4, w, f16));
+                assert!(!attn_mma_eligible("attn_split", hd, 4, w, f16));
             }
         }
-        assert!(!attn_mma_eligible("attn_mma", 256, 4, None, f16, false));
-        assert!(attn_mma_eligible(
+        // head_dim 256: f16 / bf16 caches only.
+        assert!(attn_mma_eligible("attn_mma", 256, 4, None, KvDtype::Bf16));
+        assert!(!attn_mma_eligible("attn_mma", 256, 4, None, KvDtype::F32));
+        assert!(!attn_mma_eligible(
             "attn_mma",
             256,
             4,
-            None,
-            KvDtype::Bf16,
-            true
+            Some(8),
+            KvDtype::Q8_0
         ));
-        for ext in [false, true] {
-            assert!(!attn_mma_eligible("attn_mma", 64, 32, None, f16, ext));
-            assert!(!attn_mma_eligible("attn_split", 64, 4, None, f16, ext));
-            assert!(!attn_mma_eligible("attn_split2", 128, 4, None, f16, ext));
-            assert!(!attn_mma_eligible("attn_mma", 96, 4, None, f16, ext));
-        }
+        // More than 16 query heads per KV head, or a head dim without a kernel.
+        assert!(!attn_mma_eligible("attn_mma", 64, 32, None, f16));
+        assert!(!attn_mma_eligible("attn_mma", 96, 4, None, f16));
     }
 
     /// The split kernels' windowed arithmetic, emulated on the host in f64: partials per

@@ -116,27 +116,12 @@ pub struct Gpu {
     pub sms: u32,
     /// Most dynamic shared memory one block may opt in to (bytes).
     pub smem_optin: usize,
-    /// The attention split kernel (read once at open: [`super::attn_kernel_default`]).
+    /// The attention kernel family: `attn_mma` (tensor cores, where a launch has a kernel:
+    /// attention.rs [`super::attn_mma_eligible`]) or `attn_split` for every launch (the
+    /// CUDA-core split kernel, which takes the other launches anyway;
+    /// [`Gpu::force_attn_split`], `memra-verify kernels --attn-split`).
     pub(super) attn_kernel: &'static str,
-    /// `MEMRA_ATTN_FOLD=0|1`: the tensor-core attention's mode forced (A/B runs).
-    pub(super) attn_fold_force: Option<bool>,
-    /// `MEMRA_ATTN_STAGES`: staged K/V buffers of the tensor-core attention over f16 / bf16
-    /// caches (2: the next split's copy overlaps this split's work; 1: none).
-    pub(super) attn_stages: usize,
-    /// `MEMRA_ATTN_GRID_Y`: split-mode blocks per (tiles, KV head) forced (A/B runs).
-    pub(super) attn_grid_y_force: Option<usize>,
-    /// `MEMRA_ATTN_WIDE=0`: a split-mode block whose tokens fit one tile keeps its work on one
-    /// warp (default: spread over the block's 4 warps, the same bits).
-    pub(super) attn_wide: bool,
-    /// The tensor-core attention also for sliding windows and head_dim 256 (attention.rs
-    /// `attn_mma_eligible`; default since H200 session 13, `MEMRA_ATTN_EXT=0` turns it off).
-    pub(super) attn_ext: bool,
-    /// F32 weights (MoE routers) by `matmul_f32_rows` (one block of 8 warps per output feature,
-    /// the GPU's own order; default since H200 session 13) instead of the v1 half-warp body
-    /// (`MEMRA_F32_ROWS=0`).
-    pub(super) f32_rows: bool,
-    /// Programmatic dependent launch (sm_90+, default; `MEMRA_PDL=0` turns it off): see
-    /// [`Gpu::launch_ex`].
+    /// Programmatic dependent launch (sm_90 and later): see [`Gpu::launch_ex`].
     pub(super) pdl: bool,
     /// Resident blocks per multiprocessor of an attention kernel with its shared memory.
     occupancy: Mutex<HashMap<(&'static str, usize), usize>>,
@@ -228,14 +213,8 @@ impl Gpu {
             arch,
             sms,
             smem_optin,
-            attn_kernel: super::attn_kernel_default(),
-            attn_fold_force: super::attn_fold_default(),
-            attn_stages: super::attn_stages_default(),
-            attn_grid_y_force: super::attn_grid_y_default(),
-            attn_wide: std::env::var("MEMRA_ATTN_WIDE").map_or(true, |v| v != "0"),
-            f32_rows: std::env::var("MEMRA_F32_ROWS").map_or(true, |v| v != "0"),
-            attn_ext: std::env::var("MEMRA_ATTN_EXT").map_or(true, |v| v != "0"),
-            pdl: major >= 9 && std::env::var("MEMRA_PDL").map_or(true, |v| v != "0"),
+            attn_kernel: "attn_mma",
+            pdl: major >= 9,
             occupancy: Mutex::new(HashMap::new()),
             funcs,
             variants: Mutex::new(HashMap::new()),
@@ -278,9 +257,18 @@ impl Gpu {
         Ok(n)
     }
 
-    /// The attention kernel family in use (`attn_mma`, `attn_split`, `attn_split2`).
+    /// The attention kernel family in use (`attn_mma`, or `attn_split` after
+    /// [`Gpu::force_attn_split`]).
     pub fn attn_kernel(&self) -> &'static str {
         self.attn_kernel
+    }
+
+    /// Every attention launch of this device runs the CUDA-core split kernel (`attn_split`),
+    /// also where a tensor-core kernel exists: for the kernels gate (`memra-verify kernels
+    /// --attn-split`), which checks the split kernel on every shape. Not for serving: the two
+    /// families order the arithmetic differently.
+    pub fn force_attn_split(&mut self) {
+        self.attn_kernel = "attn_split";
     }
 
     /// The kernels of module `module` built with `defines` (`NAME=VALUE`), compiled (or read
@@ -552,8 +540,10 @@ impl Gpu {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        // F32 by matmul_f32_rows, one block per output feature (unless MEMRA_F32_ROWS=0).
-        let rows = dtype == DType::F32 && self.f32_rows;
+        // F32 (mixture-of-experts routers) by matmul_f32_rows, one block of 8 warps per output
+        // feature in fixed K chunks (H200 session 13: qwen3-30b-a3b decode 133 -> 190 tok/s
+        // against the per-type kernel's half-warp).
+        let rows = dtype == DType::F32;
         let name = match rows {
             true => "matmul_f32_rows".to_string(),
             false => format!("matmul_{}", dtype.name()),

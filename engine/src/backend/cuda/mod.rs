@@ -61,57 +61,9 @@ pub struct CudaOptions {
     pub state_slots: usize,
 }
 
-/// Whether CUDA graphs are on by default: yes, unless `MEMRA_CUDA_GRAPHS=0`.
+/// Whether CUDA graphs are on by default: yes, unless `MEMRA_CUDA_GRAPHS=0` (settings.rs).
 pub fn graphs_default() -> bool {
-    std::env::var("MEMRA_CUDA_GRAPHS").map_or(true, |v| v != "0")
-}
-
-/// The attention kernel: `attn_mma` (tensor cores, the default; head dims 64 and 128, other
-/// shapes and every sliding-window layer use `attn_split`), `attn_split` with `MEMRA_ATTN=v1`, or
-/// `attn_split2` with `MEMRA_ATTN=v2`. One process uses one of them for every row of a layer:
-/// they order the arithmetic differently.
-pub fn attn_kernel_default() -> &'static str {
-    match std::env::var("MEMRA_ATTN").as_deref() {
-        Ok("v1") => "attn_split",
-        Ok("v2") => "attn_split2",
-        _ => "attn_mma",
-    }
-}
-
-/// `MEMRA_ATTN_FOLD=1` folds every tensor-core attention launch's splits inside the kernel,
-/// `=0` never (a partial per split and attn_combine); unset: by launch size. The bits are the
-/// same either way (the kernels and invariance gates check it); this is for A/B runs.
-pub fn attn_fold_default() -> Option<bool> {
-    match std::env::var("MEMRA_ATTN_FOLD").as_deref() {
-        Ok("1") => Some(true),
-        Ok("0") => Some(false),
-        _ => None,
-    }
-}
-
-/// `MEMRA_ATTN_STAGES=1` stages one split's K/V at a time in the tensor-core attention over
-/// f16 / bf16 caches; unset or 2: double-buffered (the next split's copy overlaps this split's
-/// work). The bits are the same either way; this is for A/B runs.
-pub fn attn_stages_default() -> usize {
-    match std::env::var("MEMRA_ATTN_STAGES").as_deref() {
-        Ok("1") => 1,
-        _ => 2,
-    }
-}
-
-/// `MEMRA_ATTN_GRID_Y=N` forces the split-mode attention grid to N blocks in y per (tiles, KV
-/// head) (at most 128); unset: enough to fill the GPU. Performance only (A/B runs).
-pub fn attn_grid_y_default() -> Option<usize> {
-    std::env::var("MEMRA_ATTN_GRID_Y")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n: &usize| n > 0)
-}
-
-/// Whether the v2 tensor-core products are used for the types they support: yes, unless
-/// `MEMRA_CUDA_PRODUCTS=v1` (the v1 CUDA-core kernels for every type, for A/B runs).
-pub fn products_v2_default() -> bool {
-    std::env::var("MEMRA_CUDA_PRODUCTS").map_or(true, |v| v != "v1")
+    crate::settings::cuda_graphs()
 }
 
 /// True when a CUDA driver and at least one device are present. Never panics.
@@ -296,11 +248,10 @@ fn open_runner(
 ) -> Result<CudaBackend> {
     let c = &weights.config;
     let gpu = Gpu::open(opts.device)?;
-    let profile = profile::Profile::for_device(&gpu)?;
-    let v2 = products_v2_default();
+    let profile = profile::Profile::for_device(&gpu);
     let ops = CudaOps {
         gpu,
-        products: Products::new(v2, profile),
+        products: Products::new(true, profile),
         n_heads: c.n_heads,
         head_dim: c.head_dim,
         max_ctx: c.max_ctx,
@@ -319,7 +270,7 @@ fn open_runner(
         graphs_on: opts.graphs,
         graph: None,
         layout_epoch: 0,
-        prof: opprof::OpProf::from_env(),
+        prof: opprof::OpProf::when(crate::settings::profile_ops()),
         moe_cfg: c.moe.map(|p| (p, c.hidden)),
         moe_acts: None,
         moe_offs: None,

@@ -25,8 +25,9 @@ pub(super) struct OpProf {
 unsafe impl Send for OpProf {}
 
 impl OpProf {
-    pub fn from_env() -> Option<OpProf> {
-        (std::env::var("MEMRA_PROFILE_OPS").is_ok_and(|v| v == "1")).then(|| OpProf {
+    /// A profile when `on` (`MEMRA_PROFILE_OPS=1`, settings.rs), else none.
+    pub fn when(on: bool) -> Option<OpProf> {
+        on.then(|| OpProf {
             marks: RefCell::new(Vec::new()),
             totals: RefCell::new(BTreeMap::new()),
             steps: RefCell::new(BTreeMap::new()),

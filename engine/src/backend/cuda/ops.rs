@@ -573,7 +573,7 @@ impl Ops for CudaOps {
 
 /// Whether the CUDA backend has `f`'s kernels: every feature (the mixture-of-experts FFN runs
 /// on the device, moe.rs; the MTP forward's hidden input, hidden.rs; gated DeltaNet, delta.rs). Sliding windows run on the
-/// tensor-core attention, or the CUDA-core split one with `MEMRA_ATTN_EXT=0`
+/// tensor-core attention where it has a kernel, else the CUDA-core split one
 /// (`attn_mma_eligible`).
 fn gpu_has(f: Feature) -> bool {
     match f {

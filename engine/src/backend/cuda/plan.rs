@@ -310,13 +310,9 @@ fn gib(b: usize) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
-/// `weights`' tensors and the types this process's products read repacked (the v2 products,
-/// unless `MEMRA_CUDA_PRODUCTS=v1`).
+/// `weights`' tensors and the types the v2 products read repacked.
 fn described(weights: &ModelWeights) -> (Vec<TensorDesc>, impl Fn(DType) -> bool) {
-    let v2 = super::products_v2_default();
-    (describe(weights), move |d: DType| {
-        v2 && super::products::product_supports(d)
-    })
+    (describe(weights), super::products::product_supports)
 }
 
 /// The plan of `weights` with a pool of `kv_blocks` and `state_slots` recurrent-state slots

@@ -26,11 +26,11 @@ pub struct Launch {
     /// warpgroups (one copies, two compute 64 rows x `8 nt` tokens each), mbarrier slots,
     /// segment totals in shared memory. Same bits.
     pub ws: bool,
-    /// With `ws`: k-tile slots in shared memory (`MWS_STAGES`, default [`WS_STAGES`];
-    /// `MEMRA_WS_STAGES` for measuring); 0 for every other launch. Speed only.
+    /// With `ws`: k-tile slots in shared memory (`MWS_STAGES`: [`WS_STAGES`], or
+    /// [`WS_STAGES_3WG`] with three computing warpgroups); 0 for every other launch. Speed only.
     pub stages: u32,
-    /// With `ws`: computing warpgroups of 64 rows (`MWS_WG`, default [`WS_WGS`]; 3 where
-    /// [`WsWgs::Auto`] picks it or with `MEMRA_WS_WGS=3`); 0 for every other launch. Speed only.
+    /// With `ws`: computing warpgroups of 64 rows (`MWS_WG`: [`WS_WGS`], or 3 where
+    /// [`Profile::launch`] estimates them faster); 0 for every other launch. Speed only.
     pub wgs: u32,
 }
 
@@ -169,10 +169,10 @@ pub const WS_STAGES: u32 = 4;
 pub const WS_WGS: u32 = 2;
 /// k-tile slots with three computing warpgroups (four of 40 KiB do not fit beside their 96 KiB
 /// of totals).
-const WS_STAGES_3WG: u32 = 3;
-/// How much faster per row three computing warpgroups are than two ([`Profile::ws_wide_pays`],
-/// [`WsWgs::Auto`]): H200 session 17, 28672 x 4096 at M = 4096 (37 waves of 192-row blocks
-/// against 55 of 128): 1,897.6 against 1,947.4 µs.
+pub const WS_STAGES_3WG: u32 = 3;
+/// How much faster per row three computing warpgroups are than two ([`Profile::ws_wide_pays`]):
+/// H200 session 17, 28672 x 4096 at M = 4096 (37 waves of 192-row blocks against 55 of 128):
+/// 1,897.6 against 1,947.4 µs.
 const WS_WIDE_GAIN: f64 = 1.03;
 
 /// Threads of a shared-memory launch (kernels/cu/products.cu: MMS_WR x MMS_WT warps).
@@ -202,108 +202,36 @@ impl Launch {
     }
 }
 
-/// Tuned parameters for one device.
+/// Tuned parameters for one device. Nothing here is read from the environment: the profile is
+/// a function of the device (its architecture, multiprocessors and shared memory); the
+/// alternatives a gate or a microbenchmark compares are launches they build themselves
+/// (`memra-verify kernels`, `memra-bench kernels --launches`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Profile {
     /// NVRTC architecture (`compute_90a`, `compute_120a`, ...).
     pub arch: &'static str,
     pub sms: u32,
-    /// Warps a small-M product should keep busy per multiprocessor (sets `nseg`).
+    /// Warps a small-M product should keep busy per multiprocessor (sets `nseg`, which is part
+    /// of the arithmetic: every M of one device uses the same count). 16; 32 and 64 measured no
+    /// faster on the H200 (`nseg` is at its cap [`MAX_NSEG`] for the 8B shapes already).
     pub warps_per_sm: u32,
     /// Most dynamic shared memory one block may opt in to (bytes).
     pub smem_max: usize,
-    /// The shared-memory geometry for every type instead of the tuned one
-    /// (`MEMRA_MMS_TILE=nt,rpb`, for measuring; docs/FLAGS.md).
-    pub smem_tile: Option<Launch>,
-    /// Whether this device has the warpgroup (wgmma) products: sm_90a (`compute_90a`) unless
-    /// `MEMRA_WGMMA=0`.
+    /// Whether this device has the warpgroup (wgmma) products: sm_90a (`compute_90a`).
     pub wgmma: bool,
     /// The types whose large-M products take the warpgroup kernel (with `wgmma`):
-    /// [`WGMMA_DEFAULT`] unless `MEMRA_WGMMA` says `all` ([`WGMMA_TYPES`]) or lists them
-    /// (`q4_k,q8_0`, docs/FLAGS.md).
+    /// [`WGMMA_DEFAULT`]. (`kernel_builds` and the tests enable every [`WGMMA_TYPES`].)
     pub wgmma_types: Vec<DType>,
     /// The mixture-of-experts products' path for every call instead of the choice by size
-    /// (`MEMRA_MOE_GROUPED=0|1`, docs/FLAGS.md): `Some(true)` grouped by expert, `Some(false)`
-    /// one M = 1 product per (row, slot) pair. Speed only: both give the same bits.
+    /// (set by `memra-verify kernels`, which compares both): `Some(true)` grouped by expert,
+    /// `Some(false)` one M = 1 product per (row, slot) pair. Speed only: both give the same bits.
     pub moe_grouped: Option<bool>,
-    /// Tokens per block of every warpgroup launch instead of [`warpgroup`]'s per type
-    /// (`MEMRA_WGMMA_TOKENS=64|128`, for measuring; docs/FLAGS.md): at 64, F16 / BF16 blocks
-    /// take ~83 KiB and ~116 registers, so two fit one SM. Speed only.
-    pub wg_tokens: Option<u32>,
     /// F16 / BF16 large-M products take the warp-specialized launch ([`warp_specialized`])
-    /// where its 128-token grid fills the device, else [`warpgroup`]'s (default on sm_90a since
-    /// H200 session 13; `MEMRA_WGMMA_WS=0` turns it off; docs/FLAGS.md). Speed only.
+    /// where its 128-token grid fills the device, else [`warpgroup`]'s (sm_90a; H200 session
+    /// 14: F16 420-520 TFLOP/s at 4,096 tokens against the plain warpgroup kernel's 208-223).
+    /// Where it runs, an FFN's gate/up product computes SwiGLU in its epilogue (mat.rs
+    /// `upload_glu`). Speed only.
     pub ws: bool,
-    /// k-tile slots of every warp-specialized launch instead of [`WS_STAGES`]
-    /// (`MEMRA_WS_STAGES=2..=8`, for measuring; docs/FLAGS.md): a count whose slots do not fit
-    /// the device's shared memory leaves the plain warpgroup launch. Speed only.
-    pub ws_stages: Option<u32>,
-    /// Computing warpgroups of the warp-specialized launches: [`WsWgs::Auto`] (the default
-    /// since H200 session 18: F16 pp512 23,753 against 23,104 tok/s with two everywhere, its
-    /// kernels and F16 invariance gates ALL GREEN), or a count for every product
-    /// (`MEMRA_WS_WGS=2|3|auto`, for measuring; docs/FLAGS.md). Speed only.
-    pub ws_wgs: WsWgs,
-    /// F16 / BF16 gate/up matrices interleaved by 8 and, where the warp-specialized product
-    /// runs, SwiGLU in its epilogue (default on sm_90a; `MEMRA_GLU=0` off, for measuring;
-    /// docs/FLAGS.md). Speed only: the same bits either way.
-    pub glu: bool,
-}
-
-/// Environment setting `name` read by `parse` (`None` when unset); a value `parse` rejects is an
-/// error naming what was `expected`.
-fn env_setting<T>(
-    name: &str,
-    expected: &str,
-    parse: impl Fn(&str) -> Option<T>,
-) -> crate::error::Result<Option<T>> {
-    match std::env::var(name) {
-        Err(_) => Ok(None),
-        Ok(v) => parse(v.trim())
-            .map(Some)
-            .ok_or_else(|| crate::error::Error::Input(format!("{name}={v}: expected {expected}"))),
-    }
-}
-
-/// A `0` / `1` switch.
-fn env_flag(name: &str) -> crate::error::Result<Option<bool>> {
-    env_setting(name, "0 or 1", |v| match v {
-        "0" => Some(false),
-        "1" => Some(true),
-        _ => None,
-    })
-}
-
-/// A whole number from `lo` to `hi`.
-fn env_in(name: &str, lo: u32, hi: u32) -> crate::error::Result<Option<u32>> {
-    let expected = format!("a whole number from {lo} to {hi}");
-    env_setting(name, &expected, |v| {
-        v.parse().ok().filter(|n| (lo..=hi).contains(n))
-    })
-}
-
-/// `MEMRA_WS_STAGES` (also read by [`kernel_builds`]).
-fn env_ws_stages() -> crate::error::Result<Option<u32>> {
-    env_in("MEMRA_WS_STAGES", 2, 8)
-}
-
-/// The computing warpgroups of the warp-specialized launches (`MEMRA_WS_WGS`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WsWgs {
-    /// This many for every product (2 or 3).
-    Count(u32),
-    /// Three per product where [`Profile::ws_wide_pays`] estimates them faster, else two
-    /// (the default).
-    Auto,
-}
-
-/// `MEMRA_WS_WGS` (also read by [`kernel_builds`]).
-fn env_ws_wgs() -> crate::error::Result<Option<WsWgs>> {
-    env_setting("MEMRA_WS_WGS", "2, 3 or auto", |v| match v {
-        "2" => Some(WsWgs::Count(2)),
-        "3" => Some(WsWgs::Count(3)),
-        "auto" => Some(WsWgs::Auto),
-        _ => None,
-    })
 }
 
 const fn split(nt: u32) -> Launch {
@@ -361,14 +289,16 @@ pub const WGMMA_TYPES: [DType; 6] = [
 /// H200) and F16 (at 64 tokens per block, two blocks per SM: pp512 12,462 vs 12,147, pp4096
 /// 11,041 vs 10,732 for the shared-memory mma.sync product, H200 session 11; its bits equal the
 /// other geometries', `memra-bench kernels` ALL EQUAL there). The scaled quantized types Q8_0,
-/// Q4_0, Q6_K have warpgroup kernels too, taken only when `MEMRA_WGMMA` lists them (Q8_0 was 20%
-/// slower end to end, Q6_K no faster: session 11); BF16 (the F16 kernel over bf16, not timed)
-/// with `MEMRA_WGMMA=all` or a list naming it.
+/// Q4_0, Q6_K have warpgroup kernels too, not taken (Q8_0 was 20% slower end to end, Q6_K no
+/// faster: session 11); BF16 (the F16 kernel over bf16) is not timed. The kernels gate checks
+/// all of them against the other geometries bit for bit, and `memra-bench kernels --launches
+/// 8,1,w` times them.
 pub const WGMMA_DEFAULT: [DType; 2] = [DType::Q4_K, DType::F16];
 
 /// The warpgroup launch of a `dtype` product (sm_90a), when it has one: 64 tokens per block.
 /// F16 / BF16 at 64 take ~83 KiB and 116 registers, so two blocks share an SM (faster end to end
-/// than one block of 128 tokens: H200 session 11, `MEMRA_WGMMA_TOKENS` measures either); the
+/// than one block of 128 tokens: H200 session 11, pp512 12,462 against 11,710 tok/s; `memra-bench
+/// kernels --launches 16,1,w` times 128); the
 /// K-quants' 256-column stages are larger (3 stages of Q6_K at 128 tokens would not fit 227 KiB);
 /// the scaled types Q8_0 / Q4_0 need another accumulator set per part (at 128 tokens ptxas
 /// spills 36 bytes at 255 registers, at 64 it takes 159 registers and none; NVRTC 13.0, sm_90a).
@@ -389,8 +319,8 @@ pub const fn warpgroup(dtype: DType) -> Option<Launch> {
     })
 }
 
-/// The warp-specialized launch of a `dtype` product (sm_90a, the default unless
-/// `MEMRA_WGMMA_WS=0`), when it has one: F16 / BF16, 128 rows x 128 tokens per block (~193 KiB: one block per SM).
+/// The warp-specialized launch of a `dtype` product (sm_90a), when it has one: F16 / BF16, two
+/// computing warpgroups, 128 rows x 128 tokens per block (~193 KiB: one block per SM).
 pub const fn warp_specialized(dtype: DType) -> Option<Launch> {
     match dtype {
         DType::F16 | DType::BF16 => Some(Launch {
@@ -424,48 +354,45 @@ impl Profile {
             sms: sms.max(1),
             warps_per_sm: 16,
             smem_max,
-            smem_tile: None,
             wgmma: arch == "compute_90a",
             wgmma_types: WGMMA_DEFAULT.to_vec(),
             moe_grouped: None,
-            wg_tokens: None,
             ws: arch == "compute_90a",
-            ws_stages: None,
-            ws_wgs: WsWgs::Auto,
-            glu: true,
         }
     }
 
-    /// The warpgroup launch of `dtype` on this device for a grid that fills it: [`warp_specialized`]
-    /// (unless `MEMRA_WGMMA_WS=0`), else [`Profile::warpgroup_plain`].
-    pub fn warpgroup(&self, dtype: DType) -> Option<Launch> {
-        self.warp_specialized(dtype)
-            .or_else(|| self.warpgroup_plain(dtype))
+    /// The profile of device `g`.
+    pub fn for_device(g: &super::device::Gpu) -> Profile {
+        Profile::new(g.arch, g.sms, g.smem_optin)
     }
 
-    /// [`warp_specialized`] on this device: none with `MEMRA_WGMMA_WS=0`, the computing
-    /// warpgroups of `MEMRA_WS_WGS` and the slot count of `MEMRA_WS_STAGES`.
+    /// The warpgroup launch of `dtype` on this device for a grid that fills it: [`warp_specialized`]
+    /// where the device takes it, else [`warpgroup`].
+    pub fn warpgroup(&self, dtype: DType) -> Option<Launch> {
+        self.warp_specialized(dtype).or_else(|| warpgroup(dtype))
+    }
+
+    /// [`warp_specialized`] on this device (two computing warpgroups).
     pub fn warp_specialized(&self, dtype: DType) -> Option<Launch> {
-        warp_specialized(dtype).filter(|_| self.ws).map(|w| {
-            let wgs = match self.ws_wgs {
-                WsWgs::Count(n) => n,
-                WsWgs::Auto => w.wgs,
-            };
-            self.ws_with(w, wgs)
+        warp_specialized(dtype).filter(|_| self.ws)
+    }
+
+    /// The three-computing-warpgroup launch of `dtype` on this device (192 rows x 128 tokens,
+    /// [`WS_STAGES_3WG`] slots), when it exists; [`Profile::launch`] takes it per product where
+    /// [`Profile::ws_wide_pays`] estimates it faster (H200 session 18: F16 pp512 23,753 against
+    /// 23,104 tok/s with two everywhere).
+    pub fn warp_specialized_wide(&self, dtype: DType) -> Option<Launch> {
+        self.warp_specialized(dtype).map(|w| Launch {
+            stages: WS_STAGES_3WG,
+            wgs: 3,
+            ..w
         })
     }
 
-    /// With [`WsWgs::Auto`] (the default): the three-warpgroup launch of `dtype`, when it exists.
-    fn warp_specialized_wide(&self, dtype: DType) -> Option<Launch> {
-        warp_specialized(dtype)
-            .filter(|_| self.ws && self.ws_wgs == WsWgs::Auto)
-            .map(|w| self.ws_with(w, 3))
-    }
-
     /// Whether the three-warpgroup launch `wide` of a product of `rows` rows and `m` tokens is
-    /// estimated faster than the two-warpgroup one `two` ([`WsWgs::Auto`]): one block per
-    /// SM, so a launch takes its waves times its block's rows over the block's throughput,
-    /// three computing warpgroups [`WS_WIDE_GAIN`] times faster per row (measured). Speed only.
+    /// estimated faster than the two-warpgroup one `two`: one block per SM, so a launch takes
+    /// its waves times its block's rows over the block's throughput, three computing
+    /// warpgroups [`WS_WIDE_GAIN`] times faster per row (measured). Speed only.
     fn ws_wide_pays(&self, wide: &Launch, two: &Launch, rows: usize, m: usize) -> bool {
         let cost = |l: &Launch, gain: f64| {
             let (br, bt) = l.smem_block();
@@ -475,108 +402,16 @@ impl Profile {
         cost(wide, WS_WIDE_GAIN) < cost(two, 1.0)
     }
 
-    /// Launch `w` with `wgs` computing warpgroups and its slot count.
-    fn ws_with(&self, w: Launch, wgs: u32) -> Launch {
-        let slots = if wgs == 3 { WS_STAGES_3WG } else { w.stages };
-        Launch {
-            stages: self.ws_stages.unwrap_or(slots),
-            wgs,
-            ..w
-        }
-    }
-
-    /// [`warpgroup`] with the `MEMRA_WGMMA_TOKENS` override.
-    pub fn warpgroup_plain(&self, dtype: DType) -> Option<Launch> {
-        warpgroup(dtype).map(|w| match self.wg_tokens {
-            Some(t) => Launch { nt: t / 8, ..w },
-            None => w,
-        })
-    }
-
     /// Whether a mixture-of-experts call of `pairs` (row, slot) pairs over `n_experts` experts
     /// takes the grouped expert products (the pairs sorted by expert, each expert's pairs one
     /// block of rows: its weights read once per [`MOE_GROUPED_LAUNCH`] token tile) instead of an
     /// M = 1 product per pair (its weights read once per pair). Grouping pays when experts get
     /// several pairs each: more than [`MOE_GROUPED_MIN_PAIRS`] pairs and at least two per expert
-    /// on average (a guess, not yet measured: issue 16). `MEMRA_MOE_GROUPED` overrides it.
+    /// on average (a guess, not yet measured: issue 16). [`Profile::moe_grouped`]'s field
+    /// overrides it.
     pub fn moe_grouped(&self, pairs: usize, n_experts: usize) -> bool {
         self.moe_grouped
             .unwrap_or(pairs > MOE_GROUPED_MIN_PAIRS && pairs >= 2 * n_experts)
-    }
-
-    /// [`Profile::new`] with the overrides of the environment: `MEMRA_WARPS_PER_SM` (1..=64)
-    /// replaces `warps_per_sm`, which sets every matrix's segment count (docs/FLAGS.md).
-    pub fn for_device(g: &super::device::Gpu) -> crate::error::Result<Profile> {
-        let mut p = Profile::new(g.arch, g.sms, g.smem_optin);
-        if let Some(n) = env_in("MEMRA_WARPS_PER_SM", 1, 64)? {
-            p.warps_per_sm = n;
-        }
-        if let Ok(v) = std::env::var("MEMRA_WGMMA") {
-            p.set_wgmma(&v)?;
-        }
-        p.moe_grouped = env_flag("MEMRA_MOE_GROUPED")?;
-        p.wg_tokens = env_setting("MEMRA_WGMMA_TOKENS", "64 or 128", |v| match v {
-            "64" => Some(64),
-            "128" => Some(128),
-            _ => None,
-        })?;
-        p.ws = env_flag("MEMRA_WGMMA_WS")?.unwrap_or(p.ws);
-        p.glu = env_flag("MEMRA_GLU")?.unwrap_or(p.glu);
-        if let Some(w) = env_ws_wgs()? {
-            p.ws_wgs = w;
-        }
-        p.ws_stages = env_ws_stages()?;
-        if let Ok(v) = std::env::var("MEMRA_MMS_TILE") {
-            let bad = || {
-                crate::error::Error::Input(format!(
-                    "MEMRA_MMS_TILE={v}: expected nt,rpb with nt in 1, 2, 4, 8 and rpb in 1..=4"
-                ))
-            };
-            let (nt, rpb) = v.trim().split_once(',').ok_or_else(bad)?;
-            let nt: u32 = nt.trim().parse().map_err(|_| bad())?;
-            let rpb: u32 = rpb.trim().parse().map_err(|_| bad())?;
-            if !matches!(nt, 1 | 2 | 4 | 8) || !(1..=4).contains(&rpb) {
-                return Err(bad());
-            }
-            p.smem_tile = Some(smem(nt, rpb));
-        }
-        Ok(p)
-    }
-
-    /// Applies a `MEMRA_WGMMA` value: `0` (no warpgroup kernel), `1` (the default types,
-    /// [`WGMMA_DEFAULT`]), `all` ([`WGMMA_TYPES`]) or a comma-separated list of types by their
-    /// lower-case names, each one of [`WGMMA_TYPES`] (`q4_k,q8_0`). A list does not turn the
-    /// warpgroup kernels on where the device lacks them.
-    pub fn set_wgmma(&mut self, v: &str) -> crate::error::Result<()> {
-        match v.trim() {
-            "0" => self.wgmma = false,
-            "1" => self.wgmma_types = WGMMA_DEFAULT.to_vec(),
-            "all" => self.wgmma_types = WGMMA_TYPES.to_vec(),
-            list => {
-                let bad = |what: String| {
-                    let names: Vec<&str> = WGMMA_TYPES.iter().map(|d| d.name()).collect();
-                    crate::error::Error::Input(format!(
-                        "MEMRA_WGMMA={v}: {what}; expected 0, 1, all or a comma-separated list of \
-                         types from {}",
-                        names.join(", ")
-                    ))
-                };
-                let mut types = Vec::new();
-                for name in list.split(',').map(str::trim) {
-                    let d = WGMMA_TYPES
-                        .into_iter()
-                        .find(|d| d.name() == name.to_ascii_lowercase())
-                        .ok_or_else(|| {
-                            bad(format!("`{name}` is not a type with a warpgroup kernel"))
-                        })?;
-                    if !types.contains(&d) {
-                        types.push(d);
-                    }
-                }
-                self.wgmma_types = types;
-            }
-        }
-        Ok(())
     }
 
     /// Whether large-M `dtype` products take the warpgroup kernel on this device (when its grid
@@ -608,7 +443,7 @@ impl Profile {
             17..=64 if wide(dtype) => split(4),
             17..=64 => split(2),
             _ => {
-                let wanted = self.wgmma_for(dtype) && self.smem_tile.is_none();
+                let wanted = self.wgmma_for(dtype);
                 // The warp-specialized launch (128 tokens per block) where its grid covers at
                 // least half the SMs, else the plain warpgroup one (64 tokens for F16 / BF16).
                 let ws = self.warp_specialized(dtype);
@@ -617,19 +452,15 @@ impl Profile {
                     .zip(ws)
                     .filter(|(w3, w2)| self.ws_wide_pays(w3, w2, rows, m))
                     .map(|(w3, _)| w3);
-                for w in [wide, ws, self.warpgroup_plain(dtype)]
-                    .into_iter()
-                    .flatten()
-                {
+                for w in [wide, ws, warpgroup(dtype)].into_iter().flatten() {
                     let (br, bt) = w.smem_block();
                     let blocks = rows.div_ceil(br) * m.div_ceil(bt);
                     if wanted && 2 * blocks >= self.sms as usize && w.fits(dtype, self.smem_max) {
                         return w;
                     }
                 }
-                let s = match (self.smem_tile, dtype) {
-                    (Some(t), _) => t,
-                    (None, DType::Q5_K) => smem(4, 1),
+                let s = match dtype {
+                    DType::Q5_K => smem(4, 1),
                     _ => smem(4, 2),
                 };
                 let (br, bt) = s.smem_block();
@@ -660,12 +491,11 @@ impl Profile {
             smem(2, 2),
             smem(8, 1),
         ];
-        v.extend(self.smem_tile.filter(|t| !v.contains(t)));
         if self.wgmma {
             for &d in &self.wgmma_types {
                 let ws = self.warp_specialized(d);
                 let wide = self.warp_specialized_wide(d);
-                for w in [self.warpgroup_plain(d), ws, wide].into_iter().flatten() {
+                for w in [warpgroup(d), ws, wide].into_iter().flatten() {
                     if !v.contains(&w) {
                         v.push(w);
                     }
@@ -706,7 +536,7 @@ impl Profile {
 /// `compute_120a`): each module loaded at start with its default build, and the `products`
 /// variants of every launch a profile can choose (every warpgroup type enabled) plus the grouped
 /// MoE launch. `memra-bench kernel-cache` precompiles exactly these; a CI test compiles them.
-/// The products builds read `MEMRA_KERNEL_DIR` as the engine does.
+/// The products builds read `MEMRA_KERNEL_DIR` as the engine does (kernels/src/lib.rs).
 pub fn kernel_builds(
     arch: &'static str,
 ) -> Vec<(&'static memra_kernels::Module, memra_kernels::Build)> {
@@ -722,13 +552,6 @@ pub fn kernel_builds(
     let mut p = Profile::new(arch, 132, SMEM_MAX_SM90);
     p.wgmma_types = WGMMA_TYPES.to_vec();
     p.ws = true;
-    // `MEMRA_WS_STAGES=n memra-bench kernel-cache` (or `MEMRA_WS_WGS`) precompiles that build
-    // too (a lease measuring it then compiles nothing; an invalid value is the engine's error to
-    // give).
-    p.ws_stages = env_ws_stages().ok().flatten();
-    if let Some(w) = env_ws_wgs().ok().flatten() {
-        p.ws_wgs = w;
-    }
     let mut sets: Vec<Vec<String>> = vec![Vec::new(), MOE_GROUPED_LAUNCH.defines()];
     for l in p.all_launches() {
         if !sets.contains(&l.defines()) {
@@ -774,7 +597,7 @@ mod tests {
     #[test]
     fn large_products_take_the_warpgroup_kernel_on_sm90a_only() {
         let mut p = Profile::new("compute_90a", 132, SMEM_MAX_SM90);
-        // By default Q4_K; MEMRA_WGMMA=all adds the others.
+        // By default Q4_K and F16; the other types' warpgroup kernels when listed.
         for d in WGMMA_DEFAULT {
             let l = p.launch(512, d, 4096);
             assert!(l.wg && l.smem && l.fits(d, SMEM_MAX_SM90), "{d}: {l:?}");
@@ -783,8 +606,8 @@ mod tests {
         for d in [DType::BF16, DType::Q8_0, DType::Q6_K] {
             assert!(!p.launch(512, d, 4096).wg, "{d}");
         }
-        // F16's plain warpgroup launch (MEMRA_WGMMA_WS=0, or a grid too small for the
-        // warp-specialized one) at 64 tokens per block: two blocks fit one SM (228 KiB).
+        // F16's plain warpgroup launch (a grid too small for the warp-specialized one) at 64
+        // tokens per block: two blocks fit one SM (228 KiB).
         assert!(p.launch(512, DType::F16, 4096).ws);
         let l = p.launch(256, DType::F16, 4096);
         let f = crate::quant::repack::tile_format(DType::F16).unwrap();
@@ -792,7 +615,7 @@ mod tests {
             l.nt == 8 && 2 * l.smem_bytes(f.tile_bytes, f.kt) <= 228 * 1024,
             "{l:?}"
         );
-        p.set_wgmma("all").unwrap();
+        p.wgmma_types = WGMMA_TYPES.to_vec();
         for d in WGMMA_TYPES {
             let l = p.launch(512, d, 4096);
             assert!(l.wg && l.smem && l.fits(d, SMEM_MAX_SM90), "{d}: {l:?}");
@@ -804,15 +627,15 @@ mod tests {
             assert!(!p.launch(512, d, 4096).wg, "{d}");
             assert!(warpgroup(d).is_none(), "{d}");
         }
-        // MEMRA_WGMMA_TOKENS=128: F16 blocks of 128 tokens, compiled at load like every other
-        // launch; Q6_K's stages would not fit at 128 (the shared-memory product then).
-        p.wg_tokens = Some(128);
-        p.ws = false;
-        let l = p.launch(512, DType::F16, 4096);
-        assert!(l.wg && l.nt == 16 && p.all_launches().contains(&l), "{l:?}");
-        assert!(!p.launch(512, DType::Q6_K, 4096).wg);
-        p.wg_tokens = None;
-        p.set_wgmma("0").unwrap();
+        // F16 blocks of 128 tokens (`memra-bench kernels --launches 16,1,w`) fit; Q6_K's
+        // stages would not at 128.
+        let w128 = Launch {
+            nt: 16,
+            ..warpgroup(DType::F16).unwrap()
+        };
+        assert!(w128.fits(DType::F16, SMEM_MAX_SM90));
+        assert!(!w128.fits(DType::Q6_K, SMEM_MAX_SM90));
+        p.wgmma = false;
         assert!(!p.launch(512, DType::Q4_K, 4096).wg);
         assert!(p.all_launches().iter().all(|l| !l.wg));
         let b = Profile::new("compute_120a", 170, 99 * 1024);
@@ -861,34 +684,25 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_count_override_changes_the_ws_module_only_when_it_differs() {
-        let mut p = Profile::new("compute_90a", 132, SMEM_MAX_SM90);
+    fn only_a_slot_count_other_than_the_default_changes_the_ws_module() {
+        let p = Profile::new("compute_90a", 132, SMEM_MAX_SM90);
         let f = crate::quant::repack::tile_format(DType::F16).unwrap();
         let def = p.launch(512, DType::F16, 4096);
         assert_eq!(def.stages, WS_STAGES);
         assert_eq!(def.defines(), vec!["MWG_N=128".to_string()]);
-        p.ws_stages = Some(WS_STAGES);
-        assert_eq!(p.launch(512, DType::F16, 4096), def);
-        // Five slots of 32 KiB still fit 227 KiB with the 64 KiB of totals; six do not, and the
-        // product keeps the plain warpgroup launch.
-        p.ws_stages = Some(5);
-        let five = p.launch(512, DType::F16, 4096);
-        assert!(five.ws && five.stages == 5, "{five:?}");
+        // Five slots of 32 KiB still fit 227 KiB with the 64 KiB of totals; six do not.
+        let five = Launch { stages: 5, ..def };
         assert_eq!(
             five.smem_bytes(f.tile_bytes, f.kt),
             1024 + 5 * 32768 + 65536 + 80
         );
         assert!(five.defines().contains(&"MWS_STAGES=5".to_string()));
         assert_eq!(five.name(), "nt16r1x5");
-        assert!(p.all_launches().contains(&five));
-        p.ws_stages = Some(6);
-        let six = p.launch(512, DType::F16, 4096);
-        assert!(six.wg && !six.ws, "{six:?}");
+        assert!(five.fits(DType::F16, SMEM_MAX_SM90));
+        assert!(!Launch { stages: 6, ..def }.fits(DType::F16, SMEM_MAX_SM90));
         // Three computing warpgroups: 192-row blocks, 512 threads, 3 slots of 40 KiB beside 96
         // KiB of totals.
-        p.ws_stages = None;
-        p.ws_wgs = WsWgs::Count(3);
-        let three = p.launch(512, DType::F16, 28672);
+        let three = p.warp_specialized_wide(DType::F16).unwrap();
         assert!(three.ws && three.wgs == 3 && three.stages == 3, "{three:?}");
         assert_eq!(three.smem_block(), (192, 128));
         assert_eq!(three.max_threads(), 512);
@@ -898,10 +712,9 @@ mod tests {
         let d = three.defines();
         assert!(d.contains(&"MWS_WG=3".to_string()) && d.contains(&"MWS_STAGES=3".to_string()));
         assert_eq!(three.name(), "nt16r1xg33");
-        // Per product (auto): three where fewer waves of wider blocks pay (qkv at 512 tokens:
-        // one wave against two; gate/up at 4,096), two where both take one wave (4096 rows) or
-        // the waves cost the same (gate/up at 512: 5 x 192 against 7 x 128 rows); both compiled.
-        p.ws_wgs = WsWgs::Auto;
+        // Per product: three where fewer waves of wider blocks pay (qkv at 512 tokens: one wave
+        // against two; gate/up at 4,096), two where both take one wave (4096 rows) or the waves
+        // cost the same (gate/up at 512: 5 x 192 against 7 x 128 rows); both compiled.
         let wgs = |rows: usize, m: usize| p.launch(m, DType::F16, rows).wgs;
         assert_eq!(wgs(6144, 512), 3);
         assert_eq!(wgs(28672, 4096), 3);
@@ -913,32 +726,6 @@ mod tests {
             p.all_launches()
                 .contains(&p.warp_specialized(DType::F16).unwrap())
         );
-    }
-
-    #[test]
-    fn memra_wgmma_takes_a_list_of_types() {
-        let mut p = Profile::new("compute_90a", 132, SMEM_MAX_SM90);
-        p.set_wgmma(" q8_0, F16 ,q8_0").unwrap();
-        assert_eq!(p.wgmma_types, vec![DType::Q8_0, DType::F16]);
-        assert!(p.launch(512, DType::Q8_0, 4096).wg);
-        assert!(p.launch(512, DType::F16, 4096).wg);
-        assert!(!p.launch(512, DType::Q4_K, 4096).wg);
-        p.set_wgmma("q6_k").unwrap();
-        assert!(p.launch(512, DType::Q6_K, 4096).wg);
-        assert!(!p.launch(512, DType::F16, 4096).wg);
-        p.set_wgmma("1").unwrap();
-        assert_eq!(p.wgmma_types, WGMMA_DEFAULT.to_vec());
-        for bad in ["q5_k", "q4_k,", "yes", "q4_k;q8_0", ""] {
-            let e = p.set_wgmma(bad).unwrap_err().to_string();
-            assert!(
-                e.contains("MEMRA_WGMMA") && e.contains("q8_0, q4_0"),
-                "{bad}: {e}"
-            );
-        }
-        // A list does not give a device without wgmma the warpgroup kernels.
-        let mut b = Profile::new("compute_120a", 170, 99 * 1024);
-        b.set_wgmma("q4_k").unwrap();
-        assert!(!b.launch(512, DType::Q4_K, 4096).wg);
     }
 
     #[test]
