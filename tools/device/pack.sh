@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds stripped release binaries of run-gen, memra-verify and memra-bench into .device/bin
-# (git-ignored), ready to carry to the GPU machine:  tools/device/pack.sh
-# Then, on the device (tool `run`, carry [".device"]):  tools/device/battery.sh
+# Builds stripped release binaries of run-gen, memra-verify, memra-bench and memra-server into
+# .device/bin (git-ignored) with precompiled kernels, ready to carry to the GPU machine:
+#   tools/device/pack.sh          (stage.sh runs it; docs/DEVICE.md)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release -p memra-engine -p memra-verify -p memra-bench -p memra-server --bins
@@ -25,12 +25,6 @@ if [ "${PACK_KCACHE:-1}" != 0 ]; then
   # $HOME/dev/.device/kvar/NAME; the cache key is the source's hash, so the bytes must be these)
   # and its builds into .device/kcache (kernel-cache keeps the cubins already there: only the
   # products builds the variant changes are compiled).
-  # Builds an environment switch adds (PACK_ENVS="MEMRA_WS_WGS=3 MEMRA_WS_STAGES=5": the engine
-  # and kernel-cache read them alike), precompiled too.
-  for e in ${PACK_ENVS:-}; do
-    env "$e" LD_LIBRARY_PATH="$NV${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-      "$TARGET/release/memra-bench" kernel-cache --arch sm_90a --out .device/kcache
-  done
   rm -rf .device/kvar
   for v in ${PACK_KVARS:-}; do
     n=${v%%:*}; d=${v#*:}

@@ -13,10 +13,11 @@
 # Every measurement is a row of ONE run id in $OUT/data.jsonl (docs/BENCH.md): copy it into
 # reports/data/ and run `memra-bench report`. A markdown summary goes to $OUT/sidebyside.md;
 # logs to $OUT/sbs-logs.tgz.
-#   (gates: memra-verify kernels / invariance / graph / tokens through battery.sh, between 2 and 3)
+#   (the gates run in the lease queue that calls this script: tools/device/lease/close.sh)
 #   5. (step depth, not in the default list) decode at context depths SBS_DEPTHS (default
 #      2048,8000) on the q4_k_m file, memra-bench decode --depth and llama-bench -d
-# Env: SBS_STEPS (default "synth memra gates peer load"), RUNS (default 3).
+# Env: SBS_STEPS (default "synth memra peer load"), RUNS (default 3). The lease queues
+# (lib.sh load_row) run its load step only; docs/DEVICE.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/memra-sbs}"
@@ -25,7 +26,7 @@ mkdir -p "$LOG"
 BIN="${MEMRA_BIN:-$PWD/.device/bin}"
 MODELS="$HOME/models"
 SMOL="$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf"
-STEPS="${SBS_STEPS:-synth memra gates peer load}"
+STEPS="${SBS_STEPS:-synth memra peer load}"
 RUNS="${RUNS:-3}"
 export MEMRA_KERNEL_CACHE="$HOME/.cache/memra/kernels"
 [ -n "${CUDA_HOME:-}" ] && export LD_LIBRARY_PATH="$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -56,11 +57,6 @@ if has memra; then
         --runs "$RUNS" $(label "$name") --run "$RUN" --out "$DATA" --quiet > "$LOG/memra-$w-$name.txt" 2>&1
     done
   done
-fi
-
-if has gates; then
-  BATTERY_STEPS="kernels inv graph tokens" timeout 300 tools/device/battery.sh > "$LOG/gates.txt" 2>&1
-  grep -E "^(verify|invariance|graph|tokens)" "$OUT/summary.txt" > "$LOG/gates-summary.txt" 2>/dev/null
 fi
 
 if has peer; then
@@ -139,9 +135,6 @@ fi
   echo "64 streaming clients x 4 requests x 64 tokens on q4_k_m: memra-server ${LOADM:-not run}; llama-server -np 64 ${LOADL:-not run}"
   echo
   echo "rows: $(wc -l < "$DATA" 2>/dev/null || echo 0) in $DATA (copy into reports/data/, then memra-bench report)"
-  echo
-  echo "gates on this build:"
-  sed 's/^/    /' "$LOG/gates-summary.txt" 2>/dev/null
 } > "$TAB"
 tar czf "$OUT/sbs-logs.tgz" -C "$OUT" sbs-logs && rm -rf "$LOG"
 echo

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepares, here, everything one H200 lease carries (docs/DEVICE.md "Lease scripts"), into the
+# Prepares, here, everything one H200 lease carries (docs/DEVICE.md step 3), into the
 # git-ignored .stage/: bins.tgz (pack.sh: binaries + precompiled kernels), tok.gguf (a GGUF with
 # SmolLM2's tokenizer, for synthetic models), llama.tgz (llama.cpp's source, peer-src.sh), the
 # real models in pieces that fit a call (smol2.aa..ac, s8g.aa..ae) with their sha256 checked

@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
-# The short closing queue of issue 8 (session 18: ~8 device-minutes from start.sh to queue-done): the
-# Done-when gates on the build as staged (golden; invariance, graph, tokens and serve-invariance
-# of 32 requests on SmolLM2; the whole `memra-verify kernels`; invariance and graph on llama3-8b
-# Q4_K_M; F16 invariance), then every must-reach row side by side with llama.cpp in ONE run id
-# (decode and pp512 of Q4_K_M, Q8_0, F16 and SmolLM2; TTFT and the 64-client load row through
-# the servers). No MoE / Gemma rows and no A/Bs (next.sh has them).
+# close.sh: the gates of the build as staged, then the README's side-by-side rows with llama.cpp
+# in ONE run id: the closing run after a change of defaults, or (CLOSE_STEPS=gates) the gates
+# alone. Steps (CLOSE_STEPS, default "gates sbs load", in this order):
+#   gates  golden; invariance, graph, tokens and serve-invariance of 32 requests on SmolLM2; the
+#          whole `memra-verify kernels` (and its attention group on the split kernel);
+#          invariance and graph on llama3-8b Q4_K_M; F16 invariance (prompt 700, M to 8); the
+#          tiny qwen3moe / gemma3 gates
+#   sbs    decode and pp512 / pp4096 of Q4_K_M, Q8_0, F16 and SmolLM2, memra and llama.cpp
+#   load   TTFT and the 64-client load row through memra-server and llama-server (Q4_K_M)
+#   long   long context on the 128k Q4_K_M (lib.sh long_ctx: invariance at 8,192 tokens per KV
+#          format, serve-invariance over 5,700 tokens, cached-turn TTFT, decode at depth)
+# ~8 device-minutes from start.sh to queue-done with the defaults (session 18), ~4 for gates.
 #   stage: tools/device/stage.sh; calls: start.sh with LEASE_SYNTH="q4 q8 f16" and this queue,
 #   then the two SmolLM2 pieces (NAME smol), then poll.sh back to back (docs/DEVICE.md).
 set -u
 cd $HOME/repo; . tools/device/lease/lib.sh
 export RUN=${LEASE_RUN:-h200-$(date +%Y%m%d)-close}
-row start "$(cat $HOME/dev/.device/COMMIT) run $RUN; $(ls $MEMRA_KERNEL_CACHE 2>/dev/null | grep -c cubin) cubins"
-gates_smol & gates_8b & wait
-row gates-done ""
-peerwait
-sbs q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1
-load_row
+STEPS=${CLOSE_STEPS:-gates sbs load}
+on() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+row start "$(cat $HOME/dev/.device/COMMIT) run $RUN; $STEPS; $(ls $MEMRA_KERNEL_CACHE 2>/dev/null | grep -c cubin) cubins"
+if on gates; then
+  gates_smol & gates_8b & wait
+  gates_tiny
+  row gates-done ""
+fi
+if on sbs || on load; then peerwait; fi
+on sbs && sbs q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1
+on load && load_row
+on long && long_ctx
 row queue-done ""
 touch $HOME/queue.done

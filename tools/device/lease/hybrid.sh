@@ -15,7 +15,7 @@
 #   inv80    invariance on that file
 #   kernels  the whole kernels gate
 # Start: LEASE_SYNTH=q3n LEASE_RUN=... bash tools/device/lease/start.sh tools/device/lease/hybrid.sh 5
-# then poll.sh back to back (docs/DEVICE.md "Lease scripts"). ~12 device-minutes for all.
+# then poll.sh back to back (docs/DEVICE.md step 3). ~12 device-minutes for all.
 set -u
 cd $HOME/repo; . tools/device/lease/lib.sh
 export RUN=${LEASE_RUN:-h200-hybrid}

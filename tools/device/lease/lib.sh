@@ -1,6 +1,6 @@
 # Helpers for a lease queue (sourced by the queue scripts; runs ON the GPU machine from
 # $HOME/repo). Logs and the summary go to $HOME/q, NOT $OUT (the device tool empties $OUT at
-# every call); poll.sh copies them into $OUT. docs/DEVICE.md "Lease scripts".
+# every call); poll.sh copies them into $OUT. docs/DEVICE.md step 3.
 B=$HOME/dev/.device/bin
 export MEMRA_KERNEL_CACHE=$HOME/.cache/memra/kernels MEMRA_COMMIT=$(cat $HOME/dev/.device/COMMIT 2>/dev/null)
 M=$HOME/models
@@ -51,6 +51,9 @@ gates_smol() {
 gates_8b() {
   run kernels 600 $B/memra-verify kernels --device cuda:0
   grep -E "FAIL|differ|ALL" $O/logs/kernels.log | head -6 >> $S
+  # The attention group once more on the CUDA-core split kernel for every launch (the kernel the
+  # shapes without a tensor-core kernel take).
+  run kernels-attn-split 300 $B/memra-verify kernels --device cuda:0 --only attention --attn-split
   waitf $Q4 && run inv-q4 420 $B/memra-verify invariance $Q4 --device cuda:0 && run graph-q4 300 $B/memra-verify graph $Q4 --device cuda:0
   waitf $F16 && run inv-f16 420 $B/memra-verify invariance $F16 --device cuda:0 --prompt-len 700 --max-m 8
 }
@@ -73,4 +76,28 @@ load_row() {
   ln -sf $Q4 $M/synth-llama3-8b-q4_k_m.gguf
   run load 420 env OUT=$O/sbs RUN=$RUN SBS_STEPS=load MEMRA_BIN=$B tools/device/sidebyside.sh
   grep -h "streaming" $O/sbs/sidebyside.md >> $S 2>/dev/null
+}
+# The tiny random MoE and Gemma 3 models (no file needed): routing and expert products, windowed
+# attention and GeGLU.
+gates_tiny() {
+  for t in qwen3moe gemma3; do
+    run inv-tiny-$t 240 $B/memra-verify invariance --tiny $t --device cuda:0
+    run graph-tiny-$t 240 $B/memra-verify graph --tiny $t --device cuda:0
+  done
+}
+# Long context on the 128k-context llama3-8b Q4_K_M (synth.sh q4): invariance at an 8,192-token
+# prompt per KV format, serve-invariance over a 5,700-token shared context (f16, q8_0), the
+# cached-turn TTFT (5,700 + 50 tokens) and decode at depth 8,192 / 32,768 per format (rows).
+long_ctx() {
+  waitf $Q4 || return
+  for kv in f16 bf16 q8_0; do
+    run inv-8k-$kv 300 $B/memra-verify --kv-dtype $kv invariance $Q4 --device cuda:0 --prompt-len 8192 --max-m 8
+  done
+  for kv in f16 q8_0; do
+    run serve-inv-5k7-$kv 400 $B/memra-verify --kv-dtype $kv serve-invariance $Q4 --device cuda:0 --requests 8 --max-tokens 16 --context 5700
+  done
+  run ttft-turn 200 $MB ttft $Q4 --device cuda:0 --prompt 5700 --turn 50 --gen 1 --runs 5 --shape llama3-8b --dtype Q4_K_M
+  for kv in f16 bf16 q8_0; do
+    run decode-depth-$kv 300 $MB decode $Q4 --device cuda:0 --prompt 512 --depth 8192,32768 --gen 128 --runs 3 --kv-dtype $kv --shape llama3-8b --dtype Q4_K_M
+  done
 }

@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
-# The queue of the next H200 lease (written in session 13, run in sessions 15, 16 and 17 as runs
-# h200-20261204-s15 / -s16 / -s17; kept for the next one). Gates the defaults as built (golden,
-# every kernel in `memra-verify kernels`, the issue's gates on SmolLM2 and Q4_K_M: invariance,
+# next.sh: the full queue (run as h200-20261204-s15 / -s16 / -s17). Gates the defaults as built
+# (golden, every kernel in `memra-verify kernels`, the gates on SmolLM2 and Q4_K_M: invariance,
 # graph, tokens, serve-invariance of 32 requests; F16 invariance on the 8B file, MoE / Gemma
 # gates), then measures every side-by-side row with llama.cpp in ONE run id (the README's
-# table), and A/Bs every staged products.cu variant in kbench and end to end (log only).
-# Session 18 made MEMRA_WS_WGS=auto the default (three computing warpgroups per product where
-# fewer waves pay); the whole kernels gate still runs once more with three warpgroups on every
-# launch, and the F16 A/Bs compare auto with two and three everywhere.
+# table, MoE and Gemma 3 included), and A/Bs every staged products.cu variant (PACK_KVARS,
+# tools/device/pack.sh) in `memra-bench kernels` and end to end (log only). close.sh is the
+# short form (no MoE / Gemma rows, no A/Bs).
 #   stage: tools/device/stage.sh (bins with .device/kcache),
 #   tok.gguf, llama.tgz, SmolLM2 (2 calls, NAME smol), Gemma 3 270M (5 pieces, NAME gemma);
 #   LEASE_SYNTH="q4 q8 f16 moe". Keep every call within 30 s of the last (idle release):
@@ -28,9 +26,8 @@ g2() {
   waitf $MOE 400 && run graph-moe 300 $B/memra-verify graph $MOE --device cuda:0
 }
 g1 & g2 & wait
+gates_tiny
 row gates-done ""
-# Every launch with three computing warpgroups (auto, the default, takes them for some products)
-run kernels-wgs3 300 env MEMRA_WS_WGS=3 $B/memra-verify kernels --device cuda:0
 # Products.cu variants staged with PACK_KVARS (each a .device/kvar/NAME), A/B against the default
 # build in kbench: names t* (block order, TILE_GROUP) at the prefill shapes and M, names p*
 # (decode loads in flight, MMQ_PF) at the decode M, F16 and Q4_K.
@@ -45,22 +42,16 @@ for v in $(ls $KV 2>/dev/null); do
   case $v in t*|f*) w=pre ;; *) w=dec ;; esac
   for d in f16 q4_k; do kb $d $w $v env MEMRA_KERNEL_DIR=$KV/$v; done
 done
-# Three computing warpgroups in every warp-specialized product (MEMRA_WS_WGS=3; auto's builds,
-# precompiled by default): the tensor pipe was 52% busy with two (session 16's ncu).
-kb f16 pre wgs3 env MEMRA_WS_WGS=3
 peerwait
-# The same workloads with each staged variant (log only: no rows for the README; SmolLM2 only
-# with the early PDL trigger, which session 15's PDL gain was measured with; fold0: F16 prefill
-# with split-mode attention, whose ~63 µs per layer at 500 tokens is 9% of the step).
+# The same workloads with each staged variant (log only: no rows for the README): names t* / f*
+# at prefill, the others at decode; SmolLM2 only with a variant named e.
 abs() { for x in "$@"; do
   pick $x; waitf $f 60 || continue
-  for v in $(ls $KV 2>/dev/null) $([ $k = f16 ] && echo wgs2 wgs3 fold0); do
+  for v in $(ls $KV 2>/dev/null); do
     [ $k = f16 ] || [ $k = q4 ] || { [ $k = smol ] && [ $v = e ]; } || continue
+    e=MEMRA_KERNEL_DIR=$KV/$v
     case $v in
-      wgs2|wgs3) e=MEMRA_WS_WGS=${v#wgs} ;; fold0) e=MEMRA_ATTN_FOLD=0 ;; *) e=MEMRA_KERNEL_DIR=$KV/$v ;;
-    esac
-    case $v in
-      wgs*|fold0|t*|f*) run $k-prefill-$v 240 env $e $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
+      t*|f*) run $k-prefill-$v 240 env $e $B/memra-bench prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt ;;
       *) run $k-decode-$v 240 env $e $B/memra-bench decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt ;;
     esac
   done
