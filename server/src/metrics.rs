@@ -85,6 +85,8 @@ pub struct Metrics {
     spec_fallbacks: Family<FallbackLabels, Counter>,
     /// Serializes the catching up of the engine-total counters (two scrapes at once).
     totals: Mutex<()>,
+    /// The drafter series each model shows.
+    drafter_shown: Mutex<HashMap<String, DrafterLabels>>,
 }
 
 /// Raises counter `c` to the engine's running total `to` (totals only grow).
@@ -141,6 +143,7 @@ impl Metrics {
             spec_acceptance: Family::default(),
             spec_fallbacks: Family::default(),
             totals: Mutex::new(()),
+            drafter_shown: Mutex::new(HashMap::new()),
             registry: Registry::default(),
         };
         registry.register(
@@ -322,12 +325,19 @@ impl Metrics {
         } else {
             m.spec_drafter.clone()
         };
-        self.spec_drafter
-            .get_or_create(&DrafterLabels {
+        // One series per model: the drafter it reports now.
+        if let Ok(mut shown) = self.drafter_shown.lock() {
+            let now = DrafterLabels {
                 model: model.clone(),
                 drafter,
-            })
-            .set(1);
+            };
+            if let Some(old) = shown.insert(model.clone(), now.clone())
+                && old != now
+            {
+                self.spec_drafter.remove(&old);
+            }
+            self.spec_drafter.get_or_create(&now).set(1);
+        }
         if m.spec_drafter.is_empty() {
             return;
         }
@@ -530,5 +540,19 @@ mod tests {
             r#"memra_model_spec_fallbacks_total{model="chat",reason="load"} 9"#,
         );
         line(&t, r#"memra_model_spec_acceptance_ratio{model="chat"} 0.6"#);
+        // A model's drafter series follows what it reports (one series per model).
+        let t = render(
+            &m,
+            vec![ModelStats {
+                alias: "plain".into(),
+                spec_drafter: "ngram".into(),
+                ..ModelStats::default()
+            }],
+        );
+        line(
+            &t,
+            r#"memra_model_spec_drafter{model="plain",drafter="ngram"} 1"#,
+        );
+        assert!(!t.contains(r#"model="plain",drafter="off""#), "{t}");
     }
 }

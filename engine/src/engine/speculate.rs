@@ -23,6 +23,8 @@ pub(crate) struct Speculation {
     vocab: usize,
     /// Drafts set this step (sequence, tokens), until [`Self::planned`] sees the plan.
     set: HashMap<SeqId, usize>,
+    /// Rows of the last step without its drafts (its decoding sequences).
+    rows: usize,
     /// Model totals (for /metrics).
     pub(crate) counts: SpecCounts,
     pub(crate) fallbacks: SpecFallbacks,
@@ -45,6 +47,7 @@ impl Speculation {
             cost: StepCost::default(),
             vocab,
             set: HashMap::new(),
+            rows: 1,
             counts: SpecCounts::default(),
             fallbacks: SpecFallbacks::default(),
         }
@@ -67,7 +70,9 @@ impl Speculation {
 
     /// Sets this step's drafts in the scheduler. Under high occupancy (at least
     /// `cfg.max_batch` running) nobody drafts: plain batched decode fills the device better.
-    /// K per sequence: [`SpecControl::depth`] under the measured cost of a row.
+    /// K per sequence: [`SpecControl::depth`] under the measured cost of a row in a step of
+    /// this many decoding sequences ([`StepCost::row_cost_in`]: the more sequences share a
+    /// step, the more a draft row must be accepted to pay).
     pub(crate) fn draft(&mut self, sched: &mut Scheduler, cands: &[DraftCandidate]) -> Result<()> {
         self.set.clear();
         if cands.is_empty() {
@@ -78,7 +83,9 @@ impl Speculation {
             return Ok(());
         }
         let k_max = self.cfg.k;
-        let r = self.cost.row_cost();
+        // A draft row is weighed against the step it joins: every decoding sequence's row.
+        self.rows = sched.decoding().len().max(1);
+        let r = self.cost.row_cost_in(self.rows);
         let mut asks: Vec<(SeqId, usize)> = Vec::new();
         for c in cands {
             let ctl = self
@@ -166,7 +173,7 @@ impl Speculation {
     /// Sequence `id` checked `drafted` drafts this step and `accepted` were accepted (0, 0: it
     /// decoded plainly).
     pub(crate) fn checked(&mut self, id: SeqId, drafted: usize, accepted: usize) {
-        let r = self.cost.row_cost();
+        let r = self.cost.row_cost_in(self.rows);
         if let Some(c) = self.controls.get_mut(&id) {
             c.verified(drafted, accepted, r);
         }

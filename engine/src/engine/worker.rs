@@ -262,6 +262,8 @@ pub(crate) fn run(args: WorkerArgs, ready: Sender<Result<ModelInfo>>) {
     let mut args = Some(args);
     let mut w = match open(&mut args) {
         Ok((w, r)) => {
+            // Stats first: a reader right after the start sees the model as it runs.
+            w.publish_stats();
             let _ = ready.send(Ok(r));
             w
         }

@@ -152,17 +152,28 @@ impl StepCost {
 
     /// `r`, clamped to 0.05..=1; 0.3 until the fit has seen two different row counts.
     pub fn row_cost(&self) -> f32 {
+        self.row_cost_in(1)
+    }
+
+    /// The break-even acceptance of a draft in a step of `rows` rows without drafts: the
+    /// rows' share of the step's time, `b*rows / (a + b*rows)` (a step of B rows yields B
+    /// tokens; a draft row adds `b` to it and `p` tokens, so it pays while `p > b*B / (a +
+    /// b*B)`). For one row it is `r`. Clamped to 0.05..=1; until the fit has seen two row
+    /// counts, 0.3 for one row and `1 - 0.7^rows` for more.
+    pub fn row_cost_in(&self, rows: usize) -> f32 {
+        let n = rows.max(1) as f64;
         let [w, sx, sy, sxx, sxy] = self.s;
         let den = w * sxx - sx * sx;
+        let prior = (1.0 - 0.7f64.powf(n)) as f32;
         if w < 2.0 || den <= 1e-9 * w * w {
-            return 0.3;
+            return prior;
         }
         let b = (w * sxy - sx * sy) / den;
         let a = (sy - b * sx) / w;
-        if a + b <= 0.0 {
-            return 0.3;
+        if a + b * n <= 0.0 {
+            return prior;
         }
-        ((b / (a + b)) as f32).clamp(0.05, 1.0)
+        ((b * n / (a + b * n)) as f32).clamp(0.05, 1.0)
     }
 }
 
@@ -242,5 +253,15 @@ mod tests {
             s.record(rows, 1.0 + 0.25 * rows as f64);
         }
         assert!((s.row_cost() - 0.2).abs() < 1e-3, "{}", s.row_cost());
+        // In a step of 4 rows a draft row must beat 4 * 0.25 / (1 + 4 * 0.25) = 0.5.
+        assert!(
+            (s.row_cost_in(4) - 0.5).abs() < 1e-3,
+            "{}",
+            s.row_cost_in(4)
+        );
+        assert!(s.row_cost_in(64) > 0.9);
+        let fresh = StepCost::default();
+        assert_eq!(fresh.row_cost_in(1), fresh.row_cost());
+        assert!(fresh.row_cost_in(8) > 0.9);
     }
 }
