@@ -21,6 +21,7 @@ pub mod serve_ttft;
 pub mod shapes;
 pub mod sink;
 pub mod soak;
+pub mod spec;
 pub mod speed;
 pub mod synth;
 pub mod to_gguf;

@@ -241,6 +241,75 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Speculative decoding on real request kinds through memra-server: a workload file (code
+    /// edit, RAG quote, JSON extraction, summarization, chat, multi-turn) sent to a model that
+    /// speculates and to one that does not (`MEMRA_MODELS=on=FILE,off=FILE+spec=off`), greedy and
+    /// sampled with the same seeds: tok/s, TTFT, acceptance, fallbacks and whether every output
+    /// is the same bytes (the command fails when one is not). docs/BENCH.md.
+    Spec {
+        /// The workload (JSON lines).
+        #[arg(long, default_value = "bench/workloads/spec.jsonl")]
+        workload: PathBuf,
+        /// host:port of the server with the model that speculates.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        addr: String,
+        /// host:port of the server with the model that does not (default: --addr).
+        #[arg(long)]
+        addr_off: Option<String>,
+        /// The alias of the model that speculates.
+        #[arg(long, default_value = "on")]
+        model: String,
+        /// The alias of the model that does not.
+        #[arg(long, default_value = "off")]
+        model_off: String,
+        /// Comma-separated: greedy, sampled.
+        #[arg(long, default_value = "greedy,sampled")]
+        sampling: String,
+        /// The sampled configuration.
+        #[arg(long, default_value_t = 0.8)]
+        temperature: f32,
+        #[arg(long, default_value_t = 0.9)]
+        top_p: f32,
+        #[arg(long, default_value_t = 40)]
+        top_k: usize,
+        /// Request i's seed is SEED + i, the same for both models.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Concurrent clients per mode (1: the two models alternate request by request, and
+        /// /metrics is read around each request).
+        #[arg(long, default_value_t = 1)]
+        clients: usize,
+        /// Times each request is sent per mode and sampling.
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
+        /// Cap on every request's max_tokens (0: the workload's).
+        #[arg(long, default_value_t = 0)]
+        max_tokens: usize,
+        /// Only these kinds (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        kinds: Vec<String>,
+        #[arg(long)]
+        api_key: Option<String>,
+        /// Append the rows (JSON lines) here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Write the markdown table here (it is printed either way).
+        #[arg(long)]
+        table: Option<PathBuf>,
+        /// The rows' run id.
+        #[arg(long)]
+        run: Option<String>,
+        /// The model file the servers loaded (for the rows).
+        #[arg(long)]
+        model_file: Option<PathBuf>,
+        #[arg(long)]
+        shape: Option<String>,
+        #[arg(long)]
+        dtype: Option<String>,
+        /// The servers' device, for the rows (cpu or cuda:N).
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
     /// Loopback load test of a running OpenAI-compatible server: concurrent streaming chat
     /// clients; errors, sheds (429/503), cancellations, tok/s, TTFT and inter-token percentiles.
     Load {
@@ -1030,6 +1099,121 @@ fn run(cli: Cli) -> Result<()> {
                     rep.errors,
                     rep.malformed,
                     rep.first_error.unwrap_or_default()
+                )));
+            }
+            Ok(())
+        }
+        Cmd::Spec {
+            workload,
+            addr,
+            addr_off,
+            model,
+            model_off,
+            sampling,
+            temperature,
+            top_p,
+            top_k,
+            seed,
+            clients,
+            repeat,
+            max_tokens,
+            kinds,
+            api_key,
+            out,
+            table,
+            run,
+            model_file,
+            shape,
+            dtype,
+            device,
+        } => {
+            use memra_bench::spec as sb;
+            let mut items = sb::load_workload(&workload)?;
+            if !kinds.is_empty() {
+                items.retain(|i| kinds.contains(&i.kind));
+            }
+            let mut samplings = Vec::new();
+            for s in sampling.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                samplings.push(match s {
+                    "greedy" => sb::Sampling::greedy(),
+                    "sampled" => sb::Sampling::sampled(temperature, top_p, top_k),
+                    _ => {
+                        return Err(Error::Input(format!(
+                            "--sampling `{s}`: expected greedy or sampled"
+                        )));
+                    }
+                });
+            }
+            let args = sb::SpecArgs {
+                items,
+                off: sb::Target {
+                    addr: addr_off.unwrap_or_else(|| addr.clone()),
+                    model: model_off,
+                },
+                on: sb::Target { addr, model },
+                samplings,
+                seed,
+                clients,
+                repeat,
+                max_tokens,
+                api_key,
+            };
+            let outcome = sb::run(&args)?;
+            let (device, _) = memra_bench::speed::device_ref(&device)?;
+            let meta = sb::RowMeta {
+                run: run.unwrap_or_else(memra_bench::record::new_run_id),
+                time: memra_bench::record::now(),
+                device,
+                commit: memra_bench::record::commit(),
+                model: model_file
+                    .as_deref()
+                    .map(memra_bench::record::model_ref)
+                    .transpose()?,
+                shape,
+                dtype,
+            };
+            let rows = sb::rows(&args, &outcome, &meta);
+            let md = sb::table(&rows);
+            print!("{md}");
+            if let Some(t) = table {
+                std::fs::write(&t, &md)
+                    .map_err(|e| Error::Input(format!("{}: {e}", t.display())))?;
+            }
+            if let Some(o) = out {
+                let mut text = String::new();
+                for r in &rows {
+                    text.push_str(
+                        &serde_json::to_string(r).map_err(|e| Error::Input(e.to_string()))?,
+                    );
+                    text.push('\n');
+                }
+                use std::io::Write;
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&o)
+                    .and_then(|mut f| f.write_all(text.as_bytes()))
+                    .map_err(|e| Error::Input(format!("{}: {e}", o.display())))?;
+            }
+            let bad: Vec<&sb::SpecRow> = rows
+                .iter()
+                .filter(|r| r.kind == "all" && r.mode == "on" && !r.valid)
+                .collect();
+            if let Some(r) = bad.first() {
+                let first_error = outcome
+                    .on
+                    .iter()
+                    .chain(&outcome.off)
+                    .find_map(|s| s.error.clone());
+                return Err(Error::Input(format!(
+                    "{} of {} outputs differ between on and off ({}), {} errors{}",
+                    r.compared - r.identical,
+                    r.compared,
+                    r.differ.join(", "),
+                    r.errors,
+                    first_error
+                        .map(|e| format!(" (first: {e})"))
+                        .unwrap_or_default()
                 )));
             }
             Ok(())

@@ -7,5 +7,6 @@ mod peer_import;
 mod real_tokenizer;
 mod report;
 mod schema;
+mod spec_bench;
 mod synth_gguf;
 mod synth_hf;
