@@ -207,8 +207,9 @@ pub fn check_draft_paths(cfg: &StartConfig) -> std::result::Result<(), String> {
         };
         memra_engine::spec::check_draft_path(draft).map_err(|e| {
             format!(
-                "model `{alias}`: draft model +draft={}: {e}",
-                draft.display()
+                "model `{alias}`: draft model +draft={}: {}",
+                draft.display(),
+                memra_engine::spec::bare(&e)
             )
         })?;
     }
@@ -234,7 +235,8 @@ fn load(cfg: StartConfig) -> std::result::Result<Loaded, String> {
     let bar = spinner("starting the engine (backend, KV cache)".into());
     let handle = Engine::start(models, cfg.limits);
     bar.finish_and_clear();
-    let handle = handle.map_err(|e| format!("starting the engine: {e}"))?;
+    let handle =
+        handle.map_err(|e| format!("starting the engine: {}", memra_engine::spec::bare(&e)))?;
     for m in handle.models() {
         tracing::info!(
             "serving {} on {} (context {}, {} positions per request; KV cache {}: {} bytes per \
