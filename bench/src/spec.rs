@@ -581,7 +581,8 @@ pub struct SpecRow {
     pub tok_s: Option<f64>,
     /// The same after the first token.
     pub decode_tok_s: Option<f64>,
-    /// Several clients: all completion tokens of the mode over its wall time.
+    /// Several clients (`all` rows): all completion tokens of the mode, every sampling, over
+    /// the wall time of its loads.
     pub aggregate_tok_s: Option<f64>,
     pub ttft_ms_p50: Option<f64>,
     pub ttft_ms_mean: Option<f64>,
@@ -686,8 +687,14 @@ pub fn rows(a: &SpecArgs, o: &Outcome, meta: &RowMeta) -> Vec<SpecRow> {
                 } else {
                     o.off_wall_s
                 };
+                // The mode's load ran every sampling at once: all its tokens over its wall time.
+                let all: usize = if mode == Mode::On { &o.on } else { &o.off }
+                    .iter()
+                    .filter(|s| s.error.is_none())
+                    .map(|s| s.completion_tokens)
+                    .sum();
                 let aggregate =
-                    (a.clients > 1 && g == "all" && wall > 0.0).then(|| completion as f64 / wall);
+                    (a.clients > 1 && g == "all" && wall > 0.0).then(|| all as f64 / wall);
                 let ttft: Vec<f64> = ok.iter().map(|s| s.ttft_ms).collect();
                 let accepted: usize = ok.iter().map(|s| s.accepted).sum();
                 let drafted: usize = ok.iter().map(|s| s.accepted + s.rejected).sum();
@@ -761,6 +768,7 @@ pub fn table(rows: &[SpecRow]) -> String {
          TTFT p50 ms off / on | accepted / drafted | acceptance | verify steps | fallbacks | \
          identical |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n",
     );
+    let mut aggregated = false;
     for on in rows.iter().filter(|r| r.mode == "on") {
         let off = rows
             .iter()
@@ -804,12 +812,12 @@ pub fn table(rows: &[SpecRow]) -> String {
                 " **DIFFER**"
             },
         ));
-        if let Some(agg) = on.aggregate_tok_s {
+        if let Some(agg) = on.aggregate_tok_s.filter(|_| !aggregated) {
+            aggregated = true;
             s.push_str(&format!(
-                "| {kind} (aggregate, {} clients) | {} | {} | {} | {} | {} | | | | | | | |\n",
+                "| {kind} (aggregate, {} clients, every sampling) | - | {} | {} | {} | {} | | | | | | | |\n",
                 on.clients,
-                on.sampling,
-                on.requests,
+                on.requests * rows.iter().filter(|r| r.kind == "all" && r.mode == "on").count() as u64,
                 num(off.and_then(|o| o.aggregate_tok_s), 1),
                 num(Some(agg), 1),
                 match off.and_then(|o| o.aggregate_tok_s) {

@@ -197,7 +197,8 @@ fn spec_bench_runs_every_kind_on_and_off_with_identical_outputs() {
         .find(|r| r.kind == "all" && r.mode == "on")
         .unwrap();
     assert!(all_on.aggregate_tok_s.is_some_and(|t| t > 0.0));
-    assert!(spec::table(&rows).contains("aggregate, 3 clients"));
+    let md = spec::table(&rows);
+    assert_eq!(md.matches("aggregate, 3 clients").count(), 1, "{md}");
 
     // The same model twice, or an `on` model that does not speculate, is refused.
     let mut same = args(&addr, 1);
