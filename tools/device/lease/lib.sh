@@ -80,11 +80,37 @@ load_row() {
 # The tiny random MoE and Gemma 3 models (no file needed): routing and expert products, windowed
 # attention and GeGLU.
 gates_tiny() {
-  for t in qwen3moe gemma3; do
+  for t in qwen3moe gemma3 qwen3next; do
     run inv-tiny-$t 240 $B/memra-verify invariance --tiny $t --device cuda:0
     run graph-tiny-$t 240 $B/memra-verify graph --tiny $t --device cuda:0
   done
+  # speculation as memra-server runs it by default (auto: MTP + n-gram picked per sequence) and
+  # the per-step pick, byte-identical to plain decoding
+  run spec-tiny-auto 300 $B/memra-verify spec --device cuda:0 --tiny llama+mtp-oracle --drafters auto,pick --max-tokens 24
+  run spec-tiny-q3n 300 $B/memra-verify spec --device cuda:0 --tiny qwen3next+mtp --drafters auto,mtp --k-max 4 --max-tokens 16
 }
+# spec_rows k:DTYPE...: memra-bench spec (bench/workloads/spec.jsonl) through one memra-server
+# serving each file twice (on = the default speculation, off = +spec=off), greedy and sampled,
+# one client alternating the modes, then 64 clients per mode; rows into $O/spec.jsonl (their
+# own schema: reports/spec/), tables into $O/spec-K.md. Fails on any output that differs.
+spec_rows() { for x in "$@"; do
+  pick $x; waitf $f 300 || continue
+  MEMRA_MODELS="on=$f,off=$f+spec=off" MEMRA_KV_BLOCKS=${SPEC_KV_BLOCKS:-4096} MEMRA_ADDR=127.0.0.1:8091 \
+    $B/memra-server > $O/logs/spec-server-$k.log 2>&1 &
+  local pid=$!
+  for i in $(seq 1 240); do curl -s -o /dev/null -w "%{http_code}" 127.0.0.1:8091/ready 2>/dev/null | grep -q 200 && break; sleep 0.5; done
+  local sb="$B/memra-bench spec --addr 127.0.0.1:8091 --model-file $f --shape $sh --dtype $dt --device cuda:0 --run $RUN --out $O/spec.jsonl"
+  run spec-$k 300 $sb --repeat 2 --table $O/spec-$k.md
+  run spec-load-$k 300 $sb --clients 64 --repeat 1 --max-tokens 128 --table $O/spec-load-$k.md
+  grep -E "grounded|all" $O/spec-$k.md $O/spec-load-$k.md 2>/dev/null | cut -c1-200 >> $S
+  kill $pid; wait $pid 2>/dev/null
+done; }
+# prof k:DTYPE...: the per-op device times of plain decode steps (no graphs) on each file.
+prof() { for x in "$@"; do
+  pick $x; waitf $f 300 || continue
+  MEMRA_PROFILE_OPS=1 run prof-$k 200 $B/run-gen $f --device cuda:0 --prompt "The capital of France is a city that" --max-tokens 48 --no-cuda-graph
+  grep -A16 "op profile" $O/logs/prof-$k.log >> $S
+done; }
 # Long context on the 128k-context llama3-8b Q4_K_M (synth.sh q4): invariance at an 8,192-token
 # prompt per KV format, serve-invariance over a 5,700-token shared context (f16, q8_0), the
 # cached-turn TTFT (5,700 + 50 tokens) and decode at depth 8,192 / 32,768 per format (rows).
