@@ -193,6 +193,72 @@ __device__ __forceinline__ u32 hi5(u32 hb8, int r) {
     return ((x & 1u) << 4) | ((x & 0x10u) << 16);
 }
 
+// ---- Q5_0 / Q5_1: KT = 64; [0, 512) the low nibbles as Q4_0 / Q4_1; [512, 640) lane L's 4
+// bytes = one byte of fifth bits per step s (bit r + 4h, as Q5_K's plane); then
+// Q5_0: f16 d of (row, block) at 640 + (row * 2 + block) * 2 (TB 704), value d * (q - 16);
+// Q5_1: f16 (d, m) at 640 + (row * 2 + block) * 4 (TB 768), value d * q + m.
+template <int ONE>
+struct FmtQ5_01 {
+    enum { KT = 64, TB = ONE ? 768 : 704, NB = 2, MIN = ONE, BF = 0, WGP = 1 };
+    struct Tile {
+        uint4 q;
+        u32 hb;
+        uint2 s[2];  // rows g, g + 8: Q5_0 uses .x (d of blocks 0, 1)
+    };
+    template <class L = Gld>
+    static __device__ __forceinline__ void load(const u8* tile, int lane, Tile& t) {
+        t.q = L::u4(tile + lane * 16);
+        t.hb = L::w((const u32*)(tile + 512) + lane);
+        const int g = lane >> 2;
+        if (ONE) {
+            t.s[0] = L::w2((const uint2*)(tile + 640) + g);
+            t.s[1] = L::w2((const uint2*)(tile + 640) + g + 8);
+        } else {
+            t.s[0].x = L::w((const u32*)(tile + 640) + g);
+            t.s[1].x = L::w((const u32*)(tile + 640) + g + 8);
+            t.s[0].y = t.s[1].y = 0;
+        }
+    }
+    // Step s's A fragment: nibbles | fifth bits, minus 16 (Q5_0) or not (Q5_1).
+    static __device__ __forceinline__ void step_codes(const Tile& t, int s, u32 a[4]) {
+        const u32 bias = ONE ? F16_1024X2 : 0x64106410u;  // codes, or codes - 16
+        const u32 hb8 = (t.hb >> (8 * s)) & 0xffu;
+        codes4(word_of(t.q, s), hi5(hb8, 0), hi5(hb8, 1), hi5(hb8, 2), hi5(hb8, 3), bias, a);
+    }
+    static __device__ __forceinline__ void block(const Tile& t, int b, const u32 bf[4], const XSum& xs,
+                                                 float acc[4]) {
+        u32 a0[4], a1[4];
+        step_codes(t, 2 * b, a0);
+        step_codes(t, 2 * b + 1, a1);
+        float c[4];
+        mma2(a0, a1, bf[0], bf[1], bf[2], bf[3], c);
+        const float xsum[2] = {xs.s0, xs.s1};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const uint2& s = t.s[e >> 1];
+            if (ONE) {
+                const u32 w = b ? s.y : s.x;
+                const float d = f16_to_f32((u16)w), m = f16_to_f32((u16)(w >> 16));
+                acc[e] = __fadd_rn(acc[e], __fmaf_rn(d, c[e], __fmul_rn(m, xsum[e & 1])));
+            } else {
+                const float d = f16_to_f32((u16)(s.x >> (16 * b)));
+                acc[e] = __fadd_rn(acc[e], __fmul_rn(d, c[e]));
+            }
+        }
+    }
+    // The warpgroup view of `block` (no mwg kernel instantiates it today).
+    static __device__ __forceinline__ void part_a(const Tile& t, int b, int, u32 a[2][4]) {
+        step_codes(t, 2 * b, a[0]);
+        step_codes(t, 2 * b + 1, a[1]);
+    }
+    static __device__ __forceinline__ void part_scale(const Tile& t, int b, int, float s[2]) {
+        s[0] = f16_to_f32((u16)(t.s[0].x >> (16 * b)));
+        s[1] = f16_to_f32((u16)(t.s[1].x >> (16 * b)));
+    }
+};
+typedef FmtQ5_01<0> FmtQ5_0;
+typedef FmtQ5_01<1> FmtQ5_1;
+
 // Q4_K (HB = 0) / Q5_K (HB = 1): KT = 256 (8 blocks, 16 steps); [0, 2048) four 512-byte planes,
 // lane L's 16 bytes of plane p = the nibble words of steps 4p..4p+3; Q5_K: [2048, 2560) lane L's
 // 16 bytes = one byte of fifth bits per step (bit r + 4h); then the 16 rows' headers at

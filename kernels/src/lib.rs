@@ -55,7 +55,7 @@ const H_WFMT: Header = Header {
 /// Weight types of the v2 tensor-core products (`mmq_<type>` in kernels/cu/products.cu), which
 /// read weights repacked by `memra_engine::quant::repack`.
 pub const PRODUCT_TYPES: &[&str] = &[
-    "q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k", "f16", "bf16",
+    "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "f16", "bf16",
 ];
 
 /// Weight types the matmul and embedding kernels read, as kernel-name suffixes
@@ -226,6 +226,8 @@ pub const MODULES: &[Module] = &[
             "mmq_q8_0",
             "mmq_q4_0",
             "mmq_q4_1",
+            "mmq_q5_0",
+            "mmq_q5_1",
             "mmq_q4_k",
             "mmq_q5_k",
             "mmq_q6_k",
@@ -234,6 +236,8 @@ pub const MODULES: &[Module] = &[
             "mms_q8_0",
             "mms_q4_0",
             "mms_q4_1",
+            "mms_q5_0",
+            "mms_q5_1",
             "mms_q4_k",
             "mms_q5_k",
             "mms_q6_k",
@@ -252,6 +256,8 @@ pub const MODULES: &[Module] = &[
             "mmq_id_q8_0",
             "mmq_id_q4_0",
             "mmq_id_q4_1",
+            "mmq_id_q5_0",
+            "mmq_id_q5_1",
             "mmq_id_q4_k",
             "mmq_id_q5_k",
             "mmq_id_q6_k",
@@ -260,6 +266,8 @@ pub const MODULES: &[Module] = &[
             "mmq_grouped_q8_0",
             "mmq_grouped_q4_0",
             "mmq_grouped_q4_1",
+            "mmq_grouped_q5_0",
+            "mmq_grouped_q5_1",
             "mmq_grouped_q4_k",
             "mmq_grouped_q5_k",
             "mmq_grouped_q6_k",

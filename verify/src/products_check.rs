@@ -23,12 +23,14 @@ pub fn product_tol(d: DType) -> f64 {
     }
 }
 
-const TYPES: [DType; 8] = [
+const TYPES: [DType; 10] = [
     DType::F16,
     DType::BF16,
     DType::Q8_0,
     DType::Q4_0,
     DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
     DType::Q4_K,
     DType::Q5_K,
     DType::Q6_K,

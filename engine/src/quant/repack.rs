@@ -27,6 +27,8 @@ pub fn tile_format(dtype: DType) -> Option<TileFormat> {
         DType::Q8_0 => (64, 1088),
         DType::Q4_0 => (64, 576),
         DType::Q4_1 => (64, 640),
+        DType::Q5_0 => (64, 704),
+        DType::Q5_1 => (64, 768),
         DType::Q4_K => (256, 2368),
         DType::Q5_K => (256, 2816),
         DType::Q6_K => (256, 3360),
@@ -86,6 +88,23 @@ fn split_block<'a>(dtype: DType, b: &'a [u8], codes: &mut Vec<u16>) -> &'a [u8] 
             codes.extend(qs.iter().map(|&q| (q >> 4) as u16));
             &b[..h]
         }
+        DType::Q5_0 | DType::Q5_1 => {
+            let h = if dtype == DType::Q5_0 { 2 } else { 4 };
+            let qh = u32::from_le_bytes([b[h], b[h + 1], b[h + 2], b[h + 3]]);
+            let qs = &b[h + 4..h + 20];
+            let fifth = |j: usize| (((qh >> j) & 1) << 4) as u16;
+            codes.extend(
+                qs.iter()
+                    .enumerate()
+                    .map(|(j, &q)| (q & 15) as u16 | fifth(j)),
+            );
+            codes.extend(
+                qs.iter()
+                    .enumerate()
+                    .map(|(j, &q)| (q >> 4) as u16 | fifth(j + 16)),
+            );
+            &b[..h]
+        }
         DType::Q4_K | DType::Q5_K => {
             let (qh, qs) = if dtype == DType::Q4_K {
                 (None, &b[16..144])
@@ -126,6 +145,12 @@ fn join_block(dtype: DType, codes: &[u16], head: &[u8], out: &mut Vec<u8>) {
         DType::Q4_0 | DType::Q4_1 => {
             out.extend_from_slice(head);
             out.extend((0..16).map(|j| (codes[j] | (codes[j + 16] << 4)) as u8));
+        }
+        DType::Q5_0 | DType::Q5_1 => {
+            out.extend_from_slice(head);
+            let qh = (0..32).fold(0u32, |qh, j| qh | (((codes[j] >> 4) & 1) as u32) << j);
+            out.extend_from_slice(&qh.to_le_bytes());
+            out.extend((0..16).map(|j| ((codes[j] & 15) | ((codes[j + 16] & 15) << 4)) as u8));
         }
         DType::Q4_K | DType::Q5_K => {
             out.extend_from_slice(head);
@@ -211,6 +236,10 @@ fn spot(dtype: DType, s: usize, lane: usize, r: usize, h: usize) -> Spot {
             lo: nib(0),
             hi: None,
         },
+        DType::Q5_0 | DType::Q5_1 => Spot {
+            lo: nib(0),
+            hi: Some((512 + lane * 4 + s, i as u32, 1)),
+        },
         DType::Q5_K => Spot {
             lo: nib((s / 4) * 512),
             hi: Some((2048 + lane * 16 + s, i as u32, 1)),
@@ -237,6 +266,8 @@ fn head_spot(dtype: DType, row: usize, blk: usize) -> (usize, usize) {
         DType::Q8_0 => (1024 + (row * 2 + blk) * 2, 2),
         DType::Q4_0 => (512 + (row * 2 + blk) * 2, 2),
         DType::Q4_1 => (512 + (row * 2 + blk) * 4, 4),
+        DType::Q5_0 => (640 + (row * 2 + blk) * 2, 2),
+        DType::Q5_1 => (640 + (row * 2 + blk) * 4, 4),
         DType::Q5_K => (2560 + row * 16, 16),
         _ => (3072 + row * 16, 16),
     }
@@ -245,7 +276,7 @@ fn head_spot(dtype: DType, row: usize, blk: usize) -> (usize, usize) {
 /// GGUF blocks per tile (per row) that carry scale bytes.
 fn heads_per_tile(dtype: DType) -> usize {
     match dtype {
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 2,
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => 2,
         DType::F16 | DType::BF16 => 0,
         _ => 1,
     }
@@ -499,6 +530,8 @@ mod tests {
             (DType::Q8_0, &[32, 64, 96, 576]),
             (DType::Q4_0, &[32, 64, 160]),
             (DType::Q4_1, &[32, 96, 1536]),
+            (DType::Q5_0, &[32, 64, 640]),
+            (DType::Q5_1, &[32, 96, 160]),
             (DType::Q4_K, &[256, 768]),
             (DType::Q5_K, &[256, 512]),
             (DType::Q6_K, &[256, 768]),

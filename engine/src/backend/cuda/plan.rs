@@ -448,6 +448,8 @@ mod tests {
             DType::Q8_0,
             DType::Q4_0,
             DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
             DType::F16,
             DType::BF16,
         ] {

@@ -766,6 +766,8 @@ mod tests {
                 DType::Q5_K,
                 DType::Q8_0,
                 DType::Q4_1,
+                DType::Q5_0,
+                DType::Q5_1,
             ] {
                 let l = p.launch(m, d, 4096);
                 assert!(l.max_threads() <= 1024);
