@@ -27,15 +27,12 @@ extern "C" __global__ void swiglu(float* g, const float* u, u64 n) {
     }
 }
 
-// GeGLU with the tanh GELU: g = ((0.5 x) (1 + tanh(C (x + ((0.044715 x) x) x)))) u with x = g,
-// C = sqrt(2 / pi) (the f32 constant of the CPU's ops::geglu_tanh), in the CPU's operation order;
-// tanhf is the GPU's own (docs/VERIFY.md: within 1e-6 of the CPU, relative to the largest value).
+// GeGLU with the tanh GELU: g = geglu_tanh_of(g, u) (prelude.cuh; docs/VERIFY.md: within 1e-6
+// of the CPU, relative to the largest value).
 extern "C" __global__ void geglu_tanh(float* g, const float* u, u64 n) {
     pdl_entry();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        const float x = g[i];
-        const float t = tanhf(0.7978846f * (x + 0.044715f * x * x * x));
-        g[i] = 0.5f * x * (1.0f + t) * u[i];
+        g[i] = geglu_tanh_of(g[i], u[i]);
     }
 }
 

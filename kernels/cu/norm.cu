@@ -8,15 +8,9 @@ extern "C" __global__ void __launch_bounds__(256) rms_norm(const float* X, const
     const u32 r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (r >= rows) return;  // uniform over the warp
     const int lane = threadIdx.x & 31;
-    const int l = lane & 15;
     const float* x = X + (u64)r * width;
     float* y = Y + (u64)r * width;
-    const u32 w16 = width - width % 16;
-    float acc = 0.0f;
-    for (u32 e = l; e < w16; e += 16) acc = acc + x[e] * x[e];
-    float ss = tree16(acc);
-    for (u32 e = w16; e < width; ++e) ss = ss + x[e] * x[e];
-    const float scale = 1.0f / sqrtf(ss / (float)width + eps);
+    const float scale = rms_scale_warp(x, width, eps);
     __syncwarp();
     for (u32 e = lane; e < width; e += 32) y[e] = (x[e] * scale) * W[e];
 }

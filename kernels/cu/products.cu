@@ -67,20 +67,16 @@ extern "C" __global__ void prepare_h16(const float* __restrict__ X, u16* __restr
     }
 }
 
-// RMSNorm fused with the preparation, gridDim.y blocks of 256 threads per row (each computes the
-// row's sum of squares the same way, then handles its share of the 32-column blocks):
-// y = (x * (1 / sqrt(mean(x^2) + eps))) * w, written as f32 to Y (when Y is not null; Y may be
-// X) and prepared into Xh / Xs. Sum of squares: thread i adds x[i]^2, x[i + 256]^2, ... in order
-// (fma), then the warp xor tree, then the 8 warp sums in warp order.
-extern "C" __global__ void __launch_bounds__(256) norm_prep(const float* X, const float* __restrict__ W, float* Y,
-                                                            u16* __restrict__ Xh, float* __restrict__ Xs,
-                                                            u32 width, u32 kp, float eps, u32 bf) {
-    pdl_entry();
+// One row of norm_prep: y = (x * (1 / sqrt(mean(x^2) + eps))) * w, written as f32 to y (when
+// not null; y may be x) and prepared into xh / xs, the 32-column blocks by + 8 i ... of the row
+// (block slice `by` of `gy`). Sum of squares: thread i adds x[i]^2, x[i + 256]^2, ... in order
+// (fma), then the warp xor tree, then the 8 warp sums in warp order. 256 threads.
+__device__ __forceinline__ void norm_prep_row(const float* x, const float* __restrict__ W, float* y,
+                                              u16* __restrict__ xh, float* __restrict__ xs, u32 width,
+                                              u32 kp, float eps, u32 bf, u32 by, u32 gy) {
     __shared__ float part[8];
     __shared__ float total;
-    const u32 row = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float* x = X + (u64)row * width;
     float ss = 0.0f;
     for (u32 e = threadIdx.x; e < width; e += 256) ss = __fmaf_rn(x[e], x[e], ss);
 #pragma unroll
@@ -95,23 +91,58 @@ extern "C" __global__ void __launch_bounds__(256) norm_prep(const float* X, cons
     __syncthreads();
     const float scale = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)width), eps)));
     const u32 nb = kp / 32;
-    // Y may alias X: every block must finish its sum before any block writes.
-    if (Y == X && gridDim.y > 1) return;  // the host never launches this combination
-    for (u32 b = blockIdx.y * 8 + warp; b < nb; b += 8 * gridDim.y) {
+    // y may alias x: every block must finish its sum before any block writes.
+    if (y == x && gy > 1) return;  // the host never launches this combination
+    for (u32 b = by * 8 + warp; b < nb; b += 8 * gy) {
         const u32 k = b * 32 + lane;
         float v = 0.0f;
         if (k < width) v = __fmul_rn(__fmul_rn(x[k], scale), W[k]);
         __syncwarp();
-        if (Y && k < width) Y[(u64)row * width + k] = v;
-        prep_store(v, lane, Xh + (u64)row * kp + b * 32, Xs + (u64)row * nb + b, bf);
+        if (y && k < width) y[k] = v;
+        prep_store(v, lane, xh + b * 32, xs + b, bf);
     }
 }
 
-// SwiGLU fused with the preparation: v = (g / (1 + exp(-g))) * u for rows of `width`, written as
-// f32 to Y (when not null; Y may be G) and prepared into Xh / Xs. One warp per (row, block).
-extern "C" __global__ void swiglu_prep(const float* G, const float* __restrict__ U, float* Y, u16* __restrict__ Xh,
-                                       float* __restrict__ Xs, u32 M, u32 width, u32 kp, u32 bf) {
+// RMSNorm fused with the preparation, gridDim.y blocks of 256 threads per row (each computes the
+// row's sum of squares the same way, then handles its share of the 32-column blocks): row
+// blockIdx.x, block slice blockIdx.y (norm_prep_row).
+extern "C" __global__ void __launch_bounds__(256) norm_prep(const float* X, const float* __restrict__ W, float* Y,
+                                                            u16* __restrict__ Xh, float* __restrict__ Xs,
+                                                            u32 width, u32 kp, float eps, u32 bf) {
     pdl_entry();
+    const u32 row = blockIdx.x;
+    norm_prep_row(X + (u64)row * width, W, Y ? Y + (u64)row * width : nullptr, Xh + (u64)row * kp,
+                  Xs + (u64)row * (kp / 32), width, kp, eps, bf, blockIdx.y, gridDim.y);
+}
+
+// A post-norm sublayer's output added into the residual, then the next RMSNorm prepared (Gemma
+// 3's sandwich norms): x += (o * rms_scale_warp(o)) * Wp (rms_norm's operations, then
+// add_in_place's; o is left as it was), then, when Xh is not null, norm_prep_row of the new x
+// (W, eps) into Y / Xh / Xs. One block of 256 threads per row (the row's x is written before it
+// is read back): the bits of rms_norm + add_in_place + norm_prep.
+extern "C" __global__ void __launch_bounds__(256) add_norm_prep(const float* O, const float* __restrict__ Wp,
+                                                                float post_eps, float* X,
+                                                                const float* __restrict__ W, float* Y,
+                                                                u16* __restrict__ Xh, float* __restrict__ Xs,
+                                                                u32 width, u32 kp, float eps, u32 bf) {
+    pdl_entry();
+    const u32 row = blockIdx.x;
+    const float* o = O + (u64)row * width;
+    float* x = X + (u64)row * width;
+    const float so = rms_scale_warp(o, width, post_eps);
+    for (u32 e = threadIdx.x; e < width; e += 256) x[e] = __fadd_rn(x[e], __fmul_rn(__fmul_rn(o[e], so), Wp[e]));
+    if (!Xh) return;
+    __syncthreads();
+    norm_prep_row(x, W, Y ? Y + (u64)row * width : nullptr, Xh + (u64)row * kp, Xs + (u64)row * (kp / 32), width,
+                  kp, eps, bf, 0, 1);
+}
+
+// A gated activation fused with the preparation: v = act(g) * u for rows of `width` (GEGLU 0:
+// SwiGLU (g / (1 + exp(-g))) * u; 1: geglu_tanh_of), written as f32 to Y (when not null; Y may
+// be G) and prepared into Xh / Xs. One warp per (row, block).
+template <int GEGLU>
+__device__ __forceinline__ void glu_prep(const float* G, const float* __restrict__ U, float* Y, u16* __restrict__ Xh,
+                                         float* __restrict__ Xs, u32 M, u32 width, u32 kp, u32 bf) {
     const int lane = threadIdx.x & 31;
     const u32 nb = kp / 32;
     const u64 total = (u64)M * nb;
@@ -123,13 +154,25 @@ extern "C" __global__ void swiglu_prep(const float* G, const float* __restrict__
         if (k < width) {
             const u64 i = (u64)m * width + k;
             const float g = G[i];
-            // The epilogue of product_ws (GLU) spells the same operations: keep them in step.
-            v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), U[i]);
+            // The epilogue of product_ws (GLU) spells the same SwiGLU operations: keep them in step.
+            v = GEGLU ? geglu_tanh_of(g, U[i]) : __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), U[i]);
         }
         __syncwarp();
         if (Y && k < width) Y[(u64)m * width + k] = v;
         prep_store(v, lane, Xh + (u64)m * kp + b * 32, Xs + w, bf);
     }
+}
+
+extern "C" __global__ void swiglu_prep(const float* G, const float* __restrict__ U, float* Y, u16* __restrict__ Xh,
+                                       float* __restrict__ Xs, u32 M, u32 width, u32 kp, u32 bf) {
+    pdl_entry();
+    glu_prep<0>(G, U, Y, Xh, Xs, M, width, kp, bf);
+}
+
+extern "C" __global__ void geglu_prep(const float* G, const float* __restrict__ U, float* Y, u16* __restrict__ Xh,
+                                      float* __restrict__ Xs, u32 M, u32 width, u32 kp, u32 bf) {
+    pdl_entry();
+    glu_prep<1>(G, U, Y, Xh, Xs, M, width, kp, bf);
 }
 
 // The token image of the warp-specialized product (product_ws): prepared rows

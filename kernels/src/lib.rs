@@ -221,7 +221,9 @@ pub const MODULES: &[Module] = &[
         kernels: &[
             "prepare_h16",
             "norm_prep",
+            "add_norm_prep",
             "swiglu_prep",
+            "geglu_prep",
             "ws_image",
             "mmq_q8_0",
             "mmq_q4_0",

@@ -8,6 +8,7 @@ mod attention_check;
 mod attention_window_check;
 pub mod case;
 pub mod delta_check;
+mod fused_check;
 mod glu_check;
 pub mod golden;
 pub mod graph;

@@ -325,25 +325,21 @@ impl<O: Ops> Forward<O> for Gemma3<O> {
                 params: w.params,
             };
             w.attn.qkv_rope(ops, a, l, &s)?;
-            ops.attention(w.attn.kv, a.q, a.att, &w.params)?;
-            ops.matmul(&w.attn.out, a.att, a.o)?;
+            ops.attention_matmul(w.attn.kv, a.q, a.att, &w.params, &w.attn.out, a.o)?;
             ops.dump("attn_out", l, a.o);
-            ops.rms_norm(a.o, &w.attn_post_norm, a.o, a.o.width, self.eps)?;
-            ops.add(a.x, a.o)?;
-            ops.norm_matmuls(
+            // Sandwich norms: the attention output normed into the residual, then the FFN's
+            // pre-norm of the new residual (one pass where the backend fuses them).
+            ops.post_norm_add_norm_matmuls(
+                (a.o, &w.attn_post_norm, self.eps),
                 a.x,
-                &w.ffn_norm,
-                self.eps,
-                a.h,
+                (&w.ffn_norm, self.eps, a.h),
                 &w.ffn.gate_up,
                 &[a.gate, a.up],
             )?;
             ops.dump("ffn_norm", l, a.h);
-            ops.glu(Glu::GeluTanh, a.gate, a.up)?;
-            ops.matmul(&w.ffn.down, a.gate, a.o)?;
+            ops.glu_matmul(Glu::GeluTanh, a.gate, a.up, &w.ffn.down, a.o)?;
             ops.dump("ffn_out", l, a.o);
-            ops.rms_norm(a.o, &w.ffn_post_norm, a.o, a.o.width, self.eps)?;
-            ops.add(a.x, a.o)?;
+            ops.post_norm_add(a.o, &w.ffn_post_norm, self.eps, a.x)?;
             ops.dump("l_out", l, a.x);
         }
         Ok(a.x)

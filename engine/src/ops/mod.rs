@@ -392,6 +392,56 @@ pub trait Ops: Send + Sized + 'static {
         self.matmul_add(down, gate, r)
     }
 
+    /// `y = down (act(gate) * up)` (a gated FFN's output without a residual add); `gate` is
+    /// scratch afterwards.
+    fn glu_matmul(
+        &mut self,
+        kind: Glu,
+        gate: Act,
+        up: Act,
+        down: &Self::Mat,
+        y: Act,
+    ) -> Result<()> {
+        self.glu(kind, gate, up)?;
+        self.matmul(down, gate, y)
+    }
+
+    /// Attention into `att`, then `y = W att` (an output projection without a residual add).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_matmul(
+        &mut self,
+        kv: KvId,
+        q: Act,
+        att: Act,
+        p: &AttnParams,
+        w: &Self::Mat,
+        y: Act,
+    ) -> Result<()> {
+        self.attention(kv, q, att, p)?;
+        self.matmul(w, att, y)
+    }
+
+    /// `x += RMSNorm(o) * post` (a post-norm sublayer added into the residual: Gemma 3's
+    /// sandwich norms); `o` is scratch afterwards.
+    fn post_norm_add(&mut self, o: Act, post: &Self::Vector, eps: f32, x: Act) -> Result<()> {
+        self.rms_norm(o, post, o, o.width, eps)?;
+        self.add(x, o)
+    }
+
+    /// [`Ops::post_norm_add`], then [`Ops::norm_matmuls`] of the new `x` (one pass over the
+    /// residual on a backend that fuses them).
+    fn post_norm_add_norm_matmuls(
+        &mut self,
+        (o, post, post_eps): (Act, &Self::Vector, f32),
+        x: Act,
+        (norm, eps, h): (&Self::Vector, f32, Act),
+        w: &Self::Mats,
+        ys: &[Act],
+    ) -> Result<()> {
+        self.post_norm_add(o, post, post_eps, x)?;
+        self.norm_matmuls(x, norm, eps, h, w, ys)
+    }
+
     /// A gated FFN added into the residual: RMSNorm of `x` into `h`, `gate`, `up` = the
     /// matrices of `gate_up` ([`Ops::glu_mats`]) times `h`, then [`Ops::glu_matmul_add`] (`gate`
     /// and `up` are scratch afterwards).

@@ -105,6 +105,25 @@ spec_rows() { for x in "$@"; do
   grep -E "grounded|all" $O/spec-$k.md $O/spec-load-$k.md 2>/dev/null | cut -c1-200 >> $S
   kill $pid; wait $pid 2>/dev/null
 done; }
+# gates_gemma: the real Gemma 3 270M (pieces NAME gemma): invariance, graph and tokens against
+# the reference fixture (`memra-verify all`), serve-invariance.
+gates_gemma() {
+  waitf $HOME/gemma.ok 300 && {
+    run all-gemma 400 $B/memra-verify all --device cuda:0 $GEMMA --fixture verify/fixtures/gemma3-270m-reference.json
+    run serve-inv-gemma 300 $B/memra-verify serve-invariance $GEMMA --device cuda:0 --requests 32
+  }
+}
+# ktimes k:DTYPE...: per-kernel GPU times of decode with CUDA graphs (nsys, graph nodes traced),
+# 64 tokens on each file; the kernel summary into $O/kern-K.csv and its top lines in the summary.
+ktimes() {
+  local ns=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  [ -n "$ns" ] || { row ktimes "no nsys on this machine"; return; }
+  for x in "$@"; do pick $x; waitf $f 300 || continue
+    run nsys-$k 300 $ns profile -o $O/nsys-$k --force-overwrite true --cuda-graph-trace=node $B/run-gen $f --device cuda:0 --prompt "The capital of France is a city that" --max-tokens 64
+    $ns stats -q -r cuda_gpu_kern_sum -f csv -o $O/kern-$k $O/nsys-$k.nsys-rep > /dev/null 2>&1
+    head -14 $O/kern-$k*.csv | cut -c1-160 >> $S; rm -f $O/nsys-$k.nsys-rep $O/nsys-$k.sqlite
+  done
+}
 # prof k:DTYPE...: the per-op device times of plain decode steps (no graphs) on each file.
 prof() { for x in "$@"; do
   pick $x; waitf $f 300 || continue

@@ -9,7 +9,7 @@ set -u
 Q=${1:?queue script}
 mkdir -p $HOME/dev $HOME/models $HOME/repo/.stage $HOME/q/logs
 tar xzf .stage/bins.tgz -C $HOME/dev; cat $HOME/dev/.device/COMMIT
-cp -r tools verify kernels $HOME/repo/; cp .stage/llama.tgz $HOME/repo/.stage/ 2>/dev/null
+mkdir -p $HOME/repo/bench; cp -r tools verify kernels $HOME/repo/; cp -r bench/workloads $HOME/repo/bench/; cp .stage/llama.tgz $HOME/repo/.stage/ 2>/dev/null
 cp .stage/peer*.json .stage/peer*.bin $HOME/repo/.stage/ 2>/dev/null   # peer logits (tools/peer)
 cp .stage/tok.gguf $HOME/models/tok.gguf
 # precompiled kernels (pack.sh): into the cache lib.sh's MEMRA_KERNEL_CACHE names

@@ -11,6 +11,7 @@ use super::Gpu;
 use super::products::{self, ActBuf, ActKind, PMat};
 use super::profile::{Profile, warp_specialized};
 use crate::error::Result;
+use crate::ops::Glu;
 use crate::quant::DType;
 use crate::quant::repack::{interleave_glu, repack};
 use crate::weights::{Bytes, Tensor};
@@ -105,7 +106,7 @@ impl Mat {
 }
 
 impl Mats {
-    fn list(&self) -> Vec<&Mat> {
+    pub(super) fn list(&self) -> Vec<&Mat> {
         match self {
             Mats::Fused { mat, .. } | Mats::Glu { mat, .. } => vec![mat],
             Mats::Each(v) => v.iter().collect(),
@@ -428,10 +429,58 @@ impl Products {
         self.norm_for(g, xwy, m, width, eps, &w.list())
     }
 
+    /// `x += RMSNorm(o) * post` for `m` rows of `width` (a post-norm sublayer into the residual;
+    /// `o` is left as it was), then with `next` = (norm, eps, h, ws) the RMSNorm of `x` into `h`
+    /// prepared for the packed matrices of `ws` ([`Products::norm_for`]'s bits), in one launch
+    /// where `ws` has a packed matrix.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_norm_for(
+        &self,
+        g: &Gpu,
+        post: (u64, u64, f32),
+        x: u64,
+        next: Option<(u64, f32, u64, &[&Mat])>,
+        m: usize,
+        width: usize,
+    ) -> Result<()> {
+        let Some((w, eps, h, ws)) = next else {
+            return g.add_norm_prep(post, x, None, m, width);
+        };
+        let kinds = Self::kinds(ws);
+        let Some(&first) = kinds.first() else {
+            g.add_norm_prep(post, x, None, m, width)?;
+            return g.rms_norm(x, w, h, m, width, eps);
+        };
+        g.add_norm_prep(
+            post,
+            x,
+            Some((w, h, self.act(g, first, width)?, eps)),
+            m,
+            width,
+        )?;
+        for &k in &kinds[1..] {
+            g.prepare(h, self.act(g, k, width)?, m, width)?;
+        }
+        Ok(())
+    }
+
     /// SwiGLU of `m` rows of `width` (`gate`, `up`), prepared for the packed matrices of `ws`;
     /// the f32 result replaces `gate` where a reader needs it, else `gate` is left as it was.
     pub fn swiglu_for(
         &self,
+        g: &Gpu,
+        gu: (u64, u64),
+        m: usize,
+        width: usize,
+        ws: &[&Mat],
+    ) -> Result<()> {
+        self.glu_for(Glu::Silu, g, gu, m, width, ws)
+    }
+
+    /// [`Products::swiglu_for`] for either gated activation.
+    pub fn glu_for(
+        &self,
+        kind: Glu,
         g: &Gpu,
         (gate, up): (u64, u64),
         m: usize,
@@ -440,14 +489,17 @@ impl Products {
     ) -> Result<()> {
         let kinds = Self::kinds(ws);
         let Some(&first) = kinds.first() else {
-            return g.swiglu(gate, up, m * width);
+            return match kind {
+                Glu::Silu => g.swiglu(gate, up, m * width),
+                Glu::GeluTanh => g.geglu_tanh(gate, up, m * width),
+            };
         };
         // The f32 result goes back to `gate` only where something reads it (another kind's
         // preparation, a matrix without the tile layout): a packed product reads the prepared
         // buffer alone (at 512 tokens of llama3-8b that write was 29 MB per layer).
         let unpacked = ws.iter().any(|w| w.packed.is_none());
         let keep = (kinds.len() > 1 || unpacked).then_some(gate);
-        g.swiglu_prep(gate, up, keep, self.act(g, first, width)?, m, width)?;
+        g.glu_prep(kind, (gate, up), keep, self.act(g, first, width)?, m, width)?;
         for &k in &kinds[1..] {
             g.prepare(gate, self.act(g, k, width)?, m, width)?;
         }

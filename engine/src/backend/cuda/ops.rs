@@ -54,6 +54,33 @@ impl CudaOps {
         ys.iter().map(|&y| Ok((self.ptr(y)?, y.width))).collect()
     }
 
+    /// The gated activation of `gate`, `up` prepared for `down` (written back to `gate` where
+    /// a reader needs the f32 values); returns `gate`'s buffer.
+    fn glu_for(&mut self, kind: Glu, gate: Act, up: Act, down: &Mat) -> Result<u64> {
+        if gate.width != up.width || gate.id == up.id {
+            return Err(self
+                .gpu
+                .err(format!("glu: widths {} and {}", gate.width, up.width)));
+        }
+        let (g, m) = (&self.gpu, self.n(gate));
+        let (pg, pu) = (self.ptr(gate)?, self.ptr(up)?);
+        self.products
+            .glu_for(kind, g, (pg, pu), m, gate.width, &[down])?;
+        self.tick(if kind == Glu::Silu { "swiglu" } else { "geglu" });
+        Ok(pg)
+    }
+
+    /// The rows of `o` and `x` when both are rows of the same width.
+    fn same_rows(&self, o: Act, x: Act) -> Result<usize> {
+        if o.width != x.width || o.id == x.id {
+            return Err(self.gpu.err(format!(
+                "post-norm add: {} values into a residual of {}",
+                o.width, x.width
+            )));
+        }
+        Ok(self.n(x))
+    }
+
     /// The op profile's label of a fused product into `ys`.
     fn label(&self, ys: &[Act]) -> &'static str {
         match ys.first().map(|y| self.acts[y.id].name) {
@@ -551,22 +578,76 @@ impl Ops for CudaOps {
         down: &Mat,
         r: Residual,
     ) -> Result<()> {
+        let pg = self.glu_for(kind, gate, up, down)?;
         let (g, m) = (&self.gpu, self.n(gate));
-        let (pg, pu) = (self.ptr(gate)?, self.ptr(up)?);
-        match kind {
-            Glu::Silu => self
-                .products
-                .swiglu_for(g, (pg, pu), m, gate.width, &[down])?,
-            // No fused preparation for GeGLU: the activation, then the product's preparation.
-            Glu::GeluTanh => {
-                g.geglu_tanh(pg, pu, m * gate.width)?;
-                self.products.prep(g, pg, gate.width, m, &[down])?;
-            }
-        }
-        self.tick(if kind == Glu::Silu { "swiglu" } else { "geglu" });
         let (tmp, res) = (self.ptr(r.tmp)?, self.ptr(r.res)?);
         self.products.matmul(g, down, (pg, tmp), Some(res), m)?;
         self.tick("down");
+        Ok(())
+    }
+
+    fn glu_matmul(&mut self, kind: Glu, gate: Act, up: Act, down: &Mat, y: Act) -> Result<()> {
+        let pg = self.glu_for(kind, gate, up, down)?;
+        let (g, m) = (&self.gpu, self.n(gate));
+        self.products.matmul(g, down, (pg, self.ptr(y)?), None, m)?;
+        self.tick("down");
+        Ok(())
+    }
+
+    fn attention_matmul(
+        &mut self,
+        kv: KvId,
+        q: Act,
+        att: Act,
+        p: &AttnParams,
+        w: &Mat,
+        y: Act,
+    ) -> Result<()> {
+        let prepared = self.attention_with(kv, (q, att), p, Some(w))?;
+        let (g, m, patt) = (&self.gpu, self.n(att), self.ptr(att)?);
+        if !prepared {
+            self.products.prep(g, patt, att.width, m, &[w])?;
+        }
+        self.tick("attention");
+        self.products.matmul(g, w, (patt, self.ptr(y)?), None, m)?;
+        self.tick("o");
+        Ok(())
+    }
+
+    fn post_norm_add(&mut self, o: Act, post: &CudaSlice<f32>, eps: f32, x: Act) -> Result<()> {
+        let m = self.same_rows(o, x)?;
+        let g = &self.gpu;
+        let post = (self.ptr(o)?, g.ptr(post), eps);
+        self.products
+            .add_norm_for(g, post, self.ptr(x)?, None, m, x.width)?;
+        self.tick("post-norm");
+        Ok(())
+    }
+
+    fn post_norm_add_norm_matmuls(
+        &mut self,
+        (o, post, post_eps): (Act, &CudaSlice<f32>, f32),
+        x: Act,
+        (norm, eps, h): (&CudaSlice<f32>, f32, Act),
+        w: &Mats,
+        ys: &[Act],
+    ) -> Result<()> {
+        let m = self.same_rows(o, x)?;
+        if h.width != x.width {
+            return Err(self
+                .gpu
+                .err(format!("norm of {} values into {}", x.width, h.width)));
+        }
+        let g = &self.gpu;
+        let post = (self.ptr(o)?, g.ptr(post), post_eps);
+        let list = w.list();
+        let next = (g.ptr(norm), eps, self.ptr(h)?, &list[..]);
+        self.products
+            .add_norm_for(g, post, self.ptr(x)?, Some(next), m, x.width)?;
+        self.tick("norm");
+        let outs = self.outs(ys)?;
+        self.products.matmuls(g, w, self.ptr(h)?, &outs, m)?;
+        self.tick(self.label(ys));
         Ok(())
     }
 }

@@ -9,6 +9,7 @@ use cudarc::driver::CudaSlice;
 use super::device::{Arg, Gpu};
 use super::profile::{Launch, Profile};
 use crate::error::Result;
+use crate::ops::Glu;
 use crate::quant::DType;
 use crate::quant::repack::{Packed, repack};
 
@@ -201,6 +202,20 @@ impl Gpu {
         m: usize,
         width: usize,
     ) -> Result<()> {
+        self.glu_prep(Glu::Silu, (g, u), y, a, m, width)
+    }
+
+    /// [`Gpu::swiglu_prep`] for either gated activation (`geglu_prep`: GeGLU with the tanh
+    /// GELU, the operations of `geglu_tanh`).
+    pub fn glu_prep(
+        &self,
+        kind: Glu,
+        (g, u): (u64, u64),
+        y: Option<u64>,
+        a: &ActBuf,
+        m: usize,
+        width: usize,
+    ) -> Result<()> {
         self.check_act(a, m, width)?;
         if m == 0 {
             return Ok(());
@@ -216,7 +231,59 @@ impl Gpu {
             Arg::U32(a.kp as u32),
             Arg::U32((a.kind == ActKind::BF16) as u32),
         ];
-        self.launch_prep("swiglu_prep", (warp_grid(m, a.kp), 1), &args)
+        let name = match kind {
+            Glu::Silu => "swiglu_prep",
+            Glu::GeluTanh => "geglu_prep",
+        };
+        self.launch_prep(name, (warp_grid(m, a.kp), 1), &args)
+    }
+
+    /// A post-norm sublayer's output added into the residual: `x += RMSNorm(o) * wp` for `m`
+    /// rows of `width` (the bits of `rms_norm` into `o` then `add_in_place`; `o` is left as it
+    /// was), then with `next` = (w, y, a, eps) the RMSNorm of the new `x` into `y` (f32) prepared
+    /// into `a`, as [`Gpu::norm_prep`] computes it. One launch (`add_norm_prep`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_norm_prep(
+        &self,
+        (o, wp, post_eps): (u64, u64, f32),
+        x: u64,
+        next: Option<(u64, u64, &ActBuf, f32)>,
+        m: usize,
+        width: usize,
+    ) -> Result<()> {
+        if let Some((_, _, a, _)) = next {
+            self.check_act(a, m, width)?;
+        }
+        if m == 0 {
+            return Ok(());
+        }
+        let (w, y, values, scales, kp, eps, bf) = match next {
+            Some((w, y, a, eps)) => (
+                w,
+                y,
+                self.ptr(&a.values),
+                self.ptr(&a.scales),
+                a.kp,
+                eps,
+                a.kind == ActKind::BF16,
+            ),
+            None => (0, 0, 0, 0, width.next_multiple_of(32), 0.0, false),
+        };
+        let args = [
+            Arg::Ptr(o),
+            Arg::Ptr(wp),
+            Arg::F32(post_eps),
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::Ptr(y),
+            Arg::Ptr(values),
+            Arg::Ptr(scales),
+            Arg::U32(self.u32_of(width, "add_norm_prep width")?),
+            Arg::U32(self.u32_of(kp, "add_norm_prep kp")?),
+            Arg::F32(eps),
+            Arg::U32(bf as u32),
+        ];
+        self.launch_prep("add_norm_prep", (self.u32_of(m, "rows")?, 1), &args)
     }
 
     /// Rewrites `m` prepared rows of `a` into its token image `img` (products.cu `ws_image`).

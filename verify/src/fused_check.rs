@@ -1,0 +1,130 @@
+//! The fused post-norm and GeGLU kernels (products.cu `add_norm_prep`, `geglu_prep`; Gemma 3's
+//! sandwich norms and its GeGLU FFN) against the unfused launches they replace, bit for bit
+//! (EXACTNESS.md: a fusion must not move an output bit): `rms_norm` of the sublayer output, then
+//! `add_in_place` into the residual, then `norm_prep` of the new residual; `geglu_tanh` then
+//! `prepare_h16`. Rows of 1 and 3, widths with and without a partial 32-column block.
+
+use memra_engine::Result;
+use memra_engine::backend::cuda::Gpu;
+use memra_engine::backend::cuda::products::{ActBuf, ActKind};
+use memra_engine::models::random::unit;
+
+use crate::case::Case;
+
+/// A case that passes when `got` and `want` have the same bits.
+fn same_bits(name: &str, shape: String, got: &[u8], want: &[u8]) -> Case {
+    let problem = match got.iter().zip(want).position(|(a, b)| a != b) {
+        _ if got.len() != want.len() => {
+            Some(format!("{} bytes, expected {}", got.len(), want.len()))
+        }
+        Some(i) => Some(format!("byte {i} differs from the unfused launches' bits")),
+        None => None,
+    };
+    Case {
+        kernel: name.into(),
+        shape,
+        rel_err: 0.0,
+        tol: 0.0,
+        problem,
+    }
+}
+
+fn bytes_of(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The prepared activations of `a` (`m` rows: values, then block sums) as bytes.
+fn prepared(g: &Gpu, a: &ActBuf, m: usize) -> Result<Vec<u8>> {
+    let mut out = g.download_range(&a.values, 0, m * a.kp * 2)?;
+    out.extend(g.download_range(&a.scales, 0, m * (a.kp / 32) * 4)?);
+    Ok(out)
+}
+
+fn rand(seed: u64, stream: u64, n: usize, scale: f32) -> Vec<f32> {
+    (0..n as u64)
+        .map(|j| scale * unit(seed, stream, j))
+        .collect()
+}
+
+pub fn fused_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    for (i, &(m, width)) in [(1usize, 640usize), (3, 640), (1, 1000), (3, 2048)]
+        .iter()
+        .enumerate()
+    {
+        let st = 31_000 + 10 * i as u64;
+        let n = m * width;
+        let (o, x) = (rand(seed, st, n, 4.0), rand(seed, st + 1, n, 2.0));
+        let (wp, w) = (
+            rand(seed, st + 2, width, 1.5),
+            rand(seed, st + 3, width, 1.5),
+        );
+        let kp = width.next_multiple_of(64);
+        let (dwp, dw) = (g.upload(&wp)?, g.upload(&w)?);
+        let shape = format!("M={m} width={width}");
+        // With the next norm prepared, and without.
+        for next in [true, false] {
+            let (eps_post, eps) = (1e-6f32, 1e-5f32);
+            // The unfused launches.
+            let (uo, ux, uy) = (g.upload(&o)?, g.upload(&x)?, g.zeros::<f32>(n)?);
+            let ua = g.act_buf(ActKind::F16, m, kp, false)?;
+            g.rms_norm(g.ptr(&uo), g.ptr(&dwp), g.ptr(&uo), m, width, eps_post)?;
+            g.add_in_place(g.ptr(&ux), g.ptr(&uo), n)?;
+            if next {
+                g.norm_prep(g.ptr(&ux), g.ptr(&dw), Some(g.ptr(&uy)), &ua, m, width, eps)?;
+            }
+            // The fused one.
+            let (fo, fx, fy) = (g.upload(&o)?, g.upload(&x)?, g.zeros::<f32>(n)?);
+            let fa = g.act_buf(ActKind::F16, m, kp, false)?;
+            let nx = next.then(|| (g.ptr(&dw), g.ptr(&fy), &fa, eps));
+            g.add_norm_prep(
+                (g.ptr(&fo), g.ptr(&dwp), eps_post),
+                g.ptr(&fx),
+                nx,
+                m,
+                width,
+            )?;
+            let mut want = bytes_of(&g.download_range(&ux, 0, n)?);
+            let mut got = bytes_of(&g.download_range(&fx, 0, n)?);
+            if next {
+                want.extend(bytes_of(&g.download_range(&uy, 0, n)?));
+                want.extend(prepared(g, &ua, m)?);
+                got.extend(bytes_of(&g.download_range(&fy, 0, n)?));
+                got.extend(prepared(g, &fa, m)?);
+            }
+            let name = if next { "add_norm_prep" } else { "add_norm" };
+            out.push(same_bits(name, shape.clone(), &got, &want));
+            // `o` is left as it was by the fused kernel.
+            let o_after = bytes_of(&g.download_range(&fo, 0, n)?);
+            out.push(same_bits(
+                "add_norm_keeps_o",
+                shape.clone(),
+                &o_after,
+                &bytes_of(&o),
+            ));
+        }
+        // GeGLU prepared for a product: geglu_tanh then prepare_h16, against geglu_prep.
+        let (gv, uv) = (rand(seed, st + 4, n, 3.0), rand(seed, st + 5, n, 2.0));
+        let du = g.upload(&uv)?;
+        let ug = g.upload(&gv)?;
+        let ua = g.act_buf(ActKind::F16, m, kp, false)?;
+        g.geglu_tanh(g.ptr(&ug), g.ptr(&du), n)?;
+        g.prepare(g.ptr(&ug), &ua, m, width)?;
+        let fg = g.upload(&gv)?;
+        let fa = g.act_buf(ActKind::F16, m, kp, false)?;
+        let glu = memra_engine::ops::Glu::GeluTanh;
+        g.glu_prep(
+            glu,
+            (g.ptr(&fg), g.ptr(&du)),
+            Some(g.ptr(&fg)),
+            &fa,
+            m,
+            width,
+        )?;
+        let mut want = bytes_of(&g.download_range(&ug, 0, n)?);
+        want.extend(prepared(g, &ua, m)?);
+        let mut got = bytes_of(&g.download_range(&fg, 0, n)?);
+        got.extend(prepared(g, &fa, m)?);
+        out.push(same_bits("geglu_prep", shape, &got, &want));
+    }
+    Ok(())
+}
