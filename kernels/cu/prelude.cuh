@@ -60,20 +60,23 @@ __device__ __forceinline__ float tree16(float s) {
 // The RMSNorm scale 1 / sqrt(mean(x^2) + eps) of a row of `width` at x, computed by one warp
 // (every lane gets it) with the sum of squares in the CPU's dot_f32 order (16 lane sums, tree16,
 // the tail in order): rms_norm (norm.cu) and add_norm_prep (products.cu) share it, so their
-// bits agree. All 32 lanes must call it.
+// bits agree. Explicit _rn operations: the products module compiles with FMA contraction
+// allowed, the others without (kernels/src/lib.rs fmad_free), and neither may change these.
+// All 32 lanes must call it.
 __device__ __forceinline__ float rms_scale_warp(const float* x, u32 width, float eps) {
     const int l = threadIdx.x & 15;
     const u32 w16 = width - width % 16;
     float acc = 0.0f;
-    for (u32 e = l; e < w16; e += 16) acc = acc + x[e] * x[e];
+    for (u32 e = l; e < w16; e += 16) acc = __fadd_rn(acc, __fmul_rn(x[e], x[e]));
     float ss = tree16(acc);
-    for (u32 e = w16; e < width; ++e) ss = ss + x[e] * x[e];
-    return 1.0f / sqrtf(ss / (float)width + eps);
+    for (u32 e = w16; e < width; ++e) ss = __fadd_rn(ss, __fmul_rn(x[e], x[e]));
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)width), eps)));
 }
 
 // GeGLU with the tanh GELU of one value: ((0.5 x) (1 + tanh(C (x + ((0.044715 x) x) x)))) u,
 // C = sqrt(2 / pi) (the f32 constant of the CPU's ops::geglu_tanh), in the CPU's operation
-// order; tanhf is the GPU's own. geglu_tanh (elementwise.cu) and geglu_prep (products.cu) share it.
+// order; tanhf is the GPU's own. geglu_tanh and geglu_prep (elementwise.cu, compiled without
+// FMA contraction like every module but the products) share it.
 __device__ __forceinline__ float geglu_tanh_of(float x, float u) {
     const float t = tanhf(0.7978846f * (x + 0.044715f * x * x * x));
     return 0.5f * x * (1.0f + t) * u;

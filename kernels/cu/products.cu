@@ -137,12 +137,12 @@ extern "C" __global__ void __launch_bounds__(256) add_norm_prep(const float* O, 
                   kp, eps, bf, 0, 1);
 }
 
-// A gated activation fused with the preparation: v = act(g) * u for rows of `width` (GEGLU 0:
-// SwiGLU (g / (1 + exp(-g))) * u; 1: geglu_tanh_of), written as f32 to Y (when not null; Y may
-// be G) and prepared into Xh / Xs. One warp per (row, block).
-template <int GEGLU>
-__device__ __forceinline__ void glu_prep(const float* G, const float* __restrict__ U, float* Y, u16* __restrict__ Xh,
-                                         float* __restrict__ Xs, u32 M, u32 width, u32 kp, u32 bf) {
+// SwiGLU fused with the preparation: v = (g / (1 + exp(-g))) * u for rows of `width`, written as
+// f32 to Y (when not null; Y may be G) and prepared into Xh / Xs. One warp per (row, block).
+// (geglu_prep, its GeGLU twin, lives in elementwise.cu: tanhf under that module's rounding.)
+extern "C" __global__ void swiglu_prep(const float* G, const float* __restrict__ U, float* Y, u16* __restrict__ Xh,
+                                       float* __restrict__ Xs, u32 M, u32 width, u32 kp, u32 bf) {
+    pdl_entry();
     const int lane = threadIdx.x & 31;
     const u32 nb = kp / 32;
     const u64 total = (u64)M * nb;
@@ -154,25 +154,13 @@ __device__ __forceinline__ void glu_prep(const float* G, const float* __restrict
         if (k < width) {
             const u64 i = (u64)m * width + k;
             const float g = G[i];
-            // The epilogue of product_ws (GLU) spells the same SwiGLU operations: keep them in step.
-            v = GEGLU ? geglu_tanh_of(g, U[i]) : __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), U[i]);
+            // The epilogue of product_ws (GLU) spells the same operations: keep them in step.
+            v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), U[i]);
         }
         __syncwarp();
         if (Y && k < width) Y[(u64)m * width + k] = v;
         prep_store(v, lane, Xh + (u64)m * kp + b * 32, Xs + w, bf);
     }
-}
-
-extern "C" __global__ void swiglu_prep(const float* G, const float* __restrict__ U, float* Y, u16* __restrict__ Xh,
-                                       float* __restrict__ Xs, u32 M, u32 width, u32 kp, u32 bf) {
-    pdl_entry();
-    glu_prep<0>(G, U, Y, Xh, Xs, M, width, kp, bf);
-}
-
-extern "C" __global__ void geglu_prep(const float* G, const float* __restrict__ U, float* Y, u16* __restrict__ Xh,
-                                      float* __restrict__ Xs, u32 M, u32 width, u32 kp, u32 bf) {
-    pdl_entry();
-    glu_prep<1>(G, U, Y, Xh, Xs, M, width, kp, bf);
 }
 
 // The token image of the warp-specialized product (product_ws): prepared rows

@@ -29,11 +29,12 @@ const TYPES: [DType; 10] = [
     DType::Q8_0,
     DType::Q4_0,
     DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
     DType::Q4_K,
     DType::Q5_K,
     DType::Q6_K,
+    // Last, so that the types before keep the random streams of earlier sessions.
+    DType::Q5_0,
+    DType::Q5_1,
 ];
 const NS: [usize; 4] = [1, 17, 576, 1040];
 const MS: [usize; 6] = [1, 2, 9, 17, 33, 100];

@@ -231,11 +231,12 @@ impl Gpu {
             Arg::U32(a.kp as u32),
             Arg::U32((a.kind == ActKind::BF16) as u32),
         ];
-        let name = match kind {
-            Glu::Silu => "swiglu_prep",
-            Glu::GeluTanh => "geglu_prep",
-        };
-        self.launch_prep(name, (warp_grid(m, a.kp), 1), &args)
+        let grid = (warp_grid(m, a.kp), 1);
+        match kind {
+            Glu::Silu => self.launch_prep("swiglu_prep", grid, &args),
+            // elementwise.cu: GeGLU's tanhf under that module's rounding (kernels/src/lib.rs).
+            Glu::GeluTanh => self.launch("geglu_prep", grid, 256, &args),
+        }
     }
 
     /// A post-norm sublayer's output added into the residual: `x += RMSNorm(o) * wp` for `m`
