@@ -30,8 +30,7 @@
 // kernels gate (every tiling, both modes) and the invariance gate (chunkings 1 / 7 / 64 / whole,
 // random batches) check it.
 
-// Sliding window (`window` > 0; 0: none; the host passes it with MEMRA_ATTN_EXT=1, until the
-// H200 has gated it): row r sees positions lo_r ..= pos_r, lo_r = pos_r + 1 - window when
+// Sliding window (`window` > 0; 0: none): row r sees positions lo_r ..= pos_r, lo_r = pos_r + 1 - window when
 // pos_r + 1 > window (kvfmt.cuh's attn_window_lo). Positions below lo_r are masked like those
 // past pos_r; a split wholly below lo_r is not the row's (no partial: attn_combine starts at
 // lo_r's split, fold mode leaves the row's state untouched); a pass stages zeros below its

@@ -62,8 +62,8 @@ __device__ __forceinline__ void matmul_body(const u8* __restrict__ W, const floa
 // t adds the 8 warp sums in warp order from -0 into row t of the tile. A function of (n, K) and
 // the token row alone: every M and tile gives the same bits. A router (128 x 2048) ran ~80 us per
 // call in the half-warp body above (16 lanes per feature, 8 blocks for 128 features: H200
-// session 11); here its 128 blocks read each row with every load of a warp in flight. NOT yet
-// run on a GPU (written after session 11's leases): opt-in until `memra-verify kernels` passes.
+// session 11); here its 128 blocks read each row with every load of a warp in flight (the
+// default since the H200 gated it in session 13).
 __device__ __forceinline__ void matmul_f32_rows_body(const u8* __restrict__ W, const float* __restrict__ X,
                                                 float* __restrict__ Y, u32 M, u32 N, u32 K, u64 row_bytes) {
     __shared__ float part[8][8];
@@ -108,8 +108,8 @@ __device__ __forceinline__ void matmul_f32_rows_body(const u8* __restrict__ W, c
         matmul_body<DT>(W, X, Y, M, N, K, row_bytes, blockIdx.y * 8, gridDim.y * 8);            \
     }
 
-// F32 weights by matmul_f32_rows: grid (N, token tiles) of 256 threads (Gpu::matmul with
-// MEMRA_F32_ROWS=1, until the H200 has gated it; then for every F32 product).
+// F32 weights by matmul_f32_rows: grid (N, token tiles) of 256 threads (Gpu::matmul, every F32
+// product).
 extern "C" __global__ void __launch_bounds__(256) matmul_f32_rows(const u8* W, const float* X, float* Y, u32 M,
                                                                   u32 N, u32 K, u64 row_bytes) {
     pdl_entry();

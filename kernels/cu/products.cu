@@ -20,7 +20,7 @@
 
 // This module's kernels do not trigger their dependents early (prelude.cuh, PDL_TRIGGER): the
 // next kernel starts as this one's blocks exit. H200 session 16: with the early trigger, F16
-// decode ran 197.6 tok/s, without it 213.5 (MEMRA_PDL=0: 210.7); Q4_K_M decode 297.0 / 294.3.
+// decode ran 197.6 tok/s, without it 213.5 (without PDL: 210.7); Q4_K_M decode 297.0 / 294.3.
 // PDL_EARLY (an A/B define) restores the early trigger.
 #ifndef PDL_EARLY
 #undef PDL_TRIGGER
@@ -939,7 +939,7 @@ MWG_KERNEL(q6_k, FmtQ6_K)
 #ifndef MWS_STAGES
 #define MWS_STAGES 4
 #endif
-// Computing warpgroups (64 rows each; an A/B define, MEMRA_WS_WGS: with 3, blocks of 192 rows,
+// Computing warpgroups (64 rows each; the launch's `wgs`, profile.rs: with 3, blocks of 192 rows,
 // 96 KiB of totals, 3 slots; the same per-element sequence, so the same bits).
 #ifndef MWS_WG
 #define MWS_WG 2

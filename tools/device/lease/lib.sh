@@ -124,6 +124,31 @@ ktimes() {
     head -14 $O/kern-$k*.csv | cut -c1-160 >> $S; rm -f $O/nsys-$k.nsys-rep $O/nsys-$k.sqlite
   done
 }
+# kern k:DTYPE:SKIP:COUNT...: per-kernel device times of plain decode steps under ncu (no nsys on
+# the H100 machines): COUNT launches after the first SKIP (past the load and the prefill), their
+# names and gpu__time_duration into $O/ncu-K.csv, a per-name sum into the summary.
+kern() {
+  local nc=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$nc" ] || { row kern "no ncu on this machine"; return; }
+  for x in "$@"; do
+    local skip=$(echo $x | cut -d: -f3) count=$(echo $x | cut -d: -f4)
+    pick ${x%%:*}:$(echo $x | cut -d: -f2); waitf $f 300 || continue
+    run ncu-$k 300 $nc --launch-skip $skip --launch-count $count --metrics gpu__time_duration.sum --csv \
+      $B/run-gen $f --device cuda:0 --prompt "The capital of France is a city that" --max-tokens 16 --no-cuda-graph
+    grep '"gpu__time_duration.sum"' $O/logs/ncu-$k.log > $O/ncu-$k.csv
+    python3 - $O/ncu-$k.csv >> $S <<'PY'
+import csv, sys, collections
+t = collections.defaultdict(lambda: [0, 0.0])
+for r in csv.reader(open(sys.argv[1])):
+    if len(r) > 4:
+        name = r[4].split('(')[0]; v = float(r[-1].replace(',', '')); unit = r[-2]
+        v = v / 1000 if unit == 'nsecond' else v
+        t[name][0] += 1; t[name][1] += v
+for n, (c, us) in sorted(t.items(), key=lambda kv: -kv[1][1])[:14]:
+    print(f"  {n[:40]:40s} {c:5d} launches {us:9.1f} us")
+PY
+  done
+}
 # prof k:DTYPE...: the per-op device times of plain decode steps (no graphs) on each file.
 prof() { for x in "$@"; do
   pick $x; waitf $f 300 || continue
