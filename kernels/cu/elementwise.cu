@@ -42,22 +42,8 @@ extern "C" __global__ void geglu_tanh(float* g, const float* u, u64 n) {
 extern "C" __global__ void geglu_prep(const float* G, const float* __restrict__ U, float* Y, u16* __restrict__ Xh,
                                       float* __restrict__ Xs, u32 M, u32 width, u32 kp, u32 bf) {
     pdl_entry();
-    const int lane = threadIdx.x & 31;
-    const u32 nb = kp / 32;
-    const u64 total = (u64)M * nb;
-    const u64 nwarps = (u64)gridDim.x * blockDim.x / 32;
-    for (u64 w = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < total; w += nwarps) {
-        const u32 m = (u32)(w / nb), b = (u32)(w % nb);
-        const u32 k = b * 32 + lane;
-        float v = 0.0f;
-        if (k < width) {
-            const u64 i = (u64)m * width + k;
-            v = geglu_tanh_of(G[i], U[i]);
-        }
-        __syncwarp();
-        if (Y && k < width) Y[(u64)m * width + k] = v;
-        prep_store(v, lane, Xh + (u64)m * kp + b * 32, Xs + w, bf);
-    }
+    auto geglu = [](float g, float u) { return geglu_tanh_of(g, u); };
+    glu_prep_rows(geglu, G, U, Y, Xh, Xs, M, width, kp, bf);
 }
 
 // Gating: x[r][c] *= 1 / (1 + exp(-g[r][c / (width / gwidth)])) for rows of `width` values and

@@ -143,24 +143,9 @@ extern "C" __global__ void __launch_bounds__(256) add_norm_prep(const float* O, 
 extern "C" __global__ void swiglu_prep(const float* G, const float* __restrict__ U, float* Y, u16* __restrict__ Xh,
                                        float* __restrict__ Xs, u32 M, u32 width, u32 kp, u32 bf) {
     pdl_entry();
-    const int lane = threadIdx.x & 31;
-    const u32 nb = kp / 32;
-    const u64 total = (u64)M * nb;
-    const u64 nwarps = (u64)gridDim.x * blockDim.x / 32;
-    for (u64 w = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < total; w += nwarps) {
-        const u32 m = (u32)(w / nb), b = (u32)(w % nb);
-        const u32 k = b * 32 + lane;
-        float v = 0.0f;
-        if (k < width) {
-            const u64 i = (u64)m * width + k;
-            const float g = G[i];
-            // The epilogue of product_ws (GLU) spells the same operations: keep them in step.
-            v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), U[i]);
-        }
-        __syncwarp();
-        if (Y && k < width) Y[(u64)m * width + k] = v;
-        prep_store(v, lane, Xh + (u64)m * kp + b * 32, Xs + w, bf);
-    }
+    // The epilogue of product_ws (GLU) spells the same operations: keep them in step.
+    auto silu_mul = [](float g, float u) { return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u); };
+    glu_prep_rows(silu_mul, G, U, Y, Xh, Xs, M, width, kp, bf);
 }
 
 // The token image of the warp-specialized product (product_ws): prepared rows

@@ -109,6 +109,33 @@ struct FmtQ8_0 {
     }
 };
 
+// The scale terms of one 32-column block of the 32-value block formats (Q4_0 / Q4_1 / Q5_0 /
+// Q5_1): acc[e] += d * c[e] (ONE = 0), or d * c[e] + m * (the token's block sum) (ONE = 1), with
+// (d) or (d, m) of rows g, g + 8 in s[0], s[1] (.x block 0, .y block 1 for ONE; .x both blocks'
+// d otherwise).
+template <int ONE>
+__device__ __forceinline__ void scale01(const uint2 s2[2], int b, const float c[4], const XSum& xs, float acc[4]) {
+    const float xsum[2] = {xs.s0, xs.s1};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const uint2& s = s2[e >> 1];
+        if (ONE) {
+            const u32 w = b ? s.y : s.x;
+            const float d = f16_to_f32((u16)w), m = f16_to_f32((u16)(w >> 16));
+            acc[e] = __fadd_rn(acc[e], __fmaf_rn(d, c[e], __fmul_rn(m, xsum[e & 1])));
+        } else {
+            const float d = f16_to_f32((u16)(s.x >> (16 * b)));
+            acc[e] = __fadd_rn(acc[e], __fmul_rn(d, c[e]));
+        }
+    }
+}
+
+// The warpgroup view's scales of block b (the formats without a minimum).
+__device__ __forceinline__ void part_scale01(const uint2 s2[2], int b, float s[2]) {
+    s[0] = f16_to_f32((u16)(s2[0].x >> (16 * b)));
+    s[1] = f16_to_f32((u16)(s2[1].x >> (16 * b)));
+}
+
 // ---- Q4_0 / Q4_1: KT = 64; [0, 512) lane L's 16 bytes = the nibble words of steps 0..3; then
 // Q4_0: f16 d of (row, block) at 512 + (row * 2 + block) * 2 (TB 576), value d * (q - 8);
 // Q4_1: f16 (d, m) at 512 + (row * 2 + block) * 4 (TB 640), value d * q + m.
@@ -140,19 +167,7 @@ struct FmtQ4_01 {
         codes4(word_of(t.q, 2 * b + 1), 0, 0, 0, 0, bias, a1);
         float c[4];
         mma2(a0, a1, bf[0], bf[1], bf[2], bf[3], c);
-        const float xsum[2] = {xs.s0, xs.s1};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const uint2& s = t.s[e >> 1];
-            if (ONE) {
-                const u32 w = b ? s.y : s.x;
-                const float d = f16_to_f32((u16)w), m = f16_to_f32((u16)(w >> 16));
-                acc[e] = __fadd_rn(acc[e], __fmaf_rn(d, c[e], __fmul_rn(m, xsum[e & 1])));
-            } else {
-                const float d = f16_to_f32((u16)(s.x >> (16 * b)));
-                acc[e] = __fadd_rn(acc[e], __fmul_rn(d, c[e]));
-            }
-        }
+        scale01<ONE>(t.s, b, c, xs, acc);
     }
     // The warpgroup view of `block` (Q4_0 only: Q4_1's minimum term needs the block sums).
     static __device__ __forceinline__ void part_a(const Tile& t, int b, int, u32 a[2][4]) {
@@ -161,8 +176,7 @@ struct FmtQ4_01 {
         codes4(word_of(t.q, 2 * b + 1), 0, 0, 0, 0, bias, a[1]);
     }
     static __device__ __forceinline__ void part_scale(const Tile& t, int b, int, float s[2]) {
-        s[0] = f16_to_f32((u16)(t.s[0].x >> (16 * b)));
-        s[1] = f16_to_f32((u16)(t.s[1].x >> (16 * b)));
+        part_scale01(t.s, b, s);
     }
 };
 typedef FmtQ4_01<0> FmtQ4_0;
@@ -232,19 +246,7 @@ struct FmtQ5_01 {
         step_codes(t, 2 * b + 1, a1);
         float c[4];
         mma2(a0, a1, bf[0], bf[1], bf[2], bf[3], c);
-        const float xsum[2] = {xs.s0, xs.s1};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const uint2& s = t.s[e >> 1];
-            if (ONE) {
-                const u32 w = b ? s.y : s.x;
-                const float d = f16_to_f32((u16)w), m = f16_to_f32((u16)(w >> 16));
-                acc[e] = __fadd_rn(acc[e], __fmaf_rn(d, c[e], __fmul_rn(m, xsum[e & 1])));
-            } else {
-                const float d = f16_to_f32((u16)(s.x >> (16 * b)));
-                acc[e] = __fadd_rn(acc[e], __fmul_rn(d, c[e]));
-            }
-        }
+        scale01<ONE>(t.s, b, c, xs, acc);
     }
     // The warpgroup view of `block` (no mwg kernel instantiates it today).
     static __device__ __forceinline__ void part_a(const Tile& t, int b, int, u32 a[2][4]) {
@@ -252,8 +254,7 @@ struct FmtQ5_01 {
         step_codes(t, 2 * b + 1, a[1]);
     }
     static __device__ __forceinline__ void part_scale(const Tile& t, int b, int, float s[2]) {
-        s[0] = f16_to_f32((u16)(t.s[0].x >> (16 * b)));
-        s[1] = f16_to_f32((u16)(t.s[1].x >> (16 * b)));
+        part_scale01(t.s, b, s);
     }
 };
 typedef FmtQ5_01<0> FmtQ5_0;

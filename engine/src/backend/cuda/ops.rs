@@ -54,6 +54,27 @@ impl CudaOps {
         ys.iter().map(|&y| Ok((self.ptr(y)?, y.width))).collect()
     }
 
+    /// Attention of `q` into `att` (prepared for `w` in the same launch when it can), then the
+    /// product `W att` into `y`, or added into `res` (`y` then scratch for the v1 path).
+    fn attention_product(
+        &mut self,
+        kv: KvId,
+        (q, att): (Act, Act),
+        p: &AttnParams,
+        w: &Mat,
+        (y, res): (u64, Option<u64>),
+    ) -> Result<()> {
+        let prepared = self.attention_with(kv, (q, att), p, Some(w))?;
+        let (g, m, patt) = (&self.gpu, self.n(att), self.ptr(att)?);
+        if !prepared {
+            self.products.prep(g, patt, att.width, m, &[w])?;
+        }
+        self.tick("attention");
+        self.products.matmul(g, w, (patt, y), res, m)?;
+        self.tick("o");
+        Ok(())
+    }
+
     /// The gated activation of `gate`, `up` prepared for `down` (written back to `gate` where
     /// a reader needs the f32 values); returns `gate`'s buffer.
     fn glu_for(&mut self, kind: Glu, gate: Act, up: Act, down: &Mat) -> Result<u64> {
@@ -529,16 +550,8 @@ impl Ops for CudaOps {
         w: &Mat,
         r: Residual,
     ) -> Result<()> {
-        let prepared = self.attention_with(kv, (q, att), p, Some(w))?;
-        let (g, m, patt) = (&self.gpu, self.n(att), self.ptr(att)?);
-        if !prepared {
-            self.products.prep(g, patt, att.width, m, &[w])?;
-        }
-        self.tick("attention");
-        let (tmp, res) = (self.ptr(r.tmp)?, self.ptr(r.res)?);
-        self.products.matmul(g, w, (patt, tmp), Some(res), m)?;
-        self.tick("o");
-        Ok(())
+        let out = (self.ptr(r.tmp)?, Some(self.ptr(r.res)?));
+        self.attention_product(kv, (q, att), p, w, out)
     }
 
     fn norm_glu_ffn(
@@ -603,15 +616,8 @@ impl Ops for CudaOps {
         w: &Mat,
         y: Act,
     ) -> Result<()> {
-        let prepared = self.attention_with(kv, (q, att), p, Some(w))?;
-        let (g, m, patt) = (&self.gpu, self.n(att), self.ptr(att)?);
-        if !prepared {
-            self.products.prep(g, patt, att.width, m, &[w])?;
-        }
-        self.tick("attention");
-        self.products.matmul(g, w, (patt, self.ptr(y)?), None, m)?;
-        self.tick("o");
-        Ok(())
+        let out = (self.ptr(y)?, None);
+        self.attention_product(kv, (q, att), p, w, out)
     }
 
     fn post_norm_add(&mut self, o: Act, post: &CudaSlice<f32>, eps: f32, x: Act) -> Result<()> {
