@@ -20,6 +20,7 @@ use std::thread::JoinHandle;
 
 use admission::Admission;
 pub use admission::AdmissionLimits;
+pub(crate) use worker::host_available_bytes;
 
 use crate::backend::Device;
 use crate::chat::ChatTemplate;

@@ -140,7 +140,7 @@ fn kv_blocks(weights: &ModelWeights, cfg: &EngineConfig) -> Result<usize> {
 
 /// Bytes this process may still allocate: `MemAvailable` of /proc/meminfo, lowered to what is
 /// left under the address-space limit (`ulimit -v`) and the cgroup's memory limit.
-fn host_available_bytes() -> Result<usize> {
+pub(crate) fn host_available_bytes() -> Result<usize> {
     let p = std::path::Path::new("/proc/meminfo");
     let s = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
     let avail = meminfo_kb(&s, "MemAvailable:")
