@@ -57,6 +57,15 @@ impl<O: Exec> Pipeline<O> {
         })
     }
 
+    /// The stages, in layer order.
+    pub fn stages(&self) -> &[Runner<O>] {
+        &self.stages
+    }
+
+    pub fn stages_mut(&mut self) -> &mut [Runner<O>] {
+        &mut self.stages
+    }
+
     /// Runs every stage but the last over `batch` and hands each one's rows on.
     fn front(&mut self, batch: &StepBatch) -> Result<()> {
         if batch.rows.is_empty() {

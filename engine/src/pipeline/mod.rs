@@ -73,6 +73,21 @@ impl PpConfig {
     }
 }
 
+/// Opens `weights` unsplit ([`crate::backend::open_backend_opts`]) or split as `pp` says
+/// ([`open`]).
+pub fn open_any(
+    device: Device,
+    weights: ModelWeights,
+    o: &OpenOptions,
+    pp: &PpConfig,
+) -> Result<Box<dyn Backend>> {
+    if pp.is_split() {
+        open(device, weights, o, pp)
+    } else {
+        crate::backend::open_backend_opts(device, weights, o)
+    }
+}
+
 /// Parses `--devices`: comma-separated devices, e.g. `cuda:0,cuda:1` or `cpu,cpu`.
 pub fn parse_devices(s: &str) -> Result<Vec<Device>> {
     s.split(',')
@@ -179,57 +194,96 @@ pub fn open(
     o: &OpenOptions,
     pp: &PpConfig,
 ) -> Result<Box<dyn Backend>> {
+    match pp.stage_devices(device)?[0] {
+        Device::Cuda(_) => Ok(Box::new(open_cuda(device, &weights, o, pp)?)),
+        _ => Ok(Box::new(open_cpu(device, &weights, o, pp)?)),
+    }
+}
+
+/// The planned stages of `weights`: each stage's device, layers and the checked split.
+fn planned(
+    device: Device,
+    weights: &ModelWeights,
+    o: &OpenOptions,
+    pp: &PpConfig,
+) -> Result<(Vec<Device>, Vec<Stage>, Split)> {
     let devs = pp.stage_devices(device)?;
-    let costs = costs(&weights, &devs, o)?;
+    let costs = costs(weights, &devs, o)?;
     let ranges = plan::ranges(&costs, devs.len(), pp.split.as_deref(), o.kv_blocks)?;
     let split = plan::check(&costs, &ranges, &stage_devices(&devs)?, o.kv_blocks)?;
     let n = weights.config.n_layers;
-    let stage = |r: &std::ops::Range<usize>| Stage {
-        layers: r.clone(),
-        n_layers: n,
-    };
-    match devs[0] {
-        Device::Cuda(_) => {
-            let mut stages = Vec::new();
-            let mut links: Vec<Box<dyn StageLink<cuda::CudaOps>>> = Vec::new();
-            for (i, (r, d)) in ranges.iter().zip(&devs).enumerate() {
-                let Device::Cuda(ordinal) = *d else {
-                    return Err(Error::Input("--devices: mixed CPU and CUDA stages".into()));
-                };
-                check_ordinal(ordinal)?;
-                let opts = CudaOptions {
-                    device: ordinal,
-                    kv_blocks: o.kv_blocks,
-                    block_size: o.block_size,
-                    graphs: o.graphs,
-                    kv_dtype: o.kv_dtype,
-                    state_slots: o.state_slots,
-                };
-                stages.push(CudaBackend::new_stage(&weights, &opts, &stage(r))?);
-                if i > 0 {
-                    links.push(Box::new(cuda::link::DeviceLink::new(devs[i - 1] != *d)));
-                }
-            }
-            let summary = with_links(&split, &links);
-            Ok(Box::new(Pipeline::new(stages, links, summary)?))
-        }
-        _ => {
-            let opts = CpuOptions {
-                threads: o.threads,
-                kv_blocks: o.kv_blocks,
-                block_size: o.block_size,
-                kv_dtype: o.kv_dtype,
-            };
-            let stages = ranges
-                .iter()
-                .map(|r| CpuBackend::build_stage(CpuOps::new(&opts)?, &weights, &stage(r)))
-                .collect::<Result<Vec<_>>>()?;
-            let links: Vec<Box<dyn StageLink<CpuOps>>> =
-                (1..stages.len()).map(|_| Box::new(HostLink) as _).collect();
-            let summary = with_links(&split, &links);
-            Ok(Box::new(Pipeline::new(stages, links, summary)?))
+    let stages = ranges
+        .into_iter()
+        .map(|layers| Stage {
+            layers,
+            n_layers: n,
+        })
+        .collect();
+    Ok((devs, stages, split))
+}
+
+/// [`open`] on CUDA devices (typed: the graph gate switches each stage's graphs).
+pub fn open_cuda(
+    device: Device,
+    weights: &ModelWeights,
+    o: &OpenOptions,
+    pp: &PpConfig,
+) -> Result<Pipeline<cuda::CudaOps>> {
+    let (devs, stages, split) = planned(device, weights, o, pp)?;
+    let mut runners = Vec::new();
+    let mut links: Vec<Box<dyn StageLink<cuda::CudaOps>>> = Vec::new();
+    for (i, (s, d)) in stages.iter().zip(&devs).enumerate() {
+        let Device::Cuda(ordinal) = *d else {
+            return Err(Error::Input(
+                "--devices: the stages must all be CUDA devices".into(),
+            ));
+        };
+        check_ordinal(ordinal)?;
+        let opts = CudaOptions {
+            device: ordinal,
+            kv_blocks: o.kv_blocks,
+            block_size: o.block_size,
+            graphs: o.graphs,
+            kv_dtype: o.kv_dtype,
+            state_slots: o.state_slots,
+        };
+        runners.push(CudaBackend::new_stage(weights, &opts, s)?);
+        if i > 0 {
+            links.push(Box::new(cuda::link::DeviceLink::new(devs[i - 1] != *d)));
         }
     }
+    let summary = with_links(&split, &links);
+    Pipeline::new(runners, links, summary)
+}
+
+/// [`open`] on the CPU: the stages in this process, handing rows over through host memory.
+pub fn open_cpu(
+    device: Device,
+    weights: &ModelWeights,
+    o: &OpenOptions,
+    pp: &PpConfig,
+) -> Result<Pipeline<CpuOps>> {
+    let (devs, stages, split) = planned(device, weights, o, pp)?;
+    if devs.iter().any(|d| *d != Device::Cpu) {
+        return Err(Error::Input(
+            "--devices: the stages must all be `cpu`".into(),
+        ));
+    }
+    let opts = CpuOptions {
+        threads: o.threads,
+        kv_blocks: o.kv_blocks,
+        block_size: o.block_size,
+        kv_dtype: o.kv_dtype,
+    };
+    let runners = stages
+        .iter()
+        .map(|s| CpuBackend::build_stage(CpuOps::new(&opts)?, weights, s))
+        .collect::<Result<Vec<_>>>()?;
+    let links: Vec<Box<dyn StageLink<CpuOps>>> = (1..runners.len())
+        .map(|_| Box::new(HostLink) as _)
+        .collect();
+    let summary = with_links(&split, &links);
+    Pipeline::new(runners, links, summary)
 }
 
 fn with_links<O: crate::backend::exec::Exec>(
