@@ -138,10 +138,10 @@ pub fn trace(b: &mut dyn Backend, o: &Options) -> Result<Trace> {
             state_slots: (1..=k as u32).collect(),
         };
         let mut rows = Vec::new();
-        for (j, len) in lens.iter().enumerate() {
-            for p in 0..*len {
+        for (j, (len, toks)) in lens.iter().zip(&seq_tokens).enumerate() {
+            for (p, &token) in toks.iter().take(*len).enumerate() {
                 rows.push(StepRow {
-                    token: seq_tokens[j][p],
+                    token,
                     pos: p as u32,
                     seq: j,
                     want_logits: true,

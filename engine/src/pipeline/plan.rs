@@ -241,8 +241,8 @@ fn balanced(costs: &Costs, n: usize, blocks: usize) -> Vec<usize> {
     // best[i][e]: the smallest largest stage of stages 0..=i covering layers 0..e.
     let mut best = vec![vec![usize::MAX; len + 1]; n];
     let mut from = vec![vec![0usize; len + 1]; n];
-    for e in 1..=len {
-        best[0][e] = weight(0, 0..e);
+    for (e, b) in best[0].iter_mut().enumerate().skip(1) {
+        *b = weight(0, 0..e);
     }
     for i in 1..n {
         for e in i + 1..=len {
