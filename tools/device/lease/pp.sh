@@ -4,7 +4,7 @@
 # tiny llama / gemma3 / qwen3next / qwen3moe and SmolLM2, and invariance / graph /
 # serve-invariance with --pp 2 on SmolLM2. One GPU: both stages on cuda:0 (the default);
 # two GPUs: PP_DEVICES=cuda:0,cuda:1 (the peer-copy hand-over). ~3 device-minutes.
-#   stage: tools/device/stage.sh; calls: start.sh with this queue (no LEASE_SYNTH needed),
+#   stage: tools/device/stage.sh; calls: LEASE_SYNTH=none start.sh with this queue (no synthetic model),
 #   then the two SmolLM2 pieces (NAME smol), then poll.sh back to back (docs/DEVICE.md).
 set -u
 cd $HOME/repo; . tools/device/lease/lib.sh

@@ -51,8 +51,8 @@ impl CudaOps {
 
     /// The pipeline hand-over (link.rs): rows `0..rows` of `from`'s activation `x` become the
     /// hidden input of this stage's next step, copied on the device. `peer`: `from` is on
-    /// another device (the copy runs on this stream after `from`'s queued work); else it runs
-    /// on `from`'s stream and this stream waits for it.
+    /// another device (the copy runs on this stream, a peer copy); else it runs on `from`'s
+    /// stream. Events order it between the two streams' work; the host does not wait.
     pub(super) fn receive_hidden_in(
         &mut self,
         from: &CudaOps,
@@ -92,16 +92,19 @@ impl CudaOps {
                     .err(format!("pipeline hand-over: no buffer of {n} values"))
             })?;
         let fail = |e: cudarc::driver::DriverError| format!("pipeline hand-over: {e:?}");
+        // Both ways round: the copy waits for the sender's forward and for this stage's
+        // previous step (which may still read the buffer); the sender's next step waits for
+        // the copy (which reads its activation), and so does this stage's next step.
+        let (s_from, s_to) = (&from.gpu.stream, &self.gpu.stream);
         let copied = if peer {
-            self.gpu
-                .stream
-                .join(&from.gpu.stream)
-                .and_then(|()| self.gpu.stream.memcpy_dtod(&src, &mut dst))
+            s_to.join(s_from)
+                .and_then(|()| s_to.memcpy_dtod(&src, &mut dst))
+                .and_then(|()| s_from.join(s_to))
         } else {
-            from.gpu
-                .stream
-                .memcpy_dtod(&src, &mut dst)
-                .and_then(|()| self.gpu.stream.join(&from.gpu.stream))
+            s_from
+                .join(s_to)
+                .and_then(|()| s_from.memcpy_dtod(&src, &mut dst))
+                .and_then(|()| s_to.join(s_from))
         };
         copied.map_err(|e| self.gpu.err(fail(e)))?;
         self.hidden_in.given = n;
