@@ -177,7 +177,7 @@ pub fn auto_kv_blocks(
 ) -> Result<usize> {
     let devs = pp.stage_devices(device)?;
     let costs = costs(w, &devs, o)?;
-    let ranges = plan::ranges(&costs, devs.len(), pp.split.as_deref(), 0)?;
+    let ranges = plan::ranges(&costs, devs.len(), pp.split.as_deref())?;
     Ok(plan::auto_blocks(
         &costs,
         &ranges,
@@ -209,7 +209,7 @@ fn planned(
 ) -> Result<(Vec<Device>, Vec<Stage>, Split)> {
     let devs = pp.stage_devices(device)?;
     let costs = costs(weights, &devs, o)?;
-    let ranges = plan::ranges(&costs, devs.len(), pp.split.as_deref(), o.kv_blocks)?;
+    let ranges = plan::ranges(&costs, devs.len(), pp.split.as_deref())?;
     let split = plan::check(&costs, &ranges, &stage_devices(&devs)?, o.kv_blocks)?;
     let n = weights.config.n_layers;
     let stages = ranges

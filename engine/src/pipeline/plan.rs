@@ -194,14 +194,10 @@ fn mib(b: usize) -> String {
 }
 
 /// The layer ranges of `n` stages. `starts` (the first layer of stages `1..n`) when given,
-/// checked; else the split that makes the largest stage (weights, state and the KV of
-/// `blocks` blocks) as small as it can be.
-pub fn ranges(
-    costs: &Costs,
-    n: usize,
-    starts: Option<&[usize]>,
-    blocks: usize,
-) -> Result<Vec<Range<usize>>> {
+/// checked; else the split that makes the largest stage's fixed bytes (weights and recurrent
+/// state) as small as they can be. The KV pool does not enter: it is sized afterwards from
+/// what the stages leave ([`auto_blocks`]), and the split must not depend on its size.
+pub fn ranges(costs: &Costs, n: usize, starts: Option<&[usize]>) -> Result<Vec<Range<usize>>> {
     let layers = costs.layers.len();
     if n == 0 || n > layers {
         return Err(Error::Input(format!(
@@ -223,7 +219,7 @@ pub fn ranges(
             }
             s.to_vec()
         }
-        None => balanced(costs, n, blocks),
+        None => balanced(costs, n),
     };
     let mut edges = vec![0];
     edges.extend(bounds);
@@ -232,11 +228,11 @@ pub fn ranges(
 }
 
 /// Stage starts minimising the largest stage (dynamic programme over contiguous splits).
-fn balanced(costs: &Costs, n: usize, blocks: usize) -> Vec<usize> {
+fn balanced(costs: &Costs, n: usize) -> Vec<usize> {
     let len = costs.layers.len();
     let weight = |i: usize, r: Range<usize>| {
-        let b = costs.stage(i, n, &r, blocks);
-        b.weights.saturating_add(b.kv).saturating_add(b.state)
+        let b = costs.stage(i, n, &r, 0);
+        b.weights.saturating_add(b.state)
     };
     // best[i][e]: the smallest largest stage of stages 0..=i covering layers 0..e.
     let mut best = vec![vec![usize::MAX; len + 1]; n];
@@ -393,4 +389,87 @@ pub fn auto_blocks(
         blocks = blocks.min(fit);
     }
     blocks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn costs(layers: &[usize], first: usize, last: usize) -> Costs {
+        Costs {
+            layers: layers
+                .iter()
+                .map(|&w| LayerCost {
+                    weights: w,
+                    kv_per_block: 2,
+                    state: 0,
+                })
+                .collect(),
+            first,
+            last,
+            workspace: 7,
+        }
+    }
+
+    #[test]
+    fn the_split_balances_weights_with_the_embedding_and_head() {
+        // 8 layers of 10: equal ends split in the middle; a heavy embedding moves it up.
+        assert_eq!(
+            ranges(&costs(&[10; 8], 25, 25), 2, None).unwrap(),
+            [0..4, 4..8]
+        );
+        assert_eq!(
+            ranges(&costs(&[10; 8], 45, 5), 2, None).unwrap(),
+            [0..2, 2..8]
+        );
+        // Uneven layers: the largest stage is as small as it can be.
+        let c = costs(&[1, 1, 1, 1, 30, 1, 1, 1], 0, 0);
+        assert_eq!(ranges(&c, 2, None).unwrap(), [0..4, 4..8]);
+        let r = ranges(&costs(&[10; 9], 0, 0), 3, None).unwrap();
+        assert_eq!(r, [0..3, 3..6, 6..9]);
+        // One layer a stage at most.
+        assert_eq!(
+            ranges(&costs(&[10; 2], 0, 0), 2, None).unwrap(),
+            [0..1, 1..2]
+        );
+        assert!(ranges(&costs(&[10; 2], 0, 0), 3, None).is_err());
+    }
+
+    #[test]
+    fn stage_bytes_count_every_part() {
+        let c = costs(&[10; 4], 100, 50);
+        let b = c.stage(0, 2, &(0..2), 9);
+        assert_eq!(
+            b,
+            StageBytes {
+                weights: 120,
+                kv: 4 * 10,
+                state: 0,
+                workspace: 7
+            }
+        );
+        assert_eq!(c.stage(1, 2, &(2..4), 9).weights, 70);
+        assert_eq!(c.stage(0, 1, &(0..4), 0).weights, 190);
+    }
+
+    #[test]
+    fn auto_blocks_take_the_tightest_device() {
+        let c = costs(&[10; 4], 0, 0);
+        let r = ranges(&c, 2, Some(&[1])).unwrap();
+        let dev = |name: &str, free| StageDevice {
+            name: name.into(),
+            free: Some(free),
+        };
+        // Stage 0: fixed 10 + 7 + one extra block (2); per block 2. Stage 1: 30 + 7 + 6; 6.
+        let two = [dev("cuda:0", 1000), dev("cuda:1", 1000)];
+        let n = auto_blocks(&c, &r, &two, (0, 1.0, 10_000));
+        assert_eq!(n, (1000 - 43) / 6);
+        // One shared device: both stages' fixed bytes and blocks together.
+        let one = [dev("cuda:0", 1000), dev("cuda:0", 1000)];
+        let n = auto_blocks(&c, &r, &one, (0, 1.0, 10_000));
+        assert_eq!(n, (1000 - 43 - 19) / 8);
+        assert_eq!(auto_blocks(&c, &r, &one, (0, 1.0, 5)), 5);
+        // Whatever it gives fits.
+        assert!(check(&c, &r, &one, (1000 - 43 - 19) / 8).is_ok());
+    }
 }

@@ -150,7 +150,7 @@ fn a_stage_that_does_not_fit_is_named_with_the_bytes_missing() {
     let w = random_weights(&config(Arch::Llama), 5, DType::F32).expect("weights");
     let devs = [Device::Cpu, Device::Cpu];
     let costs = pipeline::costs(&w, &devs, &opts()).expect("costs");
-    let ranges = plan::ranges(&costs, 2, Some(&[2]), 32).expect("ranges");
+    let ranges = plan::ranges(&costs, 2, Some(&[2])).expect("ranges");
     let need0 = costs.stage(0, 2, &ranges[0], 32).total();
     let need1 = costs.stage(1, 2, &ranges[1], 32).total();
     let dev = |name: &str, free| StageDevice {
@@ -194,9 +194,9 @@ fn a_stage_that_does_not_fit_is_named_with_the_bytes_missing() {
     // Bad splits are refused, never a panic.
     for bad in [vec![0], vec![4], vec![2, 2], vec![3, 1]] {
         let n = bad.len() + 1;
-        assert!(plan::ranges(&costs, n, Some(&bad), 32).is_err(), "{bad:?}");
+        assert!(plan::ranges(&costs, n, Some(&bad)).is_err(), "{bad:?}");
     }
-    assert!(plan::ranges(&costs, 5, None, 32).is_err());
+    assert!(plan::ranges(&costs, 5, None).is_err());
     let pp = PpConfig {
         stages: 2,
         devices: vec![Device::Cpu, Device::Cuda(0)],
