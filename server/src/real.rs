@@ -287,21 +287,17 @@ pub fn engine_settings(
         .device
         .parse()
         .map_err(|e| format!("MEMRA_DEVICE `{}`: {e}", args.device))?;
-    let pp = memra_engine::pipeline::PpConfig {
-        stages: args.pp,
-        devices: match &args.devices {
-            Some(d) => memra_engine::pipeline::parse_devices(d)
-                .map_err(|e| format!("MEMRA_DEVICES `{d}`: {e}"))?,
-            None => Vec::new(),
-        },
-        split: match &args.pp_split {
-            Some(s) => Some(
-                memra_engine::pipeline::parse_split(s)
-                    .map_err(|e| format!("MEMRA_PP_SPLIT `{s}`: {e}"))?,
-            ),
-            None => None,
-        },
-    };
+    let pp = memra_engine::pipeline::PpConfig::from_flags(
+        args.pp,
+        args.devices.as_deref(),
+        args.pp_split.as_deref(),
+    )
+    .map_err(|e| {
+        format!(
+            "MEMRA_PP / MEMRA_DEVICES / MEMRA_PP_SPLIT: {}",
+            memra_engine::spec::bare(&e)
+        )
+    })?;
     let engine = EngineConfig {
         device,
         pp,

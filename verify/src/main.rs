@@ -85,18 +85,7 @@ struct PpArgs {
 
 impl PpArgs {
     fn config(&self) -> Result<PpConfig> {
-        Ok(PpConfig {
-            stages: self.pp,
-            devices: match &self.devices {
-                Some(d) => pipeline::parse_devices(d)?,
-                None => Vec::new(),
-            },
-            split: self
-                .pp_split
-                .as_deref()
-                .map(pipeline::parse_split)
-                .transpose()?,
-        })
+        PpConfig::from_flags(self.pp, self.devices.as_deref(), self.pp_split.as_deref())
     }
 }
 

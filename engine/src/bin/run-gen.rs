@@ -179,20 +179,7 @@ fn run(args: Args) -> Result<()> {
         }
         None => None,
     };
-    let pp = PpConfig {
-        stages: args.pp,
-        devices: args
-            .devices
-            .as_deref()
-            .map(pipeline::parse_devices)
-            .transpose()?
-            .unwrap_or_default(),
-        split: args
-            .pp_split
-            .as_deref()
-            .map(pipeline::parse_split)
-            .transpose()?,
-    };
+    let pp = PpConfig::from_flags(args.pp, args.devices.as_deref(), args.pp_split.as_deref())?;
     let mut backend = pipeline::open_any(args.device, model.weights, &opts, &pp)?;
     if let Some(s) = backend.pipeline() {
         eprintln!("run-gen: {s}");

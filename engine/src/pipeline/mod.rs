@@ -38,6 +38,33 @@ pub struct PpConfig {
 }
 
 impl PpConfig {
+    /// The split the flags ask for: `--pp N`, `--devices D0,D1,...` (one per stage; given
+    /// alone, with more than one device, it sets the stage count), `--pp-split L1,...`.
+    pub fn from_flags(pp: usize, devices: Option<&str>, split: Option<&str>) -> Result<PpConfig> {
+        let devices = devices.map(parse_devices).transpose()?.unwrap_or_default();
+        let stages = match (pp, devices.len()) {
+            (0 | 1, n) if n > 1 => n,
+            (p, _) => p,
+        };
+        if !devices.is_empty() && devices.len() != stages.max(1) {
+            return Err(Error::Input(format!(
+                "--devices names {} device(s) for --pp {pp}: give one per stage",
+                devices.len()
+            )));
+        }
+        let split = split.map(parse_split).transpose()?;
+        if split.is_some() && stages < 2 {
+            return Err(Error::Input(
+                "--pp-split needs --pp 2 or more (or --devices with a device per stage)".into(),
+            ));
+        }
+        Ok(PpConfig {
+            stages,
+            devices,
+            split,
+        })
+    }
+
     /// Whether the model is split at all.
     pub fn is_split(&self) -> bool {
         self.stages > 1

@@ -204,3 +204,24 @@ fn a_stage_that_does_not_fit_is_named_with_the_bytes_missing() {
     };
     assert!(pp.stage_devices(Device::Cpu).is_err());
 }
+
+#[test]
+fn the_flags_give_the_split() {
+    let f = PpConfig::from_flags;
+    let pp = f(2, None, Some("12")).expect("pp 2");
+    assert_eq!((pp.stages, pp.split), (2, Some(vec![12])));
+    // --devices alone sets the stage count.
+    let pp = f(1, Some("cuda:0,cuda:1"), None).expect("devices");
+    assert_eq!(pp.stages, 2);
+    assert_eq!(pp.devices, vec![Device::Cuda(0), Device::Cuda(1)]);
+    assert!(!f(1, None, None).expect("unsplit").is_split());
+    for (pp, d, s) in [
+        (3, Some("cpu,cpu"), None),
+        (1, None, Some("4")),
+        (2, None, Some("4;x")),
+        (2, Some("gpu,cpu"), None),
+    ] {
+        let e = f(pp, d, s).expect_err("refused").to_string();
+        assert!(e.contains("invalid input"), "{e}");
+    }
+}
