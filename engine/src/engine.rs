@@ -20,6 +20,7 @@ use std::thread::JoinHandle;
 
 use admission::Admission;
 pub use admission::AdmissionLimits;
+pub(crate) use worker::host_available_bytes;
 
 use crate::backend::Device;
 use crate::chat::ChatTemplate;
@@ -59,6 +60,8 @@ pub struct EngineConfig {
     pub prefix_cache: bool,
     /// Speculative decoding (`None`: plain decoding only).
     pub spec: Option<crate::spec::SpecConfig>,
+    /// Pipeline stages (`--pp`, `--devices`, `--pp-split`; default: unsplit).
+    pub pp: crate::pipeline::PpConfig,
 }
 
 impl Default for EngineConfig {
@@ -75,6 +78,7 @@ impl Default for EngineConfig {
             scheduler: SchedulerConfig::default(),
             prefix_cache: true,
             spec: None,
+            pp: crate::pipeline::PpConfig::default(),
         }
     }
 }
@@ -104,6 +108,9 @@ pub struct ModelInfo {
     pub spec: Option<(String, usize)>,
     /// What opening the drafter noticed (an `auto` drafter that left the MTP layers out).
     pub spec_notes: Vec<String>,
+    /// How the model is split over pipeline stages (crate::pipeline), one line; `None`:
+    /// unsplit.
+    pub pipeline: Option<String>,
 }
 
 /// A tenant's requests in the engine.

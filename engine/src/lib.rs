@@ -15,6 +15,7 @@ pub mod kv_format;
 pub mod loader;
 pub mod models;
 pub mod ops;
+pub mod pipeline;
 pub mod prefix_cache;
 pub mod quant;
 pub mod request;

@@ -73,6 +73,15 @@ pub struct ServeArgs {
     /// CPU threads for the CPU backend (0 = all cores).
     #[arg(long, env = "MEMRA_THREADS", default_value_t = 0)]
     pub threads: usize,
+    /// Pipeline stages per model (layers split by the memory plan; same output as unsplit).
+    #[arg(long, env = "MEMRA_PP", default_value_t = 1)]
+    pub pp: usize,
+    /// One device per pipeline stage, e.g. `cuda:0,cuda:1` (default: every stage on --device).
+    #[arg(long, env = "MEMRA_DEVICES")]
+    pub devices: Option<String>,
+    /// The first layer of each pipeline stage after the first, e.g. `40`.
+    #[arg(long, env = "MEMRA_PP_SPLIT")]
+    pub pp_split: Option<String>,
     /// Sequences the engine runs at once (per model).
     #[arg(long, env = "MEMRA_MAX_RUNNING", default_value_t = 64)]
     pub max_running: usize,

@@ -56,6 +56,8 @@ pub struct ServedModel {
     /// Where it runs (`cpu`, `cuda:0`) and the device profile in use, if any.
     pub backend: String,
     pub profile: Option<String>,
+    /// How the model is split over pipeline stages (`--pp`), one line; `None`: unsplit.
+    pub pipeline: Option<String>,
     /// The KV cache (absent for engines without one, e.g. the test engine).
     pub kv_cache: Option<KvCacheJson>,
     pub text: Arc<dyn ModelText>,

@@ -357,6 +357,7 @@ impl Generate for FakeEngine {
             created: self.created,
             backend: "fake".into(),
             profile: None,
+            pipeline: None,
             kv_cache: None,
             text: Arc::new(ByteText),
         }]

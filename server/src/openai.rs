@@ -198,6 +198,10 @@ pub struct ModelJson {
     pub backend: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_profile: Option<String>,
+    /// memra: how the model is split over pipeline stages (`--pp`): each stage's device,
+    /// layers and bytes, and the hand-over.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<String>,
     /// memra: the KV cache's element format, bytes per position and capacity in positions.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_cache: Option<KvCacheJson>,

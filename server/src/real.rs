@@ -186,6 +186,7 @@ fn wrap(handle: EngineHandle) -> Loaded {
             created,
             backend: m.backend,
             profile: m.profile,
+            pipeline: m.pipeline,
             kv_cache: Some(KvCacheJson {
                 dtype: m.kv_dtype.to_string(),
                 bytes_per_token: m.kv_token_bytes,
@@ -254,6 +255,9 @@ fn load(cfg: StartConfig) -> std::result::Result<Loaded, String> {
         if let Some(p) = &m.profile {
             tracing::info!("{}: device {p}", m.alias);
         }
+        if let Some(p) = &m.pipeline {
+            tracing::info!("{}: pipeline {p}", m.alias);
+        }
         match &m.spec {
             Some((drafter, k)) => tracing::info!(
                 "{}: speculative decoding with {drafter}, at most {k} drafts per step (output \
@@ -283,8 +287,20 @@ pub fn engine_settings(
         .device
         .parse()
         .map_err(|e| format!("MEMRA_DEVICE `{}`: {e}", args.device))?;
+    let pp = memra_engine::pipeline::PpConfig::from_flags(
+        args.pp,
+        args.devices.as_deref(),
+        args.pp_split.as_deref(),
+    )
+    .map_err(|e| {
+        format!(
+            "MEMRA_PP / MEMRA_DEVICES / MEMRA_PP_SPLIT: {}",
+            memra_engine::spec::bare(&e)
+        )
+    })?;
     let engine = EngineConfig {
         device,
+        pp,
         threads: args.threads,
         kv: kv_budget(args.kv_blocks),
         kv_dtype: args.kv_dtype,

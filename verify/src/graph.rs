@@ -22,7 +22,7 @@
 //!    the masks were asked for (the overlap; reported, not gated: a small step may be done by
 //!    then).
 
-use memra_engine::backend::cuda::CudaBackend;
+use memra_engine::backend::cuda::{CudaBackend, CudaOps};
 use memra_engine::backend::{Backend, SelectParams, Selected, StepBatch, StepMasks, StepRow};
 use memra_engine::generate::{GenRequest, generate};
 use memra_engine::models::random::splitmix;
@@ -30,6 +30,44 @@ use memra_engine::sampling::SamplingParams;
 use memra_engine::{Error, Result};
 
 use crate::invariance::InvReport;
+
+/// A CUDA backend whose steps may run as CUDA graphs: one model, or a model split over
+/// pipeline stages (`memra-verify graph --pp 2`: each stage captures its own graphs).
+pub trait GraphBackend: Backend {
+    fn set_graphs(&mut self, on: bool);
+    /// (captures, replays) so far.
+    fn graph_counts(&self) -> (u64, u64);
+    /// Whether the device still runs queued work (the last stage's stream).
+    fn busy_probe(&self) -> Box<dyn Fn() -> Result<bool>>;
+}
+
+impl GraphBackend for CudaBackend {
+    fn set_graphs(&mut self, on: bool) {
+        CudaBackend::set_graphs(self, on)
+    }
+    fn graph_counts(&self) -> (u64, u64) {
+        CudaBackend::graph_counts(self)
+    }
+    fn busy_probe(&self) -> Box<dyn Fn() -> Result<bool>> {
+        Box::new(self.gpu().busy_probe())
+    }
+}
+
+impl GraphBackend for memra_engine::pipeline::Pipeline<CudaOps> {
+    fn set_graphs(&mut self, on: bool) {
+        self.stages_mut().iter_mut().for_each(|s| s.set_graphs(on));
+    }
+    fn graph_counts(&self) -> (u64, u64) {
+        self.stages()
+            .iter()
+            .map(|s| s.graph_counts())
+            .fold((0, 0), |(c, r), (a, b)| (c + a, r + b))
+    }
+    fn busy_probe(&self) -> Box<dyn Fn() -> Result<bool>> {
+        let last = &self.stages()[self.stages().len() - 1];
+        Box::new(last.gpu().busy_probe())
+    }
+}
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
@@ -68,7 +106,7 @@ pub struct GraphReport {
 
 /// Runs the check on `b` (graphs are switched on and off as needed).
 pub fn run(
-    b: &mut CudaBackend,
+    b: &mut dyn GraphBackend,
     seed: u64,
     prompt_len: usize,
     max_m: usize,
@@ -427,12 +465,12 @@ pub fn lazy_and_eager(
 /// Check 3 on one batch, graphs off and on: the four results the same bits. Returns (lazy
 /// steps whose forward was still running when the masks were asked for, lazy steps).
 fn lazy_masks(
-    b: &mut CudaBackend,
+    b: &mut dyn GraphBackend,
     seed: u64,
     batch: &StepBatch,
     rep: &mut InvReport,
 ) -> Result<(usize, usize)> {
-    let busy = b.gpu().busy_probe();
+    let busy = b.busy_probe();
     let mut runs = Vec::new();
     let mut overlapped = 0;
     for graphs in [false, true] {

@@ -2,7 +2,8 @@
 //! reference), `invariance` (same rows, same bits under any batch or chunking, any backend),
 //! `tokens` (greedy tokens vs the reference fixture), `spec` (speculative vs plain decoding;
 //! with the MTP drafter on a GPU also its hand-over against the CPU's, `mtp_check`),
-//! `inspect` (a model file validated the way the engine loads it).
+//! `inspect` (a model file validated the way the engine loads it), `pp` (a model split over
+//! pipeline stages vs the unsplit model).
 
 mod attention_check;
 mod attention_window_check;
@@ -20,6 +21,7 @@ mod kv_write_check;
 mod moe_check;
 pub mod mtp_check;
 pub mod peer_logits;
+pub mod pp;
 mod products_check;
 pub mod serve_invariance;
 pub mod spec;

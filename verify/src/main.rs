@@ -4,6 +4,9 @@
 //! - `memra-verify invariance [--device D] (MODEL | --tiny ARCH) [--max-m 64] [--prompt-len 40]`
 //! - `memra-verify tokens [--device D] MODEL --fixture verify/fixtures/smollm2-135m-reference.json`
 //! - `memra-verify serve-invariance MODEL [--device D] [--requests N] [--max-tokens T]`
+//! - `memra-verify pp [--device D] (MODEL | --tiny ARCH) [--pp 2] [--devices D0,D1] [--splits 1;2]`:
+//!   the model split over pipeline stages vs unsplit (invariance, graph and serve-invariance
+//!   take `--pp N [--devices ...] [--pp-split L]` too)
 //! - `memra-verify graph [--device cuda:N] (MODEL | --tiny ARCH) [--max-m 64] [--gen-tokens 24]`
 //! - `memra-verify spec [--device D] (MODEL | --tiny ARCH[+mtp|+mtp-oracle]) [--max-tokens 32] [--k-max 8]
 //!   [--drafters ngram,mtp,self,random,auto,pick]`
@@ -21,10 +24,11 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 use memra_engine::backend::cpu::{CpuBackend, CpuOps, CpuOptions};
 use memra_engine::backend::cuda::{CudaBackend, CudaOptions};
-use memra_engine::backend::{Backend, Device, KvDtype};
+use memra_engine::backend::{Backend, Device, KvDtype, OpenOptions};
 use memra_engine::config::Arch;
 use memra_engine::models::random::{oracle_mtp_weights, random_weights, tiny_config};
 use memra_engine::models::{ModelWeights, mtp};
+use memra_engine::pipeline::{self, PpConfig};
 use memra_engine::quant::DType;
 use memra_engine::spec::Drafter;
 use memra_engine::spec::draft_model::DraftModelDrafter;
@@ -32,7 +36,7 @@ use memra_engine::spec::mtp::MtpDrafter;
 use memra_engine::spec::ngram::NgramDrafter;
 use memra_engine::{Error, Result};
 use memra_verify::{
-    case, golden, graph, invariance, kernels, mtp_check, peer_logits, serve_invariance, spec,
+    case, golden, graph, invariance, kernels, mtp_check, peer_logits, pp, serve_invariance, spec,
     tokens,
 };
 
@@ -62,6 +66,27 @@ fn open_backend(
     threads: usize,
 ) -> Result<Box<dyn Backend>> {
     memra_engine::backend::open_backend(device, w, (blocks, bs, kv_dtype()), threads)
+}
+
+/// The pipeline split a gate runs on (`--pp 2`: two stages; see `memra-verify pp`).
+#[derive(clap::Args, Clone, Debug, Default)]
+struct PpArgs {
+    /// Pipeline stages (1: unsplit).
+    #[arg(long, default_value_t = 1)]
+    pp: usize,
+    /// One device per stage, comma-separated (`cpu,cpu`, `cuda:0,cuda:0`, `cuda:0,cuda:1`);
+    /// default: every stage on --device.
+    #[arg(long)]
+    devices: Option<String>,
+    /// The first layer of each stage after the first (default: the memory plan's split).
+    #[arg(long)]
+    pp_split: Option<String>,
+}
+
+impl PpArgs {
+    fn config(&self) -> Result<PpConfig> {
+        PpConfig::from_flags(self.pp, self.devices.as_deref(), self.pp_split.as_deref())
+    }
 }
 
 #[derive(Subcommand)]
@@ -98,6 +123,43 @@ enum Cmd {
         prompt_len: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        #[command(flatten)]
+        pp: PpArgs,
+    },
+    /// A model split over pipeline stages vs the unsplit model: tokens, logits bits and KV
+    /// bytes, at several splits (every layer boundary of a small model), over prefill
+    /// chunkings, batches of M = 1..max_m rows and decode steps.
+    Pp {
+        /// A GGUF file or HF folder.
+        model: Option<PathBuf>,
+        /// Use a tiny random model of this architecture instead of MODEL (4 layers).
+        #[arg(long, conflicts_with = "model")]
+        tiny: Option<String>,
+        #[arg(long, default_value = "auto")]
+        device: Device,
+        /// Stages of each split (at least 2).
+        #[arg(long, default_value_t = 2)]
+        pp: usize,
+        /// One device per stage (default: every stage on --device; `cuda:0,cuda:1` checks
+        /// the peer copy between two GPUs).
+        #[arg(long)]
+        devices: Option<String>,
+        /// The splits to check, `;`-separated, each the first layers of stages 1.. (e.g.
+        /// `1;2;3`); default: every boundary of a model of up to 8 layers, else five spread
+        /// ones, and the memory plan's own.
+        #[arg(long)]
+        splits: Option<String>,
+        #[arg(long, default_value_t = 16)]
+        max_m: usize,
+        #[arg(long, default_value_t = 40)]
+        prompt_len: usize,
+        #[arg(long, default_value_t = 12)]
+        gen_tokens: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// CPU threads (0 = all cores).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
     },
     /// CUDA graph steps bitwise equal to plain steps; device token selection equal to the host's.
     Graph {
@@ -117,6 +179,8 @@ enum Cmd {
         gen_tokens: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        #[command(flatten)]
+        pp: PpArgs,
     },
     /// Greedy tokens of the fixture prompts vs the fixture.
     Tokens {
@@ -156,6 +220,8 @@ enum Cmd {
         /// prefix-cache hit of that many tokens in the warm phase); 0: none.
         #[arg(long, default_value_t = 0)]
         context: usize,
+        #[command(flatten)]
+        pp: PpArgs,
     },
     /// Speculative decoding vs plain decoding: tokens, finish reason, logits bytes.
     Spec {
@@ -258,6 +324,47 @@ fn tiny(arch: &str) -> Result<ModelWeights> {
     }
 }
 
+/// [`tiny`] with `layers` decoder layers (the pp gate splits them).
+fn tiny_layers(arch: &str, layers: usize) -> Result<ModelWeights> {
+    let w = tiny(arch)?;
+    let cfg = memra_engine::config::ModelConfig {
+        n_layers: layers,
+        ..w.config.clone()
+    };
+    match cfg.mtp_layers {
+        0 => random_weights(&cfg, 5, DType::Q8_0),
+        _ => Err(Error::Input("pp: --tiny ARCH without +mtp".into())),
+    }
+}
+
+fn open_options(kv_blocks: usize, block_size: usize, threads: usize) -> OpenOptions {
+    OpenOptions {
+        kv_blocks,
+        block_size,
+        threads,
+        graphs: memra_engine::backend::cuda::graphs_default(),
+        kv_dtype: kv_dtype(),
+        state_slots: memra_engine::backend::DEFAULT_STATE_SLOTS,
+    }
+}
+
+fn gate_pp(w: &ModelWeights, device: Device, o: &pp::Options) -> Result<usize> {
+    let rep = pp::run(w, device, o)?;
+    for s in &rep.splits {
+        println!("{s}");
+    }
+    println!(
+        "pp on {device:?}: {} splits of {} stages vs unsplit, {} checks (greedy at chunkings \
+         1/7/whole, seeded sampling, M = 1..{} over 4 sequences + decode, KV bytes), {} failed",
+        rep.splits.len(),
+        o.stages,
+        rep.checks,
+        o.max_m,
+        rep.failures.len()
+    );
+    Ok(print_failures(&rep.failures))
+}
+
 /// MODEL or --tiny ARCH, as one gate names them.
 fn weights(gate: &str, model: Option<&Path>, t: Option<&str>) -> Result<ModelWeights> {
     match (model, t) {
@@ -297,16 +404,21 @@ fn gate_kernels(device: Device, seed: u64, only: &[String], attn_split: bool) ->
 fn gate_invariance(
     w: ModelWeights,
     device: Device,
-    max_m: usize,
-    prompt_len: usize,
-    seed: u64,
+    (max_m, prompt_len, seed): (usize, usize, u64),
+    pp: &PpConfig,
 ) -> Result<usize> {
     if prompt_len == 0 || max_m == 0 {
         return Err(Error::Input("--prompt-len and --max-m must be > 0".into()));
     }
     let bs = 16;
     let blocks = invariance::blocks_needed(prompt_len, bs, w.config.arch.is_recurrent());
-    let mut b = open_backend(device, w, blocks, bs, 0)?;
+    let mut b = match pp.is_split() {
+        true => pipeline::open(device, w, &open_options(blocks, bs, 0), pp)?,
+        false => open_backend(device, w, blocks, bs, 0)?,
+    };
+    if let Some(s) = b.pipeline() {
+        println!("{s}");
+    }
     let rep = invariance::run(b.as_mut(), seed, prompt_len, max_m)?;
     println!(
         "invariance on {}: {} checks (prefill chunkings 1/7/64/whole, alone and with random rows; M = 1..{max_m}), {} failed",
@@ -328,10 +440,8 @@ fn print_failures(failures: &[String]) -> usize {
 fn gate_graph(
     w: ModelWeights,
     device: Device,
-    max_m: usize,
-    prompt_len: usize,
-    gen_tokens: usize,
-    seed: u64,
+    (max_m, prompt_len, gen_tokens, seed): (usize, usize, usize, u64),
+    pp: &PpConfig,
 ) -> Result<usize> {
     let n = cuda_index("graph", device)?;
     if prompt_len == 0 || max_m == 0 || max_m > 64 {
@@ -348,11 +458,23 @@ fn gate_graph(
         kv_dtype: kv_dtype(),
         state_slots: memra_engine::backend::DEFAULT_STATE_SLOTS,
     };
-    let mut b = CudaBackend::new(w, &opts)?;
+    let mut b: Box<dyn graph::GraphBackend> = match pp.is_split() {
+        true => {
+            let o = OpenOptions {
+                graphs: true,
+                state_slots: opts.state_slots,
+                ..open_options(opts.kv_blocks, bs, 0)
+            };
+            let p = pipeline::open_cuda(device, &w, &o, pp)?;
+            println!("{}", p.pipeline().unwrap_or_default());
+            Box::new(p)
+        }
+        false => Box::new(CudaBackend::new(w, &opts)?),
+    };
     let graph::GraphReport {
         inv: rep,
         overlapped,
-    } = graph::run(&mut b, seed, prompt_len, max_m, gen_tokens)?;
+    } = graph::run(b.as_mut(), seed, prompt_len, max_m, gen_tokens)?;
     let (captures, replays) = b.graph_counts();
     println!(
         "graph on {}: {} checks (M = 1..{max_m} graph vs plain logits and KV bits; 5 \
@@ -427,9 +549,8 @@ fn gate_tokens(model: &Path, fixture: &Path, device: Device) -> Result<usize> {
 fn gate_serve(
     model: &Path,
     device: Device,
-    requests: usize,
-    max_tokens: usize,
-    context: usize,
+    (requests, max_tokens, context): (usize, usize, usize),
+    pp: &PpConfig,
 ) -> Result<usize> {
     let opts = serve_invariance::Options {
         device,
@@ -437,6 +558,7 @@ fn gate_serve(
         max_tokens,
         context,
         kv_dtype: kv_dtype(),
+        pp: pp.clone(),
     };
     let rep = serve_invariance::run(model, &opts)?;
     print!("{}", serve_invariance::summary(&rep));
@@ -813,12 +935,15 @@ fn gate_all(
     }
     gates.push((
         "invariance",
-        Box::new(|| gate_invariance(load()?, device, if cuda { 64 } else { 16 }, 40, 1)),
+        Box::new(|| {
+            let sizes = (if cuda { 64 } else { 16 }, 40, 1);
+            gate_invariance(load()?, device, sizes, &PpConfig::default())
+        }),
     ));
     if cuda {
         gates.push((
             "graph",
-            Box::new(|| gate_graph(load()?, device, 64, 40, 24, 1)),
+            Box::new(|| gate_graph(load()?, device, (64, 40, 24, 1), &PpConfig::default())),
         ));
     }
     gates.push(("spec", Box::new(|| gate_spec(&spec_args))));
@@ -828,7 +953,10 @@ fn gate_all(
     gates.push(("golden", Box::new(|| gate_golden(&golden_args))));
     gates.push((
         "serve-invariance",
-        Box::new(|| gate_serve(model, device, if cuda { 32 } else { 6 }, 12, 0)),
+        Box::new(|| {
+            let sizes = (if cuda { 32 } else { 6 }, 12, 0);
+            gate_serve(model, device, sizes, &PpConfig::default())
+        }),
     ));
     let mut summary = Vec::new();
     for (name, g) in &gates {
@@ -869,12 +997,12 @@ fn run(cli: Cli) -> Result<usize> {
             max_m,
             prompt_len,
             seed,
+            pp,
         } => gate_invariance(
             weights("invariance", model.as_deref(), t.as_deref())?,
             device,
-            max_m,
-            prompt_len,
-            seed,
+            (max_m, prompt_len, seed),
+            &pp.config()?,
         ),
         Cmd::Graph {
             model,
@@ -884,15 +1012,14 @@ fn run(cli: Cli) -> Result<usize> {
             prompt_len,
             gen_tokens,
             seed,
+            pp,
         } => {
             cuda_index("graph", device)?;
             gate_graph(
                 weights("graph", model.as_deref(), t.as_deref())?,
                 device,
-                max_m,
-                prompt_len,
-                gen_tokens,
-                seed,
+                (max_m, prompt_len, gen_tokens, seed),
+                &pp.config()?,
             )
         }
         Cmd::Tokens {
@@ -906,7 +1033,54 @@ fn run(cli: Cli) -> Result<usize> {
             requests,
             max_tokens,
             context,
-        } => gate_serve(&model, device, requests, max_tokens, context),
+            pp,
+        } => gate_serve(
+            &model,
+            device,
+            (requests, max_tokens, context),
+            &pp.config()?,
+        ),
+        Cmd::Pp {
+            model,
+            tiny: t,
+            device,
+            pp,
+            devices,
+            splits,
+            max_m,
+            prompt_len,
+            gen_tokens,
+            seed,
+            threads,
+        } => {
+            let w = match (model.as_deref(), t.as_deref()) {
+                (None, Some(a)) => tiny_layers(a, 4)?,
+                (m, t) => weights("pp", m, t)?,
+            };
+            let o = pp::Options {
+                prompt_len,
+                max_m,
+                gen_tokens,
+                seed,
+                threads,
+                kv_dtype: kv_dtype(),
+                stages: pp,
+                devices: devices
+                    .as_deref()
+                    .map(pipeline::parse_devices)
+                    .transpose()?
+                    .unwrap_or_default(),
+                splits: splits
+                    .as_deref()
+                    .map(|s| {
+                        s.split(';')
+                            .map(pipeline::parse_split)
+                            .collect::<Result<Vec<_>>>()
+                    })
+                    .transpose()?,
+            };
+            gate_pp(&w, device, &o)
+        }
         Cmd::Spec {
             model,
             tiny: t,

@@ -33,6 +33,8 @@ pub struct Options {
     /// (chunked prefill over thousands of positions) and a prefix-cache hit of that many tokens
     /// in the warm phase (issue 11: a cached long conversation gives the cold run's bytes).
     pub context: usize,
+    /// Pipeline stages the engine serves the model on (default: unsplit).
+    pub pp: memra_engine::pipeline::PpConfig,
 }
 
 /// One request's output: tokens, text, logprob bits (own and top alternatives), finish reason.
@@ -311,6 +313,7 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
         },
         prefix_cache: true,
         spec: None,
+        pp: opts.pp.clone(),
     };
     let limits = AdmissionLimits {
         max_in_flight_per_tenant: 1024 + 64,

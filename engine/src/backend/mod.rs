@@ -132,6 +132,11 @@ pub trait Backend: Send {
     fn profile(&self) -> Option<String> {
         None
     }
+    /// How the model is split over pipeline stages, one line (crate::pipeline), for the
+    /// startup log and `/v1/models`; `None` for an unsplit model.
+    fn pipeline(&self) -> Option<String> {
+        None
+    }
     fn config(&self) -> &ModelConfig;
     /// Positions per KV block.
     fn kv_block_size(&self) -> usize;

@@ -10,7 +10,7 @@ use super::{
 };
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::models::{self, Forward, ModelWeights};
+use crate::models::{self, Forward, ModelWeights, Stage};
 use crate::ops::{Act, Rows};
 
 /// One model on one backend.
@@ -28,6 +28,9 @@ pub struct Runner<O: Exec> {
     /// graph does not call the pass, but the body always returns the same activation (the
     /// residual stream), which the replay fills.
     body_x: Option<Act>,
+    /// Whether the forward ends with the output head: false on a pipeline stage before the
+    /// last (crate::pipeline), whose steps stop at the residual stream.
+    head: bool,
 }
 
 impl<O: Exec> Runner<O> {
@@ -40,14 +43,32 @@ impl<O: Exec> Runner<O> {
     /// [`Runner::build`] with another forward pass over the same weights (an MTP layer's,
     /// models/mtp.rs).
     pub fn build_with(
-        mut ops: O,
+        ops: O,
         weights: &ModelWeights,
         build: models::BuildFn<O>,
+    ) -> Result<Runner<O>> {
+        Self::build_from(ops, weights, true, build)
+    }
+
+    /// Builds pipeline stage `stage` of `weights`' architecture on `ops` (crate::pipeline):
+    /// a stage before the last runs no head ([`Runner::run_body`]).
+    pub fn build_stage(ops: O, weights: &ModelWeights, stage: &Stage) -> Result<Runner<O>> {
+        Self::build_from(ops, weights, stage.last(), |w, o| {
+            models::build_stage(w, stage, o)
+        })
+    }
+
+    fn build_from(
+        mut ops: O,
+        weights: &ModelWeights,
+        head: bool,
+        build: impl FnOnce(&ModelWeights, &mut O) -> Result<Box<dyn Forward<O>>>,
     ) -> Result<Runner<O>> {
         let config = weights.config.clone();
         let model = build(weights, &mut ops)?;
         let head_in = ops.act("head_in", config.hidden, Rows::Head);
-        let logits = ops.act("logits", config.vocab, Rows::Head);
+        // A stage without a head never writes logits: one column keeps the handle valid.
+        let logits = ops.act("logits", if head { config.vocab } else { 1 }, Rows::Head);
         Ok(Runner {
             ops,
             model,
@@ -57,6 +78,18 @@ impl<O: Exec> Runner<O> {
             keep_hidden: false,
             hidden: Vec::new(),
             body_x: None,
+            head,
+        })
+    }
+
+    /// Runs the forward of a stage without a head over `batch`: its rows' K/V (and
+    /// recurrent state) written, the residual rows after its last layer left in the returned
+    /// activation (step rows `0..batch.rows.len()`), for the next stage
+    /// (crate::pipeline::StageLink). On CUDA it may return before the device has run it.
+    pub fn run_body(&mut self, batch: &StepBatch) -> Result<Act> {
+        self.forward(batch)?;
+        self.body_x.ok_or_else(|| {
+            Error::Unsupported("a pipeline stage's body ran without an output activation".into())
         })
     }
 
@@ -88,11 +121,15 @@ impl<O: Exec> Runner<O> {
             .filter(|&i| batch.rows[i].want_logits)
             .collect();
         let (model, head_in, logits) = (&self.model, self.head_in, self.logits);
+        let run_head = self.head;
         let mut body_out = None;
         let mut head_x = head_in;
         let rows = self.ops.execute(batch, &want, &mut |ops, head| {
             let x = model.body(ops)?;
             body_out = Some(x);
+            if !run_head {
+                return Ok(());
+            }
             let h = match head {
                 HeadRows::All => x,
                 HeadRows::Gather([]) => return Ok(()),

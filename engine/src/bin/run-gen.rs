@@ -2,7 +2,7 @@
 //!
 //! `run-gen MODEL (--prompt TEXT | --prompt-ids 1,2,3) [--chat] [--system TEXT] [--max-tokens N]
 //!  [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--device auto|cpu|cuda[:N]]
-//!  [--threads N] [--json] [--logits-top K] [--no-cuda-graph]
+//!  [--pp N] [--devices D0,D1] [--pp-split L] [--threads N] [--json] [--logits-top K] [--no-cuda-graph]
 //!  [--spec ngram|mtp|draft:PATH|auto|auto+draft:PATH] [--spec-k K]`
 
 use std::io::Write;
@@ -11,10 +11,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use memra_engine::backend::cuda::graphs_default;
-use memra_engine::backend::{Device, KvDtype, OpenOptions, open_backend_opts};
+use memra_engine::backend::{Device, KvDtype, OpenOptions};
 use memra_engine::chat::ChatMessage;
 use memra_engine::generate::{GenRequest, generate};
 use memra_engine::loader::load_model;
+use memra_engine::pipeline::{self, PpConfig};
 use memra_engine::sampling::SamplingParams;
 use memra_engine::spec::generate::{SpecOptions, generate_spec_timed};
 use memra_engine::spec::{DrafterKind, SpecConfig, open_drafter};
@@ -69,6 +70,15 @@ struct Args {
     /// auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
     device: Device,
+    /// Pipeline stages: the layers split over N stages (same output as unsplit).
+    #[arg(long, default_value_t = 1)]
+    pp: usize,
+    /// One device per pipeline stage, e.g. `cuda:0,cuda:1` or `cpu,cpu`.
+    #[arg(long)]
+    devices: Option<String>,
+    /// The first layer of each stage after the first, e.g. `12`.
+    #[arg(long)]
+    pp_split: Option<String>,
     /// CPU threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -169,7 +179,11 @@ fn run(args: Args) -> Result<()> {
         }
         None => None,
     };
-    let mut backend = open_backend_opts(args.device, model.weights, &opts)?;
+    let pp = PpConfig::from_flags(args.pp, args.devices.as_deref(), args.pp_split.as_deref())?;
+    let mut backend = pipeline::open_any(args.device, model.weights, &opts, &pp)?;
+    if let Some(s) = backend.pipeline() {
+        eprintln!("run-gen: {s}");
+    }
     let req = GenRequest {
         prompt: ids.clone(),
         max_tokens: args.max_tokens,

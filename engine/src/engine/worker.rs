@@ -18,7 +18,7 @@ use super::output::{Msg, RawToken};
 use super::speculate::{DraftCandidate, Speculation};
 use super::{Command, EngineConfig, KvBudget, ModelInfo, ModelStats};
 use crate::backend::cuda::{cuda_available, device_memory, graphs_default};
-use crate::backend::{Backend, Device, OpenOptions, SelectParams, Selected, open_backend_opts};
+use crate::backend::{Backend, Device, OpenOptions, SelectParams, Selected};
 use crate::error::{Error, Result};
 use crate::generate::FinishReason;
 use crate::grammar::{Constraint, Mask};
@@ -97,6 +97,37 @@ fn kv_blocks(weights: &ModelWeights, cfg: &EngineConfig) -> Result<usize> {
         } => (fraction, reserve_bytes),
     };
     let cap = cfg.scheduler.max_running.max(1) * blocks_for(c.max_ctx, cfg.block_size);
+    if cfg.pp.is_split() && cfg.pp.stage_devices(cfg.device)?[0] != Device::Cpu {
+        // Each stage's device holds its layers' part of every block.
+        let o = OpenOptions {
+            kv_blocks: cap,
+            block_size: cfg.block_size,
+            threads: cfg.threads,
+            graphs: graphs_default(),
+            kv_dtype: cfg.kv_dtype,
+            state_slots: cfg.scheduler.max_running,
+        };
+        let n = crate::pipeline::auto_kv_blocks(
+            weights,
+            cfg.device,
+            &cfg.pp,
+            &o,
+            (reserve, fraction, cap),
+        )?;
+        if n < 2 {
+            return Err(Error::Input(format!(
+                "no memory left for the KV cache on the pipeline's devices ({}); use more \
+                 stages, another split (--pp-split) or a smaller quantization",
+                cfg.pp
+                    .stage_devices(cfg.device)?
+                    .iter()
+                    .map(|d| format!("{d:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        return Ok(n);
+    }
     let cuda = match cfg.device {
         Device::Cpu => None,
         Device::Auto if !cuda_available() => None,
@@ -140,7 +171,7 @@ fn kv_blocks(weights: &ModelWeights, cfg: &EngineConfig) -> Result<usize> {
 
 /// Bytes this process may still allocate: `MemAvailable` of /proc/meminfo, lowered to what is
 /// left under the address-space limit (`ulimit -v`) and the cgroup's memory limit.
-fn host_available_bytes() -> Result<usize> {
+pub(crate) fn host_available_bytes() -> Result<usize> {
     let p = std::path::Path::new("/proc/meminfo");
     let s = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
     let avail = meminfo_kb(&s, "MemAvailable:")
@@ -204,7 +235,7 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         state_slots: cfg.scheduler.max_running,
     };
     let recurrent = weights.config.arch.is_recurrent();
-    let mut backend = open_backend_opts(cfg.device, weights, &opts)?;
+    let mut backend = crate::pipeline::open_any(cfg.device, weights, &opts, &cfg.pp)?;
     if let Some(s) = &spec {
         backend.keep_hidden(s.wants_hidden())?;
     }
@@ -237,6 +268,7 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         kv_token_bytes,
         spec: spec.as_ref().map(|s| (s.name(), s.cfg.k)),
         spec_notes,
+        pipeline: backend.pipeline(),
     };
     let w = Worker {
         backend,

@@ -47,35 +47,73 @@ impl Acts {
     }
 }
 
-/// The token embedding, the final norm and the output matrix (the embedding when tied).
+/// The token embedding, the final norm and the output matrix (the embedding when tied). On a
+/// pipeline stage (super::Stage) only the parts the stage uses are loaded.
 pub struct Embedding<O: Ops> {
-    pub embed: O::Mat,
-    pub out_norm: O::Vector,
+    /// The token table; `None` on a stage that neither embeds nor reads a tied output.
+    pub embed: Option<O::Mat>,
+    /// The final norm; `None` on a stage before the last.
+    pub out_norm: Option<O::Vector>,
     /// `None`: the output shares the embedding.
     pub output: Option<O::Mat>,
     pub eps: f32,
+    /// Whether the step's input is its tokens (the first stage); else the previous stage's
+    /// residual rows ([`Ops::hidden_in`]).
+    pub first: bool,
 }
 
 impl<O: Ops> Embedding<O> {
     pub fn load(ops: &mut O, w: &ModelWeights) -> Result<Embedding<O>> {
-        let output = w.opt(Role::Output);
+        Self::load_stage(ops, w, &super::Stage::whole(w.config.n_layers))
+    }
+
+    /// The parts stage `s` uses: the table on the first stage (and on the last when the
+    /// output is tied to it, uploaded as the unsplit model uploads it), the final norm and
+    /// the output matrix on the last.
+    pub fn load_stage(ops: &mut O, w: &ModelWeights, s: &super::Stage) -> Result<Embedding<O>> {
+        let output = w.opt(Role::Output).filter(|_| s.last());
+        let tied = w.opt(Role::Output).is_none();
+        let embed = if s.first() || (s.last() && tied) {
+            Some(ops.table(w.get(Role::TokenEmbd)?, tied && s.last())?)
+        } else {
+            None
+        };
+        let out_norm = match s.last() {
+            true => Some(ops.vector(w.get(Role::OutputNorm)?)?),
+            false => None,
+        };
         Ok(Embedding {
-            embed: ops.table(w.get(Role::TokenEmbd)?, output.is_none())?,
-            out_norm: ops.vector(w.get(Role::OutputNorm)?)?,
+            embed,
+            out_norm,
             output: output.map(|t| ops.mat(t)).transpose()?,
             eps: w.config.rms_eps,
+            first: s.first(),
         })
     }
 
-    /// The step's token rows into `x`.
+    /// The step's token rows into `x` (the first stage), or the previous stage's residual
+    /// rows (a later one).
     pub fn embed(&self, ops: &mut O, x: Act) -> Result<()> {
-        ops.embed(&self.embed, x)
+        match (&self.embed, self.first) {
+            (Some(t), true) => ops.embed(t, x),
+            _ => ops.hidden_in(x),
+        }
     }
 
     /// Final RMSNorm of `x` into `h`, then the output projection into `logits`.
     pub fn head(&self, ops: &mut O, x: Act, h: Act, logits: Act) -> Result<()> {
-        let out = self.output.as_ref().unwrap_or(&self.embed);
-        ops.norm_matmul(x, &self.out_norm, self.eps, h, out, logits)
+        let missing = || {
+            crate::error::Error::Unsupported(
+                "the output head on a pipeline stage before the last".into(),
+            )
+        };
+        let out = self
+            .output
+            .as_ref()
+            .or(self.embed.as_ref())
+            .ok_or_else(missing)?;
+        let norm = self.out_norm.as_ref().ok_or_else(missing)?;
+        ops.norm_matmul(x, norm, self.eps, h, out, logits)
     }
 }
 

@@ -10,7 +10,7 @@
 //! GGUF q/k rows are in HF order (NeoX RoPE), not permuted.
 
 use super::blocks::{self, Acts, AttnStep, Embedding, GluFfn, SelfAttn};
-use super::{Arch, ArchDef, Forward, ModelWeights, Role, TensorSpec};
+use super::{Arch, ArchDef, Forward, ModelWeights, Role, Stage, TensorSpec};
 use crate::config::{Gemma3Params, ModelConfig};
 use crate::error::{Error, Result};
 use crate::formats::gguf::MetaValue;
@@ -257,13 +257,15 @@ struct Layer<O: Ops> {
 struct Gemma3<O: Ops> {
     emb: Embedding<O>,
     layers: Vec<Layer<O>>,
+    /// The model index of `layers[0]` (a pipeline stage's first layer).
+    first: usize,
     acts: Acts,
     embed_scale: f32,
     softcap: Option<f32>,
     eps: f32,
 }
 
-pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
+pub fn build<O: Ops>(w: &ModelWeights, s: &Stage, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
     let c = &w.config;
     let p = c
         .gemma3
@@ -284,9 +286,9 @@ pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>
         scale: 1.0 / p.query_pre_attn_scalar.sqrt(),
         ..AttnParams::causal(c.n_heads, c.n_kv_heads, c.head_dim)
     };
-    let emb = Embedding::load(ops, w)?;
-    let mut layers = Vec::with_capacity(c.n_layers);
-    for l in 0..c.n_layers {
+    let emb = Embedding::load_stage(ops, w, s)?;
+    let mut layers = Vec::with_capacity(s.layers.len());
+    for l in s.layers.clone() {
         let g = p.is_global(l);
         layers.push(Layer {
             attn_norm: ops.vector(w.get(Role::AttnNorm(l))?)?,
@@ -305,6 +307,7 @@ pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>
     Ok(Box::new(Gemma3 {
         emb,
         layers,
+        first: s.layers.start,
         acts: Acts::declare(ops, c),
         embed_scale: (c.hidden as f32).sqrt(),
         softcap: p.final_logit_softcap,
@@ -316,8 +319,11 @@ impl<O: Ops> Forward<O> for Gemma3<O> {
     fn body(&self, ops: &mut O) -> Result<Act> {
         let a = &self.acts;
         self.emb.embed(ops, a.x)?;
-        ops.scale(a.x, self.embed_scale)?;
-        for (l, w) in self.layers.iter().enumerate() {
+        if self.emb.first {
+            ops.scale(a.x, self.embed_scale)?;
+        }
+        for (i, w) in self.layers.iter().enumerate() {
+            let l = self.first + i;
             let s = AttnStep {
                 norm: &w.attn_norm,
                 eps: self.eps,

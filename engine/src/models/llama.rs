@@ -2,7 +2,7 @@
 //! qwen2 and qwen3 run this forward pass too, with the extra tensors their lists declare.
 
 use super::blocks::{self, Acts, AttnStep, Embedding, GluFfn, SelfAttn};
-use super::{Arch, ArchDef, Forward, ModelWeights, Role, TensorSpec};
+use super::{Arch, ArchDef, Forward, ModelWeights, Role, Stage, TensorSpec};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::ops::{Act, AttnParams, Glu, Ops, RopeId};
@@ -115,22 +115,25 @@ impl<O: Ops> Layer<O> {
 pub struct Llama<O: Ops> {
     emb: Embedding<O>,
     layers: Vec<Layer<O>>,
+    /// The model index of `layers[0]` (a pipeline stage's first layer).
+    first: usize,
     acts: Acts,
     rope: RopeId,
     attn: AttnParams,
     eps: f32,
 }
 
-pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
+pub fn build<O: Ops>(w: &ModelWeights, s: &Stage, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
     let c = &w.config;
-    let emb = Embedding::load(ops, w)?;
-    let mut layers = Vec::with_capacity(c.n_layers);
-    for l in 0..c.n_layers {
+    let emb = Embedding::load_stage(ops, w, s)?;
+    let mut layers = Vec::with_capacity(s.layers.len());
+    for l in s.layers.clone() {
         layers.push(Layer::load(ops, w, l)?);
     }
     Ok(Box::new(Llama {
         emb,
         layers,
+        first: s.layers.start,
         acts: Acts::declare(ops, c),
         rope: blocks::llama_rope(ops, w)?,
         attn: AttnParams::causal(c.n_heads, c.n_kv_heads, c.head_dim),
@@ -142,8 +145,8 @@ impl<O: Ops> Forward<O> for Llama<O> {
     fn body(&self, ops: &mut O) -> Result<Act> {
         let a = &self.acts;
         self.emb.embed(ops, a.x)?;
-        for (l, w) in self.layers.iter().enumerate() {
-            w.forward(ops, a, l, (self.rope, self.attn, self.eps))?;
+        for (i, w) in self.layers.iter().enumerate() {
+            w.forward(ops, a, self.first + i, (self.rope, self.attn, self.eps))?;
         }
         Ok(a.x)
     }

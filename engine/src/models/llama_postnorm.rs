@@ -6,7 +6,7 @@
 //! tested on the CPU (engine/tests/it/llama_postnorm.rs).
 
 use super::blocks::{self, Acts, AttnStep, Embedding, GluFfn, SelfAttn};
-use super::{Arch, ArchDef, Forward, ModelWeights, Role, TensorSpec};
+use super::{Arch, ArchDef, Forward, ModelWeights, Role, Stage, TensorSpec};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::ops::{Act, AttnParams, Glu, Ops, RopeId};
@@ -66,17 +66,19 @@ struct Layer<O: Ops> {
 struct LlamaPostNorm<O: Ops> {
     emb: Embedding<O>,
     layers: Vec<Layer<O>>,
+    /// The model index of `layers[0]` (a pipeline stage's first layer).
+    first: usize,
     acts: Acts,
     rope: RopeId,
     attn: AttnParams,
     eps: f32,
 }
 
-pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
+pub fn build<O: Ops>(w: &ModelWeights, s: &Stage, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
     let c = &w.config;
-    let emb = Embedding::load(ops, w)?;
-    let mut layers = Vec::with_capacity(c.n_layers);
-    for l in 0..c.n_layers {
+    let emb = Embedding::load_stage(ops, w, s)?;
+    let mut layers = Vec::with_capacity(s.layers.len());
+    for l in s.layers.clone() {
         layers.push(Layer {
             attn_norm: ops.vector(w.get(Role::AttnNorm(l))?)?,
             attn: SelfAttn::load(ops, w, l)?,
@@ -88,6 +90,7 @@ pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>
     Ok(Box::new(LlamaPostNorm {
         emb,
         layers,
+        first: s.layers.start,
         acts: Acts::declare(ops, c),
         rope: blocks::llama_rope(ops, w)?,
         attn: AttnParams::causal(c.n_heads, c.n_kv_heads, c.head_dim),
@@ -99,7 +102,8 @@ impl<O: Ops> Forward<O> for LlamaPostNorm<O> {
     fn body(&self, ops: &mut O) -> Result<Act> {
         let a = &self.acts;
         self.emb.embed(ops, a.x)?;
-        for (l, w) in self.layers.iter().enumerate() {
+        for (i, w) in self.layers.iter().enumerate() {
+            let l = self.first + i;
             let s = AttnStep {
                 norm: &w.attn_norm,
                 eps: self.eps,

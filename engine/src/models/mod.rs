@@ -32,7 +32,7 @@ pub use weights::{Kind, ModelWeights, TensorSource, TensorSpec};
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::ops::{Act, Ops};
+use crate::ops::{self, Act, Ops};
 
 /// Supported architectures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,16 +115,81 @@ pub trait Forward<O: Ops>: Send {
 /// A function building a forward pass of weights on a backend's ops ([`build`], [`mtp::build`]).
 pub type BuildFn<O> = fn(&ModelWeights, &mut O) -> Result<Box<dyn Forward<O>>>;
 
+/// The decoder layers one pipeline stage runs (crate::pipeline), in model numbering. The first
+/// stage (layers from 0) embeds the step's tokens; a later one reads the previous stage's
+/// residual rows through [`Ops::hidden_in`]. Only the last stage (layers up to `n_layers`)
+/// loads the final norm and the output matrix and runs the head. An unsplit model is one
+/// stage holding every layer ([`Stage::whole`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stage {
+    pub layers: std::ops::Range<usize>,
+    /// The model's decoder layers.
+    pub n_layers: usize,
+}
+
+impl Stage {
+    /// Every layer of a model of `n_layers`.
+    pub fn whole(n_layers: usize) -> Stage {
+        Stage {
+            layers: 0..n_layers,
+            n_layers,
+        }
+    }
+
+    /// Whether the stage embeds the tokens (it holds layer 0).
+    pub fn first(&self) -> bool {
+        self.layers.start == 0
+    }
+
+    /// Whether the stage runs the output head (it holds the last layer).
+    pub fn last(&self) -> bool {
+        self.layers.end == self.n_layers
+    }
+
+    /// Refuses a stage that is empty or reaches past the model's layers.
+    pub fn check(&self) -> Result<()> {
+        if self.layers.start >= self.layers.end || self.layers.end > self.n_layers {
+            return Err(Error::Input(format!(
+                "pipeline stage of layers {}..{}: a stage needs at least one of the model's {} \
+                 layers",
+                self.layers.start, self.layers.end, self.n_layers
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Uploads `w` to `ops` and returns its architecture's forward pass.
 pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
+    build_stage(w, &Stage::whole(w.config.n_layers), ops)
+}
+
+/// Uploads the tensors of pipeline stage `stage` of `w` to `ops` (its layers; the embedding
+/// table on the first stage; the final norm and output matrix on the last) and returns the
+/// stage's forward pass: its body ends with the residual stream after its last layer.
+pub fn build_stage<O: Ops>(
+    w: &ModelWeights,
+    stage: &Stage,
+    ops: &mut O,
+) -> Result<Box<dyn Forward<O>>> {
+    stage.check()?;
+    if stage.n_layers != w.config.n_layers {
+        return Err(Error::Input(format!(
+            "pipeline stage planned for {} layers, the model has {}",
+            stage.n_layers, w.config.n_layers
+        )));
+    }
+    if !stage.first() {
+        ops.require("a pipeline stage after the first", &[ops::Feature::Mtp])?;
+    }
     match w.config.arch {
-        Arch::Llama => llama::build(w, ops),
-        Arch::Qwen2 => qwen2::build(w, ops),
-        Arch::Qwen3 => qwen3::build(w, ops),
-        Arch::LlamaPostNorm => llama_postnorm::build(w, ops),
-        Arch::Gemma3 => gemma3::build(w, ops),
-        Arch::Qwen3Moe => qwen3_moe::build(w, ops),
-        Arch::Qwen3Next => qwen3next::build(w, ops),
+        Arch::Llama => llama::build(w, stage, ops),
+        Arch::Qwen2 => qwen2::build(w, stage, ops),
+        Arch::Qwen3 => qwen3::build(w, stage, ops),
+        Arch::LlamaPostNorm => llama_postnorm::build(w, stage, ops),
+        Arch::Gemma3 => gemma3::build(w, stage, ops),
+        Arch::Qwen3Moe => qwen3_moe::build(w, stage, ops),
+        Arch::Qwen3Next => qwen3next::build(w, stage, ops),
     }
 }
 

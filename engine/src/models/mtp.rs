@@ -143,10 +143,11 @@ pub(super) fn mtp_embedding<O: Ops>(ops: &mut O, w: &ModelWeights) -> Result<Emb
         (None, None, None) => None,
     };
     Ok(Embedding {
-        embed: ops.table(embed_t, head_t.is_none())?,
-        out_norm: ops.vector(w.get(Role::MtpSharedNorm(l))?)?,
+        embed: Some(ops.table(embed_t, head_t.is_none())?),
+        out_norm: Some(ops.vector(w.get(Role::MtpSharedNorm(l))?)?),
         output: head_t.map(|t| ops.mat(t)).transpose()?,
         eps: c.rms_eps,
+        first: true,
     })
 }
 

@@ -1,6 +1,6 @@
 //! qwen2: the llama layer with biases on the q/k/v projections; GGUF keeps HF row order.
 
-use super::{Arch, ArchDef, Forward, ModelWeights, TensorSpec, blocks, llama};
+use super::{Arch, ArchDef, Forward, ModelWeights, Stage, TensorSpec, blocks, llama};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::ops::Ops;
@@ -23,6 +23,6 @@ fn tensors(c: &ModelConfig) -> Vec<TensorSpec> {
 }
 
 /// The llama forward pass; its attention adds the biases this tensor list declares.
-pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
-    llama::build(w, ops)
+pub fn build<O: Ops>(w: &ModelWeights, s: &Stage, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
+    llama::build(w, s, ops)
 }

@@ -1,6 +1,6 @@
 //! qwen3: the llama layer with a per-head RMSNorm of q and k before RoPE; GGUF keeps HF row order.
 
-use super::{Arch, ArchDef, Forward, ModelWeights, TensorSpec, blocks, llama};
+use super::{Arch, ArchDef, Forward, ModelWeights, Stage, TensorSpec, blocks, llama};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::ops::Ops;
@@ -23,6 +23,6 @@ fn tensors(c: &ModelConfig) -> Vec<TensorSpec> {
 }
 
 /// The llama forward pass; its attention norms q and k per head with this list's weights.
-pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
-    llama::build(w, ops)
+pub fn build<O: Ops>(w: &ModelWeights, s: &Stage, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
+    llama::build(w, s, ops)
 }

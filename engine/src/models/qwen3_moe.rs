@@ -14,7 +14,7 @@
 //! `qwen3moe.expert_weights_norm` when present and true otherwise.
 
 use super::blocks::{self, Acts, AttnStep, Embedding, SelfAttn};
-use super::{Arch, ArchDef, Forward, ModelWeights, Role, TensorSpec};
+use super::{Arch, ArchDef, Forward, ModelWeights, Role, Stage, TensorSpec};
 use crate::config::{ModelConfig, MoeParams};
 use crate::error::{Error, Result};
 use crate::formats::gguf::MetaValue;
@@ -188,6 +188,8 @@ struct Layer<O: Ops> {
 struct Qwen3Moe<O: Ops> {
     emb: Embedding<O>,
     layers: Vec<Layer<O>>,
+    /// The model index of `layers[0]` (a pipeline stage's first layer).
+    first: usize,
     acts: Acts,
     /// Router logits, one per expert.
     router: Act,
@@ -197,15 +199,15 @@ struct Qwen3Moe<O: Ops> {
     eps: f32,
 }
 
-pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
+pub fn build<O: Ops>(w: &ModelWeights, s: &Stage, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
     let c = &w.config;
     let p = c
         .moe
         .ok_or_else(|| Error::Config("qwen3moe config without its expert parameters".into()))?;
     ops.require("qwen3moe", &NEEDS)?;
-    let emb = Embedding::load(ops, w)?;
-    let mut layers = Vec::with_capacity(c.n_layers);
-    for l in 0..c.n_layers {
+    let emb = Embedding::load_stage(ops, w, s)?;
+    let mut layers = Vec::with_capacity(s.layers.len());
+    for l in s.layers.clone() {
         layers.push(Layer {
             attn_norm: ops.vector(w.get(Role::AttnNorm(l))?)?,
             attn: SelfAttn::load(ops, w, l)?,
@@ -221,6 +223,7 @@ pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>
     Ok(Box::new(Qwen3Moe {
         emb,
         layers,
+        first: s.layers.start,
         acts: Acts::declare(ops, c),
         router: ops.act("router", p.n_experts, Rows::Step),
         rope: blocks::llama_rope(ops, w)?,
@@ -239,7 +242,8 @@ impl<O: Ops> Forward<O> for Qwen3Moe<O> {
     fn body(&self, ops: &mut O) -> Result<Act> {
         let a = &self.acts;
         self.emb.embed(ops, a.x)?;
-        for (l, w) in self.layers.iter().enumerate() {
+        for (i, w) in self.layers.iter().enumerate() {
+            let l = self.first + i;
             let s = AttnStep {
                 norm: &w.attn_norm,
                 eps: self.eps,

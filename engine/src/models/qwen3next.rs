@@ -19,7 +19,7 @@
 //! folders hold `in_proj_qkvz` grouped per key head and `A_log`, which [`hf_tensor`] maps.
 
 use super::blocks::Embedding;
-use super::{Arch, ArchDef, Forward, ModelWeights, Role, TensorSpec, blocks};
+use super::{Arch, ArchDef, Forward, ModelWeights, Role, Stage, TensorSpec, blocks};
 use crate::config::{HybridParams, ModelConfig};
 use crate::error::{Error, Result};
 use crate::formats::gguf::MetaValue;
@@ -556,6 +556,8 @@ impl Acts {
 pub(super) struct Qwen3Next<O: Ops> {
     pub(super) emb: Embedding<O>,
     layers: Vec<Layer<O>>,
+    /// The model index of `layers[0]` (a pipeline stage's first layer; the MTP layer's).
+    first: usize,
     pub(super) acts: Acts,
     rope: RopeId,
     attn: AttnParams,
@@ -637,12 +639,11 @@ fn load_layer<O: Ops>(
     })
 }
 
-pub fn build<O: Ops>(w: &ModelWeights, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
-    let c = &w.config;
-    let p = hybrid(c)?;
+pub fn build<O: Ops>(w: &ModelWeights, s: &Stage, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
+    let p = hybrid(&w.config)?;
     ops.require("qwen3next", &NEEDS)?;
-    let emb = Embedding::load(ops, w)?;
-    let layers = (0..c.n_layers).map(|l| (l, p.is_attention(l))).collect();
+    let emb = Embedding::load_stage(ops, w, s)?;
+    let layers = s.layers.clone().map(|l| (l, p.is_attention(l))).collect();
     Ok(Box::new(Qwen3Next::load(ops, w, emb, layers)?))
 }
 
@@ -659,6 +660,7 @@ impl<O: Ops> Qwen3Next<O> {
         let m = c.moe.ok_or_else(|| {
             Error::Config("qwen3next config without its expert parameters".into())
         })?;
+        let first = layers.first().map_or(0, |&(l, _)| l);
         let layers = layers
             .into_iter()
             .map(|(l, attention)| load_layer(ops, w, l, attention))
@@ -667,6 +669,7 @@ impl<O: Ops> Qwen3Next<O> {
         Ok(Qwen3Next {
             emb,
             layers,
+            first,
             acts: Acts::declare(ops, c, &p, m.n_experts),
             rope,
             attn: AttnParams::causal(c.n_heads, c.n_kv_heads, c.head_dim),
@@ -751,8 +754,8 @@ impl<O: Ops> Qwen3Next<O> {
 impl<O: Ops> Forward<O> for Qwen3Next<O> {
     fn body(&self, ops: &mut O) -> Result<Act> {
         self.emb.embed(ops, self.acts.x)?;
-        for l in 0..self.layers.len() {
-            self.layer(ops, l, l)?;
+        for i in 0..self.layers.len() {
+            self.layer(ops, i, self.first + i)?;
         }
         Ok(self.acts.x)
     }

@@ -39,6 +39,7 @@ fn start(budget: usize, spec: Option<SpecConfig>) -> EngineHandle {
         chat: None,
     };
     let cfg = EngineConfig {
+        pp: Default::default(),
         device: Device::Cpu,
         threads: 2,
         block_size: 4,

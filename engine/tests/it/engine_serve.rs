@@ -59,6 +59,7 @@ fn config(kv_blocks: usize, budget: usize) -> EngineConfig {
         },
         prefix_cache: true,
         spec: None,
+        pp: Default::default(),
     }
 }
 

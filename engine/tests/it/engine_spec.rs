@@ -38,6 +38,7 @@ fn start_with(weights: ModelWeights, spec: Option<SpecConfig>) -> EngineHandle {
         chat: None,
     };
     let cfg = EngineConfig {
+        pp: Default::default(),
         device: Device::Cpu,
         threads: 2,
         block_size: 4,

@@ -39,6 +39,7 @@ fn model() -> Model {
 /// An engine with `blocks` KV blocks of 4 positions.
 fn engine(blocks: usize) -> EngineHandle {
     let cfg = EngineConfig {
+        pp: Default::default(),
         device: Device::Cpu,
         threads: 1,
         block_size: 4,

@@ -17,6 +17,7 @@ mod lazy_masks;
 mod llama_postnorm;
 mod load_corrupt_gguf;
 mod load_corrupt_hf;
+mod pipeline;
 mod quant;
 mod quant_dot_fast;
 mod qwen3_moe;

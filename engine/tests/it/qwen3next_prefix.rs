@@ -161,6 +161,7 @@ fn model() -> Model {
 
 fn start(kv_blocks: usize, budget: usize) -> EngineHandle {
     let cfg = EngineConfig {
+        pp: Default::default(),
         device: Device::Cpu,
         threads: 2,
         block_size: 4,

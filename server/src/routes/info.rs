@@ -75,6 +75,7 @@ pub fn models(
             max_model_len: m.context_len,
             backend: m.backend,
             device_profile: m.profile,
+            pipeline: m.pipeline,
             kv_cache: m.kv_cache,
         })
         .collect();

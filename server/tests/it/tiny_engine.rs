@@ -36,10 +36,19 @@ fn tiny_model() -> Model {
 }
 
 async fn start() -> (String, tokio::sync::oneshot::Sender<()>) {
+    start_pp(1).await
+}
+
+/// The server over the tiny model split into `pp` pipeline stages (1: unsplit).
+async fn start_pp(pp: usize) -> (String, tokio::sync::oneshot::Sender<()>) {
     let cfg = EngineConfig {
         device: Device::Cpu,
         threads: 2,
         kv: KvBudget::Blocks(128),
+        pp: memra_engine::pipeline::PpConfig {
+            stages: pp,
+            ..Default::default()
+        },
         ..EngineConfig::default()
     };
     let handle = Engine::start(
@@ -101,6 +110,57 @@ fn streamed_text(events: &[String], field: &str) -> (String, Value, usize) {
         }
     }
     (text, usage, finishes)
+}
+
+/// `--pp 2`: /v1/models reports the split, and a greedy and a seeded sampled completion give
+/// the unsplit server's text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_model_serves_the_unsplit_text_and_reports_its_split() {
+    let (whole, _a) = start_pp(1).await;
+    let (split, _b) = start_pp(2).await;
+    let models = |url: String| async move {
+        let v: Value = reqwest::get(format!("{url}/v1/models"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["data"][0].clone()
+    };
+    let m = models(split.clone()).await;
+    let p = m["pipeline"].as_str().expect("pipeline field").to_string();
+    assert!(p.starts_with("pp 2: stage 0 cpu layers 0..1"), "{p}");
+    assert!(
+        p.contains("stage 1 cpu layers 1..2") && p.contains("host copy"),
+        "{p}"
+    );
+    assert_eq!(m["backend"], "cpu,cpu");
+    assert!(models(whole.clone()).await.get("pipeline").is_none());
+    for params in [
+        json!({"temperature": 0}),
+        json!({"temperature": 0.9, "seed": 7}),
+    ] {
+        let mut body = json!({"model": "tiny", "max_tokens": 16,
+                             "messages": [{"role": "user", "content": "Split me"}]});
+        body.as_object_mut()
+            .unwrap()
+            .extend(params.as_object().unwrap().clone());
+        let text = |url: String, body: Value| async move {
+            let v: Value = post(&url, "/v1/chat/completions", &body)
+                .await
+                .json()
+                .await
+                .unwrap();
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        let a = text(whole.clone(), body.clone()).await;
+        let b = text(split.clone(), body.clone()).await;
+        assert!(!a.is_empty());
+        assert_eq!(a, b, "{params}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

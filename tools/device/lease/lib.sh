@@ -155,6 +155,22 @@ prof() { for x in "$@"; do
   MEMRA_PROFILE_OPS=1 run prof-$k 200 $B/run-gen $f --device cuda:0 --prompt "The capital of France is a city that" --max-tokens 48 --no-cuda-graph
   grep -A16 "op profile" $O/logs/prof-$k.log >> $S
 done; }
+# Pipeline stages (issue 41): the model split in two vs unsplit, both stages on cuda:0 (a
+# device-to-device hand-over), `PP_DEVICES=cuda:0,cuda:1` for two GPUs (the peer copy): the pp
+# gate on tiny llama / gemma3 / qwen3next / qwen3moe and on SmolLM2 (every spread boundary),
+# then invariance, graph and serve-invariance with --pp 2 on SmolLM2.
+gates_pp() {
+  local d=${PP_DEVICES:-cuda:0,cuda:0}
+  for t in llama gemma3 qwen3next qwen3moe; do
+    run pp-tiny-$t 240 $B/memra-verify pp --tiny $t --device cuda:0 --devices $d --max-m 64
+  done
+  waitf $HOME/smol.ok 300 && {
+    run pp-smol 300 $B/memra-verify pp $SMOL --device cuda:0 --devices $d --max-m 64
+    run inv-smol-pp2 240 $B/memra-verify invariance $SMOL --device cuda:0 --pp 2 --devices $d
+    run graph-smol-pp2 240 $B/memra-verify graph $SMOL --device cuda:0 --pp 2 --devices $d
+    run serve-inv-smol-pp2 300 $B/memra-verify serve-invariance $SMOL --device cuda:0 --pp 2 --devices $d --requests 32
+  }
+}
 # Long context on the 128k-context llama3-8b Q4_K_M (synth.sh q4): invariance at an 8,192-token
 # prompt per KV format, serve-invariance over a 5,700-token shared context (f16, q8_0), the
 # cached-turn TTFT (5,700 + 50 tokens) and decode at depth 8,192 / 32,768 per format (rows).

@@ -5,5 +5,6 @@ mod graph_lazy_masks;
 mod inspect;
 mod invariance_cpu;
 mod mtp_check;
+mod pp_gate;
 mod serve_invariance;
 mod spec_gate;

@@ -51,6 +51,7 @@ fn serve_invariance_with_a_long_shared_context() {
         max_tokens: 3,
         kv_dtype: Default::default(),
         context: 300,
+        pp: Default::default(),
     };
     let rep = run(&real_model(), &opts).expect("serve-invariance");
     assert!(rep.failures.is_empty(), "{:?}", rep.failures);
@@ -72,6 +73,7 @@ fn serve_invariance_library_compares_every_request() {
         max_tokens: 4,
         kv_dtype: Default::default(),
         context: 0,
+        pp: Default::default(),
     };
     let rep = run(&real_model(), &opts).expect("serve-invariance");
     assert_eq!(rep.requests, 3);
@@ -98,21 +100,36 @@ fn serve_invariance_passes_on_cpu_with_a_tiny_recurrent_model() {
 /// speculation drafts with the layer and n-gram lookup, and changes no byte.
 #[test]
 fn serve_invariance_default_speculation_with_mtp_layers() {
-    let rep = tiny_serve_with(memra_engine::config::Arch::Llama, 0, true);
+    let rep = tiny_serve_with(memra_engine::config::Arch::Llama, 0, true, 1);
     assert_eq!(rep.drafter, "mtp+ngram");
     assert!(rep.spec_accepted > 0, "{rep:?}");
 }
 
 /// serve-invariance on a tiny random model of `arch` with SmolLM2's tokenizer, 4 requests.
 fn tiny_serve(arch: memra_engine::config::Arch, context: usize) {
-    tiny_serve_with(arch, context, false);
+    tiny_serve_with(arch, context, false, 1);
 }
 
-/// [`tiny_serve`], with an oracle MTP layer when `mtp`; returns the report.
+/// Served over two pipeline stages (`--pp 2` on the CPU): a recurrent model's prefix hits
+/// restore every stage's state, a sliding-window model's layers split, and the MTP drafter
+/// reads the last stage's hidden states; every phase byte-identical.
+#[test]
+fn serve_invariance_passes_split_over_two_stages() {
+    use memra_engine::config::Arch;
+    tiny_serve_with(Arch::Qwen3Next, 40, false, 2);
+    tiny_serve_with(Arch::Gemma3, 0, false, 2);
+    let rep = tiny_serve_with(Arch::Llama, 0, true, 2);
+    assert_eq!(rep.drafter, "mtp+ngram");
+    assert!(rep.spec_accepted > 0, "{rep:?}");
+}
+
+/// [`tiny_serve`], with an oracle MTP layer when `mtp`, over `pp` pipeline stages; returns
+/// the report.
 fn tiny_serve_with(
     arch: memra_engine::config::Arch,
     context: usize,
     mtp: bool,
+    pp: usize,
 ) -> memra_verify::serve_invariance::Report {
     use memra_engine::backend::Device;
     use memra_engine::formats::gguf::Gguf;
@@ -139,7 +156,7 @@ fn tiny_serve_with(
     let mut meta = gguf_meta(&w.config);
     meta.extend(tok);
     let name = format!(
-        "memra-serve-{}-{}.gguf",
+        "memra-serve-{}-mtp{mtp}-pp{pp}-{}.gguf",
         arch.gguf_name(),
         std::process::id()
     );
@@ -151,6 +168,10 @@ fn tiny_serve_with(
         max_tokens: 8,
         kv_dtype: Default::default(),
         context,
+        pp: memra_engine::pipeline::PpConfig {
+            stages: pp,
+            ..Default::default()
+        },
     };
     let rep = run(&path, &opts);
     let _ = std::fs::remove_file(&path);

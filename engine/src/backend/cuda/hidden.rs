@@ -49,6 +49,68 @@ impl CudaOps {
         Ok(())
     }
 
+    /// The pipeline hand-over (link.rs): rows `0..rows` of `from`'s activation `x` become the
+    /// hidden input of this stage's next step, copied on the device. `peer`: `from` is on
+    /// another device (the copy runs on this stream, a peer copy); else it runs on `from`'s
+    /// stream. Events order it between the two streams' work; the host does not wait.
+    pub(super) fn receive_hidden_in(
+        &mut self,
+        from: &CudaOps,
+        x: Act,
+        rows: usize,
+        peer: bool,
+    ) -> Result<()> {
+        if x.width != self.hidden {
+            return Err(self.gpu.err(format!(
+                "pipeline hand-over: rows of {} values into a stage of hidden size {}",
+                x.width, self.hidden
+            )));
+        }
+        let n = rows * x.width;
+        let need = n.max(MAX_BUCKET * self.hidden);
+        if self.hidden_in.buf.as_ref().is_none_or(|b| b.len() < need) {
+            self.gpu.sync()?;
+            self.hidden_in.buf = None;
+            self.hidden_in.buf = Some(self.gpu.zeros(need.next_power_of_two())?);
+            self.layout_epoch += 1;
+        }
+        let src = from.acts[x.id]
+            .buf
+            .as_ref()
+            .and_then(|b| b.try_slice(..n))
+            .ok_or_else(|| {
+                self.gpu
+                    .err(format!("pipeline hand-over: no {n} values to send"))
+            })?;
+        let mut dst = self
+            .hidden_in
+            .buf
+            .as_mut()
+            .and_then(|b| b.try_slice_mut(..n))
+            .ok_or_else(|| {
+                self.gpu
+                    .err(format!("pipeline hand-over: no buffer of {n} values"))
+            })?;
+        let fail = |e: cudarc::driver::DriverError| format!("pipeline hand-over: {e:?}");
+        // Both ways round: the copy waits for the sender's forward and for this stage's
+        // previous step (which may still read the buffer); the sender's next step waits for
+        // the copy (which reads its activation), and so does this stage's next step.
+        let (s_from, s_to) = (&from.gpu.stream, &self.gpu.stream);
+        let copied = if peer {
+            s_to.join(s_from)
+                .and_then(|()| s_to.memcpy_dtod(&src, &mut dst))
+                .and_then(|()| s_from.join(s_to))
+        } else {
+            s_from
+                .join(s_to)
+                .and_then(|()| s_from.memcpy_dtod(&src, &mut dst))
+                .and_then(|()| s_to.join(s_from))
+        };
+        copied.map_err(|e| self.gpu.err(fail(e)))?;
+        self.hidden_in.given = n;
+        Ok(())
+    }
+
     /// Before a step of `m` rows: when the forward reads hidden inputs, they must have been
     /// given for exactly these rows.
     pub(super) fn begin_hidden_in(&mut self, m: usize) -> Result<()> {

@@ -17,6 +17,7 @@ pub mod delta;
 mod device;
 mod graph;
 mod hidden;
+pub mod link;
 mod mat;
 pub mod moe;
 mod opprof;
@@ -175,7 +176,21 @@ impl Runner<CudaOps> {
     pub fn new(weights: ModelWeights, opts: &CudaOptions) -> Result<CudaBackend> {
         preflight(&weights, opts)?;
         plan::check_fits(&weights, opts)?;
-        open_runner(&weights, opts, crate::models::build)
+        open_runner(&weights, opts, |ops| Runner::build(ops, &weights))
+    }
+
+    /// Pipeline stage `stage` of `weights` on device `opts.device` (crate::pipeline): its
+    /// layers, the embedding on the first stage, the head on the last. The pipeline's memory
+    /// plan (pipeline/plan.rs) has checked it fits beside the device's other stages.
+    pub fn new_stage(
+        weights: &ModelWeights,
+        opts: &CudaOptions,
+        stage: &crate::models::Stage,
+    ) -> Result<CudaBackend> {
+        preflight(weights, opts)?;
+        open_runner(weights, opts, |ops| {
+            Runner::build_stage(ops, weights, stage)
+        })
     }
 
     /// [`CudaBackend::new`] with another forward pass over the same weights (an MTP layer's,
@@ -187,7 +202,7 @@ impl Runner<CudaOps> {
         build: crate::models::BuildFn<CudaOps>,
     ) -> Result<CudaBackend> {
         preflight(weights, opts)?;
-        open_runner(weights, opts, build)
+        open_runner(weights, opts, |ops| Runner::build_with(ops, weights, build))
     }
 
     /// The tuned parameters in use.
@@ -244,7 +259,7 @@ fn preflight(weights: &ModelWeights, opts: &CudaOptions) -> Result<()> {
 fn open_runner(
     weights: &ModelWeights,
     opts: &CudaOptions,
-    build: crate::models::BuildFn<CudaOps>,
+    build: impl FnOnce(CudaOps) -> Result<CudaBackend>,
 ) -> Result<CudaBackend> {
     let c = &weights.config;
     let gpu = Gpu::open(opts.device)?;
@@ -278,7 +293,7 @@ fn open_runner(
         hidden_in: hidden::HiddenIn::default(),
         states: delta::States::new(opts.state_slots),
     };
-    let runner = Runner::build_with(ops, weights, build)?;
+    let runner = build(ops)?;
     let (g, p) = (&runner.ops().gpu, &runner.ops().products);
     if p.v2 {
         for l in p.profile.all_launches() {
