@@ -186,7 +186,7 @@ pub fn convert_gguf_to_hf(args: &ConvertArgs) -> Result<ConvertReport> {
     let (decls, parts) = hf_decls(
         jobs.iter()
             .map(|j| (j.role, cfg.arch, j.out_dtype, j.shape.clone())),
-    );
+    )?;
     let sink = split_sink(hf_sink(&args.out, &hf_spec, decls)?, parts);
     let names: Vec<String> = jobs.iter().map(|j| j.role.hf_name(cfg.arch)).collect();
     let produce = |i: usize| -> Result<Vec<u8>> {

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use super::{Role, def};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::weights::Tensor;
+use crate::quant::DType;
+use crate::weights::{Bytes, Tensor};
 
 /// What a tensor is for (how synthetic models initialise it; how backends upload it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,6 +152,35 @@ impl ModelWeights {
     /// Every tensor with its role.
     pub fn iter(&self) -> impl Iterator<Item = (Role, &Tensor)> {
         self.tensors.iter().map(|(r, t)| (*r, t))
+    }
+
+    /// For a backend without products of the [`DType::HF_ONLY`] types (FP8, NVFP4): a copy in
+    /// which each such tensor is dequantized (exactly, `Tensor::to_f32`) and stored as F16, or as
+    /// BF16 when one of its values is beyond F16's largest finite value (65504); `None` when the
+    /// model has no such tensor. The choice depends only on the tensor's values, so a model
+    /// always runs the same products.
+    pub fn dequantize_hf_only(&self) -> Result<Option<ModelWeights>> {
+        if !self
+            .tensors
+            .values()
+            .any(|t| DType::HF_ONLY.contains(&t.dtype))
+        {
+            return Ok(None);
+        }
+        let mut out = self.clone();
+        for t in out.tensors.values_mut() {
+            if !DType::HF_ONLY.contains(&t.dtype) {
+                continue;
+            }
+            let v = t.to_f32()?;
+            let to = match v.iter().all(|x| x.abs() <= 65504.0) {
+                true => DType::F16,
+                false => DType::BF16,
+            };
+            let data = Bytes::owned(crate::quant::quantize(to, &v)?);
+            *t = Tensor::new(t.name.clone(), to, t.shape.clone(), data)?;
+        }
+        Ok(Some(out))
     }
 
     /// Bytes of all weight tensors.
