@@ -154,6 +154,18 @@ impl ModelWeights {
         self.tensors.iter().map(|(r, t)| (*r, t))
     }
 
+    /// A copy with every tensor replaced by `f(tensor)` (same roles).
+    pub fn map_tensors(
+        &self,
+        f: &mut dyn FnMut(&Tensor) -> Result<Tensor>,
+    ) -> Result<ModelWeights> {
+        let mut out = self.clone();
+        for t in out.tensors.values_mut() {
+            *t = f(t)?;
+        }
+        Ok(out)
+    }
+
     /// For a backend without products of the [`DType::HF_ONLY`] types (FP8, NVFP4): a copy in
     /// which each such tensor is dequantized (exactly, `Tensor::to_f32`) and stored as F16, or as
     /// BF16 when one of its values is beyond F16's largest finite value (65504); `None` when the
@@ -167,10 +179,9 @@ impl ModelWeights {
         {
             return Ok(None);
         }
-        let mut out = self.clone();
-        for t in out.tensors.values_mut() {
+        self.map_tensors(&mut |t: &Tensor| {
             if !DType::HF_ONLY.contains(&t.dtype) {
-                continue;
+                return Ok(t.clone());
             }
             let v = t.to_f32()?;
             let to = match v.iter().all(|x| x.abs() <= 65504.0) {
@@ -178,9 +189,9 @@ impl ModelWeights {
                 false => DType::BF16,
             };
             let data = Bytes::owned(crate::quant::quantize(to, &v)?);
-            *t = Tensor::new(t.name.clone(), to, t.shape.clone(), data)?;
-        }
-        Ok(Some(out))
+            Tensor::new(t.name.clone(), to, t.shape.clone(), data)
+        })
+        .map(Some)
     }
 
     /// Bytes of all weight tensors.

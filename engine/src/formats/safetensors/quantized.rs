@@ -57,13 +57,25 @@ pub fn scheme(
     config: &serde_json::Value,
     quant_json: Option<&serde_json::Value>,
 ) -> Result<Option<Scheme>> {
-    let q = match (config.get("quantization_config"), quant_json) {
-        (Some(q), _) => q,
-        (None, Some(h)) => h.get("quantization").unwrap_or(h),
+    let (q, modelopt_file) = match (
+        config.get("quantization_config").filter(|v| !v.is_null()),
+        quant_json,
+    ) {
+        (Some(q), _) => (q, false),
+        (None, Some(h)) => (h.get("quantization").unwrap_or(h), true),
         (None, None) => return Ok(None),
     };
     let s = |k: &str| q.get(k).and_then(|v| v.as_str());
-    let method = s("quant_method").unwrap_or("modelopt");
+    let method = match (s("quant_method"), modelopt_file) {
+        (Some(m), _) => m,
+        (None, true) => "modelopt",
+        (None, false) => {
+            return Err(bad(
+                dir,
+                "config.json's quantization_config has no quant_method".into(),
+            ));
+        }
+    };
     match method {
         "fp8" => {
             if let Some(f) = s("fmt").filter(|f| *f != "e4m3") {
@@ -207,6 +219,7 @@ pub fn build<'a>(
     match scheme {
         Scheme::Fp8Block { rows: bn, cols: bk } => {
             let (sname, s) = need("weight_scale_inv")?;
+            let sv = scale_values(dir, &sname, &s)?;
             let want = [n.div_ceil(bn), cols.div_ceil(bk)];
             if s.shape != want {
                 return Err(bad(
@@ -217,7 +230,6 @@ pub fn build<'a>(
                     ),
                 ));
             }
-            let sv = scale_values(dir, &sname, &s)?;
             fp8_rows(dir, name, &w, (n, cols), |r, c| {
                 sv[(r / bn) * want[1] + c / bk]
             })
