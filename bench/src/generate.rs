@@ -45,24 +45,25 @@ pub fn is_direct(t: &TensorPlan, direct_kquants: bool) -> bool {
 /// blocks); NVFP4 packed pairs, `weight_scale`, `weight_scale_2`, `input_scale` (1.0: synthetic
 /// activations have no calibration). Block rows are quantized in parallel; the result does not
 /// depend on the thread count.
-pub fn checkpoint_bytes(t: &TensorPlan, vals: &[f32]) -> Result<Vec<u8>> {
-    let (rows, k) = match t.shape[..] {
-        [n, k] => (n, k),
-        [e, n, k] => (e * n, k),
+pub fn checkpoint_bytes(
+    name: &str,
+    dtype: DType,
+    shape: &[usize],
+    vals: &[f32],
+) -> Result<Vec<u8>> {
+    let (experts, k) = match *shape {
+        [_, k] => (1, k),
+        [e, _, k] => (e, k),
         _ => {
             return Err(Error::Quant(format!(
-                "{}: {} needs a matrix, not {:?}",
-                t.hf_name(),
-                t.dtype,
-                t.shape
+                "{name}: {dtype} needs a matrix, not {shape:?}"
             )));
         }
     };
-    let experts = rows / t.shape[t.shape.len() - 2].max(1);
     let per = vals.len() / experts.max(1);
     let mut out = Vec::new();
     for ev in vals.chunks(per.max(1)) {
-        match t.dtype {
+        match dtype {
             DType::FP8 => {
                 let b = FP8_CKPT_BLOCK;
                 let parts: Vec<(Vec<u8>, Vec<f32>)> = ev
@@ -95,8 +96,7 @@ pub fn checkpoint_bytes(t: &TensorPlan, vals: &[f32]) -> Result<Vec<u8>> {
             }
             d => {
                 return Err(Error::Quant(format!(
-                    "{}: {d} is not a checkpoint type",
-                    t.hf_name()
+                    "{name}: {d} is not a checkpoint type"
                 )));
             }
         }
@@ -116,7 +116,7 @@ pub fn tensor_bytes(
     direct_kquants: bool,
 ) -> Result<Vec<u8>> {
     if DType::HF_ONLY.contains(&t.dtype) {
-        return checkpoint_bytes(t, &tensor_values(seed, t));
+        return checkpoint_bytes(&t.hf_name(), t.dtype, &t.shape, &tensor_values(seed, t));
     }
     let (rows, cols) = t.rows_cols();
     let row_bytes = t.dtype.bytes_for(cols as u64).ok_or_else(|| {
