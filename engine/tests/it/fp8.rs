@@ -284,6 +284,9 @@ fn tiny_checkpoints_load_serve_and_equal_their_f32_weights() {
         assert!(a.iter().all(|x| x.is_finite()));
         // What the CUDA backend uploads: F16 of the exact values (BF16 past F16's range).
         let wide = w.dequantize_hf_only().expect("dequantize").expect("some");
+        // The engine sizes a CUDA KV pool from the weights as uploaded, before they are.
+        let fixed = memra_engine::backend::cuda::plan::fixed_bytes;
+        assert_eq!(fixed(&w).unwrap(), fixed(&wide).unwrap(), "{ck:?}");
         for ((_, t), (_, u)) in w.iter().zip(wide.iter()) {
             if t.dtype != d {
                 assert_eq!(t.dtype, u.dtype);
