@@ -183,13 +183,8 @@ impl ModelWeights {
             if !DType::HF_ONLY.contains(&t.dtype) {
                 return Ok(t.clone());
             }
-            let v = t.to_f32()?;
-            let to = match v.iter().all(|x| x.abs() <= 65504.0) {
-                true => DType::F16,
-                false => DType::BF16,
-            };
-            let data = Bytes::owned(crate::quant::quantize(to, &v)?);
-            Tensor::new(t.name.clone(), to, t.shape.clone(), data)
+            let (to, data) = widen(t)?;
+            Tensor::new(t.name.clone(), to, t.shape.clone(), Bytes::owned(data))
         })
         .map(Some)
     }
@@ -198,4 +193,46 @@ impl ModelWeights {
     pub fn nbytes(&self) -> usize {
         self.tensors.values().map(|t| t.data.len()).sum()
     }
+}
+
+/// A checkpoint-type tensor's exact values as F16 bytes, or BF16 when one is beyond F16's
+/// range; rows split over the host's cores (each chunk's bytes do not depend on the split).
+fn widen(t: &Tensor) -> Result<(DType, Vec<u8>)> {
+    let (rows, cols) = t.rows_cols();
+    let rb = t.row_bytes();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(16);
+    let per = rows.div_ceil(threads).max(1);
+    let convert = |to: DType| -> Result<Vec<Option<Vec<u8>>>> {
+        std::thread::scope(|s| {
+            let jobs: Vec<_> = t
+                .data
+                .chunks(per * rb)
+                .map(|src| {
+                    s.spawn(move || -> Result<Option<Vec<u8>>> {
+                        let mut v = vec![0f32; src.len() / rb * cols];
+                        crate::quant::dequantize_row(t.dtype, src, &mut v)?;
+                        if to == DType::F16 && v.iter().any(|x| x.abs() > 65504.0) {
+                            return Ok(None);
+                        }
+                        crate::quant::quantize(to, &v).map(Some)
+                    })
+                })
+                .collect();
+            jobs.into_iter()
+                .map(|j| {
+                    j.join().map_err(|_| {
+                        Error::Weights(format!("{}: a widening thread panicked", t.name))
+                    })?
+                })
+                .collect()
+        })
+    };
+    let f16 = convert(DType::F16)?;
+    if f16.iter().all(Option::is_some) {
+        return Ok((DType::F16, f16.into_iter().flatten().flatten().collect()));
+    }
+    let bf16 = convert(DType::BF16)?;
+    Ok((DType::BF16, bf16.into_iter().flatten().flatten().collect()))
 }

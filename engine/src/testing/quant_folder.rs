@@ -7,6 +7,7 @@ use std::path::Path;
 use crate::error::Result;
 use crate::formats::safetensors::{HfFolderSpec, HfFolderWriter, TensorDecl};
 use crate::models::{ModelWeights, Role};
+use crate::quant::DType;
 use crate::quant::fp8::{quantize_fp8_blocks, quantize_nvfp4_checkpoint};
 use crate::weights::{Bytes, Tensor};
 
@@ -15,6 +16,8 @@ use crate::weights::{Bytes, Tensor};
 pub enum Ckpt {
     /// HF `fp8`, `weight_block_size` `[128, 128]`.
     Fp8,
+    /// ModelOpt FP8: one `weight_scale` per tensor.
+    Fp8Tensor,
     /// ModelOpt NVFP4.
     Nvfp4,
 }
@@ -30,6 +33,7 @@ impl Ckpt {
             Ckpt::Nvfp4 => serde_json::json!({
                 "quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16
             }),
+            Ckpt::Fp8Tensor => serde_json::json!({"quant_method": "modelopt", "quant_algo": "FP8"}),
         }
     }
 }
@@ -66,7 +70,7 @@ pub fn entries_of(tensors: &[(String, Tensor)], ck: Ckpt) -> Result<Vec<Entry>> 
         let stem = name.strip_suffix(".weight").unwrap_or(&name).to_string();
         match (quantize, ck) {
             (false, _) => out.push((
-                TensorDecl::new(name, crate::quant::DType::F32, t.shape.clone()),
+                TensorDecl::new(name, DType::F32, t.shape.clone()),
                 f32_bytes(&v),
             )),
             (true, Ckpt::Fp8) => {
@@ -78,12 +82,20 @@ pub fn entries_of(tensors: &[(String, Tensor)], ck: Ckpt) -> Result<Vec<Entry>> 
                 ));
                 let sshape = vec![n.div_ceil(128), k.div_ceil(128)];
                 out.push((
-                    TensorDecl::new(
-                        format!("{stem}.weight_scale_inv"),
-                        crate::quant::DType::F32,
-                        sshape,
-                    ),
+                    TensorDecl::new(format!("{stem}.weight_scale_inv"), DType::F32, sshape),
                     f32_bytes(&scales),
+                ));
+            }
+            (true, Ckpt::Fp8Tensor) => {
+                let (n, k) = (t.shape[0], t.shape[1]);
+                let (codes, scale) = quantize_fp8_blocks(&v, n, k, (n, k));
+                out.push((
+                    TensorDecl::raw_bytes(name, "F8_E4M3", t.shape.clone()),
+                    codes,
+                ));
+                out.push((
+                    TensorDecl::new(format!("{stem}.weight_scale"), DType::F32, vec![]),
+                    f32_bytes(&scale),
                 ));
             }
             (true, Ckpt::Nvfp4) => {
@@ -99,11 +111,7 @@ pub fn entries_of(tensors: &[(String, Tensor)], ck: Ckpt) -> Result<Vec<Entry>> 
                     scales,
                 ));
                 out.push((
-                    TensorDecl::new(
-                        format!("{stem}.weight_scale_2"),
-                        crate::quant::DType::F32,
-                        vec![],
-                    ),
+                    TensorDecl::new(format!("{stem}.weight_scale_2"), DType::F32, vec![]),
                     g.to_le_bytes().to_vec(),
                 ));
             }
@@ -135,15 +143,10 @@ pub fn write(
 /// `w` with every tensor of a checkpoint type replaced by its dequantized values as F32.
 pub fn as_f32(w: &ModelWeights) -> Result<ModelWeights> {
     w.map_tensors(&mut |t: &Tensor| {
-        if !crate::quant::DType::HF_ONLY.contains(&t.dtype) {
+        if !DType::HF_ONLY.contains(&t.dtype) {
             return Ok(t.clone());
         }
         let data = Bytes::owned(f32_bytes(&t.to_f32()?));
-        Tensor::new(
-            t.name.clone(),
-            crate::quant::DType::F32,
-            t.shape.clone(),
-            data,
-        )
+        Tensor::new(t.name.clone(), DType::F32, t.shape.clone(), data)
     })
 }

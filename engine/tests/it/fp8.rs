@@ -283,7 +283,12 @@ fn folder(
 #[test]
 fn tiny_checkpoints_load_serve_and_equal_their_f32_weights() {
     let dir = tempfile::tempdir().expect("tempdir");
-    for (ck, d) in [(Ckpt::Fp8, DType::FP8), (Ckpt::Nvfp4, DType::NVFP4)] {
+    let cases = [
+        (Ckpt::Fp8, DType::FP8),
+        (Ckpt::Fp8Tensor, DType::FP8),
+        (Ckpt::Nvfp4, DType::NVFP4),
+    ];
+    for (ck, d) in cases {
         let out = folder(dir.path(), &format!("{ck:?}"), ck, ck.config(), |_| {});
         let w = memra_engine::loader::load_weights(&out).expect("load");
         let quantized = w.iter().filter(|(_, t)| t.dtype == d).count();
@@ -312,6 +317,38 @@ fn tiny_checkpoints_load_serve_and_equal_their_f32_weights() {
             }
             assert_eq!(u.dtype, DType::F16, "{}", t.name);
             let want = quantize(DType::F16, &t.to_f32().unwrap()).unwrap();
+            assert_eq!(&u.data[..], &want[..], "{}", t.name);
+        }
+    }
+    // A tensor with a value beyond F16's range goes up as BF16, its values exact in BF16.
+    let w = memra_engine::models::random::random_weights(
+        &memra_engine::models::random::tiny_config(memra_engine::config::Arch::Llama, 64),
+        1,
+        DType::FP8,
+    )
+    .expect("weights");
+    let mut big = false;
+    let w = w
+        .map_tensors(&mut |t| {
+            if t.dtype != DType::FP8 || big {
+                return Ok(t.clone());
+            }
+            big = true;
+            let v: Vec<f32> = t.to_f32()?.iter().map(|x| x * 1e6).collect();
+            let data = Bytes::owned(quantize(DType::FP8, &v)?);
+            memra_engine::weights::Tensor::new(t.name.clone(), DType::FP8, t.shape.clone(), data)
+        })
+        .expect("map");
+    let wide = w.dequantize_hf_only().expect("dequantize").expect("some");
+    let types: Vec<DType> = wide.iter().map(|(_, t)| t.dtype).collect();
+    assert_eq!(
+        types.iter().filter(|d| **d == DType::BF16).count(),
+        1,
+        "{types:?}"
+    );
+    for ((_, t), (_, u)) in w.iter().zip(wide.iter()) {
+        if u.dtype == DType::BF16 {
+            let want = quantize(DType::BF16, &t.to_f32().unwrap()).unwrap();
             assert_eq!(&u.data[..], &want[..], "{}", t.name);
         }
     }
