@@ -106,8 +106,32 @@ fn nearest_code(a: f32, n: u8, value: impl Fn(u8) -> f32) -> u8 {
 }
 
 /// `x` rounded to e4m3: nearest, ties to even, saturating to +-448 (finite overflow), NaN to
-/// `0x7f`. The sign of zero is kept.
+/// `0x7f`. The sign of zero is kept. Bit arithmetic; [`f32_to_e4m3_search`] is the same
+/// function written as a search over the codes (the tests hold them equal).
 pub fn f32_to_e4m3(x: f32) -> u8 {
+    if x.is_nan() {
+        return 0x7f;
+    }
+    let s = if x.is_sign_negative() { 0x80u8 } else { 0 };
+    let a = x.abs();
+    if a >= E4M3_MAX {
+        return s | 0x7e;
+    }
+    if a < 1.0 / 64.0 {
+        // Subnormal codes m * 2^-9 (the scaling is exact); 8 is the smallest normal's code.
+        return s | (a * 512.0).round_ties_even() as u8;
+    }
+    let b = a.to_bits();
+    let exp = (b >> 23) as i32 - 127; // -6 ..= 8
+    let (keep, rest) = ((b >> 20) & 7, b & 0xf_ffff);
+    let up = rest > 0x8_0000 || (rest == 0x8_0000 && keep & 1 == 1);
+    // A carry out of the mantissa moves to the next exponent, as the code's order does.
+    let code = (((exp + 7) as u32) << 3) + keep + u32::from(up);
+    s | code.min(0x7e) as u8
+}
+
+/// [`f32_to_e4m3`] as the nearest of the finite codes (ties to the even code), by search.
+pub fn f32_to_e4m3_search(x: f32) -> u8 {
     if x.is_nan() {
         return 0x7f;
     }

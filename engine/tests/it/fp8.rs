@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use memra_engine::formats::safetensors::HfFolderSpec;
 use memra_engine::formats::safetensors::quantized::{Raw, Scheme, build};
 use memra_engine::quant::fp8::{
-    E4M3, dot_fp8_act_reference, e2m1_to_f32, f32_to_e2m1, f32_to_e4m3, quantize_act_fp8,
+    E4M3, dot_fp8_act_reference, e2m1_to_f32, f32_to_e2m1, f32_to_e4m3, f32_to_e4m3_search,
+    quantize_act_fp8,
 };
 use memra_engine::quant::{DType, dequantize_row, dot_f32, dot_row, dot_row_generic, quantize};
 use memra_engine::testing::quant_folder::{Ckpt, Entry, entries_of, write};
@@ -70,6 +71,30 @@ fn element_codes_match_ml_dtypes() {
     // Every finite code is its own value's code; beyond the range saturates.
     for c in (0u8..=255).filter(|c| c & 0x7f != 0x7f) {
         assert_eq!(f32_to_e4m3(E4M3[c as usize]), c);
+    }
+    // The bit arithmetic equals the search over the codes: around every code and midpoint
+    // (a few ulps either side) and on a sweep of magnitudes from 2^-12 to 2^10.
+    let mut xs: Vec<f32> = Vec::new();
+    for c in 0u8..0x7f {
+        let v = E4M3[c as usize];
+        let next = if c < 0x7e {
+            E4M3[c as usize + 1]
+        } else {
+            480.0
+        };
+        for p in [v, (v + next) / 2.0] {
+            for d in -3i32..=3 {
+                xs.push(f32::from_bits((p.to_bits() as i32 + d).max(0) as u32));
+            }
+        }
+    }
+    let mut b = (2f32.powi(-12)).to_bits();
+    while b < 2f32.powi(10).to_bits() {
+        xs.push(f32::from_bits(b));
+        b += 997;
+    }
+    for x in xs.iter().flat_map(|x| [*x, -*x]) {
+        assert_eq!(f32_to_e4m3(x), f32_to_e4m3_search(x), "{x:e}");
     }
     assert_eq!(f32_to_e4m3(1e9), 0x7e);
     assert_eq!(f32_to_e4m3(-500.0), 0xfe);
