@@ -1,7 +1,9 @@
 //! `memra-bench convert`: a GGUF file to an HF folder (config.json, safetensors, tokenizer).
 //!
 //! Each tensor keeps its float type (F32/F16/BF16) unless `--dtype` is given; quantized tensors
-//! are dequantized to f32. Llama q/k rows are un-permuted to HF order.
+//! are dequantized to f32. `--dtype fp8` / `nvfp4` write an HF `fp8` (128 x 128 block scales) /
+//! ModelOpt NVFP4 checkpoint of the matrices (from their dequantized values). Llama q/k rows
+//! are un-permuted to HF order.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -15,6 +17,8 @@ use memra_engine::formats::safetensors::HfFolderSpec;
 use memra_engine::models::{Role, gguf_permuted, hf_offset, qk_to_hf};
 use memra_engine::quant::{DType, dequantize_row, quantize};
 
+use crate::generate::checkpoint_bytes;
+use crate::plan::SynthDType;
 use crate::rope::{ROPE_FREQS, recognise};
 use crate::sink::{hf_decls, hf_sink, split_sink};
 use crate::synth::stream_tensors;
@@ -48,12 +52,24 @@ struct Job {
     shape: Vec<usize>,
 }
 
-/// The HF output type of a GGUF tensor.
-fn out_dtype(src: DType, forced: Option<DType>) -> DType {
+/// The HF output type of a GGUF tensor of role `role` and shape `shape` (HF order). A
+/// checkpoint type (fp8, nvfp4) applies to the 2-D matrices and expert stacks other than the
+/// embedding and the LM head (BF16, as real checkpoints keep them) whose rows its blocks divide;
+/// the other tensors keep a float type or become F32.
+fn out_dtype(src: DType, forced: Option<DType>, role: Role, shape: &[usize]) -> DType {
+    let keep = || if src.is_float() { src } else { DType::F32 };
     match forced {
+        Some(d) if DType::HF_ONLY.contains(&d) => {
+            let cols = *shape.last().unwrap_or(&1);
+            match (shape.len(), role) {
+                (_, Role::TokenEmbd | Role::Output) => DType::BF16,
+                (2 | 3, _) if cols.is_multiple_of(d.block_size()) => d,
+                (2 | 3, _) => DType::BF16,
+                _ => keep(),
+            }
+        }
         Some(d) => d,
-        None if src.is_float() => src,
-        None => DType::F32,
+        None => keep(),
     }
 }
 
@@ -117,6 +133,10 @@ fn convert_tensor(g: &Gguf, cfg: &ModelConfig, job: &Job) -> Result<Vec<u8>> {
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
+    if DType::HF_ONLY.contains(&job.out_dtype) {
+        let name = job.role.hf_name(cfg.arch);
+        return checkpoint_bytes(&name, job.out_dtype, &job.shape, &vals);
+    }
     quantize(job.out_dtype, &vals)
 }
 
@@ -125,9 +145,10 @@ pub fn convert_gguf_to_hf(args: &ConvertArgs) -> Result<ConvertReport> {
     let start = Instant::now();
     if let Some(d) = args.dtype
         && !d.is_float()
+        && !DType::HF_ONLY.contains(&d)
     {
         return Err(Error::Input(format!(
-            "--dtype must be f32, f16 or bf16, not {d}"
+            "--dtype must be f32, f16, bf16, fp8 or nvfp4, not {d}"
         )));
     }
     let g = Gguf::open(&args.input)?;
@@ -158,7 +179,7 @@ pub fn convert_gguf_to_hf(args: &ConvertArgs) -> Result<ConvertReport> {
             ))
         })?;
         jobs.push(Job {
-            out_dtype: out_dtype(info.dtype, args.dtype),
+            out_dtype: out_dtype(info.dtype, args.dtype, role, &info.shape()),
             shape: info.shape(),
             role,
             info: info.clone(),
@@ -171,11 +192,20 @@ pub fn convert_gguf_to_hf(args: &ConvertArgs) -> Result<ConvertReport> {
         (None, None)
     };
     let id = |k: &str| g.get(k).and_then(|x| x.as_u64()).map(|x| x as u32);
+    let mut config_json = cfg.to_hf_json(
+        id("tokenizer.ggml.bos_token_id"),
+        id("tokenizer.ggml.eos_token_id"),
+    );
+    let quant = match args.dtype {
+        Some(DType::FP8) => SynthDType::Fp8.quantization_config(),
+        Some(DType::NVFP4) => SynthDType::Nvfp4.quantization_config(),
+        _ => None,
+    };
+    if let (Some(q), Some(o)) = (quant, config_json.as_object_mut()) {
+        o.insert("quantization_config".into(), q);
+    }
     let hf_spec = HfFolderSpec {
-        config_json: cfg.to_hf_json(
-            id("tokenizer.ggml.bos_token_id"),
-            id("tokenizer.ggml.eos_token_id"),
-        ),
+        config_json,
         tokenizer_json,
         tokenizer_config_json,
         max_shard_bytes: args.shard_bytes,
@@ -186,7 +216,7 @@ pub fn convert_gguf_to_hf(args: &ConvertArgs) -> Result<ConvertReport> {
     let (decls, parts) = hf_decls(
         jobs.iter()
             .map(|j| (j.role, cfg.arch, j.out_dtype, j.shape.clone())),
-    );
+    )?;
     let sink = split_sink(hf_sink(&args.out, &hf_spec, decls)?, parts);
     let names: Vec<String> = jobs.iter().map(|j| j.role.hf_name(cfg.arch)).collect();
     let produce = |i: usize| -> Result<Vec<u8>> {

@@ -5,9 +5,10 @@ use rayon::prelude::*;
 use memra_engine::config::ModelConfig;
 use memra_engine::error::{Error, Result};
 use memra_engine::models::{gguf_permuted, hf_offset, qk_to_gguf};
-use memra_engine::quant::{DType, QK_K, quantize};
+use memra_engine::quant::{DType, QK_K, fp8, quantize};
 
 use crate::plan::{Init, TensorPlan};
+use crate::sink::FP8_CKPT_BLOCK;
 use crate::{kblocks, rng};
 
 /// Elements generated per parallel work item (whole rows, at least one).
@@ -39,6 +40,70 @@ pub fn is_direct(t: &TensorPlan, direct_kquants: bool) -> bool {
         && matches!(t.init, Init::Normal { .. })
 }
 
+/// The bytes of the HF tensors of a matrix (or expert stack, expert by expert) of a checkpoint
+/// type, in [`crate::sink::matrix_decls`]'s order: FP8 codes then `weight_scale_inv` (128 x 128
+/// blocks); NVFP4 packed pairs, `weight_scale`, `weight_scale_2`, `input_scale` (1.0: synthetic
+/// activations have no calibration). Block rows are quantized in parallel; the result does not
+/// depend on the thread count.
+pub fn checkpoint_bytes(
+    name: &str,
+    dtype: DType,
+    shape: &[usize],
+    vals: &[f32],
+) -> Result<Vec<u8>> {
+    let (experts, k) = match *shape {
+        [_, k] => (1, k),
+        [e, _, k] => (e, k),
+        _ => {
+            return Err(Error::Quant(format!(
+                "{name}: {dtype} needs a matrix, not {shape:?}"
+            )));
+        }
+    };
+    let per = vals.len() / experts.max(1);
+    let mut out = Vec::new();
+    for ev in vals.chunks(per.max(1)) {
+        match dtype {
+            DType::FP8 => {
+                let b = FP8_CKPT_BLOCK;
+                let parts: Vec<(Vec<u8>, Vec<f32>)> = ev
+                    .par_chunks(b * k)
+                    .map(|c| fp8::quantize_fp8_blocks(c, c.len() / k, k, (b, b)))
+                    .collect();
+                out.extend(parts.iter().flat_map(|p| p.0.iter().copied()));
+                out.extend(
+                    parts
+                        .iter()
+                        .flat_map(|p| p.1.iter().flat_map(|s| s.to_le_bytes())),
+                );
+            }
+            DType::NVFP4 => {
+                let amax = ev.iter().fold(0f32, |m, x| m.max(x.abs()));
+                let g = fp8::nvfp4_global_scale(amax);
+                let parts: Vec<(Vec<u8>, Vec<u8>)> = ev
+                    .par_chunks(CHUNK_ELEMS.div_ceil(k).max(1) * k)
+                    .map(|c| fp8::quant_nvfp4_with(c, g))
+                    .collect();
+                let block = fp8::NVFP4_BLOCK_BYTES;
+                out.extend(
+                    parts
+                        .iter()
+                        .flat_map(|p| p.0.chunks_exact(block).flat_map(|b| b[4..].iter().copied())),
+                );
+                out.extend(parts.iter().flat_map(|p| p.1.iter().copied()));
+                out.extend(g.to_le_bytes());
+                out.extend(1f32.to_le_bytes());
+            }
+            d => {
+                return Err(Error::Quant(format!(
+                    "{name}: {d} is not a checkpoint type"
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The stored bytes of tensor `t`: values quantized to `t.dtype`, generated and quantized in
 /// parallel chunks of whole rows. With `direct_kquants`, Q4_K/Q6_K matrices are random valid
 /// blocks instead (fast). With `gguf_order`, llama q/k rows are permuted the way GGUF files
@@ -50,6 +115,13 @@ pub fn tensor_bytes(
     gguf_order: bool,
     direct_kquants: bool,
 ) -> Result<Vec<u8>> {
+    if DType::HF_ONLY.contains(&t.dtype) {
+        let mut vals = vec![0f32; t.shape.iter().product()];
+        vals.par_chunks_mut(CHUNK_ELEMS)
+            .enumerate()
+            .for_each(|(i, c)| fill_values(seed, t, (i * CHUNK_ELEMS) as u64, c));
+        return checkpoint_bytes(&t.hf_name(), t.dtype, &t.shape, &vals);
+    }
     let (rows, cols) = t.rows_cols();
     let row_bytes = t.dtype.bytes_for(cols as u64).ok_or_else(|| {
         Error::Quant(format!(

@@ -172,7 +172,7 @@ enum Cmd {
         /// smollm2-135m, llama3-8b, qwen3-8b, tiny-llama, tiny-qwen2, tiny-qwen3.
         #[arg(long)]
         shape: String,
-        /// f32, f16, bf16, q8_0, q4_0, q4_k_m (llama.cpp's mix).
+        /// f32, f16, bf16, q8_0, q4_0, q4_k_m (llama.cpp's mix); fp8, nvfp4 (HF checkpoints, --format hf).
         #[arg(long, default_value = "f16")]
         dtype: String,
         #[arg(long, default_value_t = 0)]
@@ -409,7 +409,8 @@ enum Cmd {
         /// --to gguf: copy the tokenizer metadata from this GGUF.
         #[arg(long)]
         tokenizer_from: Option<PathBuf>,
-        /// f32, f16 or bf16 for every tensor (default: keep float tensors, quantized -> f32).
+        /// f32, f16 or bf16 for every tensor (default: keep float tensors, quantized -> f32); fp8
+        /// or nvfp4: an HF fp8 (128 x 128 blocks) / ModelOpt NVFP4 checkpoint of the matrices.
         #[arg(long)]
         dtype: Option<String>,
         /// Shard size limit in bytes.

@@ -15,16 +15,22 @@ pub enum SynthDType {
     Q8_0,
     Q4_0,
     Q4KM,
+    /// HF `fp8` checkpoints (e4m3, 128 x 128 block scales); HF folders only.
+    Fp8,
+    /// ModelOpt NVFP4 checkpoints; HF folders only.
+    Nvfp4,
 }
 
 impl SynthDType {
-    pub const ALL: [SynthDType; 6] = [
+    pub const ALL: [SynthDType; 8] = [
         SynthDType::F32,
         SynthDType::F16,
         SynthDType::BF16,
         SynthDType::Q8_0,
         SynthDType::Q4_0,
         SynthDType::Q4KM,
+        SynthDType::Fp8,
+        SynthDType::Nvfp4,
     ];
 
     pub fn name(self) -> &'static str {
@@ -35,6 +41,8 @@ impl SynthDType {
             SynthDType::Q8_0 => "q8_0",
             SynthDType::Q4_0 => "q4_0",
             SynthDType::Q4KM => "q4_k_m",
+            SynthDType::Fp8 => "fp8",
+            SynthDType::Nvfp4 => "nvfp4",
         }
     }
 
@@ -47,6 +55,36 @@ impl SynthDType {
             SynthDType::Q8_0 => 7,
             SynthDType::Q4KM => 15,
             SynthDType::BF16 => 32,
+            // Not GGUF types: synth refuses them with --format gguf.
+            SynthDType::Fp8 | SynthDType::Nvfp4 => 0,
+        }
+    }
+
+    /// The checkpoint type of an HF folder's quantized matrices (fp8, nvfp4).
+    pub fn checkpoint_type(self) -> Option<DType> {
+        match self {
+            SynthDType::Fp8 => Some(DType::FP8),
+            SynthDType::Nvfp4 => Some(DType::NVFP4),
+            _ => None,
+        }
+    }
+
+    /// config.json's `quantization_config` of an HF folder of this type, if quantized.
+    pub fn quantization_config(self) -> Option<serde_json::Value> {
+        match self {
+            SynthDType::Fp8 => Some(serde_json::json!({
+                "quant_method": "fp8",
+                "fmt": "e4m3",
+                "activation_scheme": "dynamic",
+                "weight_block_size": [crate::sink::FP8_CKPT_BLOCK, crate::sink::FP8_CKPT_BLOCK],
+            })),
+            SynthDType::Nvfp4 => Some(serde_json::json!({
+                "quant_method": "modelopt",
+                "quant_algo": "NVFP4",
+                "group_size": 16,
+                "exclude_modules": ["lm_head"],
+            })),
+            _ => None,
         }
     }
 
@@ -153,12 +191,22 @@ fn matrix_type(dt: SynthDType, role: Role, cfg: &ModelConfig, cols: usize) -> DT
     if matches!(role, Role::FfnGateInp(_) | Role::SsmConv(_)) {
         return DType::F32;
     }
+    if let Some(q) = dt.checkpoint_type() {
+        // Real checkpoints keep the embedding and the LM head in BF16 (ModelOpt's and
+        // transformers' exclusions), and rows memra's blocks do not divide.
+        let head = matches!(role, Role::TokenEmbd | Role::Output);
+        return match head || !cols.is_multiple_of(q.block_size()) {
+            true => DType::BF16,
+            false => q,
+        };
+    }
     let base = match dt {
         SynthDType::F32 => DType::F32,
         SynthDType::F16 => DType::F16,
         SynthDType::BF16 => DType::BF16,
         SynthDType::Q8_0 => DType::Q8_0,
         SynthDType::Q4_0 => DType::Q4_0,
+        SynthDType::Fp8 | SynthDType::Nvfp4 => DType::BF16,
         SynthDType::Q4KM => match role {
             Role::Output => DType::Q6_K,
             // Tied: the embedding is also the LM head, which llama.cpp keeps at Q6_K.

@@ -75,61 +75,101 @@ pub fn gguf_sink(
     Ok(Box::new(GgufSink(w.begin(out)?)))
 }
 
+/// The HF tensors of one 2-D matrix `name` of type `dtype`: the matrix itself, or for the
+/// checkpoint types the codes and their scales (an HF `fp8` checkpoint: `weight` F8_E4M3 and
+/// `weight_scale_inv` per 128 x 128 block; ModelOpt NVFP4: `weight` U8 pairs, `weight_scale`
+/// F8_E4M3 per 16, `weight_scale_2` and `input_scale` F32), in the order [`checkpoint_bytes`]
+/// (crate::generate) concatenates them.
+pub fn matrix_decls(name: String, dtype: DType, shape: Vec<usize>) -> Vec<TensorDecl> {
+    let stem = name.strip_suffix(".weight").unwrap_or(&name).to_string();
+    let nk = match shape[..] {
+        [n, k] => Some((n, k)),
+        _ => None,
+    };
+    match (dtype, nk) {
+        (DType::FP8, Some((n, k))) => vec![
+            TensorDecl::raw_bytes(name, "F8_E4M3", shape),
+            TensorDecl::new(
+                format!("{stem}.weight_scale_inv"),
+                DType::F32,
+                vec![n.div_ceil(FP8_CKPT_BLOCK), k.div_ceil(FP8_CKPT_BLOCK)],
+            ),
+        ],
+        (DType::NVFP4, Some((n, k))) => vec![
+            TensorDecl::raw_bytes(name, "U8", vec![n, k / 2]),
+            TensorDecl::raw_bytes(format!("{stem}.weight_scale"), "F8_E4M3", vec![n, k / 16]),
+            TensorDecl::new(format!("{stem}.weight_scale_2"), DType::F32, vec![]),
+            TensorDecl::new(format!("{stem}.input_scale"), DType::F32, vec![]),
+        ],
+        _ => vec![TensorDecl::new(name, dtype, shape)],
+    }
+}
+
+/// The block of an HF `fp8` checkpoint's `weight_block_size` that synth and convert write.
+pub const FP8_CKPT_BLOCK: usize = 128;
+
 /// The HF declarations of tensors given as (role, architecture, type, shape): one per tensor,
 /// except an expert stack `[n, rows, cols]`, which HF holds as `n` tensors `[rows, cols]`
-/// (`...experts.{e}...`). Also returns each tensor's number of HF parts, for [`split_sink`].
+/// (`...experts.{e}...`), and the checkpoint types, whose matrices come with their scales
+/// ([`matrix_decls`]). Also returns each tensor's HF parts (their byte sizes), for
+/// [`split_sink`].
 pub fn hf_decls(
     tensors: impl Iterator<Item = (Role, Arch, DType, Vec<usize>)>,
-) -> (Vec<TensorDecl>, Vec<usize>) {
+) -> Result<(Vec<TensorDecl>, Vec<Vec<u64>>)> {
     let (mut decls, mut parts) = (Vec::new(), Vec::new());
     for (role, arch, dtype, shape) in tensors {
         let name = role.hf_name(arch);
-        match (role.is_experts(), shape.split_first()) {
-            (true, Some((&n, inner))) => {
-                for e in 0..n {
-                    decls.push(TensorDecl::new(
-                        expert_name(&name, e),
-                        dtype,
-                        inner.to_vec(),
-                    ));
-                }
-                parts.push(n);
-            }
-            _ => {
-                decls.push(TensorDecl::new(name, dtype, shape));
-                parts.push(1);
-            }
-        }
+        let mine = match (role.is_experts(), shape.split_first()) {
+            (true, Some((&n, inner))) => (0..n)
+                .flat_map(|e| matrix_decls(expert_name(&name, e), dtype, inner.to_vec()))
+                .collect(),
+            _ => matrix_decls(name, dtype, shape),
+        };
+        let sizes = mine
+            .iter()
+            .map(|d| d.nbytes())
+            .collect::<Result<Vec<u64>>>()?;
+        decls.extend(mine);
+        parts.push(sizes);
     }
-    (decls, parts)
+    Ok((decls, parts))
 }
 
-/// Takes tensor i as one buffer and writes it to `inner` as `parts[i]` equal consecutive
-/// tensors (an expert stack as one tensor per expert).
+/// Takes tensor i as one buffer and writes it to `inner` as the consecutive tensors of
+/// `parts[i]` bytes each (an expert stack as one tensor per expert, a quantized matrix as its
+/// codes and scales).
 struct SplitSink {
     inner: Box<dyn TensorSink>,
-    parts: std::vec::IntoIter<usize>,
+    parts: std::vec::IntoIter<Vec<u64>>,
 }
 
 impl TensorSink for SplitSink {
     fn write_tensor(&mut self, bytes: &[u8]) -> Result<()> {
-        let n = self.parts.next().unwrap_or(1).max(1);
-        if !bytes.len().is_multiple_of(n) {
+        let sizes = self
+            .parts
+            .next()
+            .unwrap_or_else(|| vec![bytes.len() as u64]);
+        if sizes.iter().sum::<u64>() != bytes.len() as u64 {
             return Err(Error::Input(format!(
-                "{} bytes do not split into {n} experts",
+                "{} bytes do not split into HF tensors of {sizes:?} bytes",
                 bytes.len()
             )));
         }
-        let per = bytes.len() / n;
-        (0..n).try_for_each(|i| self.inner.write_tensor(&bytes[i * per..(i + 1) * per]))
+        let mut at = 0usize;
+        for n in sizes {
+            let end = at + n as usize;
+            self.inner.write_tensor(&bytes[at..end])?;
+            at = end;
+        }
+        Ok(())
     }
     fn finish(self: Box<Self>) -> Result<()> {
         self.inner.finish()
     }
 }
 
-/// Wraps `inner` so that tensor i is split into `parts[i]` tensors (see [`hf_decls`]).
-pub fn split_sink(inner: Box<dyn TensorSink>, parts: Vec<usize>) -> Box<dyn TensorSink> {
+/// Wraps `inner` so that tensor i is split into the HF tensors of `parts[i]` (see [`hf_decls`]).
+pub fn split_sink(inner: Box<dyn TensorSink>, parts: Vec<Vec<u64>>) -> Box<dyn TensorSink> {
     Box::new(SplitSink {
         inner,
         parts: parts.into_iter(),

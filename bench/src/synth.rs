@@ -292,6 +292,12 @@ pub fn synth(args: &SynthArgs) -> Result<SynthReport> {
     if args.format == Format::Hf && cfg.arch == memra_engine::config::Arch::Qwen3Next {
         return hybrid_hf(args, &tok, start);
     }
+    if args.format == Format::Gguf && args.dtype.checkpoint_type().is_some() {
+        return Err(Error::Input(format!(
+            "--dtype {} writes HF checkpoints only: use --format hf",
+            args.dtype.name()
+        )));
+    }
     let tensors = plan(&cfg, args.dtype);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads.unwrap_or(0))
@@ -379,7 +385,7 @@ fn hybrid_hf(args: &SynthArgs, tok: &TokenizerParts, start: Instant) -> Result<S
         out: tmp.clone(),
         ..args.clone()
     };
-    float_only(args)?;
+    float_only(args, false)?;
     let made = synth(&gguf);
     let tensors = made.and_then(|_| {
         let w = memra_engine::loader::load_weights(&tmp)?;
@@ -398,12 +404,16 @@ fn hybrid_hf(args: &SynthArgs, tok: &TokenizerParts, start: Instant) -> Result<S
     })
 }
 
-/// Refuses a quantized `--dtype` for an HF folder.
-fn float_only(args: &SynthArgs) -> Result<()> {
+/// Refuses a `--dtype` an HF folder cannot hold (the GGUF block types); `checkpoints`: whether
+/// the HF checkpoint types (fp8, nvfp4) are allowed.
+fn float_only(args: &SynthArgs, checkpoints: bool) -> Result<()> {
+    let ckpt = checkpoints && args.dtype.checkpoint_type().is_some();
     match args.dtype.float_type() {
         Some(_) => Ok(()),
+        None if ckpt => Ok(()),
         None => Err(Error::Input(format!(
-            "--format hf holds f32/f16/bf16 tensors only, not {}",
+            "--format hf holds f32/f16/bf16 tensors (and fp8 / nvfp4 checkpoints of the dense \
+             architectures) only, not {}",
             args.dtype.name()
         ))),
     }
@@ -415,13 +425,13 @@ fn hf_folder_sink(
     tensors: &[TensorPlan],
     tok: &TokenizerParts,
 ) -> Result<Box<dyn TensorSink>> {
-    float_only(args)?;
+    float_only(args, true)?;
     let spec = hf_spec(args, cfg, tok)?;
     let (decls, parts) = hf_decls(
         tensors
             .iter()
             .map(|t| (t.role, t.arch, t.dtype, t.shape.clone())),
-    );
+    )?;
     Ok(split_sink(hf_sink(&args.out, &spec, decls)?, parts))
 }
 
@@ -440,8 +450,15 @@ fn hf_spec(args: &SynthArgs, cfg: &ModelConfig, tok: &TokenizerParts) -> Result<
         }
         None => (None, None, None, None),
     };
+    let mut config_json = cfg.to_hf_json(bos, eos);
+    if let (Some(q), Some(obj)) = (
+        args.dtype.quantization_config(),
+        config_json.as_object_mut(),
+    ) {
+        obj.insert("quantization_config".into(), q);
+    }
     Ok(HfFolderSpec {
-        config_json: cfg.to_hf_json(bos, eos),
+        config_json,
         tokenizer_json,
         tokenizer_config_json,
         max_shard_bytes: args.shard_bytes,

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 pub mod fuzz;
+pub mod quant_folder;
 pub mod tiny_gguf;
 
 /// File name of the default real model (tools/fetch-models.sh).

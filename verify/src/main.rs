@@ -112,7 +112,8 @@ enum Cmd {
     Invariance {
         /// A GGUF file or HF folder.
         model: Option<PathBuf>,
-        /// Use a tiny random model of this architecture instead of MODEL.
+        /// Use a tiny random model of this architecture instead of MODEL (`ARCH+fp8`,
+        /// `ARCH+nvfp4`: matrices in those types).
         #[arg(long, conflicts_with = "model")]
         tiny: Option<String>,
         #[arg(long, default_value = "auto")]
@@ -165,7 +166,8 @@ enum Cmd {
     Graph {
         /// A GGUF file or HF folder.
         model: Option<PathBuf>,
-        /// Use a tiny random model of this architecture instead of MODEL.
+        /// Use a tiny random model of this architecture instead of MODEL (`ARCH+fp8`,
+        /// `ARCH+nvfp4`: matrices in those types).
         #[arg(long, conflicts_with = "model")]
         tiny: Option<String>,
         #[arg(long, default_value = "cuda:0")]
@@ -271,7 +273,8 @@ enum Cmd {
     Golden {
         /// A GGUF file or HF folder.
         model: Option<PathBuf>,
-        /// Use a tiny random model of this architecture instead of MODEL.
+        /// Use a tiny random model of this architecture instead of MODEL (`ARCH+fp8`,
+        /// `ARCH+nvfp4`: matrices in those types).
         #[arg(long, conflicts_with = "model")]
         tiny: Option<String>,
         #[arg(long, default_value = "auto")]
@@ -305,8 +308,14 @@ enum Cmd {
 /// The tiny random model of `ARCH`, of `ARCH+mtp` with one random MTP layer (its drafts are
 /// mostly rejected, which exercises the rollback), or of `ARCH+mtp-oracle` with one MTP layer
 /// wired to draft the model's own picks (`oracle_mtp_weights`: nearly every draft is accepted
-/// when the drafter runs it right).
+/// when the drafter runs it right). `ARCH+fp8` / `ARCH+nvfp4`: matrices in those checkpoint
+/// types (memra's row blocks, quant/fp8.rs) instead of Q8_0.
 fn tiny(arch: &str) -> Result<ModelWeights> {
+    let (arch, wtype) = match (arch.strip_suffix("+fp8"), arch.strip_suffix("+nvfp4")) {
+        (Some(a), _) => (a, DType::FP8),
+        (_, Some(a)) => (a, DType::NVFP4),
+        _ => (arch, DType::Q8_0),
+    };
     let (arch, mtp) = match (arch.strip_suffix("+mtp"), arch.strip_suffix("+mtp-oracle")) {
         (Some(a), _) => (a, Some(false)),
         (_, Some(a)) => (a, Some(true)),
@@ -320,7 +329,7 @@ fn tiny(arch: &str) -> Result<ModelWeights> {
     cfg.validate()?;
     match mtp {
         Some(true) => oracle_mtp_weights(&cfg, 5),
-        _ => random_weights(&cfg, 5, DType::Q8_0),
+        _ => random_weights(&cfg, 5, wtype),
     }
 }
 

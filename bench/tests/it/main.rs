@@ -8,5 +8,6 @@ mod real_tokenizer;
 mod report;
 mod schema;
 mod spec_bench;
+mod synth_fp8;
 mod synth_gguf;
 mod synth_hf;

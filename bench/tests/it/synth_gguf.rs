@@ -328,7 +328,10 @@ fn convert_rejects_bad_input() {
         progress: false,
     };
     let e = convert_gguf_to_hf(&c).unwrap_err();
-    assert!(e.to_string().contains("f32, f16 or bf16"), "{e}");
+    assert!(
+        e.to_string().contains("f32, f16, bf16, fp8 or nvfp4"),
+        "{e}"
+    );
     c.dtype = None;
     c.input = dir.path().join("missing.gguf");
     assert!(convert_gguf_to_hf(&c).is_err());

@@ -80,6 +80,11 @@ impl GgufWriter {
         if self.names.contains(&name) {
             return Err(input_err(format!("tensor `{name}` declared twice")));
         }
+        if dtype.gguf_id().is_none() {
+            return Err(input_err(format!(
+                "tensor `{name}` is {dtype}, which GGUF has no type for (dequantize it first)"
+            )));
+        }
         let (row, rest) = match dims.split_first() {
             Some(split) if dims.len() <= MAX_DIMS as usize => split,
             _ => {

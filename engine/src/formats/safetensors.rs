@@ -9,6 +9,7 @@
 //! Writing ([`SafetensorsWriter`], [`HfFolderWriter`]) streams tensors in order into `PATH.tmp`
 //! and renames at the end, so nothing half-written is left under the final name.
 
+pub mod quantized;
 mod write;
 
 use std::collections::HashMap;
@@ -378,6 +379,20 @@ impl SafetensorsFile {
         self.index.contains_key(name)
     }
 
+    /// A tensor as stored (any dtype): its dtype name, shape and bytes.
+    pub fn raw(&self, name: &str) -> Option<quantized::Raw<'_>> {
+        let (_, e) = &self.tensors[*self.index.get(name)?];
+        Some(quantized::Raw {
+            dtype: &e.dtype_name,
+            shape: &e.shape,
+            data: Bytes::Mapped {
+                map: self.map.clone(),
+                start: e.start,
+                len: e.len,
+            },
+        })
+    }
+
     /// A tensor as a view into the mapping; `Ok(None)` if absent, an error for dtypes memra
     /// cannot use.
     pub fn tensor(&self, name: &str) -> Result<Option<Tensor>> {
@@ -388,7 +403,7 @@ impl SafetensorsFile {
         let dtype = e.dtype.ok_or_else(|| {
             st_err(
                 &self.path,
-                format!("tensor `{name}` has dtype {}, which memra does not support (F32, F16, BF16 only)", e.dtype_name),
+                format!("tensor `{name}` has dtype {}, which memra does not support (F32, F16, BF16; F8_E4M3 and U8 only as the weights of a quantization_config memra reads)", e.dtype_name),
             )
         })?;
         let data = Bytes::Mapped {
@@ -423,6 +438,8 @@ pub struct HfModel {
     pub dir: PathBuf,
     pub config: ModelConfig,
     pub config_json: serde_json::Value,
+    /// How the quantized weights are stored (`quantization_config`), if any.
+    pub scheme: Option<quantized::Scheme>,
     shards: Vec<SafetensorsFile>,
     /// Tensor name -> shard index, in shard then data order.
     names: Vec<(String, usize)>,
@@ -469,6 +486,12 @@ impl HfModel {
             Error::Unsupported(m) => Error::Unsupported(format!("{}: {m}", cfg_path.display())),
             other => other,
         })?;
+        let quant_path = dir.join("hf_quant_config.json");
+        let quant_json = match quant_path.is_file() {
+            true => Some(read_json(&quant_path)?),
+            false => None,
+        };
+        let scheme = quantized::scheme(dir, &config_json, quant_json.as_ref())?;
         let single = dir.join(SINGLE_FILE);
         let index_path = dir.join(INDEX_FILE);
         let (shards, weight_map) = if single.is_file() {
@@ -529,6 +552,7 @@ impl HfModel {
             dir: dir.to_path_buf(),
             config,
             config_json,
+            scheme,
             shards,
             names,
             index,
@@ -590,12 +614,25 @@ impl HfModel {
         self.names.iter().map(|(n, _)| n.clone()).collect()
     }
 
-    /// A tensor (by HF name) as a view into its shard's mapping; `Ok(None)` if absent.
+    /// A tensor (by HF name) as a view into its shard's mapping; `Ok(None)` if absent. A
+    /// quantized weight of the folder's `quantization_config` comes as its memra type (FP8,
+    /// NVFP4), built from its codes and scale tensors (formats/safetensors/quantized.rs).
     pub fn tensor(&self, hf_name: &str) -> Result<Option<Tensor>> {
-        match self.index.get(hf_name) {
-            Some(&si) => self.shards[si].tensor(hf_name),
-            None => Ok(None),
+        let Some(&si) = self.index.get(hf_name) else {
+            return Ok(None);
+        };
+        if let (Some(scheme), Some(raw)) = (self.scheme, self.shards[si].raw(hf_name))
+            && quantized::is_quantized(scheme, hf_name, raw.dtype)
+        {
+            let get = |n: &str| -> Option<quantized::Raw<'_>> { self.raw(n) };
+            return quantized::build(&self.dir, scheme, hf_name, raw, &get).map(Some);
         }
+        self.shards[si].tensor(hf_name)
+    }
+
+    /// A tensor (by HF name) as stored, any dtype.
+    pub fn raw(&self, hf_name: &str) -> Option<quantized::Raw<'_>> {
+        self.shards[*self.index.get(hf_name)?].raw(hf_name)
     }
 
     /// The shard files, in the order they were opened.

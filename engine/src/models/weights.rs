@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use super::{Role, def};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::weights::Tensor;
+use crate::quant::DType;
+use crate::weights::{Bytes, Tensor};
 
 /// What a tensor is for (how synthetic models initialise it; how backends upload it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,8 +154,85 @@ impl ModelWeights {
         self.tensors.iter().map(|(r, t)| (*r, t))
     }
 
+    /// A copy with every tensor replaced by `f(tensor)` (same roles).
+    pub fn map_tensors(
+        &self,
+        f: &mut dyn FnMut(&Tensor) -> Result<Tensor>,
+    ) -> Result<ModelWeights> {
+        let mut out = self.clone();
+        for t in out.tensors.values_mut() {
+            *t = f(t)?;
+        }
+        Ok(out)
+    }
+
+    /// For a backend without products of the [`DType::HF_ONLY`] types (FP8, NVFP4): a copy in
+    /// which each such tensor is dequantized (exactly, `Tensor::to_f32`) and stored as F16, or as
+    /// BF16 when one of its values is beyond F16's largest finite value (65504); `None` when the
+    /// model has no such tensor. The choice depends only on the tensor's values, so a model
+    /// always runs the same products.
+    pub fn dequantize_hf_only(&self) -> Result<Option<ModelWeights>> {
+        if !self
+            .tensors
+            .values()
+            .any(|t| DType::HF_ONLY.contains(&t.dtype))
+        {
+            return Ok(None);
+        }
+        self.map_tensors(&mut |t: &Tensor| {
+            if !DType::HF_ONLY.contains(&t.dtype) {
+                return Ok(t.clone());
+            }
+            let (to, data) = widen(t)?;
+            Tensor::new(t.name.clone(), to, t.shape.clone(), Bytes::owned(data))
+        })
+        .map(Some)
+    }
+
     /// Bytes of all weight tensors.
     pub fn nbytes(&self) -> usize {
         self.tensors.values().map(|t| t.data.len()).sum()
     }
+}
+
+/// A checkpoint-type tensor's exact values as F16 bytes, or BF16 when one is beyond F16's
+/// range; rows split over the host's cores (each chunk's bytes do not depend on the split).
+fn widen(t: &Tensor) -> Result<(DType, Vec<u8>)> {
+    let (rows, cols) = t.rows_cols();
+    let rb = t.row_bytes();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(16);
+    let per = rows.div_ceil(threads).max(1);
+    let convert = |to: DType| -> Result<Vec<Option<Vec<u8>>>> {
+        std::thread::scope(|s| {
+            let jobs: Vec<_> = t
+                .data
+                .chunks(per * rb)
+                .map(|src| {
+                    s.spawn(move || -> Result<Option<Vec<u8>>> {
+                        let mut v = vec![0f32; src.len() / rb * cols];
+                        crate::quant::dequantize_row(t.dtype, src, &mut v)?;
+                        if to == DType::F16 && v.iter().any(|x| x.abs() > 65504.0) {
+                            return Ok(None);
+                        }
+                        crate::quant::quantize(to, &v).map(Some)
+                    })
+                })
+                .collect();
+            jobs.into_iter()
+                .map(|j| {
+                    j.join().map_err(|_| {
+                        Error::Weights(format!("{}: a widening thread panicked", t.name))
+                    })?
+                })
+                .collect()
+        })
+    };
+    let f16 = convert(DType::F16)?;
+    if f16.iter().all(Option::is_some) {
+        return Ok((DType::F16, f16.into_iter().flatten().flatten().collect()));
+    }
+    let bf16 = convert(DType::BF16)?;
+    Ok((DType::BF16, bf16.into_iter().flatten().flatten().collect()))
 }

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 /// function that uses this macro, with that function's instruction set.
 macro_rules! with_codec {
     ($dtype:expr, $codec:ident => $body:expr) => {{
-        use $crate::quant::{iq4_xs, kquants, legacy, simple};
+        use $crate::quant::{fp8, iq4_xs, kquants, legacy, simple};
         match $dtype {
             DType::F32 => {
                 let $codec = simple::dequant_f32;
@@ -70,6 +70,14 @@ macro_rules! with_codec {
                 let $codec = iq4_xs::dequant_iq4_xs;
                 $body
             }
+            DType::FP8 => {
+                let $codec = fp8::dequant_fp8;
+                $body
+            }
+            DType::NVFP4 => {
+                let $codec = fp8::dequant_nvfp4;
+                $body
+            }
         }
     }};
 }
@@ -77,6 +85,7 @@ macro_rules! with_codec {
 mod dot;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx2;
+pub mod fp8;
 mod iq4_xs;
 mod kquants;
 mod kquants_quantize;
@@ -108,13 +117,22 @@ pub enum DType {
     Q6_K,
     IQ4_XS,
     BF16,
+    /// e4m3 weights with an f32 scale per 32 elements of a row (quant/fp8.rs): HF `fp8`
+    /// block-scaled checkpoints at load. Not a GGUF type.
+    FP8,
+    /// e2m1 weights with an f32 scale per 16 elements (quant/fp8.rs): ModelOpt NVFP4
+    /// checkpoints at load. Not a GGUF type.
+    NVFP4,
 }
 
 /// Elements per super-block of the k-quants.
 pub const QK_K: usize = 256;
 
 impl DType {
-    /// All types this crate knows.
+    /// The types memra holds that have no GGUF id: loaded from safetensors checkpoints only.
+    pub const HF_ONLY: [DType; 2] = [DType::FP8, DType::NVFP4];
+
+    /// Every GGUF type this crate knows (see also [`Self::HF_ONLY`]).
     pub const ALL: [DType; 14] = [
         DType::F32,
         DType::F16,
@@ -132,9 +150,17 @@ impl DType {
         DType::BF16,
     ];
 
-    /// The GGUF / ggml type id.
+    /// The GGUF / ggml type id; `None` for [`Self::HF_ONLY`] types.
+    pub fn gguf_id(self) -> Option<u32> {
+        (!DType::HF_ONLY.contains(&self)).then(|| self.ggml_id())
+    }
+
+    /// The GGUF / ggml type id (memra-internal ids above 1000 for [`Self::HF_ONLY`] types, which
+    /// no GGUF file may hold: [`Self::from_ggml_id`] never returns them).
     pub fn ggml_id(self) -> u32 {
         match self {
+            DType::FP8 => 1001,
+            DType::NVFP4 => 1002,
             DType::F32 => 0,
             DType::F16 => 1,
             DType::Q4_0 => 2,
@@ -174,6 +200,8 @@ impl DType {
             DType::Q6_K => "q6_k",
             DType::IQ4_XS => "iq4_xs",
             DType::BF16 => "bf16",
+            DType::FP8 => "fp8",
+            DType::NVFP4 => "nvfp4",
         }
     }
 
@@ -185,6 +213,8 @@ impl DType {
             DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => {
                 QK_K
             }
+            DType::FP8 => fp8::FP8_BLOCK,
+            DType::NVFP4 => fp8::NVFP4_BLOCK,
         }
     }
 
@@ -204,6 +234,8 @@ impl DType {
             DType::Q5_K => 176,
             DType::Q6_K => 210,
             DType::IQ4_XS => 136,
+            DType::FP8 => fp8::FP8_BLOCK_BYTES,
+            DType::NVFP4 => fp8::NVFP4_BLOCK_BYTES,
         }
     }
 
@@ -235,6 +267,7 @@ impl std::str::FromStr for DType {
         let l = s.to_ascii_lowercase();
         DType::ALL
             .into_iter()
+            .chain(DType::HF_ONLY)
             .find(|d| d.name() == l)
             .ok_or_else(|| Error::Input(format!("unknown tensor type `{s}`")))
     }
@@ -301,7 +334,7 @@ pub fn dequantize_rows_into(
     dequantize_row(dtype, src, dst)
 }
 
-/// Types [`quantize`] can produce.
+/// Types [`quantize`] can produce (also the [`DType::HF_ONLY`] ones, with per-row-block scales).
 pub const QUANTIZABLE: [DType; 11] = [
     DType::F32,
     DType::F16,
@@ -341,6 +374,8 @@ pub fn quantize(dtype: DType, src: &[f32]) -> Result<Vec<u8>> {
         DType::Q4_K => kquants_quantize::quant_q4_k(src),
         DType::Q5_K => kquants_quantize::quant_q5_k(src),
         DType::Q6_K => kquants_quantize::quant_q6_k(src),
+        DType::FP8 => fp8::quant_fp8(src),
+        DType::NVFP4 => fp8::quant_nvfp4(src),
         DType::Q2_K | DType::Q3_K | DType::IQ4_XS => {
             return Err(Error::Unsupported(format!(
                 "quantization to {dtype} is not implemented (dequantization is)"

@@ -8,6 +8,7 @@ mod engine_proptest;
 mod engine_scheduler;
 mod engine_serve;
 mod engine_spec;
+mod fp8;
 mod fuzz_replay;
 mod gemma3;
 mod gguf_corrupt;

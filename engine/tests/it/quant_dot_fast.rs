@@ -65,7 +65,8 @@ fn f16_fields(d: DType) -> &'static [usize] {
         DType::Q2_K => &[80, 82],
         DType::Q3_K => &[108],
         DType::Q6_K => &[208],
-        DType::F32 | DType::F16 | DType::BF16 => &[],
+        // f32 scales: random bytes, made sane below.
+        DType::F32 | DType::F16 | DType::BF16 | DType::FP8 | DType::NVFP4 => &[],
     }
 }
 

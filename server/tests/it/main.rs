@@ -2,6 +2,7 @@
 
 mod api;
 mod auth;
+mod checkpoints;
 mod common;
 mod drain;
 mod flags;

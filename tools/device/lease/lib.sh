@@ -10,6 +10,7 @@ Q4=$M/q4.gguf      # llama3-8b Q4_K_M, 128k context (synth.sh)
 MOE=$M/moe.gguf    # qwen3-30b-a3b Q4_K_M
 Q3N=$M/q3n.gguf    # qwen3-next-80b-a3b Q4_K_M (~45 GB)
 Q8=$M/q8.gguf F16=$M/f16.gguf
+FP8=$M/fp8-hf NVFP4=$M/nvfp4-hf   # llama3-8b HF checkpoints (synth.sh fp8 / nvfp4)
 O=$HOME/q; mkdir -p $O/logs; S=$O/summary.txt
 LB=$HOME/llama.cpp/build/bin/llama-bench
 export B O

@@ -50,6 +50,30 @@ fn cpu_backend_is_invariant() {
     }
 }
 
+/// The FP8 and NVFP4 checkpoint types (`--tiny llama+fp8`, `qwen3+nvfp4`) through the binary.
+#[test]
+fn cpu_backend_is_invariant_over_checkpoint_types() {
+    for tiny in ["llama+fp8", "qwen3+nvfp4"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_memra-verify"))
+            .args([
+                "invariance",
+                "--device",
+                "cpu",
+                "--tiny",
+                tiny,
+                "--max-m",
+                "8",
+            ])
+            .output()
+            .expect("run memra-verify");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("ALL GREEN"),
+            "{tiny}: {text}"
+        );
+    }
+}
+
 /// Adds a batch-size-dependent rounding error to every logit: not row-invariant.
 pub(crate) struct Leaky(pub(crate) CpuBackend);
 

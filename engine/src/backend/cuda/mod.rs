@@ -174,6 +174,14 @@ impl Runner<CudaOps> {
     /// fit in the free device memory (plan.rs: weights as stored on the device, the KV pool and
     /// working space).
     pub fn new(weights: ModelWeights, opts: &CudaOptions) -> Result<CudaBackend> {
+        // FP8 / NVFP4 checkpoints run on the F16 (or BF16) products, dequantized at load.
+        let weights = match weights.dequantize_hf_only()? {
+            Some(w) => {
+                drop(weights);
+                w
+            }
+            None => weights,
+        };
         preflight(&weights, opts)?;
         plan::check_fits(&weights, opts)?;
         open_runner(&weights, opts, |ops| Runner::build(ops, &weights))
@@ -201,6 +209,8 @@ impl Runner<CudaOps> {
         opts: &CudaOptions,
         build: crate::models::BuildFn<CudaOps>,
     ) -> Result<CudaBackend> {
+        let widened = weights.dequantize_hf_only()?;
+        let weights = widened.as_ref().unwrap_or(weights);
         preflight(weights, opts)?;
         open_runner(weights, opts, |ops| Runner::build_with(ops, weights, build))
     }

@@ -66,12 +66,18 @@ pub fn describe(w: &ModelWeights) -> Vec<TensorDesc> {
                 _ if t.shape.len() < 2 => Upload::Vector,
                 _ => Upload::Product,
             };
+            // FP8 / NVFP4 are uploaded dequantized to F16 (or BF16, the same size):
+            // `ModelWeights::dequantize_hf_only` in `CudaBackend::new`.
+            let (dtype, bytes) = match DType::HF_ONLY.contains(&t.dtype) {
+                true => (DType::F16, t.numel().saturating_mul(2)),
+                false => (t.dtype, t.data.len()),
+            };
             TensorDesc {
                 upload,
-                dtype: t.dtype,
+                dtype,
                 rows,
                 cols,
-                bytes: t.data.len(),
+                bytes,
             }
         })
         .collect()

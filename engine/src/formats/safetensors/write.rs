@@ -17,7 +17,13 @@ pub struct TensorDecl {
     pub name: String,
     pub dtype: DType,
     pub shape: Vec<usize>,
+    /// A one-byte-per-element safetensors dtype written as given (`F8_E4M3`, `U8`: the codes
+    /// of quantized checkpoints), instead of `dtype`.
+    pub raw: Option<&'static str>,
 }
+
+/// The one-byte safetensors dtypes [`TensorDecl::raw_bytes`] takes.
+pub const RAW_DTYPES: [&str; 2] = ["F8_E4M3", "U8"];
 
 impl TensorDecl {
     pub fn new(name: impl Into<String>, dtype: DType, shape: Vec<usize>) -> Self {
@@ -25,6 +31,23 @@ impl TensorDecl {
             name: name.into(),
             dtype,
             shape,
+            raw: None,
+        }
+    }
+
+    /// A tensor of one byte per element of safetensors dtype `st` (one of [`RAW_DTYPES`]).
+    pub fn raw_bytes(name: impl Into<String>, st: &'static str, shape: Vec<usize>) -> Self {
+        TensorDecl {
+            raw: Some(st),
+            ..TensorDecl::new(name, DType::F32, shape)
+        }
+    }
+
+    /// The safetensors dtype name, if memra can write it.
+    fn st_dtype(&self) -> Option<&'static str> {
+        match self.raw {
+            Some(r) => RAW_DTYPES.contains(&r).then_some(r),
+            None => dtype_name(self.dtype),
         }
     }
 
@@ -33,7 +56,10 @@ impl TensorDecl {
         self.shape
             .iter()
             .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
-            .and_then(|n| self.dtype.bytes_for(n))
+            .and_then(|n| match self.raw {
+                Some(_) => Some(n),
+                None => self.dtype.bytes_for(n),
+            })
             .ok_or_else(|| {
                 Error::Weights(format!(
                     "{}: {:?} {} overflows",
@@ -79,7 +105,7 @@ impl SafetensorsWriter {
         let mut sizes = Vec::with_capacity(decls.len());
         let mut off = 0u64;
         for d in decls {
-            let name = dtype_name(d.dtype).ok_or_else(|| {
+            let name = d.st_dtype().ok_or_else(|| {
                 Error::Unsupported(format!(
                     "safetensors output of {} tensor `{}` (F32, F16, BF16 only)",
                     d.dtype, d.name
