@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use memra_engine::error::{Error, Result};
-use memra_engine::formats::safetensors::HfModel;
+use memra_engine::formats::safetensors::{HfModel, quantized};
 use memra_engine::loader::hf_expert_stack;
+use memra_engine::models::weights::widen_to_float;
 use memra_engine::models::{Role, gguf_permuted, hf_offset, qk_to_gguf};
 use memra_engine::quant::DType;
 use memra_engine::weights::Tensor;
@@ -36,6 +37,10 @@ pub fn convert_hf_to_gguf(args: &ToGgufArgs) -> Result<ConvertReport> {
     }
     let mut jobs: Vec<(String, Role)> = Vec::new();
     for name in m.tensor_names() {
+        // A quantized checkpoint's scales come with their weights (formats/safetensors/quantized.rs).
+        if m.scheme.is_some() && quantized::is_scale(&name) {
+            continue;
+        }
         // One tensor per expert: the stack is read (and written) once, at expert 0.
         let (name, role) = match Role::from_hf_expert_name(&name, cfg.arch) {
             Some((role, 0)) => (role.hf_name(cfg.arch), role),
@@ -65,7 +70,13 @@ pub fn convert_hf_to_gguf(args: &ToGgufArgs) -> Result<ConvertReport> {
             true => hf_expert_stack(&m, name, experts)?,
             false => m.tensor(name)?,
         };
-        t.ok_or_else(|| Error::Weights(format!("`{name}` vanished")))
+        let t = t.ok_or_else(|| Error::Weights(format!("`{name}` vanished")))?;
+        // FP8 / NVFP4 have no GGUF type: written as F16 of their exact values (BF16 past
+        // F16's range), as the CUDA backend uploads them.
+        match DType::HF_ONLY.contains(&t.dtype) {
+            true => widen_to_float(&t),
+            false => Ok(t),
+        }
     };
     for (name, role) in &jobs {
         let t = read(name, *role)?;

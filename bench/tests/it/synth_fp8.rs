@@ -1,12 +1,14 @@
 //! `synth --dtype fp8|nvfp4 --format hf` and `convert --dtype fp8|nvfp4`: HF checkpoints whose
 //! matrices reopen as FP8 / NVFP4 within their quantization step of the synthetic values, the
-//! embedding in BF16, independent of the thread count; refused as GGUF.
+//! embedding in BF16, independent of the thread count; refused as GGUF; `convert --to gguf` of
+//! such a folder writes the matrices as F16 of their exact values.
 
 use memra_bench::convert::{ConvertArgs, convert_gguf_to_hf};
 use memra_bench::generate::tensor_values;
 use memra_bench::plan::{SynthDType, plan};
 use memra_bench::shapes::Shape;
 use memra_bench::synth::{Format, SynthArgs, TokenizerSource, synth};
+use memra_bench::to_gguf::{ToGgufArgs, convert_hf_to_gguf};
 use memra_engine::formats::safetensors::HfModel;
 use memra_engine::quant::DType;
 
@@ -132,5 +134,24 @@ fn convert_writes_checkpoints_that_load() {
             assert!(err <= step * amax, "{d} {}: {err} of {amax}", t.name);
         }
         assert_eq!(n, 14, "{d}");
+        // And back to GGUF: the checkpoint matrices as F16 of their exact values, the rest as is.
+        let back = dir.path().join(format!("{}.gguf", d.name()));
+        let g = ToGgufArgs {
+            input: out.clone(),
+            out: back.clone(),
+            tokenizer_from: None,
+            progress: false,
+        };
+        convert_hf_to_gguf(&g).unwrap();
+        let b = memra_engine::loader::load_weights(&back).unwrap();
+        for ((_, t), (_, u)) in w.iter().zip(b.iter()) {
+            let want = match t.dtype == d {
+                true => DType::F16,
+                false => t.dtype,
+            };
+            assert_eq!(u.dtype, want, "{}", t.name);
+            let exact = memra_engine::quant::quantize(want, &t.to_f32().unwrap()).unwrap();
+            assert!(u.data[..] == exact[..], "{}", t.name);
+        }
     }
 }

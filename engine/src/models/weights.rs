@@ -183,8 +183,7 @@ impl ModelWeights {
             if !DType::HF_ONLY.contains(&t.dtype) {
                 return Ok(t.clone());
             }
-            let (to, data) = widen(t)?;
-            Tensor::new(t.name.clone(), to, t.shape.clone(), Bytes::owned(data))
+            widen_to_float(t)
         })
         .map(Some)
     }
@@ -195,8 +194,15 @@ impl ModelWeights {
     }
 }
 
-/// A checkpoint-type tensor's exact values as F16 bytes, or BF16 when one is beyond F16's
-/// range; rows split over the host's cores (each chunk's bytes do not depend on the split).
+/// A checkpoint-type (FP8, NVFP4) tensor as F16 of its exact values, or BF16 when one is beyond
+/// F16's range (what the CUDA backend uploads and `memra-bench convert --to gguf` writes).
+pub fn widen_to_float(t: &Tensor) -> Result<Tensor> {
+    let (to, data) = widen(t)?;
+    Tensor::new(t.name.clone(), to, t.shape.clone(), Bytes::owned(data))
+}
+
+/// [`widen_to_float`]'s type and bytes; rows split over the host's cores (each chunk's bytes
+/// do not depend on the split).
 fn widen(t: &Tensor) -> Result<(DType, Vec<u8>)> {
     let (rows, cols) = t.rows_cols();
     let rb = t.row_bytes();

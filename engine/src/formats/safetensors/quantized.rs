@@ -149,6 +149,19 @@ fn sibling(name: &str, suffix: &str) -> String {
     format!("{stem}.{suffix}")
 }
 
+/// Whether `name` is one of a quantized weight's scale tensors (read with the weight, not a
+/// tensor of the model on its own).
+pub fn is_scale(name: &str) -> bool {
+    [
+        "weight_scale_inv",
+        "weight_scale",
+        "weight_scale_2",
+        "input_scale",
+    ]
+    .iter()
+    .any(|s| name.rsplit('.').next() == Some(s))
+}
+
 /// Whether a stored tensor of dtype `dtype` is the code tensor of a quantized weight.
 pub fn is_quantized(scheme: Scheme, name: &str, dtype: &str) -> bool {
     name.ends_with(".weight")
