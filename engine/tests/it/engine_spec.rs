@@ -271,6 +271,10 @@ fn fallbacks_are_counted_by_reason() {
     };
     let e = start(Some(spec));
     let _ = run_all(&e, 6);
+    let t0 = std::time::Instant::now();
+    while e.stats().models[0].spec_fallbacks.load == 0 && t0.elapsed().as_secs() < 5 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     let stats = e.stats();
     let f = stats.models[0].spec_fallbacks;
     assert!(f.load > 0, "{f:?}");
@@ -287,6 +291,11 @@ fn fallbacks_are_counted_by_reason() {
     };
     let (toks, _, _) = collect(e.submit(short).unwrap());
     assert_eq!(toks.len(), 2);
+    // The worker publishes its counters after it has sent the step's tokens: wait for them.
+    let t0 = std::time::Instant::now();
+    while e.stats().models[0].spec_fallbacks.no_room == 0 && t0.elapsed().as_secs() < 5 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     let stats = e.stats();
     let f = stats.models[0].spec_fallbacks;
     assert_eq!(f.load, 0, "{f:?}");
