@@ -237,6 +237,8 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         kv_token_bytes,
         spec: spec.as_ref().map(|s| (s.name(), s.cfg.k)),
         spec_notes,
+        hidden: backend.config().hidden,
+        image_input: backend.accepts_embeds(),
     };
     let w = Worker {
         backend,
@@ -384,6 +386,7 @@ impl Worker {
             tenant: s.req.tenant.clone(),
             namespace: ns,
             prompt: s.req.prompt.clone(),
+            media: s.req.media.clone(),
         });
         let constraint = s.req.grammar.as_ref().map(|g| g.start());
         let a = Active {

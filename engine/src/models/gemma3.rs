@@ -317,6 +317,9 @@ impl<O: Ops> Forward<O> for Gemma3<O> {
         let a = &self.acts;
         self.emb.embed(ops, a.x)?;
         ops.scale(a.x, self.embed_scale)?;
+        // Image soft tokens: the tower's rows replace the scaled token embeddings (they are
+        // not scaled, as in HF and llama.cpp).
+        ops.inject(a.x)?;
         for (l, w) in self.layers.iter().enumerate() {
             let s = AttnStep {
                 norm: &w.attn_norm,
@@ -347,6 +350,10 @@ impl<O: Ops> Forward<O> for Gemma3<O> {
             ops.dump("l_out", l, a.x);
         }
         Ok(a.x)
+    }
+
+    fn takes_embeds(&self) -> bool {
+        true
     }
 
     fn head(&self, ops: &mut O, x: Act, logits: Act) -> Result<()> {

@@ -77,6 +77,7 @@ fn request(i: usize) -> ValidRequest {
         }
     };
     ValidRequest {
+        media: Vec::new(),
         model: "tiny".into(),
         tenant: "t".into(),
         prompt,
@@ -281,6 +282,7 @@ fn fallbacks_are_counted_by_reason() {
         let _ = collect(e.submit(request(i)).unwrap());
     }
     let short = ValidRequest {
+        media: Vec::new(),
         max_tokens: 2,
         ..request(0)
     };
