@@ -522,6 +522,7 @@ pub fn finish(
         ));
     }
     Ok(ValidRequest {
+        media: Vec::new(),
         model: p.model,
         tenant: to.tenant.to_string(),
         prompt,
