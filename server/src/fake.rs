@@ -359,6 +359,7 @@ impl Generate for FakeEngine {
             profile: None,
             kv_cache: None,
             text: Arc::new(ByteText),
+            vision: None,
         }]
     }
 
