@@ -32,3 +32,4 @@ mod spec_generate;
 mod spec_mtp;
 mod tiny_files;
 mod tokenizer;
+mod vision;
