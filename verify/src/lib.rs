@@ -2,7 +2,8 @@
 //! reference), `invariance` (same rows, same bits under any batch or chunking, any backend),
 //! `tokens` (greedy tokens vs the reference fixture), `spec` (speculative vs plain decoding;
 //! with the MTP drafter on a GPU also its hand-over against the CPU's, `mtp_check`),
-//! `inspect` (a model file validated the way the engine loads it).
+//! `inspect` (a model file validated the way the engine loads it), `vision` (image input: the
+//! tower vs a numpy reference, image prompts under load and in the prefix cache).
 
 mod attention_check;
 mod attention_window_check;
@@ -23,3 +24,4 @@ mod products_check;
 pub mod serve_invariance;
 pub mod spec;
 pub mod tokens;
+pub mod vision;

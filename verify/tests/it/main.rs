@@ -7,3 +7,4 @@ mod invariance_cpu;
 mod mtp_check;
 mod serve_invariance;
 mod spec_gate;
+mod vision;
