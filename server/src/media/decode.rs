@@ -87,6 +87,9 @@ pub fn decode(mime: &str, bytes: &[u8], lim: ImageLimits) -> Result<(u32, u32, V
             name(found)
         ));
     }
+    if want == ImageFormat::Jpeg && !jpeg_complete(bytes) {
+        return Err("the JPEG data is truncated (no end-of-image marker after its last scan)".into());
+    }
     let reader = || {
         let mut r = ImageReader::with_format(Cursor::new(bytes), want);
         let mut l = image::Limits::default();
@@ -115,6 +118,15 @@ pub fn decode(mime: &str, bytes: &[u8], lim: ImageLimits) -> Result<(u32, u32, V
         .map_err(|e| format!("the {} data is corrupt or truncated: {e}", name(want)))?;
     let rgb = decoded.to_rgb8();
     Ok((rgb.width(), rgb.height(), rgb.into_raw()))
+}
+
+/// Whether a JPEG's last scan (`FF DA`) is followed by an end-of-image marker (`FF D9`): the
+/// JPEG decoder fills a truncated scan with gray instead of failing. Inside entropy-coded data
+/// `FF` is always stuffed (`FF 00`), so `FF D9` there is the marker; an EXIF thumbnail's own
+/// end marker comes before the main image's scans.
+fn jpeg_complete(b: &[u8]) -> bool {
+    let last = |m: u8| b.windows(2).rposition(|w| w == [0xFF, m]);
+    matches!((last(0xDA), last(0xD9)), (Some(sos), Some(eoi)) if eoi > sos)
 }
 
 /// `rgb` (`w x h`) resized to `size x size` (bilinear, aspect ratio not kept, as Gemma 3's
