@@ -132,8 +132,8 @@ pub struct ServeArgs {
     #[arg(long, env = "MEMRA_MEDIA_VIDEO_FPS", default_value_t = 1.0)]
     pub media_video_fps: f32,
     /// Hosts image URLs may name, comma-separated (empty: remote URLs refused).
-    #[arg(long, env = "MEMRA_MEDIA_ALLOWED_HOSTS", default_value = "")]
-    pub media_allowed_hosts: String,
+    #[arg(long, env = "MEMRA_MEDIA_ALLOWED_HOSTS")]
+    pub media_allowed_hosts: Option<String>,
     /// Add an `x-memra-cache-key` header to inference responses: a routing key for
     /// cache-affine gateways (docs/DEPLOY.md says what it hashes).
     #[arg(long, env = "MEMRA_CACHE_KEY_HEADER")]

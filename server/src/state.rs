@@ -82,6 +82,8 @@ impl Limits {
                 video_fps: a.media_video_fps,
                 allowed_hosts: a
                     .media_allowed_hosts
+                    .as_deref()
+                    .unwrap_or("")
                     .split(',')
                     .map(|h| h.trim().to_string())
                     .filter(|h| !h.is_empty())
