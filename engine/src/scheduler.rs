@@ -150,12 +150,7 @@ fn media_keys(media: &[crate::vision::MediaSpan], first: usize, bs: usize) -> Ve
 
 /// The step's embedding rows for a sequence's positions `start..start + n` (its rows are the
 /// last `n` of the batch so far).
-fn push_embeds(
-    batch: &mut StepBatch,
-    media: &[crate::vision::MediaSpan],
-    start: usize,
-    n: usize,
-) {
+fn push_embeds(batch: &mut StepBatch, media: &[crate::vision::MediaSpan], start: usize, n: usize) {
     if media.is_empty() {
         return;
     }

@@ -130,18 +130,22 @@ struct Loaded {
     models: Vec<ServedModel>,
 }
 
+/// One model to start: alias, path, speculative decoding settings, KV format (default: the
+/// engine's) and vision tower (an mmproj file).
+pub type ModelStart = (
+    String,
+    PathBuf,
+    Option<memra_engine::spec::SpecConfig>,
+    Option<memra_engine::backend::KvDtype>,
+    Option<PathBuf>,
+);
+
 /// What to start.
 #[derive(Clone, Debug)]
 pub struct StartConfig {
     /// Alias, path, speculative decoding settings and KV format (default: the engine's) of each
     /// model.
-    pub models: Vec<(
-        String,
-        PathBuf,
-        Option<memra_engine::spec::SpecConfig>,
-        Option<memra_engine::backend::KvDtype>,
-        Option<PathBuf>,
-    )>,
+    pub models: Vec<ModelStart>,
     pub engine: EngineConfig,
     pub limits: AdmissionLimits,
 }
@@ -236,7 +240,10 @@ pub fn load_vision(
             tower.out_width()
         ));
     }
-    Ok(Arc::new(Vision::new(tower, ImageTokens::from_tokenizer(tok))))
+    Ok(Arc::new(Vision::new(
+        tower,
+        ImageTokens::from_tokenizer(tok),
+    )))
 }
 
 fn wrap(handle: EngineHandle, mut visions: Visions) -> Loaded {

@@ -241,7 +241,10 @@ fn parse_content(i: usize, v: &Value, media: &mut Vec<MediaRef>) -> Result<Strin
                     Some("text") => match p.get("text").and_then(Value::as_str) {
                         Some(t) => out.push_str(t),
                         None => {
-                            return Err(ApiError::param(&part, "a text part needs `text` (a string)"));
+                            return Err(ApiError::param(
+                                &part,
+                                "a text part needs `text` (a string)",
+                            ));
                         }
                     },
                     Some("image_url") => {
@@ -314,7 +317,12 @@ fn parse_video(p: &Value, part: &str) -> Result<MediaRef, ApiError> {
         None | Some(Value::Null) => None,
         Some(v) => match v.as_f64() {
             Some(f) if f > 0.0 && f <= 1000.0 => Some(f as f32),
-            _ => return Err(ApiError::param(part, "`fps` must be a number from 0 to 1000")),
+            _ => {
+                return Err(ApiError::param(
+                    part,
+                    "`fps` must be a number from 0 to 1000",
+                ));
+            }
         },
     };
     Ok(MediaRef::Video {

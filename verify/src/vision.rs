@@ -224,10 +224,7 @@ fn rel_error(a: &[f32], r: &[f32]) -> f32 {
         return f32::INFINITY;
     }
     let max = r.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-    let d = a
-        .iter()
-        .zip(r)
-        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    let d = a.iter().zip(r).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
     d / max
 }
 
@@ -258,7 +255,11 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
             m.config.hidden
         )));
     }
-    let (size, rows, width) = (tower.image_size(), tower.tokens_per_image(), tower.out_width());
+    let (size, rows, width) = (
+        tower.image_size(),
+        tower.tokens_per_image(),
+        tower.out_width(),
+    );
     let tokens = ImageTokens::from_tokenizer(&m.tokenizer);
     let vocab = m.config.vocab;
     let mut rep = VisionReport {
@@ -280,7 +281,7 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
     for (i, (o, r)) in ours.iter().zip(&refs).enumerate() {
         let e = rel_error(o, r);
         rep.rel_errors.push(e);
-        if !(e <= a.tolerance) {
+        if e.is_nan() || e > a.tolerance {
             rep.failures.push(format!(
                 "image {i}: embeddings differ from the reference by {e:.2e} of the largest (tolerance {:.0e})",
                 a.tolerance
@@ -294,10 +295,16 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
         .collect();
     for (i, p) in prompts.iter().enumerate() {
         let k = i % images.len();
-        let mine = run(&e, request(p, Some((ours[k].clone(), hashes[k])), width, a.max_tokens))?;
+        let mine = run(
+            &e,
+            request(p, Some((ours[k].clone(), hashes[k])), width, a.max_tokens),
+        )?;
         // Another hash: the reference's rows must not come from the cache of memra's.
         let theirs: Arc<[f32]> = Arc::from(refs[k].clone());
-        let r = run(&e, request(p, Some((theirs, !hashes[k])), width, a.max_tokens))?;
+        let r = run(
+            &e,
+            request(p, Some((theirs, !hashes[k])), width, a.max_tokens),
+        )?;
         let (x, y): (Vec<u32>, Vec<u32>) = (
             mine.0.iter().map(|t| t.0).collect(),
             r.0.iter().map(|t| t.0).collect(),
@@ -305,8 +312,9 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
         if x == y {
             rep.tokens_equal += 1;
         } else {
-            rep.failures
-                .push(format!("prompt {i}: greedy tokens {x:?} (memra) vs {y:?} (reference rows)"));
+            rep.failures.push(format!(
+                "prompt {i}: greedy tokens {x:?} (memra) vs {y:?} (reference rows)"
+            ));
         }
     }
     drop(e);
@@ -328,9 +336,16 @@ fn serve(
     let mut reqs = Vec::new();
     for (i, p) in prompts.iter().take(n).enumerate() {
         let k = i % ours.len();
-        reqs.push(request(p, Some((ours[k].clone(), hashes[k])), width, a.max_tokens));
+        reqs.push(request(
+            p,
+            Some((ours[k].clone(), hashes[k])),
+            width,
+            a.max_tokens,
+        ));
         let text = Prompt {
-            ids: (0..5 + 3 * i).map(|j| (300 + 53 * j + i) as u32 % vocab as u32).collect(),
+            ids: (0..5 + 3 * i)
+                .map(|j| (300 + 53 * j + i) as u32 % vocab as u32)
+                .collect(),
             start: 0,
         };
         reqs.push(request(&text, None, width, a.max_tokens));
@@ -342,7 +357,10 @@ fn serve(
     let e = engine(model(a.model.as_deref())?, 7)?;
     let streams: Vec<_> = reqs
         .iter()
-        .map(|r| e.submit(r.clone()).map_err(|x| Error::Input(format!("submit: {x}"))))
+        .map(|r| {
+            e.submit(r.clone())
+                .map_err(|x| Error::Input(format!("submit: {x}")))
+        })
         .collect::<Result<_>>()?;
     for (i, (mut s, want)) in streams.into_iter().zip(&alone).enumerate() {
         let mut got = Vec::new();
@@ -356,7 +374,8 @@ fn serve(
         }
         if got != want.0 {
             rep.serve_differences += 1;
-            rep.failures.push(format!("request {i} under load differs from alone"));
+            rep.failures
+                .push(format!("request {i} under load differs from alone"));
         }
     }
     let again = run(&e, reqs[0].clone())?;

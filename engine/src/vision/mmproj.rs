@@ -88,7 +88,9 @@ impl TowerParams {
     /// Refuses shapes the forward cannot run (a corrupt or foreign file).
     pub fn check(&self) -> Result<()> {
         let bad = |w: String| Err(Error::Config(format!("mmproj: {w}")));
-        if self.patch_size == 0 || self.image_size == 0 || self.image_size % self.patch_size != 0
+        if self.patch_size == 0
+            || self.image_size == 0
+            || !self.image_size.is_multiple_of(self.patch_size)
         {
             return bad(format!(
                 "image size {} is not a multiple of the patch size {}",
@@ -98,14 +100,14 @@ impl TowerParams {
         if self.image_size > 4096 {
             return bad(format!("image size {} is over 4096", self.image_size));
         }
-        if self.pool == 0 || self.grid() % self.pool != 0 {
+        if self.pool == 0 || !self.grid().is_multiple_of(self.pool) {
             return bad(format!(
                 "the {}-patch grid does not split into pooling windows of {}",
                 self.grid(),
                 self.pool
             ));
         }
-        if self.heads == 0 || self.hidden % self.heads != 0 || self.hidden == 0 {
+        if self.heads == 0 || !self.hidden.is_multiple_of(self.heads) || self.hidden == 0 {
             return bad(format!(
                 "{} heads do not divide the width {}",
                 self.heads, self.hidden
@@ -130,7 +132,10 @@ impl TowerParams {
         let k = |s: &str| format!("clip.vision.{s}");
         vec![
             ("general.architecture".into(), MetaValue::Str("clip".into())),
-            ("clip.projector_type".into(), MetaValue::Str("gemma3".into())),
+            (
+                "clip.projector_type".into(),
+                MetaValue::Str("gemma3".into()),
+            ),
             ("clip.has_vision_encoder".into(), MetaValue::Bool(true)),
             ("clip.has_text_encoder".into(), MetaValue::Bool(false)),
             ("clip.use_gelu".into(), MetaValue::Bool(true)),
@@ -154,7 +159,10 @@ impl TowerParams {
         let mut v = vec![
             ("v.patch_embd.weight".to_string(), vec![h, 3, p, p]),
             ("v.patch_embd.bias".to_string(), vec![h]),
-            ("v.position_embd.weight".to_string(), vec![self.patches(), h]),
+            (
+                "v.position_embd.weight".to_string(),
+                vec![self.patches(), h],
+            ),
         ];
         for i in 0..self.layers {
             let b = |s: &str| format!("v.blk.{i}.{s}");
@@ -231,7 +239,7 @@ pub fn params(g: &Gguf) -> Result<TowerParams> {
             .unwrap_or(1e-6) as f32,
         pool: g
             .get_u64(&k("projector.scale_factor"))
-            .map_or(Ok(4), |v| usize::try_from(v))
+            .map_or(Ok(4), usize::try_from)
             .map_err(|_| Error::Config("mmproj: invalid scale factor".into()))?,
         text_hidden: 0,
         mean: meta_triplet(g, &k("image_mean"))?,

@@ -116,7 +116,10 @@ fn hostile_mmproj_files_are_refused() {
             .map(|(((n, _), d), b)| (n.as_str(), DType::F32, d.as_slice(), b.as_slice()))
             .collect();
         memra_engine::formats::gguf_write::write_gguf(&path, &meta, &data).unwrap();
-        VisionTower::open(&path).map(|_| ()).unwrap_err().to_string()
+        VisionTower::open(&path)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
     };
     use memra_engine::formats::gguf::MetaValue;
     let mut meta = p.gguf_meta();
@@ -171,7 +174,11 @@ fn start(arch: Arch, budget: usize) -> EngineHandle {
         prefix_cache: true,
         spec: None,
     };
-    Engine::start(vec![("tiny".into(), model(arch), cfg)], AdmissionLimits::default()).unwrap()
+    Engine::start(
+        vec![("tiny".into(), model(arch), cfg)],
+        AdmissionLimits::default(),
+    )
+    .unwrap()
 }
 
 /// `pre` text tokens, 16 image rows (placeholder id 0) at index `pre.len()`, then `post`.
@@ -247,14 +254,20 @@ fn image_rows_are_exact_under_load_and_keyed_in_the_prefix_cache() {
         .enumerate()
         .map(|(i, t)| {
             let e = start(Arch::Gemma3, 64);
-            collect(e.submit(request(t.clone(), Vec::new(), i as u64 + 1)).unwrap())
+            collect(
+                e.submit(request(t.clone(), Vec::new(), i as u64 + 1))
+                    .unwrap(),
+            )
         })
         .collect();
     // A 5-token step budget: the image is prefilled in chunks beside the text requests.
     let e = start(Arch::Gemma3, 5);
     let mut streams = vec![e.submit(image_request(&PRE, Some(&a), &POST, 0)).unwrap()];
     for (i, t) in texts.iter().enumerate() {
-        streams.push(e.submit(request(t.clone(), Vec::new(), i as u64 + 1)).unwrap());
+        streams.push(
+            e.submit(request(t.clone(), Vec::new(), i as u64 + 1))
+                .unwrap(),
+        );
     }
     let mut got: Vec<_> = streams.into_iter().map(collect).collect();
     let img_loaded = got.remove(0);

@@ -79,8 +79,12 @@ pub fn decode(mime: &str, bytes: &[u8], lim: ImageLimits) -> Result<(u32, u32, V
     let want = format_of_mime(mime).ok_or_else(|| {
         format!("unsupported image type `{mime}` (PNG, JPEG and WebP are accepted)")
     })?;
-    let found = image::guess_format(bytes)
-        .map_err(|_| format!("the data is not a {} image (no known signature)", name(want)))?;
+    let found = image::guess_format(bytes).map_err(|_| {
+        format!(
+            "the data is not a {} image (no known signature)",
+            name(want)
+        )
+    })?;
     if found != want {
         return Err(format!(
             "the data URL says {mime} but the data is {}",
@@ -88,7 +92,9 @@ pub fn decode(mime: &str, bytes: &[u8], lim: ImageLimits) -> Result<(u32, u32, V
         ));
     }
     if want == ImageFormat::Jpeg && !jpeg_complete(bytes) {
-        return Err("the JPEG data is truncated (no end-of-image marker after its last scan)".into());
+        return Err(
+            "the JPEG data is truncated (no end-of-image marker after its last scan)".into(),
+        );
     }
     let reader = || {
         let mut r = ImageReader::with_format(Cursor::new(bytes), want);

@@ -127,12 +127,7 @@ fn image_bytes(url: &str, param: &str, lim: &MediaLimits) -> Result<(String, Vec
 }
 
 /// The tower's input pixels (`image_size` square RGB) of one image URL.
-fn image_pixels(
-    url: &str,
-    param: &str,
-    lim: &MediaLimits,
-    size: u32,
-) -> Result<Vec<u8>, ApiError> {
+fn image_pixels(url: &str, param: &str, lim: &MediaLimits, size: u32) -> Result<Vec<u8>, ApiError> {
     let (mime, bytes) = image_bytes(url, param, lim)?;
     let (w, h, rgb) =
         decode::decode(&mime, &bytes, lim.image).map_err(|e| ApiError::param(param, e))?;

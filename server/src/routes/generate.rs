@@ -20,10 +20,10 @@ use crate::cache_key::{self, KeyInput};
 use crate::errors::ApiError;
 use crate::http::body::{self, Body};
 use crate::media::{self, MediaLimits, MediaRef, Vision};
-use memra_engine::vision::MediaSpan;
 use crate::state::{Permit, State};
 use crate::tools;
 use crate::validation::{self, Kind, Parsed, PromptInput, Structured, format_grammar};
+use memra_engine::vision::MediaSpan;
 
 /// Bytes of prompt text allowed per token of context: a prompt longer than context x this
 /// cannot fit once tokenized (a token is rarely over 16 bytes), so it is refused before the

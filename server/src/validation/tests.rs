@@ -211,7 +211,9 @@ fn image_and_video_parts_leave_markers_in_order() {
             param: "messages[0].content[1].image_url.url".into()
         }
     );
-    assert!(matches!(&p.media[1], MediaRef::Video { frames, fps: Some(f), .. } if frames.len() == 2 && *f == 2.0));
+    assert!(
+        matches!(&p.media[1], MediaRef::Video { frames, fps: Some(f), .. } if frames.len() == 2 && *f == 2.0)
+    );
     assert!(matches!(&p.media[2], MediaRef::Image { url, .. } if url.ends_with("DD")));
 }
 
@@ -223,11 +225,26 @@ fn bad_media_parts_name_the_part() {
         )))
     };
     assert_eq!(one(r#"{"type":"image_url"}"#), "messages[0].content[1]");
-    assert_eq!(one(r#"{"type":"image_url","image_url":{"url":7}}"#), "messages[0].content[1]");
-    assert_eq!(one(r#"{"type":"video","video":[]}"#), "messages[0].content[1]");
-    assert_eq!(one(r#"{"type":"video","video":"x"}"#), "messages[0].content[1]");
-    assert_eq!(one(r#"{"type":"video","video":["a"],"fps":-1}"#), "messages[0].content[1]");
-    assert_eq!(one(r#"{"type":"video_url","video_url":{"url":"x"}}"#), "messages[0].content[1]");
+    assert_eq!(
+        one(r#"{"type":"image_url","image_url":{"url":7}}"#),
+        "messages[0].content[1]"
+    );
+    assert_eq!(
+        one(r#"{"type":"video","video":[]}"#),
+        "messages[0].content[1]"
+    );
+    assert_eq!(
+        one(r#"{"type":"video","video":"x"}"#),
+        "messages[0].content[1]"
+    );
+    assert_eq!(
+        one(r#"{"type":"video","video":["a"],"fps":-1}"#),
+        "messages[0].content[1]"
+    );
+    assert_eq!(
+        one(r#"{"type":"video_url","video_url":{"url":"x"}}"#),
+        "messages[0].content[1]"
+    );
     assert_eq!(one(r#"{"type":"input_audio"}"#), "messages[0].content[1]");
     assert_eq!(one(r#"{"type":"text"}"#), "messages[0].content[1]");
     // U+FFFC stands for media: refused in the text of a request that has media, kept otherwise.

@@ -153,7 +153,11 @@ fn sse_text(raw: &str) -> String {
         .filter_map(|l| l.strip_prefix("data: "))
         .filter(|d| *d != "[DONE]")
         .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(String::from))
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
         .collect()
 }
 
@@ -163,7 +167,11 @@ fn crc32(data: &[u8]) -> u32 {
     for &b in data {
         c ^= b as u32;
         for _ in 0..8 {
-            c = if c & 1 != 0 { (c >> 1) ^ 0xEDB8_8320 } else { c >> 1 };
+            c = if c & 1 != 0 {
+                (c >> 1) ^ 0xEDB8_8320
+            } else {
+                c >> 1
+            };
         }
     }
     !c
@@ -182,10 +190,7 @@ fn png_declaring(w: u32, h: u32) -> Vec<u8> {
 /// A JPEG whose SOF0 declares 65500 x 65500.
 fn jpeg_declaring_huge() -> Vec<u8> {
     let mut b = encoded(16, 16, 2, image::ImageFormat::Jpeg);
-    let i = b
-        .windows(2)
-        .position(|w| w == [0xFF, 0xC0])
-        .expect("SOF0");
+    let i = b.windows(2).position(|w| w == [0xFF, 0xC0]).expect("SOF0");
     b[i + 5..i + 7].copy_from_slice(&65500u16.to_be_bytes());
     b[i + 7..i + 9].copy_from_slice(&65500u16.to_be_bytes());
     b
@@ -228,65 +233,134 @@ fn hostile() -> Vec<(&'static str, Value)> {
         img.write_to(&mut out, image::ImageFormat::Png).unwrap();
         out.into_inner()
     };
-    assert!(big.len() > 256 << 10, "the noise PNG is {} bytes", big.len());
+    assert!(
+        big.len() > 256 << 10,
+        "the noise PNG is {} bytes",
+        big.len()
+    );
     let img = |u: String| chat("vlm", vec![text("What is this?"), image_part(&u)]);
     let gif = b"GIF89a\x01\x00\x01\x00\x80\x00\x00\x00\x00\x00\xff\xff\xff!\xf9\x04\x01\x00\x00\x00\x00,\x00\x00\x00\x00\x01\x00\x01\x00\x00\x02\x02D\x01\x00;";
     let video = |frames: Vec<String>| {
         chat(
             "vlm",
-            vec![text("Describe."), json!({"type": "video", "video": frames, "fps": 1})],
+            vec![
+                text("Describe."),
+                json!({"type": "video", "video": frames, "fps": 1}),
+            ],
         )
     };
     vec![
-        ("truncated png", img(data_url("image/png", &p[..p.len() / 2]))),
+        (
+            "truncated png",
+            img(data_url("image/png", &p[..p.len() / 2])),
+        ),
         ("png header only", img(data_url("image/png", &p[..30]))),
-        ("truncated jpeg", img(data_url("image/jpeg", &j[..j.len() / 2]))),
-        ("truncated webp", img(data_url("image/webp", &w[..w.len() / 2]))),
+        (
+            "truncated jpeg",
+            img(data_url("image/jpeg", &j[..j.len() / 2])),
+        ),
+        (
+            "truncated webp",
+            img(data_url("image/webp", &w[..w.len() / 2])),
+        ),
         ("corrupt png data", img(data_url("image/png", &corrupt))),
-        ("png declaring 100000x100000", img(data_url("image/png", &png_declaring(100_000, 100_000)))),
-        ("png declaring 0x0", img(data_url("image/png", &png_declaring(0, 0)))),
-        ("jpeg declaring 65500x65500", img(data_url("image/jpeg", &jpeg_declaring_huge()))),
-        ("webp declaring 16384x16384", img(data_url("image/webp", &webp_declaring_huge()))),
-        ("png bomb (2000x2000 zeros)", img(data_url("image/png", &png_bomb()))),
+        (
+            "png declaring 100000x100000",
+            img(data_url("image/png", &png_declaring(100_000, 100_000))),
+        ),
+        (
+            "png declaring 0x0",
+            img(data_url("image/png", &png_declaring(0, 0))),
+        ),
+        (
+            "jpeg declaring 65500x65500",
+            img(data_url("image/jpeg", &jpeg_declaring_huge())),
+        ),
+        (
+            "webp declaring 16384x16384",
+            img(data_url("image/webp", &webp_declaring_huge())),
+        ),
+        (
+            "png bomb (2000x2000 zeros)",
+            img(data_url("image/png", &png_bomb())),
+        ),
         ("png said to be jpeg", img(data_url("image/jpeg", &p))),
         ("jpeg said to be png", img(data_url("image/png", &j))),
         ("webp said to be png", img(data_url("image/png", &w))),
         ("gif", img(data_url("image/gif", gif))),
-        ("svg", img(data_url("image/svg+xml", b"<svg xmlns='http://www.w3.org/2000/svg'/>"))),
+        (
+            "svg",
+            img(data_url(
+                "image/svg+xml",
+                b"<svg xmlns='http://www.w3.org/2000/svg'/>",
+            )),
+        ),
         ("text/plain", img(data_url("text/plain", b"hello"))),
-        ("random bytes as png", img(data_url("image/png", &[7u8; 300]))),
+        (
+            "random bytes as png",
+            img(data_url("image/png", &[7u8; 300])),
+        ),
         ("empty data", img("data:image/png;base64,".into())),
-        ("not base64", img("data:image/png;base64,!!!not*base64!!!".into())),
+        (
+            "not base64",
+            img("data:image/png;base64,!!!not*base64!!!".into()),
+        ),
         ("no base64 marker", img("data:image/png,abcd".into())),
         ("no comma", img("data:image/png;base64".into())),
         ("over the byte limit", img(data_url("image/png", &big))),
         ("remote url", img("https://evil.example/x.png".into())),
-        ("allowed host, no fetching", img("http://images.example/x.png".into())),
+        (
+            "allowed host, no fetching",
+            img("http://images.example/x.png".into()),
+        ),
         ("file url", img("file:///etc/passwd".into())),
-        ("video data url", img(data_url("video/mp4", b"\x00\x00\x00\x18ftypmp42"))),
+        (
+            "video data url",
+            img(data_url("video/mp4", b"\x00\x00\x00\x18ftypmp42")),
+        ),
         (
             "video_url part",
-            chat("vlm", vec![json!({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}})]),
+            chat(
+                "vlm",
+                vec![
+                    json!({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}),
+                ],
+            ),
         ),
-        ("too many frames", video((0..5).map(|i| png(i as u8)).collect())),
-        ("corrupt frame", video(vec![png(1), data_url("image/png", &p[..40])])),
+        (
+            "too many frames",
+            video((0..5).map(|i| png(i as u8)).collect()),
+        ),
+        (
+            "corrupt frame",
+            video(vec![png(1), data_url("image/png", &p[..40])]),
+        ),
         (
             "too many images",
             chat("vlm", (0..5).map(|i| image_part(&png(i as u8))).collect()),
         ),
         (
             "image part without url",
-            chat("vlm", vec![json!({"type": "image_url", "image_url": {"detail": "high"}})]),
+            chat(
+                "vlm",
+                vec![json!({"type": "image_url", "image_url": {"detail": "high"}})],
+            ),
         ),
         (
             "unknown part type",
-            chat("vlm", vec![json!({"type": "input_audio", "input_audio": {"data": "AAAA"}})]),
+            chat(
+                "vlm",
+                vec![json!({"type": "input_audio", "input_audio": {"data": "AAAA"}})],
+            ),
         ),
         (
             "object replacement character in the text",
             chat("vlm", vec![text("look \u{FFFC} here"), image_part(&png(1))]),
         ),
-        ("image for a model without a tower", chat("text", vec![text("hi"), image_part(&png(1))])),
+        (
+            "image for a model without a tower",
+            chat("text", vec![text("hi"), image_part(&png(1))]),
+        ),
     ]
 }
 
@@ -294,10 +368,16 @@ fn hostile() -> Vec<(&'static str, Value)> {
 async fn images_and_videos_through_the_api() {
     let (url, _stop) = start().await;
     // An image request, not streamed and streamed: the same text.
-    let body = chat("vlm", vec![text("Describe this image."), image_part(&png(1))]);
+    let body = chat(
+        "vlm",
+        vec![text("Describe this image."), image_part(&png(1))],
+    );
     let (s, v, raw) = post(&url, &body).await;
     assert_eq!(s, 200, "{raw}");
-    let answer = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let answer = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap();
     let mut sb = body.clone();
     sb["stream"] = json!(true);
@@ -306,18 +386,31 @@ async fn images_and_videos_through_the_api() {
     assert_eq!(sse_text(&raw), answer);
     // The 16 image rows are prompt tokens; the text alone has fewer.
     let (_, tv, _) = post(&url, &chat("vlm", vec![text("Describe this image.")])).await;
-    assert_eq!(tv["usage"]["prompt_tokens"].as_u64().unwrap() + 16, prompt_tokens);
+    assert_eq!(
+        tv["usage"]["prompt_tokens"].as_u64().unwrap() + 16,
+        prompt_tokens
+    );
     // The same image again: a prefix-cache hit past the image; another image: other output.
     let (_, again, _) = post(&url, &body).await;
-    let cached = again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
     assert!(cached > 16, "{again}");
     assert_eq!(again["choices"][0]["message"]["content"], answer.as_str());
-    let other = chat("vlm", vec![text("Describe this image."), image_part(&png(99))]);
+    let other = chat(
+        "vlm",
+        vec![text("Describe this image."), image_part(&png(99))],
+    );
     let (_, o, _) = post(&url, &other).await;
-    let ocached = o["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let ocached = o["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
     assert!(ocached < cached, "{o}");
     // JPEG and WebP decode too.
-    for (mime, fmt) in [("image/jpeg", image::ImageFormat::Jpeg), ("image/webp", image::ImageFormat::WebP)] {
+    for (mime, fmt) in [
+        ("image/jpeg", image::ImageFormat::Jpeg),
+        ("image/webp", image::ImageFormat::WebP),
+    ] {
         let u = data_url(mime, &encoded(50, 70, 4, fmt));
         let (s, _, raw) = post(&url, &chat("vlm", vec![image_part(&u), text("And this?")])).await;
         assert_eq!(s, 200, "{mime}: {raw}");
@@ -326,7 +419,10 @@ async fn images_and_videos_through_the_api() {
     let frames: Vec<String> = (0..6).map(|i| png(10 + i as u8)).collect();
     let vb = chat(
         "vlm",
-        vec![text("What happens?"), json!({"type": "video", "video": frames, "fps": 2})],
+        vec![
+            text("What happens?"),
+            json!({"type": "video", "video": frames, "fps": 2}),
+        ],
     );
     let (s, vv, raw) = post(&url, &vb).await;
     assert_eq!(s, 200, "{raw}");
@@ -343,7 +439,10 @@ async fn images_and_videos_through_the_api() {
         let (s, v, raw) = post(&url, body).await;
         assert_eq!(s, 400, "{what}: {raw}");
         let e = &v["error"];
-        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}: {raw}");
+        assert!(
+            e["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{what}: {raw}"
+        );
         assert_eq!(e["type"], "invalid_request_error", "{what}: {raw}");
     }
     // The server still answers, with the same bits as before.
@@ -352,7 +451,10 @@ async fn images_and_videos_through_the_api() {
     assert_eq!(v["choices"][0]["message"]["content"], answer.as_str());
 
     // The official openai client, streamed and not, images and a video.
-    let script = format!("{}/tests/python/test_openai_vision.py", env!("CARGO_MANIFEST_DIR"));
+    let script = format!(
+        "{}/tests/python/test_openai_vision.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let python = memra_engine::settings::var("MEMRA_PYTHON").unwrap_or_else(|| "python3".into());
     let u = url.clone();
     let out = tokio::task::spawn_blocking(move || {
@@ -376,8 +478,12 @@ async fn images_and_videos_through_the_api() {
 
 #[test]
 fn models_entry_takes_an_mmproj() {
-    let m = memra_server::config::parse_models("v=/m/g.gguf+mmproj=/m/mmproj.gguf+kv=q8_0").unwrap();
-    assert_eq!(m[0].mmproj.as_deref(), Some(std::path::Path::new("/m/mmproj.gguf")));
+    let m =
+        memra_server::config::parse_models("v=/m/g.gguf+mmproj=/m/mmproj.gguf+kv=q8_0").unwrap();
+    assert_eq!(
+        m[0].mmproj.as_deref(),
+        Some(std::path::Path::new("/m/mmproj.gguf"))
+    );
     assert!(memra_server::config::parse_models("v=/m/g.gguf+mmproj=").is_err());
     // A tower whose width does not match the model is refused at load, naming both.
     let dir = tempfile::tempdir().unwrap();
@@ -385,8 +491,11 @@ fn models_entry_takes_an_mmproj() {
     let p = memra_engine::vision::TowerParams::tiny(32);
     let w = memra_engine::vision::random::random_tower(&p, 1);
     memra_engine::vision::random::write_mmproj(&p, &w, DType::F32, &path).unwrap();
-    let tok = Tokenizer::from_gguf(&Gguf::open(&memra_engine::testing::real_model()).unwrap()).unwrap();
-    let e = memra_server::real::load_vision("v", &path, &tok, 64).err().unwrap();
+    let tok =
+        Tokenizer::from_gguf(&Gguf::open(&memra_engine::testing::real_model()).unwrap()).unwrap();
+    let e = memra_server::real::load_vision("v", &path, &tok, 64)
+        .err()
+        .unwrap();
     assert!(e.contains("32") && e.contains("64"), "{e}");
     assert!(memra_server::real::load_vision("v", &path, &tok, 32).is_ok());
     assert!(memra_server::real::load_vision("v", &dir.path().join("none"), &tok, 32).is_err());

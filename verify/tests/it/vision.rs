@@ -9,7 +9,15 @@ fn vision_gate_passes_on_cpu() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("vision.json");
     let out = Command::new(env!("CARGO_BIN_EXE_memra-verify"))
-        .args(["vision", "--python", &python, "--images", "3", "--prompts", "8"])
+        .args([
+            "vision",
+            "--python",
+            &python,
+            "--images",
+            "3",
+            "--prompts",
+            "8",
+        ])
         .arg("--json")
         .arg(&json)
         .output()
