@@ -7,7 +7,7 @@
 //! - `memra-verify graph [--device cuda:N] (MODEL | --tiny ARCH) [--max-m 64] [--gen-tokens 24]`
 //! - `memra-verify spec [--device D] (MODEL | --tiny ARCH[+mtp|+mtp-oracle]) [--max-tokens 32] [--k-max 8]
 //!   [--drafters ngram,mtp,self,random,auto,pick]`
-//! - `memra-verify vision [MODEL] [--mmproj FILE] [--images 4] [--prompts 8] [--tolerance 1e-4]`
+//! - `memra-verify vision [MODEL] [--device D] [--mmproj FILE] [--images 4] [--prompts 8] [--tolerance 1e-4]`
 //! - `memra-verify golden [--device D] (MODEL | --tiny ARCH) [--dir verify/golden]
 //!   [--record --reason TEXT]`: plain decoding's logits bytes vs those recorded for the device class
 //! - `memra-verify all [--device D] MODEL [--fixture FILE]`: every gate for the device, then a
@@ -223,7 +223,7 @@ enum Cmd {
         #[arg(long, requires = "record")]
         reason: Option<String>,
     },
-    /// Image input on the CPU: the vision tower vs the numpy reference, greedy tokens with
+    /// Image input: the vision tower (CPU) vs the numpy reference, greedy tokens with
     /// memra's vs the reference's embeddings, image requests mixed into text load, prefix-cache
     /// hits on the same image (docs/VERIFY.md).
     Vision {
@@ -233,6 +233,9 @@ enum Cmd {
         /// The tower, an mmproj GGUF (default: a tiny random one).
         #[arg(long)]
         mmproj: Option<PathBuf>,
+        /// Where the engine runs (the tower runs on the CPU).
+        #[arg(long, default_value = "cpu")]
+        device: Device,
         /// Python with numpy and gguf (verify/reference/requirements.txt).
         #[arg(long, default_value = "python3")]
         python: String,
@@ -962,6 +965,7 @@ fn run(cli: Cli) -> Result<usize> {
         Cmd::Vision {
             model,
             mmproj,
+            device,
             python,
             images,
             prompts,
@@ -970,6 +974,7 @@ fn run(cli: Cli) -> Result<usize> {
             json,
         } => gate_vision(
             &memra_verify::vision::VisionArgs {
+                device,
                 mmproj,
                 model,
                 python,

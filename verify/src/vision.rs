@@ -1,4 +1,4 @@
-//! `memra-verify vision`: image input on the CPU.
+//! `memra-verify vision`: image input (the tower on the CPU, the engine on `--device`).
 //!
 //! - `reference`: the tower's embeddings of deterministic images against the independent
 //!   float64 numpy reference (verify/reference/siglip_reference.py) on the same mmproj file:
@@ -34,6 +34,8 @@ use memra_engine::vision::{ImageTokens, MediaSpan, TowerParams, VisionTower};
 /// Options of the gate.
 #[derive(Clone, Debug)]
 pub struct VisionArgs {
+    /// Where the engine runs (the tower runs on the CPU either way).
+    pub device: Device,
     pub mmproj: Option<PathBuf>,
     pub model: Option<PathBuf>,
     pub python: String,
@@ -96,9 +98,9 @@ fn model(path: Option<&Path>) -> Result<Model> {
     }
 }
 
-fn engine(m: Model, budget: usize) -> Result<EngineHandle> {
+fn engine(m: Model, device: Device, budget: usize) -> Result<EngineHandle> {
     let cfg = EngineConfig {
-        device: Device::Cpu,
+        device,
         threads: 2,
         block_size: 4,
         kv: KvBudget::Blocks(256),
@@ -289,7 +291,7 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
         }
     }
     // tokens: memra's embeddings vs the reference's, fed to the same model
-    let e = engine(model(a.model.as_deref())?, 64)?;
+    let e = engine(model(a.model.as_deref())?, a.device, 64)?;
     let prompts: Vec<Prompt> = (0..a.prompts)
         .map(|i| prompt(i, &tokens, rows, vocab))
         .collect();
@@ -352,9 +354,14 @@ fn serve(
     }
     let alone: Vec<Run> = reqs
         .iter()
-        .map(|r| run(&engine(model(a.model.as_deref())?, 64)?, r.clone()))
+        .map(|r| {
+            run(
+                &engine(model(a.model.as_deref())?, a.device, 64)?,
+                r.clone(),
+            )
+        })
         .collect::<Result<_>>()?;
-    let e = engine(model(a.model.as_deref())?, 7)?;
+    let e = engine(model(a.model.as_deref())?, a.device, 7)?;
     let streams: Vec<_> = reqs
         .iter()
         .map(|r| {
