@@ -153,7 +153,7 @@ pub const SETTINGS: &[Setting] = &[
     both(Server, "--media-max-images", "MEMRA_MEDIA_MAX_IMAGES", "8", "most images plus video frames (after sampling) in one request (400 above)"),
     both(Server, "--media-max-frames", "MEMRA_MEDIA_MAX_FRAMES", "8", "most frames of one video after sampling (400 above)"),
     both(Server, "--media-video-fps", "MEMRA_MEDIA_VIDEO_FPS", "1", "the rate a video's frames are sampled at: a video sent with `fps` F keeps every (F / this)-th frame, evenly; each kept frame is an image"),
-    both(Server, "--media-allowed-hosts", "MEMRA_MEDIA_ALLOWED_HOSTS", "none", "hosts `http(s)://` image URLs may name, comma-separated; empty: remote URLs get 400. This build fetches nothing: an allowed host gets a 400 saying to send a data: URL"),
+    both(Server, "--media-allowed-hosts", "MEMRA_MEDIA_ALLOWED_HOSTS", "none", "hosts image URLs may name, comma-separated; empty: remote URLs get 400. An allowed host's `http://` URL is fetched (one GET, no redirects, 10 s, `--media-max-bytes`, its `Content-Type` checked against the data); `https://` needs TLS, which this build does not include (400)"),
     both(Server, "--cache-key-header", "MEMRA_CACHE_KEY_HEADER", "off", "inference responses carry `x-memra-cache-key`, a routing key for cache-affine gateways (docs/DEPLOY.md)"),
     both(Server, "--log", "MEMRA_LOG", "info", "log filter (tracing EnvFilter syntax), logs go to stderr"),
     // The engine library, in every program that opens a model

@@ -9,8 +9,10 @@
 //! soft tokens given by the vision tower.
 
 pub mod decode;
+pub mod fetch;
 pub mod vision;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use memra_engine::vision::MediaSpan;
@@ -49,7 +51,8 @@ pub struct MediaLimits {
     /// The rate frames are sampled at: a video sent at `fps` keeps about `video_fps / fps` of
     /// its frames (evenly); never more than it has.
     pub video_fps: f32,
-    /// Hosts image URLs may name (`http(s)://host/...`); empty: remote URLs are refused.
+    /// Hosts image URLs may name (`http://host/...`, fetched by [`fetch_allowed`]); empty:
+    /// remote URLs are refused.
     pub allowed_hosts: Vec<String>,
 }
 
@@ -96,22 +99,63 @@ fn host_of(url: &str) -> Option<&str> {
     Some(auth.split(':').next().unwrap_or(auth))
 }
 
-/// The bytes of one image URL: a `data:` URL's, or refused (remote URLs: unless the host is
-/// allowed; fetching itself is not built in, see docs/SERVING.md).
-fn image_bytes(url: &str, param: &str, lim: &MediaLimits) -> Result<(String, Vec<u8>), ApiError> {
+/// Images fetched from allowed hosts, by URL ([`fetch_allowed`]).
+pub type Fetched = HashMap<String, (String, Vec<u8>)>;
+
+/// Whether `url` names an allowed host.
+fn allowed(url: &str, lim: &MediaLimits) -> bool {
+    host_of(url).is_some_and(|h| lim.allowed_hosts.iter().any(|a| a.eq_ignore_ascii_case(h)))
+}
+
+/// Fetches every image URL of `media` on an allowed host (other URLs are left to
+/// [`decode_all`], which refuses remote ones). A failed fetch is a 400 naming the part.
+pub async fn fetch_allowed(media: &[MediaRef], lim: &MediaLimits) -> Result<Fetched, ApiError> {
+    let mut out = Fetched::new();
+    for m in media {
+        let urls: Vec<(&str, String)> = match m {
+            MediaRef::Image { url, param } => vec![(url.as_str(), param.clone())],
+            MediaRef::Video { frames, param, .. } => frames
+                .iter()
+                .enumerate()
+                .map(|(i, f)| (f.as_str(), format!("{param}[{i}]")))
+                .collect(),
+        };
+        for (url, param) in urls {
+            if allowed(url, lim) && !out.contains_key(url) {
+                if out.len() >= lim.max_images {
+                    return Err(ApiError::param(
+                        &param,
+                        format!(
+                            "more than {} remote images (--media-max-images)",
+                            lim.max_images
+                        ),
+                    ));
+                }
+                let got = fetch::fetch(url, lim.image.max_bytes)
+                    .await
+                    .map_err(|e| ApiError::param(&param, e))?;
+                out.insert(url.to_string(), got);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The bytes of one image URL: a `data:` URL's, a fetched one's, or refused (remote URLs whose
+/// host is not allowed).
+fn image_bytes(
+    url: &str,
+    param: &str,
+    lim: &MediaLimits,
+    fetched: &Fetched,
+) -> Result<(String, Vec<u8>), ApiError> {
     if url.starts_with("data:") {
         return decode::data_url(url, lim.image.max_bytes).map_err(|e| ApiError::param(param, e));
     }
+    if let Some(got) = fetched.get(url) {
+        return Ok(got.clone());
+    }
     match host_of(url) {
-        Some(h) if lim.allowed_hosts.iter().any(|a| a.eq_ignore_ascii_case(h)) => {
-            Err(ApiError::param(
-                param,
-                format!(
-                    "host `{h}` is allowed, but this server does not fetch remote images (no \
-                     HTTP client is built in); send the image as a data: URL"
-                ),
-            ))
-        }
         Some(h) => Err(ApiError::param(
             param,
             format!(
@@ -127,8 +171,14 @@ fn image_bytes(url: &str, param: &str, lim: &MediaLimits) -> Result<(String, Vec
 }
 
 /// The tower's input pixels (`image_size` square RGB) of one image URL.
-fn image_pixels(url: &str, param: &str, lim: &MediaLimits, size: u32) -> Result<Vec<u8>, ApiError> {
-    let (mime, bytes) = image_bytes(url, param, lim)?;
+fn image_pixels(
+    url: &str,
+    param: &str,
+    lim: &MediaLimits,
+    fetched: &Fetched,
+    size: u32,
+) -> Result<Vec<u8>, ApiError> {
+    let (mime, bytes) = image_bytes(url, param, lim, fetched)?;
     let (w, h, rgb) =
         decode::decode(&mime, &bytes, lim.image).map_err(|e| ApiError::param(param, e))?;
     Ok(decode::resize_square(w, h, rgb, size))
@@ -139,6 +189,7 @@ fn image_pixels(url: &str, param: &str, lim: &MediaLimits, size: u32) -> Result<
 pub fn decode_all(
     media: &[MediaRef],
     lim: &MediaLimits,
+    fetched: &Fetched,
     size: u32,
 ) -> Result<Vec<Vec<Vec<u8>>>, ApiError> {
     let mut total = 0usize;
@@ -148,7 +199,7 @@ pub fn decode_all(
             MediaRef::Image { url, param } => {
                 total += 1;
                 check_total(total, lim, param)?;
-                vec![image_pixels(url, param, lim, size)?]
+                vec![image_pixels(url, param, lim, fetched, size)?]
             }
             MediaRef::Video { frames, fps, param } => {
                 let keep = sample_frames(frames.len(), fps.unwrap_or(1.0), lim.video_fps);
@@ -167,7 +218,9 @@ pub fn decode_all(
                 total += keep.len();
                 check_total(total, lim, param)?;
                 keep.iter()
-                    .map(|&i| image_pixels(&frames[i], &format!("{param}[{i}]"), lim, size))
+                    .map(|&i| {
+                        image_pixels(&frames[i], &format!("{param}[{i}]"), lim, fetched, size)
+                    })
                     .collect::<Result<Vec<_>, _>>()?
             }
         };

@@ -47,6 +47,8 @@ struct PromptWork {
     input: PromptInput,
     structured: Structured,
     media: Vec<MediaRef>,
+    /// Images fetched from allowed hosts.
+    fetched: media::Fetched,
     vision: Option<Arc<Vision>>,
     limits: MediaLimits,
 }
@@ -66,7 +68,7 @@ fn prepare_media(
         )
     })?;
     let size = v.tower.image_size() as u32;
-    let pixels = media::decode_all(&w.media, &w.limits, size)?;
+    let pixels = media::decode_all(&w.media, &w.limits, &w.fetched, size)?;
     let (ids, at) = match &w.structured.tools {
         Some(t) => text.encode_chat_media(
             &tools::messages_for(messages, t, style),
@@ -217,10 +219,15 @@ pub async fn handle(
             model.context_len,
         ));
     }
+    let fetched = match &model.vision {
+        Some(_) => media::fetch_allowed(&parsed.media, &st.limits.media).await?,
+        None => media::Fetched::new(),
+    };
     let work = PromptWork {
         input: parsed.prompt.clone(),
         structured: parsed.structured.clone(),
         media: parsed.media.clone(),
+        fetched,
         vision: model.vision.clone(),
         limits: st.limits.media.clone(),
     };

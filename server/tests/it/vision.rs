@@ -55,7 +55,7 @@ fn limits() -> Limits {
             max_images: 4,
             max_frames: 3,
             video_fps: 1.0,
-            allowed_hosts: vec!["images.example".into()],
+            allowed_hosts: vec!["127.0.0.1".into()],
         },
         ..Limits::default()
     }
@@ -94,6 +94,27 @@ async fn start() -> (String, tokio::sync::oneshot::Sender<()>) {
         .await
     });
     (url, tx)
+}
+
+/// A one-shot-per-connection HTTP server on 127.0.0.1 answering every GET with `status`,
+/// `content_type` and `body` (the allowed-host fetch, without the network).
+async fn image_host(status: &'static str, content_type: &'static str, body: Vec<u8>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let mut buf = vec![0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let head = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nlocation: http://127.0.0.1:1/\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = s.write_all(head.as_bytes()).await;
+            let _ = s.write_all(&body).await;
+        }
+    });
+    format!("http://{addr}/cat.png")
 }
 
 /// An RGB test image encoded as `fmt`.
@@ -431,6 +452,26 @@ async fn images_and_videos_through_the_api() {
         vv["usage"]["prompt_tokens"].as_u64().unwrap(),
         t2["usage"]["prompt_tokens"].as_u64().unwrap() + 3 * 16
     );
+
+    // An allowed host's image (plain http, a local server): the same pixels as the data: URL,
+    // so the same answer (and a prefix hit: the hash is of the pixels).
+    let png1 = encoded(80, 60, 1, image::ImageFormat::Png);
+    let host = image_host("200 OK", "image/png", png1).await;
+    let fb = chat("vlm", vec![text("Describe this image."), image_part(&host)]);
+    let (s, fv, raw) = post(&url, &fb).await;
+    assert_eq!(s, 200, "{raw}");
+    assert_eq!(fv["choices"][0]["message"]["content"], answer.as_str());
+    assert!(
+        fv["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 16
+    );
+    for (status, ct) in [("302 Found", "image/png"), ("200 OK", "text/html")] {
+        let host = image_host(status, ct, encoded(8, 8, 1, image::ImageFormat::Png)).await;
+        let (s, _, raw) = post(&url, &chat("vlm", vec![image_part(&host)])).await;
+        assert_eq!(s, 400, "{status} {ct}: {raw}");
+    }
 
     // 30+ hostile inputs: each a 400 in the OpenAI error shape.
     let cases = hostile();
