@@ -45,6 +45,7 @@ fn request(i: usize, prompt_len: usize, gen_tokens: usize, vocab: usize) -> Vali
         .map(|j| (100 + splitmix(17, i as u64, j) % (vocab as u64 - 200)) as u32)
         .collect();
     ValidRequest {
+        media: Vec::new(),
         model: "bench".into(),
         tenant: format!("bench-{i}"),
         prompt,

@@ -24,5 +24,6 @@ pub mod soak;
 pub mod spec;
 pub mod speed;
 pub mod synth;
+pub mod synth_mmproj;
 pub mod to_gguf;
 pub mod tok;

@@ -167,6 +167,23 @@ enum Cmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Write a random Gemma 3 vision tower as an mmproj GGUF (llama.cpp's layout), to pair
+    /// with a gemma3 text model of width --text-hidden (memra-server `+mmproj=PATH`).
+    SynthMmproj {
+        /// tiny (64x64 images, 16 tokens) or gemma3 (SigLIP so400m at 896x896, 256 tokens).
+        #[arg(long, default_value = "tiny")]
+        shape: String,
+        /// The text model's hidden size (tiny-gemma3: 64, gemma3-270m: 640).
+        #[arg(long, default_value_t = 64)]
+        text_hidden: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// f32 or f16.
+        #[arg(long, default_value = "f32")]
+        dtype: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Write a deterministic synthetic model of a real shape (random weights, real tokenizer).
     Synth {
         /// smollm2-135m, llama3-8b, qwen3-8b, tiny-llama, tiny-qwen2, tiny-qwen3.
@@ -828,6 +845,31 @@ fn run(cli: Cli) -> Result<()> {
             for p in memra_bench::report::run(&args)? {
                 eprintln!("wrote {}", p.display());
             }
+            Ok(())
+        }
+        Cmd::SynthMmproj {
+            shape,
+            text_hidden,
+            seed,
+            dtype,
+            out,
+        } => {
+            let a = memra_bench::synth_mmproj::SynthMmproj {
+                shape,
+                text_hidden,
+                seed,
+                dtype,
+                out,
+            };
+            let p = memra_bench::synth_mmproj::synth_mmproj(&a)?;
+            eprintln!(
+                "wrote {} ({}x{} images, {} tokens of {})",
+                a.out.display(),
+                p.image_size,
+                p.image_size,
+                p.tokens_per_image(),
+                p.text_hidden
+            );
             Ok(())
         }
         Cmd::Synth {

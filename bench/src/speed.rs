@@ -116,6 +116,7 @@ fn request(
     grammar: Option<&Arc<Grammar>>,
 ) -> ValidRequest {
     ValidRequest {
+        media: Vec::new(),
         model: "bench".into(),
         tenant: "bench".into(),
         prompt,

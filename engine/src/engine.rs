@@ -111,6 +111,10 @@ pub struct ModelInfo {
     /// How the model is split over pipeline stages (crate::pipeline), one line; `None`:
     /// unsplit.
     pub pipeline: Option<String>,
+    /// The width of an input embedding row (image rows must have it).
+    pub hidden: usize,
+    /// Whether requests may carry image rows ([`crate::backend::Backend::accepts_embeds`]).
+    pub image_input: bool,
 }
 
 /// A tenant's requests in the engine.
@@ -396,6 +400,16 @@ fn check_request(req: &ValidRequest, m: &ModelEntry) -> std::result::Result<(), 
     }
     if req.stop.iter().any(|s| s.is_empty()) {
         return Err(SubmitError::Invalid("a stop string is empty".into()));
+    }
+    if !req.media.is_empty() {
+        if !m.info.image_input {
+            return Err(SubmitError::Invalid(format!(
+                "model `{}` does not take image input on {}",
+                m.info.alias, m.info.backend
+            )));
+        }
+        crate::vision::check_spans(&req.media, req.prompt.len(), m.info.hidden)
+            .map_err(|e| SubmitError::Invalid(e.to_string()))?;
     }
     req.params
         .validate()

@@ -126,6 +126,7 @@ pub fn generate(
             break;
         }
         let batch = StepBatch {
+            embeds: Vec::new(),
             rows: vec![StepRow {
                 token: tok,
                 pos: pos as u32,
@@ -213,6 +214,7 @@ pub(crate) fn prefill(
     for start in (0..n_prompt).step_by(chunk) {
         let end = (start + chunk).min(n_prompt);
         let batch = StepBatch {
+            embeds: Vec::new(),
             rows: (start..end)
                 .map(|p| StepRow {
                     token: req.prompt[p],

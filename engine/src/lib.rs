@@ -26,6 +26,7 @@ pub mod spec;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 pub mod tokenizer;
+pub mod vision;
 pub mod weights;
 
 pub use error::{Error, Result};

@@ -50,6 +50,27 @@ pub fn block_hash(parent: Option<BlockHash>, namespace: &[u8], tokens: &[u32]) -
     u128::from_le_bytes(b)
 }
 
+/// [`block_hash`] of a block that images touch: each image's first prompt position and content
+/// hash follow the tokens, so the same text with another image is another block (and every
+/// block after it, through the chain). Without images it is [`block_hash`].
+pub fn block_hash_media(
+    parent: Option<BlockHash>,
+    namespace: &[u8],
+    tokens: &[u32],
+    media: &[(u64, u128)],
+) -> BlockHash {
+    if media.is_empty() {
+        return block_hash(parent, namespace, tokens);
+    }
+    let mut ns = namespace.to_vec();
+    ns.extend_from_slice(b"\0media");
+    for (start, hash) in media {
+        ns.extend_from_slice(&start.to_le_bytes());
+        ns.extend_from_slice(&hash.to_le_bytes());
+    }
+    block_hash(parent, &ns, tokens)
+}
+
 /// Hashes of the full blocks of `tokens` (a trailing partial block has none).
 pub fn chain_hashes(namespace: &[u8], tokens: &[u32], block_size: usize) -> Vec<BlockHash> {
     let mut out = Vec::with_capacity(tokens.len() / block_size.max(1));

@@ -40,6 +40,10 @@ pub struct ValidRequest {
     /// Structured output: the compiled grammar the output must follow (its mask applies to
     /// every pick; once complete, the request ends with `stop`).
     pub grammar: Option<std::sync::Arc<crate::grammar::Grammar>>,
+    /// Images: embedding rows that replace the prompt's placeholder tokens at their positions
+    /// (in order, inside the prompt; crate::vision). Their content hashes enter the prefix
+    /// cache's block hashes.
+    pub media: Vec<crate::vision::MediaSpan>,
 }
 
 /// One generated token.

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 
 use crate::backend::{StepBatch, StepRow};
 use crate::kv::{KvManager, blocks_for};
-use crate::prefix_cache::{BlockHash, SnapshotPool, block_hash};
+use crate::prefix_cache::{BlockHash, SnapshotPool, block_hash_media};
 
 /// A request's id inside the engine.
 pub type SeqId = u64;
@@ -70,6 +70,8 @@ pub struct NewSeq {
     /// Prefix-cache namespace ([`crate::prefix_cache::namespace`]).
     pub namespace: Vec<u8>,
     pub prompt: Vec<u32>,
+    /// Image rows of the prompt (their hashes key the blocks they touch).
+    pub media: Vec<crate::vision::MediaSpan>,
 }
 
 #[derive(Debug)]
@@ -82,6 +84,8 @@ struct Seq {
     /// Positions whose KV is in `blocks`.
     computed: usize,
     blocks: Vec<u32>,
+    /// Image rows of the prompt (checked by the engine: in order, inside the prompt).
+    media: Vec<crate::vision::MediaSpan>,
     /// Chained hashes of the leading full blocks of `tokens` (computed on demand).
     hashes: Vec<BlockHash>,
     /// Leading blocks already published to (or taken from) the prefix cache.
@@ -123,8 +127,42 @@ impl Seq {
             let Some(toks) = self.tokens.get(i * bs..(i + 1) * bs) else {
                 return;
             };
-            let h = block_hash(self.hashes.last().copied(), &self.namespace, toks);
+            let h = block_hash_media(
+                self.hashes.last().copied(),
+                &self.namespace,
+                toks,
+                &media_keys(&self.media, i * bs, bs),
+            );
             self.hashes.push(h);
+        }
+    }
+}
+
+/// `(first prompt position, content hash)` of each image touching the block of `bs`
+/// positions at `first`.
+fn media_keys(media: &[crate::vision::MediaSpan], first: usize, bs: usize) -> Vec<(u64, u128)> {
+    media
+        .iter()
+        .filter(|m| m.start < first + bs && m.range().end > first)
+        .map(|m| (m.start as u64, m.hash))
+        .collect()
+}
+
+/// The step's embedding rows for a sequence's positions `start..start + n` (its rows are the
+/// last `n` of the batch so far).
+fn push_embeds(batch: &mut StepBatch, media: &[crate::vision::MediaSpan], start: usize, n: usize) {
+    if media.is_empty() {
+        return;
+    }
+    let row0 = batch.rows.len() - n;
+    for m in media {
+        let r = m.range();
+        for pos in r.start.max(start)..r.end.min(start + n) {
+            batch.embeds.push(crate::backend::RowEmbed {
+                row: row0 + pos - start,
+                values: m.embeds.clone(),
+                index: pos - m.start,
+            });
         }
     }
 }
@@ -316,6 +354,7 @@ impl Scheduler {
             tenant: s.tenant,
             namespace: s.namespace,
             tokens: s.prompt,
+            media: s.media,
             computed: 0,
             blocks: Vec::new(),
             hashes: Vec::new(),
@@ -728,6 +767,7 @@ impl Scheduler {
                     want_logits: sample && pos + 1 >= len,
                 });
             }
+            push_embeds(&mut out.batch, &s.media, start, n);
             out.batch.block_tables.push(s.blocks.clone());
             if let Some(slot) = s.slot {
                 out.batch.state_slots.push(slot);

@@ -125,6 +125,24 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
     #[arg(long, env = "MEMRA_DRAIN_TIMEOUT_S", default_value_t = 30)]
     pub drain_timeout_s: u64,
+    /// Largest image (or video frame) file in a request, in bytes after base64 decoding.
+    #[arg(long, env = "MEMRA_MEDIA_MAX_BYTES", default_value_t = 8 << 20)]
+    pub media_max_bytes: usize,
+    /// Largest image width x height (checked from the header, before decoding).
+    #[arg(long, env = "MEMRA_MEDIA_MAX_PIXELS", default_value_t = 4096 * 4096)]
+    pub media_max_pixels: u64,
+    /// Most images plus video frames in one request.
+    #[arg(long, env = "MEMRA_MEDIA_MAX_IMAGES", default_value_t = 8)]
+    pub media_max_images: usize,
+    /// Most frames of one video after sampling.
+    #[arg(long, env = "MEMRA_MEDIA_MAX_FRAMES", default_value_t = 8)]
+    pub media_max_frames: usize,
+    /// Frames per second a video's frames are sampled at.
+    #[arg(long, env = "MEMRA_MEDIA_VIDEO_FPS", default_value_t = 1.0)]
+    pub media_video_fps: f32,
+    /// Hosts image URLs may name, comma-separated (empty: remote URLs refused).
+    #[arg(long, env = "MEMRA_MEDIA_ALLOWED_HOSTS")]
+    pub media_allowed_hosts: Option<String>,
     /// Add an `x-memra-cache-key` header to inference responses: a routing key for
     /// cache-affine gateways (docs/DEPLOY.md says what it hashes).
     #[arg(long, env = "MEMRA_CACHE_KEY_HEADER")]
@@ -148,6 +166,8 @@ pub struct ModelSpec {
     pub spec: Option<SpecConfig>,
     /// The KV cache format for this model (`+kv=q8_0`; default `--kv-dtype`).
     pub kv_dtype: Option<KvDtype>,
+    /// The model's vision tower, an mmproj GGUF file (`+mmproj=PATH`).
+    pub mmproj: Option<PathBuf>,
 }
 
 /// The speculation of a model named without options: `auto` at the default depth.
@@ -159,6 +179,7 @@ pub fn default_spec() -> SpecConfig {
 struct EntryOptions {
     spec: Option<SpecConfig>,
     kv_dtype: Option<KvDtype>,
+    mmproj: Option<PathBuf>,
 }
 
 /// Splits `path+spec=ngram+spec_k=4+kv=q8_0` (or `+spec=mtp|auto|draft|off`, `+draft=PATH`)
@@ -166,6 +187,7 @@ struct EntryOptions {
 fn parse_options(entry: &str) -> Result<(String, EntryOptions), String> {
     let mut parts = entry.split('+');
     let path = parts.next().unwrap_or_default().trim().to_string();
+    let mut mmproj = None;
     let (mut mode, mut draft, mut k, mut kv_dtype) = (
         None::<String>,
         None::<PathBuf>,
@@ -179,6 +201,7 @@ fn parse_options(entry: &str) -> Result<(String, EntryOptions), String> {
                 mode = Some(val.trim().to_string())
             }
             "draft" if !val.trim().is_empty() => draft = Some(PathBuf::from(val.trim())),
+            "mmproj" if !val.trim().is_empty() => mmproj = Some(PathBuf::from(val.trim())),
             "kv" => {
                 kv_dtype = Some(
                     KvDtype::parse(val)
@@ -193,7 +216,7 @@ fn parse_options(entry: &str) -> Result<(String, EntryOptions), String> {
             _ => {
                 return Err(format!(
                     "MEMRA_MODELS entry `{entry}`: unknown option `+{opt}` (expected \
-                     +spec=auto|ngram|mtp|draft|off, +draft=PATH, +spec_k=K or +kv=DTYPE)"
+                     +spec=auto|ngram|mtp|draft|off, +draft=PATH, +spec_k=K, +kv=DTYPE or +mmproj=PATH)"
                 ));
             }
         }
@@ -217,7 +240,14 @@ fn parse_options(entry: &str) -> Result<(String, EntryOptions), String> {
         }
         None => None,
     };
-    Ok((path, EntryOptions { spec, kv_dtype }))
+    Ok((
+        path,
+        EntryOptions {
+            spec,
+            kv_dtype,
+            mmproj,
+        },
+    ))
 }
 
 /// Parses `alias=path[,alias2=path2]`.
@@ -258,6 +288,7 @@ pub fn parse_models(s: &str) -> Result<Vec<ModelSpec>, String> {
             path,
             spec: opts.spec,
             kv_dtype: opts.kv_dtype,
+            mmproj: opts.mmproj,
         });
     }
     if out.is_empty() {
@@ -291,6 +322,7 @@ impl ServeArgs {
                 path,
                 spec: Some(default_spec()),
                 kv_dtype: None,
+                mmproj: None,
             }]);
         }
         let where_ = dir

@@ -31,6 +31,19 @@ pub trait ModelText: Send + Sync {
     fn encode_chat_tools(&self, messages: &[ChatMessage], _tools: &Value) -> Result<Vec<u32>> {
         self.encode_chat(messages)
     }
+    /// Renders the conversation (with `tools` if given) and tokenizes it, each content split
+    /// at `marker` (an image's place): the ids and, per marker, where in them it was. The
+    /// default: image input is not available.
+    fn encode_chat_media(
+        &self,
+        _messages: &[ChatMessage],
+        _tools: Option<&Value>,
+        _marker: &str,
+    ) -> Result<(Vec<u32>, Vec<usize>)> {
+        Err(memra_engine::Error::Unsupported(
+            "this model does not take images".into(),
+        ))
+    }
     /// How the chat template handles tools (the default: the generic format).
     fn tool_style(&self) -> ToolStyle {
         ToolStyle::default()
@@ -61,6 +74,8 @@ pub struct ServedModel {
     /// The KV cache (absent for engines without one, e.g. the test engine).
     pub kv_cache: Option<KvCacheJson>,
     pub text: Arc<dyn ModelText>,
+    /// The model's vision tower (`+mmproj=PATH`), when it takes images.
+    pub vision: Option<Arc<crate::media::Vision>>,
 }
 
 /// The engine as the server sees it.

@@ -360,6 +360,7 @@ impl Generate for FakeEngine {
             pipeline: None,
             kv_cache: None,
             text: Arc::new(ByteText),
+            vision: None,
         }]
     }
 

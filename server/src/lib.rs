@@ -2,7 +2,7 @@
 //!
 //! Layout: `config` (every flag and env var), `engine` (the narrow trait the server needs from
 //! the engine), `fake` (a scripted engine for tests), `validation` (JSON -> typed request),
-//! `openai` (response shapes), `tools` (tool-call formats), `errors` (the one error -> HTTP mapping), `auth` (keyring),
+//! `media` (images and video frames -> image tokens and embeddings), `openai` (response shapes), `tools` (tool-call formats), `errors` (the one error -> HTTP mapping), `auth` (keyring),
 //! `cache_key` (the gateways' routing key), `metrics`, `sse`, `http` (listener, bodies, drain) and `routes`.
 
 pub mod auth;
@@ -17,6 +17,7 @@ pub mod fdlimit;
 pub mod fuzz;
 pub mod http;
 pub mod keys;
+pub mod media;
 pub mod metrics;
 pub mod openai;
 pub mod real;

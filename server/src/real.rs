@@ -14,6 +14,10 @@ use memra_engine::loader::load_model;
 use memra_engine::request::{EventStream, SubmitError, ValidRequest};
 use memra_engine::scheduler::SchedulerConfig;
 use memra_engine::spec::DrafterKind;
+use memra_engine::vision::{ImageTokens, VisionTower};
+use std::collections::HashMap;
+
+use crate::media::Vision;
 
 use crate::config::ServeArgs;
 use crate::engine::{Generate, KvCacheJson, ModelText, ServedModel};
@@ -28,6 +32,23 @@ struct HandleText {
 }
 
 impl HandleText {
+    fn render_media(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&Value>,
+        marker: &str,
+    ) -> Result<(Vec<u32>, Vec<usize>)> {
+        let tmpl = self.handle.chat_template(&self.alias).ok_or_else(|| {
+            memra_engine::Error::Template(
+                "this model has no chat template; use /v1/completions".into(),
+            )
+        })?;
+        let rendered = tmpl.render_with_tools(messages, tools, true)?;
+        let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+        self.tokenizer()?
+            .encode_chat_media(&rendered, &contents, marker)
+    }
+
     fn render_and_encode(
         &self,
         messages: &[ChatMessage],
@@ -62,6 +83,15 @@ impl ModelText for HandleText {
 
     fn encode_chat_tools(&self, messages: &[ChatMessage], tools: &Value) -> Result<Vec<u32>> {
         self.render_and_encode(messages, Some(tools))
+    }
+
+    fn encode_chat_media(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&Value>,
+        marker: &str,
+    ) -> Result<(Vec<u32>, Vec<usize>)> {
+        self.render_media(messages, tools, marker)
     }
 
     fn tool_style(&self) -> ToolStyle {
@@ -100,17 +130,22 @@ struct Loaded {
     models: Vec<ServedModel>,
 }
 
+/// One model to start: alias, path, speculative decoding settings, KV format (default: the
+/// engine's) and vision tower (an mmproj file).
+pub type ModelStart = (
+    String,
+    PathBuf,
+    Option<memra_engine::spec::SpecConfig>,
+    Option<memra_engine::backend::KvDtype>,
+    Option<PathBuf>,
+);
+
 /// What to start.
 #[derive(Clone, Debug)]
 pub struct StartConfig {
     /// Alias, path, speculative decoding settings and KV format (default: the engine's) of each
     /// model.
-    pub models: Vec<(
-        String,
-        PathBuf,
-        Option<memra_engine::spec::SpecConfig>,
-        Option<memra_engine::backend::KvDtype>,
-    )>,
+    pub models: Vec<ModelStart>,
     pub engine: EngineConfig,
     pub limits: AdmissionLimits,
 }
@@ -125,7 +160,15 @@ impl StartConfig {
         Ok(StartConfig {
             models: specs
                 .iter()
-                .map(|s| (s.alias.clone(), s.path.clone(), s.spec.clone(), s.kv_dtype))
+                .map(|s| {
+                    (
+                        s.alias.clone(),
+                        s.path.clone(),
+                        s.spec.clone(),
+                        s.kv_dtype,
+                        s.mmproj.clone(),
+                    )
+                })
                 .collect(),
             engine,
             limits,
@@ -163,20 +206,53 @@ impl RealEngine {
 
     /// A started engine (tests).
     pub fn from_handle(handle: EngineHandle) -> RealEngine {
+        Self::from_handle_with_vision(handle, Visions::new())
+    }
+
+    /// A started engine whose models (by alias) have these vision towers (tests).
+    pub fn from_handle_with_vision(handle: EngineHandle, visions: Visions) -> RealEngine {
         let e = RealEngine {
             loaded: OnceLock::new(),
         };
-        let _ = e.loaded.set(wrap(handle));
+        let _ = e.loaded.set(wrap(handle, visions));
         e
     }
 }
 
-fn wrap(handle: EngineHandle) -> Loaded {
+/// Vision towers by model alias.
+pub type Visions = HashMap<String, Arc<Vision>>;
+
+/// Loads `path` (an mmproj GGUF) as `alias`'s vision tower, with the image tokens of the
+/// model's vocabulary.
+pub fn load_vision(
+    alias: &str,
+    path: &std::path::Path,
+    tok: &memra_engine::tokenizer::Tokenizer,
+    hidden: usize,
+) -> std::result::Result<Arc<Vision>, String> {
+    let tower = VisionTower::open(path)
+        .map_err(|e| format!("model `{alias}`: +mmproj={}: {e}", path.display()))?;
+    if tower.out_width() != hidden {
+        return Err(format!(
+            "model `{alias}`: +mmproj={}: the tower's rows have {} values, the model's \
+             embeddings {hidden}",
+            path.display(),
+            tower.out_width()
+        ));
+    }
+    Ok(Arc::new(Vision::new(
+        tower,
+        ImageTokens::from_tokenizer(tok),
+    )))
+}
+
+fn wrap(handle: EngineHandle, mut visions: Visions) -> Loaded {
     let created = crate::routes::shape::now_secs();
     let models = handle
         .models()
         .into_iter()
         .map(|m| ServedModel {
+            vision: visions.remove(&m.alias),
             text: Arc::new(HandleText {
                 handle: handle.clone(),
                 alias: m.alias.clone(),
@@ -201,7 +277,7 @@ fn wrap(handle: EngineHandle) -> Loaded {
 /// Refuses a model whose draft model is missing or unreadable before any model loads (the
 /// vocabulary and tokenizer are checked against the target's once it has loaded).
 pub fn check_draft_paths(cfg: &StartConfig) -> std::result::Result<(), String> {
-    for (alias, _, spec, _) in &cfg.models {
+    for (alias, _, spec, _, _) in &cfg.models {
         let draft = match spec.as_ref().map(|s| &s.drafter) {
             Some(DrafterKind::Model(p) | DrafterKind::Auto(Some(p))) => p,
             _ => continue,
@@ -220,12 +296,24 @@ pub fn check_draft_paths(cfg: &StartConfig) -> std::result::Result<(), String> {
 fn load(cfg: StartConfig) -> std::result::Result<Loaded, String> {
     check_draft_paths(&cfg)?;
     let mut models = Vec::new();
-    for (alias, path, spec, kv_dtype) in cfg.models {
+    let mut visions = Visions::new();
+    for (alias, path, spec, kv_dtype, mmproj) in cfg.models {
         let bar = spinner(format!("loading {alias} from {}", path.display()));
         let m = load_model(&path);
         bar.finish_and_clear();
         let m = m.map_err(|e| format!("loading {alias} ({}): {e}", path.display()))?;
         tracing::info!("loaded {alias} ({})", path.display());
+        if let Some(p) = mmproj {
+            let v = load_vision(&alias, &p, &m.tokenizer, m.config.hidden)?;
+            tracing::info!(
+                "{alias}: vision tower {} ({}x{} images, {} tokens each; CPU)",
+                p.display(),
+                v.tower.image_size(),
+                v.tower.image_size(),
+                v.tower.tokens_per_image()
+            );
+            visions.insert(alias.clone(), v);
+        }
         let engine = EngineConfig {
             spec,
             kv_dtype: kv_dtype.unwrap_or(cfg.engine.kv_dtype),
@@ -270,7 +358,7 @@ fn load(cfg: StartConfig) -> std::result::Result<Loaded, String> {
             tracing::warn!("{}: {n}", m.alias);
         }
     }
-    Ok(wrap(handle))
+    Ok(wrap(handle, visions))
 }
 
 /// The engine settings the flags give: device, threads, KV budget, scheduler and admission

@@ -36,6 +36,8 @@ pub struct Limits {
     pub tokenize_timeout: Duration,
     /// Whether inference responses carry `x-memra-cache-key` (a routing key for gateways).
     pub cache_key_header: bool,
+    /// Images and video frames (`--media-*`).
+    pub media: crate::media::MediaLimits,
 }
 
 impl Default for Limits {
@@ -52,6 +54,7 @@ impl Default for Limits {
             tokenize_workers: default_tokenize_workers(),
             tokenize_timeout: Duration::from_secs(20),
             cache_key_header: false,
+            media: crate::media::MediaLimits::default(),
         }
     }
 }
@@ -69,6 +72,23 @@ impl Limits {
             stream_write_timeout: Duration::from_secs(a.stream_write_timeout_s),
             max_connections: a.max_connections.max(1),
             cache_key_header: a.cache_key_header,
+            media: crate::media::MediaLimits {
+                image: crate::media::ImageLimits {
+                    max_bytes: a.media_max_bytes,
+                    max_pixels: a.media_max_pixels,
+                },
+                max_images: a.media_max_images,
+                max_frames: a.media_max_frames,
+                video_fps: a.media_video_fps,
+                allowed_hosts: a
+                    .media_allowed_hosts
+                    .as_deref()
+                    .unwrap_or("")
+                    .split(',')
+                    .map(|h| h.trim().to_string())
+                    .filter(|h| !h.is_empty())
+                    .collect(),
+            },
             ..Limits::default()
         }
     }

@@ -8,6 +8,7 @@ use memra_engine::sampling::SamplingParams;
 use serde_json::{Map, Value};
 
 use crate::errors::ApiError;
+use crate::media::{MARKER, MediaRef};
 
 mod structured;
 pub use structured::{
@@ -72,6 +73,8 @@ pub struct Parsed {
     pub speculative: bool,
     /// `response_format` and tools.
     pub structured: Structured,
+    /// Images and videos of a chat request, one per [`MARKER`] in the messages, in order.
+    pub media: Vec<MediaRef>,
 }
 
 type Obj = Map<String, Value>;
@@ -224,20 +227,60 @@ fn parse_sampling(o: &Obj) -> Result<SamplingParams, ApiError> {
     Ok(p)
 }
 
-fn parse_content(i: usize, v: &Value) -> Result<String, ApiError> {
+/// A message's content: a string, or a list of parts (text, `image_url`, `video`); each image
+/// or video leaves [`MARKER`] in the text where it goes and is appended to `media`.
+fn parse_content(i: usize, v: &Value, media: &mut Vec<MediaRef>) -> Result<String, ApiError> {
     let param = format!("messages[{i}].content");
     match v {
         Value::String(s) => Ok(s.clone()),
         Value::Array(parts) => {
             let mut out = String::new();
-            for p in parts {
-                let ty = p.get("type").and_then(Value::as_str);
-                match (ty, p.get("text").and_then(Value::as_str)) {
-                    (Some("text"), Some(t)) => out.push_str(t),
+            for (j, p) in parts.iter().enumerate() {
+                let part = format!("{param}[{j}]");
+                match p.get("type").and_then(Value::as_str) {
+                    Some("text") => match p.get("text").and_then(Value::as_str) {
+                        Some(t) => out.push_str(t),
+                        None => {
+                            return Err(ApiError::param(
+                                &part,
+                                "a text part needs `text` (a string)",
+                            ));
+                        }
+                    },
+                    Some("image_url") => {
+                        let url = p
+                            .get("image_url")
+                            .and_then(|u| u.get("url").or(Some(u)))
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| {
+                                ApiError::param(
+                                    &part,
+                                    "an image part is {\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,...\"}}",
+                                )
+                            })?;
+                        out.push_str(MARKER);
+                        media.push(MediaRef::Image {
+                            url: url.to_string(),
+                            param: format!("{part}.image_url.url"),
+                        });
+                    }
+                    Some("video") => {
+                        media.push(parse_video(p, &part)?);
+                        out.push_str(MARKER);
+                    }
+                    Some("video_url") => {
+                        return Err(ApiError::param(
+                            &part,
+                            "video files are not decoded (memra has no video decoder); send the \
+                             video as a list of frames: {\"type\": \"video\", \"video\": \
+                             [\"data:image/jpeg;base64,...\", ...], \"fps\": 1}",
+                        ));
+                    }
                     _ => {
                         return Err(ApiError::param(
-                            &param,
-                            "only text content parts ({\"type\":\"text\",\"text\":...}) are supported",
+                            &part,
+                            "a content part is {\"type\": \"text\"}, {\"type\": \"image_url\"} or \
+                             {\"type\": \"video\"}",
                         ));
                     }
                 }
@@ -246,12 +289,50 @@ fn parse_content(i: usize, v: &Value) -> Result<String, ApiError> {
         }
         _ => Err(ApiError::param(
             &param,
-            format!("`{param}` must be a string or a list of text parts"),
+            format!("`{param}` must be a string or a list of content parts"),
         )),
     }
 }
 
-fn parse_messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
+/// `{"type": "video", "video": [frame URLs], "fps": F}`.
+fn parse_video(p: &Value, part: &str) -> Result<MediaRef, ApiError> {
+    let bad = || {
+        ApiError::param(
+            part,
+            "a video part is {\"type\": \"video\", \"video\": [frame data: URLs], \"fps\": F}",
+        )
+    };
+    let frames = p
+        .get("video")
+        .and_then(Value::as_array)
+        .ok_or_else(bad)?
+        .iter()
+        .map(|f| f.as_str().map(str::to_string))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(bad)?;
+    if frames.is_empty() {
+        return Err(ApiError::param(part, "a video needs at least one frame"));
+    }
+    let fps = match p.get("fps") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_f64() {
+            Some(f) if f > 0.0 && f <= 1000.0 => Some(f as f32),
+            _ => {
+                return Err(ApiError::param(
+                    part,
+                    "`fps` must be a number from 0 to 1000",
+                ));
+            }
+        },
+    };
+    Ok(MediaRef::Video {
+        frames,
+        fps,
+        param: format!("{part}.video"),
+    })
+}
+
+fn parse_messages(o: &Obj, media: &mut Vec<MediaRef>) -> Result<Vec<ChatMessage>, ApiError> {
     let Some(Value::Array(msgs)) = present(o, "messages") else {
         return Err(ApiError::param(
             "messages",
@@ -298,12 +379,19 @@ fn parse_messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
                     "content is required",
                 ));
             }
-            Some(v) => parse_content(i, v)?,
+            Some(v) => parse_content(i, v, media)?,
         };
         let mut msg = ChatMessage::new(role, content);
         msg.tool_calls = tool_calls;
         msg.tool_call_id = tool_call_id;
         out.push(msg);
+    }
+    let markers: usize = out.iter().map(|m| m.content.matches(MARKER).count()).sum();
+    if !media.is_empty() && markers != media.len() {
+        return Err(ApiError::param(
+            "messages",
+            "a request with images may not use U+FFFC (the object replacement character) in its text",
+        ));
     }
     Ok(out)
 }
@@ -386,8 +474,9 @@ pub fn parse(kind: Kind, body: &[u8], max_tokens_cap: usize) -> Result<Parsed, A
     {
         return Err(ApiError::param("n", "only `n` = 1 is supported"));
     }
+    let mut media = Vec::new();
     let prompt = match kind {
-        Kind::Chat => PromptInput::Chat(parse_messages(&o)?),
+        Kind::Chat => PromptInput::Chat(parse_messages(&o, &mut media)?),
         Kind::Completion => parse_prompt(&o)?,
     };
     let mut max_tokens = None;
@@ -468,6 +557,7 @@ pub fn parse(kind: Kind, body: &[u8], max_tokens_cap: usize) -> Result<Parsed, A
         ignore_eos: get_bool(&o, "ignore_eos")?.unwrap_or(false),
         speculative: get_bool(&o, "speculative")?.unwrap_or(true),
         structured: parse_structured(&o, kind)?,
+        media,
     })
 }
 
@@ -522,6 +612,7 @@ pub fn finish(
         ));
     }
     Ok(ValidRequest {
+        media: Vec::new(),
         model: p.model,
         tenant: to.tenant.to_string(),
         prompt,

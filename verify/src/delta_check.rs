@@ -133,6 +133,7 @@ fn gpu_step(
 /// The batch of `rows` (sequence, position) over one block table per sequence.
 fn batch(rows: &[(usize, usize)], slots: &[u32]) -> StepBatch {
     StepBatch {
+        embeds: Vec::new(),
         rows: rows
             .iter()
             .map(|&(seq, pos)| StepRow {

@@ -148,6 +148,7 @@ pub fn run(
         })
         .collect();
     b.step(&StepBatch {
+        embeds: Vec::new(),
         rows,
         block_tables: vec![prompt_table.clone()],
         state_slots: Vec::new(),
@@ -198,6 +199,7 @@ pub fn run(
             false => tables.extend(std::iter::repeat_n(fill_table.clone(), rows.len() - 1)),
         }
         StepBatch {
+            embeds: Vec::new(),
             rows,
             block_tables: tables,
             state_slots: Vec::new(),

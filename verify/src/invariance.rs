@@ -109,6 +109,7 @@ impl Run<'_> {
             false => tables.extend(std::iter::repeat_n(self.filler_table.clone(), fill.len())),
         }
         let out = self.b.step(&StepBatch {
+            embeds: Vec::new(),
             rows: rows.clone(),
             block_tables: tables,
             state_slots: Vec::new(),

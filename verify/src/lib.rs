@@ -3,7 +3,8 @@
 //! `tokens` (greedy tokens vs the reference fixture), `spec` (speculative vs plain decoding;
 //! with the MTP drafter on a GPU also its hand-over against the CPU's, `mtp_check`),
 //! `inspect` (a model file validated the way the engine loads it), `pp` (a model split over
-//! pipeline stages vs the unsplit model).
+//! pipeline stages vs the unsplit model), `vision` (image input: the tower vs a numpy
+//! reference, image prompts under load and in the prefix cache).
 
 mod attention_check;
 mod attention_window_check;
@@ -26,3 +27,4 @@ mod products_check;
 pub mod serve_invariance;
 pub mod spec;
 pub mod tokens;
+pub mod vision;

@@ -10,6 +10,7 @@
 //! - `memra-verify graph [--device cuda:N] (MODEL | --tiny ARCH) [--max-m 64] [--gen-tokens 24]`
 //! - `memra-verify spec [--device D] (MODEL | --tiny ARCH[+mtp|+mtp-oracle]) [--max-tokens 32] [--k-max 8]
 //!   [--drafters ngram,mtp,self,random,auto,pick]`
+//! - `memra-verify vision [MODEL] [--device D] [--mmproj FILE] [--images 4] [--prompts 8] [--tolerance 1e-4]`
 //! - `memra-verify golden [--device D] (MODEL | --tiny ARCH) [--dir verify/golden]
 //!   [--record --reason TEXT]`: plain decoding's logits bytes vs those recorded for the device class
 //! - `memra-verify all [--device D] MODEL [--fixture FILE]`: every gate for the device, then a
@@ -291,6 +292,35 @@ enum Cmd {
         #[arg(long, requires = "record")]
         reason: Option<String>,
     },
+    /// Image input: the vision tower (CPU) vs the numpy reference, greedy tokens with
+    /// memra's vs the reference's embeddings, image requests mixed into text load, prefix-cache
+    /// hits on the same image (docs/VERIFY.md).
+    Vision {
+        /// A gemma3 GGUF file or HF folder (default: a tiny random gemma3 with SmolLM2's
+        /// tokenizer).
+        model: Option<PathBuf>,
+        /// The tower, an mmproj GGUF (default: a tiny random one).
+        #[arg(long)]
+        mmproj: Option<PathBuf>,
+        /// Where the engine runs (the tower runs on the CPU).
+        #[arg(long, default_value = "cpu")]
+        device: Device,
+        /// Python with numpy and gguf (verify/reference/requirements.txt).
+        #[arg(long, default_value = "python3")]
+        python: String,
+        #[arg(long, default_value_t = 4)]
+        images: usize,
+        #[arg(long, default_value_t = 8)]
+        prompts: usize,
+        #[arg(long, default_value_t = 16)]
+        max_tokens: usize,
+        /// Largest max |memra - ref| / max |ref| of one image's embeddings.
+        #[arg(long, default_value_t = 1e-4)]
+        tolerance: f32,
+        /// Also write the report as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Every gate that applies to the device, then a summary table.
     All {
         model: PathBuf,
@@ -303,6 +333,38 @@ enum Cmd {
         #[arg(long, default_value = "verify/golden")]
         golden_dir: PathBuf,
     },
+}
+
+fn gate_vision(a: &memra_verify::vision::VisionArgs, json: Option<&Path>) -> Result<usize> {
+    let r = memra_verify::vision::check(a)?;
+    let worst = r.rel_errors.iter().fold(0f32, |m, &e| m.max(e));
+    println!(
+        "vision: tower {}x{} -> {} tokens; {} images vs the numpy reference: largest error \
+         {worst:.2e} of the largest value (tolerance {:.0e}); encode {:.1} ms per image (CPU)",
+        r.image_size,
+        r.image_size,
+        r.tokens_per_image,
+        r.rel_errors.len(),
+        a.tolerance,
+        r.encode_ms_per_image
+    );
+    println!(
+        "vision: greedy tokens equal on {}/{} image prompts (memra's vs the reference's rows)",
+        r.tokens_equal, r.prompts
+    );
+    println!(
+        "vision: serve: {} differences under mixed image + text load; same image again {} \
+         prompt tokens from the cache, another image {}",
+        r.serve_differences, r.cached_tokens_same_image, r.cached_tokens_other_image
+    );
+    for f in &r.failures {
+        println!("FAIL {f}");
+    }
+    if let Some(p) = json {
+        let s = serde_json::to_string_pretty(&r).map_err(|e| Error::Input(e.to_string()))?;
+        std::fs::write(p, s).map_err(|e| Error::io(p, e))?;
+    }
+    Ok(r.failures.len())
 }
 
 /// The tiny random model of `ARCH`, of `ARCH+mtp` with one random MTP layer (its drafts are
@@ -1036,6 +1098,29 @@ fn run(cli: Cli) -> Result<usize> {
             fixture,
             device,
         } => gate_tokens(&model, &fixture, device),
+        Cmd::Vision {
+            model,
+            mmproj,
+            device,
+            python,
+            images,
+            prompts,
+            max_tokens,
+            tolerance,
+            json,
+        } => gate_vision(
+            &memra_verify::vision::VisionArgs {
+                device,
+                mmproj,
+                model,
+                python,
+                images: images.max(1),
+                prompts,
+                max_tokens,
+                tolerance,
+            },
+            json.as_deref(),
+        ),
         Cmd::ServeInvariance {
             model,
             device,

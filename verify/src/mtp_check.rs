@@ -42,6 +42,7 @@ fn batch(ids: &[u32], block_size: usize) -> StepBatch {
         })
         .collect();
     StepBatch {
+        embeds: Vec::new(),
         rows,
         block_tables: vec![(0..ids.len().div_ceil(block_size) as u32).collect()],
         state_slots: Vec::new(),

@@ -106,6 +106,7 @@ pub fn run(b: &mut dyn Backend, json: &Path) -> Result<PeerReport> {
             .collect();
         let first = c.prompt.len() - 1;
         let batch = StepBatch {
+            embeds: Vec::new(),
             rows: ids
                 .iter()
                 .enumerate()

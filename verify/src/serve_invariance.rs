@@ -158,6 +158,7 @@ fn schema_grammar(tok: &Tokenizer) -> Result<Arc<Grammar>> {
 
 fn request(prompt: &[u32], i: usize, max_tokens: usize, g: &Arc<Grammar>) -> ValidRequest {
     ValidRequest {
+        media: Vec::new(),
         model: "m".into(),
         tenant: "verify".into(),
         prompt: prompt.to_vec(),

@@ -71,6 +71,12 @@ pub trait Exec: Ops {
         )))
     }
 
+    /// Whether [`Ops::inject`] writes the step's given embeddings
+    /// ([`super::StepBatch::embeds`], image input). The CPU does; CUDA does not yet.
+    fn injects_rows(&self) -> bool {
+        false
+    }
+
     /// Whether [`Exec::read_rows`] reads step activations after a step (the residual rows the
     /// MTP drafter needs, [`crate::backend::Backend::keep_hidden`]).
     fn reads_step_rows(&self) -> bool {

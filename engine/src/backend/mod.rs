@@ -42,6 +42,43 @@ pub struct StepBatch {
     pub rows: Vec<StepRow>,
     pub block_tables: Vec<Vec<u32>>,
     pub state_slots: Vec<u32>,
+    /// Rows whose input is a given embedding instead of their token's (an image's soft
+    /// tokens, crate::vision): at most one per row, in row order. Empty for text-only steps.
+    pub embeds: Vec<RowEmbed>,
+}
+
+/// A step row's input embedding: row `index` of `values` (rows of the model's hidden size),
+/// injected after the token embedding and its scaling (`Ops::inject`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowEmbed {
+    /// The step row.
+    pub row: usize,
+    pub values: std::sync::Arc<[f32]>,
+    pub index: usize,
+}
+
+/// Checks a step's given embeddings: rows in order, inside the step, each naming a whole row
+/// of `width` values.
+pub fn check_embeds(batch: &StepBatch, width: usize) -> Result<()> {
+    let mut next = 0;
+    for e in &batch.embeds {
+        let ok = e.row >= next
+            && e.row < batch.rows.len()
+            && (e.index + 1)
+                .checked_mul(width)
+                .is_some_and(|end| end <= e.values.len());
+        if !ok {
+            return Err(Error::Input(format!(
+                "step embedding for row {} (index {} of {} values, width {width}) is out of \
+                 order or out of range",
+                e.row,
+                e.index,
+                e.values.len()
+            )));
+        }
+        next = e.row + 1;
+    }
+    Ok(())
 }
 
 /// Logits of the rows that asked for them, in row order.
@@ -125,6 +162,12 @@ pub type DumpFn = Box<dyn FnMut(&str, usize, usize, &[f32]) + Send>;
 
 /// A compute backend holding one model's weights and its KV cache.
 pub trait Backend: Send {
+    /// Whether steps may carry given embeddings ([`StepBatch::embeds`], image rows): the
+    /// architecture injects them and the backend writes them. The default: no.
+    fn accepts_embeds(&self) -> bool {
+        false
+    }
+
     /// Short name (`cpu`, `cuda:0`).
     fn name(&self) -> String;
     /// The tuned parameters in use, one line (the CUDA device profile), for the startup log

@@ -117,6 +117,16 @@ impl<O: Exec> Runner<O> {
         if batch.rows.is_empty() {
             return Ok((Vec::new(), self.head_in));
         }
+        if !batch.embeds.is_empty() {
+            super::check_embeds(batch, self.config.hidden)?;
+            if !(self.ops.injects_rows() && self.model.takes_embeds()) {
+                return Err(Error::Unsupported(format!(
+                    "image input is not supported for {} on {}",
+                    self.config.arch.gguf_name(),
+                    self.ops.name()
+                )));
+            }
+        }
         let want: Vec<usize> = (0..batch.rows.len())
             .filter(|&i| batch.rows[i].want_logits)
             .collect();
@@ -169,6 +179,10 @@ impl<O: Exec> Backend for Runner<O> {
 
     fn profile(&self) -> Option<String> {
         self.ops.profile()
+    }
+
+    fn accepts_embeds(&self) -> bool {
+        self.ops.injects_rows() && self.model.takes_embeds()
     }
 
     fn config(&self) -> &ModelConfig {

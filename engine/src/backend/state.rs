@@ -236,6 +236,7 @@ mod tests {
             .unwrap_or(0)
             .max(slots.len());
         StepBatch {
+            embeds: Vec::new(),
             rows: rows
                 .iter()
                 .map(|&(pos, seq)| StepRow {

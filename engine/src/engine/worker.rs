@@ -269,6 +269,8 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         spec: spec.as_ref().map(|s| (s.name(), s.cfg.k)),
         spec_notes,
         pipeline: backend.pipeline(),
+        hidden: backend.config().hidden,
+        image_input: backend.accepts_embeds(),
     };
     let w = Worker {
         backend,
@@ -416,6 +418,7 @@ impl Worker {
             tenant: s.req.tenant.clone(),
             namespace: ns,
             prompt: s.req.prompt.clone(),
+            media: s.req.media.clone(),
         });
         let constraint = s.req.grammar.as_ref().map(|g| g.start());
         let a = Active {

@@ -321,6 +321,9 @@ impl<O: Ops> Forward<O> for Gemma3<O> {
         self.emb.embed(ops, a.x)?;
         if self.emb.first {
             ops.scale(a.x, self.embed_scale)?;
+            // Image soft tokens: the tower's rows replace the scaled token embeddings (they
+            // are not scaled, as in HF and llama.cpp).
+            ops.inject(a.x)?;
         }
         for (i, w) in self.layers.iter().enumerate() {
             let l = self.first + i;
@@ -349,6 +352,10 @@ impl<O: Ops> Forward<O> for Gemma3<O> {
             ops.dump("l_out", l, a.x);
         }
         Ok(a.x)
+    }
+
+    fn takes_embeds(&self) -> bool {
+        true
     }
 
     fn head(&self, ops: &mut O, x: Act, logits: Act) -> Result<()> {

@@ -110,6 +110,11 @@ pub trait Forward<O: Ops>: Send {
     fn body(&self, ops: &mut O) -> Result<Act>;
     /// The output head: `x` (step rows, or head rows) into `logits` (head rows).
     fn head(&self, ops: &mut O, x: Act, logits: Act) -> Result<()>;
+    /// Whether the body injects given embeddings into its input rows (`Ops::inject`): an
+    /// architecture with a vision tower (gemma3). Others refuse steps that carry embeddings.
+    fn takes_embeds(&self) -> bool {
+        false
+    }
 }
 
 /// A function building a forward pass of weights on a backend's ops ([`build`], [`mtp::build`]).

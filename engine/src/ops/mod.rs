@@ -234,6 +234,13 @@ pub trait Ops: Send + Sized + 'static {
             "mtp speculation is not yet supported on this backend".into(),
         ))
     }
+    /// Overwrites the rows of `x` that the step gives an embedding for
+    /// ([`crate::backend::StepBatch::embeds`]). Backends that do not read the step's
+    /// embeddings (`Exec::injects_rows` false) never see a step with some: the runner refuses
+    /// it first.
+    fn inject(&mut self, _x: Act) -> Result<()> {
+        Ok(())
+    }
     /// `y[r][n] = dot(W[n], x[r])`.
     fn matmul(&mut self, w: &Self::Mat, x: Act, y: Act) -> Result<()>;
     /// `ys[i] = W[i] x` for each matrix of `w`.

@@ -205,6 +205,7 @@ fn verify(
         })
         .collect();
     let batch = StepBatch {
+        embeds: Vec::new(),
         rows,
         block_tables: vec![table.to_vec()],
         state_slots: vec![0],

@@ -138,6 +138,7 @@ impl MtpDrafter {
         tables: Vec<Vec<u32>>,
     ) -> Result<Vec<(Vec<f32>, Vec<f32>)>> {
         let mut batch = StepBatch {
+            embeds: Vec::new(),
             rows: Vec::with_capacity(rows.len()),
             block_tables: tables,
             state_slots: Vec::new(),

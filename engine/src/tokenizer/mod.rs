@@ -228,6 +228,50 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// [`Tokenizer::encode_chat`] for contents holding media markers: each content is split at
+    /// `marker` and its pieces are encoded as plain text; returns the ids and, per marker in
+    /// order, the index in the ids where the media goes. A marker the template dropped is not
+    /// counted (the caller checks the count).
+    pub fn encode_chat_media(
+        &self,
+        rendered: &str,
+        contents: &[&str],
+        marker: &str,
+    ) -> Result<(Vec<u32>, Vec<usize>)> {
+        let (mut ids, mut at_media) = (Vec::new(), Vec::new());
+        let mut at = 0usize;
+        for c in contents {
+            let c = if rendered[at..].contains(*c) {
+                *c
+            } else {
+                c.trim()
+            };
+            if c.is_empty() {
+                continue;
+            }
+            let Some(off) = rendered[at..].find(c) else {
+                continue;
+            };
+            ids.extend(self.encode(&rendered[at..at + off], false)?);
+            for (k, piece) in c.split(marker).enumerate() {
+                if k > 0 {
+                    at_media.push(ids.len());
+                }
+                if !piece.is_empty() {
+                    ids.extend(self.encode_plain(piece)?);
+                }
+            }
+            at += off + c.len();
+        }
+        ids.extend(self.encode(&rendered[at..], false)?);
+        Ok((ids, at_media))
+    }
+
+    /// The id of a vocabulary entry spelled exactly `piece` (special tokens included).
+    pub fn token_id(&self, piece: &str) -> Option<u32> {
+        self.inner.token_to_id(piece)
+    }
+
     /// Text for `ids`, special tokens included as their text.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         if let Some(bad) = ids.iter().find(|&&id| id as usize >= self.vocab_size) {

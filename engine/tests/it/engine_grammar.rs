@@ -74,6 +74,7 @@ fn schema() -> Value {
 
 fn request(prompt: Vec<u32>, seed: u64, grammar: Option<Arc<Grammar>>) -> ValidRequest {
     ValidRequest {
+        media: Vec::new(),
         model: "tiny".into(),
         tenant: "t".into(),
         prompt,

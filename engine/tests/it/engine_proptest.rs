@@ -182,6 +182,7 @@ fn run(ops: Vec<Op>, blocks: usize, bs: usize, budget: usize, caching: bool, rec
                     continue; // the engine refuses these at submission
                 }
                 h.s.add(NewSeq {
+                    media: Vec::new(),
                     id: h.next,
                     namespace: namespace(&tenant, None),
                     tenant,

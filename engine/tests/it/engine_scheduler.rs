@@ -22,6 +22,7 @@ fn cfg(budget: usize, running: usize, per_tenant: usize, reserve: usize) -> Sche
 
 fn seq(id: SeqId, tenant: &str, prompt: Vec<u32>) -> NewSeq {
     NewSeq {
+        media: Vec::new(),
         id,
         tenant: tenant.into(),
         namespace: namespace(tenant, None),

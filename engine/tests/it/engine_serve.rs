@@ -73,6 +73,7 @@ fn start(kv_blocks: usize, budget: usize, limits: AdmissionLimits) -> EngineHand
 
 fn request(prompt: Vec<u32>, max_tokens: usize, params: SamplingParams) -> ValidRequest {
     ValidRequest {
+        media: Vec::new(),
         model: "tiny".into(),
         tenant: "t".into(),
         prompt,

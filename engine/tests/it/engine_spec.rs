@@ -78,6 +78,7 @@ fn request(i: usize) -> ValidRequest {
         }
     };
     ValidRequest {
+        media: Vec::new(),
         model: "tiny".into(),
         tenant: "t".into(),
         prompt,
@@ -286,6 +287,7 @@ fn fallbacks_are_counted_by_reason() {
         let _ = collect(e.submit(request(i)).unwrap());
     }
     let short = ValidRequest {
+        media: Vec::new(),
         max_tokens: 2,
         ..request(0)
     };

@@ -65,6 +65,7 @@ fn engine(blocks: usize) -> EngineHandle {
 
 fn request(i: usize) -> ValidRequest {
     ValidRequest {
+        media: Vec::new(),
         model: "tiny".into(),
         tenant: format!("t{}", i % 3),
         prompt: (0..10).map(|j| ((i * 31 + j * 7) % 250) as u32).collect(),

@@ -34,3 +34,4 @@ mod spec_generate;
 mod spec_mtp;
 mod tiny_files;
 mod tokenizer;
+mod vision;

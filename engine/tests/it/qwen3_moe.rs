@@ -201,6 +201,7 @@ fn a_row_does_not_depend_on_who_shares_its_experts() {
     let mut solo = cpu(w.clone());
     let tables = vec![vec![0u32, 1]];
     solo.step(&StepBatch {
+        embeds: Vec::new(),
         rows: rows(0),
         block_tables: tables.clone(),
         state_slots: Vec::new(),
@@ -208,6 +209,7 @@ fn a_row_does_not_depend_on_who_shares_its_experts() {
     .unwrap();
     let target = row(123, 20, 0);
     let one = StepBatch {
+        embeds: Vec::new(),
         rows: vec![target],
         block_tables: tables.clone(),
         state_slots: Vec::new(),
@@ -216,6 +218,7 @@ fn a_row_does_not_depend_on_who_shares_its_experts() {
     // Together: the same prefix, then the decode row among 24 other rows of other sequences.
     let mut pair = cpu(w);
     pair.step(&StepBatch {
+        embeds: Vec::new(),
         rows: rows(0),
         block_tables: tables.clone(),
         state_slots: Vec::new(),
@@ -229,6 +232,7 @@ fn a_row_does_not_depend_on_who_shares_its_experts() {
         }
     }
     let batch = StepBatch {
+        embeds: Vec::new(),
         rows: batch_rows,
         block_tables: vec![tables[0].clone(), vec![4, 5]],
         state_slots: Vec::new(),

@@ -43,6 +43,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 /// The step of rows `(token, pos, seq)` over `tables` / `slots`, every row wanting logits.
 fn batch(rows: &[(u32, usize, usize)], tables: &[Vec<u32>], slots: &[u32]) -> StepBatch {
     StepBatch {
+        embeds: Vec::new(),
         rows: rows
             .iter()
             .map(|&(token, pos, seq)| StepRow {

@@ -50,6 +50,7 @@ fn run(
     slot: u32,
 ) -> memra_engine::Result<Vec<Vec<u32>>> {
     let batch = StepBatch {
+        embeds: Vec::new(),
         rows: (from..to)
             .map(|p| StepRow {
                 token: toks[p],
@@ -196,6 +197,7 @@ fn params(i: usize) -> SamplingParams {
 
 fn request(prompt: &[u32], i: usize, max_tokens: usize) -> ValidRequest {
     ValidRequest {
+        media: Vec::new(),
         model: "m".into(),
         tenant: "t".into(),
         prompt: prompt.to_vec(),

@@ -48,6 +48,7 @@ fn refused(target: &Path, drafter: DrafterKind, want: &[&str]) {
 /// The tokens of one greedy request and its accepted drafts.
 fn run(h: &EngineHandle) -> (Vec<u32>, usize) {
     let req = ValidRequest {
+        media: Vec::new(),
         model: "m".into(),
         tenant: "t".into(),
         prompt: vec![97, 98, 99, 97, 98, 99, 97],

@@ -277,6 +277,7 @@ pub fn load_whole(path: &Path) -> Result<Served, String> {
     let engine = Engine::start(vec![("m".into(), m, cfg)], AdmissionLimits::default())
         .map_err(|e: Error| e.to_string())?;
     let req = ValidRequest {
+        media: Vec::new(),
         model: "m".into(),
         tenant: "t".into(),
         prompt,

@@ -19,9 +19,11 @@ use super::stream;
 use crate::cache_key::{self, KeyInput};
 use crate::errors::ApiError;
 use crate::http::body::{self, Body};
+use crate::media::{self, MediaLimits, MediaRef, Vision};
 use crate::state::{Permit, State};
 use crate::tools;
 use crate::validation::{self, Kind, Parsed, PromptInput, Structured, format_grammar};
+use memra_engine::vision::MediaSpan;
 
 /// Bytes of prompt text allowed per token of context: a prompt longer than context x this
 /// cannot fit once tokenized (a token is rarely over 16 bytes), so it is refused before the
@@ -37,25 +39,80 @@ fn prompt_bytes(p: &PromptInput) -> usize {
     }
 }
 
-/// The prompt's ids and the compiled grammar of its structured output.
-type Prepared = (Vec<u32>, Option<Arc<Grammar>>);
+/// The prompt's ids, the compiled grammar of its structured output and its image rows.
+type Prepared = (Vec<u32>, Option<Arc<Grammar>>, Vec<MediaSpan>);
+
+/// What a request's prompt is made of: its text (or messages), structured output, images.
+struct PromptWork {
+    input: PromptInput,
+    structured: Structured,
+    media: Vec<MediaRef>,
+    /// Images fetched from allowed hosts.
+    fetched: media::Fetched,
+    vision: Option<Arc<Vision>>,
+    limits: MediaLimits,
+}
+
+/// The images of a chat prompt: decoded (every limit checked first), encoded by the tower
+/// (or found in its cache), their tokens spliced in where their markers were.
+fn prepare_media(
+    text: &dyn crate::engine::ModelText,
+    messages: &[memra_engine::chat::ChatMessage],
+    w: &PromptWork,
+    style: crate::tools::ToolStyle,
+) -> Result<(Vec<u32>, Vec<MediaSpan>), ApiError> {
+    let v = w.vision.as_ref().ok_or_else(|| {
+        ApiError::param(
+            "messages",
+            "this model does not take images (serve it with `+mmproj=PATH`)",
+        )
+    })?;
+    let size = v.tower.image_size() as u32;
+    let pixels = media::decode_all(&w.media, &w.limits, &w.fetched, size)?;
+    let (ids, at) = match &w.structured.tools {
+        Some(t) => text.encode_chat_media(
+            &tools::messages_for(messages, t, style),
+            Some(&t.raw),
+            media::MARKER,
+        )?,
+        None => text.encode_chat_media(messages, None, media::MARKER)?,
+    };
+    if at.len() != pixels.len() {
+        return Err(ApiError::param(
+            "messages",
+            format!(
+                "the chat template kept {} of the request's {} images",
+                at.len(),
+                pixels.len()
+            ),
+        ));
+    }
+    let images = pixels
+        .iter()
+        .map(|imgs| imgs.iter().map(|rgb| v.embed(rgb)).collect())
+        .collect::<memra_engine::Result<Vec<Vec<_>>>>()?;
+    Ok(media::splice(ids, &at, images, v))
+}
 
 /// Renders and tokenizes the prompt (tools in the template, or described in a system message)
 /// and compiles the grammar the output must follow: a forced tool call's, else the response
 /// format's. A grammar that does not compile is a 400 naming `tools` or `response_format`.
-fn prepare(
-    text: &dyn crate::engine::ModelText,
-    input: PromptInput,
-    s: &Structured,
-) -> Result<Prepared, ApiError> {
+fn prepare(text: &dyn crate::engine::ModelText, w: PromptWork) -> Result<Prepared, ApiError> {
     let style = text.tool_style();
-    let ids = match input {
-        PromptInput::Text(t) => text.encode(&t)?,
+    let s = &w.structured;
+    let mut spans = Vec::new();
+    let ids = match &w.input {
+        PromptInput::Text(t) => text.encode(t)?,
+        PromptInput::Chat(m) if !w.media.is_empty() => {
+            let (ids, sp) = prepare_media(text, m, &w, style)?;
+            spans = sp;
+            ids
+        }
         PromptInput::Chat(m) => match &s.tools {
-            Some(t) => text.encode_chat_tools(&tools::messages_for(&m, t, style), &t.raw)?,
-            None => text.encode_chat(&m)?,
+            Some(t) => text.encode_chat_tools(&tools::messages_for(m, t, style), &t.raw)?,
+            None => text.encode_chat(m)?,
         },
-        PromptInput::Ids(ids) => ids,
+        PromptInput::Ids(ids) => ids.clone(),
     };
     let (spec, param) = match s.tools.as_ref().and_then(|t| tools::grammar(t, style)) {
         Some(g) => (Some(g), "tools"),
@@ -67,7 +124,7 @@ fn prepare(
                 .map_err(|e| ApiError::param(param, e.to_string()))
         })
         .transpose()?;
-    Ok((ids, grammar))
+    Ok((ids, grammar, spans))
 }
 
 /// Tokenizes (and compiles the grammar) in the bounded pool. The in-flight `permit` travels
@@ -76,8 +133,7 @@ fn prepare(
 async fn tokenize(
     st: &Arc<State>,
     text: Arc<dyn crate::engine::ModelText>,
-    input: PromptInput,
-    structured: Structured,
+    work: PromptWork,
     permit: Permit,
 ) -> Result<(Prepared, Permit), ApiError> {
     let worker = st
@@ -87,7 +143,7 @@ async fn tokenize(
         .await
         .map_err(|_| ApiError::engine("the tokenizer pool is closed"))?;
     let task = tokio::task::spawn_blocking(move || {
-        let r = prepare(text.as_ref(), input, &structured);
+        let r = prepare(text.as_ref(), work);
         drop(worker);
         (r, permit)
     });
@@ -163,14 +219,19 @@ pub async fn handle(
             model.context_len,
         ));
     }
-    let ((ids, grammar), permit) = tokenize(
-        st,
-        model.text.clone(),
-        parsed.prompt.clone(),
-        parsed.structured.clone(),
-        permit,
-    )
-    .await?;
+    let fetched = match &model.vision {
+        Some(_) => media::fetch_allowed(&parsed.media, &st.limits.media).await?,
+        None => media::Fetched::new(),
+    };
+    let work = PromptWork {
+        input: parsed.prompt.clone(),
+        structured: parsed.structured.clone(),
+        media: parsed.media.clone(),
+        fetched,
+        vision: model.vision.clone(),
+        limits: st.limits.media.clone(),
+    };
+    let ((ids, grammar, spans), permit) = tokenize(st, model.text.clone(), work, permit).await?;
     if st.is_draining() {
         return Err(ApiError::from(SubmitError::Draining));
     }
@@ -210,7 +271,8 @@ pub async fn handle(
         ctx: model.context_len,
         max_tokens_cap: st.limits.max_tokens,
     };
-    let vr = validation::finish(parsed, ids, grammar, &target)?;
+    let mut vr = validation::finish(parsed, ids, grammar, &target)?;
+    vr.media = spans;
     let events = st.engine.submit(vr).map_err(|e| match e {
         SubmitError::ContextLength {
             prompt,

@@ -123,7 +123,7 @@ fn bad_requests_name_their_parameter() {
         (
             r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#
                 .to_string(),
-            "messages[0].content",
+            "messages[0].content[0]",
         ),
     ];
     for (body, param) in cases {
@@ -185,4 +185,71 @@ fn finish_checks_context_and_vocab() {
     );
     let e = finish(q, vec![1; 20], None, &to(20, 1000)).unwrap_err();
     assert_eq!(e.code, Some("context_length_exceeded"));
+}
+
+#[test]
+fn image_and_video_parts_leave_markers_in_order() {
+    let p = chat(
+        r#"{"model":"m","messages":[{"role":"user","content":[
+        {"type":"text","text":"a "},
+        {"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA","detail":"low"}},
+        {"type":"text","text":" b"},
+        {"type":"video","video":["data:image/jpeg;base64,BB","data:image/jpeg;base64,CC"],"fps":2}]},
+        {"role":"user","content":[{"type":"image_url","image_url":"data:image/webp;base64,DD"}]}]}"#,
+    )
+    .unwrap();
+    let PromptInput::Chat(m) = &p.prompt else {
+        panic!("not a chat prompt")
+    };
+    assert_eq!(m[0].content, format!("a {MARKER} b{MARKER}"));
+    assert_eq!(m[1].content, MARKER);
+    assert_eq!(p.media.len(), 3);
+    assert_eq!(
+        p.media[0],
+        MediaRef::Image {
+            url: "data:image/png;base64,AAAA".into(),
+            param: "messages[0].content[1].image_url.url".into()
+        }
+    );
+    assert!(
+        matches!(&p.media[1], MediaRef::Video { frames, fps: Some(f), .. } if frames.len() == 2 && *f == 2.0)
+    );
+    assert!(matches!(&p.media[2], MediaRef::Image { url, .. } if url.ends_with("DD")));
+}
+
+#[test]
+fn bad_media_parts_name_the_part() {
+    let one = |part: &str| {
+        param_of(chat(&format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":[{{"type":"text","text":"x"}},{part}]}}]}}"#
+        )))
+    };
+    assert_eq!(one(r#"{"type":"image_url"}"#), "messages[0].content[1]");
+    assert_eq!(
+        one(r#"{"type":"image_url","image_url":{"url":7}}"#),
+        "messages[0].content[1]"
+    );
+    assert_eq!(
+        one(r#"{"type":"video","video":[]}"#),
+        "messages[0].content[1]"
+    );
+    assert_eq!(
+        one(r#"{"type":"video","video":"x"}"#),
+        "messages[0].content[1]"
+    );
+    assert_eq!(
+        one(r#"{"type":"video","video":["a"],"fps":-1}"#),
+        "messages[0].content[1]"
+    );
+    assert_eq!(
+        one(r#"{"type":"video_url","video_url":{"url":"x"}}"#),
+        "messages[0].content[1]"
+    );
+    assert_eq!(one(r#"{"type":"input_audio"}"#), "messages[0].content[1]");
+    assert_eq!(one(r#"{"type":"text"}"#), "messages[0].content[1]");
+    // U+FFFC stands for media: refused in the text of a request that has media, kept otherwise.
+    let with = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"\u{FFFC}\"},{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,AA\"}}]}]}";
+    assert_eq!(param_of(chat(with)), "messages");
+    let without = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\u{FFFC}\"}]}";
+    assert!(chat(without).unwrap().media.is_empty());
 }

@@ -16,3 +16,4 @@ mod security;
 mod served;
 mod spec_mtp;
 mod tiny_engine;
+mod vision;

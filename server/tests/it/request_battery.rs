@@ -194,12 +194,12 @@ fn table() -> Vec<Row> {
             "messages[0].content",
         ),
         row(
-            "image content part",
+            "image for a model without a vision tower",
             CHAT,
             chat(
                 json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
             ),
-            "messages[0].content",
+            "messages",
         ),
         row(
             "second message bad",

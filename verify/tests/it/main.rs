@@ -8,3 +8,4 @@ mod mtp_check;
 mod pp_gate;
 mod serve_invariance;
 mod spec_gate;
+mod vision;

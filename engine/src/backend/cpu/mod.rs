@@ -276,6 +276,24 @@ impl Ops for CpuOps {
         }
     }
 
+    fn inject(&mut self, x: Act) -> Result<()> {
+        let w = x.width;
+        let data = &mut self.acts[x.id].data;
+        for e in &self.batch.embeds {
+            let (dst, src) = (e.row * w, e.index * w);
+            match (data.get_mut(dst..dst + w), e.values.get(src..src + w)) {
+                (Some(d), Some(s)) => d.copy_from_slice(s),
+                _ => {
+                    return Err(err(format!(
+                        "inject: row {} / embedding row {} out of range",
+                        e.row, e.index
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn matmul(&mut self, w: &Tensor, x: Act, y: Act) -> Result<()> {
         let m = self.rows(y);
         self.map(x, y, |s, src, out| matmul::matmul(&s.pool, w, src, m, out))
@@ -590,6 +608,10 @@ impl Exec for CpuOps {
     fn set_hidden_in(&mut self, rows: Vec<f32>) -> Result<()> {
         self.hidden_in = rows;
         Ok(())
+    }
+
+    fn injects_rows(&self) -> bool {
+        true
     }
 
     fn reads_step_rows(&self) -> bool {

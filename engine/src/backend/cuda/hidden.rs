@@ -1,4 +1,5 @@
-//! Hidden states for the MTP drafter (spec/mtp.rs, models/mtp.rs) on the device.
+//! Hidden states for the MTP drafter (spec/mtp.rs, models/mtp.rs) on the device, and the
+//! step's given embedding rows (image input).
 //!
 //! - Read-back (the target's final hidden states, and the MTP layer's own output of the rows
 //!   that want logits) needs nothing here: the runner reads the rows it needs from the step's
@@ -164,5 +165,40 @@ impl CudaOps {
             .stream
             .memcpy_dtod(&src, &mut dst)
             .map_err(|e| self.gpu.err(format!("hidden_in copy: {e:?}")))
+    }
+
+    /// [`crate::ops::Ops::inject`]: each of the step's given rows copied from the host into
+    /// its row of `x` (stream-ordered after the embedding that it replaces). Steps with given
+    /// rows never run as graphs (step.rs), so the copies are never captured.
+    pub(super) fn inject_rows(&mut self, x: Act) -> Result<()> {
+        let w = x.width;
+        let embeds = std::mem::take(&mut self.embeds);
+        let mut r = Ok(());
+        for e in &embeds {
+            let Some(src) = e.values.get(e.index * w..(e.index + 1) * w) else {
+                r = Err(self.gpu.err(format!(
+                    "inject: embedding row {} of {} values",
+                    e.index,
+                    e.values.len()
+                )));
+                break;
+            };
+            let dst = self.acts[x.id]
+                .buf
+                .as_mut()
+                .and_then(|b| b.try_slice_mut(e.row * w..(e.row + 1) * w));
+            let Some(mut dst) = dst else {
+                r = Err(self
+                    .gpu
+                    .err(format!("inject: activation {} has no row {}", x.id, e.row)));
+                break;
+            };
+            if let Err(err) = self.gpu.stream.memcpy_htod(src, &mut dst) {
+                r = Err(self.gpu.err(format!("inject copy: {err:?}")));
+                break;
+            }
+        }
+        self.embeds = embeds;
+        r
     }
 }

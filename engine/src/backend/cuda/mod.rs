@@ -149,6 +149,9 @@ pub struct CudaOps {
     hidden: usize,
     /// The hidden input rows of the MTP forward (hidden.rs).
     hidden_in: hidden::HiddenIn,
+    /// The current step's given embedding rows (image input, [`crate::ops::Ops::inject`]);
+    /// a step with some runs plainly, never as a graph (hidden.rs).
+    embeds: Vec<crate::backend::RowEmbed>,
     /// Gated DeltaNet layers' states and the step's plan (delta.rs).
     states: delta::States,
 }
@@ -301,6 +304,7 @@ fn open_runner(
         moe_offs: None,
         hidden: c.hidden,
         hidden_in: hidden::HiddenIn::default(),
+        embeds: Vec::new(),
         states: delta::States::new(opts.state_slots),
     };
     let runner = build(ops)?;

@@ -281,6 +281,10 @@ impl Ops for CudaOps {
         self.copy_hidden_in(out)
     }
 
+    fn inject(&mut self, x: Act) -> Result<()> {
+        self.inject_rows(x)
+    }
+
     fn matmul(&mut self, w: &Mat, x: Act, y: Act) -> Result<()> {
         let (g, m) = (&self.gpu, self.n(y));
         let (px, py) = (self.ptr(x)?, self.ptr(y)?);

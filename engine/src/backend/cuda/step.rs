@@ -76,7 +76,8 @@ impl CudaOps {
         Ok((bufs, ctx))
     }
 
-    /// As a CUDA graph when enabled and the batch fits a bucket, else plainly.
+    /// As a CUDA graph when enabled and the batch fits a bucket, else plainly (a step with
+    /// given embedding rows always plainly: its row copies differ from step to step).
     fn execute_any(
         &mut self,
         batch: &StepBatch,
@@ -84,6 +85,7 @@ impl CudaOps {
         pass: &mut dyn FnMut(&mut Self, HeadRows) -> Result<()>,
     ) -> Result<Vec<usize>> {
         if self.graphs_on
+            && batch.embeds.is_empty()
             && let Some(rows) = self.execute_graph(batch, want, pass)?
         {
             return Ok(rows);
@@ -186,7 +188,9 @@ impl Exec for CudaOps {
             self.finish_states(false);
             return Err(e);
         }
+        self.embeds.clone_from(&batch.embeds);
         let r = self.execute_any(batch, want, pass);
+        self.embeds.clear();
         self.finish_states(r.is_ok());
         self.end_hidden_in();
         r
@@ -335,6 +339,10 @@ impl Exec for CudaOps {
     /// Step activations stay on the device after a step (the runner reads the final residual
     /// rows: the MTP drafter's input).
     fn reads_step_rows(&self) -> bool {
+        true
+    }
+
+    fn injects_rows(&self) -> bool {
         true
     }
 

@@ -1,0 +1,80 @@
+//! Random towers for tests and `memra-bench synth` (counter-based values, as models::random).
+
+use super::{TowerParams, TowerWeights, VisionTower};
+use crate::error::Result;
+use crate::formats::gguf_write::{TensorData, write_gguf};
+use crate::models::random::unit;
+use crate::quant::DType;
+
+/// Weights of `p`'s shape from `seed`: matrices uniform in `+-1/sqrt(fan_in)`, biases small,
+/// LayerNorm weights near 1, the soft-embedding norm near 1.
+pub fn random_tower(p: &TowerParams, seed: u64) -> TowerWeights {
+    let t = p
+        .tensor_shapes()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, shape))| {
+            let n: usize = shape.iter().product();
+            let fan_in: usize = shape[1..].iter().product::<usize>().max(1);
+            let u = |j: usize| unit(seed, i as u64, j as u64);
+            let norm = name.contains("ln") || name.contains("soft_emb_norm");
+            (0..n)
+                .map(|j| {
+                    if name.ends_with(".weight") && norm {
+                        1.0 + 0.1 * u(j)
+                    } else if name.ends_with(".bias") {
+                        0.02 * u(j)
+                    } else if name == "v.position_embd.weight" {
+                        0.1 * u(j)
+                    } else {
+                        u(j) / (fan_in as f32).sqrt()
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    TowerWeights::from_tensors(p, t)
+}
+
+/// Writes `w` as an mmproj GGUF file with tensors in `dtype` (F32 or F16).
+pub fn write_mmproj(
+    p: &TowerParams,
+    w: &TowerWeights,
+    dtype: DType,
+    path: &std::path::Path,
+) -> Result<()> {
+    let shapes = p.tensor_shapes();
+    let bytes: Vec<Vec<u8>> = w
+        .tensors()
+        .iter()
+        .map(|t| match dtype {
+            DType::F16 => t
+                .iter()
+                .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+                .collect(),
+            _ => t.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        })
+        .collect();
+    let dtype = if dtype == DType::F16 {
+        DType::F16
+    } else {
+        DType::F32
+    };
+    let dims: Vec<Vec<u64>> = shapes
+        .iter()
+        .map(|(_, s)| s.iter().rev().map(|&d| d as u64).collect())
+        .collect();
+    let data: Vec<TensorData<'_>> = shapes
+        .iter()
+        .zip(&dims)
+        .zip(&bytes)
+        .map(|(((n, _), d), b)| (n.as_str(), dtype, d.as_slice(), b.as_slice()))
+        .collect();
+    write_gguf(path, &p.gguf_meta(), &data)
+}
+
+/// A random tower in memory.
+pub fn tiny_tower(text_hidden: usize, seed: u64) -> VisionTower {
+    let p = TowerParams::tiny(text_hidden);
+    VisionTower::new(p, random_tower(&p, seed))
+}

@@ -1,0 +1,412 @@
+//! `memra-verify vision`: image input (the tower on the CPU, the engine on `--device`).
+//!
+//! - `reference`: the tower's embeddings of deterministic images against the independent
+//!   float64 numpy reference (verify/reference/siglip_reference.py) on the same mmproj file:
+//!   max |memra - ref| / max |ref| per image within the tolerance of docs/VERIFY.md;
+//! - `tokens`: greedy tokens of image prompts fed memra's embeddings vs fed the reference's:
+//!   equal;
+//! - `serve`: image requests and text requests submitted together to one engine (a small step
+//!   budget, so prefills are chunked beside each other) give the tokens and logprob bits each
+//!   gives alone; the same image again is a prefix-cache hit with the same bits, another image
+//!   with the same tokens is not a hit past the image.
+//!
+//! The tower is MMPROJ (default: a tiny random one written to a temporary mmproj GGUF); the
+//! text model is MODEL (a gemma3 of the tower's output width; default: a tiny random gemma3
+//! with SmolLM2's tokenizer).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use memra_engine::backend::Device;
+use memra_engine::config::Arch;
+use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle, KvBudget};
+use memra_engine::error::{Error, Result};
+use memra_engine::loader::Model;
+use memra_engine::models::random::{random_weights, tiny_config};
+use memra_engine::quant::DType;
+use memra_engine::request::{Event, ValidRequest};
+use memra_engine::sampling::SamplingParams;
+use memra_engine::scheduler::SchedulerConfig;
+use memra_engine::vision::random::{random_tower, write_mmproj};
+use memra_engine::vision::{ImageTokens, MediaSpan, TowerParams, VisionTower};
+
+/// Options of the gate.
+#[derive(Clone, Debug)]
+pub struct VisionArgs {
+    /// Where the engine runs (the tower runs on the CPU either way).
+    pub device: Device,
+    pub mmproj: Option<PathBuf>,
+    pub model: Option<PathBuf>,
+    pub python: String,
+    pub images: usize,
+    pub prompts: usize,
+    pub max_tokens: usize,
+    /// Largest max |memra - ref| / max |ref| over one image's embeddings.
+    pub tolerance: f32,
+}
+
+/// What the gate measured.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct VisionReport {
+    pub image_size: usize,
+    pub tokens_per_image: usize,
+    /// Per image: max |memra - ref| / max |ref|.
+    pub rel_errors: Vec<f32>,
+    pub tokens_equal: usize,
+    pub prompts: usize,
+    pub serve_differences: usize,
+    pub cached_tokens_same_image: usize,
+    pub cached_tokens_other_image: usize,
+    pub encode_ms_per_image: f64,
+    pub failures: Vec<String>,
+}
+
+/// A deterministic `size x size` RGB image: gradients and a hash-like texture by `seed`.
+pub fn test_image(size: usize, seed: u32) -> Vec<u8> {
+    let mut v = Vec::with_capacity(size * size * 3);
+    for y in 0..size {
+        for x in 0..size {
+            for c in 0..3u32 {
+                let h = (x as u32 * 31 + y as u32 * 17 + c * 7 + seed * 101)
+                    .wrapping_mul(2_654_435_761)
+                    >> 24;
+                let g = ((x + y * (c as usize + 1)) * 255 / (2 * size)) as u32;
+                v.push(((h / 2 + g + seed * 40) & 0xff) as u8);
+            }
+        }
+    }
+    v
+}
+
+fn model(path: Option<&Path>) -> Result<Model> {
+    match path {
+        Some(p) => memra_engine::loader::load_model(p),
+        None => {
+            let g = memra_engine::formats::gguf::Gguf::open(&memra_engine::testing::real_model())?;
+            let tokenizer = memra_engine::tokenizer::Tokenizer::from_gguf(&g)?;
+            let config = tiny_config(Arch::Gemma3, tokenizer.vocab_size());
+            let weights = random_weights(&config, 17, DType::Q8_0)?;
+            Ok(Model {
+                path: "tiny-gemma3".into(),
+                config,
+                weights,
+                tokenizer,
+                chat: None,
+            })
+        }
+    }
+}
+
+fn engine(m: Model, device: Device, budget: usize) -> Result<EngineHandle> {
+    let cfg = EngineConfig {
+        device,
+        threads: 2,
+        block_size: 4,
+        kv: KvBudget::Blocks(256),
+        kv_dtype: Default::default(),
+        scheduler: SchedulerConfig {
+            max_batch_tokens: budget,
+            max_running: 16,
+            max_running_per_tenant: 16,
+            admit_reserve_blocks: 1,
+            recurrent: false,
+            state_snapshots: None,
+        },
+        prefix_cache: true,
+        spec: None,
+        pp: Default::default(),
+    };
+    Engine::start(vec![("m".into(), m, cfg)], AdmissionLimits::default())
+}
+
+/// Token ids with logprob bits, and the cached prompt tokens.
+type Run = (Vec<(u32, u32)>, usize);
+
+fn run(e: &EngineHandle, r: ValidRequest) -> Result<Run> {
+    let mut s = e
+        .submit(r)
+        .map_err(|e| Error::Input(format!("submit: {e}")))?;
+    let mut out = Vec::new();
+    loop {
+        match s.blocking_recv() {
+            Some(Event::Token(t)) => out.push((t.id, t.logprob.map_or(0, f32::to_bits))),
+            Some(Event::Text(_)) => {}
+            Some(Event::Done { usage, .. }) => return Ok((out, usage.cached_tokens)),
+            Some(Event::Error(m)) => return Err(Error::Input(format!("request failed: {m}"))),
+            None => return Err(Error::Input("the stream ended without Done".into())),
+        }
+    }
+}
+
+/// An image prompt: text `i`, the image's tokens, text `i + 1`.
+struct Prompt {
+    ids: Vec<u32>,
+    start: usize,
+}
+
+fn prompt(i: usize, tokens: &ImageTokens, rows: usize, vocab: usize) -> Prompt {
+    let text = |k: usize, n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|j| (100 + 37 * (k * 11 + j)) as u32 % vocab as u32)
+            .collect()
+    };
+    let mut ids = text(i, 3 + i % 5);
+    let (img, first) = tokens.expand(rows);
+    let start = ids.len() + first;
+    ids.extend(img);
+    ids.extend(text(i + 1, 4 + i % 3));
+    Prompt { ids, start }
+}
+
+fn request(p: &Prompt, media: Option<(Arc<[f32]>, u128)>, width: usize, n: usize) -> ValidRequest {
+    ValidRequest {
+        model: "m".into(),
+        tenant: "t".into(),
+        prompt: p.ids.clone(),
+        max_tokens: n,
+        params: SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
+        stop: Vec::new(),
+        logprobs: Some(1),
+        cache_salt: None,
+        ignore_eos: true,
+        tenant_max_in_flight: None,
+        speculative: false,
+        grammar: None,
+        media: media
+            .map(|(embeds, hash)| {
+                vec![MediaSpan {
+                    start: p.start,
+                    embeds,
+                    width,
+                    hash,
+                }]
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// Runs the numpy reference on `images`; returns its embeddings per image.
+fn reference(python: &str, mmproj: &Path, images: &[Vec<u8>], dir: &Path) -> Result<Vec<Vec<f32>>> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("reference/siglip_reference.py");
+    let files: Vec<PathBuf> = (0..images.len())
+        .map(|i| dir.join(format!("image{i}.rgb")))
+        .collect();
+    for (f, img) in files.iter().zip(images) {
+        std::fs::write(f, img).map_err(|e| Error::io(f, e))?;
+    }
+    let out = Command::new(python)
+        .arg(&script)
+        .arg(mmproj)
+        .args(&files)
+        .output()
+        .map_err(|e| Error::io(python, e))?;
+    if !out.status.success() {
+        return Err(Error::Input(format!(
+            "the numpy reference failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    files
+        .iter()
+        .map(|f| {
+            let p = PathBuf::from(format!("{}.ref.f32", f.display()));
+            let b = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
+            Ok(b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect())
+        })
+        .collect()
+}
+
+fn rel_error(a: &[f32], r: &[f32]) -> f32 {
+    if a.len() != r.len() {
+        return f32::INFINITY;
+    }
+    let max = r.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+    let d = a.iter().zip(r).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    d / max
+}
+
+/// Runs the gate.
+pub fn check(a: &VisionArgs) -> Result<VisionReport> {
+    let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+    let m = model(a.model.as_deref())?;
+    if m.config.arch != Arch::Gemma3 {
+        return Err(Error::Input(format!(
+            "vision: the text model is {}, not gemma3",
+            m.config.arch.gguf_name()
+        )));
+    }
+    let mmproj = match &a.mmproj {
+        Some(p) => p.clone(),
+        None => {
+            let p = TowerParams::tiny(m.config.hidden);
+            let path = dir.path().join("mmproj.gguf");
+            write_mmproj(&p, &random_tower(&p, 7), DType::F32, &path)?;
+            path
+        }
+    };
+    let tower = VisionTower::open(&mmproj)?;
+    if tower.out_width() != m.config.hidden {
+        return Err(Error::Input(format!(
+            "vision: the tower's rows have {} values, the model's embeddings {}",
+            tower.out_width(),
+            m.config.hidden
+        )));
+    }
+    let (size, rows, width) = (
+        tower.image_size(),
+        tower.tokens_per_image(),
+        tower.out_width(),
+    );
+    let tokens = ImageTokens::from_tokenizer(&m.tokenizer);
+    let vocab = m.config.vocab;
+    let mut rep = VisionReport {
+        image_size: size,
+        tokens_per_image: rows,
+        prompts: a.prompts,
+        ..Default::default()
+    };
+    let images: Vec<Vec<u8>> = (0..a.images).map(|i| test_image(size, i as u32)).collect();
+    let t0 = std::time::Instant::now();
+    let ours: Vec<Arc<[f32]>> = images
+        .iter()
+        .map(|img| tower.encode(img).map(Arc::from))
+        .collect::<Result<_>>()?;
+    rep.encode_ms_per_image = t0.elapsed().as_secs_f64() * 1e3 / a.images.max(1) as f64;
+    let hashes: Vec<u128> = images.iter().map(|i| tower.hash(i)).collect();
+    // reference
+    let refs = reference(&a.python, &mmproj, &images, dir.path())?;
+    for (i, (o, r)) in ours.iter().zip(&refs).enumerate() {
+        let e = rel_error(o, r);
+        rep.rel_errors.push(e);
+        if e.is_nan() || e > a.tolerance {
+            rep.failures.push(format!(
+                "image {i}: embeddings differ from the reference by {e:.2e} of the largest (tolerance {:.0e})",
+                a.tolerance
+            ));
+        }
+    }
+    // tokens: memra's embeddings vs the reference's, fed to the same model
+    let e = engine(model(a.model.as_deref())?, a.device, 64)?;
+    let prompts: Vec<Prompt> = (0..a.prompts)
+        .map(|i| prompt(i, &tokens, rows, vocab))
+        .collect();
+    for (i, p) in prompts.iter().enumerate() {
+        let k = i % images.len();
+        let mine = run(
+            &e,
+            request(p, Some((ours[k].clone(), hashes[k])), width, a.max_tokens),
+        )?;
+        // Another hash: the reference's rows must not come from the cache of memra's.
+        let theirs: Arc<[f32]> = Arc::from(refs[k].clone());
+        let r = run(
+            &e,
+            request(p, Some((theirs, !hashes[k])), width, a.max_tokens),
+        )?;
+        let (x, y): (Vec<u32>, Vec<u32>) = (
+            mine.0.iter().map(|t| t.0).collect(),
+            r.0.iter().map(|t| t.0).collect(),
+        );
+        if x == y {
+            rep.tokens_equal += 1;
+        } else {
+            rep.failures.push(format!(
+                "prompt {i}: greedy tokens {x:?} (memra) vs {y:?} (reference rows)"
+            ));
+        }
+    }
+    drop(e);
+    serve(a, &prompts, &ours, &hashes, width, vocab, &mut rep)?;
+    Ok(rep)
+}
+
+/// Image and text requests together vs alone; prefix hits on the same image.
+fn serve(
+    a: &VisionArgs,
+    prompts: &[Prompt],
+    ours: &[Arc<[f32]>],
+    hashes: &[u128],
+    width: usize,
+    vocab: usize,
+    rep: &mut VisionReport,
+) -> Result<()> {
+    let n = prompts.len().min(6);
+    let mut reqs = Vec::new();
+    for (i, p) in prompts.iter().take(n).enumerate() {
+        let k = i % ours.len();
+        reqs.push(request(
+            p,
+            Some((ours[k].clone(), hashes[k])),
+            width,
+            a.max_tokens,
+        ));
+        let text = Prompt {
+            ids: (0..5 + 3 * i)
+                .map(|j| (300 + 53 * j + i) as u32 % vocab as u32)
+                .collect(),
+            start: 0,
+        };
+        reqs.push(request(&text, None, width, a.max_tokens));
+    }
+    let alone: Vec<Run> = reqs
+        .iter()
+        .map(|r| {
+            run(
+                &engine(model(a.model.as_deref())?, a.device, 64)?,
+                r.clone(),
+            )
+        })
+        .collect::<Result<_>>()?;
+    let e = engine(model(a.model.as_deref())?, a.device, 7)?;
+    let streams: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            e.submit(r.clone())
+                .map_err(|x| Error::Input(format!("submit: {x}")))
+        })
+        .collect::<Result<_>>()?;
+    for (i, (mut s, want)) in streams.into_iter().zip(&alone).enumerate() {
+        let mut got = Vec::new();
+        loop {
+            match s.blocking_recv() {
+                Some(Event::Token(t)) => got.push((t.id, t.logprob.map_or(0, f32::to_bits))),
+                Some(Event::Text(_)) => {}
+                Some(Event::Done { .. }) | None => break,
+                Some(Event::Error(m)) => return Err(Error::Input(format!("request {i}: {m}"))),
+            }
+        }
+        if got != want.0 {
+            rep.serve_differences += 1;
+            rep.failures
+                .push(format!("request {i} under load differs from alone"));
+        }
+    }
+    let again = run(&e, reqs[0].clone())?;
+    rep.cached_tokens_same_image = again.1;
+    if again.0 != alone[0].0 || again.1 < prompts[0].start + 1 {
+        rep.failures.push(format!(
+            "the same image again: {} cached tokens (want past position {}), same bits {}",
+            again.1,
+            prompts[0].start,
+            again.0 == alone[0].0
+        ));
+    }
+    let mut other = reqs[0].clone();
+    let k = 1 % ours.len();
+    other.media[0].embeds = ours[k].clone();
+    other.media[0].hash = hashes[k] ^ 1;
+    let o = run(&e, other)?;
+    rep.cached_tokens_other_image = o.1;
+    if o.1 > prompts[0].start {
+        rep.failures.push(format!(
+            "another image with the same tokens: {} cached tokens, past the image at {}",
+            o.1, prompts[0].start
+        ));
+    }
+    Ok(())
+}
