@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# regate.sh: the short gate queue of a build that changed kernels, fused ops or new paths but
+# not the dense defaults: the whole kernels gate, SmolLM2's gates (golden, invariance, graph,
+# tokens, serve-invariance), the tiny qwen3moe / gemma3 / qwen3next gates and default
+# speculation, the real Gemma 3's invariance / graph / tokens (reference fixture) /
+# serve-invariance, the pipeline split on one GPU (gates_pp), FP8 / NVFP4 (tiny models and a
+# llama3-8b FP8 folder: run-gen, invariance), image rows on CUDA (`memra-verify vision`, when the
+# machine's python has numpy and gguf), and Gemma 3's per-kernel decode times (kern, ncu).
+# Three lanes in parallel (correctness gates do not depend on timing). ~6 device-minutes.
+#   calls: LEASE_SYNTH=fp8 start.sh with this queue; the SmolLM2 pieces (smol), the Gemma 3
+#   pieces (gemma); then poll.sh back to back (docs/DEVICE.md).
+set -u
+cd $HOME/repo; . tools/device/lease/lib.sh
+export RUN=${LEASE_RUN:-h100-$(date +%Y%m%d)-regate}
+row start "$(cat $HOME/dev/.device/COMMIT) run $RUN"
+lane_a() {
+  gates_smol
+  waitf $HOME/gemma.ok 300 && {
+    run inv-gemma 300 $B/memra-verify invariance $GEMMA --device cuda:0
+    run graph-gemma 300 $B/memra-verify graph $GEMMA --device cuda:0
+    run tokens-gemma 300 $B/memra-verify tokens $GEMMA --device cuda:0 --fixture verify/fixtures/gemma3-270m-reference.json
+    run serve-inv-gemma 300 $B/memra-verify serve-invariance $GEMMA --device cuda:0 --requests 32
+  }
+}
+lane_b() {
+  run kernels 600 $B/memra-verify kernels --device cuda:0
+  grep -E "FAIL|ALL" $O/logs/kernels.log | head -8 >> $S
+  gates_tiny
+  gates_pp
+}
+lane_c() {
+  for t in llama+fp8 qwen3+nvfp4; do
+    run inv-$t 200 $B/memra-verify invariance --device cuda:0 --tiny $t
+    run graph-$t 200 $B/memra-verify graph --device cuda:0 --tiny $t
+  done
+  waitf $FP8 400 && {
+    run gen-fp8 300 $B/run-gen $FP8 --device cuda:0 --prompt "The capital of France is" --max-tokens 16
+    run inv-fp8 420 $B/memra-verify invariance $FP8 --device cuda:0 --max-m 8
+  }
+  waitf $HOME/smol.ok 300 && MEMRA_TEST_MODEL=$SMOL run vision 200 $B/memra-verify vision --device cuda:0 --python python3
+  waitf $HOME/gemma.ok 300 && kern gemma:Q4_K_M:1200:230
+}
+lane_a & lane_b & lane_c & wait
+row queue-done ""
+touch $HOME/queue.done
