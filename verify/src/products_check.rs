@@ -70,6 +70,17 @@ pub(crate) fn random_matrix(
     Ok((wq, wd))
 }
 
+/// `x` as the products' activations hold it: f16 (clamped to +-65504) for every weight type
+/// but BF16, bf16 for BF16 (products.cu `prep_store`, round to nearest even).
+pub(crate) fn act_values(x: &[f32], dtype: DType) -> Vec<f32> {
+    x.iter()
+        .map(|&v| match dtype {
+            DType::BF16 => half::bf16::from_f32(v).to_f32(),
+            _ => half::f16::from_f32(v.clamp(-65504.0, 65504.0)).to_f32(),
+        })
+        .collect()
+}
+
 pub fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     let profile = Profile::for_device(g);
     let mut stream = 9000;
@@ -82,6 +93,11 @@ pub fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                 let x: Vec<f32> = (0..(mmax * k) as u64)
                     .map(|i| unit(seed, stream + 50_000, i))
                     .collect();
+                // The reference takes the activations as the products define them: each value
+                // rounded to the activation type (f16 clamped to +-65504, bf16 for BF16), so a
+                // case differs from it by the accumulation alone, also where the dot product
+                // cancels (an N = 1 output near zero).
+                let xa = act_values(&x, dtype);
                 let w = g.upload_packed(&profile, dtype, &wq, n, k)?;
                 let act = g.act_buf(w.act(), mmax, w.kp, true)?;
                 let dx = g.upload(&x)?;
@@ -94,7 +110,7 @@ pub fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                     let got = g.download_range(&dy, 0, m * n)?;
                     let mut want = vec![0f32; m * n];
                     for mi in 0..m {
-                        let xr = &x[mi * k..(mi + 1) * k];
+                        let xr = &xa[mi * k..(mi + 1) * k];
                         for ni in 0..n {
                             let wr = &wd[ni * k..(ni + 1) * k];
                             let s: f64 =
