@@ -82,6 +82,17 @@ async fn wait_ready(url: &str) {
 
 /// One streaming chat request; returns its text after checking the stream's shape.
 async fn stream_chat(url: &str, key: &str, body: &Value) -> Result<String, String> {
+    stream_chat_then(url, key, body, None).await
+}
+
+/// [`stream_chat`], telling `started` once the stream's status has arrived (memra-server sends
+/// it with the first token: from then on a drain lets the stream finish).
+async fn stream_chat_then(
+    url: &str,
+    key: &str,
+    body: &Value,
+    started: Option<tokio::sync::oneshot::Sender<()>>,
+) -> Result<String, String> {
     let r = reqwest::Client::new()
         .post(format!("{url}/v1/chat/completions"))
         .bearer_auth(key)
@@ -91,6 +102,9 @@ async fn stream_chat(url: &str, key: &str, body: &Value) -> Result<String, Strin
         .map_err(|e| e.to_string())?;
     if r.status() != 200 {
         return Err(format!("status {}", r.status()));
+    }
+    if let Some(tx) = started {
+        let _ = tx.send(());
     }
     let text = r.text().await.map_err(|e| e.to_string())?;
     let (events, ok) = memra_server::sse::parse_events(&text);
@@ -275,8 +289,14 @@ async fn real_model_python_client_load_and_drain() {
         "messages": [{"role": "user", "content": "Count to twenty."}]});
     let k2 = key.clone();
     let u2 = url.clone();
-    let inflight = tokio::spawn(async move { stream_chat(&u2, &k2, &body).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (tx, started) = tokio::sync::oneshot::channel();
+    let inflight = tokio::spawn(async move { stream_chat_then(&u2, &k2, &body, Some(tx)).await });
+    // SIGTERM once the stream has started (its first token sent): a request still waiting for
+    // its first token is answered 503 draining instead, for the balancer to retry elsewhere.
+    tokio::time::timeout(Duration::from_secs(120), started)
+        .await
+        .expect("the stream starts within 120 s")
+        .expect("the stream started");
     let pid = server.child.id().to_string();
     assert!(
         Command::new("kill")
