@@ -143,7 +143,7 @@ t = collections.defaultdict(lambda: [0, 0.0])
 for r in csv.reader(open(sys.argv[1])):
     if len(r) > 4:
         name = r[4].split('(')[0]; v = float(r[-1].replace(',', '')); unit = r[-2]
-        v = v / 1000 if unit == 'nsecond' else v
+        v = v / 1000 if unit in ('ns', 'nsecond') else v
         t[name][0] += 1; t[name][1] += v
 for n, (c, us) in sorted(t.items(), key=lambda kv: -kv[1][1])[:14]:
     print(f"  {n[:40]:40s} {c:5d} launches {us:9.1f} us")
