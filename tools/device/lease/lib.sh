@@ -92,7 +92,7 @@ gates_tiny() {
 }
 # spec_rows k:DTYPE...: memra-bench spec (bench/workloads/spec.jsonl) through one memra-server
 # serving each file twice (on = the default speculation, off = +spec=off), greedy and sampled,
-# one client alternating the modes, then 64 clients per mode; rows into $O/spec.jsonl (their
+# one client alternating the modes, then 64 clients per mode (the workload sent 6 times: 72 requests a mode, so all 64 are busy); rows into $O/spec.jsonl (their
 # own schema: reports/spec/), tables into $O/spec-K.md. Fails on any output that differs.
 spec_rows() { for x in "$@"; do
   pick $x; waitf $f 300 || continue
@@ -102,7 +102,7 @@ spec_rows() { for x in "$@"; do
   for i in $(seq 1 240); do curl -s -o /dev/null -w "%{http_code}" 127.0.0.1:8091/ready 2>/dev/null | grep -q 200 && break; sleep 0.5; done
   local sb="$B/memra-bench spec --addr 127.0.0.1:8091 --model-file $f --shape $sh --dtype $dt --device cuda:0 --run $RUN --out $O/spec.jsonl"
   run spec-$k 300 $sb --repeat 2 --table $O/spec-$k.md
-  run spec-load-$k 300 $sb --clients 64 --repeat 1 --max-tokens 128 --table $O/spec-load-$k.md
+  run spec-load-$k 400 $sb --clients 64 --repeat 6 --max-tokens 128 --table $O/spec-load-$k.md
   grep -E "grounded|all" $O/spec-$k.md $O/spec-load-$k.md 2>/dev/null | cut -c1-200 >> $S
   kill $pid; wait $pid 2>/dev/null
 done; }
