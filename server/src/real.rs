@@ -38,15 +38,25 @@ impl HandleText {
         tools: Option<&Value>,
         marker: &str,
     ) -> Result<(Vec<u32>, Vec<usize>)> {
+        let (rendered, contents) = self.render(messages, tools)?;
+        self.tokenizer()?
+            .encode_chat_media(&rendered, &contents, marker)
+    }
+
+    /// The chat template's text for `messages` and each message's content, in order.
+    fn render<'m>(
+        &self,
+        messages: &'m [ChatMessage],
+        tools: Option<&Value>,
+    ) -> Result<(String, Vec<&'m str>)> {
         let tmpl = self.handle.chat_template(&self.alias).ok_or_else(|| {
             memra_engine::Error::Template(
                 "this model has no chat template; use /v1/completions".into(),
             )
         })?;
         let rendered = tmpl.render_with_tools(messages, tools, true)?;
-        let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
-        self.tokenizer()?
-            .encode_chat_media(&rendered, &contents, marker)
+        let contents = messages.iter().map(|m| m.content.as_str()).collect();
+        Ok((rendered, contents))
     }
 
     fn render_and_encode(
@@ -54,13 +64,7 @@ impl HandleText {
         messages: &[ChatMessage],
         tools: Option<&Value>,
     ) -> Result<Vec<u32>> {
-        let tmpl = self.handle.chat_template(&self.alias).ok_or_else(|| {
-            memra_engine::Error::Template(
-                "this model has no chat template; use /v1/completions".into(),
-            )
-        })?;
-        let rendered = tmpl.render_with_tools(messages, tools, true)?;
-        let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+        let (rendered, contents) = self.render(messages, tools)?;
         self.tokenizer()?.encode_chat(&rendered, &contents)
     }
 

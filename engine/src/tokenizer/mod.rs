@@ -206,26 +206,7 @@ impl Tokenizer {
     /// written) is looked for trimmed; one not found even then is left to the markup (special
     /// tokens parsed), as with templates that rewrite message text.
     pub fn encode_chat(&self, rendered: &str, contents: &[&str]) -> Result<Vec<u32>> {
-        let mut ids = Vec::new();
-        let mut at = 0usize;
-        for c in contents {
-            let c = if rendered[at..].contains(*c) {
-                *c
-            } else {
-                c.trim()
-            };
-            if c.is_empty() {
-                continue;
-            }
-            let Some(off) = rendered[at..].find(c) else {
-                continue;
-            };
-            ids.extend(self.encode(&rendered[at..at + off], false)?);
-            ids.extend(self.encode_plain(c)?);
-            at += off + c.len();
-        }
-        ids.extend(self.encode(&rendered[at..], false)?);
-        Ok(ids)
+        Ok(self.encode_chat_split(rendered, contents, None)?.0)
     }
 
     /// [`Tokenizer::encode_chat`] for contents holding media markers: each content is split at
@@ -237,6 +218,16 @@ impl Tokenizer {
         rendered: &str,
         contents: &[&str],
         marker: &str,
+    ) -> Result<(Vec<u32>, Vec<usize>)> {
+        self.encode_chat_split(rendered, contents, Some(marker))
+    }
+
+    /// Both of the above: the contents split at `marker` when there is one.
+    fn encode_chat_split(
+        &self,
+        rendered: &str,
+        contents: &[&str],
+        marker: Option<&str>,
     ) -> Result<(Vec<u32>, Vec<usize>)> {
         let (mut ids, mut at_media) = (Vec::new(), Vec::new());
         let mut at = 0usize;
@@ -253,7 +244,11 @@ impl Tokenizer {
                 continue;
             };
             ids.extend(self.encode(&rendered[at..at + off], false)?);
-            for (k, piece) in c.split(marker).enumerate() {
+            let pieces: Vec<&str> = match marker {
+                Some(m) => c.split(m).collect(),
+                None => vec![c],
+            };
+            for (k, piece) in pieces.into_iter().enumerate() {
                 if k > 0 {
                     at_media.push(ids.len());
                 }

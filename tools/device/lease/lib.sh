@@ -106,11 +106,13 @@ spec_rows() { for x in "$@"; do
   grep -E "grounded|all" $O/spec-$k.md $O/spec-load-$k.md 2>/dev/null | cut -c1-200 >> $S
   kill $pid; wait $pid 2>/dev/null
 done; }
-# gates_gemma: the real Gemma 3 270M (pieces NAME gemma): invariance, graph and tokens against
-# the reference fixture (`memra-verify all`), serve-invariance.
+# gates_gemma: the real Gemma 3 270M (pieces NAME gemma): invariance, graph, tokens against the
+# reference fixture, serve-invariance (the kernels gate runs once, in gates_8b / regate.sh).
 gates_gemma() {
   waitf $HOME/gemma.ok 300 && {
-    run all-gemma 400 $B/memra-verify all --device cuda:0 $GEMMA --fixture verify/fixtures/gemma3-270m-reference.json
+    run inv-gemma 300 $B/memra-verify invariance $GEMMA --device cuda:0
+    run graph-gemma 300 $B/memra-verify graph $GEMMA --device cuda:0
+    run tokens-gemma 300 $B/memra-verify tokens $GEMMA --device cuda:0 --fixture verify/fixtures/gemma3-270m-reference.json
     run serve-inv-gemma 300 $B/memra-verify serve-invariance $GEMMA --device cuda:0 --requests 32
   }
 }

@@ -15,12 +15,7 @@ export RUN=${LEASE_RUN:-h100-$(date +%Y%m%d)-regate}
 row start "$(cat $HOME/dev/.device/COMMIT) run $RUN"
 lane_a() {
   gates_smol
-  waitf $HOME/gemma.ok 300 && {
-    run inv-gemma 300 $B/memra-verify invariance $GEMMA --device cuda:0
-    run graph-gemma 300 $B/memra-verify graph $GEMMA --device cuda:0
-    run tokens-gemma 300 $B/memra-verify tokens $GEMMA --device cuda:0 --fixture verify/fixtures/gemma3-270m-reference.json
-    run serve-inv-gemma 300 $B/memra-verify serve-invariance $GEMMA --device cuda:0 --requests 32
-  }
+  gates_gemma
 }
 lane_b() {
   run kernels 600 $B/memra-verify kernels --device cuda:0

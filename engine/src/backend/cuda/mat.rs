@@ -382,7 +382,12 @@ impl Products {
 
     /// Prepares `m` rows of `k` f32 values at `x` for every packed matrix of `ws`.
     pub fn prep(&self, g: &Gpu, x: u64, k: usize, m: usize, ws: &[&Mat]) -> Result<()> {
-        for kind in Self::kinds(ws) {
+        self.prep_kinds(g, x, k, m, &Self::kinds(ws))
+    }
+
+    /// Prepares `m` rows of `k` f32 values at `x` for each activation kind of `kinds`.
+    fn prep_kinds(&self, g: &Gpu, x: u64, k: usize, m: usize, kinds: &[ActKind]) -> Result<()> {
+        for &kind in kinds {
             g.prepare(x, self.act(g, kind, k)?, m, k)?;
         }
         Ok(())
@@ -410,10 +415,7 @@ impl Products {
             return g.rms_norm(x, w, y, m, width, eps);
         };
         g.norm_prep(x, w, Some(y), self.act(g, first, width)?, m, width, eps)?;
-        for &k in &kinds[1..] {
-            g.prepare(y, self.act(g, k, width)?, m, width)?;
-        }
-        Ok(())
+        self.prep_kinds(g, y, width, m, &kinds[1..])
     }
 
     /// [`Products::norm_for`] for every matrix of `w`.
@@ -458,10 +460,7 @@ impl Products {
             m,
             width,
         )?;
-        for &k in &kinds[1..] {
-            g.prepare(h, self.act(g, k, width)?, m, width)?;
-        }
-        Ok(())
+        self.prep_kinds(g, h, width, m, &kinds[1..])
     }
 
     /// SwiGLU of `m` rows of `width` (`gate`, `up`), prepared for the packed matrices of `ws`;
@@ -500,10 +499,7 @@ impl Products {
         let unpacked = ws.iter().any(|w| w.packed.is_none());
         let keep = (kinds.len() > 1 || unpacked).then_some(gate);
         g.glu_prep(kind, (gate, up), keep, self.act(g, first, width)?, m, width)?;
-        for &k in &kinds[1..] {
-            g.prepare(gate, self.act(g, k, width)?, m, width)?;
-        }
-        Ok(())
+        self.prep_kinds(g, gate, width, m, &kinds[1..])
     }
 
     /// The buffer attention may prepare its output into for the product `w` (`k` = its input
