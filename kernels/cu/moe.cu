@@ -9,96 +9,86 @@
 #define MOE_MAX_K 32
 #define MOE_NONE 0xffffffffu
 
-// Whether candidate (pa, ia) ranks before (pb, ib): the higher probability, equal ones the lower
-// expert index; a missing candidate (MOE_NONE) never ranks first.
-__device__ __forceinline__ bool moe_before(float pa, u32 ia, float pb, u32 ib) {
-    if (ia == MOE_NONE) return false;
-    if (ib == MOE_NONE) return true;
-    return pa > pb || (pa == pb && ia < ib);
+// A probability's place in the CPU's `f32::total_cmp` order as an unsigned key (a larger key
+// ranks first; NaN above +inf, as the CPU's sort puts it).
+__device__ __forceinline__ u32 moe_key(float p) {
+    const u32 b = __float_as_uint(p);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// One warp per row of E router logits L (blockDim 32, grid M): the softmax (max subtracted;
-// the exponentials summed lane-strided in index order per lane, then a fixed xor tree), the k
-// highest probabilities (equal ones: the lowest expert index first; k passes of a warp arg-max),
-// divided by their sum (added in rank order) when `norm`, then sorted by expert index: ids and
-// weights of row r at [r * k, r * k + k), ascending expert index (the order the CPU adds them).
-extern "C" __global__ void __launch_bounds__(32) moe_route(const float* __restrict__ L, u32* __restrict__ ids,
-                                                           float* __restrict__ wts, u32 E, u32 k, u32 norm) {
+// Threads of moe_route (one block per row).
+#define MOE_RT 256
+
+// One block of MOE_RT threads per row of E router logits L (grid M): the softmax (max subtracted;
+// warp 0 sums the exponentials lane-strided in index order per lane, then a fixed xor tree),
+// the k highest probabilities (the CPU's order: `total_cmp`, equal ones the lower expert index;
+// each expert's rank counted against all E at once), divided by their sum (added in rank order)
+// when `norm`, written in ascending expert index: ids and weights of row r at [r k, r k + k)
+// (the order the CPU adds them). Every step is per row: no other row changes a bit.
+extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(const float* __restrict__ L, u32* __restrict__ ids,
+                                                               float* __restrict__ wts, u32 E, u32 k, u32 norm) {
     pdl_entry();
     __shared__ float p[MOE_MAX_E];
-    __shared__ u8 taken[MOE_MAX_E];
+    __shared__ u32 key[MOE_MAX_E];
+    __shared__ float red[MOE_RT / 32];
     __shared__ u32 rid[MOE_MAX_K];
     __shared__ float rw[MOE_MAX_K];
-    const u32 row = blockIdx.x;
-    const u32 lane = threadIdx.x;
+    __shared__ float total;
+    const u32 row = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const float* l = L + (u64)row * E;
-    float mx = __int_as_float(0xff800000);  // -inf
-    for (u32 i = lane; i < E; i += 32) mx = fmaxf(mx, l[i]);
+    float mx = __int_as_float(0xff800000);  // -inf; fmaxf is order-free
+    for (u32 i = t; i < E; i += MOE_RT) mx = fmaxf(mx, l[i]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, o));
-    float s = 0.0f;
-    for (u32 i = lane; i < E; i += 32) {
-        const float v = expf(__fsub_rn(l[i], mx));
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = red[0];
+#pragma unroll
+    for (int w = 1; w < MOE_RT / 32; ++w) mx = fmaxf(mx, red[w]);
+    for (u32 i = t; i < E; i += MOE_RT) p[i] = expf(__fsub_rn(l[i], mx));
+    __syncthreads();
+    if (warp == 0) {
+        float s = 0.0f;
+        for (u32 i = lane; i < E; i += 32) s = __fadd_rn(s, p[i]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL_MASK, s, o));
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    const float s = total;
+    for (u32 i = t; i < E; i += MOE_RT) {
+        const float v = __fdiv_rn(p[i], s);
         p[i] = v;
-        taken[i] = 0;
-        s = __fadd_rn(s, v);
+        key[i] = moe_key(v);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL_MASK, s, o));
-    __syncwarp();
-    for (u32 i = lane; i < E; i += 32) p[i] = __fdiv_rn(p[i], s);
-    __syncwarp();
-    for (u32 j = 0; j < k; ++j) {
-        u32 bi = MOE_NONE;
-        float bp = 0.0f;
-        for (u32 i = lane; i < E; i += 32) {
-            if (!taken[i] && moe_before(p[i], i, bp, bi)) {
-                bi = i;
-                bp = p[i];
-            }
+    __syncthreads();
+    // Rank of expert i: the experts before it (a larger key, or an equal key and a lower index).
+    for (u32 i = t; i < E; i += MOE_RT) {
+        const u32 ki = key[i];
+        u32 rank = 0;
+        for (u32 j = 0; j < E && rank < k; ++j) {
+            const u32 kj = key[j];
+            rank += (kj > ki || (kj == ki && j < i)) ? 1u : 0u;
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const u32 oi = __shfl_xor_sync(FULL_MASK, bi, o);
-            const float op = __shfl_xor_sync(FULL_MASK, bp, o);
-            if (moe_before(op, oi, bp, bi)) {
-                bi = oi;
-                bp = op;
-            }
+        if (rank < k) {
+            rid[rank] = i;
+            rw[rank] = p[i];
         }
-        // Lane 0's pick for every lane (NaN probabilities order nothing; the pick is still an
-        // untaken expert: k <= E leaves one, and a real candidate always beats MOE_NONE).
-        bi = __shfl_sync(FULL_MASK, bi, 0);
-        if (lane == 0) {
-            taken[bi] = 1;
-            rid[j] = bi;
-            rw[j] = p[bi];
-        }
-        __syncwarp();
     }
-    if (lane == 0) {
-        if (norm) {
-            float t = 0.0f;
-            for (u32 j = 0; j < k; ++j) t = __fadd_rn(t, rw[j]);
-            for (u32 j = 0; j < k; ++j) rw[j] = __fdiv_rn(rw[j], t);
-        }
-        // Insertion sort by expert index (k <= 32, ids distinct).
-        for (u32 j = 1; j < k; ++j) {
-            const u32 id = rid[j];
-            const float w = rw[j];
-            u32 i = j;
-            while (i > 0 && rid[i - 1] > id) {
-                rid[i] = rid[i - 1];
-                rw[i] = rw[i - 1];
-                --i;
-            }
-            rid[i] = id;
-            rw[i] = w;
-        }
-        for (u32 j = 0; j < k; ++j) {
-            ids[(u64)row * k + j] = rid[j];
-            wts[(u64)row * k + j] = rw[j];
-        }
+    __syncthreads();
+    if (t == 0) {
+        float u = 0.0f;
+        if (norm)
+            for (u32 j = 0; j < k; ++j) u = __fadd_rn(u, rw[j]);
+        total = u;
+    }
+    __syncthreads();
+    if (t < k) {
+        const u32 id = rid[t];
+        u32 slot = 0;
+        for (u32 j = 0; j < k; ++j) slot += rid[j] < id ? 1u : 0u;
+        ids[(u64)row * k + slot] = id;
+        wts[(u64)row * k + slot] = norm ? __fdiv_rn(rw[t], total) : rw[t];
     }
 }
 
@@ -174,8 +164,10 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_GW) moe_group(const u32* _
 // out[r][c] = sum over the row's k slots, in slot order (ascending expert index, moe_route),
 // of wts[r][j] * Y[r * k + j][c], from +0: each product rounded, then added (the CPU's
 // `o += w * v`). Grid-stride over M * H elements.
+// When X is not null, X[r][c] += out[r][c] follows (add_in_place's operation: the MoE FFN
+// added into the residual stream in the same launch).
 extern "C" __global__ void moe_combine(const float* __restrict__ Y, const float* __restrict__ wts,
-                                       float* __restrict__ out, u32 M, u32 k, u32 H) {
+                                       float* __restrict__ out, float* __restrict__ X, u32 M, u32 k, u32 H) {
     pdl_entry();
     const u64 n = (u64)M * H;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
@@ -186,5 +178,6 @@ extern "C" __global__ void moe_combine(const float* __restrict__ Y, const float*
             acc = __fadd_rn(acc, __fmul_rn(wts[pr], Y[pr * H + c]));
         }
         out[i] = acc;
+        if (X) X[i] = __fadd_rn(X[i], acc);
     }
 }

@@ -67,7 +67,17 @@ __device__ __forceinline__ float rms_scale_warp(const float* x, u32 width, float
     const int l = threadIdx.x & 15;
     const u32 w16 = width - width % 16;
     float acc = 0.0f;
-    for (u32 e = l; e < w16; e += 16) acc = __fadd_rn(acc, __fmul_rn(x[e], x[e]));
+    u32 e = l;
+    // Eight loads in flight before their squares are added in order (a wide row, e.g. an FFN
+    // norm of 2048 values by one warp, is otherwise one dependent load per add).
+    for (; e + 7 * 16 < w16; e += 8 * 16) {
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = x[e + 16 * j];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc = __fadd_rn(acc, __fmul_rn(v[j], v[j]));
+    }
+    for (; e < w16; e += 16) acc = __fadd_rn(acc, __fmul_rn(x[e], x[e]));
     float ss = tree16(acc);
     for (u32 e = w16; e < width; ++e) ss = __fadd_rn(ss, __fmul_rn(x[e], x[e]));
     return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)width), eps)));

@@ -784,17 +784,20 @@ MMQ_KERNEL(bf16, FmtF16<1>)
 // row p / xdiv (xdiv = k: the step row's input, shared by its k slots; xdiv = 1: the pair's own
 // row) and its N outputs go to row p of Y. Every element is the dense product's sequence for
 // that expert and row (M = 1 computes the same bits as any M), so a pair's result does not
-// depend on the other pairs, on how many chose its expert, or on the launch.
+// depend on the other pairs, on how many chose its expert, or on the launch. Two matrices of
+// one shape and type over the same pairs (an expert FFN's gate and up) in one launch: grid.y =
+// 2 np, blocks np.. take W2 / Y2 for pair p0 + blockIdx.y - np (one matrix: np = grid.y).
 #define MMQ_ID_KERNEL(suffix, FMT)                                                                          \
     extern "C" __global__ void __launch_bounds__(MMQ_MAXT, MMQ_MINB) mmq_id_##suffix(                                   \
-        const u8* W, u64 wstride, const u8* X, const float* Xs, const u32* ids, u32 xdiv, u32 p0,           \
-        u32 n_experts, float* Y, u32 N, u32 nkt, u32 nseg, u32 kp) { pdl_entry();                                        \
-        const u32 p = p0 + blockIdx.y;                                                                      \
+        const u8* W, const u8* W2, u64 wstride, const u8* X, const float* Xs, const u32* ids, u32 xdiv,     \
+        u32 p0, u32 np, u32 n_experts, float* Y, float* Y2, u32 N, u32 nkt, u32 nseg, u32 kp) { pdl_entry();  \
+        const bool two = blockIdx.y >= np;                                                                  \
+        const u32 p = p0 + (two ? blockIdx.y - np : blockIdx.y);                                            \
         const u32 e = min(ids[p], n_experts - 1);                                                           \
         const u32 xr = p / xdiv;                                                                            \
-        const Outs o = outs(Y + (u64)p * N, nullptr, nullptr, N, 0, N);                                     \
-        product<FMT>(W + (u64)e * wstride, X + (u64)xr * kp * 2, Xs + (u64)xr * (kp / 32), o, nullptr, 1,   \
-                     N, nkt, nseg, kp, 0);                                                                  \
+        const Outs o = outs((two ? Y2 : Y) + (u64)p * N, nullptr, nullptr, N, 0, N);                        \
+        product<FMT>((two ? W2 : W) + (u64)e * wstride, X + (u64)xr * kp * 2, Xs + (u64)xr * (kp / 32), o,  \
+                     nullptr, 1, N, nkt, nseg, kp, 0);                                                      \
     }
 
 MMQ_ID_KERNEL(q8_0, FmtQ8_0)

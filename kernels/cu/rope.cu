@@ -126,6 +126,74 @@ __device__ __forceinline__ void rope_kv_body(float* Q, float* K, const float* V,
         rope_kv_body<FMT>(Q, K, V, pos, cos_t, sin_t, Kc, Vc, slot, rows, n_heads, n_kv_heads, head_dim, rot); \
     }
 
+// rope_kv with the per-head RMSNorm of q and k before RoPE (qwen3 / Gemma 3 q_norm, k_norm),
+// one warp per (row, head): the head's scale by rms_scale_warp and y = (x * scale) * W, the
+// operations of rms_norm (norm.cu) on a row of head_dim, then rope_kv_body's rotation and cache
+// stores; the normalized (and rotated) values go back to Q / K as the two launches leave them.
+// The bits of rms_norm (q), rms_norm (k), rope_kv.
+template <typename F>
+__device__ __forceinline__ void rope_kv_norm_body(float* Q, float* K, const float* V, const u32* pos,
+                                                  const float* cos_t, const float* sin_t, u8* Kc, u8* Vc,
+                                                  const u32* slot, const float* __restrict__ qn,
+                                                  const float* __restrict__ kn, float eps, u32 rows, u32 n_heads,
+                                                  u32 n_kv_heads, u32 head_dim, u32 rot) {
+    const u32 half = head_dim / 2;
+    const u32 per_row = n_heads + n_kv_heads;
+    const u64 n = (u64)rows * per_row;
+    const u64 width = (u64)n_kv_heads * head_dim;
+    const u64 rb = F::row_bytes(width);
+    const u32 lane = threadIdx.x & 31;
+    const u64 nwarps = (u64)gridDim.x * blockDim.x / 32;
+    for (u64 wi = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; wi < n; wi += nwarps) {
+        const u32 r = (u32)(wi / per_row), hh = (u32)(wi % per_row);
+        const bool isk = hh >= n_heads;
+        const u32 h = isk ? hh - n_heads : hh;
+        float* x = isk ? K + ((u64)r * n_kv_heads + h) * head_dim : Q + ((u64)r * n_heads + h) * head_dim;
+        const float* W = isk ? kn : qn;
+        const float scale = rms_scale_warp(x, head_dim, eps);
+        __syncwarp();
+        for (u32 i = lane; i < half; i += 32) {
+            const u32 e0 = i < rot ? i : rot + i;
+            const u32 e1 = i < rot ? rot + i : half + i;
+            float y0 = (x[e0] * scale) * W[e0], y1 = (x[e1] * scale) * W[e1];
+            if (i < rot) {
+                const u64 t = (u64)pos[r] * rot + i;
+                const float c = cos_t[t], s = sin_t[t];
+                const float x0 = y0, x1 = y1;
+                y0 = x0 * c - x1 * s;
+                y1 = x1 * c + x0 * s;
+            }
+            x[e0] = y0;
+            x[e1] = y1;
+            if (isk) {
+                const u64 src = (u64)r * width + (u64)h * head_dim;
+                u8* kr = Kc + slot[r] * rb;
+                u8* vr = Vc + slot[r] * rb;
+                const u32 c0 = h * head_dim;
+                F::st(kr, c0 + e0, y0);
+                F::st(kr, c0 + e1, y1);
+                F::st(vr, c0 + e0, V[src + e0]);
+                F::st(vr, c0 + e1, V[src + e1]);
+            }
+        }
+        __syncwarp();
+    }
+}
+
+#define ROPE_KV_NORM_KERNEL(suffix, FMT)                                                                   \
+    extern "C" __global__ void rope_kv_norm_##suffix(                                                      \
+        float* Q, float* K, const float* V, const u32* pos, const float* cos_t, const float* sin_t, u8* Kc, \
+        u8* Vc, const u32* slot, const float* qn, const float* kn, float eps, u32 rows, u32 n_heads,       \
+        u32 n_kv_heads, u32 head_dim, u32 rot) { pdl_entry();                                               \
+        rope_kv_norm_body<FMT>(Q, K, V, pos, cos_t, sin_t, Kc, Vc, slot, qn, kn, eps, rows, n_heads,       \
+                               n_kv_heads, head_dim, rot);                                                  \
+    }
+
+ROPE_KV_NORM_KERNEL(f32, KvF32)
+ROPE_KV_NORM_KERNEL(f16, KvF16)
+ROPE_KV_NORM_KERNEL(bf16, KvBF16)
+ROPE_KV_NORM_KERNEL(q8_0, KvQ8)
+
 ROPE_KV_KERNEL(f32, KvF32)
 ROPE_KV_KERNEL(f16, KvF16)
 ROPE_KV_KERNEL(bf16, KvBF16)

@@ -166,6 +166,10 @@ pub const MODULES: &[Module] = &[
             "rope_kv_f16",
             "rope_kv_bf16",
             "rope_kv_q8_0",
+            "rope_kv_norm_f32",
+            "rope_kv_norm_f16",
+            "rope_kv_norm_bf16",
+            "rope_kv_norm_q8_0",
         ],
     },
     Module {

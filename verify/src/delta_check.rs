@@ -334,6 +334,7 @@ fn partial_rope_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         head_dim: hd,
         rot,
         kv,
+        norm: None,
     })?;
     out.push(compare(
         "rope_kv (partial)",

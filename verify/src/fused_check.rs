@@ -2,12 +2,16 @@
 //! sandwich norms and its GeGLU FFN) against the unfused launches they replace, bit for bit
 //! (EXACTNESS.md: a fusion must not move an output bit): `rms_norm` of the sublayer output, then
 //! `add_in_place` into the residual, then `norm_prep` of the new residual; `geglu_tanh` then
-//! `prepare_h16`. Rows of 1 and 3, widths with and without a partial 32-column block.
+//! `prepare_h16`. Rows of 1 and 3, widths with and without a partial 32-column block. And the
+//! per-head q/k norms with RoPE and the KV write (`rope_kv_norm_<fmt>`, qwen3 / Gemma 3) against
+//! `rms_norm` twice then `rope_kv_<fmt>`, for every cache format, whole and partial RoPE.
 
 use memra_engine::Result;
-use memra_engine::backend::cuda::Gpu;
+use memra_engine::backend::KvDtype;
 use memra_engine::backend::cuda::products::{ActBuf, ActKind};
+use memra_engine::backend::cuda::{Gpu, RopeKvArgs};
 use memra_engine::models::random::unit;
+use memra_engine::ops::rope::Rope;
 
 use crate::case::Case;
 
@@ -47,6 +51,7 @@ fn rand(seed: u64, stream: u64, n: usize, scale: f32) -> Vec<f32> {
 }
 
 pub fn fused_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    rope_norm_cases(g, seed, out)?;
     for (i, &(m, width)) in [(1usize, 640usize), (3, 640), (1, 1000), (3, 2048)]
         .iter()
         .enumerate()
@@ -125,6 +130,88 @@ pub fn fused_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         let mut got = bytes_of(&g.download_range(&fg, 0, n)?);
         got.extend(prepared(g, &fa, m)?);
         out.push(same_bits("geglu_prep", shape, &got, &want));
+    }
+    Ok(())
+}
+
+/// `rope_kv_norm_<fmt>` against `rms_norm` of the q heads and of the k heads, then
+/// `rope_kv_<fmt>`: Q, K and both caches, bit for bit.
+fn rope_norm_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    // (rows, q heads, kv heads, head_dim, rotated pairs): qwen3-like, Gemma 3-like (256),
+    // partial RoPE.
+    let shapes = [
+        (1usize, 8usize, 2usize, 128usize, 64usize),
+        (3, 4, 1, 256, 128),
+        (3, 4, 2, 64, 16),
+    ];
+    for (i, &(rows, heads, kv_heads, hd, rot)) in shapes.iter().enumerate() {
+        let st = 32_000 + 10 * i as u64;
+        let rope = Rope::new(2 * rot, 1.0e6, None, None);
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for p in 0..64u32 {
+            let (c, s) = rope.cos_sin(p);
+            cos.extend(c);
+            sin.extend(s);
+        }
+        let pos: Vec<u32> = [0u32, 17, 63][..rows].to_vec();
+        let slot: Vec<u32> = [4u32, 0, 2][..rows].to_vec();
+        let (qw, kw) = (heads * hd, kv_heads * hd);
+        let q = rand(seed, st, rows * qw, 3.0);
+        let k = rand(seed, st + 1, rows * kw, 3.0);
+        let v = rand(seed, st + 2, rows * kw, 3.0);
+        let (qn, kn) = (rand(seed, st + 3, hd, 1.5), rand(seed, st + 4, hd, 1.5));
+        let (dp, dc, ds, dslot) = (
+            g.upload(&pos)?,
+            g.upload(&cos)?,
+            g.upload(&sin)?,
+            g.upload(&slot)?,
+        );
+        let (dqn, dkn, dv) = (g.upload(&qn)?, g.upload(&kn)?, g.upload(&v)?);
+        let eps = 1e-6f32;
+        for kv in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16, KvDtype::Q8_0] {
+            let rb = kv.row_bytes(kw);
+            let run = |fused: bool| -> Result<Vec<u8>> {
+                let (dq, dk) = (g.upload(&q)?, g.upload(&k)?);
+                let (kc, vc) = (g.zeros::<u8>(5 * rb)?, g.zeros::<u8>(5 * rb)?);
+                if !fused {
+                    g.rms_norm(g.ptr(&dq), g.ptr(&dqn), g.ptr(&dq), rows * heads, hd, eps)?;
+                    g.rms_norm(
+                        g.ptr(&dk),
+                        g.ptr(&dkn),
+                        g.ptr(&dk),
+                        rows * kv_heads,
+                        hd,
+                        eps,
+                    )?;
+                }
+                g.rope_kv(&RopeKvArgs {
+                    q: g.ptr(&dq),
+                    k: g.ptr(&dk),
+                    v: g.ptr(&dv),
+                    pos: g.ptr(&dp),
+                    cos: g.ptr(&dc),
+                    sin: g.ptr(&ds),
+                    k_cache: g.ptr(&kc),
+                    v_cache: g.ptr(&vc),
+                    slot: g.ptr(&dslot),
+                    rows,
+                    n_heads: heads,
+                    n_kv_heads: kv_heads,
+                    head_dim: hd,
+                    rot,
+                    kv,
+                    norm: fused.then(|| (g.ptr(&dqn), g.ptr(&dkn), eps)),
+                })?;
+                let mut b = bytes_of(&g.download(&dq)?);
+                b.extend(bytes_of(&g.download(&dk)?));
+                b.extend(g.download(&kc)?);
+                b.extend(g.download(&vc)?);
+                Ok(b)
+            };
+            let (want, got) = (run(false)?, run(true)?);
+            let shape = format!("rows={rows} heads={heads}/{kv_heads} hd={hd} rot={rot} kv={kv}");
+            out.push(same_bits("rope_kv_norm", shape, &got, &want));
+        }
     }
     Ok(())
 }

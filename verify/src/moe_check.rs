@@ -173,6 +173,7 @@ fn one_shape(g: &Gpu, profile: &Profile, seed: u64, s: u64, sh: Shape) -> Result
         y: g.ptr(&dy),
         order: g.ptr(&dorder),
         offs: g.ptr(&doffs),
+        res: 0,
     };
     let w = [&mats[0], &mats[1], &mats[2]];
     let run = |r0: usize, m: usize| -> Result<(Vec<f32>, Vec<u32>, Vec<f32>)> {
@@ -227,6 +228,19 @@ fn one_shape(g: &Gpu, profile: &Profile, seed: u64, s: u64, sh: Shape) -> Result
                 r0 + m
             ));
         }
+    }
+    // Added into a residual in the same launch (MoeBufs::res): res + out, bit for bit.
+    let dres = g.upload(&x)?;
+    let mut bufs = at(0);
+    bufs.res = g.ptr(&dres);
+    prods.moe(g, w, &bufs, M, &p)?;
+    let res = g.download_range(&dres, 0, M * h)?;
+    let added = res
+        .iter()
+        .zip(x.iter().zip(&out))
+        .all(|(r, (a, o))| r.to_bits() == (a + o).to_bits());
+    if !added && c.problem.is_none() {
+        c.problem = Some("the residual add differs from x + out".into());
     }
     cases.push(c);
     Ok(cases)
@@ -317,6 +331,7 @@ fn grouped_shape(
                 y: g.ptr(&dy),
                 order: g.ptr(&dorder),
                 offs: g.ptr(&doffs),
+                res: 0,
             };
             let mut run = |grouped: bool| -> Result<Vec<f32>> {
                 // Poisoned: a pair the grouped products skip leaves NaN in the output.

@@ -184,11 +184,13 @@ impl<O: Ops> SelfAttn<O> {
             ops.add_bias(a.k, kb)?;
             ops.add_bias(a.v, vb)?;
         }
-        if let Some([qn, kn]) = &self.qk_norm {
-            ops.rms_norm(a.q, qn, a.q, hd, s.eps)?;
-            ops.rms_norm(a.k, kn, a.k, hd, s.eps)?;
+        match &self.qk_norm {
+            Some([qn, kn]) => {
+                let qkv = (a.q, a.k, a.v);
+                ops.qk_norm_rope_kv_write(qkv, [qn, kn], s.eps, s.rope, hd, self.kv)?
+            }
+            None => ops.rope_kv_write(a.q, a.k, a.v, s.rope, hd, self.kv)?,
         }
-        ops.rope_kv_write(a.q, a.k, a.v, s.rope, hd, self.kv)?;
         ops.dump("q", l, a.q);
         ops.dump("k", l, a.k);
         ops.dump("v", l, a.v);

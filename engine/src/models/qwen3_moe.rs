@@ -255,9 +255,8 @@ impl<O: Ops> Forward<O> for Qwen3Moe<O> {
             ops.dump("ffn_norm", l, a.h);
             ops.dump("router", l, self.router);
             let [g, u, d] = &w.experts;
-            ops.moe([g, u, d], a.h, self.router, a.o, &self.moe)?;
+            ops.moe_add([g, u, d], (a.h, self.router), a.o, a.x, &self.moe)?;
             ops.dump("ffn_out", l, a.o);
-            ops.add(a.x, a.o)?;
             ops.dump("l_out", l, a.x);
         }
         Ok(a.x)

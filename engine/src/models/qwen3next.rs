@@ -706,9 +706,8 @@ impl<O: Ops> Qwen3Next<O> {
         ops.norm_matmuls(a.x, norm, self.eps, a.h, &w.qkvg, &outs)?;
         ops.dump("attn_norm", l, a.h);
         let [qn, kn] = &w.qk_norm;
-        ops.rms_norm(a.q, qn, a.q, hd, self.eps)?;
-        ops.rms_norm(a.k, kn, a.k, hd, self.eps)?;
-        ops.rope_kv_write(a.q, a.k, a.v, self.rope, hd, w.kv)?;
+        let qkv = (a.q, a.k, a.v);
+        ops.qk_norm_rope_kv_write(qkv, [qn, kn], self.eps, self.rope, hd, w.kv)?;
         ops.dump("q", l, a.q);
         ops.dump("k", l, a.k);
         ops.attention(w.kv, a.q, a.att, &self.attn)?;

@@ -413,6 +413,37 @@ pub trait Ops: Send + Sized + 'static {
         self.matmul(down, gate, y)
     }
 
+    /// [`Ops::moe`] into `out`, then `x += out` (the MoE FFN added into the residual stream;
+    /// one pass on a backend that fuses them).
+    fn moe_add(
+        &mut self,
+        experts: [&Self::Mat; 3],
+        (h, router): (Act, Act),
+        out: Act,
+        x: Act,
+        p: &MoeParams,
+    ) -> Result<()> {
+        self.moe(experts, h, router, out, p)?;
+        self.add(x, out)
+    }
+
+    /// The per-head RMSNorms of q and k (`norms`: weights of one head, `eps`), then
+    /// [`Ops::rope_kv_write`] (one launch on a backend that fuses them).
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_rope_kv_write(
+        &mut self,
+        (q, k, v): (Act, Act, Act),
+        norms: [&Self::Vector; 2],
+        eps: f32,
+        table: RopeId,
+        head_dim: usize,
+        kv: KvId,
+    ) -> Result<()> {
+        self.rms_norm(q, norms[0], q, head_dim, eps)?;
+        self.rms_norm(k, norms[1], k, head_dim, eps)?;
+        self.rope_kv_write(q, k, v, table, head_dim, kv)
+    }
+
     /// Attention into `att`, then `y = W att` (an output projection without a residual add).
     #[allow(clippy::too_many_arguments)]
     fn attention_matmul(

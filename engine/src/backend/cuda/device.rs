@@ -735,8 +735,8 @@ impl Gpu {
                 a.rot, a.head_dim
             )));
         }
-        let n = (a.rows * (a.n_heads + a.n_kv_heads) * (a.head_dim / 2)) as u64;
-        let args = [
+        let heads = a.rows * (a.n_heads + a.n_kv_heads);
+        let mut args = vec![
             Arg::Ptr(a.q),
             Arg::Ptr(a.k),
             Arg::Ptr(a.v),
@@ -746,14 +746,23 @@ impl Gpu {
             Arg::Ptr(a.k_cache),
             Arg::Ptr(a.v_cache),
             Arg::Ptr(a.slot),
+        ];
+        // One thread per rotated pair, or (with the norms) one warp per head.
+        let (kernel, threads) = match a.norm {
+            None => (format!("rope_kv_{}", a.kv), heads * (a.head_dim / 2)),
+            Some((qn, kn, eps)) => {
+                args.extend([Arg::Ptr(qn), Arg::Ptr(kn), Arg::F32(eps)]);
+                (format!("rope_kv_norm_{}", a.kv), heads * 32)
+            }
+        };
+        args.extend([
             Arg::U32(self.u32_of(a.rows, "rows")?),
             Arg::U32(self.u32_of(a.n_heads, "heads")?),
             Arg::U32(self.u32_of(a.n_kv_heads, "kv heads")?),
             Arg::U32(self.u32_of(a.head_dim, "head_dim")?),
             Arg::U32(self.u32_of(a.rot, "rope pairs")?),
-        ];
-        let kernel = format!("rope_kv_{}", a.kv);
-        self.launch(&kernel, Self::stride_grid(n), BLOCK, &args)?;
+        ]);
+        self.launch(&kernel, Self::stride_grid(threads as u64), BLOCK, &args)?;
         if a.kv == KvDtype::Q8_0 {
             let width = a.n_kv_heads * a.head_dim;
             self.kv_write(
@@ -926,6 +935,9 @@ pub struct RopeKvArgs {
     pub rot: usize,
     /// The caches' format.
     pub kv: KvDtype,
+    /// The per-head RMSNorms of Q and K before RoPE (q weights, k weights, eps), in the same
+    /// launch (`rope_kv_norm_<fmt>`: the bits of [`Gpu::rms_norm`] on each head first).
+    pub norm: Option<(u64, u64, f32)>,
 }
 
 /// "cubin" or "PTX": which kind of image a load error is about.

@@ -59,6 +59,9 @@ pub struct MoeBufs {
     /// P pair indices sorted by expert (u32), and [`group_offsets_len`] u32 offsets.
     pub order: u64,
     pub offs: u64,
+    /// The residual rows (f32, `m x hidden`) the output is added into (`res += out`, the bits
+    /// of `add_in_place`), or 0 for none.
+    pub res: u64,
 }
 
 /// u32 values of the grouped path's offsets for `n_experts` experts (`moe_group`: pair offsets
@@ -77,6 +80,9 @@ pub const MOE_TILE: usize = 8 * MOE_GROUPED_LAUNCH.nt as usize;
 fn tile_bound(pairs: usize, n_experts: usize) -> usize {
     pairs / MOE_TILE + n_experts.min(pairs)
 }
+
+/// Threads of `moe_route` (`MOE_RT` in kernels/cu/moe.cu: one block per row).
+const MOE_ROUTE_THREADS: u32 = 256;
 
 /// Most pairs one expert-product launch takes (grid.y); larger calls are cut into launches of
 /// this many, offset by `p0` (the bits do not depend on the cut).
@@ -154,8 +160,10 @@ impl Products {
             g.moe_group(b.ids, (b.order, b.offs), pairs, p.n_experts)?;
         }
         self.prep(g, b.x, h, m, &[gate, up])?;
-        self.expert_product(g, gate, (b.x, b.gate), b.ids, group, Some(k), pairs)?;
-        self.expert_product(g, up, (b.x, b.up), b.ids, group, Some(k), pairs)?;
+        if !self.gate_up_product(g, [gate, up], (b.gate, b.up), b.ids, group, k, pairs)? {
+            self.expert_product(g, gate, (b.x, b.gate), b.ids, group, Some(k), pairs)?;
+            self.expert_product(g, up, (b.x, b.up), b.ids, group, Some(k), pairs)?;
+        }
         let down_act = match down.packed() {
             Some(d) => Some(self.expert_act(g, d.act(), f)?),
             None => None,
@@ -171,7 +179,41 @@ impl Products {
             }
         }
         self.expert_product(g, down, (b.gate, b.y), b.ids, group, None, pairs)?;
-        g.moe_combine(b.y, b.wts, b.out, m, k, h)
+        g.moe_combine(b.y, b.wts, (b.out, b.res), m, k, h)
+    }
+
+    /// The gate and up products of the per-pair path in one launch ([`Gpu::product_id`] with a
+    /// second matrix) when both stacks are packed alike; false (nothing launched) otherwise.
+    #[allow(clippy::too_many_arguments)]
+    fn gate_up_product(
+        &self,
+        g: &Gpu,
+        [gate, up]: [&Mat; 2],
+        (yg, yu): (u64, u64),
+        ids: u64,
+        group: Option<(u64, u64)>,
+        k: usize,
+        pairs: usize,
+    ) -> Result<bool> {
+        let (Some(pg), Some(pu)) = (gate.packed(), up.packed()) else {
+            return Ok(false);
+        };
+        let alike = (pg.dtype, pg.rows, pg.cols, pg.kp, pg.col_tiles, pg.nseg)
+            == (pu.dtype, pu.rows, pu.cols, pu.kp, pu.col_tiles, pu.nseg)
+            && gate.expert_stride() == up.expert_stride()
+            && gate.experts() == up.experts();
+        if group.is_some() || !alike || 2 * pairs > PAIRS_PER_LAUNCH {
+            return Ok(false);
+        }
+        let a = self.act(g, pg.act(), gate.cols())?;
+        let ids = IdArgs {
+            ids,
+            xdiv: k,
+            n_experts: gate.experts(),
+            stride: gate.expert_stride(),
+        };
+        g.product_id_two(pg, Some((pu, yu)), a, &ids, yg, pairs)?;
+        Ok(true)
     }
 
     /// `y[p] = W[ids[p]] x[p / xdiv]` for `pairs` pairs: `x` is f32 for the stored layout, and
@@ -265,7 +307,12 @@ impl Gpu {
             return Ok(());
         }
         let args = route_args(router, (ids, wts), e, k, norm);
-        self.launch("moe_route", (self.u32_of(m, "router rows")?, 1), 32, &args)
+        self.launch(
+            "moe_route",
+            (self.u32_of(m, "router rows")?, 1),
+            MOE_ROUTE_THREADS,
+            &args,
+        )
     }
 
     /// Sorts `pairs` expert ids by expert for the grouped products (`moe_group`): `order` gets
@@ -288,12 +335,13 @@ impl Gpu {
         self.launch("moe_group", (1, 1), 256, &args)
     }
 
-    /// `out[r] = sum_j wts[r k + j] y[r k + j]` (j ascending, from +0) for `m` rows of `h`.
+    /// `out[r] = sum_j wts[r k + j] y[r k + j]` (j ascending, from +0) for `m` rows of `h`, then
+    /// `res[r] += out[r]` when `res` is not 0.
     pub fn moe_combine(
         &self,
         y: u64,
         wts: u64,
-        out: u64,
+        (out, res): (u64, u64),
         m: usize,
         k: usize,
         h: usize,
@@ -302,6 +350,7 @@ impl Gpu {
             Arg::Ptr(y),
             Arg::Ptr(wts),
             Arg::Ptr(out),
+            Arg::Ptr(res),
             Arg::U32(self.u32_of(m, "rows")?),
             Arg::U32(self.u32_of(k, "experts per row")?),
             Arg::U32(self.u32_of(h, "hidden")?),
@@ -320,7 +369,31 @@ impl Gpu {
         y: u64,
         pairs: usize,
     ) -> Result<()> {
+        self.product_id_two(w, None, a, ids, y, pairs)
+    }
+
+    /// [`Gpu::product_id`], and with `second` = (w2, y2) also `y2[p] = W2[ids[p]] a[p / xdiv]`
+    /// in the same launches (`w2` of `w`'s type and shape, experts `ids.stride` apart).
+    pub fn product_id_two(
+        &self,
+        w: &PMat,
+        second: Option<(&PMat, u64)>,
+        a: &ActBuf,
+        ids: &IdArgs,
+        y: u64,
+        pairs: usize,
+    ) -> Result<()> {
         ids.check(self)?;
+        if let Some((w2, _)) = second {
+            let same = (w2.dtype, w2.rows, w2.kp, w2.col_tiles, w2.nseg)
+                == (w.dtype, w.rows, w.kp, w.col_tiles, w.nseg);
+            if !same {
+                return Err(self.err(format!(
+                    "expert products in one launch: {} {} x {} with {} {} x {}",
+                    w.dtype, w.rows, w.cols, w2.dtype, w2.rows, w2.cols
+                )));
+            }
+        }
         let rows_needed = pairs.div_ceil(ids.xdiv);
         if a.kind != w.act() || a.kp != w.kp || rows_needed > a.rows {
             return Err(self.err(format!(
@@ -344,9 +417,15 @@ impl Gpu {
             .get(&name)
             .ok_or_else(|| self.err(format!("kernel {name} missing")))?;
         let row_tiles = self.u32_of(w.rows.div_ceil(16), "row tiles")?;
-        for (p0, n) in pair_chunks(pairs) {
-            let args = product_id_args(self, w, a, ids, y, p0);
-            let grid = (row_tiles, n as u32);
+        let (w2, y2, ways) = match second {
+            Some((w2, y2)) => (self.ptr(&w2.data), y2, 2),
+            None => (self.ptr(&w.data), y, 1),
+        };
+        let chunk = PAIRS_PER_LAUNCH / ways;
+        for p0 in (0..pairs).step_by(chunk) {
+            let n = chunk.min(pairs - p0);
+            let args = product_id_args(self, w, a, ids, (y, (w2, y2)), (p0, n));
+            let grid = (row_tiles, (ways * n) as u32);
             self.launch_fn(func, &name, grid, threads, smem, &args)?;
         }
         Ok(())
@@ -489,17 +568,29 @@ fn product_grouped_args(
     ]
 }
 
-fn product_id_args(g: &Gpu, w: &PMat, a: &ActBuf, ids: &IdArgs, y: u64, p0: usize) -> [Arg; 13] {
+/// The arguments of `mmq_id_<type>`: pairs [p0, p0 + np) of `w` into `y`, and of the second
+/// matrix (its data, its output) over the same pairs in blocks np.. (the first again for one).
+fn product_id_args(
+    g: &Gpu,
+    w: &PMat,
+    a: &ActBuf,
+    ids: &IdArgs,
+    (y, (w2, y2)): (u64, (u64, u64)),
+    (p0, np): (usize, usize),
+) -> [Arg; 16] {
     [
         Arg::Ptr(g.ptr(&w.data)),
+        Arg::Ptr(w2),
         Arg::U64(ids.stride as u64),
         Arg::Ptr(g.ptr(&a.values)),
         Arg::Ptr(g.ptr(&a.scales)),
         Arg::Ptr(ids.ids),
         Arg::U32(ids.xdiv as u32),
         Arg::U32(p0 as u32),
+        Arg::U32(np as u32),
         Arg::U32(ids.n_experts as u32),
         Arg::Ptr(y),
+        Arg::Ptr(y2),
         Arg::U32(w.rows as u32),
         Arg::U32(w.col_tiles as u32),
         Arg::U32(w.nseg),
@@ -534,6 +625,7 @@ mod tests {
             Arg::Ptr(1),
             Arg::Ptr(2),
             Arg::Ptr(3),
+            Arg::Ptr(0),
             Arg::U32(1),
             Arg::U32(8),
             Arg::U32(64),
@@ -542,14 +634,17 @@ mod tests {
         // product_id_args without a device: the same kinds in the same places.
         let id = [
             Arg::Ptr(1),
+            Arg::Ptr(1),
             Arg::U64(4096),
             Arg::Ptr(2),
             Arg::Ptr(3),
             Arg::Ptr(4),
             Arg::U32(8),
             Arg::U32(0),
+            Arg::U32(8),
             Arg::U32(128),
             Arg::Ptr(5),
+            Arg::Ptr(6),
             Arg::U32(768),
             Arg::U32(32),
             Arg::U32(8),

@@ -16,6 +16,98 @@ use crate::ops::{
 use crate::weights::Tensor;
 
 impl CudaOps {
+    /// The MoE FFN of [`Ops::moe`], added into `res` when given ([`Ops::moe_add`]).
+    fn moe_into(
+        &mut self,
+        w: [&Mat; 3],
+        (x, router): (Act, Act),
+        out: Act,
+        res: Option<Act>,
+        p: &MoeParams,
+    ) -> Result<()> {
+        let s = self
+            .moe_acts
+            .ok_or_else(|| self.gpu.err("moe: no expert stacks were uploaded"))?;
+        let h = w[2].rows();
+        let shapes_ok = s.k == p.n_used
+            && x.width == h
+            && out.width == h
+            && router.width == p.n_experts
+            && s.gate.width == p.n_used * w[0].rows()
+            && s.y.width == p.n_used * h;
+        if !shapes_ok {
+            return Err(self.gpu.err(format!(
+                "moe: x {} / router {} / out {} wide, {} of {} experts, scratch for {} experts                  of {} / {}",
+                x.width,
+                router.width,
+                out.width,
+                p.n_used,
+                p.n_experts,
+                s.k,
+                s.gate.width,
+                s.y.width
+            )));
+        }
+        let m = self.n(out);
+        let route = self.ptr(s.route)?;
+        let offs = self
+            .moe_offs
+            .as_ref()
+            .map(|o| self.gpu.ptr(o))
+            .ok_or_else(|| self.gpu.err("moe: no expert stacks were uploaded"))?;
+        let bufs = super::moe::MoeBufs {
+            x: self.ptr(x)?,
+            router: self.ptr(router)?,
+            out: self.ptr(out)?,
+            ids: route,
+            wts: route + (m * s.k * 4) as u64,
+            gate: self.ptr(s.gate)?,
+            up: self.ptr(s.up)?,
+            y: self.ptr(s.y)?,
+            order: route + (2 * m * s.k * 4) as u64,
+            offs,
+            res: res.map(|r| self.ptr(r)).transpose()?.unwrap_or(0),
+        };
+        self.products.moe(&self.gpu, w, &bufs, m, p)?;
+        self.tick("moe");
+        Ok(())
+    }
+
+    /// RoPE and the KV write of [`Ops::rope_kv_write`], after the per-head q/k RMSNorms
+    /// (q weights, k weights, eps) when `norm` is given, in one launch.
+    fn rope_kv_into(
+        &mut self,
+        (q, k, v): (Act, Act, Act),
+        norm: Option<(u64, u64, f32)>,
+        table: RopeId,
+        head_dim: usize,
+        kv: KvId,
+    ) -> Result<()> {
+        let (cos, sin, rot) = self.rope_ptrs(table)?;
+        let l = self.kv(kv)?;
+        let g = &self.gpu;
+        g.rope_kv(&RopeKvArgs {
+            q: self.ptr(q)?,
+            k: self.ptr(k)?,
+            v: self.ptr(v)?,
+            pos: self.meta.pos,
+            cos,
+            sin,
+            k_cache: g.ptr(&l.k),
+            v_cache: g.ptr(&l.v),
+            slot: self.meta.slot,
+            rows: self.n(q),
+            n_heads: q.width / head_dim.max(1),
+            n_kv_heads: k.width / head_dim.max(1),
+            head_dim,
+            rot,
+            kv: self.kv_dtype,
+            norm,
+        })?;
+        self.tick("rope/kv");
+        Ok(())
+    }
+
     /// The device address of `a`'s buffer.
     pub(super) fn ptr(&self, a: Act) -> Result<u64> {
         let d = &self.acts[a.id];
@@ -343,51 +435,37 @@ impl Ops for CudaOps {
     }
 
     fn moe(&mut self, w: [&Mat; 3], x: Act, router: Act, out: Act, p: &MoeParams) -> Result<()> {
-        let s = self
-            .moe_acts
-            .ok_or_else(|| self.gpu.err("moe: no expert stacks were uploaded"))?;
-        let h = w[2].rows();
-        let shapes_ok = s.k == p.n_used
-            && x.width == h
-            && out.width == h
-            && router.width == p.n_experts
-            && s.gate.width == p.n_used * w[0].rows()
-            && s.y.width == p.n_used * h;
-        if !shapes_ok {
+        self.moe_into(w, (x, router), out, None, p)
+    }
+
+    fn moe_add(
+        &mut self,
+        w: [&Mat; 3],
+        (h, router): (Act, Act),
+        out: Act,
+        x: Act,
+        p: &MoeParams,
+    ) -> Result<()> {
+        if x.width != out.width || self.n(x) != self.n(out) {
             return Err(self.gpu.err(format!(
-                "moe: x {} / router {} / out {} wide, {} of {} experts, scratch for {} experts                  of {} / {}",
-                x.width,
-                router.width,
-                out.width,
-                p.n_used,
-                p.n_experts,
-                s.k,
-                s.gate.width,
-                s.y.width
+                "moe_add: residual {} wide for an output of {}",
+                x.width, out.width
             )));
         }
-        let m = self.n(out);
-        let route = self.ptr(s.route)?;
-        let offs = self
-            .moe_offs
-            .as_ref()
-            .map(|o| self.gpu.ptr(o))
-            .ok_or_else(|| self.gpu.err("moe: no expert stacks were uploaded"))?;
-        let bufs = super::moe::MoeBufs {
-            x: self.ptr(x)?,
-            router: self.ptr(router)?,
-            out: self.ptr(out)?,
-            ids: route,
-            wts: route + (m * s.k * 4) as u64,
-            gate: self.ptr(s.gate)?,
-            up: self.ptr(s.up)?,
-            y: self.ptr(s.y)?,
-            order: route + (2 * m * s.k * 4) as u64,
-            offs,
-        };
-        self.products.moe(&self.gpu, w, &bufs, m, p)?;
-        self.tick("moe");
-        Ok(())
+        self.moe_into(w, (h, router), out, Some(x), p)
+    }
+
+    fn qk_norm_rope_kv_write(
+        &mut self,
+        (q, k, v): (Act, Act, Act),
+        [qn, kn]: [&CudaSlice<f32>; 2],
+        eps: f32,
+        table: RopeId,
+        head_dim: usize,
+        kv: KvId,
+    ) -> Result<()> {
+        let norm = (self.gpu.ptr(qn), self.gpu.ptr(kn), eps);
+        self.rope_kv_into((q, k, v), Some(norm), table, head_dim, kv)
     }
 
     fn add_bias(&mut self, x: Act, b: &CudaSlice<f32>) -> Result<()> {
@@ -521,28 +599,7 @@ impl Ops for CudaOps {
         head_dim: usize,
         kv: KvId,
     ) -> Result<()> {
-        let (cos, sin, rot) = self.rope_ptrs(table)?;
-        let l = self.kv(kv)?;
-        let g = &self.gpu;
-        g.rope_kv(&RopeKvArgs {
-            q: self.ptr(q)?,
-            k: self.ptr(k)?,
-            v: self.ptr(v)?,
-            pos: self.meta.pos,
-            cos,
-            sin,
-            k_cache: g.ptr(&l.k),
-            v_cache: g.ptr(&l.v),
-            slot: self.meta.slot,
-            rows: self.n(q),
-            n_heads: q.width / head_dim.max(1),
-            n_kv_heads: k.width / head_dim.max(1),
-            head_dim,
-            rot,
-            kv: self.kv_dtype,
-        })?;
-        self.tick("rope/kv");
-        Ok(())
+        self.rope_kv_into((q, k, v), None, table, head_dim, kv)
     }
 
     fn attention_matmul_add(
