@@ -14,6 +14,7 @@
 #   kt     per-kernel decode times under nsys ($PROF_MODELS)
 #   kern   per-kernel decode times under ncu ($KERN_MODELS: k:DTYPE:SKIP:COUNT)
 #   kgate  the whole `memra-verify kernels` alone (after a kernel change, before the other gates)
+#   tiny   the tiny qwen3moe / gemma3 / qwen3next gates alone (gates_tiny; no file needed)
 #   prof   the per-op decode profile of Gemma 3 and qwen3-30b-a3b ($PROF_MODELS; LEASE_SYNTH moe)
 #   long   long context on the 128k Q4_K_M (lib.sh long_ctx: invariance at 8,192 tokens per KV
 #          format, serve-invariance over 5,700 tokens, cached-turn TTFT, decode at depth)
@@ -26,18 +27,19 @@ export RUN=${LEASE_RUN:-h200-$(date +%Y%m%d)-close}
 STEPS=${CLOSE_STEPS:-gates sbs load}
 on() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 row start "$(cat $HOME/dev/.device/COMMIT) run $RUN; $STEPS; $(ls $MEMRA_KERNEL_CACHE 2>/dev/null | grep -c cubin) cubins"
+on kgate && { run kernels 600 $B/memra-verify kernels --device cuda:0; grep -E "FAIL|differ|ALL" $O/logs/kernels.log | head -8 >> $S; }
 if on gates; then
   gates_smol & gates_8b & wait
   gates_tiny
   row gates-done ""
 fi
+on tiny && gates_tiny
 on gemma && gates_gemma
 if on sbs || on load; then peerwait; fi
 on sbs && sbs ${SBS_MODELS:-q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1}
 on load && load_row
 on spec && spec_rows ${SPEC_MODELS:-smol:Q4_1 gemma:Q4_K_M q4:Q4_K_M}
 on kt && ktimes ${PROF_MODELS:-gemma:Q4_K_M moe:Q4_K_M}
-on kgate && { run kernels 600 $B/memra-verify kernels --device cuda:0; grep -E "FAIL|differ|ALL" $O/logs/kernels.log | head -8 >> $S; }
 on kern && kern ${KERN_MODELS:-gemma:Q4_K_M:1200:220 moe:Q4_K_M:3000:200}
 on prof && prof ${PROF_MODELS:-gemma:Q4_K_M moe:Q4_K_M}
 on long && long_ctx
