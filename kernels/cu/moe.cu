@@ -19,25 +19,24 @@ __device__ __forceinline__ u32 moe_key(float p) {
 // Threads of moe_route (one block per row).
 #define MOE_RT 256
 
-// One block of MOE_RT threads per row of E router logits L (grid M): the softmax (max subtracted;
-// warp 0 sums the exponentials lane-strided in index order per lane, then a fixed xor tree),
-// the k highest probabilities (the CPU's order: `total_cmp`, equal ones the lower expert index;
-// each expert's rank counted against all E at once), divided by their sum (added in rank order)
-// when `norm`, written in ascending expert index: ids and weights of row r at [r k, r k + k)
-// (the order the CPU adds them). Every step is per row: no other row changes a bit.
-extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(const float* __restrict__ L, u32* __restrict__ ids,
-                                                               float* __restrict__ wts, u32 E, u32 k, u32 norm) {
-    pdl_entry();
+// The routing of one row of E router logits l by a block of MOE_RT threads: the softmax (max
+// subtracted; warp 0 sums the exponentials lane-strided in index order per lane, then a fixed
+// xor tree), the k highest probabilities (the CPU's order: `total_cmp`, equal ones the lower
+// expert index; each expert's rank counted against all E at once), divided by their sum (added
+// in rank order) when `norm`, written in ascending expert index to ids[0..k) / wts[0..k) (the
+// order the CPU adds them). The logits are read through L2 (a block of another launch, or of
+// this one, wrote them). Every step is per row: no other row changes a bit.
+__device__ __forceinline__ void moe_route_row(const float* l, u32* __restrict__ ids, float* __restrict__ wts,
+                                              u32 E, u32 k, u32 norm) {
     __shared__ float p[MOE_MAX_E];
     __shared__ u32 key[MOE_MAX_E];
     __shared__ float red[MOE_RT / 32];
     __shared__ u32 rid[MOE_MAX_K];
     __shared__ float rw[MOE_MAX_K];
     __shared__ float total;
-    const u32 row = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    const float* l = L + (u64)row * E;
+    const u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
     float mx = __int_as_float(0xff800000);  // -inf; fmaxf is order-free
-    for (u32 i = t; i < E; i += MOE_RT) mx = fmaxf(mx, l[i]);
+    for (u32 i = t; i < E; i += MOE_RT) mx = fmaxf(mx, __ldcg(l + i));
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, o));
     if (lane == 0) red[warp] = mx;
@@ -45,7 +44,7 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(const float* __re
     mx = red[0];
 #pragma unroll
     for (int w = 1; w < MOE_RT / 32; ++w) mx = fmaxf(mx, red[w]);
-    for (u32 i = t; i < E; i += MOE_RT) p[i] = expf(__fsub_rn(l[i], mx));
+    for (u32 i = t; i < E; i += MOE_RT) p[i] = expf(__fsub_rn(__ldcg(l + i), mx));
     __syncthreads();
     if (warp == 0) {
         float s = 0.0f;
@@ -66,9 +65,16 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(const float* __re
     for (u32 i = t; i < E; i += MOE_RT) {
         const u32 ki = key[i];
         u32 rank = 0;
-        for (u32 j = 0; j < E && rank < k; ++j) {
-            const u32 kj = key[j];
-            rank += (kj > ki || (kj == ki && j < i)) ? 1u : 0u;
+        // Eight keys loaded at a time (the early exit once k beat it checked per eight).
+        for (u32 j0 = 0; j0 < E && rank < k; j0 += 8) {
+            u32 kj[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) kj[q] = j0 + q < E ? key[j0 + q] : 0u;
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const u32 j = j0 + q;
+                rank += (j < E && (kj[q] > ki || (kj[q] == ki && j < i))) ? 1u : 0u;
+            }
         }
         if (rank < k) {
             rid[rank] = i;
@@ -87,9 +93,89 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(const float* __re
         const u32 id = rid[t];
         u32 slot = 0;
         for (u32 j = 0; j < k; ++j) slot += rid[j] < id ? 1u : 0u;
-        ids[(u64)row * k + slot] = id;
-        wts[(u64)row * k + slot] = norm ? __fdiv_rn(rw[t], total) : rw[t];
+        ids[slot] = id;
+        wts[slot] = norm ? __fdiv_rn(rw[t], total) : rw[t];
     }
+    __syncthreads();  // the shared arrays are reused by the next row
+}
+
+
+// moe_route_row of each row r of L (grid M, MOE_RT threads): ids and weights at [r k, r k + k).
+extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(const float* __restrict__ L, u32* __restrict__ ids,
+                                                               float* __restrict__ wts, u32 E, u32 k, u32 norm) {
+    pdl_entry();
+    const u64 row = blockIdx.x;
+    moe_route_row(L + row * E, ids + row * k, wts + row * k, E, k, norm);
+}
+
+// A decode step's MoE router in one launch (M <= 8 rows of K): the FFN's RMSNorm, the F32
+// router product and the routing. Block n (grid E, MOE_RT threads, M K floats of dynamic shared
+// memory) normalizes the rows (rms_scale_warp by warp r for row r, then (x * scale) * G: the
+// bits of rms_norm, written to H by block 0), then router row n over them in
+// matmul_f32_rows_body's order (warp w sums its K / 8 chunk lane-strided with fma from +0, the
+// xor tree, the 8 warp sums in warp order from -0) into L[r][n]; the last block to finish (a
+// ticket, reset to 0 for the next launch) routes every row (moe_route_row). The bits of
+// rms_norm, matmul_f32_rows and moe_route, whatever M.
+extern "C" __global__ void __launch_bounds__(MOE_RT) moe_norm_route(const float* __restrict__ X,
+                                                                    const float* __restrict__ G, float eps,
+                                                                    float* __restrict__ H, const u8* __restrict__ W,
+                                                                    u64 row_bytes, float* L, u32* ticket, u32* ids,
+                                                                    float* wts, u32 M, u32 K, u32 E, u32 k,
+                                                                    u32 norm) {
+    pdl_entry();
+    extern __shared__ float hs[];
+    __shared__ float sc[8];
+    __shared__ float part[8][8];
+    __shared__ u32 last;
+    const u32 t = threadIdx.x, lane = t & 31, warp = t >> 5, n = blockIdx.x;
+    const u32 mk = M * K;
+    for (u32 i = t; i < mk; i += MOE_RT) hs[i] = X[i];
+    __syncthreads();
+    if (warp < M) {
+        const float s = rms_scale_warp(hs + warp * K, K, eps);
+        if (lane == 0) sc[warp] = s;
+    }
+    __syncthreads();
+    for (u32 i = t; i < mk; i += MOE_RT) {
+        const float v = (hs[i] * sc[i / K]) * G[i % K];
+        hs[i] = v;
+        if (n == 0) H[i] = v;
+    }
+    __syncthreads();
+    const float* w = (const float*)(W + (u64)n * row_bytes);
+    const u32 c0 = (u32)((u64)warp * K / 8), c1 = (u32)((u64)(warp + 1) * K / 8);
+    float acc[8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) acc[r] = 0.0f;
+#pragma unroll 4
+    for (u32 c = c0 + lane; c < c1; c += 32) {
+        const float wv = __ldg(w + c);
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+            if ((u32)r < M) acc[r] = __fmaf_rn(wv, hs[r * K + c], acc[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+        float s = acc[r];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL_MASK, s, o));
+        if (lane == 0) part[warp][r] = s;
+    }
+    __syncthreads();
+    if (t < M) {
+        float v = -0.0f;
+#pragma unroll
+        for (int q = 0; q < 8; ++q) v = __fadd_rn(v, part[q][t]);
+        L[(u64)t * E + n] = v;
+    }
+    __threadfence();
+    __syncthreads();
+    if (t == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1 ? 1u : 0u;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (u32 r = 0; r < M; ++r) moe_route_row(L + (u64)r * E, ids + (u64)r * k, wts + (u64)r * k, E, k, norm);
+    if (t == 0) *ticket = 0;
 }
 
 // Warps of moe_group (each owns a contiguous range of pairs).
@@ -173,6 +259,7 @@ extern "C" __global__ void moe_combine(const float* __restrict__ Y, const float*
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         const u64 r = i / H, c = i % H;
         float acc = 0.0f;
+#pragma unroll 8
         for (u32 j = 0; j < k; ++j) {
             const u64 pr = r * k + j;
             acc = __fadd_rn(acc, __fmul_rn(wts[pr], Y[pr * H + c]));

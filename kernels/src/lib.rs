@@ -286,7 +286,7 @@ pub const MODULES: &[Module] = &[
         file: "kernels/cu/moe.cu",
         source: include_str!("../cu/moe.cu"),
         headers: &[],
-        kernels: &["moe_route", "moe_group", "moe_combine"],
+        kernels: &["moe_route", "moe_norm_route", "moe_group", "moe_combine"],
     },
 ];
 

@@ -4,7 +4,10 @@
 //! `add_in_place` into the residual, then `norm_prep` of the new residual; `geglu_tanh` then
 //! `prepare_h16`. Rows of 1 and 3, widths with and without a partial 32-column block. And the
 //! per-head q/k norms with RoPE and the KV write (`rope_kv_norm_<fmt>`, qwen3 / Gemma 3) against
-//! `rms_norm` twice then `rope_kv_<fmt>`, for every cache format, whole and partial RoPE.
+//! `rms_norm` twice then `rope_kv_<fmt>`, for every cache format, whole and partial RoPE. And a
+//! decode step's MoE router (`moe_norm_route`: RMSNorm, F32 router product, routing, one launch)
+//! against `rms_norm`, `matmul_f32_rows` and `moe_route`, M = 1 to 8, twice in a row (its ticket
+//! is left at 0 for the next launch).
 
 use memra_engine::Result;
 use memra_engine::backend::KvDtype;
@@ -52,6 +55,7 @@ fn rand(seed: u64, stream: u64, n: usize, scale: f32) -> Vec<f32> {
 
 pub fn fused_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     rope_norm_cases(g, seed, out)?;
+    norm_route_cases(g, seed, out)?;
     for (i, &(m, width)) in [(1usize, 640usize), (3, 640), (1, 1000), (3, 2048)]
         .iter()
         .enumerate()
@@ -211,6 +215,70 @@ fn rope_norm_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             let (want, got) = (run(false)?, run(true)?);
             let shape = format!("rows={rows} heads={heads}/{kv_heads} hd={hd} rot={rot} kv={kv}");
             out.push(same_bits("rope_kv_norm", shape, &got, &want));
+        }
+    }
+    Ok(())
+}
+
+/// `moe_norm_route` against rms_norm, matmul_f32_rows and moe_route: h, the logits, the expert
+/// ids and weights, bit for bit.
+fn norm_route_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    use memra_engine::ops::{Glu, MoeParams};
+    use memra_engine::quant::DType;
+    // (hidden, experts, used, renormalised): qwen3-30b-a3b's router, qwen3-next's (512 experts).
+    for (i, &(width, e, k, norm)) in [(2048usize, 128usize, 8usize, true), (1000, 512, 10, false)]
+        .iter()
+        .enumerate()
+    {
+        let st = 33_000 + 10 * i as u64;
+        let p = MoeParams {
+            n_experts: e,
+            n_used: k,
+            norm_topk: norm,
+            glu: Glu::Silu,
+        };
+        let gw = rand(seed, st, width, 1.5);
+        let router = rand(seed, st + 1, e * width, 0.2);
+        let (dg, dw) = (g.upload(&gw)?, g.upload(&router)?);
+        let ticket = g.zeros::<u32>(1)?;
+        let eps = 1e-6f32;
+        // Rows up to 8 as shared memory holds them (48 KiB: 5 of 2048).
+        for m in [1usize, 3, 5, 8]
+            .into_iter()
+            .filter(|m| m * width * 4 <= 48 * 1024)
+        {
+            let x = rand(seed, st + 2 + m as u64, m * width, 2.0);
+            let dx = g.upload(&x)?;
+            let run = |fused: bool| -> Result<Vec<u8>> {
+                let (dh, dl) = (g.zeros::<f32>(m * width)?, g.zeros::<f32>(m * e)?);
+                let (ids, wts) = (g.zeros::<u32>(m * k)?, g.zeros::<f32>(m * k)?);
+                let (px, ph, pl) = (g.ptr(&dx), g.ptr(&dh), g.ptr(&dl));
+                if fused {
+                    let idw = (g.ptr(&ticket), g.ptr(&ids), g.ptr(&wts));
+                    let xnh = (px, g.ptr(&dg), eps, ph);
+                    g.moe_norm_route(xnh, (g.ptr(&dw), width * 4), pl, idw, (m, width), &p)?;
+                } else {
+                    g.rms_norm(px, g.ptr(&dg), ph, m, width, eps)?;
+                    g.matmul(DType::F32, g.ptr(&dw), width * 4, ph, pl, m, e, width)?;
+                    g.moe_route(pl, (g.ptr(&ids), g.ptr(&wts)), m, e, k, norm)?;
+                }
+                let mut b = bytes_of(&g.download(&dh)?);
+                b.extend(bytes_of(&g.download(&dl)?));
+                b.extend(g.download(&ids)?.iter().flat_map(|v| v.to_le_bytes()));
+                b.extend(bytes_of(&g.download(&wts)?));
+                Ok(b)
+            };
+            let want = run(false)?;
+            let shape = format!("M={m} hidden={width} E={e} k={k}");
+            // Twice: the second launch finds the ticket the first left.
+            for _ in 0..2 {
+                out.push(same_bits(
+                    "moe_norm_route",
+                    shape.clone(),
+                    &run(true)?,
+                    &want,
+                ));
+            }
         }
     }
     Ok(())

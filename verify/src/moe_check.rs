@@ -174,6 +174,7 @@ fn one_shape(g: &Gpu, profile: &Profile, seed: u64, s: u64, sh: Shape) -> Result
         order: g.ptr(&dorder),
         offs: g.ptr(&doffs),
         res: 0,
+        routed: false,
     };
     let w = [&mats[0], &mats[1], &mats[2]];
     let run = |r0: usize, m: usize| -> Result<(Vec<f32>, Vec<u32>, Vec<f32>)> {
@@ -332,6 +333,7 @@ fn grouped_shape(
                 order: g.ptr(&dorder),
                 offs: g.ptr(&doffs),
                 res: 0,
+                routed: false,
             };
             let mut run = |grouped: bool| -> Result<Vec<f32>> {
                 // Poisoned: a pair the grouped products skip leaves NaN in the output.

@@ -251,11 +251,12 @@ impl<O: Ops> Forward<O> for Qwen3Moe<O> {
                 params: self.attn,
             };
             w.attn.forward(ops, a, l, &s)?;
-            ops.norm_matmul(a.x, &w.ffn_norm, self.eps, a.h, &w.router, self.router)?;
+            let [g, u, d] = &w.experts;
+            let xn = (a.x, &w.ffn_norm, self.eps, a.h);
+            let router = (&w.router, self.router);
+            ops.norm_moe_add(xn, router, [g, u, d], a.o, &self.moe)?;
             ops.dump("ffn_norm", l, a.h);
             ops.dump("router", l, self.router);
-            let [g, u, d] = &w.experts;
-            ops.moe_add([g, u, d], (a.h, self.router), a.o, a.x, &self.moe)?;
             ops.dump("ffn_out", l, a.o);
             ops.dump("l_out", l, a.x);
         }

@@ -427,6 +427,22 @@ pub trait Ops: Send + Sized + 'static {
         self.add(x, out)
     }
 
+    /// `h = RMSNorm(x) * norm`, the router logits `router.1 = router.0 h`, then
+    /// [`Ops::moe_add`] of `h` into `x` (a pre-norm MoE FFN; the routing in one pass on a
+    /// backend that fuses it).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_moe_add(
+        &mut self,
+        (x, norm, eps, h): (Act, &Self::Vector, f32, Act),
+        (router, logits): (&Self::Mat, Act),
+        experts: [&Self::Mat; 3],
+        out: Act,
+        p: &MoeParams,
+    ) -> Result<()> {
+        self.norm_matmul(x, norm, eps, h, router, logits)?;
+        self.moe_add(experts, (h, logits), out, x, p)
+    }
+
     /// The per-head RMSNorms of q and k (`norms`: weights of one head, `eps`), then
     /// [`Ops::rope_kv_write`] (one launch on a backend that fuses them).
     #[allow(clippy::too_many_arguments)]

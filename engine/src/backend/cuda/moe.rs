@@ -62,6 +62,8 @@ pub struct MoeBufs {
     /// The residual rows (f32, `m x hidden`) the output is added into (`res += out`, the bits
     /// of `add_in_place`), or 0 for none.
     pub res: u64,
+    /// Whether `ids` / `wts` already hold the routing ([`Gpu::moe_norm_route`] ran).
+    pub routed: bool,
 }
 
 /// u32 values of the grouped path's offsets for `n_experts` experts (`moe_group`: pair offsets
@@ -69,6 +71,16 @@ pub struct MoeBufs {
 pub fn group_offsets_len(n_experts: usize) -> usize {
     2 * (n_experts + 1)
 }
+
+/// u32 values of a model's MoE index scratch: the grouped offsets, then the ticket of
+/// [`Gpu::moe_norm_route`] (0 between launches).
+pub fn moe_scratch_len(n_experts: usize) -> usize {
+    group_offsets_len(n_experts) + 1
+}
+
+/// Most bytes of normalized rows `moe_norm_route` keeps in shared memory (rows x hidden x 4):
+/// larger steps take rms_norm, matmul_f32_rows and moe_route.
+pub const NORM_ROUTE_SMEM: usize = 48 * 1024;
 
 /// Pairs of one expert per block of the grouped products (`8 * MMQ_NT` of
 /// [`MOE_GROUPED_LAUNCH`]; `moe_group` cuts each expert's pairs into tiles of this many).
@@ -151,7 +163,9 @@ impl Products {
         if m == 0 {
             return Ok(());
         }
-        g.moe_route(b.router, (b.ids, b.wts), m, p.n_experts, k, p.norm_topk)?;
+        if !b.routed {
+            g.moe_route(b.router, (b.ids, b.wts), m, p.n_experts, k, p.norm_topk)?;
+        }
         let pairs = m * k;
         let all_packed = w.iter().all(|s| s.packed().is_some());
         let group = (all_packed && self.profile.moe_grouped(pairs, p.n_experts))
@@ -313,6 +327,57 @@ impl Gpu {
             MOE_ROUTE_THREADS,
             &args,
         )
+    }
+
+    /// A decode step's MoE router in one launch (`moe_norm_route`): `h = RMSNorm(x) * norm`
+    /// (rms_norm's bits), `logits = router h` (F32 weights in their stored rows, the bits of
+    /// matmul_f32_rows), then the routing of every row to `ids` / `wts` as
+    /// [`Gpu::moe_route`]. `m` rows of `width`, at most 8 and [`NORM_ROUTE_SMEM`] bytes;
+    /// `ticket`: a u32 that is 0 (the kernel leaves it 0).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_norm_route(
+        &self,
+        (x, norm, eps, h): (u64, u64, f32, u64),
+        (router, row_bytes): (u64, usize),
+        logits: u64,
+        (ticket, ids, wts): (u64, u64, u64),
+        (m, width): (usize, usize),
+        p: &MoeParams,
+    ) -> Result<()> {
+        let (e, k) = (p.n_experts, p.n_used);
+        let smem = m * width * 4;
+        if m == 0 || m > 8 || smem > NORM_ROUTE_SMEM || row_bytes < width * 4 {
+            return Err(self.err(format!(
+                "moe_norm_route: {m} rows of {width} (at most 8 rows, {NORM_ROUTE_SMEM} bytes)"
+            )));
+        }
+        if e > memra_kernels::MOE_MAX_EXPERTS || k == 0 || k > e.min(memra_kernels::MOE_MAX_USED) {
+            return Err(self.err(format!("moe_norm_route: {k} of {e} experts")));
+        }
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(norm),
+            Arg::F32(eps),
+            Arg::Ptr(h),
+            Arg::Ptr(router),
+            Arg::U64(row_bytes as u64),
+            Arg::Ptr(logits),
+            Arg::Ptr(ticket),
+            Arg::Ptr(ids),
+            Arg::Ptr(wts),
+            Arg::U32(m as u32),
+            Arg::U32(self.u32_of(width, "hidden")?),
+            Arg::U32(e as u32),
+            Arg::U32(k as u32),
+            Arg::U32(p.norm_topk as u32),
+        ];
+        let name = "moe_norm_route";
+        let f = self
+            .funcs
+            .get(name)
+            .ok_or_else(|| self.err(format!("kernel {name} is not built")))?;
+        let grid = (self.u32_of(e, "experts")?, 1);
+        self.launch_fn(f, name, grid, MOE_ROUTE_THREADS, smem as u32, &args)
     }
 
     /// Sorts `pairs` expert ids by expert for the grouped products (`moe_group`): `order` gets

@@ -13,6 +13,7 @@ use crate::ops::{
     Act, AttnParams, DeltaParams, Feature, Glu, KvId, MoeParams, Ops, Residual, RopeId, Rows,
     StateId,
 };
+use crate::quant::DType;
 use crate::weights::Tensor;
 
 impl CudaOps {
@@ -22,7 +23,7 @@ impl CudaOps {
         w: [&Mat; 3],
         (x, router): (Act, Act),
         out: Act,
-        res: Option<Act>,
+        (res, routed): (Option<Act>, bool),
         p: &MoeParams,
     ) -> Result<()> {
         let s = self
@@ -67,6 +68,7 @@ impl CudaOps {
             order: route + (2 * m * s.k * 4) as u64,
             offs,
             res: res.map(|r| self.ptr(r)).transpose()?.unwrap_or(0),
+            routed,
         };
         self.products.moe(&self.gpu, w, &bufs, m, p)?;
         self.tick("moe");
@@ -302,7 +304,7 @@ impl Ops for CudaOps {
         })?;
         let (f, k) = (p.expert_ffn, p.n_used);
         if self.moe_offs.is_none() {
-            let n = super::moe::group_offsets_len(p.n_experts);
+            let n = super::moe::moe_scratch_len(p.n_experts);
             self.moe_offs = Some(self.gpu.zeros::<u32>(n)?);
         }
         if self.moe_acts.is_none() {
@@ -435,7 +437,7 @@ impl Ops for CudaOps {
     }
 
     fn moe(&mut self, w: [&Mat; 3], x: Act, router: Act, out: Act, p: &MoeParams) -> Result<()> {
-        self.moe_into(w, (x, router), out, None, p)
+        self.moe_into(w, (x, router), out, (None, false), p)
     }
 
     fn moe_add(
@@ -452,7 +454,50 @@ impl Ops for CudaOps {
                 x.width, out.width
             )));
         }
-        self.moe_into(w, (h, router), out, Some(x), p)
+        self.moe_into(w, (h, router), out, (Some(x), false), p)
+    }
+
+    fn norm_moe_add(
+        &mut self,
+        (x, norm, eps, h): (Act, &CudaSlice<f32>, f32, Act),
+        (router, logits): (&Mat, Act),
+        w: [&Mat; 3],
+        out: Act,
+        p: &MoeParams,
+    ) -> Result<()> {
+        let m = self.n(h);
+        let stored = router
+            .stored(&self.gpu)
+            .filter(|_| router.dtype() == DType::F32);
+        let fits = m <= 8 && m * x.width * 4 <= super::moe::NORM_ROUTE_SMEM;
+        let (Some(rw), true, Some(offs)) = (stored, fits, self.moe_offs.as_ref()) else {
+            self.norm_matmul(x, norm, eps, h, router, logits)?;
+            return self.moe_add(w, (h, logits), out, x, p);
+        };
+        let s = self
+            .moe_acts
+            .ok_or_else(|| self.gpu.err("moe: no expert stacks were uploaded"))?;
+        let shapes_ok = router.rows() == p.n_experts
+            && router.cols() == x.width
+            && h.width == x.width
+            && logits.width == p.n_experts;
+        if !shapes_ok {
+            return Err(self.gpu.err(format!(
+                "norm_moe_add: router {} x {} for {} experts over rows of {}",
+                router.rows(),
+                router.cols(),
+                p.n_experts,
+                x.width
+            )));
+        }
+        let g = &self.gpu;
+        let ticket = g.ptr(offs) + (super::moe::group_offsets_len(p.n_experts) * 4) as u64;
+        let route = self.ptr(s.route)?;
+        let xnh = (self.ptr(x)?, g.ptr(norm), eps, self.ptr(h)?);
+        let idw = (ticket, route, route + (m * s.k * 4) as u64);
+        g.moe_norm_route(xnh, rw, self.ptr(logits)?, idw, (m, x.width), p)?;
+        self.tick("norm/router");
+        self.moe_into(w, (h, logits), out, (Some(x), true), p)
     }
 
     fn qk_norm_rope_kv_write(
