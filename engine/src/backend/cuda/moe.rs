@@ -78,9 +78,10 @@ pub fn moe_scratch_len(n_experts: usize) -> usize {
     group_offsets_len(n_experts) + 1
 }
 
-/// Most bytes of normalized rows `moe_norm_route` keeps in shared memory (rows x hidden x 4):
-/// larger steps take rms_norm, matmul_f32_rows and moe_route.
-pub const NORM_ROUTE_SMEM: usize = 48 * 1024;
+/// Most bytes of normalized rows `moe_norm_route` keeps in dynamic shared memory (rows x
+/// hidden x 4; with its ~9 KiB of static arrays under the 48 KiB a launch gets without opting
+/// in): larger steps take rms_norm, matmul_f32_rows and moe_route.
+pub const NORM_ROUTE_SMEM: usize = 32 * 1024;
 
 /// Pairs of one expert per block of the grouped products (`8 * MMQ_NT` of
 /// [`MOE_GROUPED_LAUNCH`]; `moe_group` cuts each expert's pairs into tiles of this many).
