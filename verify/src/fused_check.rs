@@ -242,11 +242,9 @@ fn norm_route_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         let (dg, dw) = (g.upload(&gw)?, g.upload(&router)?);
         let ticket = g.zeros::<u32>(1)?;
         let eps = 1e-6f32;
-        // Rows up to 8 as shared memory holds them (48 KiB: 5 of 2048).
-        for m in [1usize, 3, 5, 8]
-            .into_iter()
-            .filter(|m| m * width * 4 <= 48 * 1024)
-        {
+        // Rows up to 8 as its shared memory holds them (4 of 2048).
+        let fits = |m: &usize| m * width * 4 <= memra_engine::backend::cuda::moe::NORM_ROUTE_SMEM;
+        for m in [1usize, 3, 4, 8].into_iter().filter(fits) {
             let x = rand(seed, st + 2 + m as u64, m * width, 2.0);
             let dx = g.upload(&x)?;
             let run = |fused: bool| -> Result<Vec<u8>> {
