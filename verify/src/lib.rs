@@ -7,6 +7,7 @@
 //! reference, image prompts under load and in the prefix cache).
 
 mod attention_check;
+mod attention_span_check;
 mod attention_window_check;
 pub mod case;
 pub mod delta_check;
