@@ -26,6 +26,7 @@ pub mod peer_logits;
 pub mod pp;
 mod products_check;
 pub mod serve_invariance;
+mod siglip_f64;
 pub mod spec;
 pub mod tokens;
 pub mod vision;
