@@ -362,6 +362,13 @@ fn gate_vision(a: &memra_verify::vision::VisionArgs, json: Option<&Path>) -> Res
             r.encode_ms_per_image
         );
     }
+    if let (Some(all), Some(first)) = (r.cpu_tokens_equal, r.cpu_first_tokens_equal) {
+        println!(
+            "vision: {:?} vs a CPU engine (informative): greedy tokens equal on {all}/{} image \
+             prompts, the first token on {first}/{}",
+            a.device, r.prompts, r.prompts
+        );
+    }
     if let Some(d) = r.f64_vs_numpy {
         println!("vision: the Rust float64 reference vs numpy's: {d:.2e} of the largest value");
     }

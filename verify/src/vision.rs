@@ -83,6 +83,11 @@ pub struct VisionReport {
     pub rel_errors_f64: Vec<f32>,
     /// With both references: the largest max |f64 - numpy| / max |numpy| over the images.
     pub f64_vs_numpy: Option<f32>,
+    /// On a device other than the CPU (informative: the GPU keeps its own arithmetic, so a
+    /// near-tie may flip): image prompts whose greedy tokens equal a CPU engine's, and whose
+    /// first generated token does.
+    pub cpu_tokens_equal: Option<usize>,
+    pub cpu_first_tokens_equal: Option<usize>,
     pub tokens_equal: usize,
     pub prompts: usize,
     pub serve_differences: usize,
@@ -366,12 +371,14 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
     let prompts: Vec<Prompt> = (0..a.prompts)
         .map(|i| prompt(i, &tokens, rows, vocab))
         .collect();
+    let mut on_device = Vec::with_capacity(prompts.len());
     for (i, p) in prompts.iter().enumerate() {
         let k = i % images.len();
         let mine = run(
             &e,
             request(p, Some((ours[k].clone(), hashes[k])), width, a.max_tokens),
         )?;
+        on_device.push(mine.0.iter().map(|t| t.0).collect::<Vec<u32>>());
         // Another hash: the reference's rows must not come from the cache of memra's.
         let theirs: Arc<[f32]> = Arc::from(refs[k].clone());
         let r = run(
@@ -391,6 +398,22 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
         }
     }
     drop(e);
+    if a.device != Device::Cpu {
+        let c = engine(model(a.model.as_deref())?, Device::Cpu, 64.max(rows + 8))?;
+        let (mut all, mut first) = (0, 0);
+        for (i, (p, dev)) in prompts.iter().zip(&on_device).enumerate() {
+            let k = i % images.len();
+            let media = Some((ours[k].clone(), hashes[k]));
+            let cpu: Vec<u32> = run(&c, request(p, media, width, a.max_tokens))?
+                .0
+                .iter()
+                .map(|t| t.0)
+                .collect();
+            all += usize::from(&cpu == dev);
+            first += usize::from(cpu.first() == dev.first());
+        }
+        (rep.cpu_tokens_equal, rep.cpu_first_tokens_equal) = (Some(all), Some(first));
+    }
     serve(a, &prompts, &ours, &hashes, width, vocab, &mut rep)?;
     Ok(rep)
 }
