@@ -16,7 +16,7 @@
 
 use memra_engine::Result;
 use memra_engine::backend::KvDtype;
-use memra_engine::backend::cuda::{AttnArgs, Gpu, attn_part_floats};
+use memra_engine::backend::cuda::{AttnArgs, Gpu, attn_mma_kernel, attn_part_floats};
 use memra_engine::backend::spans::attn_range;
 use memra_engine::models::random::unit;
 
@@ -241,7 +241,11 @@ fn case(g: &Gpu, seed: u64, kv: KvDtype, s: &Shape, w: Option<usize>, st: u64) -
         &rig.run(&pos, &q, w, long)?,
         &|_| true,
     );
-    let folds: &[bool] = if mma { &[false, true] } else { &[false] };
+    // Fold mode where the launch has a fold kernel (none for head_dim 256).
+    let folds: &[bool] = match mma && attn_mma_kernel(s.head_dim, kv, true).is_some() {
+        true => &[false, true],
+        false => &[false],
+    };
     for tpt in 1..=(16 / group).max(1) {
         for &fold in folds {
             let t = How {
