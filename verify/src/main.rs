@@ -378,8 +378,11 @@ fn gate_vision(a: &memra_verify::vision::VisionArgs, json: Option<&Path>) -> Res
     );
     println!(
         "vision: serve: {} differences under mixed image + text load; same image again {} \
-         prompt tokens from the cache, another image {}",
-        r.serve_differences, r.cached_tokens_same_image, r.cached_tokens_other_image
+         prompt tokens from the cache, another image {}, a hit ending inside an image {}",
+        r.serve_differences,
+        r.cached_tokens_same_image,
+        r.cached_tokens_other_image,
+        r.cached_tokens_inside_image
     );
     for f in &r.failures {
         println!("FAIL {f}");

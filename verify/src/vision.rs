@@ -10,7 +10,8 @@
 //! - `serve`: image requests and text requests submitted together to one engine (a step
 //!   budget of one image and 4 rows, so prefills are chunked beside each other) give the tokens and logprob bits each
 //!   gives alone; the same image again is a prefix-cache hit with the same bits, another image
-//!   with the same tokens is not a hit past the image.
+//!   with the same tokens is not a hit past the image, a hit ending inside an image gives the
+//!   bits of a miss (its rows attend to the whole image).
 //!
 //! The tower is MMPROJ (default: a tiny random one written to a temporary mmproj GGUF); the
 //! text model is MODEL (a gemma3 of the tower's output width; default: a tiny random gemma3
@@ -93,6 +94,8 @@ pub struct VisionReport {
     pub serve_differences: usize,
     pub cached_tokens_same_image: usize,
     pub cached_tokens_other_image: usize,
+    /// Cached prompt tokens of a hit that ends inside an image (the same bits as a miss).
+    pub cached_tokens_inside_image: usize,
     pub encode_ms_per_image: f64,
     pub failures: Vec<String>,
 }
@@ -503,6 +506,61 @@ fn serve(
         rep.failures.push(format!(
             "another image with the same tokens: {} cached tokens, past the image at {}",
             o.1, prompts[0].start
+        ));
+    }
+    let media = (ours[0].clone(), hashes[0]);
+    hit_inside_image(a, &prompts[0], media, width, vocab, &e, rep)
+}
+
+/// A prefix-cache hit that ends inside an image gives the bits of a miss: prompt 0 with text
+/// put before it so that a KV block (4 positions) ends two positions before the image's end,
+/// and two tails that differ right after the image's next token; the second prompt after the
+/// first is a hit of every block up to inside the image.
+fn hit_inside_image(
+    a: &VisionArgs,
+    p0: &Prompt,
+    media: (Arc<[f32]>, u128),
+    width: usize,
+    vocab: usize,
+    e: &EngineHandle,
+    rep: &mut VisionReport,
+) -> Result<()> {
+    let rows = media.0.len() / width.max(1);
+    let end = p0.start + rows;
+    let pad = (4 + 2 - (end + 1) % 4) % 4;
+    let mut ids: Vec<u32> = (0..pad)
+        .map(|j| (200 + 31 * j) as u32 % vocab as u32)
+        .collect();
+    ids.extend_from_slice(&p0.ids[..end + 1]);
+    let shared = ids.len();
+    let (mut first, mut second) = (ids.clone(), ids);
+    first.extend_from_slice(&p0.ids[end + 1..]);
+    second.extend(p0.ids[end + 1..].iter().map(|t| (t + 1) % vocab as u32));
+    let start = p0.start + pad;
+    let req = |ids: Vec<u32>| {
+        request(
+            &Prompt { ids, start },
+            Some(media.clone()),
+            width,
+            a.max_tokens,
+        )
+    };
+    let rows_budget = rows + 4;
+    let miss = run(
+        &engine(model(a.model.as_deref())?, a.device, rows_budget)?,
+        req(second.clone()),
+    )?;
+    run(e, req(first))?;
+    let hit = run(e, req(second))?;
+    rep.cached_tokens_inside_image = hit.1;
+    let want = shared - 2;
+    if hit.1 != want || hit.0 != miss.0 {
+        rep.failures.push(format!(
+            "a prefix-cache hit ending inside the image (rows {start}..{}): {} cached tokens \
+             (want {want}), the miss's bits {}",
+            start + rows,
+            hit.1,
+            hit.0 == miss.0
         ));
     }
     Ok(())

@@ -39,6 +39,7 @@ fn vision_gate_passes_on_cpu() {
     assert!(r["f64_vs_numpy"].as_f64().unwrap() < 1e-6, "{r}");
     assert_eq!(r["serve_differences"], 0);
     assert!(r["cached_tokens_same_image"].as_u64().unwrap() > 16, "{r}");
+    assert_eq!(r["cached_tokens_inside_image"], 20, "{r}");
 }
 
 /// The GPU machines have no python: `--reference f64` needs none.
