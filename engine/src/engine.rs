@@ -115,6 +115,9 @@ pub struct ModelInfo {
     pub hidden: usize,
     /// Whether requests may carry image rows ([`crate::backend::Backend::accepts_embeds`]).
     pub image_input: bool,
+    /// The most rows of one image: a prefill chunk holds an image whole (scheduler.rs
+    /// `chunk_rows`), so an image fits the step's token budget.
+    pub max_image_rows: usize,
 }
 
 /// A tenant's requests in the engine.
@@ -410,6 +413,14 @@ fn check_request(req: &ValidRequest, m: &ModelEntry) -> std::result::Result<(), 
         }
         crate::vision::check_spans(&req.media, req.prompt.len(), m.info.hidden)
             .map_err(|e| SubmitError::Invalid(e.to_string()))?;
+        if let Some(s) = req.media.iter().find(|s| s.rows() > m.info.max_image_rows) {
+            return Err(SubmitError::Invalid(format!(
+                "an image of {} tokens does not fit the step budget of {} tokens (an image's \
+                 tokens are computed in one step: raise max_batch_tokens)",
+                s.rows(),
+                m.info.max_image_rows
+            )));
+        }
     }
     req.params
         .validate()

@@ -148,6 +148,32 @@ fn media_keys(media: &[crate::vision::MediaSpan], first: usize, bs: usize) -> Ve
         .collect()
 }
 
+/// The rows of a chunk of at most `n` from position `start` that does not end inside an image
+/// (rows of an image attend to all of it, backend/spans.rs, so a step holding some of them
+/// holds its last position): `n`, or cut back to the start of the image it would split, or,
+/// when it starts inside that image (a prefix-cache hit or the chunk before it ended there),
+/// extended to the image's end; `None` (no rows this step) when that passes `budget`. Exact
+/// whatever the chunks: chunking never changes a row's bits.
+fn chunk_rows(
+    media: &[crate::vision::MediaSpan],
+    start: usize,
+    n: usize,
+    budget: usize,
+) -> Option<usize> {
+    let end = start + n;
+    for m in media {
+        let r = m.range();
+        if r.start < end && end < r.end {
+            if r.start > start {
+                return Some(r.start - start);
+            }
+            let need = r.end - start;
+            return (need <= budget).then_some(need);
+        }
+    }
+    Some(n)
+}
+
 /// The step's embedding rows for a sequence's positions `start..start + n` (its rows are the
 /// last `n` of the batch so far).
 fn push_embeds(batch: &mut StepBatch, media: &[crate::vision::MediaSpan], start: usize, n: usize) {
@@ -162,6 +188,7 @@ fn push_embeds(batch: &mut StepBatch, media: &[crate::vision::MediaSpan], start:
                 row: row0 + pos - start,
                 values: m.embeds.clone(),
                 index: pos - m.start,
+                span: m.start as u32..r.end as u32,
             });
         }
     }
@@ -581,6 +608,8 @@ impl Scheduler {
             {
                 n = n.min(p - s.computed);
             }
+            // Nor inside an image (its rows attend to the whole image).
+            n = chunk_rows(&s.media, s.computed, n, budget)?;
             if n == 0 {
                 return None;
             }
@@ -885,5 +914,36 @@ impl Scheduler {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_rows;
+    use crate::vision::MediaSpan;
+
+    #[test]
+    fn a_chunk_never_ends_inside_an_image() {
+        // Images at 5..14 and 14..16 of a prompt.
+        let img = |start, rows| MediaSpan {
+            start,
+            embeds: vec![0f32; rows].into(),
+            width: 1,
+            hash: 0,
+        };
+        let media = [img(5, 9), img(14, 2)];
+        // Ends outside or at an image's boundary: unchanged.
+        assert_eq!(chunk_rows(&media, 0, 5, 64), Some(5));
+        assert_eq!(chunk_rows(&media, 0, 14, 64), Some(14));
+        assert_eq!(chunk_rows(&media, 3, 30, 64), Some(30));
+        // Would end inside: cut back to the image's start.
+        assert_eq!(chunk_rows(&media, 0, 7, 7), Some(5));
+        assert_eq!(chunk_rows(&media, 14, 1, 1), None);
+        // Starts inside (a prefix hit): extended to its end within the budget, else no rows.
+        assert_eq!(chunk_rows(&media, 8, 2, 6), Some(6));
+        assert_eq!(chunk_rows(&media, 8, 2, 5), None);
+        assert_eq!(chunk_rows(&media, 5, 4, 9), Some(9));
+        // Without images: unchanged.
+        assert_eq!(chunk_rows(&[], 8, 2, 5), Some(2));
     }
 }

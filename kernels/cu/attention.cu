@@ -21,6 +21,9 @@
 // and they add nothing to the max, the sum or the weighted V. The first split holds lo <= pos, so
 // no computed split is empty. So a row's bits depend only on its position, window and KV; with
 // window 0 (or window >= pos + 1) the operations are exactly those of the unwindowed kernel.
+// Image spans (`span` non-null, kvfmt.cuh attn_row_range): a row of a bidirectional image sees
+// lo ..< n with lo = min(window lo, the image's start), n = max(pos + 1, the image's end); the
+// same walk over those positions (the step holds the image's K and V). Null: the causal walk.
 
 #define ATTN_SPLIT 64
 #define ATTN_WARPS 4
@@ -48,14 +51,14 @@ __device__ __forceinline__ void attn_split_body(
     const float* __restrict__ Q, const u8* __restrict__ Kc, const u8* __restrict__ Vc,
     const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ table_off,
     const u32* __restrict__ tables, float* __restrict__ part, u64 part_stride, u32 n_heads, u32 n_kv_heads,
-    u32 head_dim, u32 block_size, float scale, u32 window) {
+    u32 head_dim, u32 block_size, float scale, u32 window, const u32* __restrict__ span) {
     __shared__ float sc[ATTN_SPLIT];
     __shared__ float wo[ATTN_WARPS][256];
     __shared__ float wl[ATTN_WARPS];
     const u32 rh = blockIdx.x;  // row * n_heads + head
     const u32 r = rh / n_heads, h = rh % n_heads;
-    const u32 n = pos[r] + 1;
-    const u32 lo = attn_window_lo(n, window);  // the first position the row sees
+    u32 lo, n;  // the row sees positions lo ..< n
+    attn_row_range(span, r, pos[r], window, lo, n);
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const u32 kvh = h / (n_heads / n_kv_heads);
     const u64 width = (u64)n_kv_heads * head_dim;
@@ -157,9 +160,9 @@ __device__ __forceinline__ void attn_split_body(
     extern "C" __global__ void __launch_bounds__(128) attn_split_##suffix(                                     \
         const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq, const u32* table_off,  \
         const u32* tables, float* part, u64 part_stride, u32 n_heads, u32 n_kv_heads, u32 head_dim,           \
-        u32 block_size, float scale, u32 window) { pdl_entry();                                                             \
+        u32 block_size, float scale, u32 window, const u32* span) { pdl_entry();                               \
         attn_split_body<FMT>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, n_heads,           \
-                             n_kv_heads, head_dim, block_size, scale, window);                                \
+                             n_kv_heads, head_dim, block_size, scale, window, span);                          \
     }
 ATTN_SPLIT_KERNEL(f32, KvF32)
 ATTN_SPLIT_KERNEL(f16, KvF16)

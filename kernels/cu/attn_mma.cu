@@ -37,6 +37,9 @@
 // lowest lo (never reading those positions). So a row's bits still depend only on its own q,
 // pos, window and KV. head_dim 256 (Gemma 3): split mode over f16 / bf16 caches only (fold
 // mode's O and the register-staged formats would need too many registers).
+// Image spans (`span` non-null, kvfmt.cuh attn_row_range): a row of a bidirectional image sees
+// lo_r ..< n_r, widened to its whole image; the masks, the pass's staged range and the splits
+// follow lo_r and n_r as above (the step holds the image's K and V). Null: the causal rows.
 
 #define AM_SPLIT 64  // = ATTN_SPLIT of attention.cu
 #define AM_WARPS 4
@@ -246,7 +249,8 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
                                               const u32* __restrict__ row_seq, const u32* __restrict__ table_off,
                                               const u32* __restrict__ tables, float* __restrict__ part,
                                               u64 part_stride, u32 rows, u32 tpt, u32 n_heads, u32 n_kv_heads,
-                                              u32 block_size, float scale, u32 stages, u32 wide_ok, u32 window) {
+                                              u32 block_size, float scale, u32 stages, u32 wide_ok, u32 window,
+                                              const u32* __restrict__ span) {
     constexpr int KS = HD / 16;  // k-steps of Q K^T
     constexpr int NT = HD / 8;   // n-tiles of P V
     constexpr int LD = HD + AM_PAD;
@@ -284,13 +288,15 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
         tok[h] = wt0 + i / G;
         head[h] = kvh * G + i % G;
         real[h] = i / G < ntok;
-        lim0[h] = real[h] ? pos[b0 + tok[h]] + 1 : 0;
-        lo0[h] = attn_window_lo(lim0[h], window);
+        lim0[h] = lo0[h] = 0;
+        if (real[h]) attn_row_range(span, b0 + tok[h], pos[b0 + tok[h]], window, lo0[h], lim0[h]);
     }
-    // Lane j knows block tokens j and j + 32: sequence and pos + 1.
+    // Lane j knows block tokens j and j + 32: sequence, first position seen and last + 1.
     const u32 ja = lane, jb = lane + 32;
     const u32 sa = ja < bt ? row_seq[b0 + ja] : 0xffffffffu, sb = jb < bt ? row_seq[b0 + jb] : 0xffffffffu;
-    const u32 na = ja < bt ? pos[b0 + ja] + 1 : 0, nb = jb < bt ? pos[b0 + jb] + 1 : 0;
+    u32 la = 0, lb = 0, na = 0, nb = 0;
+    if (ja < bt) attn_row_range(span, b0 + ja, pos[b0 + ja], window, la, na);
+    if (jb < bt) attn_row_range(span, b0 + jb, pos[b0 + jb], window, lb, nb);
     unsigned long long todo = bt >= 64 ? ~0ull : ((1ull << bt) - 1);
     // Fold mode: the rows' running state (split mode leaves it unused).
     float M[2] = {NEG_INF, NEG_INF}, L[2] = {0.0f, 0.0f};
@@ -306,7 +312,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
         todo &= ~act;
         u32 nmax = max(ina ? na : 0u, inb ? nb : 0u);  // the pass's largest pos + 1
         // The pass's lowest window start (0 without a window): nothing below it is staged.
-        u32 lmin = min(ina ? attn_window_lo(na, window) : 0xffffffffu, inb ? attn_window_lo(nb, window) : 0xffffffffu);
+        u32 lmin = min(ina ? la : 0xffffffffu, inb ? lb : 0xffffffffu);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
             nmax = max(nmax, __shfl_xor_sync(FULL_MASK, nmax, o));
@@ -524,9 +530,11 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ Q, const
     extern "C" __global__ void __launch_bounds__(128) attn_##suffix(                                        \
         const float* Q, const u8* Kc, const u8* Vc, const u32* pos, const u32* row_seq,                     \
         const u32* table_off, const u32* tables, float* part, u64 part_stride, u32 rows, u32 tpt,           \
-        u32 n_heads, u32 n_kv_heads, u32 block_size, float scale, u32 stages, u32 wide, u32 window) { pdl_entry();       \
+        u32 n_heads, u32 n_kv_heads, u32 block_size, float scale, u32 stages, u32 wide, u32 window,         \
+        const u32* span) { pdl_entry();                                                                      \
         attn_mma_body<HD, FMT, FOLD>(Q, Kc, Vc, pos, row_seq, table_off, tables, part, part_stride, rows,    \
-                                     tpt, n_heads, n_kv_heads, block_size, scale, stages, wide, window);    \
+                                     tpt, n_heads, n_kv_heads, block_size, scale, stages, wide, window,     \
+                                     span);                                                                  \
     }
 #define ATTN_MMA_SHAPES(M)                                                                        \
     M(mma_h64_f32, 64, KvF32, false) M(mma_h64_f16, 64, KvF16, false) M(mma_h64_bf16, 64, KvBF16, false)   \
@@ -545,7 +553,8 @@ ATTN_MMA_SHAPES(ATTN_MMA_KERNEL)
 // state starts at M = -inf, L = 0, O = 0); with `folded` the one partial already is the folded
 // state (attn_mmaf). Then out = O * (1 / L).
 // Sliding window (`window` > 0, split partials of attn_split / attn_mma): the fold starts at the row's first split in the window, lo / 64 with
-// lo = pos + 1 - window (attention.cu); the splits below it were never computed.
+// lo = pos + 1 - window (attention.cu); the splits below it were never computed. Image spans
+// (`span` non-null): splits lo / 64 .. of the row's widened range (attn_row_range).
 // The partials are staged in shared memory CB chunks of splits at a time (coalesced loads). Per
 // chunk, warp 0 forms the running maxima with an inclusive max scan (max is exact, so these are
 // the running maxima of the sequential fold) and the weights a_i = expf(M_{i-1} - M_i), b_i =
@@ -557,7 +566,8 @@ ATTN_MMA_SHAPES(ATTN_MMA_KERNEL)
 #define COMBINE_STAGE 4160  // floats: 32 splits of head_dim <= 128, or 16 of head_dim <= 256
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attn_combine(
     const float* __restrict__ part, float* __restrict__ O, const u32* __restrict__ pos, u64 part_stride, u32 rows,
-    u32 n_heads, u32 head_dim, u16* Xh, float* Xs, u32 kp, u32 bf, u32 folded, u32 window) {
+    u32 n_heads, u32 head_dim, u16* Xh, float* Xs, u32 kp, u32 bf, u32 folded, u32 window,
+    const u32* __restrict__ span) {
     pdl_entry();
     __shared__ __align__(16) float so[COMBINE_STAGE];
     __shared__ float sa[32], sb[32], sl;
@@ -578,8 +588,10 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attn_combine(
             acc[k] = d < head_dim ? __ldg(src + 2 + d) : 0.0f;
         }
     } else {
-        const u32 ns = (pos[r] + AM_SPLIT) / AM_SPLIT;
-        const u32 s0 = attn_window_lo(pos[r] + 1, window) / AM_SPLIT;
+        u32 rlo, rn;  // the row's positions rlo ..< rn (widened to its image, with spans)
+        attn_row_range(span, r, pos[r], window, rlo, rn);
+        const u32 ns = (rn + AM_SPLIT - 1) / AM_SPLIT;
+        const u32 s0 = rlo / AM_SPLIT;
         const u32 cs = head_dim <= 128 ? 32 : 16;  // splits per chunk
         float M = NEG_INF;                         // warp 0: the running max
         acc[0] = acc[1] = 0.0f;

@@ -96,3 +96,18 @@ struct KvQ8 {
 // compile apart but all include this header), mirrored on the host by attn_window_start
 // (engine/src/backend/cuda/attention.rs).
 __device__ __forceinline__ u32 attn_window_lo(u32 n, u32 window) { return window != 0 && n > window ? n - window : 0u; }
+
+// The positions lo ..< n that row r at `pos` attends to: causal under the window (n = pos + 1,
+// lo = attn_window_lo), widened to the row's image span [span[2r], span[2r + 1]) when the launch
+// has spans (Gemma 3's images attend bidirectionally; a text row's pair is (pos, pos + 1)).
+// `span` null (every text-only launch): exactly the causal window's. Mirrors attn_range
+// (engine/src/backend/spans.rs).
+__device__ __forceinline__ void attn_row_range(const u32* __restrict__ span, u32 r, u32 pos, u32 window, u32& lo,
+                                               u32& n) {
+    n = pos + 1;
+    lo = attn_window_lo(n, window);
+    if (span) {
+        lo = min(lo, span[2 * r]);
+        n = max(n, span[2 * r + 1]);
+    }
+}

@@ -184,7 +184,8 @@ pub fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     for kv in KvDtype::ALL {
         format_cases(g, seed, kv, out)?;
     }
-    crate::attention_window_check::window_cases(g, seed, out)
+    crate::attention_window_check::window_cases(g, seed, out)?;
+    crate::attention_span_check::span_cases(g, seed, out)
 }
 
 fn format_cases(g: &Gpu, seed: u64, kv: KvDtype, out: &mut Vec<Case>) -> Result<()> {
@@ -295,6 +296,7 @@ fn format_cases(g: &Gpu, seed: u64, kv: KvDtype, out: &mut Vec<Case>) -> Result<
             stages: 0,
             grid_y: 0,
             window: None,
+            spans: 0,
         };
         let launch = Launch { g, base: a, qd };
         launch.run(0, rows, 0, None, (0, 0))?;

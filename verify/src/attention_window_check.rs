@@ -138,6 +138,7 @@ impl Rig<'_> {
             stages: 0,
             grid_y: 0,
             window,
+            spans: 0,
         };
         g.attention(&a)?;
         g.download(&dout)

@@ -7,6 +7,7 @@
 //! reference, image prompts under load and in the prefix cache).
 
 mod attention_check;
+mod attention_span_check;
 mod attention_window_check;
 pub mod case;
 pub mod delta_check;
@@ -25,6 +26,7 @@ pub mod peer_logits;
 pub mod pp;
 mod products_check;
 pub mod serve_invariance;
+mod siglip_f64;
 pub mod spec;
 pub mod tokens;
 pub mod vision;

@@ -10,7 +10,7 @@
 //! - `memra-verify graph [--device cuda:N] (MODEL | --tiny ARCH) [--max-m 64] [--gen-tokens 24]`
 //! - `memra-verify spec [--device D] (MODEL | --tiny ARCH[+mtp|+mtp-oracle]) [--max-tokens 32] [--k-max 8]
 //!   [--drafters ngram,mtp,self,random,auto,pick]`
-//! - `memra-verify vision [MODEL] [--device D] [--mmproj FILE] [--images 4] [--prompts 8] [--tolerance 1e-4]`
+//! - `memra-verify vision [MODEL] [--device D] [--mmproj FILE] [--reference numpy|f64|both] [--images 4] [--prompts 8] [--tolerance 1e-4]`
 //! - `memra-verify golden [--device D] (MODEL | --tiny ARCH) [--dir verify/golden]
 //!   [--record --reason TEXT]`: plain decoding's logits bytes vs those recorded for the device class
 //! - `memra-verify all [--device D] MODEL [--fixture FILE]`: every gate for the device, then a
@@ -305,9 +305,14 @@ enum Cmd {
         /// Where the engine runs (the tower runs on the CPU).
         #[arg(long, default_value = "cpu")]
         device: Device,
-        /// Python with numpy and gguf (verify/reference/requirements.txt).
+        /// Python with numpy and gguf (verify/reference/requirements.txt), for `--reference
+        /// numpy|both`.
         #[arg(long, default_value = "python3")]
         python: String,
+        /// The float64 references of the tower: numpy (python), f64 (Rust, in this binary: no
+        /// python needed) or both.
+        #[arg(long, value_enum, default_value = "numpy")]
+        reference: memra_verify::vision::RefChoice,
         #[arg(long, default_value_t = 4)]
         images: usize,
         #[arg(long, default_value_t = 8)]
@@ -337,25 +342,47 @@ enum Cmd {
 
 fn gate_vision(a: &memra_verify::vision::VisionArgs, json: Option<&Path>) -> Result<usize> {
     let r = memra_verify::vision::check(a)?;
-    let worst = r.rel_errors.iter().fold(0f32, |m, &e| m.max(e));
-    println!(
-        "vision: tower {}x{} -> {} tokens; {} images vs the numpy reference: largest error \
-         {worst:.2e} of the largest value (tolerance {:.0e}); encode {:.1} ms per image (CPU)",
-        r.image_size,
-        r.image_size,
-        r.tokens_per_image,
-        r.rel_errors.len(),
-        a.tolerance,
-        r.encode_ms_per_image
-    );
+    for (what, errs) in [
+        ("numpy", &r.rel_errors),
+        ("Rust float64", &r.rel_errors_f64),
+    ] {
+        if errs.is_empty() {
+            continue;
+        }
+        let worst = errs.iter().fold(0f32, |m, &e| m.max(e));
+        println!(
+            "vision: tower {}x{} -> {} tokens; {} images vs the {what} reference: largest \
+             error {worst:.2e} of the largest value (tolerance {:.0e}); encode {:.1} ms per \
+             image (CPU)",
+            r.image_size,
+            r.image_size,
+            r.tokens_per_image,
+            errs.len(),
+            a.tolerance,
+            r.encode_ms_per_image
+        );
+    }
+    if let (Some(all), Some(first)) = (r.cpu_tokens_equal, r.cpu_first_tokens_equal) {
+        println!(
+            "vision: {:?} vs a CPU engine (informative): greedy tokens equal on {all}/{} image \
+             prompts, the first token on {first}/{}",
+            a.device, r.prompts, r.prompts
+        );
+    }
+    if let Some(d) = r.f64_vs_numpy {
+        println!("vision: the Rust float64 reference vs numpy's: {d:.2e} of the largest value");
+    }
     println!(
         "vision: greedy tokens equal on {}/{} image prompts (memra's vs the reference's rows)",
         r.tokens_equal, r.prompts
     );
     println!(
         "vision: serve: {} differences under mixed image + text load; same image again {} \
-         prompt tokens from the cache, another image {}",
-        r.serve_differences, r.cached_tokens_same_image, r.cached_tokens_other_image
+         prompt tokens from the cache, another image {}, a hit ending inside an image {}",
+        r.serve_differences,
+        r.cached_tokens_same_image,
+        r.cached_tokens_other_image,
+        r.cached_tokens_inside_image
     );
     for f in &r.failures {
         println!("FAIL {f}");
@@ -1103,6 +1130,7 @@ fn run(cli: Cli) -> Result<usize> {
             mmproj,
             device,
             python,
+            reference,
             images,
             prompts,
             max_tokens,
@@ -1114,6 +1142,7 @@ fn run(cli: Cli) -> Result<usize> {
                 mmproj,
                 model,
                 python,
+                reference,
                 images: images.max(1),
                 prompts,
                 max_tokens,

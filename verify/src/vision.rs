@@ -1,14 +1,17 @@
 //! `memra-verify vision`: image input (the tower on the CPU, the engine on `--device`).
 //!
-//! - `reference`: the tower's embeddings of deterministic images against the independent
-//!   float64 numpy reference (verify/reference/siglip_reference.py) on the same mmproj file:
-//!   max |memra - ref| / max |ref| per image within the tolerance of docs/VERIFY.md;
-//! - `tokens`: greedy tokens of image prompts fed memra's embeddings vs fed the reference's:
-//!   equal;
-//! - `serve`: image requests and text requests submitted together to one engine (a small step
-//!   budget, so prefills are chunked beside each other) give the tokens and logprob bits each
+//! - `reference`: the tower's embeddings of deterministic images against an independent
+//!   float64 reference on the same mmproj file: numpy (verify/reference/siglip_reference.py,
+//!   python with numpy and gguf) and/or Rust (siglip_f64.rs, no python: the GPU machines),
+//!   `--reference numpy|f64|both`; max |memra - ref| / max |ref| per image within the
+//!   tolerance of docs/VERIFY.md (with both, the two references within it of each other too);
+//! - `tokens`: greedy tokens of image prompts fed memra's embeddings vs fed the reference's
+//!   (numpy's when it ran, else the Rust one's): equal;
+//! - `serve`: image requests and text requests submitted together to one engine (a step
+//!   budget of one image and 4 rows, so prefills are chunked beside each other) give the tokens and logprob bits each
 //!   gives alone; the same image again is a prefix-cache hit with the same bits, another image
-//!   with the same tokens is not a hit past the image.
+//!   with the same tokens is not a hit past the image, a hit ending inside an image gives the
+//!   bits of a miss (its rows attend to the whole image).
 //!
 //! The tower is MMPROJ (default: a tiny random one written to a temporary mmproj GGUF); the
 //! text model is MODEL (a gemma3 of the tower's output width; default: a tiny random gemma3
@@ -39,6 +42,8 @@ pub struct VisionArgs {
     pub mmproj: Option<PathBuf>,
     pub model: Option<PathBuf>,
     pub python: String,
+    /// Which float64 references run.
+    pub reference: RefChoice,
     pub images: usize,
     pub prompts: usize,
     pub max_tokens: usize,
@@ -46,18 +51,51 @@ pub struct VisionArgs {
     pub tolerance: f32,
 }
 
+/// The float64 references of the tower the gate runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RefChoice {
+    /// verify/reference/siglip_reference.py (python with numpy and gguf).
+    Numpy,
+    /// siglip_f64.rs, in this binary (no python).
+    F64,
+    /// Both, and each against the other.
+    Both,
+}
+
+impl RefChoice {
+    fn numpy(self) -> bool {
+        self != RefChoice::F64
+    }
+
+    fn f64(self) -> bool {
+        self != RefChoice::Numpy
+    }
+}
+
 /// What the gate measured.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct VisionReport {
     pub image_size: usize,
     pub tokens_per_image: usize,
-    /// Per image: max |memra - ref| / max |ref|.
+    /// Per image: max |memra - ref| / max |ref| against the numpy reference (empty when it did
+    /// not run).
     pub rel_errors: Vec<f32>,
+    /// The same against the Rust float64 reference (empty when it did not run).
+    pub rel_errors_f64: Vec<f32>,
+    /// With both references: the largest max |f64 - numpy| / max |numpy| over the images.
+    pub f64_vs_numpy: Option<f32>,
+    /// On a device other than the CPU (informative: the GPU keeps its own arithmetic, so a
+    /// near-tie may flip): image prompts whose greedy tokens equal a CPU engine's, and whose
+    /// first generated token does.
+    pub cpu_tokens_equal: Option<usize>,
+    pub cpu_first_tokens_equal: Option<usize>,
     pub tokens_equal: usize,
     pub prompts: usize,
     pub serve_differences: usize,
     pub cached_tokens_same_image: usize,
     pub cached_tokens_other_image: usize,
+    /// Cached prompt tokens of a hit that ends inside an image (the same bits as a miss).
+    pub cached_tokens_inside_image: usize,
     pub encode_ms_per_image: f64,
     pub failures: Vec<String>,
 }
@@ -279,29 +317,71 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
         .collect::<Result<_>>()?;
     rep.encode_ms_per_image = t0.elapsed().as_secs_f64() * 1e3 / a.images.max(1) as f64;
     let hashes: Vec<u128> = images.iter().map(|i| tower.hash(i)).collect();
-    // reference
-    let refs = reference(&a.python, &mmproj, &images, dir.path())?;
-    for (i, (o, r)) in ours.iter().zip(&refs).enumerate() {
-        let e = rel_error(o, r);
-        rep.rel_errors.push(e);
-        if e.is_nan() || e > a.tolerance {
+    // references
+    let numpy = match a.reference.numpy() {
+        true => Some(reference(&a.python, &mmproj, &images, dir.path())?),
+        false => None,
+    };
+    let f64s = match a.reference.f64() {
+        true => {
+            let r = crate::siglip_f64::Reference::open(&mmproj)?;
+            Some(
+                images
+                    .iter()
+                    .map(|i| r.embed(i))
+                    .collect::<Result<Vec<_>>>()?,
+            )
+        }
+        false => None,
+    };
+    let mut against = |what: &str, refs: &[Vec<f32>], errs: &mut Vec<f32>| {
+        for (i, (o, r)) in ours.iter().zip(refs).enumerate() {
+            let e = rel_error(o, r);
+            errs.push(e);
+            if e.is_nan() || e > a.tolerance {
+                rep.failures.push(format!(
+                    "image {i}: embeddings differ from the {what} reference by {e:.2e} of the \
+                     largest (tolerance {:.0e})",
+                    a.tolerance
+                ));
+            }
+        }
+    };
+    let (mut e_np, mut e_64) = (Vec::new(), Vec::new());
+    if let Some(r) = &numpy {
+        against("numpy", r, &mut e_np);
+    }
+    if let Some(r) = &f64s {
+        against("Rust float64", r, &mut e_64);
+    }
+    (rep.rel_errors, rep.rel_errors_f64) = (e_np, e_64);
+    if let (Some(n), Some(f)) = (&numpy, &f64s) {
+        let d = n
+            .iter()
+            .zip(f)
+            .map(|(n, f)| rel_error(f, n))
+            .fold(0f32, |m, e| if e.is_nan() { e } else { m.max(e) });
+        rep.f64_vs_numpy = Some(d);
+        if d.is_nan() || d > a.tolerance {
             rep.failures.push(format!(
-                "image {i}: embeddings differ from the reference by {e:.2e} of the largest (tolerance {:.0e})",
-                a.tolerance
+                "the Rust float64 reference differs from numpy's by {d:.2e} of the largest"
             ));
         }
     }
+    let refs = numpy.or(f64s).unwrap_or_default();
     // tokens: memra's embeddings vs the reference's, fed to the same model
-    let e = engine(model(a.model.as_deref())?, a.device, 64)?;
+    let e = engine(model(a.model.as_deref())?, a.device, 64.max(rows + 8))?;
     let prompts: Vec<Prompt> = (0..a.prompts)
         .map(|i| prompt(i, &tokens, rows, vocab))
         .collect();
+    let mut on_device = Vec::with_capacity(prompts.len());
     for (i, p) in prompts.iter().enumerate() {
         let k = i % images.len();
         let mine = run(
             &e,
             request(p, Some((ours[k].clone(), hashes[k])), width, a.max_tokens),
         )?;
+        on_device.push(mine.0.iter().map(|t| t.0).collect::<Vec<u32>>());
         // Another hash: the reference's rows must not come from the cache of memra's.
         let theirs: Arc<[f32]> = Arc::from(refs[k].clone());
         let r = run(
@@ -321,6 +401,22 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
         }
     }
     drop(e);
+    if a.device != Device::Cpu {
+        let c = engine(model(a.model.as_deref())?, Device::Cpu, 64.max(rows + 8))?;
+        let (mut all, mut first) = (0, 0);
+        for (i, (p, dev)) in prompts.iter().zip(&on_device).enumerate() {
+            let k = i % images.len();
+            let media = Some((ours[k].clone(), hashes[k]));
+            let cpu: Vec<u32> = run(&c, request(p, media, width, a.max_tokens))?
+                .0
+                .iter()
+                .map(|t| t.0)
+                .collect();
+            all += usize::from(&cpu == dev);
+            first += usize::from(cpu.first() == dev.first());
+        }
+        (rep.cpu_tokens_equal, rep.cpu_first_tokens_equal) = (Some(all), Some(first));
+    }
     serve(a, &prompts, &ours, &hashes, width, vocab, &mut rep)?;
     Ok(rep)
 }
@@ -353,16 +449,20 @@ fn serve(
         };
         reqs.push(request(&text, None, width, a.max_tokens));
     }
+    // An image's rows are computed in one step (its rows attend to all of it): the loaded
+    // engine's step budget holds one image and a few more rows, so prompts are prefilled in
+    // chunks beside each other.
+    let rows = ours.first().map_or(0, |e| e.len() / width.max(1));
     let alone: Vec<Run> = reqs
         .iter()
         .map(|r| {
             run(
-                &engine(model(a.model.as_deref())?, a.device, 64)?,
+                &engine(model(a.model.as_deref())?, a.device, 64.max(rows + 8))?,
                 r.clone(),
             )
         })
         .collect::<Result<_>>()?;
-    let e = engine(model(a.model.as_deref())?, a.device, 7)?;
+    let e = engine(model(a.model.as_deref())?, a.device, rows + 4)?;
     let streams: Vec<_> = reqs
         .iter()
         .map(|r| {
@@ -406,6 +506,61 @@ fn serve(
         rep.failures.push(format!(
             "another image with the same tokens: {} cached tokens, past the image at {}",
             o.1, prompts[0].start
+        ));
+    }
+    let media = (ours[0].clone(), hashes[0]);
+    hit_inside_image(a, &prompts[0], media, width, vocab, &e, rep)
+}
+
+/// A prefix-cache hit that ends inside an image gives the bits of a miss: prompt 0 with text
+/// put before it so that a KV block (4 positions) ends two positions before the image's end,
+/// and two tails that differ right after the image's next token; the second prompt after the
+/// first is a hit of every block up to inside the image.
+fn hit_inside_image(
+    a: &VisionArgs,
+    p0: &Prompt,
+    media: (Arc<[f32]>, u128),
+    width: usize,
+    vocab: usize,
+    e: &EngineHandle,
+    rep: &mut VisionReport,
+) -> Result<()> {
+    let rows = media.0.len() / width.max(1);
+    let end = p0.start + rows;
+    let pad = (4 + 2 - (end + 1) % 4) % 4;
+    let mut ids: Vec<u32> = (0..pad)
+        .map(|j| (200 + 31 * j) as u32 % vocab as u32)
+        .collect();
+    ids.extend_from_slice(&p0.ids[..end + 1]);
+    let shared = ids.len();
+    let (mut first, mut second) = (ids.clone(), ids);
+    first.extend_from_slice(&p0.ids[end + 1..]);
+    second.extend(p0.ids[end + 1..].iter().map(|t| (t + 1) % vocab as u32));
+    let start = p0.start + pad;
+    let req = |ids: Vec<u32>| {
+        request(
+            &Prompt { ids, start },
+            Some(media.clone()),
+            width,
+            a.max_tokens,
+        )
+    };
+    let rows_budget = rows + 4;
+    let miss = run(
+        &engine(model(a.model.as_deref())?, a.device, rows_budget)?,
+        req(second.clone()),
+    )?;
+    run(e, req(first))?;
+    let hit = run(e, req(second))?;
+    rep.cached_tokens_inside_image = hit.1;
+    let want = shared - 2;
+    if hit.1 != want || hit.0 != miss.0 {
+        rep.failures.push(format!(
+            "a prefix-cache hit ending inside the image (rows {start}..{}): {} cached tokens \
+             (want {want}), the miss's bits {}",
+            start + rows,
+            hit.1,
+            hit.0 == miss.0
         ));
     }
     Ok(())

@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod exec;
 pub mod runner;
+pub mod spans;
 pub mod state;
 
 use crate::config::ModelConfig;
@@ -55,6 +56,11 @@ pub struct RowEmbed {
     pub row: usize,
     pub values: std::sync::Arc<[f32]>,
     pub index: usize,
+    /// The positions of the image the row belongs to (its own position inside). An
+    /// architecture whose attention is bidirectional within an image (`AttnParams::spans`,
+    /// Gemma 3) lets the row see the whole span: the step must hold the span's last position
+    /// or follow a step that did ([`spans::check_spans`]).
+    pub span: std::ops::Range<u32>,
 }
 
 /// Checks a step's given embeddings: rows in order, inside the step, each naming a whole row

@@ -119,6 +119,7 @@ impl<O: Exec> Runner<O> {
         }
         if !batch.embeds.is_empty() {
             super::check_embeds(batch, self.config.hidden)?;
+            super::spans::check_spans(batch)?;
             if !(self.ops.injects_rows() && self.model.takes_embeds()) {
                 return Err(Error::Unsupported(format!(
                     "image input is not supported for {} on {}",

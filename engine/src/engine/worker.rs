@@ -271,6 +271,7 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         pipeline: backend.pipeline(),
         hidden: backend.config().hidden,
         image_input: backend.accepts_embeds(),
+        max_image_rows: cfg.scheduler.max_batch_tokens.max(1),
     };
     let w = Worker {
         backend,

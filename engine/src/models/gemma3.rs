@@ -284,6 +284,8 @@ pub fn build<O: Ops>(w: &ModelWeights, s: &Stage, ops: &mut O) -> Result<Box<dyn
     ))?;
     let base = AttnParams {
         scale: 1.0 / p.query_pre_attn_scalar.sqrt(),
+        // Image tokens attend bidirectionally within their image (HF, llama.cpp mtmd).
+        spans: true,
         ..AttnParams::causal(c.n_heads, c.n_kv_heads, c.head_dim)
     };
     let emb = Embedding::load_stage(ops, w, s)?;

@@ -136,6 +136,10 @@ pub struct AttnParams {
     pub scale: f32,
     /// Sliding window: a row at position p attends to positions `p + 1 - window ..= p` only.
     pub window: Option<usize>,
+    /// Rows of an image attend to the whole image, bidirectionally (Gemma 3): a row with a
+    /// given embedding sees its [`crate::backend::RowEmbed::span`] besides its causal (and
+    /// windowed) positions ([`crate::backend::spans::attn_range`]). Text rows are unaffected.
+    pub spans: bool,
 }
 
 impl AttnParams {
@@ -147,6 +151,7 @@ impl AttnParams {
             head_dim,
             scale: 1.0 / (head_dim as f32).sqrt(),
             window: None,
+            spans: false,
         }
     }
 }

@@ -35,3 +35,4 @@ mod spec_mtp;
 mod tiny_files;
 mod tokenizer;
 mod vision;
+mod vision_attn;

@@ -261,8 +261,9 @@ fn image_rows_are_exact_under_load_and_keyed_in_the_prefix_cache() {
             )
         })
         .collect();
-    // A 5-token step budget: the image is prefilled in chunks beside the text requests.
-    let e = start(Arch::Gemma3, 5);
+    // An 18-token step budget: the prompts are prefilled in chunks beside each other (a
+    // chunk never ends inside the 16-row image: its rows attend to all of it).
+    let e = start(Arch::Gemma3, 18);
     let mut streams = vec![e.submit(image_request(&PRE, Some(&a), &POST, 0)).unwrap()];
     for (i, t) in texts.iter().enumerate() {
         streams.push(
@@ -289,6 +290,38 @@ fn image_rows_are_exact_under_load_and_keyed_in_the_prefix_cache() {
     let none = collect(e.submit(image_request(&PRE, None, &POST, 0)).unwrap());
     assert_eq!(none.1.cached_tokens, PRE.len() / 4 * 4, "{:?}", none.1);
     assert_ne!(none.0, alone.0, "the image rows were not injected");
+}
+
+#[test]
+fn a_prefix_hit_ending_inside_an_image_gives_the_miss_s_bits() {
+    let a = pattern(1);
+    // PRE (6 tokens), the image at 6..22, then POST or OTHER: with blocks of 4, the two
+    // prompts share blocks 0..5 (positions 0..20), which end inside the image.
+    const OTHER: [u32; 5] = [31, 77, 2210, 9, 47];
+    let miss = {
+        let e = start(Arch::Gemma3, 64);
+        collect(e.submit(image_request(&PRE, Some(&a), &OTHER, 0)).unwrap())
+    };
+    assert_eq!(miss.1.cached_tokens, 0);
+    let e = start(Arch::Gemma3, 18);
+    collect(e.submit(image_request(&PRE, Some(&a), &POST, 0)).unwrap());
+    let hit = collect(e.submit(image_request(&PRE, Some(&a), &OTHER, 0)).unwrap());
+    assert_eq!(hit.1.cached_tokens, 20, "{:?}", hit.1);
+    assert_eq!(hit.0, miss.0, "a hit ending inside the image");
+}
+
+#[test]
+fn an_image_larger_than_the_step_budget_is_refused() {
+    let e = start(Arch::Gemma3, 15);
+    match e.submit(image_request(&PRE, Some(&pattern(1)), &POST, 0)) {
+        Err(SubmitError::Invalid(m)) => assert!(m.contains("step budget"), "{m}"),
+        r => panic!("expected a refusal, got {:?}", r.map(|_| ())),
+    }
+    let e = start(Arch::Gemma3, 16);
+    collect(
+        e.submit(image_request(&PRE, Some(&pattern(1)), &POST, 0))
+            .unwrap(),
+    );
 }
 
 #[test]

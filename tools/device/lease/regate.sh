@@ -4,8 +4,8 @@
 # tokens, serve-invariance), the tiny qwen3moe / gemma3 / qwen3next gates and default
 # speculation, the real Gemma 3's invariance / graph / tokens (reference fixture) /
 # serve-invariance, the pipeline split on one GPU (gates_pp), FP8 / NVFP4 (tiny models and a
-# llama3-8b FP8 folder: run-gen, invariance), image rows on CUDA (`memra-verify vision`, when the
-# machine's python has numpy and gguf), and Gemma 3's per-kernel decode times (kern, ncu).
+# llama3-8b FP8 folder: run-gen, invariance), image rows on CUDA (`memra-verify vision` against
+# its Rust float64 reference: no python), and Gemma 3's per-kernel decode times (kern, ncu).
 # Three lanes in parallel (correctness gates do not depend on timing). ~6 device-minutes.
 #   calls: LEASE_SYNTH=fp8 start.sh with this queue; the SmolLM2 pieces (smol), the Gemma 3
 #   pieces (gemma); then poll.sh back to back (docs/DEVICE.md).
@@ -32,7 +32,7 @@ lane_c() {
     run gen-fp8 300 $B/run-gen $FP8 --device cuda:0 --prompt "The capital of France is" --max-tokens 16
     run inv-fp8 420 $B/memra-verify invariance $FP8 --device cuda:0 --max-m 8
   }
-  waitf $HOME/smol.ok 300 && MEMRA_TEST_MODEL=$SMOL run vision 200 $B/memra-verify vision --device cuda:0 --python python3
+  waitf $HOME/smol.ok 300 && MEMRA_TEST_MODEL=$SMOL run vision 200 $B/memra-verify vision --device cuda:0 --reference f64
   waitf $HOME/gemma.ok 300 && kern gemma:Q4_K_M:1200:230
 }
 lane_a & lane_b & lane_c & wait

@@ -1,5 +1,6 @@
-//! `memra-verify vision` on the CPU (CI): a tiny random tower against the numpy reference,
-//! image prompts under mixed load and in the prefix cache.
+//! `memra-verify vision` on the CPU (CI): a tiny random tower against the numpy reference and
+//! the Rust float64 one (each other too), image prompts under mixed load and in the prefix
+//! cache.
 
 use std::process::Command;
 
@@ -13,6 +14,8 @@ fn vision_gate_passes_on_cpu() {
             "vision",
             "--python",
             &python,
+            "--reference",
+            "both",
             "--images",
             "3",
             "--prompts",
@@ -31,6 +34,32 @@ fn vision_gate_passes_on_cpu() {
     let errs = r["rel_errors"].as_array().unwrap();
     assert_eq!(errs.len(), 3);
     assert!(errs.iter().all(|e| e.as_f64().unwrap() < 1e-4), "{r}");
+    // The Rust float64 reference (what runs where python does not) agrees with numpy's.
+    assert_eq!(r["rel_errors_f64"].as_array().unwrap().len(), 3);
+    assert!(r["f64_vs_numpy"].as_f64().unwrap() < 1e-6, "{r}");
     assert_eq!(r["serve_differences"], 0);
     assert!(r["cached_tokens_same_image"].as_u64().unwrap() > 16, "{r}");
+    assert_eq!(r["cached_tokens_inside_image"], 20, "{r}");
+}
+
+/// The GPU machines have no python: `--reference f64` needs none.
+#[test]
+fn vision_gate_runs_without_python() {
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-verify"))
+        .args([
+            "vision",
+            "--reference",
+            "f64",
+            "--python",
+            "/nonexistent/python",
+        ])
+        .args(["--images", "2", "--prompts", "3"])
+        .output()
+        .expect("run memra-verify");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("vs the Rust float64 reference"), "{stdout}");
+    assert!(!stdout.contains("numpy"), "{stdout}");
+    assert!(stdout.contains("ALL GREEN"), "{stdout}");
 }

@@ -77,6 +77,11 @@ pub struct AttnArgs {
     /// [`attn_window_start`]`..=pos`, on the tensor-core kernels where the launch has one
     /// ([`attn_mma_eligible`]), else the CUDA-core split kernel.
     pub window: Option<usize>,
+    /// Image spans (0: none, every text-only launch): per launch row a `(start, end)` u32 pair,
+    /// the row's image (a bidirectional span, backend/spans.rs) or `(pos, pos + 1)`; a row sees
+    /// `min(window start, start) .. max(pos + 1, end)` (`attn_row_range`, kernels/cu/kvfmt.cuh).
+    /// `ctx` must cover every `end`.
+    pub spans: u64,
 }
 
 /// The first position a row at `pos` sees under `window`: `pos + 1 - window` when that is
@@ -255,6 +260,7 @@ impl Gpu {
                     // tok/s; the same bits).
                     Arg::U32(1),
                     Arg::U32(window),
+                    Arg::Ptr(a.spans),
                 ];
                 let args = [&lead[..], &tiling, &heads, &tail, &stage_arg].concat();
                 let (name, f) = self
@@ -281,12 +287,14 @@ impl Gpu {
             }
             None => {
                 // At most ATTN_GRID_Y blocks per (row, head); each loops over its splits (from
-                // its window's first split).
-                let ys = attn_row_splits(a.ctx, a.window).min(ATTN_GRID_Y);
+                // its window's first split; an image row's positions may start below its window).
+                let bound = if a.spans == 0 { a.window } else { None };
+                let ys = attn_row_splits(a.ctx, bound).min(ATTN_GRID_Y);
                 let ys = self.u32_of(ys, "attention splits")?;
                 let kernel = format!("attn_split_{}", a.kv);
                 let head_dim = [Arg::U32(self.u32_of(a.head_dim, "head_dim")?)];
-                let args = [&lead[..], &heads, &head_dim, &tail, &[Arg::U32(window)]].concat();
+                let last = [Arg::U32(window), Arg::Ptr(a.spans)];
+                let args = [&lead[..], &heads, &head_dim, &tail, &last].concat();
                 self.launch(&kernel, (rh, ys), 128, &args)?;
             }
         }
@@ -308,6 +316,7 @@ impl Gpu {
             Arg::U32(prep.is_some_and(|p| p.bf16) as u32),
             Arg::U32(fold as u32),
             Arg::U32(window),
+            Arg::Ptr(a.spans),
         ];
         self.launch("attn_combine", (rh, 1), 128, &args)
     }
@@ -360,7 +369,7 @@ mod tests {
     #[test]
     fn every_attention_kernel_name_is_a_kernel_with_the_launch_s_arguments() {
         // Gpu::attention's tensor-core launch: 9 lead, rows and tokens per tile, 2 head counts,
-        // block size, scale, stages, wide and the window.
+        // block size, scale, stages, wide, the window and the image spans.
         let mut args = vec![Arg::Ptr(1); 8];
         args.extend([Arg::U64(130), Arg::U32(4), Arg::U32(4), Arg::U32(32)]);
         args.extend([
@@ -370,6 +379,7 @@ mod tests {
             Arg::U32(2),
             Arg::U32(1),
             Arg::U32(512),
+            Arg::Ptr(0),
         ]);
         for hd in [64, 128, 256] {
             for kv in KvDtype::ALL {
@@ -419,20 +429,20 @@ mod tests {
     #[test]
     fn the_split_attention_and_combine_kernels_take_the_launch_s_arguments() {
         // Gpu::attention's split launch: 9 lead, 2 head counts, head_dim, block size and scale,
-        // the window.
+        // the window, the image spans.
         let mut args = vec![Arg::Ptr(1); 8];
         args.extend([Arg::U64(130), Arg::U32(4), Arg::U32(1), Arg::U32(256)]);
-        args.extend([Arg::U32(16), Arg::F32(0.1), Arg::U32(512)]);
+        args.extend([Arg::U32(16), Arg::F32(0.1), Arg::U32(512), Arg::Ptr(0)]);
         for kv in KvDtype::ALL {
             let name = format!("attn_split_{kv}");
             assert_eq!(check_args(&name, &args), Ok(()), "{name}");
         }
         // attn_combine: partials, out, pos, stride, rows, heads, head_dim, the preparation
-        // (values, sums, kp, bf16), folded, window.
+        // (values, sums, kp, bf16), folded, window, image spans.
         let mut args = vec![Arg::Ptr(1); 3];
         args.extend([Arg::U64(130), Arg::U32(3), Arg::U32(4), Arg::U32(256)]);
         args.extend([Arg::Ptr(0), Arg::Ptr(0), Arg::U32(0), Arg::U32(0)]);
-        args.extend([Arg::U32(0), Arg::U32(512)]);
+        args.extend([Arg::U32(0), Arg::U32(512), Arg::Ptr(0)]);
         assert_eq!(check_args("attn_combine", &args), Ok(()));
     }
 

@@ -249,6 +249,8 @@ impl CudaOps {
             table_off: p(TABLE_OFF),
             tables: p(TABLES),
             ctx: gs.ctx_cap,
+            // Steps with image rows never run as graphs (step.rs execute_any).
+            spans: 0,
         };
         self.scores = (self.gpu.ptr(&gs.scores), gs.scores.len());
         self.rows = [bucket, bucket];

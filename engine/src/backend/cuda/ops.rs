@@ -267,6 +267,10 @@ impl CudaOps {
                 stages: 0,
                 grid_y: 0,
                 window: p.window,
+                spans: match (p.spans, meta.spans) {
+                    (true, s) if s != 0 => s + (r0 * 8) as u64,
+                    _ => 0,
+                },
             };
             g.attention(&a)?;
             r0 += rows;

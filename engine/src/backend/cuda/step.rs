@@ -22,8 +22,12 @@ pub(super) struct Meta {
     pub slot: u64,
     pub table_off: u64,
     pub tables: u64,
-    /// At least the largest `pos + 1` of the step's rows (sizes the attention scratch).
+    /// At least the largest `pos + 1` of the step's rows (sizes the attention scratch), and
+    /// the largest end of its image spans.
     pub ctx: usize,
+    /// Per row its image span or `(pos, pos + 1)`, a u32 pair ([`super::AttnArgs::spans`]);
+    /// 0 for a step without image rows.
+    pub spans: u64,
 }
 
 /// Owned buffers of a plain (non-graph) step (row metadata, attention scores, gather indices),
@@ -69,9 +73,20 @@ impl CudaOps {
         if tables.is_empty() {
             tables.push(0);
         }
-        let mut bufs = Vec::with_capacity(6);
+        let mut bufs = Vec::with_capacity(7);
         for v in [&tokens, &pos, &row_seq, &slot, &table_off, &tables] {
             bufs.push(g.upload(v)?);
+        }
+        // Image rows: every row's (start, end) as the attention kernels read it (buffer 6).
+        let spans = crate::backend::spans::row_spans(batch);
+        if !spans.is_empty() {
+            let mut v = Vec::with_capacity(2 * spans.len());
+            for (r, s) in batch.rows.iter().zip(&spans) {
+                let s = s.clone().unwrap_or(r.pos as usize..r.pos as usize + 1);
+                ctx = ctx.max(s.end);
+                v.extend([u32_of(s.start, "image start")?, u32_of(s.end, "image end")?]);
+            }
+            bufs.push(g.upload(&v)?);
         }
         Ok((bufs, ctx))
     }
@@ -114,6 +129,7 @@ impl CudaOps {
             table_off: p(4),
             tables: p(5),
             ctx,
+            spans: p(6),
         };
         let per_row = self.n_heads * super::attn_part_floats(ctx, self.head_dim);
         let score_rows = (SCORE_FLOATS / per_row.max(1)).clamp(1, m);
