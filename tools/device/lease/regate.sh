@@ -5,9 +5,10 @@
 # speculation, the real Gemma 3's invariance / graph / tokens (reference fixture) /
 # serve-invariance, the pipeline split on one GPU (gates_pp), FP8 / NVFP4 (tiny models and a
 # llama3-8b FP8 folder: run-gen, invariance), image rows on CUDA (`memra-verify vision` against
-# its Rust float64 reference: no python), and Gemma 3's per-kernel decode times (kern, ncu).
+# its Rust float64 reference: no python), and memra's decode rows of Gemma 3 and qwen3-30b-a3b
+# (REGATE_DECODE; LEASE_SYNTH="fp8 moe").
 # Three lanes in parallel (correctness gates do not depend on timing). ~6 device-minutes.
-#   calls: LEASE_SYNTH=fp8 start.sh with this queue; the SmolLM2 pieces (smol), the Gemma 3
+#   calls: LEASE_SYNTH="fp8 moe" start.sh with this queue; the SmolLM2 pieces (smol), the Gemma 3
 #   pieces (gemma); then poll.sh back to back (docs/DEVICE.md).
 set -u
 cd $HOME/repo; . tools/device/lease/lib.sh
@@ -20,6 +21,7 @@ lane_a() {
 lane_b() {
   run kernels 600 $B/memra-verify kernels --device cuda:0
   grep -E "FAIL|ALL" $O/logs/kernels.log | head -8 >> $S
+  run kernels-attn-split 300 $B/memra-verify kernels --device cuda:0 --only attention --attn-split
   gates_tiny
   gates_pp
 }
@@ -33,7 +35,10 @@ lane_c() {
     run inv-fp8 420 $B/memra-verify invariance $FP8 --device cuda:0 --max-m 8
   }
   waitf $HOME/smol.ok 300 && MEMRA_TEST_MODEL=$SMOL run vision 200 $B/memra-verify vision --device cuda:0 --reference f64
-  waitf $HOME/gemma.ok 300 && kern gemma:Q4_K_M:1200:230
+  # memra's decode rows of the build (no llama.cpp here: the side-by-side rows are close.sh's)
+  for x in ${REGATE_DECODE:-gemma:Q4_K_M moe:Q4_K_M}; do
+    pick $x; waitf $f 400 && run $k-decode 300 $MB decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt
+  done
 }
 lane_a & lane_b & lane_c & wait
 row queue-done ""
