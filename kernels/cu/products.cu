@@ -93,13 +93,35 @@ __device__ __forceinline__ void norm_prep_row(const float* x, const float* __res
     const u32 nb = kp / 32;
     // y may alias x: every block must finish its sum before any block writes.
     if (y == x && gy > 1) return;  // the host never launches this combination
-    for (u32 b = by * 8 + warp; b < nb; b += 8 * gy) {
+    // The warp's first four blocks read before any store (y may alias x, so a read after a
+    // store waits behind it); each value is read and written by the same lane.
+    float xv[4], wv[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const u32 b = by * 8 + warp + 8 * gy * j, k = b * 32 + lane;
+        xv[j] = 0.0f;
+        wv[j] = 0.0f;
+        if (b < nb && k < width) {
+            xv[j] = x[k];
+            wv[j] = W[k];
+        }
+    }
+    auto put = [&](u32 b, float xk, float wk) {
         const u32 k = b * 32 + lane;
         float v = 0.0f;
-        if (k < width) v = __fmul_rn(__fmul_rn(x[k], scale), W[k]);
+        if (k < width) v = __fmul_rn(__fmul_rn(xk, scale), wk);
         __syncwarp();
         if (y && k < width) y[k] = v;
         prep_store(v, lane, xh + b * 32, xs + b, bf);
+    };
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const u32 b = by * 8 + warp + 8 * gy * j;
+        if (b < nb) put(b, xv[j], wv[j]);  // uniform over the warp
+    }
+    for (u32 b = by * 8 + warp + 32 * gy; b < nb; b += 8 * gy) {
+        const u32 k = b * 32 + lane;
+        put(b, k < width ? x[k] : 0.0f, k < width ? W[k] : 0.0f);
     }
 }
 
@@ -130,7 +152,23 @@ extern "C" __global__ void __launch_bounds__(256) add_norm_prep(const float* O, 
     const float* o = O + (u64)row * width;
     float* x = X + (u64)row * width;
     const float so = rms_scale_warp(o, width, post_eps);
-    for (u32 e = threadIdx.x; e < width; e += 256) x[e] = __fadd_rn(x[e], __fmul_rn(__fmul_rn(o[e], so), Wp[e]));
+    // Up to four values a thread read before any store (x is written in place).
+    float xv[4], ov[4], wv[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const u32 e = threadIdx.x + 256 * j;
+        if (e < width) {
+            xv[j] = x[e];
+            ov[j] = o[e];
+            wv[j] = Wp[e];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const u32 e = threadIdx.x + 256 * j;
+        if (e < width) x[e] = __fadd_rn(xv[j], __fmul_rn(__fmul_rn(ov[j], so), wv[j]));
+    }
+    for (u32 e = threadIdx.x + 1024; e < width; e += 256) x[e] = __fadd_rn(x[e], __fmul_rn(__fmul_rn(o[e], so), Wp[e]));
     if (!Xh) return;
     __syncthreads();
     norm_prep_row(x, W, Y ? Y + (u64)row * width : nullptr, Xh + (u64)row * kp, Xs + (u64)row * (kp / 32), width,

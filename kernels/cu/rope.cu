@@ -151,31 +151,63 @@ __device__ __forceinline__ void rope_kv_norm_body(float* Q, float* K, const floa
         float* x = isk ? K + ((u64)r * n_kv_heads + h) * head_dim : Q + ((u64)r * n_heads + h) * head_dim;
         const float* W = isk ? kn : qn;
         const float scale = rms_scale_warp(x, head_dim, eps);
-        __syncwarp();
-        for (u32 i = lane; i < half; i += 32) {
+        const u64 src = (u64)r * width + (u64)h * head_dim;
+        u8* kr = Kc + slot[r] * rb;
+        u8* vr = Vc + slot[r] * rb;
+        const u32 c0 = h * head_dim;
+        const u64 t0 = (u64)pos[r] * rot;
+        // Pair i with what it reads (its two values, their norm weights, cos / sin, V): normalized,
+        // rotated, written back, K and V cached.
+        struct In {
+            float x0, x1, w0, w1, c, s, v0, v1;
+        };
+        auto load = [&](u32 i) {
             const u32 e0 = i < rot ? i : rot + i;
             const u32 e1 = i < rot ? rot + i : half + i;
-            float y0 = (x[e0] * scale) * W[e0], y1 = (x[e1] * scale) * W[e1];
+            In a{x[e0], x[e1], W[e0], W[e1], 0.0f, 0.0f, 0.0f, 0.0f};
             if (i < rot) {
-                const u64 t = (u64)pos[r] * rot + i;
-                const float c = cos_t[t], s = sin_t[t];
+                a.c = cos_t[t0 + i];
+                a.s = sin_t[t0 + i];
+            }
+            if (isk) {
+                a.v0 = V[src + e0];
+                a.v1 = V[src + e1];
+            }
+            return a;
+        };
+        auto store = [&](u32 i, const In& a) {
+            const u32 e0 = i < rot ? i : rot + i;
+            const u32 e1 = i < rot ? rot + i : half + i;
+            float y0 = (a.x0 * scale) * a.w0, y1 = (a.x1 * scale) * a.w1;
+            if (i < rot) {
                 const float x0 = y0, x1 = y1;
-                y0 = x0 * c - x1 * s;
-                y1 = x1 * c + x0 * s;
+                y0 = x0 * a.c - x1 * a.s;
+                y1 = x1 * a.c + x0 * a.s;
             }
             x[e0] = y0;
             x[e1] = y1;
             if (isk) {
-                const u64 src = (u64)r * width + (u64)h * head_dim;
-                u8* kr = Kc + slot[r] * rb;
-                u8* vr = Vc + slot[r] * rb;
-                const u32 c0 = h * head_dim;
                 F::st(kr, c0 + e0, y0);
                 F::st(kr, c0 + e1, y1);
-                F::st(vr, c0 + e0, V[src + e0]);
-                F::st(vr, c0 + e1, V[src + e1]);
+                F::st(vr, c0 + e0, a.v0);
+                F::st(vr, c0 + e1, a.v1);
             }
+        };
+        // The lane's first four pairs (head_dim <= 256: all of them) read before any store: Q / K
+        // are written in place, so a read after a store would wait behind it.
+        In in[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 i = lane + 32 * j;
+            if (i < half) in[j] = load(i);
         }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 i = lane + 32 * j;
+            if (i < half) store(i, in[j]);
+        }
+        for (u32 i = lane + 128; i < half; i += 32) store(i, load(i));
         __syncwarp();
     }
 }
