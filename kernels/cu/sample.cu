@@ -22,11 +22,10 @@ __device__ __forceinline__ void argmax_take4(float4 v, u32 i4, float& bv, u32& b
     argmax_take(v.w, 4 * i4 + 3, bv, bi);
 }
 
-extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* logits, u32* out, u32 width) {
-    pdl_entry();
+// The argmax of the `width` floats at x, by the whole block (256 threads); thread 0 gets it.
+__device__ __forceinline__ u32 argmax_block(const float* x, u32 width) {
     __shared__ float best_v[256];
     __shared__ u32 best_i[256];
-    const float* x = logits + (u64)blockIdx.x * width;
     const u32 nt = blockDim.x;
     float bv = -__int_as_float(0x7f800000);
     u32 bi = 0xffffffffu;
@@ -61,7 +60,24 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* logit
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) out[blockIdx.x] = best_i[0] == 0xffffffffu ? 0u : best_i[0];
+    return best_i[0] == 0xffffffffu ? 0u : best_i[0];
+}
+
+extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* logits, u32* out, u32 width) {
+    pdl_entry();
+    const u32 t = argmax_block(logits + (u64)blockIdx.x * width, width);
+    if (threadIdx.x == 0) out[blockIdx.x] = t;
+}
+
+// argmax_at: argmax_rows for n chosen rows in one launch (a step's greedy rows, a verify step's
+// K + 1 among them): block j takes row rows[j] of the `width`-float rows at `logits` and writes
+// its token to out[j * stride]. The same per-row code as argmax_rows, so the same token.
+extern "C" __global__ void __launch_bounds__(256) argmax_at(const float* logits, const u32* rows,
+    u32 width, u32 stride, u32* out) {
+    pdl_entry();
+    const u32 j = blockIdx.x;
+    const u32 t = argmax_block(logits + (u64)rows[j] * width, width);
+    if (threadIdx.x == 0) out[(u64)j * stride] = t;
 }
 
 // penalize_row: the host's apply_penalties for one row. `tok`/`cnt` hold each distinct token of
@@ -98,9 +114,8 @@ __device__ __forceinline__ u64 cand_key(float l, float temperature, u32 id) {
 // (the unscaled, penalized values: the host finishes with sampling::sample on them).
 // Radix select over the 64-bit keys (8 passes of 8 bits, integer histograms: order-independent),
 // then the k keys >= the k-th are gathered and bitonic-sorted. One block of 1024 threads.
-extern "C" __global__ void __launch_bounds__(1024) topk_row(const float* logits, u32 width,
-    float temperature, u32 k, u32 kmax, u32* out) {
-    pdl_entry();
+__device__ __forceinline__ void topk_block(const float* logits, u32 width, float temperature,
+    u32 k, u32 kmax, u32* out) {
     __shared__ u64 keys[TOPK_MAX];
     __shared__ u32 hist[256];
     __shared__ u32 s_valid, s_count, s_remaining;
@@ -182,6 +197,26 @@ extern "C" __global__ void __launch_bounds__(1024) topk_row(const float* logits,
         out[1 + kmax + j] = __float_as_uint(logits[id]);
     }
     if (threadIdx.x == 0) out[0] = want;
+}
+
+extern "C" __global__ void __launch_bounds__(1024) topk_row(const float* logits, u32 width,
+    float temperature, u32 k, u32 kmax, u32* out) {
+    pdl_entry();
+    topk_block(logits, width, temperature, k, kmax, out);
+}
+
+// topk_rows: topk_row for n rows in one launch (a step's sampled rows, a verify step's K + 1
+// among them), one block per entry, the blocks side by side on the SMs: block j reads
+// desc[3j .. 3j + 3] = (row of the `width`-float rows at `logits`, k, temperature's f32 bits) and
+// writes topk_row's layout at out + j * (1 + 2 * kmax). The same per-row code as topk_row, so the
+// same candidates; a launch costs about one row's time instead of one per row.
+extern "C" __global__ void __launch_bounds__(1024) topk_rows(const float* logits, const u32* desc,
+    u32 width, u32 kmax, u32* out) {
+    pdl_entry();
+    const u32 j = blockIdx.x;
+    const u32 row = desc[3 * j], k = desc[3 * j + 1];
+    const float temperature = __uint_as_float(desc[3 * j + 2]);
+    topk_block(logits + (u64)row * width, width, temperature, k, kmax, out + (u64)j * (1 + 2 * kmax));
 }
 
 // mask_rows: the host's apply_mask for `n` rows of a grammar-constrained launch, in place, before
