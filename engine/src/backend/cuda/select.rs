@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 
 use super::Gpu;
 pub use super::device::TOPK_MAX;
-use super::device::topk_desc;
+pub use super::device::topk_desc;
 use crate::backend::SelectParams;
 use crate::error::Result;
 use crate::sampling::{SamplingParams, first_allowed, sample};
