@@ -112,18 +112,23 @@ __device__ __forceinline__ u64 cand_key(float l, float temperature, u32 id) {
 // logits (NaN excluded; k <= TOPK_MAX; fewer when fewer are not NaN). Writes out[0] = count,
 // out[1 .. 1 + count] = the ids in order, out[1 + kmax .. 1 + kmax + count] = their logits' bits
 // (the unscaled, penalized values: the host finishes with sampling::sample on them).
-// Radix select over the 64-bit keys (8 passes of 8 bits, integer histograms: order-independent),
-// then the k keys >= the k-th are gathered and bitonic-sorted. One block of 1024 threads.
+// Radix select over the 64-bit keys (up to 8 passes of 8 bits, integer histograms:
+// order-independent), then the k keys >= the k-th are gathered and bitonic-sorted. One block of
+// 1024 threads. Two shortcuts that leave the result alone: the passes stop as soon as the k-th
+// key is the last of its digit's bin (then the keys at or above that bin's lowest value are
+// exactly the k wanted: usually after 2 or 3 passes, each of which reads the row once), and
+// the sort covers the first power of two >= k slots, not all TOPK_MAX (the others hold 0).
 __device__ __forceinline__ void topk_block(const float* logits, u32 width, float temperature,
     u32 k, u32 kmax, u32* out) {
     __shared__ u64 keys[TOPK_MAX];
     __shared__ u32 hist[256];
-    __shared__ u32 s_valid, s_count, s_remaining;
+    __shared__ u32 s_valid, s_count, s_remaining, s_done;
     __shared__ u64 s_prefix;
     if (threadIdx.x == 0) {
         s_valid = 0;
         s_count = 0;
         s_prefix = 0;
+        s_done = 0;
     }
     __syncthreads();
     u32 valid = 0;
@@ -149,6 +154,9 @@ __device__ __forceinline__ void topk_block(const float* logits, u32 width, float
             for (int d = 255; d >= 0; --d) {
                 if (acc + hist[d] >= s_remaining) {
                     s_prefix = prefix | ((u64)d << shift);
+                    // The bin holds exactly the keys still wanted: every key >= s_prefix (its
+                    // lower digits 0) is one of the `want`, and no other key is.
+                    s_done = acc + hist[d] == s_remaining ? 1u : 0u;
                     s_remaining -= acc;
                     break;
                 }
@@ -157,8 +165,9 @@ __device__ __forceinline__ void topk_block(const float* logits, u32 width, float
         }
         mask |= (u64)255 << shift;
         __syncthreads();
+        if (s_done) break;
     }
-    // s_prefix is now the want-th largest key: exactly `want` keys are >= it.
+    // Exactly `want` keys are >= s_prefix (after all 8 passes it is the want-th largest key).
     for (u32 j = threadIdx.x; j < TOPK_MAX; j += blockDim.x) keys[j] = 0;
     __syncthreads();
     const u64 thr = s_prefix;
@@ -174,10 +183,13 @@ __device__ __forceinline__ void topk_block(const float* logits, u32 width, float
         }
     }
     __syncthreads();
-    // Bitonic sort, descending (padding keys are 0, the smallest).
-    for (u32 size = 2; size <= TOPK_MAX; size <<= 1) {
+    // Bitonic sort of the first n slots, descending (padding keys are 0, the smallest): the
+    // `want` keys are in slots below want <= n, the rest of the n are 0.
+    u32 n = 2;
+    while (n < want) n <<= 1;
+    for (u32 size = 2; size <= n; size <<= 1) {
         for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
-            for (u32 t = threadIdx.x; t < TOPK_MAX; t += blockDim.x) {
+            for (u32 t = threadIdx.x; t < n; t += blockDim.x) {
                 const u32 o = t ^ stride;
                 if (o > t) {
                     const u64 a = keys[t], b = keys[o];
