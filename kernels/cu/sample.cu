@@ -142,11 +142,22 @@ __device__ __forceinline__ void topk_block(const float* logits, u32 width, float
         if (threadIdx.x < 256) hist[threadIdx.x] = 0;
         __syncthreads();
         const u64 prefix = s_prefix;
-        for (u32 i = threadIdx.x; i < width; i += blockDim.x) {
-            const float l = logits[i];
-            if (l != l) continue;
-            const u64 key = cand_key(l, temperature, i);
-            if ((key & mask) == prefix) atomicAdd(&hist[(u32)(key >> shift) & 255u], 1u);
+        // Lanes of a warp with the same digit add once, by the lowest of them: the first
+        // passes put most of the row in a few bins, and shared atomics on one address
+        // serialize. Every lane of the block takes every round (the bound is uniform).
+        for (u32 base = 0; base < width; base += blockDim.x) {
+            const u32 i = base + threadIdx.x;
+            u32 bin = 256;
+            if (i < width) {
+                const float l = logits[i];
+                if (l == l) {
+                    const u64 key = cand_key(l, temperature, i);
+                    if ((key & mask) == prefix) bin = (u32)(key >> shift) & 255u;
+                }
+            }
+            const u32 same = __match_any_sync(FULL_MASK, bin);
+            if (bin < 256 && (threadIdx.x & 31u) == (u32)(__ffs(same) - 1))
+                atomicAdd(&hist[bin], (u32)__popc(same));
         }
         __syncthreads();
         if (threadIdx.x == 0) {
