@@ -206,3 +206,38 @@ impl Speculation {
         self.drafter.forget(id);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::DrafterKind;
+    use crate::spec::ngram::NgramDrafter;
+
+    #[test]
+    fn sampled_and_greedy_steps_fit_apart() {
+        let cfg = SpecConfig::new(DrafterKind::Ngram, 4).unwrap();
+        let mut s = Speculation::new(cfg, Box::new(NgramDrafter::default()), 100);
+        let mut pooled = StepCost::default();
+        // Greedy steps: 1 ms + 0.1 ms a row, deep (accepted drafts); sampled steps: the same
+        // forward plus a fixed 0.4 ms pick, shallower.
+        for i in 0..60 {
+            let (g, t) = (3 + i % 3, 1 + i % 2);
+            let (tg, ts) = (1.0 + 0.1 * g as f64, 1.4 + 0.1 * t as f64);
+            s.step_ran(g, tg, false);
+            s.step_ran(t, ts, true);
+            pooled.record(g, tg);
+            pooled.record(t, ts);
+        }
+        s.sampled.insert(1, false);
+        s.sampled.insert(2, true);
+        s.rows = 1;
+        let (rg, rs) = (s.row_cost(1), s.row_cost(2));
+        assert!((rg - 0.1 / 1.1).abs() < 1e-3, "{rg}");
+        assert!((rs - 0.1 / 1.5).abs() < 1e-3, "{rs}");
+        // One fit over both sees the shallow sampled steps as the slow ones: its slope goes
+        // negative and `r` is clamped to its floor, wrong for both.
+        assert_eq!(pooled.row_cost(), 0.05);
+        // A sequence the controller has not seen reads the greedy fit.
+        assert_eq!(s.row_cost(9), rg);
+    }
+}

@@ -574,6 +574,26 @@ mod tests {
     }
 
     #[test]
+    fn one_buffer_holds_every_kernels_output() {
+        use SelectPlan::*;
+        // Entries in any order: the top-k lists first (stride each), then a token per greedy
+        // entry, then the live flags.
+        let plans = [Greedy, TopK(40), Host, TopK(3), Greedy, Greedy];
+        assert_eq!(
+            Layout::new(&plans, 81),
+            Layout {
+                greedy: 162,
+                live: 165
+            }
+        );
+        assert_eq!(Layout::new(&[Greedy], 3), Layout { greedy: 0, live: 1 });
+        let d = topk_desc(&[(7, 40, 0.8), (0, 3, 1.5)], 40).unwrap();
+        assert_eq!(d, vec![7, 40, 0.8f32.to_bits(), 0, 3, 1.5f32.to_bits()]);
+        assert!(topk_desc(&[(1, 41, 1.0)], 40).is_err());
+        assert!(topk_desc(&[(1, 4, 1.0)], TOPK_MAX + 1).is_err());
+    }
+
+    #[test]
     fn masked_plans() {
         let t = SamplingParams {
             temperature: 1.0,
