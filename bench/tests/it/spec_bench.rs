@@ -119,6 +119,7 @@ fn args(addr: &str, clients: usize) -> SpecArgs {
 
 fn meta() -> spec::RowMeta {
     spec::RowMeta {
+        engine: "memra".into(),
         run: "test".into(),
         time: memra_bench::record::now(),
         device: memra_bench::record::DeviceRef {

@@ -13,6 +13,7 @@ Q8=$M/q8.gguf F16=$M/f16.gguf
 FP8=$M/fp8-hf NVFP4=$M/nvfp4-hf   # llama3-8b HF checkpoints (synth.sh fp8 / nvfp4)
 O=$HOME/q; mkdir -p $O/logs; S=$O/summary.txt
 LB=$HOME/llama.cpp/build/bin/llama-bench
+LS=$HOME/llama.cpp/build/bin/llama-server
 export B O
 # row NAME TEXT: one line of the summary
 row() { printf '%s %-26s %s\n' "$(date +%T)" "$1" "$2" >> $S; }
@@ -105,6 +106,31 @@ spec_rows() { for x in "$@"; do
   run spec-load-$k 400 $sb --clients 64 --repeat 6 --max-tokens 128 --table $O/spec-load-$k.md
   grep -E "grounded|all" $O/spec-$k.md $O/spec-load-$k.md 2>/dev/null | cut -c1-200 >> $S
   kill $pid; wait $pid 2>/dev/null
+done; }
+# spec_peer k:DTYPE...: the spec_rows workload through llama-server (after peerwait): its own
+# n-gram speculation on :8092 ($LLAMA_SPEC; default ngram-simple, a 4-token match drafting the 4
+# that followed it, as memra's K = 4: for ngram-simple the draft length is --spec-ngram-simple-
+# size-m, --spec-draft-n-max does not reach it) and plain on :8093, through memra-bench spec's
+# client (one client, the modes alternating, greedy and sampled, the same seeds as spec_rows).
+# Rows into $O/spec-peer.jsonl (engine llama.cpp), tables into $O/spec-peer-K.md. The issue's
+# "vs llama-server" ratio: memra's on tok/s (spec-K.md) over llama's on tok/s (spec-peer-K.md),
+# row by row. llama.cpp's outputs with and without its speculation need not be the same bytes:
+# the step's rc says whether they were; the rows are written either way.
+spec_peer() { [ -x $LS ] || { row spec-peer "no $LS (tools/device/peer.sh build)"; return; }
+  for x in "$@"; do
+  pick $x; waitf $f 300 || continue
+  local on=(--port 8092 ${LLAMA_SPEC:---spec-type ngram-simple --spec-ngram-simple-size-n 4 --spec-ngram-simple-size-m 4 --spec-draft-n-max 4})
+  $LS -m $f -ngl 99 -fa on -c 16384 --metrics "${on[@]}" > $O/logs/spec-peer-on-$k.log 2>&1 &
+  local p1=$!
+  $LS -m $f -ngl 99 -fa on -c 16384 --metrics --port 8093 > $O/logs/spec-peer-off-$k.log 2>&1 &
+  local p2=$!
+  for port in 8092 8093; do
+    for i in $(seq 1 240); do curl -s -o /dev/null -w "%{http_code}" 127.0.0.1:$port/health 2>/dev/null | grep -q 200 && break; sleep 0.5; done
+  done
+  run spec-peer-$k 400 $B/memra-bench spec --addr 127.0.0.1:8092 --addr-off 127.0.0.1:8093 --engine llama.cpp \
+    --model-file $f --shape $sh --dtype $dt --device cuda:0 --run $RUN --out $O/spec-peer.jsonl --repeat 2 --table $O/spec-peer-$k.md
+  grep -E "grounded|all" $O/spec-peer-$k.md 2>/dev/null | cut -c1-200 >> $S
+  kill $p1 $p2; wait $p1 $p2 2>/dev/null
 done; }
 # gates_gemma: the real Gemma 3 270M (pieces NAME gemma): invariance, graph, tokens against the
 # reference fixture, serve-invariance (the kernels gate runs once, in gates_8b / regate.sh).
