@@ -39,7 +39,7 @@ peerwait() { for i in $(seq 1 400); do grep -q "build rc=" $HOME/llama-build.log
 # script, not a function, so that `run` can put it under `timeout`)
 MB=$HOME/repo/tools/device/lease/mb.sh
 # The issue-8 gates on SmolLM2 (golden, invariance, graph, tokens, serve-invariance of 32
-# requests; after its pieces arrived) and on the llama3-8b files (the whole kernels gate;
+# requests, n-gram speculation; after its pieces arrived) and on the llama3-8b files (the whole kernels gate;
 # invariance and graph on Q4_K_M; F16 invariance, prompt 700, M to 8).
 gates_smol() {
   waitf $HOME/smol.ok 300 && {
@@ -48,6 +48,10 @@ gates_smol() {
     run graph-smol 200 $B/memra-verify graph $SMOL --device cuda:0
     run tokens-smol 200 $B/memra-verify tokens $SMOL --device cuda:0 --fixture verify/fixtures/smollm2-135m-reference.json
     run serve-inv-smol 300 $B/memra-verify serve-invariance $SMOL --device cuda:0 --requests 32
+    # n-gram speculation on the real model, K = 1..6, greedy and seeded sampling, both paths:
+    # byte-identical to plain decoding, and sampled K >= 2 steps must accept drafts (the device
+    # picks of a verify step's later rows, one topk_rows launch, reach the output)
+    run spec-smol 300 $B/memra-verify spec $SMOL --device cuda:0 --drafters ngram --k-max 6
   }
 }
 gates_8b() {
