@@ -194,7 +194,7 @@ pub fn select_rows(
         keep.push(packed);
     }
     // One upload: the greedy rows' indices, then the top-k rows' descriptors.
-    let mut greedy_rows: Vec<(usize, usize, f32)> = Vec::new();
+    let mut greedy_rows: Vec<u32> = Vec::new();
     let mut topk: Vec<(usize, usize, f32)> = Vec::new();
     for ((r, s), plan) in rows.iter().zip(&plans) {
         if *plan == SelectPlan::Host {
@@ -213,26 +213,29 @@ pub fn select_rows(
             keep.extend([dt, dc]);
         }
         match plan {
-            SelectPlan::Greedy => greedy_rows.push((*r, 1, 1.0)),
+            SelectPlan::Greedy => greedy_rows.push(u32::try_from(*r).map_err(|_| {
+                crate::error::Error::Input(format!("argmax_at: logits row {r} beyond u32"))
+            })?),
             SelectPlan::TopK(k) => topk.push((*r, *k, s.params.temperature)),
             SelectPlan::Host => {}
         }
     }
-    let mut meta: Vec<u32> = greedy_rows.iter().map(|&(r, _, _)| r as u32).collect();
+    let n_greedy = greedy_rows.len();
+    let mut meta = greedy_rows;
     meta.extend(topk_desc(&topk, kmax)?);
     let meta = g.upload(&meta)?;
     let meta_ptr = g.ptr(&meta);
     g.argmax_at(
         logits,
         meta_ptr,
-        greedy_rows.len(),
+        n_greedy,
         width,
         1,
         out_ptr + (layout.greedy * 4) as u64,
     )?;
     g.topk_rows(
         logits,
-        meta_ptr + (greedy_rows.len() * 4) as u64,
+        meta_ptr + (n_greedy * 4) as u64,
         topk.len(),
         width,
         kmax,
