@@ -576,6 +576,102 @@ mod tests {
         assert!(checked > 1500, "{checked}");
     }
 
+    /// `topk_row`'s algorithm (kernels/cu/sample.cu `topk_block`) run on the host: radix passes
+    /// over the 64-bit keys that stop once the k-th key ends its digit's bin, the keys at or
+    /// above the threshold gathered, a bitonic sort of the first power of two >= k slots.
+    /// Returns the ids and the number of passes.
+    fn radix_model(l: &[f32], t: f32, k: usize) -> (Vec<u32>, usize) {
+        let key = |i: usize| {
+            let b = (l[i] / t).to_bits();
+            let ord = if b & 0x8000_0000 != 0 {
+                !b
+            } else {
+                b | 0x8000_0000
+            };
+            (u64::from(ord) << 32) | u64::from(u32::MAX - i as u32)
+        };
+        let live: Vec<usize> = (0..l.len()).filter(|&i| !l[i].is_nan()).collect();
+        let want = k.min(live.len());
+        let (mut prefix, mut mask, mut remaining, mut passes) = (0u64, 0u64, want, 0);
+        for shift in (0..8).rev().map(|d| d * 8) {
+            if want == 0 {
+                break;
+            }
+            passes += 1;
+            let mut hist = [0usize; 256];
+            for &i in &live {
+                if key(i) & mask == prefix {
+                    hist[(key(i) >> shift) as usize & 255] += 1;
+                }
+            }
+            let (mut acc, mut done) = (0, false);
+            for d in (0..256).rev() {
+                if acc + hist[d] >= remaining {
+                    prefix |= (d as u64) << shift;
+                    done = acc + hist[d] == remaining;
+                    remaining -= acc;
+                    break;
+                }
+                acc += hist[d];
+            }
+            mask |= 255 << shift;
+            if done {
+                break;
+            }
+        }
+        let mut keys: Vec<u64> = live
+            .iter()
+            .map(|&i| key(i))
+            .filter(|&x| x >= prefix)
+            .collect();
+        assert_eq!(keys.len(), want, "the threshold admits exactly k keys");
+        let n = want.next_power_of_two().max(2);
+        keys.resize(n, 0);
+        let mut size = 2;
+        while size <= n {
+            let mut stride = size / 2;
+            while stride > 0 {
+                for i in 0..n {
+                    let o = i ^ stride;
+                    let desc = i & size == 0;
+                    if o > i
+                        && (if desc {
+                            keys[i] < keys[o]
+                        } else {
+                            keys[i] > keys[o]
+                        })
+                    {
+                        keys.swap(i, o);
+                    }
+                }
+                stride /= 2;
+            }
+            size *= 2;
+        }
+        let ids = keys[..want].iter().map(|&x| u32::MAX - x as u32).collect();
+        (ids, passes)
+    }
+
+    #[test]
+    fn topk_row_s_early_stop_and_short_sort_keep_the_candidates() {
+        let (mut cases, mut passes) = (0, 0);
+        for case in 0..300u64 {
+            let (width, l, _) = random_row(case);
+            let t = [0.5f32, 0.8, 1.0, 1.7][(case % 4) as usize];
+            let k = [1usize, 2, 3, 40, 64, 1024][(case / 4 % 6) as usize].min(width);
+            let (ids, p) = radix_model(&l, t, k);
+            assert_eq!(
+                ids,
+                candidates(&l, t, k).0,
+                "case {case} width {width} k {k} t {t}"
+            );
+            cases += 1;
+            passes += p;
+        }
+        // The passes stop early on most rows (8 without the stop).
+        assert!(passes < cases * 5, "{passes} passes for {cases} rows");
+    }
+
     #[test]
     fn one_buffer_holds_every_kernels_output() {
         use SelectPlan::*;
