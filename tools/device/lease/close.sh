@@ -15,6 +15,8 @@
 #   gemma  the gates on the real Gemma 3 270M (gates_gemma)
 #   kt     per-kernel decode times under nsys ($PROF_MODELS)
 #   kern   per-kernel decode times under ncu ($KERN_MODELS: k:DTYPE:SKIP:COUNT)
+#   ksel   device times of the token-selection kernels in sampled decoding, plain and with
+#          n-gram speculation (lib.sh ksel; ncu; $KSEL_MODELS)
 #   kgate  the whole `memra-verify kernels` alone (after a kernel change, before the other gates)
 #   prof   the per-op decode profile of Gemma 3 and qwen3-30b-a3b ($PROF_MODELS; LEASE_SYNTH moe)
 #   long   long context on the 128k Q4_K_M (lib.sh long_ctx: invariance at 8,192 tokens per KV
@@ -41,6 +43,7 @@ on spec && spec_rows ${SPEC_MODELS:-smol:Q4_1 gemma:Q4_K_M q4:Q4_K_M}
 on specpeer && spec_peer ${SPEC_MODELS:-smol:Q4_1 gemma:Q4_K_M q4:Q4_K_M}
 on kt && ktimes ${PROF_MODELS:-gemma:Q4_K_M moe:Q4_K_M}
 on kgate && { run kernels 600 $B/memra-verify kernels --device cuda:0; grep -E "FAIL|differ|ALL" $O/logs/kernels.log | head -8 >> $S; }
+on ksel && ksel ${KSEL_MODELS:-smol:Q4_1 gemma:Q4_K_M}
 on kern && kern ${KERN_MODELS:-gemma:Q4_K_M:1200:220 moe:Q4_K_M:3000:200}
 on prof && prof ${PROF_MODELS:-gemma:Q4_K_M moe:Q4_K_M}
 on long && long_ctx

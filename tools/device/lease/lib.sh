@@ -182,6 +182,31 @@ for n, (c, us) in sorted(t.items(), key=lambda kv: -kv[1][1])[:14]:
 PY
   done
 }
+# ksel k:DTYPE...: device times of the token-selection kernels (ncu) in sampled decoding
+# (t 0.8, top-p 0.9, top-k 40, seed 1), plainly and with n-gram speculation (K = 4): topk_rows
+# launches of 1 row (plain) and of K + 1 rows (verify steps), against one row's topk_row time
+# before the batching (~0.2 ms SmolLM2, ~0.8 ms Gemma 3, inferred from plain sampled minus
+# greedy step time). Per kernel name: launches and mean us into the summary.
+ksel() {
+  local nc=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$nc" ] || { row ksel "no ncu on this machine"; return; }
+  local p="Shopping list: apples, bread, carrots, eggs, milk, rice, tomatoes. The shopping list again, in the same order: apples,"
+  for x in "$@"; do pick $x; waitf $f 300 || continue
+    for mode in plain spec; do
+      local sp=""; [ $mode = spec ] && sp="--spec ngram --spec-k 4"
+      run ksel-$k-$mode 300 $nc -k "regex:topk_row|argmax_" --launch-count 60 --metrics gpu__time_duration.sum --csv \
+        $B/run-gen $f --device cuda:0 --prompt "$p" --max-tokens 64 --no-cuda-graph --temperature 0.8 --top-p 0.9 --top-k 40 --seed 1 $sp
+      grep '"gpu__time_duration.sum"' $O/logs/ksel-$k-$mode.log | python3 -c '
+import csv, sys, collections
+t = collections.defaultdict(lambda: [0, 0.0])
+for r in csv.reader(sys.stdin):
+    if len(r) > 4:
+        v = float(r[-1].replace(",", "")); v = v / 1000 if r[-2] in ("ns", "nsecond") else v
+        t[r[4].split("(")[0]][0] += 1; t[r[4].split("(")[0]][1] += v
+for n, (c, us) in t.items(): print(f"  '$k-$mode' {n:12s} {c:4d} launches, mean {us / c:8.1f} us")' >> $S
+    done
+  done
+}
 # prof k:DTYPE...: the per-op device times of plain decode steps (no graphs) on each file.
 prof() { for x in "$@"; do
   pick $x; waitf $f 300 || continue
