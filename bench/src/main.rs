@@ -326,6 +326,11 @@ enum Cmd {
         /// The servers' device, for the rows (cpu or cuda:N).
         #[arg(long, default_value = "cpu")]
         device: String,
+        /// The engine the servers run, for the rows: memra, or llama.cpp (llama-server with
+        /// its speculation on at --addr and off at --addr-off; it has no memra /metrics, so
+        /// the verify steps and fallbacks columns stay empty).
+        #[arg(long, default_value = "memra")]
+        engine: String,
     },
     /// Loopback load test of a running OpenAI-compatible server: concurrent streaming chat
     /// clients; errors, sheds (429/503), cancellations, tok/s, TTFT and inter-token percentiles.
@@ -1169,6 +1174,7 @@ fn run(cli: Cli) -> Result<()> {
             shape,
             dtype,
             device,
+            engine,
         } => {
             use memra_bench::spec as sb;
             let mut items = sb::load_workload(&workload)?;
@@ -1205,6 +1211,7 @@ fn run(cli: Cli) -> Result<()> {
             let (device, _) = memra_bench::speed::device_ref(&device)?;
             let meta = sb::RowMeta {
                 run: run.unwrap_or_else(memra_bench::record::new_run_id),
+                engine,
                 time: memra_bench::record::now(),
                 device,
                 commit: memra_bench::record::commit(),

@@ -476,10 +476,17 @@ pub fn run(a: &SpecArgs) -> Result<Outcome> {
                     out.off.push(s);
                     continue;
                 }
-                let (_, before) = scrape(&a.on, key)?;
+                // Another server (llama-server) has no memra counters: none per request.
+                let memra = out.drafter.is_some();
+                let before = if memra {
+                    Some(scrape(&a.on, key)?.1)
+                } else {
+                    None
+                };
                 let mut s = one(a, mode, w);
-                let (_, after) = scrape(&a.on, key)?;
-                s.metrics = Some(after.since(&before));
+                if let Some(before) = before {
+                    s.metrics = Some(scrape(&a.on, key)?.1.since(&before));
+                }
                 out.on_wall_s += s.total_ms / 1e3;
                 out.on.push(s);
             }
@@ -613,6 +620,9 @@ pub struct SpecRow {
 #[derive(Clone, Debug)]
 pub struct RowMeta {
     pub run: String,
+    /// The server measured: `memra`, or `llama.cpp` (llama-server, its own speculation on and
+    /// off).
+    pub engine: String,
     pub time: String,
     pub device: DeviceRef,
     pub commit: Option<String>,
@@ -711,7 +721,7 @@ pub fn rows(a: &SpecArgs, o: &Outcome, meta: &RowMeta) -> Vec<SpecRow> {
                     run: meta.run.clone(),
                     time: meta.time.clone(),
                     device: meta.device.clone(),
-                    engine: "memra".into(),
+                    engine: meta.engine.clone(),
                     commit: meta.commit.clone(),
                     model: meta.model.clone(),
                     shape: meta.shape.clone(),

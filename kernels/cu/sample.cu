@@ -22,11 +22,10 @@ __device__ __forceinline__ void argmax_take4(float4 v, u32 i4, float& bv, u32& b
     argmax_take(v.w, 4 * i4 + 3, bv, bi);
 }
 
-extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* logits, u32* out, u32 width) {
-    pdl_entry();
+// The argmax of the `width` floats at x, by the whole block (256 threads); thread 0 gets it.
+__device__ __forceinline__ u32 argmax_block(const float* x, u32 width) {
     __shared__ float best_v[256];
     __shared__ u32 best_i[256];
-    const float* x = logits + (u64)blockIdx.x * width;
     const u32 nt = blockDim.x;
     float bv = -__int_as_float(0x7f800000);
     u32 bi = 0xffffffffu;
@@ -61,7 +60,24 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* logit
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) out[blockIdx.x] = best_i[0] == 0xffffffffu ? 0u : best_i[0];
+    return best_i[0] == 0xffffffffu ? 0u : best_i[0];
+}
+
+extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* logits, u32* out, u32 width) {
+    pdl_entry();
+    const u32 t = argmax_block(logits + (u64)blockIdx.x * width, width);
+    if (threadIdx.x == 0) out[blockIdx.x] = t;
+}
+
+// argmax_at: argmax_rows for n chosen rows in one launch (a step's greedy rows, a verify step's
+// K + 1 among them): block j takes row rows[j] of the `width`-float rows at `logits` and writes
+// its token to out[j * stride]. The same per-row code as argmax_rows, so the same token.
+extern "C" __global__ void __launch_bounds__(256) argmax_at(const float* logits, const u32* rows,
+    u32 width, u32 stride, u32* out) {
+    pdl_entry();
+    const u32 j = blockIdx.x;
+    const u32 t = argmax_block(logits + (u64)rows[j] * width, width);
+    if (threadIdx.x == 0) out[(u64)j * stride] = t;
 }
 
 // penalize_row: the host's apply_penalties for one row. `tok`/`cnt` hold each distinct token of
@@ -96,19 +112,23 @@ __device__ __forceinline__ u64 cand_key(float l, float temperature, u32 id) {
 // logits (NaN excluded; k <= TOPK_MAX; fewer when fewer are not NaN). Writes out[0] = count,
 // out[1 .. 1 + count] = the ids in order, out[1 + kmax .. 1 + kmax + count] = their logits' bits
 // (the unscaled, penalized values: the host finishes with sampling::sample on them).
-// Radix select over the 64-bit keys (8 passes of 8 bits, integer histograms: order-independent),
-// then the k keys >= the k-th are gathered and bitonic-sorted. One block of 1024 threads.
-extern "C" __global__ void __launch_bounds__(1024) topk_row(const float* logits, u32 width,
-    float temperature, u32 k, u32 kmax, u32* out) {
-    pdl_entry();
+// Radix select over the 64-bit keys (up to 8 passes of 8 bits, integer histograms:
+// order-independent), then the k keys >= the k-th are gathered and bitonic-sorted. One block of
+// 1024 threads. Two shortcuts that leave the result alone: the passes stop as soon as the k-th
+// key is the last of its digit's bin (then the keys at or above that bin's lowest value are
+// exactly the k wanted: usually after 2 or 3 passes, each of which reads the row once), and
+// the sort covers the first power of two >= k slots, not all TOPK_MAX (the others hold 0).
+__device__ __forceinline__ void topk_block(const float* logits, u32 width, float temperature,
+    u32 k, u32 kmax, u32* out) {
     __shared__ u64 keys[TOPK_MAX];
     __shared__ u32 hist[256];
-    __shared__ u32 s_valid, s_count, s_remaining;
+    __shared__ u32 s_valid, s_count, s_remaining, s_done;
     __shared__ u64 s_prefix;
     if (threadIdx.x == 0) {
         s_valid = 0;
         s_count = 0;
         s_prefix = 0;
+        s_done = 0;
     }
     __syncthreads();
     u32 valid = 0;
@@ -122,11 +142,22 @@ extern "C" __global__ void __launch_bounds__(1024) topk_row(const float* logits,
         if (threadIdx.x < 256) hist[threadIdx.x] = 0;
         __syncthreads();
         const u64 prefix = s_prefix;
-        for (u32 i = threadIdx.x; i < width; i += blockDim.x) {
-            const float l = logits[i];
-            if (l != l) continue;
-            const u64 key = cand_key(l, temperature, i);
-            if ((key & mask) == prefix) atomicAdd(&hist[(u32)(key >> shift) & 255u], 1u);
+        // Lanes of a warp with the same digit add once, by the lowest of them: the first
+        // passes put most of the row in a few bins, and shared atomics on one address
+        // serialize. Every lane of the block takes every round (the bound is uniform).
+        for (u32 base = 0; base < width; base += blockDim.x) {
+            const u32 i = base + threadIdx.x;
+            u32 bin = 256;
+            if (i < width) {
+                const float l = logits[i];
+                if (l == l) {
+                    const u64 key = cand_key(l, temperature, i);
+                    if ((key & mask) == prefix) bin = (u32)(key >> shift) & 255u;
+                }
+            }
+            const u32 same = __match_any_sync(FULL_MASK, bin);
+            if (bin < 256 && (threadIdx.x & 31u) == (u32)(__ffs(same) - 1))
+                atomicAdd(&hist[bin], (u32)__popc(same));
         }
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -134,6 +165,9 @@ extern "C" __global__ void __launch_bounds__(1024) topk_row(const float* logits,
             for (int d = 255; d >= 0; --d) {
                 if (acc + hist[d] >= s_remaining) {
                     s_prefix = prefix | ((u64)d << shift);
+                    // The bin holds exactly the keys still wanted: every key >= s_prefix (its
+                    // lower digits 0) is one of the `want`, and no other key is.
+                    s_done = acc + hist[d] == s_remaining ? 1u : 0u;
                     s_remaining -= acc;
                     break;
                 }
@@ -142,8 +176,9 @@ extern "C" __global__ void __launch_bounds__(1024) topk_row(const float* logits,
         }
         mask |= (u64)255 << shift;
         __syncthreads();
+        if (s_done) break;
     }
-    // s_prefix is now the want-th largest key: exactly `want` keys are >= it.
+    // Exactly `want` keys are >= s_prefix (after all 8 passes it is the want-th largest key).
     for (u32 j = threadIdx.x; j < TOPK_MAX; j += blockDim.x) keys[j] = 0;
     __syncthreads();
     const u64 thr = s_prefix;
@@ -159,10 +194,13 @@ extern "C" __global__ void __launch_bounds__(1024) topk_row(const float* logits,
         }
     }
     __syncthreads();
-    // Bitonic sort, descending (padding keys are 0, the smallest).
-    for (u32 size = 2; size <= TOPK_MAX; size <<= 1) {
+    // Bitonic sort of the first n slots, descending (padding keys are 0, the smallest): the
+    // `want` keys are in slots below want <= n, the rest of the n are 0.
+    u32 n = 2;
+    while (n < want) n <<= 1;
+    for (u32 size = 2; size <= n; size <<= 1) {
         for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
-            for (u32 t = threadIdx.x; t < TOPK_MAX; t += blockDim.x) {
+            for (u32 t = threadIdx.x; t < n; t += blockDim.x) {
                 const u32 o = t ^ stride;
                 if (o > t) {
                     const u64 a = keys[t], b = keys[o];
@@ -182,6 +220,26 @@ extern "C" __global__ void __launch_bounds__(1024) topk_row(const float* logits,
         out[1 + kmax + j] = __float_as_uint(logits[id]);
     }
     if (threadIdx.x == 0) out[0] = want;
+}
+
+extern "C" __global__ void __launch_bounds__(1024) topk_row(const float* logits, u32 width,
+    float temperature, u32 k, u32 kmax, u32* out) {
+    pdl_entry();
+    topk_block(logits, width, temperature, k, kmax, out);
+}
+
+// topk_rows: topk_row for n rows in one launch (a step's sampled rows, a verify step's K + 1
+// among them), one block per entry, the blocks side by side on the SMs: block j reads
+// desc[3j .. 3j + 3] = (row of the `width`-float rows at `logits`, k, temperature's f32 bits) and
+// writes topk_row's layout at out + j * (1 + 2 * kmax). The same per-row code as topk_row, so the
+// same candidates; a launch costs about one row's time instead of one per row.
+extern "C" __global__ void __launch_bounds__(1024) topk_rows(const float* logits, const u32* desc,
+    u32 width, u32 kmax, u32* out) {
+    pdl_entry();
+    const u32 j = blockIdx.x;
+    const u32 row = desc[3 * j], k = desc[3 * j + 1];
+    const float temperature = __uint_as_float(desc[3 * j + 2]);
+    topk_block(logits + (u64)row * width, width, temperature, k, kmax, out + (u64)j * (1 + 2 * kmax));
 }
 
 // mask_rows: the host's apply_mask for `n` rows of a grammar-constrained launch, in place, before

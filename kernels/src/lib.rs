@@ -216,7 +216,14 @@ pub const MODULES: &[Module] = &[
         file: "kernels/cu/sample.cu",
         source: include_str!("../cu/sample.cu"),
         headers: &[],
-        kernels: &["argmax_rows", "penalize_row", "topk_row", "mask_rows"],
+        kernels: &[
+            "argmax_rows",
+            "argmax_at",
+            "penalize_row",
+            "topk_row",
+            "topk_rows",
+            "mask_rows",
+        ],
     },
     Module {
         name: "products",

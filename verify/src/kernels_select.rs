@@ -1,5 +1,6 @@
 //! `memra-verify kernels`, token selection: `argmax_rows` edge cases, `penalize_row` bits,
-//! `topk_row` candidate lists, and `select_rows` (the backend's device selection) against
+//! `topk_row` candidate lists, `topk_rows` / `argmax_at` (many rows in one launch) against the
+//! single-row kernels word for word, and `select_rows` (the backend's device selection) against
 //! `sampling::sample` for many (seed, position, parameters) on random logits with ties, NaN,
 //! infinities and signed zeros; `mask_rows` against `apply_mask` and `select_rows` on
 //! grammar-constrained rows against `sampling::sample_masked` (random, one-token, past-the-top-k
@@ -171,6 +172,71 @@ fn topk_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         out.push(c);
     }
     Ok(())
+}
+
+/// `topk_rows` and `argmax_at` (a step's rows in one launch, one block each) against
+/// `topk_row` and `argmax_rows` run row by row: the same words, bit for bit, for rows taken out
+/// of order with different k and temperatures (a verify step's K + 1 rows, or a batch's).
+fn batched_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    for (wi, width) in [97usize, 49_152, 151_936].into_iter().enumerate() {
+        let n = 9;
+        let flat: Vec<f32> = (0..n)
+            .flat_map(|r| logits(seed, 2400 + (wi * 16 + r) as u64, width, r % 3 == 0))
+            .collect();
+        let dx = g.upload(&flat)?;
+        let at = |r: usize| g.ptr(&dx) + (r * width * 4) as u64;
+        // Entries: rows in a scrambled order, k from 1 to 64, four temperatures.
+        let entries: Vec<(usize, usize, f32)> = (0..n)
+            .map(|j| {
+                let r = (j * 4 + 3) % n;
+                let k = [1usize, 40, 7, 64, 40, 2, 40, 13, 40][j];
+                (r, k.min(width), [0.8f32, 1.0, 0.3, 1.7][j % 4])
+            })
+            .collect();
+        let kmax = entries.iter().map(|e| e.1).max().unwrap_or(1);
+        let stride = 1 + 2 * kmax;
+        let desc = g.upload(&memra_engine::backend::cuda::select::topk_desc(
+            &entries, kmax,
+        )?)?;
+        let dout = g.zeros::<u32>(n * stride)?;
+        g.topk_rows(g.ptr(&dx), g.ptr(&desc), n, width, kmax, g.ptr(&dout))?;
+        let got = g.download(&dout)?;
+        let mut want = vec![0u32; n * stride];
+        for (j, &(r, k, t)) in entries.iter().enumerate() {
+            let one = g.zeros::<u32>(stride)?;
+            g.topk_row(at(r), width, t, k, kmax, g.ptr(&one))?;
+            want[j * stride..(j + 1) * stride].copy_from_slice(&g.download(&one)?);
+        }
+        out.push(words_case("topk_rows", width, &got, &want));
+        // Greedy: the same rows scrambled, every other entry's token two slots apart.
+        let rows: Vec<u32> = entries.iter().map(|e| e.0 as u32).collect();
+        let drows = g.upload(&rows)?;
+        let dout = g.zeros::<u32>(2 * n)?;
+        g.argmax_at(g.ptr(&dx), g.ptr(&drows), n, width, 2, g.ptr(&dout))?;
+        let got = g.download(&dout)?;
+        let mut want = vec![0u32; 2 * n];
+        for (j, &r) in rows.iter().enumerate() {
+            let one = g.zeros::<u32>(1)?;
+            g.argmax_rows(at(r as usize), g.ptr(&one), 1, width)?;
+            want[2 * j] = g.download(&one)?.first().copied().unwrap_or(u32::MAX);
+        }
+        out.push(words_case("argmax_at", width, &got, &want));
+    }
+    Ok(())
+}
+
+/// A case comparing two lists of u32 words exactly.
+fn words_case(name: &str, width: usize, got: &[u32], want: &[u32]) -> Case {
+    let f = |v: &[u32]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+    let mut c = compare(name, format!("width={width}"), &f(got), &f(want), 0.0);
+    if c.problem.is_none() && got != want {
+        let i = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
+        c.problem = Some(format!(
+            "word {i}: {:#x}, single-row kernel {:#x}",
+            got[i], want[i]
+        ));
+    }
+    c
 }
 
 /// The parameter grid of the selection check.
@@ -420,6 +486,7 @@ pub fn select_kernel_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()
     argmax_edges(g, out)?;
     penalize_cases(g, seed, out)?;
     topk_cases(g, seed, out)?;
+    batched_cases(g, seed, out)?;
     select_cases(g, seed, out)?;
     mask_rows_cases(g, seed, out)?;
     masked_select_cases(g, seed, out)

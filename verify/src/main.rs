@@ -690,6 +690,7 @@ fn gate_spec(a: &SpecArgs) -> Result<usize> {
         }
     }
     // The target, its prompts and stop tokens.
+    let text_prompts = a.model.is_some() && a.tiny.is_none();
     let (w, prompts, stop_ids) = match (a.model, a.tiny) {
         (_, Some(arch)) => {
             let w = tiny(arch)?;
@@ -788,6 +789,9 @@ fn gate_spec(a: &SpecArgs) -> Result<usize> {
     let mut rows = spec::run(b.as_mut(), &mut drafters, &prompts, &opts)?;
     if a.tiny.is_some_and(|t| t.ends_with("+mtp-oracle")) {
         spec::require_oracle_acceptance(&mut rows, "mtp");
+    }
+    if text_prompts {
+        spec::require_sampled_depth(&mut rows, "ngram");
     }
     print!("{}", spec::report(&rows));
     println!(

@@ -289,6 +289,30 @@ pub fn require_oracle_acceptance(rows: &mut [Row], drafter: &str) {
     }
 }
 
+/// On a real model's grounded text prompts, the seeded-sampling rows of `drafter` with K >= 2
+/// must together accept drafts: only a verify step that accepted its first draft makes a pick
+/// of a row past its first into output (on CUDA, an entry past the first of the step's one
+/// `topk_rows` launch), so without one the sampled rows proved nothing about those rows. The
+/// failure goes on the first such row.
+pub fn require_sampled_depth(rows: &mut [Row], drafter: &str) {
+    let deep = |r: &Row| r.drafter == drafter && r.sampling != "greedy" && r.k >= 2;
+    let accepted: u64 = rows
+        .iter()
+        .filter(|r| deep(r))
+        .map(|r| r.counts.accepted)
+        .sum();
+    if accepted > 0 {
+        return;
+    }
+    if let Some(r) = rows.iter_mut().find(|r| deep(r)) {
+        r.failures.push(
+            "seeded sampling with K >= 2 accepted no draft: no pick past a verify step's first \
+             row was checked"
+                .into(),
+        );
+    }
+}
+
 /// The table, every failure in full, and a count line.
 pub fn report(rows: &[Row]) -> String {
     let mut s = format!(

@@ -119,6 +119,7 @@ fn args(addr: &str, clients: usize) -> SpecArgs {
 
 fn meta() -> spec::RowMeta {
     spec::RowMeta {
+        engine: "memra".into(),
         run: "test".into(),
         time: memra_bench::record::now(),
         device: memra_bench::record::DeviceRef {
@@ -217,4 +218,73 @@ fn spec_bench_runs_every_kind_on_and_off_with_identical_outputs() {
             .to_string()
             .contains("does not speculate")
     );
+}
+
+/// A stand-in for another OpenAI-compatible server (llama-server): a `/metrics` without memra's
+/// counters, and a stream of `text` with usage. Its address.
+fn fake_server(text: &'static str) -> String {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr").to_string();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let mut r = BufReader::new(s);
+            let (mut first, mut len) = (String::new(), 0usize);
+            let _ = r.read_line(&mut first);
+            loop {
+                let mut h = String::new();
+                if r.read_line(&mut h).is_err() || h.trim().is_empty() {
+                    break;
+                }
+                if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let _ = r.by_ref().take(len as u64).read_to_end(&mut Vec::new());
+            let body = if first.starts_with("GET /metrics") {
+                "# TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total 1\n"
+                    .to_string()
+            } else {
+                let chunk = serde_json::json!({"choices": [{"delta": {"content": text}}]});
+                let last = serde_json::json!({"choices": [{"delta": {}, "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 3}});
+                format!("data: {chunk}\n\ndata: {last}\n\ndata: [DONE]\n\n")
+            };
+            let mut s = r.into_inner();
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{body}"
+            );
+        }
+    });
+    addr
+}
+
+#[test]
+fn spec_bench_measures_another_server_without_memra_s_counters() {
+    let (on, off) = (fake_server("a b c"), fake_server("a b c"));
+    let mut a = args(&on, 1);
+    a.off.addr = off;
+    let o = spec::run(&a).expect("run against a non-memra server");
+    assert_eq!(o.drafter, None);
+    assert!(
+        o.on.iter()
+            .all(|s| s.error.is_none() && s.metrics.is_none())
+    );
+    let meta = spec::RowMeta {
+        engine: "llama.cpp".into(),
+        ..meta()
+    };
+    let rows = spec::rows(&a, &o, &meta);
+    for r in &rows {
+        assert_eq!(r.engine, "llama.cpp");
+        assert!(r.valid && r.verify_steps.is_none(), "{r:?}");
+    }
+    // Outputs that differ between the two servers are counted, not hidden.
+    let (on, off) = (fake_server("a b c"), fake_server("a b d"));
+    let mut a = args(&on, 1);
+    a.off.addr = off;
+    let o = spec::run(&a).expect("run");
+    let rows = spec::rows(&a, &o, &meta);
+    assert!(rows.iter().filter(|r| r.mode == "on").all(|r| !r.valid));
 }

@@ -18,7 +18,13 @@ pub(crate) struct Speculation {
     pub(crate) cfg: SpecConfig,
     drafter: Box<dyn Drafter>,
     controls: HashMap<SeqId, SpecControl>,
-    cost: StepCost,
+    /// The cost of a row, fitted apart for steps with a sampled row (`[1]`) and greedy-only
+    /// steps (`[0]`): a sampled step also picks from top-k candidates (on CUDA one `topk_rows`
+    /// launch for all its sampled rows, a fixed cost per step), so the two fit different lines
+    /// and one fit over both would let each class's steps skew the other's `r`.
+    cost: [StepCost; 2],
+    /// Whether each sequence samples (which fit its depth reads).
+    sampled: HashMap<SeqId, bool>,
     /// The target's vocabulary: a draft token outside it ends the draft there.
     vocab: usize,
     /// Drafts set this step (sequence, tokens), until [`Self::planned`] sees the plan.
@@ -36,6 +42,8 @@ pub(crate) struct DraftCandidate {
     /// Drafts that can still become output: tokens left before max_tokens and the context end,
     /// less the one the step picks anyway.
     pub(crate) room: usize,
+    /// The request samples (temperature > 0): its depth reads the sampled steps' fit.
+    pub(crate) sampled: bool,
 }
 
 impl Speculation {
@@ -44,7 +52,8 @@ impl Speculation {
             cfg,
             drafter,
             controls: HashMap::new(),
-            cost: StepCost::default(),
+            cost: Default::default(),
+            sampled: HashMap::new(),
             vocab,
             set: HashMap::new(),
             rows: 1,
@@ -85,9 +94,10 @@ impl Speculation {
         let k_max = self.cfg.k;
         // A draft row is weighed against the step it joins: every decoding sequence's row.
         self.rows = sched.decoding().len().max(1);
-        let r = self.cost.row_cost_in(self.rows);
         let mut asks: Vec<(SeqId, usize)> = Vec::new();
         for c in cands {
+            self.sampled.insert(c.id, c.sampled);
+            let r = self.cost[usize::from(c.sampled)].row_cost_in(self.rows);
             let ctl = self
                 .controls
                 .entry(c.id)
@@ -165,15 +175,21 @@ impl Speculation {
         }
     }
 
-    /// A step of `rows` rows took `secs`.
-    pub(crate) fn step_ran(&mut self, rows: usize, secs: f64) {
-        self.cost.record(rows, secs);
+    /// A step of `rows` rows took `secs`; `sampled`: a row of it sampled.
+    pub(crate) fn step_ran(&mut self, rows: usize, secs: f64, sampled: bool) {
+        self.cost[usize::from(sampled)].record(rows, secs);
+    }
+
+    /// The cost of a row in this step for sequence `id`: its class's fit.
+    fn row_cost(&self, id: SeqId) -> f32 {
+        let sampled = self.sampled.get(&id).copied().unwrap_or(false);
+        self.cost[usize::from(sampled)].row_cost_in(self.rows)
     }
 
     /// Sequence `id` checked `drafted` drafts this step and `accepted` were accepted (0, 0: it
     /// decoded plainly).
     pub(crate) fn checked(&mut self, id: SeqId, drafted: usize, accepted: usize) {
-        let r = self.cost.row_cost_in(self.rows);
+        let r = self.row_cost(id);
         if let Some(c) = self.controls.get_mut(&id) {
             c.verified(drafted, accepted, r);
         }
@@ -186,6 +202,42 @@ impl Speculation {
     /// The sequence ended.
     pub(crate) fn forget(&mut self, id: SeqId) {
         self.controls.remove(&id);
+        self.sampled.remove(&id);
         self.drafter.forget(id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::DrafterKind;
+    use crate::spec::ngram::NgramDrafter;
+
+    #[test]
+    fn sampled_and_greedy_steps_fit_apart() {
+        let cfg = SpecConfig::new(DrafterKind::Ngram, 4).unwrap();
+        let mut s = Speculation::new(cfg, Box::new(NgramDrafter::default()), 100);
+        let mut pooled = StepCost::default();
+        // Greedy steps: 1 ms + 0.1 ms a row, deep (accepted drafts); sampled steps: the same
+        // forward plus a fixed 0.4 ms pick, shallower.
+        for i in 0..60 {
+            let (g, t) = (3 + i % 3, 1 + i % 2);
+            let (tg, ts) = (1.0 + 0.1 * g as f64, 1.4 + 0.1 * t as f64);
+            s.step_ran(g, tg, false);
+            s.step_ran(t, ts, true);
+            pooled.record(g, tg);
+            pooled.record(t, ts);
+        }
+        s.sampled.insert(1, false);
+        s.sampled.insert(2, true);
+        s.rows = 1;
+        let (rg, rs) = (s.row_cost(1), s.row_cost(2));
+        assert!((rg - 0.1 / 1.1).abs() < 1e-3, "{rg}");
+        assert!((rs - 0.1 / 1.5).abs() < 1e-3, "{rs}");
+        // One fit over both sees the shallow sampled steps as the slow ones: its slope goes
+        // negative and `r` is clamped to its floor, wrong for both.
+        assert_eq!(pooled.row_cost(), 0.05);
+        // A sequence the controller has not seen reads the greedy fit.
+        assert_eq!(s.row_cost(9), rg);
     }
 }

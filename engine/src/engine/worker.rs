@@ -572,7 +572,8 @@ impl Worker {
         let picks = select.len();
         drop(select);
         if let Some(s) = self.spec.as_mut() {
-            s.step_ran(plan.batch.rows.len(), t.elapsed().as_secs_f64());
+            let sampled = params.iter().any(|p| !p.is_greedy());
+            s.step_ran(plan.batch.rows.len(), t.elapsed().as_secs_f64(), sampled);
             if s.wants_hidden() {
                 let ids: Vec<SeqId> = plan.seqs.iter().map(|p| p.id).collect();
                 s.observe(&ids, self.backend.take_hidden());
@@ -610,6 +611,7 @@ impl Worker {
                 Some(DraftCandidate {
                     id,
                     room: by_max.min(by_ctx),
+                    sampled: !a.req.params.is_greedy(),
                 })
             })
             .collect();

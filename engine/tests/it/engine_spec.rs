@@ -150,6 +150,13 @@ fn speculative_engine_streams_equal_plain_under_batching() {
             m.spec_accepted_total > 0,
             "k={k}: no draft accepted: the test proves nothing"
         );
+        // Sampled requests accepted drafts too: their picks from verify rows past the first
+        // reached the streams compared above.
+        let sampled: usize = (0..n)
+            .filter(|&i| request(i).params.temperature > 0.0 && request(i).speculative)
+            .map(|i| got[i].2)
+            .sum();
+        assert!(sampled > 0, "k={k}: no sampled request accepted a draft");
         e.shutdown();
     }
 }

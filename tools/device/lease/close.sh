@@ -10,9 +10,13 @@
 #   load   TTFT and the 64-client load row through memra-server and llama-server (Q4_K_M)
 #   spec   memra-bench spec through memra-server, speculation on (default) vs off, on SmolLM2,
 #          Gemma 3 (when staged: pieces NAME gemma) and Q4_K_M ($SPEC_MODELS)
+#   specpeer  the same workload through llama-server, its n-gram speculation on vs off
+#          (lib.sh spec_peer; $SPEC_MODELS; after the llama.cpp build): the "vs llama-server" row
 #   gemma  the gates on the real Gemma 3 270M (gates_gemma)
 #   kt     per-kernel decode times under nsys ($PROF_MODELS)
 #   kern   per-kernel decode times under ncu ($KERN_MODELS: k:DTYPE:SKIP:COUNT)
+#   ksel   device times of the token-selection kernels in sampled decoding, plain and with
+#          n-gram speculation (lib.sh ksel; ncu; $KSEL_MODELS)
 #   kgate  the whole `memra-verify kernels` alone (after a kernel change, before the other gates)
 #   tiny   the tiny qwen3moe / gemma3 / qwen3next gates alone (gates_tiny; no file needed)
 #   prof   the per-op decode profile of Gemma 3 and qwen3-30b-a3b ($PROF_MODELS; LEASE_SYNTH moe)
@@ -35,11 +39,13 @@ if on gates; then
 fi
 on tiny && gates_tiny
 on gemma && gates_gemma
-if on sbs || on load; then peerwait; fi
+if on sbs || on load || on specpeer; then peerwait; fi
 on sbs && sbs ${SBS_MODELS:-q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1}
 on load && load_row
 on spec && spec_rows ${SPEC_MODELS:-smol:Q4_1 gemma:Q4_K_M q4:Q4_K_M}
+on specpeer && spec_peer ${SPEC_MODELS:-smol:Q4_1 gemma:Q4_K_M q4:Q4_K_M}
 on kt && ktimes ${PROF_MODELS:-gemma:Q4_K_M moe:Q4_K_M}
+on ksel && ksel ${KSEL_MODELS:-smol:Q4_1 gemma:Q4_K_M}
 on kern && kern ${KERN_MODELS:-gemma:Q4_K_M:1200:220 moe:Q4_K_M:3000:200}
 on prof && prof ${PROF_MODELS:-gemma:Q4_K_M moe:Q4_K_M}
 on long && long_ctx

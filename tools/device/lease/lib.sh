@@ -13,6 +13,7 @@ Q8=$M/q8.gguf F16=$M/f16.gguf
 FP8=$M/fp8-hf NVFP4=$M/nvfp4-hf   # llama3-8b HF checkpoints (synth.sh fp8 / nvfp4)
 O=$HOME/q; mkdir -p $O/logs; S=$O/summary.txt
 LB=$HOME/llama.cpp/build/bin/llama-bench
+LS=$HOME/llama.cpp/build/bin/llama-server
 export B O
 # row NAME TEXT: one line of the summary
 row() { printf '%s %-26s %s\n' "$(date +%T)" "$1" "$2" >> $S; }
@@ -38,7 +39,7 @@ peerwait() { for i in $(seq 1 400); do grep -q "build rc=" $HOME/llama-build.log
 # script, not a function, so that `run` can put it under `timeout`)
 MB=$HOME/repo/tools/device/lease/mb.sh
 # The issue-8 gates on SmolLM2 (golden, invariance, graph, tokens, serve-invariance of 32
-# requests; after its pieces arrived) and on the llama3-8b files (the whole kernels gate;
+# requests, n-gram speculation; after its pieces arrived) and on the llama3-8b files (the whole kernels gate;
 # invariance and graph on Q4_K_M; F16 invariance, prompt 700, M to 8).
 gates_smol() {
   waitf $HOME/smol.ok 300 && {
@@ -47,6 +48,10 @@ gates_smol() {
     run graph-smol 200 $B/memra-verify graph $SMOL --device cuda:0
     run tokens-smol 200 $B/memra-verify tokens $SMOL --device cuda:0 --fixture verify/fixtures/smollm2-135m-reference.json
     run serve-inv-smol 300 $B/memra-verify serve-invariance $SMOL --device cuda:0 --requests 32
+    # n-gram speculation on the real model, K = 1..6, greedy and seeded sampling, both paths:
+    # byte-identical to plain decoding, and sampled K >= 2 steps must accept drafts (the device
+    # picks of a verify step's later rows, one topk_rows launch, reach the output)
+    run spec-smol 300 $B/memra-verify spec $SMOL --device cuda:0 --drafters ngram --k-max 6
   }
 }
 gates_8b() {
@@ -94,9 +99,10 @@ gates_tiny() {
 # serving each file twice (on = the default speculation, off = +spec=off), greedy and sampled,
 # one client alternating the modes, then 64 clients per mode (the workload sent 6 times: 72 requests a mode, so all 64 are busy); rows into $O/spec.jsonl (their
 # own schema: reports/spec/), tables into $O/spec-K.md. Fails on any output that differs.
+# SPEC_K=N: the on model drafts up to N per step (+spec_k=N; default 4).
 spec_rows() { for x in "$@"; do
   pick $x; waitf $f 300 || continue
-  MEMRA_MODELS="on=$f,off=$f+spec=off" MEMRA_KV_BLOCKS=${SPEC_KV_BLOCKS:-4096} MEMRA_ADDR=127.0.0.1:8091 \
+  MEMRA_MODELS="on=$f${SPEC_K:++spec_k=$SPEC_K},off=$f+spec=off" MEMRA_KV_BLOCKS=${SPEC_KV_BLOCKS:-4096} MEMRA_ADDR=127.0.0.1:8091 \
     $B/memra-server > $O/logs/spec-server-$k.log 2>&1 &
   local pid=$!
   for i in $(seq 1 240); do curl -s -o /dev/null -w "%{http_code}" 127.0.0.1:8091/ready 2>/dev/null | grep -q 200 && break; sleep 0.5; done
@@ -105,6 +111,31 @@ spec_rows() { for x in "$@"; do
   run spec-load-$k 400 $sb --clients 64 --repeat 6 --max-tokens 128 --table $O/spec-load-$k.md
   grep -E "grounded|all" $O/spec-$k.md $O/spec-load-$k.md 2>/dev/null | cut -c1-200 >> $S
   kill $pid; wait $pid 2>/dev/null
+done; }
+# spec_peer k:DTYPE...: the spec_rows workload through llama-server (after peerwait): its own
+# n-gram speculation on :8092 ($LLAMA_SPEC; default ngram-simple, a 4-token match drafting the 4
+# that followed it, as memra's K = 4: for ngram-simple the draft length is --spec-ngram-simple-
+# size-m, --spec-draft-n-max does not reach it) and plain on :8093, through memra-bench spec's
+# client (one client, the modes alternating, greedy and sampled, the same seeds as spec_rows).
+# Rows into $O/spec-peer.jsonl (engine llama.cpp), tables into $O/spec-peer-K.md. The issue's
+# "vs llama-server" ratio: memra's on tok/s (spec-K.md) over llama's on tok/s (spec-peer-K.md),
+# row by row. llama.cpp's outputs with and without its speculation need not be the same bytes:
+# the step's rc says whether they were; the rows are written either way.
+spec_peer() { [ -x $LS ] || { row spec-peer "no $LS (tools/device/peer.sh build)"; return; }
+  for x in "$@"; do
+  pick $x; waitf $f 300 || continue
+  local on=(--port 8092 ${LLAMA_SPEC:---spec-type ngram-simple --spec-ngram-simple-size-n 4 --spec-ngram-simple-size-m 4 --spec-draft-n-max 4})
+  $LS -m $f -ngl 99 -fa on -c 16384 --metrics "${on[@]}" > $O/logs/spec-peer-on-$k.log 2>&1 &
+  local p1=$!
+  $LS -m $f -ngl 99 -fa on -c 16384 --metrics --port 8093 > $O/logs/spec-peer-off-$k.log 2>&1 &
+  local p2=$!
+  for port in 8092 8093; do
+    for i in $(seq 1 240); do curl -s -o /dev/null -w "%{http_code}" 127.0.0.1:$port/health 2>/dev/null | grep -q 200 && break; sleep 0.5; done
+  done
+  run spec-peer-$k 400 $B/memra-bench spec --addr 127.0.0.1:8092 --addr-off 127.0.0.1:8093 --engine llama.cpp \
+    --model-file $f --shape $sh --dtype $dt --device cuda:0 --run $RUN --out $O/spec-peer.jsonl --repeat 2 --table $O/spec-peer-$k.md
+  grep -E "grounded|all" $O/spec-peer-$k.md 2>/dev/null | cut -c1-200 >> $S
+  kill $p1 $p2; wait $p1 $p2 2>/dev/null
 done; }
 # gates_gemma: the real Gemma 3 270M (pieces NAME gemma): invariance, graph, tokens against the
 # reference fixture, serve-invariance (the kernels gate runs once, in gates_8b / regate.sh).
@@ -150,6 +181,31 @@ for r in csv.reader(open(sys.argv[1])):
 for n, (c, us) in sorted(t.items(), key=lambda kv: -kv[1][1])[:14]:
     print(f"  {n[:40]:40s} {c:5d} launches {us:9.1f} us")
 PY
+  done
+}
+# ksel k:DTYPE...: device times of the token-selection kernels (ncu) in sampled decoding
+# (t 0.8, top-p 0.9, top-k 40, seed 1), plainly and with n-gram speculation (K = 4): topk_rows
+# launches of 1 row (plain) and of K + 1 rows (verify steps), against one row's topk_row time
+# before the batching (~0.2 ms SmolLM2, ~0.8 ms Gemma 3, inferred from plain sampled minus
+# greedy step time). Per kernel name: launches and mean us into the summary.
+ksel() {
+  local nc=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$nc" ] || { row ksel "no ncu on this machine"; return; }
+  local p="Shopping list: apples, bread, carrots, eggs, milk, rice, tomatoes. The shopping list again, in the same order: apples,"
+  for x in "$@"; do pick $x; waitf $f 300 || continue
+    for mode in plain spec; do
+      local sp=""; [ $mode = spec ] && sp="--spec ngram --spec-k 4"
+      run ksel-$k-$mode 300 $nc -k "regex:topk_row|argmax_" --launch-count 60 --metrics gpu__time_duration.sum --csv \
+        $B/run-gen $f --device cuda:0 --prompt "$p" --max-tokens 64 --no-cuda-graph --temperature 0.8 --top-p 0.9 --top-k 40 --seed 1 $sp
+      grep '"gpu__time_duration.sum"' $O/logs/ksel-$k-$mode.log | python3 -c '
+import csv, sys, collections
+t = collections.defaultdict(lambda: [0, 0.0])
+for r in csv.reader(sys.stdin):
+    if len(r) > 4:
+        v = float(r[-1].replace(",", "")); v = v / 1000 if r[-2] in ("ns", "nsecond") else v
+        t[r[4].split("(")[0]][0] += 1; t[r[4].split("(")[0]][1] += v
+for n, (c, us) in t.items(): print(f"  '$k-$mode' {n:12s} {c:4d} launches, mean {us / c:8.1f} us")' >> $S
+    done
   done
 }
 # prof k:DTYPE...: the per-op device times of plain decode steps (no graphs) on each file.

@@ -816,6 +816,31 @@ impl Gpu {
         self.launch("argmax_rows", (self.u32_of(rows, "rows")?, 1), BLOCK, &args)
     }
 
+    /// [`Gpu::argmax_rows`] for `n` chosen rows in one launch: entry `j` takes row `rows[j]`
+    /// (a device array of `n` u32) of the `width`-float rows at `logits` and writes its token to
+    /// `out[j * stride]` (u32 slots).
+    pub fn argmax_at(
+        &self,
+        logits: u64,
+        rows: u64,
+        n: usize,
+        width: usize,
+        stride: usize,
+        out: u64,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::Ptr(logits),
+            Arg::Ptr(rows),
+            Arg::U32(self.u32_of(width, "width")?),
+            Arg::U32(self.u32_of(stride, "stride")?),
+            Arg::Ptr(out),
+        ];
+        self.launch("argmax_at", (self.u32_of(n, "rows")?, 1), BLOCK, &args)
+    }
+
     /// The host's `apply_penalties` on one row of `width` logits: `n` distinct history tokens
     /// `tok` with their counts `cnt`.
     #[allow(clippy::too_many_arguments)]
@@ -870,6 +895,35 @@ impl Gpu {
         ];
         self.launch("topk_row", (1, 1), 1024, &args)
     }
+
+    /// [`Gpu::topk_row`] for `n` rows in one launch, one block each: `desc` (a device array of
+    /// `3 * n` u32, [`topk_desc`]'s layout) gives entry `j`'s (row of the `width`-float rows at
+    /// `logits`, k, temperature bits); entry `j` writes `topk_row`'s layout at
+    /// `out + j * (1 + 2 * kmax)` u32 slots.
+    pub fn topk_rows(
+        &self,
+        logits: u64,
+        desc: u64,
+        n: usize,
+        width: usize,
+        kmax: usize,
+        out: u64,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        if kmax > TOPK_MAX {
+            return Err(self.err(format!("topk_rows: kmax = {kmax} (at most {TOPK_MAX})")));
+        }
+        let args = [
+            Arg::Ptr(logits),
+            Arg::Ptr(desc),
+            Arg::U32(self.u32_of(width, "width")?),
+            Arg::U32(self.u32_of(kmax, "kmax")?),
+            Arg::Ptr(out),
+        ];
+        self.launch("topk_rows", (self.u32_of(n, "rows")?, 1), 1024, &args)
+    }
 }
 
 impl Gpu {
@@ -913,6 +967,23 @@ impl Gpu {
 
 /// The most candidates `topk_row` returns (`TOPK_MAX` in kernels/cu/sample.cu).
 pub const TOPK_MAX: usize = 1024;
+
+/// The descriptor of a [`Gpu::topk_rows`] launch: per entry `(row, k, temperature)`, each k at
+/// most `kmax` (at most [`TOPK_MAX`]) and each row below 2^32.
+pub fn topk_desc(entries: &[(usize, usize, f32)], kmax: usize) -> Result<Vec<u32>> {
+    let mut d = Vec::with_capacity(3 * entries.len());
+    for &(row, k, t) in entries {
+        if k > kmax || kmax > TOPK_MAX {
+            return Err(Error::Input(format!(
+                "topk_rows: k = {k}, kmax = {kmax} (at most {TOPK_MAX})"
+            )));
+        }
+        let row = u32::try_from(row)
+            .map_err(|_| Error::Input(format!("topk_rows: row {row} beyond u32")))?;
+        d.extend([row, k as u32, t.to_bits()]);
+    }
+    Ok(d)
+}
 
 /// Pointers and shapes of a [`Gpu::rope_kv`] launch.
 #[derive(Clone, Copy, Debug)]
