@@ -6,7 +6,8 @@
 # serve-invariance, the pipeline split on one GPU (gates_pp), FP8 / NVFP4 (tiny models and a
 # llama3-8b FP8 folder: run-gen, invariance), image rows on CUDA (`memra-verify vision` against
 # its Rust float64 reference: no python), and memra's decode rows of Gemma 3 and qwen3-30b-a3b
-# (REGATE_DECODE; LEASE_SYNTH="fp8 moe").
+# (REGATE_DECODE; LEASE_SYNTH="fp8 moe") and speculation rows (REGATE_SPEC, e.g. "smol:Q4_1
+# gemma:Q4_K_M") alone after the gates; REGATE_PP=0 / REGATE_FP8=0 leave those lanes out.
 # Three lanes in parallel (correctness gates do not depend on timing). ~6 device-minutes.
 #   calls: LEASE_SYNTH="fp8 moe" start.sh with this queue; the SmolLM2 pieces (smol), the Gemma 3
 #   pieces (gemma); then poll.sh back to back (docs/DEVICE.md).
@@ -23,9 +24,13 @@ lane_b() {
   grep -E "FAIL|ALL" $O/logs/kernels.log | head -8 >> $S
   run kernels-attn-split 300 $B/memra-verify kernels --device cuda:0 --only attention --attn-split
   gates_tiny
-  gates_pp
+  [ "${REGATE_PP:-1}" = 0 ] || gates_pp
 }
 lane_c() {
+  [ "${REGATE_FP8:-1}" = 0 ] || fp8_gates
+  waitf $HOME/smol.ok 300 && MEMRA_TEST_MODEL=$SMOL run vision 200 $B/memra-verify vision --device cuda:0 --reference f64
+}
+fp8_gates() {
   for t in llama+fp8 qwen3+nvfp4; do
     run inv-$t 200 $B/memra-verify invariance --device cuda:0 --tiny $t
     run graph-$t 200 $B/memra-verify graph --device cuda:0 --tiny $t
@@ -34,12 +39,13 @@ lane_c() {
     run gen-fp8 300 $B/run-gen $FP8 --device cuda:0 --prompt "The capital of France is" --max-tokens 16
     run inv-fp8 420 $B/memra-verify invariance $FP8 --device cuda:0 --max-m 8
   }
-  waitf $HOME/smol.ok 300 && MEMRA_TEST_MODEL=$SMOL run vision 200 $B/memra-verify vision --device cuda:0 --reference f64
-  # memra's decode rows of the build (no llama.cpp here: the side-by-side rows are close.sh's)
-  for x in ${REGATE_DECODE:-gemma:Q4_K_M moe:Q4_K_M}; do
-    pick $x; waitf $f 400 && run $k-decode 300 $MB decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt
-  done
 }
 lane_a & lane_b & lane_c & wait
+# Alone on the GPU after the gates: memra's decode rows of the build (no llama.cpp here: the
+# side-by-side rows are close.sh's), then the speculation rows of $REGATE_SPEC (spec_rows).
+for x in ${REGATE_DECODE:-gemma:Q4_K_M moe:Q4_K_M}; do
+  pick $x; waitf $f 400 && run $k-decode 300 $MB decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt
+done
+[ -n "${REGATE_SPEC:-}" ] && spec_rows $REGATE_SPEC
 row queue-done ""
 touch $HOME/queue.done
