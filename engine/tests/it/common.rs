@@ -14,3 +14,29 @@ pub fn repo_path(rel: &str) -> PathBuf {
         .join("..")
         .join(rel)
 }
+
+/// The engine configuration of the CPU serving tests: 2 threads, blocks of 4 tokens,
+/// `kv_blocks` of them, steps of `budget` tokens, 8 running sequences, the prefix cache on, no
+/// speculation.
+pub fn cpu_engine_config(kv_blocks: usize, budget: usize) -> memra_engine::engine::EngineConfig {
+    use memra_engine::engine::{EngineConfig, KvBudget};
+    use memra_engine::scheduler::SchedulerConfig;
+    EngineConfig {
+        device: memra_engine::backend::Device::Cpu,
+        threads: 2,
+        block_size: 4,
+        kv: KvBudget::Blocks(kv_blocks),
+        kv_dtype: Default::default(),
+        scheduler: SchedulerConfig {
+            max_batch_tokens: budget,
+            max_running: 8,
+            max_running_per_tenant: 8,
+            admit_reserve_blocks: 1,
+            recurrent: false,
+            state_snapshots: None,
+        },
+        prefix_cache: true,
+        spec: None,
+        pp: Default::default(),
+    }
+}

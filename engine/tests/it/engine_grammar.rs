@@ -7,9 +7,8 @@ use crate::common;
 
 use std::sync::Arc;
 
-use memra_engine::backend::Device;
 use memra_engine::config::Arch;
-use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle, KvBudget};
+use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle};
 use memra_engine::formats::gguf::Gguf;
 use memra_engine::generate::FinishReason;
 use memra_engine::grammar::{Grammar, GrammarSpec, Grammars};
@@ -18,7 +17,6 @@ use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::quant::DType;
 use memra_engine::request::{Event, EventStream, ValidRequest};
 use memra_engine::sampling::SamplingParams;
-use memra_engine::scheduler::SchedulerConfig;
 use memra_engine::spec::{DrafterKind, SpecConfig};
 use memra_engine::tokenizer::Tokenizer;
 use serde_json::{Value, json};
@@ -39,22 +37,8 @@ fn start(budget: usize, spec: Option<SpecConfig>) -> EngineHandle {
         chat: None,
     };
     let cfg = EngineConfig {
-        pp: Default::default(),
-        device: Device::Cpu,
-        threads: 2,
-        block_size: 4,
-        kv: KvBudget::Blocks(256),
-        kv_dtype: Default::default(),
-        scheduler: SchedulerConfig {
-            max_batch_tokens: budget,
-            max_running: 8,
-            max_running_per_tenant: 8,
-            admit_reserve_blocks: 1,
-            recurrent: false,
-            state_snapshots: None,
-        },
-        prefix_cache: true,
         spec,
+        ..crate::common::cpu_engine_config(256, budget)
     };
     Engine::start(
         vec![("tiny".into(), model, cfg)],

@@ -6,10 +6,9 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use memra_engine::backend::Device;
 use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
 use memra_engine::config::Arch;
-use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle, KvBudget};
+use memra_engine::engine::{AdmissionLimits, Engine, EngineHandle};
 use memra_engine::formats::gguf::Gguf;
 use memra_engine::generate::{FinishReason, GenRequest, generate};
 use memra_engine::loader::Model;
@@ -18,7 +17,6 @@ use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::quant::DType;
 use memra_engine::request::{Event, EventStream, SubmitError, Usage, ValidRequest};
 use memra_engine::sampling::SamplingParams;
-use memra_engine::scheduler::SchedulerConfig;
 use memra_engine::tokenizer::Tokenizer;
 
 const VOCAB: usize = 49152;
@@ -42,30 +40,13 @@ fn model() -> Model {
     }
 }
 
-fn config(kv_blocks: usize, budget: usize) -> EngineConfig {
-    EngineConfig {
-        device: Device::Cpu,
-        threads: 2,
-        block_size: 4,
-        kv: KvBudget::Blocks(kv_blocks),
-        kv_dtype: Default::default(),
-        scheduler: SchedulerConfig {
-            max_batch_tokens: budget,
-            max_running: 8,
-            max_running_per_tenant: 8,
-            admit_reserve_blocks: 1,
-            recurrent: false,
-            state_snapshots: None,
-        },
-        prefix_cache: true,
-        spec: None,
-        pp: Default::default(),
-    }
-}
-
 fn start(kv_blocks: usize, budget: usize, limits: AdmissionLimits) -> EngineHandle {
     Engine::start(
-        vec![("tiny".into(), model(), config(kv_blocks, budget))],
+        vec![(
+            "tiny".into(),
+            model(),
+            common::cpu_engine_config(kv_blocks, budget),
+        )],
         limits,
     )
     .unwrap()
@@ -437,7 +418,7 @@ fn tenants_and_salts_never_share_the_prefix_cache() {
 fn start_real() -> (EngineHandle, Tokenizer, memra_engine::chat::ChatTemplate) {
     let mut m = memra_engine::loader::load_model(&common::real_model()).unwrap();
     let (tok, chat) = (m.tokenizer.clone(), m.chat.take().unwrap());
-    let mut cfg = config(256, 64);
+    let mut cfg = common::cpu_engine_config(256, 64);
     cfg.block_size = 16;
     let engine = Engine::start(vec![("tiny".into(), m, cfg)], AdmissionLimits::default()).unwrap();
     (engine, tok, chat)

@@ -6,9 +6,9 @@
 use crate::common;
 
 use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
-use memra_engine::backend::{Backend, Device, StepBatch, StepRow};
+use memra_engine::backend::{Backend, StepBatch, StepRow};
 use memra_engine::config::{Arch, ModelConfig};
-use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle, KvBudget};
+use memra_engine::engine::{AdmissionLimits, Engine, EngineHandle};
 use memra_engine::formats::gguf::Gguf;
 use memra_engine::generate::{GenRequest, generate};
 use memra_engine::loader::Model;
@@ -17,7 +17,6 @@ use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::quant::DType;
 use memra_engine::request::{Event, EventStream, ValidRequest};
 use memra_engine::sampling::SamplingParams;
-use memra_engine::scheduler::SchedulerConfig;
 use memra_engine::tokenizer::Tokenizer;
 
 use crate::qwen3_moe::cpu;
@@ -161,24 +160,7 @@ fn model() -> Model {
 }
 
 fn start(kv_blocks: usize, budget: usize) -> EngineHandle {
-    let cfg = EngineConfig {
-        pp: Default::default(),
-        device: Device::Cpu,
-        threads: 2,
-        block_size: 4,
-        kv: KvBudget::Blocks(kv_blocks),
-        kv_dtype: Default::default(),
-        scheduler: SchedulerConfig {
-            max_batch_tokens: budget,
-            max_running: 8,
-            max_running_per_tenant: 8,
-            admit_reserve_blocks: 1,
-            recurrent: false,
-            state_snapshots: None,
-        },
-        prefix_cache: true,
-        spec: None,
-    };
+    let cfg = crate::common::cpu_engine_config(kv_blocks, budget);
     Engine::start(vec![("m".into(), model(), cfg)], AdmissionLimits::default()).unwrap()
 }
 

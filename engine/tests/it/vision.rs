@@ -8,16 +8,14 @@ use crate::common;
 
 use std::sync::Arc;
 
-use memra_engine::backend::Device;
 use memra_engine::config::Arch;
-use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle, KvBudget};
+use memra_engine::engine::{AdmissionLimits, Engine, EngineHandle};
 use memra_engine::formats::gguf::Gguf;
 use memra_engine::loader::Model;
 use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::quant::DType;
 use memra_engine::request::{Event, EventStream, SubmitError, Usage, ValidRequest};
 use memra_engine::sampling::SamplingParams;
-use memra_engine::scheduler::SchedulerConfig;
 use memra_engine::tokenizer::Tokenizer;
 use memra_engine::vision::random::{random_tower, tiny_tower, write_mmproj};
 use memra_engine::vision::{MediaSpan, TowerParams, VisionTower};
@@ -157,24 +155,7 @@ fn model(arch: Arch) -> Model {
 }
 
 fn start(arch: Arch, budget: usize) -> EngineHandle {
-    let cfg = EngineConfig {
-        device: Device::Cpu,
-        threads: 2,
-        block_size: 4,
-        kv: KvBudget::Blocks(96),
-        kv_dtype: Default::default(),
-        scheduler: SchedulerConfig {
-            max_batch_tokens: budget,
-            max_running: 8,
-            max_running_per_tenant: 8,
-            admit_reserve_blocks: 1,
-            recurrent: false,
-            state_snapshots: None,
-        },
-        prefix_cache: true,
-        spec: None,
-        pp: Default::default(),
-    };
+    let cfg = common::cpu_engine_config(96, budget);
     Engine::start(
         vec![("tiny".into(), model(arch), cfg)],
         AdmissionLimits::default(),
