@@ -5,7 +5,7 @@
 
 // Most experts a router may have (the shared-memory arrays of moe_route; the host checks).
 #define MOE_MAX_E 1024
-// Most experts per row (one per lane; the host checks).
+// Most experts per row (moe_route_row's rank-order arrays; the host checks).
 #define MOE_MAX_K 32
 #define MOE_NONE 0xffffffffu
 

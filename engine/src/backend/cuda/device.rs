@@ -504,11 +504,23 @@ impl Gpu {
 
     /// Launches kernel `name` (of the modules built at open).
     pub fn launch(&self, name: &str, grid: (u32, u32), block: u32, args: &[Arg]) -> Result<()> {
+        self.launch_smem(name, grid, block, 0, args)
+    }
+
+    /// [`Gpu::launch`] with `smem` bytes of dynamic shared memory.
+    pub fn launch_smem(
+        &self,
+        name: &str,
+        grid: (u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
         let f = self
             .funcs
             .get(name)
             .ok_or_else(|| self.err(format!("kernel {name} is not built")))?;
-        self.launch_fn(f, name, grid, block, 0, args)
+        self.launch_fn(f, name, grid, block, smem, args)
     }
 
     /// Grid for a grid-stride kernel over `n` elements.

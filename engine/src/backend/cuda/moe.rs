@@ -2,11 +2,14 @@
 //! chosen experts' products through an indirection, and the weighted sum, all on the stream with
 //! no host copy (it runs inside CUDA graph captures).
 //!
-//! 1. `moe_route` (kernels/cu/moe.cu), one warp per row: softmax over the E router logits, the
+//! 1. `moe_route` (kernels/cu/moe.cu), one block per row: softmax over the E router logits, the
 //!    k highest probabilities (equal ones: the lowest expert index), renormalised when the
 //!    config says so, sorted by expert index: k (expert, weight) pairs per row in device memory.
+//!    A decode step of up to 8 rows may have routed already (`moe_norm_route`: the FFN norm,
+//!    the F32 router and this routing in one launch; [`MoeBufs::routed`]).
 //! 2. The gate and up products of every (row, slot) pair: `mmq_id_<type>` (the v2 tensor-core
-//!    product of products.cu at M = 1, its weights offset by the pair's expert id) or
+//!    product of products.cu at M = 1, its weights offset by the pair's expert id; gate and up
+//!    in one launch when their stacks are packed alike) or
 //!    `matmul_id_<type>` (the v1 kernel likewise, for the types the v2 products do not read).
 //!    A pair's bits are those of the dense product of its expert on its row: they depend on
 //!    nothing else (not on how many rows chose the expert, nor on the other rows).
@@ -213,8 +216,7 @@ impl Products {
         let (Some(pg), Some(pu)) = (gate.packed(), up.packed()) else {
             return Ok(false);
         };
-        let alike = (pg.dtype, pg.rows, pg.cols, pg.kp, pg.col_tiles, pg.nseg)
-            == (pu.dtype, pu.rows, pu.cols, pu.kp, pu.col_tiles, pu.nseg)
+        let alike = pg.same_layout(pu)
             && gate.expert_stride() == up.expert_stride()
             && gate.experts() == up.experts();
         if group.is_some() || !alike || 2 * pairs > PAIRS_PER_LAUNCH {
@@ -372,13 +374,14 @@ impl Gpu {
             Arg::U32(k as u32),
             Arg::U32(p.norm_topk as u32),
         ];
-        let name = "moe_norm_route";
-        let f = self
-            .funcs
-            .get(name)
-            .ok_or_else(|| self.err(format!("kernel {name} is not built")))?;
         let grid = (self.u32_of(e, "experts")?, 1);
-        self.launch_fn(f, name, grid, MOE_ROUTE_THREADS, smem as u32, &args)
+        self.launch_smem(
+            "moe_norm_route",
+            grid,
+            MOE_ROUTE_THREADS,
+            smem as u32,
+            &args,
+        )
     }
 
     /// Sorts `pairs` expert ids by expert for the grouped products (`moe_group`): `order` gets
@@ -450,15 +453,11 @@ impl Gpu {
         pairs: usize,
     ) -> Result<()> {
         ids.check(self)?;
-        if let Some((w2, _)) = second {
-            let same = (w2.dtype, w2.rows, w2.kp, w2.col_tiles, w2.nseg)
-                == (w.dtype, w.rows, w.kp, w.col_tiles, w.nseg);
-            if !same {
-                return Err(self.err(format!(
-                    "expert products in one launch: {} {} x {} with {} {} x {}",
-                    w.dtype, w.rows, w.cols, w2.dtype, w2.rows, w2.cols
-                )));
-            }
+        if let Some((w2, _)) = second.filter(|(w2, _)| !w.same_layout(w2)) {
+            return Err(self.err(format!(
+                "expert products in one launch: {} {} x {} with {} {} x {}",
+                w.dtype, w.rows, w.cols, w2.dtype, w2.rows, w2.cols
+            )));
         }
         let rows_needed = pairs.div_ceil(ids.xdiv);
         if a.kind != w.act() || a.kp != w.kp || rows_needed > a.rows {

@@ -54,6 +54,19 @@ impl PMat {
     pub fn act(&self) -> ActKind {
         ActKind::of(self.dtype)
     }
+
+    /// Whether `o` has this matrix's type, shape, tiling and K segmentation (one product launch
+    /// can take both with the same arguments).
+    pub fn same_layout(&self, o: &PMat) -> bool {
+        (
+            self.dtype,
+            self.rows,
+            self.cols,
+            self.kp,
+            self.col_tiles,
+            self.nseg,
+        ) == (o.dtype, o.rows, o.cols, o.kp, o.col_tiles, o.nseg)
+    }
 }
 
 /// Device buffers of prepared activations for up to `rows` rows of `kp` columns.
