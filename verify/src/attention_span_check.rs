@@ -21,6 +21,7 @@ use memra_engine::backend::spans::attn_range;
 use memra_engine::models::random::unit;
 
 use crate::attention_check::{Shape, mma_tol, reference, same_bits, store};
+use crate::attention_window_check::WINDOW_SHAPES;
 use crate::case::{Case, compare};
 
 /// The launch's rows (positions of sequence 0) and images.
@@ -128,22 +129,8 @@ impl Rig<'_> {
 }
 
 pub fn span_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
-    let shapes = [
-        Shape {
-            n_heads: 4,
-            n_kv_heads: 1,
-            head_dim: 256,
-            block_size: 16,
-        },
-        Shape {
-            n_heads: 4,
-            n_kv_heads: 2,
-            head_dim: 64,
-            block_size: 16,
-        },
-    ];
     for kv in KvDtype::ALL {
-        for (si, s) in shapes.iter().enumerate() {
+        for (si, s) in WINDOW_SHAPES.iter().enumerate() {
             for (wi, w) in [None, Some(5), Some(512)].into_iter().enumerate() {
                 let st = 8000 + 100 * si as u64 + 10 * wi as u64;
                 out.push(case(g, seed, kv, s, w, st)?);

@@ -173,23 +173,26 @@ fn want(s: &Shape, kv: &Kv, rows: &[(u32, u32)], q: &[f32], window: Option<usize
     out
 }
 
+/// The heads of the windowed and image-span attention cases: Gemma 3's 256-wide heads with one
+/// KV head, and 64-wide heads in groups of two.
+pub(crate) const WINDOW_SHAPES: [Shape; 2] = [
+    Shape {
+        n_heads: 4,
+        n_kv_heads: 1,
+        head_dim: 256,
+        block_size: 16,
+    },
+    Shape {
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 64,
+        block_size: 16,
+    },
+];
+
 pub fn window_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
-    let shapes = [
-        Shape {
-            n_heads: 4,
-            n_kv_heads: 1,
-            head_dim: 256,
-            block_size: 16,
-        },
-        Shape {
-            n_heads: 4,
-            n_kv_heads: 2,
-            head_dim: 64,
-            block_size: 16,
-        },
-    ];
     for kv in KvDtype::ALL {
-        for (si, s) in shapes.iter().enumerate() {
+        for (si, s) in WINDOW_SHAPES.iter().enumerate() {
             for (wi, &w) in WINDOWS.iter().enumerate() {
                 let st = 7000 + 100 * si as u64 + 10 * wi as u64;
                 decode_case(g, seed, kv, s, w, st, out)?;
