@@ -97,7 +97,7 @@ impl Speculation {
         let mut asks: Vec<(SeqId, usize)> = Vec::new();
         for c in cands {
             self.sampled.insert(c.id, c.sampled);
-            let r = self.cost[usize::from(c.sampled)].row_cost_in(self.rows);
+            let r = self.row_cost_of(c.sampled);
             let ctl = self
                 .controls
                 .entry(c.id)
@@ -182,8 +182,16 @@ impl Speculation {
 
     /// The cost of a row in this step for sequence `id`: its class's fit.
     fn row_cost(&self, id: SeqId) -> f32 {
-        let sampled = self.sampled.get(&id).copied().unwrap_or(false);
-        self.cost[usize::from(sampled)].row_cost_in(self.rows)
+        self.row_cost_of(self.sampled.get(&id).copied().unwrap_or(false))
+    }
+
+    /// The cost of a row in this step for a sequence that samples or not: the configured
+    /// fixed cost, else its class's fit.
+    fn row_cost_of(&self, sampled: bool) -> f32 {
+        match self.cfg.row_cost_permille {
+            Some(p) => f32::from(p) / 1000.0,
+            None => self.cost[usize::from(sampled)].row_cost_in(self.rows),
+        }
     }
 
     /// Sequence `id` checked `drafted` drafts this step and `accepted` were accepted (0, 0: it

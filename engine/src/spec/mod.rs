@@ -132,6 +132,10 @@ pub struct SpecConfig {
     /// Running sequences at or above which the engine drafts for nobody (plain batched decode
     /// fills the device better there).
     pub max_batch: usize,
+    /// A fixed cost of a draft row, in thousandths of a step, instead of the fit of measured
+    /// step times: drafting that does not depend on the machine's timing (tests; `None` in the
+    /// product).
+    pub row_cost_permille: Option<u16>,
 }
 
 impl SpecConfig {
@@ -143,6 +147,7 @@ impl SpecConfig {
             drafter,
             k,
             max_batch: 16,
+            row_cost_permille: None,
         })
     }
 
@@ -153,6 +158,7 @@ impl SpecConfig {
             drafter: DrafterKind::Auto(None),
             k: DEFAULT_K,
             max_batch: 16,
+            row_cost_permille: None,
         }
     }
 }
