@@ -286,6 +286,10 @@ pub struct Scheduler {
     /// Recurrent-state snapshots attached to prefix-cache blocks (capacity 0 unless the
     /// model is recurrent and the prefix cache is on).
     snaps: SnapshotPool,
+    /// Running sequences whose next chunk, an image, did not fit what the last step left of
+    /// its budget: they are planned first next step (under steady decode load an image could
+    /// otherwise wait for ever; the engine refuses images larger than the whole budget).
+    held: Vec<SeqId>,
 }
 
 impl Scheduler {
@@ -308,6 +312,7 @@ impl Scheduler {
             running: Vec::new(),
             prefix_hit_tokens: 0,
             preemptions: 0,
+            held: Vec::new(),
         }
     }
 
@@ -550,17 +555,28 @@ impl Scheduler {
         let mut out = SchedulerOutput::default();
         let mut budget = self.cfg.max_batch_tokens.max(1);
         let mut planned: Vec<(SeqId, usize)> = Vec::new();
-        // Decodes first (one row each), then prefill chunks, oldest admission first.
-        let mut order: Vec<SeqId> = self
-            .running
+        // Images held back last step first, then decodes (one row each), then prefill chunks,
+        // oldest admission first.
+        let held = std::mem::take(&mut self.held);
+        let mut order: Vec<SeqId> = held
             .iter()
-            .filter(|s| s.remaining() == 1)
-            .map(|s| s.id)
+            .copied()
+            .filter(|id| {
+                self.running
+                    .iter()
+                    .any(|s| s.id == *id && s.remaining() > 1)
+            })
             .collect();
         order.extend(
             self.running
                 .iter()
-                .filter(|s| s.remaining() > 1)
+                .filter(|s| s.remaining() == 1)
+                .map(|s| s.id),
+        );
+        order.extend(
+            self.running
+                .iter()
+                .filter(|s| s.remaining() > 1 && !held.contains(&s.id))
                 .map(|s| s.id),
         );
         for id in order {
@@ -609,7 +625,13 @@ impl Scheduler {
                 n = n.min(p - s.computed);
             }
             // Nor inside an image (its rows attend to the whole image).
-            n = chunk_rows(&s.media, s.computed, n, budget)?;
+            let Some(rows) = chunk_rows(&s.media, s.computed, n, budget) else {
+                if !self.held.contains(&id) {
+                    self.held.push(id);
+                }
+                return None;
+            };
+            n = rows;
             if n == 0 {
                 return None;
             }

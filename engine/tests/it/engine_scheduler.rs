@@ -85,6 +85,41 @@ fn decodes_are_not_starved_by_a_long_prefill() {
 }
 
 #[test]
+fn an_image_prefill_is_not_starved_by_decodes() {
+    // Budget 8: four decoding sequences leave 4 rows, and an image of 6 rows is prefilled in
+    // one step (its rows attend to all of it). Held back once, it goes first the next step.
+    let mut s = sched(256, 4, cfg(8, 8, 8, 0));
+    for id in 1..=4 {
+        s.add(seq(id, "a", vec![1, 2]));
+    }
+    step(&mut s);
+    let image = memra_engine::vision::MediaSpan {
+        start: 2,
+        embeds: vec![0f32; 6].into(),
+        width: 1,
+        hash: 7,
+    };
+    s.add(NewSeq {
+        media: vec![image],
+        ..seq(9, "b", (0..10).collect())
+    });
+    let mut image_step = None;
+    for i in 0..6 {
+        let o = step(&mut s);
+        assert!(o.batch.rows.len() <= 8);
+        if rows_of(&o, 9) >= 6 {
+            image_step = Some(i);
+            break;
+        }
+    }
+    let i = image_step.expect("the image never got a step: four decodes held it back");
+    assert!(i <= 2, "the image waited {i} steps");
+    // The decodes go on around it.
+    let o = step(&mut s);
+    assert!((1..=4).all(|id| rows_of(&o, id) == 1), "{:?}", o.seqs);
+}
+
+#[test]
 fn preemption_frees_the_youngest_and_it_recomputes() {
     // 4 blocks of 4: two sequences of 6 prompt tokens take 2 blocks each.
     let mut s = sched(4, 4, cfg(64, 8, 8, 0));
