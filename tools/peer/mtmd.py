@@ -2,7 +2,7 @@
 """llama.cpp mtmd's image embeddings and greedy image prompts, for `memra-verify peer-vision`.
 
     python3 tools/peer/mtmd.py TEXT.gguf MMPROJ.gguf OUT.json [--images 4] [--prompts 8]
-        [--steps 64] [--threads 2] [--flash-attn]
+        [--steps 64] [--threads 2] [--flash-attn] [--verbose]
 
 Through llama-cpp-python's ctypes bindings (llama_cpp.mtmd_cpp, llama_cpp; tools/peer/install.sh)
 this loads the text model and the mmproj with llama.cpp's own multimodal library (libmtmd) and:
@@ -60,6 +60,12 @@ class Peer:
 
         self.L, self.M = llama_cpp, mtmd_cpp
         L, M = llama_cpp, mtmd_cpp
+        if not a.verbose:
+            # Keep the callback alive as long as the libraries may call it.
+            self.quiet = L.llama_log_callback(lambda level, text, data: None)
+            L.llama_log_set(self.quiet, None)
+            M.mtmd_log_set(self.quiet, None)
+            M.mtmd_helper_log_set(self.quiet, None)
         L.llama_backend_init()
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 0
@@ -84,7 +90,7 @@ class Peer:
         vp.flash_attn_type = 1 if a.flash_attn else 0
         self.mctx = M.mtmd_init_from_file(a.mmproj.encode(), self.model, vp)
         if not self.mctx:
-            raise SystemExit(f"mtmd refused {a.mmproj} (run with the log on to see why)")
+            raise SystemExit(f"mtmd refused {a.mmproj} (--verbose shows llama.cpp's log)")
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.n_embd = L.llama_model_n_embd(self.model)
@@ -171,6 +177,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--flash-attn", action="store_true",
                     help="the tower's attention with flash attention (f16 K and V)")
+    ap.add_argument("--verbose", action="store_true", help="llama.cpp's and mtmd's log on stderr")
     a = ap.parse_args()
     if a.images < 1 or a.prompts < 0 or a.steps < 1:
         print("--images and --steps must be at least 1", file=sys.stderr)

@@ -680,6 +680,9 @@ fn gate_peer_vision(
     for (c, s, margin) in &r.forced_disagreements {
         println!("  prompt {c} step {s}: top-1 differs (llama.cpp's top-2 margin {margin:.4})");
     }
+    if let Some(n) = &r.window_note {
+        println!("note: {n}");
+    }
     if let Some(p) = json {
         let text = serde_json::to_string_pretty(&r).map_err(|e| Error::Input(e.to_string()))?;
         std::fs::write(p, text).map_err(|e| Error::io(p, e))?;

@@ -249,7 +249,21 @@ pub struct PeerVisionReport {
     pub max_logit: f32,
     /// (prompt, step, the peer's top-1 minus top-2 margin) of each teacher-forced disagreement.
     pub forced_disagreements: Vec<(usize, usize, f32)>,
+    /// Set when the model's sliding window is shorter than an image: llama.cpp then masks
+    /// image rows further back than the window on the local layers, HF (and memra) do not.
+    pub window_note: Option<String>,
     pub failures: Vec<String>,
+}
+
+/// The note of [`PeerVisionReport::window_note`] for a model's sliding window and an image's rows.
+pub fn window_note(window: Option<usize>, rows: usize) -> Option<String> {
+    let w = window.filter(|&w| w < rows)?;
+    Some(format!(
+        "the model's sliding window ({w}) is shorter than an image ({rows} rows): on the local \
+         layers llama.cpp masks an image row's keys more than {w} positions back inside the \
+         image, HF's Gemma 3 and memra let it see the whole image, so the two differ by \
+         definition (write the model with `memra-bench synth --sliding-window {rows}` or more)"
+    ))
 }
 
 /// Runs the comparison: the tower `mmproj` on the CPU, the engine and `b` (a backend of the
@@ -296,6 +310,7 @@ pub fn check(
         tolerance,
         prompts: p.cases.len(),
         steps: p.cases.iter().map(|c| c.tokens.len()).max().unwrap_or(0),
+        window_note: window_note(m.config.gemma3.map(|g| g.sliding_window), rows),
         ..Default::default()
     };
     // (a) embeddings
@@ -478,5 +493,12 @@ mod tests {
         assert_eq!(first_divergence(&[1, 2, 3], &[1, 9, 3]), Some(1));
         assert_eq!(first_divergence(&[1, 2], &[1, 2, 3]), Some(2));
         assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1);
+    }
+
+    #[test]
+    fn window_note_only_for_windows_shorter_than_an_image() {
+        assert!(window_note(Some(4), 16).is_some_and(|n| n.contains("(4)")));
+        assert_eq!(window_note(Some(16), 16), None);
+        assert_eq!(window_note(None, 16), None);
     }
 }
