@@ -207,6 +207,9 @@ enum Cmd {
         /// qwen2, qwen3 shapes), for `--spec mtp`.
         #[arg(long, default_value_t = 0)]
         mtp: usize,
+        /// Gemma 3 shapes: the local layers' sliding window (default: the shape's).
+        #[arg(long)]
+        sliding_window: Option<usize>,
         /// GGUF whose tokenizer is copied ("none": no tokenizer, see --vocab).
         #[arg(long)]
         tokenizer_from: Option<String>,
@@ -893,6 +896,7 @@ fn run(cli: Cli) -> Result<()> {
             exact_kquants,
             ctx,
             mtp,
+            sliding_window,
             quiet,
         } => {
             let home = memra_engine::settings::home();
@@ -919,6 +923,7 @@ fn run(cli: Cli) -> Result<()> {
                 exact_kquants,
                 ctx,
                 mtp,
+                sliding_window,
             };
             synth(&args).map(|_| ())
         }

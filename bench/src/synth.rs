@@ -75,6 +75,10 @@ pub struct SynthArgs {
     /// Multi-token-prediction layers to add after the decoder layers (llama-family shapes;
     /// random weights: their drafts are noise, see models/mtp.rs).
     pub mtp: usize,
+    /// Gemma 3 shapes: the local layers' sliding window instead of the shape's (e.g. one wider
+    /// than an image's rows, where llama.cpp and HF attend alike within the image:
+    /// docs/VERIFY.md "Against llama.cpp mtmd").
+    pub sliding_window: Option<usize>,
 }
 
 /// What was written.
@@ -141,6 +145,17 @@ pub fn synth_config(args: &SynthArgs, vocab: usize) -> Result<ModelConfig> {
         cfg.max_ctx = c;
     }
     cfg.mtp_layers = args.mtp;
+    if let Some(w) = args.sliding_window {
+        match cfg.gemma3.as_mut() {
+            Some(g) => g.sliding_window = w,
+            None => {
+                return Err(Error::Input(format!(
+                    "--sliding-window applies to gemma3 shapes, not {}",
+                    args.shape.name()
+                )));
+            }
+        }
+    }
     cfg.validate()?;
     Ok(cfg)
 }
@@ -474,4 +489,43 @@ pub fn default_tokenizer_path(models_dir: Option<&Path>, home: Option<&Path>) ->
         (None, None) => PathBuf::from(".cache/memra/models"),
     };
     dir.join("SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(shape: Shape, sliding_window: Option<usize>) -> SynthArgs {
+        SynthArgs {
+            shape,
+            dtype: SynthDType::F32,
+            seed: 0,
+            out: PathBuf::from("unused.gguf"),
+            format: Format::Gguf,
+            layers: None,
+            tokenizer: TokenizerSource::None { vocab: 512 },
+            threads: None,
+            shard_bytes: 1 << 30,
+            progress: false,
+            llamacpp_rope: false,
+            exact_kquants: false,
+            ctx: None,
+            mtp: 0,
+            sliding_window,
+        }
+    }
+
+    #[test]
+    fn sliding_window_overrides_gemma3_only() {
+        let window =
+            |a: &SynthArgs| synth_config(a, 512).map(|c| c.gemma3.map(|g| g.sliding_window));
+        let shape = window(&args(Shape::TinyGemma3, None)).unwrap();
+        assert_ne!(shape, Some(64));
+        assert_eq!(
+            window(&args(Shape::TinyGemma3, Some(64))).unwrap(),
+            Some(64)
+        );
+        assert!(window(&args(Shape::TinyLlama, Some(64))).is_err());
+        assert!(window(&args(Shape::TinyGemma3, Some(0))).is_err());
+    }
 }

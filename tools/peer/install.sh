@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs llama-cpp-python 0.3.36 (the peer's vendored llama.cpp, the same source the device
-# builds) as a CPU build for tools/peer/logits.py: ~10 minutes on 2 cores, once per machine.
+# builds) as a CPU build for tools/peer/logits.py and tools/peer/mtmd.py (libmtmd comes with it):
+# ~10 minutes on 2 cores, once per machine.
 #   tools/peer/install.sh
 set -euo pipefail
 PY="${PYTHON:-python3}"

@@ -23,6 +23,7 @@ mod kv_write_check;
 mod moe_check;
 pub mod mtp_check;
 pub mod peer_logits;
+pub mod peer_vision;
 pub mod pp;
 mod products_check;
 pub mod serve_invariance;

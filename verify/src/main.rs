@@ -11,6 +11,8 @@
 //! - `memra-verify spec [--device D] (MODEL | --tiny ARCH[+mtp|+mtp-oracle]) [--max-tokens 32] [--k-max 8]
 //!   [--drafters ngram,mtp,self,random,auto,pick]`
 //! - `memra-verify vision [MODEL] [--device D] [--mmproj FILE] [--reference numpy|f64|both] [--images 4] [--prompts 8] [--tolerance 1e-4]`
+//! - `memra-verify peer-vision MODEL --mmproj FILE --peer OUT.json [--device D] [--tolerance 2e-3]`:
+//!   image embeddings and greedy image prompts vs llama.cpp mtmd (tools/peer/mtmd.py)
 //! - `memra-verify golden [--device D] (MODEL | --tiny ARCH) [--dir verify/golden]
 //!   [--record --reason TEXT]`: plain decoding's logits bytes vs those recorded for the device class
 //! - `memra-verify all [--device D] MODEL [--fixture FILE]`: every gate for the device, then a
@@ -37,8 +39,8 @@ use memra_engine::spec::mtp::MtpDrafter;
 use memra_engine::spec::ngram::NgramDrafter;
 use memra_engine::{Error, Result};
 use memra_verify::{
-    case, golden, graph, invariance, kernels, mtp_check, peer_logits, pp, serve_invariance, spec,
-    tokens,
+    case, golden, graph, invariance, kernels, mtp_check, peer_logits, peer_vision, pp,
+    serve_invariance, spec, tokens,
 };
 
 #[derive(Parser)]
@@ -209,6 +211,28 @@ enum Cmd {
         /// The largest absolute logit difference allowed, relative to the largest |logit|.
         #[arg(long, default_value_t = peer_logits::PEER_TOL)]
         tol: f64,
+    },
+    /// Image input vs llama.cpp's mtmd on the same text model, mmproj and images (the peer's
+    /// side from tools/peer/mtmd.py): embeddings per image within a tolerance, greedy image
+    /// prompts equal, teacher-forced top-1 agreement.
+    PeerVision {
+        /// The text model (a gemma3 GGUF; the file the peer ran).
+        model: PathBuf,
+        /// The mmproj GGUF the peer ran.
+        #[arg(long)]
+        mmproj: PathBuf,
+        /// The peer's JSON (tools/peer/mtmd.py), its binary files beside it.
+        #[arg(long)]
+        peer: PathBuf,
+        /// Where the engine runs (the tower runs on the CPU).
+        #[arg(long, default_value = "cpu")]
+        device: Device,
+        /// Largest max |memra - mtmd| / max |mtmd| of one image's embeddings.
+        #[arg(long, default_value_t = peer_vision::EMBED_TOL)]
+        tolerance: f32,
+        /// Also write the report as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// The same prompts served alone, together (staggered), and with the prefix cache warm.
     ServeInvariance {
@@ -614,6 +638,56 @@ fn gate_peer_logits(
         println!("  prompt {c} step {s}: top-1 differs (the peer's top-2 margin {margin:.4})");
     }
     Ok(usize::from(r.agreement() < min) + usize::from(rel > tol))
+}
+
+fn gate_peer_vision(
+    model: &Path,
+    mmproj: &Path,
+    peer: &Path,
+    device: Device,
+    tol: f32,
+    json: Option<&Path>,
+) -> Result<usize> {
+    let weights = memra_engine::loader::load_weights(model)?;
+    let mut b = open_backend(device, weights, 64, 16, 0)?;
+    let r = peer_vision::check(b.as_mut(), model, mmproj, peer, device, tol)?;
+    let worst = r.embeds.iter().fold(0f32, |m, d| m.max(d.rel));
+    let worst_abs = r.embeds.iter().fold(0f32, |m, d| m.max(d.max_abs));
+    println!(
+        "peer-vision vs {}: tower {}x{} -> {} rows of {}; {} images: max |memra - mtmd| {:.2e}, \
+         {:.2e} of the largest value (tolerance {:.0e})",
+        r.peer,
+        r.image_size,
+        r.image_size,
+        r.tokens_per_image,
+        r.width,
+        r.embeds.len(),
+        worst_abs,
+        worst,
+        r.tolerance
+    );
+    println!(
+        "peer-vision: greedy tokens equal on {}/{} image prompts ({} steps); teacher-forced \
+         top-1 agreement {}/{} positions, max |logit diff| {:.3e} (largest |logit| {:.3})",
+        r.sequences_equal,
+        r.prompts,
+        r.steps,
+        r.forced_agree,
+        r.forced_positions,
+        r.max_logit_diff,
+        r.max_logit
+    );
+    for (c, s, margin) in &r.forced_disagreements {
+        println!("  prompt {c} step {s}: top-1 differs (llama.cpp's top-2 margin {margin:.4})");
+    }
+    if let Some(n) = &r.window_note {
+        println!("note: {n}");
+    }
+    if let Some(p) = json {
+        let text = serde_json::to_string_pretty(&r).map_err(|e| Error::Input(e.to_string()))?;
+        std::fs::write(p, text).map_err(|e| Error::io(p, e))?;
+    }
+    Ok(print_failures(&r.failures))
 }
 
 fn gate_tokens(model: &Path, fixture: &Path, device: Device) -> Result<usize> {
@@ -1259,6 +1333,14 @@ fn run(cli: Cli) -> Result<usize> {
             min_agreement,
             tol,
         } => gate_peer_logits(&model, &peer, device, (min_agreement, tol)),
+        Cmd::PeerVision {
+            model,
+            mmproj,
+            peer,
+            device,
+            tolerance,
+            json,
+        } => gate_peer_vision(&model, &mmproj, &peer, device, tolerance, json.as_deref()),
         Cmd::Inspect { .. } => Err(Error::Input("inspect runs before the gates".into())),
     }
 }

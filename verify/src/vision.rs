@@ -136,7 +136,7 @@ fn model(path: Option<&Path>) -> Result<Model> {
     }
 }
 
-fn engine(m: Model, device: Device, budget: usize) -> Result<EngineHandle> {
+pub(crate) fn engine(m: Model, device: Device, budget: usize) -> Result<EngineHandle> {
     let cfg = EngineConfig {
         device,
         threads: 2,
@@ -159,9 +159,9 @@ fn engine(m: Model, device: Device, budget: usize) -> Result<EngineHandle> {
 }
 
 /// Token ids with logprob bits, and the cached prompt tokens.
-type Run = (Vec<(u32, u32)>, usize);
+pub(crate) type Run = (Vec<(u32, u32)>, usize);
 
-fn run(e: &EngineHandle, r: ValidRequest) -> Result<Run> {
+pub(crate) fn run(e: &EngineHandle, r: ValidRequest) -> Result<Run> {
     let mut s = e
         .submit(r)
         .map_err(|e| Error::Input(format!("submit: {e}")))?;
@@ -178,9 +178,9 @@ fn run(e: &EngineHandle, r: ValidRequest) -> Result<Run> {
 }
 
 /// An image prompt: text `i`, the image's tokens, text `i + 1`.
-struct Prompt {
-    ids: Vec<u32>,
-    start: usize,
+pub(crate) struct Prompt {
+    pub(crate) ids: Vec<u32>,
+    pub(crate) start: usize,
 }
 
 fn prompt(i: usize, tokens: &ImageTokens, rows: usize, vocab: usize) -> Prompt {
@@ -197,7 +197,12 @@ fn prompt(i: usize, tokens: &ImageTokens, rows: usize, vocab: usize) -> Prompt {
     Prompt { ids, start }
 }
 
-fn request(p: &Prompt, media: Option<(Arc<[f32]>, u128)>, width: usize, n: usize) -> ValidRequest {
+pub(crate) fn request(
+    p: &Prompt,
+    media: Option<(Arc<[f32]>, u128)>,
+    width: usize,
+    n: usize,
+) -> ValidRequest {
     ValidRequest {
         model: "m".into(),
         tenant: "t".into(),

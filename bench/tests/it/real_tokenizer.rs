@@ -37,6 +37,7 @@ fn args(shape: Shape, dtype: SynthDType, format: Format, out: PathBuf) -> SynthA
         format,
         layers: None,
         mtp: 0,
+        sliding_window: None,
         tokenizer: TokenizerSource::Gguf(real_model()),
         threads: None,
         shard_bytes: 1 << 30,

@@ -21,6 +21,7 @@ fn args(shape: Shape, dtype: SynthDType, out: std::path::PathBuf) -> SynthArgs {
         format: Format::Hf,
         layers: None,
         mtp: 0,
+        sliding_window: None,
         tokenizer: TokenizerSource::None { vocab: 256 },
         threads: None,
         shard_bytes: 1 << 30,

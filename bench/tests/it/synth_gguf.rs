@@ -26,6 +26,7 @@ fn args(shape: Shape, dtype: SynthDType, seed: u64, out: PathBuf) -> SynthArgs {
         format: Format::Gguf,
         layers: None,
         mtp: 0,
+        sliding_window: None,
         tokenizer: TokenizerSource::None { vocab: VOCAB },
         threads: None,
         shard_bytes: 1 << 30,

@@ -22,6 +22,7 @@ fn args(shape: Shape, dtype: SynthDType, seed: u64, out: PathBuf) -> SynthArgs {
         format: Format::Hf,
         layers: None,
         mtp: 0,
+        sliding_window: None,
         tokenizer: TokenizerSource::None { vocab: VOCAB },
         threads: None,
         shard_bytes: 1 << 30,
