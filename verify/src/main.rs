@@ -862,8 +862,9 @@ fn gate_spec(a: &SpecArgs) -> Result<usize> {
     let mut b = open_backend(a.device, w, blocks, bs, a.threads)?;
     let mut rows = spec::run(b.as_mut(), &mut drafters, &prompts, &opts)?;
     if a.tiny.is_some_and(|t| t.ends_with("+mtp-oracle")) {
-        spec::require_oracle_acceptance(&mut rows, "mtp");
+        spec::require_oracle_acceptance(&mut rows, "mtp", false);
     }
+    spec::require_oracle_acceptance(&mut rows, "draft:self", true);
     if text_prompts {
         spec::require_sampled_depth(&mut rows, "ngram");
     }

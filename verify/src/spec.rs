@@ -272,18 +272,22 @@ pub fn run(
     Ok(rows)
 }
 
-/// Greedy drafts of a drafter that drafts the model's own picks (the MTP layer of
-/// `oracle_mtp_weights`) are accepted but for near-ties: a greedy row of `drafter` with fewer
-/// than 90% of its drafts accepted fails (the drafter does not run its layer right).
-pub fn require_oracle_acceptance(rows: &mut [Row], drafter: &str) {
+/// Drafts of a drafter that drafts the model's own picks are accepted but for near-ties: a row
+/// of `drafter` with fewer than 90% of its drafts accepted fails (the drafter does not run its
+/// layer right, or does not pick as the target picks). `sampled`: its seeded-sampling rows
+/// too (the target as its own draft model picks each draft with the request's keyed draw, so
+/// it drafts the sampled tokens; the MTP layer of `oracle_mtp_weights` is wired to the greedy
+/// picks only).
+pub fn require_oracle_acceptance(rows: &mut [Row], drafter: &str, sampled: bool) {
     for r in rows
         .iter_mut()
-        .filter(|r| r.drafter == drafter && r.sampling == "greedy")
+        .filter(|r| r.drafter == drafter && (sampled || r.sampling == "greedy"))
     {
         let (d, a) = (r.counts.drafted, r.counts.accepted);
         if a * 10 < d * 9 {
             r.failures.push(format!(
-                "an oracle drafter: only {a} of {d} greedy drafts accepted (90% expected)"
+                "an oracle drafter: only {a} of {d} {} drafts accepted (90% expected)",
+                r.sampling
             ));
         }
     }

@@ -44,6 +44,8 @@ pub(crate) struct DraftCandidate {
     pub(crate) room: usize,
     /// The request samples (temperature > 0): its depth reads the sampled steps' fit.
     pub(crate) sampled: bool,
+    /// The request's sampling (a model drafter picks its drafts as the target will).
+    pub(crate) params: crate::sampling::SamplingParams,
 }
 
 impl Speculation {
@@ -116,7 +118,16 @@ impl Speculation {
         }
         let reqs: Vec<DraftReq> = asks
             .iter()
-            .filter_map(|&(id, k)| sched.tokens(id).map(|tokens| DraftReq { id, tokens, k }))
+            .filter_map(|&(id, k)| {
+                let params = &cands.iter().find(|c| c.id == id)?.params;
+                let tokens = sched.tokens(id)?;
+                Some(DraftReq {
+                    id,
+                    tokens,
+                    k,
+                    params,
+                })
+            })
             .collect();
         let drafts = match self.drafter.draft(&reqs) {
             Ok(d) => d,

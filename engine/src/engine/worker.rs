@@ -612,6 +612,7 @@ impl Worker {
                     id,
                     room: by_max.min(by_ctx),
                     sampled: !a.req.params.is_greedy(),
+                    params: a.req.params.clone(),
                 })
             })
             .collect();

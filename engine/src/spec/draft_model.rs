@@ -1,7 +1,8 @@
 //! The draft-model drafter: a smaller model with the target's tokenizer, on the same kind of
-//! backend, with its own paged KV. Drafting is greedy (argmax) and batched: one step catches every
-//! sequence up to its current tokens (its first draft comes from that step), then one step per
-//! further draft carries one row of every sequence still drafting.
+//! backend, with its own paged KV. Each draft is picked as the target will pick (`draft_pick`: the
+//! request's penalties, and for a sampled request the same keyed draw), batched: one step catches
+//! every sequence up to its current tokens (its first draft comes from that step), then one step
+//! per further draft carries one row of every sequence still drafting.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -11,7 +12,6 @@ use crate::backend::{Backend, Device, OpenOptions, StepBatch, StepRow, open_back
 use crate::error::{Error, Result};
 use crate::kv::{BlockAllocator, blocks_for};
 use crate::models::ModelWeights;
-use crate::sampling::argmax;
 
 const BLOCK: usize = 16;
 
@@ -188,7 +188,8 @@ impl Drafter for DraftModelDrafter {
                 } else if let Some(&t) = out[i].last() {
                     s.tokens.push(t);
                 }
-                out[i].push(argmax(l));
+                let t = super::draft_pick(l, r.tokens, &out[i], r.params);
+                out[i].push(t);
             }
         }
         Ok(out)

@@ -134,6 +134,7 @@ fn run_spec(
                 id: 0,
                 tokens: &history,
                 k,
+                params: &req.params,
             };
             let mut d = drafter.draft(&[r])?.pop().unwrap_or_default();
             d.truncate(k);

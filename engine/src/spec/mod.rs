@@ -34,6 +34,28 @@ pub struct DraftReq<'a> {
     /// Prompt and generated tokens so far.
     pub tokens: &'a [u32],
     pub k: usize,
+    /// The request's sampling. A model drafter picks each draft as the target will pick the
+    /// token at that position ([`draft_pick`]: the same penalties, and for a sampled request
+    /// the same keyed random number), so where its logits are close to the target's it
+    /// proposes the token the target's sampler will draw, not only the most likely one.
+    pub params: &'a crate::sampling::SamplingParams,
+}
+
+/// A model drafter's pick from its `logits` for the position after `tokens` and the drafts
+/// before it (`drafted`): `sampling::sample` with the request's parameters, the history and
+/// position plain decoding would have there. For greedy requests this is the penalized argmax;
+/// for sampled ones the draw keyed by (seed, position). A draft only proposes: the target's
+/// own pick decides, so this changes which drafts are accepted, never the output.
+pub fn draft_pick(
+    logits: &[f32],
+    tokens: &[u32],
+    drafted: &[u32],
+    params: &crate::sampling::SamplingParams,
+) -> u32 {
+    let mut history = Vec::with_capacity(tokens.len() + drafted.len());
+    history.extend_from_slice(tokens);
+    history.extend_from_slice(drafted);
+    crate::sampling::sample(logits, &history, params, history.len() as u64)
 }
 
 /// Proposes draft tokens. A drafter may be wrong as often as it likes: wrong drafts cost time,

@@ -8,7 +8,8 @@
 //! draft 1. Drafts 2..K chain MTP module 0: position `n - 2 + j` takes the MTP layer's own
 //! output hidden state of the position before and draft `j` (vLLM's and llama.cpp's choice
 //! for checkpoints with one MTP layer; a checkpoint with several still drafts with its first).
-//! Drafting is greedy (argmax). The chained positions' KV is rewritten on the next call: only
+//! Each draft is picked as the target will pick (`draft_pick`: the request's penalties, and for
+//! a sampled request the same keyed draw). The chained positions' KV is rewritten on the next call: only
 //! positions computed from the target's own hidden states and committed tokens are kept, so a
 //! rejected draft leaves nothing behind.
 //!
@@ -26,7 +27,6 @@ use crate::backend::{Device, StepBatch, StepRow};
 use crate::error::Result;
 use crate::kv::{BlockAllocator, blocks_for};
 use crate::models::{ModelWeights, mtp};
-use crate::sampling::argmax;
 
 const BLOCK: usize = 16;
 
@@ -203,7 +203,9 @@ impl Drafter for MtpDrafter {
             }
             let res = self.step(&rows, tables)?;
             for (&(i, _, _), (logits, h)) in live.iter().zip(res) {
-                out[i].push(argmax(&logits));
+                let r = &reqs[i];
+                let t = super::draft_pick(&logits, r.tokens, &out[i], r.params);
+                out[i].push(t);
                 chain[i] = h;
                 if round == 0 {
                     let r = &reqs[i];

@@ -282,6 +282,7 @@ mod tests {
                 id: 7,
                 tokens: &truth[..len],
                 k: 4,
+                params: &crate::sampling::SamplingParams::GREEDY,
             };
             let draft = d.draft(&[req]).unwrap().pop().unwrap();
             who.push(d.last_part(7).unwrap_or_else(|| "-".into()));
@@ -339,6 +340,7 @@ mod tests {
             id: 1,
             tokens: &truth[..20],
             k: 3,
+            params: &crate::sampling::SamplingParams::GREEDY,
         };
         assert_eq!(d.draft(&[req]).unwrap()[0], truth[20..23].to_vec());
         assert_eq!(d.last_part(1).as_deref(), Some("ngram"));

@@ -45,15 +45,15 @@ fn refused(target: &Path, drafter: DrafterKind, want: &[&str]) {
     }
 }
 
-/// The tokens of one greedy request and its accepted drafts.
-fn run(h: &EngineHandle) -> (Vec<u32>, usize) {
+/// The tokens of one request with `params`, its checked and its accepted drafts.
+fn run(h: &EngineHandle, params: &SamplingParams) -> (Vec<u32>, usize, usize) {
     let req = ValidRequest {
         media: Vec::new(),
         model: "m".into(),
         tenant: "t".into(),
         prompt: vec![97, 98, 99, 97, 98, 99, 97],
         max_tokens: 12,
-        params: SamplingParams::default(),
+        params: params.clone(),
         stop: Vec::new(),
         logprobs: None,
         cache_salt: None,
@@ -67,7 +67,9 @@ fn run(h: &EngineHandle) -> (Vec<u32>, usize) {
     loop {
         match s.blocking_recv() {
             Some(Event::Token(t)) => toks.push(t.id),
-            Some(Event::Done { usage, .. }) => return (toks, usage.accepted_tokens),
+            Some(Event::Done { usage, .. }) => {
+                return (toks, usage.drafted_tokens, usage.accepted_tokens);
+            }
             Some(Event::Error(e)) => panic!("{e}"),
             Some(Event::Text(_)) => {}
             None => panic!("no Done"),
@@ -200,16 +202,42 @@ fn the_target_as_its_own_draft_model_is_accepted_and_changes_nothing() {
     };
     let plain =
         Engine::start(vec![("m".into(), m, plain_cfg)], AdmissionLimits::default()).unwrap();
-    let (want, _) = run(&plain);
+    // Greedy, and sampled with penalties: the draft model picks its drafts as the target picks
+    // (the same penalties, the same keyed draw), so the target's own weights draft every token
+    // the target goes on to pick.
+    let sampled = SamplingParams {
+        temperature: 0.9,
+        top_k: 20,
+        top_p: 0.95,
+        repetition_penalty: 1.1,
+        seed: 5,
+        ..SamplingParams::default()
+    };
+    let params = [SamplingParams::default(), sampled];
+    let want: Vec<Vec<u32>> = params.iter().map(|p| run(&plain, p).0).collect();
     plain.shutdown();
-    for kind in [
+    assert_ne!(
+        want[0], want[1],
+        "the sampled request picks other tokens than greedy"
+    );
+    let kinds = [
         DrafterKind::Model(target.clone()),
         DrafterKind::Auto(Some(target.clone())),
-    ] {
+    ];
+    for kind in kinds {
         let h = start(&target, kind.clone()).unwrap();
-        let (got, accepted) = run(&h);
-        assert_eq!(got, want, "{}", kind.label());
-        assert!(accepted > 0, "{}: nothing accepted", kind.label());
+        for (p, want) in params.iter().zip(&want) {
+            let label = format!("{} t={}", kind.label(), p.temperature);
+            let (got, drafted, accepted) = run(&h, p);
+            assert_eq!(&got, want, "{label}");
+            assert!(accepted > 0, "{label}: nothing accepted");
+            if matches!(kind, DrafterKind::Model(_)) {
+                assert_eq!(
+                    accepted, drafted,
+                    "{label}: a draft of the target's own weights"
+                );
+            }
+        }
         h.shutdown();
     }
 }

@@ -168,7 +168,12 @@ fn hidden_rows(
 }
 
 fn req(tokens: &[u32], k: usize) -> DraftReq<'_> {
-    DraftReq { id: 1, tokens, k }
+    DraftReq {
+        id: 1,
+        tokens,
+        k,
+        params: &SamplingParams::GREEDY,
+    }
 }
 
 #[test]

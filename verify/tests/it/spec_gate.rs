@@ -335,10 +335,22 @@ fn rows_without_drafts_or_with_a_failing_oracle_fail() {
         row("greedy", 20, 10),
         row("t0.8/k40/s1234", 20, 1),
     ];
-    spec::require_oracle_acceptance(&mut rows, "mtp");
+    spec::require_oracle_acceptance(&mut rows, "mtp", false);
     let ok: Vec<bool> = rows.iter().map(spec::Row::ok).collect();
     assert_eq!(ok, [true, false, true]);
     assert!(rows[1].failures[0].contains("10 of 20"), "{:?}", rows[1]);
+    // With `sampled`, the seeded-sampling rows are held to it too.
+    for r in &mut rows {
+        r.failures.clear();
+    }
+    spec::require_oracle_acceptance(&mut rows, "mtp", true);
+    let ok: Vec<bool> = rows.iter().map(spec::Row::ok).collect();
+    assert_eq!(ok, [true, false, false]);
+    assert!(
+        rows[2].failures[0].contains("1 of 20 t0.8"),
+        "{:?}",
+        rows[2]
+    );
     // The gate itself fails a row that drafted nothing: a drafter that never drafts.
     struct Never;
     impl Drafter for Never {
