@@ -247,12 +247,9 @@ pub fn sample(logits: &[f32], history: &[u32], p: &SamplingParams, pos: u64) -> 
     if p.is_greedy() {
         return argmax(&l);
     }
-    if let Some(mut ids) = order::ordered_ids(&l, p.temperature) {
+    if let Some(ids) = order::ordered_ids(&l, p.temperature, p.top_k) {
         if ids.is_empty() {
             return argmax(&l);
-        }
-        if p.top_k > 0 && p.top_k < ids.len() {
-            ids.truncate(p.top_k);
         }
         let (ids, probs) = order::weights_cut(&l, p.temperature, &ids);
         return draw(&ids, probs, p, pos);
