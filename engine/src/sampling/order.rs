@@ -1,7 +1,7 @@
 //! The fast road of [`super::sample`] for rows whose keys are all finite (every ordinary row):
-//! the candidate order by a stable two-pass radix sort instead of a comparison sort, of only the
-//! candidates whose weight can matter, and the weights cut where they can no longer change any
-//! sum. It picks exactly the token of the
+//! the candidate order by a stable two-pass radix sort instead of a comparison sort (with top-k,
+//! a selection of the first k and a sort of those), and the weights cut where they can no longer
+//! change any sum. It picks exactly the token of the
 //! comparison road (the tests compare the two on random rows); a full-vocabulary row costs
 //! about a tenth as much, which is what the server's sampled rows pay every step.
 //!
@@ -26,39 +26,20 @@ fn desc_bits(k: f32) -> u32 {
     !asc
 }
 
-/// How far below the largest key a key's weight `exp(key - max)` is surely below 2^-60
-/// (ln 2^-60 = -41.59): such a candidate comes after every kept one and [`weights_cut`] drops
-/// it, so the order leaves it out from the start.
-const FAR_BELOW: f64 = 41.7;
-
 /// The candidates of penalized logits `l` (neither NaN nor -inf) in the sampler's order (key
-/// `logit / temperature` descending by `total_cmp`, then id ascending), as ids, less those whose
-/// key is more than [`FAR_BELOW`] under the largest (the order's tail that [`weights_cut`]
-/// drops; a top-k cut of the order keeps the same kept prefix); `None` when some key is
-/// infinite (the comparison road orders saturated keys by logit). With `top_k` > 0 only the
-/// first `top_k` of the order (a selection, then a sort of those: the same ids as the whole
+/// `logit / temperature` descending by `total_cmp`, then id ascending), as ids; `None` when some
+/// key is infinite (the comparison road orders saturated keys by logit). With `top_k` > 0 only
+/// the first `top_k` of the order (a selection, then a sort of those: the same ids as the whole
 /// order cut to `top_k`).
 pub(super) fn ordered_ids(l: &[f32], temperature: f32, top_k: usize) -> Option<Vec<u32>> {
-    let mut max = f32::NEG_INFINITY;
-    for &v in l {
+    let mut a: Vec<(u32, u32)> = Vec::with_capacity(l.len());
+    for (i, &v) in l.iter().enumerate() {
         if v.is_nan() || v == f32::NEG_INFINITY {
             continue;
         }
         let key = v / temperature;
         if !key.is_finite() {
             return None;
-        }
-        max = max.max(key);
-    }
-    let floor = max as f64 - FAR_BELOW;
-    let mut a: Vec<(u32, u32)> = Vec::new();
-    for (i, &v) in l.iter().enumerate() {
-        if v.is_nan() || v == f32::NEG_INFINITY {
-            continue;
-        }
-        let key = v / temperature;
-        if (key as f64) < floor {
-            continue;
         }
         a.push((desc_bits(key), i as u32));
     }
@@ -151,17 +132,6 @@ mod tests {
         }
         assert!(ordered_ids(&[1.0, f32::INFINITY], 1.0, 0).is_none());
         assert!(ordered_ids(&[1e38, 0.0], 1e-5, 0).is_none());
-    }
-
-    #[test]
-    fn the_far_tail_is_left_out_of_the_order_as_the_cut_drops_it() {
-        // Keys 0, -41.5 (weight above 2^-60: kept), -41.8 and -60 (below: left out).
-        let l = [-41.8, 0.0, -60.0, -41.5, f32::NAN];
-        let ids = ordered_ids(&l, 1.0, 0).unwrap();
-        assert_eq!(ids, vec![1, 3]);
-        assert!((-41.5f64).exp() >= NO_OP_WEIGHT && (-FAR_BELOW).exp() < NO_OP_WEIGHT);
-        let (kept, _) = weights_cut(&l, 1.0, &ids);
-        assert_eq!(kept, vec![1, 3]);
     }
 
     #[test]
