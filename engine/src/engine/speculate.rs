@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use crate::error::Result;
 use crate::scheduler::{Scheduler, SchedulerOutput, SeqId};
-use crate::spec::control::{SpecControl, StepCost};
+use crate::spec::control::{MatchRates, SpecControl, StepCost};
 use crate::spec::{DraftReq, Drafter, SpecConfig, SpecCounts, SpecFallbacks};
 
 /// A model's speculation state (owned by its engine thread).
@@ -25,6 +25,12 @@ pub(crate) struct Speculation {
     cost: [StepCost; 2],
     /// Whether each sequence samples (which fit its depth reads).
     sampled: HashMap<SeqId, bool>,
+    /// Acceptance per match length of looked-up drafts, greedy (`[0]`) and sampled (`[1]`):
+    /// model-wide (the replay found per-sequence tables no better, and a sequence has few drafts
+    /// per bucket to learn from).
+    matched: [MatchRates; 2],
+    /// The match length of each sequence's draft set this step, until [`Self::checked`].
+    match_of: HashMap<SeqId, usize>,
     /// The target's vocabulary: a draft token outside it ends the draft there.
     vocab: usize,
     /// Drafts set this step (sequence, tokens), until [`Self::planned`] sees the plan.
@@ -54,6 +60,8 @@ impl Speculation {
             controls: HashMap::new(),
             cost: Default::default(),
             sampled: HashMap::new(),
+            matched: [MatchRates::new(false), MatchRates::new(true)],
+            match_of: HashMap::new(),
             vocab,
             set: HashMap::new(),
             rows: 1,
@@ -79,9 +87,12 @@ impl Speculation {
 
     /// Sets this step's drafts in the scheduler. Under high occupancy (at least
     /// `cfg.max_batch` running) nobody drafts: plain batched decode fills the device better.
-    /// K per sequence: [`SpecControl::depth`] under the measured cost of a row in a step of
-    /// this many decoding sequences ([`StepCost::row_cost_in`]: the more sequences share a
-    /// step, the more a draft row must be accepted to pay).
+    /// K per sequence, under the measured cost of a row in a step of this many decoding
+    /// sequences ([`StepCost::row_cost_in`]: the more sequences share a step, the more a draft
+    /// row must be accepted to pay): for a drafter that reports the match length behind each
+    /// draft, the drafter is asked for up to `k` (and the room) and each draft is cut to
+    /// [`MatchRates::depth`] of its match length; for others, [`SpecControl::depth`]. Either
+    /// way a sequence the controller backs off does not draft.
     pub(crate) fn draft(&mut self, sched: &mut Scheduler, cands: &[DraftCandidate]) -> Result<()> {
         self.set.clear();
         if cands.is_empty() {
@@ -94,8 +105,10 @@ impl Speculation {
         let k_max = self.cfg.k;
         // A draft row is weighed against the step it joins: every decoding sequence's row.
         self.rows = sched.decoding().len().max(1);
+        let matches = self.drafter.matches();
         let mut asks: Vec<(SeqId, usize)> = Vec::new();
         for c in cands {
+            self.match_of.remove(&c.id);
             self.sampled.insert(c.id, c.sampled);
             let r = self.row_cost_of(c.sampled);
             let ctl = self
@@ -106,7 +119,8 @@ impl Speculation {
                 self.fallbacks.backoff += 1;
                 continue;
             }
-            match ctl.depth(r).min(c.room) {
+            let ask = if matches { k_max } else { ctl.depth(r) };
+            match ask.min(c.room) {
                 0 => self.fallbacks.no_room += 1,
                 k => asks.push((c.id, k)),
             }
@@ -118,7 +132,7 @@ impl Speculation {
             .iter()
             .filter_map(|&(id, k)| sched.tokens(id).map(|tokens| DraftReq { id, tokens, k }))
             .collect();
-        let drafts = match self.drafter.draft(&reqs) {
+        let drafts = match self.drafter.draft_matched(&reqs) {
             Ok(d) => d,
             Err(e) => {
                 self.fallbacks.error += reqs.len() as u64;
@@ -126,7 +140,17 @@ impl Speculation {
             }
         };
         let ids: Vec<(SeqId, usize)> = reqs.iter().map(|r| (r.id, r.k)).collect();
-        for ((id, k), mut d) in ids.into_iter().zip(drafts) {
+        for ((id, k), (mut d, matched)) in ids.into_iter().zip(drafts) {
+            let k = match matched {
+                Some(m) => {
+                    let sampled = self.sampled.get(&id).copied().unwrap_or(false);
+                    let depth =
+                        self.matched[usize::from(sampled)].depth(m, self.row_cost_of(sampled), k);
+                    self.match_of.insert(id, m);
+                    depth
+                }
+                None => k,
+            };
             d.truncate(k);
             if let Some(bad) = d.iter().position(|&t| t as usize >= self.vocab) {
                 d.truncate(bad);
@@ -201,6 +225,10 @@ impl Speculation {
         if let Some(c) = self.controls.get_mut(&id) {
             c.verified(drafted, accepted, r);
         }
+        if let Some(m) = self.match_of.remove(&id) {
+            let sampled = self.sampled.get(&id).copied().unwrap_or(false);
+            self.matched[usize::from(sampled)].verified(m, drafted, accepted);
+        }
         if drafted > 0 {
             self.drafter.verified(id, drafted, accepted);
         }
@@ -211,6 +239,7 @@ impl Speculation {
     pub(crate) fn forget(&mut self, id: SeqId) {
         self.controls.remove(&id);
         self.sampled.remove(&id);
+        self.match_of.remove(&id);
         self.drafter.forget(id);
     }
 }
