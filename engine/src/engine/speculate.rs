@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use crate::error::Result;
 use crate::scheduler::{Scheduler, SchedulerOutput, SeqId};
-use crate::spec::control::{MatchRates, SpecControl, StepCost};
+use crate::spec::control::{MATCH_BUCKETS, MatchRates, SpecControl, StepCost};
 use crate::spec::{DraftReq, Drafter, SpecConfig, SpecCounts, SpecFallbacks};
 
 /// A model's speculation state (owned by its engine thread).
@@ -40,6 +40,8 @@ pub(crate) struct Speculation {
     /// Model totals (for /metrics).
     pub(crate) counts: SpecCounts,
     pub(crate) fallbacks: SpecFallbacks,
+    /// Model totals of looked-up drafts per match-length bucket (for /metrics).
+    pub(crate) by_match: [SpecCounts; MATCH_BUCKETS],
 }
 
 /// What the worker knows of a request, for drafting.
@@ -67,6 +69,7 @@ impl Speculation {
             rows: 1,
             counts: SpecCounts::default(),
             fallbacks: SpecFallbacks::default(),
+            by_match: Default::default(),
         }
     }
 
@@ -228,6 +231,9 @@ impl Speculation {
         if let Some(m) = self.match_of.remove(&id) {
             let sampled = self.sampled.get(&id).copied().unwrap_or(false);
             self.matched[usize::from(sampled)].verified(m, drafted, accepted);
+            if drafted > 0 {
+                self.by_match[MatchRates::bucket(m)].add(drafted, accepted);
+            }
         }
         if drafted > 0 {
             self.drafter.verified(id, drafted, accepted);

@@ -161,7 +161,8 @@ impl MatchRates {
         }
     }
 
-    fn bucket(matched: usize) -> usize {
+    /// The bucket of a match of `matched` tokens (0..MATCH_BUCKETS).
+    pub fn bucket(matched: usize) -> usize {
         matched.clamp(1, MATCH_BUCKETS) - 1
     }
 

@@ -204,6 +204,9 @@ impl SpecCounts {
     }
 }
 
+/// The label of each match-length bucket of [`control::MatchRates`] (for /metrics).
+pub const MATCH_LABELS: [&str; control::MATCH_BUCKETS] = ["1", "2", "3", "4+"];
+
 /// Most draft tokens per step of memra-server's default configuration. 8: an n-gram draft's
 /// depth follows the length of the match that proposed it, and long matches pay up to 8 drafts
 /// (the offline replay of reports/spec/ngram-sampled-cpu.md, "Depth from the match length").
