@@ -19,7 +19,8 @@ pub struct SpecOptions {
     /// Most drafts per step.
     pub k: usize,
     /// Let [`SpecControl`] shorten K or switch off, and cut a looked-up draft to the depth its
-    /// match length earns ([`MatchRates`]) (false: always ask for `k`).
+    /// match length earns ([`MatchRates`], one table for the generation, from the priors)
+    /// (false: always ask for `k`).
     pub adaptive: bool,
 }
 
