@@ -154,6 +154,9 @@ pub struct ModelStats {
     /// the counters of each drafter it drafts with.
     pub spec_drafter: String,
     pub spec_by_drafter: Vec<(String, crate::spec::SpecCounts)>,
+    /// The counters of looked-up (n-gram) drafts per length of the match that proposed them:
+    /// 1, 2, 3, 4 or more tokens ([`crate::spec::MATCH_LABELS`]).
+    pub spec_by_match: [crate::spec::SpecCounts; crate::spec::control::MATCH_BUCKETS],
 }
 
 /// A snapshot of the whole engine.

@@ -46,6 +46,13 @@ pub struct DrafterLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MatchLabels {
+    pub model: String,
+    /// The length of the suffix match that proposed an n-gram draft: `1`, `2`, `3`, `4+`.
+    pub match_len: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FallbackLabels {
     pub model: String,
     pub reason: String,
@@ -83,6 +90,8 @@ pub struct Metrics {
     spec_verify_steps: Family<ModelLabel, Counter>,
     spec_acceptance: Family<ModelLabel, Gauge<f64, AtomicU64>>,
     spec_fallbacks: Family<FallbackLabels, Counter>,
+    spec_match_drafted: Family<MatchLabels, Counter>,
+    spec_match_accepted: Family<MatchLabels, Counter>,
     /// Serializes the catching up of the engine-total counters (two scrapes at once).
     totals: Mutex<()>,
     /// The drafter series each model shows.
@@ -142,6 +151,8 @@ impl Metrics {
             spec_verify_steps: Family::default(),
             spec_acceptance: Family::default(),
             spec_fallbacks: Family::default(),
+            spec_match_drafted: Family::default(),
+            spec_match_accepted: Family::default(),
             totals: Mutex::new(()),
             drafter_shown: Mutex::new(HashMap::new()),
             registry: Registry::default(),
@@ -276,6 +287,18 @@ impl Metrics {
              nothing), error (the drafter failed)",
             m.spec_fallbacks.clone(),
         );
+        registry.register(
+            "model_spec_match_draft_tokens",
+            "n-gram draft tokens a model's verify steps checked, by the length of the suffix \
+             match that proposed the draft (1, 2, 3, 4+)",
+            m.spec_match_drafted.clone(),
+        );
+        registry.register(
+            "model_spec_match_accepted_tokens",
+            "n-gram draft tokens a model accepted, by the length of the suffix match that \
+             proposed the draft (1, 2, 3, 4+)",
+            m.spec_match_accepted.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -368,6 +391,21 @@ impl Metrics {
             };
             catch_up(&self.spec_fallbacks.get_or_create(&l), n);
         }
+        // Series per match length once the model has drafted by lookup (none for a model
+        // whose drafts all come from its MTP layers or a draft model).
+        if m.spec_by_match.iter().any(|c| c.drafted > 0) {
+            for (label, c) in memra_engine::spec::MATCH_LABELS
+                .iter()
+                .zip(&m.spec_by_match)
+            {
+                let l = MatchLabels {
+                    model: model.clone(),
+                    match_len: (*label).into(),
+                };
+                catch_up(&self.spec_match_drafted.get_or_create(&l), c.drafted);
+                catch_up(&self.spec_match_accepted.get_or_create(&l), c.accepted);
+            }
+        }
     }
 
     /// The text exposition, with gauges set from `stats` and `load`.
@@ -459,6 +497,11 @@ mod tests {
                 error: 0,
             },
             spec_drafter: "mtp+ngram".into(),
+            spec_by_match: [(4, 1), (3, 2), (0, 0), (3, 7)].map(|(d, a)| SpecCounts {
+                drafted: d + drafted - 40,
+                accepted: a,
+                steps: 0,
+            }),
             spec_by_drafter: vec![
                 (
                     "mtp".into(),
@@ -525,9 +568,27 @@ mod tests {
             &t,
             r#"memra_model_spec_fallbacks_total{model="chat",reason="error"} 0"#,
         );
+        for (m, d, a) in [("1", 4, 1), ("2", 3, 2), ("3", 0, 0), ("4+", 3, 7)] {
+            line(
+                &t,
+                &format!(
+                    r#"memra_model_spec_match_draft_tokens_total{{model="chat",match_len="{m}"}} {d}"#
+                ),
+            );
+            line(
+                &t,
+                &format!(
+                    r#"memra_model_spec_match_accepted_tokens_total{{model="chat",match_len="{m}"}} {a}"#
+                ),
+            );
+        }
         assert!(
             !t.contains(r#"memra_model_spec_verify_steps_total{model="plain"}"#),
             "a model that does not speculate has no speculation counters"
+        );
+        assert!(
+            !t.contains(r#"memra_model_spec_match_draft_tokens_total{model="plain""#),
+            "a model without n-gram drafts has no match-length counters"
         );
         // Counters follow the engine's totals across scrapes.
         let t = render(&m, vec![speculating(100, 60, 9), plain]);
@@ -540,6 +601,10 @@ mod tests {
             r#"memra_model_spec_fallbacks_total{model="chat",reason="load"} 9"#,
         );
         line(&t, r#"memra_model_spec_acceptance_ratio{model="chat"} 0.6"#);
+        line(
+            &t,
+            r#"memra_model_spec_match_draft_tokens_total{model="chat",match_len="4+"} 63"#,
+        );
         // A model's drafter series follows what it reports (one series per model).
         let t = render(
             &m,

@@ -108,7 +108,7 @@ struct Args {
     spec: Option<String>,
     /// Most draft tokens checked per step (with --spec; adapted down or off when it does not
     /// pay).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = memra_engine::spec::DEFAULT_K)]
     spec_k: usize,
 }
 

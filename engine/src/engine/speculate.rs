@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use crate::error::Result;
 use crate::scheduler::{Scheduler, SchedulerOutput, SeqId};
-use crate::spec::control::{SpecControl, StepCost};
+use crate::spec::control::{MATCH_BUCKETS, MatchRates, SpecControl, StepCost};
 use crate::spec::{DraftReq, Drafter, SpecConfig, SpecCounts, SpecFallbacks};
 
 /// A model's speculation state (owned by its engine thread).
@@ -25,6 +25,12 @@ pub(crate) struct Speculation {
     cost: [StepCost; 2],
     /// Whether each sequence samples (which fit its depth reads).
     sampled: HashMap<SeqId, bool>,
+    /// Acceptance per match length of looked-up drafts, greedy (`[0]`) and sampled (`[1]`):
+    /// model-wide (the replay found per-sequence tables no better, and a sequence has few drafts
+    /// per bucket to learn from).
+    matched: [MatchRates; 2],
+    /// The match length of each sequence's draft set this step, until [`Self::checked`].
+    match_of: HashMap<SeqId, usize>,
     /// The target's vocabulary: a draft token outside it ends the draft there.
     vocab: usize,
     /// Drafts set this step (sequence, tokens), until [`Self::planned`] sees the plan.
@@ -34,6 +40,8 @@ pub(crate) struct Speculation {
     /// Model totals (for /metrics).
     pub(crate) counts: SpecCounts,
     pub(crate) fallbacks: SpecFallbacks,
+    /// Model totals of looked-up drafts per match-length bucket (for /metrics).
+    pub(crate) by_match: [SpecCounts; MATCH_BUCKETS],
 }
 
 /// What the worker knows of a request, for drafting.
@@ -56,11 +64,14 @@ impl Speculation {
             controls: HashMap::new(),
             cost: Default::default(),
             sampled: HashMap::new(),
+            matched: [MatchRates::new(false), MatchRates::new(true)],
+            match_of: HashMap::new(),
             vocab,
             set: HashMap::new(),
             rows: 1,
             counts: SpecCounts::default(),
             fallbacks: SpecFallbacks::default(),
+            by_match: Default::default(),
         }
     }
 
@@ -81,9 +92,12 @@ impl Speculation {
 
     /// Sets this step's drafts in the scheduler. Under high occupancy (at least
     /// `cfg.max_batch` running) nobody drafts: plain batched decode fills the device better.
-    /// K per sequence: [`SpecControl::depth`] under the measured cost of a row in a step of
-    /// this many decoding sequences ([`StepCost::row_cost_in`]: the more sequences share a
-    /// step, the more a draft row must be accepted to pay).
+    /// K per sequence, under the measured cost of a row in a step of this many decoding
+    /// sequences ([`StepCost::row_cost_in`]: the more sequences share a step, the more a draft
+    /// row must be accepted to pay): for a drafter that reports the match length behind each
+    /// draft, the drafter is asked for up to `k` (and the room) and each draft is cut to
+    /// [`MatchRates::depth`] of its match length; for others, [`SpecControl::depth`]. Either
+    /// way a sequence the controller backs off does not draft.
     pub(crate) fn draft(&mut self, sched: &mut Scheduler, cands: &[DraftCandidate]) -> Result<()> {
         self.set.clear();
         if cands.is_empty() {
@@ -96,8 +110,10 @@ impl Speculation {
         let k_max = self.cfg.k;
         // A draft row is weighed against the step it joins: every decoding sequence's row.
         self.rows = sched.decoding().len().max(1);
+        let matches = self.drafter.matches();
         let mut asks: Vec<(SeqId, usize)> = Vec::new();
         for c in cands {
+            self.match_of.remove(&c.id);
             self.sampled.insert(c.id, c.sampled);
             let r = self.row_cost_of(c.sampled);
             let ctl = self
@@ -108,7 +124,8 @@ impl Speculation {
                 self.fallbacks.backoff += 1;
                 continue;
             }
-            match ctl.depth(r).min(c.room) {
+            let ask = if matches { k_max } else { ctl.depth(r) };
+            match ask.min(c.room) {
                 0 => self.fallbacks.no_room += 1,
                 k => asks.push((c.id, k)),
             }
@@ -129,7 +146,7 @@ impl Speculation {
                 })
             })
             .collect();
-        let drafts = match self.drafter.draft(&reqs) {
+        let drafts = match self.drafter.draft_matched(&reqs) {
             Ok(d) => d,
             Err(e) => {
                 self.fallbacks.error += reqs.len() as u64;
@@ -137,7 +154,17 @@ impl Speculation {
             }
         };
         let ids: Vec<(SeqId, usize)> = reqs.iter().map(|r| (r.id, r.k)).collect();
-        for ((id, k), mut d) in ids.into_iter().zip(drafts) {
+        for ((id, k), (mut d, matched)) in ids.into_iter().zip(drafts) {
+            let k = match matched {
+                Some(m) => {
+                    let sampled = self.sampled.get(&id).copied().unwrap_or(false);
+                    let depth =
+                        self.matched[usize::from(sampled)].depth(m, self.row_cost_of(sampled), k);
+                    self.match_of.insert(id, m);
+                    depth
+                }
+                None => k,
+            };
             d.truncate(k);
             if let Some(bad) = d.iter().position(|&t| t as usize >= self.vocab) {
                 d.truncate(bad);
@@ -212,6 +239,13 @@ impl Speculation {
         if let Some(c) = self.controls.get_mut(&id) {
             c.verified(drafted, accepted, r);
         }
+        if let Some(m) = self.match_of.remove(&id) {
+            let sampled = self.sampled.get(&id).copied().unwrap_or(false);
+            self.matched[usize::from(sampled)].verified(m, drafted, accepted);
+            if drafted > 0 {
+                self.by_match[MatchRates::bucket(m)].add(drafted, accepted);
+            }
+        }
         if drafted > 0 {
             self.drafter.verified(id, drafted, accepted);
         }
@@ -222,6 +256,7 @@ impl Speculation {
     pub(crate) fn forget(&mut self, id: SeqId) {
         self.controls.remove(&id);
         self.sampled.remove(&id);
+        self.match_of.remove(&id);
         self.drafter.forget(id);
     }
 }
@@ -231,6 +266,165 @@ mod tests {
     use super::*;
     use crate::spec::DrafterKind;
     use crate::spec::ngram::NgramDrafter;
+
+    /// A lookup drafter whose every draft is `k` ones proposed by a match of `matched` tokens
+    /// (`None`: a drafter without match lengths); it records the depth it was asked for.
+    struct Fixed {
+        matched: Option<usize>,
+        asked: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+    }
+
+    impl Drafter for Fixed {
+        fn name(&self) -> String {
+            "fixed".into()
+        }
+        fn draft(&mut self, reqs: &[DraftReq]) -> Result<Vec<Vec<u32>>> {
+            Ok(self.draft_matched(reqs)?.into_iter().map(|d| d.0).collect())
+        }
+        fn matches(&self) -> bool {
+            self.matched.is_some()
+        }
+        fn draft_matched(&mut self, reqs: &[DraftReq]) -> Result<Vec<(Vec<u32>, Option<usize>)>> {
+            let mut asked = self.asked.lock().unwrap();
+            Ok(reqs
+                .iter()
+                .map(|r| {
+                    asked.push(r.k);
+                    (vec![1; r.k], self.matched)
+                })
+                .collect())
+        }
+    }
+
+    /// A speculation state with drafter `Fixed { matched }` at `k` drafts and a row cost of 0.1,
+    /// and a scheduler with sequence 1 decoding.
+    fn one_decoding(
+        matched: Option<usize>,
+        k: usize,
+    ) -> (
+        Speculation,
+        Scheduler,
+        std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+    ) {
+        use crate::kv::KvManager;
+        use crate::prefix_cache::namespace;
+        use crate::scheduler::{NewSeq, SchedulerConfig};
+        let cfg = SpecConfig {
+            row_cost_permille: Some(100),
+            ..SpecConfig::new(DrafterKind::Ngram, k).unwrap()
+        };
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let drafter = Fixed {
+            matched,
+            asked: asked.clone(),
+        };
+        let spec = Speculation::new(cfg, Box::new(drafter), 100);
+        let sc = SchedulerConfig {
+            max_batch_tokens: 64,
+            max_running: 8,
+            max_running_per_tenant: 8,
+            admit_reserve_blocks: 0,
+            recurrent: false,
+            state_snapshots: None,
+        };
+        let mut sched = Scheduler::new(sc, KvManager::new(64, 4, true));
+        sched.add(NewSeq {
+            media: Vec::new(),
+            id: 1,
+            tenant: "t".into(),
+            namespace: namespace("t", None),
+            prompt: vec![2, 3, 4],
+        });
+        let o = sched.schedule();
+        sched.complete(&o);
+        assert!(sched.append_token(1, 5));
+        assert_eq!(sched.decoding(), vec![1]);
+        (spec, sched, asked)
+    }
+
+    /// The draft set for sequence 1 this step (0: none).
+    fn drafted(spec: &mut Speculation, sched: &mut Scheduler, room: usize, sampled: bool) -> usize {
+        let c = DraftCandidate {
+            id: 1,
+            room,
+            sampled,
+        };
+        spec.draft(sched, &[c]).unwrap();
+        let n = spec.set.get(&1).copied().unwrap_or(0);
+        spec.set.clear();
+        n
+    }
+
+    #[test]
+    fn a_looked_up_draft_gets_the_depth_of_its_match_length() {
+        // The priors at r = 0.1 (before any data): 1, 3, 4, 8 drafts greedy for a match of 1,
+        // 2, 3, 4 tokens; 1, 3, 3, 8 sampled. The drafter is asked for k (or the room).
+        for (sampled, want) in [(false, [1, 3, 4, 8]), (true, [1, 3, 3, 8])] {
+            for (m, &want) in (1..=4).zip(&want) {
+                let (mut spec, mut sched, asked) = one_decoding(Some(m), 8);
+                assert_eq!(drafted(&mut spec, &mut sched, 100, sampled), want, "{m}");
+                assert_eq!(*asked.lock().unwrap(), vec![8]);
+            }
+        }
+        // The request's k and its room cap the depth.
+        let (mut spec, mut sched, asked) = one_decoding(Some(4), 3);
+        assert_eq!(drafted(&mut spec, &mut sched, 100, false), 3);
+        assert_eq!(drafted(&mut spec, &mut sched, 2, false), 2);
+        assert_eq!(drafted(&mut spec, &mut sched, 0, false), 0);
+        assert_eq!(*asked.lock().unwrap(), vec![3, 2]);
+        assert_eq!(spec.fallbacks.no_room, 1);
+    }
+
+    #[test]
+    fn match_depth_learns_and_backs_off() {
+        let (mut spec, mut sched, _) = one_decoding(Some(4), 8);
+        // 4-token matches whose drafts are all rejected: the model-wide table drops their
+        // depth, and the sequence's controller backs it off.
+        assert_eq!(drafted(&mut spec, &mut sched, 100, false), 8);
+        spec.checked(1, 8, 0);
+        assert!(
+            spec.matched[0].rate(4) < 0.97 * 4.0 / 5.0,
+            "learned from the step"
+        );
+        let mut steps = 1;
+        while !spec.controls[&1].backing_off() && steps < 10 {
+            let n = drafted(&mut spec, &mut sched, 100, false);
+            assert!(n > 0);
+            spec.checked(1, n, 0);
+            steps += 1;
+        }
+        assert!(
+            spec.controls[&1].backing_off(),
+            "no back-off in {steps} steps"
+        );
+        assert_eq!(drafted(&mut spec, &mut sched, 100, false), 0);
+        assert_eq!(spec.fallbacks.backoff, 1);
+        for _ in 0..60 {
+            spec.matched[0].verified(4, 8, 0);
+        }
+        spec.controls.clear();
+        assert_eq!(drafted(&mut spec, &mut sched, 100, false), 1);
+        // The sampled table is apart: still its prior.
+        assert_eq!(drafted(&mut spec, &mut sched, 100, true), 8);
+        // A check without a draft (the scheduler left it out) teaches the table nothing.
+        let p = spec.matched[1].rate(4);
+        spec.checked(1, 0, 0);
+        assert_eq!(spec.matched[1].rate(4), p);
+        assert!(spec.match_of.is_empty());
+    }
+
+    #[test]
+    fn drafts_without_a_match_length_keep_the_controllers_depth() {
+        let (mut spec, mut sched, asked) = one_decoding(None, 8);
+        // The controller's prior (p = 1) asks for its ceiling; after a poor step, for less.
+        assert_eq!(drafted(&mut spec, &mut sched, 100, false), 8);
+        spec.checked(1, 8, 2);
+        let want = spec.controls[&1].depth(0.1);
+        assert!(want < 8, "{want}");
+        assert_eq!(drafted(&mut spec, &mut sched, 100, false), want);
+        assert_eq!(*asked.lock().unwrap(), vec![8, want]);
+        assert!(spec.match_of.is_empty());
+    }
 
     #[test]
     fn sampled_and_greedy_steps_fit_apart() {

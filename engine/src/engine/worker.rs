@@ -800,6 +800,7 @@ impl Worker {
                     s.spec_drafter = sp.name();
                 }
                 s.spec_by_drafter = sp.by_drafter();
+                s.spec_by_match = sp.by_match;
             }
         }
     }

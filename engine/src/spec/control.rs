@@ -9,6 +9,15 @@
 //! ([`best_depth`]), capped by a ceiling that grows by one after a fully accepted draft and
 //! halves after a fully rejected one. None of this changes output: acceptance makes every K,
 //! and no speculation, produce the same tokens.
+//!
+//! A draft that comes with the length of the suffix match that proposed it (n-gram lookup,
+//! [`super::Drafter::draft_matched`]) gets its depth from that instead ([`MatchRates`]): the
+//! acceptance of such drafts depends on the match length far more than on the sequence (offline,
+//! sampled: 0.35 after a 1-token match, 0.88 after a 4-token one), so the model keeps `p` per
+//! match length and each draft is cut to [`best_depth`] under its match length's `p`, up to the
+//! request's `k` and room. The per-sequence controller still backs such a sequence off when
+//! its drafts do not pay; its ceiling does not cap them (it halves after one rejected 1-token
+//! match and would cut the 4-token matches after it: worse in the replay at r <= 0.1).
 
 /// Per-sequence controller.
 #[derive(Clone, Debug)]
@@ -120,6 +129,69 @@ impl SpecControl {
         } else {
             1.0
         }
+    }
+}
+
+/// Match-length buckets of [`MatchRates`]: 1, 2, 3 and 4 or more tokens.
+pub const MATCH_BUCKETS: usize = 4;
+/// Prior acceptance per match-length bucket, greedy and sampled: the offline replay of n-gram
+/// drafts on SmolLM2's grounded generations (reports/spec/ngram-sampled-cpu.md).
+const MATCH_PRIOR: [[f32; MATCH_BUCKETS]; 2] = [[0.31, 0.60, 0.70, 0.97], [0.35, 0.54, 0.61, 0.88]];
+/// Tries the prior weighs as.
+const MATCH_PRIOR_TRIES: f32 = 4.0;
+/// Weight a draft's evidence keeps per later draft of its bucket (model-wide: about the last
+/// 50 decided drafts per bucket count).
+const MATCH_DECAY: f32 = 0.98;
+
+/// The acceptance of looked-up drafts per length of the match that proposed them (one table
+/// per model and class, greedy or sampled: sampled text leaves a copy more often), and the
+/// depth it earns a draft.
+#[derive(Clone, Debug)]
+pub struct MatchRates {
+    /// Decayed (hits, tries) per bucket, counted as [`SpecControl`] counts them.
+    rate: [(f32, f32); MATCH_BUCKETS],
+}
+
+impl MatchRates {
+    /// The prior table: greedy or `sampled`.
+    pub fn new(sampled: bool) -> MatchRates {
+        let prior = MATCH_PRIOR[usize::from(sampled)];
+        MatchRates {
+            rate: prior.map(|p| (p * MATCH_PRIOR_TRIES, MATCH_PRIOR_TRIES)),
+        }
+    }
+
+    /// The bucket of a match of `matched` tokens (0..MATCH_BUCKETS).
+    pub fn bucket(matched: usize) -> usize {
+        matched.clamp(1, MATCH_BUCKETS) - 1
+    }
+
+    /// `p` of a draft proposed by a match of `matched` tokens.
+    pub fn rate(&self, matched: usize) -> f32 {
+        let (h, t) = self.rate[Self::bucket(matched)];
+        if t > 0.0 { h / t } else { 0.0 }
+    }
+
+    /// Drafts to keep of a draft proposed by a match of `matched` tokens when a row costs
+    /// `row_cost` of a step: [`best_depth`] under the bucket's `p`, at most `cap` (the
+    /// request's `k` and room).
+    pub fn depth(&self, matched: usize, row_cost: f32, cap: usize) -> usize {
+        match cap {
+            0 => 0,
+            cap => best_depth(self.rate(matched), row_cost, cap),
+        }
+    }
+
+    /// A draft proposed by a match of `matched` tokens: `accepted` of the `drafted` tokens the
+    /// step checked were accepted.
+    pub fn verified(&mut self, matched: usize, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        let tries = accepted + usize::from(accepted < drafted);
+        let r = &mut self.rate[Self::bucket(matched)];
+        r.0 = MATCH_DECAY * r.0 + accepted as f32;
+        r.1 = MATCH_DECAY * r.1 + tries as f32;
     }
 }
 
@@ -242,6 +314,59 @@ mod tests {
         assert!(c.k() > 0 && c.depth(0.3) == 1, "{} {}", c.k(), c.depth(0.3));
         // Accepted 1 of 4 each step: about one success per two decided drafts.
         assert!((c.rate() - 0.5).abs() < 0.05, "{}", c.rate());
+    }
+
+    #[test]
+    fn match_depth_grows_with_the_match_length_from_the_priors() {
+        for sampled in [false, true] {
+            let m = MatchRates::new(sampled);
+            // Before any data: the priors.
+            let prior = MATCH_PRIOR[usize::from(sampled)];
+            for n in 1..=MATCH_BUCKETS {
+                assert!((m.rate(n) - prior[n - 1]).abs() < 1e-6, "{sampled} {n}");
+            }
+            assert_eq!(m.rate(9), m.rate(4), "4 and more share a bucket");
+            let d: Vec<usize> = (1..=4).map(|n| m.depth(n, 0.1, 8)).collect();
+            assert!(d.windows(2).all(|w| w[0] <= w[1]), "{sampled} {d:?}");
+            assert_eq!(d[0], 1, "{sampled} {d:?}");
+            assert!(d[3] >= 6, "{sampled} {d:?}");
+            // Dearer rows, shallower drafts.
+            assert!(m.depth(3, 0.3, 8) < d[2], "{sampled}");
+        }
+    }
+
+    #[test]
+    fn match_depth_respects_the_cap() {
+        let m = MatchRates::new(false);
+        assert_eq!(m.depth(4, 0.03, 8), 8);
+        assert_eq!(m.depth(4, 0.03, 3), 3);
+        assert_eq!(m.depth(4, 0.03, 0), 0);
+        assert_eq!(m.depth(1, 0.0, 0), 0);
+        assert_eq!(m.depth(1, 0.9, 8), 1);
+    }
+
+    #[test]
+    fn match_rates_learn_per_bucket() {
+        let mut m = MatchRates::new(true);
+        let (one, two) = (m.rate(1), m.rate(2));
+        // 4-token matches whose first draft is always rejected: that bucket's depth falls to
+        // one, the others keep their priors.
+        for _ in 0..40 {
+            m.verified(4, 8, 0);
+        }
+        assert!(m.rate(4) < 0.1, "{}", m.rate(4));
+        assert_eq!(m.depth(4, 0.1, 8), 1);
+        assert_eq!((m.rate(1), m.rate(2)), (one, two));
+        // 1-token matches fully accepted: the bucket's `p` climbs and its depth with it.
+        for _ in 0..40 {
+            m.verified(1, 3, 3);
+        }
+        assert!(m.rate(1) > 0.9, "{}", m.rate(1));
+        assert!(m.depth(1, 0.1, 8) >= 6, "{}", m.depth(1, 0.1, 8));
+        // An empty check teaches nothing.
+        let before = m.rate(3);
+        m.verified(3, 0, 0);
+        assert_eq!(m.rate(3), before);
     }
 
     #[test]

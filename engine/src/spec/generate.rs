@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::control::{SpecControl, StepCost};
+use super::control::{MatchRates, SpecControl, StepCost};
 use super::{DraftReq, Drafter, SpecCounts, accept};
 use crate::backend::{Backend, SelectParams, Selected, StepBatch, StepRow};
 use crate::error::{Error, Result};
@@ -18,7 +18,9 @@ use crate::sampling::sample;
 pub struct SpecOptions {
     /// Most drafts per step.
     pub k: usize,
-    /// Let [`SpecControl`] shorten K or switch off (false: always ask for `k`).
+    /// Let [`SpecControl`] shorten K or switch off, and cut a looked-up draft to the depth its
+    /// match length earns ([`MatchRates`], one table for the generation, from the priors)
+    /// (false: always ask for `k`).
     pub adaptive: bool,
 }
 
@@ -98,6 +100,8 @@ fn run_spec(
     let t1 = Instant::now();
     let mut counts = SpecCounts::default();
     let mut control = SpecControl::new(opts.k);
+    let mut matched = MatchRates::new(!req.params.is_greedy());
+    let matches = opts.adaptive && drafter.matches();
     let mut cost = StepCost::default();
     let mut timing = SpecTiming::default();
     // Picks for positions history.len(), history.len() + 1, ...; all but the last have their
@@ -120,13 +124,16 @@ fn run_spec(
         }
         // Drafts may reach position total - 1 at most (plain decoding's last pick).
         let room = total - history.len() - 1;
-        let k = if opts.adaptive {
+        let k = if matches {
+            if control.backing_off() { 0 } else { opts.k }
+        } else if opts.adaptive {
             control.depth(cost.row_cost())
         } else {
             opts.k
         }
         .min(room);
         let td = Instant::now();
+        let mut match_len = None;
         let drafts = if k == 0 {
             Vec::new()
         } else {
@@ -136,8 +143,14 @@ fn run_spec(
                 k,
                 params: &req.params,
             };
-            let mut d = drafter.draft(&[r])?.pop().unwrap_or_default();
-            d.truncate(k);
+            let (mut d, m) = drafter.draft_matched(&[r])?.pop().unwrap_or_default();
+            match m.filter(|_| matches) {
+                Some(m) => {
+                    d.truncate(matched.depth(m, cost.row_cost(), k));
+                    match_len = Some(m);
+                }
+                None => d.truncate(k),
+            }
             d
         };
         let ts = Instant::now();
@@ -157,6 +170,9 @@ fn run_spec(
         let a = accept(&drafts, &tokens);
         counts.add(drafts.len(), a);
         control.verified(drafts.len(), a, cost.row_cost());
+        if let Some(m) = match_len {
+            matched.verified(m, drafts.len(), a);
+        }
         if !drafts.is_empty() {
             drafter.verified(0, drafts.len(), a);
         }

@@ -7,6 +7,8 @@
 //!   [`draft_model::DraftModelDrafter`], [`mtp::MtpDrafter`], and [`pick::PickDrafter`], which
 //!   picks among others per sequence by measured acceptance).
 //! - [`accept`]: the acceptance rule.
+//! - [`control::MatchRates`]: the depth of a looked-up draft from the length of the match that
+//!   proposed it.
 //! - [`control::SpecControl`]: the per-sequence fallback (depth K, off and back on).
 //! - [`generate::generate_spec`]: one sequence, speculatively (run-gen, memra-verify).
 //! - The engine loop (engine/worker.rs) drafts for many sequences at once and verifies them in
@@ -66,6 +68,18 @@ pub trait Drafter: Send {
     /// At most `k` tokens per request, in request order (an empty draft means plain decoding
     /// for that sequence this step). Drafting many sequences at once lets a model drafter batch.
     fn draft(&mut self, reqs: &[DraftReq]) -> Result<Vec<Vec<u32>>>;
+    /// Whether [`Drafter::draft_matched`] reports the length of the suffix match behind each
+    /// draft (a lookup drafter): the caller then asks for the deepest draft it allows and cuts
+    /// each to the depth its match length earns ([`control::MatchRates`]).
+    fn matches(&self) -> bool {
+        false
+    }
+    /// [`Drafter::draft`] with, per draft, the length of the suffix match that proposed it:
+    /// `None` for a drafter that does not look its drafts up (the default; its depth is the
+    /// per-sequence controller's, [`control::SpecControl::depth`]).
+    fn draft_matched(&mut self, reqs: &[DraftReq]) -> Result<Vec<(Vec<u32>, Option<usize>)>> {
+        Ok(self.draft(reqs)?.into_iter().map(|d| (d, None)).collect())
+    }
     /// The sequence ended: drop its state.
     fn forget(&mut self, _id: u64) {}
     /// Whether the drafter reads the target's final hidden states (an MTP drafter): the
@@ -212,8 +226,13 @@ impl SpecCounts {
     }
 }
 
-/// Most draft tokens per step of memra-server's default configuration.
-pub const DEFAULT_K: usize = 4;
+/// The label of each match-length bucket of [`control::MatchRates`] (for /metrics).
+pub const MATCH_LABELS: [&str; control::MATCH_BUCKETS] = ["1", "2", "3", "4+"];
+
+/// Most draft tokens per step of memra-server's default configuration. 8: an n-gram draft's
+/// depth follows the length of the match that proposed it, and long matches pay up to 8 drafts
+/// (the offline replay of reports/spec/ngram-sampled-cpu.md, "Depth from the match length").
+pub const DEFAULT_K: usize = 8;
 
 /// A drafter opened for a target, with what the opening noticed (an `auto` drafter that left
 /// out the model's MTP layers, and why).

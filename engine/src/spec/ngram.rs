@@ -30,6 +30,12 @@ impl Default for NgramDrafter {
 impl NgramDrafter {
     /// Up to `k` tokens continuing `tokens`.
     pub fn propose(&self, tokens: &[u32], k: usize) -> Vec<u32> {
+        self.propose_matched(tokens, k).0
+    }
+
+    /// [`Self::propose`] with the length of the suffix match that proposed the tokens (0 with
+    /// no proposal).
+    pub fn propose_matched(&self, tokens: &[u32], k: usize) -> (Vec<u32>, usize) {
         let len = tokens.len();
         let lo = len.saturating_sub(self.window);
         for n in (self.min_n.max(1)..=self.max_n).rev() {
@@ -42,10 +48,10 @@ impl NgramDrafter {
             let found = (lo..len - n).rev().find(|&i| &tokens[i..i + n] == suffix);
             if let Some(i) = found {
                 let from = i + n;
-                return tokens[from..(from + k).min(len)].to_vec();
+                return (tokens[from..(from + k).min(len)].to_vec(), n);
             }
         }
-        Vec::new()
+        (Vec::new(), 0)
     }
 }
 
@@ -56,6 +62,20 @@ impl Drafter for NgramDrafter {
 
     fn draft(&mut self, reqs: &[DraftReq]) -> Result<Vec<Vec<u32>>> {
         Ok(reqs.iter().map(|r| self.propose(r.tokens, r.k)).collect())
+    }
+
+    fn matches(&self) -> bool {
+        true
+    }
+
+    fn draft_matched(&mut self, reqs: &[DraftReq]) -> Result<Vec<(Vec<u32>, Option<usize>)>> {
+        Ok(reqs
+            .iter()
+            .map(|r| {
+                let (d, n) = self.propose_matched(r.tokens, r.k);
+                (d, (n > 0).then_some(n))
+            })
+            .collect())
     }
 }
 
@@ -73,6 +93,28 @@ mod tests {
         // Only a 1-gram matches: its latest earlier occurrence (6) wins over 2.
         let t = [3, 8, 1, 3, 6, 3];
         assert_eq!(d.propose(&t, 1), vec![6]);
+    }
+
+    #[test]
+    fn reports_the_length_of_the_match_that_proposed() {
+        let mut d = NgramDrafter::default();
+        let t = [1, 2, 3, 4, 5, 9, 3, 7, 2, 3];
+        assert_eq!(d.propose_matched(&t, 2), (vec![4, 5], 2));
+        assert_eq!(d.propose_matched(&[3, 8, 1, 3, 6, 3], 1), (vec![6], 1));
+        // A repeated 5-gram: the longest suffix tried (max_n = 4) matches.
+        let t = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5];
+        assert_eq!(d.propose_matched(&t, 3), (vec![6, 1, 2], 4));
+        assert_eq!(d.propose_matched(&[1, 2, 3], 3), (Vec::new(), 0));
+        let req = |tokens| DraftReq {
+            id: 0,
+            tokens,
+            k: 2,
+        };
+        let got = d
+            .draft_matched(&[req(&t[..]), req(&[1, 2, 3][..])])
+            .unwrap();
+        assert_eq!(got, vec![(vec![6, 1], Some(4)), (Vec::new(), None)]);
+        assert!(d.matches());
     }
 
     #[test]

@@ -99,7 +99,7 @@ gates_tiny() {
 # serving each file twice (on = the default speculation, off = +spec=off), greedy and sampled,
 # one client alternating the modes, then 64 clients per mode (the workload sent 6 times: 72 requests a mode, so all 64 are busy); rows into $O/spec.jsonl (their
 # own schema: reports/spec/), tables into $O/spec-K.md. Fails on any output that differs.
-# SPEC_K=N: the on model drafts up to N per step (+spec_k=N; default 4).
+# SPEC_K=N: the on model drafts up to N per step (+spec_k=N; default spec::DEFAULT_K, 8).
 spec_rows() { for x in "$@"; do
   pick $x; waitf $f 300 || continue
   MEMRA_MODELS="on=$f${SPEC_K:++spec_k=$SPEC_K},off=$f+spec=off" MEMRA_KV_BLOCKS=${SPEC_KV_BLOCKS:-4096} MEMRA_ADDR=127.0.0.1:8091 \
