@@ -50,9 +50,8 @@ pub(crate) struct DraftCandidate {
     /// Drafts that can still become output: tokens left before max_tokens and the context end,
     /// less the one the step picks anyway.
     pub(crate) room: usize,
-    /// The request samples (temperature > 0): its depth reads the sampled steps' fit.
-    pub(crate) sampled: bool,
-    /// The request's sampling (a model drafter picks its drafts as the target will).
+    /// The request's sampling: a model drafter picks its drafts as the target will, and a
+    /// request that samples reads the sampled steps' fit for its depth.
     pub(crate) params: crate::sampling::SamplingParams,
 }
 
@@ -114,8 +113,9 @@ impl Speculation {
         let mut asks: Vec<(SeqId, usize)> = Vec::new();
         for c in cands {
             self.match_of.remove(&c.id);
-            self.sampled.insert(c.id, c.sampled);
-            let r = self.row_cost_of(c.sampled);
+            let sampled = !c.params.is_greedy();
+            self.sampled.insert(c.id, sampled);
+            let r = self.row_cost_of(sampled);
             let ctl = self
                 .controls
                 .entry(c.id)
@@ -344,10 +344,14 @@ mod tests {
 
     /// The draft set for sequence 1 this step (0: none).
     fn drafted(spec: &mut Speculation, sched: &mut Scheduler, room: usize, sampled: bool) -> usize {
+        let params = crate::sampling::SamplingParams {
+            temperature: if sampled { 0.8 } else { 0.0 },
+            ..crate::sampling::SamplingParams::GREEDY
+        };
         let c = DraftCandidate {
             id: 1,
             room,
-            sampled,
+            params,
         };
         spec.draft(sched, &[c]).unwrap();
         let n = spec.set.get(&1).copied().unwrap_or(0);

@@ -611,7 +611,6 @@ impl Worker {
                 Some(DraftCandidate {
                     id,
                     room: by_max.min(by_ctx),
-                    sampled: !a.req.params.is_greedy(),
                     params: a.req.params.clone(),
                 })
             })

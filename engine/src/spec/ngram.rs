@@ -109,6 +109,7 @@ mod tests {
             id: 0,
             tokens,
             k: 2,
+            params: &crate::sampling::SamplingParams::GREEDY,
         };
         let got = d
             .draft_matched(&[req(&t[..]), req(&[1, 2, 3][..])])
