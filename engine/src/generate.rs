@@ -67,19 +67,31 @@ pub struct GenOutput {
     pub decode_secs: f64,
 }
 
-/// The top `k` `(id, logit)` pairs, descending by logit, lowest id first on ties.
+/// The top `k` `(id, logit)` pairs, descending by logit (`total_cmp`), lowest id first on ties.
+/// One pass over the logits keeps a buffer of candidates: when it fills, it is cut to its first
+/// `k`, and from then on a logit not above the k-th (by `total_cmp`; an equal one has a larger id
+/// than every kept one, so it ranks after the k-th) is passed over. A total order: selecting the
+/// first k then sorting them equals sorting everything.
 pub fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let mut v: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| (i as u32, l))
-        .collect();
-    // A total order: selecting the first k then sorting them equals sorting everything.
+    if k == 0 {
+        return Vec::new();
+    }
     let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    if k < v.len() {
-        if k == 0 {
-            return Vec::new();
+    let cap = (4 * k).max(64);
+    let mut v: Vec<(u32, f32)> = Vec::with_capacity(cap.min(logits.len()));
+    let mut floor: Option<f32> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        if floor.is_some_and(|f| l.total_cmp(&f).is_le()) {
+            continue;
         }
+        v.push((i as u32, l));
+        if v.len() == cap {
+            v.select_nth_unstable_by(k - 1, order);
+            v.truncate(k);
+            floor = Some(v[k - 1].1);
+        }
+    }
+    if k < v.len() {
         v.select_nth_unstable_by(k - 1, order);
         v.truncate(k);
     }

@@ -43,10 +43,16 @@ pub struct DraftReq<'a> {
     pub params: &'a crate::sampling::SamplingParams,
 }
 
+/// The candidates a sampled draft is drawn from (fewer when the request's top-k is smaller).
+const DRAFT_CANDIDATES: usize = 64;
+
 /// A model drafter's pick from its `logits` for the position after `tokens` and the drafts
-/// before it (`drafted`): `sampling::sample` with the request's parameters, the history and
-/// position plain decoding would have there. For greedy requests this is the penalized argmax;
-/// for sampled ones the draw keyed by (seed, position). A draft only proposes: the target's
+/// before it (`drafted`), as plain decoding would pick there: the request's penalties over that
+/// history, then for a greedy request the argmax, for a sampled one the draw keyed by (seed,
+/// position) over the first [`DRAFT_CANDIDATES`] candidates (the request's top-k when smaller),
+/// as the CUDA selection draws over the device's first candidates: the target's own draw
+/// whenever its cut keeps no more of them, a close one otherwise. A full-vocabulary order per
+/// draft would cost more host time than the draft saves. A draft only proposes: the target's
 /// own pick decides, so this changes which drafts are accepted, never the output.
 pub fn draft_pick(
     logits: &[f32],
@@ -54,10 +60,41 @@ pub fn draft_pick(
     drafted: &[u32],
     params: &crate::sampling::SamplingParams,
 ) -> u32 {
-    let mut history = Vec::with_capacity(tokens.len() + drafted.len());
-    history.extend_from_slice(tokens);
-    history.extend_from_slice(drafted);
-    crate::sampling::sample(logits, &history, params, history.len() as u64)
+    use crate::sampling::{SamplingParams, apply_penalties, argmax, sample};
+    let penalized = params.repetition_penalty != 1.0
+        || params.presence_penalty != 0.0
+        || params.frequency_penalty != 0.0;
+    let owned;
+    let l: &[f32] = if penalized {
+        let mut history = Vec::with_capacity(tokens.len() + drafted.len());
+        history.extend_from_slice(tokens);
+        history.extend_from_slice(drafted);
+        let mut v = logits.to_vec();
+        apply_penalties(&mut v, &history, params);
+        owned = v;
+        &owned
+    } else {
+        logits
+    };
+    if params.is_greedy() {
+        return argmax(l);
+    }
+    let c = match params.top_k {
+        0 => DRAFT_CANDIDATES,
+        k => k.min(DRAFT_CANDIDATES),
+    };
+    let top = crate::generate::top_k(l, c);
+    let vals: Vec<f32> = top.iter().map(|t| t.1).collect();
+    let p = SamplingParams {
+        top_k: 0,
+        repetition_penalty: 1.0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        ..params.clone()
+    };
+    let pos = (tokens.len() + drafted.len()) as u64;
+    let j = sample(&vals, &[], &p, pos) as usize;
+    top.get(j).map_or_else(|| argmax(l), |t| t.0)
 }
 
 /// Proposes draft tokens. A drafter may be wrong as often as it likes: wrong drafts cost time,
@@ -396,6 +433,35 @@ mod tests {
         assert_eq!(accept(&[5, 6, 7], &[5, 6, 7, 8]), 3);
         assert_eq!(accept(&[5, 9, 7], &[5, 6, 7, 8]), 1);
         assert_eq!(accept(&[4, 6, 7], &[5, 6, 7, 8]), 0);
+    }
+
+    #[test]
+    fn draft_pick_is_the_targets_pick_within_its_candidates() {
+        use crate::sampling::{SamplingParams, sample};
+        // Every value five times: ties are broken by id on both sides.
+        let logits: Vec<f32> = (0..5000)
+            .map(|i| ((i * 7919 % 1000) as f32) * 0.01 - 5.0)
+            .collect();
+        let tokens = [3u32, 17, 17, 4000, 999];
+        for (t, k, rep) in [(0.0, 0, 1.0), (0.0, 0, 1.3), (0.8, 40, 1.0), (1.2, 10, 1.1)] {
+            let p = SamplingParams {
+                temperature: t,
+                top_k: k,
+                repetition_penalty: rep,
+                seed: 9,
+                ..SamplingParams::GREEDY
+            };
+            for d in 0..20u32 {
+                let drafted = vec![d * 250; (d % 3) as usize];
+                let mut h = tokens.to_vec();
+                h.extend_from_slice(&drafted);
+                assert_eq!(
+                    draft_pick(&logits, &tokens, &drafted, &p),
+                    sample(&logits, &h, &p, h.len() as u64),
+                    "t {t} k {k} rep {rep} draft {d}"
+                );
+            }
+        }
     }
 
     #[test]
