@@ -81,6 +81,30 @@ pub struct SynthArgs {
     pub sliding_window: Option<usize>,
 }
 
+impl SynthArgs {
+    /// `shape` as `dtype` into the GGUF file `out` with `tokenizer`: seed 0, the shape's layers,
+    /// window and context, no MTP layers, random valid k-quant blocks, 1 GiB HF shards, quiet.
+    pub fn new(shape: Shape, dtype: SynthDType, out: PathBuf, tokenizer: TokenizerSource) -> Self {
+        SynthArgs {
+            shape,
+            dtype,
+            seed: 0,
+            out,
+            format: Format::Gguf,
+            layers: None,
+            tokenizer,
+            threads: None,
+            shard_bytes: 1 << 30,
+            progress: false,
+            llamacpp_rope: false,
+            exact_kquants: false,
+            ctx: None,
+            mtp: 0,
+            sliding_window: None,
+        }
+    }
+}
+
 /// What was written.
 #[derive(Clone, Debug)]
 pub struct SynthReport {
@@ -496,22 +520,10 @@ mod tests {
     use super::*;
 
     fn args(shape: Shape, sliding_window: Option<usize>) -> SynthArgs {
+        let tokenizer = TokenizerSource::None { vocab: 512 };
         SynthArgs {
-            shape,
-            dtype: SynthDType::F32,
-            seed: 0,
-            out: PathBuf::from("unused.gguf"),
-            format: Format::Gguf,
-            layers: None,
-            tokenizer: TokenizerSource::None { vocab: 512 },
-            threads: None,
-            shard_bytes: 1 << 30,
-            progress: false,
-            llamacpp_rope: false,
-            exact_kquants: false,
-            ctx: None,
-            mtp: 0,
             sliding_window,
+            ..SynthArgs::new(shape, SynthDType::F32, "unused.gguf".into(), tokenizer)
         }
     }
 

@@ -30,21 +30,9 @@ const TEXTS: [&str; 5] = [
 
 fn args(shape: Shape, dtype: SynthDType, format: Format, out: PathBuf) -> SynthArgs {
     SynthArgs {
-        shape,
-        dtype,
         seed: 1,
-        out,
         format,
-        layers: None,
-        mtp: 0,
-        sliding_window: None,
-        tokenizer: TokenizerSource::Gguf(real_model()),
-        threads: None,
-        shard_bytes: 1 << 30,
-        progress: false,
-        llamacpp_rope: false,
-        exact_kquants: false,
-        ctx: None,
+        ..SynthArgs::new(shape, dtype, out, TokenizerSource::Gguf(real_model()))
     }
 }
 

@@ -13,22 +13,11 @@ use memra_engine::formats::safetensors::HfModel;
 use memra_engine::quant::DType;
 
 fn args(shape: Shape, dtype: SynthDType, out: std::path::PathBuf) -> SynthArgs {
+    let tokenizer = TokenizerSource::None { vocab: 256 };
     SynthArgs {
-        shape,
-        dtype,
         seed: 3,
-        out,
         format: Format::Hf,
-        layers: None,
-        mtp: 0,
-        sliding_window: None,
-        tokenizer: TokenizerSource::None { vocab: 256 },
-        threads: None,
-        shard_bytes: 1 << 30,
-        progress: false,
-        llamacpp_rope: false,
-        exact_kquants: false,
-        ctx: None,
+        ..SynthArgs::new(shape, dtype, out, tokenizer)
     }
 }
 

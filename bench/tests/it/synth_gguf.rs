@@ -18,22 +18,10 @@ use memra_engine::quant::DType;
 const VOCAB: usize = 256;
 
 fn args(shape: Shape, dtype: SynthDType, seed: u64, out: PathBuf) -> SynthArgs {
+    let tokenizer = TokenizerSource::None { vocab: VOCAB };
     SynthArgs {
-        shape,
-        dtype,
         seed,
-        out,
-        format: Format::Gguf,
-        layers: None,
-        mtp: 0,
-        sliding_window: None,
-        tokenizer: TokenizerSource::None { vocab: VOCAB },
-        threads: None,
-        shard_bytes: 1 << 30,
-        progress: false,
-        llamacpp_rope: false,
-        exact_kquants: false,
-        ctx: None,
+        ..SynthArgs::new(shape, dtype, out, tokenizer)
     }
 }
 
