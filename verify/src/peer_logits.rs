@@ -29,6 +29,35 @@ struct PeerFile {
     cases: Vec<PeerCase>,
 }
 
+/// Little-endian f32 values of a peer's binary file.
+pub fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// One teacher-forced row, memra's logits `got` against the peer's `want`: folds the largest
+/// difference into `max_abs` and the largest peer |logit| into `max_logit`; `None` when memra's
+/// argmax is the peer's `token`, else the peer's margin between its top two logits.
+pub fn forced_row(
+    got: &[f32],
+    want: &[f32],
+    token: u32,
+    max_abs: &mut f32,
+    max_logit: &mut f32,
+) -> Option<f32> {
+    for (x, y) in got.iter().zip(want) {
+        *max_abs = max_abs.max((x - y).abs());
+        *max_logit = max_logit.max(y.abs());
+    }
+    if argmax(got) as u32 == token {
+        return None;
+    }
+    let mut s = want.to_vec();
+    s.sort_by(|a, b| b.total_cmp(a));
+    Some(s[0] - s.get(1).copied().unwrap_or(s[0]))
+}
+
 /// What the comparison found.
 #[derive(Clone, Debug, Default)]
 pub struct PeerReport {
@@ -82,12 +111,7 @@ pub fn run(b: &mut dyn Backend, json: &Path) -> Result<PeerReport> {
             raw.len()
         )));
     }
-    let peer_row = |i: usize| -> Vec<f32> {
-        raw[i * vocab * 4..(i + 1) * vocab * 4]
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    };
+    let peer_row = |i: usize| f32s(&raw[i * vocab * 4..(i + 1) * vocab * 4]);
     let bs = b.kv_block_size();
     let mut rep = PeerReport {
         peer: f.peer.clone(),
@@ -125,18 +149,48 @@ pub fn run(b: &mut dyn Backend, json: &Path) -> Result<PeerReport> {
             let want = peer_row(row_i);
             row_i += 1;
             rep.steps += 1;
-            for (x, y) in got.iter().zip(&want) {
-                rep.max_abs = rep.max_abs.max((x - y).abs());
-                rep.max_logit = rep.max_logit.max(y.abs());
-            }
-            if argmax(got) as u32 == c.tokens[si] {
-                rep.agree += 1;
-            } else {
-                let mut s = want.clone();
-                s.sort_by(|a, b| b.total_cmp(a));
-                rep.disagreements.push((ci, si, s[0] - s[1]));
+            match forced_row(
+                got,
+                &want,
+                c.tokens[si],
+                &mut rep.max_abs,
+                &mut rep.max_logit,
+            ) {
+                None => rep.agree += 1,
+                Some(margin) => rep.disagreements.push((ci, si, margin)),
             }
         }
     }
     Ok(rep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forced_row_folds_its_differences_and_names_the_peers_margin() {
+        let (mut max_abs, mut max_logit) = (0.0f32, 0.0f32);
+        // memra's argmax (index 1, the lowest of the tie) is the peer's token: agreement.
+        let r = forced_row(
+            &[0.0, 2.0, 2.0],
+            &[0.5, 2.0, 1.0],
+            1,
+            &mut max_abs,
+            &mut max_logit,
+        );
+        assert_eq!(r, None);
+        assert_eq!((max_abs, max_logit), (1.0, 2.0));
+        // The peer picked 2: a disagreement with the peer's top-2 margin (3.0 - 2.5).
+        let r = forced_row(
+            &[0.0, 2.0, 1.0],
+            &[0.0, 2.5, 3.0],
+            2,
+            &mut max_abs,
+            &mut max_logit,
+        );
+        assert_eq!(r, Some(0.5));
+        assert_eq!((max_abs, max_logit), (2.0, 3.0));
+        assert_eq!(f32s(&1.5f32.to_le_bytes()), vec![1.5]);
+    }
 }

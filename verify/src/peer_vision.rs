@@ -19,6 +19,7 @@ use memra_engine::backend::{Backend, Device, RowEmbed, StepBatch, StepRow};
 use memra_engine::error::{Error, Result};
 use memra_engine::vision::{ImageTokens, VisionTower};
 
+use crate::peer_logits::{f32s, forced_row};
 use crate::vision::{Prompt, engine, request, run};
 
 /// The default bound on max |memra - mtmd| / max |mtmd| over one image's embeddings: ggml's
@@ -73,12 +74,6 @@ pub struct PeerVision {
     pub cases: Vec<PeerCase>,
     /// The logit row behind each greedy token, case after case (`vocab` each).
     pub logits: Vec<f32>,
-}
-
-fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
 }
 
 impl PeerVision {
@@ -206,17 +201,6 @@ pub fn first_divergence(a: &[u32], b: &[u32]) -> Option<usize> {
         None if a.len() != b.len() => Some(a.len().min(b.len())),
         None => None,
     }
-}
-
-/// The lowest index of the largest value (the peer's rule too).
-fn argmax(v: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 /// Where memra's greedy sequence of one prompt first left the peer's.
@@ -427,16 +411,10 @@ fn forced(
             let want = &p.logits[row_i * vocab..(row_i + 1) * vocab];
             row_i += 1;
             rep.forced_positions += 1;
-            for (x, y) in got.iter().zip(want) {
-                rep.max_logit_diff = rep.max_logit_diff.max((x - y).abs());
-                rep.max_logit = rep.max_logit.max(y.abs());
-            }
-            if argmax(got) as u32 == c.tokens[si] {
-                rep.forced_agree += 1;
-            } else {
-                let mut s = want.to_vec();
-                s.sort_by(|a, b| b.total_cmp(a));
-                rep.forced_disagreements.push((ci, si, s[0] - s[1]));
+            let (diff, max) = (&mut rep.max_logit_diff, &mut rep.max_logit);
+            match forced_row(got, want, c.tokens[si], diff, max) {
+                None => rep.forced_agree += 1,
+                Some(margin) => rep.forced_disagreements.push((ci, si, margin)),
             }
         }
     }
@@ -492,7 +470,6 @@ mod tests {
         assert_eq!(first_divergence(&[1, 2, 3], &[1, 2, 3]), None);
         assert_eq!(first_divergence(&[1, 2, 3], &[1, 9, 3]), Some(1));
         assert_eq!(first_divergence(&[1, 2], &[1, 2, 3]), Some(2));
-        assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1);
     }
 
     #[test]
