@@ -2,26 +2,36 @@
 //! leaked or double freed, budgets hold, and every admitted request finishes. For a
 //! recurrent-state model, a fake state per slot (a digest of the tokens folded in) checks that
 //! every step starts where its slot's state stands and that a restored snapshot holds exactly
-//! the sequence's own prefix.
+//! the sequence's own prefix. Prompts may hold an image (rows that attend to each other): no
+//! chunk ends inside one, and an image under decode load is not starved.
 
 use std::collections::HashMap;
 
 use memra_engine::kv::KvManager;
 use memra_engine::prefix_cache::namespace;
 use memra_engine::scheduler::{NewSeq, Scheduler, SchedulerConfig, SchedulerOutput, SeqId};
+use memra_engine::vision::MediaSpan;
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
 enum Op {
-    /// tenant, shared-prefix choice, prompt length, tokens to generate
-    Add(u8, u8, usize, usize),
+    /// tenant, shared-prefix choice, prompt length, tokens to generate, an image (start and
+    /// rows, folded into the prompt)
+    Add(u8, u8, usize, usize, Option<(usize, usize)>),
     Step,
     Cancel(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        2 => (0u8..3, 0u8..3, 1usize..30, 1usize..8).prop_map(|(t, p, l, g)| Op::Add(t, p, l, g)),
+        2 => (
+            0u8..3,
+            0u8..3,
+            1usize..30,
+            1usize..8,
+            prop::option::weighted(0.3, (0usize..30, 1usize..12)),
+        )
+            .prop_map(|(t, p, l, g, i)| Op::Add(t, p, l, g, i)),
         4 => Just(Op::Step),
         1 => (0usize..64).prop_map(Op::Cancel),
     ]
@@ -39,6 +49,8 @@ struct Harness {
     /// Recurrent: every `fail_every`-th save fails (the sequence ends, the snapshot goes).
     fail_every: usize,
     saves: usize,
+    /// The image rows of each prompt that has one.
+    images: HashMap<SeqId, (usize, usize)>,
 }
 
 /// The fake state after folding `tokens` into `d`.
@@ -108,6 +120,16 @@ impl Harness {
             false => Vec::new(),
         };
         assert!(out.batch.rows.len() <= self.budget);
+        for p in &out.seqs {
+            if let Some(&(lo, hi)) = self.images.get(&p.id) {
+                let end = p.start + p.len;
+                assert!(
+                    !(lo < end && end < hi),
+                    "a chunk ends inside an image: {}..{end} vs {lo}..{hi}",
+                    p.start
+                );
+            }
+        }
         assert_eq!(out.batch.block_tables.len(), out.seqs.len());
         for r in &out.batch.rows {
             let table = &out.batch.block_tables[r.seq];
@@ -172,17 +194,34 @@ fn run(ops: Vec<Op>, blocks: usize, bs: usize, budget: usize, caching: bool, rec
         snaps: HashMap::new(),
         fail_every: rec.map_or(usize::MAX, |r| r.1.max(1)),
         saves: 0,
+        images: HashMap::new(),
     };
     for o in ops {
         match o {
-            Op::Add(t, p, len, n_gen) => {
+            Op::Add(t, p, len, n_gen, image) => {
                 let tenant = format!("t{t}");
                 let prompt: Vec<u32> = (0..len as u32).map(|i| i * 3 + p as u32).collect();
                 if !h.s.fits_ever(len + n_gen) {
                     continue; // the engine refuses these at submission
                 }
+                let image = image.map(|(at, rows)| (at % len, rows.min(len - at % len)));
+                if image.is_some_and(|(_, rows)| rows > budget) {
+                    continue; // an image larger than the step budget: refused too
+                }
+                let media: Vec<MediaSpan> = image
+                    .map(|(start, rows)| MediaSpan {
+                        start,
+                        embeds: vec![0f32; rows].into(),
+                        width: 1,
+                        hash: p as u128,
+                    })
+                    .into_iter()
+                    .collect();
+                if let Some((start, rows)) = image {
+                    h.images.insert(h.next, (start, start + rows));
+                }
                 h.s.add(NewSeq {
-                    media: Vec::new(),
+                    media,
                     id: h.next,
                     namespace: namespace(&tenant, None),
                     tenant,
