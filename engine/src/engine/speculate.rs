@@ -110,7 +110,7 @@ impl Speculation {
         // A draft row is weighed against the step it joins: every decoding sequence's row.
         self.rows = sched.decoding().len().max(1);
         let matches = self.drafter.matches();
-        let mut asks: Vec<(SeqId, usize)> = Vec::new();
+        let mut asks: Vec<(&DraftCandidate, usize)> = Vec::new();
         for c in cands {
             self.match_of.remove(&c.id);
             let sampled = !c.params.is_greedy();
@@ -127,7 +127,7 @@ impl Speculation {
             let ask = if matches { k_max } else { ctl.depth(r) };
             match ask.min(c.room) {
                 0 => self.fallbacks.no_room += 1,
-                k => asks.push((c.id, k)),
+                k => asks.push((c, k)),
             }
         }
         if asks.is_empty() {
@@ -135,14 +135,12 @@ impl Speculation {
         }
         let reqs: Vec<DraftReq> = asks
             .iter()
-            .filter_map(|&(id, k)| {
-                let params = &cands.iter().find(|c| c.id == id)?.params;
-                let tokens = sched.tokens(id)?;
+            .filter_map(|&(c, k)| {
                 Some(DraftReq {
-                    id,
-                    tokens,
+                    id: c.id,
+                    tokens: sched.tokens(c.id)?,
                     k,
-                    params,
+                    params: &c.params,
                 })
             })
             .collect();
