@@ -1,7 +1,10 @@
 //! Shared helpers of the engine's integration tests.
 #![allow(dead_code)]
 
+use std::ops::Range;
 use std::path::PathBuf;
+
+use memra_engine::backend::{StepBatch, StepRow};
 
 /// The real SmolLM2-135M-Instruct GGUF.
 pub fn real_model() -> PathBuf {
@@ -39,4 +42,30 @@ pub fn cpu_engine_config(kv_blocks: usize, budget: usize) -> memra_engine::engin
         spec: None,
         pp: Default::default(),
     }
+}
+
+/// Positions `r` of `toks` as one step of sequence 0 over blocks `table` (recurrent-state
+/// slots `slots`, empty for a model without state); every row wants logits.
+pub fn seq_step(toks: &[u32], r: Range<usize>, table: &[u32], slots: Vec<u32>) -> StepBatch {
+    StepBatch {
+        embeds: Vec::new(),
+        rows: r
+            .map(|p| StepRow {
+                token: toks[p],
+                pos: p as u32,
+                seq: 0,
+                want_logits: true,
+            })
+            .collect(),
+        block_tables: vec![table.to_vec()],
+        state_slots: slots,
+    }
+}
+
+/// Each row's logits as bits.
+pub fn logit_bits(logits: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    logits
+        .iter()
+        .map(|l| l.iter().map(|v| v.to_bits()).collect())
+        .collect()
 }

@@ -1,6 +1,8 @@
 //! Row invariance of the CPU reference backend (EXACTNESS.md): the same rows give the same bits
 //! whatever the thread count, the prefill chunking, or the other rows in the batch.
 
+use crate::common;
+
 use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
 use memra_engine::backend::{Backend, StepBatch, StepRow};
 use memra_engine::config::Arch;
@@ -29,11 +31,7 @@ fn run(b: &mut CpuBackend, chunk: usize) -> (Vec<u32>, Vec<Vec<u32>>, Vec<Vec<u8
     req.prefill_chunk = chunk;
     req.keep_logits = true;
     let out = generate(b, &req, &mut |_| Ok(())).expect("generate");
-    let bits = out
-        .logits
-        .iter()
-        .map(|l| l.iter().map(|v| v.to_bits()).collect())
-        .collect();
+    let bits = common::logit_bits(&out.logits);
     let kv = (0..4)
         .map(|blk| b.kv_block_bytes(blk).expect("kv"))
         .collect();

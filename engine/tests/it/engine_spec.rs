@@ -5,10 +5,9 @@
 
 use crate::common;
 
-use memra_engine::backend::Device;
 use memra_engine::config::Arch;
 use memra_engine::config::ModelConfig;
-use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle, KvBudget};
+use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle};
 use memra_engine::formats::gguf::Gguf;
 use memra_engine::loader::Model;
 use memra_engine::models::ModelWeights;
@@ -16,7 +15,6 @@ use memra_engine::models::random::{oracle_mtp_weights, random_weights, tiny_conf
 use memra_engine::quant::DType;
 use memra_engine::request::{Event, EventStream, ValidRequest};
 use memra_engine::sampling::SamplingParams;
-use memra_engine::scheduler::SchedulerConfig;
 use memra_engine::spec::{DrafterKind, SpecConfig};
 use memra_engine::tokenizer::Tokenizer;
 
@@ -38,22 +36,8 @@ fn start_with(weights: ModelWeights, spec: Option<SpecConfig>) -> EngineHandle {
         chat: None,
     };
     let cfg = EngineConfig {
-        pp: Default::default(),
-        device: Device::Cpu,
-        threads: 2,
-        block_size: 4,
-        kv: KvBudget::Blocks(96),
-        kv_dtype: Default::default(),
-        scheduler: SchedulerConfig {
-            max_batch_tokens: 24,
-            max_running: 8,
-            max_running_per_tenant: 8,
-            admit_reserve_blocks: 1,
-            recurrent: false,
-            state_snapshots: None,
-        },
-        prefix_cache: true,
         spec,
+        ..common::cpu_engine_config(96, 24)
     };
     Engine::start(
         vec![("tiny".into(), model, cfg)],

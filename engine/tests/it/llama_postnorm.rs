@@ -2,6 +2,8 @@
 //! it says (checked from the named intermediates against the CPU's own row functions, bit for
 //! bit), and it is row-invariant like every architecture.
 
+use crate::common;
+
 use std::sync::{Arc, Mutex};
 
 use memra_engine::backend::cpu::ops::rms_norm;
@@ -106,11 +108,7 @@ fn run(b: &mut CpuBackend, chunk: usize) -> (Vec<u32>, Vec<Vec<u32>>, Vec<Vec<u8
     req.prefill_chunk = chunk;
     req.keep_logits = true;
     let out = generate(b, &req, &mut |_| Ok(())).expect("generate");
-    let bits = out
-        .logits
-        .iter()
-        .map(|l| l.iter().map(|v| v.to_bits()).collect())
-        .collect();
+    let bits = common::logit_bits(&out.logits);
     let kv = (0..3).map(|blk| b.kv_block_bytes(blk).unwrap()).collect();
     (out.tokens, bits, kv)
 }

@@ -4,6 +4,8 @@
 //! tied output, recurrent state); a split that cannot fit names the stage and the bytes
 //! missing.
 
+use crate::common;
+
 use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
 use memra_engine::backend::{Backend, Device, OpenOptions, StepBatch, StepRow};
 use memra_engine::config::{Arch, ModelConfig};
@@ -66,11 +68,7 @@ fn run(b: &mut dyn Backend) -> (Vec<u32>, Vec<Vec<u32>>, Vec<Vec<u8>>) {
     req.prefill_chunk = 7;
     req.keep_logits = true;
     let out = generate(b, &req, &mut |_| Ok(())).expect("generate");
-    let mut bits: Vec<Vec<u32>> = out
-        .logits
-        .iter()
-        .map(|l| l.iter().map(|v| v.to_bits()).collect())
-        .collect();
+    let mut bits = common::logit_bits(&out.logits);
     // Sequence 0 in blocks 4..6 (5 prompt tokens), sequence 1 in 6..8 (one token at 0).
     let mut rows: Vec<StepRow> = prompt(2, 5)
         .into_iter()
@@ -95,11 +93,7 @@ fn run(b: &mut dyn Backend) -> (Vec<u32>, Vec<Vec<u32>>, Vec<Vec<u8>>) {
         embeds: Vec::new(),
     };
     let step = b.step(&batch).expect("step");
-    bits.extend(
-        step.logits
-            .iter()
-            .map(|l| l.iter().map(|v| v.to_bits()).collect()),
-    );
+    bits.extend(common::logit_bits(&step.logits));
     let kv = (0..8)
         .map(|blk| b.kv_block_bytes(blk).expect("kv"))
         .collect();

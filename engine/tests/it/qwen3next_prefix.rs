@@ -5,8 +5,8 @@
 
 use crate::common;
 
+use memra_engine::backend::Backend;
 use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
-use memra_engine::backend::{Backend, StepBatch, StepRow};
 use memra_engine::config::{Arch, ModelConfig};
 use memra_engine::engine::{AdmissionLimits, Engine, EngineHandle};
 use memra_engine::formats::gguf::Gguf;
@@ -48,25 +48,8 @@ fn run(
     table: &[u32],
     slot: u32,
 ) -> memra_engine::Result<Vec<Vec<u32>>> {
-    let batch = StepBatch {
-        embeds: Vec::new(),
-        rows: (from..to)
-            .map(|p| StepRow {
-                token: toks[p],
-                pos: p as u32,
-                seq: 0,
-                want_logits: true,
-            })
-            .collect(),
-        block_tables: vec![table.to_vec()],
-        state_slots: vec![slot],
-    };
-    let out = b.step(&batch)?;
-    Ok(out
-        .logits
-        .iter()
-        .map(|l| l.iter().map(|v| v.to_bits()).collect())
-        .collect())
+    let batch = common::seq_step(toks, from..to, table, vec![slot]);
+    Ok(common::logit_bits(&b.step(&batch)?.logits))
 }
 
 /// Positions `from..to` in steps of `chunk` rows.

@@ -2,6 +2,8 @@
 //! logits bytes of every committed position, for every drafter, K = 1..8, greedy and seeded
 //! sampling (tiny random models on the CPU backend).
 
+use crate::common;
+
 use memra_engine::backend::Backend;
 use memra_engine::backend::Device;
 use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
@@ -71,10 +73,7 @@ fn request(prompt: Vec<u32>, params: SamplingParams) -> GenRequest {
 }
 
 pub(super) fn bits(o: &GenOutput) -> Vec<Vec<u32>> {
-    o.logits
-        .iter()
-        .map(|l| l.iter().map(|v| v.to_bits()).collect())
-        .collect()
+    common::logit_bits(&o.logits)
 }
 
 pub(super) fn same(plain: &GenOutput, spec: &GenOutput, what: &str) {

@@ -10,8 +10,10 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::common;
+
 use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
-use memra_engine::backend::{Backend, RowEmbed, StepBatch, StepRow};
+use memra_engine::backend::{Backend, RowEmbed};
 use memra_engine::config::Arch;
 use memra_engine::models::random::{random_weights, tiny_config, unit};
 use memra_engine::quant::DType;
@@ -68,21 +70,7 @@ fn step(
     img: &Arc<[f32]>,
     spans: Spans,
 ) -> memra_engine::error::Result<Vec<Vec<u32>>> {
-    let toks = tokens();
-    let mut batch = StepBatch {
-        rows: r
-            .clone()
-            .map(|p| StepRow {
-                token: toks[p],
-                pos: p as u32,
-                seq: 0,
-                want_logits: true,
-            })
-            .collect(),
-        block_tables: vec![table.to_vec()],
-        state_slots: Vec::new(),
-        embeds: Vec::new(),
-    };
+    let mut batch = common::seq_step(&tokens(), r.clone(), table, Vec::new());
     for p in r.clone() {
         if IMG.contains(&p) {
             let span = match spans {
@@ -97,12 +85,7 @@ fn step(
             });
         }
     }
-    let out = b.step(&batch)?;
-    Ok(out
-        .logits
-        .iter()
-        .map(|l| l.iter().map(|v| v.to_bits()).collect())
-        .collect())
+    Ok(common::logit_bits(&b.step(&batch)?.logits))
 }
 
 /// Every position's logits bits and the KV bytes of blocks 0..5 after prefilling in chunks
