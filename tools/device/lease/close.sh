@@ -15,6 +15,8 @@
 #   gemma  the gates on the real Gemma 3 270M (gates_gemma)
 #   kt     per-kernel decode times under nsys ($PROF_MODELS)
 #   kern   per-kernel decode times under ncu ($KERN_MODELS: k:DTYPE:SKIP:COUNT)
+#   kdet   ncu's detailed sections of chosen kernels at the GPU's own clocks ($KDET:
+#          k:DTYPE:SKIP:COUNT:REGEX; lib.sh kdet)
 #   ksel   device times of the token-selection kernels in sampled decoding, plain and with
 #          n-gram speculation (lib.sh ksel; ncu; $KSEL_MODELS)
 #   kgate  the whole `memra-verify kernels` alone (after a kernel change, before the other gates)
@@ -45,6 +47,7 @@ on load && load_row
 on spec && spec_rows ${SPEC_MODELS:-smol:Q4_1 gemma:Q4_K_M q4:Q4_K_M}
 on specpeer && spec_peer ${SPEC_MODELS:-smol:Q4_1 gemma:Q4_K_M q4:Q4_K_M}
 on kt && ktimes ${PROF_MODELS:-gemma:Q4_K_M moe:Q4_K_M}
+on kdet && kdet ${KDET:-moe:Q4_K_M:40:2:moe_norm_route}
 on ksel && ksel ${KSEL_MODELS:-smol:Q4_1 gemma:Q4_K_M}
 on kern && kern ${KERN_MODELS:-gemma:Q4_K_M:1200:220 moe:Q4_K_M:3000:200}
 on prof && prof ${PROF_MODELS:-gemma:Q4_K_M moe:Q4_K_M}

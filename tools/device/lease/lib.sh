@@ -183,6 +183,25 @@ for n, (c, us) in sorted(t.items(), key=lambda kv: -kv[1][1])[:14]:
 PY
   done
 }
+# kdet k:DTYPE:SKIP:COUNT:REGEX...: ncu's detailed sections (speed of light, launch, occupancy,
+# warp states, scheduler) of COUNT launches of the kernels matching REGEX after SKIP of them, at
+# the GPU's own clocks and warm caches (--clock-control none --cache-control none: the times a
+# graph step sees, not base clocks after a flush); the details page into the log, the duration
+# and the top warp stall reasons into the summary.
+kdet() {
+  local nc=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$nc" ] || { row kdet "no ncu on this machine"; return; }
+  for x in "$@"; do
+    local skip=$(echo $x | cut -d: -f3) count=$(echo $x | cut -d: -f4) re=$(echo $x | cut -d: -f5)
+    pick ${x%%:*}:$(echo $x | cut -d: -f2); waitf $f 300 || continue
+    run kdet-$k-$re 300 $nc -k "regex:$re" --launch-skip $skip --launch-count $count --clock-control none \
+      --cache-control none --section SpeedOfLight --section LaunchStats --section Occupancy \
+      --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+      $B/run-gen $f --device cuda:0 --prompt "The capital of France is a city that" --max-tokens 24 --no-cuda-graph
+    grep -E "^  [a-z_0-9]+\(|Duration|Stall|Warp Cycles Per Issued|Issued Warp|Achieved Occupancy|DRAM Throughput" \
+      $O/logs/kdet-$k-$re.log | head -60 | cut -c1-150 >> $S
+  done
+}
 # ksel k:DTYPE...: device times of the token-selection kernels (ncu) in sampled decoding
 # (t 0.8, top-p 0.9, top-k 40, seed 1), plainly and with n-gram speculation (K = 4): topk_rows
 # launches of 1 row (plain) and of K + 1 rows (verify steps), against one row's topk_row time
