@@ -19,24 +19,34 @@ __device__ __forceinline__ u32 moe_key(float p) {
 // Threads of moe_route (one block per row).
 #define MOE_RT 256
 
+// Experts per thread of moe_route_row (registers).
+#define MOE_PER (MOE_MAX_E / MOE_RT)
+
 // The routing of one row of E router logits l by a block of MOE_RT threads: the softmax (max
-// subtracted; warp 0 sums the exponentials lane-strided in index order per lane, then a fixed
-// xor tree), the k highest probabilities (the CPU's order: `total_cmp`, equal ones the lower
-// expert index; each expert's rank counted against all E at once), divided by their sum (added
-// in rank order) when `norm`, written in ascending expert index to ids[0..k) / wts[0..k) (the
-// order the CPU adds them). The logits are read through L2 (a block of another launch, or of
-// this one, wrote them). Every step is per row: no other row changes a bit.
+// subtracted; the exponentials summed lane-strided in index order per lane, then a fixed xor
+// tree: every warp computes this same sum, so no barrier waits for one warp's), the k highest
+// probabilities (the CPU's order: `total_cmp`, equal ones the lower expert index; each expert's
+// rank counted against all E at once), divided by their sum (added in rank order) when `norm`,
+// written in ascending expert index to ids[0..k) / wts[0..k) (the order the CPU adds them). The
+// logits are read once, through L2 (a block of another launch, or of this one, wrote them); each
+// thread keeps its experts t, t + MOE_RT, ... in registers. Every step is per row: no other row
+// changes a bit.
 __device__ __forceinline__ void moe_route_row(const float* l, u32* __restrict__ ids, float* __restrict__ wts,
                                               u32 E, u32 k, u32 norm) {
     __shared__ float p[MOE_MAX_E];
-    __shared__ u32 key[MOE_MAX_E];
+    __shared__ __align__(16) u32 key[MOE_MAX_E];
     __shared__ float red[MOE_RT / 32];
     __shared__ u32 rid[MOE_MAX_K];
     __shared__ float rw[MOE_MAX_K];
-    __shared__ float total;
     const u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    float lv[MOE_PER];
     float mx = __int_as_float(0xff800000);  // -inf; fmaxf is order-free
-    for (u32 i = t; i < E; i += MOE_RT) mx = fmaxf(mx, __ldcg(l + i));
+#pragma unroll
+    for (int j = 0; j < MOE_PER; ++j) {
+        const u32 i = t + j * MOE_RT;
+        lv[j] = i < E ? __ldcg(l + i) : mx;
+        mx = fmaxf(mx, lv[j]);
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, o));
     if (lane == 0) red[warp] = mx;
@@ -44,57 +54,71 @@ __device__ __forceinline__ void moe_route_row(const float* l, u32* __restrict__ 
     mx = red[0];
 #pragma unroll
     for (int w = 1; w < MOE_RT / 32; ++w) mx = fmaxf(mx, red[w]);
-    for (u32 i = t; i < E; i += MOE_RT) p[i] = expf(__fsub_rn(__ldcg(l + i), mx));
-    __syncthreads();
-    if (warp == 0) {
-        float s = 0.0f;
-        for (u32 i = lane; i < E; i += 32) s = __fadd_rn(s, p[i]);
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL_MASK, s, o));
-        if (lane == 0) total = s;
+    for (int j = 0; j < MOE_PER; ++j) {
+        const u32 i = t + j * MOE_RT;
+        if (i < E) p[i] = expf(__fsub_rn(lv[j], mx));
+    }
+    // Keys past E (up to the next multiple of 4, read by the uint4 scan) are 0: never above a
+    // probability's key, and an equal key past E is not "before" any expert.
+    if (t < 4 && E + t < MOE_MAX_E) key[E + t] = 0u;
+    __syncthreads();
+    float s = 0.0f;
+    for (u32 i = lane; i < E; i += 32) s = __fadd_rn(s, p[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL_MASK, s, o));
+    float pv[MOE_PER];
+    u32 kv[MOE_PER];
+#pragma unroll
+    for (int j = 0; j < MOE_PER; ++j) {
+        const u32 i = t + j * MOE_RT;
+        pv[j] = 0.0f;
+        kv[j] = 0u;
+        if (i < E) {
+            pv[j] = __fdiv_rn(p[i], s);
+            kv[j] = moe_key(pv[j]);
+            key[i] = kv[j];
+        }
     }
     __syncthreads();
-    const float s = total;
-    for (u32 i = t; i < E; i += MOE_RT) {
-        const float v = __fdiv_rn(p[i], s);
-        p[i] = v;
-        key[i] = moe_key(v);
-    }
-    __syncthreads();
-    // Rank of expert i: the experts before it (a larger key, or an equal key and a lower index).
-    for (u32 i = t; i < E; i += MOE_RT) {
-        const u32 ki = key[i];
+    // Rank of expert i: the experts before it (a larger key, or an equal key and a lower index),
+    // 4 keys a load; the scan stops once k experts are before it (checked every 32 keys).
+    const uint4* k4 = (const uint4*)key;
+    const u32 e4 = (E + 3) / 4;
+#pragma unroll
+    for (int j = 0; j < MOE_PER; ++j) {
+        const u32 i = t + j * MOE_RT;
+        if (i >= E) continue;
+        const u32 ki = kv[j];
         u32 rank = 0;
-        // Eight keys loaded at a time (the early exit once k beat it checked per eight).
-        for (u32 j0 = 0; j0 < E && rank < k; j0 += 8) {
-            u32 kj[8];
+        for (u32 q0 = 0; q0 < e4 && rank < k; q0 += 8) {
+            uint4 c[8];
 #pragma unroll
-            for (int q = 0; q < 8; ++q) kj[q] = j0 + q < E ? key[j0 + q] : 0u;
+            for (int q = 0; q < 8; ++q) c[q] = q0 + q < e4 ? k4[q0 + q] : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
             for (int q = 0; q < 8; ++q) {
-                const u32 j = j0 + q;
-                rank += (j < E && (kj[q] > ki || (kj[q] == ki && j < i))) ? 1u : 0u;
+                const u32 j0 = 4 * (q0 + q);
+                rank += (c[q].x > ki || (c[q].x == ki && j0 < i)) ? 1u : 0u;
+                rank += (c[q].y > ki || (c[q].y == ki && j0 + 1 < i)) ? 1u : 0u;
+                rank += (c[q].z > ki || (c[q].z == ki && j0 + 2 < i)) ? 1u : 0u;
+                rank += (c[q].w > ki || (c[q].w == ki && j0 + 3 < i)) ? 1u : 0u;
             }
         }
         if (rank < k) {
             rid[rank] = i;
-            rw[rank] = p[i];
+            rw[rank] = pv[j];
         }
     }
     __syncthreads();
-    if (t == 0) {
+    if (t < k) {
         float u = 0.0f;
         if (norm)
             for (u32 j = 0; j < k; ++j) u = __fadd_rn(u, rw[j]);
-        total = u;
-    }
-    __syncthreads();
-    if (t < k) {
         const u32 id = rid[t];
         u32 slot = 0;
         for (u32 j = 0; j < k; ++j) slot += rid[j] < id ? 1u : 0u;
         ids[slot] = id;
-        wts[slot] = norm ? __fdiv_rn(rw[t], total) : rw[t];
+        wts[slot] = norm ? __fdiv_rn(rw[t], u) : rw[t];
     }
     __syncthreads();  // the shared arrays are reused by the next row
 }
@@ -115,13 +139,17 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(const float* __re
 // matmul_f32_rows_body's order (warp w sums its K / 8 chunk lane-strided with fma from +0, the
 // xor tree, the 8 warp sums in warp order from -0) into L[r][n]; the last block to finish (a
 // ticket, reset to 0 for the next launch) routes every row (moe_route_row). The bits of
-// rms_norm, matmul_f32_rows and moe_route, whatever M.
+// rms_norm, matmul_f32_rows and moe_route, whatever M. When Xh is not null the normalized rows
+// are also prepared for the expert products (Xh / Xs, rows of kp columns, bf as prep_store:
+// prepare_h16's bits of H), one 32-column block per warp of the grid. The block's first eight
+// router weights a lane are loaded before the rows (they do not depend on them).
 extern "C" __global__ void __launch_bounds__(MOE_RT) moe_norm_route(const float* __restrict__ X,
                                                                     const float* __restrict__ G, float eps,
                                                                     float* __restrict__ H, const u8* __restrict__ W,
                                                                     u64 row_bytes, float* L, u32* ticket, u32* ids,
-                                                                    float* wts, u32 M, u32 K, u32 E, u32 k,
-                                                                    u32 norm) {
+                                                                    float* wts, u16* __restrict__ Xh,
+                                                                    float* __restrict__ Xs, u32 kp, u32 bf, u32 M,
+                                                                    u32 K, u32 E, u32 k, u32 norm) {
     pdl_entry();
     extern __shared__ float hs[];
     __shared__ float sc[8];
@@ -129,6 +157,14 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_norm_route(const float*
     __shared__ u32 last;
     const u32 t = threadIdx.x, lane = t & 31, warp = t >> 5, n = blockIdx.x;
     const u32 mk = M * K;
+    const float* w = (const float*)(W + (u64)n * row_bytes);
+    const u32 c0 = (u32)((u64)warp * K / 8), c1 = (u32)((u64)(warp + 1) * K / 8);
+    float wpre[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+        const u32 c = c0 + lane + 32 * q;
+        wpre[q] = c < c1 ? __ldg(w + c) : 0.0f;
+    }
     for (u32 i = t; i < mk; i += MOE_RT) hs[i] = X[i];
     __syncthreads();
     if (warp < M) {
@@ -142,13 +178,27 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_norm_route(const float*
         if (n == 0) H[i] = v;
     }
     __syncthreads();
-    const float* w = (const float*)(W + (u64)n * row_bytes);
-    const u32 c0 = (u32)((u64)warp * K / 8), c1 = (u32)((u64)(warp + 1) * K / 8);
+    if (Xh) {
+        const u32 nb = kp / 32, gw = n * (MOE_RT / 32) + warp;
+        for (u32 b = gw; b < M * nb; b += gridDim.x * (MOE_RT / 32)) {  // warp-uniform
+            const u32 m = b / nb, col = (b % nb) * 32 + lane;
+            prep_store(col < K ? hs[m * K + col] : 0.0f, lane, Xh + (u64)m * kp + (b % nb) * 32, Xs + b, bf);
+        }
+    }
     float acc[8];
 #pragma unroll
     for (int r = 0; r < 8; ++r) acc[r] = 0.0f;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+        const u32 c = c0 + lane + 32 * q;
+        if (c < c1) {
+#pragma unroll
+            for (int r = 0; r < 8; ++r)
+                if ((u32)r < M) acc[r] = __fmaf_rn(wpre[q], hs[r * K + c], acc[r]);
+        }
+    }
 #pragma unroll 4
-    for (u32 c = c0 + lane; c < c1; c += 32) {
+    for (u32 c = c0 + lane + 256; c < c1; c += 32) {
         const float wv = __ldg(w + c);
 #pragma unroll
         for (int r = 0; r < 8; ++r)

@@ -2,12 +2,16 @@
 //
 // argmax_rows: greedy. out[r] = the lowest index of the largest logit of row r; NaN and -inf
 // never win (the host's `v > best` from best = -inf); a row with no winner gives 0. One block of
-// 256 threads per row; each thread scans its share in increasing index order keeping its first
-// maximum; a shared-memory tree then prefers the larger value, then the lower index. Any split
-// of the row among the threads gives the same winner. A row of a multiple of 4 floats at a
-// 16-byte address (every vocabulary) is read as float4, 4 of them in flight per thread: thread
-// t takes floats 4t .. 4t + 3, then 4t + 1024 ..; with one load in flight a 262,144-float row
-// was ~1,000 dependent L2 round trips.
+// ARGMAX_T threads per row; each thread scans its share in increasing index order keeping its
+// first maximum; the threads' candidates are then folded (warp shuffles, then the warps' in
+// shared memory) preferring the larger value, then the lower index: a total order, so any split
+// of the row among the threads, and any fold order, gives the same winner. A row of a multiple
+// of 4 floats at a 16-byte address (every vocabulary) is read as float4, 8 of them in flight per
+// thread: thread t takes floats 4t .. 4t + 3, then 4t + 4 ARGMAX_T ..; a 262,144-float row is 8
+// rounds of loads (with 256 threads and 4 in flight it was 64 dependent L2 round trips, ~39 us).
+#define ARGMAX_T 1024
+#define ARGMAX_NONE 0xffffffffu
+
 __device__ __forceinline__ void argmax_take(float v, u32 i, float& bv, u32& bi) {
     if (v > bv) {
         bv = v;
@@ -22,48 +26,62 @@ __device__ __forceinline__ void argmax_take4(float4 v, u32 i4, float& bv, u32& b
     argmax_take(v.w, 4 * i4 + 3, bv, bi);
 }
 
-// The argmax of the `width` floats at x, by the whole block (256 threads); thread 0 gets it.
+// (ov, oi) in place of (bv, bi) when it is preferred: a candidate (oi set) with the larger value,
+// or an equal value and the lower index.
+__device__ __forceinline__ void argmax_fold(float ov, u32 oi, float& bv, u32& bi) {
+    if (oi != ARGMAX_NONE && (bi == ARGMAX_NONE || ov > bv || (ov == bv && oi < bi))) {
+        bv = ov;
+        bi = oi;
+    }
+}
+
+__device__ __forceinline__ void argmax_warp(float& bv, u32& bi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+        const u32 oi = __shfl_xor_sync(FULL_MASK, bi, o);
+        argmax_fold(ov, oi, bv, bi);
+    }
+}
+
+// The argmax of the `width` floats at x, by the whole block (ARGMAX_T threads); thread 0 gets it.
 __device__ __forceinline__ u32 argmax_block(const float* x, u32 width) {
-    __shared__ float best_v[256];
-    __shared__ u32 best_i[256];
+    __shared__ float wv[ARGMAX_T / 32];
+    __shared__ u32 wi[ARGMAX_T / 32];
     const u32 nt = blockDim.x;
     float bv = -__int_as_float(0x7f800000);
-    u32 bi = 0xffffffffu;
+    u32 bi = ARGMAX_NONE;
     if ((width & 3) == 0 && ((u64)x & 15) == 0) {
         const float4* x4 = (const float4*)x;
         const u32 n4 = width / 4;
         u32 i = threadIdx.x;
-        for (; i + 3 * nt < n4; i += 4 * nt) {
-            float4 v[4];
+        for (; i + 7 * nt < n4; i += 8 * nt) {
+            float4 v[8];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) v[j] = x4[i + j * nt];
+            for (int j = 0; j < 8; ++j) v[j] = x4[i + j * nt];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) argmax_take4(v[j], i + j * nt, bv, bi);
+            for (int j = 0; j < 8; ++j) argmax_take4(v[j], i + j * nt, bv, bi);
         }
         for (; i < n4; i += nt) argmax_take4(x4[i], i, bv, bi);
     } else {
         for (u32 i = threadIdx.x; i < width; i += nt) argmax_take(x[i], i, bv, bi);
     }
-    best_v[threadIdx.x] = bv;
-    best_i[threadIdx.x] = bi;
-    __syncthreads();
-    for (u32 s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) {
-            const float ov = best_v[threadIdx.x + s];
-            const u32 oi = best_i[threadIdx.x + s];
-            const float cv = best_v[threadIdx.x];
-            const u32 ci = best_i[threadIdx.x];
-            if (oi != 0xffffffffu && (ci == 0xffffffffu || ov > cv || (ov == cv && oi < ci))) {
-                best_v[threadIdx.x] = ov;
-                best_i[threadIdx.x] = oi;
-            }
-        }
-        __syncthreads();
+    argmax_warp(bv, bi);
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = nt / 32;
+    if (lane == 0) {
+        wv[warp] = bv;
+        wi[warp] = bi;
     }
-    return best_i[0] == 0xffffffffu ? 0u : best_i[0];
+    __syncthreads();
+    if (warp == 0) {
+        bv = lane < nw ? wv[lane] : 0.0f;
+        bi = lane < nw ? wi[lane] : ARGMAX_NONE;
+        argmax_warp(bv, bi);
+    }
+    return bi == ARGMAX_NONE ? 0u : bi;
 }
 
-extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* logits, u32* out, u32 width) {
+extern "C" __global__ void __launch_bounds__(ARGMAX_T) argmax_rows(const float* logits, u32* out, u32 width) {
     pdl_entry();
     const u32 t = argmax_block(logits + (u64)blockIdx.x * width, width);
     if (threadIdx.x == 0) out[blockIdx.x] = t;
@@ -72,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* logit
 // argmax_at: argmax_rows for n chosen rows in one launch (a step's greedy rows, a verify step's
 // K + 1 among them): block j takes row rows[j] of the `width`-float rows at `logits` and writes
 // its token to out[j * stride]. The same per-row code as argmax_rows, so the same token.
-extern "C" __global__ void __launch_bounds__(256) argmax_at(const float* logits, const u32* rows,
+extern "C" __global__ void __launch_bounds__(ARGMAX_T) argmax_at(const float* logits, const u32* rows,
     u32 width, u32 stride, u32* out) {
     pdl_entry();
     const u32 j = blockIdx.x;

@@ -292,7 +292,7 @@ pub const MODULES: &[Module] = &[
         name: "moe",
         file: "kernels/cu/moe.cu",
         source: include_str!("../cu/moe.cu"),
-        headers: &[],
+        headers: &[H_PREP],
         kernels: &["moe_route", "moe_norm_route", "moe_group", "moe_combine"],
     },
 ];

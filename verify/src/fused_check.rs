@@ -220,16 +220,19 @@ fn rope_norm_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     Ok(())
 }
 
-/// `moe_norm_route` against rms_norm, matmul_f32_rows and moe_route: h, the logits, the expert
-/// ids and weights, bit for bit.
+/// `moe_norm_route` against rms_norm, matmul_f32_rows and moe_route (then prepare_h16): h, the
+/// logits, the expert ids and weights (and the prepared h), bit for bit.
 fn norm_route_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     use memra_engine::ops::{Glu, MoeParams};
     use memra_engine::quant::DType;
-    // (hidden, experts, used, renormalised): qwen3-30b-a3b's router, qwen3-next's (512 experts).
-    for (i, &(width, e, k, norm)) in [(2048usize, 128usize, 8usize, true), (1000, 512, 10, false)]
-        .iter()
-        .enumerate()
-    {
+    // (hidden, experts, used, renormalised): qwen3-30b-a3b's router, qwen3-next's (512 experts),
+    // and 257 experts (a thread's second expert, keys past E in the 4-key scan).
+    let routers = [
+        (2048usize, 128usize, 8usize, true),
+        (1000, 512, 10, false),
+        (768, 257, 3, true),
+    ];
+    for (i, &(width, e, k, norm)) in routers.iter().enumerate() {
         let st = 33_000 + 10 * i as u64;
         let p = MoeParams {
             n_experts: e,
@@ -247,35 +250,49 @@ fn norm_route_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         for m in [1usize, 3, 4, 8].into_iter().filter(fits) {
             let x = rand(seed, st + 2 + m as u64, m * width, 2.0);
             let dx = g.upload(&x)?;
-            let run = |fused: bool| -> Result<Vec<u8>> {
+            let kp = width.next_multiple_of(64);
+            // `prep`: the fused launch also prepares h (bf16 for the 512-expert router), the
+            // unfused ones run prepare_h16 after the norm.
+            let run = |fused: bool, prep: bool| -> Result<Vec<u8>> {
                 let (dh, dl) = (g.zeros::<f32>(m * width)?, g.zeros::<f32>(m * e)?);
                 let (ids, wts) = (g.zeros::<u32>(m * k)?, g.zeros::<f32>(m * k)?);
+                let kind = if i == 1 { ActKind::BF16 } else { ActKind::F16 };
+                let act = g.act_buf(kind, m, kp, false)?;
                 let (px, ph, pl) = (g.ptr(&dx), g.ptr(&dh), g.ptr(&dl));
                 if fused {
                     let idw = (g.ptr(&ticket), g.ptr(&ids), g.ptr(&wts));
                     let xnh = (px, g.ptr(&dg), eps, ph);
-                    g.moe_norm_route(xnh, (g.ptr(&dw), width * 4), pl, idw, (m, width), &p)?;
+                    let a = prep.then_some(&act);
+                    g.moe_norm_route(xnh, (g.ptr(&dw), width * 4), pl, idw, (m, width), a, &p)?;
                 } else {
                     g.rms_norm(px, g.ptr(&dg), ph, m, width, eps)?;
                     g.matmul(DType::F32, g.ptr(&dw), width * 4, ph, pl, m, e, width)?;
                     g.moe_route(pl, (g.ptr(&ids), g.ptr(&wts)), m, e, k, norm)?;
+                    if prep {
+                        g.prepare(ph, &act, m, width)?;
+                    }
                 }
                 let mut b = bytes_of(&g.download(&dh)?);
                 b.extend(bytes_of(&g.download(&dl)?));
                 b.extend(g.download(&ids)?.iter().flat_map(|v| v.to_le_bytes()));
                 b.extend(bytes_of(&g.download(&wts)?));
+                if prep {
+                    b.extend(prepared(g, &act, m)?);
+                }
                 Ok(b)
             };
-            let want = run(false)?;
-            let shape = format!("M={m} hidden={width} E={e} k={k}");
-            // Twice: the second launch finds the ticket the first left.
-            for _ in 0..2 {
-                out.push(same_bits(
-                    "moe_norm_route",
-                    shape.clone(),
-                    &run(true)?,
-                    &want,
-                ));
+            for prep in [false, true] {
+                let want = run(false, prep)?;
+                let shape = format!("M={m} hidden={width} E={e} k={k} prep={prep}");
+                // Twice: the second launch finds the ticket the first left.
+                for _ in 0..2 {
+                    out.push(same_bits(
+                        "moe_norm_route",
+                        shape.clone(),
+                        &run(true, prep)?,
+                        &want,
+                    ));
+                }
             }
         }
     }

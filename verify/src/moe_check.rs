@@ -175,6 +175,7 @@ fn one_shape(g: &Gpu, profile: &Profile, seed: u64, s: u64, sh: Shape) -> Result
         offs: g.ptr(&doffs),
         res: 0,
         routed: false,
+        prepared: false,
     };
     let w = [&mats[0], &mats[1], &mats[2]];
     let run = |r0: usize, m: usize| -> Result<(Vec<f32>, Vec<u32>, Vec<f32>)> {
@@ -334,6 +335,7 @@ fn grouped_shape(
                 offs: g.ptr(&doffs),
                 res: 0,
                 routed: false,
+                prepared: false,
             };
             let mut run = |grouped: bool| -> Result<Vec<f32>> {
                 // Poisoned: a pair the grouped products skip leaves NaN in the output.

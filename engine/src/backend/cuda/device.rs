@@ -137,6 +137,8 @@ pub type Funcs = Arc<HashMap<String, CudaFunction>>;
 pub(super) const LAZY_MODULES: &[&str] = &["products"];
 
 const BLOCK: u32 = 256;
+/// Threads of argmax_rows / argmax_at (kernels/cu/sample.cu `ARGMAX_T`).
+const ARGMAX_THREADS: u32 = 1024;
 /// Grid-stride kernels use at most this many blocks.
 const MAX_BLOCKS: u64 = 1 << 16;
 
@@ -825,7 +827,12 @@ impl Gpu {
             Arg::Ptr(out),
             Arg::U32(self.u32_of(width, "width")?),
         ];
-        self.launch("argmax_rows", (self.u32_of(rows, "rows")?, 1), BLOCK, &args)
+        self.launch(
+            "argmax_rows",
+            (self.u32_of(rows, "rows")?, 1),
+            ARGMAX_THREADS,
+            &args,
+        )
     }
 
     /// [`Gpu::argmax_rows`] for `n` chosen rows in one launch: entry `j` takes row `rows[j]`
@@ -850,7 +857,12 @@ impl Gpu {
             Arg::U32(self.u32_of(stride, "stride")?),
             Arg::Ptr(out),
         ];
-        self.launch("argmax_at", (self.u32_of(n, "rows")?, 1), BLOCK, &args)
+        self.launch(
+            "argmax_at",
+            (self.u32_of(n, "rows")?, 1),
+            ARGMAX_THREADS,
+            &args,
+        )
     }
 
     /// The host's `apply_penalties` on one row of `width` logits: `n` distinct history tokens

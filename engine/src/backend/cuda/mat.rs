@@ -370,7 +370,7 @@ impl Products {
     }
 
     /// The distinct activation kinds the packed matrices of `ws` read.
-    fn kinds(ws: &[&Mat]) -> Vec<ActKind> {
+    pub(super) fn kinds(ws: &[&Mat]) -> Vec<ActKind> {
         let mut v = Vec::new();
         for p in ws.iter().filter_map(|w| w.packed.as_ref()) {
             if !v.contains(&p.act()) {

@@ -6,7 +6,8 @@
 //!    k highest probabilities (equal ones: the lowest expert index), renormalised when the
 //!    config says so, sorted by expert index: k (expert, weight) pairs per row in device memory.
 //!    A decode step of up to 8 rows may have routed already (`moe_norm_route`: the FFN norm,
-//!    the F32 router and this routing in one launch; [`MoeBufs::routed`]).
+//!    the F32 router and this routing in one launch; [`MoeBufs::routed`]), and prepared the
+//!    normalized rows for the gate and up products in it ([`MoeBufs::prepared`]).
 //! 2. The gate and up products of every (row, slot) pair: `mmq_id_<type>` (the v2 tensor-core
 //!    product of products.cu at M = 1, its weights offset by the pair's expert id; gate and up
 //!    in one launch when their stacks are packed alike) or
@@ -35,7 +36,7 @@
 
 use super::device::{Arg, Gpu};
 use super::mat::{Mat, Products};
-use super::products::{ActBuf, PMat};
+use super::products::{ActBuf, ActKind, PMat};
 use super::profile::{Launch, MOE_GROUPED_LAUNCH};
 use crate::error::Result;
 use crate::ops::{Glu, MoeParams};
@@ -65,8 +66,10 @@ pub struct MoeBufs {
     /// The residual rows (f32, `m x hidden`) the output is added into (`res += out`, the bits
     /// of `add_in_place`), or 0 for none.
     pub res: u64,
-    /// Whether `ids` / `wts` already hold the routing ([`Gpu::moe_norm_route`] ran).
+    /// Whether `ids` / `wts` already hold the routing ([`Gpu::moe_norm_route`] ran), and
+    /// whether it also prepared `x` for the gate and up products ([`Products::moe_prep_buf`]).
     pub routed: bool,
+    pub prepared: bool,
 }
 
 /// u32 values of the grouped path's offsets for `n_experts` experts (`moe_group`: pair offsets
@@ -177,7 +180,9 @@ impl Products {
         if group.is_some() {
             g.moe_group(b.ids, (b.order, b.offs), pairs, p.n_experts)?;
         }
-        self.prep(g, b.x, h, m, &[gate, up])?;
+        if !b.prepared {
+            self.prep(g, b.x, h, m, &[gate, up])?;
+        }
         if !self.gate_up_product(g, [gate, up], (b.gate, b.up), b.ids, group, k, pairs)? {
             self.expert_product(g, gate, (b.x, b.gate), b.ids, group, Some(k), pairs)?;
             self.expert_product(g, up, (b.x, b.up), b.ids, group, Some(k), pairs)?;
@@ -198,6 +203,15 @@ impl Products {
         }
         self.expert_product(g, down, (b.gate, b.y), b.ids, group, None, pairs)?;
         g.moe_combine(b.y, b.wts, (b.out, b.res), m, k, h)
+    }
+
+    /// The one prepared-activation buffer the gate and up stacks `w` read for rows of `k`, when
+    /// they read exactly one kind: [`Gpu::moe_norm_route`] can prepare it in its launch.
+    pub fn moe_prep_buf(&self, g: &Gpu, w: [&Mat; 2], k: usize) -> Result<Option<&ActBuf>> {
+        match Self::kinds(&w).as_slice() {
+            [kind] => self.act(g, *kind, k).map(Some),
+            _ => Ok(None),
+        }
     }
 
     /// The gate and up products of the per-pair path in one launch ([`Gpu::product_id`] with a
@@ -336,7 +350,8 @@ impl Gpu {
     /// (rms_norm's bits), `logits = router h` (F32 weights in their stored rows, the bits of
     /// matmul_f32_rows), then the routing of every row to `ids` / `wts` as
     /// [`Gpu::moe_route`]. `m` rows of `width`, at most 8 and [`NORM_ROUTE_SMEM`] bytes;
-    /// `ticket`: a u32 that is 0 (the kernel leaves it 0).
+    /// `ticket`: a u32 that is 0 (the kernel leaves it 0). With `prep`, `h` is also prepared
+    /// into it ([`Gpu::prepare`]'s bits) for the expert products.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_norm_route(
         &self,
@@ -345,6 +360,7 @@ impl Gpu {
         logits: u64,
         (ticket, ids, wts): (u64, u64, u64),
         (m, width): (usize, usize),
+        prep: Option<&ActBuf>,
         p: &MoeParams,
     ) -> Result<()> {
         let (e, k) = (p.n_experts, p.n_used);
@@ -357,6 +373,9 @@ impl Gpu {
         if e > memra_kernels::MOE_MAX_EXPERTS || k == 0 || k > e.min(memra_kernels::MOE_MAX_USED) {
             return Err(self.err(format!("moe_norm_route: {k} of {e} experts")));
         }
+        if let Some(a) = prep {
+            self.check_act(a, m, width)?;
+        }
         let args = [
             Arg::Ptr(x),
             Arg::Ptr(norm),
@@ -368,6 +387,10 @@ impl Gpu {
             Arg::Ptr(ticket),
             Arg::Ptr(ids),
             Arg::Ptr(wts),
+            Arg::Ptr(prep.map_or(0, |a| self.ptr(&a.values))),
+            Arg::Ptr(prep.map_or(0, |a| self.ptr(&a.scales))),
+            Arg::U32(self.u32_of(prep.map_or(0, |a| a.kp), "kp")?),
+            Arg::U32(prep.is_some_and(|a| a.kind == ActKind::BF16) as u32),
             Arg::U32(m as u32),
             Arg::U32(self.u32_of(width, "hidden")?),
             Arg::U32(e as u32),

@@ -23,7 +23,7 @@ impl CudaOps {
         w: [&Mat; 3],
         (x, router): (Act, Act),
         out: Act,
-        (res, routed): (Option<Act>, bool),
+        (res, routed, prepared): (Option<Act>, bool, bool),
         p: &MoeParams,
     ) -> Result<()> {
         let s = self
@@ -69,6 +69,7 @@ impl CudaOps {
             offs,
             res: res.map(|r| self.ptr(r)).transpose()?.unwrap_or(0),
             routed,
+            prepared,
         };
         self.products.moe(&self.gpu, w, &bufs, m, p)?;
         self.tick("moe");
@@ -441,7 +442,7 @@ impl Ops for CudaOps {
     }
 
     fn moe(&mut self, w: [&Mat; 3], x: Act, router: Act, out: Act, p: &MoeParams) -> Result<()> {
-        self.moe_into(w, (x, router), out, (None, false), p)
+        self.moe_into(w, (x, router), out, (None, false, false), p)
     }
 
     fn moe_add(
@@ -458,7 +459,7 @@ impl Ops for CudaOps {
                 x.width, out.width
             )));
         }
-        self.moe_into(w, (h, router), out, (Some(x), false), p)
+        self.moe_into(w, (h, router), out, (Some(x), false, false), p)
     }
 
     fn norm_moe_add(
@@ -499,9 +500,11 @@ impl Ops for CudaOps {
         let route = self.ptr(s.route)?;
         let xnh = (self.ptr(x)?, g.ptr(norm), eps, self.ptr(h)?);
         let idw = (ticket, route, route + (m * s.k * 4) as u64);
-        g.moe_norm_route(xnh, rw, self.ptr(logits)?, idw, (m, x.width), p)?;
+        let prep = self.products.moe_prep_buf(g, [w[0], w[1]], x.width)?;
+        g.moe_norm_route(xnh, rw, self.ptr(logits)?, idw, (m, x.width), prep, p)?;
         self.tick("norm/router");
-        self.moe_into(w, (h, logits), out, (Some(x), true), p)
+        let prepared = prep.is_some();
+        self.moe_into(w, (h, logits), out, (Some(x), true, prepared), p)
     }
 
     fn qk_norm_rope_kv_write(

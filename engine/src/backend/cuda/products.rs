@@ -322,7 +322,7 @@ impl Gpu {
         self.launch_fn(func, name, grid, 256, 0, args)
     }
 
-    fn check_act(&self, a: &ActBuf, m: usize, k: usize) -> Result<()> {
+    pub(super) fn check_act(&self, a: &ActBuf, m: usize, k: usize) -> Result<()> {
         if m > a.rows || k > a.kp {
             return Err(self.err(format!(
                 "{m} x {k} does not fit a prepared-activation buffer of {} x {}",
