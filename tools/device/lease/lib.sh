@@ -197,9 +197,12 @@ kdet() {
     run kdet-$k-$re 300 $nc -k "regex:$re" --launch-skip $skip --launch-count $count --clock-control none \
       --cache-control none --section SpeedOfLight --section LaunchStats --section Occupancy \
       --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
       $B/run-gen $f --device cuda:0 --prompt "The capital of France is a city that" --max-tokens 24 --no-cuda-graph
-    grep -E "^  [a-z_0-9]+\(|Duration|Stall|Warp Cycles Per Issued|Issued Warp|Achieved Occupancy|DRAM Throughput" \
-      $O/logs/kdet-$k-$re.log | head -60 | cut -c1-150 >> $S
+    grep -E "^  [a-z_0-9]+ \(|Duration|Elapsed Cycles|SM Active Cycles|Warp Cycles Per Issued|Issued Warp|Achieved Occupancy" \
+      $O/logs/kdet-$k-$re.log | head -30 | cut -c1-150 >> $S
+    # the stall reasons above 0.05 warps per issued instruction, largest first
+    grep -E "issue_stalled_" $O/logs/kdet-$k-$re.log | awk '$NF+0 > 0.05 {print "    " $1, $NF}' | sort -k2 -nr | head -24 >> $S
   done
 }
 # ksel k:DTYPE...: device times of the token-selection kernels (ncu) in sampled decoding
