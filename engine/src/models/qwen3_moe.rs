@@ -254,7 +254,7 @@ impl<O: Ops> Forward<O> for Qwen3Moe<O> {
             let [g, u, d] = &w.experts;
             let xn = (a.x, &w.ffn_norm, self.eps, a.h);
             let router = (&w.router, self.router);
-            ops.norm_moe_add(xn, router, [g, u, d], a.o, &self.moe)?;
+            ops.norm_moe(xn, router, [g, u, d], a.o, true, &self.moe)?;
             ops.dump("ffn_norm", l, a.h);
             ops.dump("router", l, self.router);
             ops.dump("ffn_out", l, a.o);

@@ -734,10 +734,10 @@ impl<O: Ops> Qwen3Next<O> {
     /// `x += moe(norm(x)) + sigmoid(g . h) * shared(h)`, `h = norm(x)`.
     fn ffn(&self, ops: &mut O, w: &Layer<O>, l: usize) -> Result<()> {
         let a = &self.acts;
-        ops.norm_matmul(a.x, &w.post_norm, self.eps, a.h, &w.router, a.router)?;
-        ops.dump("ffn_norm", l, a.h);
         let [g, u, d] = &w.experts;
-        ops.moe([g, u, d], a.h, a.router, a.o, &self.moe)?;
+        let xn = (a.x, &w.post_norm, self.eps, a.h);
+        ops.norm_moe(xn, (&w.router, a.router), [g, u, d], a.o, false, &self.moe)?;
+        ops.dump("ffn_norm", l, a.h);
         let (gate_up, down, gate) = &w.shared;
         ops.matmuls(gate_up, a.h, &[a.sh_gate, a.sh_up])?;
         ops.glu(Glu::Silu, a.sh_gate, a.sh_up)?;

@@ -432,20 +432,25 @@ pub trait Ops: Send + Sized + 'static {
         self.add(x, out)
     }
 
-    /// `h = RMSNorm(x) * norm`, the router logits `router.1 = router.0 h`, then
-    /// [`Ops::moe_add`] of `h` into `x` (a pre-norm MoE FFN; the routing in one pass on a
-    /// backend that fuses it).
+    /// `h = RMSNorm(x) * norm`, the router logits `router.1 = router.0 h`, then [`Ops::moe`] of
+    /// `h` into `out`, added into `x` when `add` ([`Ops::moe_add`]: a pre-norm MoE FFN; the
+    /// norm, router and routing in one pass on a backend that fuses them).
     #[allow(clippy::too_many_arguments)]
-    fn norm_moe_add(
+    fn norm_moe(
         &mut self,
         (x, norm, eps, h): (Act, &Self::Vector, f32, Act),
         (router, logits): (&Self::Mat, Act),
         experts: [&Self::Mat; 3],
         out: Act,
+        add: bool,
         p: &MoeParams,
     ) -> Result<()> {
         self.norm_matmul(x, norm, eps, h, router, logits)?;
-        self.moe_add(experts, (h, logits), out, x, p)
+        if add {
+            self.moe_add(experts, (h, logits), out, x, p)
+        } else {
+            self.moe(experts, h, logits, out, p)
+        }
     }
 
     /// The per-head RMSNorms of q and k (`norms`: weights of one head, `eps`), then

@@ -462,12 +462,13 @@ impl Ops for CudaOps {
         self.moe_into(w, (h, router), out, (Some(x), false, false), p)
     }
 
-    fn norm_moe_add(
+    fn norm_moe(
         &mut self,
         (x, norm, eps, h): (Act, &CudaSlice<f32>, f32, Act),
         (router, logits): (&Mat, Act),
         w: [&Mat; 3],
         out: Act,
+        add: bool,
         p: &MoeParams,
     ) -> Result<()> {
         let m = self.n(h);
@@ -477,7 +478,10 @@ impl Ops for CudaOps {
         let fits = m <= 8 && m * x.width * 4 <= super::moe::NORM_ROUTE_SMEM;
         let (Some(rw), true, Some(offs)) = (stored, fits, self.moe_offs.as_ref()) else {
             self.norm_matmul(x, norm, eps, h, router, logits)?;
-            return self.moe_add(w, (h, logits), out, x, p);
+            return match add {
+                true => self.moe_add(w, (h, logits), out, x, p),
+                false => self.moe(w, h, logits, out, p),
+            };
         };
         let s = self
             .moe_acts
@@ -488,7 +492,7 @@ impl Ops for CudaOps {
             && logits.width == p.n_experts;
         if !shapes_ok {
             return Err(self.gpu.err(format!(
-                "norm_moe_add: router {} x {} for {} experts over rows of {}",
+                "norm_moe: router {} x {} for {} experts over rows of {}",
                 router.rows(),
                 router.cols(),
                 p.n_experts,
@@ -504,7 +508,14 @@ impl Ops for CudaOps {
         g.moe_norm_route(xnh, rw, self.ptr(logits)?, idw, (m, x.width), prep, p)?;
         self.tick("norm/router");
         let prepared = prep.is_some();
-        self.moe_into(w, (h, logits), out, (Some(x), true, prepared), p)
+        if add && (x.width != out.width || self.n(x) != self.n(out)) {
+            return Err(self.gpu.err(format!(
+                "norm_moe: residual {} wide for an output of {}",
+                x.width, out.width
+            )));
+        }
+        let res = add.then_some(x);
+        self.moe_into(w, (h, logits), out, (res, true, prepared), p)
     }
 
     fn qk_norm_rope_kv_write(
