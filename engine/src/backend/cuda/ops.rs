@@ -76,6 +76,18 @@ impl CudaOps {
         Ok(())
     }
 
+    /// That the residual `x` the MoE output `out` is added into has its rows and width (`op`
+    /// names the op in the error).
+    fn check_residual(&self, op: &str, x: Act, out: Act) -> Result<()> {
+        if x.width != out.width || self.n(x) != self.n(out) {
+            return Err(self.gpu.err(format!(
+                "{op}: residual {} wide for an output of {}",
+                x.width, out.width
+            )));
+        }
+        Ok(())
+    }
+
     /// RoPE and the KV write of [`Ops::rope_kv_write`], after the per-head q/k RMSNorms
     /// (q weights, k weights, eps) when `norm` is given, in one launch.
     fn rope_kv_into(
@@ -453,12 +465,7 @@ impl Ops for CudaOps {
         x: Act,
         p: &MoeParams,
     ) -> Result<()> {
-        if x.width != out.width || self.n(x) != self.n(out) {
-            return Err(self.gpu.err(format!(
-                "moe_add: residual {} wide for an output of {}",
-                x.width, out.width
-            )));
-        }
+        self.check_residual("moe_add", x, out)?;
         self.moe_into(w, (h, router), out, (Some(x), false, false), p)
     }
 
@@ -499,6 +506,9 @@ impl Ops for CudaOps {
                 x.width
             )));
         }
+        if add {
+            self.check_residual("norm_moe", x, out)?;
+        }
         let g = &self.gpu;
         let ticket = g.ptr(offs) + (super::moe::group_offsets_len(p.n_experts) * 4) as u64;
         let route = self.ptr(s.route)?;
@@ -508,12 +518,6 @@ impl Ops for CudaOps {
         g.moe_norm_route(xnh, rw, self.ptr(logits)?, idw, (m, x.width), prep, p)?;
         self.tick("norm/router");
         let prepared = prep.is_some();
-        if add && (x.width != out.width || self.n(x) != self.n(out)) {
-            return Err(self.gpu.err(format!(
-                "norm_moe: residual {} wide for an output of {}",
-                x.width, out.width
-            )));
-        }
         let res = add.then_some(x);
         self.moe_into(w, (h, logits), out, (res, true, prepared), p)
     }
