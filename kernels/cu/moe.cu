@@ -124,12 +124,104 @@ __device__ __forceinline__ void moe_route_row(const float* l, u32* __restrict__ 
 }
 
 
-// moe_route_row of each row r of L (grid M, MOE_RT threads): ids and weights at [r k, r k + k).
+// Most experts moe_route_warp takes (MOE_WPL a lane, in registers).
+#define MOE_WARP_E 256
+#define MOE_WPL (MOE_WARP_E / 32)
+
+// The probability whose key is `key` (moe_key's inverse).
+__device__ __forceinline__ float moe_unkey(u32 key) {
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+// moe_route_row's result (the same bits) by one warp and no barrier, for E <= MOE_WARP_E: lane
+// l keeps experts l, l + 32, ... in registers, so its share of the softmax sum is the
+// lane-strided order, then the same xor tree; the k experts are taken one after the other by a
+// warp argmax over the keys not yet taken (the larger key, then the lower index: rank order),
+// the renormalizing sum added in that order; lane r keeps the rank-r expert and writes it at its
+// place in ascending expert index.
+__device__ __forceinline__ void moe_route_warp(const float* l, u32* __restrict__ ids, float* __restrict__ wts,
+                                               u32 E, u32 k, u32 norm) {
+    const u32 lane = threadIdx.x & 31;
+    const float ninf = __int_as_float(0xff800000);
+    float lv[MOE_WPL];
+    float mx = ninf;
+#pragma unroll
+    for (int j = 0; j < MOE_WPL; ++j) {
+        const u32 i = lane + 32 * j;
+        lv[j] = i < E ? __ldcg(l + i) : ninf;
+        mx = fmaxf(mx, lv[j]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, o));
+    float pv[MOE_WPL];
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < MOE_WPL; ++j) {
+        pv[j] = 0.0f;
+        if (lane + 32 * j < E) {
+            pv[j] = expf(__fsub_rn(lv[j], mx));
+            s = __fadd_rn(s, pv[j]);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL_MASK, s, o));
+    u32 kv[MOE_WPL];
+    u32 avail = 0;
+#pragma unroll
+    for (int j = 0; j < MOE_WPL; ++j) {
+        kv[j] = 0u;
+        if (lane + 32 * j < E) {
+            kv[j] = moe_key(__fdiv_rn(pv[j], s));
+            avail |= 1u << j;
+        }
+    }
+    float u = 0.0f, my_w = 0.0f;
+    u32 my_id = MOE_NONE;
+    for (u32 r = 0; r < k; ++r) {
+        // This lane's best expert not yet taken (j ascending: an equal key keeps the lower index).
+        u32 bk = 0u, bi = MOE_NONE;
+#pragma unroll
+        for (int j = 0; j < MOE_WPL; ++j) {
+            if (((avail >> j) & 1u) && (bi == MOE_NONE || kv[j] > bk)) {
+                bk = kv[j];
+                bi = lane + 32 * j;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const u32 ok = __shfl_xor_sync(FULL_MASK, bk, o), oi = __shfl_xor_sync(FULL_MASK, bi, o);
+            if (oi != MOE_NONE && (bi == MOE_NONE || ok > bk || (ok == bk && oi < bi))) {
+                bk = ok;
+                bi = oi;
+            }
+        }
+        // bi: the rank-r expert (k <= E: one is left), on every lane.
+        if ((bi & 31u) == lane) avail &= ~(1u << (bi >> 5));
+        const float w = moe_unkey(bk);
+        if (norm) u = __fadd_rn(u, w);
+        if (lane == r) {
+            my_id = bi;
+            my_w = w;
+        }
+    }
+    u32 slot = 0;
+    for (u32 r = 0; r < k; ++r) slot += __shfl_sync(FULL_MASK, my_id, r) < my_id ? 1u : 0u;
+    if (lane < k) {
+        ids[slot] = my_id;
+        wts[slot] = norm ? __fdiv_rn(my_w, u) : my_w;
+    }
+}
+
+// moe_route_row of each row r of L (grid M, MOE_RT threads; moe_route_warp by the first warp for
+// up to MOE_WARP_E experts): ids and weights at [r k, r k + k).
 extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(const float* __restrict__ L, u32* __restrict__ ids,
                                                                float* __restrict__ wts, u32 E, u32 k, u32 norm) {
     pdl_entry();
     const u64 row = blockIdx.x;
-    moe_route_row(L + row * E, ids + row * k, wts + row * k, E, k, norm);
+    if (E > MOE_WARP_E)
+        moe_route_row(L + row * E, ids + row * k, wts + row * k, E, k, norm);
+    else if (threadIdx.x < 32)
+        moe_route_warp(L + row * E, ids + row * k, wts + row * k, E, k, norm);
 }
 
 // A decode step's MoE router in one launch (M <= 8 rows of K): the FFN's RMSNorm, the F32
@@ -138,7 +230,8 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(const float* __re
 // bits of rms_norm, written to H by block 0), then router row n over them in
 // matmul_f32_rows_body's order (warp w sums its K / 8 chunk lane-strided with fma from +0, the
 // xor tree, the 8 warp sums in warp order from -0) into L[r][n]; the last block to finish (a
-// ticket, reset to 0 for the next launch) routes every row (moe_route_row). The bits of
+// ticket, reset to 0 for the next launch) routes every row (moe_route_warp by warp r for row r,
+// or moe_route_row for more than MOE_WARP_E experts). The bits of
 // rms_norm, matmul_f32_rows and moe_route, whatever M. When Xh is not null the normalized rows
 // are also prepared for the expert products (Xh / Xs, rows of kp columns, bf as prep_store:
 // prepare_h16's bits of H), one 32-column block per warp of the grid. The block's first eight
@@ -224,7 +317,10 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_norm_route(const float*
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (u32 r = 0; r < M; ++r) moe_route_row(L + (u64)r * E, ids + (u64)r * k, wts + (u64)r * k, E, k, norm);
+    if (E > MOE_WARP_E)
+        for (u32 r = 0; r < M; ++r) moe_route_row(L + (u64)r * E, ids + (u64)r * k, wts + (u64)r * k, E, k, norm);
+    else if (warp < M)  // warp r routes row r
+        moe_route_warp(L + (u64)warp * E, ids + (u64)warp * k, wts + (u64)warp * k, E, k, norm);
     if (t == 0) *ticket = 0;
 }
 
