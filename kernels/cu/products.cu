@@ -137,6 +137,9 @@ extern "C" __global__ void __launch_bounds__(256) norm_prep(const float* X, cons
                   Xs + (u64)row * (kp / 32), width, kp, eps, bf, blockIdx.y, gridDim.y);
 }
 
+// Values of o add_norm_prep stages in shared memory for its scale (rows up to this wide).
+#define ANP_STAGE 1024
+
 // A post-norm sublayer's output added into the residual, then the next RMSNorm prepared (Gemma
 // 3's sandwich norms): x += (o * rms_scale_warp(o)) * Wp (rms_norm's operations, then
 // add_in_place's; o is left as it was), then, when Xh is not null, norm_prep_row of the new x
@@ -148,11 +151,13 @@ extern "C" __global__ void __launch_bounds__(256) add_norm_prep(const float* O, 
                                                                 u16* __restrict__ Xh, float* __restrict__ Xs,
                                                                 u32 width, u32 kp, float eps, u32 bf) {
     pdl_entry();
+    __shared__ float os[ANP_STAGE];
     const u32 row = blockIdx.x;
     const float* o = O + (u64)row * width;
     float* x = X + (u64)row * width;
-    const float so = rms_scale_warp(o, width, post_eps);
-    // Up to four values a thread read before any store (x is written in place).
+    // Up to four values a thread read before any store (x is written in place), all at once;
+    // a row of up to ANP_STAGE values of o is staged in shared memory, so the scale's 16 lane
+    // chains read it there instead of one L2 round trip per eight values.
     float xv[4], ov[4], wv[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -161,8 +166,12 @@ extern "C" __global__ void __launch_bounds__(256) add_norm_prep(const float* O, 
             xv[j] = x[e];
             ov[j] = o[e];
             wv[j] = Wp[e];
+            if (e < ANP_STAGE) os[e] = ov[j];
         }
     }
+    const bool staged = width <= ANP_STAGE;
+    if (staged) __syncthreads();  // uniform
+    const float so = rms_scale_warp(staged ? os : o, width, post_eps);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const u32 e = threadIdx.x + 256 * j;
