@@ -86,6 +86,10 @@ pub enum Mats {
         rows: Vec<usize>,
     },
     Each(Vec<Mat>),
+    /// Runs of consecutive matrices of one type and width, each run fused (a `Fused` part) or
+    /// a single matrix (an `Each` of one), in the matrices' order: Q and K of one type beside
+    /// a V of another (a Q4_K_M file's Q6_K V layers) in two launches instead of three.
+    Parts(Vec<Mats>),
     /// A gate and an up matrix of `ff` rows as one packed matrix with its rows interleaved by
     /// 8 (`quant::repack::interleave_glu`): F16 / BF16 where the warp-specialized product runs,
     /// whose SwiGLU epilogue needs a feature's gate and up in one thread
@@ -110,6 +114,17 @@ impl Mats {
         match self {
             Mats::Fused { mat, .. } | Mats::Glu { mat, .. } => vec![mat],
             Mats::Each(v) => v.iter().collect(),
+            Mats::Parts(p) => p.iter().flat_map(Mats::list).collect(),
+        }
+    }
+
+    /// The outputs the matrices write (a fused matrix writes one per part).
+    fn outputs(&self) -> usize {
+        match self {
+            Mats::Fused { rows, .. } => rows.len(),
+            Mats::Glu { .. } => 2,
+            Mats::Each(v) => v.len(),
+            Mats::Parts(p) => p.iter().map(Mats::outputs).sum(),
         }
     }
 }
@@ -260,14 +275,33 @@ impl Products {
     }
 
     /// Uploads matrices that read one input: as one packed matrix when they share a type and a
-    /// width the v2 products read, else each on its own.
+    /// width the v2 products read, as [`Mats::Parts`] when only a run of them does, else each
+    /// on its own. (A fused matrix's segment count follows its rows, `Profile::nseg`: fusing is
+    /// part of the device's arithmetic, as the tile parameters are.)
     pub fn upload_mats(&mut self, g: &Gpu, ts: &[&Tensor]) -> Result<Mats> {
         let Some(first) = ts.first() else {
             return Ok(Mats::Each(Vec::new()));
         };
         let (d, cols) = (first.dtype, first.rows_cols().1);
         let same = ts.iter().all(|t| t.dtype == d && t.rows_cols().1 == cols);
-        if !self.v2 || !same || ts.len() > 3 || !products::product_supports(d) {
+        if !self.v2 || ts.len() > 3 {
+            let each = ts.iter().map(|t| self.upload_mat(g, t, Use::Product));
+            return Ok(Mats::Each(each.collect::<Result<_>>()?));
+        }
+        if !same {
+            // Runs of one type and width, in order; a run of two or more the products read is
+            // fused ([`Mats::Parts`]).
+            let alike =
+                |a: &Tensor, b: &Tensor| a.dtype == b.dtype && a.rows_cols().1 == b.rows_cols().1;
+            let runs: Vec<&[&Tensor]> = ts.chunk_by(|a, b| alike(a, b)).collect();
+            if runs.iter().all(|r| r.len() == 1) {
+                let each = ts.iter().map(|t| self.upload_mat(g, t, Use::Product));
+                return Ok(Mats::Each(each.collect::<Result<_>>()?));
+            }
+            let parts = runs.into_iter().map(|r| self.upload_mats(g, r));
+            return Ok(Mats::Parts(parts.collect::<Result<_>>()?));
+        }
+        if !products::product_supports(d) {
             let each = ts.iter().map(|t| self.upload_mat(g, t, Use::Product));
             return Ok(Mats::Each(each.collect::<Result<_>>()?));
         }
@@ -570,6 +604,18 @@ impl Products {
                 let a = self.act(g, p.act(), mat.cols)?;
                 let l = self.profile.launch(m, mat.dtype, p.rows);
                 g.product_glu_split(p, a, (*gate, *up), m, l)
+            }
+            Mats::Parts(parts) => {
+                if w.outputs() != ys.len() {
+                    return Err(g.err(format!("{} outputs for {}", w.outputs(), ys.len())));
+                }
+                let mut at = 0;
+                for part in parts {
+                    let n = part.outputs();
+                    self.matmuls(g, part, x, &ys[at..at + n], m)?;
+                    at += n;
+                }
+                Ok(())
             }
             Mats::Each(ws) => {
                 if ws.len() != ys.len() {
