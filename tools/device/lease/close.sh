@@ -20,6 +20,8 @@
 #   ksel   device times of the token-selection kernels in sampled decoding, plain and with
 #          n-gram speculation (lib.sh ksel; ncu; $KSEL_MODELS)
 #   kgate  the whole `memra-verify kernels` alone (after a kernel change, before the other gates)
+#   kbench `memra-bench kernels` (checked against the CPU, then timed): $KB_DTYPES at $KB_SHAPES,
+#          M = $KB_M (default the decode products of the staged models' shapes at M 1 and 8)
 #   tiny   the tiny qwen3moe / gemma3 / qwen3next gates alone (gates_tiny; no file needed)
 #   prof   the per-op decode profile of Gemma 3 and qwen3-30b-a3b ($PROF_MODELS; LEASE_SYNTH moe)
 #   long   long context on the 128k Q4_K_M (lib.sh long_ctx: invariance at 8,192 tokens per KV
@@ -39,6 +41,8 @@ if on gates; then
   gates_tiny
   row gates-done ""
 fi
+on kbench && run kbench 400 $B/memra-bench kernels --device 0 --dtypes ${KB_DTYPES:-q4_k,q6_k,q5_0,q4_1,q8_0} \
+  --shapes ${KB_SHAPES:-4096x4096,1024x4096,28672x4096,4096x14336,1536x2048,2048x1024} --m ${KB_M:-1,8} --json $O/kbench.json
 on tiny && gates_tiny
 on gemma && gates_gemma
 if on sbs || on load || on specpeer; then peerwait; fi
