@@ -327,7 +327,8 @@ pub trait Ops: Send + Sized + 'static {
 
     // ---- composite ops: fusion points (defaults compose the simple ops) ----
 
-    /// RMSNorm of `x` into `h`, then `ys[i] = W[i] h`.
+    /// RMSNorm of `x` into `h`, then `ys[i] = W[i] h`. A backend that folds the norm into the
+    /// products may leave `h` unwritten (CUDA at decode): callers do not read it afterwards.
     fn norm_matmuls(
         &mut self,
         x: Act,

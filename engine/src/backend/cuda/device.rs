@@ -124,7 +124,7 @@ pub struct Gpu {
     /// Programmatic dependent launch (sm_90 and later): see [`Gpu::launch_ex`].
     pub(super) pdl: bool,
     /// Resident blocks per multiprocessor of an attention kernel with its shared memory.
-    occupancy: Mutex<HashMap<(&'static str, usize), usize>>,
+    occupancy: Mutex<HashMap<(String, u32, usize), usize>>,
     pub(super) funcs: HashMap<&'static str, CudaFunction>,
     /// Modules compiled on first use, per (module, defines): see [`Gpu::variant`].
     variants: Mutex<HashMap<(String, Vec<String>), Funcs>>,
@@ -236,26 +236,28 @@ impl Gpu {
         Ok(self)
     }
 
-    /// Blocks of `name` (128 threads, `smem` bytes of dynamic shared memory) resident on one
-    /// multiprocessor (at least 1), asked of the driver once per (kernel, smem).
+    /// Blocks of `name` (`threads` threads, `smem` bytes of dynamic shared memory) resident on
+    /// one multiprocessor (at least 1), asked of the driver once per (kernel, threads, smem).
     pub(super) fn blocks_per_sm(
         &self,
-        name: &'static str,
+        name: &str,
         f: &CudaFunction,
+        threads: u32,
         smem: usize,
     ) -> Result<usize> {
         let mut cache = self
             .occupancy
             .lock()
             .map_err(|_| self.err("occupancy cache poisoned"))?;
-        if let Some(&n) = cache.get(&(name, smem)) {
+        let key = (name.to_string(), threads, smem);
+        if let Some(&n) = cache.get(&key) {
             return Ok(n);
         }
         let n = f
-            .occupancy_max_active_blocks_per_multiprocessor(128, smem, None)
+            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
             .map_err(|e| self.err(format!("occupancy of {name}: {e:?}")))?
             .max(1) as usize;
-        cache.insert((name, smem), n);
+        cache.insert(key, n);
         Ok(n)
     }
 
