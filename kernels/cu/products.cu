@@ -973,7 +973,8 @@ __device__ __forceinline__ void product_wg(const u8* __restrict__ W, const u8* _
     extern "C" __global__ void __launch_bounds__(MMQ_MAXT, MMQ_MINB) mmqn_##suffix(                         \
         const u8* W, const float* X, const float* Nw, float eps, u32 width, float* Y, float* Y2, float* Y3, \
         u32 n1, u32 n2, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp, u32 bf) {                                  \
-        product_norm<FMT>(W, X, Nw, eps, width, outs(Y, Y2, Y3, n1, n2, N), M, N, nkt, nseg, kp, bf);        \
+        const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
+        product_norm<FMT>(W, X, Nw, eps, width, o, M, N, nkt, nseg, kp, bf);                                 \
     }
 
 MMQ_KERNEL(q8_0, FmtQ8_0)
