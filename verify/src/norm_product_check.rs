@@ -76,13 +76,7 @@ pub fn norm_product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()>
             g.fill(g.ptr(&fy), f32::NAN, mmax * n)?;
             g.norm_prep(g.ptr(&dx), g.ptr(&dnw), None, &act, m, k, eps)?;
             g.product_to(&w, &act, &outs(g.ptr(&uy)), None, m, l)?;
-            g.product_norm(
-                &w,
-                (g.ptr(&dx), g.ptr(&dnw), eps, k),
-                &outs(g.ptr(&fy)),
-                m,
-                l,
-            )?;
+            g.product_norm(&w, (g.ptr(&dx), g.ptr(&dnw), eps, k), &outs(g.ptr(&fy)), m, l)?;
             let want = g.download_range(&uy, 0, m * n)?;
             let got = g.download_range(&fy, 0, m * n)?;
             let problem = match want
@@ -94,7 +88,9 @@ pub fn norm_product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()>
                     "value {j} is {} where norm_prep + product give {}",
                     got[j], want[j]
                 )),
-                None if want.iter().any(|v| v.is_nan()) => Some("an output was not written".into()),
+                None if want.iter().any(|v| v.is_nan()) => {
+                    Some("an output was not written".into())
+                }
                 None => None,
             };
             out.push(Case {
