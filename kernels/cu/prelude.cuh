@@ -17,9 +17,7 @@ typedef unsigned long long u64;
 // run this), `griddepcontrol.wait` holds it until that grid has completed and its memory is
 // visible, then `launch_dependents` lets the next kernel do the same. Nothing, neither a read nor
 // a write, happens before the wait, so the order of every memory access is the stream's order
-// and no output bit can change (one exception: products.cu's product_norm requests its first
-// weight tiles before the wait; weights are never written while a model is loaded); launched
-// without the attribute (below sm_90) both
+// and no output bit can change; launched without the attribute (below sm_90) both
 // instructions return at once. A macro, so that a module can set PDL_TRIGGER before its kernels:
 // 0 leaves out `launch_dependents`, and the next kernel is launched as this one's blocks exit
 // (products.cu does: F16 decode 8% faster on the H200, session 16; why the early trigger costs

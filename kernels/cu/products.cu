@@ -251,8 +251,7 @@ __device__ __forceinline__ TokRows tok_rows(u32 m0, u32 M, int g, int t, const u
 }
 
 // One tile: every block, every token fragment.
-// S: the prepared activations are in shared memory (product_norm), else global.
-template <class F, bool S = false>
+template <class F>
 __device__ __forceinline__ void tile_blocks(const typename F::Tile& cur, u32 kt, const u8* __restrict__ Xh,
                                             const float* __restrict__ Xs, u32 kp, const TokRows& tr, int t,
                                             float acc[MMQ_NT][4]) {
@@ -262,15 +261,12 @@ __device__ __forceinline__ void tile_blocks(const typename F::Tile& cur, u32 kt,
         const u32 blk = kt * F::NB + b;
 #pragma unroll
         for (int nf = 0; nf < MMQ_NT; ++nf) {
-            const u8* xp = Xh + ((u64)tr.b[nf] * kp + blk * 32) * 2 + 16 * t;
-            const uint4 v = S ? *(const uint4*)xp : ld16(xp);
+            const uint4 v = ld16(Xh + ((u64)tr.b[nf] * kp + blk * 32) * 2 + 16 * t);
             const u32 bf[4] = {v.x, v.y, v.z, v.w};
             XSum xs = {0.0f, 0.0f};
             if (F::MIN) {
-                const float* s0 = Xs + (u64)tr.c0[nf] * nbk + blk;
-                const float* s1 = Xs + (u64)tr.c1[nf] * nbk + blk;
-                xs.s0 = S ? *s0 : __ldg(s0);
-                xs.s1 = S ? *s1 : __ldg(s1);
+                xs.s0 = __ldg(Xs + (u64)tr.c0[nf] * nbk + blk);
+                xs.s1 = __ldg(Xs + (u64)tr.c1[nf] * nbk + blk);
             }
             F::block(cur, b, bf, xs, acc[nf]);
         }
@@ -325,54 +321,6 @@ __device__ __forceinline__ Outs outs(float* Y, float* Y2, float* Y3, u32 n1, u32
     return o;
 }
 
-// Weight tiles in flight per warp (MMQ_PF, else by the tile's size).
-template <class F>
-__device__ constexpr int ring_of() {
-    return MMQ_PF > 0 ? MMQ_PF : (F::TB < 1088 && MMQ_NT <= 2 ? 4 : 2);
-}
-
-// The end of a row tile: each warp's segment totals `tot` of 16 rows x 8 MMQ_NT tokens (row tile
-// rt0 + rp, tokens m0 ..) written out: with one warp per row tile (wks == 1) directly, else through
-// `part` (shared, [wks][RPB][16][cols]), the nseg partials added in segment order. Every thread of
-// the block calls it (a barrier inside when wks > 1).
-template <bool G = false>
-__device__ __forceinline__ void tile_store(const float tot[MMQ_NT][4], float* part, bool live, u32 wk, u32 rp,
-                                           u32 wks, u32 rt0, const Outs& out, const float* R, u32 M, u32 N,
-                                           u32 m0, const u32* __restrict__ gather) {
-    const int lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const u32 cols = 8 * MMQ_NT;
-    if (wks == 1) {
-        if (!live) return;
-#pragma unroll
-        for (int nf = 0; nf < MMQ_NT; ++nf)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const u32 n = (rt0 + rp) * 16 + g + 8 * (e >> 1);
-                const u32 m = m0 + nf * 8 + 2 * t + (e & 1);
-                if (n < N && m < M) out.put(G ? __ldg(gather + m) : m, n, tot[nf][e], R);
-            }
-        return;
-    }
-#pragma unroll
-    for (int nf = 0; nf < MMQ_NT; ++nf)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const u32 row = g + 8 * (e >> 1), col = nf * 8 + 2 * t + (e & 1);
-            part[((wk * MMQ_RPB + rp) * 16 + row) * cols + col] = tot[nf][e];
-        }
-    __syncthreads();
-    const u32 per = MMQ_RPB * 16 * cols;
-    for (u32 i = threadIdx.x; i < per; i += blockDim.x) {
-        const u32 rp2 = i / (16 * cols), row = (i / cols) % 16, col = i % cols;
-        float v = NEG_ZERO;
-        for (u32 s = 0; s < wks; ++s) v = __fadd_rn(v, part[((s * MMQ_RPB + rp2) * 16 + row) * cols + col]);
-        const u32 n = (rt0 + rp2) * 16 + row;
-        const u32 m = m0 + col;
-        if (n < N && m < M) out.put(G ? __ldg(gather + m) : m, n, v, R);
-    }
-}
-
 // G: the grouped expert products (mmq_grouped_<type>): token i of the launch reads activation
 // row gather[i] / xdiv and writes output row gather[i]; the arithmetic of every element is
 // unchanged (the rows only move addresses). Without G every dense product, as before.
@@ -405,7 +353,7 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
                 for (int e = 0; e < 4; ++e) acc[nf][e] = NEG_ZERO;
             // A ring of PF tiles in flight (register arrays indexed by unrolled constants): tile
             // kt + PF is requested as soon as tile kt is consumed. Tiles are used in order.
-            constexpr int PF = ring_of<F>();
+            constexpr int PF = MMQ_PF > 0 ? MMQ_PF : (F::TB < 1088 && MMQ_NT <= 2 ? 4 : 2);
             typename F::Tile buf[PF];
 #pragma unroll
             for (int i = 0; i < PF; ++i)
@@ -425,139 +373,36 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
                 for (int e = 0; e < 4; ++e) tot[nf][e] = __fadd_rn(tot[nf][e], acc[nf][e]);
         }
     }
-    extern __shared__ float part[];  // [wks][RPB][16][cols]
-    tile_store<G>(tot, part, live, wk, rp, wks, blockIdx.x * MMQ_RPB, out, R, M, N, m0, gather);
-}
-
-// ---------------------------------------------------------------------------------------------
-// A decode product with its input's RMSNorm in the prologue (mmqn_<type>, issue 35): the block
-// normalizes the M (<= 8 * MMQ_NT) rows of X itself, in norm_prep_row's operations and order, and
-// prepares them into shared memory, so the norm_prep launch before the product goes. The same
-// bits as norm_prep + product: every prepared value is norm_prep's (the sum of squares in its 256
-// lane chains, its warp trees and warp order, its scale and products, prep_store's rounding), and
-// the product's per-element sequence is product's split-K one (WK = nseg, MMQ_RPB = 1: one
-// segment per warp; the host launches 32 * nseg threads). The grid may be smaller than the row
-// tiles: a block then walks row tiles blockIdx.x, + gridDim.x, ... (the prologue once a block);
-// when a warp's segment is a whole number of rings, the next row tile's first tiles are requested
-// while the current one is still being consumed. The weights are constant for the model's life,
-// so the first tiles are requested before the wait for the previous kernel (pdl_entry): they
-// arrive while that kernel's last blocks finish. Dynamic shared memory: x staged (width f32,
-// rounded up to 4), the prepared rows [M][kp] (16-bit), their block sums [M][kp / 32], the
-// partials [nseg][16][8 MMQ_NT].
-template <class F>
-__device__ __forceinline__ void product_norm_body(const u8* __restrict__ W, const float* X,
-                                                  const float* __restrict__ Nw, float eps, u32 width,
-                                                  const Outs& out, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp,
-                                                  u32 bf);
-template <class F>
-__device__ __forceinline__ void product_norm(const u8* __restrict__ W, const float* X, const float* __restrict__ Nw,
-                                             float eps, u32 width, const Outs& out, u32 M, u32 N, u32 nkt,
-                                             u32 nseg, u32 kp, u32 bf) {
-    if constexpr (MMQ_RPB != 1) {
-        __trap();  // the host launches mmqn only where a block is one row tile (profile.rs split)
-    } else {
-        product_norm_body<F>(W, X, Nw, eps, width, out, M, N, nkt, nseg, kp, bf);
-    }
-}
-
-template <class F>
-__device__ __forceinline__ void product_norm_body(const u8* __restrict__ W, const float* X,
-                                                  const float* __restrict__ Nw, float eps, u32 width,
-                                                  const Outs& out, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp,
-                                                  u32 bf) {
-    extern __shared__ float sm[];
-    __shared__ float wsum[8];
-    __shared__ float total;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    const u32 nw = blockDim.x / 32;  // == nseg
-    const u32 tiles = (N + 15) / 16;
-    const u32 nb = kp / 32, wpad = (width + 3) & ~3u;
-    float* stage = sm;
-    u16* xh = (u16*)(sm + wpad);
-    float* xsum = (float*)(xh + (u64)M * kp);
-    float* part = xsum + (u64)M * nb;
-    const u32 k0 = (u32)warp * nkt / nseg, k1 = ((u32)warp + 1) * nkt / nseg;
-    constexpr int PF = ring_of<F>();
-    const bool chain = (k1 - k0) % PF == 0;
-    typename F::Tile buf[PF];
-    u32 rt = blockIdx.x;
-    if (rt < tiles) {
-#pragma unroll
-        for (int i = 0; i < PF; ++i)
-            if (k0 + i < k1) F::load(W + ((u64)rt * nkt + k0 + i) * F::TB, lane, buf[i]);
-    }
-    pdl_entry();
-    // The prologue: row m of X normed and prepared into xh / xsum, in norm_prep_row's order.
-    for (u32 m = 0; m < M; ++m) {
-        const float* x = X + (u64)m * width;
-        if ((width & 3) == 0) {
-            for (u32 e = threadIdx.x * 4; e < width; e += blockDim.x * 4)
-                *(float4*)(stage + e) = *(const float4*)(x + e);
-        } else {
-            for (u32 e = threadIdx.x; e < width; e += blockDim.x) stage[e] = x[e];
-        }
-        __syncthreads();
-        // norm_prep_row's 256 threads: thread v = threadIdx.x + blockDim.x * j (its warp v / 32
-        // is this warp + nw * j, its lane this lane).
-        for (u32 j = 0; j * blockDim.x < 256; ++j) {
-            const u32 v = threadIdx.x + blockDim.x * j;
-            float ss = 0.0f;
-            for (u32 e = v; e < width; e += 256) ss = __fmaf_rn(stage[e], stage[e], ss);
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) ss = __fadd_rn(ss, __shfl_xor_sync(FULL_MASK, ss, o));
-            if (lane == 0) wsum[v >> 5] = ss;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float tt = wsum[0];
-            for (int i = 1; i < 8; ++i) tt = __fadd_rn(tt, wsum[i]);
-            total = tt;
-        }
-        __syncthreads();
-        const float scale = __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)width), eps)));
-        for (u32 b = warp; b < nb; b += nw) {
-            const u32 k = b * 32 + lane;
-            const float v = k < width ? __fmul_rn(__fmul_rn(stage[k], scale), __ldg(Nw + k)) : 0.0f;
-            prep_store(v, lane, xh + (u64)m * kp + b * 32, xsum + (u64)m * nb + b, bf);
-        }
-        __syncthreads();  // xh complete; stage free for the next row
-    }
-    const TokRows tr = tok_rows(0, M, g, t);
-    for (; rt < tiles; rt += gridDim.x) {
-        const u32 nrt = rt + gridDim.x;
-        const u8* wt = W + (u64)rt * nkt * F::TB;
-        const u8* wn = W + (u64)nrt * nkt * F::TB;
-        if (rt != blockIdx.x && !chain) {
-#pragma unroll
-            for (int i = 0; i < PF; ++i)
-                if (k0 + i < k1) F::load(wt + (u64)(k0 + i) * F::TB, lane, buf[i]);
-        }
-        float acc[MMQ_NT][4];
+    const u32 cols = 8 * MMQ_NT;
+    if (wks == 1) {
+        if (!live) return;
 #pragma unroll
         for (int nf = 0; nf < MMQ_NT; ++nf)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[nf][e] = NEG_ZERO;
-        for (u32 kt = k0; kt < k1; kt += PF) {
-#pragma unroll
-            for (int i = 0; i < PF; ++i) {
-                if (kt + i < k1) {
-                    tile_blocks<F, true>(buf[i], kt + i, (const u8*)xh, xsum, kp, tr, t, acc);
-                    const u32 nk = kt + i + PF;
-                    if (nk < k1)
-                        F::load(wt + (u64)nk * F::TB, lane, buf[i]);
-                    else if (chain && nrt < tiles && k0 + (nk - k1) < k1)
-                        F::load(wn + (u64)(k0 + (nk - k1)) * F::TB, lane, buf[i]);
-                }
+            for (int e = 0; e < 4; ++e) {
+                const u32 n = rt * 16 + g + 8 * (e >> 1);
+                const u32 m = m0 + nf * 8 + 2 * t + (e & 1);
+                if (n < N && m < M) out.put(G ? __ldg(gather + m) : m, n, tot[nf][e], R);
             }
+        return;
+    }
+    extern __shared__ float part[];  // [wks][RPB][16][cols]
+#pragma unroll
+    for (int nf = 0; nf < MMQ_NT; ++nf)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const u32 row = g + 8 * (e >> 1), col = nf * 8 + 2 * t + (e & 1);
+            part[((wk * MMQ_RPB + rp) * 16 + row) * cols + col] = tot[nf][e];
         }
-        float tot[MMQ_NT][4];
-#pragma unroll
-        for (int nf = 0; nf < MMQ_NT; ++nf)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) tot[nf][e] = __fadd_rn(NEG_ZERO, acc[nf][e]);
-        tile_store(tot, part, true, (u32)warp, 0, nw, rt, out, nullptr, M, N, 0, nullptr);
-        if (nrt < tiles) __syncthreads();  // part is read before the next tile writes it
+    __syncthreads();
+    const u32 per = MMQ_RPB * 16 * cols;
+    for (u32 i = threadIdx.x; i < per; i += blockDim.x) {
+        const u32 rp2 = i / (16 * cols), row = (i / cols) % 16, col = i % cols;
+        float v = NEG_ZERO;
+        for (u32 s = 0; s < wks; ++s) v = __fadd_rn(v, part[((s * MMQ_RPB + rp2) * 16 + row) * cols + col]);
+        const u32 n = (blockIdx.x * MMQ_RPB + rp2) * 16 + row;
+        const u32 m = m0 + col;
+        if (n < N && m < M) out.put(G ? __ldg(gather + m) : m, n, v, R);
     }
 }
 
@@ -967,16 +812,6 @@ __device__ __forceinline__ void product_wg(const u8* __restrict__ W, const u8* _
         product<FMT>(W, X, Xs, o, R, M, N, nkt, nseg, kp, blockIdx.y * 8 * MMQ_NT);                           \
     }
 
-// The decode product with the RMSNorm of its input in the prologue (product_norm): X f32 rows of
-// `width`, Nw the norm's weights; Y, Y2, Y3 with n1 / n2 as mmq's. One segment per warp.
-#define MMQN_KERNEL(suffix, FMT)                                                                            \
-    extern "C" __global__ void __launch_bounds__(MMQ_MAXT, MMQ_MINB) mmqn_##suffix(                         \
-        const u8* W, const float* X, const float* Nw, float eps, u32 width, float* Y, float* Y2, float* Y3, \
-        u32 n1, u32 n2, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp, u32 bf) {                                  \
-        const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
-        product_norm<FMT>(W, X, Nw, eps, width, o, M, N, nkt, nseg, kp, bf);                                 \
-    }
-
 MMQ_KERNEL(q8_0, FmtQ8_0)
 MMQ_KERNEL(q4_0, FmtQ4_0)
 MMQ_KERNEL(q4_1, FmtQ4_1)
@@ -987,16 +822,6 @@ MMQ_KERNEL(q5_k, FmtQ5_K)
 MMQ_KERNEL(q6_k, FmtQ6_K)
 MMQ_KERNEL(f16, FmtF16<0>)
 MMQ_KERNEL(bf16, FmtF16<1>)
-MMQN_KERNEL(q8_0, FmtQ8_0)
-MMQN_KERNEL(q4_0, FmtQ4_0)
-MMQN_KERNEL(q4_1, FmtQ4_1)
-MMQN_KERNEL(q5_0, FmtQ5_0)
-MMQN_KERNEL(q5_1, FmtQ5_1)
-MMQN_KERNEL(q4_k, FmtQ4_K)
-MMQN_KERNEL(q5_k, FmtQ5_K)
-MMQN_KERNEL(q6_k, FmtQ6_K)
-MMQN_KERNEL(f16, FmtF16<0>)
-MMQN_KERNEL(bf16, FmtF16<1>)
 
 // The expert products of a mixture-of-experts FFN (issue 16; engine/src/backend/cuda/moe.rs):
 // one (row, slot) pair per blockIdx.y (pair p = p0 + blockIdx.y, slot p % k of step row p / k),

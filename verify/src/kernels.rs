@@ -367,7 +367,7 @@ fn argmax_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
 type Group = fn(&Gpu, u64, &mut Vec<Case>) -> Result<()>;
 
 /// The kernel gate's case groups by name, in run order (`memra-verify kernels --only`).
-pub const GROUPS: [(&str, Group); 16] = [
+pub const GROUPS: [(&str, Group); 15] = [
     ("matmul", matmul_cases),
     ("embed", embed_cases),
     ("norm", norm_cases),
@@ -385,10 +385,6 @@ pub const GROUPS: [(&str, Group); 16] = [
     ("moe", super::moe_check::moe_cases),
     ("glu", super::glu_check::glu_cases),
     ("fused", super::fused_check::fused_cases),
-    (
-        "norm_product",
-        super::norm_product_check::norm_product_cases,
-    ),
     ("delta", super::delta_check::delta_cases),
 ];
 

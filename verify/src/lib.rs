@@ -12,7 +12,6 @@ mod attention_window_check;
 pub mod case;
 pub mod delta_check;
 mod fused_check;
-mod norm_product_check;
 mod glu_check;
 pub mod golden;
 pub mod graph;

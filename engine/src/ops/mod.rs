@@ -327,8 +327,7 @@ pub trait Ops: Send + Sized + 'static {
 
     // ---- composite ops: fusion points (defaults compose the simple ops) ----
 
-    /// RMSNorm of `x` into `h`, then `ys[i] = W[i] h`. A backend that folds the norm into the
-    /// products may leave `h` unwritten (CUDA at decode): callers do not read it afterwards.
+    /// RMSNorm of `x` into `h`, then `ys[i] = W[i] h`.
     fn norm_matmuls(
         &mut self,
         x: Act,

@@ -274,7 +274,7 @@ impl Gpu {
                     (true, _) => 1,
                     (false, Some(n)) => splits.clamp(1, ATTN_GRID_Y).min(n),
                     (false, None) => {
-                        let resident = self.blocks_per_sm(name, f, 128, smem)?;
+                        let resident = self.blocks_per_sm(name, f, smem)?;
                         attn_grid_y(splits, blocks, self.sms as usize, resident)
                     }
                 };

@@ -124,7 +124,7 @@ pub struct Gpu {
     /// Programmatic dependent launch (sm_90 and later): see [`Gpu::launch_ex`].
     pub(super) pdl: bool,
     /// Resident blocks per multiprocessor of an attention kernel with its shared memory.
-    occupancy: Mutex<HashMap<(String, u32, usize), usize>>,
+    occupancy: Mutex<HashMap<(&'static str, usize), usize>>,
     pub(super) funcs: HashMap<&'static str, CudaFunction>,
     /// Modules compiled on first use, per (module, defines): see [`Gpu::variant`].
     variants: Mutex<HashMap<(String, Vec<String>), Funcs>>,
@@ -236,28 +236,26 @@ impl Gpu {
         Ok(self)
     }
 
-    /// Blocks of `name` (`threads` threads, `smem` bytes of dynamic shared memory) resident on
-    /// one multiprocessor (at least 1), asked of the driver once per (kernel, threads, smem).
+    /// Blocks of `name` (128 threads, `smem` bytes of dynamic shared memory) resident on one
+    /// multiprocessor (at least 1), asked of the driver once per (kernel, smem).
     pub(super) fn blocks_per_sm(
         &self,
-        name: &str,
+        name: &'static str,
         f: &CudaFunction,
-        threads: u32,
         smem: usize,
     ) -> Result<usize> {
         let mut cache = self
             .occupancy
             .lock()
             .map_err(|_| self.err("occupancy cache poisoned"))?;
-        let key = (name.to_string(), threads, smem);
-        if let Some(&n) = cache.get(&key) {
+        if let Some(&n) = cache.get(&(name, smem)) {
             return Ok(n);
         }
         let n = f
-            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
+            .occupancy_max_active_blocks_per_multiprocessor(128, smem, None)
             .map_err(|e| self.err(format!("occupancy of {name}: {e:?}")))?
             .max(1) as usize;
-        cache.insert(key, n);
+        cache.insert((name, smem), n);
         Ok(n)
     }
 

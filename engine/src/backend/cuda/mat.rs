@@ -8,7 +8,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::Gpu;
-use super::products::{self, ActBuf, ActKind, PMat, norm_product_fits};
+use super::products::{self, ActBuf, ActKind, PMat};
 use super::profile::{Profile, warp_specialized};
 use crate::error::Result;
 use crate::ops::Glu;
@@ -463,88 +463,6 @@ impl Products {
         w: &Mats,
     ) -> Result<()> {
         self.norm_for(g, xwy, m, width, eps, &w.list())
-    }
-
-    /// RMSNorm of `m` rows of `width` at `x` (weights `w`), then `ys[i] = W[i] norm(x)`: in the
-    /// products' prologues where every product of `mats` takes it ([`Gpu::product_norm`]: the
-    /// decode launches; `h` is then left as it was), else [`Products::norm_for_mats`] into `h`
-    /// and [`Products::matmuls`]. The same bits either way.
-    #[allow(clippy::too_many_arguments)]
-    pub fn norm_matmuls(
-        &self,
-        g: &Gpu,
-        (x, w, h): (u64, u64, u64),
-        m: usize,
-        width: usize,
-        eps: f32,
-        mats: &Mats,
-        ys: &[(u64, usize)],
-    ) -> Result<()> {
-        if !self.norm_fuses(mats, m, width) {
-            self.norm_for_mats(g, (x, w, h), m, width, eps, mats)?;
-            return self.matmuls(g, mats, h, ys, m);
-        }
-        self.normed_products(g, (x, w, eps, width), mats, ys, m)
-    }
-
-    /// Whether every product of `mats` takes its input's RMSNorm in its prologue at `m` rows of
-    /// `width` ([`norm_product_fits`]).
-    fn norm_fuses(&self, mats: &Mats, m: usize, width: usize) -> bool {
-        let fits = |mat: &Mat| {
-            mat.packed.as_ref().is_some_and(|p| {
-                norm_product_fits(p, m, width, &self.profile.launch(m, mat.dtype, p.rows))
-            })
-        };
-        match mats {
-            Mats::Fused { mat, .. } => fits(mat),
-            Mats::Each(ws) => ws.iter().all(fits),
-            Mats::Parts(parts) => parts.iter().all(|p| self.norm_fuses(p, m, width)),
-            Mats::Glu { .. } => false,
-        }
-    }
-
-    /// [`Products::matmuls`] through [`Gpu::product_norm`] (`xn` = x, norm weights, eps, width).
-    fn normed_products(
-        &self,
-        g: &Gpu,
-        xn: (u64, u64, f32, usize),
-        mats: &Mats,
-        ys: &[(u64, usize)],
-        m: usize,
-    ) -> Result<()> {
-        match mats {
-            Mats::Fused { mat, rows } => {
-                let p = mat.tiles(g, "fused weight matrix")?;
-                if rows.len() != ys.len() || rows.iter().zip(ys).any(|(r, y)| *r != y.1) {
-                    return Err(g.err(format!("fused product of {rows:?} rows into {ys:?}")));
-                }
-                g.product_norm(p, xn, ys, m, self.profile.launch(m, mat.dtype, p.rows))
-            }
-            Mats::Each(ws) => {
-                if ws.len() != ys.len() {
-                    return Err(g.err(format!("{} matrices for {} outputs", ws.len(), ys.len())));
-                }
-                for (w, &(y, _)) in ws.iter().zip(ys) {
-                    let p = w.tiles(g, "weight matrix")?;
-                    let l = self.profile.launch(m, w.dtype, p.rows);
-                    g.product_norm(p, xn, &[(y, p.rows)], m, l)?;
-                }
-                Ok(())
-            }
-            Mats::Parts(parts) => {
-                if mats.outputs() != ys.len() {
-                    return Err(g.err(format!("{} outputs for {}", mats.outputs(), ys.len())));
-                }
-                let mut at = 0;
-                for part in parts {
-                    let n = part.outputs();
-                    self.normed_products(g, xn, part, &ys[at..at + n], m)?;
-                    at += n;
-                }
-                Ok(())
-            }
-            Mats::Glu { .. } => Err(g.err("normed product of an interleaved gate/up matrix")),
-        }
     }
 
     /// `x += RMSNorm(o) * post` for `m` rows of `width` (a post-norm sublayer into the residual;

@@ -623,11 +623,10 @@ impl Ops for CudaOps {
         let m = self.n(h);
         let g = &self.gpu;
         let xwy = (self.ptr(x)?, g.ptr(norm), self.ptr(h)?);
+        self.products.norm_for_mats(g, xwy, m, x.width, eps, w)?;
+        self.tick("norm");
         let outs = self.outs(ys)?;
-        // At decode the norm runs in the products' prologues (`h` is then not written: no
-        // caller reads it after this op).
-        self.products
-            .norm_matmuls(g, xwy, m, x.width, eps, w, &outs)?;
+        self.products.matmuls(g, w, xwy.2, &outs, m)?;
         self.tick(self.label(ys));
         Ok(())
     }

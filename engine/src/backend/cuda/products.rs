@@ -369,64 +369,6 @@ impl Gpu {
         self.product_into(w, a, Dest::Split(outs), r, m, l)
     }
 
-    /// The decode product with the RMSNorm of its input in its prologue (products.cu
-    /// `mmqn_<type>`): `outs` as [`Gpu::product_to`] from `m` f32 rows of `width` at `x`, normed
-    /// with weights `norm` and `eps`; the bits of [`Gpu::norm_prep`] into a prepared buffer then
-    /// [`Gpu::product_to`] (the normed f32 rows are not written). Only where
-    /// [`norm_product_fits`] says so.
-    pub fn product_norm(
-        &self,
-        w: &PMat,
-        (x, norm, eps, width): (u64, u64, f32, usize),
-        outs: &[(u64, usize)],
-        m: usize,
-        l: Launch,
-    ) -> Result<()> {
-        let total: usize = outs.iter().map(|o| o.1).sum();
-        if outs.is_empty() || outs.len() > 3 || total != w.rows {
-            return Err(self.err(format!(
-                "normed product: outputs {outs:?} do not split {} rows",
-                w.rows
-            )));
-        }
-        if !norm_product_fits(w, m, width, &l) {
-            return Err(self.err(format!(
-                "normed product: {} x {} ({}) with {m} rows of {width} in {l:?}",
-                w.rows, w.cols, w.dtype
-            )));
-        }
-        let f = self.variant("products", &l.defines())?;
-        let name = format!("mmqn_{}", w.dtype.name());
-        let func = f
-            .get(&name)
-            .ok_or_else(|| self.err(format!("kernel {name} missing")))?;
-        let threads = 32 * w.nseg;
-        let smem = norm_product_smem(w, m, width);
-        let resident = self.blocks_per_sm(&name, func, threads, smem)? * self.sms as usize;
-        let grid = (w.rows.div_ceil(16).min(resident.max(1)) as u32, 1);
-        let ptr = |i: usize| outs.get(i).map_or(0, |o| o.0);
-        let cols = |i: usize| outs.get(i).map_or(0, |o| o.1 as u32);
-        let args = [
-            Arg::Ptr(self.ptr(&w.data)),
-            Arg::Ptr(x),
-            Arg::Ptr(norm),
-            Arg::F32(eps),
-            Arg::U32(width as u32),
-            Arg::Ptr(ptr(0)),
-            Arg::Ptr(ptr(1)),
-            Arg::Ptr(ptr(2)),
-            Arg::U32(cols(0)),
-            Arg::U32(cols(1)),
-            Arg::U32(m as u32),
-            Arg::U32(w.rows as u32),
-            Arg::U32(w.col_tiles as u32),
-            Arg::U32(w.nseg),
-            Arg::U32(w.kp as u32),
-            Arg::U32((w.act() == ActKind::BF16) as u32),
-        ];
-        self.launch_fn(func, &name, grid, threads, smem as u32, &args)
-    }
-
     /// [`Gpu::product`] of a gate/up matrix with its rows interleaved by 8
     /// (`quant::repack::interleave_glu`): gate rows to `gate`, up rows to `up` (rows of
     /// `w.rows / 2` each), as [`Gpu::product_to`] writes the plain fused matrix.
@@ -607,31 +549,4 @@ impl Gpu {
         }
         self.launch_fn(func, &name, grid, threads, smem, &args)
     }
-}
-
-/// Dynamic shared memory of a [`Gpu::product_norm`] block (products.cu `product_norm`): the
-/// staged row (f32), the prepared rows and their block sums, the segment partials.
-pub fn norm_product_smem(w: &PMat, m: usize, width: usize) -> usize {
-    let part = if w.nseg > 1 {
-        w.nseg as usize * 16 * 8 * 4
-    } else {
-        0
-    };
-    width.next_multiple_of(4) * 4 + m * w.kp * 2 + m * (w.kp / 32) * 4 + part
-}
-
-/// Most dynamic shared memory a normed product takes (the limit without opting in).
-pub const NORM_PRODUCT_SMEM: usize = 48 * 1024;
-
-/// Whether [`Gpu::product_norm`] computes `m` rows of `width` for `w` with launch `l`: the
-/// split-K decode launch of one row tile per block, `m` within its tokens, the matrix's width the
-/// rows', the block's shared memory within [`NORM_PRODUCT_SMEM`].
-pub fn norm_product_fits(w: &PMat, m: usize, width: usize, l: &Launch) -> bool {
-    l.split_k
-        && !l.smem
-        && l.rpb == 1
-        && (1..=8 * l.nt as usize).contains(&m)
-        && w.cols == width
-        && width <= w.kp
-        && norm_product_smem(w, m, width) <= NORM_PRODUCT_SMEM
 }
