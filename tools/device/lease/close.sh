@@ -14,7 +14,8 @@
 #          (lib.sh spec_peer; $SPEC_MODELS; after the llama.cpp build): the "vs llama-server" row
 #   gemma  the gates on the real Gemma 3 270M (gates_gemma)
 #   kt     per-kernel decode times under nsys ($PROF_MODELS)
-#   kern   per-kernel decode times under ncu ($KERN_MODELS: k:DTYPE:SKIP:COUNT)
+#   kern   per-kernel decode times under ncu ($KERN_MODELS: k:DTYPE:SKIP:COUNT; KERN_CLOCK=none for
+#          the GPU's own clocks)
 #   kdet   ncu's detailed sections of chosen kernels at the GPU's own clocks ($KDET:
 #          k:DTYPE:SKIP:COUNT:REGEX; lib.sh kdet)
 #   ksel   device times of the token-selection kernels in sampled decoding, plain and with
@@ -23,6 +24,11 @@
 #   kbench `memra-bench kernels` (checked against the CPU, then timed): $KB_DTYPES at $KB_SHAPES,
 #          M = $KB_M (default the decode products of the staged models' shapes at M 1 and 8)
 #   tiny   the tiny qwen3moe / gemma3 / qwen3next gates alone (gates_tiny; no file needed)
+#   smol   the SmolLM2 gates alone (gates_smol: golden, invariance, graph, tokens, serve-invariance,
+#          n-gram spec; after its pieces)
+#   q4inv  invariance and graph on llama3-8b Q4_K_M alone
+#   memra  memra's decode rows of $SBS_MODELS without llama.cpp (no peer build to wait for: a
+#          short lease compares them with the last run's; not the README's same-run ratios)
 #   prof   the per-op decode profile of Gemma 3 and qwen3-30b-a3b ($PROF_MODELS; LEASE_SYNTH moe)
 #   long   long context on the 128k Q4_K_M (lib.sh long_ctx: invariance at 8,192 tokens per KV
 #          format, serve-invariance over 5,700 tokens, cached-turn TTFT, decode at depth)
@@ -44,6 +50,10 @@ fi
 on kbench && run kbench 400 $B/memra-bench kernels --device 0 --dtypes ${KB_DTYPES:-q4_k,q6_k,q5_0,q4_1,q8_0} \
   --shapes ${KB_SHAPES:-4096x4096,1024x4096,28672x4096,4096x14336,1536x2048,2048x1024} --m ${KB_M:-1,8} --json $O/kbench.json
 on tiny && gates_tiny
+on smol && gates_smol
+on q4inv && waitf $Q4 && run inv-q4 420 $B/memra-verify invariance $Q4 --device cuda:0 && run graph-q4 300 $B/memra-verify graph $Q4 --device cuda:0
+if on memra; then for x in ${SBS_MODELS:-q4:Q4_K_M smol:Q4_1}; do pick $x; waitf $f 120 || continue
+  run $k-decode 300 $MB decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt; done; fi
 on gemma && gates_gemma
 if on sbs || on load || on specpeer; then peerwait; fi
 on sbs && sbs ${SBS_MODELS:-q4:Q4_K_M q8:Q8_0 f16:F16 smol:Q4_1}

@@ -160,14 +160,18 @@ ktimes() {
 }
 # kern k:DTYPE:SKIP:COUNT...: per-kernel device times of plain decode steps under ncu (no nsys on
 # the H100 machines): COUNT launches after the first SKIP (past the load and the prefill), their
-# names and gpu__time_duration into $O/ncu-K.csv, a per-name sum into the summary.
+# names and gpu__time_duration into $O/ncu-K.csv (DRAM bytes read in the log), a per-name sum into
+# the summary. KERN_CLOCK=none: the GPU's own clocks (ncu's default locks base clocks); caches are
+# flushed between kernels either way, as a decode step's weights are (llama3-8b: q4:Q4_K_M:1200:300
+# is ~28 layers and the head, reports/kernel-notes.md).
 kern() {
   local nc=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$nc" ] || { row kern "no ncu on this machine"; return; }
   for x in "$@"; do
     local skip=$(echo $x | cut -d: -f3) count=$(echo $x | cut -d: -f4)
     pick ${x%%:*}:$(echo $x | cut -d: -f2); waitf $f 300 || continue
-    run ncu-$k 300 $nc --launch-skip $skip --launch-count $count --metrics gpu__time_duration.sum --csv \
+    run ncu-$k 300 $nc --clock-control ${KERN_CLOCK:-base} --launch-skip $skip --launch-count $count \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
       $B/run-gen $f --device cuda:0 --prompt "The capital of France is a city that" --max-tokens 16 --no-cuda-graph
     grep '"gpu__time_duration.sum"' $O/logs/ncu-$k.log > $O/ncu-$k.csv
     python3 - $O/ncu-$k.csv >> $S <<'PY'
