@@ -283,27 +283,23 @@ impl Products {
             return Ok(Mats::Each(Vec::new()));
         };
         let (d, cols) = (first.dtype, first.rows_cols().1);
-        let same = ts.iter().all(|t| t.dtype == d && t.rows_cols().1 == cols);
         if !self.v2 || ts.len() > 3 {
-            let each = ts.iter().map(|t| self.upload_mat(g, t, Use::Product));
-            return Ok(Mats::Each(each.collect::<Result<_>>()?));
+            return self.upload_each(g, ts);
         }
-        if !same {
-            // Runs of one type and width, in order; a run of two or more the products read is
-            // fused ([`Mats::Parts`]).
-            let alike =
-                |a: &Tensor, b: &Tensor| a.dtype == b.dtype && a.rows_cols().1 == b.rows_cols().1;
-            let runs: Vec<&[&Tensor]> = ts.chunk_by(|a, b| alike(a, b)).collect();
+        // Runs of one type and width, in order; with several, a run of two or more the
+        // products read is fused ([`Mats::Parts`]).
+        let runs: Vec<&[&Tensor]> = ts
+            .chunk_by(|a, b| a.dtype == b.dtype && a.rows_cols().1 == b.rows_cols().1)
+            .collect();
+        if runs.len() > 1 {
             if runs.iter().all(|r| r.len() == 1) {
-                let each = ts.iter().map(|t| self.upload_mat(g, t, Use::Product));
-                return Ok(Mats::Each(each.collect::<Result<_>>()?));
+                return self.upload_each(g, ts);
             }
             let parts = runs.into_iter().map(|r| self.upload_mats(g, r));
             return Ok(Mats::Parts(parts.collect::<Result<_>>()?));
         }
         if !products::product_supports(d) {
-            let each = ts.iter().map(|t| self.upload_mat(g, t, Use::Product));
-            return Ok(Mats::Each(each.collect::<Result<_>>()?));
+            return self.upload_each(g, ts);
         }
         let rows: Vec<usize> = ts.iter().map(|t| t.rows_cols().0).collect();
         let bytes: Vec<u8> = ts.iter().flat_map(|t| t.data.iter().copied()).collect();
@@ -311,6 +307,12 @@ impl Products {
         let fused = Tensor::new(first.name.clone(), d, shape, Bytes::owned(bytes))?;
         let mat = self.upload_mat(g, &fused, Use::Product)?;
         Ok(Mats::Fused { mat, rows })
+    }
+
+    /// Uploads each matrix on its own ([`Mats::Each`]).
+    fn upload_each(&mut self, g: &Gpu, ts: &[&Tensor]) -> Result<Mats> {
+        let each = ts.iter().map(|t| self.upload_mat(g, t, Use::Product));
+        Ok(Mats::Each(each.collect::<Result<_>>()?))
     }
 
     /// Uploads an FFN's gate and up matrices (one input): interleaved by 8 ([`Mats::Glu`])

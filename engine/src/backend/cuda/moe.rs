@@ -66,9 +66,10 @@ pub struct MoeBufs {
     /// The residual rows (f32, `m x hidden`) the output is added into (`res += out`, the bits
     /// of `add_in_place`), or 0 for none.
     pub res: u64,
-    /// Whether `ids` / `wts` already hold the routing ([`Gpu::moe_norm_route`] ran), and
-    /// whether it also prepared `x` for the gate and up products ([`Products::moe_prep_buf`]).
+    /// Whether `ids` / `wts` already hold the routing ([`Gpu::moe_norm_route`] ran).
     pub routed: bool,
+    /// Whether that launch also prepared `x` for the gate and up products
+    /// ([`Products::moe_prep_buf`]).
     pub prepared: bool,
 }
 
