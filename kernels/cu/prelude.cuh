@@ -17,7 +17,9 @@ typedef unsigned long long u64;
 // run this), `griddepcontrol.wait` holds it until that grid has completed and its memory is
 // visible, then `launch_dependents` lets the next kernel do the same. Nothing, neither a read nor
 // a write, happens before the wait, so the order of every memory access is the stream's order
-// and no output bit can change; launched without the attribute (below sm_90) both
+// and no output bit can change (one exception: the dense products, products.cu `product_early`,
+// request their first weight tiles before the wait; weights are never written while a model is
+// loaded); launched without the attribute (below sm_90) both
 // instructions return at once. A macro, so that a module can set PDL_TRIGGER before its kernels:
 // 0 leaves out `launch_dependents`, and the next kernel is launched as this one's blocks exit
 // (products.cu does: F16 decode 8% faster on the H200, session 16; why the early trigger costs
@@ -30,6 +32,10 @@ __device__ __forceinline__ void pdl_entry_(bool trigger) {
 }
 #define PDL_TRIGGER 1
 #define pdl_entry() pdl_entry_(PDL_TRIGGER)
+// The wait, then the early trigger whatever the module's PDL_TRIGGER: the small kernels before a
+// product (norm_prep, swiglu_prep, ...; a few blocks) let the product's blocks get resident and
+// request their first weight tiles (products.cu `product_early`) while they run.
+#define pdl_entry_trigger() pdl_entry_(true)
 
 // f16 bits -> f32 (exact) by the PTX conversion instruction.
 __device__ __forceinline__ float f16_to_f32(u16 h) {

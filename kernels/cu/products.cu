@@ -54,7 +54,7 @@
 // block), grid-stride.
 extern "C" __global__ void prepare_h16(const float* __restrict__ X, u16* __restrict__ Xh, float* __restrict__ Xs,
                                        u32 M, u32 K, u32 kp, u32 bf) {
-    pdl_entry();
+    pdl_entry_trigger();
     const int lane = threadIdx.x & 31;
     const u32 nb = kp / 32;
     const u64 total = (u64)M * nb;
@@ -131,7 +131,7 @@ __device__ __forceinline__ void norm_prep_row(const float* x, const float* __res
 extern "C" __global__ void __launch_bounds__(256) norm_prep(const float* X, const float* __restrict__ W, float* Y,
                                                             u16* __restrict__ Xh, float* __restrict__ Xs,
                                                             u32 width, u32 kp, float eps, u32 bf) {
-    pdl_entry();
+    pdl_entry_trigger();
     const u32 row = blockIdx.x;
     norm_prep_row(X + (u64)row * width, W, Y ? Y + (u64)row * width : nullptr, Xh + (u64)row * kp,
                   Xs + (u64)row * (kp / 32), width, kp, eps, bf, blockIdx.y, gridDim.y);
@@ -150,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(256) add_norm_prep(const float* O, 
                                                                 const float* __restrict__ W, float* Y,
                                                                 u16* __restrict__ Xh, float* __restrict__ Xs,
                                                                 u32 width, u32 kp, float eps, u32 bf) {
-    pdl_entry();
+    pdl_entry_trigger();
     __shared__ float os[ANP_STAGE];
     const u32 row = blockIdx.x;
     const float* o = O + (u64)row * width;
@@ -189,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(256) add_norm_prep(const float* O, 
 // (geglu_prep, its GeGLU twin, lives in elementwise.cu: tanhf under that module's rounding.)
 extern "C" __global__ void swiglu_prep(const float* G, const float* __restrict__ U, float* Y, u16* __restrict__ Xh,
                                        float* __restrict__ Xs, u32 M, u32 width, u32 kp, u32 bf) {
-    pdl_entry();
+    pdl_entry_trigger();
     // The epilogue of product_ws (GLU) spells the same operations: keep them in step.
     auto silu_mul = [](float g, float u) { return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u); };
     glu_prep_rows(silu_mul, G, U, Y, Xh, Xs, M, width, kp, bf);
@@ -324,11 +324,15 @@ __device__ __forceinline__ Outs outs(float* Y, float* Y2, float* Y3, u32 n1, u32
 // G: the grouped expert products (mmq_grouped_<type>): token i of the launch reads activation
 // row gather[i] / xdiv and writes output row gather[i]; the arithmetic of every element is
 // unchanged (the rows only move addresses). Without G every dense product, as before.
-template <class F, bool G = false>
+// PRE (product_early, the dense products): the kernel's wait for the previous one (pdl_entry)
+// comes after each warp's first weight tiles are requested, not before; nothing else is read or
+// written before it (the weights are constant while a model is loaded).
+template <class F, bool G = false, bool PRE = false>
 __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __restrict__ X,
                                         const float* __restrict__ Xs, const Outs& out, const float* R, u32 M,
                                         u32 N, u32 nkt, u32 nseg, u32 kp, u32 m0,
                                         const u32* __restrict__ gather = nullptr, u32 xdiv = 1) {
+    static_assert(!(PRE && G), "a gathered product reads its rows' ids: it must wait first");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const u32 rp = (u32)warp % MMQ_RPB, wk = (u32)warp / MMQ_RPB;
@@ -358,6 +362,7 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
 #pragma unroll
             for (int i = 0; i < PF; ++i)
                 if (k0 + i < k1) F::load(wt + (u64)(k0 + i) * F::TB, lane, buf[i]);
+            if (PRE && s == s0) pdl_entry();
             for (u32 kt = k0; kt < k1; kt += PF) {
 #pragma unroll
                 for (int i = 0; i < PF; ++i) {
@@ -373,6 +378,7 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
                 for (int e = 0; e < 4; ++e) tot[nf][e] = __fadd_rn(tot[nf][e], acc[nf][e]);
         }
     }
+    if (PRE && !live) pdl_entry();
     const u32 cols = 8 * MMQ_NT;
     if (wks == 1) {
         if (!live) return;
@@ -404,6 +410,14 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
         const u32 m = m0 + col;
         if (n < N && m < M) out.put(G ? __ldg(gather + m) : m, n, v, R);
     }
+}
+
+// The dense products: `product` with its first weight tiles requested before the wait (PRE).
+template <class F>
+__device__ __forceinline__ void product_early(const u8* __restrict__ W, const u8* __restrict__ X,
+                                              const float* __restrict__ Xs, const Outs& out, const float* R,
+                                              u32 M, u32 N, u32 nkt, u32 nseg, u32 kp, u32 m0) {
+    product<F, false, true>(W, X, Xs, out, R, M, N, nkt, nseg, kp, m0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -807,9 +821,9 @@ __device__ __forceinline__ void product_wg(const u8* __restrict__ W, const u8* _
 #define MMQ_KERNEL(suffix, FMT)                                                                             \
     extern "C" __global__ void __launch_bounds__(MMQ_MAXT, MMQ_MINB) mmq_##suffix(                                      \
         const u8* W, const u8* X, const float* Xs, float* Y, float* Y2, float* Y3, u32 n1, u32 n2,            \
-        const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) { pdl_entry();                                            \
-        const Outs o = outs(Y, Y2, Y3, n1, n2, N);                                                           \
-        product<FMT>(W, X, Xs, o, R, M, N, nkt, nseg, kp, blockIdx.y * 8 * MMQ_NT);                           \
+        const float* R, u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {                                          \
+        product_early<FMT>(W, X, Xs, outs(Y, Y2, Y3, n1, n2, N), R, M, N, nkt, nseg, kp,                    \
+                           blockIdx.y * 8 * MMQ_NT);                                                         \
     }
 
 MMQ_KERNEL(q8_0, FmtQ8_0)
