@@ -59,6 +59,24 @@ extern "C" __global__ void sigmoid_mul(float* x, const float* g, u64 n, u32 widt
     }
 }
 
+// A gated shared expert's output added to the routed experts' and into the residual: for rows of
+// `width`, v = s * sigmoid(g) (`gwidth` gates per row, as sigmoid_mul), o += v, x += o (o keeps
+// the FFN's output; s is left as it was): the bits of sigmoid_mul + add_in_place (o) +
+// add_in_place (x), n = rows * width.
+extern "C" __global__ void gated_add(float* x, float* o, const float* s, const float* g, u64 n, u32 width,
+                                     u32 gwidth) {
+    pdl_entry();
+    const u32 group = width / gwidth;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const u64 r = i / width;
+        const u32 c = (u32)(i % width);
+        const float gv = g[r * gwidth + c / group];
+        const float ov = o[i] + s[i] * (1.0f / (1.0f + expf(-gv)));
+        o[i] = ov;
+        x[i] = x[i] + ov;
+    }
+}
+
 // x[i] *= s, i < n (Gemma's embedding scale): the CPU's one rounded product, bit for bit.
 extern "C" __global__ void scale_in_place(float* x, float s, u64 n) {
     pdl_entry();

@@ -195,6 +195,38 @@ extern "C" __global__ void swiglu_prep(const float* G, const float* __restrict__
     glu_prep_rows(silu_mul, G, U, Y, Xh, Xs, M, width, kp, bf);
 }
 
+// The gated DeltaNet's output gating fused with the preparation of its output product: for rows
+// of `width` = heads x `group` values, u = (C * s) * W[c % group] with s the RMSNorm scale of C's
+// head (rms_norm's operations, one norm per group), then v = silu(Z) * u (swiglu_prep's), written
+// as f32 to Y (when not null; Y may be Z) and prepared into Xh / Xs: the bits of rms_norm +
+// swiglu_prep. One warp per (row, block of 32 values); group % 32 == 0, so a block lies in one
+// head and every warp of a head computes its scale the same way.
+extern "C" __global__ void norm_gate_prep(const float* __restrict__ C, const float* __restrict__ W, const float* Z,
+                                          float* Y, u16* __restrict__ Xh, float* __restrict__ Xs, u32 M, u32 width,
+                                          u32 group, float eps, u32 kp, u32 bf) {
+    pdl_entry();
+    const int lane = threadIdx.x & 31;
+    const u32 nb = kp / 32;
+    const u64 total = (u64)M * nb;
+    const u64 nwarps = (u64)gridDim.x * blockDim.x / 32;
+    for (u64 w = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < total; w += nwarps) {
+        const u32 m = (u32)(w / nb), b = (u32)(w % nb);
+        const u32 k = b * 32 + lane;
+        float v = 0.0f;
+        if (b * 32 < width) {  // uniform over the warp: width % 32 == 0
+            const float* c = C + (u64)m * width;
+            const u32 head = (b * 32) / group * group;
+            const float s = rms_scale_warp(c + head, group, eps);
+            const float u = __fmul_rn(__fmul_rn(c[k], s), W[k - head]);
+            const float g = Z[(u64)m * width + k];
+            v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+        }
+        __syncwarp();
+        if (Y && k < width) Y[(u64)m * width + k] = v;
+        prep_store(v, lane, Xh + (u64)m * kp + b * 32, Xs + w, bf);
+    }
+}
+
 // The token image of the warp-specialized product (product_ws): prepared rows
 // [M][kp] rewritten, per 128-token block and 64-column k-tile, as the 16 KiB that the block's B
 // slot holds (128-byte-swizzled K-major: token n's row at (n / 8) * 1024 + (n % 8) * 128,

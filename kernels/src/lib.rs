@@ -114,6 +114,7 @@ pub const MODULES: &[Module] = &[
             "copy_range",
             "fill_f32",
             "sigmoid_mul",
+            "gated_add",
         ],
     },
     Module {
@@ -235,6 +236,7 @@ pub const MODULES: &[Module] = &[
             "norm_prep",
             "add_norm_prep",
             "swiglu_prep",
+            "norm_gate_prep",
             "ws_image",
             "mmq_q8_0",
             "mmq_q4_0",

@@ -7,7 +7,10 @@
 //! `rms_norm` twice then `rope_kv_<fmt>`, for every cache format, whole and partial RoPE. And a
 //! decode step's MoE router (`moe_norm_route`: RMSNorm, F32 router product, routing, one launch)
 //! against `rms_norm`, `matmul_f32_rows` and `moe_route`, M = 1 to 8, twice in a row (its ticket
-//! is left at 0 for the next launch).
+//! is left at 0 for the next launch). And qwen3next's fused tails: the gated DeltaNet's output
+//! gating prepared for its product (`norm_gate_prep`) against `rms_norm` per head, `swiglu` and
+//! `prepare`, and the gated shared expert into the residual (`gated_add`) against `sigmoid_mul`
+//! and two `add_in_place`.
 
 use memra_engine::Result;
 use memra_engine::backend::KvDtype;
@@ -56,6 +59,7 @@ fn rand(seed: u64, stream: u64, n: usize, scale: f32) -> Vec<f32> {
 pub fn fused_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     rope_norm_cases(g, seed, out)?;
     norm_route_cases(g, seed, out)?;
+    delta_tail_cases(g, seed, out)?;
     for (i, &(m, width)) in [(1usize, 640usize), (3, 640), (1, 1000), (3, 2048)]
         .iter()
         .enumerate()
@@ -295,6 +299,73 @@ fn norm_route_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// qwen3next's fused tails against the launches they replace, bit for bit: `norm_gate_prep`
+/// (F16 and BF16 preparation, heads of 64 and 128) and `gated_add` (one gate per row, M 1 and 3).
+fn delta_tail_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    for (i, &(m, group, heads)) in [(1usize, 128usize, 4usize), (3, 128, 2), (2, 64, 5)]
+        .iter()
+        .enumerate()
+    {
+        let st = 36_000 + 10 * i as u64;
+        let (width, eps) = (group * heads, 1e-6f32);
+        let n = m * width;
+        let (c, z) = (rand(seed, st, n, 3.0), rand(seed, st + 1, n, 4.0));
+        let dw = g.upload(&rand(seed, st + 2, group, 1.5))?;
+        let kp = width.next_multiple_of(64);
+        let shape = format!("M={m} width={width} group={group}");
+        for kind in [ActKind::F16, ActKind::BF16] {
+            let (uc, uz) = (g.upload(&c)?, g.upload(&z)?);
+            let ua = g.act_buf(kind, m, kp, false)?;
+            g.rms_norm(g.ptr(&uc), g.ptr(&dw), g.ptr(&uc), n / group, group, eps)?;
+            g.swiglu(g.ptr(&uz), g.ptr(&uc), n)?;
+            g.prepare(g.ptr(&uz), &ua, m, width)?;
+            let (fc, fz) = (g.upload(&c)?, g.upload(&z)?);
+            let fa = g.act_buf(kind, m, kp, false)?;
+            let cwz = (g.ptr(&fc), g.ptr(&dw), g.ptr(&fz));
+            g.norm_gate_prep(cwz, Some(g.ptr(&fz)), &fa, m, width, group, eps)?;
+            let mut want = bytes_of(&g.download_range(&uz, 0, n)?);
+            want.extend(prepared(g, &ua, m)?);
+            let mut got = bytes_of(&g.download_range(&fz, 0, n)?);
+            got.extend(prepared(g, &fa, m)?);
+            out.push(same_bits(
+                "norm_gate_prep",
+                format!("{shape} {kind:?}"),
+                &got,
+                &want,
+            ));
+        }
+        // The shared expert's output `s`, gated per row, into `o` and the residual `x`.
+        let rows = m;
+        let (s, o, x) = (
+            rand(seed, st + 3, n, 2.0),
+            rand(seed, st + 4, n, 2.0),
+            rand(seed, st + 5, n, 2.0),
+        );
+        let gates = rand(seed, st + 6, rows, 4.0);
+        let dg = g.upload(&gates)?;
+        let (us, uo, ux) = (g.upload(&s)?, g.upload(&o)?, g.upload(&x)?);
+        g.sigmoid_mul(g.ptr(&us), g.ptr(&dg), rows, width, 1)?;
+        g.add_in_place(g.ptr(&uo), g.ptr(&us), n)?;
+        g.add_in_place(g.ptr(&ux), g.ptr(&uo), n)?;
+        let (fs, fo, fx) = (g.upload(&s)?, g.upload(&o)?, g.upload(&x)?);
+        g.gated_add(
+            (g.ptr(&fx), g.ptr(&fo)),
+            (g.ptr(&fs), g.ptr(&dg)),
+            rows,
+            width,
+            1,
+        )?;
+        let mut want = bytes_of(&g.download_range(&ux, 0, n)?);
+        want.extend(bytes_of(&g.download_range(&uo, 0, n)?));
+        want.extend(bytes_of(&s));
+        let mut got = bytes_of(&g.download_range(&fx, 0, n)?);
+        got.extend(bytes_of(&g.download_range(&fo, 0, n)?));
+        got.extend(bytes_of(&g.download_range(&fs, 0, n)?));
+        out.push(same_bits("gated_add", shape, &got, &want));
     }
     Ok(())
 }

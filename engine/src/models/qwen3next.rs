@@ -726,9 +726,8 @@ impl<O: Ops> Qwen3Next<O> {
         let [ca, cdt] = &w.coef;
         ops.gated_delta(w.st, a.lin_conv, a.ba, [ca, cdt], a.core)?;
         ops.dump("delta", l, a.core);
-        ops.rms_norm(a.core, &w.norm, a.core, self.head_v, self.eps)?;
-        ops.glu(Glu::Silu, a.z, a.core)?;
-        ops.matmul_add(&w.out, a.z, Residual { res: a.x, tmp: a.o })
+        let core = (a.core, &w.norm, self.head_v, self.eps);
+        ops.norm_gate_matmul_add(core, a.z, &w.out, Residual { res: a.x, tmp: a.o })
     }
 
     /// `x += moe(norm(x)) + sigmoid(g . h) * shared(h)`, `h = norm(x)`.
@@ -740,13 +739,11 @@ impl<O: Ops> Qwen3Next<O> {
         ops.dump("ffn_norm", l, a.h);
         let (gate_up, down, gate) = &w.shared;
         ops.matmuls(gate_up, a.h, &[a.sh_gate, a.sh_up])?;
-        ops.glu(Glu::Silu, a.sh_gate, a.sh_up)?;
-        ops.matmul(down, a.sh_gate, a.sh_out)?;
+        ops.glu_matmul(Glu::Silu, a.sh_gate, a.sh_up, down, a.sh_out)?;
         ops.matmul(gate, a.h, a.sh_g)?;
-        ops.sigmoid_mul(a.sh_out, a.sh_g)?;
-        ops.add(a.o, a.sh_out)?;
+        ops.gated_add((a.sh_out, a.sh_g), a.o, a.x)?;
         ops.dump("ffn_out", l, a.o);
-        ops.add(a.x, a.o)
+        Ok(())
     }
 }
 

@@ -418,6 +418,29 @@ pub trait Ops: Send + Sized + 'static {
         self.matmul(down, gate, y)
     }
 
+    /// A gated DeltaNet's output into the residual: `c = RMSNorm(c) * norm` with one norm per
+    /// `group` values, `gate = silu(gate) * c`, `r.res += w gate` (`c` and `gate` are scratch
+    /// afterwards; one preparation for `w` on a backend that fuses them).
+    fn norm_gate_matmul_add(
+        &mut self,
+        (c, norm, group, eps): (Act, &Self::Vector, usize, f32),
+        gate: Act,
+        w: &Self::Mat,
+        r: Residual,
+    ) -> Result<()> {
+        self.rms_norm(c, norm, c, group, eps)?;
+        self.glu_matmul_add(Glu::Silu, gate, c, w, r)
+    }
+
+    /// A gated shared expert's output `s` added to the routed experts' `o` and into the
+    /// residual: `s *= sigmoid(g)` ([`Ops::sigmoid_mul`]), `o += s`, `x += o` (`o` keeps the
+    /// FFN's output, `s` is scratch afterwards; one pass on a backend that fuses them).
+    fn gated_add(&mut self, (s, g): (Act, Act), o: Act, x: Act) -> Result<()> {
+        self.sigmoid_mul(s, g)?;
+        self.add(o, s)?;
+        self.add(x, o)
+    }
+
     /// [`Ops::moe`] into `out`, then `x += out` (the MoE FFN added into the residual stream;
     /// one pass on a backend that fuses them).
     fn moe_add(

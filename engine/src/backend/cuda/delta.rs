@@ -417,4 +417,31 @@ impl Gpu {
         ];
         self.launch("sigmoid_mul", Self::stride_grid(n), 256, &args)
     }
+
+    /// `o[r][c] += s[r][c] * sigmoid(g[r][c / (width / gwidth)])`, then `x[r][c] += o[r][c]`,
+    /// for `rows` rows of `width` (the bits of `sigmoid_mul` on `s`, then two `add_in_place`;
+    /// `s` is left as it was). One launch.
+    pub fn gated_add(
+        &self,
+        (x, o): (u64, u64),
+        (s, gates): (u64, u64),
+        rows: usize,
+        width: usize,
+        gwidth: usize,
+    ) -> Result<()> {
+        if gwidth == 0 || !width.is_multiple_of(gwidth) {
+            return Err(self.err(format!("gated_add: widths {width} and {gwidth}")));
+        }
+        let n = (rows * width) as u64;
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(o),
+            Arg::Ptr(s),
+            Arg::Ptr(gates),
+            Arg::U64(n),
+            Arg::U32(self.u32_of(width, "width")?),
+            Arg::U32(self.u32_of(gwidth, "gate width")?),
+        ];
+        self.launch("gated_add", Self::stride_grid(n), 256, &args)
+    }
 }

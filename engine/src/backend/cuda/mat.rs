@@ -538,6 +538,33 @@ impl Products {
         self.prep_kinds(g, gate, width, m, &kinds[1..])
     }
 
+    /// The gated DeltaNet's output gating of `m` rows of `width`: `z = silu(z) * (RMSNorm(c) *
+    /// w)`, one norm per `group` values (`c` is scratch afterwards), prepared for `out` in the
+    /// same launch when `out` is packed and `group` a multiple of 32 ([`Gpu::norm_gate_prep`];
+    /// `z`'s f32 values are then not written: the product reads the prepared buffer alone).
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_gate_for(
+        &self,
+        g: &Gpu,
+        (c, w, z): (u64, u64, u64),
+        m: usize,
+        width: usize,
+        group: usize,
+        eps: f32,
+        out: &Mat,
+    ) -> Result<()> {
+        match &out.packed {
+            Some(p) if group.is_multiple_of(32) && width.is_multiple_of(group) => {
+                let a = self.act(g, p.act(), width)?;
+                g.norm_gate_prep((c, w, z), None, a, m, width, group, eps)
+            }
+            _ => {
+                g.rms_norm(c, w, c, m * (width / group.max(1)), group, eps)?;
+                self.swiglu_for(g, (z, c), m, width, &[out])
+            }
+        }
+    }
+
     /// The buffer attention may prepare its output into for the product `w` (`k` = its input
     /// width), when it can (`head_dim` a multiple of 32).
     pub fn attn_prep(

@@ -727,6 +727,45 @@ impl Ops for CudaOps {
         Ok(())
     }
 
+    fn norm_gate_matmul_add(
+        &mut self,
+        (c, norm, group, eps): (Act, &CudaSlice<f32>, usize, f32),
+        gate: Act,
+        w: &Mat,
+        r: Residual,
+    ) -> Result<()> {
+        let width = c.width;
+        if gate.width != width || gate.id == c.id || group == 0 || !width.is_multiple_of(group) {
+            return Err(self.gpu.err(format!(
+                "gated norm: widths {width} and {}, group {group}",
+                gate.width
+            )));
+        }
+        let (g, m) = (&self.gpu, self.n(gate));
+        let (pc, pz) = (self.ptr(c)?, self.ptr(gate)?);
+        self.products
+            .norm_gate_for(g, (pc, g.ptr(norm), pz), m, width, group, eps, w)?;
+        self.tick("gated norm");
+        let (tmp, res) = (self.ptr(r.tmp)?, self.ptr(r.res)?);
+        self.products.matmul(g, w, (pz, tmp), Some(res), m)?;
+        self.tick("out");
+        Ok(())
+    }
+
+    fn gated_add(&mut self, (s, gates): (Act, Act), o: Act, x: Act) -> Result<()> {
+        let m = self.same_rows(o, x)?;
+        if s.width != x.width || self.n(s) != m || self.n(gates) != m {
+            return Err(self.gpu.err(format!(
+                "gated add: {} values into a residual of {}",
+                s.width, x.width
+            )));
+        }
+        let (px, po) = (self.ptr(x)?, self.ptr(o)?);
+        let (ps, pg) = (self.ptr(s)?, self.ptr(gates)?);
+        self.gpu
+            .gated_add((px, po), (ps, pg), m, x.width, gates.width)
+    }
+
     fn glu_matmul(&mut self, kind: Glu, gate: Act, up: Act, down: &Mat, y: Act) -> Result<()> {
         let pg = self.glu_for(kind, gate, up, down)?;
         let (g, m) = (&self.gpu, self.n(gate));

@@ -252,6 +252,47 @@ impl Gpu {
         }
     }
 
+    /// The gated DeltaNet's output gating prepared into `a`: `v = silu(z) * (RMSNorm(c) * w)`
+    /// with one norm per `group` values of each of `m` rows of `width` (`w`: `group` weights),
+    /// f32 output to `y` when given (may be `z`); the bits of `rms_norm` + `swiglu_prep`. One
+    /// launch (`norm_gate_prep`); `group` must be a multiple of 32 dividing `width`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_gate_prep(
+        &self,
+        (c, w, z): (u64, u64, u64),
+        y: Option<u64>,
+        a: &ActBuf,
+        m: usize,
+        width: usize,
+        group: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.check_act(a, m, width)?;
+        if group == 0 || !group.is_multiple_of(32) || !width.is_multiple_of(group) {
+            return Err(self.err(format!(
+                "gated norm: width {width} in groups of {group} (a multiple of 32)"
+            )));
+        }
+        if m == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::Ptr(c),
+            Arg::Ptr(w),
+            Arg::Ptr(z),
+            Arg::Ptr(y.unwrap_or(0)),
+            Arg::Ptr(self.ptr(&a.values)),
+            Arg::Ptr(self.ptr(&a.scales)),
+            Arg::U32(m as u32),
+            Arg::U32(width as u32),
+            Arg::U32(group as u32),
+            Arg::F32(eps),
+            Arg::U32(a.kp as u32),
+            Arg::U32((a.kind == ActKind::BF16) as u32),
+        ];
+        self.launch_prep("norm_gate_prep", (warp_grid(m, a.kp), 1), &args)
+    }
+
     /// A post-norm sublayer's output added into the residual: `x += RMSNorm(o) * wp` for `m`
     /// rows of `width` (the bits of `rms_norm` into `o` then `add_in_place`; `o` is left as it
     /// was), then with `next` = (w, y, a, eps) the RMSNorm of the new `x` into `y` (f32) prepared
