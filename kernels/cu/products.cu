@@ -204,7 +204,7 @@ extern "C" __global__ void swiglu_prep(const float* G, const float* __restrict__
 extern "C" __global__ void norm_gate_prep(const float* __restrict__ C, const float* __restrict__ W, const float* Z,
                                           float* Y, u16* __restrict__ Xh, float* __restrict__ Xs, u32 M, u32 width,
                                           u32 group, float eps, u32 kp, u32 bf) {
-    pdl_entry();
+    pdl_entry_trigger();
     const int lane = threadIdx.x & 31;
     const u32 nb = kp / 32;
     const u64 total = (u64)M * nb;
