@@ -271,13 +271,7 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_norm_route(const float*
         if (n == 0) H[i] = v;
     }
     __syncthreads();
-    if (Xh) {
-        const u32 nb = kp / 32, gw = n * (MOE_RT / 32) + warp;
-        for (u32 b = gw; b < M * nb; b += gridDim.x * (MOE_RT / 32)) {  // warp-uniform
-            const u32 m = b / nb, col = (b % nb) * 32 + lane;
-            prep_store(col < K ? hs[m * K + col] : 0.0f, lane, Xh + (u64)m * kp + (b % nb) * 32, Xs + b, bf);
-        }
-    }
+    if (Xh) prep_rows([&](u32 m, u32, u32 col) { return col < K ? hs[m * K + col] : 0.0f; }, Xh, Xs, M, kp, bf);
     float acc[8];
 #pragma unroll
     for (int r = 0; r < 8; ++r) acc[r] = 0.0f;

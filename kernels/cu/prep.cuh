@@ -41,6 +41,23 @@ __device__ __forceinline__ void prep_store(float x, int lane, u16* blk, float* s
     if (lane == 0) *sum = v;
 }
 
+// The warp loop of every preparation: one warp per (row m, 32-column block b) of M rows of kp
+// prepared columns, grid-stride over the grid's warps; value(m, b, k) is column k's value
+// (k = b * 32 + lane; called by all 32 lanes of the warp), stored by prep_store.
+template <class Value>
+__device__ __forceinline__ void prep_rows(Value value, u16* __restrict__ Xh, float* __restrict__ Xs, u32 M, u32 kp,
+                                          u32 bf) {
+    const int lane = threadIdx.x & 31;
+    const u32 nb = kp / 32;
+    const u64 total = (u64)M * nb;
+    const u64 nwarps = (u64)gridDim.x * blockDim.x / 32;
+    for (u64 w = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < total; w += nwarps) {
+        const u32 m = (u32)(w / nb), b = (u32)(w % nb);
+        const float v = value(m, b, b * 32 + lane);
+        prep_store(v, lane, Xh + (u64)m * kp + b * 32, Xs + w, bf);
+    }
+}
+
 // A gated activation fused with the preparation of the product that reads it: v = act(g, u) for
 // rows of `width`, written as f32 to Y (when not null; Y may be G) and prepared into Xh / Xs.
 // One warp per (row, block), grid-stride. `act` is compiled with the including module's
@@ -49,20 +66,13 @@ template <class Act>
 __device__ __forceinline__ void glu_prep_rows(Act act, const float* G, const float* __restrict__ U, float* Y,
                                               u16* __restrict__ Xh, float* __restrict__ Xs, u32 M, u32 width,
                                               u32 kp, u32 bf) {
-    const int lane = threadIdx.x & 31;
-    const u32 nb = kp / 32;
-    const u64 total = (u64)M * nb;
-    const u64 nwarps = (u64)gridDim.x * blockDim.x / 32;
-    for (u64 w = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < total; w += nwarps) {
-        const u32 m = (u32)(w / nb), b = (u32)(w % nb);
-        const u32 k = b * 32 + lane;
-        float v = 0.0f;
-        if (k < width) {
+    prep_rows(
+        [&](u32 m, u32, u32 k) {
             const u64 i = (u64)m * width + k;
-            v = act(G[i], U[i]);
-        }
-        __syncwarp();
-        if (Y && k < width) Y[(u64)m * width + k] = v;
-        prep_store(v, lane, Xh + (u64)m * kp + b * 32, Xs + w, bf);
-    }
+            const float v = k < width ? act(G[i], U[i]) : 0.0f;
+            __syncwarp();
+            if (Y && k < width) Y[i] = v;
+            return v;
+        },
+        Xh, Xs, M, kp, bf);
 }

@@ -55,16 +55,7 @@
 extern "C" __global__ void prepare_h16(const float* __restrict__ X, u16* __restrict__ Xh, float* __restrict__ Xs,
                                        u32 M, u32 K, u32 kp, u32 bf) {
     pdl_entry_trigger();
-    const int lane = threadIdx.x & 31;
-    const u32 nb = kp / 32;
-    const u64 total = (u64)M * nb;
-    const u64 nwarps = (u64)gridDim.x * blockDim.x / 32;
-    for (u64 w = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < total; w += nwarps) {
-        const u32 m = (u32)(w / nb), b = (u32)(w % nb);
-        const u32 k = b * 32 + lane;
-        const float x = k < K ? X[(u64)m * K + k] : 0.0f;
-        prep_store(x, lane, Xh + (u64)m * kp + b * 32, Xs + w, bf);
-    }
+    prep_rows([&](u32 m, u32, u32 k) { return k < K ? X[(u64)m * K + k] : 0.0f; }, Xh, Xs, M, kp, bf);
 }
 
 // One row of norm_prep: y = (x * (1 / sqrt(mean(x^2) + eps))) * w, written as f32 to y (when
@@ -205,26 +196,22 @@ extern "C" __global__ void norm_gate_prep(const float* __restrict__ C, const flo
                                           float* Y, u16* __restrict__ Xh, float* __restrict__ Xs, u32 M, u32 width,
                                           u32 group, float eps, u32 kp, u32 bf) {
     pdl_entry_trigger();
-    const int lane = threadIdx.x & 31;
-    const u32 nb = kp / 32;
-    const u64 total = (u64)M * nb;
-    const u64 nwarps = (u64)gridDim.x * blockDim.x / 32;
-    for (u64 w = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < total; w += nwarps) {
-        const u32 m = (u32)(w / nb), b = (u32)(w % nb);
-        const u32 k = b * 32 + lane;
-        float v = 0.0f;
-        if (b * 32 < width) {  // uniform over the warp: width % 32 == 0
-            const float* c = C + (u64)m * width;
-            const u32 head = (b * 32) / group * group;
-            const float s = rms_scale_warp(c + head, group, eps);
-            const float u = __fmul_rn(__fmul_rn(c[k], s), W[k - head]);
-            const float g = Z[(u64)m * width + k];
-            v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
-        }
-        __syncwarp();
-        if (Y && k < width) Y[(u64)m * width + k] = v;
-        prep_store(v, lane, Xh + (u64)m * kp + b * 32, Xs + w, bf);
-    }
+    prep_rows(
+        [&](u32 m, u32 b, u32 k) {
+            float v = 0.0f;
+            if (b * 32 < width) {  // uniform over the warp: width % 32 == 0
+                const float* c = C + (u64)m * width;
+                const u32 head = (b * 32) / group * group;
+                const float s = rms_scale_warp(c + head, group, eps);
+                const float u = __fmul_rn(__fmul_rn(c[k], s), W[k - head]);
+                const float g = Z[(u64)m * width + k];
+                v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+            }
+            __syncwarp();
+            if (Y && k < width) Y[(u64)m * width + k] = v;
+            return v;
+        },
+        Xh, Xs, M, kp, bf);
 }
 
 // The token image of the warp-specialized product (product_ws): prepared rows
