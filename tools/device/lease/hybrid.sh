@@ -6,14 +6,21 @@
 #   serve    serve-invariance (prefix-cache hits from state snapshots) on a tiny qwen3next file
 #   mtp      spec with qwen3next's own MTP module (random and oracle-wired: the hand-over check
 #            against the CPU, the oracle's acceptance)
-#   smol     golden and invariance on SmolLM2 (staged with piece.sh ... smol): the kernels the
+#   smol     golden, invariance and serve-invariance on SmolLM2 (staged with piece.sh ... smol): the kernels the
 #            hybrid work changed (rope_kv, sigmoid) keep every other model's bits
+#   vision   image input on CUDA (issue 38): the vision kernels, the CUDA tower against the CPU
+#            tower and its float64 reference on SmolLM2, a real-size random F16 tower served by
+#            Gemma 3 270M (pieces smol and gemma); runs while llama.cpp builds
 #   peer     llama.cpp's logits (tools/peer/logits.py on the CPU, carried as .stage/peer16.*:
 #            a poll call copies .bin then .json into $HOME/repo/.stage) vs memra's on the GPU
-#   sbs      qwen3-next-80b-a3b Q4_K_M (synthetic, LEASE_SYNTH=q3n) side by side with llama.cpp
+#   ab       an A/B of one switch (AB_VAR=NAME, AB_VALUES, AB_MODELS) on memra decode, alternated
+#            (into ab.jsonl; the switch is deleted with the loser once measured)
+#   sbs      (HYBRID_SBS, default q3n:q4_k_m) qwen3-next-80b-a3b Q4_K_M (synthetic, LEASE_SYNTH=q3n) side by side with llama.cpp
 #   decode   memra decode alone on that file (one run), then its op profile (plain steps)
 #   inv80    invariance on that file
-#   kernels  the whole kernels gate
+#   kernels  the whole kernels gate (before vision: it runs while llama.cpp builds)
+#   gsmol    lib.sh's gates_smol (every SmolLM2 gate)
+#   ggemma   invariance and tokens on the real Gemma 3 270M (pieces gemma)
 # Start: LEASE_SYNTH=q3n LEASE_RUN=... bash tools/device/lease/start.sh tools/device/lease/hybrid.sh 5
 # then poll.sh back to back (docs/DEVICE.md step 3). ~12 device-minutes for all.
 set -u
@@ -41,16 +48,33 @@ on peer && waitf .stage/peer16.json 120 && run peer-tiny 120 $B/memra-verify pee
 if on smol && waitf $HOME/smol.ok 200; then
   run golden 300 $B/memra-verify golden $SMOL --device cuda:0
   run inv-smol 200 $B/memra-verify invariance $SMOL --device cuda:0
+  run serve-inv-smol 300 $B/memra-verify serve-invariance $SMOL --device cuda:0 --requests 32
 fi
-if on sbs; then peerwait; sbs q3n:q4_k_m; fi
+if on kernels; then
+  run kernels 600 $B/memra-verify kernels --device cuda:0
+  grep -E "FAIL|ALL" $O/logs/kernels.log | head -6 >> $S
+fi
+on gsmol && gates_smol
+if on ggemma && waitf $HOME/gemma.ok 300; then
+  run inv-gemma 300 $B/memra-verify invariance $GEMMA --device cuda:0
+  run tokens-gemma 300 $B/memra-verify tokens $GEMMA --device cuda:0 --fixture verify/fixtures/gemma3-270m-reference.json
+fi
+if on vision; then
+  run kernels-vision 300 $B/memra-verify kernels --device cuda:0 --only vision
+  waitf $HOME/smol.ok 200 && MEMRA_TEST_MODEL=$SMOL run vision 200 $B/memra-verify vision --device cuda:0 --reference f64
+  run mmproj-g3 180 $B/memra-bench synth-mmproj --shape gemma3 --text-hidden 640 --dtype f16 --out $M/mm-g3.gguf &&
+    waitf $HOME/gemma.ok 400 && run vision-g3 600 $B/memra-verify vision $GEMMA --mmproj $M/mm-g3.gguf --device cuda:0 --reference none --images 2 --prompts 4
+fi
+if on ab; then  # an A/B of one switch (AB_VAR, values AB_VALUES, default "0 1"), alternated twice
+  for x in ${AB_MODELS:-smol:Q4_1 gemma:Q4_K_M}; do pick $x; waitf $f 300 || continue
+    for v in ${AB_VALUES:-0 1} ${AB_VALUES:-0 1}; do run ab-$k-$v 200 env ${AB_VAR:?AB_VAR}=$v $B/memra-bench decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt --run $RUN-ab$v --out $O/ab.jsonl --quiet; done
+  done
+fi
+if on sbs; then peerwait; sbs ${HYBRID_SBS:-q3n:q4_k_m}; fi
 if on decode && waitf $Q3N 400; then
   run q3n-decode1 200 $MB decode $Q3N --device cuda:0 --prompt 512 --gen 128 --runs 1 --shape qwen3-next-80b-a3b --dtype q4_k_m
   MEMRA_PROFILE_OPS=1 run q3n-profile 200 $B/run-gen $Q3N --device cuda:0 --prompt "The capital of France is a city that" --max-tokens 48 --no-cuda-graph
   grep -A12 "op profile" $O/logs/q3n-profile.log >> $S
 fi
 on inv80 && waitf $Q3N 60 && run inv-q3n 420 $B/memra-verify invariance $Q3N --device cuda:0 --max-m 8 --prompt-len 80
-if on kernels; then
-  run kernels 600 $B/memra-verify kernels --device cuda:0
-  grep -E "FAIL|ALL" $O/logs/kernels.log | head -6 >> $S
-fi
 touch $HOME/queue.done
