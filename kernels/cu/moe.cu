@@ -124,8 +124,9 @@ __device__ __forceinline__ void moe_route_row(const float* l, u32* __restrict__ 
 }
 
 
-// Most experts moe_route_warp takes (MOE_WPL a lane, in registers).
-#define MOE_WARP_E 256
+// Most experts moe_route_warp takes (MOE_WPL a lane, in registers): qwen3next's 512 included
+// (the block routing, alone on one SM after the router, took ~49 us a decode step's layer there).
+#define MOE_WARP_E 512
 #define MOE_WPL (MOE_WARP_E / 32)
 
 // The probability whose key is `key` (moe_key's inverse).
@@ -212,16 +213,24 @@ __device__ __forceinline__ void moe_route_warp(const float* l, u32* __restrict__
     }
 }
 
-// moe_route_row of each row r of L (grid M, MOE_RT threads; moe_route_warp by the first warp for
-// up to MOE_WARP_E experts): ids and weights at [r k, r k + k).
+// The routing of rows 0 .. M of L (E logits each; ids and weights of row r at [r k, r k + k)):
+// warp r routes row r (moe_route_warp) for up to MOE_WARP_E experts, else the block routes the
+// rows one after the other (moe_route_row). Every thread of the block must call it.
+__device__ __forceinline__ void moe_route_rows(const float* L, u32* __restrict__ ids, float* __restrict__ wts, u32 M,
+                                               u32 E, u32 k, u32 norm) {
+    const u32 warp = threadIdx.x >> 5;
+    if (E > MOE_WARP_E)
+        for (u32 r = 0; r < M; ++r) moe_route_row(L + (u64)r * E, ids + (u64)r * k, wts + (u64)r * k, E, k, norm);
+    else if (warp < M)
+        moe_route_warp(L + (u64)warp * E, ids + (u64)warp * k, wts + (u64)warp * k, E, k, norm);
+}
+
+// The routing of each row r of L (grid M, MOE_RT threads: one row a block).
 extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(const float* __restrict__ L, u32* __restrict__ ids,
                                                                float* __restrict__ wts, u32 E, u32 k, u32 norm) {
     pdl_entry();
     const u64 row = blockIdx.x;
-    if (E > MOE_WARP_E)
-        moe_route_row(L + row * E, ids + row * k, wts + row * k, E, k, norm);
-    else if (threadIdx.x < 32)
-        moe_route_warp(L + row * E, ids + row * k, wts + row * k, E, k, norm);
+    moe_route_rows(L + row * E, ids + row * k, wts + row * k, 1, E, k, norm);
 }
 
 // A decode step's MoE router in one launch (M <= 8 rows of K): the FFN's RMSNorm, the F32
@@ -311,10 +320,7 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_norm_route(const float*
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (E > MOE_WARP_E)
-        for (u32 r = 0; r < M; ++r) moe_route_row(L + (u64)r * E, ids + (u64)r * k, wts + (u64)r * k, E, k, norm);
-    else if (warp < M)  // warp r routes row r
-        moe_route_warp(L + (u64)warp * E, ids + (u64)warp * k, wts + (u64)warp * k, E, k, norm);
+    moe_route_rows(L, ids, wts, M, E, k, norm);
     if (t == 0) *ticket = 0;
 }
 

@@ -2,7 +2,8 @@
 //! `matmul_id_<type>`, driven by `Products::moe` as the backend drives them) against the CPU:
 //!
 //! - `moe_route`: the expert ids equal the CPU's `route` (softmax, top-k with ties to the lowest
-//!   index, renormalised, ascending index) exactly; the weights within [`ROUTE_TOL`].
+//!   index, renormalised, ascending index) exactly; the weights within [`ROUTE_TOL`]; alone for
+//!   routers of 257 to 1024 experts (the one-warp routing up to 512, the block routing above).
 //! - `moe_<type>` (v2 tile layout) / `moe_v1_<type>` (stored layout): the whole FFN against an
 //!   f64 reference over the dequantized weights (the CPU's routes, each row's experts added in
 //!   ascending index), within [`moe_tol`]; every output element written (NaN-poisoned).
@@ -406,6 +407,52 @@ pub fn moe_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             21_000 + 10 * i as u64,
             sh,
         )?);
+    }
+    route_cases(g, seed, out)
+}
+
+/// `moe_route` alone against the CPU's `route` for routers wider than the expert stacks above:
+/// the one-warp routing (up to 512 experts: 257 and qwen3next's 512) and the block routing
+/// (600, 1024); ids exactly, weights within [`ROUTE_TOL`], 3 rows each.
+fn route_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    const ROWS: usize = 3;
+    for (i, &(e, k, norm)) in [
+        (257usize, 3usize, true),
+        (512, 10, false),
+        (512, 10, true),
+        (600, 6, true),
+        (1024, 32, true),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let logits = vals(seed, 22_000 + i as u64, ROWS * e, 3.0);
+        let dl = g.upload(&logits)?;
+        let (ids, wts) = (g.zeros::<u32>(ROWS * k)?, g.zeros::<f32>(ROWS * k)?);
+        g.fill(g.ptr(&wts), f32::NAN, ROWS * k)?;
+        g.moe_route(g.ptr(&dl), (g.ptr(&ids), g.ptr(&wts)), ROWS, e, k, norm)?;
+        let routes: Vec<(usize, f32)> = logits
+            .chunks_exact(e)
+            .flat_map(|l| route(l, k, norm))
+            .collect();
+        let want_ids: Vec<f32> = routes.iter().map(|&(i, _)| i as f32).collect();
+        let want_wts: Vec<f32> = routes.iter().map(|&(_, w)| w).collect();
+        let got_ids: Vec<f32> = g.download(&ids)?.iter().map(|&i| i as f32).collect();
+        let shape = format!("E={e} k={k} norm={norm} M={ROWS}");
+        out.push(compare(
+            "moe_route ids",
+            shape.clone(),
+            &got_ids,
+            &want_ids,
+            0.0,
+        ));
+        out.push(compare(
+            "moe_route wts",
+            shape,
+            &g.download(&wts)?,
+            &want_wts,
+            ROUTE_TOL,
+        ));
     }
     Ok(())
 }
