@@ -29,7 +29,7 @@ __device__ __forceinline__ u32 moe_key(float p) {
 __device__ __forceinline__ void moe_shared_slot(const float* l, u32* ids, float* wts, u32 E, u32 k) {
     const float g = __ldcg(l + E);
     ids[k] = E;
-    wts[k] = 1.0f / (1.0f + expf(-g));
+    wts[k] = sigmoid_of(g);
 }
 
 // The routing of one row of E router logits l by a block of MOE_RT threads: the softmax (max
