@@ -19,6 +19,7 @@
 use std::sync::Mutex;
 
 use super::device::{Arg, Gpu};
+use super::vision_kernels::{Epilogue, HEAD_DIMS, Product, TowerKernels};
 use crate::error::{Error, Result};
 use crate::vision::{TowerParams, TowerWeights};
 
@@ -91,17 +92,6 @@ impl TowerDevice for Gpu {
     }
 }
 
-/// The epilogue of a product (`mode` of kernels/cu/vision.cu `vit_gemm_*`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Epilogue {
-    /// `y = xW + b`.
-    Plain = 0,
-    /// `y = gelu_tanh(xW + b)`.
-    Gelu = 1,
-    /// `y = y + (xW + b)` (into the residual stream).
-    Add = 2,
-}
-
 /// A weight matrix `[n][k]` on the device, as f32 or as f16 bits.
 enum Weights<D: TowerDevice> {
     F32(D::F32),
@@ -164,11 +154,6 @@ pub struct CudaTower<D: TowerDevice = Gpu> {
     scratch: Mutex<Scratch<D>>,
 }
 
-/// Head dimensions the attention kernels are built for (`vit_attn_d<D>`).
-pub fn head_dim_supported(d: usize) -> bool {
-    memra_kernels::VIT_HEAD_DIMS.contains(&d)
-}
-
 /// `m` (`[n][k]` row-major) as f16 bits when every value is exactly an f16, else `None`.
 fn as_f16(m: &[f32]) -> Option<Vec<u16>> {
     m.iter()
@@ -194,11 +179,10 @@ impl<D: TowerDevice> CudaTower<D> {
     /// Uploads `w` (of shape `p`) to `dev` and allocates one image's activations.
     pub fn new(dev: D, p: &TowerParams, w: &TowerWeights) -> Result<CudaTower<D>> {
         p.check()?;
-        if !head_dim_supported(p.head_dim()) {
+        if !HEAD_DIMS.contains(&p.head_dim()) {
             return Err(Error::Unsupported(format!(
-                "the CUDA tower has no attention kernel for heads of {} (kernels for {:?})",
+                "the CUDA tower has no attention kernel for heads of {} (kernels for {HEAD_DIMS:?})",
                 p.head_dim(),
-                memra_kernels::VIT_HEAD_DIMS
             )));
         }
         let (h, f, ps) = (p.hidden, p.ffn, p.patch_size);
@@ -261,6 +245,33 @@ impl<D: TowerDevice> CudaTower<D> {
         })
     }
 
+    /// The product of `x` (`m` rows) and `w` into `y`.
+    fn product(
+        &self,
+        x: u64,
+        w: &DevMat<D>,
+        bias: Option<u64>,
+        y: u64,
+        m: usize,
+        epilogue: Epilogue,
+    ) -> Product {
+        let (w_addr, f16) = match &w.w {
+            Weights::F32(d) => (self.dev.addr_f32(d), false),
+            Weights::F16(d) => (self.dev.addr_u16(d), true),
+        };
+        Product {
+            x,
+            w: w_addr,
+            f16,
+            bias,
+            y,
+            m,
+            n: w.n,
+            k: w.k,
+            epilogue,
+        }
+    }
+
     /// The device's name (`cuda:0 (compute_90a)`).
     pub fn label(&self) -> String {
         self.dev.label()
@@ -283,59 +294,35 @@ impl<D: TowerDevice> CudaTower<D> {
             .lock()
             .map_err(|_| Error::Input("the CUDA tower's activations are poisoned".into()))?;
         self.dev.write_f32(&mut sc.px, px)?;
-        let r = Run { dev: &self.dev };
+        let k = TowerKernels { dev: &self.dev };
         let a = |b: &D::F32| self.dev.addr_f32(b);
         let (n, h, t) = (p.patches(), p.hidden, p.tokens_per_image());
-        r.patches(a(&sc.px), a(&sc.cols), p)?;
-        r.gemm(
-            a(&sc.cols),
+        let prod = |x: &D::F32, w: &DevMat<D>, b: Option<&D::F32>, y: &D::F32, m, e| {
+            k.product(&self.product(a(x), w, b.map(a), a(y), m, e))
+        };
+        let ln = |(w, b): &(D::F32, D::F32)| (a(w), a(b));
+        k.patches(a(&sc.px), a(&sc.cols), s, p.patch_size)?;
+        prod(
+            &sc.cols,
             &self.patch,
-            Some(a(&self.patch_b)),
-            a(&sc.x),
+            Some(&self.patch_b),
+            &sc.x,
             n,
             Epilogue::Plain,
         )?;
-        r.add(a(&sc.x), a(&self.pos), n * h)?;
+        k.add(a(&sc.x), a(&self.pos), n * h)?;
         for l in &self.layers {
-            r.layer_norm(a(&sc.x), &l.ln1, a(&sc.a), n, h, p.eps)?;
-            r.gemm(
-                a(&sc.a),
-                &l.qkv,
-                Some(a(&l.qkv_b)),
-                a(&sc.qkv),
-                n,
-                Epilogue::Plain,
-            )?;
-            r.attention(a(&sc.qkv), a(&sc.att), n, p.heads, p.head_dim())?;
-            r.gemm(
-                a(&sc.att),
-                &l.o,
-                Some(a(&l.o_b)),
-                a(&sc.x),
-                n,
-                Epilogue::Add,
-            )?;
-            r.layer_norm(a(&sc.x), &l.ln2, a(&sc.a), n, h, p.eps)?;
-            r.gemm(
-                a(&sc.a),
-                &l.up,
-                Some(a(&l.up_b)),
-                a(&sc.up),
-                n,
-                Epilogue::Gelu,
-            )?;
-            r.gemm(
-                a(&sc.up),
-                &l.down,
-                Some(a(&l.down_b)),
-                a(&sc.x),
-                n,
-                Epilogue::Add,
-            )?;
+            k.layer_norm(a(&sc.x), ln(&l.ln1), a(&sc.a), n, h, p.eps)?;
+            prod(&sc.a, &l.qkv, Some(&l.qkv_b), &sc.qkv, n, Epilogue::Plain)?;
+            k.attention(a(&sc.qkv), a(&sc.att), n, p.heads, p.head_dim())?;
+            prod(&sc.att, &l.o, Some(&l.o_b), &sc.x, n, Epilogue::Add)?;
+            k.layer_norm(a(&sc.x), ln(&l.ln2), a(&sc.a), n, h, p.eps)?;
+            prod(&sc.a, &l.up, Some(&l.up_b), &sc.up, n, Epilogue::Gelu)?;
+            prod(&sc.up, &l.down, Some(&l.down_b), &sc.x, n, Epilogue::Add)?;
         }
-        r.layer_norm(a(&sc.x), &self.post, a(&sc.a), n, h, p.eps)?;
-        r.pool(a(&sc.a), a(&sc.pooled), p)?;
-        r.rms_norm(
+        k.layer_norm(a(&sc.x), ln(&self.post), a(&sc.a), n, h, p.eps)?;
+        k.pool(a(&sc.a), a(&sc.pooled), p.grid(), p.pool, h)?;
+        k.rms_norm(
             a(&sc.pooled),
             a(&self.soft_norm),
             a(&sc.normed),
@@ -343,152 +330,8 @@ impl<D: TowerDevice> CudaTower<D> {
             h,
             p.eps,
         )?;
-        r.gemm(
-            a(&sc.normed),
-            &self.proj,
-            None,
-            a(&sc.out),
-            t,
-            Epilogue::Plain,
-        )?;
+        prod(&sc.normed, &self.proj, None, &sc.out, t, Epilogue::Plain)?;
         self.dev.read_f32(&sc.out)
-    }
-}
-
-/// The launches of one forward.
-struct Run<'a, D: TowerDevice> {
-    dev: &'a D,
-}
-
-/// Threads of the grid-stride and row kernels.
-const BLOCK: u32 = 256;
-
-fn u32_of(v: usize, what: &str) -> Result<u32> {
-    u32::try_from(v).map_err(|_| Error::Input(format!("tower: {what} = {v} exceeds u32")))
-}
-
-/// Blocks of a grid-stride launch over `n` values (at most 65,536: the kernels loop).
-fn stride_grid(n: usize) -> (u32, u32) {
-    (n.div_ceil(BLOCK as usize).clamp(1, 1 << 16) as u32, 1)
-}
-
-impl<D: TowerDevice> Run<'_, D> {
-    fn patches(&self, px: u64, cols: u64, p: &TowerParams) -> Result<()> {
-        let n = p.patches() * 3 * p.patch_size * p.patch_size;
-        let args = [
-            Arg::Ptr(px),
-            Arg::Ptr(cols),
-            Arg::U32(u32_of(p.image_size, "image size")?),
-            Arg::U32(u32_of(p.patch_size, "patch size")?),
-        ];
-        self.dev.launch("vit_patches", stride_grid(n), BLOCK, &args)
-    }
-
-    /// `y[m] = epilogue(w x[m] + b)` for `m` rows of `w.k` values.
-    fn gemm(
-        &self,
-        x: u64,
-        w: &DevMat<D>,
-        b: Option<u64>,
-        y: u64,
-        m: usize,
-        e: Epilogue,
-    ) -> Result<()> {
-        let (name, wp) = match &w.w {
-            Weights::F32(d) => ("vit_gemm_f32", self.dev.addr_f32(d)),
-            Weights::F16(d) => ("vit_gemm_f16", self.dev.addr_u16(d)),
-        };
-        let grid = (
-            u32_of(w.n.div_ceil(128), "product column tiles")?,
-            u32_of(m.div_ceil(128), "product row tiles")?,
-        );
-        if grid.1 > 65_535 {
-            return Err(Error::Input(format!("tower: {m} rows in one product")));
-        }
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(wp),
-            Arg::Ptr(b.unwrap_or(0)),
-            Arg::Ptr(y),
-            Arg::U32(u32_of(m, "M")?),
-            Arg::U32(u32_of(w.n, "N")?),
-            Arg::U32(u32_of(w.k, "K")?),
-            Arg::U32(e as u32),
-        ];
-        self.dev.launch(name, grid, BLOCK, &args)
-    }
-
-    fn layer_norm(
-        &self,
-        x: u64,
-        (w, b): &(D::F32, D::F32),
-        y: u64,
-        rows: usize,
-        width: usize,
-        eps: f32,
-    ) -> Result<()> {
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(self.dev.addr_f32(w)),
-            Arg::Ptr(self.dev.addr_f32(b)),
-            Arg::Ptr(y),
-            Arg::U32(u32_of(rows, "rows")?),
-            Arg::U32(u32_of(width, "width")?),
-            Arg::F32(eps),
-        ];
-        let grid = (u32_of(rows.div_ceil(8), "norm blocks")?, 1);
-        self.dev.launch("vit_layer_norm", grid, BLOCK, &args)
-    }
-
-    /// Every row of `qkv` (`[n][3 heads d]`) attends to all `n` rows, per head, into `out`.
-    fn attention(&self, qkv: u64, out: u64, n: usize, heads: usize, d: usize) -> Result<()> {
-        let name = format!("vit_attn_d{d}");
-        let args = [
-            Arg::Ptr(qkv),
-            Arg::Ptr(out),
-            Arg::U32(u32_of(n, "patches")?),
-            Arg::U32(u32_of(heads, "heads")?),
-            Arg::F32(1.0 / (d as f32).sqrt()),
-        ];
-        let grid = (
-            u32_of(n.div_ceil(128), "query tiles")?,
-            u32_of(heads, "heads")?,
-        );
-        self.dev.launch(&name, grid, 128, &args)
-    }
-
-    fn pool(&self, x: u64, y: u64, p: &TowerParams) -> Result<()> {
-        let n = p.tokens_per_image() * p.hidden;
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(y),
-            Arg::U32(u32_of(p.grid(), "grid")?),
-            Arg::U32(u32_of(p.pool, "pool")?),
-            Arg::U32(u32_of(p.hidden, "width")?),
-            Arg::F32(1.0 / (p.pool * p.pool) as f32),
-        ];
-        self.dev.launch("vit_pool", stride_grid(n), BLOCK, &args)
-    }
-
-    /// norm.cu `rms_norm`: a warp per row (the launch of [`Gpu::rms_norm`]).
-    fn rms_norm(&self, x: u64, w: u64, y: u64, rows: usize, width: usize, eps: f32) -> Result<()> {
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(w),
-            Arg::Ptr(y),
-            Arg::U32(u32_of(rows, "rows")?),
-            Arg::U32(u32_of(width, "width")?),
-            Arg::F32(eps),
-        ];
-        let grid = (u32_of(rows.div_ceil(8), "norm blocks")?, 1);
-        self.dev.launch("rms_norm", grid, BLOCK, &args)
-    }
-
-    /// elementwise.cu `add_in_place`: `x[i] += y[i]`.
-    fn add(&self, x: u64, y: u64, n: usize) -> Result<()> {
-        let args = [Arg::Ptr(x), Arg::Ptr(y), Arg::U64(n as u64)];
-        self.dev
-            .launch("add_in_place", stride_grid(n), BLOCK, &args)
     }
 }
 
