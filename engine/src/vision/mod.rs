@@ -114,10 +114,11 @@ impl ImageTokens {
 pub struct VisionTower {
     params: TowerParams,
     weights: TowerWeights,
-    /// Hash of the file's tensors and shape, and of the device tower when there is one: part
-    /// of every image's content hash (rows of the CPU and the CUDA tower differ in their last
-    /// bits, so they never share a hash).
+    /// Hash of the file's tensors and shape.
     id: [u8; 32],
+    /// `id`, and the device tower's name when there is one: part of every image's content hash
+    /// (rows of the CPU and the CUDA tower differ in their last bits, so they never share one).
+    key: [u8; 32],
     /// The tower on a CUDA device ([`VisionTower::place`]); `None`: the CPU.
     cuda: Option<CudaTower>,
 }
@@ -145,6 +146,7 @@ impl VisionTower {
             params,
             weights,
             id,
+            key: id,
             cuda: None,
         }
     }
@@ -166,14 +168,16 @@ impl VisionTower {
                 Some(CudaTower::new(gpu, &self.params, &self.weights)?)
             }
         };
-        self.id = self.weights.digest(&self.params);
-        if let Some(t) = &self.cuda {
-            let mut h = Sha256::new();
-            h.update(self.id);
-            h.update(b"cuda tower ");
-            h.update(t.label().as_bytes());
-            self.id = h.finalize().into();
-        }
+        self.key = match &self.cuda {
+            None => self.id,
+            Some(t) => {
+                let mut h = Sha256::new();
+                h.update(self.id);
+                h.update(b"cuda tower ");
+                h.update(t.label().as_bytes());
+                h.finalize().into()
+            }
+        };
         Ok(())
     }
 
@@ -204,7 +208,7 @@ impl VisionTower {
     /// The content hash of an image as this tower sees it (`rgb`: `image_size^2` RGB pixels).
     pub fn hash(&self, rgb: &[u8]) -> u128 {
         let mut h = Sha256::new();
-        h.update(self.id);
+        h.update(self.key);
         h.update((rgb.len() as u64).to_le_bytes());
         h.update(rgb);
         let d = h.finalize();
