@@ -131,7 +131,7 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
             ks[i] = x[(nk + g) * HK + i] * ik * 1.0f;
         }
         __syncwarp();
-        const float beta = 1.0f / (1.0f + expf(-ba[g * 2 * r + jj]));
+        const float beta = sigmoid_of(ba[g * 2 * r + jj]);
         const float a = ba[g * 2 * r + r + jj] + dt;
         const float sp = a > 20.0f ? a : log1pf(expf(a));
         const float decay = expf(a_coef * sp);

@@ -46,16 +46,20 @@ extern "C" __global__ void geglu_prep(const float* G, const float* __restrict__ 
     glu_prep_rows(geglu, G, U, Y, Xh, Xs, M, width, kp, bf);
 }
 
+// The sigmoid of value i's gate, for rows of `width` values and `gwidth` gates a row (one gate
+// per group of width / gwidth values): sigmoid_mul's and gated_add's factor.
+__device__ __forceinline__ float gate_of(const float* g, u64 i, u32 width, u32 gwidth) {
+    const u64 r = i / width;
+    const u32 c = (u32)(i % width);
+    return sigmoid_of(g[r * gwidth + c / (width / gwidth)]);
+}
+
 // Gating: x[r][c] *= 1 / (1 + exp(-g[r][c / (width / gwidth)])) for rows of `width` values and
 // `gwidth` gates (one gate per group of values), n = rows * width: the CPU's sigmoid_mul.
 extern "C" __global__ void sigmoid_mul(float* x, const float* g, u64 n, u32 width, u32 gwidth) {
     pdl_entry();
-    const u32 group = width / gwidth;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        const u64 r = i / width;
-        const u32 c = (u32)(i % width);
-        const float gv = g[r * gwidth + c / group];
-        x[i] = x[i] * (1.0f / (1.0f + expf(-gv)));
+        x[i] = x[i] * gate_of(g, i, width, gwidth);
     }
 }
 
@@ -66,12 +70,8 @@ extern "C" __global__ void sigmoid_mul(float* x, const float* g, u64 n, u32 widt
 extern "C" __global__ void gated_add(float* x, float* o, const float* s, const float* g, u64 n, u32 width,
                                      u32 gwidth) {
     pdl_entry();
-    const u32 group = width / gwidth;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        const u64 r = i / width;
-        const u32 c = (u32)(i % width);
-        const float gv = g[r * gwidth + c / group];
-        const float ov = o[i] + s[i] * (1.0f / (1.0f + expf(-gv)));
+        const float ov = o[i] + s[i] * gate_of(g, i, width, gwidth);
         o[i] = ov;
         x[i] = x[i] + ov;
     }

@@ -22,6 +22,16 @@ __device__ __forceinline__ u32 moe_key(float p) {
 // Experts per thread of moe_route_row (registers).
 #define MOE_PER (MOE_MAX_E / MOE_RT)
 
+// A shared expert folded into the MoE (qwen3next): expert E (the stacks' last), always chosen,
+// as slot k (after the k routed experts, all below E: ascending expert index), its weight the
+// sigmoid of logit E (the row's gate for it), with sigmoid_mul's operations, so that the combine
+// adds w y last as the CPU adds sigmoid(g) * shared(h) after the routed experts.
+__device__ __forceinline__ void moe_shared_slot(const float* l, u32* ids, float* wts, u32 E, u32 k) {
+    const float g = __ldcg(l + E);
+    ids[k] = E;
+    wts[k] = sigmoid_of(g);
+}
+
 // The routing of one row of E router logits l by a block of MOE_RT threads: the softmax (max
 // subtracted; the exponentials summed lane-strided in index order per lane, then a fixed xor
 // tree: every warp computes this same sum, so no barrier waits for one warp's), the k highest
@@ -32,7 +42,7 @@ __device__ __forceinline__ u32 moe_key(float p) {
 // thread keeps its experts t, t + MOE_RT, ... in registers. Every step is per row: no other row
 // changes a bit.
 __device__ __forceinline__ void moe_route_row(const float* l, u32* __restrict__ ids, float* __restrict__ wts,
-                                              u32 E, u32 k, u32 norm) {
+                                              u32 E, u32 k, u32 norm, u32 shared) {
     __shared__ float p[MOE_MAX_E];
     __shared__ __align__(16) u32 key[MOE_MAX_E];
     __shared__ float red[MOE_RT / 32];
@@ -120,12 +130,14 @@ __device__ __forceinline__ void moe_route_row(const float* l, u32* __restrict__ 
         ids[slot] = id;
         wts[slot] = norm ? __fdiv_rn(rw[t], u) : rw[t];
     }
+    if (shared && t == 0) moe_shared_slot(l, ids, wts, E, k);
     __syncthreads();  // the shared arrays are reused by the next row
 }
 
 
-// Most experts moe_route_warp takes (MOE_WPL a lane, in registers).
-#define MOE_WARP_E 256
+// Most experts moe_route_warp takes (MOE_WPL a lane, in registers): qwen3next's 512 included
+// (the block routing, alone on one SM after the router, took ~49 us a decode step's layer there).
+#define MOE_WARP_E 512
 #define MOE_WPL (MOE_WARP_E / 32)
 
 // The probability whose key is `key` (moe_key's inverse).
@@ -140,7 +152,7 @@ __device__ __forceinline__ float moe_unkey(u32 key) {
 // the renormalizing sum added in that order; lane r keeps the rank-r expert and writes it at its
 // place in ascending expert index.
 __device__ __forceinline__ void moe_route_warp(const float* l, u32* __restrict__ ids, float* __restrict__ wts,
-                                               u32 E, u32 k, u32 norm) {
+                                               u32 E, u32 k, u32 norm, u32 shared) {
     const u32 lane = threadIdx.x & 31;
     const float ninf = __int_as_float(0xff800000);
     float lv[MOE_WPL];
@@ -210,18 +222,30 @@ __device__ __forceinline__ void moe_route_warp(const float* l, u32* __restrict__
         ids[slot] = my_id;
         wts[slot] = norm ? __fdiv_rn(my_w, u) : my_w;
     }
+    if (shared && lane == 0) moe_shared_slot(l, ids, wts, E, k);
 }
 
-// moe_route_row of each row r of L (grid M, MOE_RT threads; moe_route_warp by the first warp for
-// up to MOE_WARP_E experts): ids and weights at [r k, r k + k).
-extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(const float* __restrict__ L, u32* __restrict__ ids,
-                                                               float* __restrict__ wts, u32 E, u32 k, u32 norm) {
-    pdl_entry();
-    const u64 row = blockIdx.x;
+// The routing of rows 0 .. M of L (E + shared logits each; the k + shared ids and weights of row
+// r at [r (k + shared), ...)): warp r routes row r (moe_route_warp) for up to MOE_WARP_E experts,
+// else the block routes the rows one after the other (moe_route_row). Every thread of the block
+// must call it.
+__device__ __forceinline__ void moe_route_rows(const float* L, u32* __restrict__ ids, float* __restrict__ wts, u32 M,
+                                               u32 E, u32 k, u32 norm, u32 shared) {
+    const u32 warp = threadIdx.x >> 5;
+    const u64 le = E + shared, ks = k + shared;
     if (E > MOE_WARP_E)
-        moe_route_row(L + row * E, ids + row * k, wts + row * k, E, k, norm);
-    else if (threadIdx.x < 32)
-        moe_route_warp(L + row * E, ids + row * k, wts + row * k, E, k, norm);
+        for (u32 r = 0; r < M; ++r) moe_route_row(L + r * le, ids + r * ks, wts + r * ks, E, k, norm, shared);
+    else if (warp < M)
+        moe_route_warp(L + warp * le, ids + warp * ks, wts + warp * ks, E, k, norm, shared);
+}
+
+// The routing of each row r of L (grid M, MOE_RT threads: one row a block).
+extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(const float* __restrict__ L, u32* __restrict__ ids,
+                                                               float* __restrict__ wts, u32 E, u32 k, u32 norm,
+                                                               u32 shared) {
+    pdl_entry();
+    const u64 row = blockIdx.x, le = E + shared, ks = k + shared;
+    moe_route_rows(L + row * le, ids + row * ks, wts + row * ks, 1, E, k, norm, shared);
 }
 
 // A decode step's MoE router in one launch (M <= 8 rows of K): the FFN's RMSNorm, the F32
@@ -231,8 +255,10 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(const float* __re
 // matmul_f32_rows_body's order (warp w sums its K / 8 chunk lane-strided with fma from +0, the
 // xor tree, the 8 warp sums in warp order from -0) into L[r][n]; the last block to finish (a
 // ticket, reset to 0 for the next launch) routes every row (moe_route_warp by warp r for row r,
-// or moe_route_row for more than MOE_WARP_E experts). The bits of
-// rms_norm, matmul_f32_rows and moe_route, whatever M. When Xh is not null the normalized rows
+// or moe_route_row for more than MOE_WARP_E experts). With `shared` the grid is E + 1: block E
+// computes router row E (a folded shared expert's gate, L's rows are E + 1 wide) and each row
+// gets the shared slot (moe_shared_slot). The bits of rms_norm, matmul_f32_rows and moe_route,
+// whatever M. When Xh is not null the normalized rows
 // are also prepared for the expert products (Xh / Xs, rows of kp columns, bf as prep_store:
 // prepare_h16's bits of H), one 32-column block per warp of the grid. The block's first eight
 // router weights a lane are loaded before the rows (they do not depend on them).
@@ -242,7 +268,7 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_norm_route(const float*
                                                                     u64 row_bytes, float* L, u32* ticket, u32* ids,
                                                                     float* wts, u16* __restrict__ Xh,
                                                                     float* __restrict__ Xs, u32 kp, u32 bf, u32 M,
-                                                                    u32 K, u32 E, u32 k, u32 norm) {
+                                                                    u32 K, u32 E, u32 k, u32 norm, u32 shared) {
     pdl_entry();
     extern __shared__ float hs[];
     __shared__ float sc[8];
@@ -303,7 +329,7 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_norm_route(const float*
         float v = -0.0f;
 #pragma unroll
         for (int q = 0; q < 8; ++q) v = __fadd_rn(v, part[q][t]);
-        L[(u64)t * E + n] = v;
+        L[(u64)t * (E + shared) + n] = v;
     }
     __threadfence();
     __syncthreads();
@@ -311,10 +337,7 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_norm_route(const float*
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (E > MOE_WARP_E)
-        for (u32 r = 0; r < M; ++r) moe_route_row(L + (u64)r * E, ids + (u64)r * k, wts + (u64)r * k, E, k, norm);
-    else if (warp < M)  // warp r routes row r
-        moe_route_warp(L + (u64)warp * E, ids + (u64)warp * k, wts + (u64)warp * k, E, k, norm);
+    moe_route_rows(L, ids, wts, M, E, k, norm, shared);
     if (t == 0) *ticket = 0;
 }
 

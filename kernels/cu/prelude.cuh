@@ -37,6 +37,10 @@ __device__ __forceinline__ void pdl_entry_(bool trigger) {
 // request their first weight tiles (products.cu `product_early`) while they run.
 #define pdl_entry_trigger() pdl_entry_(true)
 
+// The logistic sigmoid as the CPU computes it, 1 / (1 + exp(-x)) (IEEE division, the GPU's
+// expf): sigmoid_mul, gated_add, the delta rule's beta and a folded shared expert's weight.
+__device__ __forceinline__ float sigmoid_of(float x) { return 1.0f / (1.0f + expf(-x)); }
+
 // f16 bits -> f32 (exact) by the PTX conversion instruction.
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;

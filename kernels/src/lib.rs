@@ -297,7 +297,32 @@ pub const MODULES: &[Module] = &[
         headers: &[H_PREP],
         kernels: &["moe_route", "moe_norm_route", "moe_group", "moe_combine"],
     },
+    Module {
+        name: "vision",
+        file: "kernels/cu/vision.cu",
+        source: include_str!("../cu/vision.cu"),
+        headers: &[],
+        kernels: &[
+            "vit_patches",
+            "vit_gemm_f32",
+            "vit_gemm_f16",
+            "vit_layer_norm",
+            "vit_attn_d8",
+            "vit_attn_d16",
+            "vit_attn_d32",
+            "vit_attn_d64",
+            "vit_attn_d72",
+            "vit_attn_d80",
+            "vit_attn_d96",
+            "vit_attn_d128",
+            "vit_pool",
+        ],
+    },
 ];
+
+/// Head dimensions of the vision tower's attention kernels (`vit_attn_d<D>` in
+/// kernels/cu/vision.cu).
+pub const VIT_HEAD_DIMS: &[usize] = &[8, 16, 32, 64, 72, 80, 96, 128];
 
 /// Most experts a router may have and most experts per row (kernels/cu/moe.cu, `MOE_MAX_E`,
 /// `MOE_MAX_K`).

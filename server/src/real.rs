@@ -227,15 +227,17 @@ impl RealEngine {
 pub type Visions = HashMap<String, Arc<Vision>>;
 
 /// Loads `path` (an mmproj GGUF) as `alias`'s vision tower, with the image tokens of the
-/// model's vocabulary.
+/// model's vocabulary, placed where the model runs (`device`: a CUDA device gets the CUDA
+/// tower; a tower shape its kernels do not cover stays on the CPU, with a warning).
 pub fn load_vision(
     alias: &str,
     path: &std::path::Path,
     tok: &memra_engine::tokenizer::Tokenizer,
     hidden: usize,
+    device: Device,
 ) -> std::result::Result<Arc<Vision>, String> {
-    let tower = VisionTower::open(path)
-        .map_err(|e| format!("model `{alias}`: +mmproj={}: {e}", path.display()))?;
+    let fail = |e: memra_engine::Error| format!("model `{alias}`: +mmproj={}: {e}", path.display());
+    let mut tower = VisionTower::open(path).map_err(fail)?;
     if tower.out_width() != hidden {
         return Err(format!(
             "model `{alias}`: +mmproj={}: the tower's rows have {} values, the model's \
@@ -244,10 +246,22 @@ pub fn load_vision(
             tower.out_width()
         ));
     }
+    match tower.place(device) {
+        Ok(()) => {}
+        Err(e @ memra_engine::Error::Unsupported(_)) => {
+            tracing::warn!("{alias}: the vision tower runs on the CPU: {e}");
+        }
+        Err(e) => return Err(fail(e)),
+    }
     Ok(Arc::new(Vision::new(
         tower,
         ImageTokens::from_tokenizer(tok),
     )))
+}
+
+/// The device a model's vision tower runs on: its first pipeline stage's, else `--device`'s.
+pub fn vision_device(engine: &EngineConfig) -> Device {
+    engine.pp.devices.first().copied().unwrap_or(engine.device)
 }
 
 fn wrap(handle: EngineHandle, mut visions: Visions) -> Loaded {
@@ -308,13 +322,15 @@ fn load(cfg: StartConfig) -> std::result::Result<Loaded, String> {
         let m = m.map_err(|e| format!("loading {alias} ({}): {e}", path.display()))?;
         tracing::info!("loaded {alias} ({})", path.display());
         if let Some(p) = mmproj {
-            let v = load_vision(&alias, &p, &m.tokenizer, m.config.hidden)?;
+            let device = vision_device(&cfg.engine);
+            let v = load_vision(&alias, &p, &m.tokenizer, m.config.hidden, device)?;
             tracing::info!(
-                "{alias}: vision tower {} ({}x{} images, {} tokens each; CPU)",
+                "{alias}: vision tower {} ({}x{} images, {} tokens each; on {})",
                 p.display(),
                 v.tower.image_size(),
                 v.tower.image_size(),
-                v.tower.tokens_per_image()
+                v.tower.tokens_per_image(),
+                v.tower.runs_on()
             );
             visions.insert(alias.clone(), v);
         }

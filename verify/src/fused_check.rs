@@ -227,25 +227,24 @@ fn rope_norm_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
 /// `moe_norm_route` against rms_norm, matmul_f32_rows and moe_route (then prepare_h16): h, the
 /// logits, the expert ids and weights (and the prepared h), bit for bit.
 fn norm_route_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
-    use memra_engine::ops::{Glu, MoeParams};
+    use memra_engine::backend::cuda::moe::Route;
     use memra_engine::quant::DType;
-    // (hidden, experts, used, renormalised): qwen3-30b-a3b's router, qwen3-next's (512 experts),
-    // and 257 experts (a thread's second expert, keys past E in the 4-key scan).
+    // (hidden, experts, used, renormalised, shared): qwen3-30b-a3b's router, qwen3-next's (512
+    // experts; and with its shared expert folded in: one more router row and slot), 257 experts
+    // (a thread's second expert, keys past E in the 4-key scan) and 600 (the block routing).
     let routers = [
-        (2048usize, 128usize, 8usize, true),
-        (1000, 512, 10, false),
-        (768, 257, 3, true),
+        (2048usize, 128usize, 8usize, true, false),
+        (1000, 512, 10, false, false),
+        (768, 257, 3, true, false),
+        (1024, 512, 10, true, true),
+        (512, 600, 6, true, true),
     ];
-    for (i, &(width, e, k, norm)) in routers.iter().enumerate() {
+    for (i, &(width, e, k, norm, shared)) in routers.iter().enumerate() {
         let st = 33_000 + 10 * i as u64;
-        let p = MoeParams {
-            n_experts: e,
-            n_used: k,
-            norm_topk: norm,
-            glu: Glu::Silu,
-        };
+        let r = Route { e, k, norm, shared };
+        let (le, ks) = (r.logits(), r.slots());
         let gw = rand(seed, st, width, 1.5);
-        let router = rand(seed, st + 1, e * width, 0.2);
+        let router = rand(seed, st + 1, le * width, 0.2);
         let (dg, dw) = (g.upload(&gw)?, g.upload(&router)?);
         let ticket = g.zeros::<u32>(1)?;
         let eps = 1e-6f32;
@@ -258,8 +257,8 @@ fn norm_route_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             // `prep`: the fused launch also prepares h (bf16 for the 512-expert router), the
             // unfused ones run prepare_h16 after the norm.
             let run = |fused: bool, prep: bool| -> Result<Vec<u8>> {
-                let (dh, dl) = (g.zeros::<f32>(m * width)?, g.zeros::<f32>(m * e)?);
-                let (ids, wts) = (g.zeros::<u32>(m * k)?, g.zeros::<f32>(m * k)?);
+                let (dh, dl) = (g.zeros::<f32>(m * width)?, g.zeros::<f32>(m * le)?);
+                let (ids, wts) = (g.zeros::<u32>(m * ks)?, g.zeros::<f32>(m * ks)?);
                 let kind = if i == 1 { ActKind::BF16 } else { ActKind::F16 };
                 let act = g.act_buf(kind, m, kp, false)?;
                 let (px, ph, pl) = (g.ptr(&dx), g.ptr(&dh), g.ptr(&dl));
@@ -267,11 +266,11 @@ fn norm_route_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                     let idw = (g.ptr(&ticket), g.ptr(&ids), g.ptr(&wts));
                     let xnh = (px, g.ptr(&dg), eps, ph);
                     let a = prep.then_some(&act);
-                    g.moe_norm_route(xnh, (g.ptr(&dw), width * 4), pl, idw, (m, width), a, &p)?;
+                    g.moe_norm_route(xnh, (g.ptr(&dw), width * 4), pl, idw, (m, width), a, r)?;
                 } else {
                     g.rms_norm(px, g.ptr(&dg), ph, m, width, eps)?;
-                    g.matmul(DType::F32, g.ptr(&dw), width * 4, ph, pl, m, e, width)?;
-                    g.moe_route(pl, (g.ptr(&ids), g.ptr(&wts)), m, e, k, norm)?;
+                    g.matmul(DType::F32, g.ptr(&dw), width * 4, ph, pl, m, le, width)?;
+                    g.moe_route(pl, (g.ptr(&ids), g.ptr(&wts)), m, r)?;
                     if prep {
                         g.prepare(ph, &act, m, width)?;
                     }
@@ -287,7 +286,7 @@ fn norm_route_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             };
             for prep in [false, true] {
                 let want = run(false, prep)?;
-                let shape = format!("M={m} hidden={width} E={e} k={k} prep={prep}");
+                let shape = format!("M={m} hidden={width} E={e} k={k} shared={shared} prep={prep}");
                 // Twice: the second launch finds the ticket the first left.
                 for _ in 0..2 {
                     out.push(same_bits(

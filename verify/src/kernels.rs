@@ -367,7 +367,7 @@ fn argmax_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
 type Group = fn(&Gpu, u64, &mut Vec<Case>) -> Result<()>;
 
 /// The kernel gate's case groups by name, in run order (`memra-verify kernels --only`).
-pub const GROUPS: [(&str, Group); 15] = [
+pub const GROUPS: [(&str, Group); 16] = [
     ("matmul", matmul_cases),
     ("embed", embed_cases),
     ("norm", norm_cases),
@@ -386,6 +386,7 @@ pub const GROUPS: [(&str, Group); 15] = [
     ("glu", super::glu_check::glu_cases),
     ("fused", super::fused_check::fused_cases),
     ("delta", super::delta_check::delta_cases),
+    ("vision", super::vision_check::vision_cases),
 ];
 
 /// Checks a `--only` list against [`GROUPS`]; an unknown name is an error naming it.

@@ -31,3 +31,4 @@ mod siglip_f64;
 pub mod spec;
 pub mod tokens;
 pub mod vision;
+mod vision_check;

@@ -10,7 +10,7 @@
 //! - `memra-verify graph [--device cuda:N] (MODEL | --tiny ARCH) [--max-m 64] [--gen-tokens 24]`
 //! - `memra-verify spec [--device D] (MODEL | --tiny ARCH[+mtp|+mtp-oracle]) [--max-tokens 32] [--k-max 8]
 //!   [--drafters ngram,mtp,self,random,auto,pick]`
-//! - `memra-verify vision [MODEL] [--device D] [--mmproj FILE] [--reference numpy|f64|both] [--images 4] [--prompts 8] [--tolerance 1e-4]`
+//! - `memra-verify vision [MODEL] [--device D] [--mmproj FILE] [--reference numpy|f64|both|none] [--images 4] [--prompts 8] [--tolerance 1e-4] [--cuda-tolerance 1e-4]`
 //! - `memra-verify peer-vision MODEL --mmproj FILE --peer OUT.json [--device D] [--tolerance 2e-3]`:
 //!   image embeddings and greedy image prompts vs llama.cpp mtmd (tools/peer/mtmd.py)
 //! - `memra-verify golden [--device D] (MODEL | --tiny ARCH) [--dir verify/golden]
@@ -224,7 +224,8 @@ enum Cmd {
         /// The peer's JSON (tools/peer/mtmd.py), its binary files beside it.
         #[arg(long)]
         peer: PathBuf,
-        /// Where the engine runs (the tower runs on the CPU).
+        /// Where the engine and the tower run (a CUDA device: the CUDA tower, checked against
+        /// the CPU tower).
         #[arg(long, default_value = "cpu")]
         device: Device,
         /// Largest max |memra - mtmd| / max |mtmd| of one image's embeddings.
@@ -316,9 +317,10 @@ enum Cmd {
         #[arg(long, requires = "record")]
         reason: Option<String>,
     },
-    /// Image input: the vision tower (CPU) vs the numpy reference, greedy tokens with
-    /// memra's vs the reference's embeddings, image requests mixed into text load, prefix-cache
-    /// hits on the same image (docs/VERIFY.md).
+    /// Image input: the vision tower vs the numpy reference (on a CUDA device also the CUDA
+    /// tower vs the CPU tower, and its bits run to run), greedy tokens with memra's vs the
+    /// reference's embeddings, image requests mixed into text load, prefix-cache hits on the
+    /// same image (docs/VERIFY.md).
     Vision {
         /// A gemma3 GGUF file or HF folder (default: a tiny random gemma3 with SmolLM2's
         /// tokenizer).
@@ -326,7 +328,8 @@ enum Cmd {
         /// The tower, an mmproj GGUF (default: a tiny random one).
         #[arg(long)]
         mmproj: Option<PathBuf>,
-        /// Where the engine runs (the tower runs on the CPU).
+        /// Where the engine and the tower run (a CUDA device: the CUDA tower, checked against
+        /// the CPU tower).
         #[arg(long, default_value = "cpu")]
         device: Device,
         /// Python with numpy and gguf (verify/reference/requirements.txt), for `--reference
@@ -334,7 +337,8 @@ enum Cmd {
         #[arg(long, default_value = "python3")]
         python: String,
         /// The float64 references of the tower: numpy (python), f64 (Rust, in this binary: no
-        /// python needed) or both.
+        /// python needed), both, or none (a real-size tower: on a CUDA device the CPU tower is
+        /// the reference).
         #[arg(long, value_enum, default_value = "numpy")]
         reference: memra_verify::vision::RefChoice,
         #[arg(long, default_value_t = 4)]
@@ -346,6 +350,9 @@ enum Cmd {
         /// Largest max |memra - ref| / max |ref| of one image's embeddings.
         #[arg(long, default_value_t = 1e-4)]
         tolerance: f32,
+        /// Largest max |cuda - cpu| / max |cpu| of the CUDA tower against the CPU tower.
+        #[arg(long, default_value_t = 1e-4)]
+        cuda_tolerance: f32,
         /// Also write the report as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -375,14 +382,28 @@ fn gate_vision(a: &memra_verify::vision::VisionArgs, json: Option<&Path>) -> Res
         }
         let worst = errs.iter().fold(0f32, |m, &e| m.max(e));
         println!(
-            "vision: tower {}x{} -> {} tokens; {} images vs the {what} reference: largest \
-             error {worst:.2e} of the largest value (tolerance {:.0e}); encode {:.1} ms per \
-             image (CPU)",
+            "vision: tower {}x{} -> {} tokens on {}; {} images vs the {what} reference: \
+             largest error {worst:.2e} of the largest value (tolerance {:.0e}); encode {:.1} ms \
+             per image (CPU)",
             r.image_size,
             r.image_size,
             r.tokens_per_image,
+            r.tower,
             errs.len(),
             a.tolerance,
+            r.encode_ms_per_image
+        );
+    }
+    if let (Some(same), Some(ms)) = (r.cuda_repeat_equal, r.cuda_encode_ms_per_image) {
+        let worst = r.cuda_vs_cpu.iter().fold(0f32, |m, &e| m.max(e));
+        println!(
+            "vision: CUDA tower on {}: {} images vs the CPU tower: largest error {worst:.2e} of \
+             the largest value (tolerance {:.0e}); a second encoding {}; encode {ms:.1} ms per \
+             image (CPU {:.1} ms)",
+            r.tower,
+            r.cuda_vs_cpu.len(),
+            a.cuda_tolerance,
+            if same { "bit-identical" } else { "DIFFERENT" },
             r.encode_ms_per_image
         );
     }
@@ -1214,6 +1235,7 @@ fn run(cli: Cli) -> Result<usize> {
             prompts,
             max_tokens,
             tolerance,
+            cuda_tolerance,
             json,
         } => gate_vision(
             &memra_verify::vision::VisionArgs {
@@ -1226,6 +1248,7 @@ fn run(cli: Cli) -> Result<usize> {
                 prompts,
                 max_tokens,
                 tolerance,
+                cuda_tolerance,
             },
             json.as_deref(),
         ),

@@ -2,7 +2,8 @@
 //! `matmul_id_<type>`, driven by `Products::moe` as the backend drives them) against the CPU:
 //!
 //! - `moe_route`: the expert ids equal the CPU's `route` (softmax, top-k with ties to the lowest
-//!   index, renormalised, ascending index) exactly; the weights within [`ROUTE_TOL`].
+//!   index, renormalised, ascending index) exactly; the weights within [`ROUTE_TOL`]; alone for
+//!   routers of 257 to 1024 experts (the one-warp routing up to 512, the block routing above).
 //! - `moe_<type>` (v2 tile layout) / `moe_v1_<type>` (stored layout): the whole FFN against an
 //!   f64 reference over the dequantized weights (the CPU's routes, each row's experts added in
 //!   ascending index), within [`moe_tol`]; every output element written (NaN-poisoned).
@@ -16,7 +17,7 @@
 
 use memra_engine::Result;
 use memra_engine::backend::cpu::moe::route;
-use memra_engine::backend::cuda::moe::{MoeBufs, group_offsets_len};
+use memra_engine::backend::cuda::moe::{MoeBufs, Route, group_offsets_len};
 use memra_engine::backend::cuda::profile::Profile;
 use memra_engine::backend::cuda::{Gpu, Mat, Products};
 use memra_engine::models::random::unit;
@@ -52,6 +53,18 @@ const SHAPES: [Shape; 9] = [
     (DType::Q5_0, false, 16, 4, 64, 96, Glu::Silu),
     (DType::Q8_0, false, 8, 2, 64, 96, Glu::GeluTanh),
 ];
+
+/// Shapes with a shared expert folded in (`experts` and `used` count it): qwen3next-like
+/// (a shared expert of the experts' shapes; its real router is 512 + 1 wide).
+const SHARED_SHAPES: [Shape; 2] = [
+    (DType::Q4_K, true, 17, 5, 256, 256, Glu::Silu),
+    (DType::Q8_0, true, 65, 11, 64, 96, Glu::Silu),
+];
+
+/// The CPU's sigmoid of a gate (sigmoid_mul's `1 / (1 + exp(-g))`).
+fn sigmoid(g: f32) -> f32 {
+    1.0 / (1.0 + (-g).exp())
+}
 
 /// Rows of the full batch, and the sub-batches (first row, rows) computed on their own.
 const M: usize = 37;
@@ -138,8 +151,18 @@ fn upload_stacks(
     Ok((prods, mats, [dg, du, dd]))
 }
 
-fn one_shape(g: &Gpu, profile: &Profile, seed: u64, s: u64, sh: Shape) -> Result<Vec<Case>> {
+/// The whole FFN of one shape; with `shared`, the stacks' last expert is a shared expert
+/// every row takes as its last slot, weighted by the sigmoid of its last logit (`e` and `k`
+/// count it; qwen3next's folded shared expert).
+fn one_shape(
+    g: &Gpu,
+    profile: &Profile,
+    (seed, s): (u64, u64),
+    sh: Shape,
+    shared: bool,
+) -> Result<Vec<Case>> {
     let (dtype, v2, e, k, h, f, kind) = sh;
+    let ns = shared as usize;
     let p = MoeParams {
         n_experts: e,
         n_used: k,
@@ -176,6 +199,7 @@ fn one_shape(g: &Gpu, profile: &Profile, seed: u64, s: u64, sh: Shape) -> Result
         res: 0,
         routed: false,
         prepared: false,
+        shared,
     };
     let w = [&mats[0], &mats[1], &mats[2]];
     let run = |r0: usize, m: usize| -> Result<(Vec<f32>, Vec<u32>, Vec<f32>)> {
@@ -191,11 +215,18 @@ fn one_shape(g: &Gpu, profile: &Profile, seed: u64, s: u64, sh: Shape) -> Result
     let (out, ids, wts) = run(0, M)?;
     let routes: Vec<Vec<(usize, f32)>> = logits
         .chunks_exact(e)
-        .map(|l| route(l, k, p.norm_topk))
+        .map(|l| {
+            let mut r = route(&l[..e - ns], k - ns, p.norm_topk);
+            if shared {
+                r.push((e - 1, sigmoid(l[e - 1])));
+            }
+            r
+        })
         .collect();
     let want_ids: Vec<f32> = routes.iter().flatten().map(|&(i, _)| i as f32).collect();
     let want_wts: Vec<f32> = routes.iter().flatten().map(|&(_, w)| w).collect();
-    let shape = format!("{dtype} E={e} k={k} h={h} f={f} {kind:?} M={M}");
+    let shared_tag = if shared { " shared" } else { "" };
+    let shape = format!("{dtype} E={e} k={k}{shared_tag} h={h} f={f} {kind:?} M={M}");
     let mut cases = vec![
         compare(
             "moe_route ids",
@@ -336,6 +367,7 @@ fn grouped_shape(
                 res: 0,
                 routed: false,
                 prepared: false,
+                shared: false,
             };
             let mut run = |grouped: bool| -> Result<Vec<f32>> {
                 // Poisoned: a pair the grouped products skip leaves NaN in the output.
@@ -396,7 +428,22 @@ pub fn moe_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     // default grouped only for the 8-of-128 batch of 37, whose sub-batches run per pair: the
     // invariance check there compares the two paths too); the grouped cases force each path.
     for (i, &sh) in SHAPES.iter().enumerate() {
-        out.extend(one_shape(g, &profile, seed, 20_000 + 10 * i as u64, sh)?);
+        out.extend(one_shape(
+            g,
+            &profile,
+            (seed, 20_000 + 10 * i as u64),
+            sh,
+            false,
+        )?);
+    }
+    for (i, &sh) in SHARED_SHAPES.iter().enumerate() {
+        out.extend(one_shape(
+            g,
+            &profile,
+            (seed, 20_500 + 10 * i as u64),
+            sh,
+            true,
+        )?);
     }
     for (i, &sh) in GROUP_SHAPES.iter().enumerate() {
         out.extend(grouped_shape(
@@ -406,6 +453,61 @@ pub fn moe_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             21_000 + 10 * i as u64,
             sh,
         )?);
+    }
+    route_cases(g, seed, out)
+}
+
+/// `moe_route` alone against the CPU's `route` for routers wider than the expert stacks above:
+/// the one-warp routing (up to 512 experts: 257 and qwen3next's 512) and the block routing
+/// (600, 1024), with and without a shared expert's slot (the sigmoid of the row's last logit);
+/// ids exactly, weights within [`ROUTE_TOL`], 3 rows each.
+fn route_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    const ROWS: usize = 3;
+    let widths = [
+        (257usize, 3usize, true, false),
+        (512, 10, false, false),
+        (512, 10, true, false),
+        (512, 10, true, true),
+        (600, 6, true, false),
+        (600, 6, false, true),
+        (1024, 31, true, true),
+    ];
+    for (i, &(e, k, norm, shared)) in widths.iter().enumerate() {
+        let r = Route { e, k, norm, shared };
+        let (le, ks) = (r.logits(), r.slots());
+        let logits = vals(seed, 22_000 + i as u64, ROWS * le, 3.0);
+        let dl = g.upload(&logits)?;
+        let (ids, wts) = (g.zeros::<u32>(ROWS * ks)?, g.zeros::<f32>(ROWS * ks)?);
+        g.fill(g.ptr(&wts), f32::NAN, ROWS * ks)?;
+        g.moe_route(g.ptr(&dl), (g.ptr(&ids), g.ptr(&wts)), ROWS, r)?;
+        let routes: Vec<(usize, f32)> = logits
+            .chunks_exact(le)
+            .flat_map(|l| {
+                let mut rt = route(&l[..e], k, norm);
+                if shared {
+                    rt.push((e, sigmoid(l[e])));
+                }
+                rt
+            })
+            .collect();
+        let want_ids: Vec<f32> = routes.iter().map(|&(i, _)| i as f32).collect();
+        let want_wts: Vec<f32> = routes.iter().map(|&(_, w)| w).collect();
+        let got_ids: Vec<f32> = g.download(&ids)?.iter().map(|&i| i as f32).collect();
+        let shape = format!("E={e} k={k} norm={norm} shared={shared} M={ROWS}");
+        out.push(compare(
+            "moe_route ids",
+            shape.clone(),
+            &got_ids,
+            &want_ids,
+            0.0,
+        ));
+        out.push(compare(
+            "moe_route wts",
+            shape,
+            &g.download(&wts)?,
+            &want_wts,
+            ROUTE_TOL,
+        ));
     }
     Ok(())
 }

@@ -1,5 +1,9 @@
-//! `memra-verify vision`: image input (the tower on the CPU, the engine on `--device`).
+//! `memra-verify vision`: image input (the engine and the tower on `--device`: on a CUDA
+//! device the CUDA tower, on the CPU the f32 reference tower).
 //!
+//! - `cuda` (on a CUDA device): the CUDA tower's embeddings of every image against the CPU
+//!   tower's (max |cuda - cpu| / max |cpu| within `--cuda-tolerance`), and the same bits when
+//!   the images are encoded a second time; the CUDA rows are then the gate's own (`ours`);
 //! - `reference`: the tower's embeddings of deterministic images against an independent
 //!   float64 reference on the same mmproj file: numpy (verify/reference/siglip_reference.py,
 //!   python with numpy and gguf) and/or Rust (siglip_f64.rs, no python: the GPU machines),
@@ -49,6 +53,8 @@ pub struct VisionArgs {
     pub max_tokens: usize,
     /// Largest max |memra - ref| / max |ref| over one image's embeddings.
     pub tolerance: f32,
+    /// Largest max |cuda - cpu| / max |cpu| of the CUDA tower against the CPU tower.
+    pub cuda_tolerance: f32,
 }
 
 /// The float64 references of the tower the gate runs.
@@ -60,15 +66,18 @@ pub enum RefChoice {
     F64,
     /// Both, and each against the other.
     Both,
+    /// Neither (a real-size tower, whose float64 references take too long): on a CUDA device
+    /// the CPU tower is the reference (the tokens check feeds its rows).
+    None,
 }
 
 impl RefChoice {
     fn numpy(self) -> bool {
-        self != RefChoice::F64
+        matches!(self, RefChoice::Numpy | RefChoice::Both)
     }
 
     fn f64(self) -> bool {
-        self != RefChoice::Numpy
+        matches!(self, RefChoice::F64 | RefChoice::Both)
     }
 }
 
@@ -96,7 +105,16 @@ pub struct VisionReport {
     pub cached_tokens_other_image: usize,
     /// Cached prompt tokens of a hit that ends inside an image (the same bits as a miss).
     pub cached_tokens_inside_image: usize,
+    /// The CPU tower's time per image.
     pub encode_ms_per_image: f64,
+    /// Where the gate's rows came from (`cpu`, or the CUDA tower's device).
+    pub tower: String,
+    /// On a CUDA device, per image: max |cuda - cpu| / max |cpu|.
+    pub cuda_vs_cpu: Vec<f32>,
+    /// On a CUDA device: a second encoding of every image gave the same bits.
+    pub cuda_repeat_equal: Option<bool>,
+    /// On a CUDA device: the CUDA tower's time per image (the second encoding).
+    pub cuda_encode_ms_per_image: Option<f64>,
     pub failures: Vec<String>,
 }
 
@@ -270,7 +288,15 @@ fn rel_error(a: &[f32], r: &[f32]) -> f32 {
         return f32::INFINITY;
     }
     let max = r.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-    let d = a.iter().zip(r).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    // A NaN anywhere is a NaN error (f32::max would drop it).
+    let d = a.iter().zip(r).fold(0f32, |m, (x, y)| {
+        let e = (x - y).abs();
+        if e.is_nan() || m.is_nan() {
+            f32::NAN
+        } else {
+            m.max(e)
+        }
+    });
     d / max
 }
 
@@ -293,7 +319,7 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
             path
         }
     };
-    let tower = VisionTower::open(&mmproj)?;
+    let mut tower = VisionTower::open(&mmproj)?;
     if tower.out_width() != m.config.hidden {
         return Err(Error::Input(format!(
             "vision: the tower's rows have {} values, the model's embeddings {}",
@@ -316,11 +342,17 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
     };
     let images: Vec<Vec<u8>> = (0..a.images).map(|i| test_image(size, i as u32)).collect();
     let t0 = std::time::Instant::now();
-    let ours: Vec<Arc<[f32]>> = images
+    let cpu: Vec<Arc<[f32]>> = images
         .iter()
-        .map(|img| tower.encode(img).map(Arc::from))
+        .map(|img| tower.encode_cpu(img).map(Arc::from))
         .collect::<Result<_>>()?;
     rep.encode_ms_per_image = t0.elapsed().as_secs_f64() * 1e3 / a.images.max(1) as f64;
+    tower.place(a.device)?;
+    rep.tower = tower.runs_on();
+    let ours = match rep.tower.as_str() {
+        "cpu" => cpu.clone(),
+        _ => device_rows(&tower, &images, &cpu, a, &mut rep)?,
+    };
     let hashes: Vec<u128> = images.iter().map(|i| tower.hash(i)).collect();
     // references
     let numpy = match a.reference.numpy() {
@@ -373,7 +405,9 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
             ));
         }
     }
-    let refs = numpy.or(f64s).unwrap_or_default();
+    let refs = numpy
+        .or(f64s)
+        .unwrap_or_else(|| cpu.iter().map(|r| r.to_vec()).collect());
     // tokens: memra's embeddings vs the reference's, fed to the same model
     let e = engine(model(a.model.as_deref())?, a.device, 64.max(rows + 8))?;
     let prompts: Vec<Prompt> = (0..a.prompts)
@@ -424,6 +458,42 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
     }
     serve(a, &prompts, &ours, &hashes, width, vocab, &mut rep)?;
     Ok(rep)
+}
+
+/// The CUDA tower's rows of `images`: against the CPU tower's (`cpu`), and encoded twice with
+/// the same bits.
+fn device_rows(
+    tower: &VisionTower,
+    images: &[Vec<u8>],
+    cpu: &[Arc<[f32]>],
+    a: &VisionArgs,
+    rep: &mut VisionReport,
+) -> Result<Vec<Arc<[f32]>>> {
+    let encode = || -> Result<Vec<Vec<f32>>> { images.iter().map(|i| tower.encode(i)).collect() };
+    let first = encode()?;
+    let t0 = std::time::Instant::now();
+    let second = encode()?;
+    rep.cuda_encode_ms_per_image =
+        Some(t0.elapsed().as_secs_f64() * 1e3 / images.len().max(1) as f64);
+    let bits = |v: &[Vec<f32>]| -> Vec<u32> { v.iter().flatten().map(|x| x.to_bits()).collect() };
+    let same = bits(&first) == bits(&second);
+    rep.cuda_repeat_equal = Some(same);
+    if !same {
+        rep.failures
+            .push("the CUDA tower gave other bits for the same images the second time".into());
+    }
+    for (i, (g, c)) in first.iter().zip(cpu).enumerate() {
+        let e = rel_error(g, c);
+        rep.cuda_vs_cpu.push(e);
+        if e.is_nan() || e > a.cuda_tolerance {
+            rep.failures.push(format!(
+                "image {i}: the CUDA tower's embeddings differ from the CPU tower's by {e:.2e} \
+                 of the largest (tolerance {:.0e})",
+                a.cuda_tolerance
+            ));
+        }
+    }
+    Ok(first.into_iter().map(Arc::from).collect())
 }
 
 /// Image and text requests together vs alone; prefix hits on the same image.

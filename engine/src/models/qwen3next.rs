@@ -492,11 +492,20 @@ struct Layer<O: Ops> {
     attn_norm: O::Vector,
     mixer: Mixer<O>,
     post_norm: O::Vector,
-    router: O::Mat,
-    /// Gate, up and down expert stacks.
-    experts: [O::Mat; 3],
-    /// The shared expert's gate and up (one input), down and sigmoid gate `[1, hidden]`.
-    shared: (O::Mats, O::Mat, O::Mat),
+    ffn: Ffn<O>,
+}
+
+/// A layer's MoE FFN and shared expert.
+enum Ffn<O: Ops> {
+    /// The router, the gate, up and down expert stacks, and the shared expert on its own: its
+    /// gate and up (one input), down and sigmoid gate `[1, hidden]`.
+    Apart {
+        router: O::Mat,
+        experts: [O::Mat; 3],
+        shared: (O::Mats, O::Mat, O::Mat),
+    },
+    /// The shared expert folded into the MoE as one more expert ([`Ops::fold_shared_expert`]).
+    Folded([O::Mat; 4]),
 }
 
 /// The activations, declared once and shared by every layer.
@@ -515,6 +524,8 @@ pub(super) struct Acts {
     lin_conv: Act,
     core: Act,
     router: Act,
+    /// The router logits and the shared expert's gate of a folded FFN.
+    router_shared: Act,
     sh_gate: Act,
     sh_up: Act,
     sh_out: Act,
@@ -542,6 +553,7 @@ impl Acts {
             lin_conv: a("lin_conv", d.conv_dim()),
             core: a("core", d.value_dim()),
             router: a("router", experts),
+            router_shared: a("router_shared", experts + 1),
             sh_gate: a("sh_gate", p.shared_ffn),
             sh_up: a("sh_up", p.shared_ffn),
             sh_out: a("sh_out", c.hidden),
@@ -584,8 +596,8 @@ fn split_q(t: &Tensor, n_heads: usize, head_dim: usize) -> Result<[Tensor; 2]> {
 fn load_layer<O: Ops>(
     ops: &mut O,
     w: &ModelWeights,
-    l: usize,
-    attention: bool,
+    (l, attention): (usize, bool),
+    moe: &ops::MoeParams,
 ) -> Result<Layer<O>> {
     let c = &w.config;
     let mixer = if attention {
@@ -619,21 +631,44 @@ fn load_layer<O: Ops>(
             st: ops.state_layer(&hybrid(c)?.delta())?,
         })
     };
-    let sh_gate = w.get(Role::ShexpGateInp(l))?;
-    let (sg, su) = (w.get(Role::ShexpGate(l))?, w.get(Role::ShexpUp(l))?);
     Ok(Layer {
         attn_norm: ops.vector(w.get(Role::AttnNorm(l))?)?,
         mixer,
         post_norm: ops.vector(w.get(Role::AttnPostNorm(l))?)?,
-        router: ops.mat(w.get(Role::FfnGateInp(l))?)?,
+        ffn: load_ffn(ops, w, l, moe)?,
+    })
+}
+
+/// Uploads layer `l`'s MoE FFN, its shared expert folded in where the backend does that.
+fn load_ffn<O: Ops>(
+    ops: &mut O,
+    w: &ModelWeights,
+    l: usize,
+    moe: &ops::MoeParams,
+) -> Result<Ffn<O>> {
+    let c = &w.config;
+    let sh_gate = w.get(Role::ShexpGateInp(l))?;
+    let router = w.get(Role::FfnGateInp(l))?;
+    let stacks = [Role::GateExps(l), Role::UpExps(l), Role::DownExps(l)].map(|r| w.get(r));
+    let [g, u, d] = stacks;
+    let stacks = [g?, u?, d?];
+    let shared = [Role::ShexpGate(l), Role::ShexpUp(l), Role::ShexpDown(l)].map(|r| w.get(r));
+    let [sg, su, sd] = shared;
+    let shared = [sg?, su?, sd?];
+    if let Some(f) = ops.fold_shared_expert(router, stacks, shared, sh_gate, moe)? {
+        return Ok(Ffn::Folded(f));
+    }
+    let [sg, su, sd] = shared;
+    Ok(Ffn::Apart {
+        router: ops.mat(router)?,
         experts: [
-            ops.experts(w.get(Role::GateExps(l))?)?,
-            ops.experts(w.get(Role::UpExps(l))?)?,
-            ops.experts(w.get(Role::DownExps(l))?)?,
+            ops.experts(stacks[0])?,
+            ops.experts(stacks[1])?,
+            ops.experts(stacks[2])?,
         ],
         shared: (
             ops.mats(&[sg, su])?,
-            ops.mat(w.get(Role::ShexpDown(l))?)?,
+            ops.mat(sd)?,
             ops.mat(&sh_gate.reshaped(vec![1, c.hidden])?)?,
         ),
     })
@@ -661,9 +696,15 @@ impl<O: Ops> Qwen3Next<O> {
             Error::Config("qwen3next config without its expert parameters".into())
         })?;
         let first = layers.first().map_or(0, |&(l, _)| l);
+        let moe = ops::MoeParams {
+            n_experts: m.n_experts,
+            n_used: m.n_used,
+            norm_topk: m.norm_topk,
+            glu: Glu::Silu,
+        };
         let layers = layers
             .into_iter()
-            .map(|(l, attention)| load_layer(ops, w, l, attention))
+            .map(|la| load_layer(ops, w, la, &moe))
             .collect::<Result<Vec<_>>>()?;
         let rope = ops.rope_table(Rope::new(p.rope_dim, c.rope_theta, None, None))?;
         Ok(Qwen3Next {
@@ -673,12 +714,7 @@ impl<O: Ops> Qwen3Next<O> {
             acts: Acts::declare(ops, c, &p, m.n_experts),
             rope,
             attn: AttnParams::causal(c.n_heads, c.n_kv_heads, c.head_dim),
-            moe: ops::MoeParams {
-                n_experts: m.n_experts,
-                n_used: m.n_used,
-                norm_topk: m.norm_topk,
-                glu: Glu::Silu,
-            },
+            moe,
             head_dim: c.head_dim,
             head_v: p.head_v,
             eps: c.rms_eps,
@@ -733,11 +769,22 @@ impl<O: Ops> Qwen3Next<O> {
     /// `x += moe(norm(x)) + sigmoid(g . h) * shared(h)`, `h = norm(x)`.
     fn ffn(&self, ops: &mut O, w: &Layer<O>, l: usize) -> Result<()> {
         let a = &self.acts;
-        let [g, u, d] = &w.experts;
         let xn = (a.x, &w.post_norm, self.eps, a.h);
-        ops.norm_moe(xn, (&w.router, a.router), [g, u, d], a.o, false, &self.moe)?;
+        let (router, [g, u, d], (gate_up, down, gate)) = match &w.ffn {
+            Ffn::Folded(f) => {
+                ops.norm_moe_shared(xn, f, a.router_shared, a.o, &self.moe)?;
+                ops.dump("ffn_norm", l, a.h);
+                ops.dump("ffn_out", l, a.o);
+                return Ok(());
+            }
+            Ffn::Apart {
+                router,
+                experts,
+                shared,
+            } => (router, experts, shared),
+        };
+        ops.norm_moe(xn, (router, a.router), [g, u, d], a.o, false, &self.moe)?;
         ops.dump("ffn_norm", l, a.h);
-        let (gate_up, down, gate) = &w.shared;
         ops.matmuls(gate_up, a.h, &[a.sh_gate, a.sh_up])?;
         ops.glu_matmul(Glu::Silu, a.sh_gate, a.sh_up, down, a.sh_out)?;
         ops.matmul(gate, a.h, a.sh_g)?;

@@ -205,6 +205,23 @@ pub trait Ops: Send + Sized + 'static {
     /// Uploads a stack of expert matrices `[n_experts, out_features, in_features]` (3-D tensor)
     /// for [`Ops::moe`].
     fn experts(&mut self, t: &Tensor) -> Result<Self::Mat>;
+    /// A MoE FFN with a shared expert folded in as one more expert (qwen3next), uploaded for
+    /// [`Ops::norm_moe_shared`]: the router `[n_experts, hidden]` with the shared expert's gate
+    /// (`hidden` values) as row `n_experts`, then the gate, up and down stacks with the shared
+    /// expert's matrices (`shared`: the stacks' per-expert shapes) appended as expert
+    /// `n_experts`. `None` where the backend keeps the shared expert apart (the default, and
+    /// where the shared matrices' types differ from the stacks'): the model then uploads and
+    /// runs it on its own.
+    fn fold_shared_expert(
+        &mut self,
+        _router: &Tensor,
+        _stacks: [&Tensor; 3],
+        _shared: [&Tensor; 3],
+        _gate: &Tensor,
+        _p: &MoeParams,
+    ) -> Result<Option<[Self::Mat; 4]>> {
+        Ok(None)
+    }
     /// Uploads a vector (dequantized to f32).
     fn vector(&mut self, t: &Tensor) -> Result<Self::Vector>;
     /// Declares an activation of `width` values per row.
@@ -430,6 +447,24 @@ pub trait Ops: Send + Sized + 'static {
     ) -> Result<()> {
         self.rms_norm(c, norm, c, group, eps)?;
         self.glu_matmul_add(Glu::Silu, gate, c, w, r)
+    }
+
+    /// The MoE FFN with its shared expert folded in, added into the residual: `h = norm *
+    /// RMSNorm(x)`, `logits = w[0] h` (`p.n_experts + 1` wide), then `x += out` where `out` is
+    /// `moe(h)` plus `sigmoid(logit n_experts) shared(h)`, the shared expert's term added after
+    /// the routed experts' (the sum [`Ops::norm_moe`] then [`Ops::gated_add`] compute). `w`: the
+    /// weights of [`Ops::fold_shared_expert`], the only way to get them.
+    fn norm_moe_shared(
+        &mut self,
+        _xn: (Act, &Self::Vector, f32, Act),
+        _w: &[Self::Mat; 4],
+        _logits: Act,
+        _out: Act,
+        _p: &MoeParams,
+    ) -> Result<()> {
+        Err(crate::error::Error::Unsupported(
+            "a shared expert folded into the MoE is not supported on this backend".into(),
+        ))
     }
 
     /// A gated shared expert's output `s` added to the routed experts' `o` and into the

@@ -3,10 +3,12 @@
 //!
 //! The first (and only) family is Gemma 3's: a SigLIP ViT and its pooling projector (average
 //! pool of the patch grid, soft-embedding RMSNorm, projection to the text width), loaded from
-//! llama.cpp's `mmproj` GGUF layout ([`mmproj`]). The tower runs on the CPU in f32 (a reference
-//! implementation, [`siglip`]), beside the engine loop and never inside a step, so it cannot
-//! change a text row's bits; on a CUDA engine the rows are injected the same way (the CUDA
-//! backend refuses injected rows for now: `Exec::injects_rows`).
+//! llama.cpp's `mmproj` GGUF layout ([`mmproj`]). The tower runs beside the engine loop and
+//! never inside a step, so it cannot change a text row's bits: on the CPU in f32 (the reference
+//! implementation, [`siglip`]), or, after [`VisionTower::place`] on a CUDA device, on the GPU
+//! (backend/cuda/vision.rs, checked against the CPU within a tolerance: docs/VERIFY.md). A
+//! tower's rows are the same bits every time on its device class; the content hash says which
+//! tower computed them.
 //!
 //! What reaches the engine is a [`MediaSpan`]: where the image's rows sit in the prompt, their
 //! values and a content hash that the prefix cache mixes into the hashes of the blocks the span
@@ -21,6 +23,8 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use crate::backend::Device;
+use crate::backend::cuda::vision::CudaTower;
 use crate::error::{Error, Result};
 pub use mmproj::TowerParams;
 pub use siglip::TowerWeights;
@@ -106,18 +110,24 @@ impl ImageTokens {
     }
 }
 
-/// A loaded tower: its shape and f32 weights.
+/// A loaded tower: its shape and f32 weights, and where it runs.
 pub struct VisionTower {
     params: TowerParams,
     weights: TowerWeights,
-    /// Hash of the file's tensors and shape: part of every image's content hash.
+    /// Hash of the file's tensors and shape.
     id: [u8; 32],
+    /// `id`, and the device tower's name when there is one: part of every image's content hash
+    /// (rows of the CPU and the CUDA tower differ in their last bits, so they never share one).
+    key: [u8; 32],
+    /// The tower on a CUDA device ([`VisionTower::place`]); `None`: the CPU.
+    cuda: Option<CudaTower>,
 }
 
 impl std::fmt::Debug for VisionTower {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VisionTower")
             .field("params", &self.params)
+            .field("runs_on", &self.runs_on())
             .finish()
     }
 }
@@ -136,7 +146,44 @@ impl VisionTower {
             params,
             weights,
             id,
+            key: id,
+            cuda: None,
         }
+    }
+
+    /// Runs the tower where a model on `device` runs: on CUDA device `n` for `cuda:N` (and for
+    /// `auto` when CUDA is there: device 0), else on the CPU. On a CUDA device the weights are
+    /// uploaded now and one image's activations allocated (before a backend sizes its KV cache
+    /// from the free memory). A tower shape the CUDA kernels do not cover is an error.
+    pub fn place(&mut self, device: Device) -> Result<()> {
+        let n = match device {
+            Device::Cpu => None,
+            Device::Auto => crate::backend::cuda::cuda_available().then_some(0),
+            Device::Cuda(n) => Some(n),
+        };
+        self.cuda = match n {
+            None => None,
+            Some(n) => {
+                let gpu = crate::backend::cuda::Gpu::open(n)?;
+                Some(CudaTower::new(gpu, &self.params, &self.weights)?)
+            }
+        };
+        self.key = match &self.cuda {
+            None => self.id,
+            Some(t) => {
+                let mut h = Sha256::new();
+                h.update(self.id);
+                h.update(b"cuda tower ");
+                h.update(t.label().as_bytes());
+                h.finalize().into()
+            }
+        };
+        Ok(())
+    }
+
+    /// Where [`VisionTower::encode`] runs: `cpu`, or the CUDA device (`cuda:0 (compute_90a)`).
+    pub fn runs_on(&self) -> String {
+        self.cuda.as_ref().map_or("cpu".into(), |t| t.label())
     }
 
     pub fn params(&self) -> &TowerParams {
@@ -161,7 +208,7 @@ impl VisionTower {
     /// The content hash of an image as this tower sees it (`rgb`: `image_size^2` RGB pixels).
     pub fn hash(&self, rgb: &[u8]) -> u128 {
         let mut h = Sha256::new();
-        h.update(self.id);
+        h.update(self.key);
         h.update((rgb.len() as u64).to_le_bytes());
         h.update(rgb);
         let d = h.finalize();
@@ -191,8 +238,15 @@ impl VisionTower {
         Ok(out)
     }
 
-    /// The embedding rows (`tokens_per_image x out_width`) of one `image_size` square RGB image.
+    /// The embedding rows (`tokens_per_image x out_width`) of one `image_size` square RGB image,
+    /// on the tower's device ([`VisionTower::runs_on`]).
     pub fn encode(&self, rgb: &[u8]) -> Result<Vec<f32>> {
+        let px = self.pixels(rgb)?;
+        self.encode_pixels(&px)
+    }
+
+    /// [`VisionTower::encode`] on the CPU (the f32 reference), wherever the tower runs.
+    pub fn encode_cpu(&self, rgb: &[u8]) -> Result<Vec<f32>> {
         let px = self.pixels(rgb)?;
         Ok(siglip::forward(&self.params, &self.weights, &px))
     }
@@ -206,6 +260,9 @@ impl VisionTower {
                 px.len()
             )));
         }
-        Ok(siglip::forward(&self.params, &self.weights, px))
+        match &self.cuda {
+            Some(t) => t.forward(px),
+            None => Ok(siglip::forward(&self.params, &self.weights, px)),
+        }
     }
 }

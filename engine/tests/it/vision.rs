@@ -66,6 +66,27 @@ fn mmproj_file_round_trip_and_shape() {
 }
 
 #[test]
+fn a_tower_placed_on_the_cpu_is_the_reference() {
+    let mut t = tiny_tower(HIDDEN, 9);
+    let img = pattern(3);
+    let (before, hash) = (t.encode(&img).unwrap(), t.hash(&img));
+    t.place(memra_engine::backend::Device::Cpu).unwrap();
+    assert_eq!(t.runs_on(), "cpu");
+    assert_eq!(
+        t.hash(&img),
+        hash,
+        "the CPU tower's content hash is unchanged"
+    );
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&t.encode(&img).unwrap()), bits(&before));
+    assert_eq!(bits(&t.encode_cpu(&img).unwrap()), bits(&before));
+    // A CUDA device that is not there is an error, and the tower stays on the CPU.
+    assert!(t.place(memra_engine::backend::Device::Cuda(999)).is_err());
+    assert_eq!(t.runs_on(), "cpu");
+    assert_eq!(t.hash(&img), hash);
+}
+
+#[test]
 fn tower_bits_do_not_depend_on_threads() {
     let t = tiny_tower(HIDDEN, 9);
     let img = pattern(3);

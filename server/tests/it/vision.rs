@@ -534,10 +534,13 @@ fn models_entry_takes_an_mmproj() {
     memra_engine::vision::random::write_mmproj(&p, &w, DType::F32, &path).unwrap();
     let tok =
         Tokenizer::from_gguf(&Gguf::open(&memra_engine::testing::real_model()).unwrap()).unwrap();
-    let e = memra_server::real::load_vision("v", &path, &tok, 64)
+    let e = memra_server::real::load_vision("v", &path, &tok, 64, Device::Cpu)
         .err()
         .unwrap();
     assert!(e.contains("32") && e.contains("64"), "{e}");
-    assert!(memra_server::real::load_vision("v", &path, &tok, 32).is_ok());
-    assert!(memra_server::real::load_vision("v", &dir.path().join("none"), &tok, 32).is_err());
+    assert!(memra_server::real::load_vision("v", &path, &tok, 32, Device::Cpu).is_ok());
+    assert!(
+        memra_server::real::load_vision("v", &dir.path().join("none"), &tok, 32, Device::Cpu)
+            .is_err()
+    );
 }

@@ -4,8 +4,9 @@
 # tokens, serve-invariance), the tiny qwen3moe / gemma3 / qwen3next gates and default
 # speculation, the real Gemma 3's invariance / graph / tokens (reference fixture) /
 # serve-invariance, the pipeline split on one GPU (gates_pp), FP8 / NVFP4 (tiny models and a
-# llama3-8b FP8 folder: run-gen, invariance), image rows on CUDA (`memra-verify vision` against
-# its Rust float64 reference: no python), and memra's decode rows of Gemma 3 and qwen3-30b-a3b
+# llama3-8b FP8 folder: run-gen, invariance), image input on CUDA (`memra-verify vision`: the
+# CUDA tower against the CPU tower and its Rust float64 reference, no python; and a real-size
+# random tower with Gemma 3 270M, `vision-g3`), and memra's decode rows of Gemma 3 and qwen3-30b-a3b
 # (REGATE_DECODE; LEASE_SYNTH="fp8 moe") and speculation rows (REGATE_SPEC, e.g. "smol:Q4_1
 # gemma:Q4_K_M") alone after the gates; REGATE_PP=0 / REGATE_FP8=0 leave those lanes out.
 # Three lanes in parallel (correctness gates do not depend on timing). ~6 device-minutes.
@@ -29,6 +30,10 @@ lane_b() {
 lane_c() {
   [ "${REGATE_FP8:-1}" = 0 ] || fp8_gates
   waitf $HOME/smol.ok 300 && MEMRA_TEST_MODEL=$SMOL run vision 200 $B/memra-verify vision --device cuda:0 --reference f64
+  # The CUDA tower at Gemma 3's real size (a random F16 tower, 4096 patches) against the CPU
+  # tower, its rows served by Gemma 3 270M (docs/VERIFY.md "The CUDA tower").
+  run mmproj-g3 180 $B/memra-bench synth-mmproj --shape gemma3 --text-hidden 640 --dtype f16 --out $M/mm-g3.gguf &&
+    waitf $HOME/gemma.ok 400 && run vision-g3 600 $B/memra-verify vision $GEMMA --mmproj $M/mm-g3.gguf --device cuda:0 --reference none --images 2 --prompts 4
 }
 fp8_gates() {
   for t in llama+fp8 qwen3+nvfp4; do

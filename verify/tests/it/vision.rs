@@ -63,3 +63,35 @@ fn vision_gate_runs_without_python() {
     assert!(!stdout.contains("numpy"), "{stdout}");
     assert!(stdout.contains("ALL GREEN"), "{stdout}");
 }
+
+/// `--reference none` (a real-size tower, whose float64 references take too long) runs no
+/// reference; on the CPU the tower's own rows stand in for the tokens check, and no CUDA tower
+/// is reported.
+#[test]
+fn vision_gate_runs_without_a_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("vision.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-verify"))
+        .args([
+            "vision",
+            "--reference",
+            "none",
+            "--python",
+            "/nonexistent/python",
+        ])
+        .args(["--images", "1", "--prompts", "2"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run memra-verify");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("ALL GREEN"), "{stdout}");
+    assert!(!stdout.contains("reference: largest"), "{stdout}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(r["tower"], "cpu", "{r}");
+    assert!(r["rel_errors"].as_array().unwrap().is_empty(), "{r}");
+    assert!(r["cuda_vs_cpu"].as_array().unwrap().is_empty(), "{r}");
+    assert!(r["cuda_repeat_equal"].is_null(), "{r}");
+}

@@ -404,18 +404,7 @@ impl Gpu {
         width: usize,
         gwidth: usize,
     ) -> Result<()> {
-        if gwidth == 0 || !width.is_multiple_of(gwidth) {
-            return Err(self.err(format!("sigmoid_mul: widths {width} and {gwidth}")));
-        }
-        let n = (rows * width) as u64;
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(gates),
-            Arg::U64(n),
-            Arg::U32(self.u32_of(width, "width")?),
-            Arg::U32(self.u32_of(gwidth, "gate width")?),
-        ];
-        self.launch("sigmoid_mul", Self::stride_grid(n), 256, &args)
+        self.launch_gated("sigmoid_mul", &[x, gates], rows, width, gwidth)
     }
 
     /// `o[r][c] += s[r][c] * sigmoid(g[r][c / (width / gwidth)])`, then `x[r][c] += o[r][c]`,
@@ -429,19 +418,29 @@ impl Gpu {
         width: usize,
         gwidth: usize,
     ) -> Result<()> {
+        self.launch_gated("gated_add", &[x, o, s, gates], rows, width, gwidth)
+    }
+
+    /// Launches an elementwise gating kernel `name` (elementwise.cu `gate_of`) over `rows` rows
+    /// of `width` values with `gwidth` gates a row: its buffers, then n, width and gwidth.
+    fn launch_gated(
+        &self,
+        name: &str,
+        bufs: &[u64],
+        rows: usize,
+        width: usize,
+        gwidth: usize,
+    ) -> Result<()> {
         if gwidth == 0 || !width.is_multiple_of(gwidth) {
-            return Err(self.err(format!("gated_add: widths {width} and {gwidth}")));
+            return Err(self.err(format!("{name}: widths {width} and {gwidth}")));
         }
         let n = (rows * width) as u64;
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(o),
-            Arg::Ptr(s),
-            Arg::Ptr(gates),
+        let mut args: Vec<Arg> = bufs.iter().map(|&b| Arg::Ptr(b)).collect();
+        args.extend([
             Arg::U64(n),
             Arg::U32(self.u32_of(width, "width")?),
             Arg::U32(self.u32_of(gwidth, "gate width")?),
-        ];
-        self.launch("gated_add", Self::stride_grid(n), 256, &args)
+        ]);
+        self.launch(name, Self::stride_grid(n), 256, &args)
     }
 }

@@ -252,9 +252,25 @@ impl Products {
                     self.keys.push((kind, cols, kp));
                     self.rows = 0;
                 }
-                Some(n) if !self.expert_keys.contains(&(kind, cols, kp, n)) => {
-                    self.expert_keys.push((kind, cols, kp, n));
-                    self.rows = 0;
+                // One buffer per (kind, K): as many pairs a row as the widest stack reads (a
+                // folded shared expert's layers take one more than the others).
+                Some(n) => {
+                    let key = (kind, cols, kp);
+                    match self
+                        .expert_keys
+                        .iter()
+                        .position(|&(k, c, p, _)| (k, c, p) == key)
+                    {
+                        Some(i) if self.expert_keys[i].3 >= n => {}
+                        Some(i) => {
+                            self.expert_keys[i].3 = n;
+                            self.rows = 0;
+                        }
+                        None => {
+                            self.expert_keys.push((kind, cols, kp, n));
+                            self.rows = 0;
+                        }
+                    }
                 }
                 _ => {}
             }

@@ -27,6 +27,8 @@ pub mod products;
 pub mod profile;
 pub mod select;
 mod step;
+pub mod vision;
+pub mod vision_kernels;
 
 pub use attention::{
     ATTN_SPLIT, AttnArgs, AttnPrep, attn_first_split, attn_folded_floats, attn_mma_eligible,

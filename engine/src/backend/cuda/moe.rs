@@ -68,6 +68,9 @@ pub struct MoeBufs {
     pub res: u64,
     /// Whether `ids` / `wts` already hold the routing ([`Gpu::moe_norm_route`] ran).
     pub routed: bool,
+    /// Whether the stacks' last expert is a shared expert every row takes ([`Route::shared`]:
+    /// the call's `n_experts` and `n_used` count it; the router logits are `n_experts` wide).
+    pub shared: bool,
     /// Whether that launch also prepared `x` for the gate and up products
     /// ([`Products::moe_prep_buf`]).
     pub prepared: bool,
@@ -83,6 +86,77 @@ pub fn group_offsets_len(n_experts: usize) -> usize {
 /// [`Gpu::moe_norm_route`] (0 between launches).
 pub fn moe_scratch_len(n_experts: usize) -> usize {
     group_offsets_len(n_experts) + 1
+}
+
+/// A routing ([`Gpu::moe_route`], [`Gpu::moe_norm_route`]): `k` of `e` experts by the softmax
+/// of their logits, renormalised when `norm`. With `shared` a row's logits have one more, the
+/// gate of a shared expert folded in as expert `e` (the stacks' last), which every row takes as
+/// its slot `k` with weight `sigmoid(logit e)` (qwen3next: the combine then adds it after the
+/// routed experts, as the CPU adds `sigmoid(g) * shared(h)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Route {
+    pub e: usize,
+    pub k: usize,
+    pub norm: bool,
+    pub shared: bool,
+}
+
+impl Route {
+    /// The routing of `p` (`shared`: its last expert and slot are the shared expert's).
+    pub fn of(p: &MoeParams, shared: bool) -> Route {
+        let s = shared as usize;
+        Route {
+            e: p.n_experts.saturating_sub(s),
+            k: p.n_used.saturating_sub(s),
+            norm: p.norm_topk,
+            shared,
+        }
+    }
+
+    /// Pairs per row (`k`, and the shared slot).
+    pub fn slots(&self) -> usize {
+        self.k + self.shared as usize
+    }
+
+    /// Router logits per row (`e`, and the shared expert's gate).
+    pub fn logits(&self) -> usize {
+        self.e + self.shared as usize
+    }
+
+    fn check(&self, g: &Gpu, what: &str) -> Result<()> {
+        let (e, k) = (self.e, self.k);
+        if e > memra_kernels::MOE_MAX_EXPERTS
+            || k == 0
+            || k > e
+            || self.slots() > memra_kernels::MOE_MAX_USED
+        {
+            return Err(g.err(format!("{what}: {k} of {e} experts")));
+        }
+        Ok(())
+    }
+
+    /// `moe_route`'s arguments: the logits, ids and weights, then [`Route::args`].
+    fn route_args(&self, router: u64, (ids, wts): (u64, u64)) -> [Arg; 7] {
+        let [e, k, norm, shared] = self.args();
+        [
+            Arg::Ptr(router),
+            Arg::Ptr(ids),
+            Arg::Ptr(wts),
+            e,
+            k,
+            norm,
+            shared,
+        ]
+    }
+
+    fn args(&self) -> [Arg; 4] {
+        [
+            Arg::U32(self.e as u32),
+            Arg::U32(self.k as u32),
+            Arg::U32(self.norm as u32),
+            Arg::U32(self.shared as u32),
+        ]
+    }
 }
 
 /// Most bytes of normalized rows `moe_norm_route` keeps in dynamic shared memory (rows x
@@ -172,7 +246,7 @@ impl Products {
             return Ok(());
         }
         if !b.routed {
-            g.moe_route(b.router, (b.ids, b.wts), m, p.n_experts, k, p.norm_topk)?;
+            g.moe_route(b.router, (b.ids, b.wts), m, Route::of(p, b.shared))?;
         }
         let pairs = m * k;
         let all_packed = w.iter().all(|s| s.packed().is_some());
@@ -321,24 +395,14 @@ impl IdArgs {
 }
 
 impl Gpu {
-    /// Routes `m` rows of `e` router logits: k (expert, weight) pairs per row, ascending expert
-    /// index, to `ids` (u32) and `wts` (f32).
-    pub fn moe_route(
-        &self,
-        router: u64,
-        (ids, wts): (u64, u64),
-        m: usize,
-        e: usize,
-        k: usize,
-        norm: bool,
-    ) -> Result<()> {
-        if e > memra_kernels::MOE_MAX_EXPERTS || k == 0 || k > e.min(memra_kernels::MOE_MAX_USED) {
-            return Err(self.err(format!("moe_route: {k} of {e} experts")));
-        }
+    /// Routes `m` rows of router logits (`r.logits()` each): `r.slots()` (expert, weight) pairs
+    /// per row, ascending expert index, to `ids` (u32) and `wts` (f32).
+    pub fn moe_route(&self, router: u64, (ids, wts): (u64, u64), m: usize, r: Route) -> Result<()> {
+        r.check(self, "moe_route")?;
         if m == 0 {
             return Ok(());
         }
-        let args = route_args(router, (ids, wts), e, k, norm);
+        let args = r.route_args(router, (ids, wts));
         self.launch(
             "moe_route",
             (self.u32_of(m, "router rows")?, 1),
@@ -362,18 +426,15 @@ impl Gpu {
         (ticket, ids, wts): (u64, u64, u64),
         (m, width): (usize, usize),
         prep: Option<&ActBuf>,
-        p: &MoeParams,
+        r: Route,
     ) -> Result<()> {
-        let (e, k) = (p.n_experts, p.n_used);
         let smem = m * width * 4;
         if m == 0 || m > 8 || smem > NORM_ROUTE_SMEM || row_bytes < width * 4 {
             return Err(self.err(format!(
                 "moe_norm_route: {m} rows of {width} (at most 8 rows, {NORM_ROUTE_SMEM} bytes)"
             )));
         }
-        if e > memra_kernels::MOE_MAX_EXPERTS || k == 0 || k > e.min(memra_kernels::MOE_MAX_USED) {
-            return Err(self.err(format!("moe_norm_route: {k} of {e} experts")));
-        }
+        r.check(self, "moe_norm_route")?;
         if let Some(a) = prep {
             self.check_act(a, m, width)?;
         }
@@ -394,11 +455,9 @@ impl Gpu {
             Arg::U32(prep.is_some_and(|a| a.kind == ActKind::BF16) as u32),
             Arg::U32(m as u32),
             Arg::U32(self.u32_of(width, "hidden")?),
-            Arg::U32(e as u32),
-            Arg::U32(k as u32),
-            Arg::U32(p.norm_topk as u32),
         ];
-        let grid = (self.u32_of(e, "experts")?, 1);
+        let args: Vec<Arg> = args.into_iter().chain(r.args()).collect();
+        let grid = (self.u32_of(r.logits(), "experts")?, 1);
         self.launch_smem(
             "moe_norm_route",
             grid,
@@ -608,17 +667,6 @@ impl Gpu {
     }
 }
 
-fn route_args(router: u64, (ids, wts): (u64, u64), e: usize, k: usize, norm: bool) -> [Arg; 6] {
-    [
-        Arg::Ptr(router),
-        Arg::Ptr(ids),
-        Arg::Ptr(wts),
-        Arg::U32(e as u32),
-        Arg::U32(k as u32),
-        Arg::U32(norm as u32),
-    ]
-}
-
 fn group_args(ids: u64, (order, offs): (u64, u64), pairs: u32, e: usize) -> [Arg; 6] {
     [
         Arg::Ptr(ids),
@@ -708,8 +756,15 @@ mod tests {
 
     #[test]
     fn the_moe_kernels_take_the_launch_s_arguments() {
-        let args = route_args(1, (2, 3), 128, 8, true);
-        assert_eq!(check_args("moe_route", &args), Ok(()));
+        for shared in [false, true] {
+            let r = Route {
+                e: 128,
+                k: 8,
+                norm: true,
+                shared,
+            };
+            assert_eq!(check_args("moe_route", &r.route_args(1, (2, 3))), Ok(()));
+        }
         let combine = [
             Arg::Ptr(1),
             Arg::Ptr(2),

@@ -23,19 +23,21 @@ impl CudaOps {
         w: [&Mat; 3],
         (x, router): (Act, Act),
         out: Act,
-        (res, routed, prepared): (Option<Act>, bool, bool),
+        (res, routed, prepared, shared): (Option<Act>, bool, bool, bool),
         p: &MoeParams,
     ) -> Result<()> {
         let s = self
             .moe_acts
             .ok_or_else(|| self.gpu.err("moe: no expert stacks were uploaded"))?;
         let h = w[2].rows();
-        let shapes_ok = s.k == p.n_used
+        // The scratch holds the largest call's pairs (a folded shared expert's layers take one
+        // more a row than the others): ids, weights and order are blocks of `m s.k` values.
+        let shapes_ok = s.k >= p.n_used
             && x.width == h
             && out.width == h
             && router.width == p.n_experts
-            && s.gate.width == p.n_used * w[0].rows()
-            && s.y.width == p.n_used * h;
+            && s.gate.width >= p.n_used * w[0].rows()
+            && s.y.width >= p.n_used * h;
         if !shapes_ok {
             return Err(self.gpu.err(format!(
                 "moe: x {} / router {} / out {} wide, {} of {} experts, scratch for {} experts                  of {} / {}",
@@ -70,10 +72,97 @@ impl CudaOps {
             res: res.map(|r| self.ptr(r)).transpose()?.unwrap_or(0),
             routed,
             prepared,
+            shared,
         };
         self.products.moe(&self.gpu, w, &bufs, m, p)?;
         self.tick("moe");
         Ok(())
+    }
+
+    /// Uploads an expert stack of `e` experts for calls of `k` pairs a row, with the MoE
+    /// scratch (grouped offsets and ticket, pair buffers) sized for the largest such call.
+    fn experts_for(&mut self, t: &Tensor, e: usize, k: usize) -> Result<Mat> {
+        let (p, hidden) = self.moe_cfg.ok_or_else(|| {
+            self.gpu
+                .err("expert weights for a model without expert parameters")
+        })?;
+        let f = p.expert_ffn;
+        let n = super::moe::moe_scratch_len(e);
+        if self.moe_offs.as_ref().is_none_or(|o| o.len() < n) {
+            self.moe_offs = Some(self.gpu.zeros::<u32>(n)?);
+        }
+        if self.moe_acts.is_none_or(|a| a.k < k) {
+            let step = Rows::Step;
+            self.moe_acts = Some(super::MoeActs {
+                k,
+                route: self.act("moe_route", 3 * k, step),
+                gate: self.act("moe_gate", k * f, step),
+                up: self.act("moe_up", k * f, step),
+                y: self.act("moe_y", k * hidden, step),
+            });
+        }
+        // The down stack ([E, hidden, f]) reads the (row, slot) pairs; gate and up the rows.
+        let pairs = (t.shape[1..] == [hidden, f]).then_some(k);
+        self.products.upload_experts(&self.gpu, t, pairs)
+    }
+
+    /// [`Ops::norm_moe`]; with `shared`, the stacks' last expert and `p`'s last slot are a
+    /// folded shared expert ([`Ops::norm_moe_shared`]: the routing gives every row that expert
+    /// as its last slot, weighted by the sigmoid of the router's last logit).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_moe_with(
+        &mut self,
+        (x, norm, eps, h): (Act, &CudaSlice<f32>, f32, Act),
+        (router, logits): (&Mat, Act),
+        w: [&Mat; 3],
+        out: Act,
+        (add, shared): (bool, bool),
+        p: &MoeParams,
+    ) -> Result<()> {
+        let m = self.n(h);
+        let stored = router
+            .stored(&self.gpu)
+            .filter(|_| router.dtype() == DType::F32);
+        let fits = m <= 8 && m * x.width * 4 <= super::moe::NORM_ROUTE_SMEM;
+        let (Some(rw), true, Some(offs)) = (stored, fits, self.moe_offs.as_ref()) else {
+            self.norm_matmul(x, norm, eps, h, router, logits)?;
+            if add {
+                self.check_residual("norm_moe", x, out)?;
+            }
+            let res = add.then_some(x);
+            return self.moe_into(w, (h, logits), out, (res, false, false, shared), p);
+        };
+        let s = self
+            .moe_acts
+            .ok_or_else(|| self.gpu.err("moe: no expert stacks were uploaded"))?;
+        let shapes_ok = router.rows() == p.n_experts
+            && router.cols() == x.width
+            && h.width == x.width
+            && logits.width == p.n_experts;
+        if !shapes_ok {
+            return Err(self.gpu.err(format!(
+                "norm_moe: router {} x {} for {} experts over rows of {}",
+                router.rows(),
+                router.cols(),
+                p.n_experts,
+                x.width
+            )));
+        }
+        if add {
+            self.check_residual("norm_moe", x, out)?;
+        }
+        let g = &self.gpu;
+        let ticket = g.ptr(offs) + (super::moe::group_offsets_len(p.n_experts) * 4) as u64;
+        let route = self.ptr(s.route)?;
+        let xnh = (self.ptr(x)?, g.ptr(norm), eps, self.ptr(h)?);
+        let idw = (ticket, route, route + (m * s.k * 4) as u64);
+        let prep = self.products.moe_prep_buf(g, [w[0], w[1]], x.width)?;
+        let r = super::moe::Route::of(p, shared);
+        g.moe_norm_route(xnh, rw, self.ptr(logits)?, idw, (m, x.width), prep, r)?;
+        self.tick("norm/router");
+        let prepared = prep.is_some();
+        let res = add.then_some(x);
+        self.moe_into(w, (h, logits), out, (res, true, prepared, shared), p)
     }
 
     /// That the residual `x` the MoE output `out` is added into has its rows and width (`op`
@@ -315,28 +404,43 @@ impl Ops for CudaOps {
     }
 
     fn experts(&mut self, t: &Tensor) -> Result<Mat> {
-        let (p, hidden) = self.moe_cfg.ok_or_else(|| {
+        let (p, _) = self.moe_cfg.ok_or_else(|| {
             self.gpu
                 .err("expert weights for a model without expert parameters")
         })?;
-        let (f, k) = (p.expert_ffn, p.n_used);
-        if self.moe_offs.is_none() {
-            let n = super::moe::moe_scratch_len(p.n_experts);
-            self.moe_offs = Some(self.gpu.zeros::<u32>(n)?);
+        self.experts_for(t, p.n_experts, p.n_used)
+    }
+
+    fn fold_shared_expert(
+        &mut self,
+        router: &Tensor,
+        stacks: [&Tensor; 3],
+        shared: [&Tensor; 3],
+        gate: &Tensor,
+        p: &MoeParams,
+    ) -> Result<Option<[Mat; 4]>> {
+        let alike = stacks
+            .iter()
+            .zip(&shared)
+            .all(|(s, e)| s.dtype == e.dtype && s.shape.len() == 3 && s.shape[1..] == e.shape[..]);
+        let (e, k) = (p.n_experts + 1, p.n_used + 1);
+        let fits = e <= memra_kernels::MOE_MAX_EXPERTS && k <= memra_kernels::MOE_MAX_USED;
+        let hidden = router.shape.last().copied().unwrap_or(0);
+        if !alike || !fits || router.shape != [p.n_experts, hidden] || gate.numel() != hidden {
+            return Ok(None);
         }
-        if self.moe_acts.is_none() {
-            let step = Rows::Step;
-            self.moe_acts = Some(super::MoeActs {
-                k,
-                route: self.act("moe_route", 3 * k, step),
-                gate: self.act("moe_gate", k * f, step),
-                up: self.act("moe_up", k * f, step),
-                y: self.act("moe_y", k * hidden, step),
-            });
-        }
-        // The down stack ([E, hidden, f]) reads the (row, slot) pairs; gate and up the rows.
-        let pairs = (t.shape[1..] == [hidden, f]).then_some(k);
-        self.products.upload_experts(&self.gpu, t, pairs)
+        // The router in f32 (the fused decode router reads f32 rows), the gate as row E.
+        let mut rows = router.to_f32()?;
+        rows.extend(gate.to_f32()?);
+        let r = Tensor::from_f32(router.name.clone(), vec![e, hidden], &rows)?;
+        let router = self.mat(&r)?;
+        let [g, u, d] = [0, 1, 2].map(|i| stacks[i].stacked(shared[i]));
+        Ok(Some([
+            router,
+            self.experts_for(&g?, e, k)?,
+            self.experts_for(&u?, e, k)?,
+            self.experts_for(&d?, e, k)?,
+        ]))
     }
 
     fn vector(&mut self, t: &Tensor) -> Result<CudaSlice<f32>> {
@@ -454,7 +558,7 @@ impl Ops for CudaOps {
     }
 
     fn moe(&mut self, w: [&Mat; 3], x: Act, router: Act, out: Act, p: &MoeParams) -> Result<()> {
-        self.moe_into(w, (x, router), out, (None, false, false), p)
+        self.moe_into(w, (x, router), out, (None, false, false, false), p)
     }
 
     fn moe_add(
@@ -466,60 +570,35 @@ impl Ops for CudaOps {
         p: &MoeParams,
     ) -> Result<()> {
         self.check_residual("moe_add", x, out)?;
-        self.moe_into(w, (h, router), out, (Some(x), false, false), p)
+        self.moe_into(w, (h, router), out, (Some(x), false, false, false), p)
     }
 
     fn norm_moe(
         &mut self,
-        (x, norm, eps, h): (Act, &CudaSlice<f32>, f32, Act),
-        (router, logits): (&Mat, Act),
+        xn: (Act, &CudaSlice<f32>, f32, Act),
+        router: (&Mat, Act),
         w: [&Mat; 3],
         out: Act,
         add: bool,
         p: &MoeParams,
     ) -> Result<()> {
-        let m = self.n(h);
-        let stored = router
-            .stored(&self.gpu)
-            .filter(|_| router.dtype() == DType::F32);
-        let fits = m <= 8 && m * x.width * 4 <= super::moe::NORM_ROUTE_SMEM;
-        let (Some(rw), true, Some(offs)) = (stored, fits, self.moe_offs.as_ref()) else {
-            self.norm_matmul(x, norm, eps, h, router, logits)?;
-            return match add {
-                true => self.moe_add(w, (h, logits), out, x, p),
-                false => self.moe(w, h, logits, out, p),
-            };
+        self.norm_moe_with(xn, router, w, out, (add, false), p)
+    }
+
+    fn norm_moe_shared(
+        &mut self,
+        xn: (Act, &CudaSlice<f32>, f32, Act),
+        [router, g, u, d]: &[Mat; 4],
+        logits: Act,
+        out: Act,
+        p: &MoeParams,
+    ) -> Result<()> {
+        let folded = MoeParams {
+            n_experts: p.n_experts + 1,
+            n_used: p.n_used + 1,
+            ..*p
         };
-        let s = self
-            .moe_acts
-            .ok_or_else(|| self.gpu.err("moe: no expert stacks were uploaded"))?;
-        let shapes_ok = router.rows() == p.n_experts
-            && router.cols() == x.width
-            && h.width == x.width
-            && logits.width == p.n_experts;
-        if !shapes_ok {
-            return Err(self.gpu.err(format!(
-                "norm_moe: router {} x {} for {} experts over rows of {}",
-                router.rows(),
-                router.cols(),
-                p.n_experts,
-                x.width
-            )));
-        }
-        if add {
-            self.check_residual("norm_moe", x, out)?;
-        }
-        let g = &self.gpu;
-        let ticket = g.ptr(offs) + (super::moe::group_offsets_len(p.n_experts) * 4) as u64;
-        let route = self.ptr(s.route)?;
-        let xnh = (self.ptr(x)?, g.ptr(norm), eps, self.ptr(h)?);
-        let idw = (ticket, route, route + (m * s.k * 4) as u64);
-        let prep = self.products.moe_prep_buf(g, [w[0], w[1]], x.width)?;
-        g.moe_norm_route(xnh, rw, self.ptr(logits)?, idw, (m, x.width), prep, p)?;
-        self.tick("norm/router");
-        let prepared = prep.is_some();
-        let res = add.then_some(x);
-        self.moe_into(w, (h, logits), out, (res, true, prepared), p)
+        self.norm_moe_with(xn, (router, logits), [g, u, d], out, (true, true), &folded)
     }
 
     fn qk_norm_rope_kv_write(

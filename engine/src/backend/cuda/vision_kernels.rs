@@ -1,0 +1,206 @@
+//! The typed launchers of the vision tower's kernels (kernels/cu/vision.cu, and norm.cu's
+//! `rms_norm` and elementwise.cu's `add_in_place` with [`super::Gpu`]'s geometry) on any
+//! [`TowerDevice`]: the forward (vision.rs) and `memra-verify kernels` (group `vision`) launch
+//! through them. Arguments are device addresses; shapes are checked against the kernels' u32
+//! range.
+
+use super::device::Arg;
+use super::vision::TowerDevice;
+use crate::error::{Error, Result};
+
+/// Head dimensions of the attention kernels (`vit_attn_d<D>`).
+pub const HEAD_DIMS: &[usize] = memra_kernels::VIT_HEAD_DIMS;
+
+/// Threads of the products and of the grid-stride and row kernels.
+const BLOCK: u32 = 256;
+/// Threads (query rows) per attention block (`ATT_Q`).
+const ATT_Q: usize = 128;
+/// Output tile side of a product block (`G_BM`, `G_BN`).
+const TILE: usize = 128;
+
+/// The epilogue of a product (`mode` of `vit_gemm_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Epilogue {
+    /// `y = x W^T + b`.
+    Plain = 0,
+    /// `y = gelu_tanh(x W^T + b)`.
+    Gelu = 1,
+    /// `y = y + (x W^T + b)` (into the residual stream).
+    Add = 2,
+}
+
+/// One product `y[m][n] = epilogue(sum_k x[m][k] w[n][k] + bias[n])`.
+#[derive(Clone, Copy, Debug)]
+pub struct Product {
+    /// `[m][k]` f32.
+    pub x: u64,
+    /// `[n][k]`, f32 or (`f16`) f16 bits.
+    pub w: u64,
+    pub f16: bool,
+    /// `[n]` f32, or none.
+    pub bias: Option<u64>,
+    /// `[m][n]` f32.
+    pub y: u64,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub epilogue: Epilogue,
+}
+
+fn u32_of(v: usize, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::Input(format!("tower: {what} = {v} exceeds u32")))
+}
+
+/// Blocks of a grid-stride launch over `n` values (at most 65,536: the kernels loop).
+fn stride_grid(n: usize) -> (u32, u32) {
+    (n.div_ceil(BLOCK as usize).clamp(1, 1 << 16) as u32, 1)
+}
+
+/// The launchers, on one device.
+pub struct TowerKernels<'a, D: TowerDevice> {
+    pub dev: &'a D,
+}
+
+impl<D: TowerDevice> TowerKernels<'_, D> {
+    /// The patch rows `[g^2][3 patch^2]` of an image's values `[3][size][size]`.
+    pub fn patches(&self, px: u64, cols: u64, size: usize, patch: usize) -> Result<()> {
+        if patch == 0 || !size.is_multiple_of(patch) {
+            return Err(Error::Input(format!(
+                "tower: {size} is not a multiple of {patch}"
+            )));
+        }
+        let g = size / patch;
+        let args = [
+            Arg::Ptr(px),
+            Arg::Ptr(cols),
+            Arg::U32(u32_of(size, "image size")?),
+            Arg::U32(u32_of(patch, "patch size")?),
+        ];
+        let n = g * g * 3 * patch * patch;
+        self.dev.launch("vit_patches", stride_grid(n), BLOCK, &args)
+    }
+
+    pub fn product(&self, p: &Product) -> Result<()> {
+        if p.m == 0 || p.n == 0 {
+            return Ok(());
+        }
+        let grid = (
+            u32_of(p.n.div_ceil(TILE), "product column tiles")?,
+            u32_of(p.m.div_ceil(TILE), "product row tiles")?,
+        );
+        if grid.1 > 65_535 {
+            return Err(Error::Input(format!("tower: {} rows in one product", p.m)));
+        }
+        let args = [
+            Arg::Ptr(p.x),
+            Arg::Ptr(p.w),
+            Arg::Ptr(p.bias.unwrap_or(0)),
+            Arg::Ptr(p.y),
+            Arg::U32(u32_of(p.m, "M")?),
+            Arg::U32(u32_of(p.n, "N")?),
+            Arg::U32(u32_of(p.k, "K")?),
+            Arg::U32(p.epilogue as u32),
+        ];
+        let name = if p.f16 {
+            "vit_gemm_f16"
+        } else {
+            "vit_gemm_f32"
+        };
+        self.dev.launch(name, grid, BLOCK, &args)
+    }
+
+    /// LayerNorm with weights `w` and bias `b` of `rows` rows of `width` (`y` may be `x`).
+    pub fn layer_norm(
+        &self,
+        x: u64,
+        (w, b): (u64, u64),
+        y: u64,
+        rows: usize,
+        width: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::Ptr(b),
+            Arg::Ptr(y),
+            Arg::U32(u32_of(rows, "rows")?),
+            Arg::U32(u32_of(width, "width")?),
+            Arg::F32(eps),
+        ];
+        let grid = (u32_of(rows.div_ceil(8), "norm blocks")?, 1);
+        self.dev.launch("vit_layer_norm", grid, BLOCK, &args)
+    }
+
+    /// Every row of `qkv` (`[n][3 heads d]`: Q | K | V) attends to all `n` rows, per head, scale
+    /// `1 / sqrt(d)`, into `out` (`[n][heads d]`).
+    pub fn attention(&self, qkv: u64, out: u64, n: usize, heads: usize, d: usize) -> Result<()> {
+        if !HEAD_DIMS.contains(&d) {
+            return Err(Error::Unsupported(format!(
+                "the CUDA tower has no attention kernel for heads of {d}"
+            )));
+        }
+        let args = [
+            Arg::Ptr(qkv),
+            Arg::Ptr(out),
+            Arg::U32(u32_of(n, "patches")?),
+            Arg::U32(u32_of(heads, "heads")?),
+            Arg::F32(1.0 / (d as f32).sqrt()),
+        ];
+        let grid = (
+            u32_of(n.div_ceil(ATT_Q), "query tiles")?,
+            u32_of(heads, "heads")?,
+        );
+        self.dev
+            .launch(&format!("vit_attn_d{d}"), grid, ATT_Q as u32, &args)
+    }
+
+    /// The average of the `g x g` rows of `x` (`width` each) in `pool x pool` windows.
+    pub fn pool(&self, x: u64, y: u64, g: usize, pool: usize, width: usize) -> Result<()> {
+        if pool == 0 || !g.is_multiple_of(pool) {
+            return Err(Error::Input(format!(
+                "tower: grid {g} in windows of {pool}"
+            )));
+        }
+        let side = g / pool;
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::U32(u32_of(g, "grid")?),
+            Arg::U32(u32_of(pool, "pool")?),
+            Arg::U32(u32_of(width, "width")?),
+            Arg::F32(1.0 / (pool * pool) as f32),
+        ];
+        self.dev
+            .launch("vit_pool", stride_grid(side * side * width), BLOCK, &args)
+    }
+
+    /// norm.cu `rms_norm` (a warp per row), the launch of [`super::Gpu::rms_norm`].
+    pub fn rms_norm(
+        &self,
+        x: u64,
+        w: u64,
+        y: u64,
+        rows: usize,
+        width: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::Ptr(y),
+            Arg::U32(u32_of(rows, "rows")?),
+            Arg::U32(u32_of(width, "width")?),
+            Arg::F32(eps),
+        ];
+        let grid = (u32_of(rows.div_ceil(8), "norm blocks")?, 1);
+        self.dev.launch("rms_norm", grid, BLOCK, &args)
+    }
+
+    /// elementwise.cu `add_in_place`: `x[i] += y[i]` for `n` values.
+    pub fn add(&self, x: u64, y: u64, n: usize) -> Result<()> {
+        let args = [Arg::Ptr(x), Arg::Ptr(y), Arg::U64(n as u64)];
+        self.dev
+            .launch("add_in_place", stride_grid(n), BLOCK, &args)
+    }
+}

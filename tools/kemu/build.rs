@@ -1,0 +1,66 @@
+//! Compiles src/kernels.cpp (the emulator and the kernels of kernels/cu/, as they are) with the
+//! host's C++ compiler (`$CXX`, default g++; C++20) into a static library. The prelude's PTX
+//! f16 conversion is cut out (the emulator has its own) and elementwise.cu contributes only
+//! `add_in_place` (its other kernels need PTX conversions).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn cut(src: &str, from: &str, to_end_of: &str) -> (usize, usize) {
+    let i = src
+        .find(from)
+        .unwrap_or_else(|| panic!("`{from}` not found"));
+    let j = src[i..].find(to_end_of).map(|k| i + k + to_end_of.len());
+    (i, j.unwrap_or_else(|| panic!("end of `{from}` not found")))
+}
+
+fn main() {
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let cu = root.join("kernels/cu");
+    let read = |f: &str| std::fs::read_to_string(cu.join(f)).unwrap();
+    let pre = read("prelude.cuh");
+    let (i, j) = cut(&pre, "// f16 bits -> f32", "\n}\n");
+    std::fs::write(
+        out.join("prelude_emu.cuh"),
+        format!("{}{}", &pre[..i], &pre[j..]),
+    )
+    .unwrap();
+    let el = read("elementwise.cu");
+    let (i, j) = cut(&el, "extern \"C\" __global__ void add_in_place", "\n}\n");
+    std::fs::write(out.join("add_in_place.cu"), &el[i..j]).unwrap();
+    let obj = out.join("kernels.o");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    let ok = Command::new(&cxx)
+        .args(["-std=c++20", "-O2", "-ffp-contract=off", "-pthread", "-c"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kernels.cpp"))
+        .arg("-I")
+        .arg(&out)
+        .arg("-I")
+        .arg(&cu)
+        .arg("-o")
+        .arg(&obj)
+        .status()
+        .unwrap_or_else(|e| panic!("{cxx}: {e}"));
+    assert!(ok.success(), "{cxx} failed on src/kernels.cpp");
+    let lib = out.join("libkemu.a");
+    let _ = std::fs::remove_file(&lib);
+    assert!(
+        Command::new("ar")
+            .arg("crs")
+            .arg(&lib)
+            .arg(&obj)
+            .status()
+            .unwrap()
+            .success()
+    );
+    println!("cargo:rustc-link-search=native={}", out.display());
+    println!("cargo:rustc-link-lib=static=kemu");
+    println!("cargo:rustc-link-lib=dylib=stdc++");
+    for f in ["prelude.cuh", "vision.cu", "norm.cu", "elementwise.cu"] {
+        println!("cargo:rerun-if-changed={}", cu.join(f).display());
+    }
+    for f in ["src/kernels.cpp", "src/shim.h", "src/check_kernels.h"] {
+        println!("cargo:rerun-if-changed={f}");
+    }
+}

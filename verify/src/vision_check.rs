@@ -1,0 +1,300 @@
+//! The vision tower's kernels (kernels/cu/vision.cu, launched through
+//! `backend::cuda::vision_kernels::TowerKernels`) against float64 references written here, on
+//! fresh random inputs with odd shapes (`memra-verify kernels`, group `vision`):
+//!
+//! - `vit_gemm_f32` / `vit_gemm_f16`: every epilogue (plain, tanh-GELU, added into the output),
+//!   with and without a bias, K a multiple of 4 or not (the vector and scalar loads), the
+//!   tower's own shapes among them; row 0 has the same bits at every M (a row's K order does
+//!   not depend on the launch) and a second launch gives the same bits;
+//! - `vit_layer_norm` (also in place: the same bits), `vit_attn_d<D>` for every head dimension
+//!   built, over patch counts around the 128-row query tile;
+//! - `vit_pool` and `vit_patches`: the CPU's exact values (bit for bit).
+//!
+//! Every output buffer is poisoned with NaN first, so an unwritten element fails.
+
+use memra_engine::Result;
+use memra_engine::backend::cuda::Gpu;
+use memra_engine::backend::cuda::vision_kernels::{Epilogue, HEAD_DIMS, Product, TowerKernels};
+use memra_engine::models::random::unit;
+
+use crate::case::{Case, compare};
+
+/// The kernels are f32 with fused multiply-adds in a fixed order; against float64 the error is
+/// a few ulps of the accumulated values (expf / tanhf are the GPU's own).
+pub const VIT_TOL: f64 = 1e-5;
+
+fn rand(seed: u64, s: u64, n: usize, scale: f32) -> Vec<f32> {
+    (0..n as u64).map(|i| scale * unit(seed, s, i)).collect()
+}
+
+fn gelu(x: f64) -> f64 {
+    0.5 * x * (1.0 + (0.797_884_560_802_865_4 * (x + 0.044_715 * x * x * x)).tanh())
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// A case that fails with `problem` unless `ok`.
+fn flag(kernel: &str, shape: String, ok: bool, problem: &str) -> Case {
+    Case {
+        kernel: kernel.into(),
+        shape,
+        rel_err: 0.0,
+        tol: 0.0,
+        problem: (!ok).then(|| problem.to_string()),
+    }
+}
+
+pub fn vision_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    product_cases(g, seed, out)?;
+    layer_norm_cases(g, seed, out)?;
+    attention_cases(g, seed, out)?;
+    pool_patch_cases(g, seed, out)
+}
+
+/// (M, N, K): odd sizes, one tile and a bit, and the tower's shapes (patch rows of a 224 image
+/// at the real widths: K = 588 patch values, 1152 hidden, 4304 FFN).
+const PRODUCTS: [(usize, usize, usize); 7] = [
+    (1, 1, 1),
+    (5, 3, 17),
+    (37, 129, 16),
+    (130, 200, 100),
+    (129, 130, 33),
+    (256, 1152, 588),
+    (256, 1152, 4304),
+];
+
+fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    let k = TowerKernels { dev: g };
+    for (i, &(m, n, kk)) in PRODUCTS.iter().enumerate() {
+        let st = 60_000 + 10 * i as u64;
+        let x = rand(seed, st, m * kk, 1.0);
+        let wf = rand(seed, st + 1, n * kk, 1.0 / (kk as f32).sqrt());
+        let bias = rand(seed, st + 2, n, 0.5);
+        let y0 = rand(seed, st + 3, m * n, 2.0);
+        let wh: Vec<u16> = wf
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_bits())
+            .collect();
+        let w16: Vec<f32> = wh
+            .iter()
+            .map(|&b| half::f16::from_bits(b).to_f32())
+            .collect();
+        let (dx, dwf, dwh, db) = (
+            g.upload(&x)?,
+            g.upload(&wf)?,
+            g.upload(&wh)?,
+            g.upload(&bias)?,
+        );
+        let mut dy = g.zeros::<f32>(m * n)?;
+        for f16 in [false, true] {
+            let w = if f16 { &w16 } else { &wf };
+            // The products in f64, before the bias.
+            let dots: Vec<f64> = (0..m * n)
+                .map(|e| {
+                    let (r, c) = (e / n, e % n);
+                    (0..kk)
+                        .map(|j| x[r * kk + j] as f64 * w[c * kk + j] as f64)
+                        .sum()
+                })
+                .collect();
+            let name = if f16 { "vit_gemm_f16" } else { "vit_gemm_f32" };
+            for (e, has_bias) in [
+                (Epilogue::Plain, true),
+                (Epilogue::Plain, false),
+                (Epilogue::Gelu, true),
+                (Epilogue::Add, true),
+            ] {
+                let want: Vec<f32> = dots
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &d)| {
+                        let v = d + if has_bias { bias[i % n] as f64 } else { 0.0 };
+                        (match e {
+                            Epilogue::Plain => v,
+                            Epilogue::Gelu => gelu(v),
+                            Epilogue::Add => y0[i] as f64 + v,
+                        }) as f32
+                    })
+                    .collect();
+                let mut launch = |rows: usize| -> Result<Vec<f32>> {
+                    match e {
+                        Epilogue::Add => g
+                            .stream
+                            .memcpy_htod(&y0, &mut dy)
+                            .map_err(|x| g.err(format!("upload: {x:?}")))?,
+                        _ => g.fill(g.ptr(&dy), f32::NAN, m * n)?,
+                    }
+                    k.product(&Product {
+                        x: g.ptr(&dx),
+                        w: if f16 { g.ptr(&dwh) } else { g.ptr(&dwf) },
+                        f16,
+                        bias: has_bias.then(|| g.ptr(&db)),
+                        y: g.ptr(&dy),
+                        m: rows,
+                        n,
+                        k: kk,
+                        epilogue: e,
+                    })?;
+                    g.download_range(&dy, 0, rows * n)
+                };
+                let got = launch(m)?;
+                let shape = format!("M={m} N={n} K={kk} {e:?} bias={has_bias}");
+                let mut c = compare(name, shape.clone(), &got, &want, VIT_TOL);
+                let again = launch(m)?;
+                if bits(&again) != bits(&got) && c.problem.is_none() {
+                    c.problem = Some("a second launch gave other bits".into());
+                }
+                let mut first = Some(got[..n].to_vec());
+                c.check_row0(&mut first, &launch(1)?[..n]);
+                out.push(c);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn layer_norm_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    let k = TowerKernels { dev: g };
+    for (i, &(rows, width)) in [(1usize, 32usize), (9, 1152), (13, 77), (33, 1000)]
+        .iter()
+        .enumerate()
+    {
+        let st = 61_000 + 10 * i as u64;
+        let x: Vec<f32> = rand(seed, st, rows * width, 3.0)
+            .iter()
+            .map(|v| v + 1.5)
+            .collect();
+        let (w, b) = (
+            rand(seed, st + 1, width, 1.0),
+            rand(seed, st + 2, width, 0.5),
+        );
+        let mut want = vec![0f32; rows * width];
+        for (o, r) in want.chunks_exact_mut(width).zip(x.chunks_exact(width)) {
+            let mean = r.iter().map(|&v| v as f64).sum::<f64>() / width as f64;
+            let var = r.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / width as f64;
+            let inv = 1.0 / (var + 1e-6).sqrt();
+            for (c, (o, &v)) in o.iter_mut().zip(r).enumerate() {
+                *o = ((v as f64 - mean) * inv * w[c] as f64 + b[c] as f64) as f32;
+            }
+        }
+        let (dx, dw, db) = (g.upload(&x)?, g.upload(&w)?, g.upload(&b)?);
+        let dy = g.zeros::<f32>(rows * width)?;
+        g.fill(g.ptr(&dy), f32::NAN, rows * width)?;
+        let wb = (g.ptr(&dw), g.ptr(&db));
+        k.layer_norm(g.ptr(&dx), wb, g.ptr(&dy), rows, width, 1e-6)?;
+        let got = g.download(&dy)?;
+        let shape = format!("rows={rows} width={width}");
+        out.push(compare(
+            "vit_layer_norm",
+            shape.clone(),
+            &got,
+            &want,
+            VIT_TOL,
+        ));
+        k.layer_norm(g.ptr(&dx), wb, g.ptr(&dx), rows, width, 1e-6)?;
+        let same = bits(&g.download(&dx)?) == bits(&got);
+        out.push(flag(
+            "vit_layer_norm (in place)",
+            shape,
+            same,
+            "in place differs from out of place",
+        ));
+    }
+    Ok(())
+}
+
+fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    let k = TowerKernels { dev: g };
+    let mut st = 62_000;
+    for &d in HEAD_DIMS {
+        for (n, heads) in [(1usize, 1usize), (17, 3), (130, 2), (300, 1)] {
+            st += 1;
+            let wd = heads * d;
+            let qkv = rand(seed, st, n * 3 * wd, 2.0);
+            let scale = 1.0 / (d as f64).sqrt();
+            let mut want = vec![0f32; n * wd];
+            for i in 0..n {
+                for h in 0..heads {
+                    let at = |r: usize, part: usize, c: usize| {
+                        qkv[r * 3 * wd + part * wd + h * d + c] as f64
+                    };
+                    let s: Vec<f64> = (0..n)
+                        .map(|j| (0..d).map(|c| at(i, 0, c) * at(j, 1, c)).sum::<f64>() * scale)
+                        .collect();
+                    let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let p: Vec<f64> = s.iter().map(|v| (v - mx).exp()).collect();
+                    let l: f64 = p.iter().sum();
+                    for c in 0..d {
+                        let o: f64 = (0..n).map(|j| p[j] * at(j, 2, c)).sum();
+                        want[i * wd + h * d + c] = (o / l) as f32;
+                    }
+                }
+            }
+            let dq = g.upload(&qkv)?;
+            let dout = g.zeros::<f32>(n * wd)?;
+            g.fill(g.ptr(&dout), f32::NAN, n * wd)?;
+            k.attention(g.ptr(&dq), g.ptr(&dout), n, heads, d)?;
+            let got = g.download(&dout)?;
+            let name = format!("vit_attn_d{d}");
+            let shape = format!("n={n} heads={heads}");
+            out.push(compare(&name, shape, &got, &want, VIT_TOL));
+        }
+    }
+    Ok(())
+}
+
+fn pool_patch_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    let k = TowerKernels { dev: g };
+    for (i, &(grid, pool, width)) in [(8usize, 2usize, 32usize), (64, 4, 1152), (12, 3, 37)]
+        .iter()
+        .enumerate()
+    {
+        let x = rand(seed, 63_000 + i as u64, grid * grid * width, 2.0);
+        let side = grid / pool;
+        let inv = 1.0 / (pool * pool) as f32;
+        let mut want = vec![0f32; side * side * width];
+        for (t, row) in want.chunks_exact_mut(width).enumerate() {
+            let (ty, tx) = (t / side, t % side);
+            for y in 0..pool {
+                for xx in 0..pool {
+                    let src = ((ty * pool + y) * grid + tx * pool + xx) * width;
+                    for (a, b) in row.iter_mut().zip(&x[src..src + width]) {
+                        *a += b;
+                    }
+                }
+            }
+            row.iter_mut().for_each(|a| *a *= inv);
+        }
+        let dx = g.upload(&x)?;
+        let dy = g.zeros::<f32>(want.len())?;
+        g.fill(g.ptr(&dy), f32::NAN, want.len())?;
+        k.pool(g.ptr(&dx), g.ptr(&dy), grid, pool, width)?;
+        let shape = format!("grid={grid} pool={pool} width={width}");
+        out.push(compare("vit_pool", shape, &g.download(&dy)?, &want, 0.0));
+    }
+    for (i, &(size, patch)) in [(64usize, 8usize), (42, 14), (896, 14)].iter().enumerate() {
+        let px = rand(seed, 63_100 + i as u64, 3 * size * size, 1.0);
+        let gs = size / patch;
+        let per = 3 * patch * patch;
+        let mut want = vec![0f32; gs * gs * per];
+        for (p, col) in want.chunks_exact_mut(per).enumerate() {
+            let (py, pxx) = (p / gs, p % gs);
+            for c in 0..3 {
+                for y in 0..patch {
+                    let src = c * size * size + (py * patch + y) * size + pxx * patch;
+                    let dst = c * patch * patch + y * patch;
+                    col[dst..dst + patch].copy_from_slice(&px[src..src + patch]);
+                }
+            }
+        }
+        let dp = g.upload(&px)?;
+        let dc = g.zeros::<f32>(want.len())?;
+        g.fill(g.ptr(&dc), f32::NAN, want.len())?;
+        k.patches(g.ptr(&dp), g.ptr(&dc), size, patch)?;
+        let shape = format!("size={size} patch={patch}");
+        out.push(compare("vit_patches", shape, &g.download(&dc)?, &want, 0.0));
+    }
+    Ok(())
+}
