@@ -124,6 +124,15 @@ impl ImageTokens {
     }
 }
 
+/// How a tower's preprocessing resizes an image to its input size (the family's processor).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resample {
+    /// Gemma 3's processor: bilinear.
+    Bilinear,
+    /// Qwen's processor: bicubic.
+    Bicubic,
+}
+
 /// A tower's family, shape and f32 weights.
 enum Family {
     Siglip(TowerParams, TowerWeights),
@@ -270,6 +279,14 @@ impl VisionTower {
         match &self.family {
             Family::Siglip(p, _) => Ok((p.image_size, p.image_size)),
             Family::Qwen(p, _) => p.input_size(w, h),
+        }
+    }
+
+    /// How the image is resized to [`VisionTower::input_size`].
+    pub fn resample(&self) -> Resample {
+        match &self.family {
+            Family::Siglip(..) => Resample::Bilinear,
+            Family::Qwen(..) => Resample::Bicubic,
         }
     }
 
