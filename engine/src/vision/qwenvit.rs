@@ -109,7 +109,7 @@ pub struct QwenParams {
 
 /// OpenAI CLIP's image mean and std (Qwen2-VL, Qwen2.5-VL).
 pub const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
-pub const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_1];
+pub const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_6, 0.275_777_1];
 
 impl QwenParams {
     /// Pixels per merged token side.

@@ -170,6 +170,9 @@ fn windows_confine_attention_and_positions_matter() {
     assert_ne!(bits(&row(&e, 0)), bits(&row(&e, 7)));
 }
 
+/// A change to a tower's shape.
+type Edit = fn(&mut QwenParams);
+
 #[test]
 fn hostile_qwen_mmproj_files_are_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -183,12 +186,12 @@ fn hostile_qwen_mmproj_files_are_refused() {
         assert!(VisionTower::open(&path).is_err(), "cut at {cut}");
     }
     // Shapes the forward cannot run, each refused naming the problem.
-    let cases: Vec<(&str, Box<dyn Fn(&mut QwenParams)>)> = vec![
-        ("heads do not divide", Box::new(|p| p.heads = 5)),
-        ("multiple of 4", Box::new(|p| (p.hidden, p.heads) = (24, 4))),
-        ("deepstack layers", Box::new(|p| p.deepstack = vec![7])),
-        ("image pixels", Box::new(|p| p.max_pixels = 1)),
-        ("patch size", Box::new(|p| p.patch_size = 0)),
+    let cases: [(&str, Edit); 5] = [
+        ("heads do not divide", |p| p.heads = 5),
+        ("multiple of 4", |p| (p.hidden, p.heads) = (24, 4)),
+        ("deepstack layers", |p| p.deepstack = vec![7]),
+        ("image pixels", |p| p.max_pixels = 1),
+        ("patch size", |p| p.patch_size = 0),
     ];
     for (want, edit) in cases {
         let mut q = p.clone();
