@@ -417,7 +417,15 @@ fn synth_mmproj_writes_every_tiny_tower() {
     ] {
         let out = dir.path().join(format!("{shape}.gguf"));
         let o = std::process::Command::new(env!("CARGO_BIN_EXE_memra-bench"))
-            .args(["synth-mmproj", "--shape", shape, "--text-hidden", "64", "--dtype", "f16"])
+            .args([
+                "synth-mmproj",
+                "--shape",
+                shape,
+                "--text-hidden",
+                "64",
+                "--dtype",
+                "f16",
+            ])
             .arg("--out")
             .arg(&out)
             .output()
