@@ -167,10 +167,13 @@ enum Cmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// Write a random Gemma 3 vision tower as an mmproj GGUF (llama.cpp's layout), to pair
-    /// with a gemma3 text model of width --text-hidden (memra-server `+mmproj=PATH`).
+    /// Write a random vision tower as an mmproj GGUF (llama.cpp's layout), to pair with a text
+    /// model of width --text-hidden (memra-server `+mmproj=PATH`): Gemma 3's (a gemma3 text
+    /// model) or the Qwen ViT's (a qwen2 / qwen3 text model).
     SynthMmproj {
-        /// tiny (64x64 images, 16 tokens) or gemma3 (SigLIP so400m at 896x896, 256 tokens).
+        /// tiny (Gemma 3, 64x64 images, 16 tokens), gemma3 (SigLIP so400m at 896x896, 256
+        /// tokens), tiny-qwen2vl, tiny-qwen25vl, tiny-qwen3vl (48x48: 36 tokens), qwen25vl-7b
+        /// (Qwen2.5-VL-7B's tower), qwen3vl-8b (Qwen3-VL-8B's).
         #[arg(long, default_value = "tiny")]
         shape: String,
         /// The text model's hidden size (tiny-gemma3: 64, gemma3-270m: 640).
@@ -869,15 +872,8 @@ fn run(cli: Cli) -> Result<()> {
                 dtype,
                 out,
             };
-            let p = memra_bench::synth_mmproj::synth_mmproj(&a)?;
-            eprintln!(
-                "wrote {} ({}x{} images, {} tokens of {})",
-                a.out.display(),
-                p.image_size,
-                p.image_size,
-                p.tokens_per_image(),
-                p.text_hidden
-            );
+            let what = memra_bench::synth_mmproj::synth_mmproj(&a)?;
+            eprintln!("wrote {} ({what})", a.out.display());
             Ok(())
         }
         Cmd::Synth {

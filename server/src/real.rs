@@ -238,6 +238,14 @@ pub fn load_vision(
 ) -> std::result::Result<Arc<Vision>, String> {
     let fail = |e: memra_engine::Error| format!("model `{alias}`: +mmproj={}: {e}", path.display());
     let mut tower = VisionTower::open(path).map_err(fail)?;
+    if let Some(q) = tower.qwen_params().filter(|q| !q.deepstack.is_empty()) {
+        return Err(format!(
+            "model `{alias}`: +mmproj={}: the tower has {} deepstack mergers (Qwen3-VL), whose \
+             rows a text model adds to its first layers; no text model here takes them yet",
+            path.display(),
+            q.deepstack.len()
+        ));
+    }
     if tower.out_width() != hidden {
         return Err(format!(
             "model `{alias}`: +mmproj={}: the tower's rows have {} values, the model's \
@@ -324,12 +332,23 @@ fn load(cfg: StartConfig) -> std::result::Result<Loaded, String> {
         if let Some(p) = mmproj {
             let device = vision_device(&cfg.engine);
             let v = load_vision(&alias, &p, &m.tokenizer, m.config.hidden, device)?;
+            let sizes = match v.tower.qwen_params() {
+                None => format!(
+                    "{0}x{0} images, {1} tokens each",
+                    v.tower.image_size(),
+                    v.tower.tokens_per_image()
+                ),
+                Some(q) => format!(
+                    "{}: images resized to multiples of {} pixels, {}..{} tokens each",
+                    q.kind.projector(),
+                    q.factor(),
+                    q.min_pixels / (q.factor() * q.factor()),
+                    q.max_pixels / (q.factor() * q.factor())
+                ),
+            };
             tracing::info!(
-                "{alias}: vision tower {} ({}x{} images, {} tokens each; on {})",
+                "{alias}: vision tower {} ({sizes}; on {})",
                 p.display(),
-                v.tower.image_size(),
-                v.tower.image_size(),
-                v.tower.tokens_per_image(),
                 v.tower.runs_on()
             );
             visions.insert(alias.clone(), v);

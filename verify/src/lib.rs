@@ -32,3 +32,4 @@ pub mod spec;
 pub mod tokens;
 pub mod vision;
 mod vision_check;
+pub mod vision_qwen;

@@ -322,12 +322,16 @@ enum Cmd {
     /// reference's embeddings, image requests mixed into text load, prefix-cache hits on the
     /// same image (docs/VERIFY.md).
     Vision {
-        /// A gemma3 GGUF file or HF folder (default: a tiny random gemma3 with SmolLM2's
-        /// tokenizer).
+        /// A GGUF file or HF folder: a gemma3 for Gemma 3's tower, a qwen2 or qwen3 for the
+        /// Qwen ViT (default: a tiny random one of `--family` with SmolLM2's tokenizer).
         model: Option<PathBuf>,
-        /// The tower, an mmproj GGUF (default: a tiny random one).
+        /// The tower, an mmproj GGUF (default: a tiny random one of `--family`).
         #[arg(long)]
         mmproj: Option<PathBuf>,
+        /// The synthetic tower's family (without --mmproj) and the default text model's:
+        /// gemma3 (SigLIP), qwen2vl, qwen25vl (window attention), qwen3vl (deepstack).
+        #[arg(long, value_enum, default_value = "gemma3")]
+        family: memra_verify::vision::Family,
         /// Where the engine and the tower run (a CUDA device: the CUDA tower, checked against
         /// the CPU tower).
         #[arg(long, default_value = "cpu")]
@@ -381,13 +385,19 @@ fn gate_vision(a: &memra_verify::vision::VisionArgs, json: Option<&Path>) -> Res
             continue;
         }
         let worst = errs.iter().fold(0f32, |m, &e| m.max(e));
+        let mut sizes: Vec<String> = r
+            .image_sizes
+            .iter()
+            .zip(&r.image_tokens)
+            .map(|((w, h), t)| format!("{w}x{h} -> {t}"))
+            .collect();
+        sizes.dedup();
         println!(
-            "vision: tower {}x{} -> {} tokens on {}; {} images vs the {what} reference: \
+            "vision: tower {} (images {} tokens) on {}; {} images vs the {what} reference: \
              largest error {worst:.2e} of the largest value (tolerance {:.0e}); encode {:.1} ms \
              per image (CPU)",
-            r.image_size,
-            r.image_size,
-            r.tokens_per_image,
+            r.projector,
+            sizes.join(", "),
             r.tower,
             errs.len(),
             a.tolerance,
@@ -1228,6 +1238,7 @@ fn run(cli: Cli) -> Result<usize> {
         Cmd::Vision {
             model,
             mmproj,
+            family,
             device,
             python,
             reference,
@@ -1241,6 +1252,7 @@ fn run(cli: Cli) -> Result<usize> {
             &memra_verify::vision::VisionArgs {
                 device,
                 mmproj,
+                family,
                 model,
                 python,
                 reference,

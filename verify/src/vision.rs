@@ -5,10 +5,12 @@
 //!   tower's (max |cuda - cpu| / max |cpu| within `--cuda-tolerance`), and the same bits when
 //!   the images are encoded a second time; the CUDA rows are then the gate's own (`ours`);
 //! - `reference`: the tower's embeddings of deterministic images against an independent
-//!   float64 reference on the same mmproj file: numpy (verify/reference/siglip_reference.py,
-//!   python with numpy and gguf) and/or Rust (siglip_f64.rs, no python: the GPU machines),
+//!   float64 reference on the same mmproj file: numpy (verify/reference/siglip_reference.py;
+//!   the Qwen ViT: qwenvit_reference.py; python with numpy and gguf) and/or Rust
+//!   (siglip_f64.rs, Gemma 3's tower only, no python: the GPU machines),
 //!   `--reference numpy|f64|both`; max |memra - ref| / max |ref| per image within the
 //!   tolerance of docs/VERIFY.md (with both, the two references within it of each other too);
+//!   the Qwen ViT's images are of several sizes and aspect ratios (vision_qwen.rs);
 //! - `tokens`: greedy tokens of image prompts fed memra's embeddings vs fed the reference's
 //!   (numpy's when it ran, else the Rust one's): equal;
 //! - `serve`: image requests and text requests submitted together to one engine (a step
@@ -17,16 +19,17 @@
 //!   with the same tokens is not a hit past the image, a hit ending inside an image gives the
 //!   bits of a miss (its rows attend to the whole image).
 //!
-//! The tower is MMPROJ (default: a tiny random one written to a temporary mmproj GGUF); the
-//! text model is MODEL (a gemma3 of the tower's output width; default: a tiny random gemma3
-//! with SmolLM2's tokenizer).
+//! The tower is MMPROJ (default: a tiny random one of `--family` written to a temporary mmproj
+//! GGUF); the text model is MODEL (a gemma3 for Gemma 3's tower, a qwen2 or qwen3 for the Qwen
+//! ViT, of the tower's output width; default: a tiny random one with SmolLM2's tokenizer).
+//! A Qwen3-VL tower's rows carry its deepstack mergers' values after the main ones: all of them
+//! are checked against the reference, the main ones served.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
 use memra_engine::backend::Device;
-use memra_engine::config::Arch;
 use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle, KvBudget};
 use memra_engine::error::{Error, Result};
 use memra_engine::loader::Model;
@@ -35,8 +38,10 @@ use memra_engine::quant::DType;
 use memra_engine::request::{Event, ValidRequest};
 use memra_engine::sampling::SamplingParams;
 use memra_engine::scheduler::SchedulerConfig;
-use memra_engine::vision::random::{random_tower, write_mmproj};
-use memra_engine::vision::{ImageTokens, MediaSpan, TowerParams, VisionTower};
+use memra_engine::vision::{ImageTokens, MediaSpan, VisionTower};
+
+pub use crate::vision_qwen::Family;
+use crate::vision_qwen::{Image, main_rows};
 
 /// Options of the gate.
 #[derive(Clone, Debug)]
@@ -44,6 +49,8 @@ pub struct VisionArgs {
     /// Where the engine runs (the tower runs on the CPU either way).
     pub device: Device,
     pub mmproj: Option<PathBuf>,
+    /// The synthetic tower's family (without `mmproj`) and the default text model's.
+    pub family: Family,
     pub model: Option<PathBuf>,
     pub python: String,
     /// Which float64 references run.
@@ -84,8 +91,13 @@ impl RefChoice {
 /// What the gate measured.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct VisionReport {
+    /// The projector (`gemma3`, `qwen2.5vl_merger`, ...).
+    pub projector: String,
     pub image_size: usize,
     pub tokens_per_image: usize,
+    /// Per image: its size (width, height) and its rows.
+    pub image_sizes: Vec<(usize, usize)>,
+    pub image_tokens: Vec<usize>,
     /// Per image: max |memra - ref| / max |ref| against the numpy reference (empty when it did
     /// not run).
     pub rel_errors: Vec<f32>,
@@ -120,31 +132,19 @@ pub struct VisionReport {
 
 /// A deterministic `size x size` RGB image: gradients and a hash-like texture by `seed`.
 pub fn test_image(size: usize, seed: u32) -> Vec<u8> {
-    let mut v = Vec::with_capacity(size * size * 3);
-    for y in 0..size {
-        for x in 0..size {
-            for c in 0..3u32 {
-                let h = (x as u32 * 31 + y as u32 * 17 + c * 7 + seed * 101)
-                    .wrapping_mul(2_654_435_761)
-                    >> 24;
-                let g = ((x + y * (c as usize + 1)) * 255 / (2 * size)) as u32;
-                v.push(((h / 2 + g + seed * 40) & 0xff) as u8);
-            }
-        }
-    }
-    v
+    crate::vision_qwen::test_image(size, size, seed)
 }
 
-fn model(path: Option<&Path>) -> Result<Model> {
-    match path {
+fn model(a: &VisionArgs) -> Result<Model> {
+    match a.model.as_deref() {
         Some(p) => memra_engine::loader::load_model(p),
         None => {
             let g = memra_engine::formats::gguf::Gguf::open(&memra_engine::testing::real_model())?;
             let tokenizer = memra_engine::tokenizer::Tokenizer::from_gguf(&g)?;
-            let config = tiny_config(Arch::Gemma3, tokenizer.vocab_size());
+            let config = tiny_config(a.family.text_arch(), tokenizer.vocab_size());
             let weights = random_weights(&config, 17, DType::Q8_0)?;
             Ok(Model {
-                path: "tiny-gemma3".into(),
+                path: format!("tiny-{}", a.family.text_arch().gguf_name()).into(),
                 config,
                 weights,
                 tokenizer,
@@ -250,19 +250,35 @@ pub(crate) fn request(
     }
 }
 
-/// Runs the numpy reference on `images`; returns its embeddings per image.
-fn reference(python: &str, mmproj: &Path, images: &[Vec<u8>], dir: &Path) -> Result<Vec<Vec<f32>>> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("reference/siglip_reference.py");
+/// Runs the numpy reference of the tower's family on `images`; returns its embeddings per
+/// image.
+fn reference(
+    python: &str,
+    mmproj: &Path,
+    qwen: bool,
+    images: &[Image],
+    dir: &Path,
+) -> Result<Vec<Vec<f32>>> {
+    let name = match qwen {
+        true => "reference/qwenvit_reference.py",
+        false => "reference/siglip_reference.py",
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
     let files: Vec<PathBuf> = (0..images.len())
         .map(|i| dir.join(format!("image{i}.rgb")))
         .collect();
+    let mut args = Vec::with_capacity(files.len());
     for (f, img) in files.iter().zip(images) {
-        std::fs::write(f, img).map_err(|e| Error::io(f, e))?;
+        std::fs::write(f, &img.rgb).map_err(|e| Error::io(f, e))?;
+        args.push(match qwen {
+            true => format!("{}:{}x{}", f.display(), img.w, img.h),
+            false => f.display().to_string(),
+        });
     }
     let out = Command::new(python)
         .arg(&script)
         .arg(mmproj)
-        .args(&files)
+        .args(&args)
         .output()
         .map_err(|e| Error::io(python, e))?;
     if !out.status.success() {
@@ -300,72 +316,134 @@ fn rel_error(a: &[f32], r: &[f32]) -> f32 {
     d / max
 }
 
-/// Runs the gate.
-pub fn check(a: &VisionArgs) -> Result<VisionReport> {
-    let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
-    let m = model(a.model.as_deref())?;
-    if m.config.arch != Arch::Gemma3 {
-        return Err(Error::Input(format!(
-            "vision: the text model is {}, not gemma3",
-            m.config.arch.gguf_name()
-        )));
-    }
+/// The gate's tower: MMPROJ, or the family's tiny random one written into `dir`.
+fn open_tower(a: &VisionArgs, hidden: usize, dir: &Path) -> Result<(PathBuf, VisionTower)> {
     let mmproj = match &a.mmproj {
         Some(p) => p.clone(),
         None => {
-            let p = TowerParams::tiny(m.config.hidden);
-            let path = dir.path().join("mmproj.gguf");
-            write_mmproj(&p, &random_tower(&p, 7), DType::F32, &path)?;
+            let path = dir.join("mmproj.gguf");
+            a.family.write_tiny(hidden, &path)?;
             path
         }
     };
-    let mut tower = VisionTower::open(&mmproj)?;
-    if tower.out_width() != m.config.hidden {
+    let tower = VisionTower::open(&mmproj)?;
+    Ok((mmproj, tower))
+}
+
+/// Runs the gate.
+pub fn check(a: &VisionArgs) -> Result<VisionReport> {
+    let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+    let m = model(a)?;
+    let hidden = m.config.hidden;
+    let (mmproj, mut tower) = open_tower(a, hidden, dir.path())?;
+    let qwen = tower.qwen_params().is_some();
+    if !crate::vision_qwen::text_model_fits(&tower, m.config.arch) {
         return Err(Error::Input(format!(
-            "vision: the tower's rows have {} values, the model's embeddings {}",
-            tower.out_width(),
-            m.config.hidden
+            "vision: the text model is {}, which does not take this tower's rows (Gemma 3's: \
+             gemma3; the Qwen ViT's: qwen2, qwen3)",
+            m.config.arch.gguf_name()
         )));
     }
-    let (size, rows, width) = (
-        tower.image_size(),
-        tower.tokens_per_image(),
-        tower.out_width(),
-    );
-    let tokens = ImageTokens::from_tokenizer(&m.tokenizer);
-    let vocab = m.config.vocab;
+    let width = tower.out_width();
+    if width != hidden && tower.qwen_params().is_none_or(|q| q.text_hidden != hidden) {
+        return Err(Error::Input(format!(
+            "vision: the tower's rows have {width} values, the model's embeddings {hidden}"
+        )));
+    }
+    if qwen && a.reference.f64() {
+        return Err(Error::Input(
+            "vision: the Rust float64 reference covers Gemma 3's tower only; for the Qwen ViT \
+             use --reference numpy (or none)"
+                .into(),
+        ));
+    }
+    let images = crate::vision_qwen::images(&tower, a.images)?;
     let mut rep = VisionReport {
-        image_size: size,
-        tokens_per_image: rows,
+        projector: tower
+            .qwen_params()
+            .map_or("gemma3", |q| q.kind.projector())
+            .into(),
+        image_size: tower.image_size(),
+        tokens_per_image: tower.tokens_per_image(),
+        image_sizes: images.iter().map(|i| (i.w, i.h)).collect(),
+        image_tokens: images.iter().map(|i| tower.tokens_for(i.w, i.h)).collect(),
         prompts: a.prompts,
         ..Default::default()
     };
-    let images: Vec<Vec<u8>> = (0..a.images).map(|i| test_image(size, i as u32)).collect();
     let t0 = std::time::Instant::now();
     let cpu: Vec<Arc<[f32]>> = images
         .iter()
-        .map(|img| tower.encode_cpu(img).map(Arc::from))
+        .map(|i| tower.encode_image_cpu(i.w, i.h, &i.rgb).map(Arc::from))
         .collect::<Result<_>>()?;
     rep.encode_ms_per_image = t0.elapsed().as_secs_f64() * 1e3 / a.images.max(1) as f64;
-    tower.place(a.device)?;
+    match tower.place(a.device) {
+        Err(Error::Unsupported(_)) if qwen => {} // no CUDA Qwen ViT yet: the CPU tower
+        r => r?,
+    }
     rep.tower = tower.runs_on();
-    let ours = match rep.tower.as_str() {
+    let full = match rep.tower.as_str() {
         "cpu" => cpu.clone(),
         _ => device_rows(&tower, &images, &cpu, a, &mut rep)?,
     };
-    let hashes: Vec<u128> = images.iter().map(|i| tower.hash(i)).collect();
-    // references
+    let hashes: Vec<u128> = images
+        .iter()
+        .map(|i| tower.hash_image(i.w, i.h, &i.rgb))
+        .collect();
+    let refs = references(a, &mmproj, qwen, &images, &full, dir.path(), &mut rep)?
+        .unwrap_or_else(|| cpu.iter().map(|r| r.to_vec()).collect());
+    // What the text model takes: the main rows (a Qwen3-VL tower's deepstack values dropped).
+    let ours: Vec<Arc<[f32]>> = full
+        .iter()
+        .map(|r| Arc::from(main_rows(r, width, hidden)))
+        .collect();
+    let refs: Vec<Vec<f32>> = refs.iter().map(|r| main_rows(r, width, hidden)).collect();
+    let tokens = ImageTokens::from_tokenizer(&m.tokenizer);
+    let rows: Vec<usize> = rep.image_tokens.clone();
+    let prompts: Vec<Prompt> = (0..a.prompts)
+        .map(|i| prompt(i, &tokens, rows[i % rows.len()], m.config.vocab))
+        .collect();
+    let fed = Fed {
+        prompts: &prompts,
+        ours: &ours,
+        hashes: &hashes,
+        width: hidden,
+        budget: 64.max(rows.iter().max().copied().unwrap_or(0) + 8),
+    };
+    tokens_check(a, &fed, &refs, &mut rep)?;
+    serve(
+        a,
+        &prompts,
+        &ours,
+        &hashes,
+        hidden,
+        m.config.vocab,
+        &mut rep,
+    )?;
+    Ok(rep)
+}
+
+/// The tower's rows of each image against the float64 references that run (`rep`'s errors);
+/// returns the rows the tokens check feeds (numpy's when it ran, else the Rust one's).
+fn references(
+    a: &VisionArgs,
+    mmproj: &Path,
+    qwen: bool,
+    images: &[Image],
+    ours: &[Arc<[f32]>],
+    dir: &Path,
+    rep: &mut VisionReport,
+) -> Result<Option<Vec<Vec<f32>>>> {
     let numpy = match a.reference.numpy() {
-        true => Some(reference(&a.python, &mmproj, &images, dir.path())?),
+        true => Some(reference(&a.python, mmproj, qwen, images, dir)?),
         false => None,
     };
     let f64s = match a.reference.f64() {
         true => {
-            let r = crate::siglip_f64::Reference::open(&mmproj)?;
+            let r = crate::siglip_f64::Reference::open(mmproj)?;
             Some(
                 images
                     .iter()
-                    .map(|i| r.embed(i))
+                    .map(|i| r.embed(&i.rgb))
                     .collect::<Result<Vec<_>>>()?,
             )
         }
@@ -405,27 +483,40 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
             ));
         }
     }
-    let refs = numpy
-        .or(f64s)
-        .unwrap_or_else(|| cpu.iter().map(|r| r.to_vec()).collect());
-    // tokens: memra's embeddings vs the reference's, fed to the same model
-    let e = engine(model(a.model.as_deref())?, a.device, 64.max(rows + 8))?;
-    let prompts: Vec<Prompt> = (0..a.prompts)
-        .map(|i| prompt(i, &tokens, rows, vocab))
-        .collect();
-    let mut on_device = Vec::with_capacity(prompts.len());
-    for (i, p) in prompts.iter().enumerate() {
-        let k = i % images.len();
-        let mine = run(
-            &e,
-            request(p, Some((ours[k].clone(), hashes[k])), width, a.max_tokens),
-        )?;
+    Ok(numpy.or(f64s))
+}
+
+/// The image prompts and the rows fed to them.
+struct Fed<'a> {
+    prompts: &'a [Prompt],
+    ours: &'a [Arc<[f32]>],
+    hashes: &'a [u128],
+    width: usize,
+    /// The step budget of the engines: the largest image and some rows.
+    budget: usize,
+}
+
+/// Greedy tokens of the image prompts fed memra's rows vs fed the reference's (`refs`); on a
+/// device other than the CPU, informative: the same against a CPU engine.
+fn tokens_check(
+    a: &VisionArgs,
+    f: &Fed<'_>,
+    refs: &[Vec<f32>],
+    rep: &mut VisionReport,
+) -> Result<()> {
+    let n = f.ours.len();
+    let e = engine(model(a)?, a.device, f.budget)?;
+    let mut on_device = Vec::with_capacity(f.prompts.len());
+    for (i, p) in f.prompts.iter().enumerate() {
+        let k = i % n;
+        let media = Some((f.ours[k].clone(), f.hashes[k]));
+        let mine = run(&e, request(p, media, f.width, a.max_tokens))?;
         on_device.push(mine.0.iter().map(|t| t.0).collect::<Vec<u32>>());
         // Another hash: the reference's rows must not come from the cache of memra's.
         let theirs: Arc<[f32]> = Arc::from(refs[k].clone());
         let r = run(
             &e,
-            request(p, Some((theirs, !hashes[k])), width, a.max_tokens),
+            request(p, Some((theirs, !f.hashes[k])), f.width, a.max_tokens),
         )?;
         let (x, y): (Vec<u32>, Vec<u32>) = (
             mine.0.iter().map(|t| t.0).collect(),
@@ -441,12 +532,12 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
     }
     drop(e);
     if a.device != Device::Cpu {
-        let c = engine(model(a.model.as_deref())?, Device::Cpu, 64.max(rows + 8))?;
+        let c = engine(model(a)?, Device::Cpu, f.budget)?;
         let (mut all, mut first) = (0, 0);
-        for (i, (p, dev)) in prompts.iter().zip(&on_device).enumerate() {
-            let k = i % images.len();
-            let media = Some((ours[k].clone(), hashes[k]));
-            let cpu: Vec<u32> = run(&c, request(p, media, width, a.max_tokens))?
+        for (i, (p, dev)) in f.prompts.iter().zip(&on_device).enumerate() {
+            let k = i % n;
+            let media = Some((f.ours[k].clone(), f.hashes[k]));
+            let cpu: Vec<u32> = run(&c, request(p, media, f.width, a.max_tokens))?
                 .0
                 .iter()
                 .map(|t| t.0)
@@ -456,20 +547,24 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
         }
         (rep.cpu_tokens_equal, rep.cpu_first_tokens_equal) = (Some(all), Some(first));
     }
-    serve(a, &prompts, &ours, &hashes, width, vocab, &mut rep)?;
-    Ok(rep)
+    Ok(())
 }
 
 /// The CUDA tower's rows of `images`: against the CPU tower's (`cpu`), and encoded twice with
 /// the same bits.
 fn device_rows(
     tower: &VisionTower,
-    images: &[Vec<u8>],
+    images: &[Image],
     cpu: &[Arc<[f32]>],
     a: &VisionArgs,
     rep: &mut VisionReport,
 ) -> Result<Vec<Arc<[f32]>>> {
-    let encode = || -> Result<Vec<Vec<f32>>> { images.iter().map(|i| tower.encode(i)).collect() };
+    let encode = || -> Result<Vec<Vec<f32>>> {
+        images
+            .iter()
+            .map(|i| tower.encode_image(i.w, i.h, &i.rgb))
+            .collect()
+    };
     let first = encode()?;
     let t0 = std::time::Instant::now();
     let second = encode()?;
@@ -530,14 +625,9 @@ fn serve(
     let rows = ours.first().map_or(0, |e| e.len() / width.max(1));
     let alone: Vec<Run> = reqs
         .iter()
-        .map(|r| {
-            run(
-                &engine(model(a.model.as_deref())?, a.device, 64.max(rows + 8))?,
-                r.clone(),
-            )
-        })
+        .map(|r| run(&engine(model(a)?, a.device, 64.max(rows + 8))?, r.clone()))
         .collect::<Result<_>>()?;
-    let e = engine(model(a.model.as_deref())?, a.device, rows + 4)?;
+    let e = engine(model(a)?, a.device, rows + 4)?;
     let streams: Vec<_> = reqs
         .iter()
         .map(|r| {
@@ -622,7 +712,7 @@ fn hit_inside_image(
     };
     let rows_budget = rows + 4;
     let miss = run(
-        &engine(model(a.model.as_deref())?, a.device, rows_budget)?,
+        &engine(model(a)?, a.device, rows_budget)?,
         req(second.clone()),
     )?;
     run(e, req(first))?;

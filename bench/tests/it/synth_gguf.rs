@@ -401,3 +401,48 @@ fn ctx_overrides_the_shapes_context_length() {
     a.ctx = Some(0);
     assert!(synth(&a).is_err(), "a zero context is refused");
 }
+
+/// `synth-mmproj --shape` writes every tower shape it names (the tiny ones here; the real-size
+/// ones are the same code at other numbers), and memra opens each: Gemma 3's square tower and
+/// the Qwen ViT's three members, their token counts and widths; an unknown shape is an error
+/// naming the shapes.
+#[test]
+fn synth_mmproj_writes_every_tiny_tower() {
+    let dir = tempfile::tempdir().unwrap();
+    for (shape, tokens, width) in [
+        ("tiny", 16, 64),
+        ("tiny-qwen2vl", 36, 64),
+        ("tiny-qwen25vl", 36, 64),
+        ("tiny-qwen3vl", 36, 128),
+    ] {
+        let out = dir.path().join(format!("{shape}.gguf"));
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_memra-bench"))
+            .args([
+                "synth-mmproj",
+                "--shape",
+                shape,
+                "--text-hidden",
+                "64",
+                "--dtype",
+                "f16",
+            ])
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let t = memra_engine::vision::VisionTower::open(&out).unwrap();
+        assert_eq!(t.tokens_per_image(), tokens, "{shape}");
+        assert_eq!(t.out_width(), width, "{shape}");
+    }
+    let e = memra_bench::synth_mmproj::tower_shape("huge", 64).unwrap_err();
+    assert!(e.to_string().contains("qwen25vl-7b"), "{e}");
+    // The real-size Qwen2.5-VL-7B shape: 32 blocks of 1280, 1024 tokens at 896 x 896.
+    let p = match memra_bench::synth_mmproj::tower_shape("qwen25vl-7b", 3584).unwrap() {
+        memra_bench::synth_mmproj::Shape::Qwen(p) => p,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((p.layers, p.hidden, p.ffn, p.heads), (32, 1280, 3420, 16));
+    assert_eq!(p.tokens(896, 896), 1024);
+    assert_eq!(p.check().map_err(|e| e.to_string()), Ok(()));
+}

@@ -121,9 +121,21 @@ pub struct Llama<O: Ops> {
     rope: RopeId,
     attn: AttnParams,
     eps: f32,
+    /// Whether image rows replace the token embeddings (qwen2 and qwen3: the Qwen ViT's).
+    embeds: bool,
 }
 
 pub fn build<O: Ops>(w: &ModelWeights, s: &Stage, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
+    build_llama(w, s, ops, false)
+}
+
+/// The llama forward pass; `embeds`: it takes image rows (`Ops::inject` after the embedding).
+pub(crate) fn build_llama<O: Ops>(
+    w: &ModelWeights,
+    s: &Stage,
+    ops: &mut O,
+    embeds: bool,
+) -> Result<Box<dyn Forward<O>>> {
     let c = &w.config;
     let emb = Embedding::load_stage(ops, w, s)?;
     let mut layers = Vec::with_capacity(s.layers.len());
@@ -138,6 +150,7 @@ pub fn build<O: Ops>(w: &ModelWeights, s: &Stage, ops: &mut O) -> Result<Box<dyn
         rope: blocks::llama_rope(ops, w)?,
         attn: AttnParams::causal(c.n_heads, c.n_kv_heads, c.head_dim),
         eps: c.rms_eps,
+        embeds,
     }))
 }
 
@@ -145,6 +158,10 @@ impl<O: Ops> Forward<O> for Llama<O> {
     fn body(&self, ops: &mut O) -> Result<Act> {
         let a = &self.acts;
         self.emb.embed(ops, a.x)?;
+        if self.embeds && self.emb.first {
+            // Image rows replace their placeholder tokens' embeddings.
+            ops.inject(a.x)?;
+        }
         for (i, w) in self.layers.iter().enumerate() {
             w.forward(ops, a, self.first + i, (self.rope, self.attn, self.eps))?;
         }
@@ -153,5 +170,9 @@ impl<O: Ops> Forward<O> for Llama<O> {
 
     fn head(&self, ops: &mut O, x: Act, logits: Act) -> Result<()> {
         self.emb.head(ops, x, self.acts.head, logits)
+    }
+
+    fn takes_embeds(&self) -> bool {
+        self.embeds
     }
 }

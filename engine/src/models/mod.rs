@@ -111,7 +111,7 @@ pub trait Forward<O: Ops>: Send {
     /// The output head: `x` (step rows, or head rows) into `logits` (head rows).
     fn head(&self, ops: &mut O, x: Act, logits: Act) -> Result<()>;
     /// Whether the body injects given embeddings into its input rows (`Ops::inject`): an
-    /// architecture with a vision tower (gemma3). Others refuse steps that carry embeddings.
+    /// architecture with a vision tower (gemma3, qwen2, qwen3). Others refuse steps that carry embeddings.
     fn takes_embeds(&self) -> bool {
         false
     }

@@ -23,6 +23,7 @@ fn tensors(c: &ModelConfig) -> Vec<TensorSpec> {
 }
 
 /// The llama forward pass; its attention norms q and k per head with this list's weights.
+/// It takes image rows (a Qwen ViT's, `+mmproj=`).
 pub fn build<O: Ops>(w: &ModelWeights, s: &Stage, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
-    llama::build(w, s, ops)
+    llama::build_llama(w, s, ops, true)
 }

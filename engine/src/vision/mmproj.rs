@@ -196,9 +196,10 @@ fn meta_usize(g: &Gguf, key: &str) -> Result<usize> {
         .ok_or_else(|| Error::Config(format!("mmproj: missing or invalid `{key}`")))
 }
 
-fn meta_triplet(g: &Gguf, key: &str) -> Result<[f32; 3]> {
+/// Three numbers (an image mean or std); `default` where the key is absent.
+pub(super) fn meta_triplet(g: &Gguf, key: &str, default: [f32; 3]) -> Result<[f32; 3]> {
     match g.get(key).and_then(MetaValue::as_array) {
-        None => Ok([0.5; 3]),
+        None => Ok(default),
         Some(a) if a.len() == 3 => {
             let mut out = [0f32; 3];
             for (o, v) in out.iter_mut().zip(a) {
@@ -242,8 +243,8 @@ pub fn params(g: &Gguf) -> Result<TowerParams> {
             .map_or(Ok(4), usize::try_from)
             .map_err(|_| Error::Config("mmproj: invalid scale factor".into()))?,
         text_hidden: 0,
-        mean: meta_triplet(g, &k("image_mean"))?,
-        std: meta_triplet(g, &k("image_std"))?,
+        mean: meta_triplet(g, &k("image_mean"), [0.5; 3])?,
+        std: meta_triplet(g, &k("image_std"), [0.5; 3])?,
     };
     // The text width is the projection's second dimension (projection_dim may be absent).
     let proj = g

@@ -1,20 +1,25 @@
 //! Vision towers: an image becomes rows of soft-token embeddings that replace the embeddings of
 //! the image's placeholder tokens in the prompt (docs/SERVING.md, "Images and video").
 //!
-//! The first (and only) family is Gemma 3's: a SigLIP ViT and its pooling projector (average
-//! pool of the patch grid, soft-embedding RMSNorm, projection to the text width), loaded from
-//! llama.cpp's `mmproj` GGUF layout ([`mmproj`]). The tower runs beside the engine loop and
-//! never inside a step, so it cannot change a text row's bits: on the CPU in f32 (the reference
-//! implementation, [`siglip`]), or, after [`VisionTower::place`] on a CUDA device, on the GPU
-//! (backend/cuda/vision.rs, checked against the CPU within a tolerance: docs/VERIFY.md). A
-//! tower's rows are the same bits every time on its device class; the content hash says which
-//! tower computed them.
+//! Two families, loaded from llama.cpp's `mmproj` GGUF layout: Gemma 3's, a SigLIP ViT and its
+//! pooling projector (average pool of the patch grid, soft-embedding RMSNorm, projection to the
+//! text width; [`mmproj`], [`siglip`]), square images of one size; and the Qwen2-VL /
+//! Qwen2.5-VL / Qwen3-VL ViT (2D RoPE, window attention, the 2 x 2 patch merger;
+//! [`qwen_mmproj`], [`qwenvit`]), images of any aspect ratio resized to multiples of 28 or 32
+//! pixels ([`VisionTower::input_size`]), one token per merged 2 x 2 block of patches. The tower
+//! runs beside the engine loop and never inside a step, so it cannot change a text row's bits:
+//! on the CPU in f32 (the reference implementation), or, after [`VisionTower::place`] on a
+//! CUDA device, on the GPU (SigLIP only: backend/cuda/vision.rs, checked against the CPU within
+//! a tolerance: docs/VERIFY.md). A tower's rows are the same bits every time on its device
+//! class; the content hash says which tower computed them.
 //!
 //! What reaches the engine is a [`MediaSpan`]: where the image's rows sit in the prompt, their
 //! values and a content hash that the prefix cache mixes into the hashes of the blocks the span
 //! touches (prefix_cache.rs).
 
 pub mod mmproj;
+pub mod qwen_mmproj;
+pub mod qwenvit;
 #[cfg(any(test, feature = "test-util"))]
 pub mod random;
 mod siglip;
@@ -27,6 +32,7 @@ use crate::backend::Device;
 use crate::backend::cuda::vision::CudaTower;
 use crate::error::{Error, Result};
 pub use mmproj::TowerParams;
+pub use qwenvit::{QwenKind, QwenParams, QwenWeights};
 pub use siglip::TowerWeights;
 
 /// Rows of precomputed embeddings at consecutive prompt positions (one image).
@@ -85,11 +91,19 @@ pub struct ImageTokens {
 }
 
 impl ImageTokens {
-    /// Gemma 3's: `<start_of_image>`, `<image_soft_token>`, `<end_of_image>` where the
-    /// vocabulary has them. A vocabulary without a soft token uses the opening token (or id 0)
-    /// as the placeholder: its embedding is replaced, so only the cache key (which hashes the
-    /// image) sees it.
+    /// Qwen's `<|vision_start|>`, `<|image_pad|>`, `<|vision_end|>` where the vocabulary
+    /// has `<|image_pad|>`; else Gemma 3's: `<start_of_image>`, `<image_soft_token>`,
+    /// `<end_of_image>` where the vocabulary has them. A vocabulary without a soft token uses
+    /// the opening token (or id 0) as the placeholder: its embedding is replaced, so only the
+    /// cache key (which hashes the image) sees it.
     pub fn from_tokenizer(tok: &crate::tokenizer::Tokenizer) -> ImageTokens {
+        if let Some(soft) = tok.token_id("<|image_pad|>") {
+            return ImageTokens {
+                open: tok.token_id("<|vision_start|>"),
+                soft,
+                close: tok.token_id("<|vision_end|>"),
+            };
+        }
         let open = tok.token_id("<start_of_image>");
         let close = tok.token_id("<end_of_image>");
         let soft = tok
@@ -110,10 +124,24 @@ impl ImageTokens {
     }
 }
 
+/// How a tower's preprocessing resizes an image to its input size (the family's processor).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resample {
+    /// Gemma 3's processor: bilinear.
+    Bilinear,
+    /// Qwen's processor: bicubic.
+    Bicubic,
+}
+
+/// A tower's family, shape and f32 weights.
+enum Family {
+    Siglip(TowerParams, TowerWeights),
+    Qwen(QwenParams, QwenWeights),
+}
+
 /// A loaded tower: its shape and f32 weights, and where it runs.
 pub struct VisionTower {
-    params: TowerParams,
-    weights: TowerWeights,
+    family: Family,
     /// Hash of the file's tensors and shape.
     id: [u8; 32],
     /// `id`, and the device tower's name when there is one: part of every image's content hash
@@ -125,26 +153,52 @@ pub struct VisionTower {
 
 impl std::fmt::Debug for VisionTower {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VisionTower")
-            .field("params", &self.params)
-            .field("runs_on", &self.runs_on())
-            .finish()
+        let mut d = f.debug_struct("VisionTower");
+        match &self.family {
+            Family::Siglip(p, _) => d.field("params", p),
+            Family::Qwen(p, _) => d.field("params", p),
+        };
+        d.field("runs_on", &self.runs_on()).finish()
     }
 }
 
 impl VisionTower {
-    /// Loads an mmproj GGUF file (llama.cpp's layout, projector `gemma3`).
+    /// Loads an mmproj GGUF file (llama.cpp's layout; projectors `gemma3`, `qwen2vl_merger`,
+    /// `qwen2.5vl_merger`, `qwen3vl_merger`).
     pub fn open(path: &std::path::Path) -> Result<VisionTower> {
         let g = crate::formats::gguf::Gguf::open(path)?;
-        let (params, weights) = mmproj::load(&g)?;
-        Ok(Self::new(params, weights))
+        match g.get_str("clip.projector_type") {
+            Some("gemma3") => {
+                let (params, weights) = mmproj::load(&g)?;
+                Ok(Self::new(params, weights))
+            }
+            Some(s) if QwenKind::from_projector(s).is_some() => {
+                let kind = QwenKind::from_projector(s).unwrap_or(QwenKind::Qwen25Vl);
+                let (params, weights) = qwen_mmproj::load(&g, kind)?;
+                Ok(Self::new_qwen(params, weights))
+            }
+            other => Err(Error::Unsupported(format!(
+                "mmproj projector {other:?}: supported are Gemma 3's (`gemma3`) and the Qwen \
+                 ViT's (`qwen2vl_merger`, `qwen2.5vl_merger`, `qwen3vl_merger`)"
+            ))),
+        }
     }
 
+    /// Gemma 3's tower.
     pub fn new(params: TowerParams, weights: TowerWeights) -> VisionTower {
         let id = weights.digest(&params);
+        Self::with(Family::Siglip(params, weights), id)
+    }
+
+    /// A Qwen ViT.
+    pub fn new_qwen(params: QwenParams, weights: QwenWeights) -> VisionTower {
+        let id = weights.digest(&params);
+        Self::with(Family::Qwen(params, weights), id)
+    }
+
+    fn with(family: Family, id: [u8; 32]) -> VisionTower {
         VisionTower {
-            params,
-            weights,
+            family,
             id,
             key: id,
             cuda: None,
@@ -154,18 +208,26 @@ impl VisionTower {
     /// Runs the tower where a model on `device` runs: on CUDA device `n` for `cuda:N` (and for
     /// `auto` when CUDA is there: device 0), else on the CPU. On a CUDA device the weights are
     /// uploaded now and one image's activations allocated (before a backend sizes its KV cache
-    /// from the free memory). A tower shape the CUDA kernels do not cover is an error.
+    /// from the free memory). A tower the CUDA kernels do not cover (a shape, or the Qwen
+    /// ViT) is an `Unsupported` error and stays on the CPU.
     pub fn place(&mut self, device: Device) -> Result<()> {
         let n = match device {
             Device::Cpu => None,
             Device::Auto => crate::backend::cuda::cuda_available().then_some(0),
             Device::Cuda(n) => Some(n),
         };
-        self.cuda = match n {
-            None => None,
-            Some(n) => {
+        self.cuda = match (n, &self.family) {
+            (None, _) => None,
+            (Some(_), Family::Qwen(..)) => {
+                self.cuda = None;
+                self.key = self.id;
+                return Err(Error::Unsupported(
+                    "the Qwen vision tower has no CUDA kernels yet".into(),
+                ));
+            }
+            (Some(n), Family::Siglip(p, w)) => {
                 let gpu = crate::backend::cuda::Gpu::open(n)?;
-                Some(CudaTower::new(gpu, &self.params, &self.weights)?)
+                Some(CudaTower::new(gpu, p, w)?)
             }
         };
         self.key = match &self.cuda {
@@ -186,74 +248,162 @@ impl VisionTower {
         self.cuda.as_ref().map_or("cpu".into(), |t| t.label())
     }
 
-    pub fn params(&self) -> &TowerParams {
-        &self.params
+    /// Gemma 3's tower shape (`None` for a Qwen ViT).
+    pub fn params(&self) -> Option<&TowerParams> {
+        match &self.family {
+            Family::Siglip(p, _) => Some(p),
+            Family::Qwen(..) => None,
+        }
     }
 
-    /// Side of the square RGB image [`VisionTower::encode`] takes.
+    /// The Qwen ViT's shape (`None` for Gemma 3's tower).
+    pub fn qwen_params(&self) -> Option<&QwenParams> {
+        match &self.family {
+            Family::Qwen(p, _) => Some(p),
+            Family::Siglip(..) => None,
+        }
+    }
+
+    /// A square RGB image side [`VisionTower::encode`] takes as is (Gemma 3: the only size).
     pub fn image_size(&self) -> usize {
-        self.params.image_size
+        match &self.family {
+            Family::Siglip(p, _) => p.image_size,
+            Family::Qwen(p, _) => p.image_size,
+        }
     }
 
-    /// Embedding rows per image.
+    /// The `(width, height)` an image of `w x h` pixels is resized to before encoding: the
+    /// square of Gemma 3's tower; the Qwen ViT's multiples of `patch x merge` within its pixel
+    /// bounds, aspect ratio kept ([`QwenParams::input_size`]).
+    pub fn input_size(&self, w: usize, h: usize) -> Result<(usize, usize)> {
+        match &self.family {
+            Family::Siglip(p, _) => Ok((p.image_size, p.image_size)),
+            Family::Qwen(p, _) => p.input_size(w, h),
+        }
+    }
+
+    /// How the image is resized to [`VisionTower::input_size`].
+    pub fn resample(&self) -> Resample {
+        match &self.family {
+            Family::Siglip(..) => Resample::Bilinear,
+            Family::Qwen(..) => Resample::Bicubic,
+        }
+    }
+
+    /// Embedding rows of an image of `w x h` pixels (an input size).
+    pub fn tokens_for(&self, w: usize, h: usize) -> usize {
+        match &self.family {
+            Family::Siglip(p, _) => p.tokens_per_image(),
+            Family::Qwen(p, _) => p.tokens(w, h),
+        }
+    }
+
+    /// Embedding rows of a square image of [`VisionTower::image_size`].
     pub fn tokens_per_image(&self) -> usize {
-        self.params.tokens_per_image()
+        let s = self.image_size();
+        self.tokens_for(s, s)
     }
 
-    /// Width of an embedding row (the text model's hidden size).
+    /// Width of an embedding row: the text model's hidden size (Qwen3-VL with deepstack
+    /// mergers: that times one plus their number, llama.cpp's layout).
     pub fn out_width(&self) -> usize {
-        self.params.text_hidden
+        match &self.family {
+            Family::Siglip(p, _) => p.text_hidden,
+            Family::Qwen(p, _) => p.out_width(),
+        }
     }
 
-    /// The content hash of an image as this tower sees it (`rgb`: `image_size^2` RGB pixels).
+    /// The content hash of a square image of [`VisionTower::image_size`].
     pub fn hash(&self, rgb: &[u8]) -> u128 {
-        let mut h = Sha256::new();
-        h.update(self.key);
-        h.update((rgb.len() as u64).to_le_bytes());
-        h.update(rgb);
-        let d = h.finalize();
+        let s = self.image_size();
+        self.hash_image(s, s, rgb)
+    }
+
+    /// The content hash of an image as this tower sees it (`w x h` RGB pixels, an input size).
+    pub fn hash_image(&self, w: usize, h: usize, rgb: &[u8]) -> u128 {
+        let mut hs = Sha256::new();
+        hs.update(self.key);
+        hs.update((w as u64).to_le_bytes());
+        hs.update((h as u64).to_le_bytes());
+        hs.update((rgb.len() as u64).to_le_bytes());
+        hs.update(rgb);
+        let d = hs.finalize();
         let mut b = [0u8; 16];
         b.copy_from_slice(&d[..16]);
         u128::from_le_bytes(b)
     }
 
-    /// The tower's input for `rgb` (`image_size^2` pixels, RGB, row-major): channel-major
-    /// `[3][size][size]` values `(x / 255 - mean[c]) / std[c]`.
+    /// The tower's input for a square `rgb` of [`VisionTower::image_size`].
     pub fn pixels(&self, rgb: &[u8]) -> Result<Vec<f32>> {
-        let s = self.params.image_size;
-        if rgb.len() != s * s * 3 {
+        let s = self.image_size();
+        self.pixels_image(s, s, rgb)
+    }
+
+    /// The tower's input for `rgb` (`w x h` pixels, RGB, row-major, an input size):
+    /// channel-major `[3][h][w]` values `(x / 255 - mean[c]) / std[c]`.
+    pub fn pixels_image(&self, w: usize, h: usize, rgb: &[u8]) -> Result<Vec<f32>> {
+        let (iw, ih) = self.input_size(w, h)?;
+        if (iw, ih) != (w, h) || rgb.len() != w * h * 3 {
             return Err(Error::Input(format!(
-                "the tower takes {s}x{s} RGB images ({} bytes), got {} bytes",
-                s * s * 3,
+                "the tower takes a {w}x{h} image as {iw}x{ih} RGB ({} bytes), got {} bytes",
+                iw * ih * 3,
                 rgb.len()
             )));
         }
-        let (m, d) = (self.params.mean, self.params.std);
-        let mut out = vec![0f32; 3 * s * s];
+        let (m, d) = match &self.family {
+            Family::Siglip(p, _) => (p.mean, p.std),
+            Family::Qwen(p, _) => (p.mean, p.std),
+        };
+        let n = w * h;
+        let mut out = vec![0f32; 3 * n];
         for (i, px) in rgb.chunks_exact(3).enumerate() {
             for c in 0..3 {
-                out[c * s * s + i] = (px[c] as f32 / 255.0 - m[c]) / d[c];
+                out[c * n + i] = (px[c] as f32 / 255.0 - m[c]) / d[c];
             }
         }
         Ok(out)
     }
 
-    /// The embedding rows (`tokens_per_image x out_width`) of one `image_size` square RGB image,
-    /// on the tower's device ([`VisionTower::runs_on`]).
+    /// The embedding rows (`tokens_per_image x out_width`) of a square RGB image of
+    /// [`VisionTower::image_size`], on the tower's device ([`VisionTower::runs_on`]).
     pub fn encode(&self, rgb: &[u8]) -> Result<Vec<f32>> {
-        let px = self.pixels(rgb)?;
-        self.encode_pixels(&px)
+        let s = self.image_size();
+        self.encode_image(s, s, rgb)
+    }
+
+    /// The embedding rows (`tokens_for(w, h) x out_width`) of a `w x h` RGB image of an input
+    /// size ([`VisionTower::input_size`]), on the tower's device.
+    pub fn encode_image(&self, w: usize, h: usize, rgb: &[u8]) -> Result<Vec<f32>> {
+        let px = self.pixels_image(w, h, rgb)?;
+        match &self.cuda {
+            Some(t) => t.forward(&px),
+            None => Ok(self.forward_cpu(w, h, &px)),
+        }
     }
 
     /// [`VisionTower::encode`] on the CPU (the f32 reference), wherever the tower runs.
     pub fn encode_cpu(&self, rgb: &[u8]) -> Result<Vec<f32>> {
-        let px = self.pixels(rgb)?;
-        Ok(siglip::forward(&self.params, &self.weights, &px))
+        let s = self.image_size();
+        self.encode_image_cpu(s, s, rgb)
     }
 
-    /// [`VisionTower::encode`] from the tower's input values ([`VisionTower::pixels`]).
+    /// [`VisionTower::encode_image`] on the CPU (the f32 reference), wherever the tower runs.
+    pub fn encode_image_cpu(&self, w: usize, h: usize, rgb: &[u8]) -> Result<Vec<f32>> {
+        let px = self.pixels_image(w, h, rgb)?;
+        Ok(self.forward_cpu(w, h, &px))
+    }
+
+    fn forward_cpu(&self, w: usize, h: usize, px: &[f32]) -> Vec<f32> {
+        match &self.family {
+            Family::Siglip(p, wt) => siglip::forward(p, wt, px),
+            Family::Qwen(p, wt) => qwenvit::forward(p, wt, w, h, px),
+        }
+    }
+
+    /// [`VisionTower::encode`] from the tower's input values of a square image
+    /// ([`VisionTower::pixels`]).
     pub fn encode_pixels(&self, px: &[f32]) -> Result<Vec<f32>> {
-        let s = self.params.image_size;
+        let s = self.image_size();
         if px.len() != 3 * s * s {
             return Err(Error::Input(format!(
                 "the tower takes 3x{s}x{s} values, got {}",
@@ -262,7 +412,7 @@ impl VisionTower {
         }
         match &self.cuda {
             Some(t) => t.forward(px),
-            None => Ok(siglip::forward(&self.params, &self.weights, px)),
+            None => Ok(self.forward_cpu(s, s, px)),
         }
     }
 }

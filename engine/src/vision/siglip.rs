@@ -132,7 +132,7 @@ impl TowerWeights {
 }
 
 /// `y[r] = W x[r] + b` for `m` rows of `k` values (W `[n][k]`).
-fn linear(x: &[f32], k: usize, w: &[f32], b: &[f32]) -> Vec<f32> {
+pub(super) fn linear(x: &[f32], k: usize, w: &[f32], b: &[f32]) -> Vec<f32> {
     let n = b.len();
     let m = x.len() / k;
     let mut y = vec![0f32; m * n];
@@ -146,7 +146,7 @@ fn linear(x: &[f32], k: usize, w: &[f32], b: &[f32]) -> Vec<f32> {
 }
 
 /// LayerNorm of each row (mean and variance over the row, two passes).
-fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32) -> Vec<f32> {
+pub(super) fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32) -> Vec<f32> {
     let h = w.len();
     let mut y = x.to_vec();
     y.par_chunks_mut(h).for_each(|row| {
@@ -160,7 +160,7 @@ fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32) -> Vec<f32> {
     y
 }
 
-fn gelu_tanh(x: f32) -> f32 {
+pub(super) fn gelu_tanh(x: f32) -> f32 {
     const C: f32 = 0.797_884_6; // sqrt(2 / pi)
     0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh())
 }

@@ -36,3 +36,4 @@ mod tiny_files;
 mod tokenizer;
 mod vision;
 mod vision_attn;
+mod vision_qwen;

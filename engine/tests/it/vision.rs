@@ -39,7 +39,7 @@ fn mmproj_file_round_trip_and_shape() {
     let path = dir.path().join("mmproj.gguf");
     write_mmproj(&p, &w, DType::F32, &path).unwrap();
     let file = VisionTower::open(&path).unwrap();
-    assert_eq!(file.params(), &p);
+    assert_eq!(file.params(), Some(&p));
     assert_eq!(file.tokens_per_image(), 16);
     let img = pattern(1);
     let a = mem.encode(&img).unwrap();

@@ -135,14 +135,20 @@ fn jpeg_complete(b: &[u8]) -> bool {
     matches!((last(0xDA), last(0xD9)), (Some(sos), Some(eoi)) if eoi > sos)
 }
 
-/// `rgb` (`w x h`) resized to `size x size` (bilinear, aspect ratio not kept, as Gemma 3's
-/// processor does).
-pub fn resize_square(w: u32, h: u32, rgb: Vec<u8>, size: u32) -> Vec<u8> {
-    if w == size && h == size {
+/// `rgb` (`w x h`) resized to `to = (width, height)`: bilinear (Gemma 3's processor: to its
+/// square, aspect ratio not kept) or bicubic (Qwen's: to multiples of its patch blocks, aspect
+/// ratio kept as well as they allow).
+pub fn resize(w: u32, h: u32, rgb: Vec<u8>, to: (u32, u32), bicubic: bool) -> Vec<u8> {
+    let (tw, th) = to;
+    if (w, h) == (tw, th) {
         return rgb;
     }
     let Some(img) = image::RgbImage::from_raw(w, h, rgb) else {
-        return vec![0; (size * size * 3) as usize];
+        return vec![0; (tw * th * 3) as usize];
     };
-    image::imageops::resize(&img, size, size, image::imageops::FilterType::Triangle).into_raw()
+    let filter = match bicubic {
+        true => image::imageops::FilterType::CatmullRom,
+        false => image::imageops::FilterType::Triangle,
+    };
+    image::imageops::resize(&img, tw, th, filter).into_raw()
 }

@@ -170,28 +170,48 @@ fn image_bytes(
     }
 }
 
-/// The tower's input pixels (`image_size` square RGB) of one image URL.
+/// One decoded image, resized to the tower's input size: `width x height` RGB pixels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pixels {
+    pub width: u32,
+    pub height: u32,
+    pub rgb: Vec<u8>,
+}
+
+/// Where images are resized to: the tower's input size of a `w x h` image (an error for a
+/// size it refuses), and whether bicubic (else bilinear).
+pub struct Target<'a> {
+    pub size: &'a dyn Fn(u32, u32) -> Result<(u32, u32), String>,
+    pub bicubic: bool,
+}
+
+/// The tower's input pixels of one image URL.
 fn image_pixels(
     url: &str,
     param: &str,
     lim: &MediaLimits,
     fetched: &Fetched,
-    size: u32,
-) -> Result<Vec<u8>, ApiError> {
+    to: &Target<'_>,
+) -> Result<Pixels, ApiError> {
     let (mime, bytes) = image_bytes(url, param, lim, fetched)?;
     let (w, h, rgb) =
         decode::decode(&mime, &bytes, lim.image).map_err(|e| ApiError::param(param, e))?;
-    Ok(decode::resize_square(w, h, rgb, size))
+    let (tw, th) = (to.size)(w, h).map_err(|e| ApiError::param(param, e))?;
+    Ok(Pixels {
+        width: tw,
+        height: th,
+        rgb: decode::resize(w, h, rgb, (tw, th), to.bicubic),
+    })
 }
 
-/// Decodes every image and frame of `media` (one entry per [`MARKER`]), in order: the square
-/// pixels of each image of each marker.
+/// Decodes every image and frame of `media` (one entry per [`MARKER`]), in order: the pixels
+/// of each image of each marker at the tower's input size.
 pub fn decode_all(
     media: &[MediaRef],
     lim: &MediaLimits,
     fetched: &Fetched,
-    size: u32,
-) -> Result<Vec<Vec<Vec<u8>>>, ApiError> {
+    to: &Target<'_>,
+) -> Result<Vec<Vec<Pixels>>, ApiError> {
     let mut total = 0usize;
     let mut out = Vec::with_capacity(media.len());
     for m in media {
@@ -199,7 +219,7 @@ pub fn decode_all(
             MediaRef::Image { url, param } => {
                 total += 1;
                 check_total(total, lim, param)?;
-                vec![image_pixels(url, param, lim, fetched, size)?]
+                vec![image_pixels(url, param, lim, fetched, to)?]
             }
             MediaRef::Video { frames, fps, param } => {
                 let keep = sample_frames(frames.len(), fps.unwrap_or(1.0), lim.video_fps);
@@ -218,9 +238,7 @@ pub fn decode_all(
                 total += keep.len();
                 check_total(total, lim, param)?;
                 keep.iter()
-                    .map(|&i| {
-                        image_pixels(&frames[i], &format!("{param}[{i}]"), lim, fetched, size)
-                    })
+                    .map(|&i| image_pixels(&frames[i], &format!("{param}[{i}]"), lim, fetched, to))
                     .collect::<Result<Vec<_>, _>>()?
             }
         };

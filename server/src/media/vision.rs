@@ -24,15 +24,16 @@ impl Vision {
         }
     }
 
-    /// The content hash and embedding rows of one square image (`image_size` RGB).
-    pub fn embed(&self, rgb: &[u8]) -> memra_engine::Result<(u128, Arc<[f32]>)> {
-        let hash = self.tower.hash(rgb);
+    /// The content hash and embedding rows of one image at the tower's input size.
+    pub fn embed(&self, px: &super::Pixels) -> memra_engine::Result<(u128, Arc<[f32]>)> {
+        let (w, h, rgb) = (px.width as usize, px.height as usize, &px.rgb);
+        let hash = self.tower.hash_image(w, h, rgb);
         if let Ok(c) = self.cache.lock()
             && let Some((_, e)) = c.iter().find(|(h, _)| *h == hash)
         {
             return Ok((hash, e.clone()));
         }
-        let e: Arc<[f32]> = self.tower.encode(rgb)?.into();
+        let e: Arc<[f32]> = self.tower.encode_image(w, h, rgb)?.into();
         if let Ok(mut c) = self.cache.lock() {
             if c.len() >= CACHE_IMAGES {
                 c.pop_front();
@@ -40,5 +41,22 @@ impl Vision {
             c.push_back((hash, e.clone()));
         }
         Ok((hash, e))
+    }
+}
+
+impl Vision {
+    /// Where this tower's images are resized to ([`super::decode_all`]).
+    pub fn with_target<T>(&self, f: impl FnOnce(&super::Target<'_>) -> T) -> T {
+        let t = &self.tower;
+        let size = |w: u32, h: u32| -> Result<(u32, u32), String> {
+            let (iw, ih) = t
+                .input_size(w as usize, h as usize)
+                .map_err(|e| e.to_string())?;
+            Ok((iw as u32, ih as u32))
+        };
+        f(&super::Target {
+            size: &size,
+            bicubic: t.resample() == memra_engine::vision::Resample::Bicubic,
+        })
     }
 }

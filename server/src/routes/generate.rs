@@ -67,8 +67,7 @@ fn prepare_media(
             "this model does not take images (serve it with `+mmproj=PATH`)",
         )
     })?;
-    let size = v.tower.image_size() as u32;
-    let pixels = media::decode_all(&w.media, &w.limits, &w.fetched, size)?;
+    let pixels = v.with_target(|to| media::decode_all(&w.media, &w.limits, &w.fetched, to))?;
     let (ids, at) = match &w.structured.tools {
         Some(t) => text.encode_chat_media(
             &tools::messages_for(messages, t, style),
@@ -89,7 +88,7 @@ fn prepare_media(
     }
     let images = pixels
         .iter()
-        .map(|imgs| imgs.iter().map(|rgb| v.embed(rgb)).collect())
+        .map(|imgs| imgs.iter().map(|px| v.embed(px)).collect())
         .collect::<memra_engine::Result<Vec<Vec<_>>>>()?;
     Ok(media::splice(ids, &at, images, v))
 }

@@ -544,3 +544,105 @@ fn models_entry_takes_an_mmproj() {
             .is_err()
     );
 }
+
+/// A server with `qvl`: a tiny random qwen2 and a tiny random Qwen2.5-VL ViT (4-pixel
+/// patches merged 2 x 2: 8 pixels a token, 4..64 tokens an image, windows of 2 x 2 tokens).
+async fn start_qwen() -> (String, tokio::sync::oneshot::Sender<()>) {
+    let cfg = EngineConfig {
+        device: Device::Cpu,
+        threads: 2,
+        kv: KvBudget::Blocks(256),
+        ..EngineConfig::default()
+    };
+    let m = model(Arch::Qwen2);
+    let tokens = ImageTokens::from_tokenizer(&m.tokenizer);
+    let kind = memra_engine::vision::QwenKind::Qwen25Vl;
+    let tower = memra_engine::vision::random::tiny_qwen(kind, m.config.hidden, 4).unwrap();
+    let handle =
+        Engine::start(vec![("qvl".into(), m, cfg)], AdmissionLimits::default()).expect("engine");
+    let mut visions = Visions::new();
+    visions.insert("qvl".into(), Arc::new(Vision::new(tower, tokens)));
+    let engine = Arc::new(RealEngine::from_handle_with_vision(handle, visions));
+    let state = Arc::new(State::new(engine, Auth::Open, limits()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        memra_server::serve(listener, state, async {
+            let _ = rx.await;
+        })
+        .await
+    });
+    (url, tx)
+}
+
+/// The Qwen ViT through the API: images of any aspect ratio become their smart-resized token
+/// counts (80 x 60 -> 72 x 48: 9 x 6 = 54 tokens; 120 x 30 -> 120 x 32: 15 x 4 = 60), streamed
+/// == not streamed, the same image again a prefix-cache hit past it, an image beyond 200:1 a
+/// clean 400 naming the part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen_tower_through_the_api() {
+    let (url, _stop) = start_qwen().await;
+    let (_, tv, _) = post(&url, &chat("qvl", vec![text("Describe this image.")])).await;
+    let text_tokens = tv["usage"]["prompt_tokens"].as_u64().unwrap();
+    let wide = data_url("image/png", &encoded(120, 30, 2, image::ImageFormat::Png));
+    for (img, rows) in [(png(1), 54), (wide, 60)] {
+        let body = chat("qvl", vec![text("Describe this image."), image_part(&img)]);
+        let (s, v, raw) = post(&url, &body).await;
+        assert_eq!(s, 200, "{raw}");
+        assert_eq!(
+            v["usage"]["prompt_tokens"].as_u64().unwrap(),
+            text_tokens + rows
+        );
+        let answer = v["choices"][0]["message"]["content"].as_str().unwrap();
+        let mut sb = body.clone();
+        sb["stream"] = json!(true);
+        let (_, _, raw) = post(&url, &sb).await;
+        assert_eq!(sse_text(&raw), answer);
+        let (_, again, _) = post(&url, &body).await;
+        let cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        assert!(cached > rows, "{again}");
+        assert_eq!(again["choices"][0]["message"]["content"], answer);
+    }
+    let thin = data_url("image/png", &encoded(402, 2, 3, image::ImageFormat::Png));
+    let (s, v, raw) = post(&url, &chat("qvl", vec![image_part(&thin)])).await;
+    assert_eq!(s, 400, "{raw}");
+    assert!(raw.contains("200:1"), "{raw}");
+    assert!(
+        v["error"]["param"].as_str().unwrap().contains("messages"),
+        "{v}"
+    );
+    // The server still answers.
+    let (s, _, raw) = post(&url, &chat("qvl", vec![image_part(&png(3))])).await;
+    assert_eq!(s, 200, "{raw}");
+}
+
+/// A Qwen tower loads beside a qwen2 of its width; one with deepstack mergers (Qwen3-VL) is
+/// refused at load, naming them.
+#[test]
+fn qwen_mmproj_loads_and_deepstack_is_refused() {
+    use memra_engine::vision::random::{random_qwen, write_qwen_mmproj};
+    use memra_engine::vision::{QwenKind, QwenParams};
+    let dir = tempfile::tempdir().unwrap();
+    let tok =
+        Tokenizer::from_gguf(&Gguf::open(&memra_engine::testing::real_model()).unwrap()).unwrap();
+    for kind in [QwenKind::Qwen2Vl, QwenKind::Qwen25Vl, QwenKind::Qwen3Vl] {
+        let mut p = QwenParams::tiny(kind, 64);
+        let path = dir.path().join(format!("{kind:?}.gguf"));
+        write_qwen_mmproj(&p, &random_qwen(&p, 1).unwrap(), DType::F32, &path).unwrap();
+        let r = memra_server::real::load_vision("v", &path, &tok, 64, Device::Cpu);
+        if kind == QwenKind::Qwen3Vl {
+            let e = r.err().unwrap();
+            assert!(e.contains("deepstack"), "{e}");
+            p.deepstack.clear();
+            write_qwen_mmproj(&p, &random_qwen(&p, 1).unwrap(), DType::F32, &path).unwrap();
+            let v = memra_server::real::load_vision("v", &path, &tok, 64, Device::Cpu).unwrap();
+            assert_eq!(v.tower.out_width(), 64);
+        } else {
+            let v = r.unwrap();
+            assert_eq!(v.tower.tokens_for(64, 32), 32);
+        }
+    }
+}

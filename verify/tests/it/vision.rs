@@ -1,6 +1,6 @@
-//! `memra-verify vision` on the CPU (CI): a tiny random tower against the numpy reference and
-//! the Rust float64 one (each other too), image prompts under mixed load and in the prefix
-//! cache.
+//! `memra-verify vision` on the CPU (CI): a tiny random tower (Gemma 3's; the Qwen ViT's
+//! three members) against the numpy reference and (Gemma 3) the Rust float64 one (each other
+//! too), image prompts under mixed load and in the prefix cache.
 
 use std::process::Command;
 
@@ -94,4 +94,52 @@ fn vision_gate_runs_without_a_reference() {
     assert!(r["rel_errors"].as_array().unwrap().is_empty(), "{r}");
     assert!(r["cuda_vs_cpu"].as_array().unwrap().is_empty(), "{r}");
     assert!(r["cuda_repeat_equal"].is_null(), "{r}");
+}
+
+/// The Qwen ViT (`--family qwen2vl|qwen25vl|qwen3vl`: a tiny random tower and a tiny qwen2 /
+/// qwen3) against its numpy reference (verify/reference/qwenvit_reference.py) on a square, a
+/// wide and a tall image (Qwen2.5-VL's windows cut at the grid's edges; Qwen3-VL's deepstack
+/// values checked too), then served: tokens equal, exact under load, prefix-cache hits.
+#[test]
+fn vision_gate_passes_for_the_qwen_vit() {
+    let python = memra_engine::settings::var("MEMRA_PYTHON").unwrap_or_else(|| "python3".into());
+    let dir = tempfile::tempdir().unwrap();
+    for family in ["qwen2vl", "qwen25vl", "qwen3vl"] {
+        let json = dir.path().join(format!("{family}.json"));
+        let out = Command::new(env!("CARGO_BIN_EXE_memra-verify"))
+            .args(["vision", "--family", family, "--python", &python])
+            .args(["--reference", "numpy", "--images", "3", "--prompts", "4"])
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .expect("run memra-verify");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "{family}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        );
+        assert!(stdout.contains("ALL GREEN"), "{stdout}");
+        assert!(stdout.contains("equal on 4/4 image prompts"), "{stdout}");
+        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        assert!(r["projector"].as_str().unwrap().starts_with("qwen"), "{r}");
+        assert_eq!(r["image_tokens"], serde_json::json!([36, 24, 15]), "{r}");
+        let errs = r["rel_errors"].as_array().unwrap();
+        assert_eq!(errs.len(), 3);
+        assert!(errs.iter().all(|e| e.as_f64().unwrap() < 1e-4), "{r}");
+        assert_eq!(r["serve_differences"], 0);
+        assert!(r["cached_tokens_same_image"].as_u64().unwrap() > 36, "{r}");
+    }
+    // The Rust float64 reference is Gemma 3's only: asking for it is a clear error.
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-verify"))
+        .args(["vision", "--family", "qwen25vl", "--reference", "f64"])
+        .output()
+        .expect("run memra-verify");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success());
+    assert!(all.contains("--reference numpy"), "{all}");
 }
