@@ -17,7 +17,7 @@
 #            (into ab.jsonl; the switch is deleted with the loser once measured)
 #   sbs      (HYBRID_SBS, default q3n:q4_k_m) qwen3-next-80b-a3b Q4_K_M (synthetic, LEASE_SYNTH=q3n) side by side with llama.cpp
 #   decode   memra decode alone on that file (one run), then its op profile (plain steps)
-#   pprof    a 512-token prefill's op profile and the decode kernels' times in a graph (nsys)
+#   pprof    a 512-token prefill's op profile and the decode kernels' times (ncu, ~one step)
 #   inv80    invariance on that file
 #   kernels  the whole kernels gate (before vision: it runs while llama.cpp builds)
 #   gsmol    lib.sh's gates_smol (every SmolLM2 gate)
@@ -78,12 +78,12 @@ if on decode && waitf $Q3N 400; then
   grep -A12 "op profile" $O/logs/q3n-profile.log >> $S
 fi
 # pprof: the op profile of a 512-token prefill (plain steps), then the decode kernels' own times
-# in a CUDA graph (nsys, lib.sh ktimes): the plain-step profile charges host gaps to the op after
-# them, so the graph's kernel times decide what to fuse next.
+# under ncu at the GPU's clocks (lib.sh kern; no nsys on these machines): the plain-step profile
+# charges host gaps to the op after them, so the kernels' own times decide what to fuse next.
 if on pprof && waitf $Q3N 400; then
   MEMRA_PROFILE_OPS=1 run q3n-pprof 300 $B/run-gen $Q3N --device cuda:0 --prompt-ids $(seq -s, 1000 1511) --max-tokens 2 --no-cuda-graph
   grep -A16 "op profile" $O/logs/q3n-pprof.log >> $S
-  ktimes q3n:Q4_K_M
+  KERN_CLOCK=none kern ${PPROF_KERN:-q3n:Q4_K_M:5000:700}
 fi
 on inv80 && waitf $Q3N 60 && run inv-q3n 420 $B/memra-verify invariance $Q3N --device cuda:0 --max-m 8 --prompt-len 80
 touch $HOME/queue.done
