@@ -223,16 +223,20 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
         .map(|p| schema_grammar(p, &m.tokenizer))
         .transpose()?;
     let g = grammar.as_ref();
-    let cfg = EngineConfig {
+    let mut cfg = EngineConfig {
         device: a.device,
         prefix_cache: true,
         kv_dtype: a.kv_dtype,
         ..EngineConfig::default()
     };
+    // The bench runs one request at a time (at most 4 admitted): the KV pool sized from free
+    // memory is capped at max_running contexts, so 4, not the server's 64 (on the CPU a 64-context
+    // pool of SmolLM2 took 11.8 GB of RAM, and a parallel test run was OOM-killed).
     let limits = AdmissionLimits {
         max_in_flight_per_tenant: 4,
         max_queued: 4,
     };
+    cfg.scheduler.max_running = limits.max_in_flight_per_tenant;
     let engine = Engine::start(vec![("bench".into(), m, cfg)], limits)?;
     let info = engine
         .models()
