@@ -9,18 +9,22 @@ use crate::formats::gguf_write::{TensorData, write_gguf};
 use crate::models::random::unit;
 use crate::quant::DType;
 
-/// Weights of `p`'s shape from `seed`: matrices uniform in `+-1/sqrt(fan_in)`, biases small,
-/// LayerNorm weights near 1, the soft-embedding norm near 1.
-pub fn random_tower(p: &TowerParams, seed: u64) -> TowerWeights {
-    let t = p
-        .tensor_shapes()
-        .into_iter()
+/// The values of each named tensor of `shapes` from `seed`, tensor i its own stream: norm
+/// weights (`is_norm`) near 1, biases small, positions small, matrices uniform in
+/// `+-1/sqrt(fan_in)`.
+fn draw(
+    shapes: &[(String, Vec<usize>)],
+    seed: u64,
+    is_norm: impl Fn(&str) -> bool,
+) -> Vec<Vec<f32>> {
+    shapes
+        .iter()
         .enumerate()
         .map(|(i, (name, shape))| {
             let n: usize = shape.iter().product();
             let fan_in: usize = shape[1..].iter().product::<usize>().max(1);
             let u = |j: usize| unit(seed, i as u64, j as u64);
-            let norm = name.contains("ln") || name.contains("soft_emb_norm");
+            let norm = is_norm(name);
             (0..n)
                 .map(|j| {
                     if name.ends_with(".weight") && norm {
@@ -35,7 +39,14 @@ pub fn random_tower(p: &TowerParams, seed: u64) -> TowerWeights {
                 })
                 .collect()
         })
-        .collect();
+        .collect()
+}
+
+/// Weights of `p`'s shape from `seed`: matrices uniform in `+-1/sqrt(fan_in)`, biases small,
+/// LayerNorm weights near 1, the soft-embedding norm near 1.
+pub fn random_tower(p: &TowerParams, seed: u64) -> TowerWeights {
+    let norm = |name: &str| name.contains("ln") || name.contains("soft_emb_norm");
+    let t = draw(&p.tensor_shapes(), seed, norm);
     TowerWeights::from_tensors(p, t)
 }
 
@@ -87,29 +98,9 @@ pub fn tiny_tower(text_hidden: usize, seed: u64) -> VisionTower {
 /// `+-1/sqrt(fan_in)`, biases small, norm weights near 1, positions small.
 pub fn random_qwen(p: &QwenParams, seed: u64) -> Result<QwenWeights> {
     let shapes = p.tensor_shapes();
-    let values: Vec<Vec<f32>> = shapes
-        .iter()
-        .enumerate()
-        .map(|(i, (name, shape))| {
-            let n: usize = shape.iter().product();
-            let fan_in: usize = shape[1..].iter().product::<usize>().max(1);
-            let u = |j: usize| unit(seed, i as u64, j as u64);
-            let norm = name.contains("ln") || name.contains(".norm.");
-            (0..n)
-                .map(|j| {
-                    if name.ends_with(".weight") && norm {
-                        1.0 + 0.1 * u(j)
-                    } else if name.ends_with(".bias") {
-                        0.02 * u(j)
-                    } else if name == "v.position_embd.weight" {
-                        0.1 * u(j)
-                    } else {
-                        u(j) / (fan_in as f32).sqrt()
-                    }
-                })
-                .collect()
-        })
-        .collect();
+    let values = draw(&shapes, seed, |name| {
+        name.contains("ln") || name.contains(".norm.")
+    });
     let mut get = |name: &str, _: &[usize]| -> Result<Vec<f32>> {
         let i = shapes.iter().position(|(n, _)| n == name);
         i.map(|i| values[i].clone())
