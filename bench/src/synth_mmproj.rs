@@ -24,10 +24,14 @@ pub struct SynthMmproj {
 }
 
 /// The shapes `--shape` takes, with what they are.
-pub const SHAPES: [(&str, &str); 7] = [
+pub const SHAPES: [(&str, &str); 8] = [
     (
         "tiny",
         "Gemma 3's tower, 64x64 images, 16 tokens, 2 layers of 32",
+    ),
+    (
+        "tiny-long",
+        "Gemma 3's tower, 64x64 images of 2x2 patches: 256 tokens (the real span), 2 layers",
     ),
     (
         "gemma3",
@@ -66,6 +70,7 @@ pub enum Shape {
 pub fn tower_shape(shape: &str, text_hidden: usize) -> Result<Shape> {
     Ok(match shape {
         "tiny" => Shape::Gemma3(TowerParams::tiny(text_hidden)),
+        "tiny-long" => Shape::Gemma3(TowerParams::tiny_long(text_hidden)),
         "gemma3" => Shape::Gemma3(TowerParams::gemma3(text_hidden)),
         "tiny-qwen2vl" => Shape::Qwen(QwenParams::tiny(QwenKind::Qwen2Vl, text_hidden)),
         "tiny-qwen25vl" => Shape::Qwen(QwenParams::tiny(QwenKind::Qwen25Vl, text_hidden)),

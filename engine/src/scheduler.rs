@@ -497,8 +497,11 @@ impl Scheduler {
         true
     }
 
+    /// Releases a sequence's blocks, its last block first: cached ones join the prefix cache's
+    /// LRU list tail first, so eviction takes the end of a cached prefix before its head and
+    /// what is left stays a hit (a chain without its head is unreachable).
     fn release_blocks(&mut self, mut seq: Seq) -> Seq {
-        for b in seq.blocks.drain(..) {
+        for b in seq.blocks.drain(..).rev() {
             // The accounting is exact by construction; an error here is a scheduler bug that
             // `check` (and the property tests) report.
             let _ = self.kv.release(b);
@@ -746,7 +749,7 @@ impl Scheduler {
                 }
                 // No state for a part of a hit: computed from position 0.
                 _ => {
-                    for b in seq.blocks.drain(..) {
+                    for b in seq.blocks.drain(..).rev() {
                         let _ = self.kv.release(b);
                     }
                 }

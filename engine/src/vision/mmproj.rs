@@ -85,6 +85,16 @@ impl TowerParams {
         }
     }
 
+    /// A tiny tower with a real-size image span (64x64 images, 2x2 patches, pool 2: 256
+    /// tokens, like the real Gemma 3 tower's, from 1,024 patches through 2 layers of 32), for
+    /// the serving checks of long images without the real tower's cost.
+    pub fn tiny_long(text_hidden: usize) -> TowerParams {
+        TowerParams {
+            patch_size: 2,
+            ..TowerParams::tiny(text_hidden)
+        }
+    }
+
     /// Refuses shapes the forward cannot run (a corrupt or foreign file).
     pub fn check(&self) -> Result<()> {
         let bad = |w: String| Err(Error::Config(format!("mmproj: {w}")));

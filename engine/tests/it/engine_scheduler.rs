@@ -270,6 +270,30 @@ fn idle_cached_blocks_are_evicted_lru_when_kv_is_needed() {
     assert_eq!(s.cached_tokens(3), 0, "the evicted prefix is gone");
 }
 
+/// A finished sequence's blocks become idle tail first, so eviction takes the end of a cached
+/// prefix before its head: what stays cached is still a hit. (Released head first, the first
+/// eviction took block 0 and every later block of the chain was cached but unreachable: a
+/// repeated long image prompt got no hit at all after a little pressure on the pool.)
+#[test]
+fn eviction_takes_a_cached_prefix_from_its_tail() {
+    let mut s = sched(6, 4, cfg(64, 8, 8, 0));
+    let prompt: Vec<u32> = (0..17).collect();
+    s.add(seq(1, "a", prompt.clone()));
+    step(&mut s);
+    s.finish(1);
+    assert_eq!(s.kv().cached_idle(), 4);
+    // 12 other tokens need 3 blocks: the 2 free ones and one evicted.
+    s.add(seq(2, "a", (100..112).collect()));
+    step(&mut s);
+    assert_eq!(s.kv().cached_idle(), 3);
+    s.finish(2);
+    s.add(seq(3, "a", prompt));
+    let o = step(&mut s);
+    assert_eq!(s.cached_tokens(3), 12, "the first 3 blocks are still a hit");
+    let p = o.seqs.iter().find(|p| p.id == 3).unwrap();
+    assert_eq!((p.start, p.len), (12, 5));
+}
+
 #[test]
 fn drafts_run_as_rows_but_only_accepted_tokens_are_published() {
     use memra_engine::prefix_cache::chain_hashes;
@@ -525,12 +549,12 @@ fn recurrent_snapshot_leaves_with_its_block() {
     assert_eq!(s.snapshots(), 1);
     // A 16-token prompt takes every block: the cached ones are evicted, the snapshot too.
     s.add(seq(2, "a", (100..116).collect()));
-    // Its first chunk (to its own snapshot at 12) takes 3 blocks: block 0 of the first
-    // prompt is evicted, block 1 and its snapshot stay (unreachable without block 0).
+    // Its first chunk (to its own snapshot at 12) takes 3 blocks: block 1 of the first
+    // prompt is evicted (a prefix goes from its tail), and its snapshot with it.
     let o = step(&mut s);
     assert_eq!(planned(&o, 2).3.map(|v| v.pos), Some(12));
-    assert_eq!(s.snapshots(), 2);
-    // The rest takes the last block: block 1 is evicted, and its snapshot with it.
+    assert_eq!(s.snapshots(), 1);
+    // The rest takes the last block: block 0 is evicted; the snapshot left is the new one.
     step(&mut s);
     assert_eq!(s.snapshots(), 1);
     s.finish(2);

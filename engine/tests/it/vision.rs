@@ -312,6 +312,34 @@ fn a_prefix_hit_ending_inside_an_image_gives_the_miss_s_bits() {
     assert_eq!(hit.0, miss.0, "a hit ending inside the image");
 }
 
+/// The same image prompt again after another request took part of its evicted blocks: the
+/// pool gives up the end of the cached prefix first, so the repeat is still a hit past the
+/// image's start (here ending inside the 16-row image, longer than a block and than the
+/// window of 4) with the bits of a miss. (The pool used to give up the head first: no hit.)
+#[test]
+fn a_repeated_image_keeps_its_head_blocks_under_pool_pressure() {
+    let a = pattern(1);
+    let alone = {
+        let e = start(Arch::Gemma3, 64);
+        collect(e.submit(image_request(&PRE, Some(&a), &POST, 0)).unwrap())
+    };
+    // 12 blocks of 4: the image prompt (27 tokens + 8) leaves 8 full blocks cached and 4
+    // free; 20 text tokens + 8 take the 4 free blocks and evict 3 cached ones.
+    let cfg = common::cpu_engine_config(12, 18);
+    let e = Engine::start(
+        vec![("tiny".into(), model(Arch::Gemma3), cfg)],
+        AdmissionLimits::default(),
+    )
+    .unwrap();
+    let first = collect(e.submit(image_request(&PRE, Some(&a), &POST, 0)).unwrap());
+    assert_eq!(first.0, alone.0);
+    let text: Vec<u32> = (0..20).map(|j| 900 + 13 * j).collect();
+    collect(e.submit(request(text, Vec::new(), 0)).unwrap());
+    let again = collect(e.submit(image_request(&PRE, Some(&a), &POST, 0)).unwrap());
+    assert_eq!(again.1.cached_tokens, 20, "5 blocks kept: {:?}", again.1);
+    assert_eq!(again.0, alone.0, "a hit ending inside the image");
+}
+
 #[test]
 fn an_image_larger_than_the_step_budget_is_refused() {
     let e = start(Arch::Gemma3, 15);

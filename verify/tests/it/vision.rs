@@ -143,3 +143,42 @@ fn vision_gate_passes_for_the_qwen_vit() {
     assert!(!out.status.success());
     assert!(all.contains("--reference numpy"), "{all}");
 }
+
+/// Long images (225 rows, the tiny model's context being 256): 4 image prompts and 4 texts
+/// under load are more than the default pool of 1,024 positions, so the gate sizes its
+/// loaded engine's pool to hold them, and the same image again is a hit of every full block
+/// before its last token (it was 0 when the first request's blocks were evicted, head first).
+#[test]
+fn vision_gate_with_long_images_hits_the_whole_prefix() {
+    use memra_engine::quant::DType;
+    use memra_engine::vision::TowerParams;
+    use memra_engine::vision::random::{random_tower, write_mmproj};
+    let dir = tempfile::tempdir().unwrap();
+    let mmproj = dir.path().join("mm.gguf");
+    // 60x60 images of 2x2 patches, pooled by 2: 15 x 15 rows.
+    let p = TowerParams {
+        image_size: 60,
+        ..TowerParams::tiny_long(64)
+    };
+    assert_eq!(p.tokens_per_image(), 225);
+    write_mmproj(&p, &random_tower(&p, 3), DType::F32, &mmproj).unwrap();
+    let json = dir.path().join("vision.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_memra-verify"))
+        .args(["vision", "--reference", "none", "--mmproj"])
+        .arg(&mmproj)
+        .args(["--images", "1", "--prompts", "4", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run memra-verify");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("ALL GREEN"), "{stdout}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(r["tokens_per_image"], 225, "{r}");
+    assert_eq!(r["serve_differences"], 0, "{r}");
+    // Prompt 0: 3 text tokens, the 225 rows, 4 text tokens (232): 57 full blocks of 4
+    // before the last token.
+    assert_eq!(r["cached_tokens_same_image"], 228, "{r}");
+    assert_eq!(r["cached_tokens_other_image"], 0, "{r}");
+}
