@@ -654,12 +654,7 @@ fn serve(
     let held = reqs.iter().map(|r| blocks(r.prompt.len())).sum::<usize>()
         + 4 * blocks(longest + BLOCK)
         + 1;
-    let e = engine_with_pool(
-        model(a)?,
-        a.device,
-        rows + 4,
-        POOL_BLOCKS.max(held),
-    )?;
+    let e = engine_with_pool(model(a)?, a.device, rows + 4, POOL_BLOCKS.max(held))?;
     let streams: Vec<_> = reqs
         .iter()
         .map(|r| {
