@@ -9,13 +9,15 @@
 #   smol     golden, invariance and serve-invariance on SmolLM2 (staged with piece.sh ... smol): the kernels the
 #            hybrid work changed (rope_kv, sigmoid) keep every other model's bits
 #   vision   image input on CUDA (issue 38): the vision kernels, the CUDA tower against the CPU
-#            tower and its float64 reference on SmolLM2, a real-size random F16 tower served by
-#            Gemma 3 270M (pieces smol and gemma); runs while llama.cpp builds
+#            tower and its float64 reference on SmolLM2, 256-row images from a tiny tower
+#            (prefix hits under load), the Qwen ViT feeding tiny M-RoPE text models (qwen25vl,
+#            qwen3vl) on CUDA (piece smol); runs while llama.cpp builds
+#   vg3      a real-size random F16 Gemma 3 tower served by Gemma 3 270M (pieces gemma)
 #   peer     llama.cpp's logits (tools/peer/logits.py on the CPU, carried as .stage/peer16.*:
 #            a poll call copies .bin then .json into $HOME/repo/.stage) vs memra's on the GPU
 #   ab       an A/B of one switch (AB_VAR=NAME, AB_VALUES, AB_MODELS) on memra decode, alternated
 #            (into ab.jsonl; the switch is deleted with the loser once measured)
-#   sbs      (HYBRID_SBS, default q3n:q4_k_m) qwen3-next-80b-a3b Q4_K_M (synthetic, LEASE_SYNTH=q3n) side by side with llama.cpp
+#   sbs      (HYBRID_SBS, default q3n:Q4_K_M) qwen3-next-80b-a3b Q4_K_M (synthetic, LEASE_SYNTH=q3n) side by side with llama.cpp
 #   decode   memra decode alone on that file (one run), then its op profile (plain steps)
 #   pprof    a 512-token prefill's op profile and the decode kernels' times (ncu, ~one step)
 #   inv80    invariance on that file
@@ -63,6 +65,15 @@ fi
 if on vision; then
   run kernels-vision 300 $B/memra-verify kernels --device cuda:0 --only vision
   waitf $HOME/smol.ok 200 && MEMRA_TEST_MODEL=$SMOL run vision 200 $B/memra-verify vision --device cuda:0 --reference f64
+  # 256-row images (the real tower's span) from a cheap tower: serving, prefix hits under load
+  run mmproj-long 60 $B/memra-bench synth-mmproj --shape tiny-long --text-hidden 64 --out $M/mm-long.gguf &&
+    MEMRA_TEST_MODEL=$SMOL run vision-long 300 $B/memra-verify vision --mmproj $M/mm-long.gguf --device cuda:0 --reference none --images 1 --prompts 4
+  # The Qwen ViT (CPU tower) feeding M-RoPE text models on CUDA (rope_*_mrope, deepstack rows)
+  for fam in qwen25vl qwen3vl; do
+    MEMRA_TEST_MODEL=$SMOL run vision-$fam 300 $B/memra-verify vision --family $fam --device cuda:0 --reference none --images 3 --prompts 4
+  done
+fi
+if on vg3; then  # the real-size random F16 tower served by Gemma 3 270M (pieces gemma)
   run mmproj-g3 180 $B/memra-bench synth-mmproj --shape gemma3 --text-hidden 640 --dtype f16 --out $M/mm-g3.gguf &&
     waitf $HOME/gemma.ok 400 && run vision-g3 600 $B/memra-verify vision $GEMMA --mmproj $M/mm-g3.gguf --device cuda:0 --reference none --images 2 --prompts 4
 fi
@@ -71,7 +82,7 @@ if on ab; then  # an A/B of one switch (AB_VAR, values AB_VALUES, default "0 1")
     for v in ${AB_VALUES:-0 1} ${AB_VALUES:-0 1}; do run ab-$k-$v 200 env ${AB_VAR:?AB_VAR}=$v $B/memra-bench decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt --run $RUN-ab$v --out $O/ab.jsonl --quiet; done
   done
 fi
-if on sbs; then peerwait; sbs ${HYBRID_SBS:-q3n:q4_k_m}; fi
+if on sbs; then peerwait; sbs ${HYBRID_SBS:-q3n:Q4_K_M}; fi
 if on decode && waitf $Q3N 400; then
   run q3n-decode1 200 $MB decode $Q3N --device cuda:0 --prompt 512 --gen 128 --runs 1 --shape qwen3-next-80b-a3b --dtype q4_k_m
   MEMRA_PROFILE_OPS=1 run q3n-profile 200 $B/run-gen $Q3N --device cuda:0 --prompt "The capital of France is a city that" --max-tokens 48 --no-cuda-graph
