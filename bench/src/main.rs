@@ -171,8 +171,8 @@ enum Cmd {
     /// model of width --text-hidden (memra-server `+mmproj=PATH`): Gemma 3's (a gemma3 text
     /// model) or the Qwen ViT's (a qwen2 / qwen3 text model).
     SynthMmproj {
-        /// tiny (Gemma 3, 64x64 images, 16 tokens), tiny-long (Gemma 3, 64x64 at 2x2 patches:
-        /// 256 tokens, the real tower's image span from a cheap tower), gemma3 (SigLIP so400m at
+        /// tiny (Gemma 3, 64x64 images, 16 tokens), tiny-long (Gemma 3, 60x60 at 2x2 patches:
+        /// 225 tokens, near the real tower's image span, from a cheap tower), gemma3 (SigLIP so400m at
         /// 896x896, 256 tokens), tiny-qwen2vl, tiny-qwen25vl, tiny-qwen3vl (48x48: 36 tokens),
         /// qwen25vl-7b (Qwen2.5-VL-7B's tower), qwen3vl-8b (Qwen3-VL-8B's).
         #[arg(long, default_value = "tiny")]

@@ -31,7 +31,7 @@ pub const SHAPES: [(&str, &str); 8] = [
     ),
     (
         "tiny-long",
-        "Gemma 3's tower, 64x64 images of 2x2 patches: 256 tokens (the real span), 2 layers",
+        "Gemma 3's tower, 60x60 images of 2x2 patches: 225 tokens (near the real 256), 2 layers",
     ),
     (
         "gemma3",

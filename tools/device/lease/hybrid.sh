@@ -9,7 +9,7 @@
 #   smol     golden, invariance and serve-invariance on SmolLM2 (staged with piece.sh ... smol): the kernels the
 #            hybrid work changed (rope_kv, sigmoid) keep every other model's bits
 #   vision   image input on CUDA (issue 38): the vision kernels, the CUDA tower against the CPU
-#            tower and its float64 reference on SmolLM2, 256-row images from a tiny tower
+#            tower and its float64 reference on SmolLM2, 225-row images from a tiny tower
 #            (prefix hits under load), the Qwen ViT feeding tiny M-RoPE text models (qwen25vl,
 #            qwen3vl) on CUDA (piece smol); runs while llama.cpp builds
 #   vg3      a real-size random F16 Gemma 3 tower served by Gemma 3 270M (pieces gemma)
@@ -65,7 +65,7 @@ fi
 if on vision; then
   run kernels-vision 300 $B/memra-verify kernels --device cuda:0 --only vision
   waitf $HOME/smol.ok 200 && MEMRA_TEST_MODEL=$SMOL run vision 200 $B/memra-verify vision --device cuda:0 --reference f64
-  # 256-row images (the real tower's span) from a cheap tower: serving, prefix hits under load
+  # 225-row images (near the real tower's 256) from a cheap tower: serving, prefix hits under load
   run mmproj-long 60 $B/memra-bench synth-mmproj --shape tiny-long --text-hidden 64 --out $M/mm-long.gguf &&
     MEMRA_TEST_MODEL=$SMOL run vision-long 300 $B/memra-verify vision --mmproj $M/mm-long.gguf --device cuda:0 --reference none --images 1 --prompts 4
   # The Qwen ViT (CPU tower) feeding M-RoPE text models on CUDA (rope_*_mrope, deepstack rows)

@@ -156,10 +156,7 @@ fn vision_gate_with_long_images_hits_the_whole_prefix() {
     let dir = tempfile::tempdir().unwrap();
     let mmproj = dir.path().join("mm.gguf");
     // 60x60 images of 2x2 patches, pooled by 2: 15 x 15 rows.
-    let p = TowerParams {
-        image_size: 60,
-        ..TowerParams::tiny_long(64)
-    };
+    let p = TowerParams::tiny_long(64);
     assert_eq!(p.tokens_per_image(), 225);
     write_mmproj(&p, &random_tower(&p, 3), DType::F32, &mmproj).unwrap();
     let json = dir.path().join("vision.json");
