@@ -131,7 +131,9 @@ pub const SETTINGS: &[Setting] = &[
     flag(RunGen, "--no-cuda-graph", "off", "CUDA: run every step plainly instead of as a CUDA graph (as `MEMRA_CUDA_GRAPHS=0`); tokens are identical either way"),
     flag(RunGen, "--spec", "off", "speculative decoding: `ngram` (prompt lookup, no weights), `mtp` (the model's own multi-token-prediction layer, for checkpoints with `nextn` layers, on the CPU or CUDA, see docs/SERVING.md), `draft:PATH` (a draft model with the same tokenizer), `auto` (its MTP layers if it has them, with n-gram lookup, picked per step by measured acceptance) or `auto+draft:PATH`; K drafts are checked in one step of K+1 rows and a draft is kept iff it equals plain decoding's pick (greedy or seeded), so the tokens are identical; the JSON gains `spec` (drafted, accepted, verify_steps, mean_accepted_length)"),
     flag(RunGen, "--spec-k", "8", "most drafts per step (1..16); shortened or switched off per sequence when acceptance does not pay for the extra rows, probed again later; an n-gram draft is cut to the depth its match length earns"),
-    // memra-server
+    // memra-server: every flag is also a key of the config file; a variable only where a
+    // deployment sets it per container
+    both(Server, "--config", "MEMRA_CONFIG", "—", "a TOML file of settings whose keys are these flags without their dashes (`max-in-flight = 512`, `models = \"chat=/m/a.gguf\"`, a list flag also as an array of strings, a switch as `true`/`false`); precedence: command line > environment variable > config file > default; an unreadable file, bad TOML, an unknown key or a value the flag does not take is an error naming the file and the key, before anything starts; `memra-server config` prints the settings in effect and where each came from (docs/memra-server.example.toml)"),
     both(Server, "--models", "MEMRA_MODELS", "the fetched default", "`alias=path[,alias2=path2]`; per model options after the path: `+spec=auto` (the default: the model's MTP layers if it has them, a `+draft=PATH` model if given, n-gram lookup, picked per sequence by measured acceptance), `+spec=ngram`, `+spec=mtp`, `+spec=draft` with `+draft=PATH`, or `+spec=off` (speculative decoding never changes the output; docs/SERVING.md), `+spec_k=K` (default 8), `+kv=DTYPE` (this model's KV cache format, else `--kv-dtype`), `+mmproj=PATH` (an mmproj GGUF: the model's vision tower, image input; docs/SERVING.md), e.g. `chat=/m/t.gguf+spec=ngram+spec_k=6+kv=q8_0`; a path is a GGUF file or an HF folder; a bare path is served under its file name. Unset: `~/.cache/memra/models/SmolLM2-135M-Instruct.Q4_1.gguf` as `smollm2-135m-instruct` if tools/fetch-models.sh fetched it, else the server says how to get a model and exits"),
     both(Server, "--models-dir", "MEMRA_MODELS_DIR", "`~/.cache/memra/models`", "where the default model is looked for"),
     both(Server, "--addr", "MEMRA_ADDR", "127.0.0.1:8080", "listen address"),
@@ -139,28 +141,28 @@ pub const SETTINGS: &[Setting] = &[
     both(Server, "--threads", "MEMRA_THREADS", "0", "CPU backend threads (0 = all cores)"),
     both(Server, "--pp", "MEMRA_PP", "1", "pipeline stages per model: layers split over N stages by the memory plan (weights, KV cache, recurrent state per stage), each on its `--devices` entry; the split is in the startup log and `/v1/models` (`pipeline`); outputs are identical to the unsplit model's (docs/SERVING.md)"),
     both(Server, "--devices", "MEMRA_DEVICES", "—", "one device per pipeline stage, comma-separated (`cuda:0,cuda:1`, or `cuda:0,cuda:0` for two stages on one GPU, `cpu,cpu`); given without `--pp`, its count is the stage count; default: every stage on `--device`"),
-    both(Server, "--pp-split", "MEMRA_PP_SPLIT", "—", "the first layer of each stage after the first, comma-separated (e.g. `40`); default: the balanced split of the memory plan; a stage that does not fit its device is refused naming it and the bytes missing"),
+    flag(Server, "--pp-split", "—", "the first layer of each stage after the first, comma-separated (e.g. `40`); default: the balanced split of the memory plan; a stage that does not fit its device is refused naming it and the bytes missing"),
     both(Server, "--max-running", "MEMRA_MAX_RUNNING", "64", "sequences the engine runs at once per model (more wait in its queue); also the most one tenant may run: there is no separate per-tenant running cap, the scheduler admits the waiting tenant with the fewest running sequences first"),
     both(Server, "--kv-blocks", "MEMRA_KV_BLOCKS", "0", "KV cache blocks per model (0 = sized from free device / host memory at load, after the weights and, on CUDA, the working space; on CUDA a count that does not fit is refused before anything is allocated, naming the count that would fit)"),
     both(Server, "--kv-dtype", "MEMRA_KV_DTYPE", "f16", "the KV cache's element format: `f16`, `bf16`, `q8_0` (about half the bytes of f16) or `f32` (docs/KV_CACHE.md); a model's `+kv=DTYPE` in `--models` overrides it; the format, bytes per position and capacity in positions are in the startup log and `/v1/models` (`kv_cache`)"),
     both(Server, "--api-keys", "MEMRA_API_KEYS", "none (open server)", "keyring file (SHA-256 key hashes -> tenants, per-tenant limits); reloaded when it changes"),
-    both(Server, "--keys-poll-ms", "MEMRA_KEYS_POLL_MS", "1000", "how often the keyring file is checked for changes"),
-    both(Server, "--max-body-bytes", "MEMRA_MAX_BODY_BYTES", "4194304", "largest request body (413 above)"),
-    both(Server, "--max-tokens", "MEMRA_MAX_TOKENS", "4096", "largest `max_tokens` a request may ask (400 above); also caps the default"),
-    both(Server, "--max-in-flight", "MEMRA_MAX_IN_FLIGHT", "256", "inference requests in flight server-wide (503 + `Retry-After` above)"),
-    both(Server, "--max-queue", "MEMRA_MAX_QUEUE", "128", "requests waiting in the engine's queue, all tenants and models (the engine answers 503 + `Retry-After` above)"),
-    both(Server, "--tenant-max-in-flight", "MEMRA_TENANT_MAX_IN_FLIGHT", "64", "requests one tenant may have in flight (429 + `Retry-After` above); a keyring entry may set its own. The limit that applies (the entry's, else this flag) travels with each request, so the server and the engine's queue enforce the same number"),
-    both(Server, "--body-timeout-s", "MEMRA_BODY_TIMEOUT_S", "30", "how long a client may take to send a request body (408 after); the body is read before the request takes an in-flight slot, so a slow sender holds none"),
-    both(Server, "--stream-write-timeout-s", "MEMRA_STREAM_WRITE_TIMEOUT_S", "30", "how long a stream may wait for the client to read (its buffer full) before the server cancels the request and frees its slot and KV"),
-    both(Server, "--max-connections", "MEMRA_MAX_CONNECTIONS", "1024", "open client connections; above it a new connection gets 503 + `Retry-After` and is closed. At start the server raises its soft open-file limit to the hard limit and lowers this cap to fit under it (with a warning)"),
-    both(Server, "--drain-timeout-s", "MEMRA_DRAIN_TIMEOUT_S", "30", "on SIGTERM/SIGINT, how long requests that have their first token may take to finish (requests still waiting for it get 503 `draining` at once)"),
-    both(Server, "--media-max-bytes", "MEMRA_MEDIA_MAX_BYTES", "8388608", "largest image or video frame in a request, in bytes after base64 decoding (400 above; raise `--max-body-bytes` too for large images)"),
-    both(Server, "--media-max-pixels", "MEMRA_MEDIA_MAX_PIXELS", "16777216", "largest image width x height, read from the image header before anything is decoded (400 above: decoding bombs); decoders also run under allocation limits"),
-    both(Server, "--media-max-images", "MEMRA_MEDIA_MAX_IMAGES", "8", "most images plus video frames (after sampling) in one request (400 above)"),
-    both(Server, "--media-max-frames", "MEMRA_MEDIA_MAX_FRAMES", "8", "most frames of one video after sampling (400 above)"),
-    both(Server, "--media-video-fps", "MEMRA_MEDIA_VIDEO_FPS", "1", "the rate a video's frames are sampled at: a video sent with `fps` F keeps every (F / this)-th frame, evenly; each kept frame is an image"),
-    both(Server, "--media-allowed-hosts", "MEMRA_MEDIA_ALLOWED_HOSTS", "none", "hosts image URLs may name, comma-separated; empty: remote URLs get 400. An allowed host's `http://` URL is fetched (one GET, no redirects, 10 s, `--media-max-bytes`, its `Content-Type` checked against the data); `https://` needs TLS, which this build does not include (400)"),
-    both(Server, "--cache-key-header", "MEMRA_CACHE_KEY_HEADER", "off", "inference responses carry `x-memra-cache-key`, a routing key for cache-affine gateways (docs/DEPLOY.md)"),
+    flag(Server, "--keys-poll-ms", "1000", "how often the keyring file is checked for changes"),
+    flag(Server, "--max-body-bytes", "4194304", "largest request body (413 above)"),
+    flag(Server, "--max-tokens", "4096", "largest `max_tokens` a request may ask (400 above); also caps the default"),
+    flag(Server, "--max-in-flight", "256", "inference requests in flight server-wide (503 + `Retry-After` above)"),
+    flag(Server, "--max-queue", "128", "requests waiting in the engine's queue, all tenants and models (the engine answers 503 + `Retry-After` above)"),
+    flag(Server, "--tenant-max-in-flight", "64", "requests one tenant may have in flight (429 + `Retry-After` above); a keyring entry may set its own. The limit that applies (the entry's, else this flag) travels with each request, so the server and the engine's queue enforce the same number"),
+    flag(Server, "--body-timeout-s", "30", "how long a client may take to send a request body (408 after); the body is read before the request takes an in-flight slot, so a slow sender holds none"),
+    flag(Server, "--stream-write-timeout-s", "30", "how long a stream may wait for the client to read (its buffer full) before the server cancels the request and frees its slot and KV"),
+    flag(Server, "--max-connections", "1024", "open client connections; above it a new connection gets 503 + `Retry-After` and is closed. At start the server raises its soft open-file limit to the hard limit and lowers this cap to fit under it (with a warning)"),
+    flag(Server, "--drain-timeout-s", "30", "on SIGTERM/SIGINT, how long requests that have their first token may take to finish (requests still waiting for it get 503 `draining` at once)"),
+    flag(Server, "--media-max-bytes", "8388608", "largest image or video frame in a request, in bytes after base64 decoding (400 above; raise `--max-body-bytes` too for large images)"),
+    flag(Server, "--media-max-pixels", "16777216", "largest image width x height, read from the image header before anything is decoded (400 above: decoding bombs); decoders also run under allocation limits"),
+    flag(Server, "--media-max-images", "8", "most images plus video frames (after sampling) in one request (400 above)"),
+    flag(Server, "--media-max-frames", "8", "most frames of one video after sampling (400 above)"),
+    flag(Server, "--media-video-fps", "1", "the rate a video's frames are sampled at: a video sent with `fps` F keeps every (F / this)-th frame, evenly; each kept frame is an image"),
+    flag(Server, "--media-allowed-hosts", "none", "hosts image URLs may name, comma-separated; empty: remote URLs get 400. An allowed host's `http://` URL is fetched (one GET, no redirects, 10 s, `--media-max-bytes`, its `Content-Type` checked against the data); `https://` needs TLS, which this build does not include (400)"),
+    flag(Server, "--cache-key-header", "off", "inference responses carry `x-memra-cache-key`, a routing key for cache-affine gateways (docs/DEPLOY.md)"),
     both(Server, "--log", "MEMRA_LOG", "info", "log filter (tracing EnvFilter syntax), logs go to stderr"),
     // The engine library, in every program that opens a model
     env(Engine, "MEMRA_CUDA_GRAPHS", "on", "`0`: run every CUDA step plainly instead of as a CUDA graph (run-gen: `--no-cuda-graph`); tokens are identical either way"),
@@ -248,9 +250,28 @@ pub fn product_vars() -> Vec<&'static str> {
     v
 }
 
+/// The most product environment variables there may be (issue 39: a newcomer's house has few
+/// doors). memra-server's other settings are flags and keys of its config file (`--config`).
+pub const MAX_PRODUCT_VARS: usize = 15;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn few_product_variables() {
+        let vars = product_vars();
+        assert!(
+            vars.len() <= MAX_PRODUCT_VARS,
+            "{} product environment variables (at most {MAX_PRODUCT_VARS}): {vars:?}; make the \
+             new setting a flag (memra-server: also a key of its config file) instead",
+            vars.len()
+        );
+        // Each is a variable of memra-server or of the engine (run-gen has flags only).
+        for s in SETTINGS.iter().filter(|s| s.program == Program::RunGen) {
+            assert!(s.env.is_empty(), "run-gen {} has a variable", s.flag);
+        }
+    }
 
     #[test]
     fn rows_are_unique_and_complete() {

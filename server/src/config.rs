@@ -1,10 +1,16 @@
-//! Every flag and environment variable of memra-server, in one place (clap with env).
-//! Nothing else reads the environment. docs/FLAGS.md lists each one (a test checks it).
+//! Every setting of memra-server, in one place: its flags (clap), the environment variables a
+//! deployment sets per container (clap `env`), and the config file (`--config` / MEMRA_CONFIG, a
+//! TOML file whose keys are the flags without their dashes). Precedence: command line >
+//! environment variable > config file > default. Nothing else reads the environment.
+//! docs/FLAGS.md lists each one (a test checks it).
 
+use std::ffi::OsString;
+use std::fmt;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgAction, ArgMatches, Args, ColorChoice, CommandFactory, FromArgMatches, Parser, Subcommand};
 use memra_engine::backend::KvDtype;
 use memra_engine::spec::{DrafterKind, SpecConfig};
 
@@ -32,10 +38,13 @@ pub enum Command {
     Keys {
         #[command(subcommand)]
         action: KeysAction,
-        /// The keyring file.
+        /// The keyring file (default: the server's --api-keys, also from the config file).
         #[arg(long, env = "MEMRA_API_KEYS")]
-        api_keys: PathBuf,
+        api_keys: Option<PathBuf>,
     },
+    /// Prints the settings the server would run with, as a config file: every flag's value and
+    /// where it came from (command line, environment, config file or default).
+    Config,
 }
 
 #[derive(Subcommand, Debug)]
@@ -55,6 +64,10 @@ pub enum KeysAction {
 
 #[derive(Args, Clone, Debug)]
 pub struct ServeArgs {
+    /// A TOML file of settings: keys are the flags without their dashes (`max-in-flight = 512`);
+    /// the command line and the environment override it (docs/memra-server.example.toml).
+    #[arg(long, env = "MEMRA_CONFIG")]
+    pub config: Option<PathBuf>,
     /// Models to serve: `alias=path[,alias2=path2]` (a path is a GGUF file or an HF folder; a
     /// bare path is served under its file name), each with options after the path
     /// (`+spec=auto|ngram|mtp|draft|off`, `+draft=PATH`, `+spec_k=K`, `+kv=DTYPE`; speculation is
@@ -80,7 +93,7 @@ pub struct ServeArgs {
     #[arg(long, env = "MEMRA_DEVICES")]
     pub devices: Option<String>,
     /// The first layer of each pipeline stage after the first, e.g. `40`.
-    #[arg(long, env = "MEMRA_PP_SPLIT")]
+    #[arg(long)]
     pub pp_split: Option<String>,
     /// Sequences the engine runs at once (per model).
     #[arg(long, env = "MEMRA_MAX_RUNNING", default_value_t = 64)]
@@ -95,57 +108,57 @@ pub struct ServeArgs {
     #[arg(long, env = "MEMRA_API_KEYS")]
     pub api_keys: Option<PathBuf>,
     /// How often the keyring file is checked for changes, in milliseconds.
-    #[arg(long, env = "MEMRA_KEYS_POLL_MS", default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000)]
     pub keys_poll_ms: u64,
     /// Largest request body in bytes (413 above).
-    #[arg(long, env = "MEMRA_MAX_BODY_BYTES", default_value_t = 4 << 20)]
+    #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
     /// Largest `max_tokens` a request may ask for.
-    #[arg(long, env = "MEMRA_MAX_TOKENS", default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096)]
     pub max_tokens: usize,
     /// Requests in flight in the whole server before new ones get 503 + Retry-After.
-    #[arg(long, env = "MEMRA_MAX_IN_FLIGHT", default_value_t = 256)]
+    #[arg(long, default_value_t = 256)]
     pub max_in_flight: usize,
     /// Requests waiting for the engine's scheduler before it refuses with 503.
-    #[arg(long, env = "MEMRA_MAX_QUEUE", default_value_t = 128)]
+    #[arg(long, default_value_t = 128)]
     pub max_queue: usize,
     /// Requests one tenant may have in flight before new ones get 429 + Retry-After (a keyring
     /// entry can set its own).
-    #[arg(long, env = "MEMRA_TENANT_MAX_IN_FLIGHT", default_value_t = 64)]
+    #[arg(long, default_value_t = 64)]
     pub tenant_max_in_flight: usize,
     /// Seconds a client may take to send a request body (408 after).
-    #[arg(long, env = "MEMRA_BODY_TIMEOUT_S", default_value_t = 30)]
+    #[arg(long, default_value_t = 30)]
     pub body_timeout_s: u64,
     /// Seconds a stream may wait for the client to read before it is cancelled.
-    #[arg(long, env = "MEMRA_STREAM_WRITE_TIMEOUT_S", default_value_t = 30)]
+    #[arg(long, default_value_t = 30)]
     pub stream_write_timeout_s: u64,
     /// Open client connections before new ones get 503 and are closed.
-    #[arg(long, env = "MEMRA_MAX_CONNECTIONS", default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
-    #[arg(long, env = "MEMRA_DRAIN_TIMEOUT_S", default_value_t = 30)]
+    #[arg(long, default_value_t = 30)]
     pub drain_timeout_s: u64,
     /// Largest image (or video frame) file in a request, in bytes after base64 decoding.
-    #[arg(long, env = "MEMRA_MEDIA_MAX_BYTES", default_value_t = 8 << 20)]
+    #[arg(long, default_value_t = 8 << 20)]
     pub media_max_bytes: usize,
     /// Largest image width x height (checked from the header, before decoding).
-    #[arg(long, env = "MEMRA_MEDIA_MAX_PIXELS", default_value_t = 4096 * 4096)]
+    #[arg(long, default_value_t = 4096 * 4096)]
     pub media_max_pixels: u64,
     /// Most images plus video frames in one request.
-    #[arg(long, env = "MEMRA_MEDIA_MAX_IMAGES", default_value_t = 8)]
+    #[arg(long, default_value_t = 8)]
     pub media_max_images: usize,
     /// Most frames of one video after sampling.
-    #[arg(long, env = "MEMRA_MEDIA_MAX_FRAMES", default_value_t = 8)]
+    #[arg(long, default_value_t = 8)]
     pub media_max_frames: usize,
     /// Frames per second a video's frames are sampled at.
-    #[arg(long, env = "MEMRA_MEDIA_VIDEO_FPS", default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0)]
     pub media_video_fps: f32,
     /// Hosts image URLs may name, comma-separated (empty: remote URLs refused).
-    #[arg(long, env = "MEMRA_MEDIA_ALLOWED_HOSTS")]
+    #[arg(long)]
     pub media_allowed_hosts: Option<String>,
     /// Add an `x-memra-cache-key` header to inference responses: a routing key for
     /// cache-affine gateways (docs/DEPLOY.md says what it hashes).
-    #[arg(long, env = "MEMRA_CACHE_KEY_HEADER")]
+    #[arg(long)]
     pub cache_key_header: bool,
     /// Log filter (tracing-subscriber EnvFilter syntax).
     #[arg(long, env = "MEMRA_LOG", default_value = "info")]
@@ -153,6 +166,203 @@ pub struct ServeArgs {
     /// Home folder, for the default models dir.
     #[arg(long, env = "HOME", hide = true)]
     pub home: Option<PathBuf>,
+}
+
+/// Why [`Cli::load_from`] failed.
+#[derive(Debug)]
+pub enum LoadError {
+    /// The command line or an environment variable does not parse, or it asks for `--help` or
+    /// `--version`: [`clap::Error::exit`] prints it and exits.
+    Args(clap::Error),
+    /// The config file cannot be read or parsed, or it sets an unknown key or a wrong value.
+    Config(String),
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::Args(e) => write!(f, "{e}"),
+            LoadError::Config(e) => f.write_str(e),
+        }
+    }
+}
+
+/// The settings of a config file: (argument id, value as the command line would give it).
+struct FileSettings {
+    path: PathBuf,
+    values: Vec<(String, String)>,
+}
+
+/// The arguments a config file may set: memra-server's visible flags but `--config`.
+fn file_keys(cmd: &clap::Command) -> impl Iterator<Item = &clap::Arg> {
+    cmd.get_arguments().filter(|a| {
+        !a.is_hide_set()
+            && a.get_long()
+                .is_some_and(|l| !["help", "version", "config"].contains(&l))
+    })
+}
+
+/// `value` as the command line would give flag `arg`, checked by the flag's own parser.
+fn file_value(arg: &clap::Arg, value: &toml::Value) -> Result<String, String> {
+    use toml::Value as V;
+    let switch = matches!(arg.get_action(), ArgAction::SetTrue);
+    let text = match value {
+        V::Boolean(b) if switch => return Ok(b.to_string()),
+        _ if switch => return Err(format!("expected true or false, found {}", value.type_str())),
+        V::String(s) => s.clone(),
+        V::Integer(i) => i.to_string(),
+        V::Float(x) => x.to_string(),
+        // A list flag (`models`, `devices`, `media-allowed-hosts`...) as an array.
+        V::Array(items) => items
+            .iter()
+            .map(|i| match i {
+                V::String(s) => Ok(s.clone()),
+                V::Integer(n) => Ok(n.to_string()),
+                other => Err(format!(
+                    "expected an array of strings or numbers, found one holding a {}",
+                    other.type_str()
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?
+            .join(","),
+        other => {
+            return Err(format!(
+                "expected a string or a number, found {}",
+                other.type_str()
+            ));
+        }
+    };
+    let long = arg.get_long().unwrap_or_default();
+    clap::Command::new("memra-server")
+        .color(ColorChoice::Never)
+        .arg(arg.clone())
+        .try_get_matches_from(["memra-server".to_string(), format!("--{long}={text}")])
+        .map_err(|e| {
+            let e = e.to_string();
+            let first = e.lines().next().unwrap_or_default();
+            first.strip_prefix("error: ").unwrap_or(first).to_string()
+        })?;
+    Ok(text)
+}
+
+/// Reads config file `path` against the flags of `cmd`.
+fn read_file(cmd: &clap::Command, path: &Path) -> Result<FileSettings, String> {
+    let at = |why: String| format!("config file {}: {why}", path.display());
+    let text = std::fs::read_to_string(path).map_err(|e| at(format!("cannot read it: {e}")))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| at(e.to_string().trim_end().to_string()))?;
+    let mut values = Vec::new();
+    for (key, value) in &table {
+        if key == "config" {
+            return Err(at("`config` names a config file; a config file cannot name another".into()));
+        }
+        let Some(arg) = file_keys(cmd).find(|a| a.get_long() == Some(key.as_str())) else {
+            let keys: Vec<&str> = file_keys(cmd).filter_map(|a| a.get_long()).collect();
+            return Err(at(format!(
+                "unknown key `{key}` (a key is a memra-server flag without its dashes: {})",
+                keys.join(", ")
+            )));
+        };
+        let v = file_value(arg, value).map_err(|why| at(format!("key `{key}`: {why}")))?;
+        values.push((arg.get_id().as_str().to_string(), v));
+    }
+    Ok(FileSettings {
+        path: path.to_path_buf(),
+        values,
+    })
+}
+
+/// Parses `args` with the environment and the config file: clap's command with the file's
+/// values as the defaults of their flags, so a flag given on the command line wins, then its
+/// environment variable, then the file, then the built-in default.
+fn parse(args: &[OsString]) -> Result<(Cli, ArgMatches, Option<FileSettings>), LoadError> {
+    let mut cmd = Cli::command();
+    // The file's name first (`--config`, else MEMRA_CONFIG), leniently: whatever else is
+    // wrong with the command line, the real parse below says.
+    let path = cmd
+        .clone()
+        .ignore_errors(true)
+        .try_get_matches_from(args)
+        .ok()
+        .and_then(|m| m.try_get_one::<PathBuf>("config").ok().flatten().cloned());
+    let file = match path {
+        Some(p) => Some(read_file(&cmd, &p).map_err(LoadError::Config)?),
+        None => None,
+    };
+    for (id, v) in file.iter().flat_map(|f| &f.values) {
+        cmd = cmd.mut_arg(id, |a| a.default_value(v.clone()));
+    }
+    let matches = cmd.try_get_matches_from(args).map_err(LoadError::Args)?;
+    let cli = Cli::from_arg_matches(&matches).map_err(LoadError::Args)?;
+    Ok((cli, matches, file))
+}
+
+impl Cli {
+    /// [`Cli::load_from`] this process's arguments.
+    pub fn load() -> Result<Cli, LoadError> {
+        Self::load_from(std::env::args_os())
+    }
+
+    /// Parses memra-server's arguments, its environment variables and its config file
+    /// (`--config`, else MEMRA_CONFIG). Precedence: command line > environment variable >
+    /// config file > default. A config file that cannot be read, is not TOML, or has an unknown
+    /// key or a value its flag does not take is an error naming the file and the key.
+    pub fn load_from<I, T>(args: I) -> Result<Cli, LoadError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString>,
+    {
+        let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+        parse(&args).map(|(cli, _, _)| cli)
+    }
+}
+
+/// `memra-server config`: the settings `args` give, as a config file, each flag with the place
+/// its value came from (command line, environment variable, config file or default).
+pub fn effective<I, T>(args: I) -> Result<String, LoadError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString>,
+{
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let (_, m, file) = parse(&args)?;
+    let cmd = Cli::command();
+    let mut out = String::from(
+        "# memra-server's settings: command line > environment variable > config file > default\n",
+    );
+    if let Some(f) = &file {
+        out.push_str(&format!("# config file: {}\n", f.path.display()));
+    }
+    for arg in file_keys(&cmd) {
+        let id = arg.get_id().as_str();
+        let key = arg.get_long().unwrap_or_default();
+        let from_file = file.iter().any(|f| f.values.iter().any(|(i, _)| i == id));
+        let origin = match m.value_source(id) {
+            Some(ValueSource::CommandLine) => "command line".to_string(),
+            Some(ValueSource::EnvVariable) => format!(
+                "environment ({})",
+                arg.get_env().map(|e| e.to_string_lossy()).unwrap_or_default()
+            ),
+            Some(_) if from_file => "config file".into(),
+            _ => "default".into(),
+        };
+        let Some(raw) = m.get_raw(id) else {
+            out.push_str(&format!("# {key}: unset\n"));
+            continue;
+        };
+        let raw: Vec<String> = raw.map(|r| r.to_string_lossy().into_owned()).collect();
+        let raw = raw.join(",");
+        let number = raw.parse::<i64>().is_ok()
+            || raw.parse::<f64>().is_ok_and(|x| x.is_finite() && raw.contains('.'));
+        let value = if number || matches!(arg.get_action(), ArgAction::SetTrue) {
+            raw
+        } else {
+            toml::Value::String(raw).to_string()
+        };
+        out.push_str(&format!("{key} = {value}  # {origin}\n"));
+    }
+    Ok(out)
 }
 
 /// One model to serve.
@@ -428,5 +638,119 @@ mod tests {
         args.models = None;
         let m = args.model_specs().unwrap();
         assert_eq!(m[0].spec, Some(default_spec()));
+    }
+
+    /// A config file holding `text`, and the `--config PATH` arguments naming it.
+    fn file(text: &str) -> (tempfile::TempDir, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("memra.toml");
+        std::fs::write(&p, text).unwrap();
+        (dir, p.display().to_string())
+    }
+
+    fn load(args: &[&str]) -> Result<Cli, LoadError> {
+        Cli::load_from(std::iter::once("memra-server").chain(args.iter().copied()))
+    }
+
+    fn config_error(args: &[&str]) -> String {
+        match load(args) {
+            Err(LoadError::Config(e)) => e,
+            Err(LoadError::Args(e)) => panic!("a clap error, not a config error: {e}"),
+            Ok(cli) => panic!("parsed: {cli:?}"),
+        }
+    }
+
+    #[test]
+    fn the_config_file_sets_flags_and_the_command_line_wins() {
+        // Flags without a variable, so the test's environment cannot change the outcome.
+        let (_d, p) = file(
+            "max-in-flight = 512\n\
+             drain-timeout-s = 45\n\
+             media-allowed-hosts = [\"a.example\", \"b.example\"]\n\
+             media-video-fps = 2.5\n\
+             cache-key-header = true\n",
+        );
+        let cli = load(&["--config", &p]).unwrap();
+        let s = &cli.serve;
+        assert_eq!(s.max_in_flight, 512);
+        assert_eq!(s.drain_timeout_s, 45);
+        assert_eq!(s.media_allowed_hosts.as_deref(), Some("a.example,b.example"));
+        assert_eq!(s.media_video_fps, 2.5);
+        assert!(s.cache_key_header);
+        // Not in the file: the default.
+        assert_eq!(s.max_queue, 128);
+        assert_eq!(s.tenant_max_in_flight, 64);
+        // The command line over the file.
+        let cli = load(&["--max-in-flight", "7", "--config", &p, "--drain-timeout-s=3"]).unwrap();
+        assert_eq!((cli.serve.max_in_flight, cli.serve.drain_timeout_s), (7, 3));
+        assert_eq!(cli.serve.media_video_fps, 2.5);
+        // Without a file: the defaults.
+        let cli = load(&["--config", &file("").1]).unwrap();
+        assert_eq!(cli.serve.max_in_flight, 256);
+        assert!(!cli.serve.cache_key_header);
+        // A switch set to false in the file stays off; numbers may be written as strings.
+        let (_e, q) = file("cache-key-header = false\nmax-tokens = \"100\"\n");
+        let cli = load(&["--config", &q]).unwrap();
+        assert!(!cli.serve.cache_key_header);
+        assert_eq!(cli.serve.max_tokens, 100);
+        // The keyring of `keys` falls back to the server's (the file's) --api-keys.
+        let (_f, k) = file("api-keys = \"/etc/memra/keys.json\"\n");
+        let cli = load(&["--config", &k, "keys", "list"]).unwrap();
+        assert_eq!(cli.serve.api_keys, Some(PathBuf::from("/etc/memra/keys.json")));
+    }
+
+    #[test]
+    fn config_file_errors_name_the_file_and_the_key() {
+        let (_d, p) = file("max-in-flght = 3\n");
+        let e = config_error(&["--config", &p]);
+        assert!(e.contains(&p) && e.contains("unknown key `max-in-flght`"), "{e}");
+        assert!(e.contains("max-in-flight"), "the keys are listed: {e}");
+        for (text, key, why) in [
+            ("max-in-flight = \"many\"\n", "max-in-flight", "invalid value 'many'"),
+            ("max-in-flight = -1\n", "max-in-flight", "invalid value '-1'"),
+            ("max-in-flight = 1.5\n", "max-in-flight", "invalid value '1.5'"),
+            ("max-in-flight = true\n", "max-in-flight", "found boolean"),
+            ("cache-key-header = 1\n", "cache-key-header", "expected true or false"),
+            ("addr = \"nowhere\"\n", "addr", "invalid value 'nowhere'"),
+            ("kv-dtype = \"f12\"\n", "kv-dtype", "invalid value 'f12'"),
+            ("models = [1.5]\n", "models", "found one holding a float"),
+            ("[server]\naddr = \"0.0.0.0:80\"\n", "server", "unknown key"),
+            ("log = { level = \"info\" }\n", "log", "found table"),
+            ("config = \"/etc/other.toml\"\n", "config", "cannot name another"),
+        ] {
+            let (_d, p) = file(text);
+            let e = config_error(&["--config", &p]);
+            assert!(e.starts_with(&format!("config file {p}: ")), "{text}: {e}");
+            assert!(e.contains(&format!("`{key}`")) && e.contains(why), "{text}: {e}");
+        }
+        // Wrong even where the command line overrides it: the file is checked whole.
+        let (_d, p) = file("max-in-flight = \"many\"\n");
+        let e = config_error(&["--config", &p, "--max-in-flight", "3"]);
+        assert!(e.contains("max-in-flight"), "{e}");
+        // Not TOML; no such file.
+        let (_d, p) = file("max-in-flight = \n");
+        let e = config_error(&["--config", &p]);
+        assert!(e.contains(&p) && e.contains("line 1"), "{e}");
+        let e = config_error(&["--config", "/nonexistent/memra.toml"]);
+        assert!(e.contains("/nonexistent/memra.toml") && e.contains("cannot read"), "{e}");
+    }
+
+    #[test]
+    fn the_example_config_file_parses_and_names_every_key() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/memra-server.example.toml");
+        let p = path.display().to_string();
+        let cli = load(&["--config", &p]).unwrap_or_else(|e| panic!("{p}: {e}"));
+        assert!(cli.serve.model_specs().is_ok());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let cmd = Cli::command();
+        for key in file_keys(&cmd).filter_map(|a| a.get_long()) {
+            assert!(
+                text.lines().any(|l| {
+                    let l = l.trim_start_matches(['#', ' ']);
+                    l.strip_prefix(key).is_some_and(|r| r.trim_start().starts_with('='))
+                }),
+                "{p} does not show `{key} = ...` (set or commented out)"
+            );
+        }
     }
 }

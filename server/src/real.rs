@@ -421,7 +421,7 @@ pub fn engine_settings(
     )
     .map_err(|e| {
         format!(
-            "MEMRA_PP / MEMRA_DEVICES / MEMRA_PP_SPLIT: {}",
+            "--pp / --devices / --pp-split: {}",
             memra_engine::spec::bare(&e)
         )
     })?;

@@ -39,7 +39,7 @@ fn start(keys: &std::path::Path) -> Server {
         .env("MEMRA_ADDR", "127.0.0.1:0")
         .env("MEMRA_DEVICE", "cpu")
         .env("MEMRA_API_KEYS", keys)
-        .env("MEMRA_DRAIN_TIMEOUT_S", "60")
+        .args(["--drain-timeout-s", "60"])
         .env("MEMRA_KV_BLOCKS", "1024")
         .stderr(Stdio::piped())
         .spawn()
