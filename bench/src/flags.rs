@@ -25,8 +25,15 @@ const SERVER: &str = "## memra-server
 
 `memra-server [flags]` serves; `memra-server keys add TENANT [--max-in-flight N]`,
 `memra-server keys revoke PREFIX` and `memra-server keys list` manage the keyring (they read
-`--api-keys` / `MEMRA_API_KEYS`). Every flag has the environment variable beside it; the flag wins.
-All of them are declared in server/src/config.rs (a test checks them against this table).
+`--api-keys` / `MEMRA_API_KEYS`, else the config file's `api-keys`); `memra-server [flags] config`
+prints the settings in effect, as a config file, each with where it came from.
+
+Every flag is also a key of the config file (`--config PATH` / `MEMRA_CONFIG`): the flag's name
+without its dashes, e.g. `max-in-flight = 512` (docs/memra-server.example.toml names them all).
+The settings a deployment sets per container also have an environment variable. Precedence:
+command line > environment variable > config file > default. All of them are declared in
+server/src/config.rs (tests check them against this table, and the example file against the
+server).
 ";
 
 const SERVER_TAIL: &str = "`keys add` also takes `--max-in-flight` (that tenant's in-flight limit, stored in the keyring).
@@ -96,7 +103,8 @@ pub fn markdown() -> String {
     let vars = product_vars();
     o.push_str(&format!(
         "\nTo run memra a user may set {} environment variables: memra-server's {} (each the \
-         fallback of a flag) and {} the engine reads in every program ({}).\n\n",
+         fallback of a flag; the other flags are flags and config-file keys only) and {} the \
+         engine reads in every program ({}).\n\n",
         vars.len(),
         rows(Program::Server).filter(|s| !s.env.is_empty()).count(),
         rows(Program::Engine).count(),

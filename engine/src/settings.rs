@@ -21,7 +21,8 @@ use std::path::PathBuf;
 pub enum Program {
     /// A flag of run-gen.
     RunGen,
-    /// A flag of memra-server (with its environment variable).
+    /// A flag of memra-server, also a key of its config file (`--config`), with an environment
+    /// variable where a deployment sets it per container.
     Server,
     /// An environment variable the engine library reads in every program that opens a model.
     Engine,

@@ -10,7 +10,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use clap::parser::ValueSource;
-use clap::{ArgAction, ArgMatches, Args, ColorChoice, CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{
+    ArgAction, ArgMatches, Args, ColorChoice, CommandFactory, FromArgMatches, Parser, Subcommand,
+};
 use memra_engine::backend::KvDtype;
 use memra_engine::spec::{DrafterKind, SpecConfig};
 
@@ -208,7 +210,12 @@ fn file_value(arg: &clap::Arg, value: &toml::Value) -> Result<String, String> {
     let switch = matches!(arg.get_action(), ArgAction::SetTrue);
     let text = match value {
         V::Boolean(b) if switch => return Ok(b.to_string()),
-        _ if switch => return Err(format!("expected true or false, found {}", value.type_str())),
+        _ if switch => {
+            return Err(format!(
+                "expected true or false, found {}",
+                value.type_str()
+            ));
+        }
         V::String(s) => s.clone(),
         V::Integer(i) => i.to_string(),
         V::Float(x) => x.to_string(),
@@ -255,7 +262,9 @@ fn read_file(cmd: &clap::Command, path: &Path) -> Result<FileSettings, String> {
     let mut values = Vec::new();
     for (key, value) in &table {
         if key == "config" {
-            return Err(at("`config` names a config file; a config file cannot name another".into()));
+            return Err(at(
+                "`config` names a config file; a config file cannot name another".into(),
+            ));
         }
         let Some(arg) = file_keys(cmd).find(|a| a.get_long() == Some(key.as_str())) else {
             let keys: Vec<&str> = file_keys(cmd).filter_map(|a| a.get_long()).collect();
@@ -342,7 +351,9 @@ where
             Some(ValueSource::CommandLine) => "command line".to_string(),
             Some(ValueSource::EnvVariable) => format!(
                 "environment ({})",
-                arg.get_env().map(|e| e.to_string_lossy()).unwrap_or_default()
+                arg.get_env()
+                    .map(|e| e.to_string_lossy())
+                    .unwrap_or_default()
             ),
             Some(_) if from_file => "config file".into(),
             _ => "default".into(),
@@ -354,7 +365,9 @@ where
         let raw: Vec<String> = raw.map(|r| r.to_string_lossy().into_owned()).collect();
         let raw = raw.join(",");
         let number = raw.parse::<i64>().is_ok()
-            || raw.parse::<f64>().is_ok_and(|x| x.is_finite() && raw.contains('.'));
+            || raw
+                .parse::<f64>()
+                .is_ok_and(|x| x.is_finite() && raw.contains('.'));
         let value = if number || matches!(arg.get_action(), ArgAction::SetTrue) {
             raw
         } else {
@@ -539,9 +552,10 @@ impl ServeArgs {
             .map(|d| d.display().to_string())
             .unwrap_or_else(|| "~/.cache/memra/models".into());
         Err(format!(
-            "no model to serve: MEMRA_MODELS is not set and the default model {DEFAULT_MODEL_FILE} \
-             is not in {where_}.\n  Fetch it with `tools/fetch-models.sh`, or set \
-             MEMRA_MODELS=alias=/path/to/model.gguf (or an HF folder)."
+            "no model to serve: no --models (MEMRA_MODELS, or `models` in the config file) and the \
+             default model {DEFAULT_MODEL_FILE} is not in {where_}.\n  Fetch it with \
+             `tools/fetch-models.sh`, or set MEMRA_MODELS=alias=/path/to/model.gguf (or an HF \
+             folder)."
         ))
     }
 }
@@ -674,14 +688,24 @@ mod tests {
         let s = &cli.serve;
         assert_eq!(s.max_in_flight, 512);
         assert_eq!(s.drain_timeout_s, 45);
-        assert_eq!(s.media_allowed_hosts.as_deref(), Some("a.example,b.example"));
+        assert_eq!(
+            s.media_allowed_hosts.as_deref(),
+            Some("a.example,b.example")
+        );
         assert_eq!(s.media_video_fps, 2.5);
         assert!(s.cache_key_header);
         // Not in the file: the default.
         assert_eq!(s.max_queue, 128);
         assert_eq!(s.tenant_max_in_flight, 64);
         // The command line over the file.
-        let cli = load(&["--max-in-flight", "7", "--config", &p, "--drain-timeout-s=3"]).unwrap();
+        let cli = load(&[
+            "--max-in-flight",
+            "7",
+            "--config",
+            &p,
+            "--drain-timeout-s=3",
+        ])
+        .unwrap();
         assert_eq!((cli.serve.max_in_flight, cli.serve.drain_timeout_s), (7, 3));
         assert_eq!(cli.serve.media_video_fps, 2.5);
         // Without a file: the defaults.
@@ -696,32 +720,61 @@ mod tests {
         // The keyring of `keys` falls back to the server's (the file's) --api-keys.
         let (_f, k) = file("api-keys = \"/etc/memra/keys.json\"\n");
         let cli = load(&["--config", &k, "keys", "list"]).unwrap();
-        assert_eq!(cli.serve.api_keys, Some(PathBuf::from("/etc/memra/keys.json")));
+        assert_eq!(
+            cli.serve.api_keys,
+            Some(PathBuf::from("/etc/memra/keys.json"))
+        );
     }
 
     #[test]
     fn config_file_errors_name_the_file_and_the_key() {
         let (_d, p) = file("max-in-flght = 3\n");
         let e = config_error(&["--config", &p]);
-        assert!(e.contains(&p) && e.contains("unknown key `max-in-flght`"), "{e}");
+        assert!(
+            e.contains(&p) && e.contains("unknown key `max-in-flght`"),
+            "{e}"
+        );
         assert!(e.contains("max-in-flight"), "the keys are listed: {e}");
         for (text, key, why) in [
-            ("max-in-flight = \"many\"\n", "max-in-flight", "invalid value 'many'"),
-            ("max-in-flight = -1\n", "max-in-flight", "invalid value '-1'"),
-            ("max-in-flight = 1.5\n", "max-in-flight", "invalid value '1.5'"),
+            (
+                "max-in-flight = \"many\"\n",
+                "max-in-flight",
+                "invalid value 'many'",
+            ),
+            (
+                "max-in-flight = -1\n",
+                "max-in-flight",
+                "invalid value '-1'",
+            ),
+            (
+                "max-in-flight = 1.5\n",
+                "max-in-flight",
+                "invalid value '1.5'",
+            ),
             ("max-in-flight = true\n", "max-in-flight", "found boolean"),
-            ("cache-key-header = 1\n", "cache-key-header", "expected true or false"),
+            (
+                "cache-key-header = 1\n",
+                "cache-key-header",
+                "expected true or false",
+            ),
             ("addr = \"nowhere\"\n", "addr", "invalid value 'nowhere'"),
             ("kv-dtype = \"f12\"\n", "kv-dtype", "invalid value 'f12'"),
             ("models = [1.5]\n", "models", "found one holding a float"),
             ("[server]\naddr = \"0.0.0.0:80\"\n", "server", "unknown key"),
             ("log = { level = \"info\" }\n", "log", "found table"),
-            ("config = \"/etc/other.toml\"\n", "config", "cannot name another"),
+            (
+                "config = \"/etc/other.toml\"\n",
+                "config",
+                "cannot name another",
+            ),
         ] {
             let (_d, p) = file(text);
             let e = config_error(&["--config", &p]);
             assert!(e.starts_with(&format!("config file {p}: ")), "{text}: {e}");
-            assert!(e.contains(&format!("`{key}`")) && e.contains(why), "{text}: {e}");
+            assert!(
+                e.contains(&format!("`{key}`")) && e.contains(why),
+                "{text}: {e}"
+            );
         }
         // Wrong even where the command line overrides it: the file is checked whole.
         let (_d, p) = file("max-in-flight = \"many\"\n");
@@ -732,7 +785,10 @@ mod tests {
         let e = config_error(&["--config", &p]);
         assert!(e.contains(&p) && e.contains("line 1"), "{e}");
         let e = config_error(&["--config", "/nonexistent/memra.toml"]);
-        assert!(e.contains("/nonexistent/memra.toml") && e.contains("cannot read"), "{e}");
+        assert!(
+            e.contains("/nonexistent/memra.toml") && e.contains("cannot read"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -747,7 +803,8 @@ mod tests {
             assert!(
                 text.lines().any(|l| {
                     let l = l.trim_start_matches(['#', ' ']);
-                    l.strip_prefix(key).is_some_and(|r| r.trim_start().starts_with('='))
+                    l.strip_prefix(key)
+                        .is_some_and(|r| r.trim_start().starts_with('='))
                 }),
                 "{p} does not show `{key} = ...` (set or commented out)"
             );

@@ -21,11 +21,15 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Keys { action, api_keys }) => match api_keys.or(cli.serve.api_keys) {
             Some(path) => run::keys(action, &path),
-            None => Err("keys: no keyring file: give --api-keys PATH (or MEMRA_API_KEYS, or \
+            None => Err(
+                "keys: no keyring file: give --api-keys PATH (or MEMRA_API_KEYS, or \
                          `api-keys` in the config file)"
-                .into()),
+                    .into(),
+            ),
         },
-        Some(Command::Config) => config::effective(std::env::args_os()).map(|s| print!("{s}")).map_err(|e| e.to_string()),
+        Some(Command::Config) => config::effective(std::env::args_os())
+            .map(|s| print!("{s}"))
+            .map_err(|e| e.to_string()),
         None => run::serve(cli.serve),
     };
     match result {

@@ -84,9 +84,9 @@ fi
 LOADM="" LOADL=""
 if has load; then
   f=$(model q4_k_m)
-  MEMRA_MODELS="m=$f" MEMRA_ADDR="127.0.0.1:18090" MEMRA_DEVICE=cuda:0 MEMRA_MAX_QUEUE=512 \
-    MEMRA_TENANT_MAX_IN_FLIGHT=128 MEMRA_MAX_IN_FLIGHT=128 MEMRA_MAX_RUNNING=64 \
-    "$BIN/memra-server" > "$LOG/memra-server.log" 2>&1 &
+  MEMRA_MODELS="m=$f" MEMRA_ADDR="127.0.0.1:18090" MEMRA_DEVICE=cuda:0 MEMRA_MAX_RUNNING=64 \
+    "$BIN/memra-server" --max-queue 512 --tenant-max-in-flight 128 --max-in-flight 128 \
+    > "$LOG/memra-server.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 240); do
     curl -s -o /dev/null -w "%{http_code}" 127.0.0.1:18090/ready 2>/dev/null | grep -q 200 && break; sleep 0.5
