@@ -134,6 +134,7 @@ fn gpu_step(
 fn batch(rows: &[(usize, usize)], slots: &[u32]) -> StepBatch {
     StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows: rows
             .iter()
             .map(|&(seq, pos)| StepRow {

@@ -33,3 +33,4 @@ pub mod tokens;
 pub mod vision;
 mod vision_check;
 pub mod vision_qwen;
+pub mod vision_text;

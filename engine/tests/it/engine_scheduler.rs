@@ -98,6 +98,7 @@ fn an_image_prefill_is_not_starved_by_decodes() {
         embeds: vec![0f32; 6].into(),
         width: 1,
         hash: 7,
+        grid: None,
     };
     s.add(NewSeq {
         media: vec![image],

@@ -464,6 +464,11 @@ impl Ops for CudaOps {
     }
 
     fn rope_table(&mut self, rope: Rope) -> Result<RopeId> {
+        if rope.sections.is_some() {
+            return Err(crate::error::Error::Unsupported(
+                "M-RoPE (qwen2vl, qwen3vl) is not yet supported on the CUDA backend".into(),
+            ));
+        }
         self.ropes.push(RopeTable {
             rope,
             cos: None,
