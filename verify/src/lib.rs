@@ -21,6 +21,7 @@ pub mod kernels;
 mod kernels_select;
 mod kv_write_check;
 mod moe_check;
+mod mrope_check;
 pub mod mtp_check;
 pub mod peer_logits;
 pub mod peer_vision;

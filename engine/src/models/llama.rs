@@ -171,7 +171,7 @@ impl<O: Ops> Forward<O> for Llama<O> {
             let l = self.first + i;
             w.forward(ops, a, l, (self.rope, self.attn, self.eps))?;
             if self.embeds && l < self.deepstack {
-                ops.inject_add(a.x, l + 1)?;
+                ops.inject_add(a.x, l + 1, a.o)?;
                 ops.dump("deepstack_out", l, a.x);
             }
         }

@@ -263,10 +263,11 @@ pub trait Ops: Send + Sized + 'static {
     fn inject(&mut self, _x: Act) -> Result<()> {
         Ok(())
     }
-    /// Adds part `part` of each of the step's given embeddings (values `part * w..(part + 1)
-    /// * w` of its row, `w = x.width`; part 0 is what [`Ops::inject`] writes) into its row of
-    /// `x`, one add per value; the other rows are untouched (Qwen3-VL's deepstack rows).
-    fn inject_add(&mut self, _x: Act, _part: usize) -> Result<()> {
+    /// Adds part `part` of each of the step's given embeddings (the `w = x.width` values from
+    /// `part * w` of its row; part 0 is what [`Ops::inject`] writes) into its row of `x`, one
+    /// add per value; the other rows are untouched (Qwen3-VL's deepstack rows). `tmp` (x's
+    /// width) is scratch for a backend that copies the rows to the device first.
+    fn inject_add(&mut self, _x: Act, _part: usize, _tmp: Act) -> Result<()> {
         Err(crate::error::Error::Unsupported(
             "deepstack image rows (Qwen3-VL) are not supported on this backend".into(),
         ))

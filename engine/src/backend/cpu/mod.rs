@@ -280,7 +280,7 @@ impl Ops for CpuOps {
         self.inject_part(x, 0, |d, s| d.copy_from_slice(s))
     }
 
-    fn inject_add(&mut self, x: Act, part: usize) -> Result<()> {
+    fn inject_add(&mut self, x: Act, part: usize, _tmp: Act) -> Result<()> {
         self.inject_part(x, part, |d, s| {
             for (a, &b) in d.iter_mut().zip(s) {
                 *a += b;
