@@ -139,12 +139,19 @@ impl Seq {
 }
 
 /// `(first prompt position, content hash)` of each image touching the block of `bs`
-/// positions at `first`.
+/// positions at `first`; an image's grid is mixed into its hash (it places the rows of an
+/// M-RoPE model: the same rows on another grid are other KV).
 fn media_keys(media: &[crate::vision::MediaSpan], first: usize, bs: usize) -> Vec<(u64, u128)> {
     media
         .iter()
         .filter(|m| m.start < first + bs && m.range().end > first)
-        .map(|m| (m.start as u64, m.hash))
+        .map(|m| {
+            let grid = m.grid.map_or(0, |(r, c)| {
+                let g = ((r as u128) << 64) | c as u128 | (1 << 127);
+                g.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)
+            });
+            (m.start as u64, m.hash ^ grid)
+        })
         .collect()
 }
 

@@ -274,10 +274,8 @@ fn served_images_are_exact_whatever_the_steps() {
         assert_eq!(tower.out_width(), model(arch).config.embed_width());
         let (ids, media) = prompt(&tower, 1, 0);
         let big = media.iter().map(|m| m.rows()).max().unwrap();
-        let want = run(
-            &start(arch, 128, None),
-            request(ids.clone(), media.clone(), false),
-        );
+        let first = start(arch, 128, None);
+        let want = run(&first, request(ids.clone(), media.clone(), false));
         // The rows' M-RoPE positions matter: without the grids (one row each) other bits.
         let flat: Vec<MediaSpan> = media
             .iter()
@@ -287,8 +285,16 @@ fn served_images_are_exact_whatever_the_steps() {
                 ..m
             })
             .collect();
-        let other = run(&start(arch, 128, None), request(ids.clone(), flat, false));
+        let other = run(
+            &start(arch, 128, None),
+            request(ids.clone(), flat.clone(), false),
+        );
         assert_ne!(other.0, want.0, "{arch:?}: the grid reaches the positions");
+        // The same rows and hashes on another grid are other KV: no prefix-cache hit past
+        // the first image's start.
+        let regrid = run(&first, request(ids.clone(), flat, false));
+        assert_eq!(regrid.0, other.0, "{arch:?}: another grid, a miss's bits");
+        assert!(regrid.1 <= media[0].start, "{arch:?}: {} cached", regrid.1);
         for budget in [big, big + 1, big + 7, 64] {
             let e = start(arch, budget, None);
             let got = run(&e, request(ids.clone(), media.clone(), false));
