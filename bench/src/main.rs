@@ -169,7 +169,8 @@ enum Cmd {
     },
     /// Write a random vision tower as an mmproj GGUF (llama.cpp's layout), to pair with a text
     /// model of width --text-hidden (memra-server `+mmproj=PATH`): Gemma 3's (a gemma3 text
-    /// model) or the Qwen ViT's (a qwen2 / qwen3 text model).
+    /// model) or the Qwen ViT's (a qwen2vl / qwen3vl text model: `synth --shape
+    /// tiny-qwen2vl|tiny-qwen3vl`; a plain qwen2 / qwen3 takes them at consecutive positions).
     SynthMmproj {
         /// tiny (Gemma 3, 64x64 images, 16 tokens), tiny-long (Gemma 3, 60x60 at 2x2 patches:
         /// 225 tokens, near the real tower's image span, from a cheap tower), gemma3 (SigLIP so400m at
@@ -190,7 +191,9 @@ enum Cmd {
     },
     /// Write a deterministic synthetic model of a real shape (random weights, real tokenizer).
     Synth {
-        /// smollm2-135m, llama3-8b, qwen3-8b, tiny-llama, tiny-qwen2, tiny-qwen3.
+        /// smollm2-135m, llama3-8b, qwen3-8b, tiny-llama, tiny-qwen2, tiny-qwen3, tiny-qwen2vl,
+        /// tiny-qwen3vl (the Qwen-VL text models: M-RoPE; pair with `synth-mmproj --shape
+        /// tiny-qwen25vl|tiny-qwen3vl`), ... (every shape of shapes.rs).
         #[arg(long)]
         shape: String,
         /// f32, f16, bf16, q8_0, q4_0, q4_k_m (llama.cpp's mix); fp8, nvfp4 (HF checkpoints, --format hf).

@@ -38,10 +38,16 @@ pub enum Shape {
     Qwen3Next80bA3b,
     /// qwen3next in 4 layers (DeltaNet and attention alternating), hidden 64: for tests.
     TinyQwen3Next,
+    /// tiny-qwen2 as a qwen2vl (Qwen2-VL / Qwen2.5-VL text model: M-RoPE sections [2, 3, 3]
+    /// of its 8 rotated pairs): pairs with `synth-mmproj --shape tiny-qwen2vl|tiny-qwen25vl`.
+    TinyQwen2Vl,
+    /// tiny-qwen3 as a qwen3vl (Qwen3-VL text model: interleaved sections [4, 2, 2], one
+    /// deepstack layer): pairs with `synth-mmproj --shape tiny-qwen3vl` (one deepstack merger).
+    TinyQwen3Vl,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 13] = [
+    pub const ALL: [Shape; 15] = [
         Shape::Smollm2_135m,
         Shape::Llama3_8b,
         Shape::Qwen3_8b,
@@ -55,6 +61,8 @@ impl Shape {
         Shape::TinyQwen3Moe,
         Shape::Qwen3Next80bA3b,
         Shape::TinyQwen3Next,
+        Shape::TinyQwen2Vl,
+        Shape::TinyQwen3Vl,
     ];
 
     pub fn name(self) -> &'static str {
@@ -72,6 +80,8 @@ impl Shape {
             Shape::TinyQwen3Moe => "tiny-qwen3moe",
             Shape::Qwen3Next80bA3b => "qwen3-next-80b-a3b",
             Shape::TinyQwen3Next => "tiny-qwen3next",
+            Shape::TinyQwen2Vl => "tiny-qwen2vl",
+            Shape::TinyQwen3Vl => "tiny-qwen3vl",
         }
     }
 
@@ -135,6 +145,19 @@ impl Shape {
                 rope_theta: 1_000_000.0,
                 rms_eps: 1e-6,
                 ..base
+            },
+            Shape::TinyQwen2Vl => ModelConfig {
+                max_ctx: base.max_ctx,
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                tie_embeddings: false,
+                ..tiny_config(Arch::Qwen2Vl, vocab)
+            },
+            Shape::TinyQwen3Vl => ModelConfig {
+                max_ctx: base.max_ctx,
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                ..tiny_config(Arch::Qwen3Vl, vocab)
             },
             Shape::TinyPostNorm => ModelConfig {
                 arch: Arch::LlamaPostNorm,

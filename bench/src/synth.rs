@@ -234,6 +234,9 @@ pub fn gguf_metadata(
     if let Some(p) = &cfg.moe {
         m.extend(memra_engine::models::qwen3_moe::gguf_keys(cfg.arch, p));
     }
+    if let Some(p) = &cfg.vl {
+        m.extend(memra_engine::models::qwen2vl::gguf_keys(cfg.arch, p));
+    }
     if let Some(p) = &cfg.hybrid {
         let keys = memra_engine::models::qwen3next::gguf_keys(p);
         m.extend(

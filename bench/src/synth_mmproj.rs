@@ -1,7 +1,8 @@
 //! `memra-bench synth-mmproj`: a random vision tower as an mmproj GGUF (llama.cpp's layout), to
 //! pair with a text model of the same width: Gemma 3's (`synth --shape tiny-gemma3`: 64;
-//! `gemma3-270m`: 640; Gemma 3 4B: 2560) or the Qwen ViT's (`tiny-qwen2` / `tiny-qwen3`: 64;
-//! Qwen2.5-VL-7B's text model: 3584).
+//! `gemma3-270m`: 640; Gemma 3 4B: 2560) or the Qwen ViT's (`tiny-qwen2vl` / `tiny-qwen3vl`,
+//! the M-RoPE text models: 64, Qwen3-VL's deepstack rows on top; Qwen2.5-VL-7B's text model:
+//! 3584).
 
 use std::path::PathBuf;
 

@@ -180,6 +180,55 @@ impl HybridParams {
     }
 }
 
+/// A Qwen-VL text model's own hyper-parameters (qwen2vl, qwen3vl): M-RoPE sections and
+/// Qwen3-VL's deepstack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VlParams {
+    /// Which rotary frequencies take which position axis (crate::ops::rope::Sections;
+    /// crate::vision::mrope says the positions): contiguous for qwen2vl, interleaved for
+    /// qwen3vl.
+    pub sections: crate::ops::rope::Sections,
+    /// Qwen3-VL's deepstack: an image row carries `deepstack` more parts of `hidden` values
+    /// after its input embedding (the tower's deepstack mergers' rows), part `k + 1` added into
+    /// the residual after layer `k` (GGUF `qwen3vl.n_deepstack_layers`). 0 for qwen2vl.
+    pub deepstack: usize,
+}
+
+impl VlParams {
+    /// Checks the sections cover the rotated pairs (`head_dim / 2`) and the deepstack layers
+    /// exist; `key` names the sections' source in errors.
+    pub fn validate(&self, arch: Arch, head_dim: usize, n_layers: usize, key: &str) -> Result<()> {
+        let s = &self.sections;
+        let half = head_dim / 2;
+        if s.sizes.iter().sum::<usize>() != half {
+            return Err(Error::Config(format!(
+                "{key} {:?}: the sections must add up to the {half} rotated pairs of a head \
+                 of {head_dim}",
+                s.sizes
+            )));
+        }
+        if s.interleaved != (arch == Arch::Qwen3Vl) {
+            return Err(Error::Config(format!(
+                "{key}: {} takes {} M-RoPE sections",
+                arch.gguf_name(),
+                if arch == Arch::Qwen3Vl {
+                    "interleaved"
+                } else {
+                    "contiguous"
+                }
+            )));
+        }
+        if self.deepstack > n_layers || (arch != Arch::Qwen3Vl && self.deepstack > 0) {
+            return Err(Error::Config(format!(
+                "{} deepstack layers {} on a model of {n_layers} layers",
+                arch.gguf_name(),
+                self.deepstack
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// The model's shape and hyper-parameters, shared by every format and backend.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
@@ -210,6 +259,9 @@ pub struct ModelConfig {
     /// Set for (and only for) hybrid gated-DeltaNet architectures (qwen3next).
     #[serde(default)]
     pub hybrid: Option<HybridParams>,
+    /// Set for (and only for) the Qwen-VL text architectures (qwen2vl, qwen3vl).
+    #[serde(default)]
+    pub vl: Option<VlParams>,
 }
 
 impl ModelConfig {
@@ -297,8 +349,35 @@ impl ModelConfig {
             }
             (false, None) => {}
         }
+        match (c.arch.is_vl(), &c.vl) {
+            (true, Some(p)) => p.validate(
+                c.arch,
+                c.head_dim,
+                c.n_layers,
+                &format!("{}.rope.dimension_sections", c.arch.gguf_name()),
+            )?,
+            (true, None) => {
+                return Err(Error::Config(format!(
+                    "{} config without its M-RoPE sections",
+                    c.arch.gguf_name()
+                )));
+            }
+            (false, Some(_)) => {
+                return Err(Error::Config(format!(
+                    "M-RoPE sections on a {} config",
+                    c.arch.gguf_name()
+                )));
+            }
+            (false, None) => {}
+        }
         crate::models::mtp::validate(c)?;
         Ok(())
+    }
+
+    /// Values per input embedding row (an image row): `hidden`, times one plus the deepstack
+    /// parts of a qwen3vl model.
+    pub fn embed_width(&self) -> usize {
+        self.hidden * (1 + self.vl.map_or(0, |v| v.deepstack))
     }
 
     /// Reads the config from GGUF metadata (`{arch}.block_count`, ...).
@@ -386,12 +465,14 @@ impl ModelConfig {
             moe: None,
             mtp_layers,
             hybrid: None,
+            vl: None,
         };
         let get = |k: &str| g.get(&format!("{a}.{k}"));
         let cfg = ModelConfig {
             gemma3: crate::models::gemma3::gguf_params(&cfg, &get)?,
             moe: crate::models::qwen3_moe::gguf_params(&cfg, &get)?,
             hybrid: crate::models::qwen3next::gguf_params(&cfg, &get)?,
+            vl: crate::models::qwen2vl::gguf_params(&cfg, &get)?,
             ..cfg
         };
         cfg.validate()?;
@@ -468,11 +549,13 @@ impl ModelConfig {
             moe: None,
             mtp_layers: uint("num_nextn_predict_layers").unwrap_or(0),
             hybrid: None,
+            vl: None,
         };
         let cfg = ModelConfig {
             gemma3: crate::models::gemma3::hf_params(&cfg, v)?,
             moe: crate::models::qwen3_moe::hf_params(&cfg, v)?,
             hybrid: crate::models::qwen3next::hf_params(&cfg, v)?,
+            vl: crate::models::qwen2vl::hf_params(&cfg, v)?,
             ..cfg
         };
         cfg.validate()?;

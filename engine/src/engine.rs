@@ -111,8 +111,13 @@ pub struct ModelInfo {
     /// How the model is split over pipeline stages (crate::pipeline), one line; `None`:
     /// unsplit.
     pub pipeline: Option<String>,
-    /// The width of an input embedding row (image rows must have it).
+    /// The width of an input embedding row (image rows must have it):
+    /// `ModelConfig::embed_width`, the hidden size (times one plus the deepstack parts of a
+    /// qwen3vl model).
     pub hidden: usize,
+    /// Whether the model places image rows by M-RoPE (qwen2vl, qwen3vl): an image must say
+    /// its token grid (`MediaSpan::grid`).
+    pub mrope: bool,
     /// Whether requests may carry image rows ([`crate::backend::Backend::accepts_embeds`]).
     pub image_input: bool,
     /// The most rows of one image: a prefill chunk holds an image whole (scheduler.rs
@@ -416,6 +421,12 @@ fn check_request(req: &ValidRequest, m: &ModelEntry) -> std::result::Result<(), 
         }
         crate::vision::check_spans(&req.media, req.prompt.len(), m.info.hidden)
             .map_err(|e| SubmitError::Invalid(e.to_string()))?;
+        if m.info.mrope && req.media.iter().any(|s| s.grid.is_none()) {
+            return Err(SubmitError::Invalid(format!(
+                "model `{}` places image rows by M-RoPE: every image needs its token grid",
+                m.info.alias
+            )));
+        }
         if let Some(s) = req.media.iter().find(|s| s.rows() > m.info.max_image_rows) {
             return Err(SubmitError::Invalid(format!(
                 "an image of {} tokens does not fit the step budget of {} tokens (an image's \

@@ -139,6 +139,7 @@ pub fn generate(
         }
         let batch = StepBatch {
             embeds: Vec::new(),
+            mrope: Vec::new(),
             rows: vec![StepRow {
                 token: tok,
                 pos: pos as u32,
@@ -227,6 +228,7 @@ pub(crate) fn prefill(
         let end = (start + chunk).min(n_prompt);
         let batch = StepBatch {
             embeds: Vec::new(),
+            mrope: Vec::new(),
             rows: (start..end)
                 .map(|p| StepRow {
                     token: req.prompt[p],

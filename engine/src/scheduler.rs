@@ -139,12 +139,19 @@ impl Seq {
 }
 
 /// `(first prompt position, content hash)` of each image touching the block of `bs`
-/// positions at `first`.
+/// positions at `first`; an image's grid is mixed into its hash (it places the rows of an
+/// M-RoPE model: the same rows on another grid are other KV).
 fn media_keys(media: &[crate::vision::MediaSpan], first: usize, bs: usize) -> Vec<(u64, u128)> {
     media
         .iter()
         .filter(|m| m.start < first + bs && m.range().end > first)
-        .map(|m| (m.start as u64, m.hash))
+        .map(|m| {
+            let grid = m.grid.map_or(0, |(r, c)| {
+                let g = ((r as u128) << 64) | c as u128 | (1 << 127);
+                g.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)
+            });
+            (m.start as u64, m.hash ^ grid)
+        })
         .collect()
 }
 
@@ -188,10 +195,28 @@ fn push_embeds(batch: &mut StepBatch, media: &[crate::vision::MediaSpan], start:
                 row: row0 + pos - start,
                 values: m.embeds.clone(),
                 index: pos - m.start,
+                width: m.width,
                 span: m.start as u32..r.end as u32,
             });
         }
     }
+}
+
+/// The step's M-RoPE positions for a sequence's positions `start..start + n` (its rows are the
+/// last `n` of the batch so far): once a sequence with images is in the step, every row has
+/// them (plain `(pos, pos, pos)` for the rows of sequences without images).
+fn push_mrope(batch: &mut StepBatch, media: &[crate::vision::MediaSpan], start: usize, n: usize) {
+    if media.is_empty() && batch.mrope.is_empty() {
+        return;
+    }
+    let row0 = batch.rows.len() - n;
+    while batch.mrope.len() < row0 {
+        let p = batch.rows[batch.mrope.len()].pos;
+        batch.mrope.push([p; 3]);
+    }
+    batch
+        .mrope
+        .extend(crate::vision::mrope::positions(media, start, n));
 }
 
 /// A recurrent-state snapshot the engine saves or restores around a step
@@ -822,6 +847,7 @@ impl Scheduler {
                 });
             }
             push_embeds(&mut out.batch, &s.media, start, n);
+            push_mrope(&mut out.batch, &s.media, start, n);
             out.batch.block_tables.push(s.blocks.clone());
             if let Some(slot) = s.slot {
                 out.batch.state_slots.push(slot);
@@ -955,6 +981,7 @@ mod tests {
             embeds: vec![0f32; rows].into(),
             width: 1,
             hash: 0,
+            grid: None,
         };
         let media = [img(5, 9), img(14, 2)];
         // Ends outside or at an image's boundary: unchanged.

@@ -1,22 +1,63 @@
+// Which table row frequency i of row r reads. Plain RoPE: the row's position.
+struct PosPlain {
+    const u32* pos;
+    __device__ __forceinline__ u32 at(u32 r, u32) const { return pos[r]; }
+};
+
+// M-RoPE (qwen2vl, qwen3vl; engine/src/ops/rope.rs `Sections`): each row has three positions
+// (temporal, height, width) in pos3[3 r + axis], frequency i takes axis(i): contiguous sections
+// (the first st temporal, the next sh height, the rest width), or Qwen3-VL's interleaved ones
+// (height where i % 3 == 1 && i < 3 sh, width where i % 3 == 2 && i < 3 sw, else temporal).
+// The cos / sin values are the plain table's at that position (Rope::cos_sin_at).
+struct PosM {
+    const u32* pos3;
+    u32 st, sh, sw, inter;
+    __device__ __forceinline__ u32 axis(u32 i) const {
+        if (inter) {
+            const u32 m = i % 3;
+            if (m == 1 && i < 3 * sh) return 1;
+            if (m == 2 && i < 3 * sw) return 2;
+            return 0;
+        }
+        return i < st ? 0 : (i < st + sh ? 1 : 2);
+    }
+    __device__ __forceinline__ u32 at(u32 r, u32 i) const { return pos3[3 * (u64)r + axis(i)]; }
+};
+
 // RoPE by half rotation (NeoX / HF order) from host-computed tables cos/sin[pos][half] (f64
 // angles rounded to f32, as the CPU's Rope::cos_sin): the pairs (i, i + half) of each head for
 // i < half, `half` at most head_dim / 2 (fewer: partial RoPE, the rest of the head unchanged).
-// One thread per (row, head, i).
-extern "C" __global__ void rope(float* X, const u32* pos, const float* cos_t, const float* sin_t,
-                                u32 rows, u32 n_heads, u32 head_dim, u32 half) {
-    pdl_entry();
+// One thread per (row, head, i). `P` says which table row (PosPlain, PosM).
+template <typename P>
+__device__ __forceinline__ void rope_body(float* X, P pos, const float* cos_t, const float* sin_t, u32 rows,
+                                          u32 n_heads, u32 head_dim, u32 half) {
     const u64 n = (u64)rows * n_heads * half;
     for (u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (u64)gridDim.x * blockDim.x) {
         const u64 rh = idx / half;
         const u32 i = (u32)(idx % half);
         const u32 r = (u32)(rh / n_heads);
         float* h = X + rh * head_dim;
-        const u64 t = (u64)pos[r] * half + i;
+        const u64 t = (u64)pos.at(r, i) * half + i;
         const float c = cos_t[t], s = sin_t[t];
         const float x0 = h[i], x1 = h[half + i];
         h[i] = x0 * c - x1 * s;
         h[half + i] = x1 * c + x0 * s;
     }
+}
+
+extern "C" __global__ void rope(float* X, const u32* pos, const float* cos_t, const float* sin_t,
+                                u32 rows, u32 n_heads, u32 head_dim, u32 half) {
+    pdl_entry();
+    rope_body(X, PosPlain{pos}, cos_t, sin_t, rows, n_heads, head_dim, half);
+}
+
+// `rope` at M-RoPE positions: pos3 holds (t, h, w) per row, the sections st / sh / sw and the
+// layout `inter` as PosM.
+extern "C" __global__ void rope_mrope(float* X, const u32* pos3, u32 st, u32 sh, u32 sw, u32 inter,
+                                      const float* cos_t, const float* sin_t, u32 rows, u32 n_heads,
+                                      u32 head_dim, u32 half) {
+    pdl_entry();
+    rope_body(X, PosM{pos3, st, sh, sw, inter}, cos_t, sin_t, rows, n_heads, head_dim, half);
 }
 
 // Writes each row's K and V (width = n_kv_heads * head_dim values) into the paged caches (kvfmt.cuh)
@@ -77,8 +118,8 @@ extern "C" __global__ void kv_write_q8_0(u8* Kc, u8* Vc, const float* K, const f
 // the two unrotated values rot + i and head_dim / 2 + i (partial RoPE). The K values and the
 // matching V values go to the caches at slot[r] (as `kv_write`). KvQ8 stores nothing
 // (`rope_kv_q8_0` is RoPE of Q and K only; kv_write_q8_0 follows).
-template <typename F>
-__device__ __forceinline__ void rope_kv_body(float* Q, float* K, const float* V, const u32* pos, const float* cos_t,
+template <typename F, typename P>
+__device__ __forceinline__ void rope_kv_body(float* Q, float* K, const float* V, P pos, const float* cos_t,
                                              const float* sin_t, u8* Kc, u8* Vc, const u32* slot, u32 rows,
                                              u32 n_heads, u32 n_kv_heads, u32 head_dim, u32 rot) {
     const u32 half = head_dim / 2;
@@ -97,7 +138,7 @@ __device__ __forceinline__ void rope_kv_body(float* Q, float* K, const float* V,
         const u32 e1 = i < rot ? rot + i : half + i;
         float y0 = x[e0], y1 = x[e1];
         if (i < rot) {
-            const u64 t = (u64)pos[r] * rot + i;
+            const u64 t = (u64)pos.at(r, i) * rot + i;
             const float c = cos_t[t], s = sin_t[t];
             const float x0 = y0, x1 = y1;
             y0 = x0 * c - x1 * s;
@@ -123,7 +164,18 @@ __device__ __forceinline__ void rope_kv_body(float* Q, float* K, const float* V,
                                                 const float* cos_t, const float* sin_t, u8* Kc, u8* Vc,   \
                                                 const u32* slot, u32 rows, u32 n_heads, u32 n_kv_heads,   \
                                                 u32 head_dim, u32 rot) { pdl_entry();                                  \
-        rope_kv_body<FMT>(Q, K, V, pos, cos_t, sin_t, Kc, Vc, slot, rows, n_heads, n_kv_heads, head_dim, rot); \
+        rope_kv_body<FMT>(Q, K, V, PosPlain{pos}, cos_t, sin_t, Kc, Vc, slot, rows, n_heads, n_kv_heads,     \
+                          head_dim, rot);                                                                   \
+    }
+
+// rope_kv at M-RoPE positions (pos3 and the sections as `rope_mrope`).
+#define ROPE_KV_MROPE_KERNEL(suffix, FMT)                                                                 \
+    extern "C" __global__ void rope_kv_mrope_##suffix(                                                     \
+        float* Q, float* K, const float* V, const u32* pos3, u32 st, u32 sh, u32 sw, u32 inter,            \
+        const float* cos_t, const float* sin_t, u8* Kc, u8* Vc, const u32* slot, u32 rows, u32 n_heads,    \
+        u32 n_kv_heads, u32 head_dim, u32 rot) { pdl_entry();                                               \
+        rope_kv_body<FMT>(Q, K, V, PosM{pos3, st, sh, sw, inter}, cos_t, sin_t, Kc, Vc, slot, rows,        \
+                          n_heads, n_kv_heads, head_dim, rot);                                              \
     }
 
 // rope_kv with the per-head RMSNorm of q and k before RoPE (qwen3 / Gemma 3 q_norm, k_norm),
@@ -131,8 +183,8 @@ __device__ __forceinline__ void rope_kv_body(float* Q, float* K, const float* V,
 // operations of rms_norm (norm.cu) on a row of head_dim, then rope_kv_body's rotation and cache
 // stores; the normalized (and rotated) values go back to Q / K as the two launches leave them.
 // The bits of rms_norm (q), rms_norm (k), rope_kv.
-template <typename F>
-__device__ __forceinline__ void rope_kv_norm_body(float* Q, float* K, const float* V, const u32* pos,
+template <typename F, typename P>
+__device__ __forceinline__ void rope_kv_norm_body(float* Q, float* K, const float* V, P pos,
                                                   const float* cos_t, const float* sin_t, u8* Kc, u8* Vc,
                                                   const u32* slot, const float* __restrict__ qn,
                                                   const float* __restrict__ kn, float eps, u32 rows, u32 n_heads,
@@ -155,7 +207,6 @@ __device__ __forceinline__ void rope_kv_norm_body(float* Q, float* K, const floa
         u8* kr = Kc + slot[r] * rb;
         u8* vr = Vc + slot[r] * rb;
         const u32 c0 = h * head_dim;
-        const u64 t0 = (u64)pos[r] * rot;
         // Pair i with what it reads (its two values, their norm weights, cos / sin, V): normalized,
         // rotated, written back, K and V cached.
         struct In {
@@ -166,8 +217,9 @@ __device__ __forceinline__ void rope_kv_norm_body(float* Q, float* K, const floa
             const u32 e1 = i < rot ? rot + i : half + i;
             In a{x[e0], x[e1], W[e0], W[e1], 0.0f, 0.0f, 0.0f, 0.0f};
             if (i < rot) {
-                a.c = cos_t[t0 + i];
-                a.s = sin_t[t0 + i];
+                const u64 t = (u64)pos.at(r, i) * rot + i;
+                a.c = cos_t[t];
+                a.s = sin_t[t];
             }
             if (isk) {
                 a.v0 = V[src + e0];
@@ -217,8 +269,19 @@ __device__ __forceinline__ void rope_kv_norm_body(float* Q, float* K, const floa
         float* Q, float* K, const float* V, const u32* pos, const float* cos_t, const float* sin_t, u8* Kc, \
         u8* Vc, const u32* slot, const float* qn, const float* kn, float eps, u32 rows, u32 n_heads,       \
         u32 n_kv_heads, u32 head_dim, u32 rot) { pdl_entry();                                               \
-        rope_kv_norm_body<FMT>(Q, K, V, pos, cos_t, sin_t, Kc, Vc, slot, qn, kn, eps, rows, n_heads,       \
-                               n_kv_heads, head_dim, rot);                                                  \
+        rope_kv_norm_body<FMT>(Q, K, V, PosPlain{pos}, cos_t, sin_t, Kc, Vc, slot, qn, kn, eps, rows,      \
+                               n_heads, n_kv_heads, head_dim, rot);                                         \
+    }
+
+// rope_kv_norm at M-RoPE positions (pos3 and the sections as `rope_mrope`).
+#define ROPE_KV_NORM_MROPE_KERNEL(suffix, FMT)                                                            \
+    extern "C" __global__ void rope_kv_norm_mrope_##suffix(                                                \
+        float* Q, float* K, const float* V, const u32* pos3, u32 st, u32 sh, u32 sw, u32 inter,            \
+        const float* cos_t, const float* sin_t, u8* Kc, u8* Vc, const u32* slot, const float* qn,          \
+        const float* kn, float eps, u32 rows, u32 n_heads, u32 n_kv_heads, u32 head_dim, u32 rot) {         \
+        pdl_entry();                                                                                       \
+        rope_kv_norm_body<FMT>(Q, K, V, PosM{pos3, st, sh, sw, inter}, cos_t, sin_t, Kc, Vc, slot, qn, kn, \
+                               eps, rows, n_heads, n_kv_heads, head_dim, rot);                              \
     }
 
 ROPE_KV_NORM_KERNEL(f32, KvF32)
@@ -230,3 +293,13 @@ ROPE_KV_KERNEL(f32, KvF32)
 ROPE_KV_KERNEL(f16, KvF16)
 ROPE_KV_KERNEL(bf16, KvBF16)
 ROPE_KV_KERNEL(q8_0, KvQ8)
+
+ROPE_KV_MROPE_KERNEL(f32, KvF32)
+ROPE_KV_MROPE_KERNEL(f16, KvF16)
+ROPE_KV_MROPE_KERNEL(bf16, KvBF16)
+ROPE_KV_MROPE_KERNEL(q8_0, KvQ8)
+
+ROPE_KV_NORM_MROPE_KERNEL(f32, KvF32)
+ROPE_KV_NORM_MROPE_KERNEL(f16, KvF16)
+ROPE_KV_NORM_MROPE_KERNEL(bf16, KvBF16)
+ROPE_KV_NORM_MROPE_KERNEL(q8_0, KvQ8)

@@ -238,18 +238,20 @@ pub fn load_vision(
 ) -> std::result::Result<Arc<Vision>, String> {
     let fail = |e: memra_engine::Error| format!("model `{alias}`: +mmproj={}: {e}", path.display());
     let mut tower = VisionTower::open(path).map_err(fail)?;
-    if let Some(q) = tower.qwen_params().filter(|q| !q.deepstack.is_empty()) {
-        return Err(format!(
-            "model `{alias}`: +mmproj={}: the tower has {} deepstack mergers (Qwen3-VL), whose \
-             rows a text model adds to its first layers; no text model here takes them yet",
-            path.display(),
-            q.deepstack.len()
-        ));
-    }
+    // A Qwen3-VL tower's rows carry its deepstack mergers' values too: a qwen3vl text model
+    // with as many deepstack layers takes them (`ModelConfig::embed_width`).
     if tower.out_width() != hidden {
+        let deepstack = tower.qwen_params().map_or(0, |q| q.deepstack.len());
+        let why = match deepstack {
+            0 => String::new(),
+            n => format!(
+                " (the tower has {n} deepstack mergers, Qwen3-VL: its text model is a qwen3vl \
+                 with `qwen3vl.n_deepstack_layers` = {n})"
+            ),
+        };
         return Err(format!(
             "model `{alias}`: +mmproj={}: the tower's rows have {} values, the model's \
-             embeddings {hidden}",
+             embeddings {hidden}{why}",
             path.display(),
             tower.out_width()
         ));
@@ -331,7 +333,7 @@ fn load(cfg: StartConfig) -> std::result::Result<Loaded, String> {
         tracing::info!("loaded {alias} ({})", path.display());
         if let Some(p) = mmproj {
             let device = vision_device(&cfg.engine);
-            let v = load_vision(&alias, &p, &m.tokenizer, m.config.hidden, device)?;
+            let v = load_vision(&alias, &p, &m.tokenizer, m.config.embed_width(), device)?;
             let sizes = match v.tower.qwen_params() {
                 None => format!(
                     "{0}x{0} images, {1} tokens each",

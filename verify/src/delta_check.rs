@@ -134,6 +134,7 @@ fn gpu_step(
 fn batch(rows: &[(usize, usize)], slots: &[u32]) -> StepBatch {
     StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows: rows
             .iter()
             .map(|&(seq, pos)| StepRow {
@@ -322,7 +323,7 @@ fn partial_rope_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         q: g.ptr(&dq),
         k: g.ptr(&dk),
         v: g.ptr(&dv),
-        pos: g.ptr(&dp),
+        pos: g.ptr(&dp).into(),
         cos: tables.0,
         sin: tables.1,
         k_cache: g.ptr(&kc),

@@ -196,7 +196,7 @@ fn rope_norm_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                     q: g.ptr(&dq),
                     k: g.ptr(&dk),
                     v: g.ptr(&dv),
-                    pos: g.ptr(&dp),
+                    pos: g.ptr(&dp).into(),
                     cos: g.ptr(&dc),
                     sin: g.ptr(&ds),
                     k_cache: g.ptr(&kc),

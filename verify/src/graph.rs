@@ -149,6 +149,7 @@ pub fn run(
         .collect();
     b.step(&StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows,
         block_tables: vec![prompt_table.clone()],
         state_slots: Vec::new(),
@@ -200,6 +201,7 @@ pub fn run(
         }
         StepBatch {
             embeds: Vec::new(),
+            mrope: Vec::new(),
             rows,
             block_tables: tables,
             state_slots: Vec::new(),

@@ -110,6 +110,7 @@ impl Run<'_> {
         }
         let out = self.b.step(&StepBatch {
             embeds: Vec::new(),
+            mrope: Vec::new(),
             rows: rows.clone(),
             block_tables: tables,
             state_slots: Vec::new(),

@@ -216,7 +216,8 @@ fn rope_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             1e-6,
         ));
     }
-    Ok(())
+    // M-RoPE (qwen2vl, qwen3vl): the `*_mrope` kernels.
+    super::mrope_check::mrope_cases(g, seed, out)
 }
 
 fn elementwise_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {

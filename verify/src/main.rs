@@ -427,6 +427,22 @@ fn gate_vision(a: &memra_verify::vision::VisionArgs, json: Option<&Path>) -> Res
     if let Some(d) = r.f64_vs_numpy {
         println!("vision: the Rust float64 reference vs numpy's: {d:.2e} of the largest value");
     }
+    if let Some(t) = &r.text {
+        println!(
+            "vision: the M-RoPE text model ({}) vs the numpy text reference: positions {} HF's \
+             get_rope_index on {} prompts of text and two images; logits {:.2e} of the largest \
+             value apart (tolerance {:.0e})",
+            a.family.text_arch().gguf_name(),
+            if t.positions_equal {
+                "equal to"
+            } else {
+                "DIFFERENT from"
+            },
+            t.prompts,
+            t.rel_error,
+            a.tolerance
+        );
+    }
     println!(
         "vision: greedy tokens equal on {}/{} image prompts (memra's vs the reference's rows)",
         r.tokens_equal, r.prompts

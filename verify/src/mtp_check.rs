@@ -43,6 +43,7 @@ fn batch(ids: &[u32], block_size: usize) -> StepBatch {
         .collect();
     StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows,
         block_tables: vec![(0..ids.len().div_ceil(block_size) as u32).collect()],
         state_slots: Vec::new(),

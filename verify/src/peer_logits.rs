@@ -131,6 +131,7 @@ pub fn run(b: &mut dyn Backend, json: &Path) -> Result<PeerReport> {
         let first = c.prompt.len() - 1;
         let batch = StepBatch {
             embeds: Vec::new(),
+            mrope: Vec::new(),
             rows: ids
                 .iter()
                 .enumerate()

@@ -326,6 +326,7 @@ pub fn check(
             Prompt {
                 ids,
                 start: c.before.len(),
+                grid: None,
             }
         })
         .collect();
@@ -402,9 +403,11 @@ fn forced(
                     row: q.start + r,
                     values: ours[c.image].clone(),
                     index: r,
+                    width: b.config().embed_width(),
                     span: span.clone(),
                 })
                 .collect(),
+            mrope: Vec::new(),
         };
         let out = b.step(&batch)?;
         for (si, got) in out.logits.iter().enumerate() {

@@ -137,6 +137,7 @@ pub fn trace(b: &mut dyn Backend, o: &Options) -> Result<Trace> {
             block_tables: tables.clone(),
             state_slots: (1..=k as u32).collect(),
             embeds: Vec::new(),
+            mrope: Vec::new(),
         };
         let mut rows = Vec::new();
         for (j, (len, toks)) in lens.iter().zip(&seq_tokens).enumerate() {

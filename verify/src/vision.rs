@@ -22,10 +22,12 @@
 //!   whole image).
 //!
 //! The tower is MMPROJ (default: a tiny random one of `--family` written to a temporary mmproj
-//! GGUF); the text model is MODEL (a gemma3 for Gemma 3's tower, a qwen2 or qwen3 for the Qwen
-//! ViT, of the tower's output width; default: a tiny random one with SmolLM2's tokenizer).
-//! A Qwen3-VL tower's rows carry its deepstack mergers' values after the main ones: all of them
-//! are checked against the reference, the main ones served.
+//! GGUF); the text model is MODEL (a gemma3 for Gemma 3's tower; for the Qwen ViT a qwen2vl or
+//! qwen3vl, M-RoPE: each image's rows placed by its token grid; or a plain qwen2 / qwen3; of
+//! the tower's output width; default: a tiny random one of the family's architecture with
+//! SmolLM2's tokenizer). A Qwen3-VL tower's rows carry its deepstack mergers' values after the
+//! main ones: all of them are checked against the reference, and served to a qwen3vl (its
+//! deepstack layers add them), the main ones to a plain model.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -121,6 +123,9 @@ pub struct VisionReport {
     pub cached_tokens_inside_image: usize,
     /// The CPU tower's time per image.
     pub encode_ms_per_image: f64,
+    /// The Qwen-VL text model against its numpy reference (M-RoPE positions, logits;
+    /// vision_text.rs), when the numpy reference runs for a Qwen family.
+    pub text: Option<crate::vision_text::TextReport>,
     /// Where the gate's rows came from (`cpu`, or the CUDA tower's device).
     pub tower: String,
     /// On a CUDA device, per image: max |cuda - cpu| / max |cpu|.
@@ -213,13 +218,15 @@ pub(crate) fn run(e: &EngineHandle, r: ValidRequest) -> Result<Run> {
     }
 }
 
-/// An image prompt: text `i`, the image's tokens, text `i + 1`.
+/// An image prompt: text `i`, the image's tokens, text `i + 1`; the image's token grid.
 pub(crate) struct Prompt {
     pub(crate) ids: Vec<u32>,
     pub(crate) start: usize,
+    pub(crate) grid: Option<(usize, usize)>,
 }
 
-fn prompt(i: usize, tokens: &ImageTokens, rows: usize, vocab: usize) -> Prompt {
+fn prompt(i: usize, tokens: &ImageTokens, grid: (usize, usize), vocab: usize) -> Prompt {
+    let rows = grid.0 * grid.1;
     let text = |k: usize, n: usize| -> Vec<u32> {
         (0..n)
             .map(|j| (100 + 37 * (k * 11 + j)) as u32 % vocab as u32)
@@ -230,7 +237,11 @@ fn prompt(i: usize, tokens: &ImageTokens, rows: usize, vocab: usize) -> Prompt {
     let start = ids.len() + first;
     ids.extend(img);
     ids.extend(text(i + 1, 4 + i % 3));
-    Prompt { ids, start }
+    Prompt {
+        ids,
+        start,
+        grid: Some(grid),
+    }
 }
 
 pub(crate) fn request(
@@ -262,6 +273,7 @@ pub(crate) fn request(
                     embeds,
                     width,
                     hash,
+                    grid: p.grid,
                 }]
             })
             .unwrap_or_default(),
@@ -363,9 +375,12 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
         )));
     }
     let width = tower.out_width();
-    if width != hidden && tower.qwen_params().is_none_or(|q| q.text_hidden != hidden) {
+    // What the text model takes: whole rows (a qwen3vl takes the deepstack values too), or
+    // a plain qwen3's main rows of a Qwen3-VL tower.
+    let take = m.config.embed_width();
+    if width != take && tower.qwen_params().is_none_or(|q| q.text_hidden != take) {
         return Err(Error::Input(format!(
-            "vision: the tower's rows have {width} values, the model's embeddings {hidden}"
+            "vision: the tower's rows have {width} values, the model's embeddings {take}"
         )));
     }
     if qwen && a.reference.f64() {
@@ -409,34 +424,46 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
         .collect();
     let refs = references(a, &mmproj, qwen, &images, &full, dir.path(), &mut rep)?
         .unwrap_or_else(|| cpu.iter().map(|r| r.to_vec()).collect());
-    // What the text model takes: the main rows (a Qwen3-VL tower's deepstack values dropped).
+    let grids: Vec<(usize, usize)> = images.iter().map(|i| tower.grid_for(i.w, i.h)).collect();
+    let vl = a.family.text_arch();
+    if let (Some(q), true) = (tower.qwen_params(), a.reference.numpy() && vl.is_vl()) {
+        let t = crate::vision_text::check(&a.python, vl, q, &cpu, &grids, dir.path())?;
+        if !t.positions_equal {
+            rep.failures.push(format!(
+                "{}: M-RoPE positions differ from HF's get_rope_index",
+                vl.gguf_name()
+            ));
+        }
+        if t.rel_error.is_nan() || t.rel_error > a.tolerance {
+            rep.failures.push(format!(
+                "{}: logits differ from the numpy text reference by {:.2e} of the largest \
+                 (tolerance {:.0e})",
+                vl.gguf_name(),
+                t.rel_error,
+                a.tolerance
+            ));
+        }
+        rep.text = Some(t);
+    }
     let ours: Vec<Arc<[f32]>> = full
         .iter()
-        .map(|r| Arc::from(main_rows(r, width, hidden)))
+        .map(|r| Arc::from(main_rows(r, width, take)))
         .collect();
-    let refs: Vec<Vec<f32>> = refs.iter().map(|r| main_rows(r, width, hidden)).collect();
+    let refs: Vec<Vec<f32>> = refs.iter().map(|r| main_rows(r, width, take)).collect();
     let tokens = ImageTokens::from_tokenizer(&m.tokenizer);
     let rows: Vec<usize> = rep.image_tokens.clone();
     let prompts: Vec<Prompt> = (0..a.prompts)
-        .map(|i| prompt(i, &tokens, rows[i % rows.len()], m.config.vocab))
+        .map(|i| prompt(i, &tokens, grids[i % grids.len()], m.config.vocab))
         .collect();
     let fed = Fed {
         prompts: &prompts,
         ours: &ours,
         hashes: &hashes,
-        width: hidden,
+        width: take,
         budget: 64.max(rows.iter().max().copied().unwrap_or(0) + 8),
     };
     tokens_check(a, &fed, &refs, &mut rep)?;
-    serve(
-        a,
-        &prompts,
-        &ours,
-        &hashes,
-        hidden,
-        m.config.vocab,
-        &mut rep,
-    )?;
+    serve(a, &prompts, &ours, &hashes, take, m.config.vocab, &mut rep)?;
     Ok(rep)
 }
 
@@ -634,6 +661,7 @@ fn serve(
                 .map(|j| (300 + 53 * j + i) as u32 % vocab as u32)
                 .collect(),
             start: 0,
+            grid: None,
         };
         reqs.push(request(&text, None, width, a.max_tokens));
     }
@@ -692,10 +720,10 @@ fn serve(
             again.0 == alone[0].0
         ));
     }
+    // Another image of the same size (its rows negated, another hash).
     let mut other = reqs[0].clone();
-    let k = 1 % ours.len();
-    other.media[0].embeds = ours[k].clone();
-    other.media[0].hash = hashes[k] ^ 1;
+    other.media[0].embeds = ours[0].iter().map(|v| -v).collect();
+    other.media[0].hash = hashes[0] ^ 1;
     let o = run(&e, other)?;
     rep.cached_tokens_other_image = o.1;
     if o.1 > prompts[0].start {
@@ -735,7 +763,11 @@ fn hit_inside_image(
     let start = p0.start + pad;
     let req = |ids: Vec<u32>| {
         request(
-            &Prompt { ids, start },
+            &Prompt {
+                ids,
+                start,
+                grid: p0.grid,
+            },
             Some(media.clone()),
             width,
             a.max_tokens,

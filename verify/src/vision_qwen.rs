@@ -16,11 +16,12 @@ use memra_engine::vision::{QwenKind, QwenParams, TowerParams, VisionTower};
 pub enum Family {
     /// Gemma 3's SigLIP tower (a gemma3 text model).
     Gemma3,
-    /// Qwen2-VL's ViT (a qwen2 text model).
+    /// Qwen2-VL's ViT (a qwen2vl text model: M-RoPE).
     Qwen2vl,
-    /// Qwen2.5-VL's ViT, window attention (a qwen2 text model).
+    /// Qwen2.5-VL's ViT, window attention (a qwen2vl text model).
     Qwen25vl,
-    /// Qwen3-VL's ViT, learned positions, a deepstack merger (a qwen3 text model).
+    /// Qwen3-VL's ViT, learned positions, a deepstack merger (a qwen3vl text model:
+    /// interleaved M-RoPE, deepstack).
     Qwen3vl,
 }
 
@@ -38,8 +39,8 @@ impl Family {
     pub fn text_arch(self) -> Arch {
         match self {
             Family::Gemma3 => Arch::Gemma3,
-            Family::Qwen2vl | Family::Qwen25vl => Arch::Qwen2,
-            Family::Qwen3vl => Arch::Qwen3,
+            Family::Qwen2vl | Family::Qwen25vl => Arch::Qwen2Vl,
+            Family::Qwen3vl => Arch::Qwen3Vl,
         }
     }
 
@@ -58,11 +59,15 @@ impl Family {
     }
 }
 
-/// Whether a text model of `arch` takes the rows of `tower`.
+/// Whether a text model of `arch` takes the rows of `tower` (the Qwen ViT's: the Qwen-VL text
+/// models, M-RoPE; also a plain qwen2 / qwen3, consecutive positions).
 pub fn text_model_fits(tower: &VisionTower, arch: Arch) -> bool {
     match tower.qwen_params() {
         None => arch == Arch::Gemma3,
-        Some(_) => matches!(arch, Arch::Qwen2 | Arch::Qwen3),
+        Some(_) => matches!(
+            arch,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen2Vl | Arch::Qwen3Vl
+        ),
     }
 }
 

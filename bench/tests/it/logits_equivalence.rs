@@ -87,6 +87,8 @@ fn synthetic_models_in_both_formats_agree_bitwise() {
         ("tiny-gemma3", "bf16"),
         ("tiny-qwen3moe", "q8_0"),
         ("tiny-qwen3moe", "bf16"),
+        ("tiny-qwen2vl", "q8_0"),
+        ("tiny-qwen3vl", "f16"),
     ] {
         let gguf = dir.path().join(format!("{shape}-{dtype}.gguf"));
         let hf = dir.path().join(format!("{shape}-{dtype}-hf"));

@@ -64,7 +64,14 @@ fn tiny_models_all_archs_and_types() {
         SynthDType::Q4_0,
         SynthDType::Q4KM,
     ];
-    for shape in [Shape::TinyLlama, Shape::TinyQwen2, Shape::TinyQwen3] {
+    let shapes = [
+        Shape::TinyLlama,
+        Shape::TinyQwen2,
+        Shape::TinyQwen3,
+        Shape::TinyQwen2Vl,
+        Shape::TinyQwen3Vl,
+    ];
+    for shape in shapes {
         for dtype in dtypes {
             let out = dir.path().join(format!("{shape}-{}.gguf", dtype.name()));
             let a = args(shape, dtype, 5, out.clone());
@@ -434,6 +441,29 @@ fn synth_mmproj_writes_every_tiny_tower() {
         let t = memra_engine::vision::VisionTower::open(&out).unwrap();
         assert_eq!(t.tokens_per_image(), tokens, "{shape}");
         assert_eq!(t.out_width(), width, "{shape}");
+    }
+    // The Qwen-VL text shapes take the tiny Qwen towers' rows: their input embedding width
+    // (Qwen3-VL: main and deepstack rows) and their M-RoPE sections from the GGUF.
+    for (shape, tower, deepstack) in [
+        ("tiny-qwen2vl", "tiny-qwen25vl", 0),
+        ("tiny-qwen3vl", "tiny-qwen3vl", 1),
+    ] {
+        let text = dir.path().join(format!("{shape}-text.gguf"));
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_memra-bench"))
+            .args([
+                "synth", "--shape", shape, "--dtype", "q8_0", "--quiet", "--out",
+            ])
+            .arg(&text)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let c = ModelConfig::from_gguf(&Gguf::open(&text).unwrap()).unwrap();
+        let vl = c.vl.unwrap();
+        assert_eq!(vl.deepstack, deepstack, "{shape}");
+        assert_eq!(vl.sections.sizes.iter().sum::<usize>(), c.head_dim / 2);
+        let t = memra_engine::vision::VisionTower::open(&dir.path().join(format!("{tower}.gguf")))
+            .unwrap();
+        assert_eq!(t.out_width(), c.embed_width(), "{shape} + {tower}");
     }
     let e = memra_bench::synth_mmproj::tower_shape("huge", 64).unwrap_err();
     assert!(e.to_string().contains("qwen25vl-7b"), "{e}");

@@ -46,16 +46,25 @@ pub struct StepBatch {
     /// Rows whose input is a given embedding instead of their token's (an image's soft
     /// tokens, crate::vision): at most one per row, in row order. Empty for text-only steps.
     pub embeds: Vec<RowEmbed>,
+    /// The M-RoPE positions (temporal, height, width) of every row, for a model whose RoPE has
+    /// sections (qwen2vl, qwen3vl: crate::vision::mrope); each at most the row's `pos`. Empty:
+    /// every row's are `(pos, pos, pos)` (the scheduler fills them for a step holding a
+    /// sequence with images; other models ignore them).
+    pub mrope: Vec<[u32; 3]>,
 }
 
-/// A step row's input embedding: row `index` of `values` (rows of the model's hidden size),
-/// injected after the token embedding and its scaling (`Ops::inject`).
+/// A step row's input embedding: row `index` of `values` (rows of `width` values), injected
+/// after the token embedding and its scaling (`Ops::inject`: the first hidden-size values;
+/// Qwen3-VL's deepstack parts after them, `Ops::inject_add`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowEmbed {
     /// The step row.
     pub row: usize,
     pub values: std::sync::Arc<[f32]>,
     pub index: usize,
+    /// Values per row of `values`: the model's input embedding width
+    /// (`ModelConfig::embed_width`).
+    pub width: usize,
     /// The positions of the image the row belongs to (its own position inside). An
     /// architecture whose attention is bidirectional within an image (`AttnParams::spans`,
     /// Gemma 3) lets the row see the whole span: the step must hold the span's last position
@@ -68,18 +77,20 @@ pub struct RowEmbed {
 pub fn check_embeds(batch: &StepBatch, width: usize) -> Result<()> {
     let mut next = 0;
     for e in &batch.embeds {
-        let ok = e.row >= next
+        let ok = e.width == width
+            && e.row >= next
             && e.row < batch.rows.len()
             && (e.index + 1)
                 .checked_mul(width)
                 .is_some_and(|end| end <= e.values.len());
         if !ok {
             return Err(Error::Input(format!(
-                "step embedding for row {} (index {} of {} values, width {width}) is out of \
-                 order or out of range",
+                "step embedding for row {} (index {} of {} values in rows of {}, the model's \
+                 {width}) is out of order or out of range",
                 e.row,
                 e.index,
-                e.values.len()
+                e.values.len(),
+                e.width
             )));
         }
         next = e.row + 1;
@@ -442,6 +453,30 @@ pub fn check_batch(
         })?;
         if let Some(b) = used.iter().find(|&&b| b as usize >= blocks) {
             return Err(err(format!("row {i}: KV block {b} does not exist")));
+        }
+    }
+    check_mrope(batch)
+}
+
+/// Checks a step's M-RoPE positions: none, or one triple per row, each component at most the
+/// row's position (so a table of the context's positions holds them).
+pub fn check_mrope(batch: &StepBatch) -> Result<()> {
+    if batch.mrope.is_empty() {
+        return Ok(());
+    }
+    if batch.mrope.len() != batch.rows.len() {
+        return Err(Error::Input(format!(
+            "step: {} M-RoPE positions for {} rows",
+            batch.mrope.len(),
+            batch.rows.len()
+        )));
+    }
+    for (i, (r, m)) in batch.rows.iter().zip(&batch.mrope).enumerate() {
+        if m.iter().any(|&v| v > r.pos) {
+            return Err(Error::Input(format!(
+                "row {i}: M-RoPE positions {m:?} past its position {}",
+                r.pos
+            )));
         }
     }
     Ok(())

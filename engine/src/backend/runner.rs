@@ -118,7 +118,7 @@ impl<O: Exec> Runner<O> {
             return Ok((Vec::new(), self.head_in));
         }
         if !batch.embeds.is_empty() {
-            super::check_embeds(batch, self.config.hidden)?;
+            super::check_embeds(batch, self.config.embed_width())?;
             super::spans::check_spans(batch)?;
             if !(self.ops.injects_rows() && self.model.takes_embeds()) {
                 return Err(Error::Unsupported(format!(

@@ -237,6 +237,7 @@ mod tests {
             .max(slots.len());
         StepBatch {
             embeds: Vec::new(),
+            mrope: Vec::new(),
             rows: rows
                 .iter()
                 .map(|&(pos, seq)| StepRow {

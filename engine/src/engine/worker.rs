@@ -269,7 +269,8 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         spec: spec.as_ref().map(|s| (s.name(), s.cfg.k)),
         spec_notes,
         pipeline: backend.pipeline(),
-        hidden: backend.config().hidden,
+        hidden: backend.config().embed_width(),
+        mrope: backend.config().vl.is_some(),
         image_input: backend.accepts_embeds(),
         max_image_rows: cfg.scheduler.max_batch_tokens.max(1),
     };

@@ -117,7 +117,8 @@ impl<O: Ops> Embedding<O> {
     }
 }
 
-/// The llama RoPE table of a config: its theta, llama3 scaling or GGUF frequency factors.
+/// The llama RoPE table of a config: its theta, llama3 scaling or GGUF frequency factors, and
+/// its M-RoPE sections (qwen2vl, qwen3vl).
 pub fn llama_rope<O: Ops>(ops: &mut O, w: &ModelWeights) -> Result<RopeId> {
     let c = &w.config;
     let rope = Rope::new(
@@ -125,7 +126,8 @@ pub fn llama_rope<O: Ops>(ops: &mut O, w: &ModelWeights) -> Result<RopeId> {
         c.rope_theta,
         c.rope_scaling,
         w.rope_freq_factors.as_deref(),
-    );
+    )
+    .with_sections(c.vl.map(|v| v.sections));
     ops.rope_table(rope)
 }
 

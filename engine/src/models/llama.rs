@@ -121,8 +121,12 @@ pub struct Llama<O: Ops> {
     rope: RopeId,
     attn: AttnParams,
     eps: f32,
-    /// Whether image rows replace the token embeddings (qwen2 and qwen3: the Qwen ViT's).
+    /// Whether image rows replace the token embeddings (qwen2, qwen3, qwen2vl, qwen3vl: the
+    /// Qwen ViT's).
     embeds: bool,
+    /// Qwen3-VL's deepstack: part `l + 1` of each image row is added into the residual after
+    /// layer `l < deepstack` (`Ops::inject_add`).
+    deepstack: usize,
 }
 
 pub fn build<O: Ops>(w: &ModelWeights, s: &Stage, ops: &mut O) -> Result<Box<dyn Forward<O>>> {
@@ -151,6 +155,7 @@ pub(crate) fn build_llama<O: Ops>(
         attn: AttnParams::causal(c.n_heads, c.n_kv_heads, c.head_dim),
         eps: c.rms_eps,
         embeds,
+        deepstack: c.vl.map_or(0, |v| v.deepstack),
     }))
 }
 
@@ -163,7 +168,12 @@ impl<O: Ops> Forward<O> for Llama<O> {
             ops.inject(a.x)?;
         }
         for (i, w) in self.layers.iter().enumerate() {
-            w.forward(ops, a, self.first + i, (self.rope, self.attn, self.eps))?;
+            let l = self.first + i;
+            w.forward(ops, a, l, (self.rope, self.attn, self.eps))?;
+            if self.embeds && l < self.deepstack {
+                ops.inject_add(a.x, l + 1, a.o)?;
+                ops.dump("deepstack_out", l, a.x);
+            }
         }
         Ok(a.x)
     }

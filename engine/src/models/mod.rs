@@ -15,10 +15,12 @@ pub mod llama_postnorm;
 pub mod mtp;
 pub mod qk_order;
 pub mod qwen2;
+pub mod qwen2vl;
 pub mod qwen3;
 pub mod qwen3_moe;
 pub mod qwen3next;
 pub mod qwen3next_mtp;
+pub mod qwen3vl;
 #[cfg(any(test, feature = "test-util"))]
 pub mod random;
 pub mod roles;
@@ -45,6 +47,8 @@ pub enum Arch {
     Gemma3,
     Qwen3Moe,
     Qwen3Next,
+    Qwen2Vl,
+    Qwen3Vl,
 }
 
 /// What the code outside an architecture's file needs to know about it.
@@ -81,7 +85,7 @@ pub type HfTensorFn = fn(
 ) -> Result<Option<Option<crate::weights::Tensor>>>;
 
 /// Every architecture, in registry order.
-pub const ARCHS: [&ArchDef; 7] = [
+pub const ARCHS: [&ArchDef; 9] = [
     &llama::DEF,
     &qwen2::DEF,
     &qwen3::DEF,
@@ -89,6 +93,8 @@ pub const ARCHS: [&ArchDef; 7] = [
     &gemma3::DEF,
     &qwen3_moe::DEF,
     &qwen3next::DEF,
+    &qwen2vl::DEF,
+    &qwen3vl::DEF,
 ];
 
 /// The definition of `arch`.
@@ -101,6 +107,8 @@ pub fn def(arch: Arch) -> &'static ArchDef {
         Arch::Gemma3 => &gemma3::DEF,
         Arch::Qwen3Moe => &qwen3_moe::DEF,
         Arch::Qwen3Next => &qwen3next::DEF,
+        Arch::Qwen2Vl => &qwen2vl::DEF,
+        Arch::Qwen3Vl => &qwen3vl::DEF,
     }
 }
 
@@ -111,7 +119,8 @@ pub trait Forward<O: Ops>: Send {
     /// The output head: `x` (step rows, or head rows) into `logits` (head rows).
     fn head(&self, ops: &mut O, x: Act, logits: Act) -> Result<()>;
     /// Whether the body injects given embeddings into its input rows (`Ops::inject`): an
-    /// architecture with a vision tower (gemma3, qwen2, qwen3). Others refuse steps that carry embeddings.
+    /// architecture with a vision tower (gemma3, qwen2, qwen3, qwen2vl, qwen3vl). Others
+    /// refuse steps that carry embeddings.
     fn takes_embeds(&self) -> bool {
         false
     }
@@ -195,6 +204,8 @@ pub fn build_stage<O: Ops>(
         Arch::Gemma3 => gemma3::build(w, stage, ops),
         Arch::Qwen3Moe => qwen3_moe::build(w, stage, ops),
         Arch::Qwen3Next => qwen3next::build(w, stage, ops),
+        Arch::Qwen2Vl => qwen2vl::build(w, stage, ops),
+        Arch::Qwen3Vl => qwen3vl::build(w, stage, ops),
     }
 }
 
@@ -226,6 +237,11 @@ impl Arch {
     /// ([`ModelConfig::hybrid`], crate::backend::state).
     pub fn is_recurrent(self) -> bool {
         self == Arch::Qwen3Next
+    }
+
+    /// Whether the architecture is a Qwen-VL text model with M-RoPE ([`ModelConfig::vl`]).
+    pub fn is_vl(self) -> bool {
+        matches!(self, Arch::Qwen2Vl | Arch::Qwen3Vl)
     }
 
     /// The GGUF `general.architecture` name.

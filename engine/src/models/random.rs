@@ -72,6 +72,19 @@ pub fn tiny_config(arch: Arch, vocab: usize) -> ModelConfig {
             // folds such a shared expert into the MoE (Ops::fold_shared_expert).
             shared_ffn: 32,
         }),
+        // 8 rotated pairs: qwen2vl's sections [2, 3, 3] contiguous, qwen3vl's [4, 2, 2]
+        // interleaved (THW THW TT) and one deepstack layer.
+        vl: arch.is_vl().then_some(crate::config::VlParams {
+            sections: crate::ops::rope::Sections {
+                sizes: if arch == Arch::Qwen3Vl {
+                    [4, 2, 2]
+                } else {
+                    [2, 3, 3]
+                },
+                interleaved: arch == Arch::Qwen3Vl,
+            },
+            deepstack: usize::from(arch == Arch::Qwen3Vl),
+        }),
     }
 }
 

@@ -263,6 +263,15 @@ pub trait Ops: Send + Sized + 'static {
     fn inject(&mut self, _x: Act) -> Result<()> {
         Ok(())
     }
+    /// Adds part `part` of each of the step's given embeddings (the `w = x.width` values from
+    /// `part * w` of its row; part 0 is what [`Ops::inject`] writes) into its row of `x`, one
+    /// add per value; the other rows are untouched (Qwen3-VL's deepstack rows). `tmp` (x's
+    /// width) is scratch for a backend that copies the rows to the device first.
+    fn inject_add(&mut self, _x: Act, _part: usize, _tmp: Act) -> Result<()> {
+        Err(crate::error::Error::Unsupported(
+            "deepstack image rows (Qwen3-VL) are not supported on this backend".into(),
+        ))
+    }
     /// `y[r][n] = dot(W[n], x[r])`.
     fn matmul(&mut self, w: &Self::Mat, x: Act, y: Act) -> Result<()>;
     /// `ys[i] = W[i] x` for each matrix of `w`.
@@ -283,7 +292,9 @@ pub trait Ops: Send + Sized + 'static {
     /// Half-rotation (NeoX) RoPE of each head of `x` at the row's position, from `table`: the
     /// pairs `(i, i + half)` for `i < half`, `half` the table's frequency count. A table of
     /// fewer than `head_dim / 2` frequencies rotates the first `2 * half` values of each head
-    /// and leaves the rest (partial RoPE, [`Feature::Recurrent`] backends).
+    /// and leaves the rest (partial RoPE, [`Feature::Recurrent`] backends). A table with
+    /// M-RoPE sections takes frequency i at the row's M-RoPE position of its axis
+    /// ([`crate::backend::StepBatch::mrope`], `Rope::cos_sin_at`).
     fn rope(&mut self, x: Act, table: RopeId, head_dim: usize) -> Result<()>;
     /// Writes each row's K and V into `kv` at the row's position.
     fn kv_write(&mut self, kv: KvId, k: Act, v: Act) -> Result<()>;

@@ -223,6 +223,7 @@ fn verify(
         .collect();
     let batch = StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows,
         block_tables: vec![table.to_vec()],
         state_slots: vec![0],

@@ -139,6 +139,7 @@ impl MtpDrafter {
     ) -> Result<Vec<(Vec<f32>, Vec<f32>)>> {
         let mut batch = StepBatch {
             embeds: Vec::new(),
+            mrope: Vec::new(),
             rows: Vec::with_capacity(rows.len()),
             block_tables: tables,
             state_slots: Vec::new(),

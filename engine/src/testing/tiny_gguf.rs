@@ -1,5 +1,5 @@
 //! GGUF files of in-memory models (tests): a config's shape metadata, the architecture's own
-//! keys (gemma3, MoE) and the weights under their GGUF names.
+//! keys (gemma3, MoE, M-RoPE) and the weights under their GGUF names.
 
 use std::path::Path;
 
@@ -41,6 +41,9 @@ pub fn gguf_meta(c: &ModelConfig) -> Vec<(String, MetaValue)> {
     }
     if let Some(p) = &c.hybrid {
         m.extend(crate::models::qwen3next::gguf_keys(p));
+    }
+    if let Some(p) = &c.vl {
+        m.extend(crate::models::qwen2vl::gguf_keys(c.arch, p));
     }
     m
 }

@@ -18,6 +18,7 @@
 //! touches (prefix_cache.rs).
 
 pub mod mmproj;
+pub mod mrope;
 pub mod qwen_mmproj;
 pub mod qwenvit;
 #[cfg(any(test, feature = "test-util"))]
@@ -45,6 +46,10 @@ pub struct MediaSpan {
     pub width: usize,
     /// Content hash (of the tower's identity and the pixels it saw).
     pub hash: u128,
+    /// The image's token grid `(rows, cols)`, rows in raster order ([`VisionTower::grid_for`]):
+    /// where an M-RoPE text model (qwen2vl, qwen3vl) places them ([`mrope`]), which refuses a
+    /// span without one. `None`: the tokens are one row.
+    pub grid: Option<(usize, usize)>,
 }
 
 impl MediaSpan {
@@ -59,10 +64,19 @@ impl MediaSpan {
 }
 
 /// Checks that `spans` lie inside a prompt of `n` tokens, in order, without overlap, each with
-/// `width` values per row (the model's hidden size) and at least one row.
+/// `width` values per row (the model's input embedding width) and at least one row, its grid
+/// (if any) holding its rows.
 pub fn check_spans(spans: &[MediaSpan], n: usize, width: usize) -> Result<()> {
     let mut end = 0;
     for (i, s) in spans.iter().enumerate() {
+        if let Some((r, c)) = s.grid
+            && r.checked_mul(c) != Some(s.rows())
+        {
+            return Err(Error::Input(format!(
+                "image {i}: a grid of {r} x {c} tokens for {} rows",
+                s.rows()
+            )));
+        }
         if s.width != width || s.embeds.is_empty() || s.embeds.len() % width != 0 {
             return Err(Error::Input(format!(
                 "image {i}: {} embedding values of width {} for a model of width {width}",
@@ -295,6 +309,19 @@ impl VisionTower {
         match &self.family {
             Family::Siglip(p, _) => p.tokens_per_image(),
             Family::Qwen(p, _) => p.tokens(w, h),
+        }
+    }
+
+    /// The token grid `(rows, cols)` of an image of `w x h` pixels (an input size), rows in
+    /// raster order: the Qwen ViT's merged patches (`h / (patch * merge)` by `w / (patch *
+    /// merge)`); Gemma 3's pooled square.
+    pub fn grid_for(&self, w: usize, h: usize) -> (usize, usize) {
+        match &self.family {
+            Family::Siglip(p, _) => {
+                let k = p.grid() / p.pool.max(1);
+                (k, k)
+            }
+            Family::Qwen(p, _) => p.grid(w, h),
         }
     }
 

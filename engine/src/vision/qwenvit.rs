@@ -141,6 +141,12 @@ impl QwenParams {
         (w / self.factor()) * (h / self.factor())
     }
 
+    /// The merged-token grid `(rows, cols)` of a `w x h` input: `h / (patch * merge)` by
+    /// `w / (patch * merge)`, rows in raster order (HF's `llm_grid_h`, `llm_grid_w`).
+    pub fn grid(&self, w: usize, h: usize) -> (usize, usize) {
+        (h / self.factor(), w / self.factor())
+    }
+
     /// The size an image of `w x h` pixels is resized to (HF `smart_resize`): both sides
     /// rounded to multiples of `patch * merge` (half to even), then scaled down (rounding
     /// down) to at most `max_pixels` or up (rounding up) to at least `min_pixels`, keeping

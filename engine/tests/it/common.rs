@@ -49,6 +49,7 @@ pub fn cpu_engine_config(kv_blocks: usize, budget: usize) -> memra_engine::engin
 pub fn seq_step(toks: &[u32], r: Range<usize>, table: &[u32], slots: Vec<u32>) -> StepBatch {
     StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows: r
             .map(|p| StepRow {
                 token: toks[p],

@@ -92,6 +92,7 @@ fn batch_neighbours_do_not_change_bits() {
     let solo_a = solo
         .step(&StepBatch {
             embeds: Vec::new(),
+            mrope: Vec::new(),
             rows: a.iter().enumerate().map(|(p, &t)| row(t, p, 0)).collect(),
             block_tables: vec![ta.clone()],
             state_slots: Vec::new(),
@@ -100,6 +101,7 @@ fn batch_neighbours_do_not_change_bits() {
     let solo_b = solo
         .step(&StepBatch {
             embeds: Vec::new(),
+            mrope: Vec::new(),
             rows: b.iter().enumerate().map(|(p, &t)| row(t, p, 0)).collect(),
             block_tables: vec![tb.clone()],
             state_slots: Vec::new(),
@@ -116,6 +118,7 @@ fn batch_neighbours_do_not_change_bits() {
     let both = pair
         .step(&StepBatch {
             embeds: Vec::new(),
+            mrope: Vec::new(),
             rows: rows.clone(),
             block_tables: vec![ta, tb],
             state_slots: Vec::new(),
@@ -146,6 +149,7 @@ fn bad_rows_are_clean_errors() {
     let mut b = backend(Arch::Llama, 1, DType::F32);
     let bad_token = StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows: vec![StepRow {
             token: 999,
             pos: 0,
@@ -163,6 +167,7 @@ fn bad_rows_are_clean_errors() {
     );
     let beyond = StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows: vec![StepRow {
             token: 1,
             pos: 40,
@@ -189,6 +194,7 @@ fn step_select_logprobs_matches_the_host_definition() {
     use memra_engine::sampling::{SamplingParams, logprobs, sample};
     let batch = StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows: (0..3)
             .flat_map(|s| {
                 prompt(5 + s)

@@ -214,6 +214,7 @@ fn run(ops: Vec<Op>, blocks: usize, bs: usize, budget: usize, caching: bool, rec
                         embeds: vec![0f32; rows].into(),
                         width: 1,
                         hash: p as u128,
+                        grid: None,
                     })
                     .into_iter()
                     .collect();

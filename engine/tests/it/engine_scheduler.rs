@@ -88,6 +88,8 @@ fn decodes_are_not_starved_by_a_long_prefill() {
 fn an_image_prefill_is_not_starved_by_decodes() {
     // Budget 8: four decoding sequences leave 4 rows, and an image of 6 rows is prefilled in
     // one step (its rows attend to all of it). Held back once, it goes first the next step.
+    // Every step holding the image's sequence carries M-RoPE positions for all its rows: the
+    // image's grid positions for its rows, `(pos, pos, pos)` for the others'.
     let mut s = sched(256, 4, cfg(8, 8, 8, 0));
     for id in 1..=4 {
         s.add(seq(id, "a", vec![1, 2]));
@@ -98,15 +100,33 @@ fn an_image_prefill_is_not_starved_by_decodes() {
         embeds: vec![0f32; 6].into(),
         width: 1,
         hash: 7,
+        grid: Some((2, 3)),
     };
+    let media = vec![image];
     s.add(NewSeq {
-        media: vec![image],
+        media: media.clone(),
         ..seq(9, "b", (0..10).collect())
     });
+    let mrope_ok = |o: &memra_engine::scheduler::SchedulerOutput| {
+        let b = &o.batch;
+        if !o.seqs.iter().any(|q| q.id == 9) {
+            return b.mrope.is_empty();
+        }
+        b.mrope.len() == b.rows.len()
+            && b.rows.iter().zip(&b.mrope).all(|(r, m)| {
+                let id = o.seqs[r.seq].id;
+                let want = match id {
+                    9 => memra_engine::vision::mrope::position(&media, r.pos as usize),
+                    _ => [r.pos; 3],
+                };
+                *m == want
+            })
+    };
     let mut image_step = None;
     for i in 0..6 {
         let o = step(&mut s);
         assert!(o.batch.rows.len() <= 8);
+        assert!(mrope_ok(&o), "{:?}", o.batch.mrope);
         if rows_of(&o, 9) >= 6 {
             image_step = Some(i);
             break;
@@ -117,6 +137,13 @@ fn an_image_prefill_is_not_starved_by_decodes() {
     // The decodes go on around it.
     let o = step(&mut s);
     assert!((1..=4).all(|id| rows_of(&o, id) == 1), "{:?}", o.seqs);
+    assert!(mrope_ok(&o), "{:?}", o.batch.mrope);
+    // Past the image, the text of sequence 9 is at its position less 6 - max(2, 3) = 3.
+    let r = o.batch.rows.iter().position(|r| o.seqs[r.seq].id == 9);
+    if let Some(r) = r {
+        let p = o.batch.rows[r].pos;
+        assert_eq!(o.batch.mrope[r], [p - 3; 3]);
+    }
 }
 
 #[test]

@@ -86,6 +86,7 @@ fn batch() -> StepBatch {
     }
     StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows,
         block_tables: (0..SEQS.len() as u32).map(|b| vec![b]).collect(),
         state_slots: Vec::new(),

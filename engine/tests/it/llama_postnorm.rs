@@ -66,6 +66,7 @@ fn layer_is_pre_norm_attention_post_norm_then_pre_norm_ffn() {
         .collect();
     b.step(&StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows,
         block_tables: vec![vec![0]],
         state_slots: Vec::new(),

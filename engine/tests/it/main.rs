@@ -18,6 +18,7 @@ mod lazy_masks;
 mod llama_postnorm;
 mod load_corrupt_gguf;
 mod load_corrupt_hf;
+mod mrope;
 mod pipeline;
 mod quant;
 mod quant_dot_fast;

@@ -91,6 +91,7 @@ fn run(b: &mut dyn Backend) -> (Vec<u32>, Vec<Vec<u32>>, Vec<Vec<u8>>) {
         block_tables: vec![vec![4, 5], vec![6, 7]],
         state_slots: vec![1, 2],
         embeds: Vec::new(),
+        mrope: Vec::new(),
     };
     let step = b.step(&batch).expect("step");
     bits.extend(common::logit_bits(&step.logits));

@@ -202,6 +202,7 @@ fn a_row_does_not_depend_on_who_shares_its_experts() {
     let tables = vec![vec![0u32, 1]];
     solo.step(&StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows: rows(0),
         block_tables: tables.clone(),
         state_slots: Vec::new(),
@@ -210,6 +211,7 @@ fn a_row_does_not_depend_on_who_shares_its_experts() {
     let target = row(123, 20, 0);
     let one = StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows: vec![target],
         block_tables: tables.clone(),
         state_slots: Vec::new(),
@@ -219,6 +221,7 @@ fn a_row_does_not_depend_on_who_shares_its_experts() {
     let mut pair = cpu(w);
     pair.step(&StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows: rows(0),
         block_tables: tables.clone(),
         state_slots: Vec::new(),
@@ -233,6 +236,7 @@ fn a_row_does_not_depend_on_who_shares_its_experts() {
     }
     let batch = StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows: batch_rows,
         block_tables: vec![tables[0].clone(), vec![4, 5]],
         state_slots: Vec::new(),

@@ -44,6 +44,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 fn batch(rows: &[(u32, usize, usize)], tables: &[Vec<u32>], slots: &[u32]) -> StepBatch {
     StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows: rows
             .iter()
             .map(|&(token, pos, seq)| StepRow {

@@ -31,6 +31,7 @@ fn tiny_config() -> ModelConfig {
         moe: None,
         mtp_layers: 0,
         hybrid: None,
+        vl: None,
     }
 }
 

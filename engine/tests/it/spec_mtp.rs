@@ -159,6 +159,7 @@ fn hidden_rows(
         .collect();
     let batch = memra_engine::backend::StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows,
         block_tables: vec![(0..16).collect()],
         state_slots: Vec::new(),

@@ -197,6 +197,7 @@ fn image_request(pre: &[u32], img: Option<&[u8]>, post: &[u32], seed: u64) -> Va
                 embeds: Arc::from(tower.encode(img).unwrap()),
                 width: HIDDEN,
                 hash: tower.hash(img),
+                grid: None,
             }]
         })
         .unwrap_or_default();

@@ -81,6 +81,7 @@ fn step(
                 row: p - r.start,
                 values: img.clone(),
                 index: p - IMG.start,
+                width: HIDDEN,
                 span,
             });
         }

@@ -341,6 +341,7 @@ fn qwen_text_models_serve_image_rows() {
                 embeds: Arc::from(tower.encode_image(w, h, &img).unwrap()),
                 width: HIDDEN,
                 hash: tower.hash_image(w, h, &img),
+                grid: Some(tower.grid_for(w, h)),
             }
         };
         let mut prompt: Vec<u32> = vec![11, 12, 13];
@@ -380,6 +381,7 @@ fn qwen_text_models_serve_image_rows() {
         embeds: Arc::from(tower.encode(&img).unwrap()),
         width: HIDDEN,
         hash: tower.hash(&img),
+        grid: None,
     };
     let mut prompt = vec![5u32];
     prompt.extend(std::iter::repeat_n(0, 36));

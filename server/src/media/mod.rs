@@ -260,12 +260,15 @@ fn check_total(total: usize, lim: &MediaLimits, param: &str) -> Result<(), ApiEr
     Ok(())
 }
 
+/// An encoded image: its content hash, embedding rows and token grid `(rows, cols)`.
+pub type Embedded = (u128, Arc<[f32]>, (usize, usize));
+
 /// The prompt ids with each marker's images spliced in at `at` (indices into `ids`, one per
 /// entry of `images`), and the engine's spans of the soft tokens.
 pub fn splice(
     ids: Vec<u32>,
     at: &[usize],
-    images: Vec<Vec<(u128, Arc<[f32]>)>>,
+    images: Vec<Vec<Embedded>>,
     v: &Vision,
 ) -> (Vec<u32>, Vec<MediaSpan>) {
     let width = v.tower.out_width();
@@ -275,7 +278,7 @@ pub fn splice(
     for (&pos, imgs) in at.iter().zip(images) {
         out.extend_from_slice(&ids[from..pos]);
         from = pos;
-        for (hash, embeds) in imgs {
+        for (hash, embeds, grid) in imgs {
             let rows = embeds.len() / width.max(1);
             let (toks, first) = v.tokens.expand(rows);
             spans.push(MediaSpan {
@@ -283,6 +286,7 @@ pub fn splice(
                 embeds,
                 width,
                 hash,
+                grid: Some(grid),
             });
             out.extend(toks);
         }

@@ -24,14 +24,16 @@ impl Vision {
         }
     }
 
-    /// The content hash and embedding rows of one image at the tower's input size.
-    pub fn embed(&self, px: &super::Pixels) -> memra_engine::Result<(u128, Arc<[f32]>)> {
+    /// The content hash, embedding rows and token grid (`VisionTower::grid_for`) of one image
+    /// at the tower's input size.
+    pub fn embed(&self, px: &super::Pixels) -> memra_engine::Result<super::Embedded> {
         let (w, h, rgb) = (px.width as usize, px.height as usize, &px.rgb);
         let hash = self.tower.hash_image(w, h, rgb);
+        let grid = self.tower.grid_for(w, h);
         if let Ok(c) = self.cache.lock()
             && let Some((_, e)) = c.iter().find(|(h, _)| *h == hash)
         {
-            return Ok((hash, e.clone()));
+            return Ok((hash, e.clone(), grid));
         }
         let e: Arc<[f32]> = self.tower.encode_image(w, h, rgb)?.into();
         if let Ok(mut c) = self.cache.lock() {
@@ -40,7 +42,7 @@ impl Vision {
             }
             c.push_back((hash, e.clone()));
         }
-        Ok((hash, e))
+        Ok((hash, e, grid))
     }
 }
 

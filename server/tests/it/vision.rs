@@ -545,19 +545,23 @@ fn models_entry_takes_an_mmproj() {
     );
 }
 
-/// A server with `qvl`: a tiny random qwen2 and a tiny random Qwen2.5-VL ViT (4-pixel
-/// patches merged 2 x 2: 8 pixels a token, 4..64 tokens an image, windows of 2 x 2 tokens).
-async fn start_qwen() -> (String, tokio::sync::oneshot::Sender<()>) {
+/// A server with `qvl`: a tiny random text model of `arch` and a tiny random Qwen ViT of
+/// `kind` (4-pixel patches merged 2 x 2: 8 pixels a token, 4..64 tokens an image; Qwen2.5-VL:
+/// windows of 2 x 2 tokens; Qwen3-VL: a deepstack merger).
+async fn start_qwen(
+    arch: Arch,
+    kind: memra_engine::vision::QwenKind,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
     let cfg = EngineConfig {
         device: Device::Cpu,
         threads: 2,
         kv: KvBudget::Blocks(256),
         ..EngineConfig::default()
     };
-    let m = model(Arch::Qwen2);
+    let m = model(arch);
     let tokens = ImageTokens::from_tokenizer(&m.tokenizer);
-    let kind = memra_engine::vision::QwenKind::Qwen25Vl;
     let tower = memra_engine::vision::random::tiny_qwen(kind, m.config.hidden, 4).unwrap();
+    assert_eq!(tower.out_width(), m.config.embed_width());
     let handle =
         Engine::start(vec![("qvl".into(), m, cfg)], AdmissionLimits::default()).expect("engine");
     let mut visions = Visions::new();
@@ -576,13 +580,24 @@ async fn start_qwen() -> (String, tokio::sync::oneshot::Sender<()>) {
     (url, tx)
 }
 
-/// The Qwen ViT through the API: images of any aspect ratio become their smart-resized token
-/// counts (80 x 60 -> 72 x 48: 9 x 6 = 54 tokens; 120 x 30 -> 120 x 32: 15 x 4 = 60), streamed
-/// == not streamed, the same image again a prefix-cache hit past it, an image beyond 200:1 a
-/// clean 400 naming the part.
+/// The Qwen ViT through the API, with the Qwen-VL text models (qwen2vl with Qwen2.5-VL's
+/// tower, qwen3vl with Qwen3-VL's and its deepstack rows): images of any aspect ratio become
+/// their smart-resized token counts (80 x 60 -> 72 x 48: 9 x 6 = 54 tokens; 120 x 30 -> 120 x
+/// 32: 15 x 4 = 60), placed by M-RoPE on their grids, streamed == not streamed, the same image
+/// again a prefix-cache hit past it, an image beyond 200:1 a clean 400 naming the part.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qwen_tower_through_the_api() {
-    let (url, _stop) = start_qwen().await;
+    use memra_engine::vision::QwenKind;
+    for (arch, kind) in [
+        (Arch::Qwen2Vl, QwenKind::Qwen25Vl),
+        (Arch::Qwen3Vl, QwenKind::Qwen3Vl),
+    ] {
+        qwen_api(arch, kind).await;
+    }
+}
+
+async fn qwen_api(arch: Arch, kind: memra_engine::vision::QwenKind) {
+    let (url, _stop) = start_qwen(arch, kind).await;
     let (_, tv, _) = post(&url, &chat("qvl", vec![text("Describe this image.")])).await;
     let text_tokens = tv["usage"]["prompt_tokens"].as_u64().unwrap();
     let wide = data_url("image/png", &encoded(120, 30, 2, image::ImageFormat::Png));
@@ -619,8 +634,9 @@ async fn qwen_tower_through_the_api() {
     assert_eq!(s, 200, "{raw}");
 }
 
-/// A Qwen tower loads beside a qwen2 of its width; one with deepstack mergers (Qwen3-VL) is
-/// refused at load, naming them.
+/// A Qwen tower loads beside a text model of its width; one with deepstack mergers (Qwen3-VL)
+/// beside a model of the main rows' width only (not a qwen3vl with as many deepstack layers) is
+/// refused at load, naming them; beside one of its rows' width it loads.
 #[test]
 fn qwen_mmproj_loads_and_deepstack_is_refused() {
     use memra_engine::vision::random::{random_qwen, write_qwen_mmproj};
@@ -635,7 +651,9 @@ fn qwen_mmproj_loads_and_deepstack_is_refused() {
         let r = memra_server::real::load_vision("v", &path, &tok, 64, Device::Cpu);
         if kind == QwenKind::Qwen3Vl {
             let e = r.err().unwrap();
-            assert!(e.contains("deepstack"), "{e}");
+            assert!(e.contains("deepstack") && e.contains("qwen3vl"), "{e}");
+            let v = memra_server::real::load_vision("v", &path, &tok, 128, Device::Cpu).unwrap();
+            assert_eq!(v.tower.out_width(), 128);
             p.deepstack.clear();
             write_qwen_mmproj(&p, &random_qwen(&p, 1).unwrap(), DType::F32, &path).unwrap();
             let v = memra_server::real::load_vision("v", &path, &tok, 64, Device::Cpu).unwrap();

@@ -26,6 +26,7 @@ fn lazy_masks_give_the_up_front_bits_on_the_cpu() {
         .collect();
     let batch = StepBatch {
         embeds: Vec::new(),
+        mrope: Vec::new(),
         rows,
         block_tables: vec![vec![0], vec![1], vec![2]],
         state_slots: Vec::new(),

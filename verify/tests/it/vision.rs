@@ -96,10 +96,13 @@ fn vision_gate_runs_without_a_reference() {
     assert!(r["cuda_repeat_equal"].is_null(), "{r}");
 }
 
-/// The Qwen ViT (`--family qwen2vl|qwen25vl|qwen3vl`: a tiny random tower and a tiny qwen2 /
-/// qwen3) against its numpy reference (verify/reference/qwenvit_reference.py) on a square, a
-/// wide and a tall image (Qwen2.5-VL's windows cut at the grid's edges; Qwen3-VL's deepstack
-/// values checked too), then served: tokens equal, exact under load, prefix-cache hits.
+/// The Qwen ViT (`--family qwen2vl|qwen25vl|qwen3vl`: a tiny random tower and a tiny qwen2vl /
+/// qwen3vl text model, M-RoPE, the qwen3vl with a deepstack layer) against its numpy reference
+/// (verify/reference/qwenvit_reference.py) on a square, a wide and a tall image (Qwen2.5-VL's
+/// windows cut at the grid's edges; Qwen3-VL's deepstack values checked too), the text model
+/// against its numpy reference (verify/reference/qwenvl_text_reference.py: M-RoPE positions
+/// equal to HF's get_rope_index, logits), then served: tokens equal, exact under load,
+/// prefix-cache hits.
 #[test]
 fn vision_gate_passes_for_the_qwen_vit() {
     let python = memra_engine::settings::var("MEMRA_PYTHON").unwrap_or_else(|| "python3".into());
@@ -129,6 +132,9 @@ fn vision_gate_passes_for_the_qwen_vit() {
         assert!(errs.iter().all(|e| e.as_f64().unwrap() < 1e-4), "{r}");
         assert_eq!(r["serve_differences"], 0);
         assert!(r["cached_tokens_same_image"].as_u64().unwrap() > 36, "{r}");
+        // The M-RoPE text model against the numpy text reference (HF's get_rope_index).
+        assert_eq!(r["text"]["positions_equal"], true, "{r}");
+        assert!(r["text"]["rel_error"].as_f64().unwrap() < 1e-4, "{r}");
     }
     // The Rust float64 reference is Gemma 3's only: asking for it is a clear error.
     let out = Command::new(env!("CARGO_BIN_EXE_memra-verify"))

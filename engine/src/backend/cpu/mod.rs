@@ -277,21 +277,15 @@ impl Ops for CpuOps {
     }
 
     fn inject(&mut self, x: Act) -> Result<()> {
-        let w = x.width;
-        let data = &mut self.acts[x.id].data;
-        for e in &self.batch.embeds {
-            let (dst, src) = (e.row * w, e.index * w);
-            match (data.get_mut(dst..dst + w), e.values.get(src..src + w)) {
-                (Some(d), Some(s)) => d.copy_from_slice(s),
-                _ => {
-                    return Err(err(format!(
-                        "inject: row {} / embedding row {} out of range",
-                        e.row, e.index
-                    )));
-                }
+        self.inject_part(x, 0, |d, s| d.copy_from_slice(s))
+    }
+
+    fn inject_add(&mut self, x: Act, part: usize, _tmp: Act) -> Result<()> {
+        self.inject_part(x, part, |d, s| {
+            for (a, &b) in d.iter_mut().zip(s) {
+                *a += b;
             }
-        }
-        Ok(())
+        })
     }
 
     fn matmul(&mut self, w: &Tensor, x: Act, y: Act) -> Result<()> {
@@ -530,6 +524,29 @@ impl Ops for CpuOps {
     }
 }
 
+impl CpuOps {
+    /// `f(row of x, part of its embedding)` for each of the step's given embeddings.
+    fn inject_part(&mut self, x: Act, part: usize, f: impl Fn(&mut [f32], &[f32])) -> Result<()> {
+        let w = x.width;
+        let data = &mut self.acts[x.id].data;
+        for e in &self.batch.embeds {
+            let (dst, src) = (e.row * w, e.index * e.width + part * w);
+            let fits = (part + 1) * w <= e.width;
+            match (data.get_mut(dst..dst + w), e.values.get(src..src + w)) {
+                (Some(d), Some(s)) if fits => f(d, s),
+                _ => {
+                    return Err(err(format!(
+                        "inject: row {} / part {part} of embedding row {} (rows of {}) out of \
+                         range",
+                        e.row, e.index, e.width
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Exec for CpuOps {
     fn name(&self) -> String {
         "cpu".into()
@@ -555,10 +572,20 @@ impl Exec for CpuOps {
     ) -> Result<Vec<usize>> {
         self.batch = batch.clone();
         self.set_rows(Rows::Step, batch.rows.len());
+        // A table with M-RoPE sections at the rows' M-RoPE positions; the others (and every
+        // table of a step without them) at the rows' positions.
+        let at = |rope: &Rope, i: usize, pos: u32| match (&rope.sections, batch.mrope.get(i)) {
+            (Some(_), Some(&m)) => m,
+            _ => [pos; 3],
+        };
         self.rope_rows = self
             .ropes
             .iter()
-            .map(|rope| batch.rows.iter().map(|r| rope.cos_sin(r.pos)).collect())
+            .map(|rope| {
+                let rows = batch.rows.iter().enumerate();
+                rows.map(|(i, r)| rope.cos_sin_at(at(rope, i, r.pos)))
+                    .collect()
+            })
             .collect();
         if self.states.is_empty() {
             pass(self, HeadRows::Gather(want))?;

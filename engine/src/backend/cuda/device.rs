@@ -711,12 +711,13 @@ impl Gpu {
     }
 
     /// Half-rotation RoPE of `rows` rows of `heads` heads, angles from the `cos`/`sin` tables
-    /// (`[position][head_dim / 2]`) at `pos[r]`.
+    /// (`[position][head_dim / 2]`) at the rows' positions (`pos`: one a row, or M-RoPE's
+    /// three: `rope_mrope`).
     #[allow(clippy::too_many_arguments)]
     pub fn rope(
         &self,
         x: u64,
-        pos: u64,
+        pos: impl Into<RopePos>,
         (cos, sin, half): (u64, u64, usize),
         rows: usize,
         heads: usize,
@@ -726,17 +727,9 @@ impl Gpu {
             return Err(self.err(format!("rope: {half} pairs in heads of {head_dim}")));
         }
         let n = (rows * heads * half) as u64;
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(pos),
-            Arg::Ptr(cos),
-            Arg::Ptr(sin),
-            Arg::U32(self.u32_of(rows, "rows")?),
-            Arg::U32(self.u32_of(heads, "heads")?),
-            Arg::U32(self.u32_of(head_dim, "head_dim")?),
-            Arg::U32(self.u32_of(half, "rope pairs")?),
-        ];
-        self.launch("rope", Self::stride_grid(n), BLOCK, &args)
+        let (kernel, args) = rope_launch(x, pos.into(), (cos, sin, half), rows, heads, head_dim)
+            .map_err(|e| self.err(e))?;
+        self.launch(&kernel, Self::stride_grid(n), BLOCK, &args)
     }
 
     /// RoPE of `rows` rows of Q (`n_heads`) and K (`n_kv_heads`) in place and the K/V cache
@@ -749,33 +742,7 @@ impl Gpu {
                 a.rot, a.head_dim
             )));
         }
-        let heads = a.rows * (a.n_heads + a.n_kv_heads);
-        let mut args = vec![
-            Arg::Ptr(a.q),
-            Arg::Ptr(a.k),
-            Arg::Ptr(a.v),
-            Arg::Ptr(a.pos),
-            Arg::Ptr(a.cos),
-            Arg::Ptr(a.sin),
-            Arg::Ptr(a.k_cache),
-            Arg::Ptr(a.v_cache),
-            Arg::Ptr(a.slot),
-        ];
-        // One thread per rotated pair, or (with the norms) one warp per head.
-        let (kernel, threads) = match a.norm {
-            None => (format!("rope_kv_{}", a.kv), heads * (a.head_dim / 2)),
-            Some((qn, kn, eps)) => {
-                args.extend([Arg::Ptr(qn), Arg::Ptr(kn), Arg::F32(eps)]);
-                (format!("rope_kv_norm_{}", a.kv), heads * 32)
-            }
-        };
-        args.extend([
-            Arg::U32(self.u32_of(a.rows, "rows")?),
-            Arg::U32(self.u32_of(a.n_heads, "heads")?),
-            Arg::U32(self.u32_of(a.n_kv_heads, "kv heads")?),
-            Arg::U32(self.u32_of(a.head_dim, "head_dim")?),
-            Arg::U32(self.u32_of(a.rot, "rope pairs")?),
-        ]);
+        let (kernel, args, threads) = rope_kv_launch(a).map_err(|e| self.err(e))?;
         self.launch(&kernel, Self::stride_grid(threads as u64), BLOCK, &args)?;
         if a.kv == KvDtype::Q8_0 {
             let width = a.n_kv_heads * a.head_dim;
@@ -1009,13 +976,110 @@ pub fn topk_desc(entries: &[(usize, usize, f32)], kmax: usize) -> Result<Vec<u32
     Ok(d)
 }
 
+/// Where a RoPE launch reads its rows' positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopePos {
+    /// `pos[r]`, one position a row (u32).
+    Plain(u64),
+    /// M-RoPE (`*_mrope` kernels): `pos3[3 r + axis]` (u32; temporal, height, width), each
+    /// frequency's axis by the sections' words (`Sections::words`: t, h, w, interleaved).
+    M { pos3: u64, sections: [u32; 4] },
+}
+
+impl From<u64> for RopePos {
+    fn from(pos: u64) -> RopePos {
+        RopePos::Plain(pos)
+    }
+}
+
+impl RopePos {
+    /// The kernel arguments that stand for the positions.
+    fn args(&self) -> Vec<Arg> {
+        match *self {
+            RopePos::Plain(p) => vec![Arg::Ptr(p)],
+            RopePos::M { pos3, sections } => {
+                let mut a = vec![Arg::Ptr(pos3)];
+                a.extend(sections.map(Arg::U32));
+                a
+            }
+        }
+    }
+
+    /// The kernel name's infix: `_mrope` for M-RoPE.
+    fn suffix(&self) -> &'static str {
+        match self {
+            RopePos::Plain(_) => "",
+            RopePos::M { .. } => "_mrope",
+        }
+    }
+}
+
+fn u32_arg(v: usize, what: &str) -> std::result::Result<Arg, String> {
+    u32::try_from(v)
+        .map(Arg::U32)
+        .map_err(|_| format!("{what} = {v} exceeds the kernel's u32 range"))
+}
+
+/// The kernel and arguments of a [`Gpu::rope`] launch (`rope` or `rope_mrope`).
+fn rope_launch(
+    x: u64,
+    pos: RopePos,
+    (cos, sin, half): (u64, u64, usize),
+    rows: usize,
+    heads: usize,
+    head_dim: usize,
+) -> std::result::Result<(String, Vec<Arg>), String> {
+    let mut args = vec![Arg::Ptr(x)];
+    args.extend(pos.args());
+    args.extend([
+        Arg::Ptr(cos),
+        Arg::Ptr(sin),
+        u32_arg(rows, "rows")?,
+        u32_arg(heads, "heads")?,
+        u32_arg(head_dim, "head_dim")?,
+        u32_arg(half, "rope pairs")?,
+    ]);
+    Ok((format!("rope{}", pos.suffix()), args))
+}
+
+/// The kernel, arguments and threads of a [`Gpu::rope_kv`] launch (`rope_kv[_norm][_mrope]_<fmt>`):
+/// one thread per rotated pair, or (with the norms) one warp per head.
+fn rope_kv_launch(a: &RopeKvArgs) -> std::result::Result<(String, Vec<Arg>, usize), String> {
+    let heads = a.rows * (a.n_heads + a.n_kv_heads);
+    let mut args = vec![Arg::Ptr(a.q), Arg::Ptr(a.k), Arg::Ptr(a.v)];
+    args.extend(a.pos.args());
+    args.extend([
+        Arg::Ptr(a.cos),
+        Arg::Ptr(a.sin),
+        Arg::Ptr(a.k_cache),
+        Arg::Ptr(a.v_cache),
+        Arg::Ptr(a.slot),
+    ]);
+    let m = a.pos.suffix();
+    let (kernel, threads) = match a.norm {
+        None => (format!("rope_kv{m}_{}", a.kv), heads * (a.head_dim / 2)),
+        Some((qn, kn, eps)) => {
+            args.extend([Arg::Ptr(qn), Arg::Ptr(kn), Arg::F32(eps)]);
+            (format!("rope_kv_norm{m}_{}", a.kv), heads * 32)
+        }
+    };
+    args.extend([
+        u32_arg(a.rows, "rows")?,
+        u32_arg(a.n_heads, "heads")?,
+        u32_arg(a.n_kv_heads, "kv heads")?,
+        u32_arg(a.head_dim, "head_dim")?,
+        u32_arg(a.rot, "rope pairs")?,
+    ]);
+    Ok((kernel, args, threads))
+}
+
 /// Pointers and shapes of a [`Gpu::rope_kv`] launch.
 #[derive(Clone, Copy, Debug)]
 pub struct RopeKvArgs {
     pub q: u64,
     pub k: u64,
     pub v: u64,
-    pub pos: u64,
+    pub pos: RopePos,
     pub cos: u64,
     pub sin: u64,
     pub k_cache: u64,
@@ -1065,6 +1129,46 @@ mod tests {
         let scaled = [Arg::Ptr(1), Arg::F32(0.5), Arg::U64(3)];
         assert_eq!(check_args("scale_in_place", &scaled), Ok(()));
         assert_eq!(check_args("softcap", &scaled), Ok(()));
+    }
+
+    /// Every RoPE launch (plain and M-RoPE, with and without the norms, every cache format)
+    /// passes what its kernel takes.
+    #[test]
+    fn rope_launches_take_their_kernels_arguments() {
+        let m = RopePos::M {
+            pos3: 7,
+            sections: [16, 24, 24, 0],
+        };
+        for pos in [RopePos::Plain(7), m] {
+            let (k, args) = rope_launch(1, pos, (2, 3, 64), 5, 4, 128).unwrap();
+            assert_eq!(check_args(&k, &args), Ok(()), "{k}");
+            for kv in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16, KvDtype::Q8_0] {
+                for norm in [None, Some((8, 9, 1e-6))] {
+                    let a = RopeKvArgs {
+                        q: 1,
+                        k: 2,
+                        v: 3,
+                        pos,
+                        cos: 4,
+                        sin: 5,
+                        k_cache: 6,
+                        v_cache: 10,
+                        slot: 11,
+                        rows: 3,
+                        n_heads: 8,
+                        n_kv_heads: 2,
+                        head_dim: 128,
+                        rot: 64,
+                        kv,
+                        norm,
+                    };
+                    let (k, args, _) = rope_kv_launch(&a).unwrap();
+                    assert_eq!(check_args(&k, &args), Ok(()), "{k}");
+                }
+            }
+        }
+        let (k, _) = rope_launch(1, m, (2, 3, 64), 5, 4, 128).unwrap();
+        assert_eq!(k, "rope_mrope");
     }
 
     #[test]

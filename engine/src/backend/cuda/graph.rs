@@ -251,6 +251,7 @@ impl CudaOps {
             ctx: gs.ctx_cap,
             // Steps with image rows never run as graphs (step.rs execute_any).
             spans: 0,
+            pos3: 0,
         };
         self.scores = (self.gpu.ptr(&gs.scores), gs.scores.len());
         self.rows = [bucket, bucket];

@@ -167,18 +167,25 @@ impl CudaOps {
             .map_err(|e| self.gpu.err(format!("hidden_in copy: {e:?}")))
     }
 
-    /// [`crate::ops::Ops::inject`]: each of the step's given rows copied from the host into
+    /// [`crate::ops::Ops::inject`] (`part` 0): part `part` of each of the step's given rows
+    /// (values `part * w..(part + 1) * w` of its row of `e.width`) copied from the host into
     /// its row of `x` (stream-ordered after the embedding that it replaces). Steps with given
     /// rows never run as graphs (step.rs), so the copies are never captured.
-    pub(super) fn inject_rows(&mut self, x: Act) -> Result<()> {
+    pub(super) fn inject_rows(&mut self, x: Act, part: usize) -> Result<()> {
         let w = x.width;
         let embeds = std::mem::take(&mut self.embeds);
         let mut r = Ok(());
         for e in &embeds {
-            let Some(src) = e.values.get(e.index * w..(e.index + 1) * w) else {
+            let at = e.index * e.width + part * w;
+            let src = e
+                .values
+                .get(at..at + w)
+                .filter(|_| (part + 1) * w <= e.width);
+            let Some(src) = src else {
                 r = Err(self.gpu.err(format!(
-                    "inject: embedding row {} of {} values",
+                    "inject: part {part} of embedding row {} (rows of {}) of {} values",
                     e.index,
+                    e.width,
                     e.values.len()
                 )));
                 break;
@@ -200,5 +207,32 @@ impl CudaOps {
         }
         self.embeds = embeds;
         r
+    }
+
+    /// [`crate::ops::Ops::inject_add`]: part `part` of the given rows copied into their rows of
+    /// `tmp` ([`CudaOps::inject_rows`]), then added into `x` by `add_in_place` over each run of
+    /// consecutive given rows (an image's rows are consecutive in a step), `x[r] = x[r] +
+    /// tmp[r]` as the CPU's add; other rows untouched.
+    pub(super) fn inject_add_rows(&mut self, x: Act, part: usize, tmp: Act) -> Result<()> {
+        if tmp.width != x.width {
+            return Err(self.gpu.err(format!(
+                "inject_add: scratch of {} for rows of {}",
+                tmp.width, x.width
+            )));
+        }
+        self.inject_rows(tmp, part)?;
+        let (px, pt, w) = (self.ptr(x)?, self.ptr(tmp)?, x.width);
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for e in &self.embeds {
+            match runs.last_mut() {
+                Some((r0, n)) if *r0 + *n == e.row => *n += 1,
+                _ => runs.push((e.row, 1)),
+            }
+        }
+        for (r0, n) in runs {
+            let off = (r0 * w * 4) as u64;
+            self.gpu.add_in_place(px + off, pt + off, n * w)?;
+        }
+        Ok(())
     }
 }

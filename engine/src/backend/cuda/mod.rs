@@ -34,7 +34,9 @@ pub use attention::{
     ATTN_SPLIT, AttnArgs, AttnPrep, attn_first_split, attn_folded_floats, attn_mma_eligible,
     attn_mma_kernel, attn_part_floats, attn_row_splits, attn_tile_tokens, attn_window_start,
 };
-pub use device::{Arg, Gpu, RopeKvArgs, TOPK_MAX, device_count, kernel_supports, quiet_catch};
+pub use device::{
+    Arg, Gpu, RopeKvArgs, RopePos, TOPK_MAX, device_count, kernel_supports, quiet_catch,
+};
 pub use graph::BUCKETS;
 pub use mat::{Mat, Mats, Products, Use};
 

@@ -6,7 +6,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::mat::{Mat, Mats, Use};
-use super::{AttnArgs, AttnPrep, CudaOps, DevAct, KvLayer, RopeKvArgs, RopeTable, class};
+use super::{AttnArgs, AttnPrep, CudaOps, DevAct, KvLayer, RopeKvArgs, RopePos, RopeTable, class};
 use crate::error::Result;
 use crate::ops::rope::Rope;
 use crate::ops::{
@@ -188,13 +188,14 @@ impl CudaOps {
         kv: KvId,
     ) -> Result<()> {
         let (cos, sin, rot) = self.rope_ptrs(table)?;
+        let pos = self.rope_pos(table);
         let l = self.kv(kv)?;
         let g = &self.gpu;
         g.rope_kv(&RopeKvArgs {
             q: self.ptr(q)?,
             k: self.ptr(k)?,
             v: self.ptr(v)?,
-            pos: self.meta.pos,
+            pos,
             cos,
             sin,
             k_cache: g.ptr(&l.k),
@@ -242,6 +243,20 @@ impl CudaOps {
         match (&t.cos, &t.sin) {
             (Some(c), Some(s)) => Ok((g.ptr(c), g.ptr(s), t.rope.half())),
             _ => Err(g.err("RoPE tables missing")),
+        }
+    }
+
+    /// Where `table`'s launches read the rows' positions: a table with M-RoPE sections in a
+    /// step with M-RoPE positions reads those (`*_mrope` kernels); otherwise every row's one
+    /// position (a step without them: each row's three are its position, the same angles).
+    fn rope_pos(&self, table: RopeId) -> RopePos {
+        let sections = self.ropes.get(table.0).and_then(|t| t.rope.sections);
+        match (sections, self.meta.pos3) {
+            (Some(s), pos3) if pos3 != 0 => RopePos::M {
+                pos3,
+                sections: s.words(),
+            },
+            _ => RopePos::Plain(self.meta.pos),
         }
     }
 
@@ -497,7 +512,11 @@ impl Ops for CudaOps {
     }
 
     fn inject(&mut self, x: Act) -> Result<()> {
-        self.inject_rows(x)
+        self.inject_rows(x, 0)
+    }
+
+    fn inject_add(&mut self, x: Act, part: usize, tmp: Act) -> Result<()> {
+        self.inject_add_rows(x, part, tmp)
     }
 
     fn matmul(&mut self, w: &Mat, x: Act, y: Act) -> Result<()> {
@@ -636,7 +655,7 @@ impl Ops for CudaOps {
     fn rope(&mut self, x: Act, table: RopeId, head_dim: usize) -> Result<()> {
         let (cos, sin, half) = self.rope_ptrs(table)?;
         let heads = x.width / head_dim.max(1);
-        let (g, pos) = (&self.gpu, self.meta.pos);
+        let (g, pos) = (&self.gpu, self.rope_pos(table));
         g.rope(
             self.ptr(x)?,
             pos,

@@ -28,6 +28,9 @@ pub(super) struct Meta {
     /// Per row its image span or `(pos, pos + 1)`, a u32 pair ([`super::AttnArgs::spans`]);
     /// 0 for a step without image rows.
     pub spans: u64,
+    /// Per row its M-RoPE positions (temporal, height, width; [`StepBatch::mrope`]), three
+    /// u32; 0 for a step without them (M-RoPE tables then take `pos`, which is the same).
+    pub pos3: u64,
 }
 
 /// Owned buffers of a plain (non-graph) step (row metadata, attention scores, gather indices),
@@ -88,11 +91,17 @@ impl CudaOps {
             }
             bufs.push(g.upload(&v)?);
         }
+        // M-RoPE positions: three a row (buffer 6, or 7 after the spans).
+        if !batch.mrope.is_empty() {
+            let v: Vec<u32> = batch.mrope.iter().flatten().copied().collect();
+            bufs.push(g.upload(&v)?);
+        }
         Ok((bufs, ctx))
     }
 
     /// As a CUDA graph when enabled and the batch fits a bucket, else plainly (a step with
-    /// given embedding rows always plainly: its row copies differ from step to step).
+    /// given embedding rows always plainly: its row copies differ from step to step; so does a
+    /// step with M-RoPE positions, whose kernels read them: a graph's launches read `pos`).
     fn execute_any(
         &mut self,
         batch: &StepBatch,
@@ -101,6 +110,7 @@ impl CudaOps {
     ) -> Result<Vec<usize>> {
         if self.graphs_on
             && batch.embeds.is_empty()
+            && batch.mrope.is_empty()
             && let Some(rows) = self.execute_graph(batch, want, pass)?
         {
             return Ok(rows);
@@ -121,6 +131,13 @@ impl CudaOps {
         self.ensure_rope(ctx - 1)?;
         let g = &self.gpu;
         let p = |i: usize| bufs.get(i).map(|b| g.ptr(b)).unwrap_or(0);
+        // The optional buffers after the six: the spans (a step with image rows), then the
+        // M-RoPE positions.
+        let spans = !batch.embeds.is_empty();
+        let pos3 = match batch.mrope.is_empty() {
+            true => 0,
+            false => p(6 + usize::from(spans)),
+        };
         self.meta = Meta {
             tokens: p(0),
             pos: p(1),
@@ -129,7 +146,8 @@ impl CudaOps {
             table_off: p(4),
             tables: p(5),
             ctx,
-            spans: p(6),
+            spans: if spans { p(6) } else { 0 },
+            pos3,
         };
         let per_row = self.n_heads * super::attn_part_floats(ctx, self.head_dim);
         let score_rows = (SCORE_FLOATS / per_row.max(1)).clamp(1, m);
