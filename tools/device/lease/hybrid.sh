@@ -71,7 +71,7 @@ if on ab; then  # an A/B of one switch (AB_VAR, values AB_VALUES, default "0 1")
     for v in ${AB_VALUES:-0 1} ${AB_VALUES:-0 1}; do run ab-$k-$v 200 env ${AB_VAR:?AB_VAR}=$v $B/memra-bench decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt --run $RUN-ab$v --out $O/ab.jsonl --quiet; done
   done
 fi
-if on sbs; then peerwait; sbs ${HYBRID_SBS:-q3n:q4_k_m}; fi
+if on sbs; then peerwait; sbs ${HYBRID_SBS:-q3n:Q4_K_M}; fi
 if on decode && waitf $Q3N 400; then
   run q3n-decode1 200 $MB decode $Q3N --device cuda:0 --prompt 512 --gen 128 --runs 1 --shape qwen3-next-80b-a3b --dtype q4_k_m
   MEMRA_PROFILE_OPS=1 run q3n-profile 200 $B/run-gen $Q3N --device cuda:0 --prompt "The capital of France is a city that" --max-tokens 48 --no-cuda-graph
