@@ -32,10 +32,35 @@ __device__ __forceinline__ SeqPlan seq_plan(const u32* plan, u32 n_seqs, u32 s) 
     return p;
 }
 
-// Y[row][c] = silu(sum_t W[c][t] * x[pos - (K - 1) + t][c]) for every row of sequence
-// blockIdx.y, channel c = blockIdx.x * blockDim.x + threadIdx.x: taps of the step's own positions
-// from X, earlier ones from the slot's ring, zero before position 0; then the step's inputs into
-// the ring. One thread owns a channel of a sequence, in position order.
+// silu(sum_t w[t] * x[pos - (K - 1) + t][c]) for channel c at position pos of a sequence whose
+// step starts at `first` with row list `rows`: taps of the step's own positions from X, earlier
+// ones from the slot's ring rg, zero before position 0; the sum in ascending t from +0.
+__device__ __forceinline__ float conv_silu_at(const float* X, const float* rg, const u32* rows, u32 first, u32 pos,
+                                              u32 c, u32 conv_dim, u32 kernel, const float w[MAX_CONV_KERNEL]) {
+    float acc = 0.0f;
+    for (u32 t = 0; t < kernel; t++) {
+        if (pos + t < kernel - 1) continue;
+        const u32 q = pos + t - (kernel - 1);
+        const float v = q >= first ? X[(u64)rows[q - first] * conv_dim + c] : rg[(u64)(q % CONV_RING) * conv_dim + c];
+        acc += w[t] * v;
+    }
+    return acc / (1.0f + expf(-acc));
+}
+
+// Channel c's conv weights (zeros past the kernel).
+__device__ __forceinline__ void conv_weights(const float* W, u32 c, u32 kernel, float w[MAX_CONV_KERNEL]) {
+#pragma unroll
+    for (u32 t = 0; t < MAX_CONV_KERNEL; t++) w[t] = t < kernel ? W[(u64)c * kernel + t] : 0.0f;
+}
+
+// The step's inputs of channel c into the slot's ring (after every tap of the step was read).
+__device__ __forceinline__ void conv_keep(const float* X, float* rg, const SeqPlan& p, u32 c, u32 conv_dim) {
+    for (u32 i = 0; i < p.n_rows; i++) rg[(u64)((p.first + i) % CONV_RING) * conv_dim + c] = X[(u64)p.rows[i] * conv_dim + c];
+}
+
+// Y[row][c] = conv_silu_at(...) for every row of sequence blockIdx.y, channel c = blockIdx.x *
+// blockDim.x + threadIdx.x, then the step's inputs into the ring. One thread owns a channel of a
+// sequence, in position order.
 extern "C" __global__ void conv1d_silu(const float* X, float* Y, const float* W, float* ring, const u32* plan,
                                        u32 n_seqs, u32 conv_dim, u32 kernel) {
     pdl_entry();
@@ -44,24 +69,20 @@ extern "C" __global__ void conv1d_silu(const float* X, float* Y, const float* W,
     if (p.n_rows == 0 || c >= conv_dim) return;
     float* rg = ring + (u64)p.slot * CONV_RING * conv_dim;
     float w[MAX_CONV_KERNEL];
-#pragma unroll
-    for (u32 t = 0; t < MAX_CONV_KERNEL; t++) w[t] = t < kernel ? W[(u64)c * kernel + t] : 0.0f;
-    for (u32 i = 0; i < p.n_rows; i++) {
-        const u32 pos = p.first + i;
-        float acc = 0.0f;
-        for (u32 t = 0; t < kernel; t++) {
-            if (pos + t < kernel - 1) continue;
-            const u32 q = pos + t - (kernel - 1);
-            const float v = q >= p.first ? X[(u64)p.rows[q - p.first] * conv_dim + c]
-                                         : rg[(u64)(q % CONV_RING) * conv_dim + c];
-            acc += w[t] * v;
-        }
-        Y[(u64)p.rows[i] * conv_dim + c] = acc / (1.0f + expf(-acc));
-    }
-    for (u32 i = 0; i < p.n_rows; i++) {
-        rg[(u64)((p.first + i) % CONV_RING) * conv_dim + c] = X[(u64)p.rows[i] * conv_dim + c];
-    }
+    conv_weights(W, c, kernel, w);
+    for (u32 i = 0; i < p.n_rows; i++)
+        Y[(u64)p.rows[i] * conv_dim + c] = conv_silu_at(X, rg, p.rows, p.first, p.first + i, c, conv_dim, kernel, w);
+    conv_keep(X, rg, p, c, conv_dim);
 }
+
+// The conv of gated_delta_conv_k<HK> (null X: the step's rows were convolved by conv1d_silu
+// into QKV): X the conv inputs, W its weights, ring the conv rings, kernel its taps.
+struct DeltaConv {
+    const float* X;
+    const float* W;
+    float* ring;
+    u32 kernel;
+};
 
 // The gated delta rule of value head h of sequence blockIdx.y, columns tile * 32 + lane of its
 // state (HK x hv, row-major per head in S[slot][head]), blockIdx.x = h * tiles + tile with
@@ -72,11 +93,19 @@ extern "C" __global__ void conv1d_silu(const float* X, float* Y, const float* W,
 // entry with no rows that only replays up to `first`). Per position, as the CPU: q, k L2-normalised (q scaled by 1/sqrt(HK)),
 // beta = sigmoid(b), decay = exp(a_coef * softplus(a + dt)); S *= decay; kv = S^T k;
 // S += k ((v - kv) beta)^T; o = S^T q.
+//
+// With cv.X (gated_delta_conv_k<HK>, steps of at most RING rows a sequence): the step's rows are
+// convolved here, conv1d_silu's operations (conv_silu_at), each block the q and k channels of
+// its key head and its v columns, and written to QKV (for keep_inputs) by the block that owns
+// them (q / k: the first value head of the key head, tile 0; v: its column); after its positions
+// the owner puts the step's inputs into the conv ring (the step's slots, RING or fewer, are not
+// the K - 1 below `first` any block reads: CONV_RING = RING + MAX_CONV_KERNEL - 1). The same
+// bits as conv1d_silu then gated_delta_k<HK> (the kernels gate compares them).
 template <int HK>
 __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* BA, const float* A, const float* DT,
                                                  float* O, const float* S, float* D, u32 d_per_slot,
                                                  const float* inputs, const u32* plan, u32 n_seqs, u32 nk, u32 nv,
-                                                 u32 hv) {
+                                                 u32 hv, const DeltaConv cv = DeltaConv{nullptr, nullptr, nullptr, 0}) {
     __shared__ float qs[HK];
     __shared__ float ks[HK];
     const SeqPlan p = seq_plan(plan, n_seqs, blockIdx.y);
@@ -98,6 +127,10 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
 #pragma unroll
         for (int i = 0; i < HK; i++) db[(u64)i * hv + j] = s[i];
     }
+    const bool conv = cv.X != nullptr;
+    const bool own_qk = jj == 0 && blockIdx.x % tiles == 0;  // writes this key head's q / k channels
+    float* rg = conv ? cv.ring + (u64)p.slot * CONV_RING * conv_dim : nullptr;
+    float* Y = (float*)QKV;
     const float scale = 1.0f / sqrtf((float)HK);
     const float a_coef = A[h], dt = DT[h];
     const u32 total = p.first - p.replay_from + p.n_rows;
@@ -115,8 +148,26 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
             ba = BA + (u64)row * 2 * nv;
         }
         float sq = 0.0f, sk = 0.0f;
+        const bool fresh = conv && pos >= p.first;  // this row's q, k, v convolved here
         for (u32 i = lane; i < HK; i += 32) {
-            const float qv = x[g * HK + i], kv = x[(nk + g) * HK + i];
+            float qv, kv;
+            if (fresh) {
+                float w[MAX_CONV_KERNEL];
+                const u32 cq = g * HK + i, ck = (nk + g) * HK + i;
+                conv_weights(cv.W, cq, cv.kernel, w);
+                qv = conv_silu_at(cv.X, rg, p.rows, p.first, pos, cq, conv_dim, cv.kernel, w);
+                conv_weights(cv.W, ck, cv.kernel, w);
+                kv = conv_silu_at(cv.X, rg, p.rows, p.first, pos, ck, conv_dim, cv.kernel, w);
+                qs[i] = qv;
+                ks[i] = kv;
+                if (own_qk) {
+                    Y[(u64)row * conv_dim + cq] = qv;
+                    Y[(u64)row * conv_dim + ck] = kv;
+                }
+            } else {
+                qv = x[g * HK + i];
+                kv = x[(nk + g) * HK + i];
+            }
             sq += qv * qv;
             sk += kv * kv;
         }
@@ -127,8 +178,9 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
         }
         const float iq = 1.0f / sqrtf(sq + 1e-6f), ik = 1.0f / sqrtf(sk + 1e-6f);
         for (u32 i = lane; i < HK; i += 32) {
-            qs[i] = x[g * HK + i] * iq * scale;
-            ks[i] = x[(nk + g) * HK + i] * ik * 1.0f;
+            const float qv = fresh ? qs[i] : x[g * HK + i], kv = fresh ? ks[i] : x[(nk + g) * HK + i];
+            qs[i] = qv * iq * scale;
+            ks[i] = kv * ik * 1.0f;
         }
         __syncwarp();
         const float beta = sigmoid_of(ba[g * 2 * r + jj]);
@@ -136,7 +188,16 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
         const float sp = a > 20.0f ? a : log1pf(expf(a));
         const float decay = expf(a_coef * sp);
         if (col) {
-            const float v = x[2 * nk * HK + h * hv + j];
+            float v;
+            if (fresh) {
+                float w[MAX_CONV_KERNEL];
+                const u32 cvh = 2 * nk * HK + h * hv + j;
+                conv_weights(cv.W, cvh, cv.kernel, w);
+                v = conv_silu_at(cv.X, rg, p.rows, p.first, pos, cvh, conv_dim, cv.kernel, w);
+                Y[(u64)row * conv_dim + cvh] = v;
+            } else {
+                v = x[2 * nk * HK + h * hv + j];
+            }
             float kv = 0.0f;
 #pragma unroll
             for (int i = 0; i < HK; i++) {
@@ -160,6 +221,13 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
         }
         __syncwarp();
     }
+    if (!conv || p.n_rows == 0) return;
+    if (own_qk)
+        for (u32 i = lane; i < HK; i += 32) {
+            conv_keep(cv.X, rg, p, g * HK + i, conv_dim);
+            conv_keep(cv.X, rg, p, (nk + g) * HK + i, conv_dim);
+        }
+    if (col) conv_keep(cv.X, rg, p, 2 * nk * HK + h * hv + j, conv_dim);
 }
 
 #define GATED_DELTA_KERNEL(HK)                                                                                   \
@@ -175,6 +243,25 @@ GATED_DELTA_KERNEL(16)
 GATED_DELTA_KERNEL(32)
 GATED_DELTA_KERNEL(64)
 GATED_DELTA_KERNEL(128)
+
+// gated_delta_k<HK> with the step's conv (DeltaConv): X the conv inputs, W the conv weights,
+// ring the conv rings, kernel the taps; QKV receives the conv outputs. Steps of at most RING
+// rows a sequence (the host checks).
+#define GATED_DELTA_CONV_KERNEL(HK)                                                                             \
+    extern "C" __global__ void gated_delta_conv_k##HK(float* QKV, const float* BA, const float* A,              \
+                                                      const float* DT, float* O, const float* S, float* D,      \
+                                                      u32 d_per_slot, const float* inputs, const u32* plan,     \
+                                                      u32 n_seqs, u32 nk, u32 nv, u32 hv, const float* X,        \
+                                                      const float* W, float* ring, u32 kernel) {                \
+        pdl_entry();                                                                                             \
+        gated_delta_body<HK>(QKV, BA, A, DT, O, S, D, d_per_slot, inputs, plan, n_seqs, nk, nv, hv,              \
+                             DeltaConv{X, W, ring, kernel});                                                     \
+    }
+
+GATED_DELTA_CONV_KERNEL(16)
+GATED_DELTA_CONV_KERNEL(32)
+GATED_DELTA_CONV_KERNEL(64)
+GATED_DELTA_CONV_KERNEL(128)
 
 // Keeps the delta-rule inputs (the conv output row and [b a]) of each sequence's last RING step
 // rows in its slot's ring, after gated_delta read the older ones. Grid: y = sequence.

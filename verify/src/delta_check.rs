@@ -5,7 +5,9 @@
 //!   rejected draft resumed, a step longer than the kept ring): every step's outputs within
 //!   [`DELTA_TOL`] of the CPU's `DeltaLayer`, every output element written (NaN-poisoned).
 //! - Row invariance on the GPU, bitwise: the first sequence computed again one position per
-//!   step gives every position's outputs the bits the multi-row steps gave.
+//!   step (the conv inside the delta kernel, `gated_delta_conv_k<HK>`) gives every position's
+//!   outputs the bits the multi-row steps gave; a second state running every step of at most
+//!   RING rows with that kernel gives the three kernels' bits step by step.
 //! - `sigmoid_mul` (one gate per value, per row, per group) and partial RoPE (`rope` and
 //!   `rope_kv` rotating fewer pairs than head_dim / 2) against the CPU.
 
@@ -65,14 +67,15 @@ struct Dev {
 /// Outputs of one step: conv output and delta output rows, in row order.
 type StepOut = (Vec<f32>, Vec<f32>);
 
-/// Runs one step on the GPU: the three kernels as the backend launches them.
+/// Runs one step on the GPU: the three kernels as the backend launches them, or with `fused`
+/// the conv inside the delta kernel (gated_delta_conv_k<HK>, steps of at most RING rows).
 fn gpu_step(
     g: &Gpu,
     p: &DeltaParams,
     d: &Dev,
     plans: &[SeqPlan],
-    x: &[f32],
-    ba: &[f32],
+    (x, ba): (&[f32], &[f32]),
+    fused: bool,
 ) -> Result<StepOut> {
     let (cd, nv) = (p.conv_dim(), p.n_v_heads);
     let m = x.len() / cd;
@@ -91,7 +94,9 @@ fn gpu_step(
         Arg::U32(cd as u32),
         Arg::U32(p.conv_kernel as u32),
     ];
-    g.launch("conv1d_silu", (cd.div_ceil(128) as u32, n), 128, &conv)?;
+    if !fused {
+        g.launch("conv1d_silu", (cd.div_ceil(128) as u32, n), 128, &conv)?;
+    }
     let delta = [
         Arg::Ptr(g.ptr(&dy)),
         Arg::Ptr(g.ptr(&dba)),
@@ -110,12 +115,14 @@ fn gpu_step(
         Arg::U32(p.head_v as u32),
     ];
     let tiles = (p.head_v.div_ceil(32) * nv) as u32;
-    g.launch(
-        &format!("gated_delta_k{}", p.head_k),
-        (tiles, n),
-        32,
-        &delta,
-    )?;
+    if fused {
+        let with_conv = [&delta[..], &[conv[0], conv[2], conv[3], conv[7]]].concat();
+        let name = format!("gated_delta_conv_k{}", p.head_k);
+        g.launch(&name, (tiles, n), 32, &with_conv)?;
+    } else {
+        let name = format!("gated_delta_k{}", p.head_k);
+        g.launch(&name, (tiles, n), 32, &delta)?;
+    }
     let keep = [
         Arg::Ptr(g.ptr(&dy)),
         Arg::Ptr(g.ptr(&dba)),
@@ -175,6 +182,21 @@ fn delta_shape(g: &Gpu, seed: u64, p: DeltaParams, out: &mut Vec<Case>) -> Resul
         conv: g.ptr(&bufs[4]),
         inputs: g.ptr(&bufs[5]),
     };
+    // A second state (the same plans) whose steps of at most RING rows run the conv inside the
+    // delta kernel: every step's outputs the bits of the three kernels.
+    let fused_state = [
+        g.zeros::<f32>(slot_floats(nv * p.head_k * p.head_v))?,
+        g.zeros(slot_floats(CONV_RING * cd))?,
+        g.zeros(slot_floats(RING * (cd + 2 * nv)))?,
+    ];
+    let df = Dev {
+        s: g.ptr(&fused_state[0]),
+        conv: g.ptr(&fused_state[1]),
+        inputs: g.ptr(&fused_state[2]),
+        ..d
+    };
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    let mut fused_differ = None;
     let mut cpu = DeltaLayer::new(p);
     let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build();
     let pool = pool.map_err(|e| memra_engine::Error::Input(format!("thread pool: {e}")))?;
@@ -201,7 +223,11 @@ fn delta_shape(g: &Gpu, seed: u64, p: DeltaParams, out: &mut Vec<Case>) -> Resul
             x.extend(xr);
             ba.extend(br);
         }
-        let (gy, go) = gpu_step(g, &p, &d, &pg, &x, &ba)?;
+        let (gy, go) = gpu_step(g, &p, &d, &pg, (&x, &ba), false)?;
+        let (fy, fo) = gpu_step(g, &p, &df, &pg, (&x, &ba), rows.len() <= RING)?;
+        if !same(&fy, &gy) || !same(&fo, &go) {
+            fused_differ.get_or_insert(si);
+        }
         let mut cy = vec![0f32; x.len()];
         cpu.conv1d_silu(&pc, &w, &x, &mut cy);
         let mut co = vec![0f32; rows.len() * p.value_dim()];
@@ -228,9 +254,9 @@ fn delta_shape(g: &Gpu, seed: u64, p: DeltaParams, out: &mut Vec<Case>) -> Resul
         let b = batch(&[(0, pos)], &[RERUN_SLOT]);
         let pg = book_g.plan(&b)?;
         let (x, ba) = row_inputs(seed, &p, 0, pos);
-        let (gy, go) = gpu_step(g, &p, &d, &pg, &x, &ba)?;
+        // One row a step: the conv inside the delta kernel.
+        let (gy, go) = gpu_step(g, &p, &d, &pg, (&x, &ba), true)?;
         book_g.commit(&pg);
-        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
         if !same(&gy, wy) || !same(&go, wo) {
             bits_differ.get_or_insert(pos);
         }
@@ -244,6 +270,8 @@ fn delta_shape(g: &Gpu, seed: u64, p: DeltaParams, out: &mut Vec<Case>) -> Resul
         tol: 0.0,
         problem: bits_differ
             .map(|p| format!("position {p}: one row per step gives other bits"))
+            .or(fused_differ
+                .map(|s| format!("step {s}: the conv inside the delta kernel gives other bits")))
             .or(problem),
     });
     Ok(())

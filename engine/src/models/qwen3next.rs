@@ -757,10 +757,10 @@ impl<O: Ops> Qwen3Next<O> {
         let outs = [a.lin_in, a.z, a.ba];
         ops.norm_matmuls(a.x, norm, self.eps, a.h, &w.proj, &outs)?;
         ops.dump("attn_norm", l, a.h);
-        ops.conv1d_silu(w.st, &w.conv, a.lin_in, a.lin_conv)?;
-        ops.dump("conv", l, a.lin_conv);
         let [ca, cdt] = &w.coef;
-        ops.gated_delta(w.st, a.lin_conv, a.ba, [ca, cdt], a.core)?;
+        let conv = (&w.conv, a.lin_in, a.lin_conv);
+        ops.conv_gated_delta(w.st, conv, a.ba, [ca, cdt], a.core)?;
+        ops.dump("conv", l, a.lin_conv);
         ops.dump("delta", l, a.core);
         let core = (a.core, &w.norm, self.head_v, self.eps);
         ops.norm_gate_matmul_add(core, a.z, &w.out, Residual { res: a.x, tmp: a.o })

@@ -355,6 +355,21 @@ pub trait Ops: Send + Sized + 'static {
 
     // ---- composite ops: fusion points (defaults compose the simple ops) ----
 
+    /// A gated DeltaNet layer's core: `qkv = conv1d_silu(x)` ([`Ops::conv1d_silu`]), then the
+    /// gated delta rule of `qkv` and `ba` into `out` ([`Ops::gated_delta`]). `qkv` holds the
+    /// convolution's output after it, as with the two ops.
+    fn conv_gated_delta(
+        &mut self,
+        st: StateId,
+        (w, x, qkv): (&Self::Vector, Act, Act),
+        ba: Act,
+        coef: [&Self::Vector; 2],
+        out: Act,
+    ) -> Result<()> {
+        self.conv1d_silu(st, w, x, qkv)?;
+        self.gated_delta(st, qkv, ba, coef, out)
+    }
+
     /// RMSNorm of `x` into `h`, then `ys[i] = W[i] h`.
     fn norm_matmuls(
         &mut self,

@@ -198,16 +198,31 @@ impl CudaOps {
         g.launch("conv1d_silu", grid, 128, &args)
     }
 
-    /// The gated delta rule of every row into `out`, then the step's inputs kept.
+    /// The gated delta rule of every row into `out`, then the step's inputs kept. With `conv`
+    /// (the conv weights and inputs; steps of at most [`RING`] rows) the step's rows are
+    /// convolved in the same launch (gated_delta_conv_k<HK>: conv1d_silu's bits into `qkv`).
     pub(super) fn gated_delta_launch(
         &mut self,
         st: StateId,
         (qkv, ba): (Act, Act),
         [a, dt]: [&CudaSlice<f32>; 2],
         out: Act,
+        conv: Option<(&CudaSlice<f32>, Act)>,
     ) -> Result<()> {
         let l = self.state(st)?;
         let (p, g) = (l.p, &self.gpu);
+        if let Some((w, x)) = conv {
+            let cd = p.conv_dim();
+            if x.width != cd || w.len() != cd * p.conv_kernel || self.n(x) > RING {
+                return Err(g.err(format!(
+                    "gated_delta_conv: input {} wide, {} weights for {cd} channels of {}, {} rows (at most {RING})",
+                    x.width,
+                    w.len(),
+                    p.conv_kernel,
+                    self.n(x)
+                )));
+            }
+        }
         let ok = qkv.width == p.conv_dim()
             && ba.width == 2 * p.n_v_heads
             && out.width == p.value_dim()
@@ -236,7 +251,11 @@ impl CudaOps {
         let u = |v: usize, what| g.u32_of(v, what);
         let dst = (g.ptr(&l.s), true);
         let rows = (pq, pb, self.ptr(out)?);
-        delta_launch(g, l, rows, [g.ptr(a), g.ptr(dt)], dst, (plan, n_seqs))?;
+        let conv = match conv {
+            Some((w, x)) => Some((self.ptr(x)?, g.ptr(w), g.ptr(&l.conv))),
+            None => None,
+        };
+        delta_launch(g, l, rows, [g.ptr(a), g.ptr(dt)], dst, (plan, n_seqs), conv)?;
         let keep = [
             Arg::Ptr(pq),
             Arg::Ptr(pb),
@@ -285,7 +304,15 @@ impl CudaOps {
                 .ok_or_else(|| g.err("state snapshot before any step"))?;
             let per = l.p.n_v_heads * l.p.head_k * l.p.head_v;
             let dst = g.ptr(&l.snap_s) + (snap as usize * per * 4) as u64;
-            delta_launch(g, l, (0, 0, 0), [a, dt], (dst, false), (g.ptr(&words), 1))?;
+            delta_launch(
+                g,
+                l,
+                (0, 0, 0),
+                [a, dt],
+                (dst, false),
+                (g.ptr(&words), 1),
+                None,
+            )?;
             let ring = CONV_RING * l.p.conv_dim();
             copy(
                 g,
@@ -337,7 +364,8 @@ impl CudaOps {
 }
 
 /// The delta kernel of layer `l` over `plan` (its address, entries): `(qkv, ba, out)` rows,
-/// `[a_coef, dt]`, the commit target (`D` and whether it is per slot).
+/// `[a_coef, dt]`, the commit target (`D` and whether it is per slot); with `conv` = (conv
+/// inputs, weights, ring) the kernel that convolves the step's rows first.
 fn delta_launch(
     g: &Gpu,
     l: &StateLayer,
@@ -345,6 +373,7 @@ fn delta_launch(
     [a, dt]: [u64; 2],
     (dst, per_slot): (u64, bool),
     (plan, n_seqs): (u64, usize),
+    conv: Option<(u64, u64, u64)>,
 ) -> Result<()> {
     let p = &l.p;
     let u = |v: usize, what| g.u32_of(v, what);
@@ -365,13 +394,20 @@ fn delta_launch(
         Arg::U32(u(p.head_v, "value head size")?),
     ];
     let tiles = p.head_v.div_ceil(32) * p.n_v_heads;
-    let kernel = format!("gated_delta_k{}", p.head_k);
-    g.launch(
-        &kernel,
-        (u(tiles, "delta blocks")?, n_seqs as u32),
-        32,
-        &args,
-    )
+    let grid = (u(tiles, "delta blocks")?, n_seqs as u32);
+    match conv {
+        None => g.launch(&format!("gated_delta_k{}", p.head_k), grid, 32, &args),
+        Some((x, w, ring)) => {
+            let conv = [
+                Arg::Ptr(x),
+                Arg::Ptr(w),
+                Arg::Ptr(ring),
+                Arg::U32(u(p.conv_kernel, "conv kernel")?),
+            ];
+            let args = [&args[..], &conv].concat();
+            g.launch(&format!("gated_delta_conv_k{}", p.head_k), grid, 32, &args)
+        }
+    }
 }
 
 /// `n` values of `src` from `from` into `dst` at `to` (stream-ordered).
@@ -442,5 +478,27 @@ impl Gpu {
             Arg::U32(self.u32_of(gwidth, "gate width")?),
         ]);
         self.launch(name, Self::stride_grid(n), 256, &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::device::check_args;
+
+    #[test]
+    fn the_delta_kernels_take_the_launch_s_arguments() {
+        // delta_launch: qkv, ba, a, dt, out, S, D, per slot, inputs, plan, sequences, key heads,
+        // value heads, value head size; the conv kernel then the conv inputs, weights, ring, taps.
+        let mut args = vec![Arg::Ptr(1); 7];
+        args.extend([Arg::U32(1), Arg::Ptr(1), Arg::Ptr(1)]);
+        args.extend([Arg::U32(1), Arg::U32(16), Arg::U32(32), Arg::U32(128)]);
+        let conv = [Arg::Ptr(1), Arg::Ptr(1), Arg::Ptr(1), Arg::U32(4)];
+        for hk in HEAD_K {
+            assert_eq!(check_args(&format!("gated_delta_k{hk}"), &args), Ok(()));
+            let with_conv = [&args[..], &conv].concat();
+            let name = format!("gated_delta_conv_k{hk}");
+            assert_eq!(check_args(&name, &with_conv), Ok(()), "{name}");
+        }
     }
 }

@@ -7,6 +7,7 @@ use cudarc::driver::CudaSlice;
 
 use super::mat::{Mat, Mats, Use};
 use super::{AttnArgs, AttnPrep, CudaOps, DevAct, KvLayer, RopeKvArgs, RopePos, RopeTable, class};
+use crate::backend::state::RING;
 use crate::error::Result;
 use crate::ops::rope::Rope;
 use crate::ops::{
@@ -702,8 +703,27 @@ impl Ops for CudaOps {
         coef: [&CudaSlice<f32>; 2],
         out: Act,
     ) -> Result<()> {
-        self.gated_delta_launch(st, (qkv, ba), coef, out)?;
+        self.gated_delta_launch(st, (qkv, ba), coef, out, None)?;
         self.tick("gated_delta");
+        Ok(())
+    }
+
+    /// Steps of at most [`RING`] rows (decode and verify): the conv inside the
+    /// delta kernel (one launch fewer a layer, the same bits); longer steps: the two ops.
+    fn conv_gated_delta(
+        &mut self,
+        st: StateId,
+        (w, x, qkv): (&CudaSlice<f32>, Act, Act),
+        ba: Act,
+        coef: [&CudaSlice<f32>; 2],
+        out: Act,
+    ) -> Result<()> {
+        if self.n(x) > RING {
+            self.conv1d_silu(st, w, x, qkv)?;
+            return self.gated_delta(st, qkv, ba, coef, out);
+        }
+        self.gated_delta_launch(st, (qkv, ba), coef, out, Some((w, x)))?;
+        self.tick("conv+delta");
         Ok(())
     }
 
