@@ -136,8 +136,8 @@ pub enum Resample {
 
 /// A tower on a CUDA device.
 enum DeviceTower {
-    Siglip(CudaTower),
-    Qwen(CudaQwenTower),
+    Siglip(Box<CudaTower>),
+    Qwen(Box<CudaQwenTower>),
 }
 
 impl DeviceTower {
@@ -248,11 +248,11 @@ impl VisionTower {
             (None, _) => None,
             (Some(n), Family::Qwen(p, w)) => {
                 let gpu = crate::backend::cuda::Gpu::open(n)?;
-                Some(DeviceTower::Qwen(CudaQwenTower::new(gpu, p, w)?))
+                Some(DeviceTower::Qwen(Box::new(CudaQwenTower::new(gpu, p, w)?)))
             }
             (Some(n), Family::Siglip(p, w)) => {
                 let gpu = crate::backend::cuda::Gpu::open(n)?;
-                Some(DeviceTower::Siglip(CudaTower::new(gpu, p, w)?))
+                Some(DeviceTower::Siglip(Box::new(CudaTower::new(gpu, p, w)?)))
             }
         };
         self.key = match &self.cuda {
