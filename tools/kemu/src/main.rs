@@ -6,8 +6,8 @@
 //! The Qwen ViT's host code (`CudaQwenTower` in backend/cuda/vision_qwen.rs) the same way
 //! against vision/qwenvit.rs `forward`: the three tiny families, square and not, f32 and f16
 //! weights, windows of more than one query tile, and wider heads (80, 72).
-//! `--wide`: also a tower at Gemma 3's real widths (1152 / 4304, 16 heads of 72; 256 patches,
-//! 2 blocks: a few minutes).
+//! `--wide`: also towers at Gemma 3's, Qwen2.5-VL-7B's and Qwen3-VL-8B's real widths (2 blocks
+//! each, f16 weights: some minutes).
 
 use std::ffi::{CString, c_char};
 
@@ -332,6 +332,32 @@ fn main() {
             ..TowerParams::gemma3(256)
         };
         fails += tower_case("Gemma 3 widths, 256 patches, 2 blocks, f16", wide, true);
+        // Qwen2.5-VL-7B's widths (1280 / 3420, 16 heads of 80), a windowed and a full block:
+        // 224 x 168 pixels, 192 patches, windows of 4 x 4 merged tokens cut at the edge.
+        let q25 = QwenParams {
+            layers: 2,
+            wa_pattern: 2,
+            ..QwenParams::qwen25vl_7b(1024)
+        };
+        fails += qwen_case(
+            "Qwen2.5-VL-7B widths, 2 blocks, f16",
+            &q25,
+            true,
+            &[(224, 168)],
+        );
+        // Qwen3-VL-8B's widths (1152 / 4304, 16 heads of 72), the 48 x 48 positions, a
+        // deepstack merger: 256 x 192 pixels, 192 patches.
+        let q3 = QwenParams {
+            layers: 2,
+            deepstack: vec![0],
+            ..QwenParams::qwen3vl_8b(1024)
+        };
+        fails += qwen_case(
+            "Qwen3-VL-8B widths, 2 blocks, f16",
+            &q3,
+            true,
+            &[(256, 192)],
+        );
     }
     println!(
         "kemu: {}",
