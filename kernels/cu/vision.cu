@@ -16,6 +16,15 @@
 //                 dim D, flash-style: a thread per query row, K/V tiles in shared memory, the
 //                 online softmax in key order.
 // vit_pool        average of the patch grid in pool x pool windows.
+//
+// The Qwen ViT (engine/src/backend/cuda/vision_qwen.rs; CPU reference vision/qwenvit.rs) runs
+// the products (with the epilogues QuickGELU, erf-GELU and the SiLU gate), LayerNorm, norm.cu's
+// `rms_norm` and the full attention above, and:
+// qvit_patches        the patch rows of an image in the tower's row order, both frames of the
+//                     temporal patch the same image.
+// qvit_rope           the 2D rotary embedding of Q and K in place, from the host's table.
+// qvit_attn_win_d<D>  attention within windows: each block a tile of query rows of one window,
+//                     the window's keys (consecutive rows) in order.
 
 #define G_BM 128
 #define G_BN 128
@@ -27,6 +36,9 @@
 #define G_PLAIN 0u
 #define G_GELU 1u
 #define G_ADD 2u
+#define G_QUICK_GELU 3u
+#define G_GELU_ERF 4u
+#define G_MUL_SILU 5u
 
 // The CPU's gelu_tanh (siglip.rs): 0.5 x (1 + tanh(C (x + 0.044715 x^3))), C = sqrt(2 / pi)
 // as its f32 constant, in its operation order; tanhf is the GPU's own.
@@ -34,6 +46,36 @@ __device__ __forceinline__ float vit_gelu(float x) {
     const float cube = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x), x), x);
     const float t = tanhf(__fmul_rn(0.7978846f, __fadd_rn(x, cube)));
     return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, t));
+}
+
+// The CPU's quick_gelu (qwenvit.rs): x / (1 + exp(-1.702 x)); expf is the GPU's own.
+__device__ __forceinline__ float vit_quick_gelu(float x) {
+    return __fdiv_rn(x, __fadd_rn(1.0f, expf(__fmul_rn(-1.702f, x))));
+}
+
+// The CPU's silu (qwenvit.rs): x / (1 + exp(-x)).
+__device__ __forceinline__ float vit_silu(float x) { return __fdiv_rn(x, __fadd_rn(1.0f, expf(-x))); }
+
+// The CPU's gelu_erf (qwenvit.rs) in double, in its operation order: 0.5 x (1 + erf(x / sqrt 2))
+// with erf from the Chebyshev fit of erfc (Numerical Recipes' erfcc); exp is the GPU's own.
+__device__ __forceinline__ float vit_gelu_erf(float xf) {
+    const double x = (double)xf;
+    const double u = __dmul_rn(x, 0.7071067811865476);
+    const double z = fabs(u);
+    const double t = __ddiv_rn(1.0, __dadd_rn(1.0, __dmul_rn(0.5, z)));
+    double poly = 0.170872770;
+    poly = __dadd_rn(__dmul_rn(poly, t), -0.822152230);
+    poly = __dadd_rn(__dmul_rn(poly, t), 1.488515870);
+    poly = __dadd_rn(__dmul_rn(poly, t), -1.135203980);
+    poly = __dadd_rn(__dmul_rn(poly, t), 0.278868070);
+    poly = __dadd_rn(__dmul_rn(poly, t), -0.186288060);
+    poly = __dadd_rn(__dmul_rn(poly, t), 0.096784180);
+    poly = __dadd_rn(__dmul_rn(poly, t), 0.374091960);
+    poly = __dadd_rn(__dmul_rn(poly, t), 1.000023680);
+    poly = __dadd_rn(__dmul_rn(poly, t), -1.265512230);
+    const double erfc = __dmul_rn(t, exp(__dadd_rn(__dmul_rn(-z, z), poly)));
+    const double e = u >= 0.0 ? __dsub_rn(1.0, erfc) : __dsub_rn(erfc, 1.0);
+    return (float)__dmul_rn(__dmul_rn(0.5, x), __dadd_rn(1.0, e));
 }
 
 // The patch rows: row i (patch (i / g, i % g) of the g x g grid) holds the patch's values in
@@ -93,13 +135,15 @@ __device__ __forceinline__ void load8(const u16* row, u32 k, u32 K, bool vec, fl
     }
 }
 
-// Y[m][n] = epilogue(sum_k X[m][k] W[n][k] (+ B[n])). Blocks of 256 threads own 128 x 128
+// Y[m][n] = epilogue(sum_k X[m][k] W[n][k] (+ B[n])); the epilogues G_PLAIN, G_GELU (tanh),
+// G_ADD (Y + value), G_QUICK_GELU, G_GELU_ERF, G_MUL_SILU (Y * silu(value): the gated FFN, Y
+// holding the up product). Blocks of 256 threads own 128 x 128
 // outputs; each thread 8 x 8 of them (rows ty*4 + {0..3} and 64 + ty*4 + {0..3}, columns
 // likewise with tx). K runs in tiles of 16 through double-buffered shared memory (the next tile
 // is loaded into registers while the current one is multiplied). Each output is one chain of
 // __fmaf_rn over k = 0, 1, ..., K - 1 (zero padding past K adds exact zeros), then + B[n], then
 // the epilogue: its bits depend on its own row and column only, not on M, N or the grid.
-// B may be null (no bias). G_ADD: Y[m][n] = Y[m][n] + value.
+// B may be null (no bias).
 template <typename WT>
 __device__ __forceinline__ void vit_gemm_body(const float* __restrict__ X, const WT* __restrict__ W,
                                               const float* __restrict__ B, float* Y, u32 M, u32 N, u32 K,
@@ -180,6 +224,9 @@ __device__ __forceinline__ void vit_gemm_body(const float* __restrict__ X, const
             const u64 o = (u64)m * N + n;
             if (mode == G_GELU) v = vit_gelu(v);
             else if (mode == G_ADD) v = __fadd_rn(Y[o], v);
+            else if (mode == G_QUICK_GELU) v = vit_quick_gelu(v);
+            else if (mode == G_GELU_ERF) v = vit_gelu_erf(v);
+            else if (mode == G_MUL_SILU) v = __fmul_rn(Y[o], vit_silu(v));
             Y[o] = v;
         }
     }
@@ -242,17 +289,17 @@ extern "C" __global__ void __launch_bounds__(256) vit_layer_norm(const float* X,
 #define ATT_Q 128
 #define ATT_SUB 16
 
+// One block's query rows: row i (live: a row of the launch; a dead thread still helps load the
+// tiles) attends to the rows k0 .. k1 (k1 > k0) in order.
 template <int D>
-__device__ __forceinline__ void vit_attn_body(const float* __restrict__ QKV, float* __restrict__ O, u32 n,
-                                              u32 heads, float scale) {
+__device__ __forceinline__ void vit_attn_span(const float* __restrict__ QKV, float* __restrict__ O, u32 i,
+                                              bool live, u32 k0, u32 k1, u32 heads, float scale) {
     constexpr int KT = D <= 72 ? 64 : 32;
     __shared__ __align__(16) float Ks[KT][D];
     __shared__ __align__(16) float Vs[KT][D];
     const u32 h = blockIdx.y;
     const u32 wd = heads * D;
     const u64 stride = 3ull * wd;
-    const u32 i = blockIdx.x * ATT_Q + threadIdx.x;
-    const bool live = i < n;
     float q[D], o[D];
     {
         const float* qr = QKV + (u64)(live ? i : 0) * stride + (u64)h * D;
@@ -269,8 +316,8 @@ __device__ __forceinline__ void vit_attn_body(const float* __restrict__ QKV, flo
     for (int d = 0; d < D; ++d) o[d] = 0.0f;
     const float NEG_INF = -__int_as_float(0x7f800000);
     float m = NEG_INF, l = 0.0f;
-    for (u32 j0 = 0; j0 < n; j0 += KT) {
-        const u32 cnt = min((u32)KT, n - j0);
+    for (u32 j0 = k0; j0 < k1; j0 += KT) {
+        const u32 cnt = min((u32)KT, k1 - j0);
         __syncthreads();  // the previous tile is no longer read
         for (u32 e = threadIdx.x; e < (u32)(KT * D / 4); e += ATT_Q) {
             const u32 r = e / (D / 4), c = (e % (D / 4)) * 4;
@@ -335,6 +382,24 @@ __device__ __forceinline__ void vit_attn_body(const float* __restrict__ QKV, flo
     for (int d = 0; d < D; ++d) out[d] = __fdiv_rn(o[d], l);
 }
 
+template <int D>
+__device__ __forceinline__ void vit_attn_body(const float* __restrict__ QKV, float* __restrict__ O, u32 n,
+                                              u32 heads, float scale) {
+    const u32 i = blockIdx.x * ATT_Q + threadIdx.x;
+    vit_attn_span<D>(QKV, O, i, i < n, 0, n, heads, scale);
+}
+
+// Window attention: block (x, y) takes tile x of `tiles` (u32 q0, q1, k0, k1: query rows q0 ..
+// q1, at most ATT_Q of them, attend to the rows k0 .. k1 of their window) and head y.
+template <int D>
+__device__ __forceinline__ void qvit_attn_win_body(const float* __restrict__ QKV, float* __restrict__ O,
+                                                   const u32* __restrict__ tiles, u32 heads, float scale) {
+    const u32* t = tiles + 4 * (u64)blockIdx.x;
+    const u32 q0 = t[0], q1 = t[1], k0 = t[2], k1 = t[3];
+    const u32 i = q0 + threadIdx.x;
+    vit_attn_span<D>(QKV, O, i, i < q1, k0, k1, heads, scale);
+}
+
 #define VIT_ATTN(D)                                                                                            \
     extern "C" __global__ void __launch_bounds__(ATT_Q) vit_attn_d##D(const float* QKV, float* O, u32 n,      \
                                                                        u32 heads, float scale) {              \
@@ -349,6 +414,22 @@ VIT_ATTN(72)
 VIT_ATTN(80)
 VIT_ATTN(96)
 VIT_ATTN(128)
+
+#define QVIT_ATTN_WIN(D)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(ATT_Q) qvit_attn_win_d##D(const float* QKV, float* O,         \
+                                                                           const u32* tiles, u32 heads,       \
+                                                                           float scale) {                     \
+        pdl_entry();                                                                                           \
+        qvit_attn_win_body<D>(QKV, O, tiles, heads, scale);                                                    \
+    }
+QVIT_ATTN_WIN(8)
+QVIT_ATTN_WIN(16)
+QVIT_ATTN_WIN(32)
+QVIT_ATTN_WIN(64)
+QVIT_ATTN_WIN(72)
+QVIT_ATTN_WIN(80)
+QVIT_ATTN_WIN(96)
+QVIT_ATTN_WIN(128)
 
 // The average of the g x g rows of X in pool x pool windows: token t (window (t / side, t %
 // side), side = g / pool) column c = (sum over the window's rows in row-major order, from 0) *
@@ -365,5 +446,43 @@ extern "C" __global__ void vit_pool(const float* __restrict__ X, float* __restri
         for (u32 y = 0; y < pool; ++y)
             for (u32 x = 0; x < pool; ++x) a = __fadd_rn(a, X[((u64)(ty * pool + y) * g + tx * pool + x) * width + c]);
         Y[e] = __fmul_rn(a, inv);
+    }
+}
+
+// The Qwen ViT's patch rows: row r is the patch at (pos[r] >> 16, pos[r] & 0xffff) (row, column
+// of the patch grid) of the image px ([3][h][w]), its 2 x 3 x patch x patch values in (frame,
+// channel, y, x) order, both frames the same image (the CPU's patch_cols): bit for bit.
+extern "C" __global__ void qvit_patches(const float* __restrict__ px, const u32* __restrict__ pos,
+                                        float* __restrict__ cols, u32 rows, u32 w, u32 h, u32 patch) {
+    pdl_entry();
+    const u32 per = 3 * patch * patch;
+    const u64 n = (u64)rows * 2 * per;
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (u64)gridDim.x * blockDim.x) {
+        const u32 r = (u32)(e / (2 * per)), j = (u32)(e % (2 * per)) % per;
+        const u32 c = j / (patch * patch), y = (j / patch) % patch, x = j % patch;
+        const u32 py = pos[r] >> 16, pxx = pos[r] & 0xffffu;
+        cols[e] = px[((u64)c * h + py * patch + y) * w + pxx * patch + x];
+    }
+}
+
+// The 2D rotary embedding of Q and K in place: QKV rows [q | k | v] of `heads` heads of d; each
+// head's pairs (j, j + d/2) turn by the row's table entry j (cos, sin: table [rows][d/2][2]):
+// x1' = x1 c - x2 s, x2' = x2 c + x1 s, each product rounded (the CPU's rope): bit for bit.
+extern "C" __global__ void qvit_rope(float* QKV, const float* __restrict__ table, u32 rows, u32 heads, u32 d) {
+    pdl_entry();
+    const u32 half = d / 2;
+    const u64 wd = (u64)heads * d;
+    const u64 n = (u64)rows * 2 * heads * half;
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (u64)gridDim.x * blockDim.x) {
+        const u32 j = (u32)(e % half);
+        const u64 rest = e / half;
+        const u32 hd = (u32)(rest % heads);
+        const u32 part = (u32)((rest / heads) % 2);  // 0: q, 1: k
+        const u32 r = (u32)(rest / (2ull * heads));
+        float* x = QKV + (u64)r * 3 * wd + part * wd + (u64)hd * d;
+        const float c = table[((u64)r * half + j) * 2], s = table[((u64)r * half + j) * 2 + 1];
+        const float u = x[j], v = x[j + half];
+        x[j] = __fsub_rn(__fmul_rn(u, c), __fmul_rn(v, s));
+        x[j + half] = __fadd_rn(__fmul_rn(v, c), __fmul_rn(u, s));
     }
 }

@@ -329,12 +329,22 @@ pub const MODULES: &[Module] = &[
             "vit_attn_d96",
             "vit_attn_d128",
             "vit_pool",
+            "qvit_patches",
+            "qvit_rope",
+            "qvit_attn_win_d8",
+            "qvit_attn_win_d16",
+            "qvit_attn_win_d32",
+            "qvit_attn_win_d64",
+            "qvit_attn_win_d72",
+            "qvit_attn_win_d80",
+            "qvit_attn_win_d96",
+            "qvit_attn_win_d128",
         ],
     },
 ];
 
-/// Head dimensions of the vision tower's attention kernels (`vit_attn_d<D>` in
-/// kernels/cu/vision.cu).
+/// Head dimensions of the vision tower's attention kernels (`vit_attn_d<D>` and the Qwen ViT's
+/// window attention `qvit_attn_win_d<D>` in kernels/cu/vision.cu).
 pub const VIT_HEAD_DIMS: &[usize] = &[8, 16, 32, 64, 72, 80, 96, 128];
 
 /// Most experts a router may have and most experts per row (kernels/cu/moe.cu, `MOE_MAX_E`,

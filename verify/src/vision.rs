@@ -409,10 +409,7 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
         .map(|i| tower.encode_image_cpu(i.w, i.h, &i.rgb).map(Arc::from))
         .collect::<Result<_>>()?;
     rep.encode_ms_per_image = t0.elapsed().as_secs_f64() * 1e3 / a.images.max(1) as f64;
-    match tower.place(a.device) {
-        Err(Error::Unsupported(_)) if qwen => {} // no CUDA Qwen ViT yet: the CPU tower
-        r => r?,
-    }
+    tower.place(a.device)?;
     rep.tower = tower.runs_on();
     let full = match rep.tower.as_str() {
         "cpu" => cpu.clone(),

@@ -2,13 +2,17 @@
 //! `backend::cuda::vision_kernels::TowerKernels`) against float64 references written here, on
 //! fresh random inputs with odd shapes (`memra-verify kernels`, group `vision`):
 //!
-//! - `vit_gemm_f32` / `vit_gemm_f16`: every epilogue (plain, tanh-GELU, added into the output),
+//! - `vit_gemm_f32` / `vit_gemm_f16`: every epilogue (plain, tanh-GELU, added into the output,
+//!   and the Qwen ViT's QuickGELU, erf-GELU and SiLU gate times the output),
 //!   with and without a bias, K a multiple of 4 or not (the vector and scalar loads), the
 //!   tower's own shapes among them; row 0 has the same bits at every M (a row's K order does
 //!   not depend on the launch) and a second launch gives the same bits;
 //! - `vit_layer_norm` (also in place: the same bits), `vit_attn_d<D>` for every head dimension
 //!   built, over patch counts around the 128-row query tile;
-//! - `vit_pool` and `vit_patches`: the CPU's exact values (bit for bit).
+//! - `vit_pool` and `vit_patches`: the CPU's exact values (bit for bit);
+//! - the Qwen ViT's `qvit_patches` and `qvit_rope` (bit for bit the CPU's formulas) and
+//!   `qvit_attn_win_d<D>` for every head dimension built, over windows of several sizes (one of
+//!   more than one 128-row query tile) against float64 within each window.
 //!
 //! Every output buffer is poisoned with NaN first, so an unwritten element fails.
 
@@ -31,6 +35,30 @@ fn gelu(x: f64) -> f64 {
     0.5 * x * (1.0 + (0.797_884_560_802_865_4 * (x + 0.044_715 * x * x * x)).tanh())
 }
 
+/// erf to double precision (Abramowitz-Stegun 7.1.26 is not enough: the series for |x| < 3,
+/// the continued fraction of erfc beyond).
+fn erf(x: f64) -> f64 {
+    let z = x.abs();
+    let v = if z < 3.0 {
+        // erf(z) = 2/sqrt(pi) sum_n (-1)^n z^(2n+1) / (n! (2n+1))
+        let (mut term, mut sum, mut n) = (z, z, 0.0);
+        while term.abs() > 1e-17 * sum.abs() {
+            n += 1.0;
+            term *= -z * z / n;
+            sum += term / (2.0 * n + 1.0);
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    } else {
+        // erfc(z) = exp(-z^2) / sqrt(pi) / (z + 1/2 / (z + 1 / (z + 3/2 / (z + ...))))
+        let mut f = z;
+        for k in (1..60).rev() {
+            f = z + (k as f64 / 2.0) / f;
+        }
+        1.0 - (-z * z).exp() / std::f64::consts::PI.sqrt() / f
+    };
+    if x < 0.0 { -v } else { v }
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -50,7 +78,8 @@ pub fn vision_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     product_cases(g, seed, out)?;
     layer_norm_cases(g, seed, out)?;
     attention_cases(g, seed, out)?;
-    pool_patch_cases(g, seed, out)
+    pool_patch_cases(g, seed, out)?;
+    qwen_cases(g, seed, out)
 }
 
 /// (M, N, K): odd sizes, one tile and a bit, and the tower's shapes (patch rows of a 224 image
@@ -105,22 +134,31 @@ fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
                 (Epilogue::Plain, false),
                 (Epilogue::Gelu, true),
                 (Epilogue::Add, true),
+                (Epilogue::QuickGelu, true),
+                (Epilogue::GeluErf, true),
+                (Epilogue::MulSilu, false),
             ] {
                 let want: Vec<f32> = dots
                     .iter()
                     .enumerate()
                     .map(|(i, &d)| {
                         let v = d + if has_bias { bias[i % n] as f64 } else { 0.0 };
+                        let y = y0[i] as f64;
                         (match e {
                             Epilogue::Plain => v,
                             Epilogue::Gelu => gelu(v),
-                            Epilogue::Add => y0[i] as f64 + v,
+                            Epilogue::Add => y + v,
+                            Epilogue::QuickGelu => v / (1.0 + (-1.702 * v).exp()),
+                            Epilogue::GeluErf => {
+                                0.5 * v * (1.0 + erf(v * std::f64::consts::FRAC_1_SQRT_2))
+                            }
+                            Epilogue::MulSilu => y * v / (1.0 + (-v).exp()),
                         }) as f32
                     })
                     .collect();
                 let mut launch = |rows: usize| -> Result<Vec<f32>> {
                     match e {
-                        Epilogue::Add => g
+                        Epilogue::Add | Epilogue::MulSilu => g
                             .stream
                             .memcpy_htod(&y0, &mut dy)
                             .map_err(|x| g.err(format!("upload: {x:?}")))?,
@@ -295,6 +333,133 @@ fn pool_patch_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         k.patches(g.ptr(&dp), g.ptr(&dc), size, patch)?;
         let shape = format!("size={size} patch={patch}");
         out.push(compare("vit_patches", shape, &g.download(&dc)?, &want, 0.0));
+    }
+    Ok(())
+}
+
+/// The Qwen ViT's kernels: patch rows and the rotary embedding bit for bit, window attention
+/// against float64.
+fn qwen_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
+    let k = TowerKernels { dev: g };
+    // qvit_patches: rows in a shuffled order, both frames the same patch.
+    for (i, &(w, h, patch)) in [(16usize, 24usize, 4usize), (42, 28, 14), (448, 336, 14)]
+        .iter()
+        .enumerate()
+    {
+        let px = rand(seed, 64_000 + i as u64, 3 * w * h, 1.0);
+        let (gw, gh) = (w / patch, h / patch);
+        let rows = gw * gh;
+        let per = 3 * patch * patch;
+        // A permutation: 7 and rows are coprime for these shapes, else the identity.
+        let step = if rows % 7 == 0 { 1 } else { 7 };
+        let pos: Vec<u32> = (0..rows)
+            .map(|r| {
+                let p = (r * step + 3) % rows;
+                (((p / gw) << 16) | (p % gw)) as u32
+            })
+            .collect();
+        let mut want = vec![0f32; rows * 2 * per];
+        for (r, col) in want.chunks_exact_mut(2 * per).enumerate() {
+            let (py, pxx) = ((pos[r] >> 16) as usize, (pos[r] & 0xffff) as usize);
+            for f in 0..2 {
+                for c in 0..3 {
+                    for y in 0..patch {
+                        let src = (c * h + py * patch + y) * w + pxx * patch;
+                        let dst = f * per + c * patch * patch + y * patch;
+                        col[dst..dst + patch].copy_from_slice(&px[src..src + patch]);
+                    }
+                }
+            }
+        }
+        let (dp, dpos) = (g.upload(&px)?, g.upload(&pos)?);
+        let dc = g.zeros::<f32>(want.len())?;
+        g.fill(g.ptr(&dc), f32::NAN, want.len())?;
+        k.qwen_patches(g.ptr(&dp), g.ptr(&dpos), g.ptr(&dc), rows, (w, h), patch)?;
+        let shape = format!("{w}x{h} patch={patch}");
+        out.push(compare(
+            "qvit_patches",
+            shape,
+            &g.download(&dc)?,
+            &want,
+            0.0,
+        ));
+    }
+    // qvit_rope: the CPU's u c - v s, v c + u s with each product rounded.
+    for (i, &(rows, heads, d)) in [(5usize, 3usize, 8usize), (37, 16, 80), (19, 16, 72)]
+        .iter()
+        .enumerate()
+    {
+        let wd = heads * d;
+        let qkv = rand(seed, 64_100 + i as u64, rows * 3 * wd, 2.0);
+        let table = rand(seed, 64_150 + i as u64, rows * d, 1.0);
+        let half = d / 2;
+        let mut want = qkv.clone();
+        for r in 0..rows {
+            for part in 0..2 {
+                for hd in 0..heads {
+                    let o = r * 3 * wd + part * wd + hd * d;
+                    for j in 0..half {
+                        let (c, s) = (table[(r * half + j) * 2], table[(r * half + j) * 2 + 1]);
+                        let (u, v) = (qkv[o + j], qkv[o + j + half]);
+                        want[o + j] = u * c - v * s;
+                        want[o + j + half] = v * c + u * s;
+                    }
+                }
+            }
+        }
+        let (dq, dt) = (g.upload(&qkv)?, g.upload(&table)?);
+        k.rope(g.ptr(&dq), g.ptr(&dt), rows, heads, d)?;
+        let shape = format!("rows={rows} heads={heads} d={d}");
+        out.push(compare("qvit_rope", shape, &g.download(&dq)?, &want, 0.0));
+    }
+    // qvit_attn_win_d<D>: windows of consecutive rows, tiles of at most 128 query rows.
+    let mut st = 64_200;
+    for &d in HEAD_DIMS {
+        for (sizes, heads) in [
+            (&[64usize, 64, 32, 16][..], 2usize),
+            (&[144, 4, 200][..], 1),
+        ] {
+            st += 1;
+            let n: usize = sizes.iter().sum();
+            let wd = heads * d;
+            let qkv = rand(seed, st, n * 3 * wd, 2.0);
+            let scale = 1.0 / (d as f64).sqrt();
+            let (mut tiles, mut win) = (Vec::new(), Vec::new());
+            let mut k0 = 0;
+            for &sz in sizes {
+                for q in (0..sz).step_by(128) {
+                    tiles.extend([k0 + q, k0 + (q + 128).min(sz), k0, k0 + sz].map(|v| v as u32));
+                }
+                win.extend(std::iter::repeat_n((k0, k0 + sz), sz));
+                k0 += sz;
+            }
+            let mut want = vec![0f32; n * wd];
+            for (i, &(a, b)) in win.iter().enumerate() {
+                for h in 0..heads {
+                    let at = |r: usize, part: usize, c: usize| {
+                        qkv[r * 3 * wd + part * wd + h * d + c] as f64
+                    };
+                    let s: Vec<f64> = (a..b)
+                        .map(|j| (0..d).map(|c| at(i, 0, c) * at(j, 1, c)).sum::<f64>() * scale)
+                        .collect();
+                    let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let p: Vec<f64> = s.iter().map(|v| (v - mx).exp()).collect();
+                    let l: f64 = p.iter().sum();
+                    for c in 0..d {
+                        let o: f64 = (a..b).map(|j| p[j - a] * at(j, 2, c)).sum();
+                        want[i * wd + h * d + c] = (o / l) as f32;
+                    }
+                }
+            }
+            let (dq, dt) = (g.upload(&qkv)?, g.upload(&tiles)?);
+            let dout = g.zeros::<f32>(n * wd)?;
+            g.fill(g.ptr(&dout), f32::NAN, n * wd)?;
+            let count = tiles.len() / 4;
+            k.window_attention(g.ptr(&dq), g.ptr(&dout), g.ptr(&dt), count, heads, d)?;
+            let name = format!("qvit_attn_win_d{d}");
+            let shape = format!("windows={sizes:?} heads={heads}");
+            out.push(compare(&name, shape, &g.download(&dout)?, &want, VIT_TOL));
+        }
     }
     Ok(())
 }

@@ -9,8 +9,8 @@
 //! pixels ([`VisionTower::input_size`]), one token per merged 2 x 2 block of patches. The tower
 //! runs beside the engine loop and never inside a step, so it cannot change a text row's bits:
 //! on the CPU in f32 (the reference implementation), or, after [`VisionTower::place`] on a
-//! CUDA device, on the GPU (SigLIP only: backend/cuda/vision.rs, checked against the CPU within
-//! a tolerance: docs/VERIFY.md). A tower's rows are the same bits every time on its device
+//! CUDA device, on the GPU (backend/cuda/vision.rs, vision_qwen.rs; checked against the CPU
+//! within a tolerance: docs/VERIFY.md). A tower's rows are the same bits every time on its device
 //! class; the content hash says which tower computed them.
 //!
 //! What reaches the engine is a [`MediaSpan`]: where the image's rows sit in the prompt, their
@@ -31,6 +31,7 @@ use sha2::{Digest, Sha256};
 
 use crate::backend::Device;
 use crate::backend::cuda::vision::CudaTower;
+use crate::backend::cuda::vision_qwen::CudaQwenTower;
 use crate::error::{Error, Result};
 pub use mmproj::TowerParams;
 pub use qwenvit::{QwenKind, QwenParams, QwenWeights};
@@ -147,6 +148,29 @@ pub enum Resample {
     Bicubic,
 }
 
+/// A tower on a CUDA device.
+enum DeviceTower {
+    Siglip(Box<CudaTower>),
+    Qwen(Box<CudaQwenTower>),
+}
+
+impl DeviceTower {
+    fn label(&self) -> String {
+        match self {
+            DeviceTower::Siglip(t) => t.label(),
+            DeviceTower::Qwen(t) => t.label(),
+        }
+    }
+
+    /// The rows of an image of `w x h` pixels from its input values.
+    fn forward(&self, w: usize, h: usize, px: &[f32]) -> Result<Vec<f32>> {
+        match self {
+            DeviceTower::Siglip(t) => t.forward(px),
+            DeviceTower::Qwen(t) => t.forward(w, h, px),
+        }
+    }
+}
+
 /// A tower's family, shape and f32 weights.
 enum Family {
     Siglip(TowerParams, TowerWeights),
@@ -162,7 +186,7 @@ pub struct VisionTower {
     /// (rows of the CPU and the CUDA tower differ in their last bits, so they never share one).
     key: [u8; 32],
     /// The tower on a CUDA device ([`VisionTower::place`]); `None`: the CPU.
-    cuda: Option<CudaTower>,
+    cuda: Option<DeviceTower>,
 }
 
 impl std::fmt::Debug for VisionTower {
@@ -222,26 +246,27 @@ impl VisionTower {
     /// Runs the tower where a model on `device` runs: on CUDA device `n` for `cuda:N` (and for
     /// `auto` when CUDA is there: device 0), else on the CPU. On a CUDA device the weights are
     /// uploaded now and one image's activations allocated (before a backend sizes its KV cache
-    /// from the free memory). A tower the CUDA kernels do not cover (a shape, or the Qwen
-    /// ViT) is an `Unsupported` error and stays on the CPU.
+    /// from the free memory; a Qwen ViT's for its largest image). A tower the CUDA kernels do
+    /// not cover (a head size without an attention kernel) is an `Unsupported` error and stays
+    /// on the CPU.
     pub fn place(&mut self, device: Device) -> Result<()> {
         let n = match device {
             Device::Cpu => None,
             Device::Auto => crate::backend::cuda::cuda_available().then_some(0),
             Device::Cuda(n) => Some(n),
         };
+        // Until the new tower stands, the tower runs on the CPU (an error leaves it there).
+        self.cuda = None;
+        self.key = self.id;
         self.cuda = match (n, &self.family) {
             (None, _) => None,
-            (Some(_), Family::Qwen(..)) => {
-                self.cuda = None;
-                self.key = self.id;
-                return Err(Error::Unsupported(
-                    "the Qwen vision tower has no CUDA kernels yet".into(),
-                ));
+            (Some(n), Family::Qwen(p, w)) => {
+                let gpu = crate::backend::cuda::Gpu::open(n)?;
+                Some(DeviceTower::Qwen(Box::new(CudaQwenTower::new(gpu, p, w)?)))
             }
             (Some(n), Family::Siglip(p, w)) => {
                 let gpu = crate::backend::cuda::Gpu::open(n)?;
-                Some(CudaTower::new(gpu, p, w)?)
+                Some(DeviceTower::Siglip(Box::new(CudaTower::new(gpu, p, w)?)))
             }
         };
         self.key = match &self.cuda {
@@ -403,7 +428,7 @@ impl VisionTower {
     pub fn encode_image(&self, w: usize, h: usize, rgb: &[u8]) -> Result<Vec<f32>> {
         let px = self.pixels_image(w, h, rgb)?;
         match &self.cuda {
-            Some(t) => t.forward(&px),
+            Some(t) => t.forward(w, h, &px),
             None => Ok(self.forward_cpu(w, h, &px)),
         }
     }
@@ -438,7 +463,7 @@ impl VisionTower {
             )));
         }
         match &self.cuda {
-            Some(t) => t.forward(px),
+            Some(t) => t.forward(s, s, px),
             None => Ok(self.forward_cpu(s, s, px)),
         }
     }

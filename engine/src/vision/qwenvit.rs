@@ -409,19 +409,28 @@ fn silu(x: f32) -> f32 {
 
 /// The patch grid of an input image: `gh x gw` patches, in merge-block order.
 #[derive(Clone, Copy, Debug)]
-struct Grid {
-    gh: usize,
-    gw: usize,
-    m: usize,
+pub(crate) struct Grid {
+    pub(crate) gh: usize,
+    pub(crate) gw: usize,
+    pub(crate) m: usize,
 }
 
 impl Grid {
-    fn n(&self) -> usize {
+    /// The grid of an input image of `w x h` pixels.
+    pub(crate) fn of(p: &QwenParams, w: usize, h: usize) -> Grid {
+        Grid {
+            gh: h / p.patch_size,
+            gw: w / p.patch_size,
+            m: p.merge,
+        }
+    }
+
+    pub(crate) fn n(&self) -> usize {
         self.gh * self.gw
     }
 
     /// Row and column of patch `i` (merge-block order).
-    fn pos(&self, i: usize) -> (usize, usize) {
+    pub(crate) fn pos(&self, i: usize) -> (usize, usize) {
         let mm = self.m * self.m;
         let (b, r) = (i / mm, i % mm);
         let bw = self.gw / self.m;
@@ -453,9 +462,17 @@ fn patch_cols(p: &QwenParams, g: Grid, w: usize, h: usize, px: &[f32]) -> Vec<f3
     cols
 }
 
-/// Adds the learned positions, bilinearly interpolated (align corners) from their
-/// `pos_grid` square to the `gh x gw` patch grid.
+/// Adds the learned positions ([`positions`]).
 fn add_positions(p: &QwenParams, wt: &QwenWeights, g: Grid, x: &mut [f32]) {
+    let pos = positions(p, &wt.pos, g);
+    x.par_iter_mut().zip(&pos).for_each(|(a, s)| *a += s);
+}
+
+/// The learned positions `pos` (`pos_grid^2 x hidden`) at every patch (`n x hidden`, patch
+/// order), bilinearly interpolated (align corners) from their `pos_grid` square to the
+/// `gh x gw` patch grid: per value the four corners' weighted sum in order, from 0 (the CUDA
+/// tower adds the same values).
+pub(crate) fn positions(p: &QwenParams, pos: &[f32], g: Grid) -> Vec<f32> {
     let (n, h) = (p.pos_grid, p.hidden);
     let coord = |i: usize, len: usize| -> (usize, usize, f32) {
         let v = if len > 1 {
@@ -466,7 +483,8 @@ fn add_positions(p: &QwenParams, wt: &QwenWeights, g: Grid, x: &mut [f32]) {
         let lo = (v.floor() as usize).min(n - 1);
         (lo, (lo + 1).min(n - 1), (v - lo as f64) as f32)
     };
-    x.par_chunks_mut(h).enumerate().for_each(|(i, row)| {
+    let mut out = vec![0f32; g.n() * h];
+    out.par_chunks_mut(h).enumerate().for_each(|(i, row)| {
         let (py, pxx) = g.pos(i);
         let (y0, y1, dy) = coord(py, g.gh);
         let (x0, x1, dx) = coord(pxx, g.gw);
@@ -479,16 +497,17 @@ fn add_positions(p: &QwenParams, wt: &QwenWeights, g: Grid, x: &mut [f32]) {
         for (c, a) in row.iter_mut().enumerate() {
             let mut s = 0f32;
             for &(r, wgt) in &corners {
-                s += wgt * wt.pos[r * h + c];
+                s += wgt * pos[r * h + c];
             }
-            *a += s;
+            *a = s;
         }
     });
+    out
 }
 
 /// The 2D rotary table: per patch, `d/2` (cos, sin) pairs; pair `j < d/4` turns by the row
 /// times `10000^(-4j/d)`, pair `d/4 + j` by the column times the same frequency.
-fn rope_table(g: Grid, d: usize) -> Vec<(f32, f32)> {
+pub(crate) fn rope_table(g: Grid, d: usize) -> Vec<(f32, f32)> {
     let q = d / 4;
     let mut t = Vec::with_capacity(g.n() * d / 2);
     for i in 0..g.n() {
@@ -523,8 +542,8 @@ fn rope(x: &mut [f32], table: &[(f32, f32)], heads: usize, d: usize) {
 }
 
 /// Attention groups: patch `i` attends to the patches of `groups[of[i]]` (ascending).
-struct Groups {
-    groups: Vec<Vec<u32>>,
+pub(crate) struct Groups {
+    pub(crate) groups: Vec<Vec<u32>>,
     of: Vec<u32>,
 }
 
@@ -537,7 +556,7 @@ impl Groups {
     }
 
     /// Windows of `ws x ws` merged tokens from the top-left corner (smaller at the edges).
-    fn windows(g: Grid, ws: usize) -> Groups {
+    pub(crate) fn windows(g: Grid, ws: usize) -> Groups {
         let (th, tw) = (g.gh / g.m, g.gw / g.m);
         let (nh, nw) = (th.div_ceil(ws), tw.div_ceil(ws));
         let mut groups = vec![Vec::new(); nh * nw];
@@ -630,11 +649,7 @@ fn merge(p: &QwenParams, m: &Merger, x: &[f32]) -> Vec<f32> {
 /// The output rows (`tokens x out_width`) of one input image of `w x h` pixels given as
 /// `[3][h][w]` normalised values.
 pub fn forward(p: &QwenParams, wt: &QwenWeights, w: usize, h: usize, px: &[f32]) -> Vec<f32> {
-    let g = Grid {
-        gh: h / p.patch_size,
-        gw: w / p.patch_size,
-        m: p.merge,
-    };
+    let g = Grid::of(p, w, h);
     let cols = patch_cols(p, g, w, h, px);
     let mut x = linear(
         &cols,

@@ -33,6 +33,16 @@ static void check(const char* what, const std::vector<float>& got, const std::ve
     printf("%-5s %-50s rel %.3e%s\n", ok ? "ok" : "FAIL", what, d / mx, bad != (size_t)-1 ? " (NaN)" : "");
 }
 static double gelu(double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+static double epilogue(u32 mode, double s, double y0) {
+    switch (mode) {
+        case G_GELU: return gelu(s);
+        case G_ADD: return y0 + s;
+        case G_QUICK_GELU: return s / (1 + std::exp(-1.702 * s));
+        case G_GELU_ERF: return 0.5 * s * (1 + std::erf(s / std::sqrt(2.0)));
+        case G_MUL_SILU: return y0 * (s / (1 + std::exp(-s)));
+        default: return s;
+    }
+}
 
 static void gemm_case(u32 M, u32 N, u32 K, bool f16, bool bias, u32 mode) {
     auto X = randv((size_t)M * K, 1.0f), Wf = randv((size_t)N * K, 1.0f), B = randv(N, 0.5f);
@@ -40,7 +50,7 @@ static void gemm_case(u32 M, u32 N, u32 K, bool f16, bool bias, u32 mode) {
     if (f16) for (size_t i = 0; i < Wf.size(); ++i) { Wh[i] = to_f16(Wf[i]); Wf[i] = f16_to_f32(Wh[i]); }
     auto Y0 = randv((size_t)M * N, 2.0f);
     std::vector<float> Y(Y0);
-    if (mode != G_ADD) for (auto& y : Y) y = NAN;
+    if (mode != G_ADD && mode != G_MUL_SILU) for (auto& y : Y) y = NAN;
     const float* bp = bias ? B.data() : nullptr;
     emu_launch((N + 127) / 128, (M + 127) / 128, 256, [&] {
         if (f16) vit_gemm_f16(X.data(), Wh.data(), bp, Y.data(), M, N, K, mode);
@@ -52,9 +62,7 @@ static void gemm_case(u32 M, u32 N, u32 K, bool f16, bool bias, u32 mode) {
             double s = 0;
             for (u32 k = 0; k < K; ++k) s += (double)X[(size_t)m * K + k] * Wf[(size_t)n * K + k];
             if (bias) s += B[n];
-            if (mode == G_GELU) s = gelu(s);
-            if (mode == G_ADD) s += Y0[(size_t)m * N + n];
-            want[(size_t)m * N + n] = s;
+            want[(size_t)m * N + n] = epilogue(mode, s, Y0[(size_t)m * N + n]);
         }
     char w[128];
     snprintf(w, sizeof w, "gemm_%s M=%u N=%u K=%u bias=%d mode=%u", f16 ? "f16" : "f32", M, N, K, bias, mode);
@@ -151,6 +159,92 @@ static void patches_case(u32 size, u32 patch) {
     printf("%-5s patches size=%u patch=%u exact\n", same ? "ok" : "FAIL", size, patch);
 }
 
+// The Qwen ViT's patch rows: bit for bit the CPU's patch_cols in a shuffled row order.
+static void qwen_patches_case(u32 w, u32 h, u32 patch) {
+    auto px = randv((size_t)3 * w * h, 1.0f);
+    const u32 gw = w / patch, gh = h / patch, rows = gw * gh, per = 3 * patch * patch;
+    std::vector<u32> pos(rows);
+    for (u32 r = 0; r < rows; ++r) {
+        const u32 i = (r * 7 + 3) % rows;  // a permutation when gcd(7, rows) = 1
+        pos[r] = ((i / gw) << 16) | (i % gw);
+    }
+    std::vector<float> cols((size_t)rows * 2 * per, NAN);
+    emu_launch(3, 1, 256, [&] { qvit_patches(px.data(), pos.data(), cols.data(), rows, w, h, patch); });
+    std::vector<float> want(cols.size());
+    for (u32 r = 0; r < rows; ++r) {
+        const u32 py = pos[r] >> 16, pxx = pos[r] & 0xffff;
+        for (u32 f = 0; f < 2; ++f) for (u32 c = 0; c < 3; ++c) for (u32 y = 0; y < patch; ++y) for (u32 x = 0; x < patch; ++x)
+            want[(size_t)r * 2 * per + f * per + c * patch * patch + y * patch + x] = px[((size_t)c * h + py * patch + y) * w + pxx * patch + x];
+    }
+    bool same = std::memcmp(want.data(), cols.data(), want.size() * 4) == 0;
+    if (!same) ++fails;
+    printf("%-5s qvit_patches %ux%u patch=%u exact\n", same ? "ok" : "FAIL", w, h, patch);
+}
+
+// The 2D rotary embedding: bit for bit the CPU's rope (each product rounded, then the sum).
+static void rope_case(u32 rows, u32 heads, u32 d) {
+    const u32 wd = heads * d, half = d / 2;
+    auto QKV = randv((size_t)rows * 3 * wd, 2.0f), table = randv((size_t)rows * d, 1.0f);
+    std::vector<float> want(QKV);
+    for (u32 r = 0; r < rows; ++r) for (u32 part = 0; part < 2; ++part) for (u32 hd = 0; hd < heads; ++hd)
+        for (u32 j = 0; j < half; ++j) {
+            float* x = want.data() + (size_t)r * 3 * wd + part * wd + hd * d;
+            const float c = table[((size_t)r * half + j) * 2], sn = table[((size_t)r * half + j) * 2 + 1];
+            const float u = x[j], v = x[j + half];
+            volatile float uc = u * c, vs = v * sn, vc = v * c, us = u * sn;
+            x[j] = uc - vs;
+            x[j + half] = vc + us;
+        }
+    emu_launch(2, 1, 256, [&] { qvit_rope(QKV.data(), table.data(), rows, heads, d); });
+    bool same = std::memcmp(want.data(), QKV.data(), want.size() * 4) == 0;
+    if (!same) ++fails;
+    printf("%-5s qvit_rope rows=%u heads=%u d=%u bit-exact\n", same ? "ok" : "FAIL", rows, heads, d);
+}
+
+// Window attention over windows of the given sizes (consecutive rows), tiles of at most 128
+// query rows, against double precision over each window's keys.
+template <int D>
+static void win_attn_case(std::vector<u32> sizes, u32 heads, void (*k)(const float*, float*, const u32*, u32, float)) {
+    const u32 wd = heads * D;
+    u32 n = 0;
+    std::vector<u32> tiles, win_of;
+    std::vector<std::pair<u32, u32>> bounds;
+    for (u32 sz : sizes) {
+        for (u32 q = 0; q < sz; q += 128) tiles.insert(tiles.end(), {n + q, n + std::min(q + 128, sz), n, n + sz});
+        bounds.push_back({n, n + sz});
+        for (u32 i = 0; i < sz; ++i) win_of.push_back((u32)bounds.size() - 1);
+        n += sz;
+    }
+    auto QKV = randv((size_t)n * 3 * wd, 2.0f);
+    std::vector<float> O((size_t)n * wd, NAN);
+    const float scale = 1.0f / std::sqrt((float)D);
+    const u32 count = (u32)tiles.size() / 4;
+    emu_launch(count, heads, 128, [&] { k(QKV.data(), O.data(), tiles.data(), heads, scale); });
+    std::vector<double> want(O.size());
+    for (u32 i = 0; i < n; ++i)
+        for (u32 h = 0; h < heads; ++h) {
+            const auto [k0, k1] = bounds[win_of[i]];
+            std::vector<double> s(k1 - k0);
+            double mx = -1e300;
+            for (u32 j = k0; j < k1; ++j) {
+                double d = 0;
+                for (int c = 0; c < D; ++c) d += (double)QKV[(size_t)i * 3 * wd + h * D + c] * QKV[(size_t)j * 3 * wd + wd + h * D + c];
+                s[j - k0] = d * scale;
+                mx = std::max(mx, s[j - k0]);
+            }
+            double l = 0;
+            for (auto& x : s) { x = std::exp(x - mx); l += x; }
+            for (int c = 0; c < D; ++c) {
+                double o = 0;
+                for (u32 j = k0; j < k1; ++j) o += s[j - k0] * QKV[(size_t)j * 3 * wd + 2 * wd + h * D + c];
+                want[(size_t)i * wd + h * D + c] = o / l;
+            }
+        }
+    char w[128];
+    snprintf(w, sizeof w, "qvit_attn_win_d%d n=%u windows=%zu heads=%u", D, n, sizes.size(), heads);
+    check(w, O, want, 2e-6);
+}
+
 extern "C" int kemu_check_kernels() {
     patches_case(64, 8);
     patches_case(42, 14);
@@ -159,7 +253,7 @@ extern "C" int kemu_check_kernels() {
     ln_case(1, 32);
     ln_case(9, 1152);
     ln_case(13, 77);
-    for (u32 mode : {G_PLAIN, G_GELU, G_ADD}) {
+    for (u32 mode : {G_PLAIN, G_GELU, G_ADD, G_QUICK_GELU, G_GELU_ERF, G_MUL_SILU}) {
         gemm_case(1, 1, 1, false, true, mode);
         gemm_case(5, 3, 17, false, true, mode);
         gemm_case(37, 129, 16, true, true, mode);
@@ -178,6 +272,14 @@ extern "C" int kemu_check_kernels() {
     attn_case<128>(33, 2, vit_attn_d128);
     attn_case<128>(70, 1, vit_attn_d128);
     attn_case<16>(50, 3, vit_attn_d16);
+    qwen_patches_case(16, 24, 4);
+    qwen_patches_case(42, 28, 14);
+    rope_case(5, 3, 8);
+    rope_case(9, 2, 80);
+    win_attn_case<8>({64, 64, 32, 16}, 2, qvit_attn_win_d8);
+    win_attn_case<8>({144, 48, 4}, 1, qvit_attn_win_d8);
+    win_attn_case<80>({64, 20, 130}, 2, qvit_attn_win_d80);
+    win_attn_case<16>({300}, 1, qvit_attn_win_d16);
     printf("kernels: %s (%d failures)\n", fails ? "FAILED" : "all ok", fails);
     fflush(stdout);
     return fails;

@@ -3,16 +3,23 @@
 //! (`memra_engine::backend::cuda::vision::CudaTower`) launching the real kernels through the
 //! emulator ([`Emu`], a `TowerDevice` whose buffers are host memory), against the CPU
 //! reference tower: within 1e-5 of the largest value and the same bits on a second run.
-//! `--wide`: also a tower at Gemma 3's real widths (1152 / 4304, 16 heads of 72; 256 patches,
-//! 2 blocks: a few minutes).
+//! The Qwen ViT's host code (`CudaQwenTower` in backend/cuda/vision_qwen.rs) the same way
+//! against vision/qwenvit.rs `forward`: the three tiny families, square and not, f32 and f16
+//! weights, windows of more than one query tile, and wider heads (80, 72).
+//! `--wide`: also towers at Gemma 3's, Qwen2.5-VL-7B's and Qwen3-VL-8B's real widths (2 blocks
+//! each, f16 weights: some minutes).
 
 use std::ffi::{CString, c_char};
 
 use memra_engine::Result;
 use memra_engine::backend::cuda::Arg;
 use memra_engine::backend::cuda::vision::{CudaTower, TowerDevice};
-use memra_engine::vision::random::random_tower;
-use memra_engine::vision::{TowerParams, TowerWeights, VisionTower};
+use memra_engine::backend::cuda::vision_qwen::CudaQwenTower;
+use memra_engine::vision::qwenvit::{self, VitAct};
+use memra_engine::vision::random::{random_qwen, random_tower};
+use memra_engine::vision::{
+    QwenKind, QwenParams, QwenWeights, TowerParams, TowerWeights, VisionTower,
+};
 
 unsafe extern "C" {
     fn kemu_run(name: *const c_char, gx: u32, gy: u32, block: u32, a: *const u64, n: u32) -> i32;
@@ -136,6 +143,157 @@ fn tower_case(what: &str, p: TowerParams, f16: bool) -> usize {
     fails
 }
 
+/// Every value of `w` rounded to f16 (its matrices then go up as f16).
+fn f16_qwen(w: &mut QwenWeights) {
+    let r = |v: &mut Vec<f32>| {
+        v.iter_mut()
+            .for_each(|x| *x = half::f16::from_f32(*x).to_f32())
+    };
+    r(&mut w.patch_w);
+    r(&mut w.patch_b);
+    r(&mut w.pos);
+    for l in &mut w.layers {
+        for v in [
+            &mut l.norm1_w,
+            &mut l.norm1_b,
+            &mut l.q_w,
+            &mut l.q_b,
+            &mut l.k_w,
+            &mut l.k_b,
+            &mut l.v_w,
+            &mut l.v_b,
+            &mut l.o_w,
+            &mut l.o_b,
+            &mut l.norm2_w,
+            &mut l.norm2_b,
+            &mut l.up_w,
+            &mut l.up_b,
+            &mut l.gate_w,
+            &mut l.gate_b,
+            &mut l.down_w,
+            &mut l.down_b,
+        ] {
+            r(v);
+        }
+    }
+    for m in std::iter::once(&mut w.merger).chain(&mut w.deepstack) {
+        for v in [
+            &mut m.norm_w,
+            &mut m.norm_b,
+            &mut m.fc1_w,
+            &mut m.fc1_b,
+            &mut m.fc2_w,
+            &mut m.fc2_b,
+        ] {
+            r(v);
+        }
+    }
+}
+
+/// The Qwen ViT of shape `p` on two images of each size of `sizes` (`(w, h)`); the number of
+/// failures.
+fn qwen_case(what: &str, p: &QwenParams, f16: bool, sizes: &[(usize, usize)]) -> usize {
+    let mut w = random_qwen(p, 5).expect("random tower");
+    if f16 {
+        f16_qwen(&mut w);
+    }
+    let t = CudaQwenTower::new(Emu, p, &w).expect("upload");
+    let mut fails = 0;
+    for &(iw, ih) in sizes {
+        for img in 0..2u32 {
+            let px: Vec<f32> = (0..3 * iw * ih)
+                .map(|i| {
+                    let h = (i as u32)
+                        .wrapping_mul(2_654_435_761)
+                        .wrapping_add(img * 7919);
+                    (h >> 16) as f32 / 32768.0 - 1.0
+                })
+                .collect();
+            let got = t.forward(iw, ih, &px).expect("forward");
+            let again = t.forward(iw, ih, &px).expect("forward");
+            let want = qwenvit::forward(p, &w, iw, ih, &px);
+            let same = got
+                .iter()
+                .zip(&again)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            let e = rel(&got, &want);
+            let ok = same && e <= 1e-5;
+            fails += usize::from(!ok);
+            println!(
+                "{:<5} qwen {what} {iw}x{ih} image {img}: {} x {} vs the CPU tower {e:.3e}, \
+                 second run {}",
+                if ok { "ok" } else { "FAIL" },
+                p.tokens(iw, ih),
+                p.out_width(),
+                if same { "bit-identical" } else { "DIFFERENT" }
+            );
+        }
+    }
+    fails
+}
+
+fn qwen_cases() -> usize {
+    let mut fails = 0;
+    let tiny = |k| QwenParams::tiny(k, 40);
+    for (name, kind) in [
+        ("tiny qwen2vl (d8)", QwenKind::Qwen2Vl),
+        ("tiny qwen25vl (d8, windows)", QwenKind::Qwen25Vl),
+        ("tiny qwen3vl (d8, positions, deepstack)", QwenKind::Qwen3Vl),
+    ] {
+        let sizes = [(48, 48), (32, 56)];
+        fails += qwen_case(&format!("{name} f32"), &tiny(kind), false, &sizes);
+        fails += qwen_case(&format!("{name} f16"), &tiny(kind), true, &sizes[..1]);
+    }
+    // Windows of 6 x 6 merged tokens: 144 rows, two query tiles over one window's keys.
+    let big_windows = QwenParams {
+        window: 48,
+        ..tiny(QwenKind::Qwen25Vl)
+    };
+    fails += qwen_case(
+        "qwen25vl windows of 144 rows",
+        &big_windows,
+        false,
+        &[(56, 64)],
+    );
+    // Qwen2.5-VL-7B's head size (80) and patch (14): 112 x 196 pixels, 8 x 14 patches, windows
+    // of 2 x 2 merged tokens (the last column narrower).
+    let d80 = QwenParams {
+        patch_size: 14,
+        hidden: 160,
+        ffn: 216,
+        heads: 2,
+        text_hidden: 48,
+        window: 56,
+        image_size: 112,
+        min_pixels: 28 * 28,
+        max_pixels: 64 * 28 * 28,
+        ..tiny(QwenKind::Qwen25Vl)
+    };
+    fails += qwen_case("qwen25vl d80", &d80, false, &[(196, 112)]);
+    fails += qwen_case("qwen25vl d80 f16", &d80, true, &[(112, 84)]);
+    let d80_full = QwenParams {
+        kind: QwenKind::Qwen2Vl,
+        act: VitAct::QuickGelu,
+        wa_pattern: 0,
+        ..d80.clone()
+    };
+    fails += qwen_case("qwen2vl d80", &d80_full, false, &[(84, 140)]);
+    // Qwen3-VL-8B's head size (72).
+    let d72 = QwenParams {
+        hidden: 144,
+        ffn: 200,
+        heads: 2,
+        patch_size: 8,
+        text_hidden: 36,
+        deepstack: vec![0, 2],
+        image_size: 48,
+        max_pixels: 96 * 96,
+        ..tiny(QwenKind::Qwen3Vl)
+    };
+    fails += qwen_case("qwen3vl d72", &d72, false, &[(80, 48)]);
+    fails
+}
+
 fn main() {
     // SAFETY: no arguments; it runs the emulated kernels on buffers it owns.
     let mut fails = unsafe { kemu_check_kernels() } as usize;
@@ -166,6 +324,7 @@ fn main() {
     fails += tower_case("d72 f32", small, false);
     fails += tower_case("d72 f16", small, true);
     fails += tower_case("d16, 144 patches", two_tiles, false);
+    fails += qwen_cases();
     if std::env::args().any(|a| a == "--wide") {
         let wide = TowerParams {
             image_size: 224,
@@ -173,6 +332,32 @@ fn main() {
             ..TowerParams::gemma3(256)
         };
         fails += tower_case("Gemma 3 widths, 256 patches, 2 blocks, f16", wide, true);
+        // Qwen2.5-VL-7B's widths (1280 / 3420, 16 heads of 80), a windowed and a full block:
+        // 224 x 168 pixels, 192 patches, windows of 4 x 4 merged tokens cut at the edge.
+        let q25 = QwenParams {
+            layers: 2,
+            wa_pattern: 2,
+            ..QwenParams::qwen25vl_7b(1024)
+        };
+        fails += qwen_case(
+            "Qwen2.5-VL-7B widths, 2 blocks, f16",
+            &q25,
+            true,
+            &[(224, 168)],
+        );
+        // Qwen3-VL-8B's widths (1152 / 4304, 16 heads of 72), the 48 x 48 positions, a
+        // deepstack merger: 256 x 192 pixels, 192 patches.
+        let q3 = QwenParams {
+            layers: 2,
+            deepstack: vec![0],
+            ..QwenParams::qwen3vl_8b(1024)
+        };
+        fails += qwen_case(
+            "Qwen3-VL-8B widths, 2 blocks, f16",
+            &q3,
+            true,
+            &[(256, 192)],
+        );
     }
     println!(
         "kemu: {}",

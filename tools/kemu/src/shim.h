@@ -3,7 +3,7 @@
 // through a per-block array between two warp barriers. Blocks run one after another, so
 // `__shared__` (a function static here) is private to the running block. Threads that return
 // early drop out of the barriers (as exited threads do on sm_70+). Float operations are the
-// host's IEEE f32 ones (`fma` for __fmaf_rn); expf / tanhf are glibc's, not the GPU's. What it
+// host's IEEE f32 ones (`fma` for __fmaf_rn); expf / tanhf / exp are glibc's, not the GPU's. What it
 // does not model: memory alignment faults, the memory model between blocks, timing.
 #pragma once
 #include <barrier>
@@ -55,6 +55,10 @@ inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
 inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
 inline float __fdiv_rn(float a, float b) { volatile float r = a / b; return r; }
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline double __dadd_rn(double a, double b) { volatile double r = a + b; return r; }
+inline double __dsub_rn(double a, double b) { volatile double r = a - b; return r; }
+inline double __dmul_rn(double a, double b) { volatile double r = a * b; return r; }
+inline double __ddiv_rn(double a, double b) { volatile double r = a / b; return r; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 template <class A, class B> inline auto min(A a, B b) { return a < b ? a : b; }

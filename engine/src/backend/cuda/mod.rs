@@ -29,6 +29,7 @@ pub mod select;
 mod step;
 pub mod vision;
 pub mod vision_kernels;
+pub mod vision_qwen;
 
 pub use attention::{
     ATTN_SPLIT, AttnArgs, AttnPrep, attn_first_split, attn_folded_floats, attn_mma_eligible,

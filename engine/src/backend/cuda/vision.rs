@@ -93,15 +93,62 @@ impl TowerDevice for Gpu {
 }
 
 /// A weight matrix `[n][k]` on the device, as f32 or as f16 bits.
-enum Weights<D: TowerDevice> {
+pub(super) enum Weights<D: TowerDevice> {
     F32(D::F32),
     F16(D::U16),
 }
 
-struct DevMat<D: TowerDevice> {
+pub(super) struct DevMat<D: TowerDevice> {
     w: Weights<D>,
+    pub(super) n: usize,
+    pub(super) k: usize,
+}
+
+/// Uploads `m` (`[n][k]` row-major) to `dev`: as f16 when every value is exactly one, else f32.
+pub(super) fn upload_mat<D: TowerDevice>(
+    dev: &D,
+    m: &[f32],
     n: usize,
     k: usize,
+) -> Result<DevMat<D>> {
+    if m.len() != n * k {
+        return Err(Error::Weights(format!(
+            "tower matrix of {} values, expected {n} x {k}",
+            m.len()
+        )));
+    }
+    let w = match as_f16(m) {
+        Some(bits) => Weights::F16(dev.upload_u16(&bits)?),
+        None => Weights::F32(dev.upload_f32(m)?),
+    };
+    Ok(DevMat { w, n, k })
+}
+
+/// The product of `x` (`m` rows) and `w` on `dev` into `y`.
+pub(super) fn product_of<D: TowerDevice>(
+    dev: &D,
+    x: u64,
+    w: &DevMat<D>,
+    bias: Option<u64>,
+    y: u64,
+    m: usize,
+    epilogue: Epilogue,
+) -> Product {
+    let (w_addr, f16) = match &w.w {
+        Weights::F32(d) => (dev.addr_f32(d), false),
+        Weights::F16(d) => (dev.addr_u16(d), true),
+    };
+    Product {
+        x,
+        w: w_addr,
+        f16,
+        bias,
+        y,
+        m,
+        n: w.n,
+        k: w.k,
+        epilogue,
+    }
 }
 
 struct DevLayer<D: TowerDevice> {
@@ -155,7 +202,7 @@ pub struct CudaTower<D: TowerDevice = Gpu> {
 }
 
 /// `m` (`[n][k]` row-major) as f16 bits when every value is exactly an f16, else `None`.
-fn as_f16(m: &[f32]) -> Option<Vec<u16>> {
+pub(super) fn as_f16(m: &[f32]) -> Option<Vec<u16>> {
     m.iter()
         .map(|&v| {
             let h = half::f16::from_f32(v);
@@ -187,19 +234,7 @@ impl<D: TowerDevice> CudaTower<D> {
         }
         let (h, f, ps) = (p.hidden, p.ffn, p.patch_size);
         let v = |x: &[f32]| dev.upload_f32(x);
-        let mat = |m: &[f32], n: usize, k: usize| -> Result<DevMat<D>> {
-            if m.len() != n * k {
-                return Err(Error::Weights(format!(
-                    "tower matrix of {} values, expected {n} x {k}",
-                    m.len()
-                )));
-            }
-            let w = match as_f16(m) {
-                Some(bits) => Weights::F16(dev.upload_u16(&bits)?),
-                None => Weights::F32(dev.upload_f32(m)?),
-            };
-            Ok(DevMat { w, n, k })
-        };
+        let mat = |m: &[f32], n: usize, k: usize| upload_mat(&dev, m, n, k);
         let mut layers = Vec::with_capacity(w.layers.len());
         for l in &w.layers {
             let qkv_w = [&l.q_w[..], &l.k_w, &l.v_w].concat();
@@ -255,21 +290,7 @@ impl<D: TowerDevice> CudaTower<D> {
         m: usize,
         epilogue: Epilogue,
     ) -> Product {
-        let (w_addr, f16) = match &w.w {
-            Weights::F32(d) => (self.dev.addr_f32(d), false),
-            Weights::F16(d) => (self.dev.addr_u16(d), true),
-        };
-        Product {
-            x,
-            w: w_addr,
-            f16,
-            bias,
-            y,
-            m,
-            n: w.n,
-            k: w.k,
-            epilogue,
-        }
+        product_of(&self.dev, x, w, bias, y, m, epilogue)
     }
 
     /// The device's name (`cuda:0 (compute_90a)`).
@@ -336,7 +357,7 @@ impl<D: TowerDevice> CudaTower<D> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::cell::{Cell, RefCell};
 
     use super::*;
@@ -345,9 +366,9 @@ mod tests {
     /// A device that computes nothing: buffers are (address, length), and every launch is
     /// checked against its kernel's parameters in the sources and recorded.
     #[derive(Default)]
-    struct DryRun {
+    pub(in crate::backend::cuda) struct DryRun {
         next: Cell<u64>,
-        launches: RefCell<Vec<String>>,
+        pub(in crate::backend::cuda) launches: RefCell<Vec<String>>,
     }
 
     impl DryRun {

@@ -1,8 +1,8 @@
-//! The typed launchers of the vision tower's kernels (kernels/cu/vision.cu, and norm.cu's
+//! The typed launchers of the vision towers' kernels (kernels/cu/vision.cu, and norm.cu's
 //! `rms_norm` and elementwise.cu's `add_in_place` with [`super::Gpu`]'s geometry) on any
-//! [`TowerDevice`]: the forward (vision.rs) and `memra-verify kernels` (group `vision`) launch
-//! through them. Arguments are device addresses; shapes are checked against the kernels' u32
-//! range.
+//! [`TowerDevice`]: the forwards (vision.rs, vision_qwen.rs) and `memra-verify kernels` (group
+//! `vision`) launch through them. Arguments are device addresses; shapes are checked against the
+//! kernels' u32 range.
 
 use super::device::Arg;
 use super::vision::TowerDevice;
@@ -10,6 +10,9 @@ use crate::error::{Error, Result};
 
 /// Head dimensions of the attention kernels (`vit_attn_d<D>`).
 pub const HEAD_DIMS: &[usize] = memra_kernels::VIT_HEAD_DIMS;
+
+/// Query rows of one window-attention tile (the attention's `ATT_Q`).
+pub const ATT_ROWS: usize = ATT_Q;
 
 /// Threads of the products and of the grid-stride and row kernels.
 const BLOCK: u32 = 256;
@@ -27,6 +30,12 @@ pub enum Epilogue {
     Gelu = 1,
     /// `y = y + (x W^T + b)` (into the residual stream).
     Add = 2,
+    /// `y = quick_gelu(x W^T + b)` (Qwen2-VL's FFN).
+    QuickGelu = 3,
+    /// `y = gelu_erf(x W^T + b)` (the Qwen ViT's mergers; the CPU's erf fit in double).
+    GeluErf = 4,
+    /// `y = y * silu(x W^T + b)` (Qwen2.5-VL's gated FFN: `y` holds the up product).
+    MulSilu = 5,
 }
 
 /// One product `y[m][n] = epilogue(sum_k x[m][k] w[n][k] + bias[n])`.
@@ -153,6 +162,86 @@ impl<D: TowerDevice> TowerKernels<'_, D> {
         );
         self.dev
             .launch(&format!("vit_attn_d{d}"), grid, ATT_Q as u32, &args)
+    }
+
+    /// The Qwen ViT's patch rows `[rows][2 x 3 patch^2]` of an image's values `[3][h][w]`:
+    /// row `r` the patch at grid row `pos[r] >> 16`, column `pos[r] & 0xffff` (`pos`: `rows`
+    /// u32 words on the device), both frames the same image.
+    pub fn qwen_patches(
+        &self,
+        px: u64,
+        pos: u64,
+        cols: u64,
+        rows: usize,
+        (w, h): (usize, usize),
+        patch: usize,
+    ) -> Result<()> {
+        if patch == 0 || !w.is_multiple_of(patch) || !h.is_multiple_of(patch) {
+            return Err(Error::Input(format!(
+                "tower: a {w}x{h} image in patches of {patch}"
+            )));
+        }
+        let args = [
+            Arg::Ptr(px),
+            Arg::Ptr(pos),
+            Arg::Ptr(cols),
+            Arg::U32(u32_of(rows, "patches")?),
+            Arg::U32(u32_of(w, "image width")?),
+            Arg::U32(u32_of(h, "image height")?),
+            Arg::U32(u32_of(patch, "patch size")?),
+        ];
+        let n = rows * 6 * patch * patch;
+        self.dev
+            .launch("qvit_patches", stride_grid(n), BLOCK, &args)
+    }
+
+    /// The 2D rotary embedding of the Q and K parts of `qkv` (`[rows][3 heads d]`) in place,
+    /// from `table` (`[rows][d/2]` (cos, sin) pairs of f32).
+    pub fn rope(&self, qkv: u64, table: u64, rows: usize, heads: usize, d: usize) -> Result<()> {
+        if d == 0 || !d.is_multiple_of(2) {
+            return Err(Error::Input(format!("tower: rotary heads of {d}")));
+        }
+        let args = [
+            Arg::Ptr(qkv),
+            Arg::Ptr(table),
+            Arg::U32(u32_of(rows, "rows")?),
+            Arg::U32(u32_of(heads, "heads")?),
+            Arg::U32(u32_of(d, "head size")?),
+        ];
+        self.dev
+            .launch("qvit_rope", stride_grid(rows * heads * d), BLOCK, &args)
+    }
+
+    /// Attention within windows: `tiles` (`count` x 4 u32 words on the device: query rows q0 ..
+    /// q1, at most [`ATT_ROWS`] of them, attend to the rows k0 .. k1) over `qkv` (`[rows][3
+    /// heads d]`) into `out` (`[rows][heads d]`), scale `1 / sqrt(d)`.
+    pub fn window_attention(
+        &self,
+        qkv: u64,
+        out: u64,
+        tiles: u64,
+        count: usize,
+        heads: usize,
+        d: usize,
+    ) -> Result<()> {
+        if !HEAD_DIMS.contains(&d) {
+            return Err(Error::Unsupported(format!(
+                "the CUDA tower has no attention kernel for heads of {d}"
+            )));
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::Ptr(qkv),
+            Arg::Ptr(out),
+            Arg::Ptr(tiles),
+            Arg::U32(u32_of(heads, "heads")?),
+            Arg::F32(1.0 / (d as f32).sqrt()),
+        ];
+        let grid = (u32_of(count, "window tiles")?, u32_of(heads, "heads")?);
+        self.dev
+            .launch(&format!("qvit_attn_win_d{d}"), grid, ATT_Q as u32, &args)
     }
 
     /// The average of the `g x g` rows of `x` (`width` each) in `pool x pool` windows.
