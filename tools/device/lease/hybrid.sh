@@ -10,8 +10,8 @@
 #            hybrid work changed (rope_kv, sigmoid) keep every other model's bits
 #   vision   image input on CUDA (issue 38): the vision kernels, the CUDA tower against the CPU
 #            tower and its float64 reference on SmolLM2, 225-row images from a tiny tower
-#            (prefix hits under load), the Qwen ViT feeding tiny M-RoPE text models (qwen25vl,
-#            qwen3vl) on CUDA (piece smol); runs while llama.cpp builds
+#            (prefix hits under load), the Qwen ViT's CUDA tower feeding tiny M-RoPE text models
+#            (qwen2vl, qwen25vl, qwen3vl) on CUDA (piece smol); runs while llama.cpp builds
 #   vg3      a real-size random F16 Gemma 3 tower served by Gemma 3 270M (pieces gemma)
 #   peer     llama.cpp's logits (tools/peer/logits.py on the CPU, carried as .stage/peer16.*:
 #            a poll call copies .bin then .json into $HOME/repo/.stage) vs memra's on the GPU
@@ -68,8 +68,9 @@ if on vision; then
   # 225-row images (near the real tower's 256) from a cheap tower: serving, prefix hits under load
   run mmproj-long 60 $B/memra-bench synth-mmproj --shape tiny-long --text-hidden 64 --out $M/mm-long.gguf &&
     MEMRA_TEST_MODEL=$SMOL run vision-long 300 $B/memra-verify vision --mmproj $M/mm-long.gguf --device cuda:0 --reference none --images 1 --prompts 4
-  # The Qwen ViT (CPU tower) feeding M-RoPE text models on CUDA (rope_*_mrope, deepstack rows)
-  for fam in qwen25vl qwen3vl; do
+  # The Qwen ViT's CUDA tower (against its CPU tower) feeding M-RoPE text models on CUDA
+  # (rope_*_mrope, deepstack rows)
+  for fam in qwen2vl qwen25vl qwen3vl; do
     MEMRA_TEST_MODEL=$SMOL run vision-$fam 300 $B/memra-verify vision --family $fam --device cuda:0 --reference none --images 3 --prompts 4
   done
 fi
