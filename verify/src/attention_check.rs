@@ -9,7 +9,7 @@ use memra_engine::models::random::{splitmix, unit};
 
 use memra_engine::quant::dot_f32 as dot;
 
-use crate::case::{Case, compare};
+use crate::case::{Case, compare, same_bits};
 
 pub(crate) struct Shape {
     pub n_heads: usize,
@@ -132,10 +132,6 @@ impl Launch<'_> {
         };
         self.g.attention(&a)
     }
-}
-
-pub(crate) fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 /// The whole launch at every tile size, in both modes of the tensor-core kernel (a partial per

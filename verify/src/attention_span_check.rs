@@ -20,8 +20,9 @@ use memra_engine::backend::cuda::{AttnArgs, Gpu, attn_mma_kernel, attn_part_floa
 use memra_engine::backend::spans::attn_range;
 use memra_engine::models::random::unit;
 
-use crate::attention_check::{Shape, mma_tol, reference, same_bits, store};
+use crate::attention_check::{Shape, mma_tol, reference, store};
 use crate::attention_window_check::WINDOW_SHAPES;
+use crate::case::same_bits;
 use crate::case::{Case, compare};
 
 /// The launch's rows (positions of sequence 0) and images.

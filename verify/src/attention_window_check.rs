@@ -19,7 +19,8 @@ use memra_engine::backend::KvDtype;
 use memra_engine::backend::cuda::{AttnArgs, Gpu, attn_part_floats, attn_window_start};
 use memra_engine::models::random::{splitmix, unit};
 
-use crate::attention_check::{Shape, mma_tol, reference, same_bits, store};
+use crate::attention_check::{Shape, mma_tol, reference, store};
+use crate::case::same_bits;
 use crate::case::{Case, compare};
 
 /// The tolerance against the CPU of a windowed launch of shape `s` over `kv`: the split kernels'

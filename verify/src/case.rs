@@ -98,3 +98,32 @@ impl Case {
         }
     }
 }
+
+/// Whether `a` and `b` hold the same values bit for bit (and as many).
+pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// The little-endian bytes of `v`.
+pub fn bytes_of(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A case that passes when `got` and `want` have the same bytes; `of` names where `want` came
+/// from in the failure ("the unfused launches").
+pub fn same_bytes(kernel: &str, shape: String, got: &[u8], want: &[u8], of: &str) -> Case {
+    let problem = match got.iter().zip(want).position(|(a, b)| a != b) {
+        _ if got.len() != want.len() => {
+            Some(format!("{} bytes, expected {}", got.len(), want.len()))
+        }
+        Some(i) => Some(format!("byte {i} differs from {of}' bits")),
+        None => None,
+    };
+    Case {
+        kernel: kernel.into(),
+        shape,
+        rel_err: 0.0,
+        tol: 0.0,
+        problem,
+    }
+}

@@ -19,28 +19,11 @@ use memra_engine::backend::cuda::{Gpu, RopeKvArgs};
 use memra_engine::models::random::unit;
 use memra_engine::ops::rope::Rope;
 
-use crate::case::Case;
+use crate::case::{Case, bytes_of, same_bytes};
 
 /// A case that passes when `got` and `want` have the same bits.
 fn same_bits(name: &str, shape: String, got: &[u8], want: &[u8]) -> Case {
-    let problem = match got.iter().zip(want).position(|(a, b)| a != b) {
-        _ if got.len() != want.len() => {
-            Some(format!("{} bytes, expected {}", got.len(), want.len()))
-        }
-        Some(i) => Some(format!("byte {i} differs from the unfused launches' bits")),
-        None => None,
-    };
-    Case {
-        kernel: name.into(),
-        shape,
-        rel_err: 0.0,
-        tol: 0.0,
-        problem,
-    }
-}
-
-fn bytes_of(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    same_bytes(name, shape, got, want, "the unfused launches")
 }
 
 /// The prepared activations of `a` (`m` rows: values, then block sums) as bytes.

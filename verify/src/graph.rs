@@ -29,6 +29,7 @@ use memra_engine::models::random::splitmix;
 use memra_engine::sampling::SamplingParams;
 use memra_engine::{Error, Result};
 
+use crate::case::same_bits;
 use crate::invariance::InvReport;
 
 /// A CUDA backend whose steps may run as CUDA graphs: one model, or a model split over
@@ -67,10 +68,6 @@ impl GraphBackend for memra_engine::pipeline::Pipeline<CudaOps> {
         let last = &self.stages()[self.stages().len() - 1];
         Box::new(last.gpu().busy_probe())
     }
-}
-
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 fn all_kv(b: &dyn Backend) -> Result<Vec<Vec<u8>>> {

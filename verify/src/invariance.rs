@@ -8,6 +8,8 @@ use memra_engine::Result;
 use memra_engine::backend::{Backend, StepBatch, StepRow};
 use memra_engine::models::random::splitmix;
 
+use crate::case::same_bits;
+
 /// Outcome of the gate.
 #[derive(Debug, Default)]
 pub struct InvReport {
@@ -23,10 +25,6 @@ struct Run<'a> {
     filler_table: Vec<u32>,
     /// Recurrent-state model: fillers at position 0, filler `i` in block `filler_table[i]`.
     fresh_fillers: bool,
-}
-
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 impl Run<'_> {

@@ -12,7 +12,12 @@ use memra_engine::backend::cuda::{Gpu, RopeKvArgs, RopePos};
 use memra_engine::models::random::{splitmix, unit};
 use memra_engine::ops::rope::{Rope, Sections};
 
-use crate::case::{Case, compare};
+use crate::case::{Case, bytes_of, compare, same_bytes};
+
+/// A case that passes when `got` and `want` have the same bits.
+fn same_bits(name: &str, shape: String, got: &[u8], want: &[u8]) -> Case {
+    same_bytes(name, shape, got, want, "the composed launches")
+}
 
 /// Table positions.
 const LEN: u32 = 256;
@@ -21,27 +26,6 @@ fn rand(seed: u64, stream: u64, n: usize, scale: f32) -> Vec<f32> {
     (0..n as u64)
         .map(|j| scale * unit(seed, stream, j))
         .collect()
-}
-
-fn bytes_of(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn same_bits(name: &str, shape: String, got: &[u8], want: &[u8]) -> Case {
-    let problem = match got.iter().zip(want).position(|(a, b)| a != b) {
-        _ if got.len() != want.len() => {
-            Some(format!("{} bytes, expected {}", got.len(), want.len()))
-        }
-        Some(i) => Some(format!("byte {i} differs from the composed launches' bits")),
-        None => None,
-    };
-    Case {
-        kernel: name.into(),
-        shape,
-        rel_err: 0.0,
-        tol: 0.0,
-        problem,
-    }
 }
 
 /// Qwen2-VL's contiguous and Qwen3-VL's interleaved sections over `half` pairs (the real
