@@ -101,6 +101,12 @@ enum Cmd {
     Prefill(SpeedFlags),
     /// Time to first token: cold (fresh cache salt) and cached (prefix in the cache).
     Ttft(SpeedFlags),
+    /// The vision tower's images/s (images of its size encoded back to back after a warm-up,
+    /// each a fresh content) and the TTFT of a one-image chat request through the engine
+    /// (median of --runs, a fresh image and cache salt each): `vision_encode` and
+    /// `vision_ttft` rows. --images-dir writes the images as PNG for llama.cpp
+    /// (tools/device/mtmd_bench.sh, `peer mtmd`). docs/BENCH.md.
+    Vision(VisionFlags),
     /// The peer, llama.cpp: `peer fetch` its source, `peer build` it, `peer llama.cpp MODEL`
     /// runs its llama-bench on the same file (docs/BENCH.md).
     Peer {
@@ -453,6 +459,77 @@ enum Cmd {
     },
 }
 
+/// The flags of `vision`.
+#[derive(Args)]
+struct VisionFlags {
+    /// The text model (a gemma3 GGUF of the tower's output width).
+    model: PathBuf,
+    /// The vision tower (mmproj GGUF; Gemma 3's).
+    #[arg(long)]
+    mmproj: PathBuf,
+    /// auto, cpu, cuda or cuda:N (the engine and the tower).
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Timed encodes (vision_encode).
+    #[arg(long, default_value_t = 16)]
+    images: usize,
+    /// Timed one-image requests (vision_ttft).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Write the images here as PNG (img-000.png the warm-up, then the timed ones).
+    #[arg(long)]
+    images_dir: Option<PathBuf>,
+    /// The text model's shape label for the rows (gemma3-270m).
+    #[arg(long)]
+    shape: Option<String>,
+    /// Its weight type label (Q4_K_M).
+    #[arg(long)]
+    dtype: Option<String>,
+    /// Run id shared with the peer's rows (default: time and pid).
+    #[arg(long)]
+    run: Option<String>,
+    /// Append the rows to this JSONL file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// No table, the rows as JSON lines.
+    #[arg(long)]
+    json: bool,
+    /// Accepted for the lease scripts (mb.sh); nothing is drawn either way.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// The flags of `peer mtmd`.
+#[derive(Args)]
+struct PeerMtmdFlags {
+    /// llama-mtmd-cli logs (stdout and stderr), one per image, in run order (the first is the
+    /// warm-up, dropped when there are more).
+    #[arg(required = true)]
+    logs: Vec<PathBuf>,
+    /// The text GGUF llama.cpp ran (the same file as memra's rows).
+    #[arg(long)]
+    model: PathBuf,
+    /// The mmproj it ran (named in the rows' source).
+    #[arg(long)]
+    mmproj: PathBuf,
+    /// The CUDA device (for the rows' device fields).
+    #[arg(long, default_value = "cuda:0")]
+    device: String,
+    #[arg(long)]
+    shape: Option<String>,
+    #[arg(long)]
+    dtype: Option<String>,
+    /// The peer's version in the rows.
+    #[arg(long = "version", default_value = memra_bench::peer_import::DEFAULT_VERSION)]
+    peer_version: String,
+    /// The run id of memra's rows of this comparison.
+    #[arg(long)]
+    run: String,
+    /// Append the rows to this JSONL file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
 /// `ttft|prefill|decode --server`: the server's rows.
 /// `memra-bench peer ...`.
 #[derive(Subcommand)]
@@ -493,6 +570,10 @@ enum PeerCmd {
     /// not say comes from the flags, else from memra's rows of the same run in --out (model
     /// file, sha256, size, shape, dtype, driver, SMs, commit). All or nothing.
     Import(PeerImportFlags),
+    /// llama-mtmd-cli logs (tools/device/mtmd_bench.sh: one run per image file memra's
+    /// `vision --images-dir` wrote, `-n 1`) into `vision_encode` and `vision_ttft` rows under
+    /// memra's --run.
+    Mtmd(PeerMtmdFlags),
 }
 
 /// The flags of `peer import`.
@@ -669,6 +750,34 @@ fn peer(cmd: PeerCmd) -> Result<()> {
             }
             Ok(())
         }
+        PeerCmd::Mtmd(f) => {
+            use memra_bench::peer_mtmd as pm;
+            let mut logs = Vec::with_capacity(f.logs.len());
+            for p in &f.logs {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| Error::Input(format!("{}: {e}", p.display())))?;
+                logs.push((p.display().to_string(), pm::parse(&text)));
+            }
+            let run = pm::MtmdRun {
+                run: f.run,
+                device: memra_bench::serve_ttft::device_of(&f.device),
+                commit: memra_bench::record::commit(),
+                model: memra_bench::record::model_ref(&f.model)?,
+                shape: f.shape,
+                dtype: f.dtype,
+                version: f.peer_version,
+                mmproj: f
+                    .mmproj
+                    .file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+            };
+            let rows = pm::rows(&logs, &run)?;
+            print_vision(&rows);
+            if let Some(o) = f.out {
+                memra_bench::record::append(&o, &rows)?;
+            }
+            Ok(())
+        }
         PeerCmd::Import(f) => {
             let a = memra_bench::peer_import::ImportArgs {
                 model: f.model,
@@ -835,12 +944,57 @@ fn print_rows(f: &SpeedFlags, rows: &[memra_bench::record::Row]) -> Result<()> {
     Ok(())
 }
 
+/// One line per vision row: workload, value, range, unit.
+fn print_vision(rows: &[memra_bench::record::Row]) {
+    use memra_bench::report::fmt_value;
+    for r in rows {
+        println!(
+            "{} {}: {} ({}-{}) {} over {} runs",
+            r.engine,
+            r.workload.name(),
+            r.value.map_or("invalid".into(), fmt_value),
+            r.min.map_or("?".into(), fmt_value),
+            r.max.map_or("?".into(), fmt_value),
+            r.unit,
+            r.runs
+        );
+    }
+}
+
+fn vision(f: VisionFlags) -> Result<()> {
+    let _ = f.quiet;
+    let a = memra_bench::vision::VisionArgs {
+        model: f.model,
+        mmproj: f.mmproj,
+        device: f.device.parse()?,
+        images: f.images,
+        runs: f.runs,
+        run: f.run.unwrap_or_else(memra_bench::record::new_run_id),
+        shape: f.shape,
+        dtype: f.dtype,
+        images_dir: f.images_dir,
+    };
+    let rows = memra_bench::vision::run(&a)?;
+    if f.json {
+        for r in &rows {
+            println!("{}", serde_json::to_string(r).unwrap_or_default());
+        }
+    } else {
+        print_vision(&rows);
+    }
+    if let Some(o) = f.out {
+        memra_bench::record::append(&o, &rows)?;
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<()> {
     use memra_bench::speed::Kind;
     match cli.cmd {
         Cmd::Decode(f) => speed(Kind::Decode, f),
         Cmd::Prefill(f) => speed(Kind::Prefill, f),
         Cmd::Ttft(f) => speed(Kind::Ttft, f),
+        Cmd::Vision(f) => vision(f),
         Cmd::Peer { cmd } => peer(cmd),
         Cmd::Flags { out } => {
             let md = memra_bench::flags::markdown();

@@ -2,8 +2,8 @@
 //! The source is the llama.cpp vendored in the llama-cpp-python 0.3.36 sdist: `fetch` downloads
 //! it with pip (network needed), trims it (no models, docs, media, benches, examples or
 //! non-CUDA ggml backends) and packs it into one tarball (`.stage/llama.tgz`, git-ignored) that
-//! travels to the GPU machine; `build` unpacks it and builds llama-bench and llama-server with
-//! CUDA for the present arch, once per machine (`$HOME/llama.cpp/build/bin`). Every external
+//! travels to the GPU machine; `build` unpacks it and builds llama-bench, llama-server and
+//! llama-mtmd-cli with CUDA for the present arch, once per machine (`$HOME/llama.cpp/build/bin`). Every external
 //! command is built by a function here, so the tests check the argument vectors without network
 //! or GPU. llama.cpp's source and binaries are never committed.
 
@@ -15,7 +15,7 @@ use std::process::{Command, Output, Stdio};
 /// The pip requirement whose sdist vendors the peer's llama.cpp.
 pub const SDIST: &str = "llama-cpp-python==0.3.36";
 /// The llama.cpp targets built.
-pub const TARGETS: [&str; 2] = ["llama-bench", "llama-server"];
+pub const TARGETS: [&str; 3] = ["llama-bench", "llama-server", "llama-mtmd-cli"];
 /// Top-level folders of the vendored tree that the build does not need.
 const DROP: [&str; 4] = ["models", "docs", "media", "benches"];
 /// The ggml backends kept (`ggml/src/ggml-NAME/`); the others are dropped.
@@ -257,7 +257,8 @@ impl BuildPlan {
         ])
     }
 
-    /// The compile command: llama-bench and llama-server only.
+    /// The compile command: llama-bench, llama-server and llama-mtmd-cli (tools/mtmd; the
+    /// side by side of the vision tower, tools/device/mtmd_bench.sh) only.
     pub fn compile(&self) -> Cmd {
         let mut c = if self.nice {
             Cmd::new("nice").args(["-n", "10", "cmake"])
@@ -568,7 +569,7 @@ pub fn source(a: &BuildArgs) -> Result<Source> {
 /// `peer build`: returns the folder holding llama-bench, and whether it was there already.
 pub fn build(a: &BuildArgs) -> Result<(PathBuf, bool)> {
     let bin = bin_dir(&a.dir);
-    if bin.join("llama-bench").is_file() {
+    if TARGETS.iter().all(|t| bin.join(t).is_file()) {
         return Ok((bin, true));
     }
     let src = match source(a)? {

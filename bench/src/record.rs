@@ -50,6 +50,11 @@ pub enum Workload {
     Concurrency,
     /// Device copy bandwidth (GB/s) measured in the same run: the roofline's numerator.
     CopyBandwidth,
+    /// Images/s of the vision tower alone, images of its size encoded back to back
+    /// (`memra-bench vision`; llama.cpp: llama-mtmd-cli's encode time).
+    VisionEncode,
+    /// Time to first token of a one-image chat request (ms), the image's encode included.
+    VisionTtft,
 }
 
 impl Workload {
@@ -62,6 +67,8 @@ impl Workload {
             Workload::Load => "load",
             Workload::Concurrency => "concurrency",
             Workload::CopyBandwidth => "copy_bandwidth",
+            Workload::VisionEncode => "vision_encode",
+            Workload::VisionTtft => "vision_ttft",
         }
     }
 }
@@ -97,7 +104,7 @@ pub struct Row {
     pub depth: Option<u64>,
     /// The median of the runs; null when the row is invalid.
     pub value: Option<f64>,
-    /// `tok/s`, `ms` or `GB/s`.
+    /// `tok/s`, `ms`, `GB/s` or `images/s`.
     pub unit: String,
     pub min: Option<f64>,
     pub max: Option<f64>,

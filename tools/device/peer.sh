@@ -4,7 +4,8 @@
 # (`memra-bench peer fetch`) into .stage/llama.tgz (git-ignored; never committed). Built once per
 # machine into $HOME/llama.cpp/build; the build can run in the background while memra is measured.
 #   tools/device/peer.sh unpack        extract .stage/llama.tgz into $HOME/llama.cpp
-#   tools/device/peer.sh build         configure + build llama-bench and llama-server (log:
+#   tools/device/peer.sh build         configure + build llama-bench, llama-server and
+#                                      llama-mtmd-cli (tools/device/mtmd_bench.sh) (log:
 #                                      $HOME/llama-build.log, last line "build rc=N")
 #   tools/device/peer.sh wait          wait for a background build to end
 #   tools/device/peer.sh bench FILE..  llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 3 (markdown)
@@ -32,13 +33,13 @@ case "${1:-}" in
       } > "$LOG" 2>&1
       exit 0
     fi
-    if [ -x "$LL/build/bin/llama-bench" ]; then echo "build rc=0 (cached)" >> "$LOG"; exit 0; fi
+    if [ -x "$LL/build/bin/llama-bench" ] && [ -x "$LL/build/bin/llama-mtmd-cli" ]; then echo "build rc=0 (cached)" >> "$LOG"; exit 0; fi
     cd "$LL" || exit 1
     {
       cmake -S . -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${PEER_ARCH:-90a}" \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DCMAKE_BUILD_TYPE=Release &&
-        nice -n 10 cmake --build build -j14 --target llama-bench llama-server
+        nice -n 10 cmake --build build -j14 --target llama-bench llama-server llama-mtmd-cli
       echo "build rc=$?"
     } > "$LOG" 2>&1 ;;
   wait)

@@ -163,7 +163,17 @@ fn newest_run<'a>(rows: &[&'a Row], keep: impl Fn(&Row) -> bool) -> Option<&'a s
 }
 
 fn decode_figure(rows: &[&Row]) -> Result<Option<String>> {
-    let Some(run) = super::side_by_side_runs(rows).last().copied() else {
+    // The newest side-by-side run with decode rows (a run of the vision workloads alone has
+    // none to draw).
+    let has_decode = |run: &str| {
+        rows.iter()
+            .any(|r| r.run == run && r.workload == Workload::Decode)
+    };
+    let Some(run) = super::side_by_side_runs(rows)
+        .into_iter()
+        .rev()
+        .find(|run| has_decode(run))
+    else {
         return Ok(None);
     };
     let in_run: Vec<&Row> = rows.iter().filter(|r| r.run == run).copied().collect();

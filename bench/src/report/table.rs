@@ -96,7 +96,13 @@ fn side_by_side(rows: &[&Row], run: &str, only: Option<&[String]>) -> String {
                 && r.depth.unwrap_or(0) == 0
                 // Decode and prefill compare the engines themselves; server-measured rows of
                 // those (`--server`) stay in the run list.
-                && (matches!(w, Workload::TtftCold | Workload::TtftCached) || !via_server(r))
+                && (matches!(
+                    w,
+                    Workload::TtftCold
+                        | Workload::TtftCached
+                        | Workload::VisionEncode
+                        | Workload::VisionTtft
+                ) || !via_server(r))
         })
     };
     // The peer as its engine-level rows name it (server rows may name the server instead).
@@ -157,7 +163,13 @@ fn side_by_side(rows: &[&Row], run: &str, only: Option<&[String]>) -> String {
             ratio(mp, pp, false)
         );
     }
-    for w in [Workload::TtftCold, Workload::TtftCached, Workload::Load] {
+    for w in [
+        Workload::TtftCold,
+        Workload::TtftCached,
+        Workload::Load,
+        Workload::VisionEncode,
+        Workload::VisionTtft,
+    ] {
         let mut seen: Vec<String> = Vec::new();
         for r in in_run
             .iter()
@@ -191,6 +203,13 @@ fn side_by_side(rows: &[&Row], run: &str, only: Option<&[String]>) -> String {
                     "{} streaming clients through the server, {m}",
                     r.batch.unwrap_or(0)
                 ),
+                Workload::VisionEncode => format!("vision_encode, {m}"),
+                Workload::VisionTtft => {
+                    format!(
+                        "vision_ttft ms, a {}-token prompt with one image, {m}",
+                        r.prompt.unwrap_or(0)
+                    )
+                }
                 _ => format!(
                     "{} {} ms, {m}{}",
                     w.name(),
@@ -209,7 +228,11 @@ fn side_by_side(rows: &[&Row], run: &str, only: Option<&[String]>) -> String {
                 r.unit,
                 cell(p),
                 r.unit,
-                ratio(Some(&r), p, w != Workload::Load)
+                ratio(
+                    Some(&r),
+                    p,
+                    !matches!(w, Workload::Load | Workload::VisionEncode)
+                )
             );
         }
     }
@@ -349,9 +372,11 @@ fn newest_lines<'a>(valid: &[&'a Row]) -> Vec<(&'a str, Vec<String>)> {
                     r.depth.unwrap_or(0) == 0 && !via_server(r) && decode_peer(&in_run, r).is_some()
                 }
                 Workload::Prefill => !via_server(r) && peer_has(Workload::Prefill, &m),
-                Workload::TtftCold | Workload::TtftCached | Workload::Load => {
-                    peer_has(r.workload, &m)
-                }
+                Workload::TtftCold
+                | Workload::TtftCached
+                | Workload::Load
+                | Workload::VisionEncode
+                | Workload::VisionTtft => peer_has(r.workload, &m),
                 _ => false,
             };
             if !compared {

@@ -81,6 +81,7 @@ fn cmake_configure_and_compile_are_the_device_recipe() {
             "--target",
             "llama-bench",
             "llama-server",
+            "llama-mtmd-cli",
         ])
     );
     (plan.ninja, plan.nice, plan.jobs, plan.arch) = (false, false, 0, "120a".into());
@@ -120,7 +121,10 @@ fn compute_caps_map_to_cuda_archs() {
 #[test]
 fn an_existing_build_is_a_cache_hit_that_runs_nothing() {
     let t = tempfile::tempdir().unwrap();
-    touch(&t.path().join("build/bin/llama-bench"));
+    // Every target: a build of llama-bench alone (before llama-mtmd-cli) is a miss.
+    for x in TARGETS {
+        touch(&t.path().join("build/bin").join(x));
+    }
     // No source, no tarball, no arch: a cache miss would fail on each of them.
     let a = BuildArgs {
         dir: t.path().into(),

@@ -13,6 +13,10 @@
 #            (prefix hits under load), the Qwen ViT's CUDA tower feeding tiny M-RoPE text models
 #            (qwen2vl, qwen25vl, qwen3vl) on CUDA (piece smol); runs while llama.cpp builds
 #   vg3      a real-size random F16 Gemma 3 tower served by Gemma 3 270M (pieces gemma)
+#   mtmd     the vision side by side (issue 38): memra-bench vision (the CUDA tower's images/s
+#            at 896x896, the TTFT of a one-image request) and llama-mtmd-cli on the same Gemma 3
+#            270M, real-size random F16 tower and PNG files (tools/device/mtmd_bench.sh; after
+#            peerwait); both engines' rows into $O/mtmd.jsonl under $RUN (pieces gemma)
 #   peer     llama.cpp's logits (tools/peer/logits.py on the CPU, carried as .stage/peer16.*:
 #            a poll call copies .bin then .json into $HOME/repo/.stage) vs memra's on the GPU
 #   ab       an A/B of one switch (AB_VAR=NAME, AB_VALUES, AB_MODELS) on memra decode, alternated
@@ -77,6 +81,17 @@ fi
 if on vg3; then  # the real-size random F16 tower served by Gemma 3 270M (pieces gemma)
   run mmproj-g3 180 $B/memra-bench synth-mmproj --shape gemma3 --text-hidden 640 --dtype f16 --out $M/mm-g3.gguf &&
     waitf $HOME/gemma.ok 400 && run vision-g3 600 $B/memra-verify vision $GEMMA --mmproj $M/mm-g3.gguf --device cuda:0 --reference none --images 2 --prompts 4
+fi
+if on mtmd; then  # the vision side by side with llama.cpp mtmd (images and logs off $O: 40 MB)
+  [ -e $M/mm-g3.gguf ] || run mmproj-g3 180 $B/memra-bench synth-mmproj --shape gemma3 --text-hidden 640 --dtype f16 --out $M/mm-g3.gguf
+  if waitf $M/mm-g3.gguf 10 && waitf $HOME/gemma.ok 400; then
+    peerwait
+    run mtmd 600 env MB=$B/memra-bench RUN=$RUN ROWS=$O/mtmd.jsonl SHAPE=gemma3-270m DTYPE=Q4_K_M \
+      tools/device/mtmd_bench.sh $GEMMA $M/mm-g3.gguf $HOME/mtmd
+    grep -hE "vision_(encode|ttft)" $O/logs/mtmd.log >> $S
+    cp $HOME/mtmd/mtmd-000.log $O/logs/mtmd-llama-first.log 2>/dev/null
+    ls $HOME/mtmd/mtmd-*.log 2>/dev/null | tail -n 1 | xargs -r -I{} cp {} $O/logs/mtmd-llama-last.log
+  fi
 fi
 if on ab; then  # an A/B of one switch (AB_VAR, values AB_VALUES, default "0 1"), alternated twice
   for x in ${AB_MODELS:-smol:Q4_1 gemma:Q4_K_M}; do pick $x; waitf $f 300 || continue
