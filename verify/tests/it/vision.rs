@@ -4,33 +4,43 @@
 
 use std::process::Command;
 
-#[test]
-fn vision_gate_passes_on_cpu() {
-    let python = memra_engine::settings::var("MEMRA_PYTHON").unwrap_or_else(|| "python3".into());
+/// Runs `memra-verify vision ARGS --json FILE` and asserts it passed (exit 0, ALL GREEN); its
+/// stdout and its JSON report.
+fn passing_gate(args: &[&str]) -> (String, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("vision.json");
     let out = Command::new(env!("CARGO_BIN_EXE_memra-verify"))
-        .args([
-            "vision",
-            "--python",
-            &python,
-            "--reference",
-            "both",
-            "--images",
-            "3",
-            "--prompts",
-            "8",
-        ])
+        .arg("vision")
+        .args(args)
         .arg("--json")
         .arg(&json)
         .output()
         .expect("run memra-verify");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        out.status.success(),
+        "{args:?}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
     assert!(stdout.contains("ALL GREEN"), "{stdout}");
+    let r = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    (stdout, r)
+}
+
+#[test]
+fn vision_gate_passes_on_cpu() {
+    let python = memra_engine::settings::var("MEMRA_PYTHON").unwrap_or_else(|| "python3".into());
+    let (stdout, r) = passing_gate(&[
+        "--python",
+        &python,
+        "--reference",
+        "both",
+        "--images",
+        "3",
+        "--prompts",
+        "8",
+    ]);
     assert!(stdout.contains("equal on 8/8 image prompts"), "{stdout}");
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let errs = r["rel_errors"].as_array().unwrap();
     assert_eq!(errs.len(), 3);
     assert!(errs.iter().all(|e| e.as_f64().unwrap() < 1e-4), "{r}");
@@ -69,27 +79,17 @@ fn vision_gate_runs_without_python() {
 /// is reported.
 #[test]
 fn vision_gate_runs_without_a_reference() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("vision.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_memra-verify"))
-        .args([
-            "vision",
-            "--reference",
-            "none",
-            "--python",
-            "/nonexistent/python",
-        ])
-        .args(["--images", "1", "--prompts", "2"])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run memra-verify");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    assert!(stdout.contains("ALL GREEN"), "{stdout}");
+    let (stdout, r) = passing_gate(&[
+        "--reference",
+        "none",
+        "--python",
+        "/nonexistent/python",
+        "--images",
+        "1",
+        "--prompts",
+        "2",
+    ]);
     assert!(!stdout.contains("reference: largest"), "{stdout}");
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(r["tower"], "cpu", "{r}");
     assert!(r["rel_errors"].as_array().unwrap().is_empty(), "{r}");
     assert!(r["cuda_vs_cpu"].as_array().unwrap().is_empty(), "{r}");
@@ -106,25 +106,20 @@ fn vision_gate_runs_without_a_reference() {
 #[test]
 fn vision_gate_passes_for_the_qwen_vit() {
     let python = memra_engine::settings::var("MEMRA_PYTHON").unwrap_or_else(|| "python3".into());
-    let dir = tempfile::tempdir().unwrap();
     for family in ["qwen2vl", "qwen25vl", "qwen3vl"] {
-        let json = dir.path().join(format!("{family}.json"));
-        let out = Command::new(env!("CARGO_BIN_EXE_memra-verify"))
-            .args(["vision", "--family", family, "--python", &python])
-            .args(["--reference", "numpy", "--images", "3", "--prompts", "4"])
-            .arg("--json")
-            .arg(&json)
-            .output()
-            .expect("run memra-verify");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success(),
-            "{family}\nstdout:\n{stdout}\nstderr:\n{stderr}"
-        );
-        assert!(stdout.contains("ALL GREEN"), "{stdout}");
+        let (stdout, r) = passing_gate(&[
+            "--family",
+            family,
+            "--python",
+            &python,
+            "--reference",
+            "numpy",
+            "--images",
+            "3",
+            "--prompts",
+            "4",
+        ]);
         assert!(stdout.contains("equal on 4/4 image prompts"), "{stdout}");
-        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
         assert!(r["projector"].as_str().unwrap().starts_with("qwen"), "{r}");
         assert_eq!(r["image_tokens"], serde_json::json!([36, 24, 15]), "{r}");
         let errs = r["rel_errors"].as_array().unwrap();
@@ -165,19 +160,16 @@ fn vision_gate_with_long_images_hits_the_whole_prefix() {
     let p = TowerParams::tiny_long(64);
     assert_eq!(p.tokens_per_image(), 225);
     write_mmproj(&p, &random_tower(&p, 3), DType::F32, &mmproj).unwrap();
-    let json = dir.path().join("vision.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_memra-verify"))
-        .args(["vision", "--reference", "none", "--mmproj"])
-        .arg(&mmproj)
-        .args(["--images", "1", "--prompts", "4", "--json"])
-        .arg(&json)
-        .output()
-        .expect("run memra-verify");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    assert!(stdout.contains("ALL GREEN"), "{stdout}");
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let (_, r) = passing_gate(&[
+        "--reference",
+        "none",
+        "--mmproj",
+        mmproj.to_str().unwrap(),
+        "--images",
+        "1",
+        "--prompts",
+        "4",
+    ]);
     assert_eq!(r["tokens_per_image"], 225, "{r}");
     assert_eq!(r["serve_differences"], 0, "{r}");
     // Prompt 0: 3 text tokens, the 225 rows, 4 text tokens (232): 57 full blocks of 4
