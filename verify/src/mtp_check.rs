@@ -60,6 +60,25 @@ fn hidden_of(b: &mut dyn Backend, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
     Ok(rows.into_iter().map(|(_, h)| h).collect())
 }
 
+/// Each row's relative error (max |got - want| / max |want| of the row), for a failing case:
+/// a hand-over that mixes up or drops rows is off in most rows, one expert chosen differently
+/// (a near tie of the router on the two backends) in one row and the rows after it.
+fn row_errors(got: &[Vec<f32>], want: &[Vec<f32>]) -> String {
+    let errs: Vec<String> = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| {
+            let m = w.iter().fold(1e-6f64, |m, &x| m.max(x.abs() as f64));
+            let d = g
+                .iter()
+                .zip(w)
+                .fold(0f64, |d, (&a, &b)| d.max((a as f64 - b as f64).abs()));
+            format!("{:.1e}", d / m)
+        })
+        .collect();
+    errs.join(" ")
+}
+
 /// The MTP layer over `ids` from `hidden` (MTP position `p`: token `ids[p + 1]`, state
 /// `hidden[p]`): (logits, output state) of every row.
 fn mtp_of(
@@ -91,13 +110,18 @@ pub fn run(
         // captured (session 9: a replay handed over no rows).
         for run in ["", ", again"] {
             let got = hidden_of(device.target, ids)?;
-            cases.push(compare(
+            let mut case = compare(
                 "target hidden",
                 format!("{shape}{run}"),
                 &got.concat(),
                 &want.concat(),
                 MTP_TOL,
-            ));
+            );
+            if !case.ok() {
+                case.shape
+                    .push_str(&format!("; rows: {}", row_errors(&got, &want)));
+            }
+            cases.push(case);
         }
         // Both MTP layers read the reference's states: only the layer itself differs.
         let mtp_want = mtp_of(reference.mtp, ids, &want)?;
