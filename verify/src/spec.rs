@@ -392,9 +392,14 @@ pub fn synthetic_prompts(vocab: usize) -> Vec<Prompt> {
             name: "cycle".into(),
             ids: [9, 10, 11, 9, 10, 11, 9, 10, 11, 9, 10].map(m).to_vec(),
         },
+        // Stride 41: on the tiny qwen3next+mtp model (the MTP hand-over check compares its
+        // hidden states with the CPU's) no router choice of these prompts is near a tie
+        // (smallest gap between the k-th and the next expert's logit 6e-2 of the logit); at
+        // stride 37 one was 2.5e-5 and the H100 chose the other expert for one row (run
+        // h100-20261207-dconv: target hidden 5.69e-2 against the tolerance 5e-2).
         Prompt {
             name: "plain".into(),
-            ids: (0..23u32).map(|i| m(i * 37 + 8)).collect(),
+            ids: (0..23u32).map(|i| m(i * 41 + 5)).collect(),
         },
     ]
 }
