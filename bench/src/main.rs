@@ -1261,30 +1261,14 @@ fn run(cli: Cli) -> Result<()> {
                     .transpose()?;
                 let ok = rep.errors + rep.malformed == 0;
                 let row = memra_bench::record::Row {
-                    run: run.unwrap_or_else(memra_bench::record::new_run_id),
-                    time: memra_bench::record::now(),
-                    device,
                     version: (engine != "memra").then(|| "llama-server".to_string()),
-                    engine,
                     commit: memra_bench::record::commit(),
                     model,
                     shape,
                     dtype,
-                    workload: memra_bench::record::Workload::Load,
                     batch: Some(clients as u64),
-                    prompt: None,
                     generated: Some(max_tokens as u64),
-                    depth: None,
                     value: ok.then_some(rep.aggregate_tok_s),
-                    unit: "tok/s".into(),
-                    min: None,
-                    max: None,
-                    stddev: None,
-                    weight_gb_s: None,
-                    kv_dtype: None,
-                    kv_gb_s: None,
-                    constraint: None,
-                    schema: None,
                     runs: 1,
                     valid: ok,
                     source: Some(format!(
@@ -1297,6 +1281,13 @@ fn run(cli: Cli) -> Result<()> {
                             .map(|p| format!(", TTFT p50/p99 {:.0}/{:.0} ms", p.p50, p.p99))
                             .unwrap_or_default()
                     )),
+                    ..memra_bench::record::Row::new(
+                        run.unwrap_or_else(memra_bench::record::new_run_id),
+                        device,
+                        engine,
+                        memra_bench::record::Workload::Load,
+                        "tok/s",
+                    )
                 };
                 memra_bench::record::append(&o, &[row])?;
             }

@@ -143,22 +143,17 @@ pub fn peer_rows(text: &str, p: &PeerRun, strict: bool, what: &str) -> Result<Ve
         let min = finite.clone().reduce(f64::min);
         let max = finite.reduce(f64::max);
         let row = Row {
-            run: p.run.clone(),
             time: b.test_time.unwrap_or_else(|| p.time.clone()),
-            device,
-            engine: "llama.cpp".into(),
             version: Some(version),
             commit: p.commit.clone(),
             model: Some(p.model.clone()),
             shape: p.shape.clone(),
             dtype: p.dtype.clone(),
-            workload,
             batch: Some(1),
             prompt: Some(b.n_prompt),
             generated: Some(b.n_gen),
             depth: Some(b.n_depth),
             value: Some(b.avg_ts),
-            unit: "tok/s".into(),
             min,
             max,
             stddev: b.stddev_ts,
@@ -168,12 +163,9 @@ pub fn peer_rows(text: &str, p: &PeerRun, strict: bool, what: &str) -> Result<Ve
                 .filter(|_| workload == Workload::Decode)
                 .map(|x| x as f64 * b.avg_ts / 1e9),
             kv_dtype: b.type_k.or_else(|| p.kv_dtype.clone()),
-            kv_gb_s: None,
-            constraint: None,
-            schema: None,
             runs: b.samples_ts.len().max(1) as u64,
-            valid: true,
             source: Some(p.source.clone()),
+            ..Row::new(p.run.clone(), device, "llama.cpp", workload, "tok/s")
         };
         rows.push(PeerRow {
             line: i + 1,

@@ -139,30 +139,17 @@ pub fn rows(logs: &[(String, MtmdLog)], p: &MtmdRun) -> Result<Vec<Row>> {
         .unwrap_or(1);
     let tokens = timed[0].1.prompt_eval.map(|p| p.1);
     let encode = Row {
-        run: p.run.clone(),
-        time: record::now(),
-        device: p.device.clone(),
-        engine: "llama.cpp".into(),
         version: Some(p.version.clone()),
         commit: p.commit.clone(),
         model: Some(p.model.clone()),
         shape: p.shape.clone(),
         dtype: p.dtype.clone(),
-        workload: Workload::VisionEncode,
         batch: Some(per_batch),
-        prompt: None,
         generated: Some(0),
         depth: Some(0),
         value: (ms > 0.0).then(|| images as f64 * 1e3 / ms),
-        unit: "images/s".into(),
         min: Some(lo),
         max: Some(hi),
-        stddev: None,
-        weight_gb_s: None,
-        kv_dtype: None,
-        kv_gb_s: None,
-        constraint: None,
-        schema: None,
         runs: images,
         valid: ms > 0.0,
         source: Some(format!(
@@ -170,6 +157,13 @@ pub fn rows(logs: &[(String, MtmdLog)], p: &MtmdRun) -> Result<Vec<Row>> {
              process per image",
             p.mmproj
         )),
+        ..Row::new(
+            p.run.clone(),
+            p.device.clone(),
+            "llama.cpp",
+            Workload::VisionEncode,
+            "images/s",
+        )
     };
     let ttft_row = Row {
         workload: Workload::VisionTtft,

@@ -139,6 +139,46 @@ pub struct Row {
 }
 
 impl Row {
+    /// A valid row of `workload` measured now, every optional field empty and no runs yet:
+    /// the base that each workload's row fills with struct update syntax.
+    pub fn new(
+        run: String,
+        device: DeviceRef,
+        engine: impl Into<String>,
+        workload: Workload,
+        unit: impl Into<String>,
+    ) -> Row {
+        Row {
+            run,
+            time: now(),
+            device,
+            engine: engine.into(),
+            version: None,
+            commit: None,
+            model: None,
+            shape: None,
+            dtype: None,
+            workload,
+            batch: None,
+            prompt: None,
+            generated: None,
+            depth: None,
+            value: None,
+            unit: unit.into(),
+            min: None,
+            max: None,
+            stddev: None,
+            weight_gb_s: None,
+            kv_dtype: None,
+            kv_gb_s: None,
+            constraint: None,
+            schema: None,
+            runs: 0,
+            valid: true,
+            source: None,
+        }
+    }
+
     /// The model's label in tables: shape and dtype.
     pub fn model_label(&self) -> String {
         let label = self.plain_label();

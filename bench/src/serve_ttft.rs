@@ -222,33 +222,23 @@ fn measured(base: &Row, w: Workload, p: usize, vals: &[f64], ok: bool) -> Row {
 
 fn base_row(a: &ServerTtft, mref: &ModelRef, generated: usize) -> Row {
     Row {
-        run: a.run.clone(),
-        time: record::now(),
-        device: a.device.clone(),
-        engine: a.engine.clone(),
         version: a.version.clone(),
         commit: record::commit(),
         model: Some(mref.clone()),
         shape: a.shape.clone(),
         dtype: a.dtype.clone(),
-        workload: Workload::TtftCold,
         batch: Some(1),
-        prompt: None,
         generated: Some(generated as u64),
         depth: Some(0),
-        value: None,
-        unit: "ms".into(),
-        min: None,
-        max: None,
-        stddev: None,
-        weight_gb_s: None,
-        kv_dtype: None,
-        kv_gb_s: None,
-        constraint: None,
-        schema: None,
         runs: a.runs as u64,
-        valid: true,
         source: Some(format!("server {}", a.addr)),
+        ..Row::new(
+            a.run.clone(),
+            a.device.clone(),
+            a.engine.clone(),
+            Workload::TtftCold,
+            "ms",
+        )
     }
 }
 

@@ -261,28 +261,14 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
         ProgressBar::hidden()
     };
     let base = Row {
-        run: a.run.clone(),
-        time: record::now(),
-        device,
-        engine: "memra".into(),
-        version: None,
         commit: record::commit(),
         model: Some(mref.clone()),
         shape: a.shape.clone(),
         dtype: a.dtype.clone(),
-        workload: Workload::Decode,
         batch: Some(1),
-        prompt: None,
         generated: Some(n_gen as u64),
         depth: Some(0),
-        value: None,
-        unit: "tok/s".into(),
-        min: None,
-        max: None,
-        stddev: None,
-        weight_gb_s: None,
         kv_dtype: Some(info.kv_dtype.to_string()),
-        kv_gb_s: None,
         constraint: grammar.as_ref().map(|_| "json_schema".to_string()),
         schema: a.schema.as_deref().map(|p| {
             p.file_name()
@@ -291,8 +277,7 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
                 .into_owned()
         }),
         runs: a.runs as u64,
-        valid: true,
-        source: None,
+        ..Row::new(a.run.clone(), device, "memra", Workload::Decode, "tok/s")
     };
     let mut rows = Vec::new();
     if let Some(bw) = copy_bw {

@@ -251,36 +251,29 @@ pub fn run(a: &VisionArgs) -> Result<Vec<Row>> {
         |n| n.to_string_lossy().into_owned(),
     );
     let base = Row {
-        run: a.run.clone(),
-        time: record::now(),
-        device,
-        engine: "memra".into(),
-        version: None,
         commit: record::commit(),
         model: Some(mref),
         shape: a.shape.clone(),
         dtype: a.dtype.clone(),
-        workload: Workload::VisionEncode,
         batch: Some(1),
         prompt: Some(rows as u64),
         generated: Some(0),
         depth: Some(0),
         value: Some(a.images as f64 / total.max(1e-12)),
-        unit: "images/s".into(),
         min: Some(lo),
         max: Some(hi),
-        stddev: None,
-        weight_gb_s: None,
-        kv_dtype: None,
-        kv_gb_s: None,
-        constraint: None,
-        schema: None,
         runs: a.images as u64,
-        valid: true,
         source: Some(format!(
             "mmproj {mm}: {size}x{size}, {rows} tokens, tower on {}",
             tower.runs_on()
         )),
+        ..Row::new(
+            a.run.clone(),
+            device,
+            "memra",
+            Workload::VisionEncode,
+            "images/s",
+        )
     };
     let ttft_row = Row {
         workload: Workload::VisionTtft,
