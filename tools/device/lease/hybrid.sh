@@ -28,6 +28,8 @@
 #   kernels  the whole kernels gate (before vision: it runs while llama.cpp builds)
 #   gsmol    lib.sh's gates_smol (every SmolLM2 gate)
 #   ggemma   invariance and tokens on the real Gemma 3 270M (pieces gemma)
+# Run order: gates serve mtp peer smol kernels gsmol ggemma vision ab sbs decode pprof vg3 mtmd
+# inv80 (the qwen3next rows before the steps that wait for the five Gemma pieces).
 # Start: LEASE_SYNTH=q3n LEASE_RUN=... bash tools/device/lease/start.sh tools/device/lease/hybrid.sh 5
 # then poll.sh back to back (docs/DEVICE.md step 3). ~12 device-minutes for all.
 set -u
@@ -78,21 +80,6 @@ if on vision; then
     MEMRA_TEST_MODEL=$SMOL run vision-$fam 300 $B/memra-verify vision --family $fam --device cuda:0 --reference none --images 3 --prompts 4
   done
 fi
-if on vg3; then  # the real-size random F16 tower served by Gemma 3 270M (pieces gemma)
-  run mmproj-g3 180 $B/memra-bench synth-mmproj --shape gemma3 --text-hidden 640 --dtype f16 --out $M/mm-g3.gguf &&
-    waitf $HOME/gemma.ok 400 && run vision-g3 600 $B/memra-verify vision $GEMMA --mmproj $M/mm-g3.gguf --device cuda:0 --reference none --images 2 --prompts 4
-fi
-if on mtmd; then  # the vision side by side with llama.cpp mtmd (images and logs off $O: 40 MB)
-  [ -e $M/mm-g3.gguf ] || run mmproj-g3 180 $B/memra-bench synth-mmproj --shape gemma3 --text-hidden 640 --dtype f16 --out $M/mm-g3.gguf
-  if waitf $M/mm-g3.gguf 10 && waitf $HOME/gemma.ok 400; then
-    peerwait
-    run mtmd 600 env MB=$B/memra-bench RUN=$RUN ROWS=$O/mtmd.jsonl SHAPE=gemma3-270m DTYPE=Q4_K_M \
-      tools/device/mtmd_bench.sh $GEMMA $M/mm-g3.gguf $HOME/mtmd
-    grep -hE "vision_(encode|ttft)" $O/logs/mtmd.log >> $S
-    cp $HOME/mtmd/mtmd-000.log $O/logs/mtmd-llama-first.log 2>/dev/null
-    ls $HOME/mtmd/mtmd-*.log 2>/dev/null | tail -n 1 | xargs -r -I{} cp {} $O/logs/mtmd-llama-last.log
-  fi
-fi
 if on ab; then  # an A/B of one switch (AB_VAR, values AB_VALUES, default "0 1"), alternated twice
   for x in ${AB_MODELS:-smol:Q4_1 gemma:Q4_K_M}; do pick $x; waitf $f 300 || continue
     for v in ${AB_VALUES:-0 1} ${AB_VALUES:-0 1}; do run ab-$k-$v 200 env ${AB_VAR:?AB_VAR}=$v $B/memra-bench decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt --run $RUN-ab$v --out $O/ab.jsonl --quiet; done
@@ -111,6 +98,21 @@ if on pprof && waitf $Q3N 400; then
   MEMRA_PROFILE_OPS=1 run q3n-pprof 300 $B/run-gen $Q3N --device cuda:0 --prompt-ids $(seq -s, 1000 1511) --max-tokens 2 --no-cuda-graph
   grep -A16 "op profile" $O/logs/q3n-pprof.log >> $S
   KERN_CLOCK=none kern ${PPROF_KERN:-q3n:Q4_K_M:5000:700}
+fi
+if on vg3; then  # the real-size random F16 tower served by Gemma 3 270M (pieces gemma)
+  run mmproj-g3 180 $B/memra-bench synth-mmproj --shape gemma3 --text-hidden 640 --dtype f16 --out $M/mm-g3.gguf &&
+    waitf $HOME/gemma.ok 400 && run vision-g3 600 $B/memra-verify vision $GEMMA --mmproj $M/mm-g3.gguf --device cuda:0 --reference none --images 2 --prompts 4
+fi
+if on mtmd; then  # the vision side by side with llama.cpp mtmd (images and logs off $O: 40 MB)
+  [ -e $M/mm-g3.gguf ] || run mmproj-g3 180 $B/memra-bench synth-mmproj --shape gemma3 --text-hidden 640 --dtype f16 --out $M/mm-g3.gguf
+  if waitf $M/mm-g3.gguf 10 && waitf $HOME/gemma.ok 400; then
+    peerwait
+    run mtmd 600 env MB=$B/memra-bench RUN=$RUN ROWS=$O/mtmd.jsonl SHAPE=gemma3-270m DTYPE=Q4_K_M \
+      tools/device/mtmd_bench.sh $GEMMA $M/mm-g3.gguf $HOME/mtmd
+    grep -hE "vision_(encode|ttft)" $O/logs/mtmd.log >> $S
+    cp $HOME/mtmd/mtmd-000.log $O/logs/mtmd-llama-first.log 2>/dev/null
+    ls $HOME/mtmd/mtmd-*.log 2>/dev/null | tail -n 1 | xargs -r -I{} cp {} $O/logs/mtmd-llama-last.log
+  fi
 fi
 on inv80 && waitf $Q3N 60 && run inv-q3n 420 $B/memra-verify invariance $Q3N --device cuda:0 --max-m 8 --prompt-len 80
 touch $HOME/queue.done
