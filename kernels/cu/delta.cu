@@ -84,9 +84,16 @@ struct DeltaConv {
     u32 kernel;
 };
 
+// Warps of a gated_delta block (the host launches 32 * DELTA_NW(HK) threads): each owns HK /
+// DELTA_NW(HK) rows of the block's state columns.
+#define DELTA_NW(HK) ((HK) >= 64 ? (HK) / 32 : 1)
+
 // The gated delta rule of value head h of sequence blockIdx.y, columns tile * 32 + lane of its
 // state (HK x hv, row-major per head in S[slot][head]), blockIdx.x = h * tiles + tile with
-// tiles = ceil(hv / 32). One warp; lane j owns state column j (HK values in registers).
+// tiles = ceil(hv / 32). NW = DELTA_NW(HK) warps; lane j of warp w owns state column j, rows
+// w * R .. w * R + R - 1 (R = HK / NW, in registers): the state's products run NW times
+// shorter chains on NW times more warps. Each warp's partial of S^T k (and S^T q) over its rows,
+// in row order, then the NW partials in warp order (a fixed order: the same bits at every M).
 // Positions replay_from..first come from the slot's kept inputs, then the step's rows (their
 // outputs into O); the state after position commit_to - 1 (the start state when commit_to is
 // replay_from) is written to D: D[slot][head] when d_per_slot, else D[head] (a snapshot: an
@@ -95,8 +102,8 @@ struct DeltaConv {
 // S += k ((v - kv) beta)^T; o = S^T q.
 //
 // With cv.X (gated_delta_conv_k<HK>, steps of at most RING rows a sequence): the step's rows are
-// convolved here, conv1d_silu's operations (conv_silu_at), each block the q and k channels of
-// its key head and its v columns, and written to QKV (for keep_inputs) by the block that owns
+// convolved here, conv1d_silu's operations (conv_silu_at), each warp the q and k channels of
+// its key head and its v columns, and written to QKV (for keep_inputs) by the warp 0 that owns
 // them (q / k: the first value head of the key head, tile 0; v: its column); after its positions
 // the owner puts the step's inputs into the conv ring (the step's slots, RING or fewer, are not
 // the K - 1 below `first` any block reads: CONV_RING = RING + MAX_CONV_KERNEL - 1). The same
@@ -106,11 +113,17 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
                                                  float* O, const float* S, float* D, u32 d_per_slot,
                                                  const float* inputs, const u32* plan, u32 n_seqs, u32 nk, u32 nv,
                                                  u32 hv, const DeltaConv cv = DeltaConv{nullptr, nullptr, nullptr, 0}) {
-    __shared__ float qs[HK];
-    __shared__ float ks[HK];
+    constexpr int NW = DELTA_NW(HK);
+    constexpr int R = HK / NW;
+    __shared__ float qs_all[NW][HK];
+    __shared__ float ks_all[NW][HK];
+    // Partials of S^T k (two buffers by position parity: a replayed position has one barrier)
+    // and of S^T q.
+    __shared__ float part_kv[2][NW][32];
+    __shared__ float part_o[NW][32];
     const SeqPlan p = seq_plan(plan, n_seqs, blockIdx.y);
     if (p.n_rows == 0 && p.first == p.replay_from) return;
-    const u32 lane = threadIdx.x;
+    const u32 lane = threadIdx.x % 32, w = threadIdx.x / 32;
     const u32 tiles = (hv + 31) / 32;
     const u32 h = blockIdx.x / tiles;
     const u32 j = (blockIdx.x % tiles) * 32 + lane;
@@ -118,17 +131,20 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
     const u32 r = nv / nk, g = h / r, jj = h % r;
     const u32 conv_dim = 2 * nk * HK + nv * hv;
     const u32 iw = conv_dim + 2 * nv;
+    const u32 i0 = w * R;  // this warp's first state row
+    float* qs = qs_all[w];
+    float* ks = ks_all[w];
     const float* sb = S + ((u64)p.slot * nv + h) * HK * hv;
     float* db = D + ((d_per_slot ? (u64)p.slot * nv : 0) + h) * HK * hv;
-    float s[HK];
+    float s[R];
 #pragma unroll
-    for (int i = 0; i < HK; i++) s[i] = (col && p.first > 0) ? sb[(u64)i * hv + j] : 0.0f;
+    for (int i = 0; i < R; i++) s[i] = (col && p.first > 0) ? sb[(u64)(i0 + i) * hv + j] : 0.0f;
     if (col && p.commit_to == p.replay_from) {
 #pragma unroll
-        for (int i = 0; i < HK; i++) db[(u64)i * hv + j] = s[i];
+        for (int i = 0; i < R; i++) db[(u64)(i0 + i) * hv + j] = s[i];
     }
     const bool conv = cv.X != nullptr;
-    const bool own_qk = jj == 0 && blockIdx.x % tiles == 0;  // writes this key head's q / k channels
+    const bool own_qk = jj == 0 && blockIdx.x % tiles == 0 && w == 0;  // writes this key head's q / k channels
     float* rg = conv ? cv.ring + (u64)p.slot * CONV_RING * conv_dim : nullptr;
     float* Y = (float*)QKV;
     const float scale = 1.0f / sqrtf((float)HK);
@@ -147,19 +163,18 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
             x = QKV + (u64)row * conv_dim;
             ba = BA + (u64)row * 2 * nv;
         }
+        // Every warp normalises the whole q and k (the same operations: the same bits).
         float sq = 0.0f, sk = 0.0f;
         const bool fresh = conv && pos >= p.first;  // this row's q, k, v convolved here
         for (u32 i = lane; i < HK; i += 32) {
             float qv, kv;
             if (fresh) {
-                float w[MAX_CONV_KERNEL];
+                float wt[MAX_CONV_KERNEL];
                 const u32 cq = g * HK + i, ck = (nk + g) * HK + i;
-                conv_weights(cv.W, cq, cv.kernel, w);
-                qv = conv_silu_at(cv.X, rg, p.rows, p.first, pos, cq, conv_dim, cv.kernel, w);
-                conv_weights(cv.W, ck, cv.kernel, w);
-                kv = conv_silu_at(cv.X, rg, p.rows, p.first, pos, ck, conv_dim, cv.kernel, w);
-                qs[i] = qv;
-                ks[i] = kv;
+                conv_weights(cv.W, cq, cv.kernel, wt);
+                qv = conv_silu_at(cv.X, rg, p.rows, p.first, pos, cq, conv_dim, cv.kernel, wt);
+                conv_weights(cv.W, ck, cv.kernel, wt);
+                kv = conv_silu_at(cv.X, rg, p.rows, p.first, pos, ck, conv_dim, cv.kernel, wt);
                 if (own_qk) {
                     Y[(u64)row * conv_dim + cq] = qv;
                     Y[(u64)row * conv_dim + ck] = kv;
@@ -168,6 +183,8 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
                 qv = x[g * HK + i];
                 kv = x[(nk + g) * HK + i];
             }
+            qs[i] = qv;
+            ks[i] = kv;
             sq += qv * qv;
             sk += kv * kv;
         }
@@ -178,50 +195,60 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
         }
         const float iq = 1.0f / sqrtf(sq + 1e-6f), ik = 1.0f / sqrtf(sk + 1e-6f);
         for (u32 i = lane; i < HK; i += 32) {
-            const float qv = fresh ? qs[i] : x[g * HK + i], kv = fresh ? ks[i] : x[(nk + g) * HK + i];
-            qs[i] = qv * iq * scale;
-            ks[i] = kv * ik * 1.0f;
+            qs[i] = qs[i] * iq * scale;
+            ks[i] = ks[i] * ik * 1.0f;
         }
         __syncwarp();
         const float beta = sigmoid_of(ba[g * 2 * r + jj]);
         const float a = ba[g * 2 * r + r + jj] + dt;
         const float sp = a > 20.0f ? a : log1pf(expf(a));
         const float decay = expf(a_coef * sp);
+        float v = 0.0f;
         if (col) {
-            float v;
             if (fresh) {
-                float w[MAX_CONV_KERNEL];
+                float wt[MAX_CONV_KERNEL];
                 const u32 cvh = 2 * nk * HK + h * hv + j;
-                conv_weights(cv.W, cvh, cv.kernel, w);
-                v = conv_silu_at(cv.X, rg, p.rows, p.first, pos, cvh, conv_dim, cv.kernel, w);
-                Y[(u64)row * conv_dim + cvh] = v;
+                conv_weights(cv.W, cvh, cv.kernel, wt);
+                v = conv_silu_at(cv.X, rg, p.rows, p.first, pos, cvh, conv_dim, cv.kernel, wt);
+                if (w == 0) Y[(u64)row * conv_dim + cvh] = v;
             } else {
                 v = x[2 * nk * HK + h * hv + j];
             }
-            float kv = 0.0f;
+        }
+        float kv = 0.0f;
 #pragma unroll
-            for (int i = 0; i < HK; i++) {
-                s[i] *= decay;
-            }
+        for (int i = 0; i < R; i++) s[i] *= decay;
 #pragma unroll
-            for (int i = 0; i < HK; i++) kv += s[i] * ks[i];
-            const float d = (v - kv) * beta;
+        for (int i = 0; i < R; i++) kv += s[i] * ks[i0 + i];
+        float* pk = part_kv[n & 1][0];
+        pk[w * 32 + lane] = kv;
+        __syncthreads();
+        kv = pk[lane];
 #pragma unroll
-            for (int i = 0; i < HK; i++) s[i] += ks[i] * d;
-            if (pos >= p.first) {
-                float o = 0.0f;
+        for (int q = 1; q < NW; q++) kv += pk[q * 32 + lane];
+        const float d = (v - kv) * beta;
 #pragma unroll
-                for (int i = 0; i < HK; i++) o += s[i] * qs[i];
+        for (int i = 0; i < R; i++) s[i] += ks[i0 + i] * d;
+        if (pos >= p.first) {  // the same for the whole block
+            float o = 0.0f;
+#pragma unroll
+            for (int i = 0; i < R; i++) o += s[i] * qs[i0 + i];
+            part_o[w][lane] = o;
+            __syncthreads();
+            if (w == 0 && col) {
+                o = part_o[0][lane];
+#pragma unroll
+                for (int q = 1; q < NW; q++) o += part_o[q][lane];
                 O[(u64)row * nv * hv + (u64)h * hv + j] = o;
             }
-            if (pos + 1 == p.commit_to) {
+        }
+        if (col && pos + 1 == p.commit_to) {
 #pragma unroll
-                for (int i = 0; i < HK; i++) db[(u64)i * hv + j] = s[i];
-            }
+            for (int i = 0; i < R; i++) db[(u64)(i0 + i) * hv + j] = s[i];
         }
         __syncwarp();
     }
-    if (!conv || p.n_rows == 0) return;
+    if (!conv || p.n_rows == 0 || w != 0) return;
     if (own_qk)
         for (u32 i = lane; i < HK; i += 32) {
             conv_keep(cv.X, rg, p, g * HK + i, conv_dim);

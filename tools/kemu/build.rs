@@ -57,10 +57,21 @@ fn main() {
     println!("cargo:rustc-link-search=native={}", out.display());
     println!("cargo:rustc-link-lib=static=kemu");
     println!("cargo:rustc-link-lib=dylib=stdc++");
-    for f in ["prelude.cuh", "vision.cu", "norm.cu", "elementwise.cu"] {
+    for f in [
+        "prelude.cuh",
+        "vision.cu",
+        "norm.cu",
+        "elementwise.cu",
+        "delta.cu",
+    ] {
         println!("cargo:rerun-if-changed={}", cu.join(f).display());
     }
-    for f in ["src/kernels.cpp", "src/shim.h", "src/check_kernels.h"] {
+    for f in [
+        "src/kernels.cpp",
+        "src/shim.h",
+        "src/check_kernels.h",
+        "src/check_delta.h",
+    ] {
         println!("cargo:rerun-if-changed={f}");
     }
 }

@@ -7,7 +7,9 @@
 #include "vision.cu"
 #include "norm.cu"
 #include "add_in_place.cu"
+#include "delta.cu"
 #include "check_kernels.h"
+#include "check_delta.h"
 
 extern "C" int kemu_run(const char* name, unsigned gx, unsigned gy, unsigned block, const u64* a, unsigned n) {
     auto P = [&](int i) { return (void*)a[i]; };

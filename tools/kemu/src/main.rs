@@ -24,6 +24,7 @@ use memra_engine::vision::{
 unsafe extern "C" {
     fn kemu_run(name: *const c_char, gx: u32, gy: u32, block: u32, a: *const u64, n: u32) -> i32;
     fn kemu_check_kernels() -> i32;
+    fn kemu_check_delta() -> i32;
 }
 
 /// Host memory as device memory; a launch runs the emulated kernel.
@@ -295,8 +296,15 @@ fn qwen_cases() -> usize {
 }
 
 fn main() {
-    // SAFETY: no arguments; it runs the emulated kernels on buffers it owns.
+    if std::env::args().any(|a| a == "--delta") {
+        // SAFETY: no arguments; it runs the emulated kernels on buffers it owns.
+        let fails = unsafe { kemu_check_delta() } as usize;
+        finish(fails);
+    }
+    // SAFETY: as above.
     let mut fails = unsafe { kemu_check_kernels() } as usize;
+    // SAFETY: as above.
+    fails += unsafe { kemu_check_delta() } as usize;
     let small = TowerParams {
         image_size: 112,
         patch_size: 14,
@@ -359,6 +367,10 @@ fn main() {
             &[(256, 192)],
         );
     }
+    finish(fails);
+}
+
+fn finish(fails: usize) -> ! {
     println!(
         "kemu: {}",
         if fails == 0 {

@@ -27,6 +27,16 @@ const PLAN_W: usize = 6;
 /// Key head sizes the delta kernel is built for (`gated_delta_k<HK>`).
 pub const HEAD_K: [usize; 4] = [16, 32, 64, 128];
 
+/// Warps of a `gated_delta_k<HK>` block (kernels/cu/delta.cu `DELTA_NW`): each owns
+/// `HK / warps` rows of the block's 32 state columns.
+pub(super) const fn delta_warps(head_k: usize) -> u32 {
+    if head_k >= 64 {
+        (head_k / 32) as u32
+    } else {
+        1
+    }
+}
+
 /// One layer's state buffers over every slot.
 pub(super) struct StateLayer {
     p: DeltaParams,
@@ -395,8 +405,9 @@ fn delta_launch(
     ];
     let tiles = p.head_v.div_ceil(32) * p.n_v_heads;
     let grid = (u(tiles, "delta blocks")?, n_seqs as u32);
+    let block = 32 * delta_warps(p.head_k);
     match conv {
-        None => g.launch(&format!("gated_delta_k{}", p.head_k), grid, 32, &args),
+        None => g.launch(&format!("gated_delta_k{}", p.head_k), grid, block, &args),
         Some((x, w, ring)) => {
             let conv = [
                 Arg::Ptr(x),
@@ -405,7 +416,12 @@ fn delta_launch(
                 Arg::U32(u(p.conv_kernel, "conv kernel")?),
             ];
             let args = [&args[..], &conv].concat();
-            g.launch(&format!("gated_delta_conv_k{}", p.head_k), grid, 32, &args)
+            g.launch(
+                &format!("gated_delta_conv_k{}", p.head_k),
+                grid,
+                block,
+                &args,
+            )
         }
     }
 }
