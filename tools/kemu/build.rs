@@ -6,29 +6,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn cut(src: &str, from: &str, to_end_of: &str) -> (usize, usize) {
-    let i = src
-        .find(from)
-        .unwrap_or_else(|| panic!("`{from}` not found"));
-    let j = src[i..].find(to_end_of).map(|k| i + k + to_end_of.len());
-    (i, j.unwrap_or_else(|| panic!("end of `{from}` not found")))
-}
+include!("emu_sources.rs");
 
 fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let cu = root.join("kernels/cu");
-    let read = |f: &str| std::fs::read_to_string(cu.join(f)).unwrap();
-    let pre = read("prelude.cuh");
-    let (i, j) = cut(&pre, "// f16 bits -> f32", "\n}\n");
-    std::fs::write(
-        out.join("prelude_emu.cuh"),
-        format!("{}{}", &pre[..i], &pre[j..]),
-    )
-    .unwrap();
-    let el = read("elementwise.cu");
-    let (i, j) = cut(&el, "extern \"C\" __global__ void add_in_place", "\n}\n");
-    std::fs::write(out.join("add_in_place.cu"), &el[i..j]).unwrap();
+    write_emu_sources(&cu, &out);
     let obj = out.join("kernels.o");
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
     let ok = Command::new(&cxx)
@@ -67,6 +51,7 @@ fn main() {
         println!("cargo:rerun-if-changed={}", cu.join(f).display());
     }
     for f in [
+        "emu_sources.rs",
         "src/kernels.cpp",
         "src/shim.h",
         "src/check_kernels.h",
