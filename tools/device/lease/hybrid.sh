@@ -22,7 +22,8 @@
 #   ab       an A/B of one switch (AB_VAR=NAME, AB_VALUES, AB_MODELS) on memra decode, alternated
 #            (into ab.jsonl; the switch is deleted with the loser once measured)
 #   sbs      (HYBRID_SBS, default q3n:Q4_K_M) qwen3-next-80b-a3b Q4_K_M (synthetic, LEASE_SYNTH=q3n) side by side with llama.cpp
-#   decode   memra decode alone on that file (one run), then its op profile (plain steps)
+#   decode   memra decode alone on that file (one run), then its op profile (plain steps);
+#            DECODE_VS=<memra-bench of another build>: both builds' decode and pp512, alternated
 #   pprof    a 512-token prefill's op profile and the decode kernels' times (ncu, ~one step)
 #   inv80    invariance on that file
 #   kernels  the whole kernels gate (before vision: it runs while llama.cpp builds)
@@ -88,6 +89,15 @@ fi
 if on sbs; then peerwait; sbs ${HYBRID_SBS:-q3n:Q4_K_M}; fi
 if on decode && waitf $Q3N 400; then
   run q3n-decode1 200 $MB decode $Q3N --device cuda:0 --prompt 512 --gen 128 --runs 1 --shape qwen3-next-80b-a3b --dtype q4_k_m
+  # DECODE_VS=<another build's memra-bench>: its decode and pp512 rows against this build's,
+  # alternated twice on the same file (into vs.jsonl: run ids $RUN-vs and $RUN-this)
+  if [ -n "${DECODE_VS:-}" ]; then
+    for who in vs this vs this; do
+      bin=$B/memra-bench; [ $who = vs ] && bin=$DECODE_VS
+      run q3n-$who-decode 200 $bin decode $Q3N --device cuda:0 --prompt 512 --gen 128 --runs 1 --shape qwen3-next-80b-a3b --dtype q4_k_m --run $RUN-$who --out $O/vs.jsonl --quiet
+      run q3n-$who-pp512 200 $bin prefill $Q3N --device cuda:0 --prompt 512 --runs 3 --shape qwen3-next-80b-a3b --dtype q4_k_m --run $RUN-$who --out $O/vs.jsonl --quiet
+    done
+  fi
   MEMRA_PROFILE_OPS=1 run q3n-profile 200 $B/run-gen $Q3N --device cuda:0 --prompt "The capital of France is a city that" --max-tokens 48 --no-cuda-graph
   grep -A12 "op profile" $O/logs/q3n-profile.log >> $S
 fi
