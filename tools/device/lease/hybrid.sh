@@ -71,15 +71,16 @@ if on ggemma && waitf $HOME/gemma.ok 300; then
 fi
 if on vision; then
   run kernels-vision 300 $B/memra-verify kernels --device cuda:0 --only vision
+  # The Qwen ViT's CUDA tower (against its CPU tower) feeding M-RoPE text models on CUDA
+  # (rope_*_mrope, deepstack rows): tiny random text models with SmolLM2's tokenizer (tok.gguf:
+  # no pieces needed)
+  for fam in qwen2vl qwen25vl qwen3vl; do
+    MEMRA_TEST_MODEL=$M/tok.gguf run vision-$fam 300 $B/memra-verify vision --family $fam --device cuda:0 --reference none --images 3 --prompts 4
+  done
   waitf $HOME/smol.ok 200 && MEMRA_TEST_MODEL=$SMOL run vision 200 $B/memra-verify vision --device cuda:0 --reference f64
   # 225-row images (near the real tower's 256) from a cheap tower: serving, prefix hits under load
   run mmproj-long 60 $B/memra-bench synth-mmproj --shape tiny-long --text-hidden 64 --out $M/mm-long.gguf &&
     MEMRA_TEST_MODEL=$SMOL run vision-long 300 $B/memra-verify vision --mmproj $M/mm-long.gguf --device cuda:0 --reference none --images 1 --prompts 4
-  # The Qwen ViT's CUDA tower (against its CPU tower) feeding M-RoPE text models on CUDA
-  # (rope_*_mrope, deepstack rows)
-  for fam in qwen2vl qwen25vl qwen3vl; do
-    MEMRA_TEST_MODEL=$SMOL run vision-$fam 300 $B/memra-verify vision --family $fam --device cuda:0 --reference none --images 3 --prompts 4
-  done
 fi
 if on ab; then  # an A/B of one switch (AB_VAR, values AB_VALUES, default "0 1"), alternated twice
   for x in ${AB_MODELS:-smol:Q4_1 gemma:Q4_K_M}; do pick $x; waitf $f 300 || continue
