@@ -153,7 +153,9 @@ fn media_keys(media: &[crate::vision::MediaSpan], first: usize, bs: usize) -> Ve
                 g.wrapping_mul(K)
             });
             let times = m.times.iter().fold(0u128, |h, &t| {
-                (h ^ (t as u128 | (1 << 96))).wrapping_mul(K).rotate_left(41)
+                (h ^ (t as u128 | (1 << 96)))
+                    .wrapping_mul(K)
+                    .rotate_left(41)
             });
             (m.start as u64, m.hash ^ grid ^ times)
         })

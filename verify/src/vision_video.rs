@@ -76,7 +76,9 @@ pub fn check(a: VideoArgs<'_>, tol: f32, failures: &mut Vec<String>) -> Result<V
         .ok_or_else(|| Error::Input("the video case is the Qwen ViT's".into()))?;
     let f = q.factor();
     let s = a.tower.image_size();
-    let (w, h) = a.tower.input_size(s + 2 * f, s.saturating_sub(3 * f).max(f))?;
+    let (w, h) = a
+        .tower
+        .input_size(s + 2 * f, s.saturating_sub(3 * f).max(f))?;
     let frames: Vec<Vec<u8>> = (0..FRAMES)
         .map(|k| test_image(w, h, 20 + k as u32))
         .collect();
@@ -228,9 +230,7 @@ fn text(
             .map(|j| 10 + ((41 * (k * 7 + j)) % (VOCAB - 10)) as u32)
             .collect()
     };
-    let (ids, media) = prompt(lay, grid, &rows, width, text, |n| {
-        (vec![VIDEO; n], 0)
-    });
+    let (ids, media) = prompt(lay, grid, &rows, width, text, |n| (vec![VIDEO; n], 0));
     let embeds = dir.join("video_text.rows.f32");
     let bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();
     std::fs::write(&embeds, bytes).map_err(|e| Error::io(&embeds, e))?;

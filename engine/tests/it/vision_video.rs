@@ -95,10 +95,10 @@ fn hf_rope_index(n: usize, media: &[(usize, usize, usize, usize, Vec<i64>)]) -> 
         let st_idx = top(&all);
         let text_len = (ed - st) as i64;
         all.extend((0..text_len).map(|i| [st_idx + i; 3]));
-        for tt in 0..*t {
+        for &tt in &t_index[..*t] {
             for hh in 0..*h as i64 {
                 for ww in 0..*w as i64 {
-                    all.push([t_index[tt], hh, ww].map(|v| v + text_len + st_idx));
+                    all.push([tt, hh, ww].map(|v| v + text_len + st_idx));
                 }
             }
         }

@@ -27,7 +27,10 @@ pub enum Part {
     Images(Vec<Pixels>),
     /// A video's frames as one span of frame groups at `times` (Qwen2-VL, Qwen2.5-VL), or one
     /// frame group's two frames (Qwen3-VL; `times` empty).
-    Video { frames: Vec<Pixels>, times: Vec<u32> },
+    Video {
+        frames: Vec<Pixels>,
+        times: Vec<u32>,
+    },
 }
 
 impl Part {

@@ -47,9 +47,9 @@ impl Vision {
         frames: &[super::Pixels],
         times: Vec<u32>,
     ) -> memra_engine::Result<super::Embedded> {
-        let first = frames.first().ok_or_else(|| {
-            memra_engine::Error::Input("a video needs at least one frame".into())
-        })?;
+        let first = frames
+            .first()
+            .ok_or_else(|| memra_engine::Error::Input("a video needs at least one frame".into()))?;
         let (w, h) = (first.width as usize, first.height as usize);
         let rgb: Vec<&[u8]> = frames.iter().map(|f| &f.rgb[..]).collect();
         let hash = self.tower.hash_video(w, h, &rgb);

@@ -62,7 +62,10 @@ async fn qwen_video(arch: Arch, kind: QwenKind) {
     assert_eq!(sse_text(&raw), answer, "{kind:?}");
     // The same frames at the same rate: the same output, a hit past the video.
     let (_, again, _) = post(&url, &body).await;
-    assert_eq!(again["choices"][0]["message"]["content"], answer, "{kind:?}");
+    assert_eq!(
+        again["choices"][0]["message"]["content"], answer,
+        "{kind:?}"
+    );
     assert!(cached(&again) > 108, "{kind:?}: {again}");
     // The same frames at another rate (both under --media-video-fps: every frame kept).
     let slow = chat("qvl", vec![text("What happens?"), video(frames, 0.5)]);

@@ -388,7 +388,14 @@ impl<D: TowerDevice> CudaQwenTower<D> {
             prod(a(&sc.att), &m.fc2, &m.fc2_b, y, t, Epilogue::Plain)
         };
         let px1 = a(&sc.px) + if two { 4 * (3 * w * h) as u64 } else { 0 };
-        k.qwen_patches([a(&sc.px), px1], a(&sc.pos), a(&sc.cols), n, (w, h), p.patch_size)?;
+        k.qwen_patches(
+            [a(&sc.px), px1],
+            a(&sc.pos),
+            a(&sc.cols),
+            n,
+            (w, h),
+            p.patch_size,
+        )?;
         prod(
             a(&sc.cols),
             &self.patch,
