@@ -222,6 +222,7 @@ pub fn run(a: &VisionArgs) -> Result<Vec<Row>> {
                 width,
                 hash: tower.hash(rgb),
                 grid: None,
+                times: Vec::new(),
             }],
             model: "bench".into(),
             tenant: "bench".into(),

@@ -429,7 +429,7 @@ fn check_request(req: &ValidRequest, m: &ModelEntry) -> std::result::Result<(), 
         }
         if let Some(s) = req.media.iter().find(|s| s.rows() > m.info.max_image_rows) {
             return Err(SubmitError::Invalid(format!(
-                "an image of {} tokens does not fit the step budget of {} tokens (an image's \
+                "an image or video of {} tokens does not fit the step budget of {} tokens (its \
                  tokens are computed in one step: raise max_batch_tokens)",
                 s.rows(),
                 m.info.max_image_rows

@@ -139,18 +139,25 @@ impl Seq {
 }
 
 /// `(first prompt position, content hash)` of each image touching the block of `bs`
-/// positions at `first`; an image's grid is mixed into its hash (it places the rows of an
-/// M-RoPE model: the same rows on another grid are other KV).
+/// positions at `first`; an image's grid and a video's group times are mixed into its hash
+/// (they place the rows of an M-RoPE model: the same rows on another grid, or a video's at
+/// another frame rate, are other KV).
 fn media_keys(media: &[crate::vision::MediaSpan], first: usize, bs: usize) -> Vec<(u64, u128)> {
+    const K: u128 = 0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835;
     media
         .iter()
         .filter(|m| m.start < first + bs && m.range().end > first)
         .map(|m| {
             let grid = m.grid.map_or(0, |(r, c)| {
                 let g = ((r as u128) << 64) | c as u128 | (1 << 127);
-                g.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)
+                g.wrapping_mul(K)
             });
-            (m.start as u64, m.hash ^ grid)
+            let times = m.times.iter().fold(0u128, |h, &t| {
+                (h ^ (t as u128 | (1 << 96)))
+                    .wrapping_mul(K)
+                    .rotate_left(41)
+            });
+            (m.start as u64, m.hash ^ grid ^ times)
         })
         .collect()
 }
@@ -970,8 +977,31 @@ impl Scheduler {
 
 #[cfg(test)]
 mod tests {
-    use super::chunk_rows;
+    use super::{chunk_rows, media_keys};
     use crate::vision::MediaSpan;
+
+    #[test]
+    fn a_video_s_times_are_part_of_its_key() {
+        let video = |times: Vec<u32>| MediaSpan {
+            start: 2,
+            embeds: vec![0f32; 8].into(),
+            width: 1,
+            hash: 7,
+            grid: Some((2, 2)),
+            times,
+        };
+        let key = |m: &MediaSpan| media_keys(std::slice::from_ref(m), 0, 4);
+        // The same frames at the same rate: the same key; at another rate (Qwen2.5-VL's
+        // times) or as an image of the same grid: others.
+        assert_eq!(key(&video(vec![0, 4])), key(&video(vec![0, 4])));
+        assert_ne!(key(&video(vec![0, 4])), key(&video(vec![0, 2])));
+        assert_ne!(key(&video(vec![0, 1])), key(&video(vec![1, 0])));
+        let mut image = video(Vec::new());
+        image.embeds = vec![0f32; 4].into();
+        assert_ne!(key(&image), key(&video(vec![0])));
+        // A block the video does not touch has no key of it.
+        assert!(media_keys(&[video(vec![0, 4])], 12, 4).is_empty());
+    }
 
     #[test]
     fn a_chunk_never_ends_inside_an_image() {
@@ -982,6 +1012,7 @@ mod tests {
             width: 1,
             hash: 0,
             grid: None,
+            times: Vec::new(),
         };
         let media = [img(5, 9), img(14, 2)];
         // Ends outside or at an image's boundary: unchanged.

@@ -161,7 +161,7 @@ pub const SETTINGS: &[Setting] = &[
     flag(Server, "--media-max-pixels", "16777216", "largest image width x height, read from the image header before anything is decoded (400 above: decoding bombs); decoders also run under allocation limits"),
     flag(Server, "--media-max-images", "8", "most images plus video frames (after sampling) in one request (400 above)"),
     flag(Server, "--media-max-frames", "8", "most frames of one video after sampling (400 above)"),
-    flag(Server, "--media-video-fps", "1", "the rate a video's frames are sampled at: a video sent with `fps` F keeps every (F / this)-th frame, evenly; each kept frame is an image"),
+    flag(Server, "--media-video-fps", "1", "the rate a video's frames are sampled at: a video sent with `fps` F keeps every (F / this)-th frame, evenly; each kept frame is an image (Gemma 3), or the kept frames are the model's own video (the Qwen ViT)"),
     flag(Server, "--media-allowed-hosts", "none", "hosts image URLs may name, comma-separated; empty: remote URLs get 400. An allowed host's `http://` URL is fetched (one GET, no redirects, 10 s, `--media-max-bytes`, its `Content-Type` checked against the data); `https://` needs TLS, which this build does not include (400)"),
     flag(Server, "--cache-key-header", "off", "inference responses carry `x-memra-cache-key`, a routing key for cache-affine gateways (docs/DEPLOY.md)"),
     both(Server, "--log", "MEMRA_LOG", "info", "log filter (tracing EnvFilter syntax), logs go to stderr"),

@@ -20,8 +20,8 @@
 // The Qwen ViT (engine/src/backend/cuda/vision_qwen.rs; CPU reference vision/qwenvit.rs) runs
 // the products (with the epilogues QuickGELU, erf-GELU and the SiLU gate), LayerNorm, norm.cu's
 // `rms_norm` and the full attention above, and:
-// qvit_patches        the patch rows of an image in the tower's row order, both frames of the
-//                     temporal patch the same image.
+// qvit_patches        the patch rows of a temporal patch (an image twice, or a video's frame pair)
+//                     in the tower's row order.
 // qvit_rope           the 2D rotary embedding of Q and K in place, from the host's table.
 // qvit_attn_win_d<D>  attention within windows: each block a tile of query rows of one window,
 //                     the window's keys (consecutive rows) in order.
@@ -450,17 +450,20 @@ extern "C" __global__ void vit_pool(const float* __restrict__ X, float* __restri
 }
 
 // The Qwen ViT's patch rows: row r is the patch at (pos[r] >> 16, pos[r] & 0xffff) (row, column
-// of the patch grid) of the image px ([3][h][w]), its 2 x 3 x patch x patch values in (frame,
-// channel, y, x) order, both frames the same image (the CPU's patch_cols): bit for bit.
-extern "C" __global__ void qvit_patches(const float* __restrict__ px, const u32* __restrict__ pos,
-                                        float* __restrict__ cols, u32 rows, u32 w, u32 h, u32 patch) {
+// of the patch grid) of the temporal patch (px0, px1) (two frames, [3][h][w] each; an image is
+// passed as both), its 2 x 3 x patch x patch values in (frame, channel, y, x) order, frame 0
+// from px0 and frame 1 from px1 (the CPU's patch_cols): bit for bit.
+extern "C" __global__ void qvit_patches(const float* __restrict__ px0, const float* __restrict__ px1,
+                                        const u32* __restrict__ pos, float* __restrict__ cols, u32 rows,
+                                        u32 w, u32 h, u32 patch) {
     pdl_entry();
     const u32 per = 3 * patch * patch;
     const u64 n = (u64)rows * 2 * per;
     for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (u64)gridDim.x * blockDim.x) {
-        const u32 r = (u32)(e / (2 * per)), j = (u32)(e % (2 * per)) % per;
+        const u32 r = (u32)(e / (2 * per)), k = (u32)(e % (2 * per)), j = k % per;
         const u32 c = j / (patch * patch), y = (j / patch) % patch, x = j % patch;
         const u32 py = pos[r] >> 16, pxx = pos[r] & 0xffffu;
+        const float* px = k < per ? px0 : px1;
         cols[e] = px[((u64)c * h + py * patch + y) * w + pxx * patch + x];
     }
 }

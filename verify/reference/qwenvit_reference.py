@@ -12,11 +12,20 @@ after the merger; Qwen3-VL's learned positions by `fast_pos_embed_interpolate` (
 the grid, four corners). Weights come from `gguf.GGUFReader` (+ `gguf.quants.dequantize`); all
 arithmetic is float64.
 
-    python3 verify/reference/qwenvit_reference.py MMPROJ IMAGE.rgb:WxH [IMAGE.rgb:WxH ...]
+A video is the processor's video path: its frames stacked (an odd count padded by repeating the
+last frame), cut into `grid_t = T / 2` temporal patches of two frames (frame 2k through the
+first temporal kernel, 2k+1 through the second), `grid_thw = (grid_t, h, w)`; the whole video
+goes through the tower at once as HF runs it: the rotary ids and learned positions repeated per
+temporal patch, `cu_seqlens` of `h x w` patches per temporal patch (full-attention layers), the
+window index per temporal patch (windowed layers), the merger, the window order undone.
+
+    python3 verify/reference/qwenvit_reference.py MMPROJ IMAGE.rgb:WxH [F0.rgb,F1.rgb,...:WxH ...]
 
 Each IMAGE.rgb holds W x H RGB bytes (row-major; W and H multiples of patch x merge: the
 tower's input size, no resizing here); writes IMAGE.rgb.ref.f32 (tokens x width little-endian
-float32, width = text_hidden x (1 + deepstack mergers)) beside it.
+float32, width = text_hidden x (1 + deepstack mergers)) beside it. A comma-separated list of
+frame files is one video (its rows: grid_t x tokens, temporal patch after temporal patch),
+written beside its first frame (F0.rgb.ref.f32).
 """
 import math
 import sys
@@ -99,16 +108,21 @@ def linear(x, w, name):
     return x @ w[name + ".weight"].T + w[name + ".bias"]
 
 
-def processor_patches(hp, rgb, W, H):
-    """HF's Qwen2VLImageProcessor flattening of one image (frames tiled to the temporal patch)."""
+def processor_patches(hp, frames, W, H):
+    """HF's Qwen2VLImageProcessor flattening of an image (one frame, tiled to the temporal patch)
+    or a video's frames (padded to a multiple of 2 by repeating the last)."""
     p, m = hp["patch"], hp["merge"]
-    img = rgb.reshape(H, W, 3).astype(np.float64) / 255.0
-    img = ((img - hp["mean"]) / hp["std"]).transpose(2, 0, 1)  # (3, H, W)
-    frames = np.stack([img, img])  # (T=2, 3, H, W)
-    gh, gw = H // p, W // p
-    x = frames.reshape(1, 2, 3, gh // m, m, p, gw // m, m, p)
+    imgs = []
+    for rgb in frames:
+        img = rgb.reshape(H, W, 3).astype(np.float64) / 255.0
+        imgs.append(((img - hp["mean"]) / hp["std"]).transpose(2, 0, 1))  # (3, H, W)
+    x = np.stack(imgs)  # (T, 3, H, W)
+    if x.shape[0] % 2:
+        x = np.concatenate([x, np.repeat(x[-1:], 2 - x.shape[0] % 2, axis=0)])
+    gt, gh, gw = x.shape[0] // 2, H // p, W // p
+    x = x.reshape(gt, 2, 3, gh // m, m, p, gw // m, m, p)
     x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)  # (t, gh/m, gw/m, m, m, C, T, p, p)
-    return x.reshape(gh * gw, 3 * 2 * p * p), gh, gw
+    return x.reshape(gt * gh * gw, 3 * 2 * p * p), gt, gh, gw
 
 
 def rot_pos_emb(hp, gh, gw):
@@ -124,15 +138,15 @@ def rot_pos_emb(hp, gh, gw):
     return table[ids].reshape(len(ids), -1)  # (N, d/2)
 
 
-def window_index(hp, gh, gw):
+def window_index(hp, gt, gh, gw):
     m, p = hp["merge"], hp["patch"]
     vws = hp["window"] // m // p
     lh, lw = gh // m, gw // m
-    index = np.arange(lh * lw).reshape(1, lh, lw)
+    index = np.arange(gt * lh * lw).reshape(gt, lh, lw)
     pad_h, pad_w = vws - lh % vws, vws - lw % vws
     nh, nw = (lh + pad_h) // vws, (lw + pad_w) // vws
     padded = np.pad(index, ((0, 0), (0, pad_h), (0, pad_w)), constant_values=-100)
-    padded = padded.reshape(1, nh, vws, nw, vws).transpose(0, 1, 3, 2, 4).reshape(1, nh * nw, vws, vws)
+    padded = padded.reshape(gt, nh, vws, nw, vws).transpose(0, 1, 3, 2, 4).reshape(gt, nh * nw, vws, vws)
     seqlens = (padded != -100).sum(axis=(2, 3)).reshape(-1)
     flat = padded.reshape(-1)
     idx = flat[flat != -100]
@@ -200,20 +214,20 @@ def merger(hp, w, x, norm_name, fc1, fc2, post_shuffle):
     return linear(gelu_erf(linear(x, w, fc1)), w, fc2)
 
 
-def tower(hp, w, rgb, W, H):
-    cols, gh, gw = processor_patches(hp, rgb, W, H)
+def tower(hp, w, frames, W, H):
+    cols, gt, gh, gw = processor_patches(hp, frames, W, H)
     h, mm = hp["hidden"], hp["merge"] ** 2
     kernel = np.stack([w["v.patch_embd.weight"], w["v.patch_embd.weight.1"]], axis=2)  # (h, C, T, p, p)
     x = cols @ kernel.reshape(h, -1).T
     if "v.patch_embd.bias" in w:
         x = x + w["v.patch_embd.bias"]
     if "v.position_embd.weight" in w:
-        x = x + interpolated_positions(hp, w, gh, gw)
-    rpe = rot_pos_emb(hp, gh, gw)
-    n = gh * gw
-    full = np.array([0, n])
+        x = x + np.tile(interpolated_positions(hp, w, gh, gw), (gt, 1))
+    rpe = np.tile(rot_pos_emb(hp, gh, gw), (gt, 1))
+    n = gt * gh * gw
+    full = np.arange(gt + 1) * (gh * gw)  # cu_seqlens: one segment per temporal patch
     if hp["wa"] > 0:
-        widx, wcu = window_index(hp, gh, gw)
+        widx, wcu = window_index(hp, gt, gh, gw)
         x = x.reshape(n // mm, mm, h)[widx].reshape(n, h)
         rpe = rpe.reshape(n // mm, mm, -1)[widx].reshape(n, -1)
     emb = np.concatenate([rpe, rpe], axis=-1)
@@ -239,16 +253,20 @@ def main():
     hp, w = load(sys.argv[1])
     f = hp["patch"] * hp["merge"]
     for arg in sys.argv[2:]:
-        path, size = arg.rsplit(":", 1)
+        paths, size = arg.rsplit(":", 1)
+        paths = paths.split(",")
         W, H = (int(v) for v in size.split("x"))
         if W % f or H % f:
-            raise SystemExit(f"{path}: {W}x{H} is not a multiple of {f}")
-        rgb = np.frombuffer(open(path, "rb").read(), dtype=np.uint8)
-        if rgb.size != W * H * 3:
-            raise SystemExit(f"{path}: {rgb.size} bytes, expected {W}x{H}x3")
-        out = tower(hp, w, rgb, W, H).astype("<f4")
-        out.tofile(path + ".ref.f32")
-        print(f"{path}: {out.shape[0]} x {out.shape[1]}")
+            raise SystemExit(f"{paths[0]}: {W}x{H} is not a multiple of {f}")
+        frames = []
+        for path in paths:
+            rgb = np.frombuffer(open(path, "rb").read(), dtype=np.uint8)
+            if rgb.size != W * H * 3:
+                raise SystemExit(f"{path}: {rgb.size} bytes, expected {W}x{H}x3")
+            frames.append(rgb)
+        out = tower(hp, w, frames, W, H).astype("<f4")
+        out.tofile(paths[0] + ".ref.f32")
+        print(f"{paths[0]} ({len(frames)} frames): {out.shape[0]} x {out.shape[1]}")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,13 @@ the sectioned rotary embedding and Qwen3-VL's deepstack.
 
 It shares no code with memra and follows HF transformers' structure, not memra's:
 
-- positions by `get_rope_index` (Qwen2-VL / Qwen2.5-VL / Qwen3-VL, images): chunk by chunk,
-  each text run `arange + st_idx`, each image `(t, h, w)` index grids `+ text_len + st_idx`,
-  `st_idx` one past the previous chunk's largest position; the decode delta `max + 1 - n`;
+- positions by `get_rope_index` (Qwen2-VL / Qwen2.5-VL / Qwen3-VL, images and videos): chunk by
+  chunk, the next image or video token found from `st`, each text run `arange + st_idx`, each
+  image or video `(t, h, w)` index grids `+ text_len + st_idx`, `st_idx` one past the previous
+  chunk's largest position; a video's `t` index: Qwen2-VL the temporal patch, Qwen2.5-VL
+  `(arange(t) * second_per_grid_t) * tokens_per_second` in float32 then `.long()`, Qwen3-VL's
+  video split into its temporal patches of `t = 1` each (HF's `repeat_interleave`, each one
+  after its timestamp text); the decode delta `max + 1 - n`;
 - the rotary table as HF builds it: `freqs = inv_freq x positions` per axis (3, n, d/2), then
   Qwen2-VL's `apply_multimodal_rotary_pos_emb` (`cat(freqs, freqs)`, `cos.split(mrope_section
   * 2)`, chunk i from axis i % 3) or Qwen3-VL's `apply_interleaved_mrope` (height at
@@ -22,9 +26,11 @@ Weights come from `gguf.GGUFReader` (+ `gguf.quants.dequantize`); all arithmetic
 
 CASES.json: {"cases": [{"ids": [...], "image_token_id": N, "grid_thw": [[1, H, W], ...]
 (patches, as HF's image_grid_thw: merged rows x 2, merged cols x 2), "spatial_merge_size": 2,
-"embeds": "rows.f32" (every image's rows in order, little-endian float32, hidden x (1 +
-deepstack) values a row), "logits": "out.f32" (written: every position's logits, n x vocab
-float32)}]}. OUT.json: {"cases": [{"positions": [[t...], [h...], [w...]], "delta": d}]}.
+"embeds": "rows.f32" (every image's and video's rows in prompt order, little-endian float32,
+hidden x (1 + deepstack) values a row), "logits": "out.f32" (written: every position's logits,
+n x vocab float32); for videos also "video_token_id", "video_grid_thw" [[T, H, W], ...],
+"second_per_grid_ts" [s, ...], "tokens_per_second", "rule" ("qwen2vl" | "qwen25vl" |
+"qwen3vl")}]}. OUT.json: {"cases": [{"positions": [[t...], [h...], [w...]], "delta": d}]}.
 """
 import json
 import sys
@@ -73,17 +79,41 @@ def load(path):
     return hp, w
 
 
-def get_rope_index(ids, image_token_id, grids, merge):
-    """HF's get_rope_index for one sequence with images (one frame each)."""
+def get_rope_index(c):
+    """HF's get_rope_index for one sequence with images and videos."""
+    ids = [int(t) for t in c["ids"]]
+    merge = c["spatial_merge_size"]
+    img_tok, vid_tok = c["image_token_id"], c.get("video_token_id", -1)
+    images = [list(g) for g in c.get("grid_thw", [])]
+    videos = [list(g) for g in c.get("video_grid_thw", [])]
+    seconds = list(c.get("second_per_grid_ts", [1.0] * len(videos)))
+    rule = c.get("rule", "qwen2vl")
+    tps = c.get("tokens_per_second", 2)
+    if rule == "qwen3vl":  # repeat_interleave(video_grid_thw, t); t = 1
+        videos = [[1, h, w] for t, h, w in videos for _ in range(t)]
     chunks = []
-    st = 0
-    for t, h, w in grids:
-        ed = ids.index(image_token_id, st)
+    st, ii, vi = 0, 0, 0
+    for _ in range(len(images) + len(videos)):
+        ed_i = ids.index(img_tok, st) if ii < len(images) and img_tok in ids[st:] else len(ids) + 1
+        ed_v = ids.index(vid_tok, st) if vi < len(videos) and vid_tok in ids[st:] else len(ids) + 1
+        if ed_i < ed_v:
+            (t, h, w), sec, ed, video = images[ii], 0.0, ed_i, False
+            ii += 1
+        else:
+            (t, h, w), ed, video = videos[vi], ed_v, True
+            sec = seconds[vi] if rule == "qwen25vl" else 1.0
+            vi += 1
         gt, gh, gw = t, h // merge, w // merge
         text_len = ed - st
         st_idx = chunks[-1].max() + 1 if chunks else 0
         chunks.append(np.broadcast_to(np.arange(text_len), (3, text_len)) + st_idx)
-        t_index = np.broadcast_to(np.arange(gt)[:, None], (gt, gh * gw)).flatten()
+        rng = np.broadcast_to(np.arange(gt)[:, None], (gt, gh * gw))
+        if rule == "qwen25vl":
+            # int64 range x float32 second_per_grid_t x tokens_per_second, in float32, .long()
+            tt = (rng.astype(np.float32) * np.float32(sec)) * np.float32(tps)
+            t_index = tt.astype(np.int64).flatten()
+        else:
+            t_index = rng.flatten()
         h_index = np.broadcast_to(np.arange(gh)[None, :, None], (gt, gh, gw)).flatten()
         w_index = np.broadcast_to(np.arange(gw)[None, None, :], (gt, gh, gw)).flatten()
         chunks.append(np.stack([t_index, h_index, w_index]) + text_len + st_idx)
@@ -126,11 +156,12 @@ def rms(x, g, eps):
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * g
 
 
-def forward(hp, w, ids, image_token_id, rows, pos):
-    """Every position's logits: ids with the image tokens' embeddings replaced by `rows`."""
+def forward(hp, w, ids, media_tokens, rows, pos):
+    """Every position's logits: ids with the image and video tokens' embeddings replaced by
+    `rows` (deepstack adds into both, HF's `visual_pos_masks`)."""
     n, H = len(ids), hp["hidden"]
     x = w["token_embd.weight"][ids].copy()
-    img = np.array([i for i, t in enumerate(ids) if t == image_token_id])
+    img = np.array([i for i, t in enumerate(ids) if t in media_tokens])
     parts = rows.reshape(len(img), 1 + hp["deepstack"], H)
     x[img] = parts[:, 0]
     cos, sin = rotary(hp, pos)
@@ -171,9 +202,10 @@ def main():
     out = []
     for c in cases:
         ids = [int(t) for t in c["ids"]]
-        pos, delta = get_rope_index(ids, c["image_token_id"], c["grid_thw"], c["spatial_merge_size"])
+        pos, delta = get_rope_index(c)
         rows = np.fromfile(c["embeds"], dtype="<f4").astype(np.float64)
-        logits = forward(hp, w, ids, c["image_token_id"], rows, pos)
+        tokens = {c["image_token_id"], c.get("video_token_id", c["image_token_id"])}
+        logits = forward(hp, w, ids, tokens, rows, pos)
         logits.astype("<f4").tofile(c["logits"])
         out.append({"positions": pos.tolist(), "delta": delta})
     json.dump({"cases": out}, open(sys.argv[3], "w"))

@@ -35,3 +35,4 @@ pub mod vision;
 mod vision_check;
 pub mod vision_qwen;
 pub mod vision_text;
+pub mod vision_video;

@@ -443,6 +443,29 @@ fn gate_vision(a: &memra_verify::vision::VisionArgs, json: Option<&Path>) -> Res
             a.tolerance
         );
     }
+    if let Some(v) = &r.video {
+        let (w, h) = v.size;
+        let text = match (v.positions_equal, v.text_rel_error) {
+            (Some(p), Some(e)) => format!(
+                "; text model positions {} HF's, logits {e:.2e} apart",
+                if p { "equal to" } else { "DIFFERENT from" }
+            ),
+            _ => String::new(),
+        };
+        println!(
+            "vision: video of {} frames {w}x{h} ({} groups, {} tokens; times {:?}, timestamps \
+             {:?}) vs the numpy reference: {:.2e} of the largest value (tolerance {:.0e}){text}; \
+             greedy tokens {}",
+            v.frames,
+            v.groups,
+            v.tokens,
+            v.times,
+            v.seconds,
+            v.rel_error,
+            a.tolerance,
+            if v.tokens_equal { "equal" } else { "DIFFERENT" }
+        );
+    }
     println!(
         "vision: greedy tokens equal on {}/{} image prompts (memra's vs the reference's rows)",
         r.tokens_equal, r.prompts

@@ -13,6 +13,9 @@
 //!   the Qwen ViT's images are of several sizes and aspect ratios (vision_qwen.rs);
 //! - `tokens`: greedy tokens of image prompts fed memra's embeddings vs fed the reference's
 //!   (numpy's when it ran, else the Rust one's): equal;
+//! - `video` (the Qwen ViT, numpy reference): a 3-frame video through the tower's video path
+//!   against the numpy reference's, its M-RoPE positions and text-model logits against HF's
+//!   rule, its greedy tokens fed either rows (vision_video.rs);
 //! - `serve`: image requests and text requests submitted together to one engine (a step
 //!   budget of one image and 4 rows, so prefills are chunked beside each other; a KV pool
 //!   that holds them all, so nothing is evicted) give the tokens and logprob bits each gives
@@ -126,6 +129,9 @@ pub struct VisionReport {
     /// The Qwen-VL text model against its numpy reference (M-RoPE positions, logits;
     /// vision_text.rs), when the numpy reference runs for a Qwen family.
     pub text: Option<crate::vision_text::TextReport>,
+    /// The Qwen ViT's video path against the numpy reference's (vision_video.rs), when the
+    /// numpy reference runs for a Qwen family.
+    pub video: Option<crate::vision_video::VideoReport>,
     /// Where the gate's rows came from (`cpu`, or the CUDA tower's device).
     pub tower: String,
     /// On a CUDA device, per image: max |cuda - cpu| / max |cpu|.
@@ -274,6 +280,7 @@ pub(crate) fn request(
                     width,
                     hash,
                     grid: p.grid,
+                    times: Vec::new(),
                 }]
             })
             .unwrap_or_default(),
@@ -329,7 +336,7 @@ fn reference(
         .collect()
 }
 
-fn rel_error(a: &[f32], r: &[f32]) -> f32 {
+pub(crate) fn rel_error(a: &[f32], r: &[f32]) -> f32 {
     if a.len() != r.len() {
         return f32::INFINITY;
     }
@@ -441,6 +448,22 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
             ));
         }
         rep.text = Some(t);
+    }
+    if qwen && a.reference.numpy() {
+        let args = crate::vision_video::VideoArgs {
+            python: &a.python,
+            mmproj: &mmproj,
+            tower: &tower,
+            model: &|| model(a),
+            device: a.device,
+            max_tokens: a.max_tokens,
+            dir: dir.path(),
+        };
+        rep.video = Some(crate::vision_video::check(
+            args,
+            a.tolerance,
+            &mut rep.failures,
+        )?);
     }
     let ours: Vec<Arc<[f32]>> = full
         .iter()

@@ -341,12 +341,13 @@ fn pool_patch_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
 /// against float64.
 fn qwen_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     let k = TowerKernels { dev: g };
-    // qvit_patches: rows in a shuffled order, both frames the same patch.
+    // qvit_patches: rows in a shuffled order, two different frames (a video's frame pair).
     for (i, &(w, h, patch)) in [(16usize, 24usize, 4usize), (42, 28, 14), (448, 336, 14)]
         .iter()
         .enumerate()
     {
         let px = rand(seed, 64_000 + i as u64, 3 * w * h, 1.0);
+        let px1 = rand(seed, 64_050 + i as u64, 3 * w * h, 1.0);
         let (gw, gh) = (w / patch, h / patch);
         let rows = gw * gh;
         let per = 3 * patch * patch;
@@ -361,20 +362,27 @@ fn qwen_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         let mut want = vec![0f32; rows * 2 * per];
         for (r, col) in want.chunks_exact_mut(2 * per).enumerate() {
             let (py, pxx) = ((pos[r] >> 16) as usize, (pos[r] & 0xffff) as usize);
-            for f in 0..2 {
+            for (f, frame) in [&px, &px1].into_iter().enumerate() {
                 for c in 0..3 {
                     for y in 0..patch {
                         let src = (c * h + py * patch + y) * w + pxx * patch;
                         let dst = f * per + c * patch * patch + y * patch;
-                        col[dst..dst + patch].copy_from_slice(&px[src..src + patch]);
+                        col[dst..dst + patch].copy_from_slice(&frame[src..src + patch]);
                     }
                 }
             }
         }
-        let (dp, dpos) = (g.upload(&px)?, g.upload(&pos)?);
+        let (dp, dp1, dpos) = (g.upload(&px)?, g.upload(&px1)?, g.upload(&pos)?);
         let dc = g.zeros::<f32>(want.len())?;
         g.fill(g.ptr(&dc), f32::NAN, want.len())?;
-        k.qwen_patches(g.ptr(&dp), g.ptr(&dpos), g.ptr(&dc), rows, (w, h), patch)?;
+        k.qwen_patches(
+            [g.ptr(&dp), g.ptr(&dp1)],
+            g.ptr(&dpos),
+            g.ptr(&dc),
+            rows,
+            (w, h),
+            patch,
+        )?;
         let shape = format!("{w}x{h} patch={patch}");
         out.push(compare(
             "qvit_patches",

@@ -19,8 +19,8 @@ use memra_engine::testing::tiny_gguf::{gguf_meta, write_model};
 use memra_engine::vision::{MediaSpan, QwenParams, mrope};
 
 /// The reference model's vocabulary; the image placeholder; text tokens from 10 on.
-const VOCAB: usize = 512;
-const SOFT: u32 = 5;
+pub(crate) const VOCAB: usize = 512;
+pub(crate) const SOFT: u32 = 5;
 
 /// What the text check measured.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -34,7 +34,7 @@ pub struct TextReport {
 }
 
 /// The tiny text model of `arch` that takes the rows of a tower of `q`'s widths.
-fn config(arch: Arch, q: &QwenParams) -> ModelConfig {
+pub(crate) fn config(arch: Arch, q: &QwenParams) -> ModelConfig {
     let mut c = tiny_config(arch, VOCAB);
     c.hidden = q.text_hidden;
     if let Some(v) = c.vl.as_mut() {
@@ -64,7 +64,7 @@ fn prompt(i: usize, grids: [(usize, usize); 2]) -> (Vec<u32>, Vec<usize>) {
     (ids, starts)
 }
 
-fn f32s(b: &[u8]) -> Vec<f32> {
+pub(crate) fn f32s(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
@@ -105,6 +105,7 @@ pub fn check(
                 width,
                 hash: k as u128,
                 grid: Some(grids[k]),
+                times: Vec::new(),
             })
             .collect();
         let embeds = dir.join(format!("text{i}.rows.f32"));
@@ -190,7 +191,7 @@ pub fn check(
 }
 
 /// Every position's logits of prompt `ids` in one step on a fresh sequence.
-fn step(
+pub(crate) fn step(
     b: &mut CpuBackend,
     ids: &[u32],
     media: &[MediaSpan],

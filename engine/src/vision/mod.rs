@@ -16,6 +16,11 @@
 //! What reaches the engine is a [`MediaSpan`]: where the image's rows sit in the prompt, their
 //! values and a content hash that the prefix cache mixes into the hashes of the blocks the span
 //! touches (prefix_cache.rs).
+//!
+//! The Qwen ViT also takes video, as the models do ([`video`]): frames two at a time through
+//! the temporal patch ([`VisionTower::encode_video`]), a video one span of frame groups
+//! (Qwen2-VL, Qwen2.5-VL: [`MediaSpan::times`] places them in time) or a span per group after
+//! its timestamp text (Qwen3-VL). Gemma 3's tower has no video path: its frames are images.
 
 pub mod mmproj;
 pub mod mrope;
@@ -24,6 +29,7 @@ pub mod qwenvit;
 #[cfg(any(test, feature = "test-util"))]
 pub mod random;
 mod siglip;
+pub mod video;
 
 use std::sync::Arc;
 
@@ -37,7 +43,8 @@ pub use mmproj::TowerParams;
 pub use qwenvit::{QwenKind, QwenParams, QwenWeights};
 pub use siglip::TowerWeights;
 
-/// Rows of precomputed embeddings at consecutive prompt positions (one image).
+/// Rows of precomputed embeddings at consecutive prompt positions (one image, or one video's
+/// frame groups).
 #[derive(Clone, Debug, PartialEq)]
 pub struct MediaSpan {
     /// Prompt index of the first row.
@@ -49,13 +56,30 @@ pub struct MediaSpan {
     pub hash: u128,
     /// The image's token grid `(rows, cols)`, rows in raster order ([`VisionTower::grid_for`]):
     /// where an M-RoPE text model (qwen2vl, qwen3vl) places them ([`mrope`]), which refuses a
-    /// span without one. `None`: the tokens are one row.
+    /// span without one. `None`: the tokens are one row. A video's: each frame group's.
     pub grid: Option<(usize, usize)>,
+    /// A video's frame groups (Qwen2-VL, Qwen2.5-VL: [`video::Layout::OneSpan`]): the temporal
+    /// position of each, from the span's text position (HF's `t_index`), its rows `grid` tokens
+    /// group after group. Empty: an image (one group at 0). Part of the prefix-cache key.
+    pub times: Vec<u32>,
 }
 
 impl MediaSpan {
     pub fn rows(&self) -> usize {
         self.embeds.len() / self.width.max(1)
+    }
+
+    /// Frame groups: a video's [`MediaSpan::times`], or the one of an image.
+    pub fn groups(&self) -> usize {
+        self.times.len().max(1)
+    }
+
+    /// Positions the text after the span moves on by: one past its largest M-RoPE offset
+    /// (`max(times, rows - 1, cols - 1) + 1` on its grid; HF's `st_idx` after it).
+    pub fn advance(&self) -> usize {
+        let (r, c) = self.grid.unwrap_or((1, self.rows()));
+        let t = self.times.iter().max().copied().unwrap_or(0) as usize;
+        t.max(r.saturating_sub(1)).max(c.saturating_sub(1)) + 1
     }
 
     /// Prompt indices `start..start + rows`.
@@ -66,18 +90,20 @@ impl MediaSpan {
 
 /// Checks that `spans` lie inside a prompt of `n` tokens, in order, without overlap, each with
 /// `width` values per row (the model's input embedding width) and at least one row, its grid
-/// (if any) holding its rows.
+/// (if any) holding its rows (each frame group's), its times ([`check_times`]) in range.
 pub fn check_spans(spans: &[MediaSpan], n: usize, width: usize) -> Result<()> {
     let mut end = 0;
     for (i, s) in spans.iter().enumerate() {
         if let Some((r, c)) = s.grid
-            && r.checked_mul(c) != Some(s.rows())
+            && r.checked_mul(c).and_then(|rc| rc.checked_mul(s.groups())) != Some(s.rows())
         {
             return Err(Error::Input(format!(
-                "image {i}: a grid of {r} x {c} tokens for {} rows",
+                "image {i}: {} frame groups of a grid of {r} x {c} tokens for {} rows",
+                s.groups(),
                 s.rows()
             )));
         }
+        check_times(s.grid, &s.times).map_err(|e| Error::Input(format!("video {i}: {e}")))?;
         if s.width != width || s.embeds.is_empty() || s.embeds.len() % width != 0 {
             return Err(Error::Input(format!(
                 "image {i}: {} embedding values of width {} for a model of width {width}",
@@ -96,13 +122,52 @@ pub fn check_spans(spans: &[MediaSpan], n: usize, width: usize) -> Result<()> {
     Ok(())
 }
 
+/// Whether a video's temporal positions (`times`, its frame groups of `grid` tokens each)
+/// stay at or below its rows' sequence positions (so the text after it never runs ahead of
+/// them, and tables of the context's positions hold every M-RoPE position:
+/// `backend::check_mrope`): group `g` at most `g` groups of rows in, and the text after it
+/// moved on by at most its rows ([`MediaSpan::advance`]). Only Qwen2.5-VL's scaled times can
+/// fail it: frames of a few tokens at a low frame rate. An image (no times) passes.
+pub fn check_times(grid: Option<(usize, usize)>, times: &[u32]) -> std::result::Result<(), String> {
+    if times.is_empty() {
+        return Ok(());
+    }
+    let Some((r, c)) = grid else {
+        return Err("frame groups without a token grid".into());
+    };
+    let per = r * c;
+    if let Some((g, &t)) = times
+        .iter()
+        .enumerate()
+        .find(|&(g, &t)| t as usize > g * per)
+    {
+        return Err(format!(
+            "frame group {g} at temporal position {t} runs past its {per}-token frames (raise \
+             the frame rate or the frame size)"
+        ));
+    }
+    let last = times.iter().max().copied().unwrap_or(0) as usize;
+    let advance = last.max(r.saturating_sub(1)).max(c.saturating_sub(1)) + 1;
+    if advance > times.len() * per {
+        return Err(format!(
+            "its temporal positions span {advance} for {} tokens (raise the frame rate or the \
+             frame size)",
+            times.len() * per
+        ));
+    }
+    Ok(())
+}
+
 /// The tokens that stand for an image in the prompt: an optional opening token, one
-/// placeholder per embedding row (its embedding is replaced), an optional closing token.
+/// placeholder per embedding row (its embedding is replaced), an optional closing token; a
+/// video's placeholder where the vocabulary has one (Qwen's `<|video_pad|>`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ImageTokens {
     pub open: Option<u32>,
     pub soft: u32,
     pub close: Option<u32>,
+    /// A video row's placeholder (else `soft`).
+    pub video: Option<u32>,
 }
 
 impl ImageTokens {
@@ -117,6 +182,7 @@ impl ImageTokens {
                 open: tok.token_id("<|vision_start|>"),
                 soft,
                 close: tok.token_id("<|vision_end|>"),
+                video: tok.token_id("<|video_pad|>"),
             };
         }
         let open = tok.token_id("<start_of_image>");
@@ -125,15 +191,30 @@ impl ImageTokens {
             .token_id("<image_soft_token>")
             .or(open)
             .unwrap_or_default();
-        ImageTokens { open, soft, close }
+        ImageTokens {
+            open,
+            soft,
+            close,
+            video: None,
+        }
     }
 
     /// The ids of one image of `rows` embeddings, and the offset of its first row in them.
     pub fn expand(&self, rows: usize) -> (Vec<u32>, usize) {
+        self.expand_with(self.soft, rows)
+    }
+
+    /// The ids of a video span of `rows` embeddings (`<|vision_start|>`, a `<|video_pad|>` per
+    /// row, `<|vision_end|>`), and the offset of its first row in them.
+    pub fn expand_video(&self, rows: usize) -> (Vec<u32>, usize) {
+        self.expand_with(self.video.unwrap_or(self.soft), rows)
+    }
+
+    fn expand_with(&self, soft: u32, rows: usize) -> (Vec<u32>, usize) {
         let mut v = Vec::with_capacity(rows + 2);
         v.extend(self.open);
         let first = v.len();
-        v.extend(std::iter::repeat_n(self.soft, rows));
+        v.extend(std::iter::repeat_n(soft, rows));
         v.extend(self.close);
         (v, first)
     }
@@ -167,6 +248,16 @@ impl DeviceTower {
         match self {
             DeviceTower::Siglip(t) => t.forward(px),
             DeviceTower::Qwen(t) => t.forward(w, h, px),
+        }
+    }
+
+    /// The rows of a video's frame group (the Qwen ViT only).
+    fn forward_pair(&self, w: usize, h: usize, px: [&[f32]; 2]) -> Result<Vec<f32>> {
+        match self {
+            DeviceTower::Siglip(_) => Err(Error::Unsupported(
+                "Gemma 3's tower has no video path".into(),
+            )),
+            DeviceTower::Qwen(t) => t.forward_pair(w, h, px),
         }
     }
 }
@@ -450,6 +541,73 @@ impl VisionTower {
             Family::Siglip(p, wt) => siglip::forward(p, wt, px),
             Family::Qwen(p, wt) => qwenvit::forward(p, wt, w, h, px),
         }
+    }
+
+    /// Whether the tower has a video path ([`VisionTower::encode_video`]): the Qwen ViT's.
+    pub fn takes_video(&self) -> bool {
+        matches!(self.family, Family::Qwen(..))
+    }
+
+    /// The content hash of a video as this tower sees it: its frames (`w x h` RGB each, an
+    /// input size) in order.
+    pub fn hash_video(&self, w: usize, h: usize, frames: &[&[u8]]) -> u128 {
+        let mut hs = Sha256::new();
+        hs.update(self.key);
+        hs.update(b"video");
+        hs.update((w as u64).to_le_bytes());
+        hs.update((h as u64).to_le_bytes());
+        hs.update((frames.len() as u64).to_le_bytes());
+        for f in frames {
+            hs.update((f.len() as u64).to_le_bytes());
+            hs.update(f);
+        }
+        let d = hs.finalize();
+        let mut b = [0u8; 16];
+        b.copy_from_slice(&d[..16]);
+        u128::from_le_bytes(b)
+    }
+
+    /// The embedding rows of a video's frames (`w x h` RGB each, an input size; at least one),
+    /// on the tower's device: its frame groups' rows one after another ([`video::pairs`]: frames
+    /// `2k`, `2k + 1`, the last repeated for an odd count), each `tokens_for(w, h)` rows. The
+    /// Qwen ViT only.
+    pub fn encode_video(&self, w: usize, h: usize, frames: &[&[u8]]) -> Result<Vec<f32>> {
+        self.video_rows(w, h, frames, self.cuda.as_ref())
+    }
+
+    /// [`VisionTower::encode_video`] on the CPU (the f32 reference), wherever the tower runs.
+    pub fn encode_video_cpu(&self, w: usize, h: usize, frames: &[&[u8]]) -> Result<Vec<f32>> {
+        self.video_rows(w, h, frames, None)
+    }
+
+    fn video_rows(
+        &self,
+        w: usize,
+        h: usize,
+        frames: &[&[u8]],
+        dev: Option<&DeviceTower>,
+    ) -> Result<Vec<f32>> {
+        let Family::Qwen(p, wt) = &self.family else {
+            return Err(Error::Unsupported(
+                "Gemma 3's tower has no video path (its frames are images)".into(),
+            ));
+        };
+        if frames.is_empty() {
+            return Err(Error::Input("a video needs at least one frame".into()));
+        }
+        let px = frames
+            .iter()
+            .map(|f| self.pixels_image(w, h, f))
+            .collect::<Result<Vec<_>>>()?;
+        let mut out = Vec::with_capacity(px.len().div_ceil(2) * p.tokens(w, h) * p.out_width());
+        for [a, b] in video::pairs(px.len()) {
+            let pair = [&px[a][..], &px[b][..]];
+            out.extend(match dev {
+                Some(t) => t.forward_pair(w, h, pair)?,
+                None => qwenvit::forward_pair(p, wt, w, h, pair),
+            });
+        }
+        Ok(out)
     }
 
     /// [`VisionTower::encode`] from the tower's input values of a square image

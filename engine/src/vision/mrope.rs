@@ -7,7 +7,11 @@
 //! an image of `rows x cols` tokens (raster order) at text position `s` (one after the text
 //! before it) are at `(s, s + row, s + col)`, and the text after the image continues at
 //! `s + max(rows, cols)`: an image of `rows x cols` tokens moves the text after it by
-//! `max(rows, cols)` positions, not `rows * cols`. Text positions start at 0.
+//! `max(rows, cols)` positions, not `rows * cols`. Text positions start at 0. A video span
+//! (Qwen2-VL, Qwen2.5-VL: [`MediaSpan::times`]) is its frame groups' grids one after another,
+//! group `g` at `(s + times[g], s + row, s + col)`, and the text after it continues at
+//! `s + max(times, rows - 1, cols - 1) + 1` ([`MediaSpan::advance`]; HF's `get_rope_index` for
+//! videos; Qwen3-VL's groups are spans of their own, images to this rule).
 //!
 //! The triple of a position depends only on the images at or before it in its sequence (their
 //! places and grids), never on how the sequence's steps were cut, what else ran beside it, or
@@ -15,7 +19,8 @@
 //! images they touch (their content hashes, which fix their sizes and so their grids), and the
 //! positions after a hit are recomputed from the request's own image list. Every component is
 //! at most the row's sequence position (an image of `n` tokens advances the text by at most
-//! `n`), so tables sized for the context hold them.
+//! `n`; a video's times are checked to keep it so: [`super::check_times`]), so tables sized for
+//! the context hold them.
 
 use super::MediaSpan;
 
@@ -35,18 +40,19 @@ pub fn positions(media: &[MediaSpan], start: usize, n: usize) -> Vec<[u32; 3]> {
     let mut next = 0;
     for pos in start..start + n {
         while let Some(m) = media.get(next).filter(|m| m.range().end <= pos) {
-            let (r, c) = grid(m);
-            shift += r.max(c) as i64 - m.rows() as i64;
+            shift += m.advance() as i64 - m.rows() as i64;
             next += 1;
         }
         let at = |v: i64| v.max(0) as u32;
         out.push(match media.get(next).filter(|m| pos >= m.start) {
             Some(m) => {
-                let (_, c) = grid(m);
-                let i = (pos - m.start) as i64;
+                let (r, c) = grid(m);
+                let per = (r * c).max(1);
+                let (g, i) = ((pos - m.start) / per, ((pos - m.start) % per) as i64);
+                let t = m.times.get(g).copied().unwrap_or(0) as i64;
                 let s = m.start as i64 + shift;
                 let c = c.max(1) as i64;
-                [at(s), at(s + i / c), at(s + i % c)]
+                [at(s + t), at(s + i / c), at(s + i % c)]
             }
             None => [at(pos as i64 + shift); 3],
         });
@@ -70,6 +76,7 @@ mod tests {
             width: 1,
             hash: 0,
             grid: Some((rows, cols)),
+            times: Vec::new(),
         }
     }
 
@@ -126,6 +133,33 @@ mod tests {
         for (i, t) in p.iter().enumerate() {
             assert!(t.iter().all(|&v| v as usize <= i), "{i}: {t:?}");
         }
+    }
+
+    #[test]
+    fn a_video_is_its_groups_at_their_times() {
+        // 1 text token, a video of 3 groups of 1 x 2 tokens at times 0, 4, 8 (Qwen2.5-VL at
+        // 1 fps would need 4 tokens a group: these times are the rule's, not its check's).
+        let mut v = img(1, 1, 6);
+        v.grid = Some((1, 2));
+        v.times = vec![0, 1, 2];
+        let p = positions(&[v.clone()], 0, 9);
+        assert_eq!(
+            p,
+            vec![
+                [0; 3],
+                [1, 1, 1],
+                [1, 1, 2],
+                [2, 1, 1],
+                [2, 1, 2],
+                [3, 1, 1],
+                [3, 1, 2],
+                // One past the largest offset (2 + 1): 1 + 3.
+                [4; 3],
+                [5; 3]
+            ]
+        );
+        v.times = vec![0, 0, 0];
+        assert_eq!(positions(&[v], 7, 1), vec![[3; 3]]);
     }
 
     #[test]

@@ -14,7 +14,8 @@
 //! [text, 4 hidden]` (+ biases); Qwen3-VL deepstack mergers `v.deepstack.{layer}.norm [4
 //! hidden]`, `.fc1`, `.fc2` (+ biases). Keys: `clip.vision.*` as Gemma 3's (mmproj.rs), plus
 //! `spatial_merge_size`, `n_wa_pattern` (Qwen2.5-VL), `window_size`, `is_deepstack_layers`,
-//! `image_min_pixels` / `image_max_pixels` (memra's; llama.cpp has its own limits), and
+//! `image_min_pixels` / `image_max_pixels` and `tokens_per_second` (memra's; llama.cpp has its
+//! own limits and no video positions), and
 //! `clip.use_silu` / `clip.use_gelu` choosing the block FFN's activation (neither: QuickGELU).
 
 use super::qwenvit::{
@@ -27,6 +28,9 @@ use crate::formats::gguf::{Gguf, MetaValue};
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 /// Output tokens of an image at least (HF's `min_pixels` 56 x 56 at 28 pixels a token).
 pub const DEFAULT_MIN_TOKENS: usize = 4;
+/// Temporal positions per second of video where the file does not say (`tokens_per_second`;
+/// the released Qwen2.5-VL models' `vision_config.tokens_per_second`).
+pub const DEFAULT_TOKENS_PER_SECOND: usize = 2;
 
 impl QwenParams {
     /// A tiny tower of `kind` for tests: 4-pixel patches, 2 x 2 merge, width 32 in 4 heads,
@@ -54,6 +58,7 @@ impl QwenParams {
             image_size: 48,
             min_pixels: DEFAULT_MIN_TOKENS * f * f,
             max_pixels: 64 * f * f,
+            tokens_per_second: DEFAULT_TOKENS_PER_SECOND,
         };
         match kind {
             QwenKind::Qwen2Vl => {}
@@ -89,6 +94,7 @@ impl QwenParams {
             image_size: 896,
             min_pixels: DEFAULT_MIN_TOKENS * 28 * 28,
             max_pixels: 1024 * 28 * 28,
+            tokens_per_second: DEFAULT_TOKENS_PER_SECOND,
         }
     }
 
@@ -115,6 +121,7 @@ impl QwenParams {
             image_size: 768,
             min_pixels: DEFAULT_MIN_TOKENS * 32 * 32,
             max_pixels: 1024 * 32 * 32,
+            tokens_per_second: DEFAULT_TOKENS_PER_SECOND,
         }
     }
 
@@ -144,6 +151,7 @@ impl QwenParams {
             (k("image_std"), arr(self.std)),
             (k("image_min_pixels"), u(self.min_pixels)),
             (k("image_max_pixels"), u(self.max_pixels)),
+            (k("tokens_per_second"), u(self.tokens_per_second)),
         ];
         match self.act {
             VitAct::GeluTanh => m.push(("clip.use_gelu".into(), MetaValue::Bool(true))),
@@ -329,6 +337,7 @@ pub fn params(g: &Gguf, kind: QwenKind) -> Result<QwenParams> {
         image_size: f,
         min_pixels: meta_opt(g, &k("image_min_pixels"), DEFAULT_MIN_TOKENS * f * f)?,
         max_pixels: meta_opt(g, &k("image_max_pixels"), DEFAULT_MAX_TOKENS * f * f)?,
+        tokens_per_second: meta_opt(g, &k("tokens_per_second"), DEFAULT_TOKENS_PER_SECOND)?,
     };
     if kind == QwenKind::Qwen25Vl && p.wa_pattern == 0 {
         return Err(Error::Config(

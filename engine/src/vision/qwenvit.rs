@@ -7,8 +7,9 @@
 //! is cut into `patch x patch` patches, ordered so that each `merge x merge` block of the grid is
 //! consecutive (blocks row-major, patches row-major inside a block). Each patch's row is a product
 //! over its `2 x 3 x patch x patch` values (frame, channel, y, x): a still image is both frames of
-//! the temporal patch. Then (Qwen3-VL) a bias and the learned positions, bilinearly interpolated
-//! from their square grid to the patch grid (align corners). Per block:
+//! the temporal patch, a video's frames `2k` and `2k + 1` are group `k`'s ([`forward_pair`]).
+//! Then (Qwen3-VL) a bias and the learned positions, bilinearly interpolated from their square
+//! grid to the patch grid (align corners). Per block:
 //! `x += attn(norm1(x))`, `x += ffn(norm2(x))`, the norms LayerNorm (Qwen2-VL, Qwen3-VL) or
 //! RMSNorm (Qwen2.5-VL); q and k of each head rotated by the 2D RoPE (the first half of the
 //! rotated pairs by the patch's row, the second by its column, `rotate_half` pairs `i`,
@@ -105,6 +106,9 @@ pub struct QwenParams {
     /// Bounds of the resized image's area ([`QwenParams::input_size`]).
     pub min_pixels: usize,
     pub max_pixels: usize,
+    /// Temporal positions a second of video spans (HF `vision_config.tokens_per_second`,
+    /// Qwen2.5-VL's video M-RoPE; the released models' 2).
+    pub tokens_per_second: usize,
 }
 
 /// OpenAI CLIP's image mean and std (Qwen2-VL, Qwen2.5-VL).
@@ -232,6 +236,12 @@ impl QwenParams {
             return bad(format!(
                 "image pixels {}..{}",
                 self.min_pixels, self.max_pixels
+            ));
+        }
+        if self.tokens_per_second == 0 || self.tokens_per_second > 1000 {
+            return bad(format!(
+                "{} video tokens per second (1..=1000)",
+                self.tokens_per_second
             ));
         }
         if !(self.eps > 0.0 && self.eps < 1.0) || self.std.iter().any(|&s| s.abs() < 1e-6) {
@@ -441,23 +451,24 @@ impl Grid {
     }
 }
 
-/// The patch rows (`n x 2*3*p*p`, frame / channel / y / x) of `px` (`[3][h][w]`), both frames
-/// the same image.
-fn patch_cols(p: &QwenParams, g: Grid, w: usize, h: usize, px: &[f32]) -> Vec<f32> {
+/// The patch rows (`n x 2*3*p*p`, frame / channel / y / x) of the temporal patch `[px0, px1]`
+/// (each `[3][h][w]`): frame 0 meets the patch convolution's first temporal kernel, frame 1 its
+/// second (a still image is both frames; a video's frames `2k` and `2k + 1`).
+fn patch_cols(p: &QwenParams, g: Grid, w: usize, h: usize, px: [&[f32]; 2]) -> Vec<f32> {
     let ps = p.patch_size;
     let k = 3 * ps * ps;
     let mut cols = vec![0f32; g.n() * 2 * k];
     for (i, col) in cols.chunks_mut(2 * k).enumerate() {
         let (py, pxx) = g.pos(i);
-        for c in 0..3 {
-            for y in 0..ps {
-                let src = c * w * h + (py * ps + y) * w + pxx * ps;
-                let dst = c * ps * ps + y * ps;
-                col[dst..dst + ps].copy_from_slice(&px[src..src + ps]);
+        for (frame, half) in px.iter().zip(col.chunks_mut(k)) {
+            for c in 0..3 {
+                for y in 0..ps {
+                    let src = c * w * h + (py * ps + y) * w + pxx * ps;
+                    let dst = c * ps * ps + y * ps;
+                    half[dst..dst + ps].copy_from_slice(&frame[src..src + ps]);
+                }
             }
         }
-        let (a, b) = col.split_at_mut(k);
-        b.copy_from_slice(a);
     }
     cols
 }
@@ -649,6 +660,22 @@ fn merge(p: &QwenParams, m: &Merger, x: &[f32]) -> Vec<f32> {
 /// The output rows (`tokens x out_width`) of one input image of `w x h` pixels given as
 /// `[3][h][w]` normalised values.
 pub fn forward(p: &QwenParams, wt: &QwenWeights, w: usize, h: usize, px: &[f32]) -> Vec<f32> {
+    forward_pair(p, wt, w, h, [px, px])
+}
+
+/// The output rows of one temporal patch: two frames of `w x h` pixels (`[3][h][w]` values
+/// each), frame 0 through the patch convolution's first temporal kernel, frame 1 through its
+/// second. A video's frame group: every other step is per patch or within the group (HF
+/// attends within each group: `cu_seqlens` of `h x w` patches per temporal patch, the windows
+/// of Qwen2.5-VL inside it; the 2D rotary table and the learned positions repeat per group;
+/// the merger is per merged block), so a video's rows are its groups' rows one after another.
+pub fn forward_pair(
+    p: &QwenParams,
+    wt: &QwenWeights,
+    w: usize,
+    h: usize,
+    px: [&[f32]; 2],
+) -> Vec<f32> {
     let g = Grid::of(p, w, h);
     let cols = patch_cols(p, g, w, h, px);
     let mut x = linear(

@@ -215,6 +215,7 @@ fn run(ops: Vec<Op>, blocks: usize, bs: usize, budget: usize, caching: bool, rec
                         width: 1,
                         hash: p as u128,
                         grid: None,
+                        times: Vec::new(),
                     })
                     .into_iter()
                     .collect();

@@ -101,6 +101,7 @@ fn an_image_prefill_is_not_starved_by_decodes() {
         width: 1,
         hash: 7,
         grid: Some((2, 3)),
+        times: Vec::new(),
     };
     let media = vec![image];
     s.add(NewSeq {

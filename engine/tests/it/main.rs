@@ -38,3 +38,4 @@ mod tokenizer;
 mod vision;
 mod vision_attn;
 mod vision_qwen;
+mod vision_video;

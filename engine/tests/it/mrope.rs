@@ -71,6 +71,7 @@ fn span(start: usize, rows: usize, cols: usize) -> MediaSpan {
         width: 1,
         hash: start as u128,
         grid: Some((rows, cols)),
+        times: Vec::new(),
     }
 }
 
@@ -253,6 +254,7 @@ fn prompt(tower: &VisionTower, seed: u32, pad: usize) -> (Vec<u32>, Vec<MediaSpa
             width: tower.out_width(),
             hash: tower.hash_image(w, h, &img),
             grid: Some(tower.grid_for(w, h)),
+            times: Vec::new(),
         });
         ids.extend(std::iter::repeat_n(0, tower.tokens_for(w, h)));
         ids.extend((0..5 - k as u32).map(|j| 30 + 7 * j + k as u32));
@@ -282,6 +284,7 @@ fn served_images_are_exact_whatever_the_steps() {
             .cloned()
             .map(|m| MediaSpan {
                 grid: Some((1, m.rows())),
+                times: Vec::new(),
                 ..m
             })
             .collect();

@@ -198,6 +198,7 @@ fn image_request(pre: &[u32], img: Option<&[u8]>, post: &[u32], seed: u64) -> Va
                 width: HIDDEN,
                 hash: tower.hash(img),
                 grid: None,
+                times: Vec::new(),
             }]
         })
         .unwrap_or_default();

@@ -342,6 +342,7 @@ fn qwen_text_models_serve_image_rows() {
                 width: HIDDEN,
                 hash: tower.hash_image(w, h, &img),
                 grid: Some(tower.grid_for(w, h)),
+                times: Vec::new(),
             }
         };
         let mut prompt: Vec<u32> = vec![11, 12, 13];
@@ -382,6 +383,7 @@ fn qwen_text_models_serve_image_rows() {
         width: HIDDEN,
         hash: tower.hash(&img),
         grid: None,
+        times: Vec::new(),
     };
     let mut prompt = vec![5u32];
     prompt.extend(std::iter::repeat_n(0, 36));

@@ -6,10 +6,12 @@
 //! Where an image sits in a message, its text holds [`MARKER`]; the tokenizer splits there
 //! (`Tokenizer::encode_chat_media`) and each marker becomes the model's image tokens (Gemma 3:
 //! `<start_of_image>`, one soft token per embedding row, `<end_of_image>`), the rows of the
-//! soft tokens given by the vision tower.
+//! soft tokens given by the vision tower. A video's frames are images on Gemma 3's tower; the
+//! Qwen ViT takes them as the model's own video ([`video`]).
 
 pub mod decode;
 pub mod fetch;
+pub mod video;
 pub mod vision;
 
 use std::collections::HashMap;
@@ -185,18 +187,23 @@ pub struct Target<'a> {
     pub bicubic: bool,
 }
 
-/// The tower's input pixels of one image URL.
+/// The tower's input pixels of one image URL: at the input size of its own size, or (a video's
+/// frames after its first) at `fixed`.
 fn image_pixels(
     url: &str,
     param: &str,
     lim: &MediaLimits,
     fetched: &Fetched,
     to: &Target<'_>,
+    fixed: Option<(u32, u32)>,
 ) -> Result<Pixels, ApiError> {
     let (mime, bytes) = image_bytes(url, param, lim, fetched)?;
     let (w, h, rgb) =
         decode::decode(&mime, &bytes, lim.image).map_err(|e| ApiError::param(param, e))?;
-    let (tw, th) = (to.size)(w, h).map_err(|e| ApiError::param(param, e))?;
+    let (tw, th) = match fixed {
+        Some(s) => s,
+        None => (to.size)(w, h).map_err(|e| ApiError::param(param, e))?,
+    };
     Ok(Pixels {
         width: tw,
         height: th,
@@ -204,25 +211,37 @@ fn image_pixels(
     })
 }
 
-/// Decodes every image and frame of `media` (one entry per [`MARKER`]), in order: the pixels
-/// of each image of each marker at the tower's input size.
+/// One image or video of a request, decoded: its pixels at the tower's input size (an image's
+/// one; a video's kept frames, all at its first frame's input size) and a video's clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decoded {
+    pub frames: Vec<Pixels>,
+    /// A video: when its kept frames were taken, and its part (`param` in errors).
+    pub video: Option<(memra_engine::vision::video::Clock, String)>,
+}
+
+/// Decodes every image and frame of `media` (one entry per [`MARKER`]), in order.
 pub fn decode_all(
     media: &[MediaRef],
     lim: &MediaLimits,
     fetched: &Fetched,
     to: &Target<'_>,
-) -> Result<Vec<Vec<Pixels>>, ApiError> {
+) -> Result<Vec<Decoded>, ApiError> {
     let mut total = 0usize;
     let mut out = Vec::with_capacity(media.len());
     for m in media {
-        let images = match m {
+        out.push(match m {
             MediaRef::Image { url, param } => {
                 total += 1;
                 check_total(total, lim, param)?;
-                vec![image_pixels(url, param, lim, fetched, to)?]
+                Decoded {
+                    frames: vec![image_pixels(url, param, lim, fetched, to, None)?],
+                    video: None,
+                }
             }
             MediaRef::Video { frames, fps, param } => {
-                let keep = sample_frames(frames.len(), fps.unwrap_or(1.0), lim.video_fps);
+                let fps = fps.unwrap_or(1.0);
+                let keep = sample_frames(frames.len(), fps, lim.video_fps);
                 if keep.len() > lim.max_frames {
                     return Err(ApiError::param(
                         param,
@@ -237,12 +256,27 @@ pub fn decode_all(
                 }
                 total += keep.len();
                 check_total(total, lim, param)?;
-                keep.iter()
-                    .map(|&i| image_pixels(&frames[i], &format!("{param}[{i}]"), lim, fetched, to))
-                    .collect::<Result<Vec<_>, _>>()?
+                let mut px: Vec<Pixels> = Vec::with_capacity(keep.len());
+                for &i in &keep {
+                    let fixed = px.first().map(|f| (f.width, f.height));
+                    let at = format!("{param}[{i}]");
+                    px.push(image_pixels(&frames[i], &at, lim, fetched, to, fixed)?);
+                }
+                let sampled = match lim.video_fps > 0.0 && lim.video_fps < fps {
+                    true => lim.video_fps,
+                    false => fps,
+                };
+                let clock = memra_engine::vision::video::Clock {
+                    indices: keep,
+                    fps: fps as f64,
+                    sampled_fps: sampled as f64,
+                };
+                Decoded {
+                    frames: px,
+                    video: Some((clock, param.clone())),
+                }
             }
-        };
-        out.push(images);
+        });
     }
     Ok(out)
 }
@@ -260,8 +294,17 @@ fn check_total(total: usize, lim: &MediaLimits, param: &str) -> Result<(), ApiEr
     Ok(())
 }
 
-/// An encoded image: its content hash, embedding rows and token grid `(rows, cols)`.
-pub type Embedded = (u128, Arc<[f32]>, (usize, usize));
+/// An encoded image or video: its content hash, embedding rows, token grid `(rows, cols)` (a
+/// video's: each frame group's), a video's group times ([`MediaSpan::times`]; empty for an
+/// image and a Qwen3-VL frame group) and whether its tokens are a video's.
+#[derive(Clone, Debug)]
+pub struct Embedded {
+    pub hash: u128,
+    pub embeds: Arc<[f32]>,
+    pub grid: (usize, usize),
+    pub times: Vec<u32>,
+    pub video: bool,
+}
 
 /// The prompt ids with each marker's images spliced in at `at` (indices into `ids`, one per
 /// entry of `images`), and the engine's spans of the soft tokens.
@@ -278,15 +321,19 @@ pub fn splice(
     for (&pos, imgs) in at.iter().zip(images) {
         out.extend_from_slice(&ids[from..pos]);
         from = pos;
-        for (hash, embeds, grid) in imgs {
-            let rows = embeds.len() / width.max(1);
-            let (toks, first) = v.tokens.expand(rows);
+        for e in imgs {
+            let rows = e.embeds.len() / width.max(1);
+            let (toks, first) = match e.video {
+                true => v.tokens.expand_video(rows),
+                false => v.tokens.expand(rows),
+            };
             spans.push(MediaSpan {
                 start: out.len() + first,
-                embeds,
+                embeds: e.embeds,
                 width,
-                hash,
-                grid: Some(grid),
+                hash: e.hash,
+                grid: Some(e.grid),
+                times: e.times,
             });
             out.extend(toks);
         }

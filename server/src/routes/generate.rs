@@ -53,8 +53,9 @@ struct PromptWork {
     limits: MediaLimits,
 }
 
-/// The images of a chat prompt: decoded (every limit checked first), encoded by the tower
-/// (or found in its cache), their tokens spliced in where their markers were.
+/// The images and videos of a chat prompt: decoded (every limit checked first), laid out
+/// (a video on the Qwen ViT: the model's video path, media/video.rs), encoded by the tower (or
+/// found in its cache), their tokens spliced in where their markers were.
 fn prepare_media(
     text: &dyn crate::engine::ModelText,
     messages: &[memra_engine::chat::ChatMessage],
@@ -67,28 +68,30 @@ fn prepare_media(
             "this model does not take images (serve it with `+mmproj=PATH`)",
         )
     })?;
-    let pixels = v.with_target(|to| media::decode_all(&w.media, &w.limits, &w.fetched, to))?;
+    let decoded = v.with_target(|to| media::decode_all(&w.media, &w.limits, &w.fetched, to))?;
+    let (parts, markers) = media::video::parts(decoded, &v.tower)?;
+    let messages = media::video::timestamped(messages, &markers);
     let (ids, at) = match &w.structured.tools {
         Some(t) => text.encode_chat_media(
-            &tools::messages_for(messages, t, style),
+            &tools::messages_for(&messages, t, style),
             Some(&t.raw),
             media::MARKER,
         )?,
-        None => text.encode_chat_media(messages, None, media::MARKER)?,
+        None => text.encode_chat_media(&messages, None, media::MARKER)?,
     };
-    if at.len() != pixels.len() {
+    if at.len() != parts.len() {
         return Err(ApiError::param(
             "messages",
             format!(
                 "the chat template kept {} of the request's {} images",
                 at.len(),
-                pixels.len()
+                parts.len()
             ),
         ));
     }
-    let images = pixels
+    let images = parts
         .iter()
-        .map(|imgs| imgs.iter().map(|px| v.embed(px)).collect())
+        .map(|p| p.embed(v))
         .collect::<memra_engine::Result<Vec<Vec<_>>>>()?;
     Ok(media::splice(ids, &at, images, v))
 }

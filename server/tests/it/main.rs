@@ -17,3 +17,4 @@ mod served;
 mod spec_mtp;
 mod tiny_engine;
 mod vision;
+mod vision_video;

@@ -118,7 +118,7 @@ async fn image_host(status: &'static str, content_type: &'static str, body: Vec<
 }
 
 /// An RGB test image encoded as `fmt`.
-fn encoded(w: u32, h: u32, seed: u8, fmt: image::ImageFormat) -> Vec<u8> {
+pub(crate) fn encoded(w: u32, h: u32, seed: u8, fmt: image::ImageFormat) -> Vec<u8> {
     let img = image::RgbImage::from_fn(w, h, |x, y| {
         image::Rgb([
             (x as u8).wrapping_mul(3).wrapping_add(seed),
@@ -131,14 +131,14 @@ fn encoded(w: u32, h: u32, seed: u8, fmt: image::ImageFormat) -> Vec<u8> {
     out.into_inner()
 }
 
-fn data_url(mime: &str, bytes: &[u8]) -> String {
+pub(crate) fn data_url(mime: &str, bytes: &[u8]) -> String {
     format!(
         "data:{mime};base64,{}",
         base64::engine::general_purpose::STANDARD.encode(bytes)
     )
 }
 
-fn png(seed: u8) -> String {
+pub(crate) fn png(seed: u8) -> String {
     data_url("image/png", &encoded(80, 60, seed, image::ImageFormat::Png))
 }
 
@@ -146,16 +146,16 @@ fn image_part(url: &str) -> Value {
     json!({"type": "image_url", "image_url": {"url": url}})
 }
 
-fn chat(model: &str, parts: Vec<Value>) -> Value {
+pub(crate) fn chat(model: &str, parts: Vec<Value>) -> Value {
     json!({"model": model, "max_tokens": 8, "temperature": 0,
            "messages": [{"role": "user", "content": parts}]})
 }
 
-fn text(t: &str) -> Value {
+pub(crate) fn text(t: &str) -> Value {
     json!({"type": "text", "text": t})
 }
 
-async fn post(url: &str, body: &Value) -> (u16, Value, String) {
+pub(crate) async fn post(url: &str, body: &Value) -> (u16, Value, String) {
     let r = reqwest::Client::new()
         .post(format!("{url}/v1/chat/completions"))
         .json(body)
@@ -169,7 +169,7 @@ async fn post(url: &str, body: &Value) -> (u16, Value, String) {
 }
 
 /// The text of an SSE chat stream.
-fn sse_text(raw: &str) -> String {
+pub(crate) fn sse_text(raw: &str) -> String {
     raw.lines()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter(|d| *d != "[DONE]")
@@ -548,7 +548,7 @@ fn models_entry_takes_an_mmproj() {
 /// A server with `qvl`: a tiny random text model of `arch` and a tiny random Qwen ViT of
 /// `kind` (4-pixel patches merged 2 x 2: 8 pixels a token, 4..64 tokens an image; Qwen2.5-VL:
 /// windows of 2 x 2 tokens; Qwen3-VL: a deepstack merger).
-async fn start_qwen(
+pub(crate) async fn start_qwen(
     arch: Arch,
     kind: memra_engine::vision::QwenKind,
 ) -> (String, tokio::sync::oneshot::Sender<()>) {

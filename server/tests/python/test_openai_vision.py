@@ -1,5 +1,7 @@
 """memra-server image and video input through the official `openai` client (run by
-server/tests/it/vision.rs against a tiny gemma3 with a tiny random vision tower).
+server/tests/it/vision.rs against a tiny gemma3 with a tiny random vision tower, and with the
+argument `video` by server/tests/it/vision_video.rs against tiny Qwen-VL models: the video test
+alone).
 
 Env: MEMRA_TEST_URL (http://host:port), MEMRA_TEST_KEY (an API key), MEMRA_TEST_ALIAS (model).
 Exits non-zero on the first failed check.
@@ -7,6 +9,7 @@ Exits non-zero on the first failed check.
 import base64
 import os
 import struct
+import sys
 import zlib
 
 import openai
@@ -88,7 +91,11 @@ def test_refusals():
 
 
 if __name__ == "__main__":
-    test_image()
-    test_video()
-    test_refusals()
+    # `video`: the video test alone (a Qwen ViT's model: the model's own video path).
+    if sys.argv[1:] == ["video"]:
+        test_video()
+    else:
+        test_image()
+        test_video()
+        test_refusals()
     print("ok")

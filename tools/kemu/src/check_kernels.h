@@ -159,9 +159,11 @@ static void patches_case(u32 size, u32 patch) {
     printf("%-5s patches size=%u patch=%u exact\n", same ? "ok" : "FAIL", size, patch);
 }
 
-// The Qwen ViT's patch rows: bit for bit the CPU's patch_cols in a shuffled row order.
+// The Qwen ViT's patch rows of two different frames (a video's frame pair): bit for bit the
+// CPU's patch_cols in a shuffled row order, frame 0 from the first, frame 1 from the second.
 static void qwen_patches_case(u32 w, u32 h, u32 patch) {
     auto px = randv((size_t)3 * w * h, 1.0f);
+    auto px1 = randv((size_t)3 * w * h, 1.0f);
     const u32 gw = w / patch, gh = h / patch, rows = gw * gh, per = 3 * patch * patch;
     std::vector<u32> pos(rows);
     for (u32 r = 0; r < rows; ++r) {
@@ -169,12 +171,12 @@ static void qwen_patches_case(u32 w, u32 h, u32 patch) {
         pos[r] = ((i / gw) << 16) | (i % gw);
     }
     std::vector<float> cols((size_t)rows * 2 * per, NAN);
-    emu_launch(3, 1, 256, [&] { qvit_patches(px.data(), pos.data(), cols.data(), rows, w, h, patch); });
+    emu_launch(3, 1, 256, [&] { qvit_patches(px.data(), px1.data(), pos.data(), cols.data(), rows, w, h, patch); });
     std::vector<float> want(cols.size());
     for (u32 r = 0; r < rows; ++r) {
         const u32 py = pos[r] >> 16, pxx = pos[r] & 0xffff;
         for (u32 f = 0; f < 2; ++f) for (u32 c = 0; c < 3; ++c) for (u32 y = 0; y < patch; ++y) for (u32 x = 0; x < patch; ++x)
-            want[(size_t)r * 2 * per + f * per + c * patch * patch + y * patch + x] = px[((size_t)c * h + py * patch + y) * w + pxx * patch + x];
+            want[(size_t)r * 2 * per + f * per + c * patch * patch + y * patch + x] = (f ? px1 : px)[((size_t)c * h + py * patch + y) * w + pxx * patch + x];
     }
     bool same = std::memcmp(want.data(), cols.data(), want.size() * 4) == 0;
     if (!same) ++fails;

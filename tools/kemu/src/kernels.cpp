@@ -24,7 +24,7 @@ extern "C" int kemu_run(const char* name, unsigned gx, unsigned gy, unsigned blo
     else if (s == "vit_pool" && n == 6) f = [&] { vit_pool((const float*)P(0), (float*)P(1), U(2), U(3), U(4), F(5)); };
     else if (s == "rms_norm" && n == 6) f = [&] { rms_norm((const float*)P(0), (const float*)P(1), (float*)P(2), U(3), U(4), F(5)); };
     else if (s == "add_in_place" && n == 3) f = [&] { add_in_place((float*)P(0), (const float*)P(1), a[2]); };
-    else if (s == "qvit_patches" && n == 7) f = [&] { qvit_patches((const float*)P(0), (const u32*)P(1), (float*)P(2), U(3), U(4), U(5), U(6)); };
+    else if (s == "qvit_patches" && n == 8) f = [&] { qvit_patches((const float*)P(0), (const float*)P(1), (const u32*)P(2), (float*)P(3), U(4), U(5), U(6), U(7)); };
     else if (s == "qvit_rope" && n == 5) f = [&] { qvit_rope((float*)P(0), (const float*)P(1), U(2), U(3), U(4)); };
 #define ATT(D) else if (s == "vit_attn_d" #D && n == 5) f = [&] { vit_attn_d##D((const float*)P(0), (float*)P(1), U(2), U(3), F(4)); };
     ATT(8) ATT(16) ATT(32) ATT(64) ATT(72) ATT(80) ATT(96) ATT(128)

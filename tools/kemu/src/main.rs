@@ -201,18 +201,39 @@ fn qwen_case(what: &str, p: &QwenParams, f16: bool, sizes: &[(usize, usize)]) ->
     let t = CudaQwenTower::new(Emu, p, &w).expect("upload");
     let mut fails = 0;
     for &(iw, ih) in sizes {
-        for img in 0..2u32 {
-            let px: Vec<f32> = (0..3 * iw * ih)
-                .map(|i| {
-                    let h = (i as u32)
-                        .wrapping_mul(2_654_435_761)
-                        .wrapping_add(img * 7919);
-                    (h >> 16) as f32 / 32768.0 - 1.0
-                })
-                .collect();
-            let got = t.forward(iw, ih, &px).expect("forward");
-            let again = t.forward(iw, ih, &px).expect("forward");
-            let want = qwenvit::forward(p, &w, iw, ih, &px);
+        let frames: Vec<Vec<f32>> = (0..2u32)
+            .map(|img| {
+                (0..3 * iw * ih)
+                    .map(|i| {
+                        let h = (i as u32)
+                            .wrapping_mul(2_654_435_761)
+                            .wrapping_add(img * 7919);
+                        (h >> 16) as f32 / 32768.0 - 1.0
+                    })
+                    .collect()
+            })
+            .collect();
+        // A video's frame group: the two frames through the two temporal kernels.
+        let pair = [&frames[0][..], &frames[1][..]];
+        let got = t.forward_pair(iw, ih, pair).expect("forward_pair");
+        let again = t.forward_pair(iw, ih, pair).expect("forward_pair");
+        let want = qwenvit::forward_pair(p, &w, iw, ih, pair);
+        let same = got
+            .iter()
+            .zip(&again)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        let e = rel(&got, &want);
+        let ok = same && e <= 1e-5;
+        fails += usize::from(!ok);
+        println!(
+            "{:<5} qwen {what} {iw}x{ih} frame pair: vs the CPU tower {e:.3e}, second run {}",
+            if ok { "ok" } else { "FAIL" },
+            if same { "bit-identical" } else { "DIFFERENT" }
+        );
+        for (img, px) in frames.iter().enumerate() {
+            let got = t.forward(iw, ih, px).expect("forward");
+            let again = t.forward(iw, ih, px).expect("forward");
+            let want = qwenvit::forward(p, &w, iw, ih, px);
             let same = got
                 .iter()
                 .zip(&again)

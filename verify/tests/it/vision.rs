@@ -101,7 +101,8 @@ fn vision_gate_runs_without_a_reference() {
 /// (verify/reference/qwenvit_reference.py) on a square, a wide and a tall image (Qwen2.5-VL's
 /// windows cut at the grid's edges; Qwen3-VL's deepstack values checked too), the text model
 /// against its numpy reference (verify/reference/qwenvl_text_reference.py: M-RoPE positions
-/// equal to HF's get_rope_index, logits), then served: tokens equal, exact under load,
+/// equal to HF's get_rope_index, logits), a 3-frame video through the video path (tower, text
+/// model positions and logits, tokens), then served: tokens equal, exact under load,
 /// prefix-cache hits.
 #[test]
 fn vision_gate_passes_for_the_qwen_vit() {
@@ -130,6 +131,24 @@ fn vision_gate_passes_for_the_qwen_vit() {
         // The M-RoPE text model against the numpy text reference (HF's get_rope_index).
         assert_eq!(r["text"]["positions_equal"], true, "{r}");
         assert!(r["text"]["rel_error"].as_f64().unwrap() < 1e-4, "{r}");
+        // The video case: 3 frames (2 groups of 8 x 3 tokens) at 1.5 fps through the video
+        // path vs the reference's; its positions (Qwen2-VL group indices, Qwen2.5-VL 2 / 1.5
+        // x 2 = 2.67 truncated to 2, Qwen3-VL a span per group after its timestamp) equal
+        // HF's; its tokens equal fed either rows.
+        let v = &r["video"];
+        assert!(stdout.contains("vision: video of 3 frames"), "{stdout}");
+        assert_eq!(v["groups"], 2, "{r}");
+        assert_eq!(v["tokens"], 48, "{r}");
+        assert!(v["rel_error"].as_f64().unwrap() < 1e-4, "{r}");
+        assert_eq!(v["positions_equal"], true, "{r}");
+        assert!(v["text_rel_error"].as_f64().unwrap() < 1e-4, "{r}");
+        assert_eq!(v["tokens_equal"], true, "{r}");
+        let times = match family {
+            "qwen2vl" => serde_json::json!([0, 1]),
+            "qwen25vl" => serde_json::json!([0, 2]),
+            _ => serde_json::json!([]),
+        };
+        assert_eq!(v["times"], times, "{r}");
     }
     // The Rust float64 reference is Gemma 3's only: asking for it is a clear error.
     let out = Command::new(env!("CARGO_BIN_EXE_memra-verify"))

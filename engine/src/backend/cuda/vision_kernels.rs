@@ -164,12 +164,13 @@ impl<D: TowerDevice> TowerKernels<'_, D> {
             .launch(&format!("vit_attn_d{d}"), grid, ATT_Q as u32, &args)
     }
 
-    /// The Qwen ViT's patch rows `[rows][2 x 3 patch^2]` of an image's values `[3][h][w]`:
-    /// row `r` the patch at grid row `pos[r] >> 16`, column `pos[r] & 0xffff` (`pos`: `rows`
-    /// u32 words on the device), both frames the same image.
+    /// The Qwen ViT's patch rows `[rows][2 x 3 patch^2]` of a temporal patch, two frames'
+    /// values `[3][h][w]` each (`px[0]` frame 0, `px[1]` frame 1; an image: the same address
+    /// twice): row `r` the patch at grid row `pos[r] >> 16`, column `pos[r] & 0xffff` (`pos`:
+    /// `rows` u32 words on the device).
     pub fn qwen_patches(
         &self,
-        px: u64,
+        px: [u64; 2],
         pos: u64,
         cols: u64,
         rows: usize,
@@ -182,7 +183,8 @@ impl<D: TowerDevice> TowerKernels<'_, D> {
             )));
         }
         let args = [
-            Arg::Ptr(px),
+            Arg::Ptr(px[0]),
+            Arg::Ptr(px[1]),
             Arg::Ptr(pos),
             Arg::Ptr(cols),
             Arg::U32(u32_of(rows, "patches")?),

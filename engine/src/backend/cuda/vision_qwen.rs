@@ -8,14 +8,17 @@
 //! larger one grows them), so the memory is taken before a backend on the same device sizes its
 //! KV cache.
 //!
-//! [`CudaQwenTower::forward`] of a `w x h` image runs every patch as one row, in the tower's row
+//! [`CudaQwenTower::forward`] of a `w x h` image (and [`CudaQwenTower::forward_pair`] of a
+//! video's frame group, two frames through the two temporal kernels) runs every patch as one
+//! row, in the tower's row
 //! order: the CPU's merge-block order, or (window attention, Qwen2.5-VL) the windows one after
 //! another, each window's patches in merge-block order (HF's `window_index`): each window is then
 //! consecutive rows, each merged 2 x 2 block still four consecutive rows, and the rows go back to
 //! the CPU's order when the output is read. The host computes the per-image tables the CPU
 //! computes the same way (the 2D rotary table in f64, Qwen3-VL's interpolated learned positions in
 //! f32; vision/qwenvit.rs `rope_table`, `positions`) and uploads them with the patch positions and
-//! the window tiles. Then: the patch rows (both frames of the temporal patch the same image), the
+//! the window tiles. Then: the patch rows (both frames of the temporal patch the same image, or
+//! the group's two frames), the
 //! patch product (+ bias), the positions; per block the norm (LayerNorm, or RMSNorm where the
 //! norm has no bias: Qwen2.5-VL), the Q/K/V product, the rotary embedding of Q and K, attention
 //! (over every row, or within the row's window), the output product added into the residual, the
@@ -67,7 +70,7 @@ struct DevMerger<D: TowerDevice> {
 /// The activations of an image of up to `cap` patches.
 struct Scratch<D: TowerDevice> {
     cap: usize,
-    /// `[3][h][w]` input values.
+    /// `[2][3][h][w]` input values: a temporal patch's two frames (an image's only the first).
     px: D::F32,
     /// `[n]` u32 words: the patch (row << 16 | column) of each row.
     pos: D::F32,
@@ -99,7 +102,7 @@ impl<D: TowerDevice> Scratch<D> {
         let tokens = cap.div_ceil(p.merge * p.merge);
         Ok(Scratch {
             cap,
-            px: z(3 * cap * ps * ps)?,
+            px: z(6 * cap * ps * ps)?,
             pos: z(cap)?,
             cols: z(cap * 6 * ps * ps)?,
             x: z(cap * h)?,
@@ -293,6 +296,13 @@ impl<D: TowerDevice> CudaQwenTower<D> {
     /// `forward`) of one input image of `w x h` pixels given as `[3][h][w]` normalised values
     /// ([`crate::vision::VisionTower::pixels_image`]). Calls from several threads take turns.
     pub fn forward(&self, w: usize, h: usize, px: &[f32]) -> Result<Vec<f32>> {
+        self.forward_pair(w, h, [px, px])
+    }
+
+    /// The output rows of a temporal patch of two frames (a video's frame group: frame 0
+    /// through the patch convolution's first temporal kernel, frame 1 through its second;
+    /// vision/qwenvit.rs `forward_pair`), `[3][h][w]` values each.
+    pub fn forward_pair(&self, w: usize, h: usize, px: [&[f32]; 2]) -> Result<Vec<f32>> {
         let p = &self.p;
         let f = p.factor();
         if w == 0 || h == 0 || !w.is_multiple_of(f) || !h.is_multiple_of(f) {
@@ -300,12 +310,14 @@ impl<D: TowerDevice> CudaQwenTower<D> {
                 "the tower takes images whose sides are multiples of {f}, got {w}x{h}"
             )));
         }
-        if px.len() != 3 * w * h {
+        if let Some(bad) = px.iter().find(|v| v.len() != 3 * w * h) {
             return Err(Error::Input(format!(
                 "the tower takes 3x{h}x{w} values, got {}",
-                px.len()
+                bad.len()
             )));
         }
+        // An image is its frame twice: one upload, both kernels read it.
+        let two = !std::ptr::eq(px[0], px[1]);
         let g = Grid::of(p, w, h);
         if g.gh > 0xffff || g.gw > 0xffff {
             return Err(Error::Input(format!(
@@ -339,7 +351,10 @@ impl<D: TowerDevice> CudaQwenTower<D> {
         if n > sc.cap {
             *sc = Scratch::new(&self.dev, p, n)?;
         }
-        self.dev.write_f32(&mut sc.px, px)?;
+        match two {
+            true => self.dev.write_f32(&mut sc.px, &[px[0], px[1]].concat())?,
+            false => self.dev.write_f32(&mut sc.px, px[0])?,
+        }
         self.dev.write_f32(&mut sc.pos, &words(&pos))?;
         self.dev.write_f32(&mut sc.rope, &rope)?;
         if p.pos_grid > 0 {
@@ -372,7 +387,15 @@ impl<D: TowerDevice> CudaQwenTower<D> {
             let y = a(&sc.out) + 4 * (slot * t * th) as u64;
             prod(a(&sc.att), &m.fc2, &m.fc2_b, y, t, Epilogue::Plain)
         };
-        k.qwen_patches(a(&sc.px), a(&sc.pos), a(&sc.cols), n, (w, h), p.patch_size)?;
+        let px1 = a(&sc.px) + if two { 4 * (3 * w * h) as u64 } else { 0 };
+        k.qwen_patches(
+            [a(&sc.px), px1],
+            a(&sc.pos),
+            a(&sc.cols),
+            n,
+            (w, h),
+            p.patch_size,
+        )?;
         prod(
             a(&sc.cols),
             &self.patch,
@@ -457,6 +480,11 @@ mod tests {
                 kind == QwenKind::Qwen25Vl
             );
             drop(l);
+            // A video's frame group: two frames, the launches' arguments checked the same.
+            let px1 = vec![1f32; 3 * w * h];
+            let pair = t.forward_pair(w, h, [&px, &px1]).unwrap();
+            assert_eq!(pair.len(), got.len());
+            assert!(t.forward_pair(w, h, [&px, &px1[1..]]).is_err());
             assert!(t.forward(w, h, &px[1..]).is_err());
             assert!(t.forward(w + 1, h, &px).is_err());
             assert!(t.forward(0, h, &[]).is_err());
