@@ -3,8 +3,8 @@
 //! gated_delta_conv_k<HK> for HK 16 / 32 / 64 / 128 (one to four warps a block) against a
 //! float64 reference of the rule, and bit for bit the promises the engine's invariance rests
 //! on: one row a step, steps replaying a kept position, the conv inside the kernel
-//! (tools/kemu/src/check_delta.h). Needs a C++20 compiler (`$CXX`, default g++); without one
-//! this test FAILS saying so.
+//! (tools/kemu/src/check_delta.h). Needs g++ with C++20 (kemu's own build takes `$CXX`); without
+//! it this test FAILS saying so.
 
 use std::path::Path;
 use std::process::Command;
@@ -19,8 +19,8 @@ fn delta_kernels_on_the_emulator() {
     let dir = tempfile::tempdir().unwrap();
     write_emu_sources(&cu, dir.path());
     let exe = dir.path().join("kemu-delta");
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-    let built = Command::new(&cxx)
+    let cxx = "g++";
+    let built = Command::new(cxx)
         .args(["-std=c++20", "-O2", "-ffp-contract=off", "-pthread"])
         .arg(kemu.join("delta_main.cpp"))
         .arg("-I")

@@ -5,6 +5,10 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use memra_engine::backend::{StepBatch, StepRow};
+use memra_engine::engine::EngineHandle;
+use memra_engine::request::{Event, ValidRequest};
+use memra_engine::sampling::SamplingParams;
+use memra_engine::vision::MediaSpan;
 
 /// The real SmolLM2-135M-Instruct GGUF.
 pub fn real_model() -> PathBuf {
@@ -69,4 +73,46 @@ pub fn logit_bits(logits: &[Vec<f32>]) -> Vec<Vec<u32>> {
         .iter()
         .map(|l| l.iter().map(|v| v.to_bits()).collect())
         .collect()
+}
+
+/// A greedy request of `max_tokens` tokens (EOS ignored, logprobs on) with its media spans.
+pub fn media_request(
+    prompt: Vec<u32>,
+    media: Vec<MediaSpan>,
+    max_tokens: usize,
+    speculative: bool,
+) -> ValidRequest {
+    ValidRequest {
+        model: "m".into(),
+        tenant: "t".into(),
+        prompt,
+        max_tokens,
+        params: SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
+        stop: Vec::new(),
+        logprobs: Some(1),
+        cache_salt: None,
+        ignore_eos: true,
+        tenant_max_in_flight: None,
+        speculative,
+        grammar: None,
+        media,
+    }
+}
+
+/// Tokens, logprob bits and cached tokens of one request.
+pub fn run_request(e: &EngineHandle, r: ValidRequest) -> (Vec<(u32, u32)>, usize) {
+    let mut s = e.submit(r).unwrap();
+    let mut out = Vec::new();
+    loop {
+        match s.blocking_recv() {
+            Some(Event::Token(t)) => out.push((t.id, t.logprob.map_or(0, f32::to_bits))),
+            Some(Event::Done { usage, .. }) => return (out, usage.cached_tokens),
+            Some(Event::Error(m)) => panic!("{m}"),
+            Some(_) => {}
+            None => panic!("no Done"),
+        }
+    }
 }

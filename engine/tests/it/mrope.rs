@@ -7,6 +7,7 @@
 //! and GGUF files with missing or bad `rope.dimension_sections`, are refused naming what.
 
 use crate::common;
+use crate::common::run_request as run;
 
 use std::sync::Arc;
 
@@ -19,8 +20,7 @@ use memra_engine::formats::gguf::{Gguf, MetaValue};
 use memra_engine::loader::Model;
 use memra_engine::models::random::{random_weights, tiny_config, unit};
 use memra_engine::quant::DType;
-use memra_engine::request::{Event, ValidRequest};
-use memra_engine::sampling::SamplingParams;
+use memra_engine::request::ValidRequest;
 use memra_engine::spec::{DrafterKind, SpecConfig};
 use memra_engine::testing::tiny_gguf::{gguf_meta, write_model};
 use memra_engine::tokenizer::Tokenizer;
@@ -198,39 +198,7 @@ fn start(arch: Arch, budget: usize, spec: Option<SpecConfig>) -> EngineHandle {
 }
 
 fn request(prompt: Vec<u32>, media: Vec<MediaSpan>, speculative: bool) -> ValidRequest {
-    ValidRequest {
-        model: "m".into(),
-        tenant: "t".into(),
-        prompt,
-        max_tokens: 12,
-        params: SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        },
-        stop: Vec::new(),
-        logprobs: Some(1),
-        cache_salt: None,
-        ignore_eos: true,
-        tenant_max_in_flight: None,
-        speculative,
-        grammar: None,
-        media,
-    }
-}
-
-/// Tokens, logprob bits and cached tokens of one request.
-fn run(e: &EngineHandle, r: ValidRequest) -> (Vec<(u32, u32)>, usize) {
-    let mut s = e.submit(r).unwrap();
-    let mut out = Vec::new();
-    loop {
-        match s.blocking_recv() {
-            Some(Event::Token(t)) => out.push((t.id, t.logprob.map_or(0, f32::to_bits))),
-            Some(Event::Done { usage, .. }) => return (out, usage.cached_tokens),
-            Some(Event::Error(m)) => panic!("{m}"),
-            Some(_) => {}
-            None => panic!("no Done"),
-        }
-    }
+    common::media_request(prompt, media, 12, speculative)
 }
 
 fn image(w: usize, h: usize, seed: u32) -> Vec<u8> {

@@ -8,6 +8,7 @@
 //! The tower against the numpy reference: `memra-verify vision --family ...` (its video case).
 
 use crate::common;
+use crate::common::run_request as run;
 
 use std::sync::Arc;
 
@@ -17,8 +18,7 @@ use memra_engine::formats::gguf::Gguf;
 use memra_engine::loader::Model;
 use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::quant::DType;
-use memra_engine::request::{Event, ValidRequest};
-use memra_engine::sampling::SamplingParams;
+use memra_engine::request::ValidRequest;
 use memra_engine::tokenizer::Tokenizer;
 use memra_engine::vision::random::tiny_qwen;
 use memra_engine::vision::video::{self, Clock, Layout};
@@ -230,38 +230,7 @@ fn start(arch: Arch, budget: usize) -> EngineHandle {
 }
 
 fn request(prompt: Vec<u32>, media: Vec<MediaSpan>) -> ValidRequest {
-    ValidRequest {
-        model: "m".into(),
-        tenant: "t".into(),
-        prompt,
-        max_tokens: 8,
-        params: SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        },
-        stop: Vec::new(),
-        logprobs: Some(1),
-        cache_salt: None,
-        ignore_eos: true,
-        tenant_max_in_flight: None,
-        speculative: false,
-        grammar: None,
-        media,
-    }
-}
-
-fn run(e: &EngineHandle, r: ValidRequest) -> (Vec<(u32, u32)>, usize) {
-    let mut s = e.submit(r).unwrap();
-    let mut out = Vec::new();
-    loop {
-        match s.blocking_recv() {
-            Some(Event::Token(t)) => out.push((t.id, t.logprob.map_or(0, f32::to_bits))),
-            Some(Event::Done { usage, .. }) => return (out, usage.cached_tokens),
-            Some(Event::Error(m)) => panic!("{m}"),
-            Some(_) => {}
-            None => panic!("no Done"),
-        }
-    }
+    common::media_request(prompt, media, 8, false)
 }
 
 /// A Qwen2.5-VL video through a qwen2vl engine: the same frames at the same rate again are a
