@@ -116,3 +116,19 @@ pub fn run_request(e: &EngineHandle, r: ValidRequest) -> (Vec<(u32, u32)>, usize
         }
     }
 }
+
+/// A random Q8_0 model of `arch` at the tiny shape with SmolLM2's tokenizer (seed 17).
+pub fn tiny_model(arch: memra_engine::config::Arch) -> memra_engine::loader::Model {
+    use memra_engine::models::random::{random_weights, tiny_config};
+    let g = memra_engine::formats::gguf::Gguf::open(&real_model()).unwrap();
+    let tokenizer = memra_engine::tokenizer::Tokenizer::from_gguf(&g).unwrap();
+    let config = tiny_config(arch, tokenizer.vocab_size());
+    let weights = random_weights(&config, 17, memra_engine::quant::DType::Q8_0).unwrap();
+    memra_engine::loader::Model {
+        path: "tiny".into(),
+        config,
+        weights,
+        tokenizer,
+        chat: None,
+    }
+}

@@ -17,13 +17,11 @@ use memra_engine::backend::{RowEmbed, StepBatch};
 use memra_engine::config::{Arch, ModelConfig};
 use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle};
 use memra_engine::formats::gguf::{Gguf, MetaValue};
-use memra_engine::loader::Model;
 use memra_engine::models::random::{random_weights, tiny_config, unit};
 use memra_engine::quant::DType;
 use memra_engine::request::ValidRequest;
 use memra_engine::spec::{DrafterKind, SpecConfig};
 use memra_engine::testing::tiny_gguf::{gguf_meta, write_model};
-use memra_engine::tokenizer::Tokenizer;
 use memra_engine::vision::random::tiny_qwen;
 use memra_engine::vision::{MediaSpan, QwenKind, VisionTower, mrope};
 
@@ -171,27 +169,13 @@ fn text_only_is_plain_rope_and_an_image_moves_what_follows() {
     }
 }
 
-fn model(arch: Arch) -> Model {
-    let g = Gguf::open(&common::real_model()).unwrap();
-    let tokenizer = Tokenizer::from_gguf(&g).unwrap();
-    let config = tiny_config(arch, tokenizer.vocab_size());
-    let weights = random_weights(&config, 17, DType::Q8_0).unwrap();
-    Model {
-        path: "tiny".into(),
-        config,
-        weights,
-        tokenizer,
-        chat: None,
-    }
-}
-
 fn start(arch: Arch, budget: usize, spec: Option<SpecConfig>) -> EngineHandle {
     let cfg = EngineConfig {
         spec,
         ..common::cpu_engine_config(128, budget)
     };
     Engine::start(
-        vec![("m".into(), model(arch), cfg)],
+        vec![("m".into(), common::tiny_model(arch), cfg)],
         AdmissionLimits::default(),
     )
     .unwrap()
@@ -241,7 +225,10 @@ fn served_images_are_exact_whatever_the_steps() {
         (Arch::Qwen3Vl, QwenKind::Qwen3Vl),
     ] {
         let tower = tiny_qwen(kind, HIDDEN, 2).unwrap();
-        assert_eq!(tower.out_width(), model(arch).config.embed_width());
+        assert_eq!(
+            tower.out_width(),
+            common::tiny_model(arch).config.embed_width()
+        );
         let (ids, media) = prompt(&tower, 1, 0);
         let big = media.iter().map(|m| m.rows()).max().unwrap();
         let first = start(arch, 128, None);

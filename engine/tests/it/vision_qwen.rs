@@ -13,11 +13,8 @@ use std::sync::Arc;
 use memra_engine::config::Arch;
 use memra_engine::engine::{AdmissionLimits, Engine, EngineHandle};
 use memra_engine::formats::gguf::Gguf;
-use memra_engine::loader::Model;
-use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::quant::DType;
 use memra_engine::request::ValidRequest;
-use memra_engine::tokenizer::Tokenizer;
 use memra_engine::vision::random::{random_qwen, tiny_qwen, write_qwen_mmproj};
 use memra_engine::vision::{MediaSpan, QwenKind, QwenParams, VisionTower};
 
@@ -263,24 +260,10 @@ fn hostile_qwen_mmproj_files_are_refused() {
     assert!(msg.contains("qwen2.5vl_merger"), "{msg}");
 }
 
-fn model(arch: Arch) -> Model {
-    let g = Gguf::open(&common::real_model()).unwrap();
-    let tokenizer = Tokenizer::from_gguf(&g).unwrap();
-    let config = tiny_config(arch, tokenizer.vocab_size());
-    let weights = random_weights(&config, 17, DType::Q8_0).unwrap();
-    Model {
-        path: "tiny".into(),
-        config,
-        weights,
-        tokenizer,
-        chat: None,
-    }
-}
-
 fn start(arch: Arch, budget: usize) -> EngineHandle {
     let cfg = common::cpu_engine_config(96, budget);
     Engine::start(
-        vec![("m".into(), model(arch), cfg)],
+        vec![("m".into(), common::tiny_model(arch), cfg)],
         AdmissionLimits::default(),
     )
     .unwrap()

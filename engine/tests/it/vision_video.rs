@@ -14,12 +14,7 @@ use std::sync::Arc;
 
 use memra_engine::config::Arch;
 use memra_engine::engine::{AdmissionLimits, Engine, EngineHandle};
-use memra_engine::formats::gguf::Gguf;
-use memra_engine::loader::Model;
-use memra_engine::models::random::{random_weights, tiny_config};
-use memra_engine::quant::DType;
 use memra_engine::request::ValidRequest;
-use memra_engine::tokenizer::Tokenizer;
 use memra_engine::vision::random::tiny_qwen;
 use memra_engine::vision::video::{self, Clock, Layout};
 use memra_engine::vision::{MediaSpan, QwenKind, check_spans, mrope};
@@ -203,25 +198,11 @@ fn video_times_are_checked() {
     assert!(check_spans(&[bare], 8, 1).is_err());
 }
 
-fn model(arch: Arch) -> Model {
-    let g = Gguf::open(&common::real_model()).unwrap();
-    let tokenizer = Tokenizer::from_gguf(&g).unwrap();
-    let config = tiny_config(arch, tokenizer.vocab_size());
-    let weights = random_weights(&config, 17, DType::Q8_0).unwrap();
-    Model {
-        path: "tiny".into(),
-        config,
-        weights,
-        tokenizer,
-        chat: None,
-    }
-}
-
 fn start(arch: Arch, budget: usize) -> EngineHandle {
     Engine::start(
         vec![(
             "m".into(),
-            model(arch),
+            common::tiny_model(arch),
             common::cpu_engine_config(128, budget),
         )],
         AdmissionLimits::default(),
