@@ -126,25 +126,7 @@ pub fn check(
         }));
         mine.push((ids, media));
     }
-    let spec = dir.join("text_cases.json");
-    let out = dir.join("text_out.json");
-    let body = serde_json::json!({ "cases": cases }).to_string();
-    std::fs::write(&spec, body).map_err(|e| Error::io(&spec, e))?;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("reference/qwenvl_text_reference.py");
-    let run = Command::new(python)
-        .arg(&script)
-        .args([&gguf, &spec, &out])
-        .output()
-        .map_err(|e| Error::io(python, e))?;
-    if !run.status.success() {
-        return Err(Error::Input(format!(
-            "the numpy text reference failed: {}",
-            String::from_utf8_lossy(&run.stderr)
-        )));
-    }
-    let text = std::fs::read(&out).map_err(|e| Error::io(&out, e))?;
-    let theirs: serde_json::Value =
-        serde_json::from_slice(&text).map_err(|e| Error::Input(format!("{out:?}: {e}")))?;
+    let theirs = text_reference(python, &gguf, dir, "text", serde_json::json!(cases), "")?;
     // An f32 cache: the comparison is of the arithmetic, not of the cache's rounding.
     let opts = CpuOptions {
         threads: 2,
@@ -225,4 +207,35 @@ pub(crate) fn step(
         }
     }
     Ok(b.step(&batch)?.logits)
+}
+
+/// Runs the numpy text reference (reference/qwenvl_text_reference.py) on the GGUF `gguf` over
+/// `cases` (through `dir/{stem}_cases.json` and `dir/{stem}_out.json`) and returns its output;
+/// `what` names the input in its failure (e.g. " on the video").
+pub(crate) fn text_reference(
+    python: &str,
+    gguf: &Path,
+    dir: &Path,
+    stem: &str,
+    cases: serde_json::Value,
+    what: &str,
+) -> Result<serde_json::Value> {
+    let spec = dir.join(format!("{stem}_cases.json"));
+    let out = dir.join(format!("{stem}_out.json"));
+    let body = serde_json::json!({ "cases": cases }).to_string();
+    std::fs::write(&spec, body).map_err(|e| Error::io(&spec, e))?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("reference/qwenvl_text_reference.py");
+    let run = Command::new(python)
+        .arg(&script)
+        .args([gguf, &spec, &out])
+        .output()
+        .map_err(|e| Error::io(python, e))?;
+    if !run.status.success() {
+        return Err(Error::Input(format!(
+            "the numpy text reference failed{what}: {}",
+            String::from_utf8_lossy(&run.stderr)
+        )));
+    }
+    let text = std::fs::read(&out).map_err(|e| Error::io(&out, e))?;
+    serde_json::from_slice(&text).map_err(|e| Error::Input(format!("{out:?}: {e}")))
 }

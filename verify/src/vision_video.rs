@@ -26,7 +26,7 @@ use memra_engine::vision::video::{self, Clock, Layout};
 use memra_engine::vision::{ImageTokens, MediaSpan, QwenKind, QwenParams, VisionTower, mrope};
 
 use crate::vision_qwen::{main_rows, test_image};
-use crate::vision_text::{SOFT, VOCAB, config, f32s, step};
+use crate::vision_text::{SOFT, VOCAB, config, f32s, step, text_reference};
 
 /// The video's frames and the rate they are sent at (every frame kept).
 pub const FRAMES: usize = 3;
@@ -254,25 +254,14 @@ fn text(
         "embeds": embeds,
         "logits": logits,
     });
-    let spec = dir.join("video_text_cases.json");
-    let out = dir.join("video_text_out.json");
-    let body = serde_json::json!({ "cases": [case] }).to_string();
-    std::fs::write(&spec, body).map_err(|e| Error::io(&spec, e))?;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("reference/qwenvl_text_reference.py");
-    let run = Command::new(python)
-        .arg(&script)
-        .args([&gguf, &spec, &out])
-        .output()
-        .map_err(|e| Error::io(python, e))?;
-    if !run.status.success() {
-        return Err(Error::Input(format!(
-            "the numpy text reference failed on the video: {}",
-            String::from_utf8_lossy(&run.stderr)
-        )));
-    }
-    let got = std::fs::read(&out).map_err(|e| Error::io(&out, e))?;
-    let theirs: serde_json::Value =
-        serde_json::from_slice(&got).map_err(|e| Error::Input(format!("{out:?}: {e}")))?;
+    let theirs = text_reference(
+        python,
+        &gguf,
+        dir,
+        "video_text",
+        serde_json::json!([case]),
+        " on the video",
+    )?;
     let pos = mrope::positions(&media, 0, ids.len());
     let want = &theirs["cases"][0]["positions"];
     let same = (0..3).all(|axis| {
