@@ -14,7 +14,7 @@
 use memra_engine::Result;
 use memra_engine::backend::cpu::delta::{DeltaLayer, sigmoid_mul};
 use memra_engine::backend::cpu::ops;
-use memra_engine::backend::cuda::delta::plan_words;
+use memra_engine::backend::cuda::delta::{delta_warps, plan_words};
 use memra_engine::backend::cuda::{Arg, Gpu, RopeKvArgs};
 use memra_engine::backend::state::{CONV_RING, RING, SeqPlan, StateBook};
 use memra_engine::backend::{KvDtype, StepBatch, StepRow};
@@ -115,13 +115,14 @@ fn gpu_step(
         Arg::U32(p.head_v as u32),
     ];
     let tiles = (p.head_v.div_ceil(32) * nv) as u32;
+    let threads = 32 * delta_warps(p.head_k);
     if fused {
         let with_conv = [&delta[..], &[conv[0], conv[2], conv[3], conv[7]]].concat();
         let name = format!("gated_delta_conv_k{}", p.head_k);
-        g.launch(&name, (tiles, n), 32, &with_conv)?;
+        g.launch(&name, (tiles, n), threads, &with_conv)?;
     } else {
         let name = format!("gated_delta_k{}", p.head_k);
-        g.launch(&name, (tiles, n), 32, &delta)?;
+        g.launch(&name, (tiles, n), threads, &delta)?;
     }
     let keep = [
         Arg::Ptr(g.ptr(&dy)),

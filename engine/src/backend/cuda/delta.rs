@@ -29,7 +29,7 @@ pub const HEAD_K: [usize; 4] = [16, 32, 64, 128];
 
 /// Warps of a `gated_delta_k<HK>` block (kernels/cu/delta.cu `DELTA_NW`): each owns
 /// `HK / warps` rows of the block's 32 state columns.
-pub(super) const fn delta_warps(head_k: usize) -> u32 {
+pub const fn delta_warps(head_k: usize) -> u32 {
     if head_k >= 64 {
         (head_k / 32) as u32
     } else {
