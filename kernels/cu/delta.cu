@@ -53,26 +53,33 @@ __device__ __forceinline__ void conv_weights(const float* W, u32 c, u32 kernel, 
     for (u32 t = 0; t < MAX_CONV_KERNEL; t++) w[t] = t < kernel ? W[(u64)c * kernel + t] : 0.0f;
 }
 
-// The step's inputs of channel c into the slot's ring (after every tap of the step was read).
-__device__ __forceinline__ void conv_keep(const float* X, float* rg, const SeqPlan& p, u32 c, u32 conv_dim) {
-    for (u32 i = 0; i < p.n_rows; i++) rg[(u64)((p.first + i) % CONV_RING) * conv_dim + c] = X[(u64)p.rows[i] * conv_dim + c];
-}
-
-// Y[row][c] = conv_silu_at(...) for every row of sequence blockIdx.y, channel c = blockIdx.x *
-// blockDim.x + threadIdx.x, then the step's inputs into the ring. One thread owns a channel of a
-// sequence, in position order.
-extern "C" __global__ void conv1d_silu(const float* X, float* Y, const float* W, float* ring, const u32* plan,
-                                       u32 n_seqs, u32 conv_dim, u32 kernel) {
+// Y[row][c] = conv_silu_at(...) for every row of sequence blockIdx.y and channel c = blockIdx.x *
+// CONV_CH + threadIdx.x % CONV_CH: the rows split over CONV_GROUPS thread groups (row i by group
+// i % CONV_GROUPS; each output is conv_silu_at's whichever thread computes it). Then, after a
+// block barrier (a channel's ring is read and written by its block only), the inputs of the
+// step's last CONV_RING rows into the ring (an older row's slot is a later row's).
+#define CONV_CH 32
+#define CONV_GROUPS 8
+extern "C" __global__ void __launch_bounds__(CONV_CH* CONV_GROUPS)
+    conv1d_silu(const float* __restrict__ X, float* __restrict__ Y, const float* __restrict__ W,
+                float* __restrict__ ring, const u32* __restrict__ plan, u32 n_seqs, u32 conv_dim, u32 kernel) {
     pdl_entry();
     const SeqPlan p = seq_plan(plan, n_seqs, blockIdx.y);
-    const u32 c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (p.n_rows == 0 || c >= conv_dim) return;
+    if (p.n_rows == 0) return;
+    const u32 c = blockIdx.x * CONV_CH + threadIdx.x % CONV_CH, grp = threadIdx.x / CONV_CH;
+    const bool live = c < conv_dim;
     float* rg = ring + (u64)p.slot * CONV_RING * conv_dim;
-    float w[MAX_CONV_KERNEL];
-    conv_weights(W, c, kernel, w);
-    for (u32 i = 0; i < p.n_rows; i++)
-        Y[(u64)p.rows[i] * conv_dim + c] = conv_silu_at(X, rg, p.rows, p.first, p.first + i, c, conv_dim, kernel, w);
-    conv_keep(X, rg, p, c, conv_dim);
+    if (live) {
+        float w[MAX_CONV_KERNEL];
+        conv_weights(W, c, kernel, w);
+        for (u32 i = grp; i < p.n_rows; i += CONV_GROUPS)
+            Y[(u64)p.rows[i] * conv_dim + c] = conv_silu_at(X, rg, p.rows, p.first, p.first + i, c, conv_dim, kernel, w);
+    }
+    __syncthreads();
+    if (!live) return;
+    const u32 from = p.n_rows > CONV_RING ? p.n_rows - CONV_RING : 0;
+    for (u32 i = from + grp; i < p.n_rows; i += CONV_GROUPS)
+        rg[(u64)((p.first + i) % CONV_RING) * conv_dim + c] = X[(u64)p.rows[i] * conv_dim + c];
 }
 
 // The conv of gated_delta_conv_k<HK> (null X: the step's rows were convolved by conv1d_silu
@@ -101,32 +108,49 @@ struct DeltaConv {
 // beta = sigmoid(b), decay = exp(a_coef * softplus(a + dt)); S *= decay; kv = S^T k;
 // S += k ((v - kv) beta)^T; o = S^T q.
 //
-// With cv.X (gated_delta_conv_k<HK>, steps of at most RING rows a sequence): the step's rows are
-// convolved here, conv1d_silu's operations (conv_silu_at), each warp the q and k channels of
-// its key head and its v columns, and written to QKV (for keep_inputs) by the warp 0 that owns
-// them (q / k: the first value head of the key head, tile 0; v: its column); after its positions
-// the owner puts the step's inputs into the conv ring (the step's slots, RING or fewer, are not
-// the K - 1 below `first` any block reads: CONV_RING = RING + MAX_CONV_KERNEL - 1). The same
-// bits as conv1d_silu then gated_delta_k<HK> (the kernels gate compares them).
+// Each lane reads a position's inputs (its q and k channels lane, lane + 32, ... below HK, its v
+// column, beta's and the decay's inputs, the step row) one position ahead: the loads of position
+// n + 1 are in flight while position n computes (the values and operations are the same).
+//
+// CONV (gated_delta_conv_k<HK>, steps of at most RING rows a sequence): first the step's rows are
+// convolved, conv1d_silu's operations (conv_silu_at), every thread of the block a share of the
+// q and k channels of its key head and of its tile's v columns, all rows, into shared memory
+// (their loads in flight together); the owners (q / k: the first value head of the key head,
+// tile 0; v: the column's block) write them to QKV (for keep_inputs) and put the step's inputs
+// into the conv ring (the step's slots, RING or fewer, are not the K - 1 below `first` any block
+// reads: CONV_RING = RING + MAX_CONV_KERNEL - 1). The same bits as conv1d_silu then
+// gated_delta_k<HK> (the kernels gate compares them).
 template <int HK>
+struct DeltaIn {
+    float q[(HK + 31) / 32], k[(HK + 31) / 32];
+    float v, b, a;
+    u32 row;
+};
+
+template <int HK, bool CONV>
 __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* BA, const float* A, const float* DT,
                                                  float* O, const float* S, float* D, u32 d_per_slot,
                                                  const float* inputs, const u32* plan, u32 n_seqs, u32 nk, u32 nv,
                                                  u32 hv, const DeltaConv cv = DeltaConv{nullptr, nullptr, nullptr, 0}) {
     constexpr int NW = DELTA_NW(HK);
     constexpr int R = HK / NW;
+    constexpr int QL = (HK + 31) / 32;  // q / k channels a lane
+    constexpr int CR = CONV ? RING : 1;
     __shared__ float qs_all[NW][HK];
     __shared__ float ks_all[NW][HK];
     // Partials of S^T k (two buffers by position parity: a replayed position has one barrier)
     // and of S^T q.
     __shared__ float part_kv[2][NW][32];
     __shared__ float part_o[NW][32];
+    // CONV: the step rows' conv outputs, q | k channels of the key head, the tile's v columns.
+    __shared__ float cqk[CR][2 * HK];
+    __shared__ float cvv[CR][32];
     const SeqPlan p = seq_plan(plan, n_seqs, blockIdx.y);
     if (p.n_rows == 0 && p.first == p.replay_from) return;
     const u32 lane = threadIdx.x % 32, w = threadIdx.x / 32;
     const u32 tiles = (hv + 31) / 32;
-    const u32 h = blockIdx.x / tiles;
-    const u32 j = (blockIdx.x % tiles) * 32 + lane;
+    const u32 h = blockIdx.x / tiles, tile = blockIdx.x % tiles;
+    const u32 j = tile * 32 + lane;
     const bool col = j < hv;
     const u32 r = nv / nk, g = h / r, jj = h % r;
     const u32 conv_dim = 2 * nk * HK + nv * hv;
@@ -143,50 +167,91 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
 #pragma unroll
         for (int i = 0; i < R; i++) db[(u64)(i0 + i) * hv + j] = s[i];
     }
-    const bool conv = cv.X != nullptr;
-    const bool own_qk = jj == 0 && blockIdx.x % tiles == 0 && w == 0;  // writes this key head's q / k channels
-    float* rg = conv ? cv.ring + (u64)p.slot * CONV_RING * conv_dim : nullptr;
-    float* Y = (float*)QKV;
-    const float scale = 1.0f / sqrtf((float)HK);
-    const float a_coef = A[h], dt = DT[h];
-    const u32 total = p.first - p.replay_from + p.n_rows;
-    for (u32 n = 0; n < total; n++) {
+    if (CONV && p.n_rows > 0) {
+        constexpr u32 T = 32 * NW, CH = 2 * HK + 32, PER = (CH + T - 1) / T;
+        const bool qk_owner = jj == 0 && tile == 0;
+        float* rg = cv.ring + (u64)p.slot * CONV_RING * conv_dim;
+        float* Y = (float*)QKV;
+        // Item ci's channel: q then k of key head g, then the tile's v columns; ~0u: none.
+        auto chan = [&](u32 ci) -> u32 {
+            if (ci < HK) return g * HK + ci;
+            if (ci < 2 * HK) return (nk + g) * HK + (ci - HK);
+            const u32 jc = tile * 32 + (ci - 2 * HK);
+            return ci < CH && jc < hv ? 2 * nk * HK + h * hv + jc : ~0u;
+        };
+#pragma unroll
+        for (u32 u = 0; u < PER; u++) {
+            const u32 ci = threadIdx.x + u * T, c = chan(ci);
+            if (c == ~0u) continue;
+            float wt[MAX_CONV_KERNEL];
+            conv_weights(cv.W, c, cv.kernel, wt);
+            for (u32 i = 0; i < p.n_rows; i++) {
+                const float y = conv_silu_at(cv.X, rg, p.rows, p.first, p.first + i, c, conv_dim, cv.kernel, wt);
+                if (ci < 2 * HK) cqk[i][ci] = y;
+                else cvv[i][ci - 2 * HK] = y;
+            }
+        }
+#pragma unroll
+        for (u32 u = 0; u < PER; u++) {
+            const u32 ci = threadIdx.x + u * T, c = chan(ci);
+            if (c == ~0u || (ci < 2 * HK && !qk_owner)) continue;
+            for (u32 i = 0; i < p.n_rows; i++) {
+                const u32 row = p.rows[i];
+                Y[(u64)row * conv_dim + c] = ci < 2 * HK ? cqk[i][ci] : cvv[i][ci - 2 * HK];
+                rg[(u64)((p.first + i) % CONV_RING) * conv_dim + c] = cv.X[(u64)row * conv_dim + c];
+            }
+        }
+        __syncthreads();
+    }
+    // Position n's inputs (n from replay_from): replayed ones from the slot's kept inputs, the
+    // step's rows from QKV / BA (CONV: q, k, v from the conv outputs above).
+    auto load = [&](u32 n, DeltaIn<HK>& in) {
         const u32 pos = p.replay_from + n;
         const float* x;
         const float* ba;
-        u32 row = 0;
+        bool conv_row = false;
+        u32 f = 0;
+        in.row = 0;
         if (pos < p.first) {
             x = inputs + ((u64)p.slot * RING + pos % RING) * iw;
             ba = x + conv_dim;
         } else {
-            row = p.rows[pos - p.first];
-            x = QKV + (u64)row * conv_dim;
-            ba = BA + (u64)row * 2 * nv;
+            f = pos - p.first;
+            in.row = p.rows[f];
+            x = QKV + (u64)in.row * conv_dim;
+            ba = BA + (u64)in.row * 2 * nv;
+            conv_row = CONV;
         }
+#pragma unroll
+        for (int m = 0; m < QL; m++) {
+            const u32 i = lane + 32 * m;
+            if (i >= HK) continue;
+            in.q[m] = conv_row ? cqk[f][i] : x[g * HK + i];
+            in.k[m] = conv_row ? cqk[f][HK + i] : x[(nk + g) * HK + i];
+        }
+        in.v = col ? (conv_row ? cvv[f][lane] : x[2 * nk * HK + h * hv + j]) : 0.0f;
+        in.b = ba[g * 2 * r + jj];
+        in.a = ba[g * 2 * r + r + jj];
+    };
+    const float scale = 1.0f / sqrtf((float)HK);
+    const float a_coef = A[h], dt = DT[h];
+    const u32 total = p.first - p.replay_from + p.n_rows;
+    DeltaIn<HK> next;
+    if (total > 0) load(0, next);
+    for (u32 n = 0; n < total; n++) {
+        const DeltaIn<HK> in = next;
+        if (n + 1 < total) load(n + 1, next);
+        const u32 pos = p.replay_from + n;
         // Every warp normalises the whole q and k (the same operations: the same bits).
         float sq = 0.0f, sk = 0.0f;
-        const bool fresh = conv && pos >= p.first;  // this row's q, k, v convolved here
-        for (u32 i = lane; i < HK; i += 32) {
-            float qv, kv;
-            if (fresh) {
-                float wt[MAX_CONV_KERNEL];
-                const u32 cq = g * HK + i, ck = (nk + g) * HK + i;
-                conv_weights(cv.W, cq, cv.kernel, wt);
-                qv = conv_silu_at(cv.X, rg, p.rows, p.first, pos, cq, conv_dim, cv.kernel, wt);
-                conv_weights(cv.W, ck, cv.kernel, wt);
-                kv = conv_silu_at(cv.X, rg, p.rows, p.first, pos, ck, conv_dim, cv.kernel, wt);
-                if (own_qk) {
-                    Y[(u64)row * conv_dim + cq] = qv;
-                    Y[(u64)row * conv_dim + ck] = kv;
-                }
-            } else {
-                qv = x[g * HK + i];
-                kv = x[(nk + g) * HK + i];
-            }
-            qs[i] = qv;
-            ks[i] = kv;
-            sq += qv * qv;
-            sk += kv * kv;
+#pragma unroll
+        for (int m = 0; m < QL; m++) {
+            const u32 i = lane + 32 * m;
+            if (i >= HK) continue;
+            qs[i] = in.q[m];
+            ks[i] = in.k[m];
+            sq += in.q[m] * in.q[m];
+            sk += in.k[m] * in.k[m];
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
@@ -199,22 +264,11 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
             ks[i] = ks[i] * ik * 1.0f;
         }
         __syncwarp();
-        const float beta = sigmoid_of(ba[g * 2 * r + jj]);
-        const float a = ba[g * 2 * r + r + jj] + dt;
+        const float beta = sigmoid_of(in.b);
+        const float a = in.a + dt;
         const float sp = a > 20.0f ? a : log1pf(expf(a));
         const float decay = expf(a_coef * sp);
-        float v = 0.0f;
-        if (col) {
-            if (fresh) {
-                float wt[MAX_CONV_KERNEL];
-                const u32 cvh = 2 * nk * HK + h * hv + j;
-                conv_weights(cv.W, cvh, cv.kernel, wt);
-                v = conv_silu_at(cv.X, rg, p.rows, p.first, pos, cvh, conv_dim, cv.kernel, wt);
-                if (w == 0) Y[(u64)row * conv_dim + cvh] = v;
-            } else {
-                v = x[2 * nk * HK + h * hv + j];
-            }
-        }
+        const float v = in.v;
         float kv = 0.0f;
 #pragma unroll
         for (int i = 0; i < R; i++) s[i] *= decay;
@@ -239,7 +293,7 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
                 o = part_o[0][lane];
 #pragma unroll
                 for (int q = 1; q < NW; q++) o += part_o[q][lane];
-                O[(u64)row * nv * hv + (u64)h * hv + j] = o;
+                O[(u64)in.row * nv * hv + (u64)h * hv + j] = o;
             }
         }
         if (col && pos + 1 == p.commit_to) {
@@ -248,13 +302,6 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
         }
         __syncwarp();
     }
-    if (!conv || p.n_rows == 0 || w != 0) return;
-    if (own_qk)
-        for (u32 i = lane; i < HK; i += 32) {
-            conv_keep(cv.X, rg, p, g * HK + i, conv_dim);
-            conv_keep(cv.X, rg, p, (nk + g) * HK + i, conv_dim);
-        }
-    if (col) conv_keep(cv.X, rg, p, 2 * nk * HK + h * hv + j, conv_dim);
 }
 
 #define GATED_DELTA_KERNEL(HK)                                                                                   \
@@ -263,7 +310,7 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
                                                  u32 d_per_slot, const float* inputs, const u32* plan,          \
                                                  u32 n_seqs, u32 nk, u32 nv, u32 hv) {                          \
         pdl_entry();                                                                                             \
-        gated_delta_body<HK>(QKV, BA, A, DT, O, S, D, d_per_slot, inputs, plan, n_seqs, nk, nv, hv);             \
+        gated_delta_body<HK, false>(QKV, BA, A, DT, O, S, D, d_per_slot, inputs, plan, n_seqs, nk, nv, hv);             \
     }
 
 GATED_DELTA_KERNEL(16)
@@ -281,7 +328,7 @@ GATED_DELTA_KERNEL(128)
                                                       u32 n_seqs, u32 nk, u32 nv, u32 hv, const float* X,        \
                                                       const float* W, float* ring, u32 kernel) {                \
         pdl_entry();                                                                                             \
-        gated_delta_body<HK>(QKV, BA, A, DT, O, S, D, d_per_slot, inputs, plan, n_seqs, nk, nv, hv,              \
+        gated_delta_body<HK, true>(QKV, BA, A, DT, O, S, D, d_per_slot, inputs, plan, n_seqs, nk, nv, hv,        \
                              DeltaConv{X, W, ring, kernel});                                                     \
     }
 

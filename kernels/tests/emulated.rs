@@ -46,10 +46,11 @@ fn delta_kernels_on_the_emulator() {
         "emulated delta kernels failed:\n{out}"
     );
     assert!(out.contains("delta: all ok (0 failures)"), "{out}");
-    // Every head size and every promise ran: 5 geometries x 4 cases.
+    // Every head size and every promise ran: 6 geometries (one longer than the conv ring)
+    // x 4 cases.
     assert_eq!(
         out.lines().filter(|l| l.starts_with("ok ")).count(),
-        20,
+        24,
         "{out}"
     );
 }

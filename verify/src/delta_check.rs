@@ -14,7 +14,7 @@
 use memra_engine::Result;
 use memra_engine::backend::cpu::delta::{DeltaLayer, sigmoid_mul};
 use memra_engine::backend::cpu::ops;
-use memra_engine::backend::cuda::delta::{delta_warps, plan_words};
+use memra_engine::backend::cuda::delta::{conv1d_dims, delta_warps, plan_words};
 use memra_engine::backend::cuda::{Arg, Gpu, RopeKvArgs};
 use memra_engine::backend::state::{CONV_RING, RING, SeqPlan, StateBook};
 use memra_engine::backend::{KvDtype, StepBatch, StepRow};
@@ -95,7 +95,8 @@ fn gpu_step(
         Arg::U32(p.conv_kernel as u32),
     ];
     if !fused {
-        g.launch("conv1d_silu", (cd.div_ceil(128) as u32, n), 128, &conv)?;
+        let (blocks, threads) = conv1d_dims(cd);
+        g.launch("conv1d_silu", (blocks as u32, n), threads, &conv)?;
     }
     let delta = [
         Arg::Ptr(g.ptr(&dy)),

@@ -27,6 +27,12 @@ const PLAN_W: usize = 6;
 /// Key head sizes the delta kernel is built for (`gated_delta_k<HK>`).
 pub const HEAD_K: [usize; 4] = [16, 32, 64, 128];
 
+/// conv1d_silu's launch over `conv_dim` channels (kernels/cu/delta.cu `CONV_CH` channels a block,
+/// `CONV_GROUPS` row groups): (blocks a sequence, threads a block).
+pub const fn conv1d_dims(conv_dim: usize) -> (usize, u32) {
+    (conv_dim.div_ceil(32), 32 * 8)
+}
+
 /// Warps of a `gated_delta_k<HK>` block (kernels/cu/delta.cu `DELTA_NW`): each owns
 /// `HK / warps` rows of the block's 32 state columns.
 pub const fn delta_warps(head_k: usize) -> u32 {
@@ -190,13 +196,17 @@ impl CudaOps {
                 l.p.conv_kernel
             )));
         }
+        let (px, pout) = (self.ptr(x)?, self.ptr(out)?);
+        if px == pout {
+            return Err(g.err("conv1d_silu: the output is the input (not in place)"));
+        }
         let (plan, n_seqs) = self.states.dev;
         if n_seqs == 0 {
             return Ok(());
         }
         let args = [
-            Arg::Ptr(self.ptr(x)?),
-            Arg::Ptr(self.ptr(out)?),
+            Arg::Ptr(px),
+            Arg::Ptr(pout),
             Arg::Ptr(g.ptr(w)),
             Arg::Ptr(g.ptr(&l.conv)),
             Arg::Ptr(plan),
@@ -204,8 +214,9 @@ impl CudaOps {
             Arg::U32(g.u32_of(cd, "conv channels")?),
             Arg::U32(g.u32_of(l.p.conv_kernel, "conv kernel")?),
         ];
-        let grid = (g.u32_of(cd.div_ceil(128), "conv blocks")?, n_seqs as u32);
-        g.launch("conv1d_silu", grid, 128, &args)
+        let (blocks, threads) = conv1d_dims(cd);
+        let grid = (g.u32_of(blocks, "conv blocks")?, n_seqs as u32);
+        g.launch("conv1d_silu", grid, threads, &args)
     }
 
     /// The gated delta rule of every row into `out`, then the step's inputs kept. With `conv`
