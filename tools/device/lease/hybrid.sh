@@ -102,13 +102,15 @@ if on decode && waitf $Q3N 400; then
   MEMRA_PROFILE_OPS=1 run q3n-profile 200 $B/run-gen $Q3N --device cuda:0 --prompt "The capital of France is a city that" --max-tokens 48 --no-cuda-graph
   grep -A12 "op profile" $O/logs/q3n-profile.log >> $S
 fi
-# pprof: the op profile of a 512-token prefill (plain steps), then the decode kernels' own times
-# under ncu at the GPU's clocks (lib.sh kern; no nsys on these machines): the plain-step profile
+# pprof: the op profile of a 512-token prefill (plain steps), then the decode kernels' and the
+# 512-token prefill's kernels' own times under ncu at the GPU's clocks (lib.sh kern; no nsys on these machines): the plain-step profile
 # charges host gaps to the op after them, so the kernels' own times decide what to fuse next.
 if on pprof && waitf $Q3N 400; then
   MEMRA_PROFILE_OPS=1 run q3n-pprof 300 $B/run-gen $Q3N --device cuda:0 --prompt-ids $(seq -s, 1000 1511) --max-tokens 2 --no-cuda-graph
   grep -A16 "op profile" $O/logs/q3n-pprof.log >> $S
   KERN_CLOCK=none kern ${PPROF_KERN:-q3n:Q4_K_M:5000:700}
+  # the 512-token prefill's kernels (one step: ~12 launches a layer, 48 layers)
+  KERN_CLOCK=none KERN_PROMPT=512 kern ${PPROF_PKERN:-q3n:Q4_K_M:0:900}
 fi
 if on vg3; then  # the real-size random F16 tower served by Gemma 3 270M (pieces gemma)
   run mmproj-g3 180 $B/memra-bench synth-mmproj --shape gemma3 --text-hidden 640 --dtype f16 --out $M/mm-g3.gguf &&

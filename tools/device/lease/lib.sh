@@ -163,18 +163,21 @@ ktimes() {
 # names and gpu__time_duration into $O/ncu-K.csv (DRAM bytes read in the log), a per-name sum into
 # the summary. KERN_CLOCK=none: the GPU's own clocks (ncu's default locks base clocks); caches are
 # flushed between kernels either way, as a decode step's weights are (llama3-8b: q4:Q4_K_M:1200:300
-# is ~28 layers and the head, reports/kernel-notes.md).
+# is ~28 layers and the head, reports/kernel-notes.md). KERN_PROMPT=N: a prefill of N tokens
+# instead (ids 1000.., one token generated), its files ncu-K-ppN.
 kern() {
   local nc=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$nc" ] || { row kern "no ncu on this machine"; return; }
   for x in "$@"; do
     local skip=$(echo $x | cut -d: -f3) count=$(echo $x | cut -d: -f4)
     pick ${x%%:*}:$(echo $x | cut -d: -f2); waitf $f 300 || continue
-    run ncu-$k 300 $nc --clock-control ${KERN_CLOCK:-base} --launch-skip $skip --launch-count $count \
+    local t=$k${KERN_PROMPT:+-pp$KERN_PROMPT} input=(--prompt "The capital of France is a city that" --max-tokens 16)
+    [ -n "${KERN_PROMPT:-}" ] && input=(--prompt-ids $(seq -s, 1000 $((999 + KERN_PROMPT))) --max-tokens 1)
+    run ncu-$t 300 $nc --clock-control ${KERN_CLOCK:-base} --launch-skip $skip --launch-count $count \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
-      $B/run-gen $f --device cuda:0 --prompt "The capital of France is a city that" --max-tokens 16 --no-cuda-graph
-    grep '"gpu__time_duration.sum"' $O/logs/ncu-$k.log > $O/ncu-$k.csv
-    python3 - $O/ncu-$k.csv >> $S <<'PY'
+      $B/run-gen $f --device cuda:0 "${input[@]}" --no-cuda-graph
+    grep '"gpu__time_duration.sum"' $O/logs/ncu-$t.log > $O/ncu-$t.csv
+    python3 - $O/ncu-$t.csv >> $S <<'PY'
 import csv, sys, collections
 t = collections.defaultdict(lambda: [0, 0.0])
 for r in csv.reader(open(sys.argv[1])):
