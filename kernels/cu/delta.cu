@@ -99,8 +99,8 @@ struct DeltaConv {
 // state (HK x hv, row-major per head in S[slot][head]), blockIdx.x = h * tiles + tile with
 // tiles = ceil(hv / 32). NW = DELTA_NW(HK) warps; lane j of warp w owns state column j, rows
 // w * R .. w * R + R - 1 (R = HK / NW, in registers): the state's products run NW times
-// shorter chains on NW times more warps. Each warp's partial of S^T k (and S^T q) over its rows,
-// in row order, then the NW partials in warp order (a fixed order: the same bits at every M).
+// shorter chains on NW times more warps. Each warp's partial of S^T k (and S^T q) over its rows
+// (delta_dot), then the NW partials in warp order (a fixed order: the same bits at every M).
 // Positions replay_from..first come from the slot's kept inputs, then the step's rows (their
 // outputs into O); the state after position commit_to - 1 (the start state when commit_to is
 // replay_from) is written to D: D[slot][head] when d_per_slot, else D[head] (a snapshot: an
@@ -120,6 +120,16 @@ struct DeltaConv {
 // into the conv ring (the step's slots, RING or fewer, are not the K - 1 below `first` any block
 // reads: CONV_RING = RING + MAX_CONV_KERNEL - 1). The same bits as conv1d_silu then
 // gated_delta_k<HK> (the kernels gate compares them).
+// sum_i s[i] v[i] over a warp's R rows: four partial sums (rows i = q mod 4, in row order), then
+// (p0 + p1) + (p2 + p3): chains of R / 4 on the position's critical path instead of R.
+template <int R>
+__device__ __forceinline__ float delta_dot(const float s[R], const float* v) {
+    float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < R; i++) a[i % 4] += s[i] * v[i];
+    return (a[0] + a[1]) + (a[2] + a[3]);
+}
+
 template <int HK>
 struct DeltaIn {
     float q[(HK + 31) / 32], k[(HK + 31) / 32];
@@ -269,11 +279,9 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
         const float sp = a > 20.0f ? a : log1pf(expf(a));
         const float decay = expf(a_coef * sp);
         const float v = in.v;
-        float kv = 0.0f;
 #pragma unroll
         for (int i = 0; i < R; i++) s[i] *= decay;
-#pragma unroll
-        for (int i = 0; i < R; i++) kv += s[i] * ks[i0 + i];
+        float kv = delta_dot<R>(s, ks + i0);
         float* pk = part_kv[n & 1][0];
         pk[w * 32 + lane] = kv;
         __syncthreads();
@@ -284,9 +292,7 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
 #pragma unroll
         for (int i = 0; i < R; i++) s[i] += ks[i0 + i] * d;
         if (pos >= p.first) {  // the same for the whole block
-            float o = 0.0f;
-#pragma unroll
-            for (int i = 0; i < R; i++) o += s[i] * qs[i0 + i];
+            float o = delta_dot<R>(s, qs + i0);
             part_o[w][lane] = o;
             __syncthreads();
             if (w == 0 && col) {
