@@ -168,6 +168,7 @@ def main():
     write("request_json", "ok-completion-ids.json", ok(prompt=[1, 2, 3], logprobs=2))
     write("request_json", "ok-chat-stream.json",
           ok(messages=msgs, stream=True, stream_options={"include_usage": True}))
+    write("request_json", "ok-chat-choices.json", ok(messages=msgs, n=3, seed=5))
     write("request_json", "bad-not-json.json", "{\"model\": ")
     write("request_json", "bad-array.json", "[1, 2]")
     write("request_json", "bad-utf8.json", b'{"model": "m", "prompt": "\xff\xfe"}')
@@ -175,7 +176,7 @@ def main():
     write("request_json", "bad-max-tokens.json", ok(messages=msgs, prompt="x", max_tokens=-1))
     write("request_json", "bad-temperature.json", ok(messages=msgs, prompt="x", temperature=-3))
     write("request_json", "bad-top-p.json", ok(messages=msgs, prompt="x", top_p=7))
-    write("request_json", "bad-n.json", ok(messages=msgs, prompt="x", n=3))
+    write("request_json", "bad-n.json", ok(messages=msgs, prompt="x", n=17))
     write("request_json", "bad-deep.json", '{"model":"m","messages":' + "[" * 5000 + "]" * 5000 + "}")
 
 

@@ -21,6 +21,8 @@ pub const MAX_STOP: usize = 8;
 pub const MAX_STOP_LEN: usize = 256;
 /// Most `top_logprobs` (chat) / `logprobs` (completions).
 pub const MAX_TOP_LOGPROBS: usize = 20;
+/// Most choices (`n`) of one request: each is an engine request of its own.
+pub const MAX_CHOICES: usize = 16;
 /// Longest `user` / `cache_salt`, in bytes.
 pub const MAX_TAG_LEN: usize = 256;
 
@@ -53,6 +55,9 @@ pub enum PromptInput {
 pub struct Parsed {
     pub kind: Kind,
     pub model: String,
+    /// Choices to generate (`n`): choice `i` samples as the same request with seed `seed + i`
+    /// would, alone.
+    pub n: usize,
     pub prompt: PromptInput,
     pub max_tokens: Option<usize>,
     pub params: SamplingParams,
@@ -469,11 +474,18 @@ pub fn parse(kind: Kind, body: &[u8], max_tokens_cap: usize) -> Result<Parsed, A
     let o = parse_object(body)?;
     let model =
         get_str(&o, "model")?.ok_or_else(|| ApiError::param("model", "`model` is required"))?;
-    if let Some(n) = present(&o, "n")
-        && n.as_u64() != Some(1)
-    {
-        return Err(ApiError::param("n", "only `n` = 1 is supported"));
-    }
+    let n = match present(&o, "n") {
+        None => 1,
+        Some(v) => match v.as_u64() {
+            Some(n) if (1..=MAX_CHOICES as u64).contains(&n) => n as usize,
+            _ => {
+                return Err(ApiError::param(
+                    "n",
+                    format!("`n` must be an integer from 1 to {MAX_CHOICES}"),
+                ));
+            }
+        },
+    };
     let mut media = Vec::new();
     let prompt = match kind {
         Kind::Chat => PromptInput::Chat(parse_messages(&o, &mut media)?),
@@ -544,6 +556,7 @@ pub fn parse(kind: Kind, body: &[u8], max_tokens_cap: usize) -> Result<Parsed, A
     Ok(Parsed {
         kind,
         model,
+        n,
         prompt,
         max_tokens,
         params: parse_sampling(&o)?,

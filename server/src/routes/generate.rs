@@ -11,10 +11,10 @@ use memra_engine::grammar::Grammar;
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Request, Response, StatusCode};
-use memra_engine::request::{Event, SubmitError};
+use memra_engine::request::{Event, SubmitError, Usage};
 
 use super::running::{Running, observe_token};
-use super::shape::{Shaper, ShaperInit};
+use super::shape::{self, Shaped, Shaper, ShaperInit};
 use super::stream;
 use crate::cache_key::{self, KeyInput};
 use crate::errors::ApiError;
@@ -249,20 +249,26 @@ pub async fn handle(
             block: model.kv_cache.as_ref().map_or(16, |k| k.block_size),
         })
     });
-    let shaper = Shaper::new(ShaperInit {
-        kind,
-        request_id: request_id.to_string(),
-        model: parsed.model.clone(),
-        fingerprint: st.fingerprint(),
-        logprobs: parsed.logprobs.is_some(),
-        include_usage: parsed.include_usage,
-        text: model.text.clone(),
-        tools: parsed
-            .structured
-            .tools
-            .clone()
-            .map(|t| (t, model.text.tool_style())),
-    });
+    let shaper_of = |index| {
+        Shaper::new(ShaperInit {
+            kind,
+            request_id: request_id.to_string(),
+            model: parsed.model.clone(),
+            fingerprint: st.fingerprint(),
+            logprobs: parsed.logprobs.is_some(),
+            include_usage: parsed.include_usage,
+            text: model.text.clone(),
+            tools: parsed
+                .structured
+                .tools
+                .clone()
+                .map(|t| (t, model.text.tool_style())),
+            index,
+        })
+    };
+    let mut shapers: Vec<Shaper> = (0..parsed.n).map(shaper_of).collect();
+    let created = shapers[0].created;
+    shapers.iter_mut().for_each(|s| s.created = created);
     let Parsed {
         stream: streaming, ..
     } = parsed;
@@ -275,28 +281,44 @@ pub async fn handle(
     };
     let mut vr = validation::finish(parsed, ids, grammar, &target)?;
     vr.media = spans;
-    let events = st.engine.submit(vr).map_err(|e| match e {
-        SubmitError::ContextLength {
-            prompt,
-            max_tokens,
-            ctx,
-        } => ApiError::context_length(kind.prompt_param(), prompt, max_tokens, ctx),
-        e => ApiError::from(e),
-    })?;
-    let mut run = Running {
-        events,
-        shaper,
-        state: st.clone(),
-        started,
-        permit,
-        tokens: 0,
-        counted: false,
-    };
-    let first = first_event(&mut run).await?;
+    // `n` > 1: an engine request a choice, choice i seeded `seed + i` (its bytes are those of
+    // that request alone), each admitted before any is submitted.
+    let mut permits = vec![permit];
+    for _ in 1..shapers.len() {
+        permits.push(st.admit(&who)?);
+    }
+    let seed = vr.params.seed;
+    let mut runs = Vec::with_capacity(shapers.len());
+    for (i, (shaper, permit)) in shapers.into_iter().zip(permits).enumerate() {
+        let mut r = vr.clone();
+        r.params.seed = seed.wrapping_add(i as u64);
+        let events = st.engine.submit(r).map_err(|e| match e {
+            SubmitError::ContextLength {
+                prompt,
+                max_tokens,
+                ctx,
+            } => ApiError::context_length(kind.prompt_param(), prompt, max_tokens, ctx),
+            e => ApiError::from(e),
+        })?;
+        runs.push(Running {
+            events,
+            shaper,
+            state: st.clone(),
+            started,
+            permit,
+            tokens: 0,
+            counted: false,
+        });
+    }
+    let mut started_runs = Vec::with_capacity(runs.len());
+    for mut run in runs {
+        let first = first_event(&mut run).await?;
+        started_runs.push((run, first));
+    }
     let mut resp = if streaming {
-        stream::respond(run, first)
+        stream::respond(started_runs)
     } else {
-        collect(run, first).await?
+        collect_all(started_runs).await?
     };
     if let Some(v) = cache_key.and_then(|k| HeaderValue::from_str(&k).ok()) {
         resp.headers_mut().insert(cache_key::HEADER, v);
@@ -326,8 +348,31 @@ async fn first_event(run: &mut Running) -> Result<Event, ApiError> {
     }
 }
 
-/// Gathers the whole generation (from its `first` event on) into one response.
-async fn collect(mut run: Running, first: Event) -> Result<Response<Body>, ApiError> {
+/// Gathers every choice's whole generation (each from its `first` event on, all at once) into
+/// one response: choice 0's with every choice and the request's usage. The choices run in a
+/// JoinSet owned by this future: a client that leaves (hyper drops the future) or a choice's
+/// error cancels every choice's request.
+async fn collect_all(runs: Vec<(Running, Event)>) -> Result<Response<Body>, ApiError> {
+    let n = runs.len();
+    let mut set = tokio::task::JoinSet::new();
+    for (i, (run, first)) in runs.into_iter().enumerate() {
+        set.spawn(async move { (i, collect(run, first).await) });
+    }
+    let mut done: Vec<Option<(Shaped, Usage)>> = (0..n).map(|_| None).collect();
+    while let Some(r) = set.join_next().await {
+        let (i, r) = r.map_err(|e| ApiError::engine(format!("a choice's task failed: {e}")))?;
+        done[i] = Some(r?);
+    }
+    let (mut parts, usage): (Vec<Shaped>, Vec<Usage>) = done.into_iter().flatten().unzip();
+    let v = match parts.len() {
+        1 => parts.remove(0),
+        _ => shape::merge_full(parts, shape::combined_usage(&usage)),
+    };
+    Ok(body::json(StatusCode::OK, &v))
+}
+
+/// Gathers one choice's whole generation (from its `first` event on): its response and usage.
+async fn collect(mut run: Running, first: Event) -> Result<(Shaped, Usage), ApiError> {
     let mut last: Option<Instant> = None;
     let mut pending = Some(first);
     loop {
@@ -348,9 +393,7 @@ async fn collect(mut run: Running, first: Event) -> Result<Response<Body>, ApiEr
                 usage,
             }) => {
                 run.count_usage(&usage);
-                let v = run.shaper.full(finish_reason.as_str(), usage);
-                drop(run);
-                return Ok(body::json(StatusCode::OK, &v));
+                return Ok((run.shaper.full(finish_reason.as_str(), usage), usage));
             }
             Some(Event::Error(m)) => return Err(ApiError::engine(m)),
             None => {

@@ -46,6 +46,8 @@ pub struct Shaper {
     /// where calls are read out of it.
     tools: Option<(Tools, ToolStyle)>,
     request_id: String,
+    /// The choice this shaper builds (`n` > 1: one shaper a choice).
+    index: usize,
 }
 
 /// Unix seconds now.
@@ -65,6 +67,8 @@ pub struct ShaperInit {
     pub include_usage: bool,
     pub text: Arc<dyn ModelText>,
     pub tools: Option<(Tools, ToolStyle)>,
+    /// The choice's index (0 when the request has one).
+    pub index: usize,
 }
 
 /// A token's name in completions logprobs (`tokens` and the `top_logprobs` keys): its text when
@@ -104,6 +108,7 @@ impl Shaper {
             chat_lp: Vec::new(),
             cmpl_lp: CompletionLogprobs::default(),
             tools: i.tools,
+            index: i.index,
         }
     }
 
@@ -119,7 +124,10 @@ impl Shaper {
             .into_iter()
             .enumerate()
             .map(|(i, c)| ToolCallOut {
-                id: format!("call_{}_{i}", self.request_id),
+                id: match self.index {
+                    0 => format!("call_{}_{i}", self.request_id),
+                    c => format!("call_{}-{c}_{i}", self.request_id),
+                },
                 kind: "function",
                 function: FunctionOut {
                     name: c.name,
@@ -224,7 +232,7 @@ impl Shaper {
             model: self.model.clone(),
             system_fingerprint: self.fingerprint.clone(),
             choices: vec![ChunkChoice {
-                index: 0,
+                index: self.index,
                 delta,
                 logprobs: lp,
                 finish_reason: finish,
@@ -246,7 +254,7 @@ impl Shaper {
             model: self.model.clone(),
             system_fingerprint: self.fingerprint.clone(),
             choices: vec![CompletionChoice {
-                index: 0,
+                index: self.index,
                 text,
                 logprobs: lp,
                 finish_reason: finish,
@@ -356,21 +364,15 @@ impl Shaper {
         out
     }
 
-    /// The last chunk when `stream_options.include_usage`: no choices, the usage.
-    pub fn usage_chunk(&self, u: Usage) -> Shaped {
-        let object = match self.kind {
-            Kind::Chat => "chat.completion.chunk",
-            Kind::Completion => "text_completion",
-        };
-        Shaped::Json(serde_json::json!({
-            "id": self.id,
-            "object": object,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.fingerprint,
-            "choices": [],
-            "usage": UsageJson::from(u),
-        }))
+    /// What the last chunk of a stream (the usage) needs of the response.
+    pub fn usage_head(&self) -> UsageHead {
+        UsageHead {
+            kind: self.kind,
+            id: self.id.clone(),
+            created: self.created,
+            model: self.model.clone(),
+            fingerprint: self.fingerprint.clone(),
+        }
     }
 
     /// The whole (non-streaming) response.
@@ -389,7 +391,7 @@ impl Shaper {
                 model: self.model.clone(),
                 system_fingerprint: self.fingerprint.clone(),
                 choices: vec![ChatChoice {
-                    index: 0,
+                    index: self.index,
                     message: ChatMessageOut {
                         role: "assistant",
                         content,
@@ -409,7 +411,7 @@ impl Shaper {
                 model: self.model.clone(),
                 system_fingerprint: self.fingerprint.clone(),
                 choices: vec![CompletionChoice {
-                    index: 0,
+                    index: self.index,
                     text,
                     logprobs: self.logprobs.then(|| std::mem::take(&mut self.cmpl_lp)),
                     finish_reason: Some(reason),
@@ -418,6 +420,68 @@ impl Shaper {
             }),
         }
     }
+}
+
+/// The fixed parts of a response that its usage chunk repeats.
+pub struct UsageHead {
+    kind: Kind,
+    id: String,
+    created: u64,
+    model: String,
+    fingerprint: String,
+}
+
+impl UsageHead {
+    /// The last chunk when `stream_options.include_usage`: no choices, the usage.
+    pub fn chunk(&self, u: Usage) -> Shaped {
+        let object = match self.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Completion => "text_completion",
+        };
+        Shaped::Json(serde_json::json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": [],
+            "usage": UsageJson::from(u),
+        }))
+    }
+}
+
+/// The usage of a request of several choices (`choices[0]` first): its prompt once, with
+/// the first choice's cached tokens; the generated and drafted tokens of every choice.
+pub fn combined_usage(choices: &[Usage]) -> Usage {
+    let first = choices.first().copied().unwrap_or_default();
+    Usage {
+        completion_tokens: choices.iter().map(|u| u.completion_tokens).sum(),
+        drafted_tokens: choices.iter().map(|u| u.drafted_tokens).sum(),
+        accepted_tokens: choices.iter().map(|u| u.accepted_tokens).sum(),
+        ..first
+    }
+}
+
+/// The whole response of several choices: the first choice's response (from [`Shaper::full`])
+/// holding every choice in index order and `usage`.
+pub fn merge_full(parts: Vec<Shaped>, usage: Usage) -> Shaped {
+    let mut parts = parts.into_iter();
+    let Some(mut head) = parts.next() else {
+        return Shaped::Json(Value::Null);
+    };
+    for p in parts {
+        match (&mut head, p) {
+            (Shaped::Chat(h), Shaped::Chat(c)) => h.choices.extend(c.choices),
+            (Shaped::Completion(h), Shaped::Completion(c)) => h.choices.extend(c.choices),
+            _ => {}
+        }
+    }
+    match &mut head {
+        Shaped::Chat(h) => h.usage = usage.into(),
+        Shaped::Completion(h) => h.usage = Some(Some(usage.into())),
+        _ => {}
+    }
+    head
 }
 
 #[cfg(test)]

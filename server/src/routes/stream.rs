@@ -7,10 +7,11 @@
 use std::time::Duration;
 
 use hyper::Response;
-use memra_engine::request::Event;
+use memra_engine::request::{Event, Usage};
 use tokio::sync::mpsc;
 
 use super::running::{Running, observe_token};
+use super::shape;
 use crate::errors::ApiError;
 use crate::http::body::{self, Body};
 use crate::sse;
@@ -18,20 +19,54 @@ use crate::sse;
 /// Chunks buffered between the forwarding task and the socket.
 const CHANNEL: usize = 64;
 
-/// The SSE response of a request whose `first` event has arrived (generate.rs waits for it
-/// before committing the status).
-pub fn respond(run: Running, first: Event) -> Response<Body> {
+/// The SSE response of a request whose choices' `first` events have arrived (generate.rs waits
+/// for them before committing the status): a task per choice forwards its chunks (the choices'
+/// chunks interleave, each naming its index); when every choice has finished, the usage chunk
+/// (`stream_options.include_usage`: the request's, [`shape::combined_usage`]) and `[DONE]`.
+pub fn respond(runs: Vec<(Running, Event)>) -> Response<Body> {
     let (tx, rx) = mpsc::channel(CHANNEL);
-    tokio::spawn(forward(run, first, tx));
+    tokio::spawn(forward_all(runs, tx));
     body::sse(rx)
 }
 
-async fn forward(mut run: Running, first: Event, tx: mpsc::Sender<bytes::Bytes>) {
+async fn forward_all(runs: Vec<(Running, Event)>, tx: mpsc::Sender<bytes::Bytes>) {
+    let Some((run, _)) = runs.first() else {
+        return;
+    };
     let wait = run.state.limits.stream_write_timeout;
+    let include_usage = run.shaper.include_usage;
+    let head = run.shaper.usage_head();
+    let tasks: Vec<_> = runs
+        .into_iter()
+        .map(|(run, first)| tokio::spawn(forward(run, first, tx.clone(), wait)))
+        .collect();
+    let mut usage = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        match t.await {
+            Ok(Some(u)) => usage.push(u),
+            // A choice ended without finishing (the client left, an error was sent).
+            _ => return,
+        }
+    }
+    let mut f = Vec::with_capacity(2);
+    if include_usage {
+        f.push(sse::event(&head.chunk(shape::combined_usage(&usage))));
+    }
+    f.push(sse::done());
+    send_all(&tx, f, wait).await;
+}
+
+/// Forwards one choice's chunks; its usage once it finished and its last chunks were sent.
+async fn forward(
+    mut run: Running,
+    first: Event,
+    tx: mpsc::Sender<bytes::Bytes>,
+    wait: Duration,
+) -> Option<Usage> {
     if let Some(c) = run.shaper.role_chunk()
         && !send_all(&tx, vec![sse::event(&c)], wait).await
     {
-        return;
+        return None;
     }
     let mut last = None;
     let mut pending = Some(first);
@@ -40,7 +75,7 @@ async fn forward(mut run: Running, first: Event, tx: mpsc::Sender<bytes::Bytes>)
             Some(ev) => Some(ev),
             None => tokio::select! {
                 biased;
-                _ = tx.closed() => return,
+                _ = tx.closed() => return None,
                 ev = run.events.recv() => ev,
             },
         };
@@ -61,31 +96,26 @@ async fn forward(mut run: Running, first: Event, tx: mpsc::Sender<bytes::Bytes>)
                 usage,
             }) => {
                 run.count_usage(&usage);
-                let mut f: Vec<_> = run
+                let f: Vec<_> = run
                     .shaper
                     .finish_chunks(finish_reason.as_str())
                     .iter()
                     .map(sse::event)
                     .collect();
-                if run.shaper.include_usage {
-                    f.push(sse::event(&run.shaper.usage_chunk(usage)));
-                }
-                f.push(sse::done());
-                send_all(&tx, f, wait).await;
-                return;
+                return send_all(&tx, f, wait).await.then_some(usage);
             }
             Some(Event::Error(m)) => {
                 send_all(&tx, vec![sse::event(&ApiError::engine(m).body())], wait).await;
-                return;
+                return None;
             }
             None => {
                 let e = ApiError::engine("the engine ended the request without finishing it");
                 send_all(&tx, vec![sse::event(&e.body())], wait).await;
-                return;
+                return None;
             }
         };
         if !send_all(&tx, frames, wait).await {
-            return;
+            return None;
         }
     }
 }

@@ -22,7 +22,7 @@ fn full_chat_request_parses() {
         "max_completion_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":40,"min_p":0.1,"seed":-1,
         "stop":"x","stream":true,"stream_options":{"include_usage":true},"presence_penalty":0.1,
         "frequency_penalty":-0.1,"repetition_penalty":1.1,"logprobs":true,"top_logprobs":3,
-        "user":"u","cache_salt":"salt","n":1,"unknown_field":{"x":1}}"#,
+        "user":"u","cache_salt":"salt","n":3,"unknown_field":{"x":1}}"#,
     )
     .unwrap();
     assert_eq!(
@@ -40,6 +40,7 @@ fn full_chat_request_parses() {
     assert!(p.stream && p.include_usage);
     assert_eq!(p.logprobs, Some(3));
     assert_eq!(p.cache_salt.as_deref(), Some("salt"));
+    assert_eq!(p.n, 3);
 }
 
 #[test]
@@ -67,7 +68,9 @@ fn completion_prompts() {
 fn bad_requests_name_their_parameter() {
     let m = r#""model":"m","messages":[{"role":"user","content":"x"}]"#;
     let cases = [
-        (format!("{{{m},\"n\":2}}"), "n"),
+        (format!("{{{m},\"n\":0}}"), "n"),
+        (format!("{{{m},\"n\":17}}"), "n"),
+        (format!("{{{m},\"n\":1.5}}"), "n"),
         (format!("{{{m},\"temperature\":3}}"), "temperature"),
         (format!("{{{m},\"temperature\":\"hot\"}}"), "temperature"),
         (format!("{{{m},\"top_p\":0}}"), "top_p"),

@@ -239,7 +239,7 @@ async fn each_error_class() {
     )
     .await;
     let mut b = chat_body("hi");
-    b["n"] = json!(3);
+    b["n"] = json!(17);
     let v = expect_error(s.post("/v1/chat/completions", &b).await, 400, None).await;
     assert_eq!(v["error"]["param"], "n");
     let long = "x".repeat(600);
@@ -366,7 +366,7 @@ async fn metrics_parse_and_count() {
         assert_eq!(s.post("/v1/chat/completions", &b).await.status(), 200);
     }
     let mut b = chat_body("hi");
-    b["n"] = json!(2);
+    b["n"] = json!(0);
     assert_eq!(s.post("/v1/chat/completions", &b).await.status(), 400);
     let r = s.get("/metrics").await;
     assert_eq!(r.status(), 200);

@@ -3,6 +3,7 @@
 mod api;
 mod auth;
 mod checkpoints;
+mod choices;
 mod common;
 mod drain;
 mod flags;

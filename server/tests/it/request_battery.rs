@@ -149,7 +149,7 @@ fn table() -> Vec<Row> {
                 "model",
             )
         },
-        row("n = 2", CHAT, chat(json!({"n": 2})), "n"),
+        row("n = 17", CHAT, chat(json!({"n": 17})), "n"),
         // ---- messages
         row(
             "messages missing",

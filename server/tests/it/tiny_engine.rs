@@ -35,7 +35,7 @@ fn tiny_model() -> Model {
     }
 }
 
-async fn start() -> (String, tokio::sync::oneshot::Sender<()>) {
+pub(crate) async fn start() -> (String, tokio::sync::oneshot::Sender<()>) {
     start_pp(1).await
 }
 
@@ -70,7 +70,7 @@ async fn start_pp(pp: usize) -> (String, tokio::sync::oneshot::Sender<()>) {
     (url, tx)
 }
 
-async fn post(url: &str, path: &str, body: &Value) -> reqwest::Response {
+pub(crate) async fn post(url: &str, path: &str, body: &Value) -> reqwest::Response {
     reqwest::Client::new()
         .post(format!("{url}{path}"))
         .json(body)
@@ -80,7 +80,7 @@ async fn post(url: &str, path: &str, body: &Value) -> reqwest::Response {
 }
 
 /// The `data:` payloads of an SSE body, `[DONE]` included.
-async fn sse(resp: reqwest::Response) -> Vec<String> {
+pub(crate) async fn sse(resp: reqwest::Response) -> Vec<String> {
     let text = resp.text().await.expect("body");
     text.lines()
         .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))

@@ -85,6 +85,18 @@ def test_seeds():
     assert len(others | {a}) > 1, "different seeds should not all agree"
 
 
+def test_choices():
+    r = chat(temperature=1.0, seed=1234, max_tokens=16, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2], r
+    alone = [chat(temperature=1.0, seed=1234 + i, max_tokens=16).choices[0].message.content for i in range(3)]
+    assert [c.message.content for c in r.choices] == alone, (r, alone)
+    texts = ["", "", ""]
+    for chunk in chat(temperature=1.0, seed=1234, max_tokens=16, n=3, stream=True):
+        for ch in chunk.choices:
+            texts[ch.index] += ch.delta.content or ""
+    assert texts == alone, (texts, alone)
+
+
 def test_stop(expected):
     words = expected.split()
     assert len(words) >= 2, expected
@@ -103,7 +115,7 @@ def test_errors():
         assert e.status_code == 400
         assert e.code == "model_not_found", e.body
     try:
-        chat(n=2)
+        chat(n=17)
         raise AssertionError("expected an error")
     except openai.BadRequestError as e:
         assert e.param == "n", e.body
@@ -123,6 +135,7 @@ def main():
     test_completions_token_ids()
     test_logprobs()
     test_seeds()
+    test_choices()
     test_stop(expected)
     test_errors()
     print("python openai client: all checks passed")
