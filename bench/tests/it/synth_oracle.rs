@@ -1,4 +1,4 @@
-//! `synth --mtp-oracle`: the streamed file loads in the engine, its MTP drafter drafts the
+//! `synth --mtp-oracle`: the streamed file (GGUF and HF folder) loads in the engine, its MTP drafter drafts the
 //! model's own greedy picks (>= 90% accepted, tokens identical to plain decoding), its wired
 //! tensors equal `oracle_mtp_weights`' (one definition: `oracle_fill`), zero matrices are exact
 //! in every type, and the 80B shape plans as the oracle requires.
@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use memra_bench::generate::tensor_bytes;
 use memra_bench::plan::{Init, SynthDType, TensorPlan};
 use memra_bench::shapes::Shape;
-use memra_bench::synth::{SynthArgs, TokenizerSource, synth, synth_config, synth_plan};
+use memra_bench::synth::{Format, SynthArgs, TokenizerSource, synth, synth_config, synth_plan};
 use memra_engine::backend::Device;
 use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
 use memra_engine::config::Arch;
@@ -70,15 +70,23 @@ fn speculate(w: &ModelWeights, what: &str) -> (u64, u64) {
 fn oracle_files_load_and_their_mtp_drafts_are_accepted() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [
-        (Shape::TinyQwen3Next, SynthDType::Q8_0),
-        (Shape::TinyLlama, SynthDType::Q4KM),
-        (Shape::TinyQwen3, SynthDType::F16),
+        (Shape::TinyQwen3Next, SynthDType::Q8_0, Format::Gguf),
+        (Shape::TinyLlama, SynthDType::Q4KM, Format::Gguf),
+        (Shape::TinyQwen3, SynthDType::F16, Format::Gguf),
+        (Shape::TinyQwen3Next, SynthDType::F32, Format::Hf),
+        (Shape::TinyLlama, SynthDType::BF16, Format::Hf),
     ];
-    for (shape, dtype) in cases {
-        let what = format!("{shape} {}", dtype.name());
-        let out = dir.path().join(format!("{shape}-{}.gguf", dtype.name()));
+    for (shape, dtype, format) in cases {
+        let what = format!("{shape} {} {format:?}", dtype.name());
+        let out = dir
+            .path()
+            .join(format!("{shape}-{}-{format:?}", dtype.name()));
         // --mtp 0 with --mtp-oracle: one MTP layer.
-        let rep = synth(&args(shape, dtype, out.clone())).unwrap();
+        let a = SynthArgs {
+            format,
+            ..args(shape, dtype, out.clone())
+        };
+        let rep = synth(&a).unwrap();
         assert_eq!(rep.config.mtp_layers, 1, "{what}");
         assert!(rep.config.tie_embeddings, "{what}");
         let w = load_weights(&out).unwrap();
