@@ -297,7 +297,8 @@ enum Cmd {
         /// The alias of the model that speculates.
         #[arg(long, default_value = "on")]
         model: String,
-        /// The alias of the model that does not.
+        /// The alias of the model that does not (the same alias as --model on the same server:
+        /// one copy of the weights, its plain requests sending `"speculative": false`).
         #[arg(long, default_value = "off")]
         model_off: String,
         /// Comma-separated: greedy, sampled.
