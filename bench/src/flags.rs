@@ -50,7 +50,10 @@ See `memra-verify --help`, `memra-bench --help` and each command's `--help`; doc
 docs/BENCH.md say what they check and measure. `memra-bench decode|prefill|ttft --kv-dtype
 f16|bf16|q8_0|f32` picks the KV cache format (default f16; the rows carry `kv_dtype`, and decode
 rows `kv_gb_s`, the KV bytes attention reads per token x tok/s). `memra-bench synth --mtp N` adds
-N random multi-token-prediction (`nextn`) layers (llama, qwen2, qwen3 shapes) for `--spec mtp`.
+N random multi-token-prediction (`nextn`) layers (llama, qwen2, qwen3, qwen3next shapes) for
+`--spec mtp`; `--mtp-oracle` wires the model as the engine's MTP oracle (output projections zero,
+tied embeddings, the first MTP layer drafting the model's own picks: nearly every draft accepted;
+`--mtp 1` unless given).
 `memra-bench synth --ctx N` declares a context of N positions instead of the shape's (llama3-8b:
 8,192; with its llama3 RoPE scaling, `--ctx 131072` is the Llama 3.1 context for runs at depth
 32k).

@@ -4,6 +4,7 @@ use rayon::prelude::*;
 
 use memra_engine::config::ModelConfig;
 use memra_engine::error::{Error, Result};
+use memra_engine::models::random::{OracleFill, oracle_value};
 use memra_engine::models::{gguf_permuted, hf_offset, qk_to_gguf};
 use memra_engine::quant::{DType, QK_K, fp8, quantize};
 
@@ -16,11 +17,17 @@ const CHUNK_ELEMS: usize = 1 << 16;
 
 /// The f32 values of elements `first..first + out.len()` of tensor `t` (row-major, HF order).
 pub fn fill_values(seed: u64, t: &TensorPlan, first: u64, out: &mut [f32]) {
-    let key = rng::tensor_key(seed, &t.hf_name());
+    let key = rng::tensor_key(seed, &t.draws.hf_name(t.arch));
     match t.init {
         Init::Normal { std } => rng::fill_normal(key, first, 0.0, std, out),
         Init::NearOne { std } => rng::fill_normal(key, first, 1.0, std, out),
         Init::NearMinusOne { std } => rng::fill_normal(key, first, -1.0, std, out),
+        Init::Oracle(f) => {
+            let cols = t.rows_cols().1;
+            for (i, v) in out.iter_mut().enumerate() {
+                *v = oracle_value(f, cols, first as usize + i).unwrap_or(0.0);
+            }
+        }
     }
 }
 
@@ -130,12 +137,17 @@ pub fn tensor_bytes(
             t.dtype
         ))
     })? as usize;
+    if t.init == Init::Oracle(OracleFill::Zero) {
+        // One zero row quantized, repeated: exact in every type, and fast at any size.
+        return Ok(quantize(t.dtype, &vec![0f32; cols])?.repeat(rows));
+    }
     let rows_per_chunk = (CHUNK_ELEMS / cols.max(1)).max(1);
     let mut out = vec![0u8; rows * row_bytes];
     let direct = is_direct(t, direct_kquants);
-    let block_key = rng::tensor_key(seed, &format!("{}#kblocks", t.hf_name()));
+    let block_key = rng::tensor_key(seed, &format!("{}#kblocks", t.draws.hf_name(t.arch)));
     let std = match t.init {
         Init::Normal { std } | Init::NearOne { std } | Init::NearMinusOne { std } => std,
+        Init::Oracle(_) => 0.0,
     };
     out.par_chunks_mut(rows_per_chunk * row_bytes)
         .enumerate()

@@ -220,6 +220,11 @@ enum Cmd {
         /// qwen2, qwen3 shapes), for `--spec mtp`.
         #[arg(long, default_value_t = 0)]
         mtp: usize,
+        /// Wire the model as the engine's MTP oracle (output projections zero, tied embeddings,
+        /// the first MTP layer drafting the model's own picks: nearly every draft accepted);
+        /// llama, qwen2, qwen3 and qwen3next shapes; implies --mtp 1 when --mtp is 0.
+        #[arg(long)]
+        mtp_oracle: bool,
         /// Gemma 3 shapes: the local layers' sliding window (default: the shape's).
         #[arg(long)]
         sliding_window: Option<usize>,
@@ -292,7 +297,8 @@ enum Cmd {
         /// The alias of the model that speculates.
         #[arg(long, default_value = "on")]
         model: String,
-        /// The alias of the model that does not.
+        /// The alias of the model that does not (the same alias as --model on the same server:
+        /// one copy of the weights, its plain requests sending `"speculative": false`).
         #[arg(long, default_value = "off")]
         model_off: String,
         /// Comma-separated: greedy, sampled.
@@ -1050,6 +1056,7 @@ fn run(cli: Cli) -> Result<()> {
             exact_kquants,
             ctx,
             mtp,
+            mtp_oracle,
             sliding_window,
             quiet,
         } => {
@@ -1077,6 +1084,7 @@ fn run(cli: Cli) -> Result<()> {
                 exact_kquants,
                 ctx,
                 mtp,
+                mtp_oracle,
                 sliding_window,
             };
             synth(&args).map(|_| ())

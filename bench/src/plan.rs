@@ -3,6 +3,7 @@
 use memra_engine::config::Arch;
 use memra_engine::config::ModelConfig;
 use memra_engine::error::{Error, Result};
+use memra_engine::models::random::{OracleFill, oracle_fill};
 use memra_engine::models::{Kind, Role, def};
 use memra_engine::quant::DType;
 
@@ -125,6 +126,8 @@ pub enum Init {
     NearOne { std: f32 },
     /// Roughly normal around -1 (decay coefficients).
     NearMinusOne { std: f32 },
+    /// A constant pattern of the MTP oracle (zeros, ones, `[I, 0]`: `oracle_value`).
+    Oracle(OracleFill),
 }
 
 /// One tensor of a synthetic model.
@@ -136,6 +139,9 @@ pub struct TensorPlan {
     pub shape: Vec<usize>,
     pub dtype: DType,
     pub init: Init,
+    /// The tensor whose random stream draws the values: this one, or the one it copies (the MTP
+    /// oracle's shared norm draws the output norm's).
+    pub draws: Role,
 }
 
 impl TensorPlan {
@@ -245,9 +251,45 @@ pub fn plan(cfg: &ModelConfig, dt: SynthDType) -> Vec<TensorPlan> {
                 shape: s.shape,
                 dtype,
                 init,
+                draws: s.role,
             }
         })
         .collect()
+}
+
+/// Wires `tensors` (the plan of an `oracle_config`) as the MTP oracle, by the engine's
+/// `oracle_fill`: zero matrices keep their type (a zero row is exact in every GGUF type; the HF
+/// checkpoint types become BF16), `[I, 0]` and the ones are F32, a copy takes its source's type,
+/// initialisation and random stream.
+pub fn oracle_plan(cfg: &ModelConfig, tensors: &mut [TensorPlan]) -> Result<()> {
+    let base = tensors.to_vec();
+    for t in tensors.iter_mut() {
+        match oracle_fill(cfg, t.role) {
+            OracleFill::Random => {}
+            OracleFill::Zero => {
+                t.init = Init::Oracle(OracleFill::Zero);
+                if DType::HF_ONLY.contains(&t.dtype) {
+                    t.dtype = DType::BF16;
+                }
+            }
+            f @ (OracleFill::Identity | OracleFill::Ones) => {
+                t.init = Init::Oracle(f);
+                t.dtype = DType::F32;
+            }
+            OracleFill::CopyOf(of) => {
+                let src = base.iter().find(|s| s.role == of && s.shape == t.shape);
+                let src = src.ok_or_else(|| {
+                    Error::Input(format!(
+                        "MTP oracle: {} copies {}, which the plan lacks or shapes otherwise",
+                        t.gguf_name(),
+                        of.gguf_name()
+                    ))
+                })?;
+                (t.dtype, t.init, t.draws) = (src.dtype, src.init, src.draws);
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -418,7 +418,13 @@ fn work(a: &SpecArgs) -> Vec<(usize, usize, usize)> {
 fn one(a: &SpecArgs, mode: Mode, (i, s, r): (usize, usize, usize)) -> Sample {
     let t = if mode == Mode::On { &a.on } else { &a.off };
     let seed = a.seed + i as u64;
-    let b = body(&a.items[i], &a.samplings[s], seed, &t.model, a.max_tokens);
+    let mut b = body(&a.items[i], &a.samplings[s], seed, &t.model, a.max_tokens);
+    if mode == Mode::Off && a.on == a.off {
+        // One model for both modes: the plain side opts out per request.
+        let mut v: serde_json::Value = serde_json::from_str(&b).unwrap_or_default();
+        v["speculative"] = serde_json::json!(false);
+        b = v.to_string();
+    }
     let mut out = send(t, a.api_key.as_deref(), &b).unwrap_or_else(|e| Sample {
         error: Some(e),
         ..Default::default()
@@ -434,16 +440,23 @@ pub fn run(a: &SpecArgs) -> Result<Outcome> {
             "spec: no requests, no sampling configuration or no clients".into(),
         ));
     }
-    if a.on == a.off {
+    // The same model for both: the `off` requests send `"speculative": false` (one copy of
+    // the weights; memra-server only). Otherwise `off` must be served with +spec=off.
+    let one_model = a.on == a.off;
+    let key = a.api_key.as_deref();
+    let (drafter, start) = scrape(&a.on, key)?;
+    let (off_drafter, _) = if one_model {
+        (Some("off".to_string()), start.clone())
+    } else {
+        scrape(&a.off, key)?
+    };
+    if one_model && drafter.is_none() {
         return Err(Error::Input(format!(
-            "spec: on and off are the same model ({} at {}): serve it twice, e.g. \
-             MEMRA_MODELS=on=FILE,off=FILE+spec=off",
+            "spec: on and off are the same model ({} at {}), which takes the per-request \
+             `speculative` switch on memra-server only: serve the peer twice",
             a.on.model, a.on.addr
         )));
     }
-    let key = a.api_key.as_deref();
-    let (drafter, start) = scrape(&a.on, key)?;
-    let (off_drafter, _) = scrape(&a.off, key)?;
     if drafter.as_deref() == Some("off") {
         return Err(Error::Input(format!(
             "spec: the `on` model `{}` does not speculate (+spec=off)",

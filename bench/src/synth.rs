@@ -11,11 +11,12 @@ use memra_engine::config::ModelConfig;
 use memra_engine::error::{Error, Result};
 use memra_engine::formats::gguf::{Gguf, MetaValue};
 use memra_engine::formats::safetensors::HfFolderSpec;
+use memra_engine::models::random::oracle_config;
 
 use crate::generate::tensor_bytes;
 use memra_engine::quant::DType;
 
-use crate::plan::{SynthDType, TensorPlan, plan};
+use crate::plan::{SynthDType, TensorPlan, oracle_plan, plan};
 use crate::rope::{ROPE_FREQS, llama3_rope_factors};
 use crate::shapes::Shape;
 use crate::sink::{GgufDecl, TensorSink, gguf_sink, hf_decls, hf_sink, split_sink};
@@ -75,6 +76,11 @@ pub struct SynthArgs {
     /// Multi-token-prediction layers to add after the decoder layers (llama-family shapes;
     /// random weights: their drafts are noise, see models/mtp.rs).
     pub mtp: usize,
+    /// Wire the model as the engine's MTP oracle (`models::random::oracle_fill`: output
+    /// projections zero, tied embeddings, the first MTP layer drafting the model's own greedy
+    /// picks), for speculation that accepts nearly every draft at a real shape. Llama-family
+    /// and qwen3next shapes; `mtp` 0 becomes 1.
+    pub mtp_oracle: bool,
     /// Gemma 3 shapes: the local layers' sliding window instead of the shape's (e.g. one wider
     /// than an image's rows, where llama.cpp and HF attend alike within the image:
     /// docs/VERIFY.md "Against llama.cpp mtmd").
@@ -100,6 +106,7 @@ impl SynthArgs {
             exact_kquants: false,
             ctx: None,
             mtp: 0,
+            mtp_oracle: false,
             sliding_window: None,
         }
     }
@@ -169,6 +176,16 @@ pub fn synth_config(args: &SynthArgs, vocab: usize) -> Result<ModelConfig> {
         cfg.max_ctx = c;
     }
     cfg.mtp_layers = args.mtp;
+    if args.mtp_oracle {
+        cfg = oracle_config(&cfg).map_err(|e| {
+            Error::Input(format!(
+                "--mtp-oracle: shape {} ({}) has no MTP oracle ({e}); use a llama, qwen2, \
+                 qwen3 or qwen3next shape",
+                args.shape.name(),
+                cfg.arch.gguf_name()
+            ))
+        })?;
+    }
     if let Some(w) = args.sliding_window {
         match cfg.gemma3.as_mut() {
             Some(g) => g.sliding_window = w,
@@ -182,6 +199,16 @@ pub fn synth_config(args: &SynthArgs, vocab: usize) -> Result<ModelConfig> {
     }
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// The tensors of the model `args` describes with config `cfg` ([`synth_config`]'s): [`plan`]'s,
+/// wired as the MTP oracle with `--mtp-oracle`.
+pub fn synth_plan(args: &SynthArgs, cfg: &ModelConfig) -> Result<Vec<TensorPlan>> {
+    let mut tensors = plan(cfg, args.dtype);
+    if args.mtp_oracle {
+        oracle_plan(cfg, &mut tensors)?;
+    }
+    Ok(tensors)
 }
 
 /// GGUF metadata for `cfg`: every key `ModelConfig::from_gguf` reads, plus llama.cpp's usual ones.
@@ -340,7 +367,7 @@ pub fn synth(args: &SynthArgs) -> Result<SynthReport> {
             args.dtype.name()
         )));
     }
-    let tensors = plan(&cfg, args.dtype);
+    let tensors = synth_plan(args, &cfg)?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads.unwrap_or(0))
         .build()

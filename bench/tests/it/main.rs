@@ -11,3 +11,4 @@ mod spec_bench;
 mod synth_fp8;
 mod synth_gguf;
 mod synth_hf;
+mod synth_oracle;

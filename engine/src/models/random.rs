@@ -127,43 +127,86 @@ pub fn random_weights(config: &ModelConfig, seed: u64, dtype: DType) -> Result<M
     ModelWeights::build(config, &mut get)
 }
 
-/// `config` (llama-family or qwen3next, tied embeddings, at least one MTP layer) with weights whose
-/// prediction depends on the current token only: every attention and FFN output projection is
-/// zero, so the final hidden state is the token's embedding. Its first MTP layer is wired to the
-/// same function of the next token (`eh_proj = [I, 0]`, its block's outputs zero, the model's
-/// output norm as its shared norm): its drafts are the model's own greedy picks (up to
-/// near-ties), so speculation with it accepts nearly every draft. The other weights are
-/// [`random_weights`]' in F32.
-pub fn oracle_mtp_weights(config: &ModelConfig, seed: u64) -> Result<ModelWeights> {
+/// What the MTP oracle ([`oracle_mtp_weights`], `memra-bench synth --mtp-oracle`) puts in a
+/// tensor: the one definition of its wiring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OracleFill {
+    /// The tensor's random values, as without the oracle.
+    Random,
+    /// All zeros: every block's output projection, so each layer adds zero to the residual.
+    Zero,
+    /// 1 at row i, column i of `[hidden, 2 * hidden]`, else 0: `eh_proj` passes the embedding
+    /// half through and drops the hidden half.
+    Identity,
+    /// All ones.
+    Ones,
+    /// The values of another tensor (the MTP shared norm: the model's output norm).
+    CopyOf(Role),
+}
+
+/// The oracle's config for `config`: tied embeddings and at least one MTP layer. Refused for an
+/// architecture without MTP support (llama, qwen2, qwen3 and qwen3next have it).
+pub fn oracle_config(config: &ModelConfig) -> Result<ModelConfig> {
     let cfg = ModelConfig {
         tie_embeddings: true,
         mtp_layers: config.mtp_layers.max(1),
         ..config.clone()
     };
+    super::mtp::validate(&cfg)?;
+    Ok(cfg)
+}
+
+/// The oracle's fill of `role` in a model of config `cfg` (an [`oracle_config`]).
+pub fn oracle_fill(cfg: &ModelConfig, role: Role) -> OracleFill {
+    match role {
+        // Attention, DeltaNet, FFN, experts, shared expert.
+        Role::AttnOut(_)
+        | Role::Down(_)
+        | Role::SsmOut(_)
+        | Role::DownExps(_)
+        | Role::ShexpDown(_) => OracleFill::Zero,
+        Role::MtpEhProj(_) => OracleFill::Identity,
+        Role::MtpEnorm(_) => OracleFill::Ones,
+        Role::MtpSharedNorm(x) if x == cfg.n_layers => OracleFill::CopyOf(Role::OutputNorm),
+        _ => OracleFill::Random,
+    }
+}
+
+/// Element `i` (row-major) of a constant fill of a tensor with rows of `cols` (`None` for
+/// [`OracleFill::Random`] and [`OracleFill::CopyOf`], whose values are drawn).
+pub fn oracle_value(fill: OracleFill, cols: usize, i: usize) -> Option<f32> {
+    match fill {
+        OracleFill::Zero => Some(0.0),
+        OracleFill::Ones => Some(1.0),
+        OracleFill::Identity => Some(if i % cols == i / cols { 1.0 } else { 0.0 }),
+        OracleFill::Random | OracleFill::CopyOf(_) => None,
+    }
+}
+
+/// `config` (llama-family or qwen3next; made [`oracle_config`]) with weights whose prediction
+/// depends on the current token only: every attention and FFN output projection is zero, so
+/// the final hidden state is the token's embedding. Its first MTP layer is wired to the same
+/// function of the next token (`eh_proj = [I, 0]`, its block's outputs zero, the model's output
+/// norm as its shared norm): its drafts are the model's own greedy picks (up to near-ties), so
+/// speculation with it accepts nearly every draft. The wiring is [`oracle_fill`]'s; the other
+/// weights are [`random_weights`]' in F32.
+pub fn oracle_mtp_weights(config: &ModelConfig, seed: u64) -> Result<ModelWeights> {
+    let cfg = oracle_config(config)?;
     let base = random_weights(&cfg, seed, DType::F32)?;
-    let (h, l) = (cfg.hidden, cfg.n_layers);
     let mut src = |role: Role| -> Result<Option<Tensor>> {
-        let name = role.gguf_name();
-        let filled = |shape: Vec<usize>, f: &dyn Fn(usize) -> f32| {
-            let n: usize = shape.iter().product();
-            let v: Vec<f32> = (0..n).map(f).collect();
-            Tensor::from_f32(name.clone(), shape, &v).map(Some)
+        let fill = oracle_fill(&cfg, role);
+        if let OracleFill::CopyOf(of) = fill {
+            return Ok(Some(base.get(of)?.clone()));
+        }
+        let Some(t) = base.opt(role) else {
+            return Ok(None);
         };
-        match role {
-            // Every block's output projection (attention, DeltaNet, FFN, experts, shared
-            // expert): each layer adds zero to the residual.
-            Role::AttnOut(_)
-            | Role::Down(_)
-            | Role::SsmOut(_)
-            | Role::DownExps(_)
-            | Role::ShexpDown(_) => filled(base.get(role)?.shape.clone(), &|_| 0.0),
-            // Row i, column i of [hidden, 2 * hidden]: the embedding half only.
-            Role::MtpEhProj(_) => filled(vec![h, 2 * h], &|j| {
-                if j % (2 * h) == j / (2 * h) { 1.0 } else { 0.0 }
-            }),
-            Role::MtpEnorm(_) => filled(vec![h], &|_| 1.0),
-            Role::MtpSharedNorm(x) if x == l => Ok(Some(base.get(Role::OutputNorm)?.clone())),
-            _ => Ok(base.opt(role).cloned()),
+        let cols = *t.shape.last().unwrap_or(&1);
+        let n: usize = t.shape.iter().product();
+        let v: Option<Vec<f32>> = (0..n).map(|i| oracle_value(fill, cols, i)).collect();
+        match v {
+            Some(v) => Tensor::from_f32(role.gguf_name(), t.shape.clone(), &v).map(Some),
+            None => Ok(Some(t.clone())),
         }
     };
     ModelWeights::build(&cfg, &mut src)

@@ -26,11 +26,22 @@
 #            DECODE_VS=<memra-bench of another build>: both builds' decode and pp512, alternated
 #   pprof    a 512-token prefill's op profile and the decode kernels' times (ncu, ~one step)
 #   inv80    invariance on that file
+#   mtp80    MTP speculation vs plain at the 80B shape (issue 34): removes $Q3N (the disk holds
+#            one 48 GB file), synthesizes qwen3-next-80b-a3b Q4_K_M wired as the MTP oracle
+#            (synth --mtp-oracle: its MTP layer drafts the model's own picks) with synth.sh's
+#            tokenizer, serves it once (on = +spec=mtp; the plain requests send
+#            "speculative": false, memra-bench spec --model-off on) and runs memra-bench spec on
+#            the workload (grounded kinds included): tok/s of both, acceptance, whether every
+#            output matched (rows into
+#            $O/spec.jsonl, table $O/spec-mtp80.md). The oracle's greedy output repeats the
+#            current token, so a verify step's rows route to the same experts: its speed-up
+#            is an upper bound of a real checkpoint's at that acceptance
 #   kernels  the whole kernels gate (before vision: it runs while llama.cpp builds)
 #   gsmol    lib.sh's gates_smol (every SmolLM2 gate)
 #   ggemma   invariance and tokens on the real Gemma 3 270M (pieces gemma)
-# Run order: gates serve mtp peer smol kernels gsmol ggemma vision ab sbs decode pprof vg3 mtmd
-# inv80 (the qwen3next rows before the steps that wait for the five Gemma pieces).
+# Run order: gates serve mtp peer smol kernels gsmol ggemma vision ab sbs decode pprof inv80 mtp80
+# vg3 mtmd (the qwen3next rows before the steps that wait for the five Gemma pieces; mtp80 after
+# every step that reads $Q3N, since it deletes that file).
 # Start: LEASE_SYNTH=q3n LEASE_RUN=... bash tools/device/lease/start.sh tools/device/lease/hybrid.sh 5
 # then poll.sh back to back (docs/DEVICE.md step 3). ~12 device-minutes for all.
 set -u
@@ -112,6 +123,26 @@ if on pprof && waitf $Q3N 400; then
   # the 512-token prefill's kernels (one step: ~12 launches a layer, 48 layers)
   KERN_CLOCK=none KERN_PROMPT=512 kern ${PPROF_PKERN:-q3n:Q4_K_M:0:900}
 fi
+on inv80 && waitf $Q3N 60 && run inv-q3n 420 $B/memra-verify invariance $Q3N --device cuda:0 --max-m 8 --prompt-len 80
+# mtp80: the 80B oracle file in $Q3N's place (after the steps that read $Q3N), served once as the
+# speculating `on` model (MTP only); the plain requests opt out per request. memra-bench spec
+# fails on any output that differs.
+Q3O=$M/q3n-oracle.gguf
+if on mtp80; then
+  # synth.sh may still be writing $Q3N: let it finish before the file goes
+  case " ${LEASE_SYNTH:-} " in *" q3n "*) waitf $Q3N 400 ;; esac
+  rm -f $Q3N $Q3N.tmp
+  run synth-q3o 900 $B/memra-bench synth --shape qwen3-next-80b-a3b --dtype q4_k_m --mtp 1 --mtp-oracle --tokenizer-from $M/tok.gguf --out $Q3O --quiet
+  df -h $M | tail -1 >> $S
+  MEMRA_MODELS="on=$Q3O+spec=mtp" MEMRA_KV_BLOCKS=${SPEC_KV_BLOCKS:-2048} MEMRA_ADDR=127.0.0.1:8091 \
+    $B/memra-server > $O/logs/mtp80-server.log 2>&1 &
+  pid=$!
+  for i in $(seq 1 600); do curl -s -o /dev/null -w "%{http_code}" 127.0.0.1:8091/ready 2>/dev/null | grep -q 200 && break; sleep 0.5; done
+  run spec-mtp80 600 $B/memra-bench spec --addr 127.0.0.1:8091 --model-off on --model-file $Q3O --shape qwen3-next-80b-a3b --dtype Q4_K_M \
+    --device cuda:0 --run $RUN-mtp80 --out $O/spec.jsonl --repeat 1 --max-tokens 128 --table $O/spec-mtp80.md
+  grep -E "grounded|all" $O/spec-mtp80.md 2>/dev/null | cut -c1-200 >> $S
+  kill $pid; wait $pid 2>/dev/null
+fi
 if on vg3; then  # the real-size random F16 tower served by Gemma 3 270M (pieces gemma)
   run mmproj-g3 180 $B/memra-bench synth-mmproj --shape gemma3 --text-hidden 640 --dtype f16 --out $M/mm-g3.gguf &&
     waitf $HOME/gemma.ok 400 && run vision-g3 600 $B/memra-verify vision $GEMMA --mmproj $M/mm-g3.gguf --device cuda:0 --reference none --images 2 --prompts 4
@@ -127,5 +158,4 @@ if on mtmd; then  # the vision side by side with llama.cpp mtmd (images and logs
     ls $HOME/mtmd/mtmd-*.log 2>/dev/null | tail -n 1 | xargs -r -I{} cp {} $O/logs/mtmd-llama-last.log
   fi
 fi
-on inv80 && waitf $Q3N 60 && run inv-q3n 420 $B/memra-verify invariance $Q3N --device cuda:0 --max-m 8 --prompt-len 80
 touch $HOME/queue.done
