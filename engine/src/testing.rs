@@ -23,3 +23,15 @@ pub fn real_model() -> PathBuf {
     );
     p
 }
+
+/// A CPU backend over `w` with a small KV pool (2 threads, 64 blocks of 4 positions): the
+/// speculation tests' backend.
+pub fn small_cpu(w: crate::models::ModelWeights) -> crate::backend::cpu::CpuBackend {
+    let opts = crate::backend::cpu::CpuOptions {
+        threads: 2,
+        kv_blocks: 64,
+        block_size: 4,
+        ..Default::default()
+    };
+    crate::backend::cpu::CpuBackend::new(w, &opts).expect("CPU backend")
+}

@@ -10,7 +10,6 @@ use memra_bench::plan::{Init, SynthDType, TensorPlan};
 use memra_bench::shapes::Shape;
 use memra_bench::synth::{Format, SynthArgs, TokenizerSource, synth, synth_config, synth_plan};
 use memra_engine::backend::Device;
-use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
 use memra_engine::config::Arch;
 use memra_engine::generate::{GenRequest, generate};
 use memra_engine::loader::load_weights;
@@ -19,6 +18,7 @@ use memra_engine::models::{ModelWeights, Role};
 use memra_engine::quant::{DType, dequantize_row};
 use memra_engine::spec::generate::{SpecOptions, generate_spec};
 use memra_engine::spec::mtp::MtpDrafter;
+use memra_engine::testing::small_cpu;
 
 const VOCAB: usize = 256;
 
@@ -31,20 +31,10 @@ fn args(shape: Shape, dtype: SynthDType, out: PathBuf) -> SynthArgs {
     }
 }
 
-fn cpu(w: ModelWeights) -> CpuBackend {
-    let opts = CpuOptions {
-        threads: 2,
-        kv_blocks: 64,
-        block_size: 4,
-        ..Default::default()
-    };
-    CpuBackend::new(w, &opts).unwrap()
-}
-
 /// Greedy MTP speculation at K = 1..3 on a few prompts: tokens equal plain decoding's; returns
 /// (drafted, accepted).
 fn speculate(w: &ModelWeights, what: &str) -> (u64, u64) {
-    let mut b = cpu(w.clone());
+    let mut b = small_cpu(w.clone());
     let prompts: [Vec<u32>; 3] = [
         vec![1, 2, 3, 4, 5, 1, 2, 3],
         (0..23).map(|i| (i * 37 % 250) as u32 + 3).collect(),

@@ -132,3 +132,15 @@ pub fn tiny_model(arch: memra_engine::config::Arch) -> memra_engine::loader::Mod
         chat: None,
     }
 }
+
+/// An engine serving [`tiny_model`] of `arch` as model "m" with `cfg`.
+pub fn start_tiny(
+    arch: memra_engine::config::Arch,
+    cfg: memra_engine::engine::EngineConfig,
+) -> EngineHandle {
+    memra_engine::engine::Engine::start(
+        vec![("m".into(), tiny_model(arch), cfg)],
+        memra_engine::engine::AdmissionLimits::default(),
+    )
+    .unwrap()
+}

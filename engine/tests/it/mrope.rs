@@ -15,7 +15,7 @@ use memra_engine::backend::Backend;
 use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
 use memra_engine::backend::{RowEmbed, StepBatch};
 use memra_engine::config::{Arch, ModelConfig};
-use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle};
+use memra_engine::engine::{EngineConfig, EngineHandle};
 use memra_engine::formats::gguf::{Gguf, MetaValue};
 use memra_engine::models::random::{random_weights, tiny_config, unit};
 use memra_engine::quant::DType;
@@ -174,11 +174,7 @@ fn start(arch: Arch, budget: usize, spec: Option<SpecConfig>) -> EngineHandle {
         spec,
         ..common::cpu_engine_config(128, budget)
     };
-    Engine::start(
-        vec![("m".into(), common::tiny_model(arch), cfg)],
-        AdmissionLimits::default(),
-    )
-    .unwrap()
+    common::start_tiny(arch, cfg)
 }
 
 fn request(prompt: Vec<u32>, media: Vec<MediaSpan>, speculative: bool) -> ValidRequest {

@@ -6,7 +6,7 @@ use crate::common;
 
 use memra_engine::backend::Backend;
 use memra_engine::backend::Device;
-use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
+use memra_engine::backend::cpu::CpuBackend;
 use memra_engine::config::Arch;
 use memra_engine::generate::{GenOutput, GenRequest, generate};
 use memra_engine::models::random::{random_weights, tiny_config};
@@ -16,18 +16,13 @@ use memra_engine::spec::draft_model::DraftModelDrafter;
 use memra_engine::spec::generate::{SpecOptions, generate_spec};
 use memra_engine::spec::ngram::NgramDrafter;
 use memra_engine::spec::{DraftReq, Drafter};
+use memra_engine::testing::small_cpu;
 
 const VOCAB: usize = 48;
 
 fn backend(seed: u64) -> CpuBackend {
     let w = random_weights(&tiny_config(Arch::Llama, VOCAB), seed, DType::Q8_0).unwrap();
-    let opts = CpuOptions {
-        threads: 2,
-        kv_blocks: 64,
-        block_size: 4,
-        ..Default::default()
-    };
-    CpuBackend::new(w, &opts).unwrap()
+    small_cpu(w)
 }
 
 /// Drafts the known plain continuation, corrupting every `every`-th draft token: acceptance

@@ -3,7 +3,6 @@
 //! layer drafts well; GGUF and HF copies load the same MTP tensors; malformed MTP checkpoints
 //! are refused naming the tensor; rejected drafts leave nothing in the drafter's KV.
 
-use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
 use memra_engine::backend::{Backend, Device};
 use memra_engine::config::{Arch, ModelConfig};
 use memra_engine::generate::{GenRequest, generate};
@@ -15,6 +14,7 @@ use memra_engine::sampling::SamplingParams;
 use memra_engine::spec::generate::{SpecOptions, generate_spec};
 use memra_engine::spec::mtp::MtpDrafter;
 use memra_engine::spec::{DraftReq, Drafter};
+use memra_engine::testing::small_cpu;
 use memra_engine::testing::tiny_gguf::gguf_meta;
 use memra_engine::weights::Tensor;
 
@@ -38,16 +38,6 @@ fn tiny_mtp(arch: Arch, seed: u64) -> ModelWeights {
 /// A model with an MTP layer wired to draft the model's own picks (`oracle_mtp_weights`).
 fn oracle(seed: u64) -> ModelWeights {
     oracle_mtp_weights(&mtp_config(Arch::Llama), seed).unwrap()
-}
-
-fn cpu(w: ModelWeights) -> CpuBackend {
-    let opts = CpuOptions {
-        threads: 2,
-        kv_blocks: 64,
-        block_size: 4,
-        ..Default::default()
-    };
-    CpuBackend::new(w, &opts).unwrap()
 }
 
 fn request(prompt: Vec<u32>, params: SamplingParams) -> GenRequest {
@@ -79,7 +69,7 @@ fn prompts() -> Vec<Vec<u32>> {
 /// Speculative decoding with the MTP drafter of `w` equals plain decoding for K = 1..4;
 /// returns (drafted, accepted) of the greedy runs.
 fn check_exact(w: ModelWeights, what: &str) -> (u64, u64) {
-    let mut b = cpu(w.clone());
+    let mut b = small_cpu(w.clone());
     let (mut drafted, mut accepted) = (0, 0);
     for prompt in prompts() {
         for (pname, p) in params() {
@@ -145,7 +135,7 @@ fn hidden_rows(
     w: &ModelWeights,
     tokens: &[u32],
 ) -> Vec<(memra_engine::backend::StepRow, Vec<f32>)> {
-    let mut b = cpu(w.clone());
+    let mut b = small_cpu(w.clone());
     b.keep_hidden(true).unwrap();
     let rows = tokens
         .iter()
@@ -214,7 +204,7 @@ fn rejected_drafts_leave_nothing_behind() {
 
 fn logits_bits(w: ModelWeights) -> Vec<Vec<u32>> {
     let req = request(vec![1, 2, 3, 4, 5], SamplingParams::default());
-    let mut b = cpu(w.clone());
+    let mut b = small_cpu(w.clone());
     let mut d = MtpDrafter::new(&w, Device::Cpu, 1).unwrap();
     let o = SpecOptions {
         k: 3,

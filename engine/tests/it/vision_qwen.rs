@@ -11,7 +11,7 @@ use crate::common::run_request as run;
 use std::sync::Arc;
 
 use memra_engine::config::Arch;
-use memra_engine::engine::{AdmissionLimits, Engine, EngineHandle};
+use memra_engine::engine::EngineHandle;
 use memra_engine::formats::gguf::Gguf;
 use memra_engine::quant::DType;
 use memra_engine::request::ValidRequest;
@@ -261,12 +261,7 @@ fn hostile_qwen_mmproj_files_are_refused() {
 }
 
 fn start(arch: Arch, budget: usize) -> EngineHandle {
-    let cfg = common::cpu_engine_config(96, budget);
-    Engine::start(
-        vec![("m".into(), common::tiny_model(arch), cfg)],
-        AdmissionLimits::default(),
-    )
-    .unwrap()
+    common::start_tiny(arch, common::cpu_engine_config(96, budget))
 }
 
 fn request(prompt: Vec<u32>, media: Vec<MediaSpan>) -> ValidRequest {

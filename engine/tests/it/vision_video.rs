@@ -13,7 +13,7 @@ use crate::common::run_request as run;
 use std::sync::Arc;
 
 use memra_engine::config::Arch;
-use memra_engine::engine::{AdmissionLimits, Engine, EngineHandle};
+use memra_engine::engine::EngineHandle;
 use memra_engine::request::ValidRequest;
 use memra_engine::vision::random::tiny_qwen;
 use memra_engine::vision::video::{self, Clock, Layout};
@@ -199,15 +199,7 @@ fn video_times_are_checked() {
 }
 
 fn start(arch: Arch, budget: usize) -> EngineHandle {
-    Engine::start(
-        vec![(
-            "m".into(),
-            common::tiny_model(arch),
-            common::cpu_engine_config(128, budget),
-        )],
-        AdmissionLimits::default(),
-    )
-    .unwrap()
+    common::start_tiny(arch, common::cpu_engine_config(128, budget))
 }
 
 fn request(prompt: Vec<u32>, media: Vec<MediaSpan>) -> ValidRequest {
