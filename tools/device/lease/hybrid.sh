@@ -122,6 +122,8 @@ if on pprof && waitf $Q3N 400; then
   KERN_CLOCK=none kern ${PPROF_KERN:-q3n:Q4_K_M:5000:700}
   # the 512-token prefill's kernels (one step: ~12 launches a layer, 48 layers)
   KERN_CLOCK=none KERN_PROMPT=512 kern ${PPROF_PKERN:-q3n:Q4_K_M:0:900}
+  # PPROF_KDET="q3n:Q4_K_M:SKIP:COUNT:REGEX ...": ncu's detailed sections of chosen decode kernels
+  [ -n "${PPROF_KDET:-}" ] && kdet $PPROF_KDET
 fi
 on inv80 && waitf $Q3N 60 && run inv-q3n 420 $B/memra-verify invariance $Q3N --device cuda:0 --max-m 8 --prompt-len 80
 # mtp80: the 80B oracle file in $Q3N's place (after the steps that read $Q3N), served once as the
