@@ -101,3 +101,64 @@ __device__ __forceinline__ float geglu_tanh_of(float x, float u) {
     const float t = tanhf(0.7978846f * (x + 0.044715f * x * x * x));
     return 0.5f * x * (1.0f + t) * u;
 }
+
+// F32 products in the GPU's own order (mixture-of-experts routers, F32 checkpoints): a feature
+// n's value for a row is fixed by (n, K) and the row alone. K falls into 8 chunks
+// [q K / 8, (q + 1) K / 8); chunk q's sum: lane l takes columns c0 + l, c0 + l + 32, ... in
+// ascending order with fma from +0, then the xor tree 16 .. 1 (every lane gets the same bits:
+// each addition's operands are the same pair on both lanes); the value is -0 + s_0 + ... + s_7
+// in chunk order. One warp computes a feature for up to 8 rows: matmul_f32_rows (matmul.cu)
+// and moe_norm_route (moe.cu) share these two functions, so their bits agree whatever the rows.
+// All 32 lanes must call them.
+#define F32R_PRE 8  // columns a lane keeps in registers per chunk: K <= 8 x 32 x 8 = 2048 wholly
+// A lane's first F32R_PRE weights of each chunk of row w (0 past the chunk), into registers.
+__device__ __forceinline__ void f32_row_load(const float* __restrict__ w, u32 K, float (&wp)[8][F32R_PRE]) {
+    const u32 lane = threadIdx.x & 31;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+        const u32 c0 = (u32)((u64)q * K / 8), c1 = (u32)((u64)(q + 1) * K / 8);
+#pragma unroll
+        for (int i = 0; i < F32R_PRE; ++i) {
+            const u32 c = c0 + lane + 32 * i;
+            wp[q][i] = c < c1 ? w[c] : 0.0f;
+        }
+    }
+}
+// v[t] = the value of row t (t < mt <= 8; every lane) of rows x + t xs against row w, whose
+// first weights f32_row_load put in wp (the rest of a chunk past them is loaded here).
+__device__ __forceinline__ void f32_row_dot(const float* __restrict__ w, const float (&wp)[8][F32R_PRE],
+                                            const float* x, u64 xs, u32 mt, u32 K, float (&v)[8]) {
+    const u32 lane = threadIdx.x & 31;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) v[t] = -0.0f;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+        const u32 c0 = (u32)((u64)q * K / 8), c1 = (u32)((u64)(q + 1) * K / 8);
+        float acc[8];
+#pragma unroll
+        for (int t = 0; t < 8; ++t) acc[t] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < F32R_PRE; ++i) {
+            const u32 c = c0 + lane + 32 * i;
+            if (c < c1) {
+#pragma unroll
+                for (int t = 0; t < 8; ++t)
+                    if ((u32)t < mt) acc[t] = __fmaf_rn(wp[q][i], x[(u64)t * xs + c], acc[t]);
+            }
+        }
+        for (u32 c = c0 + lane + 32 * F32R_PRE; c < c1; c += 32) {
+            const float wv = w[c];
+#pragma unroll
+            for (int t = 0; t < 8; ++t)
+                if ((u32)t < mt) acc[t] = __fmaf_rn(wv, x[(u64)t * xs + c], acc[t]);
+        }
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+            if ((u32)t >= mt) continue;
+            float s = acc[t];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL_MASK, s, o));
+            v[t] = __fadd_rn(v[t], s);
+        }
+    }
+}

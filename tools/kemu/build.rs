@@ -56,6 +56,7 @@ fn main() {
         "src/shim.h",
         "src/check_kernels.h",
         "src/check_delta.h",
+        "src/check_router.h",
     ] {
         println!("cargo:rerun-if-changed={f}");
     }

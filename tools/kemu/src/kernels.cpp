@@ -10,6 +10,7 @@
 #include "delta.cu"
 #include "check_kernels.h"
 #include "check_delta.h"
+#include "check_router.h"
 
 extern "C" int kemu_run(const char* name, unsigned gx, unsigned gy, unsigned block, const u64* a, unsigned n) {
     auto P = [&](int i) { return (void*)a[i]; };
