@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # hybrid.sh: the queue of issue 34 (qwen3next, gated DeltaNet). Steps (HYBRID_STEPS, default
 # all, in this order):
-#   gates    the delta kernels and their neighbours (rope, elementwise), then invariance,
+#   gates    the delta kernels and their neighbours (rope, elementwise; GATE_GROUPS: the kernels
+#            gate's groups, default with the routers' matmul / moe / fused), then invariance,
 #            graph and spec on a tiny random qwen3next
 #   serve    serve-invariance (prefix-cache hits from state snapshots) on a tiny qwen3next file
 #   mtp      spec with qwen3next's own MTP module (random and oracle-wired: the hand-over check
@@ -54,8 +55,8 @@ T=$M/q3n-tiny-q8.gguf TF=$M/q3n-tiny-f32.gguf
 $B/memra-bench synth --shape tiny-qwen3next --dtype q8_0 --tokenizer-from $M/tok.gguf --out $T --quiet
 $B/memra-bench synth --shape tiny-qwen3next --dtype f32 --tokenizer-from $M/tok.gguf --out $TF --quiet
 if on gates; then
-  run kernels-delta 300 $B/memra-verify kernels --device cuda:0 --only delta,rope,elementwise
-  grep -E "FAIL|delta|sigmoid|rope" $O/logs/kernels-delta.log | head -12 >> $S
+  run kernels-delta 300 $B/memra-verify kernels --device cuda:0 --only ${GATE_GROUPS:-delta,rope,elementwise,matmul,moe,fused}
+  grep -E "FAIL|delta|sigmoid|moe_norm_route" $O/logs/kernels-delta.log | head -12 >> $S
   run inv-tiny 300 $B/memra-verify invariance --device cuda:0 --tiny qwen3next
   run graph-tiny 300 $B/memra-verify graph --device cuda:0 --tiny qwen3next
   run spec-tiny 400 $B/memra-verify spec --device cuda:0 --tiny qwen3next --max-tokens 24 --k-max 4 --drafters ngram,self
