@@ -22,9 +22,7 @@
 use std::sync::Mutex;
 
 use super::device::{Arg, Gpu};
-use super::vision_kernels::{
-    Epilogue, HEAD_DIMS, Product, TowerKernels, half_qkv_len, padded_k,
-};
+use super::vision_kernels::{Epilogue, HEAD_DIMS, Product, TowerKernels, half_qkv_len, padded_k};
 use crate::error::{Error, Result};
 use crate::vision::{TowerParams, TowerWeights};
 
@@ -444,7 +442,10 @@ pub(super) mod tests {
         assert_eq!(l[0], "vit_patches");
         assert!(l.contains(&"vit_qkv_half".to_string()));
         assert!(l.contains(&"vit_attn_mma_d8".to_string()));
-        assert!(!l.iter().any(|k| k.starts_with("vit_gemm") && k != "vit_gemm_mma"));
+        assert!(
+            !l.iter()
+                .any(|k| k.starts_with("vit_gemm") && k != "vit_gemm_mma")
+        );
         assert_eq!(l[l.len() - 2], "rms_norm");
         assert!(t.forward(&px[1..]).is_err());
     }
