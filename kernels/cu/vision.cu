@@ -131,9 +131,9 @@ __device__ __forceinline__ void vit_ldsm(u32 r[4], const u16* p) {
 #define GM_BN 128
 #define GM_BK 32
 #define GM_LD (GM_BK + 8)  // u16 per staged row: ldmatrix rows on distinct banks
-#define GM_THREADS 256
+#define GM_THREADS 256  // two blocks an SM: 128 registers (ptxas 12.8, sm_90a: no spills)
 
-extern "C" __global__ void __launch_bounds__(GM_THREADS) vit_gemm_mma(const float* X, const u16* __restrict__ W,
+extern "C" __global__ void __launch_bounds__(GM_THREADS, 2) vit_gemm_mma(const float* X, const u16* __restrict__ W,
                                                                       const float* __restrict__ B, float* Y, u32 M,
                                                                       u32 N, u32 K, u32 Kp, u32 mode) {
     pdl_entry();
@@ -327,6 +327,8 @@ extern "C" __global__ void __launch_bounds__(256) vit_layer_norm(const float* X,
 // finally out = o / l. An mma output row depends on its own A row only (docs/KERNELS.md), so
 // a row's bits depend on its q, its head and its key range: not on the other rows of the
 // block, the grid, or how many rows the launch has.
+// Two blocks an SM (__launch_bounds__(VA_THREADS, 2): 128 registers; ptxas 12.8 for sm_90a:
+// no spills up to D = 64 and at 96; 12 bytes in vit_attn_mma_d72 / _d80, none in the window ones).
 #define VA_WARPS 8
 #define VA_Q (16 * VA_WARPS)
 #define VA_THREADS (32 * VA_WARPS)
@@ -489,8 +491,8 @@ __device__ __forceinline__ void vit_attn_mma_span(const u16* __restrict__ H, flo
 
 // Every row attends to all n rows: block x takes rows 128 x .. (at most n).
 #define VIT_ATTN_MMA(D)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(VA_THREADS) vit_attn_mma_d##D(const u16* H, float* O, u32 n,        \
-                                                                          u32 heads, float scale) {           \
+    extern "C" __global__ void __launch_bounds__(VA_THREADS, 2)                                                \
+        vit_attn_mma_d##D(const u16* H, float* O, u32 n, u32 heads, float scale) {                             \
         pdl_entry();                                                                                           \
         const u32 q0 = blockIdx.x * VA_Q;                                                                      \
         vit_attn_mma_span<D>(H, O, n, heads, q0, min(n, q0 + VA_Q), 0, n, scale);                              \
@@ -508,7 +510,7 @@ VIT_ATTN_MMA(128)
 // q1, at most VA_Q of them, attend to the rows k0 .. k1 of their window) and head y; H holds
 // `rows` rows.
 #define QVIT_ATTN_WIN_MMA(D)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(VA_THREADS) qvit_attn_win_mma_d##D(                                 \
+    extern "C" __global__ void __launch_bounds__(VA_THREADS, 2) qvit_attn_win_mma_d##D(                       \
         const u16* H, float* O, const u32* tiles, u32 rows, u32 heads, float scale) {                          \
         pdl_entry();                                                                                           \
         const u32* tl = tiles + 4 * (u64)blockIdx.x;                                                          \
