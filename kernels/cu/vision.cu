@@ -328,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(256) vit_layer_norm(const float* X,
 // a row's bits depend on its q, its head and its key range: not on the other rows of the
 // block, the grid, or how many rows the launch has.
 // Two blocks an SM (__launch_bounds__(VA_THREADS, 2): 128 registers; ptxas 12.8 for sm_90a:
-// no spills up to D = 64 and at 96; 12 bytes in vit_attn_mma_d72 / _d80, none in the window ones).
+// no spills at D = 8 .. 64 and 96; 12 to 16 bytes in vit_attn_mma_d72 / _d80 / _d128).
 #define VA_WARPS 8
 #define VA_Q (16 * VA_WARPS)
 #define VA_THREADS (32 * VA_WARPS)
