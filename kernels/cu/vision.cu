@@ -1,36 +1,31 @@
-// The vision tower (Gemma 3's SigLIP ViT and its pooling projector) on the device, f32
-// throughout: engine/src/backend/cuda/vision.rs runs one image through these kernels and
+// The vision tower (Gemma 3's SigLIP ViT and its pooling projector) on the device:
+// engine/src/backend/cuda/vision.rs runs one image through these kernels and
 // engine/src/vision/siglip.rs is the CPU reference they are checked against (docs/VERIFY.md
-// "The CUDA tower"). Every output element is computed by one thread in one fixed order that
-// depends only on the shapes, never on the launch beyond them or on timing: no atomics, no
-// split reductions, so an image gives the same bits run after run. The module compiles with
-// --fmad=false (kernels/src/lib.rs); the products and the attention write their fused
-// multiply-adds explicitly (__fmaf_rn), the rest rounds every operation as the CPU does.
+// "The CUDA tower"). The products and the attention run on tensor cores (mma.sync m16n8k16:
+// activations rounded to f16, f16 weights, f32 accumulation); the rest is f32. Every output
+// element is computed in one fixed order that depends only on the shapes, never on the launch
+// beyond them or on timing: no atomics, no split reductions, so an image gives the same bits run
+// after run. The module compiles with --fmad=false (kernels/src/lib.rs); the rest rounds every
+// operation as the CPU does.
 //
-// vit_patches     the patch rows of the image (im2col of the stride-`patch` convolution).
-// vit_gemm_<w>    Y = X W^T + b over f32 rows X [M][K] and weights W [N][K] (f32 or f16: the
-//                 mmproj's own values, widened exactly), with an epilogue: plain, tanh-GELU, or
-//                 added onto Y (the residual stream).
-// vit_layer_norm  LayerNorm with bias, one warp per row.
-// vit_attn_d<D>   full (bidirectional) softmax attention of every patch over every patch, head
-//                 dim D, flash-style: a thread per query row, K/V tiles in shared memory, the
-//                 online softmax in key order.
-// vit_pool        average of the patch grid in pool x pool windows.
+// vit_patches        the patch rows of the image (im2col of the stride-`patch` convolution).
+// vit_gemm_mma       Y = X W^T + b over f32 rows X [M][K] (rounded to f16 as staged) and f16
+//                    weights W [N][Kp] (zero-padded rows), with an epilogue: plain, tanh-GELU,
+//                    or added onto Y (the residual stream), and the Qwen ViT's below.
+// vit_qkv_half       the fused Q/K/V product's rows as f16, per head, for the attention.
+// vit_layer_norm     LayerNorm with bias, one warp per row.
+// vit_attn_mma_d<D>  full (bidirectional) softmax attention of every patch over every patch,
+//                    head dim D (padded to 16), flash-style on tensor cores.
+// vit_pool           average of the patch grid in pool x pool windows.
 //
 // The Qwen ViT (engine/src/backend/cuda/vision_qwen.rs; CPU reference vision/qwenvit.rs) runs
 // the products (with the epilogues QuickGELU, erf-GELU and the SiLU gate), LayerNorm, norm.cu's
 // `rms_norm` and the full attention above, and:
-// qvit_patches        the patch rows of a temporal patch (an image twice, or a video's frame pair)
-//                     in the tower's row order.
-// qvit_rope           the 2D rotary embedding of Q and K in place, from the host's table.
-// qvit_attn_win_d<D>  attention within windows: each block a tile of query rows of one window,
-//                     the window's keys (consecutive rows) in order.
-
-#define G_BM 128
-#define G_BN 128
-#define G_BK 16
-#define G_PAD 4
-#define G_THREADS 256
+// qvit_patches             the patch rows of a temporal patch (an image twice, or a video's
+//                          frame pair) in the tower's row order.
+// qvit_rope                the 2D rotary embedding of Q and K in place, from the host's table.
+// qvit_attn_win_mma_d<D>   attention within windows: each block a tile of query rows of one
+//                          window, the window's keys (consecutive rows) in order.
 
 // Epilogue of vit_gemm (the `mode` argument).
 #define G_PLAIN 0u
@@ -93,155 +88,193 @@ extern "C" __global__ void vit_patches(const float* __restrict__ px, float* __re
     }
 }
 
-// One weight value as f32 (exact for both types).
-__device__ __forceinline__ float w_val(const float* w, u64 i) { return w[i]; }
-__device__ __forceinline__ float w_val(const u16* w, u64 i) { return f16_to_f32(w[i]); }
-
-// Eight values row[k .. k + 8) of a row of K values, zero past K. `vec`: K is a multiple of 4,
-// so 4-value groups are aligned and either wholly inside the row or wholly past it.
-__device__ __forceinline__ void load8(const float* row, u32 k, u32 K, bool vec, float* v) {
-    if (vec) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const u32 kk = k + 4 * h;
-            float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (kk < K) f = *reinterpret_cast<const float4*>(row + kk);
-            v[4 * h] = f.x;
-            v[4 * h + 1] = f.y;
-            v[4 * h + 2] = f.z;
-            v[4 * h + 3] = f.w;
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = k + j < K ? row[k + j] : 0.0f;
-    }
+// An f32 pair as f16x2 (lo in the low half), rounded to nearest even; finite values past the
+// f16 range saturate to +-65504, NaN stays NaN (a poisoned input shows in the output).
+__device__ __forceinline__ u32 vit_h2(float lo, float hi) {
+    lo = fabsf(lo) > 65504.0f ? copysignf(65504.0f, lo) : lo;
+    hi = fabsf(hi) > 65504.0f ? copysignf(65504.0f, hi) : hi;
+    u32 d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
 }
 
-__device__ __forceinline__ void load8(const u16* row, u32 k, u32 K, bool vec, float* v) {
-    if (vec) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const u32 kk = k + 4 * h;
-            uint2 b = make_uint2(0u, 0u);
-            if (kk < K) b = *reinterpret_cast<const uint2*>(row + kk);
-            v[4 * h] = f16_to_f32((u16)(b.x & 0xffffu));
-            v[4 * h + 1] = f16_to_f32((u16)(b.x >> 16));
-            v[4 * h + 2] = f16_to_f32((u16)(b.y & 0xffffu));
-            v[4 * h + 3] = f16_to_f32((u16)(b.y >> 16));
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = k + j < K ? f16_to_f32(row[k + j]) : 0.0f;
-    }
+// Four 8 x 8 16-bit matrices from shared memory (lanes 8j .. 8j + 7 address the rows of matrix
+// j); lane (g, t) receives row g, columns 2t, 2t + 1 of each (TRANS: rows 2t, 2t + 1 of column g).
+template <bool TRANS>
+__device__ __forceinline__ void vit_ldsm(u32 r[4], const u16* p) {
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
 }
 
-// Y[m][n] = epilogue(sum_k X[m][k] W[n][k] (+ B[n])); the epilogues G_PLAIN, G_GELU (tanh),
-// G_ADD (Y + value), G_QUICK_GELU, G_GELU_ERF, G_MUL_SILU (Y * silu(value): the gated FFN, Y
-// holding the up product). Blocks of 256 threads own 128 x 128
-// outputs; each thread 8 x 8 of them (rows ty*4 + {0..3} and 64 + ty*4 + {0..3}, columns
-// likewise with tx). K runs in tiles of 16 through double-buffered shared memory (the next tile
-// is loaded into registers while the current one is multiplied). Each output is one chain of
-// __fmaf_rn over k = 0, 1, ..., K - 1 (zero padding past K adds exact zeros), then + B[n], then
-// the epilogue: its bits depend on its own row and column only, not on M, N or the grid.
-// B may be null (no bias).
-template <typename WT>
-__device__ __forceinline__ void vit_gemm_body(const float* __restrict__ X, const WT* __restrict__ W,
-                                              const float* __restrict__ B, float* Y, u32 M, u32 N, u32 K,
-                                              u32 mode) {
-    __shared__ __align__(16) float As[2][G_BK][G_BM + G_PAD];
-    __shared__ __align__(16) float Bs[2][G_BK][G_BN + G_PAD];
-    const u32 t = threadIdx.x;
-    const u32 tx = t % 16, ty = t / 16;
-    const u32 m0 = blockIdx.y * G_BM, n0 = blockIdx.x * G_BN;
-    // The loader: row lr of the tile, k offset lk (0 or 8) within it.
-    const u32 lr = t / 2, lk = (t % 2) * 8;
-    const bool vec = K % 4 == 0;
-    const bool a_in = m0 + lr < M, b_in = n0 + lr < N;
-    const float* xrow = X + (u64)(a_in ? m0 + lr : 0) * K;
-    const WT* wrow = W + (u64)(b_in ? n0 + lr : 0) * K;
-    float ra[8], rb[8];
-    float acc[8][8];
+// The product on tensor cores: Y[m][n] = epilogue(sum_k f16(X[m][k]) W[n][k] (+ B[n])) with the
+// epilogues G_PLAIN, G_GELU (tanh), G_ADD (Y + value), G_QUICK_GELU, G_GELU_ERF, G_MUL_SILU
+// (Y * silu(value): the gated FFN, Y holding the up product). X: f32 rows [M][K], rounded to
+// f16 as they are staged (vit_h2); W: f16 [N][Kp], each row zero-padded from K to Kp (a
+// multiple of GM_BK: the host's layout), so its tiles are whole 16-byte copies. Blocks of 8
+// warps own 128 x 128 outputs (warp w: rows 64 (w % 2) .., columns 32 (w / 2) ..: 4 x 4 mma
+// tiles); K runs in tiles of 32 through double-buffered shared memory (W by cp.async, X through
+// registers while the previous tile is multiplied). Each output is ONE chain of
+// mma.sync.m16n8k16 (f16 in, f32 accumulate) over k = 0..16, 16..32, ... in order from +0, then
+// + B[n] (rounded), then the epilogue: an mma output depends only on its own row of X and
+// column of W (docs/KERNELS.md), so its bits depend on its row and column only, not on M, N or
+// the grid. Zero padding past K (X zeroed, W's padded columns) adds exact zeros. B may be null.
+#define GM_BM 128
+#define GM_BN 128
+#define GM_BK 32
+#define GM_LD (GM_BK + 8)  // u16 per staged row: ldmatrix rows on distinct banks
+#define GM_THREADS 256  // two blocks an SM: 128 registers (ptxas 12.8, sm_90a: no spills)
+
+extern "C" __global__ void __launch_bounds__(GM_THREADS, 2) vit_gemm_mma(const float* X, const u16* __restrict__ W,
+                                                                      const float* __restrict__ B, float* Y, u32 M,
+                                                                      u32 N, u32 K, u32 Kp, u32 mode) {
+    pdl_entry();
+    __shared__ __align__(16) u16 As[2][GM_BM][GM_LD];
+    __shared__ __align__(16) u16 Bs[2][GM_BN][GM_LD];
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 wm = warp & 1, wn = warp >> 1;
+    const u32 m0 = blockIdx.y * GM_BM, n0 = blockIdx.x * GM_BN;
+    // X loader: row ar of the tile, 16 values from column ak.
+    const u32 ar = tid >> 1, ak = (tid & 1) * 16;
+    const bool a_in = m0 + ar < M;
+    const float* xrow = X + (u64)(a_in ? m0 + ar : 0) * K;
+    const bool vec = (K & 3u) == 0;
+    float ra[16];
+    auto fetch_a = [&](u32 tile) {
+        const u32 k = tile * GM_BK + ak;
+        if (vec) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+            for (int h = 0; h < 4; ++h) {
+                const u32 kk = k + 4 * h;
+                float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (a_in && kk < K) f = *reinterpret_cast<const float4*>(xrow + kk);
+                ra[4 * h] = f.x;
+                ra[4 * h + 1] = f.y;
+                ra[4 * h + 2] = f.z;
+                ra[4 * h + 3] = f.w;
+            }
+        } else {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
-    const u32 tiles = (K + G_BK - 1) / G_BK;
-    auto fetch = [&](u32 tile) {
-        const u32 k = tile * G_BK + lk;
-        if (a_in) load8(xrow, k, K, vec, ra);
-        else {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) ra[j] = 0.0f;
-        }
-        if (b_in) load8(wrow, k, K, vec, rb);
-        else {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) rb[j] = 0.0f;
+            for (int j = 0; j < 16; ++j) ra[j] = a_in && k + j < K ? xrow[k + j] : 0.0f;
         }
     };
-    auto stash = [&](u32 buf) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            As[buf][lk + j][lr] = ra[j];
-            Bs[buf][lk + j][lr] = rb[j];
-        }
+    auto stash_a = [&](u32 buf) {
+        uint4* dst = reinterpret_cast<uint4*>(&As[buf][ar][ak]);
+        dst[0] = make_uint4(vit_h2(ra[0], ra[1]), vit_h2(ra[2], ra[3]), vit_h2(ra[4], ra[5]), vit_h2(ra[6], ra[7]));
+        dst[1] = make_uint4(vit_h2(ra[8], ra[9]), vit_h2(ra[10], ra[11]), vit_h2(ra[12], ra[13]),
+                            vit_h2(ra[14], ra[15]));
     };
-    if (tiles > 0) {
-        fetch(0);
-        stash(0);
-    }
+    // W loader: 128 rows x 4 chunks of 8 values, two chunks a thread; rows past N are zeros.
+    auto fetch_b = [&](u32 tile, u32 buf) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const u32 c = tid + GM_THREADS * i;
+            const u32 r = c >> 2, ch = (c & 3) * 8;
+            const bool in = n0 + r < N;
+            const u16* src = W + (in ? (u64)(n0 + r) * Kp + tile * GM_BK + ch : 0);
+            cp_async16_zfill(&Bs[buf][r][ch], src, in);
+        }
+        cp_async_commit();
+    };
+    float acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    const u32 tiles = Kp / GM_BK;
+    fetch_b(0, 0);
+    fetch_a(0);
+    stash_a(0);
+    cp_async_wait<0>();
     __syncthreads();
+    // ldmatrix lane addresses: A rows (lane & 15), k (lane >> 4) * 8; B columns (lane & 7) +
+    // 8 ((lane >> 4) & 1), k ((lane >> 3) & 1) * 8 (matrices: n-tile j k lo, k hi, j + 1 k lo, k hi).
+    const u32 a_row = wm * 64 + (lane & 15), a_col = (lane >> 4) * 8;
+    const u32 b_row = wn * 32 + (lane & 7) + 8 * ((lane >> 4) & 1), b_col = ((lane >> 3) & 1) * 8;
     for (u32 tile = 0; tile < tiles; ++tile) {
-        const u32 buf = tile % 2;
-        if (tile + 1 < tiles) fetch(tile + 1);
-#pragma unroll
-        for (int kk = 0; kk < G_BK; ++kk) {
-            const float4 a0 = *reinterpret_cast<const float4*>(&As[buf][kk][ty * 4]);
-            const float4 a1 = *reinterpret_cast<const float4*>(&As[buf][kk][64 + ty * 4]);
-            const float4 b0 = *reinterpret_cast<const float4*>(&Bs[buf][kk][tx * 4]);
-            const float4 b1 = *reinterpret_cast<const float4*>(&Bs[buf][kk][64 + tx * 4]);
-            const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-            const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-#pragma unroll
-                for (int j = 0; j < 8; ++j) acc[i][j] = __fmaf_rn(a[i], b[j], acc[i][j]);
-        }
+        const u32 buf = tile & 1;
+        const bool more = tile + 1 < tiles;
         // The other buffer was last read before the previous barrier: safe to overwrite.
-        if (tile + 1 < tiles) stash(buf ^ 1);
+        if (more) {
+            fetch_b(tile + 1, buf ^ 1);
+            fetch_a(tile + 1);
+        }
+#pragma unroll
+        for (int ks = 0; ks < GM_BK / 16; ++ks) {
+            u32 af[4][4], bf[2][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) vit_ldsm<false>(af[i], &As[buf][a_row + 16 * i][a_col + 16 * ks]);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) vit_ldsm<false>(bf[j], &Bs[buf][b_row + 16 * j][b_col + 16 * ks]);
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) mma_f16_k16(af[i], bf[j >> 1][2 * (j & 1)], bf[j >> 1][2 * (j & 1) + 1], acc[i][j]);
+        }
+        if (more) stash_a(buf ^ 1);
+        cp_async_wait<0>();
         __syncthreads();
     }
+    const u32 g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const u32 m = m0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + (i - 4));
-        if (m >= M) continue;
+    for (int i = 0; i < 4; ++i) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const u32 n = n0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + (j - 4));
-            if (n >= N) continue;
-            float v = acc[i][j];
-            if (B) v = __fadd_rn(v, B[n]);
-            const u64 o = (u64)m * N + n;
-            if (mode == G_GELU) v = vit_gelu(v);
-            else if (mode == G_ADD) v = __fadd_rn(Y[o], v);
-            else if (mode == G_QUICK_GELU) v = vit_quick_gelu(v);
-            else if (mode == G_GELU_ERF) v = vit_gelu_erf(v);
-            else if (mode == G_MUL_SILU) v = __fmul_rn(Y[o], vit_silu(v));
-            Y[o] = v;
+        for (int e2 = 0; e2 < 2; ++e2) {
+            const u32 m = m0 + wm * 64 + 16 * i + g + 8 * e2;
+            if (m >= M) continue;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+#pragma unroll
+                for (int e1 = 0; e1 < 2; ++e1) {
+                    const u32 n = n0 + wn * 32 + 8 * j + 2 * t + e1;
+                    if (n >= N) continue;
+                    float v = acc[i][j][2 * e2 + e1];
+                    if (B) v = __fadd_rn(v, B[n]);
+                    const u64 o = (u64)m * N + n;
+                    if (mode == G_GELU) v = vit_gelu(v);
+                    else if (mode == G_ADD) v = __fadd_rn(Y[o], v);
+                    else if (mode == G_QUICK_GELU) v = vit_quick_gelu(v);
+                    else if (mode == G_GELU_ERF) v = vit_gelu_erf(v);
+                    else if (mode == G_MUL_SILU) v = __fmul_rn(Y[o], vit_silu(v));
+                    Y[o] = v;
+                }
+            }
         }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(G_THREADS) vit_gemm_f32(const float* X, const float* W, const float* B,
-                                                                     float* Y, u32 M, u32 N, u32 K, u32 mode) {
+// Q, K and V of the attention as f16 for the tensor cores: QKV rows [q | k | v] of `heads`
+// heads of d (f32, the fused product's output) -> H [3][heads][rows][dp] (dp = d rounded up to
+// 16; columns d .. dp zeros), each value rounded to nearest (vit_h2).
+extern "C" __global__ void vit_qkv_half(const float* __restrict__ QKV, u32* __restrict__ H, u32 rows, u32 heads,
+                                        u32 d, u32 dp) {
     pdl_entry();
-    vit_gemm_body<float>(X, W, B, Y, M, N, K, mode);
-}
-
-extern "C" __global__ void __launch_bounds__(G_THREADS) vit_gemm_f16(const float* X, const u16* W, const float* B,
-                                                                     float* Y, u32 M, u32 N, u32 K, u32 mode) {
-    pdl_entry();
-    vit_gemm_body<u16>(X, W, B, Y, M, N, K, mode);
+    const u32 hp = dp / 2;
+    const u64 n = 3ull * heads * rows * hp;
+    const u64 wd = (u64)heads * d;
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (u64)gridDim.x * blockDim.x) {
+        const u32 j = (u32)(e % hp);
+        const u64 rest = e / hp;
+        const u32 r = (u32)(rest % rows);
+        const u32 ph = (u32)(rest / rows);  // part * heads + head
+        const u32 part = ph / heads, hd = ph % heads;
+        u32 v = 0u;
+        if (2 * j < d) {
+            const float* x = QKV + (u64)r * 3 * wd + part * wd + (u64)hd * d + 2 * j;
+            v = vit_h2(x[0], x[1]);
+        }
+        H[e] = v;
+    }
 }
 
 // The sum of one value per lane over the warp: the fixed xor tree (every lane gets it).
@@ -279,157 +312,218 @@ extern "C" __global__ void __launch_bounds__(256) vit_layer_norm(const float* X,
     }
 }
 
-// Attention: a block of ATT_Q threads per (ATT_Q query rows, head), one thread per query row.
-// QKV rows are [q | k | v], each heads * D wide (the fused Q/K/V product's output); O rows are
-// heads * D. The keys are walked in tiles of KT through shared memory, each tile in sub-chunks
-// of ATT_SUB keys: scores s = dot(q, k) * scale (the dot a chain of __fmaf_rn over d in order),
-// the running max m' = max(m, scores), the running sum and output rescaled by exp(m - m'), then
-// each key in order: p = exp(s - m'), l += p, o[d] += p v[d]. Finally o[d] / l. Every step is
-// the same for every row whatever the launch: the bits depend on the row, its head and the K/V.
-#define ATT_Q 128
-#define ATT_SUB 16
+// Attention on tensor cores (mma.sync m16n8k16, f16 in, f32 accumulate), flash-attention style,
+// over the f16 Q / K / V of vit_qkv_half (H [3][heads][rows][DP], DP = D rounded up to 16, the
+// padding zeros). A block of VA_WARPS warps takes VA_Q = 128 query rows q0 .. q1 of one head
+// (blockIdx.y); warp w its 16 rows q0 + 16 w ... The rows attend to the keys k0 .. k1 (every
+// row: the whole image; a window: its rows), walked in tiles of KT keys from k0 in order,
+// staged in shared memory by cp.async (the next tile's copy in flight while this one is
+// computed; keys at or past k1 zeros). Per tile and row, in this order:
+//   1. s = (q . k) * (scale log2 e): DP / 16 k-steps chained from +0; keys past k1 -> -inf;
+//   2. m' = max(m, the tile's s) (the lane's values, then the quad xor 1, 2: exact in any order);
+//   3. c = 2^(m - m') (0 at the first tile), p = f16(2^(s - m')) (ex2.approx: the GPU's own),
+//      l = l c + (the p as f32 summed: the lane's n-tiles in order, then the quad xor 1, 2),
+//      o = o c, then o += P V (one mma chain over the tile's KT / 16 k-steps, on o);
+// finally out = o / l. An mma output row depends on its own A row only (docs/KERNELS.md), so
+// a row's bits depend on its q, its head and its key range: not on the other rows of the
+// block, the grid, or how many rows the launch has.
+// Two blocks an SM (__launch_bounds__(VA_THREADS, 2): 128 registers; ptxas 12.8 for sm_90a:
+// no spills at D = 8 .. 64 and 96; 12 to 16 bytes in vit_attn_mma_d72 / _d80 / _d128).
+#define VA_WARPS 8
+#define VA_Q (16 * VA_WARPS)
+#define VA_THREADS (32 * VA_WARPS)
+#define VA_LOG2E 1.4426950408889634f
 
-// One block's query rows: row i (live: a row of the launch; a dead thread still helps load the
-// tiles) attends to the rows k0 .. k1 (k1 > k0) in order.
+__device__ __forceinline__ float vit_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 template <int D>
-__device__ __forceinline__ void vit_attn_span(const float* __restrict__ QKV, float* __restrict__ O, u32 i,
-                                              bool live, u32 k0, u32 k1, u32 heads, float scale) {
-    constexpr int KT = D <= 72 ? 64 : 32;
-    __shared__ __align__(16) float Ks[KT][D];
-    __shared__ __align__(16) float Vs[KT][D];
-    const u32 h = blockIdx.y;
-    const u32 wd = heads * D;
-    const u64 stride = 3ull * wd;
-    float q[D], o[D];
-    {
-        const float* qr = QKV + (u64)(live ? i : 0) * stride + (u64)h * D;
-#pragma unroll
-        for (int d = 0; d < D; d += 4) {
-            const float4 v = *reinterpret_cast<const float4*>(qr + d);
-            q[d] = v.x;
-            q[d + 1] = v.y;
-            q[d + 2] = v.z;
-            q[d + 3] = v.w;
+struct VaDims {
+    static constexpr int DP = (D + 15) / 16 * 16;  // the padded head dim
+    static constexpr int KT = DP <= 80 ? 64 : 32;  // keys per tile
+    static constexpr int LD = DP + 8;              // u16 per staged row: ldmatrix on distinct banks
+};
+
+// Rows q0 .. q1 of head blockIdx.y over keys k0 .. k1 (k1 > k0) into O [rows][heads D] (f32).
+template <int D>
+__device__ __forceinline__ void vit_attn_mma_span(const u16* __restrict__ H, float* __restrict__ O, u32 rows,
+                                                  u32 heads, u32 q0, u32 q1, u32 k0, u32 k1, float scale) {
+    constexpr int DP = VaDims<D>::DP, KT = VaDims<D>::KT, LD = VaDims<D>::LD;
+    constexpr int NS = KT / 8;   // score n-tiles (keys)
+    constexpr int NO = DP / 8;   // output n-tiles (dims)
+    constexpr int KS = DP / 16;  // k-steps of q . k
+    constexpr int CH = DP / 8;   // 16-byte chunks per staged row
+    __shared__ __align__(16) u16 Ks[2][KT][LD];
+    __shared__ __align__(16) u16 Vs[2][KT][LD];
+    const u32 hd = blockIdx.y;
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 g = lane >> 2, t = lane & 3;
+    const u16* Qh = H + ((u64)hd * rows) * DP;
+    const u16* Kh = H + ((u64)(heads + hd) * rows) * DP;
+    const u16* Vh = H + ((u64)(2 * heads + hd) * rows) * DP;
+    auto stage = [&](u32 kb, u32 buf) {
+        for (u32 c = tid; c < (u32)(KT * CH); c += VA_THREADS) {
+            const u32 r = c / CH, ch = (c % CH) * 8;
+            const bool in = kb + r < k1;
+            const u64 off = in ? (u64)(kb + r) * DP + ch : 0;
+            cp_async16_zfill(&Ks[buf][r][ch], Kh + off, in);
+            cp_async16_zfill(&Vs[buf][r][ch], Vh + off, in);
         }
-    }
+        cp_async_commit();
+    };
+    stage(k0, 0);
+    // The warp's Q as A fragments (rows past q1: zeros).
+    const u32 r0 = q0 + 16 * warp + g, r1 = r0 + 8;
+    u32 qa[KS][4];
 #pragma unroll
-    for (int d = 0; d < D; ++d) o[d] = 0.0f;
+    for (int ks = 0; ks < KS; ++ks) {
+        const u32 c = 16 * ks + 2 * t;
+        qa[ks][0] = r0 < q1 ? *reinterpret_cast<const u32*>(Qh + (u64)r0 * DP + c) : 0u;
+        qa[ks][1] = r1 < q1 ? *reinterpret_cast<const u32*>(Qh + (u64)r1 * DP + c) : 0u;
+        qa[ks][2] = r0 < q1 ? *reinterpret_cast<const u32*>(Qh + (u64)r0 * DP + c + 8) : 0u;
+        qa[ks][3] = r1 < q1 ? *reinterpret_cast<const u32*>(Qh + (u64)r1 * DP + c + 8) : 0u;
+    }
+    const float sl = __fmul_rn(scale, VA_LOG2E);
     const float NEG_INF = -__int_as_float(0x7f800000);
-    float m = NEG_INF, l = 0.0f;
-    for (u32 j0 = k0; j0 < k1; j0 += KT) {
-        const u32 cnt = min((u32)KT, k1 - j0);
-        __syncthreads();  // the previous tile is no longer read
-        for (u32 e = threadIdx.x; e < (u32)(KT * D / 4); e += ATT_Q) {
-            const u32 r = e / (D / 4), c = (e % (D / 4)) * 4;
-            float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
-            if (r < cnt) {
-                const float* src = QKV + (u64)(j0 + r) * stride + (u64)h * D + c;
-                kv = *reinterpret_cast<const float4*>(src + wd);
-                vv = *reinterpret_cast<const float4*>(src + 2 * (u64)wd);
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+    float o[NO][4];
+#pragma unroll
+    for (int j = 0; j < NO; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[j][e] = 0.0f;
+    // ldmatrix lane addresses: K as the B operand of S (n-tile pair: key (lane & 7) + 8 ((lane >>
+    // 4) & 1), dims ((lane >> 3) & 1) * 8); V transposed for P V (key (lane & 7) + 8 ((lane >> 3)
+    // & 1), dims 8 (lane >> 4)).
+    const u32 kr = (lane & 7) + 8 * ((lane >> 4) & 1), kc = ((lane >> 3) & 1) * 8;
+    const u32 vr = (lane & 7) + 8 * ((lane >> 3) & 1), vc = 8 * (lane >> 4);
+    u32 buf = 0;
+    for (u32 kb = k0; kb < k1; kb += KT, buf ^= 1) {
+        const bool more = kb + KT < k1;
+        cp_async_wait<0>();
+        __syncthreads();  // this tile landed; the other buffer is no longer read
+        if (more) stage(kb + KT, buf ^ 1);
+        // 1. scores
+        float s[NS][4];
+#pragma unroll
+        for (int j = 0; j < NS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+            for (int j = 0; j < NS; j += 2) {
+                u32 b[4];
+                vit_ldsm<false>(b, &Ks[buf][8 * j + kr][16 * ks + kc]);
+                mma_f16_k16(qa[ks], b[0], b[1], s[j]);
+                mma_f16_k16(qa[ks], b[2], b[3], s[j + 1]);
             }
-            *reinterpret_cast<float4*>(&Ks[r][c]) = kv;
-            *reinterpret_cast<float4*>(&Vs[r][c]) = vv;
         }
-        __syncthreads();
-        // jj is a multiple of ATT_SUB below KT (a multiple of it): rows jj + u stay in the tile;
-        // those at or past cnt are zeros and take no part.
-        for (u32 jj = 0; jj < cnt; jj += ATT_SUB) {
-            float s[ATT_SUB];
+        // 2. the rows' maxima
+        float mx[2] = {m[0], m[1]};
 #pragma unroll
-            for (int u = 0; u < ATT_SUB; ++u) s[u] = 0.0f;
+        for (int j = 0; j < NS; ++j)
 #pragma unroll
-            for (int d = 0; d < D; d += 4) {
-#pragma unroll
-                for (int u = 0; u < ATT_SUB; ++u) {
-                    const float4 k = *reinterpret_cast<const float4*>(&Ks[jj + u][d]);
-                    s[u] = __fmaf_rn(q[d], k.x, s[u]);
-                    s[u] = __fmaf_rn(q[d + 1], k.y, s[u]);
-                    s[u] = __fmaf_rn(q[d + 2], k.z, s[u]);
-                    s[u] = __fmaf_rn(q[d + 3], k.w, s[u]);
-                }
+            for (int e = 0; e < 4; ++e) {
+                const u32 key = kb + 8 * j + 2 * t + (e & 1);
+                s[j][e] = key < k1 ? __fmul_rn(s[j][e], sl) : NEG_INF;
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
             }
-            float mx = m;
 #pragma unroll
-            for (int u = 0; u < ATT_SUB; ++u) {
-                s[u] = __fmul_rn(s[u], scale);
-                if (jj + u < cnt) mx = fmaxf(mx, s[u]);
+        for (int h = 0; h < 2; ++h) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 2));
+        }
+        // 3. p (as the P V A fragments), l, o
+        float c[2], lt[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            c[h] = vit_ex2(__fsub_rn(m[h], mx[h]));
+            m[h] = mx[h];
+        }
+        u32 pa[KT / 16][4];
+#pragma unroll
+        for (int j = 0; j < NS; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 pr = vit_h2(vit_ex2(__fsub_rn(s[j][2 * h], m[h])), vit_ex2(__fsub_rn(s[j][2 * h + 1], m[h])));
+                pa[j >> 1][(j & 1) * 2 + h] = pr;
+                lt[h] = __fadd_rn(__fadd_rn(lt[h], f16_to_f32((u16)(pr & 0xffffu))), f16_to_f32((u16)(pr >> 16)));
             }
-            const float corr = expf(__fsub_rn(m, mx));  // m = -inf at the first keys: 0
-            l = __fmul_rn(l, corr);
 #pragma unroll
-            for (int d = 0; d < D; ++d) o[d] = __fmul_rn(o[d], corr);
+        for (int h = 0; h < 2; ++h) {
+            lt[h] = __fadd_rn(lt[h], __shfl_xor_sync(FULL_MASK, lt[h], 1));
+            lt[h] = __fadd_rn(lt[h], __shfl_xor_sync(FULL_MASK, lt[h], 2));
+            l[h] = __fmaf_rn(l[h], c[h], lt[h]);
+        }
 #pragma unroll
-            for (int u = 0; u < ATT_SUB; ++u) {
-                if (jj + u < cnt) {
-                    const float p = expf(__fsub_rn(s[u], mx));
-                    l = __fadd_rn(l, p);
+        for (int j = 0; j < NO; ++j)
 #pragma unroll
-                    for (int d = 0; d < D; d += 4) {
-                        const float4 v = *reinterpret_cast<const float4*>(&Vs[jj + u][d]);
-                        o[d] = __fmaf_rn(p, v.x, o[d]);
-                        o[d + 1] = __fmaf_rn(p, v.y, o[d + 1]);
-                        o[d + 2] = __fmaf_rn(p, v.z, o[d + 2]);
-                        o[d + 3] = __fmaf_rn(p, v.w, o[d + 3]);
-                    }
-                }
+            for (int e = 0; e < 4; ++e) o[j][e] = __fmul_rn(o[j][e], c[e >> 1]);
+#pragma unroll
+        for (int kk = 0; kk < KT / 16; ++kk) {
+#pragma unroll
+            for (int j = 0; j < NO; j += 2) {
+                u32 b[4];
+                vit_ldsm<true>(b, &Vs[buf][16 * kk + vr][8 * j + vc]);
+                mma_f16_k16(pa[kk], b[0], b[1], o[j]);
+                mma_f16_k16(pa[kk], b[2], b[3], o[j + 1]);
             }
-            m = mx;
         }
     }
-    if (!live) return;
-    float* out = O + (u64)i * wd + (u64)h * D;
+    const u64 wd = (u64)heads * D;
 #pragma unroll
-    for (int d = 0; d < D; ++d) out[d] = __fdiv_rn(o[d], l);
+    for (int h = 0; h < 2; ++h) {
+        const u32 r = h ? r1 : r0;
+        if (r >= q1) continue;
+        float* out = O + (u64)r * wd + (u64)hd * D;
+#pragma unroll
+        for (int j = 0; j < NO; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int dd = 8 * j + 2 * t + e;
+                if (dd < D) out[dd] = __fdiv_rn(o[j][2 * h + e], l[h]);
+            }
+    }
 }
 
-template <int D>
-__device__ __forceinline__ void vit_attn_body(const float* __restrict__ QKV, float* __restrict__ O, u32 n,
-                                              u32 heads, float scale) {
-    const u32 i = blockIdx.x * ATT_Q + threadIdx.x;
-    vit_attn_span<D>(QKV, O, i, i < n, 0, n, heads, scale);
-}
+// Every row attends to all n rows: block x takes rows 128 x .. (at most n).
+#define VIT_ATTN_MMA(D)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(VA_THREADS, 2)                                                \
+        vit_attn_mma_d##D(const u16* H, float* O, u32 n, u32 heads, float scale) {                             \
+        pdl_entry();                                                                                           \
+        const u32 q0 = blockIdx.x * VA_Q;                                                                      \
+        vit_attn_mma_span<D>(H, O, n, heads, q0, min(n, q0 + VA_Q), 0, n, scale);                              \
+    }
+VIT_ATTN_MMA(8)
+VIT_ATTN_MMA(16)
+VIT_ATTN_MMA(32)
+VIT_ATTN_MMA(64)
+VIT_ATTN_MMA(72)
+VIT_ATTN_MMA(80)
+VIT_ATTN_MMA(96)
+VIT_ATTN_MMA(128)
 
 // Window attention: block (x, y) takes tile x of `tiles` (u32 q0, q1, k0, k1: query rows q0 ..
-// q1, at most ATT_Q of them, attend to the rows k0 .. k1 of their window) and head y.
-template <int D>
-__device__ __forceinline__ void qvit_attn_win_body(const float* __restrict__ QKV, float* __restrict__ O,
-                                                   const u32* __restrict__ tiles, u32 heads, float scale) {
-    const u32* t = tiles + 4 * (u64)blockIdx.x;
-    const u32 q0 = t[0], q1 = t[1], k0 = t[2], k1 = t[3];
-    const u32 i = q0 + threadIdx.x;
-    vit_attn_span<D>(QKV, O, i, i < q1, k0, k1, heads, scale);
-}
-
-#define VIT_ATTN(D)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(ATT_Q) vit_attn_d##D(const float* QKV, float* O, u32 n,      \
-                                                                       u32 heads, float scale) {              \
+// q1, at most VA_Q of them, attend to the rows k0 .. k1 of their window) and head y; H holds
+// `rows` rows.
+#define QVIT_ATTN_WIN_MMA(D)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(VA_THREADS, 2) qvit_attn_win_mma_d##D(                       \
+        const u16* H, float* O, const u32* tiles, u32 rows, u32 heads, float scale) {                          \
         pdl_entry();                                                                                           \
-        vit_attn_body<D>(QKV, O, n, heads, scale);                                                             \
+        const u32* tl = tiles + 4 * (u64)blockIdx.x;                                                          \
+        vit_attn_mma_span<D>(H, O, rows, heads, tl[0], tl[1], tl[2], tl[3], scale);                            \
     }
-VIT_ATTN(8)
-VIT_ATTN(16)
-VIT_ATTN(32)
-VIT_ATTN(64)
-VIT_ATTN(72)
-VIT_ATTN(80)
-VIT_ATTN(96)
-VIT_ATTN(128)
-
-#define QVIT_ATTN_WIN(D)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(ATT_Q) qvit_attn_win_d##D(const float* QKV, float* O,         \
-                                                                           const u32* tiles, u32 heads,       \
-                                                                           float scale) {                     \
-        pdl_entry();                                                                                           \
-        qvit_attn_win_body<D>(QKV, O, tiles, heads, scale);                                                    \
-    }
-QVIT_ATTN_WIN(8)
-QVIT_ATTN_WIN(16)
-QVIT_ATTN_WIN(32)
-QVIT_ATTN_WIN(64)
-QVIT_ATTN_WIN(72)
-QVIT_ATTN_WIN(80)
-QVIT_ATTN_WIN(96)
-QVIT_ATTN_WIN(128)
+QVIT_ATTN_WIN_MMA(8)
+QVIT_ATTN_WIN_MMA(16)
+QVIT_ATTN_WIN_MMA(32)
+QVIT_ATTN_WIN_MMA(64)
+QVIT_ATTN_WIN_MMA(72)
+QVIT_ATTN_WIN_MMA(80)
+QVIT_ATTN_WIN_MMA(96)
+QVIT_ATTN_WIN_MMA(128)
 
 // The average of the g x g rows of X in pool x pool windows: token t (window (t / side, t %
 // side), side = g / pool) column c = (sum over the window's rows in row-major order, from 0) *

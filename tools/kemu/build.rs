@@ -41,20 +41,14 @@ fn main() {
     println!("cargo:rustc-link-search=native={}", out.display());
     println!("cargo:rustc-link-lib=static=kemu");
     println!("cargo:rustc-link-lib=dylib=stdc++");
-    for f in [
-        "prelude.cuh",
-        "vision.cu",
-        "norm.cu",
-        "elementwise.cu",
-        "delta.cu",
-    ] {
+    for f in ["prelude.cuh", "elementwise.cu", "delta.cu"] {
         println!("cargo:rerun-if-changed={}", cu.join(f).display());
     }
     for f in [
         "emu_sources.rs",
         "src/kernels.cpp",
         "src/shim.h",
-        "src/check_kernels.h",
+        "src/check_util.h",
         "src/check_delta.h",
         "src/check_router.h",
     ] {

@@ -274,7 +274,7 @@ pub struct VisionTower {
     /// Hash of the file's tensors and shape.
     id: [u8; 32],
     /// `id`, and the device tower's name when there is one: part of every image's content hash
-    /// (rows of the CPU and the CUDA tower differ in their last bits, so they never share one).
+    /// (rows of the CPU and the CUDA tower differ, so they never share one).
     key: [u8; 32],
     /// The tower on a CUDA device ([`VisionTower::place`]); `None`: the CPU.
     cuda: Option<DeviceTower>,

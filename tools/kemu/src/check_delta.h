@@ -3,7 +3,7 @@
 // promises the engine's invariance rests on, bit for bit: one row a step, steps of three rows
 // that first replay a pending position from the kept inputs (keep_inputs), and
 // gated_delta_conv_k<HK> against conv1d_silu then gated_delta_k<HK>. Included once, by
-// kernels.cpp, after check_kernels.h (rng, randv, check, fails).
+// kernels.cpp, after check_util.h (rng, randv, check, fails).
 #pragma once
 
 // Launch shims: the kernels by HK.

@@ -2,7 +2,7 @@
 // moe_norm_route share them) on the emulator, bit for bit against a scalar model of the order
 // they promise: 8 fixed K chunks, lane l's columns c0 + l, c0 + l + 32, ... with fma from +0,
 // the xor tree 16 .. 1, the chunk sums in order from -0. Included once, by kernels.cpp, after
-// check_delta.h (rng, randv, fails, same_bits, bits_case).
+// check_delta.h (check_util.h: rng, randv, fails; check_delta.h: same_bits, bits_case).
 #pragma once
 
 // The launch of matmul_f32_rows_body (matmul.cu) over the shared functions: warp w of block b

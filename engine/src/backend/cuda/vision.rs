@@ -1,17 +1,20 @@
 //! Gemma 3's vision tower on a CUDA device (kernels/cu/vision.cu): the function of the CPU
-//! reference (vision/siglip.rs) computed in f32 on the GPU, one image at a time.
+//! reference (vision/siglip.rs) on the GPU, one image at a time, its products and attention on
+//! tensor cores (f16 inputs, f32 accumulation; the residual stream, norms and epilogues f32).
 //!
 //! [`CudaTower::new`] uploads the weights once: Q, K and V of a block as one `[3 hidden][hidden]`
 //! matrix (one product, one bias), the projection transposed to `[text_hidden][hidden]` (the
-//! products read `W[n][k]`), each matrix as f16 when every value of it is one exactly (an F16
-//! mmproj: half the memory, the same values) else as f32; and it allocates the activations of
-//! one image, so the memory is taken before a backend on the same device sizes its KV cache.
-//! [`CudaTower::forward`] runs: patch rows, the patch product (+ bias) and the positions; per
-//! block LayerNorm, the Q/K/V product, attention, the output product added into the residual,
-//! LayerNorm, the up product with tanh-GELU, the down product added into the residual; the final
-//! LayerNorm, the average pool, RMSNorm times the soft-embedding norm (norm.cu `rms_norm`), the
-//! projection. Every kernel computes each value in one fixed order (no atomics): the rows of an
-//! image are the same bits run after run on a device class (docs/VERIFY.md "The CUDA tower").
+//! products read `W[n][k]`), each matrix as f16 rows zero-padded to the products' K tile (an F16
+//! mmproj: its own values; an F32 one rounded to the nearest f16); and it allocates the
+//! activations of one image, so the memory is taken before a backend on the same device sizes its
+//! KV cache. [`CudaTower::forward`] runs: patch rows, the patch product (+ bias) and the
+//! positions; per block LayerNorm, the Q/K/V product, Q/K/V as f16 per head, attention, the
+//! output product added into the residual, LayerNorm, the up product with tanh-GELU, the down
+//! product added into the residual; the final LayerNorm, the average pool, RMSNorm times the
+//! soft-embedding norm (norm.cu `rms_norm`), the projection. Every kernel computes each value in
+//! one fixed order (no atomics): the rows of an image are the same bits run after run on a
+//! device class; they differ from the CPU tower's by the f16 rounding of the products' inputs
+//! (docs/VERIFY.md "The CUDA tower").
 //!
 //! The forward is written over [`TowerDevice`] (buffers, copies, launches by kernel name) so
 //! that another executor can run the same launches; [`Gpu`] is the device.
@@ -19,7 +22,7 @@
 use std::sync::Mutex;
 
 use super::device::{Arg, Gpu};
-use super::vision_kernels::{Epilogue, HEAD_DIMS, Product, TowerKernels};
+use super::vision_kernels::{Epilogue, HEAD_DIMS, Product, TowerKernels, half_qkv_len, padded_k};
 use crate::error::{Error, Result};
 use crate::vision::{TowerParams, TowerWeights};
 
@@ -92,36 +95,30 @@ impl TowerDevice for Gpu {
     }
 }
 
-/// A weight matrix `[n][k]` on the device, as f32 or as f16 bits.
-pub(super) enum Weights<D: TowerDevice> {
-    F32(D::F32),
-    F16(D::U16),
-}
-
+/// A weight matrix `[n][k]` on the device as f16 bits, each row zero-padded to `kp` columns
+/// ([`padded_k`]: the products' layout).
 pub(super) struct DevMat<D: TowerDevice> {
-    w: Weights<D>,
+    w: D::U16,
     pub(super) n: usize,
     pub(super) k: usize,
+    pub(super) kp: usize,
 }
 
-/// Uploads `m` (`[n][k]` row-major) to `dev`: as f16 when every value is exactly one, else f32.
+/// Uploads `m` (`[n][k]` row-major) to `dev` as f16 ([`f16_rows`]).
 pub(super) fn upload_mat<D: TowerDevice>(
     dev: &D,
     m: &[f32],
     n: usize,
     k: usize,
 ) -> Result<DevMat<D>> {
-    if m.len() != n * k {
-        return Err(Error::Weights(format!(
-            "tower matrix of {} values, expected {n} x {k}",
-            m.len()
-        )));
-    }
-    let w = match as_f16(m) {
-        Some(bits) => Weights::F16(dev.upload_u16(&bits)?),
-        None => Weights::F32(dev.upload_f32(m)?),
-    };
-    Ok(DevMat { w, n, k })
+    let kp = padded_k(k);
+    let bits = f16_rows(m, n, k, kp)?;
+    Ok(DevMat {
+        w: dev.upload_u16(&bits)?,
+        n,
+        k,
+        kp,
+    })
 }
 
 /// The product of `x` (`m` rows) and `w` on `dev` into `y`.
@@ -134,19 +131,15 @@ pub(super) fn product_of<D: TowerDevice>(
     m: usize,
     epilogue: Epilogue,
 ) -> Product {
-    let (w_addr, f16) = match &w.w {
-        Weights::F32(d) => (dev.addr_f32(d), false),
-        Weights::F16(d) => (dev.addr_u16(d), true),
-    };
     Product {
         x,
-        w: w_addr,
-        f16,
+        w: dev.addr_u16(&w.w),
         bias,
         y,
         m,
         n: w.n,
         k: w.k,
+        kp: w.kp,
         epilogue,
     }
 }
@@ -175,6 +168,8 @@ struct Scratch<D: TowerDevice> {
     a: D::F32,
     /// `[n][3 hidden]`: Q | K | V.
     qkv: D::F32,
+    /// Q, K and V as f16 for the attention (`vit_qkv_half`'s layout, two values a word).
+    half: D::F32,
     /// `[n][hidden]`: the attention output.
     att: D::F32,
     /// `[n][ffn]`.
@@ -201,14 +196,29 @@ pub struct CudaTower<D: TowerDevice = Gpu> {
     scratch: Mutex<Scratch<D>>,
 }
 
-/// `m` (`[n][k]` row-major) as f16 bits when every value is exactly an f16, else `None`.
-pub(super) fn as_f16(m: &[f32]) -> Option<Vec<u16>> {
-    m.iter()
-        .map(|&v| {
+/// `m` (`[n][k]` row-major) as f16 bits in rows of `kp` (zeros past `k`): each value rounded
+/// to the nearest f16 (an F16 mmproj's values are exactly f16: its own bits). A value that is
+/// not finite or past the f16 range (65504) is refused: the tensor-core products take f16.
+pub(super) fn f16_rows(m: &[f32], n: usize, k: usize, kp: usize) -> Result<Vec<u16>> {
+    if m.len() != n * k || kp < k {
+        return Err(Error::Weights(format!(
+            "tower matrix of {} values, expected {n} x {k}",
+            m.len()
+        )));
+    }
+    let mut out = vec![0u16; n * kp];
+    for (o, r) in out.chunks_exact_mut(kp).zip(m.chunks_exact(k.max(1))) {
+        for (o, &v) in o.iter_mut().zip(r) {
             let h = half::f16::from_f32(v);
-            (h.to_f32().to_bits() == v.to_bits()).then_some(h.to_bits())
-        })
-        .collect()
+            if !h.is_finite() {
+                return Err(Error::Unsupported(format!(
+                    "the CUDA tower takes f16 weights: {v} is past the f16 range"
+                )));
+            }
+            *o = h.to_bits();
+        }
+    }
+    Ok(out)
 }
 
 /// `[rows][cols]` -> `[cols][rows]`.
@@ -260,6 +270,7 @@ impl<D: TowerDevice> CudaTower<D> {
             x: z(n * h)?,
             a: z(n * h)?,
             qkv: z(n * 3 * h)?,
+            half: z(half_qkv_len(n, p.heads, p.head_dim()) / 2)?,
             att: z(n * h)?,
             up: z(n * f)?,
             pooled: z(t * h)?,
@@ -335,7 +346,8 @@ impl<D: TowerDevice> CudaTower<D> {
         for l in &self.layers {
             k.layer_norm(a(&sc.x), ln(&l.ln1), a(&sc.a), n, h, p.eps)?;
             prod(&sc.a, &l.qkv, Some(&l.qkv_b), &sc.qkv, n, Epilogue::Plain)?;
-            k.attention(a(&sc.qkv), a(&sc.att), n, p.heads, p.head_dim())?;
+            k.half_qkv(a(&sc.qkv), a(&sc.half), n, p.heads, p.head_dim())?;
+            k.attention(a(&sc.half), a(&sc.att), n, p.heads, p.head_dim())?;
             prod(&sc.att, &l.o, Some(&l.o_b), &sc.x, n, Epilogue::Add)?;
             k.layer_norm(a(&sc.x), ln(&l.ln2), a(&sc.a), n, h, p.eps)?;
             prod(&sc.a, &l.up, Some(&l.up_b), &sc.up, n, Epilogue::Gelu)?;
@@ -425,10 +437,15 @@ pub(super) mod tests {
         let px = vec![0f32; 3 * 64 * 64];
         assert_eq!(t.forward(&px).unwrap().len(), 16 * 64);
         let l = t.dev.launches.borrow();
-        // patches, product, positions; 7 per block; final norm, pool, RMSNorm, projection.
-        assert_eq!(l.len(), 3 + 7 * p.layers + 4);
+        // patches, product, positions; 8 per block; final norm, pool, RMSNorm, projection.
+        assert_eq!(l.len(), 3 + 8 * p.layers + 4);
         assert_eq!(l[0], "vit_patches");
-        assert!(l.contains(&"vit_attn_d8".to_string()));
+        assert!(l.contains(&"vit_qkv_half".to_string()));
+        assert!(l.contains(&"vit_attn_mma_d8".to_string()));
+        assert!(
+            !l.iter()
+                .any(|k| k.starts_with("vit_gemm") && k != "vit_gemm_mma")
+        );
         assert_eq!(l[l.len() - 2], "rms_norm");
         assert!(t.forward(&px[1..]).is_err());
     }
@@ -445,11 +462,17 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn matrices_go_up_as_f16_only_when_exact() {
-        assert_eq!(as_f16(&[1.0, -0.5, 0.0]), Some(vec![0x3c00, 0xb800, 0]));
-        assert_eq!(as_f16(&[1.0, 0.1]), None);
-        assert_eq!(as_f16(&[1e-10]), None);
-        assert_eq!(as_f16(&[2f32.powi(-24), 65504.0]), Some(vec![1, 0x7bff]));
+    fn matrices_go_up_as_f16_rows_padded_with_zeros() {
+        assert_eq!(padded_k(1), 32);
+        assert_eq!(padded_k(588), 608);
+        assert_eq!(padded_k(1152), 1152);
+        let m = [1.0, -0.5, 0.0, 2f32.powi(-24), 65504.0, 0.1];
+        let bits = f16_rows(&m, 2, 3, 4).unwrap();
+        // 0.1 rounds to the nearest f16 (0x2e66), exact values keep their bits.
+        assert_eq!(bits, [0x3c00, 0xb800, 0, 0, 1, 0x7bff, 0x2e66, 0]);
+        assert!(f16_rows(&[1e6], 1, 1, 32).is_err());
+        assert!(f16_rows(&[f32::NAN], 1, 1, 32).is_err());
+        assert!(f16_rows(&[1.0; 5], 2, 3, 4).is_err());
         assert_eq!(
             transpose(&[1., 2., 3., 4., 5., 6.], 2, 3),
             [1., 4., 2., 5., 3., 6.]

@@ -8,18 +8,33 @@ use super::device::Arg;
 use super::vision::TowerDevice;
 use crate::error::{Error, Result};
 
-/// Head dimensions of the attention kernels (`vit_attn_d<D>`).
+/// Head dimensions of the attention kernels (`vit_attn_mma_d<D>`, `qvit_attn_win_mma_d<D>`).
 pub const HEAD_DIMS: &[usize] = memra_kernels::VIT_HEAD_DIMS;
 
-/// Query rows of one window-attention tile (the attention's `ATT_Q`).
-pub const ATT_ROWS: usize = ATT_Q;
+/// Query rows of one attention block, and at most of one window-attention tile (`VA_Q`).
+pub const ATT_ROWS: usize = 128;
 
-/// Threads of the products and of the grid-stride and row kernels.
+/// Threads of the products, the attention and the grid-stride and row kernels.
 const BLOCK: u32 = 256;
-/// Threads (query rows) per attention block (`ATT_Q`).
-const ATT_Q: usize = 128;
-/// Output tile side of a product block (`G_BM`, `G_BN`).
+/// Output tile side of a product block (`GM_BM`, `GM_BN`).
 const TILE: usize = 128;
+/// The products' K tile (`GM_BK`): weight rows are zero-padded to a multiple of it.
+pub const K_TILE: usize = 32;
+
+/// The columns of a weight matrix's rows on the device: `k` zero-padded to [`K_TILE`].
+pub fn padded_k(k: usize) -> usize {
+    k.div_ceil(K_TILE).max(1) * K_TILE
+}
+
+/// The attention's head dimension: `d` zero-padded to 16 (one mma k-step).
+pub fn padded_head(d: usize) -> usize {
+    d.div_ceil(16) * 16
+}
+
+/// u16 values of the f16 Q / K / V of `rows` rows (`vit_qkv_half`: `[3][heads][rows][padded d]`).
+pub fn half_qkv_len(rows: usize, heads: usize, d: usize) -> usize {
+    3 * heads * rows * padded_head(d)
+}
 
 /// The epilogue of a product (`mode` of `vit_gemm_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,14 +53,13 @@ pub enum Epilogue {
     MulSilu = 5,
 }
 
-/// One product `y[m][n] = epilogue(sum_k x[m][k] w[n][k] + bias[n])`.
+/// One product `y[m][n] = epilogue(sum_k f16(x[m][k]) w[n][k] + bias[n])` on tensor cores.
 #[derive(Clone, Copy, Debug)]
 pub struct Product {
-    /// `[m][k]` f32.
+    /// `[m][k]` f32 (rounded to f16 by the product).
     pub x: u64,
-    /// `[n][k]`, f32 or (`f16`) f16 bits.
+    /// `[n][kp]` f16 bits, each row zero-padded from `k` to `kp` ([`padded_k`]).
     pub w: u64,
-    pub f16: bool,
     /// `[n]` f32, or none.
     pub bias: Option<u64>,
     /// `[m][n]` f32.
@@ -53,6 +67,7 @@ pub struct Product {
     pub m: usize,
     pub n: usize,
     pub k: usize,
+    pub kp: usize,
     pub epilogue: Epilogue,
 }
 
@@ -100,6 +115,12 @@ impl<D: TowerDevice> TowerKernels<'_, D> {
         if grid.1 > 65_535 {
             return Err(Error::Input(format!("tower: {} rows in one product", p.m)));
         }
+        if p.kp != padded_k(p.k) {
+            return Err(Error::Input(format!(
+                "tower: weight rows of {} columns for K = {}",
+                p.kp, p.k
+            )));
+        }
         let args = [
             Arg::Ptr(p.x),
             Arg::Ptr(p.w),
@@ -108,14 +129,10 @@ impl<D: TowerDevice> TowerKernels<'_, D> {
             Arg::U32(u32_of(p.m, "M")?),
             Arg::U32(u32_of(p.n, "N")?),
             Arg::U32(u32_of(p.k, "K")?),
+            Arg::U32(u32_of(p.kp, "padded K")?),
             Arg::U32(p.epilogue as u32),
         ];
-        let name = if p.f16 {
-            "vit_gemm_f16"
-        } else {
-            "vit_gemm_f32"
-        };
-        self.dev.launch(name, grid, BLOCK, &args)
+        self.dev.launch("vit_gemm_mma", grid, BLOCK, &args)
     }
 
     /// LayerNorm with weights `w` and bias `b` of `rows` rows of `width` (`y` may be `x`).
@@ -141,27 +158,46 @@ impl<D: TowerDevice> TowerKernels<'_, D> {
         self.dev.launch("vit_layer_norm", grid, BLOCK, &args)
     }
 
-    /// Every row of `qkv` (`[n][3 heads d]`: Q | K | V) attends to all `n` rows, per head, scale
-    /// `1 / sqrt(d)`, into `out` (`[n][heads d]`).
-    pub fn attention(&self, qkv: u64, out: u64, n: usize, heads: usize, d: usize) -> Result<()> {
+    /// Q, K and V of `qkv` (`[rows][3 heads d]`, f32) as f16 into `half` ([`half_qkv_len`]
+    /// u16 values) for the attention.
+    pub fn half_qkv(&self, qkv: u64, half: u64, rows: usize, heads: usize, d: usize) -> Result<()> {
+        if d == 0 || !d.is_multiple_of(2) {
+            return Err(Error::Input(format!("tower: heads of {d}")));
+        }
+        let args = [
+            Arg::Ptr(qkv),
+            Arg::Ptr(half),
+            Arg::U32(u32_of(rows, "rows")?),
+            Arg::U32(u32_of(heads, "heads")?),
+            Arg::U32(u32_of(d, "head size")?),
+            Arg::U32(u32_of(padded_head(d), "padded head size")?),
+        ];
+        let n = half_qkv_len(rows, heads, d) / 2;
+        self.dev
+            .launch("vit_qkv_half", stride_grid(n), BLOCK, &args)
+    }
+
+    /// Every row of `half` (the f16 Q / K / V of `n` rows, [`TowerKernels::half_qkv`]) attends
+    /// to all `n` rows, per head, scale `1 / sqrt(d)`, into `out` (`[n][heads d]`, f32).
+    pub fn attention(&self, half: u64, out: u64, n: usize, heads: usize, d: usize) -> Result<()> {
         if !HEAD_DIMS.contains(&d) {
             return Err(Error::Unsupported(format!(
                 "the CUDA tower has no attention kernel for heads of {d}"
             )));
         }
         let args = [
-            Arg::Ptr(qkv),
+            Arg::Ptr(half),
             Arg::Ptr(out),
             Arg::U32(u32_of(n, "patches")?),
             Arg::U32(u32_of(heads, "heads")?),
             Arg::F32(1.0 / (d as f32).sqrt()),
         ];
         let grid = (
-            u32_of(n.div_ceil(ATT_Q), "query tiles")?,
+            u32_of(n.div_ceil(ATT_ROWS), "query tiles")?,
             u32_of(heads, "heads")?,
         );
         self.dev
-            .launch(&format!("vit_attn_d{d}"), grid, ATT_Q as u32, &args)
+            .launch(&format!("vit_attn_mma_d{d}"), grid, BLOCK, &args)
     }
 
     /// The Qwen ViT's patch rows `[rows][2 x 3 patch^2]` of a temporal patch, two frames'
@@ -215,14 +251,17 @@ impl<D: TowerDevice> TowerKernels<'_, D> {
     }
 
     /// Attention within windows: `tiles` (`count` x 4 u32 words on the device: query rows q0 ..
-    /// q1, at most [`ATT_ROWS`] of them, attend to the rows k0 .. k1) over `qkv` (`[rows][3
-    /// heads d]`) into `out` (`[rows][heads d]`), scale `1 / sqrt(d)`.
+    /// q1, at most [`ATT_ROWS`] of them, attend to the rows k0 .. k1) over `half` (the f16 Q / K
+    /// / V of `rows` rows, [`TowerKernels::half_qkv`]) into `out` (`[rows][heads d]`), scale
+    /// `1 / sqrt(d)`.
+    #[allow(clippy::too_many_arguments)]
     pub fn window_attention(
         &self,
-        qkv: u64,
+        half: u64,
         out: u64,
         tiles: u64,
         count: usize,
+        rows: usize,
         heads: usize,
         d: usize,
     ) -> Result<()> {
@@ -235,15 +274,16 @@ impl<D: TowerDevice> TowerKernels<'_, D> {
             return Ok(());
         }
         let args = [
-            Arg::Ptr(qkv),
+            Arg::Ptr(half),
             Arg::Ptr(out),
             Arg::Ptr(tiles),
+            Arg::U32(u32_of(rows, "rows")?),
             Arg::U32(u32_of(heads, "heads")?),
             Arg::F32(1.0 / (d as f32).sqrt()),
         ];
         let grid = (u32_of(count, "window tiles")?, u32_of(heads, "heads")?);
         self.dev
-            .launch(&format!("qvit_attn_win_d{d}"), grid, ATT_Q as u32, &args)
+            .launch(&format!("qvit_attn_win_mma_d{d}"), grid, BLOCK, &args)
     }
 
     /// The average of the `g x g` rows of `x` (`width` each) in `pool x pool` windows.

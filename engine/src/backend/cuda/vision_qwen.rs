@@ -1,12 +1,13 @@
 //! The Qwen2-VL / Qwen2.5-VL / Qwen3-VL vision tower on a CUDA device (kernels/cu/vision.cu):
-//! the function of the CPU reference (vision/qwenvit.rs) computed in f32 on the GPU, one image
-//! at a time, written over [`TowerDevice`] like Gemma 3's tower (vision.rs).
+//! the function of the CPU reference (vision/qwenvit.rs) on the GPU, one image at a time, its
+//! products and attention on tensor cores (f16 inputs, f32 accumulation), written over
+//! [`TowerDevice`] like Gemma 3's tower (vision.rs).
 //!
 //! [`CudaQwenTower::new`] uploads the weights once (Q, K and V of a block as one `[3 hidden]
-//! [hidden]` matrix and bias; every matrix as f16 when each of its values is exactly one, else
-//! f32) and allocates the activations of the largest image the tower takes (`max_pixels`; a
-//! larger one grows them), so the memory is taken before a backend on the same device sizes its
-//! KV cache.
+//! [hidden]` matrix and bias; every matrix as f16 rows, zero-padded to the products' K tile)
+//! and allocates the activations of the largest image the tower takes (`max_pixels`; a larger
+//! one grows them), so the memory is taken before a backend on the same device sizes its KV
+//! cache.
 //!
 //! [`CudaQwenTower::forward`] of a `w x h` image (and [`CudaQwenTower::forward_pair`] of a
 //! video's frame group, two frames through the two temporal kernels) runs every patch as one
@@ -20,7 +21,8 @@
 //! the window tiles. Then: the patch rows (both frames of the temporal patch the same image, or
 //! the group's two frames), the
 //! patch product (+ bias), the positions; per block the norm (LayerNorm, or RMSNorm where the
-//! norm has no bias: Qwen2.5-VL), the Q/K/V product, the rotary embedding of Q and K, attention
+//! norm has no bias: Qwen2.5-VL), the Q/K/V product, the rotary embedding of Q and K (f32), Q/K/V
+//! as f16 per head, attention
 //! (over every row, or within the row's window), the output product added into the residual, the
 //! norm, the FFN (QuickGELU, tanh-GELU, or SiLU-gated: the gate's product multiplies the up
 //! product in its epilogue), the down product added into the residual; after each deepstack
@@ -32,7 +34,7 @@ use std::sync::Mutex;
 
 use super::device::Gpu;
 use super::vision::{DevMat, TowerDevice, product_of, upload_mat};
-use super::vision_kernels::{ATT_ROWS, Epilogue, HEAD_DIMS, TowerKernels};
+use super::vision_kernels::{ATT_ROWS, Epilogue, HEAD_DIMS, TowerKernels, half_qkv_len};
 use crate::error::{Error, Result};
 use crate::vision::qwenvit::{Grid, Groups, Merger, VitAct, positions, rope_table};
 use crate::vision::{QwenParams, QwenWeights};
@@ -83,6 +85,8 @@ struct Scratch<D: TowerDevice> {
     att: D::F32,
     /// `[n][3 hidden]`: Q | K | V.
     qkv: D::F32,
+    /// Q, K and V as f16 for the attention (`vit_qkv_half`'s layout, two values a word).
+    half: D::F32,
     /// `[n][ffn]`.
     up: D::F32,
     /// `[n][head_dim / 2][2]`: the rotary (cos, sin) of each row.
@@ -109,6 +113,7 @@ impl<D: TowerDevice> Scratch<D> {
             a: z(cap * h)?,
             att: z(cap * h)?,
             qkv: z(cap * 3 * h)?,
+            half: z(half_qkv_len(cap, p.heads, p.head_dim()) / 2)?,
             up: z(cap * p.ffn)?,
             rope: z(cap * p.head_dim())?,
             posv: z(if p.pos_grid > 0 { cap * h } else { 1 })?,
@@ -411,11 +416,13 @@ impl<D: TowerDevice> CudaQwenTower<D> {
             norm(a(&sc.x), &l.norm1, a(&sc.a))?;
             prod(a(&sc.a), &l.qkv, &l.qkv_b, a(&sc.qkv), n, Epilogue::Plain)?;
             k.rope(a(&sc.qkv), a(&sc.rope), n, p.heads, d)?;
+            k.half_qkv(a(&sc.qkv), a(&sc.half), n, p.heads, d)?;
             if windowed && p.windowed(i) {
                 let count = lay.tiles.len() / 4;
-                k.window_attention(a(&sc.qkv), a(&sc.att), a(&sc.tiles), count, p.heads, d)?;
+                let (half, att, tiles) = (a(&sc.half), a(&sc.att), a(&sc.tiles));
+                k.window_attention(half, att, tiles, count, n, p.heads, d)?;
             } else {
-                k.attention(a(&sc.qkv), a(&sc.att), n, p.heads, d)?;
+                k.attention(a(&sc.half), a(&sc.att), n, p.heads, d)?;
             }
             prod(a(&sc.att), &l.o, &l.o_b, a(&sc.x), n, Epilogue::Add)?;
             norm(a(&sc.x), &l.norm2, a(&sc.a))?;
@@ -475,8 +482,10 @@ mod tests {
             let l = t.dev.launches.borrow();
             assert_eq!(l[0], "qvit_patches");
             assert!(l.contains(&"qvit_rope".to_string()));
+            assert!(l.contains(&"vit_qkv_half".to_string()));
+            assert!(l.contains(&"vit_attn_mma_d8".to_string()) || kind == QwenKind::Qwen25Vl);
             assert_eq!(
-                l.contains(&"qvit_attn_win_d8".to_string()),
+                l.contains(&"qvit_attn_win_mma_d8".to_string()),
                 kind == QwenKind::Qwen25Vl
             );
             drop(l);
