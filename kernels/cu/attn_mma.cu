@@ -80,25 +80,6 @@ __device__ __forceinline__ void am_mma(const u32 a[4], u32 b0, u32 b1, float c[4
         mma_f16_k16(a, b0, b1, c);
 }
 
-// Four 8x8 16-bit matrices from shared memory: lanes 8j..8j+7 give the row addresses of matrix j;
-// lane (g, t) receives row g, columns 2t, 2t+1 of each (TRANS: rows 2t, 2t+1 of column g).
-template <bool TRANS>
-__device__ __forceinline__ void ldsm_x4_of(u32 r[4], const u16* p) {
-    const u32 a = (u32)__cvta_generic_to_shared(p);
-    if constexpr (TRANS)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(a)
-                     : "memory");
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(a)
-                     : "memory");
-}
-__device__ __forceinline__ void ldsm_x4(u32 r[4], const u16* p) { ldsm_x4_of<false>(r, p); }
-__device__ __forceinline__ void ldsm_x4_t(u32 r[4], const u16* p) { ldsm_x4_of<true>(r, p); }
-
 // S for n-tile nc (positions p0 + 8 nc ..) of the warp's 16 rows: the KS k-steps chained from +0,
 // scaled; positions at or past a row's limit -> -inf. s[e]: row g + 8 (e >> 1), position
 // p0 + 8 nc + 2t + (e & 1).

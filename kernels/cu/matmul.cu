@@ -54,6 +54,12 @@ __device__ __forceinline__ void matmul_body(const u8* __restrict__ W, const floa
     }
 }
 
+#define MATMUL_KERNEL(suffix, DT)                                                               \
+    extern "C" __global__ void __launch_bounds__(256) matmul_##suffix(                          \
+        const u8* W, const float* X, float* Y, u32 M, u32 N, u32 K, u64 row_bytes) { pdl_entry();            \
+        matmul_body<DT>(W, X, Y, M, N, K, row_bytes, blockIdx.y * 8, gridDim.y * 8);            \
+    }
+
 // F32 weights (a mixture-of-experts router: GGUF keeps `ffn_gate_inp` in F32; F32 checkpoints)
 // take the GPU's own order (the products-v2 decision: within tolerance of the CPU's dot_f32, not
 // its bits): prelude.cuh's f32_row_dot, 8 fixed K chunks summed lane-strided with fma from +0,
@@ -63,32 +69,9 @@ __device__ __forceinline__ void matmul_body(const u8* __restrict__ W, const floa
 // weights in registers) and walks tiles of 8 token rows (blockIdx.y, then every gridDim.y-th),
 // the tile's rows shared by the 8 warps through L1. Before (run h100-20261207-dpro): a block
 // per feature and 8-row tile, each warp one K chunk; the qwen3-next-80b router (513 x 2048) at
-// 512 rows read 2.4 GB through L2, 273 us a layer.
-__device__ __forceinline__ void matmul_f32_rows_body(const u8* __restrict__ W, const float* __restrict__ X,
-                                                float* __restrict__ Y, u32 M, u32 N, u32 K, u64 row_bytes) {
-    const u32 lane = threadIdx.x & 31, n = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (n >= N) return;  // a whole warp: f32_row_dot's shuffles are within the warp
-    const float* w = (const float*)(W + (u64)n * row_bytes);
-    float wp[8][F32R_PRE];
-    f32_row_load(w, K, wp);
-    for (u32 m0 = blockIdx.y * 8; m0 < M; m0 += gridDim.y * 8) {
-        const u32 mt = min(8u, M - m0);
-        float v[8];
-        f32_row_dot(w, wp, X + (u64)m0 * K, K, mt, K, v);
-#pragma unroll
-        for (int t = 0; t < 8; ++t)
-            if ((u32)t < mt && lane == (u32)t) Y[(u64)(m0 + t) * N + n] = v[t];
-    }
-}
-
-#define MATMUL_KERNEL(suffix, DT)                                                               \
-    extern "C" __global__ void __launch_bounds__(256) matmul_##suffix(                          \
-        const u8* W, const float* X, float* Y, u32 M, u32 N, u32 K, u64 row_bytes) { pdl_entry();            \
-        matmul_body<DT>(W, X, Y, M, N, K, row_bytes, blockIdx.y * 8, gridDim.y * 8);            \
-    }
-
-// F32 weights by matmul_f32_rows: grid (N / 8 rounded up, token tile groups) of 256 threads
-// (Gpu::matmul, every F32 product).
+// 512 rows read 2.4 GB through L2, 273 us a layer. The body is prelude.cuh's
+// matmul_f32_rows_body (tools/kemu runs it too). Grid (N / 8 rounded up, token tile groups) of
+// 256 threads (Gpu::matmul, every F32 product).
 extern "C" __global__ void __launch_bounds__(256) matmul_f32_rows(const u8* W, const float* X, float* Y, u32 M,
                                                                   u32 N, u32 K, u64 row_bytes) {
     pdl_entry();

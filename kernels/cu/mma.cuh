@@ -223,3 +223,23 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
         "r"(parity)
         : "memory");
 }
+
+// Four 8x8 16-bit matrices from shared memory (attn_mma.cu, vision.cu): lanes 8j..8j+7 give the
+// row addresses of matrix j; lane (g, t) receives row g, columns 2t, 2t+1 of each (TRANS: rows
+// 2t, 2t+1 of column g).
+template <bool TRANS>
+__device__ __forceinline__ void ldsm_x4_of(u32 r[4], const u16* p) {
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(u32 r[4], const u16* p) { ldsm_x4_of<false>(r, p); }
+__device__ __forceinline__ void ldsm_x4_t(u32 r[4], const u16* p) { ldsm_x4_of<true>(r, p); }

@@ -162,3 +162,22 @@ __device__ __forceinline__ void f32_row_dot(const float* __restrict__ w, const f
         }
     }
 }
+
+// matmul_f32_rows (matmul.cu): warp w of block b takes feature 8 b + w over tiles of 8 rows
+// (blockIdx.y, then every gridDim.y-th), its row's first weights in registers across them.
+__device__ __forceinline__ void matmul_f32_rows_body(const u8* __restrict__ W, const float* __restrict__ X,
+                                                float* __restrict__ Y, u32 M, u32 N, u32 K, u64 row_bytes) {
+    const u32 lane = threadIdx.x & 31, n = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (n >= N) return;  // a whole warp: f32_row_dot's shuffles are within the warp
+    const float* w = (const float*)(W + (u64)n * row_bytes);
+    float wp[8][F32R_PRE];
+    f32_row_load(w, K, wp);
+    for (u32 m0 = blockIdx.y * 8; m0 < M; m0 += gridDim.y * 8) {
+        const u32 mt = min(8u, M - m0);
+        float v[8];
+        f32_row_dot(w, wp, X + (u64)m0 * K, K, mt, K, v);
+#pragma unroll
+        for (int t = 0; t < 8; ++t)
+            if ((u32)t < mt && lane == (u32)t) Y[(u64)(m0 + t) * N + n] = v[t];
+    }
+}

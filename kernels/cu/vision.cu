@@ -98,23 +98,6 @@ __device__ __forceinline__ u32 vit_h2(float lo, float hi) {
     return d;
 }
 
-// Four 8 x 8 16-bit matrices from shared memory (lanes 8j .. 8j + 7 address the rows of matrix
-// j); lane (g, t) receives row g, columns 2t, 2t + 1 of each (TRANS: rows 2t, 2t + 1 of column g).
-template <bool TRANS>
-__device__ __forceinline__ void vit_ldsm(u32 r[4], const u16* p) {
-    const u32 a = (u32)__cvta_generic_to_shared(p);
-    if constexpr (TRANS)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(a)
-                     : "memory");
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(a)
-                     : "memory");
-}
-
 // The product on tensor cores: Y[m][n] = epilogue(sum_k f16(X[m][k]) W[n][k] (+ B[n])) with the
 // epilogues G_PLAIN, G_GELU (tanh), G_ADD (Y + value), G_QUICK_GELU, G_GELU_ERF, G_MUL_SILU
 // (Y * silu(value): the gated FFN, Y holding the up product). X: f32 rows [M][K], rounded to
@@ -213,9 +196,9 @@ extern "C" __global__ void __launch_bounds__(GM_THREADS, 2) vit_gemm_mma(const f
         for (int ks = 0; ks < GM_BK / 16; ++ks) {
             u32 af[4][4], bf[2][4];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) vit_ldsm<false>(af[i], &As[buf][a_row + 16 * i][a_col + 16 * ks]);
+            for (int i = 0; i < 4; ++i) ldsm_x4_of<false>(af[i], &As[buf][a_row + 16 * i][a_col + 16 * ks]);
 #pragma unroll
-            for (int j = 0; j < 2; ++j) vit_ldsm<false>(bf[j], &Bs[buf][b_row + 16 * j][b_col + 16 * ks]);
+            for (int j = 0; j < 2; ++j) ldsm_x4_of<false>(bf[j], &Bs[buf][b_row + 16 * j][b_col + 16 * ks]);
 #pragma unroll
             for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -416,7 +399,7 @@ __device__ __forceinline__ void vit_attn_mma_span(const u16* __restrict__ H, flo
 #pragma unroll
             for (int j = 0; j < NS; j += 2) {
                 u32 b[4];
-                vit_ldsm<false>(b, &Ks[buf][8 * j + kr][16 * ks + kc]);
+                ldsm_x4_of<false>(b, &Ks[buf][8 * j + kr][16 * ks + kc]);
                 mma_f16_k16(qa[ks], b[0], b[1], s[j]);
                 mma_f16_k16(qa[ks], b[2], b[3], s[j + 1]);
             }
@@ -467,7 +450,7 @@ __device__ __forceinline__ void vit_attn_mma_span(const u16* __restrict__ H, flo
 #pragma unroll
             for (int j = 0; j < NO; j += 2) {
                 u32 b[4];
-                vit_ldsm<true>(b, &Vs[buf][16 * kk + vr][8 * j + vc]);
+                ldsm_x4_of<true>(b, &Vs[buf][16 * kk + vr][8 * j + vc]);
                 mma_f16_k16(pa[kk], b[0], b[1], o[j]);
                 mma_f16_k16(pa[kk], b[2], b[3], o[j + 1]);
             }

@@ -1,26 +1,9 @@
-// The F32 row products of prelude.cuh (f32_row_load / f32_row_dot: matmul_f32_rows and
-// moe_norm_route share them) on the emulator, bit for bit against a scalar model of the order
+// The F32 row products of prelude.cuh (matmul_f32_rows_body over f32_row_load / f32_row_dot;
+// moe_norm_route shares the two) on the emulator, bit for bit against a scalar model of the order
 // they promise: 8 fixed K chunks, lane l's columns c0 + l, c0 + l + 32, ... with fma from +0,
 // the xor tree 16 .. 1, the chunk sums in order from -0. Included once, by kernels.cpp, after
 // check_delta.h (check_util.h: rng, randv, fails; check_delta.h: same_bits, bits_case).
 #pragma once
-
-// The launch of matmul_f32_rows_body (matmul.cu) over the shared functions: warp w of block b
-// takes feature 8 b + w, tiles of 8 rows from blockIdx.y every gridDim.y.
-static void router_rows(const float* W, const float* X, float* Y, u32 M, u32 N, u32 K) {
-    const u32 lane = threadIdx.x & 31, n = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (n >= N) return;
-    const float* w = W + (u64)n * K;
-    float wp[8][F32R_PRE];
-    f32_row_load(w, K, wp);
-    for (u32 m0 = blockIdx.y * 8; m0 < M; m0 += gridDim.y * 8) {
-        const u32 mt = min(8u, M - m0);
-        float v[8];
-        f32_row_dot(w, wp, X + (u64)m0 * K, K, mt, K, v);
-        for (int t = 0; t < 8; ++t)
-            if ((u32)t < mt && lane == (u32)t) Y[(u64)(m0 + t) * N + n] = v[t];
-    }
-}
 
 // The promised order, one value at a time.
 static float router_model(const float* w, const float* x, u32 K) {
@@ -48,7 +31,7 @@ static void router_case(u32 M, u32 N, u32 K, u32 gy) {
     std::vector<float> Y((size_t)M * N, std::nanf("")), want(Y.size());
     for (u32 m = 0; m < M; ++m)
         for (u32 n = 0; n < N; ++n) want[(size_t)m * N + n] = router_model(&W[(size_t)n * K], &X[(size_t)m * K], K);
-    emu_launch((N + 7) / 8, gy, 256, [&] { router_rows(W.data(), X.data(), Y.data(), M, N, K); });
+    emu_launch((N + 7) / 8, gy, 256, [&] { matmul_f32_rows_body((const u8*)W.data(), X.data(), Y.data(), M, N, K, K * 4); });
     char what[160];
     snprintf(what, sizeof what, "f32_row_dot M %u N %u K %u (%u tile groups) == the promised order", M, N, K, gy);
     bits_case(what, same_bits(Y, want));
