@@ -167,6 +167,21 @@ pub struct SpecArgs {
     pub api_key: Option<String>,
 }
 
+impl SpecArgs {
+    /// Where `mode`'s requests go.
+    pub fn target(&self, mode: Mode) -> &Target {
+        match mode {
+            Mode::On => &self.on,
+            Mode::Off => &self.off,
+        }
+    }
+
+    /// One model for both modes: its `off` requests opt out per request.
+    pub fn one_model(&self) -> bool {
+        self.on == self.off
+    }
+}
+
 /// Speculation or not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -307,20 +322,23 @@ pub struct Sample {
     pub error: Option<String>,
 }
 
-/// The body of `item` under `s` with `seed`.
-pub fn body(item: &Item, s: &Sampling, seed: u64, model: &str, cap: usize) -> String {
-    let max_tokens = if cap > 0 {
-        item.max_tokens.min(cap)
+/// The body of request `(i, s)` of `a` in `mode`: item `i` under sampling `s` with seed
+/// `a.seed + i`, to `mode`'s model; with one model for both modes, the `off` side opts out of
+/// speculation per request (`"speculative": false`).
+pub fn body(a: &SpecArgs, mode: Mode, i: usize, s: usize) -> String {
+    let (item, s) = (&a.items[i], &a.samplings[s]);
+    let max_tokens = if a.max_tokens > 0 {
+        item.max_tokens.min(a.max_tokens)
     } else {
         item.max_tokens
     };
     let mut v = serde_json::json!({
-        "model": model,
+        "model": a.target(mode).model,
         "messages": item.messages,
         "max_tokens": max_tokens,
         "temperature": s.temperature,
         "top_p": s.top_p,
-        "seed": seed,
+        "seed": a.seed + i as u64,
         "stream": true,
         "stream_options": {"include_usage": true},
     });
@@ -329,6 +347,9 @@ pub fn body(item: &Item, s: &Sampling, seed: u64, model: &str, cap: usize) -> St
     }
     if let Some(rf) = &item.response_format {
         v["response_format"] = rf.clone();
+    }
+    if mode == Mode::Off && a.one_model() {
+        v["speculative"] = serde_json::json!(false);
     }
     v.to_string()
 }
@@ -416,16 +437,8 @@ fn work(a: &SpecArgs) -> Vec<(usize, usize, usize)> {
 }
 
 fn one(a: &SpecArgs, mode: Mode, (i, s, r): (usize, usize, usize)) -> Sample {
-    let t = if mode == Mode::On { &a.on } else { &a.off };
-    let seed = a.seed + i as u64;
-    let mut b = body(&a.items[i], &a.samplings[s], seed, &t.model, a.max_tokens);
-    if mode == Mode::Off && a.on == a.off {
-        // One model for both modes: the plain side opts out per request.
-        let mut v: serde_json::Value = serde_json::from_str(&b).unwrap_or_default();
-        v["speculative"] = serde_json::json!(false);
-        b = v.to_string();
-    }
-    let mut out = send(t, a.api_key.as_deref(), &b).unwrap_or_else(|e| Sample {
+    let b = body(a, mode, i, s);
+    let mut out = send(a.target(mode), a.api_key.as_deref(), &b).unwrap_or_else(|e| Sample {
         error: Some(e),
         ..Default::default()
     });
@@ -442,7 +455,7 @@ pub fn run(a: &SpecArgs) -> Result<Outcome> {
     }
     // The same model for both: the `off` requests send `"speculative": false` (one copy of
     // the weights; memra-server only). Otherwise `off` must be served with +spec=off.
-    let one_model = a.on == a.off;
+    let one_model = a.one_model();
     let key = a.api_key.as_deref();
     let (drafter, start) = scrape(&a.on, key)?;
     let (off_drafter, _) = if one_model {
@@ -905,25 +918,47 @@ mod tests {
 
     #[test]
     fn bodies_carry_sampling_seed_and_schema() {
-        let mut it = parse_workload(
+        let it = parse_workload(
             r#"{"id":"a","kind":"json_extract","max_tokens":400,"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}"#,
         )
         .unwrap()
         .remove(0);
-        let v: Value =
-            serde_json::from_str(&body(&it, &Sampling::sampled(0.8, 0.9, 40), 7, "on", 64))
-                .unwrap();
+        let target = |model: &str| Target {
+            addr: "127.0.0.1:1".into(),
+            model: model.into(),
+        };
+        let mut a = SpecArgs {
+            items: vec![it],
+            on: target("on"),
+            off: target("off"),
+            samplings: vec![Sampling::sampled(0.8, 0.9, 40), Sampling::greedy()],
+            seed: 7,
+            clients: 1,
+            repeat: 1,
+            max_tokens: 64,
+            api_key: None,
+        };
+        let v: Value = serde_json::from_str(&body(&a, Mode::On, 0, 0)).unwrap();
         assert_eq!(v["model"], "on");
         assert_eq!(v["max_tokens"], 64);
         assert_eq!(v["top_k"], 40);
         assert_eq!(v["seed"], 7);
         assert_eq!(v["response_format"]["type"], "json_object");
         assert_eq!(v["stream"], true);
-        it.response_format = None;
-        let g: Value = serde_json::from_str(&body(&it, &Sampling::greedy(), 7, "off", 0)).unwrap();
+        assert!(v.get("speculative").is_none());
+        a.items[0].response_format = None;
+        a.max_tokens = 0;
+        let g: Value = serde_json::from_str(&body(&a, Mode::Off, 0, 1)).unwrap();
         assert_eq!(g["temperature"], 0.0);
         assert_eq!(g["max_tokens"], 400);
         assert!(g.get("top_k").is_none() && g.get("response_format").is_none());
+        // Two models: each side its own; one model for both: the `off` side opts out.
+        assert_eq!(g["model"], "off");
+        assert!(g.get("speculative").is_none());
+        a.off = a.on.clone();
+        let same = |mode| -> Value { serde_json::from_str(&body(&a, mode, 0, 1)).unwrap() };
+        assert_eq!(same(Mode::Off)["speculative"], false);
+        assert!(same(Mode::On).get("speculative").is_none());
     }
 
     #[test]

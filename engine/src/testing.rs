@@ -35,3 +35,107 @@ pub fn small_cpu(w: crate::models::ModelWeights) -> crate::backend::cpu::CpuBack
     };
     crate::backend::cpu::CpuBackend::new(w, &opts).expect("CPU backend")
 }
+
+/// A random Q8_0 model of `arch` at the tiny shape (weights seed 3) with SmolLM2's tokenizer
+/// and chat template, its context `max_ctx`: the serving tests' model.
+pub fn tiny_chat_model(arch: crate::config::Arch, max_ctx: usize) -> crate::loader::Model {
+    use crate::models::random::{random_weights, tiny_config};
+    let g = crate::formats::gguf::Gguf::open(&real_model()).expect("open SmolLM2");
+    let tokenizer = crate::tokenizer::Tokenizer::from_gguf(&g).expect("tokenizer");
+    let chat = crate::chat::ChatTemplate::from_gguf(&g, &tokenizer).expect("template");
+    let mut config = tiny_config(arch, tokenizer.vocab_size());
+    config.max_ctx = max_ctx;
+    let weights = random_weights(&config, 3, crate::quant::DType::Q8_0).expect("weights");
+    crate::loader::Model {
+        path: "tiny".into(),
+        config,
+        weights,
+        tokenizer,
+        chat,
+    }
+}
+
+/// A greedy request to model "m" of `max_tokens` tokens (EOS ignored, logprobs on) with its
+/// media spans.
+pub fn media_request(
+    prompt: Vec<u32>,
+    media: Vec<crate::vision::MediaSpan>,
+    max_tokens: usize,
+    speculative: bool,
+) -> crate::request::ValidRequest {
+    crate::request::ValidRequest {
+        model: "m".into(),
+        tenant: "t".into(),
+        prompt,
+        max_tokens,
+        params: crate::sampling::SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
+        stop: Vec::new(),
+        logprobs: Some(1),
+        cache_salt: None,
+        ignore_eos: true,
+        tenant_max_in_flight: None,
+        speculative,
+        grammar: None,
+        media,
+    }
+}
+
+/// Token ids with logprob bits, and the cached prompt tokens, of one request on `e`.
+pub fn run_request(
+    e: &crate::engine::EngineHandle,
+    r: crate::request::ValidRequest,
+) -> crate::Result<(Vec<(u32, u32)>, usize)> {
+    use crate::request::Event;
+    let mut s = e
+        .submit(r)
+        .map_err(|e| crate::Error::Input(format!("submit: {e}")))?;
+    let mut out = Vec::new();
+    loop {
+        match s.blocking_recv() {
+            Some(Event::Token(t)) => out.push((t.id, t.logprob.map_or(0, f32::to_bits))),
+            Some(Event::Text(_)) => {}
+            Some(Event::Done { usage, .. }) => return Ok((out, usage.cached_tokens)),
+            Some(Event::Error(m)) => {
+                return Err(crate::Error::Input(format!("request failed: {m}")));
+            }
+            None => return Err(crate::Error::Input("the stream ended without Done".into())),
+        }
+    }
+}
+
+/// Positions per KV block of [`engine_config`].
+pub const BLOCK_SIZE: usize = 4;
+
+/// The engine configuration of the serving tests and gates: `device`, 2 threads, blocks of
+/// [`BLOCK_SIZE`] positions, `kv_blocks` of them, steps of `budget` tokens, `running` sequences at most (per
+/// tenant too), the prefix cache on, no speculation.
+pub fn engine_config(
+    device: crate::backend::Device,
+    kv_blocks: usize,
+    budget: usize,
+    running: usize,
+) -> crate::engine::EngineConfig {
+    use crate::engine::{EngineConfig, KvBudget};
+    use crate::scheduler::SchedulerConfig;
+    EngineConfig {
+        device,
+        threads: 2,
+        block_size: BLOCK_SIZE,
+        kv: KvBudget::Blocks(kv_blocks),
+        kv_dtype: Default::default(),
+        scheduler: SchedulerConfig {
+            max_batch_tokens: budget,
+            max_running: running,
+            max_running_per_tenant: running,
+            admit_reserve_blocks: 1,
+            recurrent: false,
+            state_snapshots: None,
+        },
+        prefix_cache: true,
+        spec: None,
+        pp: Default::default(),
+    }
+}

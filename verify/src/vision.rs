@@ -39,14 +39,12 @@ use std::process::Command;
 use std::sync::Arc;
 
 use memra_engine::backend::Device;
-use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle, KvBudget};
+use memra_engine::engine::{AdmissionLimits, Engine, EngineHandle};
 use memra_engine::error::{Error, Result};
 use memra_engine::loader::Model;
 use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::quant::DType;
 use memra_engine::request::{Event, ValidRequest};
-use memra_engine::sampling::SamplingParams;
-use memra_engine::scheduler::SchedulerConfig;
 use memra_engine::vision::{ImageTokens, MediaSpan, VisionTower};
 
 pub use crate::vision_qwen::Family;
@@ -178,7 +176,7 @@ fn model(a: &VisionArgs) -> Result<Model> {
 }
 
 /// Positions per KV block of the gate's engines.
-const BLOCK: usize = 4;
+const BLOCK: usize = memra_engine::testing::BLOCK_SIZE;
 
 /// KV blocks of the gate's engines (1,024 positions) unless a check needs more.
 const POOL_BLOCKS: usize = 256;
@@ -194,45 +192,14 @@ fn engine_with_pool(
     budget: usize,
     blocks: usize,
 ) -> Result<EngineHandle> {
-    let cfg = EngineConfig {
-        device,
-        threads: 2,
-        block_size: BLOCK,
-        kv: KvBudget::Blocks(blocks),
-        kv_dtype: Default::default(),
-        scheduler: SchedulerConfig {
-            max_batch_tokens: budget,
-            max_running: 16,
-            max_running_per_tenant: 16,
-            admit_reserve_blocks: 1,
-            recurrent: false,
-            state_snapshots: None,
-        },
-        prefix_cache: true,
-        spec: None,
-        pp: Default::default(),
-    };
+    let cfg = memra_engine::testing::engine_config(device, blocks, budget, 16);
     Engine::start(vec![("m".into(), m, cfg)], AdmissionLimits::default())
 }
 
 /// Token ids with logprob bits, and the cached prompt tokens.
 pub(crate) type Run = (Vec<(u32, u32)>, usize);
 
-pub(crate) fn run(e: &EngineHandle, r: ValidRequest) -> Result<Run> {
-    let mut s = e
-        .submit(r)
-        .map_err(|e| Error::Input(format!("submit: {e}")))?;
-    let mut out = Vec::new();
-    loop {
-        match s.blocking_recv() {
-            Some(Event::Token(t)) => out.push((t.id, t.logprob.map_or(0, f32::to_bits))),
-            Some(Event::Text(_)) => {}
-            Some(Event::Done { usage, .. }) => return Ok((out, usage.cached_tokens)),
-            Some(Event::Error(m)) => return Err(Error::Input(format!("request failed: {m}"))),
-            None => return Err(Error::Input("the stream ended without Done".into())),
-        }
-    }
-}
+pub(crate) use memra_engine::testing::run_request as run;
 
 /// An image prompt: text `i`, the image's tokens, text `i + 1`; the image's token grid.
 pub(crate) struct Prompt {
@@ -260,41 +227,22 @@ fn prompt(i: usize, tokens: &ImageTokens, grid: (usize, usize), vocab: usize) ->
     }
 }
 
+/// The greedy request of `p` (logprobs on), its image `media` (embeddings, hash) if any.
 pub(crate) fn request(
     p: &Prompt,
     media: Option<(Arc<[f32]>, u128)>,
     width: usize,
     n: usize,
 ) -> ValidRequest {
-    ValidRequest {
-        model: "m".into(),
-        tenant: "t".into(),
-        prompt: p.ids.clone(),
-        max_tokens: n,
-        params: SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        },
-        stop: Vec::new(),
-        logprobs: Some(1),
-        cache_salt: None,
-        ignore_eos: true,
-        tenant_max_in_flight: None,
-        speculative: false,
-        grammar: None,
-        media: media
-            .map(|(embeds, hash)| {
-                vec![MediaSpan {
-                    start: p.start,
-                    embeds,
-                    width,
-                    hash,
-                    grid: p.grid,
-                    times: Vec::new(),
-                }]
-            })
-            .unwrap_or_default(),
-    }
+    let media = media.map(|(embeds, hash)| MediaSpan {
+        start: p.start,
+        embeds,
+        width,
+        hash,
+        grid: p.grid,
+        times: Vec::new(),
+    });
+    memra_engine::testing::media_request(p.ids.clone(), media.into_iter().collect(), n, false)
 }
 
 /// Runs the numpy reference of the tower's family on `images`; returns its embeddings per

@@ -7,33 +7,12 @@ use std::sync::Arc;
 
 use memra_bench::spec::{self, Item, Sampling, SpecArgs, Target};
 use memra_engine::backend::Device;
-use memra_engine::chat::ChatTemplate;
 use memra_engine::config::Arch;
 use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, KvBudget};
-use memra_engine::formats::gguf::Gguf;
-use memra_engine::loader::Model;
-use memra_engine::models::random::{random_weights, tiny_config};
-use memra_engine::quant::DType;
-use memra_engine::tokenizer::Tokenizer;
+use memra_engine::testing::tiny_chat_model;
 use memra_server::auth::Auth;
 use memra_server::real::RealEngine;
 use memra_server::state::{Limits, State};
-
-fn tiny_model() -> Model {
-    let g = Gguf::open(&memra_engine::testing::real_model()).expect("open SmolLM2");
-    let tokenizer = Tokenizer::from_gguf(&g).expect("tokenizer");
-    let chat = ChatTemplate::from_gguf(&g, &tokenizer).expect("template");
-    let mut config = tiny_config(Arch::Llama, tokenizer.vocab_size());
-    config.max_ctx = 1024;
-    let weights = random_weights(&config, 3, DType::Q8_0).expect("weights");
-    Model {
-        path: "tiny".into(),
-        config,
-        weights,
-        tokenizer,
-        chat,
-    }
-}
 
 /// A server with `on` (memra-server's default speculation) and `off` (`+spec=off`); its
 /// address and the runtime that serves it.
@@ -50,7 +29,7 @@ fn serve() -> (String, tokio::runtime::Runtime) {
                 spec: s.spec.clone(),
                 ..EngineConfig::default()
             };
-            (s.alias.clone(), tiny_model(), cfg)
+            (s.alias.clone(), tiny_chat_model(Arch::Llama, 1024), cfg)
         })
         .collect();
     let handle = Engine::start(models, AdmissionLimits::default()).expect("engine");

@@ -6,9 +6,8 @@ use std::path::PathBuf;
 
 use memra_engine::backend::{StepBatch, StepRow};
 use memra_engine::engine::EngineHandle;
-use memra_engine::request::{Event, ValidRequest};
-use memra_engine::sampling::SamplingParams;
-use memra_engine::vision::MediaSpan;
+use memra_engine::request::ValidRequest;
+pub use memra_engine::testing::media_request;
 
 /// The real SmolLM2-135M-Instruct GGUF.
 pub fn real_model() -> PathBuf {
@@ -22,30 +21,10 @@ pub fn repo_path(rel: &str) -> PathBuf {
         .join(rel)
 }
 
-/// The engine configuration of the CPU serving tests: 2 threads, blocks of 4 tokens,
-/// `kv_blocks` of them, steps of `budget` tokens, 8 running sequences, the prefix cache on, no
-/// speculation.
+/// The engine configuration of the CPU serving tests (`memra_engine::testing::engine_config`):
+/// `kv_blocks` blocks of 4 tokens, steps of `budget` tokens, 8 running sequences.
 pub fn cpu_engine_config(kv_blocks: usize, budget: usize) -> memra_engine::engine::EngineConfig {
-    use memra_engine::engine::{EngineConfig, KvBudget};
-    use memra_engine::scheduler::SchedulerConfig;
-    EngineConfig {
-        device: memra_engine::backend::Device::Cpu,
-        threads: 2,
-        block_size: 4,
-        kv: KvBudget::Blocks(kv_blocks),
-        kv_dtype: Default::default(),
-        scheduler: SchedulerConfig {
-            max_batch_tokens: budget,
-            max_running: 8,
-            max_running_per_tenant: 8,
-            admit_reserve_blocks: 1,
-            recurrent: false,
-            state_snapshots: None,
-        },
-        prefix_cache: true,
-        spec: None,
-        pp: Default::default(),
-    }
+    memra_engine::testing::engine_config(memra_engine::backend::Device::Cpu, kv_blocks, budget, 8)
 }
 
 /// Positions `r` of `toks` as one step of sequence 0 over blocks `table` (recurrent-state
@@ -75,46 +54,9 @@ pub fn logit_bits(logits: &[Vec<f32>]) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// A greedy request of `max_tokens` tokens (EOS ignored, logprobs on) with its media spans.
-pub fn media_request(
-    prompt: Vec<u32>,
-    media: Vec<MediaSpan>,
-    max_tokens: usize,
-    speculative: bool,
-) -> ValidRequest {
-    ValidRequest {
-        model: "m".into(),
-        tenant: "t".into(),
-        prompt,
-        max_tokens,
-        params: SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        },
-        stop: Vec::new(),
-        logprobs: Some(1),
-        cache_salt: None,
-        ignore_eos: true,
-        tenant_max_in_flight: None,
-        speculative,
-        grammar: None,
-        media,
-    }
-}
-
 /// Tokens, logprob bits and cached tokens of one request.
 pub fn run_request(e: &EngineHandle, r: ValidRequest) -> (Vec<(u32, u32)>, usize) {
-    let mut s = e.submit(r).unwrap();
-    let mut out = Vec::new();
-    loop {
-        match s.blocking_recv() {
-            Some(Event::Token(t)) => out.push((t.id, t.logprob.map_or(0, f32::to_bits))),
-            Some(Event::Done { usage, .. }) => return (out, usage.cached_tokens),
-            Some(Event::Error(m)) => panic!("{m}"),
-            Some(_) => {}
-            None => panic!("no Done"),
-        }
-    }
+    memra_engine::testing::run_request(e, r).unwrap()
 }
 
 /// A random Q8_0 model of `arch` at the tiny shape with SmolLM2's tokenizer (seed 17).

@@ -1,4 +1,5 @@
-//! A real server on a loopback port, backed by the scripted FakeEngine.
+//! A real server on a loopback port, backed by the scripted FakeEngine; the loopback server
+//! and the tiny model that the real-engine tests share.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -23,19 +24,43 @@ pub struct TestServer {
     pub handle: Option<JoinHandle<std::io::Result<()>>>,
 }
 
-pub async fn start(auth: Auth, limits: Limits) -> TestServer {
-    let engine = Arc::new(FakeEngine::new());
-    let state = Arc::new(State::new(engine.clone(), auth, limits));
+/// Serves `state` on a loopback port until the sender fires or is dropped: the address, the
+/// sender and the server's task.
+pub async fn listen(
+    state: Arc<State>,
+) -> (
+    SocketAddr,
+    oneshot::Sender<()>,
+    JoinHandle<std::io::Result<()>>,
+) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = oneshot::channel::<()>();
-    let st = state.clone();
     let handle = tokio::spawn(async move {
-        memra_server::serve(listener, st, async {
+        memra_server::serve(listener, state, async {
             let _ = rx.await;
         })
         .await
     });
+    (addr, tx, handle)
+}
+
+/// [`listen`]'s URL and stop.
+pub async fn serve(state: Arc<State>) -> (String, oneshot::Sender<()>) {
+    let (addr, stop, _) = listen(state).await;
+    (format!("http://{addr}"), stop)
+}
+
+/// A random model of `arch` at the tiny shape (2 layers) with SmolLM2's tokenizer and chat
+/// template, context 512.
+pub fn tiny_model(arch: memra_engine::config::Arch) -> memra_engine::loader::Model {
+    memra_engine::testing::tiny_chat_model(arch, 512)
+}
+
+pub async fn start(auth: Auth, limits: Limits) -> TestServer {
+    let engine = Arc::new(FakeEngine::new());
+    let state = Arc::new(State::new(engine.clone(), auth, limits));
+    let (addr, tx, handle) = listen(state.clone()).await;
     TestServer {
         addr,
         url: format!("http://{addr}"),

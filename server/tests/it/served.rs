@@ -10,11 +10,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use memra_engine::config::Arch;
 use memra_engine::engine::{Engine, EngineHandle};
-use memra_engine::formats::gguf::Gguf;
 use memra_engine::loader::{Model, load_model};
-use memra_engine::models::random::{random_weights, tiny_config};
-use memra_engine::quant::DType;
-use memra_engine::tokenizer::Tokenizer;
 use memra_server::auth::{Auth, KeyringWatch};
 use memra_server::config::Cli;
 use memra_server::keys::KeyringFile;
@@ -22,21 +18,11 @@ use memra_server::real::{RealEngine, engine_settings};
 use memra_server::state::{Limits, State};
 use serde_json::{Value, json};
 
-/// A tiny random model (context 512) with the real tokenizer and chat template.
+use crate::common;
+
+/// A tiny random llama (context 512) with the real tokenizer and chat template.
 fn tiny_model() -> Model {
-    let g = Gguf::open(&memra_engine::testing::real_model()).expect("open SmolLM2");
-    let tokenizer = Tokenizer::from_gguf(&g).expect("tokenizer");
-    let chat = memra_engine::chat::ChatTemplate::from_gguf(&g, &tokenizer).expect("template");
-    let mut config = tiny_config(Arch::Llama, tokenizer.vocab_size());
-    config.max_ctx = 512;
-    let weights = random_weights(&config, 3, DType::Q8_0).expect("weights");
-    Model {
-        path: "tiny".into(),
-        config,
-        weights,
-        tokenizer,
-        chat,
-    }
+    common::tiny_model(Arch::Llama)
 }
 
 fn real_model() -> Model {
@@ -58,19 +44,11 @@ async fn serve(model: Model, flags: &[&str], auth: Auth) -> Served {
     let engine = Engine::start(vec![("m".into(), model, cfg)], limits).expect("engine");
     let real = Arc::new(RealEngine::from_handle(engine.clone()));
     let state = Arc::new(State::new(real, auth, Limits::from_args(&args)));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        memra_server::serve(listener, state, async {
-            let _ = rx.await;
-        })
-        .await
-    });
+    let (url, stop) = common::serve(state).await;
     Served {
         url,
         engine,
-        _stop: tx,
+        _stop: stop,
     }
 }
 

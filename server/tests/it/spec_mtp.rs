@@ -105,15 +105,7 @@ async fn serve(models: &str) -> (String, tokio::sync::oneshot::Sender<()>) {
         }),
     );
     let state = Arc::new(State::new(engine, Auth::Open, Limits::from_args(&args)));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        memra_server::serve(listener, state, async {
-            let _ = rx.await;
-        })
-        .await
-    });
+    let (url, stop) = crate::common::serve(state).await;
     // Loading runs in the background: wait for /ready (a deadline, not a measurement).
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {

@@ -6,34 +6,14 @@
 use std::sync::Arc;
 
 use memra_engine::backend::Device;
-use memra_engine::chat::ChatTemplate;
 use memra_engine::config::Arch;
 use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, KvBudget};
-use memra_engine::formats::gguf::Gguf;
-use memra_engine::loader::Model;
-use memra_engine::models::random::{random_weights, tiny_config};
-use memra_engine::quant::DType;
-use memra_engine::tokenizer::Tokenizer;
 use memra_server::auth::Auth;
 use memra_server::real::RealEngine;
 use memra_server::state::{Limits, State};
 use serde_json::{Value, json};
 
-fn tiny_model() -> Model {
-    let g = Gguf::open(&memra_engine::testing::real_model()).expect("open SmolLM2");
-    let tokenizer = Tokenizer::from_gguf(&g).expect("tokenizer");
-    let chat = ChatTemplate::from_gguf(&g, &tokenizer).expect("template");
-    let mut config = tiny_config(Arch::Llama, tokenizer.vocab_size());
-    config.max_ctx = 512;
-    let weights = random_weights(&config, 3, DType::Q8_0).expect("weights");
-    Model {
-        path: "tiny".into(),
-        config,
-        weights,
-        tokenizer,
-        chat,
-    }
-}
+use crate::common;
 
 pub(crate) async fn start() -> (String, tokio::sync::oneshot::Sender<()>) {
     start_pp(1).await
@@ -52,22 +32,12 @@ async fn start_pp(pp: usize) -> (String, tokio::sync::oneshot::Sender<()>) {
         ..EngineConfig::default()
     };
     let handle = Engine::start(
-        vec![("tiny".into(), tiny_model(), cfg)],
+        vec![("tiny".into(), common::tiny_model(Arch::Llama), cfg)],
         AdmissionLimits::default(),
     )
     .expect("engine");
     let engine = Arc::new(RealEngine::from_handle(handle));
-    let state = Arc::new(State::new(engine, Auth::Open, Limits::default()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        memra_server::serve(listener, state, async {
-            let _ = rx.await;
-        })
-        .await
-    });
-    (url, tx)
+    common::serve(Arc::new(State::new(engine, Auth::Open, Limits::default()))).await
 }
 
 pub(crate) async fn post(url: &str, path: &str, body: &Value) -> reqwest::Response {

@@ -12,37 +12,21 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use memra_engine::backend::Device;
-use memra_engine::chat::ChatTemplate;
 use memra_engine::config::Arch;
 use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, KvBudget};
 use memra_engine::formats::gguf::Gguf;
 use memra_engine::loader::Model;
-use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::quant::DType;
 use memra_engine::tokenizer::Tokenizer;
-use memra_engine::vision::ImageTokens;
 use memra_engine::vision::random::tiny_tower;
+use memra_engine::vision::{ImageTokens, VisionTower};
 use memra_server::auth::Auth;
 use memra_server::media::{ImageLimits, MediaLimits, Vision};
 use memra_server::real::{RealEngine, Visions};
 use memra_server::state::{Limits, State};
 use serde_json::{Value, json};
 
-fn model(arch: Arch) -> Model {
-    let g = Gguf::open(&memra_engine::testing::real_model()).expect("open SmolLM2");
-    let tokenizer = Tokenizer::from_gguf(&g).expect("tokenizer");
-    let chat = ChatTemplate::from_gguf(&g, &tokenizer).expect("template");
-    let mut config = tiny_config(arch, tokenizer.vocab_size());
-    config.max_ctx = 512;
-    let weights = random_weights(&config, 3, DType::Q8_0).expect("weights");
-    Model {
-        path: "tiny".into(),
-        config,
-        weights,
-        tokenizer,
-        chat,
-    }
-}
+use crate::common::{self, tiny_model};
 
 fn limits() -> Limits {
     Limits {
@@ -61,39 +45,39 @@ fn limits() -> Limits {
     }
 }
 
-/// A server with `vlm` (gemma3 + tower) and `text` (llama, no tower).
-async fn start() -> (String, tokio::sync::oneshot::Sender<()>) {
+/// A server over `models` (alias, model, its tower if any) on the CPU, under [`limits`].
+async fn start_with(
+    models: Vec<(&str, Model, Option<VisionTower>)>,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
     let cfg = EngineConfig {
         device: Device::Cpu,
         threads: 2,
         kv: KvBudget::Blocks(256),
         ..EngineConfig::default()
     };
-    let vlm = model(Arch::Gemma3);
-    let tokens = ImageTokens::from_tokenizer(&vlm.tokenizer);
-    let tower = tiny_tower(vlm.config.hidden, 9);
-    let handle = Engine::start(
-        vec![
-            ("vlm".into(), vlm, cfg.clone()),
-            ("text".into(), model(Arch::Llama), cfg),
-        ],
-        AdmissionLimits::default(),
-    )
-    .expect("engine");
     let mut visions = Visions::new();
-    visions.insert("vlm".into(), Arc::new(Vision::new(tower, tokens)));
+    let mut served = Vec::new();
+    for (alias, m, tower) in models {
+        if let Some(tower) = tower {
+            let tokens = ImageTokens::from_tokenizer(&m.tokenizer);
+            visions.insert(alias.into(), Arc::new(Vision::new(tower, tokens)));
+        }
+        served.push((alias.into(), m, cfg.clone()));
+    }
+    let handle = Engine::start(served, AdmissionLimits::default()).expect("engine");
     let engine = Arc::new(RealEngine::from_handle_with_vision(handle, visions));
-    let state = Arc::new(State::new(engine, Auth::Open, limits()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        memra_server::serve(listener, state, async {
-            let _ = rx.await;
-        })
-        .await
-    });
-    (url, tx)
+    common::serve(Arc::new(State::new(engine, Auth::Open, limits()))).await
+}
+
+/// A server with `vlm` (gemma3 + tower) and `text` (llama, no tower).
+async fn start() -> (String, tokio::sync::oneshot::Sender<()>) {
+    let vlm = tiny_model(Arch::Gemma3);
+    let tower = tiny_tower(vlm.config.hidden, 9);
+    start_with(vec![
+        ("vlm", vlm, Some(tower)),
+        ("text", tiny_model(Arch::Llama), None),
+    ])
+    .await
 }
 
 /// A one-shot-per-connection HTTP server on 127.0.0.1 answering every GET with `status`,
@@ -492,18 +476,26 @@ async fn images_and_videos_through_the_api() {
     assert_eq!(v["choices"][0]["message"]["content"], answer.as_str());
 
     // The official openai client, streamed and not, images and a video.
+    openai_vision(&url, "vlm", &[], "").await;
+}
+
+/// Runs the official `openai` client's tests (tests/python/test_openai_vision.py, with
+/// `args`) against `alias` at `url`; a failure shows its output after `what`.
+pub(crate) async fn openai_vision(url: &str, alias: &str, args: &[&str], what: &str) {
     let script = format!(
         "{}/tests/python/test_openai_vision.py",
         env!("CARGO_MANIFEST_DIR")
     );
     let python = memra_engine::settings::var("MEMRA_PYTHON").unwrap_or_else(|| "python3".into());
-    let u = url.clone();
+    let (u, a) = (url.to_string(), alias.to_string());
+    let argv: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     let out = tokio::task::spawn_blocking(move || {
         Command::new(python)
             .arg(&script)
+            .args(&argv)
             .env("MEMRA_TEST_URL", &u)
             .env("MEMRA_TEST_KEY", "none")
-            .env("MEMRA_TEST_ALIAS", "vlm")
+            .env("MEMRA_TEST_ALIAS", &a)
             .output()
             .expect("python3 (MEMRA_PYTHON) with `openai` (tools/test.sh installs it)")
     })
@@ -511,7 +503,8 @@ async fn images_and_videos_through_the_api() {
     .unwrap();
     assert!(
         out.status.success(),
-        "test_openai_vision.py failed:\n{}\n{}",
+        "{what}test_openai_vision.py{} failed:\n{}\n{}",
+        args.iter().map(|a| format!(" {a}")).collect::<String>(),
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -552,32 +545,10 @@ pub(crate) async fn start_qwen(
     arch: Arch,
     kind: memra_engine::vision::QwenKind,
 ) -> (String, tokio::sync::oneshot::Sender<()>) {
-    let cfg = EngineConfig {
-        device: Device::Cpu,
-        threads: 2,
-        kv: KvBudget::Blocks(256),
-        ..EngineConfig::default()
-    };
-    let m = model(arch);
-    let tokens = ImageTokens::from_tokenizer(&m.tokenizer);
+    let m = tiny_model(arch);
     let tower = memra_engine::vision::random::tiny_qwen(kind, m.config.hidden, 4).unwrap();
     assert_eq!(tower.out_width(), m.config.embed_width());
-    let handle =
-        Engine::start(vec![("qvl".into(), m, cfg)], AdmissionLimits::default()).expect("engine");
-    let mut visions = Visions::new();
-    visions.insert("qvl".into(), Arc::new(Vision::new(tower, tokens)));
-    let engine = Arc::new(RealEngine::from_handle_with_vision(handle, visions));
-    let state = Arc::new(State::new(engine, Auth::Open, limits()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        memra_server::serve(listener, state, async {
-            let _ = rx.await;
-        })
-        .await
-    });
-    (url, tx)
+    start_with(vec![("qvl", m, Some(tower))]).await
 }
 
 /// The Qwen ViT through the API, with the Qwen-VL text models (qwen2vl with Qwen2.5-VL's

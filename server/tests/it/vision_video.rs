@@ -7,13 +7,13 @@
 //! timestamps); Qwen2.5-VL times that would run ahead of tiny frames a clean 400; the official
 //! `openai` client's video test.
 
-use std::process::Command;
-
 use memra_engine::config::Arch;
 use memra_engine::vision::QwenKind;
 use serde_json::{Value, json};
 
-use super::vision::{chat, data_url, encoded, png, post, sse_text, start_qwen, text};
+use super::vision::{
+    chat, data_url, encoded, openai_vision, png, post, sse_text, start_qwen, text,
+};
 
 fn video(frames: Vec<String>, fps: f64) -> Value {
     json!({"type": "video", "video": frames, "fps": fps})
@@ -92,28 +92,5 @@ async fn qwen_video(arch: Arch, kind: QwenKind) {
         );
     }
     // The official openai client's video test, streamed and not.
-    let script = format!(
-        "{}/tests/python/test_openai_vision.py",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let python = memra_engine::settings::var("MEMRA_PYTHON").unwrap_or_else(|| "python3".into());
-    let u = url.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .arg(&script)
-            .arg("video")
-            .env("MEMRA_TEST_URL", &u)
-            .env("MEMRA_TEST_KEY", "none")
-            .env("MEMRA_TEST_ALIAS", "qvl")
-            .output()
-            .expect("python3 (MEMRA_PYTHON) with `openai` (tools/test.sh installs it)")
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{kind:?}: test_openai_vision.py video failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    openai_vision(&url, "qvl", &["video"], &format!("{kind:?}: ")).await;
 }
