@@ -84,11 +84,18 @@ struct PpArgs {
     /// The first layer of each stage after the first (default: the memory plan's split).
     #[arg(long)]
     pp_split: Option<String>,
+    /// Micro-batches per step (1: off).
+    #[arg(long, default_value_t = 2)]
+    pp_micro: usize,
+    /// The hand-over between stages on two GPUs: auto, nccl or peer.
+    #[arg(long, default_value = "auto")]
+    pp_link: String,
 }
 
 impl PpArgs {
     fn config(&self) -> Result<PpConfig> {
-        PpConfig::from_flags(self.pp, self.devices.as_deref(), self.pp_split.as_deref())
+        PpConfig::from_flags(self.pp, self.devices.as_deref(), self.pp_split.as_deref())?
+            .with_micro_link(Some(self.pp_micro), Some(&self.pp_link))
     }
 }
 
@@ -153,6 +160,9 @@ enum Cmd {
         /// ones, and the memory plan's own.
         #[arg(long)]
         splits: Option<String>,
+        /// The micro-batch counts each split runs with, comma-separated (1: none).
+        #[arg(long, default_value = "1,2")]
+        micro: String,
         #[arg(long, default_value_t = 16)]
         max_m: usize,
         #[arg(long, default_value_t = 40)]
@@ -1324,6 +1334,7 @@ fn run(cli: Cli) -> Result<usize> {
             pp,
             devices,
             splits,
+            micro,
             max_m,
             prompt_len,
             gen_tokens,
@@ -1355,6 +1366,16 @@ fn run(cli: Cli) -> Result<usize> {
                             .collect::<Result<Vec<_>>>()
                     })
                     .transpose()?,
+                micro: micro
+                    .split(',')
+                    .map(|p| {
+                        p.trim().parse::<usize>().map_err(|_| {
+                            Error::Input(format!(
+                                "--micro `{micro}`: expected counts separated by commas"
+                            ))
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?,
             };
             gate_pp(&w, device, &o)
         }
