@@ -115,8 +115,10 @@ fn sub_batch(batch: &StepBatch, rows: Range<usize>) -> StepBatch {
         .iter()
         .map(|&s| batch.block_tables.get(s).cloned().unwrap_or_default())
         .collect();
+    // A step without state slots uses slot `i` for sequence `i` (backend/state.rs): the
+    // renumbered sequences keep their slots by naming them.
     let state_slots = match batch.state_slots.is_empty() {
-        true => Vec::new(),
+        true => seqs.iter().map(|&s| s as u32).collect(),
         false => seqs
             .iter()
             .filter_map(|&s| batch.state_slots.get(s).copied())
@@ -177,15 +179,16 @@ mod tests {
         let b = batch(&[0, 0, 0, 1, 2, 2, 3]);
         let parts = split(&b, 2);
         assert_eq!(parts.len(), 2);
-        assert_eq!(parts[0].rows, 0..3);
-        assert_eq!(parts[1].rows, 3..7);
+        // Seven rows: the cut nearest row 4 of those allowed (3, 4, 6).
+        assert_eq!(parts[0].rows, 0..4);
+        assert_eq!(parts[1].rows, 4..7);
         assert_eq!((parts[0].want.clone(), parts[1].want.clone()), (0..2, 2..4));
         let p1 = &parts[1].batch;
-        assert_eq!(p1.block_tables, vec![vec![1], vec![2], vec![3]]);
-        assert_eq!(p1.state_slots, vec![11, 12, 13]);
+        assert_eq!(p1.block_tables, vec![vec![2], vec![3]]);
+        assert_eq!(p1.state_slots, vec![12, 13]);
         let seqs: Vec<usize> = p1.rows.iter().map(|r| r.seq).collect();
-        assert_eq!(seqs, vec![0, 1, 1, 2]);
-        assert_eq!(p1.rows[0].token, 3);
+        assert_eq!(seqs, vec![0, 0, 1]);
+        assert_eq!(p1.rows[0].token, 4);
         // Every row once, in order.
         let toks: Vec<u32> = parts
             .iter()
@@ -197,6 +200,11 @@ mod tests {
         assert_eq!(split(&b, 8).len(), 4);
         assert!(matches!(split(&b, 1)[0].batch, Cow::Borrowed(_)));
         assert_eq!(split(&batch(&[0, 0, 0]), 2).len(), 1);
+        // Without state slots, sequence i's slot is i: the renumbered sequences name theirs.
+        let mut b = batch(&[0, 1, 2, 2]);
+        b.state_slots.clear();
+        let parts = split(&b, 2);
+        assert_eq!(parts[1].batch.state_slots, vec![2]);
         assert!(split(&StepBatch::default(), 2).len() == 1);
     }
 }

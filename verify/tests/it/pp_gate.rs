@@ -88,7 +88,7 @@ fn a_changed_bit_fails_the_comparison() {
     assert!(rep.failures.is_empty(), "{:?}", rep.failures);
     assert_eq!(rep.splits.len(), 4);
     assert!(
-        rep.splits[1].contains("micro-batches up to 2 a step"),
+        rep.splits[1].contains("micro-batches: up to 2 a step"),
         "{:?}",
         rep.splits
     );
