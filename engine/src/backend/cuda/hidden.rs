@@ -57,7 +57,7 @@ impl CudaOps {
     /// input of this stage's next step, by a device copy on this stream into the fixed buffer
     /// a captured graph reads. The host does not wait.
     pub(super) fn hidden_in_from(&mut self, parcel: &CudaSlice<f32>, n: usize) -> Result<()> {
-        if n % self.hidden != 0 {
+        if !n.is_multiple_of(self.hidden) {
             return Err(self.gpu.err(format!(
                 "pipeline hand-over: {n} values into a stage of hidden size {}",
                 self.hidden
