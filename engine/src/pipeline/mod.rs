@@ -372,13 +372,13 @@ fn cuda_link(
         return Ok(Box::new(DeviceLink::new(false)));
     }
     match choice {
-        LinkChoice::Peer => Ok(Box::new(DeviceLink::new(true))),
+        LinkChoice::Peer => Ok(Box::new(DeviceLink::peer(from, to)?)),
         LinkChoice::Nccl => Ok(Box::new(NcclLink::open(from, to)?)),
         LinkChoice::Auto => match NcclLink::open(from, to) {
             Ok(l) => Ok(Box::new(l)),
             Err(e) => {
                 notes.push(format!("nccl not used: {e}"));
-                Ok(Box::new(DeviceLink::new(true)))
+                Ok(Box::new(DeviceLink::peer(from, to)?))
             }
         },
     }

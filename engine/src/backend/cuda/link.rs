@@ -114,25 +114,51 @@ fn rows_of(from: &CudaOps, x: Act, rows: usize, to: &CudaOps) -> Result<(u64, us
 /// A device-to-device (`peer: false`) or peer (`peer: true`) copy of the hand-over rows.
 pub struct DeviceLink {
     peer: bool,
+    /// Peer access from the sender's context to the receiver's memory is on (a direct copy
+    /// over NVLink or PCIe); off, the driver stages the peer copy through the host.
+    p2p: bool,
     parcels: Parcels,
 }
 
 impl DeviceLink {
-    /// `peer`: the two stages are on different devices.
+    /// `peer`: the two stages are on different devices (see [`DeviceLink::peer`]).
     pub fn new(peer: bool) -> DeviceLink {
         DeviceLink {
             peer,
+            p2p: false,
             parcels: Parcels::default(),
         }
+    }
+
+    /// The peer copy from `from`'s device to `to`'s, with peer access turned on where the
+    /// devices allow it (else the copy is staged through the host: slower, the same bytes).
+    pub fn peer(from: &CudaOps, to: &CudaOps) -> Result<DeviceLink> {
+        use cudarc::driver::sys::{CUresult, cuCtxEnablePeerAccess};
+        from.gpu
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| from.gpu.err(format!("peer access: {e:?}")))?;
+        // SAFETY: both contexts are alive (held by the stages); the call only changes what
+        // the current context (the sender's, bound above) may address.
+        let r = unsafe { cuCtxEnablePeerAccess(to.gpu.ctx.cu_ctx(), 0) };
+        let p2p = matches!(
+            r,
+            CUresult::CUDA_SUCCESS | CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+        );
+        Ok(DeviceLink {
+            peer: true,
+            p2p,
+            parcels: Parcels::default(),
+        })
     }
 }
 
 impl StageLink<CudaOps> for DeviceLink {
     fn kind(&self) -> &'static str {
-        if self.peer {
-            "peer copy"
-        } else {
-            "device copy"
+        match (self.peer, self.p2p) {
+            (false, _) => "device copy",
+            (true, true) => "peer copy",
+            (true, false) => "peer copy (no peer access: staged through the host)",
         }
     }
 
