@@ -353,9 +353,40 @@ pub fn open_cuda(
     Ok(p)
 }
 
-/// The hand-over from stage `from` to stage `to` (`same`: on one device): a device copy on one
-/// device; between two, NCCL send/recv or the peer copy as `choice` says (auto: NCCL when it
-/// loads and its communicator opens, else the peer copy, the reason noted in `notes`).
+/// The hand-over two CUDA stages get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkKind {
+    /// A device-to-device copy (both stages on one GPU).
+    Device,
+    /// `cuMemcpyPeerAsync` between two GPUs.
+    Peer,
+    /// NCCL send/recv between two GPUs.
+    Nccl,
+}
+
+/// The hand-over for `choice` between two stages on one device (`same`) or two, where NCCL
+/// does or does not load (`nccl`): one device always a device copy (an error when NCCL was
+/// asked for: NCCL links two GPUs); `nccl` an error without NCCL; `auto` NCCL when it loads,
+/// else the peer copy.
+pub fn link_kind(choice: LinkChoice, same: bool, nccl: bool) -> Result<LinkKind> {
+    use cuda::link::NcclLink;
+    match (choice, same) {
+        (LinkChoice::Nccl, true) => Err(Error::Input(
+            "--pp-link nccl: two stages share one GPU; NCCL links stages on two different \
+             GPUs (one GPU uses a device copy)"
+                .into(),
+        )),
+        (_, true) => Ok(LinkKind::Device),
+        (LinkChoice::Peer, false) => Ok(LinkKind::Peer),
+        (LinkChoice::Nccl, false) if !nccl => Err(NcclLink::missing()),
+        (LinkChoice::Nccl | LinkChoice::Auto, false) if nccl => Ok(LinkKind::Nccl),
+        (_, false) => Ok(LinkKind::Peer),
+    }
+}
+
+/// The hand-over from stage `from` to stage `to` (`same`: on one device), as [`link_kind`]
+/// says; with `auto`, a communicator that does not open falls back to the peer copy. Why NCCL
+/// is not used (auto between two GPUs) is noted in `notes` (the split summary).
 fn cuda_link(
     choice: LinkChoice,
     same: bool,
@@ -363,23 +394,23 @@ fn cuda_link(
     to: &cuda::CudaOps,
     notes: &mut Vec<String>,
 ) -> Result<Box<dyn StageLink<cuda::CudaOps>>> {
-    use cuda::link::{DeviceLink, NcclLink};
-    if same {
-        if choice == LinkChoice::Nccl {
-            let d = from.device_ordinal();
-            NcclLink::check(d, d)?;
+    use cuda::link::{DeviceLink, NcclLink, nccl_available};
+    let nccl = nccl_available();
+    match link_kind(choice, same, nccl)? {
+        LinkKind::Device => Ok(Box::new(DeviceLink::new(false))),
+        LinkKind::Peer => {
+            if choice == LinkChoice::Auto {
+                notes.push(format!("nccl not used: {}", NcclLink::missing()));
+            }
+            Ok(Box::new(DeviceLink::peer(from, to)?))
         }
-        return Ok(Box::new(DeviceLink::new(false)));
-    }
-    match choice {
-        LinkChoice::Peer => Ok(Box::new(DeviceLink::peer(from, to)?)),
-        LinkChoice::Nccl => Ok(Box::new(NcclLink::open(from, to)?)),
-        LinkChoice::Auto => match NcclLink::open(from, to) {
+        LinkKind::Nccl => match NcclLink::open(from, to) {
             Ok(l) => Ok(Box::new(l)),
-            Err(e) => {
+            Err(e) if choice == LinkChoice::Auto => {
                 notes.push(format!("nccl not used: {e}"));
                 Ok(Box::new(DeviceLink::peer(from, to)?))
             }
+            Err(e) => Err(e),
         },
     }
 }

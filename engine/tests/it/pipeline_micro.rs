@@ -307,8 +307,23 @@ fn the_setting_and_the_summary() {
 #[test]
 fn the_nccl_link_without_nccl_is_a_clear_error() {
     use memra_engine::backend::cuda::link::{NcclLink, nccl_available};
+    use pipeline::{LinkChoice as C, LinkKind as K, link_kind};
     let e = NcclLink::check(0, 0).expect_err("one device").to_string();
     assert!(e.contains("two different GPUs"), "{e}");
+    // The choice: one device a device copy; two, NCCL where it loads (auto falls back).
+    for nccl in [false, true] {
+        assert_eq!(link_kind(C::Auto, true, nccl).expect("auto"), K::Device);
+        assert_eq!(link_kind(C::Peer, true, nccl).expect("peer"), K::Device);
+        assert!(link_kind(C::Nccl, true, nccl).is_err());
+        assert_eq!(link_kind(C::Peer, false, nccl).expect("peer"), K::Peer);
+    }
+    assert_eq!(link_kind(C::Auto, false, false).expect("auto"), K::Peer);
+    assert_eq!(link_kind(C::Auto, false, true).expect("auto"), K::Nccl);
+    assert_eq!(link_kind(C::Nccl, false, true).expect("nccl"), K::Nccl);
+    let e = link_kind(C::Nccl, false, false)
+        .expect_err("no nccl")
+        .to_string();
+    assert!(e.contains("libnccl"), "{e}");
     if !nccl_available() {
         let e = NcclLink::check(0, 1).expect_err("no nccl").to_string();
         assert!(e.contains("libnccl"), "{e}");

@@ -263,13 +263,18 @@ impl NcclLink {
             )));
         }
         if !nccl_available() {
-            return Err(Error::Unsupported(
-                "--pp-link nccl: the NCCL library (libnccl.so) did not load; install NCCL or \
-                 use --pp-link peer (or auto, which falls back to the peer copy)"
-                    .into(),
-            ));
+            return Err(Self::missing());
         }
         Ok(())
+    }
+
+    /// The error of a machine where libnccl does not load.
+    pub fn missing() -> Error {
+        Error::Unsupported(
+            "--pp-link nccl: the NCCL library (libnccl.so) did not load; install NCCL or use \
+             --pp-link peer (or auto, which falls back to the peer copy)"
+                .into(),
+        )
     }
 }
 
