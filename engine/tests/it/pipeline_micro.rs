@@ -337,3 +337,36 @@ fn the_nccl_link_without_nccl_is_a_clear_error() {
         assert!(r.is_err());
     }
 }
+
+/// The schedule: every stage but the last runs every micro-batch first, then the last stage
+/// runs them in order (on two devices, stage 0's micro-batch j + 1 then overlaps the last
+/// stage's micro-batch j). Seen through the layer outputs' dump (`l_out`, per layer, in the
+/// order the CPU computes them).
+#[test]
+fn the_first_stage_runs_every_micro_batch_before_the_last_stage() {
+    use std::sync::{Arc, Mutex};
+    let w = random_weights(&config(Arch::Llama), 7, DType::F32).expect("weights");
+    let mut b = open(&w, &[2], 2);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&seen);
+    b.set_dump(Some(Box::new(move |name, layer, rows, _| {
+        if name == "l_out" {
+            sink.lock().expect("sink").push((layer, rows));
+        }
+    })));
+    let mut r = rows(0, 0, 3, |p| p == 2);
+    r.extend(rows(1, 0, 2, |p| p == 1));
+    b.step(&step(r)).expect("step");
+    let got = seen.lock().expect("seen").clone();
+    let want = [
+        (0, 3),
+        (1, 3),
+        (0, 2),
+        (1, 2),
+        (2, 3),
+        (3, 3),
+        (2, 2),
+        (3, 2),
+    ];
+    assert_eq!(got, want);
+}
