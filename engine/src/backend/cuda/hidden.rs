@@ -9,6 +9,9 @@
 //!   stays fixed (a captured graph copies from it; growing it bumps `layout_epoch`, so graphs
 //!   are captured again); the op is one device-to-device copy of the step's rows. A forward that
 //!   reads them gets an error for a step whose rows were not given.
+//! - A pipeline stage's hidden input (crate::pipeline, link.rs): the delivered parcel (the
+//!   previous stage's rows for this micro-batch) copied on this stream into the same buffer
+//!   (`CudaOps::hidden_in_from`).
 
 use cudarc::driver::CudaSlice;
 
