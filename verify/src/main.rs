@@ -557,10 +557,12 @@ fn gate_pp(w: &ModelWeights, device: Device, o: &pp::Options) -> Result<usize> {
         println!("{s}");
     }
     println!(
-        "pp on {device:?}: {} splits of {} stages vs unsplit, {} checks (greedy at chunkings \
-         1/7/whole, seeded sampling, M = 1..{} over 4 sequences + decode, KV bytes), {} failed",
+        "pp on {device:?}: {} runs of {} stages (splits x micro-batches {:?}) vs unsplit, {} \
+         checks (greedy at chunkings 1/7/whole, seeded sampling, M = 1..{} over 4 sequences + \
+         decode picks, KV bytes), {} failed",
         rep.splits.len(),
         o.stages,
+        o.micro,
         rep.checks,
         o.max_m,
         rep.failures.len()
