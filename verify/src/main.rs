@@ -163,6 +163,9 @@ enum Cmd {
         /// The micro-batch counts each split runs with, comma-separated (1: none).
         #[arg(long, default_value = "1,2")]
         micro: String,
+        /// The hand-over between stages on two GPUs: auto, nccl or peer.
+        #[arg(long, default_value = "auto")]
+        pp_link: String,
         #[arg(long, default_value_t = 16)]
         max_m: usize,
         #[arg(long, default_value_t = 40)]
@@ -1337,6 +1340,7 @@ fn run(cli: Cli) -> Result<usize> {
             devices,
             splits,
             micro,
+            pp_link,
             max_m,
             prompt_len,
             gen_tokens,
@@ -1378,6 +1382,7 @@ fn run(cli: Cli) -> Result<usize> {
                         })
                     })
                     .collect::<Result<Vec<_>>>()?,
+                link: pp_link.parse()?,
             };
             gate_pp(&w, device, &o)
         }

@@ -37,6 +37,8 @@ pub struct Options {
     pub splits: Option<Vec<Vec<usize>>>,
     /// The micro-batch counts each split runs with (`--pp-micro`; 1: none).
     pub micro: Vec<usize>,
+    /// The hand-over between stages on two GPUs (`--pp-link`).
+    pub link: pipeline::LinkChoice,
 }
 
 /// What one backend produced: labelled token lists, logits bits and KV block bytes.
@@ -309,7 +311,7 @@ pub fn run(w: &ModelWeights, device: Device, o: &Options) -> Result<PpReport> {
                 devices: o.devices.clone(),
                 split: split.clone(),
                 micro: mb,
-                ..Default::default()
+                link: o.link,
             };
             let mut b = pipeline::open(device, w.clone(), &opts, &pp)?;
             let summary = b.pipeline().unwrap_or_default();

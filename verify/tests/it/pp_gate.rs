@@ -83,6 +83,7 @@ fn a_changed_bit_fails_the_comparison() {
         devices: Vec::new(),
         splits: Some(vec![vec![1], vec![2]]),
         micro: vec![1, 2],
+        link: Default::default(),
     };
     let rep = pp::run(&w, Device::Cpu, &o).expect("gate");
     assert!(rep.failures.is_empty(), "{:?}", rep.failures);
