@@ -97,6 +97,13 @@ pub struct ServeArgs {
     /// The first layer of each pipeline stage after the first, e.g. `40`.
     #[arg(long)]
     pub pp_split: Option<String>,
+    /// Micro-batches per step with --pp (1: off; stages on two GPUs then work at once).
+    #[arg(long, default_value_t = 2)]
+    pub pp_micro: usize,
+    /// The hand-over between stages on two GPUs: auto (NCCL when it loads, else peer), nccl,
+    /// peer.
+    #[arg(long, default_value = "auto")]
+    pub pp_link: String,
     /// Sequences the engine runs at once (per model).
     #[arg(long, env = "MEMRA_MAX_RUNNING", default_value_t = 64)]
     pub max_running: usize,

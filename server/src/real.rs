@@ -421,9 +421,10 @@ pub fn engine_settings(
         args.devices.as_deref(),
         args.pp_split.as_deref(),
     )
+    .and_then(|pp| pp.with_micro_link(Some(args.pp_micro), Some(&args.pp_link)))
     .map_err(|e| {
         format!(
-            "--pp / --devices / --pp-split: {}",
+            "--pp / --devices / --pp-split / --pp-micro / --pp-link: {}",
             memra_engine::spec::bare(&e)
         )
     })?;

@@ -84,11 +84,18 @@ struct PpArgs {
     /// The first layer of each stage after the first (default: the memory plan's split).
     #[arg(long)]
     pp_split: Option<String>,
+    /// Micro-batches per step (1: off).
+    #[arg(long, default_value_t = 2)]
+    pp_micro: usize,
+    /// The hand-over between stages on two GPUs: auto, nccl or peer.
+    #[arg(long, default_value = "auto")]
+    pp_link: String,
 }
 
 impl PpArgs {
     fn config(&self) -> Result<PpConfig> {
-        PpConfig::from_flags(self.pp, self.devices.as_deref(), self.pp_split.as_deref())
+        PpConfig::from_flags(self.pp, self.devices.as_deref(), self.pp_split.as_deref())?
+            .with_micro_link(Some(self.pp_micro), Some(&self.pp_link))
     }
 }
 
@@ -153,6 +160,12 @@ enum Cmd {
         /// ones, and the memory plan's own.
         #[arg(long)]
         splits: Option<String>,
+        /// The micro-batch counts each split runs with, comma-separated (1: none).
+        #[arg(long, default_value = "1,2")]
+        micro: String,
+        /// The hand-over between stages on two GPUs: auto, nccl or peer.
+        #[arg(long, default_value = "auto")]
+        pp_link: String,
         #[arg(long, default_value_t = 16)]
         max_m: usize,
         #[arg(long, default_value_t = 40)]
@@ -547,10 +560,12 @@ fn gate_pp(w: &ModelWeights, device: Device, o: &pp::Options) -> Result<usize> {
         println!("{s}");
     }
     println!(
-        "pp on {device:?}: {} splits of {} stages vs unsplit, {} checks (greedy at chunkings \
-         1/7/whole, seeded sampling, M = 1..{} over 4 sequences + decode, KV bytes), {} failed",
+        "pp on {device:?}: {} runs of {} stages (splits x micro-batches {:?}) vs unsplit, {} \
+         checks (greedy at chunkings 1/7/whole, seeded sampling, M = 1..{} over 4 sequences + \
+         decode picks, KV bytes), {} failed",
         rep.splits.len(),
         o.stages,
+        o.micro,
         rep.checks,
         o.max_m,
         rep.failures.len()
@@ -1324,6 +1339,8 @@ fn run(cli: Cli) -> Result<usize> {
             pp,
             devices,
             splits,
+            micro,
+            pp_link,
             max_m,
             prompt_len,
             gen_tokens,
@@ -1355,6 +1372,17 @@ fn run(cli: Cli) -> Result<usize> {
                             .collect::<Result<Vec<_>>>()
                     })
                     .transpose()?,
+                micro: micro
+                    .split(',')
+                    .map(|p| {
+                        p.trim().parse::<usize>().map_err(|_| {
+                            Error::Input(format!(
+                                "--micro `{micro}`: expected counts separated by commas"
+                            ))
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+                link: pp_link.parse()?,
             };
             gate_pp(&w, device, &o)
         }

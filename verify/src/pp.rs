@@ -4,10 +4,13 @@
 //! unsplit backend and on the split one: greedy generations at prefill chunkings 1, 7 and
 //! whole (tokens and every position's logits bits), a seeded sampled generation (tokens:
 //! the last stage picks them, on the device for CUDA), then steps of M = 1..max_m rows over
-//! up to four fresh sequences and a decode step of each (every row's logits bits), and
-//! finally the KV bytes of every block written. Any difference fails the split.
+//! up to four fresh sequences and a decode step of each (every row's logits bits, or its
+//! pick: greedy, seeded sampled with logprobs, or the logits), and finally the KV bytes of
+//! every block written. Each split runs without micro-batches and with each count of
+//! `--micro` (`--pp-micro`: a step's sequences cut into micro-batches, engine/src/pipeline/
+//! micro.rs). Any difference fails the split.
 
-use memra_engine::backend::{Backend, Device, OpenOptions, StepBatch, StepRow};
+use memra_engine::backend::{Backend, Device, OpenOptions, SelectParams, StepBatch, StepRow};
 use memra_engine::generate::{GenRequest, generate};
 use memra_engine::models::ModelWeights;
 use memra_engine::models::random::splitmix;
@@ -32,6 +35,10 @@ pub struct Options {
     pub devices: Vec<Device>,
     /// The splits to check (each the first layers of stages 1..); `None`: chosen here.
     pub splits: Option<Vec<Vec<usize>>>,
+    /// The micro-batch counts each split runs with (`--pp-micro`; 1: none).
+    pub micro: Vec<usize>,
+    /// The hand-over between stages on two GPUs (`--pp-link`).
+    pub link: pipeline::LinkChoice,
 }
 
 /// What one backend produced: labelled token lists, logits bits and KV block bytes.
@@ -162,10 +169,37 @@ pub fn trace(b: &mut dyn Backend, o: &Options) -> Result<Trace> {
                 want_logits: true,
             })
             .collect();
-        let out = b.step(&step(decode))?;
-        for (j, l) in out.logits.iter().enumerate() {
+        // Sequence j's pick: its logits (j % 3 == 0), greedy (1), or seeded sampled with
+        // its four most likely alternatives (2).
+        let sampled = SamplingParams {
+            temperature: 0.9,
+            top_k: 20,
+            seed: o.seed + si as u64,
+            ..SamplingParams::default()
+        };
+        let greedy = SamplingParams::default();
+        let select: Vec<Option<SelectParams>> = (0..k)
+            .map(|j| {
+                let params = match j % 3 {
+                    0 => return None,
+                    1 => &greedy,
+                    _ => &sampled,
+                };
+                Some(SelectParams {
+                    params,
+                    history: &seq_tokens[j][..=lens[j]],
+                    pos: lens[j] as u64,
+                    mask: None,
+                })
+            })
+            .collect();
+        let logprobs: Vec<Option<usize>> = (0..k).map(|j| (j % 3 == 2).then_some(4)).collect();
+        let out = b.step_select_logprobs(&step(decode), &select, &logprobs)?;
+        for (j, s) in out.rows.iter().enumerate() {
+            let (kind, mut v) = s.bits();
+            v.insert(0, kind.into());
             t.logits
-                .push((format!("M={m} decode of sequence {j}"), bits(l)));
+                .push((format!("M={m} decode of sequence {j} (pick)"), v));
         }
     }
     for blk in 0..next_block {
@@ -266,23 +300,31 @@ pub fn run(w: &ModelWeights, device: Device, o: &Options) -> Result<PpReport> {
         None => default_splits(w.config.n_layers, o.stages),
     };
     let mut rep = PpReport::default();
+    let micro = match o.micro.is_empty() {
+        true => vec![1],
+        false => o.micro.clone(),
+    };
     for split in splits {
-        let pp = PpConfig {
-            stages: o.stages,
-            devices: o.devices.clone(),
-            split: split.clone(),
-        };
-        let mut b = pipeline::open(device, w.clone(), &opts, &pp)?;
-        let summary = b.pipeline().unwrap_or_default();
-        let label = match &split {
-            Some(s) => format!("split at {s:?}"),
-            None => "planned split".into(),
-        };
-        let got = trace(b.as_mut(), o)?;
-        let (n, fails) = compare(&base, &got, &label);
-        rep.checks += n;
-        rep.failures.extend(fails);
-        rep.splits.push(format!("{label}: {summary}"));
+        for &mb in &micro {
+            let pp = PpConfig {
+                stages: o.stages,
+                devices: o.devices.clone(),
+                split: split.clone(),
+                micro: mb,
+                link: o.link,
+            };
+            let mut b = pipeline::open(device, w.clone(), &opts, &pp)?;
+            let summary = b.pipeline().unwrap_or_default();
+            let label = match &split {
+                Some(s) => format!("split at {s:?}, micro-batches {mb}"),
+                None => format!("planned split, micro-batches {mb}"),
+            };
+            let got = trace(b.as_mut(), o)?;
+            let (n, fails) = compare(&base, &got, &label);
+            rep.checks += n;
+            rep.failures.extend(fails);
+            rep.splits.push(format!("{label}: {summary}"));
+        }
     }
     Ok(rep)
 }

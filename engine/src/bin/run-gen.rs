@@ -2,7 +2,7 @@
 //!
 //! `run-gen MODEL (--prompt TEXT | --prompt-ids 1,2,3) [--chat] [--system TEXT] [--max-tokens N]
 //!  [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--device auto|cpu|cuda[:N]]
-//!  [--pp N] [--devices D0,D1] [--pp-split L] [--threads N] [--json] [--logits-top K] [--no-cuda-graph]
+//!  [--pp N] [--devices D0,D1] [--pp-split L] [--pp-micro N] [--pp-link auto|nccl|peer] [--threads N] [--json] [--logits-top K] [--no-cuda-graph]
 //!  [--spec ngram|mtp|draft:PATH|auto|auto+draft:PATH] [--spec-k K]`
 
 use std::io::Write;
@@ -79,6 +79,12 @@ struct Args {
     /// The first layer of each stage after the first, e.g. `12`.
     #[arg(long)]
     pp_split: Option<String>,
+    /// Micro-batches per step with --pp (1: off).
+    #[arg(long, default_value_t = 2)]
+    pp_micro: usize,
+    /// The hand-over between stages on two GPUs: auto, nccl or peer.
+    #[arg(long, default_value = "auto")]
+    pp_link: String,
     /// CPU threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -179,7 +185,8 @@ fn run(args: Args) -> Result<()> {
         }
         None => None,
     };
-    let pp = PpConfig::from_flags(args.pp, args.devices.as_deref(), args.pp_split.as_deref())?;
+    let pp = PpConfig::from_flags(args.pp, args.devices.as_deref(), args.pp_split.as_deref())?
+        .with_micro_link(Some(args.pp_micro), Some(&args.pp_link))?;
     let mut backend = pipeline::open_any(args.device, model.weights, &opts, &pp)?;
     if let Some(s) = backend.pipeline() {
         eprintln!("run-gen: {s}");

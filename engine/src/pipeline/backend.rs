@@ -3,14 +3,25 @@
 //! ([`StageLink`]), and so on; the last stage runs its layers, the final norm and the head,
 //! and picks the tokens. Every stage holds the KV blocks (same ids, its own layers) and the
 //! recurrent-state slots of its own layers, so the scheduler above sees one backend.
+//!
+//! Micro-batches (micro.rs, `--pp-micro`): a step of several sequences is cut into runs of
+//! whole sequences. Every stage but the last is enqueued over every micro-batch first, each
+//! micro-batch's rows handed to its own parcel of the next stage; then the last stage runs
+//! micro-batch by micro-batch, each waiting (on the device) for its own parcel only. On two
+//! devices stage 0 thus runs micro-batch j + 1 while the last stage runs micro-batch j; the
+//! host waits only in the last stage's read-back of each micro-batch's picks, on the last
+//! stage's stream (stage 0's queued micro-batches keep running). The outputs are merged in
+//! the step's row order; a row's bits do not depend on its micro-batch (row invariance).
 
 use std::sync::{Arc, Mutex};
 
 use super::link::StageLink;
+use super::micro::{self, Micro};
 use crate::backend::exec::Exec;
 use crate::backend::runner::Runner;
 use crate::backend::{
-    Backend, DumpFn, KvDtype, MaskFn, SelectParams, StepBatch, StepOutput, StepRow, StepSelected,
+    Backend, DumpFn, KvDtype, MaskFn, SelectParams, StepBatch, StepMasks, StepOutput, StepRow,
+    StepSelected,
 };
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -22,6 +33,12 @@ pub struct Pipeline<O: Exec> {
     links: Vec<Box<dyn StageLink<O>>>,
     /// The split, one line ([`Backend::pipeline`]).
     summary: String,
+    /// Micro-batches a step is cut into at most (1: none).
+    micro: usize,
+    /// [`Backend::keep_hidden`], and the rows kept (with the step's own rows: the last stage
+    /// sees a micro-batch's, whose sequences are renumbered).
+    keep_hidden: bool,
+    hidden: Vec<(StepRow, Vec<f32>)>,
 }
 
 impl<O: Exec> Pipeline<O> {
@@ -54,7 +71,20 @@ impl<O: Exec> Pipeline<O> {
             stages,
             links,
             summary,
+            micro: 1,
+            keep_hidden: false,
+            hidden: Vec::new(),
         })
+    }
+
+    /// Cuts each step of two or more sequences into at most `n` micro-batches (1 or 0: none).
+    pub fn set_micro(&mut self, n: usize) {
+        self.micro = n.max(1);
+    }
+
+    /// The most micro-batches a step is cut into.
+    pub fn micro(&self) -> usize {
+        self.micro
     }
 
     /// The stages, in layer order.
@@ -66,19 +96,63 @@ impl<O: Exec> Pipeline<O> {
         &mut self.stages
     }
 
-    /// Runs every stage but the last over `batch` and hands each one's rows on.
-    fn front(&mut self, batch: &StepBatch) -> Result<()> {
-        if batch.rows.is_empty() {
-            return Ok(());
-        }
+    /// `batch` cut into micro-batches ([`Pipeline::set_micro`]).
+    fn parts<'a>(&self, batch: &'a StepBatch) -> Vec<Micro<'a>> {
+        micro::split(batch, self.micro)
+    }
+
+    /// Runs every stage but the last over each micro-batch, in order, each one's rows handed
+    /// to its own parcel of the next stage. Nothing here waits for a device.
+    fn front(&mut self, parts: &[Micro]) -> Result<()> {
         let n = self.stages.len();
-        for i in 0..n - 1 {
-            let x = self.stages[i].run_body(batch)?;
-            let (a, b) = self.stages.split_at_mut(i + 1);
-            let (from, to) = (a[i].ops_mut(), b[0].ops_mut());
-            self.links[i].send(from, x, batch.rows.len(), to)?;
+        for (j, m) in parts.iter().enumerate() {
+            let rows = m.batch.rows.len();
+            if rows == 0 {
+                continue;
+            }
+            for i in 0..n - 1 {
+                if i > 0 {
+                    self.links[i - 1].deliver(self.stages[i].ops_mut(), j)?;
+                }
+                let x = self.stages[i].run_body(&m.batch)?;
+                let (a, b) = self.stages.split_at_mut(i + 1);
+                self.links[i].send(a[i].ops_mut(), x, rows, b[0].ops_mut(), j)?;
+            }
         }
         Ok(())
+    }
+
+    /// Runs the last stage over each micro-batch with `f`, after delivering its parcel; the
+    /// outputs concatenated (the step's row order), the kept hidden rows collected.
+    fn back<T>(
+        &mut self,
+        batch: &StepBatch,
+        parts: &[Micro],
+        mut f: impl FnMut(&mut Runner<O>, &Micro) -> Result<Vec<T>>,
+    ) -> Result<Vec<T>> {
+        let n = self.stages.len();
+        // Rows a failed step left behind are not this step's.
+        let _ = self.stages[n - 1].take_hidden();
+        let mut out = Vec::new();
+        for (j, m) in parts.iter().enumerate() {
+            if !m.batch.rows.is_empty() {
+                self.links[n - 2].deliver(self.stages[n - 1].ops_mut(), j)?;
+            }
+            out.extend(f(&mut self.stages[n - 1], m)?);
+        }
+        if self.keep_hidden {
+            let h = self.stages[n - 1].take_hidden();
+            if h.len() != batch.rows.len() {
+                return Err(Error::Input(format!(
+                    "pipeline: {} hidden rows kept for a step of {} rows",
+                    h.len(),
+                    batch.rows.len()
+                )));
+            }
+            let rows = batch.rows.iter().copied();
+            self.hidden.extend(rows.zip(h.into_iter().map(|(_, v)| v)));
+        }
+        Ok(out)
     }
 
     fn last(&mut self) -> &mut Runner<O> {
@@ -123,8 +197,10 @@ impl<O: Exec> Backend for Pipeline<O> {
     }
 
     fn step(&mut self, batch: &StepBatch) -> Result<StepOutput> {
-        self.front(batch)?;
-        self.last().step(batch)
+        let parts = self.parts(batch);
+        self.front(&parts)?;
+        let logits = self.back(batch, &parts, |r, m| Ok(r.step(&m.batch)?.logits))?;
+        Ok(StepOutput { logits })
     }
 
     /// Every layer's K then every layer's V, as one backend lays a block out: each stage's
@@ -163,11 +239,14 @@ impl<O: Exec> Backend for Pipeline<O> {
     }
 
     fn keep_hidden(&mut self, on: bool) -> Result<()> {
-        self.last().keep_hidden(on)
+        self.last().keep_hidden(on)?;
+        self.keep_hidden = on;
+        self.hidden.clear();
+        Ok(())
     }
 
     fn take_hidden(&mut self) -> Vec<(StepRow, Vec<f32>)> {
-        self.last().take_hidden()
+        std::mem::take(&mut self.hidden)
     }
 
     fn set_state_keep(&mut self, positions: usize) {
@@ -218,8 +297,12 @@ impl<O: Exec> Backend for Pipeline<O> {
         select: &[Option<SelectParams>],
     ) -> Result<StepSelected> {
         crate::backend::check_select(batch, select)?;
-        self.front(batch)?;
-        self.last().step_select(batch, select)
+        let parts = self.parts(batch);
+        self.front(&parts)?;
+        let rows = self.back(batch, &parts, |r, m| {
+            Ok(r.step_select(&m.batch, &select[m.want.clone()])?.rows)
+        })?;
+        Ok(StepSelected { rows })
     }
 
     fn step_select_logprobs(
@@ -229,10 +312,22 @@ impl<O: Exec> Backend for Pipeline<O> {
         logprobs: &[Option<usize>],
     ) -> Result<StepSelected> {
         crate::backend::check_select(batch, select)?;
-        self.front(batch)?;
-        self.last().step_select_logprobs(batch, select, logprobs)
+        crate::backend::check_logprobs(select, logprobs)?;
+        let parts = self.parts(batch);
+        self.front(&parts)?;
+        let rows = self.back(batch, &parts, |r, m| {
+            let w = m.want.clone();
+            Ok(
+                r.step_select_logprobs(&m.batch, &select[w.clone()], &logprobs[w])?
+                    .rows,
+            )
+        })?;
+        Ok(StepSelected { rows })
     }
 
+    /// The step's masks are computed once, when the last stage has launched its first
+    /// micro-batch (every earlier stage's work is queued by then), and split among the
+    /// micro-batches.
     fn step_select_lazy_masks(
         &mut self,
         batch: &StepBatch,
@@ -241,8 +336,28 @@ impl<O: Exec> Backend for Pipeline<O> {
         masks: &mut MaskFn,
     ) -> Result<StepSelected> {
         crate::backend::check_select(batch, select)?;
-        self.front(batch)?;
-        self.last()
-            .step_select_lazy_masks(batch, select, logprobs, masks)
+        crate::backend::check_logprobs(select, logprobs)?;
+        let parts = self.parts(batch);
+        self.front(&parts)?;
+        let mut all: Option<StepMasks> = None;
+        let rows = self.back(batch, &parts, |r, m| {
+            let w = m.want.clone();
+            let mut part = || -> Result<StepMasks> {
+                if all.is_none() {
+                    all = Some(masks()?);
+                }
+                let a = all.as_deref().unwrap_or(&[]);
+                a.get(w.clone()).map(<[_]>::to_vec).ok_or_else(|| {
+                    Error::Input(format!(
+                        "step_select_lazy_masks: {} masks for {} rows",
+                        a.len(),
+                        select.len()
+                    ))
+                })
+            };
+            let (s, l) = (&select[w.clone()], &logprobs[w.clone()]);
+            Ok(r.step_select_lazy_masks(&m.batch, s, l, &mut part)?.rows)
+        })?;
+        Ok(StepSelected { rows })
     }
 }

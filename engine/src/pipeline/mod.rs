@@ -9,11 +9,15 @@
 //! do not depend on the split (`memra-verify pp` checks it against the unsplit model).
 //!
 //! - plan.rs: the memory plan (per-layer costs, the balanced split, the fit check);
-//! - link.rs: [`StageLink`], the hand-over (host copy; on CUDA backend/cuda/link.rs);
-//! - backend.rs: [`Pipeline`], the stages as one [`crate::backend::Backend`].
+//! - link.rs: [`StageLink`], the hand-over (host copy; on CUDA backend/cuda/link.rs: a device
+//!   copy, a peer copy, or NCCL send/recv between two GPUs);
+//! - micro.rs: a step's rows cut into micro-batches of whole sequences (`--pp-micro`);
+//! - backend.rs: [`Pipeline`], the stages as one [`crate::backend::Backend`], the
+//!   micro-batches' work ordered so that two devices work at once.
 
 pub mod backend;
 pub mod link;
+pub mod micro;
 pub mod plan;
 
 pub use backend::Pipeline;
@@ -35,6 +39,43 @@ pub struct PpConfig {
     pub devices: Vec<Device>,
     /// The first layer of stages `1..stages`; `None`: balanced by the memory plan.
     pub split: Option<Vec<usize>>,
+    /// Micro-batches a step of several sequences is cut into at most (`--pp-micro`; 1: none;
+    /// 0: [`DEFAULT_MICRO`]).
+    pub micro: usize,
+    /// The hand-over between stages on two GPUs (`--pp-link`).
+    pub link: LinkChoice,
+}
+
+/// Micro-batches per step when `--pp-micro` is not given: two, so that two stages on two
+/// devices overlap (micro.rs).
+pub const DEFAULT_MICRO: usize = 2;
+
+/// How stages on two different GPUs hand rows over (`--pp-link`). Stages on one device always
+/// use a device copy, on the CPU a host copy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LinkChoice {
+    /// NCCL send/recv when libnccl loads, else the peer copy.
+    #[default]
+    Auto,
+    /// NCCL send/recv; an error at start when NCCL is absent.
+    Nccl,
+    /// `cuMemcpyPeerAsync`.
+    Peer,
+}
+
+impl std::str::FromStr for LinkChoice {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<LinkChoice> {
+        match s.trim() {
+            "auto" => Ok(LinkChoice::Auto),
+            "nccl" => Ok(LinkChoice::Nccl),
+            "peer" => Ok(LinkChoice::Peer),
+            other => Err(Error::Input(format!(
+                "--pp-link `{other}`: expected auto, nccl or peer"
+            ))),
+        }
+    }
 }
 
 impl PpConfig {
@@ -62,7 +103,28 @@ impl PpConfig {
             stages,
             devices,
             split,
+            ..Default::default()
         })
+    }
+
+    /// With `--pp-micro` (`None`: the default) and `--pp-link` (`None`: auto).
+    pub fn with_micro_link(mut self, micro: Option<usize>, link: Option<&str>) -> Result<PpConfig> {
+        if micro == Some(0) {
+            return Err(Error::Input(
+                "--pp-micro 0: give 1 (no micro-batches) or more".into(),
+            ));
+        }
+        self.micro = micro.unwrap_or(0);
+        self.link = link.map(str::parse).transpose()?.unwrap_or_default();
+        Ok(self)
+    }
+
+    /// The most micro-batches a step is cut into.
+    pub fn micro_batches(&self) -> usize {
+        match self.micro {
+            0 => DEFAULT_MICRO,
+            n => n,
+        }
     }
 
     /// Whether the model is split at all.
@@ -257,8 +319,9 @@ pub fn open_cuda(
     pp: &PpConfig,
 ) -> Result<Pipeline<cuda::CudaOps>> {
     let (devs, stages, split) = planned(device, weights, o, pp)?;
-    let mut runners = Vec::new();
+    let mut runners: Vec<CudaBackend> = Vec::new();
     let mut links: Vec<Box<dyn StageLink<cuda::CudaOps>>> = Vec::new();
+    let mut notes = Vec::new();
     for (i, (s, d)) in stages.iter().zip(&devs).enumerate() {
         let Device::Cuda(ordinal) = *d else {
             return Err(Error::Input(
@@ -276,11 +339,80 @@ pub fn open_cuda(
         };
         runners.push(CudaBackend::new_stage(weights, &opts, s)?);
         if i > 0 {
-            links.push(Box::new(cuda::link::DeviceLink::new(devs[i - 1] != *d)));
+            let (from, to) = (runners[i - 1].ops(), runners[i].ops());
+            let same = devs[i - 1] == *d;
+            links.push(cuda_link(pp.link, same, from, to, &mut notes)?);
         }
     }
-    let summary = with_links(&split, &links);
-    Pipeline::new(runners, links, summary)
+    let mut summary = with_links(&split, &links, pp.micro_batches());
+    for n in notes {
+        summary.push_str(&format!(" ({n})"));
+    }
+    let mut p = Pipeline::new(runners, links, summary)?;
+    p.set_micro(pp.micro_batches());
+    Ok(p)
+}
+
+/// The hand-over two CUDA stages get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkKind {
+    /// A device-to-device copy (both stages on one GPU).
+    Device,
+    /// `cuMemcpyPeerAsync` between two GPUs.
+    Peer,
+    /// NCCL send/recv between two GPUs.
+    Nccl,
+}
+
+/// The hand-over for `choice` between two stages on one device (`same`) or two, where NCCL
+/// does or does not load (`nccl`): one device always a device copy (an error when NCCL was
+/// asked for: NCCL links two GPUs); `nccl` an error without NCCL; `auto` NCCL when it loads,
+/// else the peer copy.
+pub fn link_kind(choice: LinkChoice, same: bool, nccl: bool) -> Result<LinkKind> {
+    use cuda::link::NcclLink;
+    match (choice, same) {
+        (LinkChoice::Nccl, true) => Err(Error::Input(
+            "--pp-link nccl: two stages share one GPU; NCCL links stages on two different \
+             GPUs (one GPU uses a device copy)"
+                .into(),
+        )),
+        (_, true) => Ok(LinkKind::Device),
+        (LinkChoice::Peer, false) => Ok(LinkKind::Peer),
+        (LinkChoice::Nccl, false) if !nccl => Err(NcclLink::missing()),
+        (LinkChoice::Nccl | LinkChoice::Auto, false) if nccl => Ok(LinkKind::Nccl),
+        (_, false) => Ok(LinkKind::Peer),
+    }
+}
+
+/// The hand-over from stage `from` to stage `to` (`same`: on one device), as [`link_kind`]
+/// says; with `auto`, a communicator that does not open falls back to the peer copy. Why NCCL
+/// is not used (auto between two GPUs) is noted in `notes` (the split summary).
+fn cuda_link(
+    choice: LinkChoice,
+    same: bool,
+    from: &cuda::CudaOps,
+    to: &cuda::CudaOps,
+    notes: &mut Vec<String>,
+) -> Result<Box<dyn StageLink<cuda::CudaOps>>> {
+    use cuda::link::{DeviceLink, NcclLink, nccl_available};
+    let nccl = nccl_available();
+    match link_kind(choice, same, nccl)? {
+        LinkKind::Device => Ok(Box::new(DeviceLink::new(false))),
+        LinkKind::Peer => {
+            if choice == LinkChoice::Auto {
+                notes.push(format!("nccl not used: {}", NcclLink::missing()));
+            }
+            Ok(Box::new(DeviceLink::peer(from, to)?))
+        }
+        LinkKind::Nccl => match NcclLink::open(from, to) {
+            Ok(l) => Ok(Box::new(l)),
+            Err(e) if choice == LinkChoice::Auto => {
+                notes.push(format!("nccl not used: {e}"));
+                Ok(Box::new(DeviceLink::peer(from, to)?))
+            }
+            Err(e) => Err(e),
+        },
+    }
 }
 
 /// [`open`] on the CPU: the stages in this process, handing rows over through host memory.
@@ -307,18 +439,35 @@ pub fn open_cpu(
         .map(|s| CpuBackend::build_stage(CpuOps::new(&opts)?, weights, s))
         .collect::<Result<Vec<_>>>()?;
     let links: Vec<Box<dyn StageLink<CpuOps>>> = (1..runners.len())
-        .map(|_| Box::new(HostLink) as _)
+        .map(|_| Box::new(HostLink::default()) as _)
         .collect();
-    let summary = with_links(&split, &links);
-    Pipeline::new(runners, links, summary)
+    let summary = with_links(&split, &links, pp.micro_batches());
+    let mut p = Pipeline::new(runners, links, summary)?;
+    p.set_micro(pp.micro_batches());
+    Ok(p)
 }
 
+/// The split's summary with the hand-over of each link (one kind when they agree) and the
+/// micro-batches.
 fn with_links<O: crate::backend::exec::Exec>(
     split: &Split,
     links: &[Box<dyn StageLink<O>>],
+    micro: usize,
 ) -> String {
-    let kind = links.first().map_or("none", |l| l.kind());
-    format!("{}; hand-over: {kind}", split.summary())
+    let mut kinds: Vec<&str> = links.iter().map(|l| l.kind()).collect();
+    kinds.dedup();
+    let kind = match kinds.is_empty() {
+        true => "none".to_string(),
+        false => kinds.join(", "),
+    };
+    let micro = match micro {
+        1 => "off".to_string(),
+        n => format!("up to {n} a step"),
+    };
+    format!(
+        "{}; hand-over: {kind}; micro-batches: {micro}",
+        split.summary()
+    )
 }
 
 fn check_ordinal(n: usize) -> Result<()> {

@@ -20,6 +20,7 @@ mod load_corrupt_gguf;
 mod load_corrupt_hf;
 mod mrope;
 mod pipeline;
+mod pipeline_micro;
 mod quant;
 mod quant_dot_fast;
 mod qwen3_moe;

@@ -49,8 +49,9 @@ fn unsplit(w: ModelWeights) -> Box<dyn Backend> {
 fn split(w: ModelWeights, starts: Vec<usize>) -> Box<dyn Backend> {
     let pp = PpConfig {
         stages: starts.len() + 1,
-        devices: Vec::new(),
         split: Some(starts),
+        micro: 1,
+        ..Default::default()
     };
     pipeline::open(Device::Cpu, w, &opts(), &pp).expect("pipeline")
 }
@@ -196,7 +197,7 @@ fn a_stage_that_does_not_fit_is_named_with_the_bytes_missing() {
     let pp = PpConfig {
         stages: 2,
         devices: vec![Device::Cpu, Device::Cuda(0)],
-        split: None,
+        ..Default::default()
     };
     assert!(pp.stage_devices(Device::Cpu).is_err());
 }

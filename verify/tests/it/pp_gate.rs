@@ -82,10 +82,17 @@ fn a_changed_bit_fails_the_comparison() {
         stages: 2,
         devices: Vec::new(),
         splits: Some(vec![vec![1], vec![2]]),
+        micro: vec![1, 2],
+        link: Default::default(),
     };
     let rep = pp::run(&w, Device::Cpu, &o).expect("gate");
     assert!(rep.failures.is_empty(), "{:?}", rep.failures);
-    assert_eq!(rep.splits.len(), 2);
+    assert_eq!(rep.splits.len(), 4);
+    assert!(
+        rep.splits[1].contains("micro-batches: up to 2 a step"),
+        "{:?}",
+        rep.splits
+    );
     let mut b = memra_engine::backend::open_backend(
         Device::Cpu,
         w,

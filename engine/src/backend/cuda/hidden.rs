@@ -9,6 +9,11 @@
 //!   stays fixed (a captured graph copies from it; growing it bumps `layout_epoch`, so graphs
 //!   are captured again); the op is one device-to-device copy of the step's rows. A forward that
 //!   reads them gets an error for a step whose rows were not given.
+//! - A pipeline stage's hidden input (crate::pipeline, link.rs): the delivered parcel (the
+//!   previous stage's rows for this micro-batch) copied on this stream into the same buffer
+//!   (`CudaOps::hidden_in_from`).
+
+use cudarc::driver::CudaSlice;
 
 use super::CudaOps;
 use super::graph::MAX_BUCKET;
@@ -50,39 +55,30 @@ impl CudaOps {
         Ok(())
     }
 
-    /// The pipeline hand-over (link.rs): rows `0..rows` of `from`'s activation `x` become the
-    /// hidden input of this stage's next step, copied on the device. `peer`: `from` is on
-    /// another device (the copy runs on this stream, a peer copy); else it runs on `from`'s
-    /// stream. Events order it between the two streams' work; the host does not wait.
-    pub(super) fn receive_hidden_in(
-        &mut self,
-        from: &CudaOps,
-        x: Act,
-        rows: usize,
-        peer: bool,
-    ) -> Result<()> {
-        if x.width != self.hidden {
+    /// The pipeline hand-over's delivery (link.rs): the first `n` values of `parcel` (on this
+    /// device, its copy already ordered before this stream's next work) become the hidden
+    /// input of this stage's next step, by a device copy on this stream into the fixed buffer
+    /// a captured graph reads. The host does not wait.
+    pub(super) fn hidden_in_from(&mut self, parcel: &CudaSlice<f32>, n: usize) -> Result<()> {
+        if !n.is_multiple_of(self.hidden) {
             return Err(self.gpu.err(format!(
-                "pipeline hand-over: rows of {} values into a stage of hidden size {}",
-                x.width, self.hidden
+                "pipeline hand-over: {n} values into a stage of hidden size {}",
+                self.hidden
             )));
         }
-        let n = rows * x.width;
         let need = n.max(MAX_BUCKET * self.hidden);
         if self.hidden_in.buf.as_ref().is_none_or(|b| b.len() < need) {
+            // Queued work (or a captured graph) may still read the old buffer.
             self.gpu.sync()?;
             self.hidden_in.buf = None;
             self.hidden_in.buf = Some(self.gpu.zeros(need.next_power_of_two())?);
             self.layout_epoch += 1;
         }
-        let src = from.acts[x.id]
-            .buf
-            .as_ref()
-            .and_then(|b| b.try_slice(..n))
-            .ok_or_else(|| {
-                self.gpu
-                    .err(format!("pipeline hand-over: no {n} values to send"))
-            })?;
+        let src = parcel.try_slice(..n).ok_or_else(|| {
+            self.gpu.err(format!(
+                "pipeline hand-over: a parcel of fewer than {n} values"
+            ))
+        })?;
         let mut dst = self
             .hidden_in
             .buf
@@ -92,22 +88,10 @@ impl CudaOps {
                 self.gpu
                     .err(format!("pipeline hand-over: no buffer of {n} values"))
             })?;
-        let fail = |e: cudarc::driver::DriverError| format!("pipeline hand-over: {e:?}");
-        // Both ways round: the copy waits for the sender's forward and for this stage's
-        // previous step (which may still read the buffer); the sender's next step waits for
-        // the copy (which reads its activation), and so does this stage's next step.
-        let (s_from, s_to) = (&from.gpu.stream, &self.gpu.stream);
-        let copied = if peer {
-            s_to.join(s_from)
-                .and_then(|()| s_to.memcpy_dtod(&src, &mut dst))
-                .and_then(|()| s_from.join(s_to))
-        } else {
-            s_from
-                .join(s_to)
-                .and_then(|()| s_from.memcpy_dtod(&src, &mut dst))
-                .and_then(|()| s_to.join(s_from))
-        };
-        copied.map_err(|e| self.gpu.err(fail(e)))?;
+        self.gpu
+            .stream
+            .memcpy_dtod(&src, &mut dst)
+            .map_err(|e| self.gpu.err(format!("pipeline hand-over: {e:?}")))?;
         self.hidden_in.given = n;
         Ok(())
     }

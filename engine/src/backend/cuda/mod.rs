@@ -332,6 +332,11 @@ fn class(r: Rows) -> usize {
 }
 
 impl CudaOps {
+    /// The CUDA device this backend runs on.
+    pub fn device_ordinal(&self) -> usize {
+        self.gpu.ctx.ordinal()
+    }
+
     /// Makes every activation of class `r` hold at least `rows` rows (capacity rounded up to a
     /// power of two; growing reallocates them all and invalidates captured graphs).
     fn reserve(&mut self, r: Rows, rows: usize) -> Result<()> {
