@@ -598,6 +598,18 @@ pub struct OpenOptions {
     pub kv_dtype: KvDtype,
 }
 
+/// The CPU backend's part of the options (the pipeline's CPU stages take the same).
+impl From<&OpenOptions> for cpu::CpuOptions {
+    fn from(o: &OpenOptions) -> cpu::CpuOptions {
+        cpu::CpuOptions {
+            threads: o.threads,
+            kv_blocks: o.kv_blocks,
+            block_size: o.block_size,
+            kv_dtype: o.kv_dtype,
+        }
+    }
+}
+
 /// [`open_backend`] with every option explicit.
 pub fn open_backend_opts(
     device: Device,
@@ -605,13 +617,10 @@ pub fn open_backend_opts(
     o: &OpenOptions,
 ) -> Result<Box<dyn Backend>> {
     let cpu = |w| -> Result<Box<dyn Backend>> {
-        let opts = cpu::CpuOptions {
-            threads: o.threads,
-            kv_blocks: o.kv_blocks,
-            block_size: o.block_size,
-            kv_dtype: o.kv_dtype,
-        };
-        Ok(Box::new(cpu::CpuBackend::new(w, &opts)?))
+        Ok(Box::new(cpu::CpuBackend::new(
+            w,
+            &cpu::CpuOptions::from(o),
+        )?))
     };
     let cuda = |w, n| -> Result<Box<dyn Backend>> {
         let opts = cuda::CudaOptions {

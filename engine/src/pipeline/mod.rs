@@ -428,12 +428,7 @@ pub fn open_cpu(
             "--devices: the stages must all be `cpu`".into(),
         ));
     }
-    let opts = CpuOptions {
-        threads: o.threads,
-        kv_blocks: o.kv_blocks,
-        block_size: o.block_size,
-        kv_dtype: o.kv_dtype,
-    };
+    let opts = CpuOptions::from(o);
     let runners = stages
         .iter()
         .map(|s| CpuBackend::build_stage(CpuOps::new(&opts)?, weights, s))

@@ -6,8 +6,7 @@
 
 use crate::common;
 
-use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
-use memra_engine::backend::{Backend, Device, OpenOptions, StepBatch, StepRow};
+use memra_engine::backend::{Backend, Device, OpenOptions, StepBatch, StepRow, open_backend_opts};
 use memra_engine::config::{Arch, ModelConfig};
 use memra_engine::generate::{GenRequest, generate};
 use memra_engine::models::ModelWeights;
@@ -36,14 +35,7 @@ fn opts() -> OpenOptions {
 }
 
 fn unsplit(w: ModelWeights) -> Box<dyn Backend> {
-    let o = opts();
-    let c = CpuOptions {
-        threads: o.threads,
-        kv_blocks: o.kv_blocks,
-        block_size: o.block_size,
-        kv_dtype: o.kv_dtype,
-    };
-    Box::new(CpuBackend::new(w, &c).expect("backend"))
+    open_backend_opts(Device::Cpu, w, &opts()).expect("backend")
 }
 
 fn split(w: ModelWeights, starts: Vec<usize>) -> Box<dyn Backend> {

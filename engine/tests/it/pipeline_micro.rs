@@ -7,9 +7,8 @@
 //! step's own rows), a prefix hit (shared KV block, recurrent state restored from a
 //! snapshot), and every KV block's bytes.
 
-use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
 use memra_engine::backend::{
-    Backend, Device, OpenOptions, SelectParams, StepBatch, StepMasks, StepRow,
+    Backend, Device, OpenOptions, SelectParams, StepBatch, StepMasks, StepRow, open_backend_opts,
 };
 use memra_engine::config::{Arch, ModelConfig};
 use memra_engine::models::ModelWeights;
@@ -43,14 +42,7 @@ fn opts() -> OpenOptions {
 /// `micro` 0: the unsplit model; else split at `starts` with up to `micro` micro-batches.
 fn open(w: &ModelWeights, starts: &[usize], micro: usize) -> Box<dyn Backend> {
     if micro == 0 {
-        let o = opts();
-        let c = CpuOptions {
-            threads: o.threads,
-            kv_blocks: o.kv_blocks,
-            block_size: o.block_size,
-            kv_dtype: o.kv_dtype,
-        };
-        return Box::new(CpuBackend::new(w.clone(), &c).expect("backend"));
+        return open_backend_opts(Device::Cpu, w.clone(), &opts()).expect("backend");
     }
     let pp = PpConfig {
         stages: starts.len() + 1,
