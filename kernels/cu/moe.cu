@@ -1,5 +1,5 @@
 // Mixture-of-experts routing and combination (issue 16; engine/src/backend/cuda/moe.rs drives
-// them around the expert products mmq_id_<type> / matmul_id_<type> / mmq_grouped_<type>).
+// them around the expert products mmq_id_<type> / matmul_id_<type> / mms_grouped_<type>).
 // moe_route and moe_combine are per row: a row's results depend on its own router logits and
 // expert outputs only; moe_group only sorts pair indices (integers, one possible result).
 
@@ -314,7 +314,7 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_norm_route(const float*
 // Warps of moe_group (each owns a contiguous range of pairs).
 #define MOE_GW 8
 
-// The pairs of a grouped expert product (issue 16; products.cu, mmq_grouped_<type>), a
+// The pairs of a grouped expert product (issue 16; products.cu, mms_grouped_<type>), a
 // deterministic counting sort of the P pair ids (each clamped to E - 1 as mmq_id does): writes
 // order[0..P) = the pair indices sorted by expert, ascending pair index within an expert;
 // offs[e] = the first of expert e's pairs in `order` (offs[E] = P); offs[E + 1 + e] = its first

@@ -248,11 +248,7 @@ struct TokRows {
     u32 b[MMQ_NT], c0[MMQ_NT], c1[MMQ_NT];
 };
 
-// With G (the grouped expert products), token i of the launch is activation row
-// gather[i] / xdiv; without it (every dense product), row i, and gather / xdiv are unused.
-template <bool G = false>
-__device__ __forceinline__ TokRows tok_rows(u32 m0, u32 M, int g, int t, const u32* gather = nullptr,
-                                            u32 xdiv = 1) {
+__device__ __forceinline__ TokRows tok_rows(u32 m0, u32 M, int g, int t) {
     TokRows r;
 #pragma unroll
     for (int nf = 0; nf < MMQ_NT; ++nf) {
@@ -260,11 +256,6 @@ __device__ __forceinline__ TokRows tok_rows(u32 m0, u32 M, int g, int t, const u
         r.b[nf] = min(base + g, M - 1);
         r.c0[nf] = min(base + 2 * t, M - 1);
         r.c1[nf] = min(base + 2 * t + 1, M - 1);
-        if (G) {
-            r.b[nf] = __ldg(gather + r.b[nf]) / xdiv;
-            r.c0[nf] = __ldg(gather + r.c0[nf]) / xdiv;
-            r.c1[nf] = __ldg(gather + r.c1[nf]) / xdiv;
-        }
     }
     return r;
 }
@@ -340,25 +331,20 @@ __device__ __forceinline__ Outs outs(float* Y, float* Y2, float* Y3, u32 n1, u32
     return o;
 }
 
-// G: the grouped expert products (mmq_grouped_<type>): token i of the launch reads activation
-// row gather[i] / xdiv and writes output row gather[i]; the arithmetic of every element is
-// unchanged (the rows only move addresses). Without G every dense product, as before.
 // PRE (product_early, the dense products): the kernel's wait for the previous one (pdl_entry)
 // comes after each warp's first weight tiles are requested, not before; nothing else is read or
 // written before it (the weights are constant while a model is loaded).
-template <class F, bool G = false, bool PRE = false>
+template <class F, bool PRE = false>
 __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __restrict__ X,
                                         const float* __restrict__ Xs, const Outs& out, const float* R, u32 M,
-                                        u32 N, u32 nkt, u32 nseg, u32 kp, u32 m0,
-                                        const u32* __restrict__ gather = nullptr, u32 xdiv = 1) {
-    static_assert(!(PRE && G), "a gathered product reads its rows' ids: it must wait first");
+                                        u32 N, u32 nkt, u32 nseg, u32 kp, u32 m0) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const u32 rp = (u32)warp % MMQ_RPB, wk = (u32)warp / MMQ_RPB;
     const u32 wks = blockDim.x / (32 * MMQ_RPB);  // 1 or nseg (checked by the host)
     const u32 rt = blockIdx.x * MMQ_RPB + rp;
     const bool live = rt < (N + 15) / 16;
-    const TokRows tr = tok_rows<G>(m0, M, g, t, gather, xdiv);
+    const TokRows tr = tok_rows(m0, M, g, t);
     float tot[MMQ_NT][4];
 #pragma unroll
     for (int nf = 0; nf < MMQ_NT; ++nf)
@@ -407,7 +393,7 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
             for (int e = 0; e < 4; ++e) {
                 const u32 n = rt * 16 + g + 8 * (e >> 1);
                 const u32 m = m0 + nf * 8 + 2 * t + (e & 1);
-                if (n < N && m < M) out.put(G ? __ldg(gather + m) : m, n, tot[nf][e], R);
+                if (n < N && m < M) out.put(m, n, tot[nf][e], R);
             }
         return;
     }
@@ -427,7 +413,7 @@ __device__ __forceinline__ void product(const u8* __restrict__ W, const u8* __re
         for (u32 s = 0; s < wks; ++s) v = __fadd_rn(v, part[((s * MMQ_RPB + rp2) * 16 + row) * cols + col]);
         const u32 n = (blockIdx.x * MMQ_RPB + rp2) * 16 + row;
         const u32 m = m0 + col;
-        if (n < N && m < M) out.put(G ? __ldg(gather + m) : m, n, v, R);
+        if (n < N && m < M) out.put(m, n, v, R);
     }
 }
 
@@ -436,7 +422,7 @@ template <class F>
 __device__ __forceinline__ void product_early(const u8* __restrict__ W, const u8* __restrict__ X,
                                               const float* __restrict__ Xs, const Outs& out, const float* R,
                                               u32 M, u32 N, u32 nkt, u32 nseg, u32 kp, u32 m0) {
-    product<F, false, true>(W, X, Xs, out, R, M, N, nkt, nseg, kp, m0);
+    product<F, true>(W, X, Xs, out, R, M, N, nkt, nseg, kp, m0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -485,9 +471,11 @@ struct Mms {
 
 // Stage k-tile kt of the block's row tiles and tokens into `st` (one commit group per call); L
 // (Mms<F> or Mwg<F>) gives the block's TILES, TOKS, the staged token row's bytes BROW and ABYTES.
-template <class F, class L = Mms<F>>
+// With G (mms_grouped), staged token i is activation row gather[i] / xdiv (as tok_rows).
+template <class F, class L = Mms<F>, bool G = false>
 __device__ __forceinline__ void mms_stage(u8* st, const u8* __restrict__ W, const u8* __restrict__ X, u32 kt,
-                                          u32 rt0, u32 nrt, u32 nkt, u32 m0, u32 M, u32 kp) {
+                                          u32 rt0, u32 nrt, u32 nkt, u32 m0, u32 M, u32 kp,
+                                          const u32* __restrict__ gather = nullptr, u32 xdiv = 1) {
     constexpr u32 ACH = F::TB / 16, BCH = F::KT * 2 / 16;
     for (u32 i = threadIdx.x; i < L::TILES * ACH; i += blockDim.x) {
         const u32 tl = i / ACH, c = i % ACH;
@@ -497,7 +485,8 @@ __device__ __forceinline__ void mms_stage(u8* st, const u8* __restrict__ W, cons
     u8* b = st + L::ABYTES;
     for (u32 i = threadIdx.x; i < L::TOKS * BCH; i += blockDim.x) {
         const u32 tk = i / BCH, c = i % BCH;
-        const u32 m = min(m0 + tk, M - 1);  // past M: a copy of row M - 1, never written out
+        u32 m = min(m0 + tk, M - 1);  // past M: a copy of row M - 1, never written out
+        if (G) m = __ldg(gather + m) / xdiv;
         cp_async16(b + tk * L::BROW + c * 16, X + ((u64)m * kp + (u64)kt * F::KT) * 2 + c * 16);
     }
 }
@@ -522,19 +511,23 @@ __device__ __forceinline__ uint2 tile_order() {
     return make_uint2(x0 + r % w, r / w);
 }
 
-template <class F>
+// G (mms_grouped_<type>): the block's tokens are rows m0 .. of the gathered rows (token i reads
+// activation row gather[i] / xdiv and writes output row gather[i], as `product`'s G), m0 and the
+// row-tile group from the caller (blockIdx.x; no TILE_GROUP order). Only addresses move.
+template <class F, bool G = false>
 __device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8* __restrict__ X,
                                              const float* __restrict__ Xs, const Outs& out, const float* R,
-                                             u32 M, u32 N, u32 nkt, u32 nseg, u32 kp) {
+                                             u32 M, u32 N, u32 nkt, u32 nseg, u32 kp, u32 gm0 = 0,
+                                             const u32* __restrict__ gather = nullptr, u32 xdiv = 1) {
     extern __shared__ uint4 mms_smem[];
     u8* sm = (u8*)mms_smem;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const u32 wr = (u32)warp % MMS_WR, wt = (u32)warp / MMS_WR;
     const u32 nrt = (N + 15) / 16;
-    const uint2 bt = tile_order();
+    const uint2 bt = G ? make_uint2(blockIdx.x, 0) : tile_order();
     const u32 rt0 = bt.x * Mms<F>::TILES;
-    const u32 m0 = bt.y * Mms<F>::TOKS;
+    const u32 m0 = G ? gm0 : bt.y * Mms<F>::TOKS;
     const u32 nbk = kp / 32;
     // This lane's token columns 2t, 2t + 1 of each fragment (the block sums of MIN formats).
     u32 c0[MMS_NT], c1[MMS_NT];
@@ -543,6 +536,10 @@ __device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8*
         const u32 base = m0 + (wt * MMS_NT + nf) * 8;
         c0[nf] = min(base + 2 * t, M - 1);
         c1[nf] = min(base + 2 * t + 1, M - 1);
+        if (G) {
+            c0[nf] = __ldg(gather + c0[nf]) / xdiv;
+            c1[nf] = __ldg(gather + c1[nf]) / xdiv;
+        }
     }
     float acc[MMS_RT][MMS_NT][4];
 #if MMS_TOTS
@@ -561,7 +558,7 @@ __device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8*
             for (int e = 0; e < 4; ++e) MMS_TOT(r, nf, e) = acc[r][nf][e] = NEG_ZERO;
 #pragma unroll
     for (int s = 0; s < MMS_STAGES - 1; ++s) {
-        if ((u32)s < nkt) mms_stage<F>(sm + s * Mms<F>::STAGE, W, X, s, rt0, nrt, nkt, m0, M, kp);
+        if ((u32)s < nkt) mms_stage<F, Mms<F>, G>(sm + s * Mms<F>::STAGE, W, X, s, rt0, nrt, nkt, m0, M, kp, gather, xdiv);
         cp_async_commit();
     }
     u32 seg = 0, kend = nkt / nseg, rel = 0;
@@ -569,7 +566,9 @@ __device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8*
         cp_async_wait<MMS_STAGES - 2>();
         __syncthreads();  // stage kt is in; every warp is done with stage kt - 1
         const u32 nk = kt + MMS_STAGES - 1;
-        if (nk < nkt) mms_stage<F>(sm + (nk % MMS_STAGES) * Mms<F>::STAGE, W, X, nk, rt0, nrt, nkt, m0, M, kp);
+        if (nk < nkt)
+            mms_stage<F, Mms<F>, G>(sm + (nk % MMS_STAGES) * Mms<F>::STAGE, W, X, nk, rt0, nrt, nkt, m0, M, kp,
+                                    gather, xdiv);
         cp_async_commit();
         const u8* a = sm + (kt % MMS_STAGES) * Mms<F>::STAGE;
         const u8* b = a + Mms<F>::ABYTES;
@@ -615,7 +614,7 @@ __device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8*
             for (int e = 0; e < 4; ++e) {
                 const u32 n = (rt0 + wr * MMS_RT + r) * 16 + g + 8 * (e >> 1);
                 const u32 m = m0 + (wt * MMS_NT + nf) * 8 + 2 * t + (e & 1);
-                if (n < N && m < M) out.put(m, n, MMS_TOT(r, nf, e), R);
+                if (n < N && m < M) out.put(G ? __ldg(gather + m) : m, n, MMS_TOT(r, nf, e), R);
             }
 #undef MMS_TOT
 }
@@ -894,11 +893,15 @@ MMQ_ID_KERNEL(bf16, FmtF16<1>)
 // The grouped expert products (issue 16, prefill-sized calls; engine/src/backend/cuda/moe.rs):
 // moe_group (moe.cu) has sorted the pairs by expert, ascending pair index within an expert, into
 // `order`, with the pair offsets offs[0..=E] and the token-tile offsets offs[E + 1..=2 E + 1]
-// (tiles of 8 * MMQ_NT pairs). Block (x, y) takes tile b = b0 + y: expert e with
+// (tiles of Mms<F>::TOKS pairs). Block (x, y) takes tile b = b0 + y: expert e with
 // tile_off[e] <= b < tile_off[e + 1] (the last such e: empty experts have no tiles; blocks past
-// the last tile exit), and runs the product above over that expert's pairs as M rows, gathered:
-// pair order[offs[e] + i] reads activation row pair / xdiv and writes row pair of Y. The same
-// per-element sequence as mmq_id (which is the dense product at M = 1): bitwise equal results.
+// the last tile exit), and runs the shared-memory product over row-tile group x of that
+// expert's matrix and that tile of its pairs as M rows, gathered: pair order[offs[e] + i] reads
+// activation row pair / xdiv and writes row pair of Y. product_smem computes the per-element
+// sequence of `product` (every segment in order from -0.0), which at M = 1 is mmq_id's: bitwise
+// equal results. The shared-memory form reads each weight tile once for the tile's TOKS pairs and
+// each pair's activations once for the block's 16 * TILES rows (the register product it replaces,
+// 16 rows a block, read the activations ~7x the weights' bytes: 60% of the 80B hybrid's pp512).
 __device__ __forceinline__ u32 moe_tile_expert(const u32* __restrict__ toff, u32 E, u32 b) {
     u32 lo = 0, hi = E;  // toff[lo] <= b (toff[0] = 0); the answer is in [lo, hi)
     while (hi - lo > 1) {
@@ -909,31 +912,33 @@ __device__ __forceinline__ u32 moe_tile_expert(const u32* __restrict__ toff, u32
     return lo;
 }
 
-#define MMQ_GROUPED_KERNEL(suffix, FMT)                                                                     \
-    extern "C" __global__ void __launch_bounds__(MMQ_MAXT, MMQ_MINB) mmq_grouped_##suffix(                  \
+// Two blocks an SM: at 16 tokens and 8 row tiles a stage is 28-37 KiB (Q4_K / Q6_K), so two
+// blocks' three stages fit, and the accumulators (MMS_RT x MMS_NT x 4) fit 128 registers.
+#define MMS_GROUPED_KERNEL(suffix, FMT)                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, 2) mms_grouped_##suffix(                              \
         const u8* W, u64 wstride, const u8* X, const float* Xs, const u32* order, const u32* offs, u32 xdiv,  \
-        u32 b0, u32 n_experts, float* Y, u32 N, u32 nkt, u32 nseg, u32 kp) { pdl_entry();                                 \
+        u32 b0, u32 n_experts, float* Y, u32 N, u32 nkt, u32 nseg, u32 kp) { pdl_entry();                 \
         const u32 b = b0 + blockIdx.y;                                                                      \
         const u32* toff = offs + n_experts + 1;                                                             \
         if (b >= __ldg(toff + n_experts)) return;                                                           \
         const u32 e = moe_tile_expert(toff, n_experts, b);                                                  \
         const u32 first = __ldg(offs + e), cnt = __ldg(offs + e + 1) - first;                               \
-        const u32 m0 = (b - __ldg(toff + e)) * (8 * MMQ_NT);                                                \
+        const u32 m0 = (b - __ldg(toff + e)) * Mms<FMT>::TOKS;                                              \
         const Outs o = outs(Y, nullptr, nullptr, N, 0, N);                                                  \
-        product<FMT, true>(W + (u64)e * wstride, X, Xs, o, nullptr, cnt, N, nkt, nseg, kp, m0,              \
-                           order + first, xdiv);                                                            \
+        product_smem<FMT, true>(W + (u64)e * wstride, X, Xs, o, nullptr, cnt, N, nkt, nseg, kp, m0,         \
+                                order + first, xdiv);                                                       \
     }
 
-MMQ_GROUPED_KERNEL(q8_0, FmtQ8_0)
-MMQ_GROUPED_KERNEL(q4_0, FmtQ4_0)
-MMQ_GROUPED_KERNEL(q4_1, FmtQ4_1)
-MMQ_GROUPED_KERNEL(q5_0, FmtQ5_0)
-MMQ_GROUPED_KERNEL(q5_1, FmtQ5_1)
-MMQ_GROUPED_KERNEL(q4_k, FmtQ4_K)
-MMQ_GROUPED_KERNEL(q5_k, FmtQ5_K)
-MMQ_GROUPED_KERNEL(q6_k, FmtQ6_K)
-MMQ_GROUPED_KERNEL(f16, FmtF16<0>)
-MMQ_GROUPED_KERNEL(bf16, FmtF16<1>)
+MMS_GROUPED_KERNEL(q8_0, FmtQ8_0)
+MMS_GROUPED_KERNEL(q4_0, FmtQ4_0)
+MMS_GROUPED_KERNEL(q4_1, FmtQ4_1)
+MMS_GROUPED_KERNEL(q5_0, FmtQ5_0)
+MMS_GROUPED_KERNEL(q5_1, FmtQ5_1)
+MMS_GROUPED_KERNEL(q4_k, FmtQ4_K)
+MMS_GROUPED_KERNEL(q5_k, FmtQ5_K)
+MMS_GROUPED_KERNEL(q6_k, FmtQ6_K)
+MMS_GROUPED_KERNEL(f16, FmtF16<0>)
+MMS_GROUPED_KERNEL(bf16, FmtF16<1>)
 
 // MINB: two blocks per SM where stages and registers allow it (F16 and Q8_0 at
 // M = 512: 20-30% faster than one, H200), one for the K-quants and Q4_1 (which would spill)

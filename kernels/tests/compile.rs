@@ -79,21 +79,21 @@ fn disk_cache_is_written_and_reused() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The grouped expert products (`mmq_grouped_<type>`) are launched from the products variant of
-/// `MOE_GROUPED_LAUNCH` (engine/src/backend/cuda/profile.rs: split(4), 32 tokens per block):
-/// that variant compiles for both architectures and defines every grouped kernel.
+/// The grouped expert products (`mms_grouped_<type>`) are launched from the products variant of
+/// `MOE_GROUPED_LAUNCH` (engine/src/backend/cuda/profile.rs: smem(1, 2), 16 tokens x 128 rows
+/// per block): that variant compiles for both architectures and defines every grouped kernel.
 #[test]
 fn the_grouped_expert_products_compile_in_their_variant() {
     require_nvrtc();
     let m = memra_kernels::module("products").expect("products module");
-    let defines = ["MMQ_NT=4", "MMQ_RPB=1", "MMQ_MAXT=256"].map(String::from);
+    let defines = ["MMS_NT=1", "MMS_RT=2", "MMS_STAGES=3", "MMS_TOTS=0"].map(String::from);
     let b = memra_kernels::Build::with_defines(&defines);
     for arch in ["compute_90a", "compute_120a"] {
         let ptx = memra_kernels::compile_with(m, arch, &b).unwrap_or_else(|e| panic!("{e}"));
         for t in memra_kernels::PRODUCT_TYPES {
             assert!(
-                ptx.contains(&format!(".entry mmq_grouped_{t}(")),
-                "{arch}: mmq_grouped_{t}"
+                ptx.contains(&format!(".entry mms_grouped_{t}(")),
+                "{arch}: mms_grouped_{t}"
             );
         }
     }

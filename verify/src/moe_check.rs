@@ -304,7 +304,7 @@ const GROUP_SHAPES: [GroupShape; 4] = [
     (DType::Q6_K, 16, 4, 256, 512, Glu::Silu),
 ];
 
-/// Rows of the grouped cases: P = rows x k pairs is never a multiple of the 32-pair tile for
+/// Rows of the grouped cases: P = rows x k pairs is never a multiple of the 16-pair tile for
 /// these k, and 133 rows put several tiles on one expert.
 const GROUP_ROWS: [usize; 2] = [37, 133];
 

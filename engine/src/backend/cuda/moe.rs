@@ -16,9 +16,11 @@
 //!    nothing else (not on how many rows chose the expert, nor on the other rows).
 //!    Grouped (prefill-sized calls, [`super::profile::Profile::moe_grouped`]): `moe_group` first sorts the
 //!    pairs by expert on the device (a counting sort: ascending pair index within an expert,
-//!    per-expert pair and token-tile offsets), then `mmq_grouped_<type>` runs, per expert, the
-//!    same v2 product over that expert's pairs as a block of rows ([`MOE_GROUPED_LAUNCH`]: 32
-//!    pairs per weight tile), each row gathered from and written to its pair's row. The v2
+//!    per-expert pair and token-tile offsets), then `mms_grouped_<type>` runs, per expert, the
+//!    shared-memory v2 product over that expert's pairs as a block of rows
+//!    ([`MOE_GROUPED_LAUNCH`]: 128 rows x 16 pairs a block, each weight tile staged once for the
+//!    16 pairs and each pair's activations once for the 128 rows), each row gathered from and
+//!    written to its pair's row. The v2
 //!    products compute one per-element sequence at every M and launch geometry, so the grouped
 //!    and per-pair paths give the same bits (`memra-verify kernels` compares them bitwise). The
 //!    grid is sized from the host-known bound on tiles (blocks past the last tile exit): no
@@ -31,7 +33,7 @@
 //! Speed: decode reads each chosen expert's weights once per (row, slot), as a dense decode
 //! product does. Per pair, prefill would do the same (an expert chosen by many rows of a chunk
 //! read once per row, every pair an 8-token mma tile with one live token); the grouped path
-//! reads an expert's weights once per 32 of its pairs instead. The stored (v1) layout always
+//! reads an expert's weights once per [`MOE_TILE`] of its pairs instead. The stored (v1) layout always
 //! runs per pair.
 
 use super::device::{Arg, Gpu};
@@ -164,9 +166,9 @@ impl Route {
 /// in): larger steps take rms_norm, matmul_f32_rows and moe_route.
 pub const NORM_ROUTE_SMEM: usize = 32 * 1024;
 
-/// Pairs of one expert per block of the grouped products (`8 * MMQ_NT` of
-/// [`MOE_GROUPED_LAUNCH`]; `moe_group` cuts each expert's pairs into tiles of this many).
-pub const MOE_TILE: usize = 8 * MOE_GROUPED_LAUNCH.nt as usize;
+/// Pairs of one expert per block of the grouped products (the tokens of a
+/// [`MOE_GROUPED_LAUNCH`] block; `moe_group` cuts each expert's pairs into tiles of this many).
+pub const MOE_TILE: usize = MOE_GROUPED_LAUNCH.smem_block().1;
 
 /// A bound on the token tiles of `pairs` pairs over `n_experts` experts (sum over experts of
 /// ceil(count / MOE_TILE) <= floor(pairs / MOE_TILE) + the non-empty experts): the grid of a
@@ -605,21 +607,23 @@ impl Gpu {
             return Ok(());
         }
         let l = MOE_GROUPED_LAUNCH;
-        let threads = 32 * l.rpb * w.nseg;
-        if threads > l.max_threads() {
-            return Err(self.err(format!("grouped expert product: nseg {} too large", w.nseg)));
+        let name = format!("mms_grouped_{}", w.dtype.name());
+        let fmt = crate::quant::repack::tile_format(w.dtype)
+            .ok_or_else(|| self.err(format!("{name}: no tile format for {}", w.dtype)))?;
+        let smem = l.smem_bytes(fmt.tile_bytes, fmt.kt);
+        if !l.fits(w.dtype, self.smem_optin) {
+            return Err(self.err(format!(
+                "{name}: {smem} bytes of shared memory (this device allows {})",
+                self.smem_optin
+            )));
         }
-        let smem = if w.nseg > 1 {
-            w.nseg * l.rpb * 16 * 8 * l.nt * 4
-        } else {
-            0
-        };
         let f = self.variant("products", &l.defines())?;
-        let name = format!("mmq_grouped_{}", w.dtype.name());
         let func = f
             .get(&name)
             .ok_or_else(|| self.err(format!("kernel {name} missing")))?;
-        let blocks_x = self.u32_of(w.rows.div_ceil(16).div_ceil(l.rpb as usize), "row tiles")?;
+        let rows_per_block = l.smem_block().0;
+        let blocks_x = self.u32_of(w.rows.div_ceil(rows_per_block), "row tiles")?;
+        let (threads, smem) = (l.max_threads(), smem as u32);
         for (b0, n) in pair_chunks(tile_bound(pairs, ids.n_experts)) {
             let args = product_grouped_args(self, w, a, ids, (order, offs), y, b0);
             self.launch_fn(func, &name, (blocks_x, n as u32), threads, smem, &args)?;
@@ -839,7 +843,7 @@ mod tests {
         ];
         for t in memra_kernels::PRODUCT_TYPES {
             assert_eq!(
-                check_args(&format!("mmq_grouped_{t}"), &grouped),
+                check_args(&format!("mms_grouped_{t}"), &grouped),
                 Ok(()),
                 "{t}"
             );
@@ -874,8 +878,17 @@ mod tests {
     fn the_grouped_launch_is_compiled_at_load() {
         let p = super::super::profile::Profile::new("compute_90a", 132, 227 * 1024);
         assert!(p.all_launches().contains(&MOE_GROUPED_LAUNCH));
-        const { assert!(MOE_GROUPED_LAUNCH.split_k) };
-        assert!(MOE_GROUPED_LAUNCH.max_threads() >= 32 * super::super::profile::MAX_NSEG);
+        const { assert!(MOE_GROUPED_LAUNCH.smem && !MOE_GROUPED_LAUNCH.wg) };
+        assert_eq!(MOE_TILE, 16);
+        // Two blocks an SM (mms_grouped's launch bounds) for every type it runs.
+        for t in memra_kernels::PRODUCT_TYPES {
+            let d: crate::quant::DType = t.parse().unwrap();
+            let f = crate::quant::repack::tile_format(d).unwrap();
+            assert!(
+                2 * MOE_GROUPED_LAUNCH.smem_bytes(f.tile_bytes, f.kt) <= 227 * 1024,
+                "{t}"
+            );
+        }
     }
 
     #[test]
