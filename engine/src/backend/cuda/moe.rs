@@ -608,22 +608,14 @@ impl Gpu {
         }
         let l = MOE_GROUPED_LAUNCH;
         let name = format!("mms_grouped_{}", w.dtype.name());
-        let fmt = crate::quant::repack::tile_format(w.dtype)
-            .ok_or_else(|| self.err(format!("{name}: no tile format for {}", w.dtype)))?;
-        let smem = l.smem_bytes(fmt.tile_bytes, fmt.kt);
-        if !l.fits(w.dtype, self.smem_optin) {
-            return Err(self.err(format!(
-                "{name}: {smem} bytes of shared memory (this device allows {})",
-                self.smem_optin
-            )));
-        }
+        let smem = self.smem_of(&l, w.dtype, &name)?;
         let f = self.variant("products", &l.defines())?;
         let func = f
             .get(&name)
             .ok_or_else(|| self.err(format!("kernel {name} missing")))?;
         let rows_per_block = l.smem_block().0;
         let blocks_x = self.u32_of(w.rows.div_ceil(rows_per_block), "row tiles")?;
-        let (threads, smem) = (l.max_threads(), smem as u32);
+        let threads = l.max_threads();
         for (b0, n) in pair_chunks(tile_bound(pairs, ids.n_experts)) {
             let args = product_grouped_args(self, w, a, ids, (order, offs), y, b0);
             self.launch_fn(func, &name, (blocks_x, n as u32), threads, smem, &args)?;

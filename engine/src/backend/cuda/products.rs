@@ -518,16 +518,7 @@ impl Gpu {
             return Err(self.err(format!("product: {m} rows exceed one launch")));
         }
         let smem = if l.smem {
-            let fmt = crate::quant::repack::tile_format(w.dtype)
-                .ok_or_else(|| self.err(format!("product: no tile format for {}", w.dtype)))?;
-            let bytes = l.smem_bytes(fmt.tile_bytes, fmt.kt);
-            if !l.fits(w.dtype, self.smem_optin) {
-                return Err(self.err(format!(
-                    "{name}: {l:?} needs {bytes} bytes of shared memory (this device allows {})",
-                    self.smem_optin
-                )));
-            }
-            bytes as u32
+            self.smem_of(&l, w.dtype, &name)?
         } else if wk > 1 {
             wk * l.rpb * 16 * 8 * l.nt * 4
         } else {
@@ -589,5 +580,22 @@ impl Gpu {
             )));
         }
         self.launch_fn(func, &name, grid, threads, smem, &args)
+    }
+}
+
+impl Gpu {
+    /// Dynamic shared memory of the shared-memory launch `l` of a `dtype` product (`name`, for
+    /// the message), refused where this device cannot give it.
+    pub(super) fn smem_of(&self, l: &Launch, dtype: DType, name: &str) -> Result<u32> {
+        let fmt = crate::quant::repack::tile_format(dtype)
+            .ok_or_else(|| self.err(format!("{name}: no tile format for {dtype}")))?;
+        let bytes = l.smem_bytes(fmt.tile_bytes, fmt.kt);
+        if !l.fits(dtype, self.smem_optin) {
+            return Err(self.err(format!(
+                "{name}: {l:?} needs {bytes} bytes of shared memory (this device allows {})",
+                self.smem_optin
+            )));
+        }
+        Ok(bytes as u32)
     }
 }
