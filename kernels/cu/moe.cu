@@ -249,20 +249,19 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_route(const float* __re
 }
 
 // A decode step's MoE router in one launch (M <= 8 rows of K): the FFN's RMSNorm, the F32
-// router product and the routing. Block b (grid (E + shared) / 8 rounded up, MOE_RT threads, M K
-// floats of dynamic shared memory) takes router rows 8 b .. 8 b + 7, warp w row 8 b + w: the warp
-// loads its row's first weights (prelude.cuh f32_row_load: they do not depend on the rows) while
-// the block stages the rows; warp r normalizes row r (rms_scale_warp), then (x * scale) * G: the
-// bits of rms_norm, written to H by block 0; then each warp computes its router row over the
-// normalized rows (f32_row_dot: matmul_f32_rows's bits) into L[r][n]; the last block to finish
-// (a ticket, reset to 0 for the next launch) routes every row (moe_route_warp by warp r for row
-// r, or moe_route_row for more than MOE_WARP_E experts). With `shared` the router has E + 1 rows
-// (row E: a folded shared expert's gate, L's rows are E + 1 wide) and each row gets the shared
-// slot (moe_shared_slot). The bits of rms_norm, matmul_f32_rows and moe_route, whatever M. When
-// Xh is not null the normalized rows are also prepared for the expert products (Xh / Xs, rows of
-// kp columns, bf as prep_store: prepare_h16's bits of H), one 32-column block per warp of the
-// grid. Before (run h100-20261207-dpro): a block per router row, each redoing the norm, 16.2 us
-// a launch at 513 rows, the SMs busy under half of it.
+// router product and the routing. Block n (grid E, MOE_RT threads, M K floats of dynamic shared
+// memory) normalizes the rows (rms_scale_warp by warp r for row r, then (x * scale) * G: the
+// bits of rms_norm, written to H by block 0), then router row n over them in
+// matmul_f32_rows_body's order (warp w sums its K / 8 chunk lane-strided with fma from +0, the
+// xor tree, the 8 warp sums in warp order from -0) into L[r][n]; the last block to finish (a
+// ticket, reset to 0 for the next launch) routes every row (moe_route_warp by warp r for row r,
+// or moe_route_row for more than MOE_WARP_E experts). With `shared` the grid is E + 1: block E
+// computes router row E (a folded shared expert's gate, L's rows are E + 1 wide) and each row
+// gets the shared slot (moe_shared_slot). The bits of rms_norm, matmul_f32_rows and moe_route,
+// whatever M. When Xh is not null the normalized rows
+// are also prepared for the expert products (Xh / Xs, rows of kp columns, bf as prep_store:
+// prepare_h16's bits of H), one 32-column block per warp of the grid. The block's first eight
+// router weights a lane are loaded before the rows (they do not depend on them).
 extern "C" __global__ void __launch_bounds__(MOE_RT) moe_norm_route(const float* __restrict__ X,
                                                                     const float* __restrict__ G, float eps,
                                                                     float* __restrict__ H, const u8* __restrict__ W,
@@ -273,13 +272,18 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_norm_route(const float*
     pdl_entry();
     extern __shared__ float hs[];
     __shared__ float sc[8];
+    __shared__ float part[8][8];
     __shared__ u32 last;
-    const u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    const u32 n = blockIdx.x * 8 + warp, le = E + shared;
+    const u32 t = threadIdx.x, lane = t & 31, warp = t >> 5, n = blockIdx.x;
     const u32 mk = M * K;
-    const float* w = (const float*)(W + (u64)min(n, le - 1) * row_bytes);
-    float wp[8][F32R_PRE];
-    f32_row_load(w, K, wp);
+    const float* w = (const float*)(W + (u64)n * row_bytes);
+    const u32 c0 = (u32)((u64)warp * K / 8), c1 = (u32)((u64)(warp + 1) * K / 8);
+    float wpre[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+        const u32 c = c0 + lane + 32 * q;
+        wpre[q] = c < c1 ? __ldg(w + c) : 0.0f;
+    }
     for (u32 i = t; i < mk; i += MOE_RT) hs[i] = X[i];
     __syncthreads();
     if (warp < M) {
@@ -290,16 +294,42 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_norm_route(const float*
     for (u32 i = t; i < mk; i += MOE_RT) {
         const float v = (hs[i] * sc[i / K]) * G[i % K];
         hs[i] = v;
-        if (blockIdx.x == 0) H[i] = v;
+        if (n == 0) H[i] = v;
     }
     __syncthreads();
     if (Xh) prep_rows([&](u32 m, u32, u32 col) { return col < K ? hs[m * K + col] : 0.0f; }, Xh, Xs, M, kp, bf);
-    if (n < le) {
-        float v[8];
-        f32_row_dot(w, wp, hs, K, M, K, v);
+    float acc[8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) acc[r] = 0.0f;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+        const u32 c = c0 + lane + 32 * q;
+        if (c < c1) {
+#pragma unroll
+            for (int r = 0; r < 8; ++r)
+                if ((u32)r < M) acc[r] = __fmaf_rn(wpre[q], hs[r * K + c], acc[r]);
+        }
+    }
+#pragma unroll 4
+    for (u32 c = c0 + lane + 256; c < c1; c += 32) {
+        const float wv = __ldg(w + c);
 #pragma unroll
         for (int r = 0; r < 8; ++r)
-            if ((u32)r < M && lane == (u32)r) L[(u64)r * le + n] = v[r];
+            if ((u32)r < M) acc[r] = __fmaf_rn(wv, hs[r * K + c], acc[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+        float s = acc[r];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL_MASK, s, o));
+        if (lane == 0) part[warp][r] = s;
+    }
+    __syncthreads();
+    if (t < M) {
+        float v = -0.0f;
+#pragma unroll
+        for (int q = 0; q < 8; ++q) v = __fadd_rn(v, part[q][t]);
+        L[(u64)t * (E + shared) + n] = v;
     }
     __threadfence();
     __syncthreads();

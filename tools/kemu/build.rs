@@ -50,7 +50,6 @@ fn main() {
         "src/shim.h",
         "src/check_util.h",
         "src/check_delta.h",
-        "src/check_router.h",
     ] {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -7,4 +7,3 @@
 #include "delta.cu"
 #include "check_util.h"
 #include "check_delta.h"
-#include "check_router.h"

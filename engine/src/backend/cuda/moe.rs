@@ -459,8 +459,7 @@ impl Gpu {
             Arg::U32(self.u32_of(width, "hidden")?),
         ];
         let args: Vec<Arg> = args.into_iter().chain(r.args()).collect();
-        // A router row per warp, 8 a block (moe.cu `MOE_RT` threads).
-        let grid = (self.u32_of(r.logits().div_ceil(8), "experts")?, 1);
+        let grid = (self.u32_of(r.logits(), "experts")?, 1);
         self.launch_smem(
             "moe_norm_route",
             grid,
