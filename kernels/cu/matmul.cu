@@ -54,53 +54,7 @@ __device__ __forceinline__ void matmul_body(const u8* __restrict__ W, const floa
     }
 }
 
-// F32 weights (a mixture-of-experts router: GGUF keeps `ffn_gate_inp` in F32; F32 checkpoints)
-// take the GPU's own order (the products-v2 decision: within tolerance of the CPU's dot_f32, not
-// its bits): one block of 8 warps per output feature n (blockIdx.x) and tile of up to 8 token
-// rows; warp w sums the fixed K chunk [w K / 8, (w + 1) K / 8) (lane l: elements c0 + l,
-// c0 + l + 32, ... in order, fma from +0), then the xor tree 16 .. 1 (lane 0's sum), then thread
-// t adds the 8 warp sums in warp order from -0 into row t of the tile. A function of (n, K) and
-// the token row alone: every M and tile gives the same bits. A router (128 x 2048) ran ~80 us per
-// call in the half-warp body above (16 lanes per feature, 8 blocks for 128 features: H200
-// session 11); here its 128 blocks read each row with every load of a warp in flight (the
-// default since the H200 gated it in session 13).
-__device__ __forceinline__ void matmul_f32_rows_body(const u8* __restrict__ W, const float* __restrict__ X,
-                                                float* __restrict__ Y, u32 M, u32 N, u32 K, u64 row_bytes) {
-    __shared__ float part[8][8];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const u32 n = blockIdx.x;
-    const float* w = (const float*)(W + (u64)n * row_bytes);
-    const u32 c0 = (u32)((u64)warp * K / 8), c1 = (u32)((u64)(warp + 1) * K / 8);
-    for (u32 m0 = blockIdx.y * 8; m0 < M; m0 += gridDim.y * 8) {
-        const u32 mt = min(8u, M - m0);
-        const float* x0 = X + (u64)m0 * K;
-        float acc[8];
-#pragma unroll
-        for (int t = 0; t < 8; ++t) acc[t] = 0.0f;
-#pragma unroll 4
-        for (u32 k = c0 + lane; k < c1; k += 32) {
-            const float wv = __ldg(w + k);
-#pragma unroll
-            for (int t = 0; t < 8; ++t)
-                if ((u32)t < mt) acc[t] = __fmaf_rn(wv, x0[(u64)t * K + k], acc[t]);
-        }
-#pragma unroll
-        for (int t = 0; t < 8; ++t) {
-            float s = acc[t];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL_MASK, s, o));
-            if (lane == 0) part[warp][t] = s;
-        }
-        __syncthreads();
-        if (threadIdx.x < mt) {
-            float v = -0.0f;
-#pragma unroll
-            for (int q = 0; q < 8; ++q) v = __fadd_rn(v, part[q][threadIdx.x]);
-            Y[(u64)(m0 + threadIdx.x) * N + n] = v;
-        }
-        __syncthreads();  // part is rewritten by the next tile
-    }
-}
+// The F32 row products: f32rows.cuh (prepended with the module's headers).
 
 #define MATMUL_KERNEL(suffix, DT)                                                               \
     extern "C" __global__ void __launch_bounds__(256) matmul_##suffix(                          \
@@ -108,12 +62,19 @@ __device__ __forceinline__ void matmul_f32_rows_body(const u8* __restrict__ W, c
         matmul_body<DT>(W, X, Y, M, N, K, row_bytes, blockIdx.y * 8, gridDim.y * 8);            \
     }
 
-// F32 weights by matmul_f32_rows: grid (N, token tiles) of 256 threads (Gpu::matmul, every F32
-// product).
+// F32 weights (Gpu::matmul, every F32 product; f32rows.cuh): matmul_f32_rows, grid (N, token
+// tiles) of 256 threads, where the step has few rows; matmul_f32_tiles, grid (feature tiles,
+// token tiles), where its tiles fill the device. The same bits.
 extern "C" __global__ void __launch_bounds__(256) matmul_f32_rows(const u8* W, const float* X, float* Y, u32 M,
                                                                   u32 N, u32 K, u64 row_bytes) {
     pdl_entry();
     matmul_f32_rows_body(W, X, Y, M, N, K, row_bytes);
+}
+
+extern "C" __global__ void __launch_bounds__(256) matmul_f32_tiles(const u8* W, const float* X, float* Y, u32 M,
+                                                                   u32 N, u32 K, u64 row_bytes) {
+    pdl_entry();
+    matmul_f32_tiles_body(W, X, Y, M, N, K, row_bytes);
 }
 
 FOR_EACH_DTYPE(MATMUL_KERNEL)

@@ -47,6 +47,10 @@ const H_KVFMT: Header = Header {
     file: "kernels/cu/kvfmt.cuh",
     text: include_str!("../cu/kvfmt.cuh"),
 };
+const H_F32ROWS: Header = Header {
+    file: "kernels/cu/f32rows.cuh",
+    text: include_str!("../cu/f32rows.cuh"),
+};
 const H_WFMT: Header = Header {
     file: "kernels/cu/wfmt.cuh",
     text: include_str!("../cu/wfmt.cuh"),
@@ -139,8 +143,8 @@ pub const MODULES: &[Module] = &[
         name: "matmul",
         file: "kernels/cu/matmul.cu",
         source: include_str!("../cu/matmul.cu"),
-        headers: &[H_DEQUANT],
-        kernels: per_type!("matmul_", "matmul_id_"; "matmul_f32_rows"),
+        headers: &[H_DEQUANT, H_F32ROWS],
+        kernels: per_type!("matmul_", "matmul_id_"; "matmul_f32_rows", "matmul_f32_tiles"),
     },
     Module {
         name: "embed",

@@ -3,7 +3,8 @@
 //! gated_delta_conv_k<HK> for HK 16 / 32 / 64 / 128 (one to four warps a block) against a
 //! float64 reference of the rule, and bit for bit the promises the engine's invariance rests
 //! on: one row a step, steps replaying a kept position, the conv inside the kernel
-//! (tools/kemu/src/check_delta.h). Needs g++ with C++20 (kemu's own build takes `$CXX`); without
+//! (tools/kemu/src/check_delta.h); and the F32 row products (f32rows.cuh): the tiled body
+//! bit for bit against the row body, both against float64 (check_f32rows.h). Needs g++ with C++20 (kemu's own build takes `$CXX`); without
 //! it this test FAILS saying so.
 
 use std::path::Path;
@@ -46,11 +47,12 @@ fn delta_kernels_on_the_emulator() {
         "emulated delta kernels failed:\n{out}"
     );
     assert!(out.contains("delta: all ok (0 failures)"), "{out}");
+    assert!(out.contains("f32rows: all ok (0 failures)"), "{out}");
     // Every head size and every promise ran: 6 geometries (one longer than the conv ring)
-    // x 4 cases.
+    // x 4 cases, and 5 F32 row shapes x 2.
     assert_eq!(
         out.lines().filter(|l| l.starts_with("ok ")).count(),
-        24,
+        34,
         "{out}"
     );
 }

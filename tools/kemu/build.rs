@@ -41,7 +41,7 @@ fn main() {
     println!("cargo:rustc-link-search=native={}", out.display());
     println!("cargo:rustc-link-lib=static=kemu");
     println!("cargo:rustc-link-lib=dylib=stdc++");
-    for f in ["prelude.cuh", "elementwise.cu", "delta.cu"] {
+    for f in ["prelude.cuh", "elementwise.cu", "delta.cu", "f32rows.cuh"] {
         println!("cargo:rerun-if-changed={}", cu.join(f).display());
     }
     for f in [
@@ -50,6 +50,7 @@ fn main() {
         "src/shim.h",
         "src/check_util.h",
         "src/check_delta.h",
+        "src/check_f32rows.h",
     ] {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -142,13 +142,6 @@ struct DeltaRun {
     }
 };
 
-static bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
-static void bits_case(const char* what, bool ok) {
-    if (!ok) ++fails;
-    printf("%-5s %s\n", ok ? "ok" : "FAIL", what);
-}
 
 template <int HK>
 static void delta_case(DeltaGeo geo) {

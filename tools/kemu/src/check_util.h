@@ -1,5 +1,6 @@
-// What the emulated checks share (check_delta.h): the random inputs and the comparison against
-// double precision, which counts failures. Included once, by kernels.cpp.
+// What the emulated checks share (check_delta.h, check_f32rows.h): the random inputs, the
+// comparison against double precision and the bitwise one, which count failures. Included once,
+// by kernels.cpp.
 #pragma once
 #include <cstdio>
 #include <random>
@@ -22,4 +23,11 @@ static void check(const char* what, const std::vector<float>& got, const std::ve
     bool ok = d / mx <= tol && bad == (size_t)-1;
     if (!ok) ++fails;
     printf("%-5s %-50s rel %.3e%s\n", ok ? "ok" : "FAIL", what, d / mx, bad != (size_t)-1 ? " (NaN)" : "");
+}
+static bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+static void bits_case(const char* what, bool ok) {
+    if (!ok) ++fails;
+    printf("%-5s %s\n", ok ? "ok" : "FAIL", what);
 }

@@ -50,6 +50,7 @@ inline float __shfl_xor_sync(unsigned, float v, int m) {
     return r;
 }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+template <class T> inline T __ldg(const T* p) { return *p; }
 inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
 inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
 inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }

@@ -557,12 +557,14 @@ impl Gpu {
         // F32 (mixture-of-experts routers) by matmul_f32_rows, one block of 8 warps per output
         // feature in fixed K chunks (H200 session 13: qwen3-30b-a3b decode 133 -> 190 tok/s
         // against the per-type kernel's half-warp).
-        let rows = dtype == DType::F32;
-        let name = match rows {
-            true => "matmul_f32_rows".to_string(),
-            false => format!("matmul_{}", dtype.name()),
+        // Where the 8 x 8 tiles of matmul_f32_tiles fill the device twice over (prefill-sized
+        // steps), it reads each row and feature once a tile instead of each row once a feature
+        // (kernels/cu/f32rows.cuh: the same bits).
+        let (name, features) = match dtype {
+            DType::F32 if f32_tiles_fill(m, n, self.sms) => ("matmul_f32_tiles".to_string(), 8),
+            DType::F32 => ("matmul_f32_rows".to_string(), 1),
+            _ => (format!("matmul_{}", dtype.name()), 16),
         };
-        let features = if rows { 1 } else { 16 };
         let grid = (
             self.u32_of(n.div_ceil(features), "matmul blocks")?,
             m.div_ceil(8).min(65535) as u32,
@@ -1118,9 +1120,43 @@ fn load_image(
     }
 }
 
+/// Whether an F32 product of `m` rows and `n` features takes `matmul_f32_tiles` (8 features x 8
+/// rows a block) rather than `matmul_f32_rows` (one feature a block): where its tiles number at
+/// least two per multiprocessor. Speed only (one order, the same bits).
+pub fn f32_tiles_fill(m: usize, n: usize, sms: u32) -> bool {
+    m.div_ceil(8) * n.div_ceil(8) >= 2 * sms as usize
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Prefill-sized routers take the tiled F32 kernel, decode steps the row one; the kernels
+    /// gate's F32 cases (N = 1000, M = 1 .. 33, row 0 bitwise across M) run both.
+    #[test]
+    fn f32_products_take_the_tiles_where_they_fill_the_device() {
+        assert!(f32_tiles_fill(512, 513, 132));
+        assert!(f32_tiles_fill(4096, 128, 132));
+        assert!(!f32_tiles_fill(1, 513, 132));
+        assert!(!f32_tiles_fill(8, 513, 132));
+        assert!(!f32_tiles_fill(16, 128, 132));
+        assert!(f32_tiles_fill(33, 1000, 132) && !f32_tiles_fill(1, 1000, 132));
+        assert_eq!(
+            check_args(
+                "matmul_f32_tiles",
+                &[
+                    Arg::Ptr(1),
+                    Arg::Ptr(2),
+                    Arg::Ptr(3),
+                    Arg::U32(4),
+                    Arg::U32(5),
+                    Arg::U32(6),
+                    Arg::U64(7)
+                ]
+            ),
+            Ok(())
+        );
+    }
 
     #[test]
     fn the_gemma_elementwise_kernels_take_the_launch_s_arguments() {
