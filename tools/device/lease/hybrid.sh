@@ -27,6 +27,8 @@
 #            DECODE_VS=<memra-bench of another build>: both builds' decode and pp512, alternated
 #   pprof    a 512-token prefill's op profile and the decode kernels' times (ncu, ~one step)
 #   inv80    invariance on that file
+#   moe30    qwen3-30b-a3b Q4_K_M in its place (removes $Q3N): side by side with llama.cpp,
+#            invariance, the 512-token prefill's kernels under ncu; then removes it
 #   mtp80    MTP speculation vs plain at the 80B shape (issue 34): removes $Q3N (the disk holds
 #            one 48 GB file), synthesizes qwen3-next-80b-a3b Q4_K_M wired as the MTP oracle
 #            (synth --mtp-oracle: its MTP layer drafts the model's own picks) with synth.sh's
@@ -40,7 +42,7 @@
 #   kernels  the whole kernels gate (before vision: it runs while llama.cpp builds)
 #   gsmol    lib.sh's gates_smol (every SmolLM2 gate)
 #   ggemma   invariance and tokens on the real Gemma 3 270M (pieces gemma)
-# Run order: gates serve mtp peer smol kernels gsmol ggemma vision ab sbs decode pprof inv80 mtp80
+# Run order: gates serve mtp peer smol kernels gsmol ggemma vision ab sbs decode pprof inv80 moe30 mtp80
 # vg3 mtmd (the qwen3next rows before the steps that wait for the five Gemma pieces; mtp80 after
 # every step that reads $Q3N, since it deletes that file).
 # Start: LEASE_SYNTH=q3n LEASE_RUN=... bash tools/device/lease/start.sh tools/device/lease/hybrid.sh 5
@@ -127,6 +129,18 @@ if on pprof && waitf $Q3N 400; then
   [ -n "${PPROF_KDET:-}" ] && kdet $PPROF_KDET
 fi
 on inv80 && waitf $Q3N 60 && run inv-q3n 420 $B/memra-verify invariance $Q3N --device cuda:0 --max-m 8 --prompt-len 80
+# moe30: qwen3-30b-a3b Q4_K_M (the MoE row of issues 35 / 37) in $Q3N's place (the disk holds
+# one of them): its side-by-side rows, invariance, and its 512-token prefill's kernels under ncu;
+# the file is removed after (mtp80 needs the room).
+if on moe30; then
+  case " ${LEASE_SYNTH:-} " in *" q3n "*) waitf $Q3N 400 ;; esac
+  rm -f $Q3N $Q3N.tmp
+  run synth-moe 600 $B/memra-bench synth --shape qwen3-30b-a3b --dtype q4_k_m --tokenizer-from $M/tok.gguf --out $MOE --quiet
+  peerwait; sbs moe:Q4_K_M
+  run inv-moe 420 $B/memra-verify invariance $MOE --device cuda:0 --max-m 8 --prompt-len 80
+  KERN_CLOCK=none KERN_PROMPT=512 kern moe:Q4_K_M:0:700
+  rm -f $MOE
+fi
 # mtp80: the 80B oracle file in $Q3N's place (after the steps that read $Q3N), served once as the
 # speculating `on` model (MTP only); the plain requests opt out per request. memra-bench spec
 # fails on any output that differs.
