@@ -101,3 +101,28 @@ __device__ __forceinline__ float geglu_tanh_of(float x, float u) {
     const float t = tanhf(0.7978846f * (x + 0.044715f * x * x * x));
     return 0.5f * x * (1.0f + t) * u;
 }
+
+// The expert of token tile b of a grouped expert product (products.cu, mms_grouped_<type>): the
+// last e in [0, E) with toff[e] <= b, for the tile offsets toff[0..=E] of moe_group (toff[0] = 0,
+// nondecreasing; empty experts repeat an offset; the caller has checked b < toff[E]). Called by
+// every lane of a warp alike. Up to 1024 experts in two rounds of 32 loads a warp: the probes
+// toff[lane * step] (step = ceil(E / 32) <= 32), whose lanes at or below b form a prefix, then
+// toff[lo + lane] within the last such probe's step; more experts by the binary search.
+__device__ __forceinline__ u32 moe_tile_expert(const u32* __restrict__ toff, u32 E, u32 b) {
+    if (E > 1024) {
+        u32 lo = 0, hi = E;  // toff[lo] <= b; the answer is in [lo, hi)
+        while (hi - lo > 1) {
+            const u32 mid = (lo + hi) / 2;
+            if (__ldg(toff + mid) <= b) lo = mid;
+            else hi = mid;
+        }
+        return lo;
+    }
+    const u32 lane = threadIdx.x & 31, step = (E + 31) / 32;
+    const u32 p1 = lane * step;
+    const u32 m1 = __ballot_sync(FULL_MASK, p1 < E && __ldg(toff + p1) <= b);
+    const u32 lo = (31 - __clz(m1)) * step;
+    const u32 p2 = lo + lane;
+    const u32 m2 = __ballot_sync(FULL_MASK, lane < step && p2 < E && __ldg(toff + p2) <= b);
+    return lo + (31 - __clz(m2));
+}

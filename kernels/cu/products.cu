@@ -902,15 +902,7 @@ MMQ_ID_KERNEL(bf16, FmtF16<1>)
 // equal results. The shared-memory form reads each weight tile once for the tile's TOKS pairs and
 // each pair's activations once for the block's 16 * TILES rows (the register product it replaces,
 // 16 rows a block, read the activations ~7x the weights' bytes: 60% of the 80B hybrid's pp512).
-__device__ __forceinline__ u32 moe_tile_expert(const u32* __restrict__ toff, u32 E, u32 b) {
-    u32 lo = 0, hi = E;  // toff[lo] <= b (toff[0] = 0); the answer is in [lo, hi)
-    while (hi - lo > 1) {
-        const u32 mid = (lo + hi) / 2;
-        if (__ldg(toff + mid) <= b) lo = mid;
-        else hi = mid;
-    }
-    return lo;
-}
+// moe_tile_expert (prelude.cuh) finds a tile's expert.
 
 // Two blocks an SM: at 16 tokens and 8 row tiles a stage is 28-37 KiB (Q4_K / Q6_K), so two
 // blocks' three stages fit, and the accumulators (MMS_RT x MMS_NT x 4) fit 128 registers.

@@ -4,7 +4,8 @@
 //! float64 reference of the rule, and bit for bit the promises the engine's invariance rests
 //! on: one row a step, steps replaying a kept position, the conv inside the kernel
 //! (tools/kemu/src/check_delta.h); and the F32 row products (f32rows.cuh): the tiled body
-//! bit for bit against the row body, both against float64 (check_f32rows.h). Needs g++ with C++20 (kemu's own build takes `$CXX`); without
+//! bit for bit against the row body, both against float64 (check_f32rows.h); and the grouped
+//! products' tile -> expert lookup against a scalar search (check_moe_tile.h). Needs g++ with C++20 (kemu's own build takes `$CXX`); without
 //! it this test FAILS saying so.
 
 use std::path::Path;
@@ -48,11 +49,12 @@ fn delta_kernels_on_the_emulator() {
     );
     assert!(out.contains("delta: all ok (0 failures)"), "{out}");
     assert!(out.contains("f32rows: all ok (0 failures)"), "{out}");
+    assert!(out.contains("moe_tile: all ok (0 failures)"), "{out}");
     // Every head size and every promise ran: 6 geometries (one longer than the conv ring)
-    // x 4 cases, and 5 F32 row shapes x 2.
+    // x 4 cases, 5 F32 row shapes x 2, and 12 expert counts of the tile lookup.
     assert_eq!(
         out.lines().filter(|l| l.starts_with("ok ")).count(),
-        34,
+        46,
         "{out}"
     );
 }

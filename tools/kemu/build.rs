@@ -51,6 +51,7 @@ fn main() {
         "src/check_util.h",
         "src/check_delta.h",
         "src/check_f32rows.h",
+        "src/check_moe_tile.h",
     ] {
         println!("cargo:rerun-if-changed={f}");
     }

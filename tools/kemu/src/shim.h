@@ -49,6 +49,17 @@ inline float __shfl_xor_sync(unsigned, float v, int m) {
     __syncwarp();
     return r;
 }
+inline unsigned emu_ballot[1024];
+inline unsigned __ballot_sync(unsigned, bool p) {
+    const unsigned t = threadIdx.x, w0 = t & ~31u;
+    emu_ballot[t] = p ? 1u : 0u;
+    __syncwarp();
+    unsigned m = 0;
+    for (unsigned i = 0; i < 32 && w0 + i < blockDim.x; ++i) m |= emu_ballot[w0 + i] << i;
+    __syncwarp();
+    return m;
+}
+inline int __clz(unsigned x) { return x == 0 ? 32 : __builtin_clz(x); }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 template <class T> inline T __ldg(const T* p) { return *p; }
 inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
