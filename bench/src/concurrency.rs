@@ -12,8 +12,8 @@ use memra_engine::error::{Error, Result};
 use memra_engine::loader::load_model;
 use memra_engine::models::random::splitmix;
 use memra_engine::request::{Event, EventStream, ValidRequest};
-use memra_engine::sampling::SamplingParams;
 use memra_engine::scheduler::SchedulerConfig;
+use memra_engine::testing::text_request;
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -45,19 +45,10 @@ fn request(i: usize, prompt_len: usize, gen_tokens: usize, vocab: usize) -> Vali
         .map(|j| (100 + splitmix(17, i as u64, j) % (vocab as u64 - 200)) as u32)
         .collect();
     ValidRequest {
-        media: Vec::new(),
         model: "bench".into(),
         tenant: format!("bench-{i}"),
-        prompt,
-        max_tokens: gen_tokens,
-        params: SamplingParams::default(),
-        stop: Vec::new(),
-        logprobs: None,
-        cache_salt: None,
-        ignore_eos: true,
-        tenant_max_in_flight: None,
         speculative: true,
-        grammar: None,
+        ..text_request(prompt, gen_tokens)
     }
 }
 

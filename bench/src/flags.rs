@@ -99,6 +99,29 @@ fn rows(program: Program) -> impl Iterator<Item = &'static Setting> {
     SETTINGS.iter().filter(move |s| s.program == program)
 }
 
+/// `intro`, then the table of `program`'s settings: its flag (`flag`) and variable (`env`)
+/// columns, default and meaning.
+fn table(o: &mut String, intro: &str, program: Program, flag: bool, env: bool) {
+    o.push_str(intro);
+    let names = |s: &Setting| [flag.then(|| code(s.flag)), env.then(|| code(s.env))];
+    let head = [flag.then_some("flag"), env.then_some("variable")];
+    let head: Vec<&str> = head
+        .into_iter()
+        .flatten()
+        .chain(["default", "meaning"])
+        .collect();
+    o.push_str(&format!(
+        "\n| {} |\n|{}\n",
+        head.join(" | "),
+        "---|".repeat(head.len())
+    ));
+    for s in rows(program) {
+        let cells = names(s).into_iter().flatten();
+        let cells: Vec<String> = cells.chain([cell(s.default), cell(s.meaning)]).collect();
+        o.push_str(&format!("| {} |\n", cells.join(" | ")));
+    }
+}
+
 /// docs/FLAGS.md.
 pub fn markdown() -> String {
     let mut o = String::new();
@@ -116,63 +139,16 @@ pub fn markdown() -> String {
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    o.push_str(RUN_GEN);
-    o.push_str("\n| flag | default | meaning |\n|---|---|---|\n");
-    for s in rows(Program::RunGen) {
-        o.push_str(&format!(
-            "| {} | {} | {} |\n",
-            code(s.flag),
-            cell(s.default),
-            cell(s.meaning)
-        ));
-    }
+    table(&mut o, RUN_GEN, Program::RunGen, true, false);
     o.push('\n');
-    o.push_str(SERVER);
-    o.push_str("\n| flag | variable | default | meaning |\n|---|---|---|---|\n");
-    for s in rows(Program::Server) {
-        o.push_str(&format!(
-            "| {} | {} | {} | {} |\n",
-            code(s.flag),
-            code(s.env),
-            cell(s.default),
-            cell(s.meaning)
-        ));
-    }
+    table(&mut o, SERVER, Program::Server, true, true);
     o.push('\n');
     o.push_str(SERVER_TAIL);
     o.push('\n');
-    o.push_str(ENGINE);
-    o.push_str("\n| variable | default | meaning |\n|---|---|---|\n");
-    for s in rows(Program::Engine) {
-        o.push_str(&format!(
-            "| {} | {} | {} |\n",
-            code(s.env),
-            cell(s.default),
-            cell(s.meaning)
-        ));
-    }
+    table(&mut o, ENGINE, Program::Engine, false, true);
     o.push('\n');
-    o.push_str(TOOLS);
-    o.push_str("\n| flag | variable | default | meaning |\n|---|---|---|---|\n");
-    for s in rows(Program::Tools) {
-        o.push_str(&format!(
-            "| {} | {} | {} | {} |\n",
-            code(s.flag),
-            code(s.env),
-            cell(s.default),
-            cell(s.meaning)
-        ));
-    }
+    table(&mut o, TOOLS, Program::Tools, true, true);
     o.push('\n');
-    o.push_str(TESTS);
-    o.push_str("\n| variable | default | meaning |\n|---|---|---|\n");
-    for s in rows(Program::Tests) {
-        o.push_str(&format!(
-            "| {} | {} | {} |\n",
-            code(s.env),
-            cell(s.default),
-            cell(s.meaning)
-        ));
-    }
+    table(&mut o, TESTS, Program::Tests, false, true);
     o
 }

@@ -18,7 +18,7 @@ use memra_engine::grammar::{Grammar, GrammarSpec, Grammars};
 use memra_engine::loader::load_model;
 use memra_engine::models::random::splitmix;
 use memra_engine::request::{Event, EventStream, ValidRequest};
-use memra_engine::sampling::SamplingParams;
+use memra_engine::testing::text_request;
 
 use crate::record::{self, DeviceRef, ModelRef, Row, Workload};
 
@@ -116,19 +116,12 @@ fn request(
     grammar: Option<&Arc<Grammar>>,
 ) -> ValidRequest {
     ValidRequest {
-        media: Vec::new(),
         model: "bench".into(),
         tenant: "bench".into(),
-        prompt,
-        max_tokens: n_gen,
-        params: SamplingParams::default(),
-        stop: Vec::new(),
-        logprobs: None,
         cache_salt: Some(salt),
-        ignore_eos: true,
-        tenant_max_in_flight: None,
         speculative: true,
         grammar: grammar.cloned(),
+        ..text_request(prompt, n_gen)
     }
 }
 

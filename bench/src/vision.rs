@@ -27,7 +27,7 @@ use memra_engine::error::{Error, Result};
 use memra_engine::loader::load_model;
 use memra_engine::models::random::splitmix;
 use memra_engine::request::{Event, ValidRequest};
-use memra_engine::sampling::SamplingParams;
+use memra_engine::testing::text_request;
 use memra_engine::vision::{ImageTokens, MediaSpan, VisionTower};
 
 use crate::record::{self, Row, Workload};
@@ -226,16 +226,8 @@ pub fn run(a: &VisionArgs) -> Result<Vec<Row>> {
             }],
             model: "bench".into(),
             tenant: "bench".into(),
-            prompt: ids.clone(),
-            max_tokens: 1,
-            params: SamplingParams::default(),
-            stop: Vec::new(),
-            logprobs: None,
             cache_salt: Some(format!("vision-{}-{i}", a.run)),
-            ignore_eos: true,
-            tenant_max_in_flight: None,
-            speculative: false,
-            grammar: None,
+            ..text_request(ids.clone(), 1)
         };
         let t = Instant::now();
         let embeds = tower.encode(rgb)?;

@@ -9,12 +9,11 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-mod common;
-use common::pseudo_normal;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use memra_engine::quant::{
     DType, dot_f32, dot_f32_generic, dot_row, dot_row_generic, dot_row_multi, quantize,
 };
+use memra_engine::testing::pseudo_normal;
 
 struct Matrix {
     dtype: DType,

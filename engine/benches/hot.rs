@@ -9,12 +9,11 @@ use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::Duration;
 
-mod common;
-use common::pseudo_normal;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use memra_engine::formats::gguf::Gguf;
 use memra_engine::quant::{DType, dequantize_row, quantize};
 use memra_engine::sampling::{SamplingParams, sample};
+use memra_engine::testing::pseudo_normal;
 use memra_engine::tokenizer::Tokenizer;
 
 fn dequant(c: &mut Criterion) {

@@ -1,4 +1,5 @@
-//! Helpers shared by the test suites of every crate (the binaries never call them).
+//! Helpers shared by the test suites of every crate and by the verification and benchmark tools
+//! (feature `test-util`; the serving binaries never call them).
 
 use std::path::PathBuf;
 
@@ -22,6 +23,21 @@ pub fn real_model() -> PathBuf {
         p.display()
     );
     p
+}
+
+/// Deterministic pseudo-random values (xorshift) in about [-3.5, 3.5), roughly N(0, 1)-shaped,
+/// without extra crates: the quantization tests' and the benches' inputs.
+pub fn pseudo_normal(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 40) as f32 / (1u64 << 24) as f32
+    };
+    (0..n)
+        .map(|_| (0..4).map(|_| next()).sum::<f32>() * 1.732 - 3.464)
+        .collect()
 }
 
 /// A CPU backend over `w` with a small KV pool (2 threads, 64 blocks of 4 positions): the
@@ -55,6 +71,27 @@ pub fn tiny_chat_model(arch: crate::config::Arch, max_ctx: usize) -> crate::load
     }
 }
 
+/// A greedy request to model "m" (tenant "t") of `max_tokens` tokens, EOS ignored: no
+/// logprobs, stop strings, cache salt, grammar, media or speculation. Tests override fields
+/// with `ValidRequest { .., ..text_request(..) }`.
+pub fn text_request(prompt: Vec<u32>, max_tokens: usize) -> crate::request::ValidRequest {
+    crate::request::ValidRequest {
+        model: "m".into(),
+        tenant: "t".into(),
+        prompt,
+        max_tokens,
+        params: crate::sampling::SamplingParams::GREEDY,
+        stop: Vec::new(),
+        logprobs: None,
+        cache_salt: None,
+        ignore_eos: true,
+        tenant_max_in_flight: None,
+        speculative: false,
+        grammar: None,
+        media: Vec::new(),
+    }
+}
+
 /// A greedy request to model "m" of `max_tokens` tokens (EOS ignored, logprobs on) with its
 /// media spans.
 pub fn media_request(
@@ -64,22 +101,10 @@ pub fn media_request(
     speculative: bool,
 ) -> crate::request::ValidRequest {
     crate::request::ValidRequest {
-        model: "m".into(),
-        tenant: "t".into(),
-        prompt,
-        max_tokens,
-        params: crate::sampling::SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        },
-        stop: Vec::new(),
         logprobs: Some(1),
-        cache_salt: None,
-        ignore_eos: true,
-        tenant_max_in_flight: None,
         speculative,
-        grammar: None,
         media,
+        ..text_request(prompt, max_tokens)
     }
 }
 

@@ -158,19 +158,13 @@ fn schema_grammar(tok: &Tokenizer) -> Result<Arc<Grammar>> {
 
 fn request(prompt: &[u32], i: usize, max_tokens: usize, g: &Arc<Grammar>) -> ValidRequest {
     ValidRequest {
-        media: Vec::new(),
-        model: "m".into(),
         tenant: "verify".into(),
-        prompt: prompt.to_vec(),
-        max_tokens,
         params: params(i),
-        stop: Vec::new(),
         logprobs: Some(2),
-        cache_salt: None,
         ignore_eos: false,
-        tenant_max_in_flight: None,
         speculative: speculates(i),
         grammar: constrained(i).then(|| g.clone()),
+        ..memra_engine::testing::text_request(prompt.to_vec(), max_tokens)
     }
 }
 

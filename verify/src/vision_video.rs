@@ -20,7 +20,6 @@ use memra_engine::loader::Model;
 use memra_engine::models::random::random_weights;
 use memra_engine::quant::DType;
 use memra_engine::request::ValidRequest;
-use memra_engine::sampling::SamplingParams;
 use memra_engine::testing::tiny_gguf::{gguf_meta, write_model};
 use memra_engine::vision::video::{self, Clock, Layout};
 use memra_engine::vision::{ImageTokens, MediaSpan, QwenKind, QwenParams, VisionTower, mrope};
@@ -319,22 +318,8 @@ fn tokens(
         let longest = ids.len() + 8;
         let e = crate::vision::engine((a.model)()?, a.device, 64.max(longest))?;
         let r = ValidRequest {
-            model: "m".into(),
-            tenant: "t".into(),
-            prompt: ids,
-            max_tokens: a.max_tokens,
-            params: SamplingParams {
-                temperature: 0.0,
-                ..Default::default()
-            },
-            stop: Vec::new(),
-            logprobs: None,
-            cache_salt: None,
-            ignore_eos: true,
-            tenant_max_in_flight: None,
-            speculative: false,
-            grammar: None,
             media,
+            ..memra_engine::testing::text_request(ids, a.max_tokens)
         };
         let got: Vec<u32> = crate::vision::run(&e, r)?.0.iter().map(|t| t.0).collect();
         out.push(got);

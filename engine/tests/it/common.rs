@@ -4,9 +4,16 @@
 use std::ops::Range;
 use std::path::PathBuf;
 
-use memra_engine::backend::{StepBatch, StepRow};
+use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
+use memra_engine::backend::{Backend, Device, OpenOptions, StepBatch, StepRow, open_backend_opts};
+use memra_engine::config::{Arch, ModelConfig};
 use memra_engine::engine::EngineHandle;
+use memra_engine::generate::{GenRequest, generate};
+use memra_engine::models::ModelWeights;
+use memra_engine::models::random::tiny_config;
+use memra_engine::pipeline::{self, PpConfig};
 use memra_engine::request::ValidRequest;
+use memra_engine::sampling::SamplingParams;
 pub use memra_engine::testing::media_request;
 
 /// The real SmolLM2-135M-Instruct GGUF.
@@ -46,12 +53,90 @@ pub fn seq_step(toks: &[u32], r: Range<usize>, table: &[u32], slots: Vec<u32>) -
     }
 }
 
+/// Values as bits.
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 /// Each row's logits as bits.
 pub fn logit_bits(logits: &[Vec<f32>]) -> Vec<Vec<u32>> {
-    logits
-        .iter()
-        .map(|l| l.iter().map(|v| v.to_bits()).collect())
+    logits.iter().map(|l| bits(l)).collect()
+}
+
+/// `n` token ids below `vocab` that depend on `seed`.
+pub fn tokens(seed: u32, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i * 37 + seed * 101 + 11) % vocab as u32)
         .collect()
+}
+
+/// A `w x h` RGB test pattern (an image or a video frame) that depends on `seed`.
+pub fn image(w: usize, h: usize, seed: u32) -> Vec<u8> {
+    (0..(w * h * 3) as u32)
+        .map(|i| ((i.wrapping_mul(2_654_435_761).wrapping_add(seed * 7919)) >> 11) as u8)
+        .collect()
+}
+
+/// `arch` at the tiny shape with 4 layers and a vocabulary of `vocab`: the pipeline and
+/// recurrent-state tests' model.
+pub fn four_layers(arch: Arch, vocab: usize) -> ModelConfig {
+    ModelConfig {
+        n_layers: 4,
+        ..tiny_config(arch, vocab)
+    }
+}
+
+/// The pipeline tests' backend options: `kv_blocks` blocks of 16 positions, 2 threads, no
+/// graphs, 8 recurrent-state slots.
+pub fn pp_opts(kv_blocks: usize) -> OpenOptions {
+    OpenOptions {
+        kv_blocks,
+        block_size: 16,
+        threads: 2,
+        graphs: false,
+        state_slots: 8,
+        kv_dtype: Default::default(),
+    }
+}
+
+/// A CPU backend over `w` with `opts`: the unsplit model when `micro` is 0, else the model
+/// split at layers `starts` with up to `micro` micro-batches.
+pub fn open_cpu(
+    w: ModelWeights,
+    starts: &[usize],
+    micro: usize,
+    opts: &OpenOptions,
+) -> Box<dyn Backend> {
+    if micro == 0 {
+        return open_backend_opts(Device::Cpu, w, opts).expect("backend");
+    }
+    let pp = PpConfig {
+        stages: starts.len() + 1,
+        split: Some(starts.to_vec()),
+        micro,
+        ..Default::default()
+    };
+    pipeline::open(Device::Cpu, w, opts, &pp).expect("pipeline")
+}
+
+/// The tokens of `generate()` alone on a fresh CPU backend over `w` (2 threads, 32 blocks of
+/// 4 positions): the serving tests' reference for a request of `max_tokens` with `params`.
+pub fn generate_alone(
+    w: ModelWeights,
+    prompt: &[u32],
+    max_tokens: usize,
+    params: SamplingParams,
+) -> Vec<u32> {
+    let opts = CpuOptions {
+        threads: 2,
+        kv_blocks: 32,
+        block_size: 4,
+        ..Default::default()
+    };
+    let mut b = CpuBackend::new(w, &opts).unwrap();
+    let mut r = GenRequest::greedy(prompt.to_vec(), max_tokens);
+    r.params = params;
+    generate(&mut b, &r, &mut |_| Ok(())).unwrap().tokens
 }
 
 /// Tokens, logprob bits and cached tokens of one request.
@@ -73,6 +158,12 @@ pub fn tiny_model(arch: memra_engine::config::Arch) -> memra_engine::loader::Mod
         tokenizer,
         chat: None,
     }
+}
+
+/// An engine serving [`tiny_model`] of `arch` as model "m" with [`cpu_engine_config`]
+/// (`kv_blocks`, `budget`).
+pub fn start_cpu(arch: Arch, kv_blocks: usize, budget: usize) -> EngineHandle {
+    start_tiny(arch, cpu_engine_config(kv_blocks, budget))
 }
 
 /// An engine serving [`tiny_model`] of `arch` as model "m" with `cfg`.

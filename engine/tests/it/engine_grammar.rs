@@ -18,6 +18,7 @@ use memra_engine::quant::DType;
 use memra_engine::request::{Event, EventStream, ValidRequest};
 use memra_engine::sampling::SamplingParams;
 use memra_engine::spec::{DrafterKind, SpecConfig};
+use memra_engine::testing::text_request;
 use memra_engine::tokenizer::Tokenizer;
 use serde_json::{Value, json};
 
@@ -58,23 +59,17 @@ fn schema() -> Value {
 
 fn request(prompt: Vec<u32>, seed: u64, grammar: Option<Arc<Grammar>>) -> ValidRequest {
     ValidRequest {
-        media: Vec::new(),
         model: "tiny".into(),
-        tenant: "t".into(),
-        prompt,
-        max_tokens: 48,
         params: SamplingParams {
             temperature: if seed == 0 { 0.0 } else { 0.9 },
             seed,
             ..Default::default()
         },
-        stop: Vec::new(),
         logprobs: Some(2),
-        cache_salt: None,
         ignore_eos: false,
-        tenant_max_in_flight: None,
         speculative: true,
         grammar,
+        ..text_request(prompt, 48)
     }
 }
 
@@ -149,6 +144,16 @@ fn constrained_output_is_the_same_alone_batched_and_speculative() {
 
     // Batched: all at once, a small step budget (chunked prefill), prefix hits on the shared
     // start; then speculative (n-gram drafts checked against the masked picks).
+    assert_batched_as_solo(&reqs, &solo, collect);
+}
+
+/// `reqs` all at once on an engine with a 16-token step budget, then on one with n-gram drafts
+/// of 4: each stream, read with `read`, equals its solo run in `solo`.
+fn assert_batched_as_solo<T: PartialEq + std::fmt::Debug>(
+    reqs: &[ValidRequest],
+    solo: &[T],
+    read: fn(EventStream) -> T,
+) {
     let spec = SpecConfig::new(DrafterKind::Ngram, 4).unwrap();
     for (name, engine) in [
         ("batched", start(16, None)),
@@ -158,7 +163,7 @@ fn constrained_output_is_the_same_alone_batched_and_speculative() {
             .iter()
             .map(|r| engine.submit(r.clone()).unwrap())
             .collect();
-        let outs: Vec<Out> = streams.into_iter().map(collect).collect();
+        let outs: Vec<T> = streams.into_iter().map(read).collect();
         for (i, (a, b)) in solo.iter().zip(&outs).enumerate() {
             assert_eq!(a, b, "{name}: request {i} differs from its solo run");
         }
@@ -230,19 +235,5 @@ fn a_grammar_that_rejects_everything_fails_only_its_request() {
         assert!(solo[i].2.is_none(), "request {i}: {:?}", solo[i]);
         assert!(!solo[i].0.is_empty(), "request {i}");
     }
-    let spec = SpecConfig::new(DrafterKind::Ngram, 4).unwrap();
-    for (name, engine) in [
-        ("batched", start(16, None)),
-        ("speculative", start(16, Some(spec))),
-    ] {
-        let streams: Vec<EventStream> = reqs
-            .iter()
-            .map(|r| engine.submit(r.clone()).unwrap())
-            .collect();
-        let outs: Vec<_> = streams.into_iter().map(collect_or_error).collect();
-        for (i, (a, b)) in solo.iter().zip(&outs).enumerate() {
-            assert_eq!(a, b, "{name}: request {i} differs from its solo run");
-        }
-        engine.shutdown();
-    }
+    assert_batched_as_solo(&reqs, &solo, collect_or_error);
 }

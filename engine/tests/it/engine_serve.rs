@@ -6,17 +6,17 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
 use memra_engine::config::Arch;
 use memra_engine::engine::{AdmissionLimits, Engine, EngineHandle};
 use memra_engine::formats::gguf::Gguf;
-use memra_engine::generate::{FinishReason, GenRequest, generate};
+use memra_engine::generate::FinishReason;
 use memra_engine::loader::Model;
 use memra_engine::models::ModelWeights;
 use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::quant::DType;
 use memra_engine::request::{Event, EventStream, SubmitError, Usage, ValidRequest};
 use memra_engine::sampling::SamplingParams;
+use memra_engine::testing::text_request;
 use memra_engine::tokenizer::Tokenizer;
 
 const VOCAB: usize = 49152;
@@ -54,19 +54,11 @@ fn start(kv_blocks: usize, budget: usize, limits: AdmissionLimits) -> EngineHand
 
 fn request(prompt: Vec<u32>, max_tokens: usize, params: SamplingParams) -> ValidRequest {
     ValidRequest {
-        media: Vec::new(),
         model: "tiny".into(),
-        tenant: "t".into(),
-        prompt,
-        max_tokens,
         params,
-        stop: Vec::new(),
         logprobs: Some(3),
-        cache_salt: None,
-        ignore_eos: true,
-        tenant_max_in_flight: None,
         speculative: true,
-        grammar: None,
+        ..text_request(prompt, max_tokens)
     }
 }
 
@@ -160,18 +152,7 @@ fn exact_alone_under_load_and_with_prefix_hits() {
     let reference: Vec<Vec<u32>> = prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| {
-            let opts = CpuOptions {
-                threads: 2,
-                kv_blocks: 32,
-                block_size: 4,
-                ..Default::default()
-            };
-            let mut b = CpuBackend::new(weights(), &opts).unwrap();
-            let mut r = GenRequest::greedy(p.clone(), max_tokens);
-            r.params = params(i);
-            generate(&mut b, &r, &mut |_| Ok(())).unwrap().tokens
-        })
+        .map(|(i, p)| common::generate_alone(weights(), p, max_tokens, params(i)))
         .collect();
     // A small pool (a 73-position request takes 19 of 48 blocks) and a 7-token step budget:
     // chunked prefill, and preemption when the batch grows.

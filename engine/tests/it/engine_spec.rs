@@ -16,6 +16,7 @@ use memra_engine::quant::DType;
 use memra_engine::request::{Event, EventStream, ValidRequest};
 use memra_engine::sampling::SamplingParams;
 use memra_engine::spec::{DrafterKind, SpecConfig};
+use memra_engine::testing::text_request;
 use memra_engine::tokenizer::Tokenizer;
 
 // A small vocabulary: the random model's output repeats, so n-gram drafts get accepted.
@@ -62,20 +63,13 @@ fn request(i: usize) -> ValidRequest {
         }
     };
     ValidRequest {
-        media: Vec::new(),
         model: "tiny".into(),
-        tenant: "t".into(),
-        prompt,
-        max_tokens: 20 + i,
         params,
-        stop: Vec::new(),
         logprobs: i.is_multiple_of(3).then_some(2),
-        cache_salt: None,
         ignore_eos: i % 4 != 1,
-        tenant_max_in_flight: None,
         // Every third request opts out: plain and speculative sequences share steps.
         speculative: i % 3 != 2,
-        grammar: None,
+        ..text_request(prompt, 20 + i)
     }
 }
 
@@ -121,6 +115,22 @@ fn run_all(e: &EngineHandle, n: usize) -> Vec<(Tokens, String, usize)> {
     streams.into_iter().map(collect).collect()
 }
 
+/// The streams of [`run_all`] with drafts of `k` tokens (`got`) equal the plain engine's
+/// (`want`), and a request that opted out accepted no draft.
+fn assert_same_streams(
+    got: &[(Tokens, String, usize)],
+    want: &[(Tokens, String, usize)],
+    k: usize,
+) {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.0, w.0, "request {i} k={k}: tokens/logprobs differ");
+        assert_eq!(g.1, w.1, "request {i} k={k}: finish");
+        if !request(i).speculative {
+            assert_eq!(g.2, 0, "request {i} opted out but accepted drafts");
+        }
+    }
+}
+
 #[test]
 fn speculative_engine_streams_equal_plain_under_batching() {
     let n = 8;
@@ -132,13 +142,7 @@ fn speculative_engine_streams_equal_plain_under_batching() {
             SpecConfig::new(DrafterKind::Ngram, k).unwrap(),
         )));
         let got = run_all(&e, n);
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.0, w.0, "request {i} k={k}: tokens/logprobs differ");
-            assert_eq!(g.1, w.1, "request {i} k={k}: finish");
-            if !request(i).speculative {
-                assert_eq!(g.2, 0, "request {i} opted out but accepted drafts");
-            }
-        }
+        assert_same_streams(&got, &want, k);
         let stats = e.stats();
         let m = &stats.models[0];
         assert!(m.spec_drafted_total > 0, "k={k}: nothing was drafted");
@@ -172,13 +176,7 @@ fn check_against_plain(weights: &ModelWeights, spec: SpecConfig, n: usize) -> (u
     let k = spec.k;
     let e = start_with(weights.clone(), Some(spec));
     let got = run_all(&e, n);
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(g.0, w.0, "request {i} k={k}: tokens/logprobs differ");
-        assert_eq!(g.1, w.1, "request {i} k={k}: finish");
-        if !request(i).speculative {
-            assert_eq!(g.2, 0, "request {i} opted out but accepted drafts");
-        }
-    }
+    assert_same_streams(&got, &want, k);
     let stats = e.stats();
     let m = &stats.models[0];
     let counts = (m.spec_drafted_total, m.spec_accepted_total);
@@ -298,7 +296,6 @@ fn fallbacks_are_counted_by_reason() {
         let _ = collect(e.submit(request(i)).unwrap());
     }
     let short = ValidRequest {
-        media: Vec::new(),
         max_tokens: 2,
         ..request(0)
     };

@@ -17,6 +17,7 @@ use memra_engine::quant::DType;
 use memra_engine::request::{Event, EventStream, ValidRequest};
 use memra_engine::sampling::SamplingParams;
 use memra_engine::scheduler::SchedulerConfig;
+use memra_engine::testing::text_request;
 use memra_engine::tokenizer::Tokenizer;
 
 use crate::tiny_files::{VOCAB, tokenizer_meta};
@@ -64,12 +65,10 @@ fn engine(blocks: usize) -> EngineHandle {
 }
 
 fn request(i: usize) -> ValidRequest {
+    let prompt = (0..10).map(|j| ((i * 31 + j * 7) % 250) as u32).collect();
     ValidRequest {
-        media: Vec::new(),
         model: "tiny".into(),
         tenant: format!("t{}", i % 3),
-        prompt: (0..10).map(|j| ((i * 31 + j * 7) % 250) as u32).collect(),
-        max_tokens: 26,
         params: if i.is_multiple_of(2) {
             SamplingParams::default()
         } else {
@@ -80,13 +79,8 @@ fn request(i: usize) -> ValidRequest {
                 ..SamplingParams::default()
             }
         },
-        stop: Vec::new(),
         logprobs: Some(2),
-        cache_salt: None,
-        ignore_eos: true,
-        tenant_max_in_flight: None,
-        speculative: false,
-        grammar: None,
+        ..text_request(prompt, 26)
     }
 }
 

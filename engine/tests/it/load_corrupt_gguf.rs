@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use memra_engine::formats::gguf::MetaValue;
-use memra_engine::formats::gguf_write::{TensorData, write_gguf_split};
+use memra_engine::formats::gguf_write::write_gguf_split;
 use memra_engine::quant::DType;
 
 use crate::gguf_corrupt::largest_alloc;
@@ -553,19 +553,7 @@ fn truncated_gguf_models_give_clean_errors() {
 fn split_gguf_with_a_part_missing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = GgufParts::valid();
-    let data: Vec<TensorData<'_>> = p
-        .tensors
-        .iter()
-        .map(|t| {
-            (
-                t.name.as_str(),
-                t.dtype,
-                t.dims.as_slice(),
-                t.data.as_slice(),
-            )
-        })
-        .collect();
-    let paths = write_gguf_split(&dir.path().join("m"), 2, &p.meta, &data).expect("split");
+    let paths = write_gguf_split(&dir.path().join("m"), 2, &p.meta, &p.data()).expect("split");
     assert!(load_whole(&paths[0]).is_ok(), "the whole split model loads");
     std::fs::remove_file(&paths[1]).expect("remove part 2");
     let msg = expect_error("part 2 missing", &paths[0], &["m-00002-of-00002.gguf"]);

@@ -7,6 +7,7 @@
 //! and GGUF files with missing or bad `rope.dimension_sections`, are refused naming what.
 
 use crate::common;
+use crate::common::image;
 use crate::common::run_request as run;
 
 use std::sync::Arc;
@@ -179,12 +180,6 @@ fn start(arch: Arch, budget: usize, spec: Option<SpecConfig>) -> EngineHandle {
 
 fn request(prompt: Vec<u32>, media: Vec<MediaSpan>, speculative: bool) -> ValidRequest {
     common::media_request(prompt, media, 12, speculative)
-}
-
-fn image(w: usize, h: usize, seed: u32) -> Vec<u8> {
-    (0..(w * h * 3) as u32)
-        .map(|i| ((i.wrapping_mul(2_654_435_761).wrapping_add(seed * 7919)) >> 11) as u8)
-        .collect()
 }
 
 /// A prompt of `pad` + 3 text tokens, a wide image, text, a tall image, text: its ids and

@@ -6,52 +6,25 @@
 
 use crate::common;
 
-use memra_engine::backend::{Backend, Device, OpenOptions, StepBatch, StepRow, open_backend_opts};
+use memra_engine::backend::{Backend, Device, OpenOptions, StepBatch, StepRow};
 use memra_engine::config::{Arch, ModelConfig};
 use memra_engine::generate::{GenRequest, generate};
-use memra_engine::models::ModelWeights;
-use memra_engine::models::random::{random_weights, tiny_config};
+use memra_engine::models::random::random_weights;
 use memra_engine::pipeline::{self, PpConfig, StageDevice, plan};
 use memra_engine::quant::DType;
 
 const VOCAB: usize = 300;
 
 fn config(arch: Arch) -> ModelConfig {
-    ModelConfig {
-        n_layers: 4,
-        ..tiny_config(arch, VOCAB)
-    }
+    common::four_layers(arch, VOCAB)
 }
 
 fn opts() -> OpenOptions {
-    OpenOptions {
-        kv_blocks: 32,
-        block_size: 16,
-        threads: 2,
-        graphs: false,
-        state_slots: 8,
-        kv_dtype: Default::default(),
-    }
-}
-
-fn unsplit(w: ModelWeights) -> Box<dyn Backend> {
-    open_backend_opts(Device::Cpu, w, &opts()).expect("backend")
-}
-
-fn split(w: ModelWeights, starts: Vec<usize>) -> Box<dyn Backend> {
-    let pp = PpConfig {
-        stages: starts.len() + 1,
-        split: Some(starts),
-        micro: 1,
-        ..Default::default()
-    };
-    pipeline::open(Device::Cpu, w, &opts(), &pp).expect("pipeline")
+    common::pp_opts(32)
 }
 
 fn prompt(seed: u32, n: usize) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i * 37 + seed * 101 + 11) % VOCAB as u32)
-        .collect()
+    common::tokens(seed, n, VOCAB)
 }
 
 /// Tokens and logit bits of a chunked generation, then a batch of two sequences at other
@@ -105,10 +78,10 @@ fn every_split_gives_the_unsplit_bits() {
         Arch::Qwen3Next,
     ] {
         let w = random_weights(&config(arch), 5, DType::Q8_0).expect("weights");
-        let base = run(unsplit(w.clone()).as_mut());
+        let base = run(common::open_cpu(w.clone(), &[], 0, &opts()).as_mut());
         assert_eq!(base.1[0].len(), VOCAB);
         for starts in [vec![1], vec![2], vec![3], vec![1, 3]] {
-            let mut b = split(w.clone(), starts.clone());
+            let mut b = common::open_cpu(w.clone(), &starts, 1, &opts());
             assert!(b.pipeline().is_some());
             let got = run(b.as_mut());
             assert_eq!(got.0, base.0, "{arch:?} split at {starts:?}: tokens");

@@ -8,49 +8,31 @@
 //! snapshot), and every KV block's bytes.
 
 use memra_engine::backend::{
-    Backend, Device, OpenOptions, SelectParams, StepBatch, StepMasks, StepRow, open_backend_opts,
+    Backend, Device, OpenOptions, SelectParams, StepBatch, StepMasks, StepRow,
 };
 use memra_engine::config::{Arch, ModelConfig};
 use memra_engine::models::ModelWeights;
-use memra_engine::models::random::{random_weights, tiny_config};
+use memra_engine::models::random::random_weights;
 use memra_engine::pipeline::{self, PpConfig};
 use memra_engine::quant::DType;
 use memra_engine::sampling::SamplingParams;
 
+use crate::common::{self, bits};
+
 const VOCAB: usize = 300;
 const BLOCKS: usize = 24;
-const BS: usize = 16;
 
 fn config(arch: Arch) -> ModelConfig {
-    ModelConfig {
-        n_layers: 4,
-        ..tiny_config(arch, VOCAB)
-    }
+    common::four_layers(arch, VOCAB)
 }
 
 fn opts() -> OpenOptions {
-    OpenOptions {
-        kv_blocks: BLOCKS,
-        block_size: BS,
-        threads: 2,
-        graphs: false,
-        state_slots: 8,
-        kv_dtype: Default::default(),
-    }
+    common::pp_opts(BLOCKS)
 }
 
 /// `micro` 0: the unsplit model; else split at `starts` with up to `micro` micro-batches.
 fn open(w: &ModelWeights, starts: &[usize], micro: usize) -> Box<dyn Backend> {
-    if micro == 0 {
-        return open_backend_opts(Device::Cpu, w.clone(), &opts()).expect("backend");
-    }
-    let pp = PpConfig {
-        stages: starts.len() + 1,
-        split: Some(starts.to_vec()),
-        micro,
-        ..Default::default()
-    };
-    pipeline::open(Device::Cpu, w.clone(), &opts(), &pp).expect("pipeline")
+    common::open_cpu(w.clone(), starts, micro, &opts())
 }
 
 fn tok(seq: usize, pos: usize) -> u32 {
@@ -78,10 +60,6 @@ fn step(rows: Vec<StepRow>) -> StepBatch {
         state_slots: vec![1, 2, 3, 4, 6],
         ..Default::default()
     }
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
 }
 
 type Trace = Vec<(String, Vec<u32>)>;

@@ -13,6 +13,7 @@ use memra_engine::error::Error;
 use memra_engine::quant::{
     DType, QUANTIZABLE, dequantize_row, dequantize_rows_into, dot_f32, dot_row, quantize,
 };
+use memra_engine::testing::pseudo_normal;
 
 fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/quant")
@@ -173,20 +174,6 @@ fn f16_all_bit_patterns_match_half() {
             assert_eq!(g.to_bits(), want.to_bits(), "f16 {h:#06x}");
         }
     }
-}
-
-/// Deterministic pseudo-random values (xorshift), roughly N(0, 1)-shaped, without extra crates.
-fn pseudo_normal(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s >> 40) as f32 / (1u64 << 24) as f32
-    };
-    (0..n)
-        .map(|_| (0..4).map(|_| next()).sum::<f32>() * 1.732 - 3.464)
-        .collect()
 }
 
 /// Relative RMS error bound of quantize -> dequantize on gaussian-like rows, per type (about 1.2x

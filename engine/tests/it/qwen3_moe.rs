@@ -21,6 +21,8 @@ use memra_engine::quant::DType;
 use memra_engine::testing::tiny_gguf::gguf_meta;
 use memra_engine::weights::{Bytes, Tensor};
 
+use crate::common::bits;
+
 pub const VOCAB: usize = 300;
 
 pub fn tiny(seed: u64, dtype: DType) -> ModelWeights {
@@ -39,17 +41,26 @@ pub fn cpu(w: ModelWeights) -> CpuBackend {
 }
 
 /// Changes a GGUF tensor (by name) before it is written: its dims and its bytes.
-type EditTensor = dyn Fn(&str, &mut Vec<u64>, &mut Vec<u8>);
+type EditTensor<'a> = dyn Fn(&str, &mut Vec<u64>, &mut Vec<u8>) + 'a;
 
 /// Writes `w` as a GGUF file with `meta`; `edit` may change a tensor's dims and bytes.
 pub fn write_gguf_with(
     w: &ModelWeights,
     meta: &[(String, MetaValue)],
     path: &Path,
-    edit: &EditTensor,
+    edit: &EditTensor<'_>,
 ) {
-    let owned: Vec<(String, DType, Vec<u64>, Vec<u8>)> = w
-        .iter()
+    write_gguf_tensors(w.iter(), meta, path, edit);
+}
+
+/// Writes `tensors` as a GGUF file with `meta`; `edit` may change a tensor's dims and bytes.
+pub fn write_gguf_tensors<'a>(
+    tensors: impl Iterator<Item = (Role, &'a Tensor)>,
+    meta: &[(String, MetaValue)],
+    path: &Path,
+    edit: &EditTensor<'_>,
+) {
+    let owned: Vec<(String, DType, Vec<u64>, Vec<u8>)> = tensors
         .map(|(r, t)| {
             let (name, mut dims) = (
                 r.gguf_name(),
@@ -114,10 +125,6 @@ pub fn write_hf_model(
     };
     write_hf_folder(dir, &spec, tensors).expect("write the HF folder");
     dir.to_path_buf()
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
 }
 
 /// Logit bits of every prompt position (prefill in chunks of 5) and of 6 greedy tokens.
@@ -200,33 +207,23 @@ fn a_row_does_not_depend_on_who_shares_its_experts() {
     // Alone: the prompt in one step, then one decode row.
     let mut solo = cpu(w.clone());
     let tables = vec![vec![0u32, 1]];
-    solo.step(&StepBatch {
-        embeds: Vec::new(),
-        mrope: Vec::new(),
+    // The prompt of sequence 0 in one step.
+    let prefix = StepBatch {
         rows: rows(0),
         block_tables: tables.clone(),
-        state_slots: Vec::new(),
-    })
-    .unwrap();
+        ..Default::default()
+    };
+    solo.step(&prefix).unwrap();
     let target = row(123, 20, 0);
     let one = StepBatch {
-        embeds: Vec::new(),
-        mrope: Vec::new(),
         rows: vec![target],
         block_tables: tables.clone(),
-        state_slots: Vec::new(),
+        ..Default::default()
     };
     let (alone, mine) = layer0_experts(&mut solo, &one);
     // Together: the same prefix, then the decode row among 24 other rows of other sequences.
     let mut pair = cpu(w);
-    pair.step(&StepBatch {
-        embeds: Vec::new(),
-        mrope: Vec::new(),
-        rows: rows(0),
-        block_tables: tables.clone(),
-        state_slots: Vec::new(),
-    })
-    .unwrap();
+    pair.step(&prefix).unwrap();
     let mut batch_rows = vec![];
     for i in 0..24u32 {
         batch_rows.push(row((i * 53 + 7) % VOCAB as u32, i as usize, 1));

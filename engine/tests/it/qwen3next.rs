@@ -9,21 +9,19 @@ use memra_engine::config::{Arch, ModelConfig};
 use memra_engine::formats::gguf::MetaValue;
 use memra_engine::generate::{GenRequest, generate};
 use memra_engine::loader::load_weights;
-use memra_engine::models::random::{random_weights, tiny_config};
+use memra_engine::models::random::random_weights;
 use memra_engine::models::{ModelWeights, qwen3next};
 use memra_engine::quant::DType;
 use memra_engine::testing::tiny_gguf::gguf_meta;
 
-use crate::qwen3_moe::{cpu, write_gguf_model, write_hf_model};
+use crate::common::{self, bits};
+use crate::qwen3_moe::{cpu, write_gguf_model, write_gguf_tensors, write_hf_model};
 
 const VOCAB: usize = 300;
 
 /// Four layers: DeltaNet, attention, DeltaNet, attention.
 fn config() -> ModelConfig {
-    ModelConfig {
-        n_layers: 4,
-        ..tiny_config(Arch::Qwen3Next, VOCAB)
-    }
+    common::four_layers(Arch::Qwen3Next, VOCAB)
 }
 
 fn tiny(seed: u64, dtype: DType) -> ModelWeights {
@@ -31,13 +29,7 @@ fn tiny(seed: u64, dtype: DType) -> ModelWeights {
 }
 
 fn tokens(seed: u32, n: usize) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i * 37 + seed * 101 + 11) % VOCAB as u32)
-        .collect()
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
+    common::tokens(seed, n, VOCAB)
 }
 
 /// The step of rows `(token, pos, seq)` over `tables` / `slots`, every row wanting logits.
@@ -301,47 +293,20 @@ fn malformed_hybrid_files_are_refused_by_name() {
     ];
     for (name, meta, tensor, want) in cases {
         let path = dir.path().join(format!("{name}.gguf"));
-        let drop = tensor.to_string();
-        let owned: Vec<_> = w
-            .iter()
-            .filter(|(r, _)| r.gguf_name() != drop)
-            .map(|(r, t)| (r, t.clone()))
-            .collect();
-        Tensors(owned).write(&meta, &path, tensor.strip_prefix("resize:"));
+        let kept = w.iter().filter(|(r, _)| r.gguf_name() != tensor);
+        let widen = tensor.strip_prefix("resize:");
+        write_gguf_tensors(kept, &meta, &path, &|name, dims, data| {
+            if Some(name) == widen {
+                // [conv_dim, 4] -> [conv_dim, 5]: one more F32 tap per channel.
+                let rows = dims[1] as usize;
+                dims[0] += 1;
+                data.extend(std::iter::repeat_n(0u8, rows * 4));
+            }
+        });
         let e = match load_weights(&path) {
             Ok(_) => panic!("{name}: loaded"),
             Err(e) => e.to_string(),
         };
         assert!(e.contains(want), "{name}: {e}");
-    }
-}
-
-/// Tensors to write as a GGUF file, one of them optionally given a fifth conv tap.
-struct Tensors(Vec<(memra_engine::models::Role, memra_engine::weights::Tensor)>);
-
-impl Tensors {
-    fn write(&self, meta: &[(String, MetaValue)], path: &std::path::Path, widen: Option<&str>) {
-        use memra_engine::formats::gguf_write::{TensorData, write_gguf};
-        let owned: Vec<(String, DType, Vec<u64>, Vec<u8>)> = self
-            .0
-            .iter()
-            .map(|(r, t)| {
-                let name = r.gguf_name();
-                let mut dims: Vec<u64> = t.shape.iter().rev().map(|&d| d as u64).collect();
-                let mut data = t.data.to_vec();
-                if Some(name.as_str()) == widen {
-                    // [conv_dim, 4] -> [conv_dim, 5]: one more F32 tap per channel.
-                    let rows = dims[1] as usize;
-                    dims[0] += 1;
-                    data.extend(std::iter::repeat_n(0u8, rows * 4));
-                }
-                (name, t.dtype, dims, data)
-            })
-            .collect();
-        let data: Vec<TensorData<'_>> = owned
-            .iter()
-            .map(|(n, d, dims, b)| (n.as_str(), *d, dims.as_slice(), b.as_slice()))
-            .collect();
-        write_gguf(path, meta, &data).expect("write the GGUF");
     }
 }

@@ -6,17 +6,17 @@
 use crate::common;
 
 use memra_engine::backend::Backend;
-use memra_engine::backend::cpu::{CpuBackend, CpuOptions};
-use memra_engine::config::{Arch, ModelConfig};
+use memra_engine::backend::cpu::CpuBackend;
+use memra_engine::config::Arch;
 use memra_engine::engine::{AdmissionLimits, Engine, EngineHandle};
 use memra_engine::formats::gguf::Gguf;
-use memra_engine::generate::{GenRequest, generate};
 use memra_engine::loader::Model;
 use memra_engine::models::ModelWeights;
-use memra_engine::models::random::{random_weights, tiny_config};
+use memra_engine::models::random::random_weights;
 use memra_engine::quant::DType;
 use memra_engine::request::{Event, EventStream, ValidRequest};
 use memra_engine::sampling::SamplingParams;
+use memra_engine::testing::text_request;
 use memra_engine::tokenizer::Tokenizer;
 
 use crate::qwen3_moe::cpu;
@@ -26,17 +26,11 @@ use crate::qwen3_moe::cpu;
 const VOCAB: usize = 300;
 
 fn tiny(arch: Arch, vocab: usize, seed: u64) -> ModelWeights {
-    let c = ModelConfig {
-        n_layers: 4,
-        ..tiny_config(arch, vocab)
-    };
-    random_weights(&c, seed, DType::Q8_0).expect("weights")
+    random_weights(&common::four_layers(arch, vocab), seed, DType::Q8_0).expect("weights")
 }
 
 fn tokens(seed: u32, n: usize) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i * 37 + seed * 101 + 11) % VOCAB as u32)
-        .collect()
+    common::tokens(seed, n, VOCAB)
 }
 
 /// Runs positions `from..to` of `toks` as one step of one sequence (blocks `table`, state slot
@@ -162,19 +156,9 @@ fn params(i: usize) -> SamplingParams {
 
 fn request(prompt: &[u32], i: usize, max_tokens: usize) -> ValidRequest {
     ValidRequest {
-        media: Vec::new(),
-        model: "m".into(),
-        tenant: "t".into(),
-        prompt: prompt.to_vec(),
-        max_tokens,
         params: params(i),
-        stop: Vec::new(),
         logprobs: Some(2),
-        cache_salt: None,
-        ignore_eos: true,
-        tenant_max_in_flight: None,
-        speculative: false,
-        grammar: None,
+        ..text_request(prompt.to_vec(), max_tokens)
     }
 }
 
@@ -226,18 +210,7 @@ fn served_warm_from_snapshots_byte_for_byte() {
     let reference: Vec<Vec<u32>> = prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| {
-            let opts = CpuOptions {
-                threads: 2,
-                kv_blocks: 32,
-                block_size: 4,
-                ..Default::default()
-            };
-            let mut b = CpuBackend::new(model().weights, &opts).unwrap();
-            let mut r = GenRequest::greedy(p.clone(), max_tokens);
-            r.params = params(i);
-            generate(&mut b, &r, &mut |_| Ok(())).unwrap().tokens
-        })
+        .map(|(i, p)| common::generate_alone(model().weights, p, max_tokens, params(i)))
         .collect();
     // Room for everything: no eviction, so each warm request hits at its last full block.
     let e = start(128, 64);

@@ -11,6 +11,7 @@ use memra_engine::loader::load_model;
 use memra_engine::request::{Event, ValidRequest};
 use memra_engine::sampling::SamplingParams;
 use memra_engine::spec::{DrafterKind, SpecConfig};
+use memra_engine::testing::text_request;
 
 use memra_engine::config::Arch;
 use memra_engine::models::random::{random_weights, tiny_config};
@@ -48,19 +49,9 @@ fn refused(target: &Path, drafter: DrafterKind, want: &[&str]) {
 /// The tokens of one request with `params`, its checked and its accepted drafts.
 fn run(h: &EngineHandle, params: &SamplingParams) -> (Vec<u32>, usize, usize) {
     let req = ValidRequest {
-        media: Vec::new(),
-        model: "m".into(),
-        tenant: "t".into(),
-        prompt: vec![97, 98, 99, 97, 98, 99, 97],
-        max_tokens: 12,
         params: params.clone(),
-        stop: Vec::new(),
-        logprobs: None,
-        cache_salt: None,
-        ignore_eos: true,
-        tenant_max_in_flight: None,
         speculative: true,
-        grammar: None,
+        ..text_request(vec![97, 98, 99, 97, 98, 99, 97], 12)
     };
     let mut s = h.submit(req).unwrap();
     let mut toks = Vec::new();
@@ -154,32 +145,17 @@ fn a_draft_model_of_another_vocabulary_is_refused() {
     GgufParts::valid().write(&target);
     let big = dir.path().join("big-vocab.gguf");
     let mut p = GgufParts::valid();
-    let meta = p
-        .meta
-        .iter_mut()
-        .find(|(k, _)| k == "tokenizer.ggml.tokens")
-        .unwrap();
-    if let MetaValue::Array(v) = &mut meta.1 {
-        v.push(MetaValue::Str("zz".into()));
-    }
-    let meta = p
-        .meta
-        .iter_mut()
-        .find(|(k, _)| k == "tokenizer.ggml.token_type")
-        .unwrap();
-    if let MetaValue::Array(v) = &mut meta.1 {
-        v.push(MetaValue::I32(1));
+    for (key, more) in [
+        ("tokenizer.ggml.tokens", MetaValue::Str("zz".into())),
+        ("tokenizer.ggml.token_type", MetaValue::I32(1)),
+    ] {
+        let meta = p.meta.iter_mut().find(|(k, _)| k == key).unwrap();
+        if let MetaValue::Array(v) = &mut meta.1 {
+            v.push(more);
+        }
     }
     let w = random_weights(&tiny_config(Arch::Llama, 261), 7, DType::Q8_0).unwrap();
-    p.tensors = w
-        .iter()
-        .map(|(role, t)| GgufTensor {
-            name: role.gguf_name(),
-            dtype: t.dtype,
-            dims: t.shape.iter().rev().map(|&d| d as u64).collect(),
-            data: t.data.to_vec(),
-        })
-        .collect();
+    p.tensors = GgufTensor::all_of(&w);
     p.write(&big);
     refused(
         &target,

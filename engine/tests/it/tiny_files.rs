@@ -14,10 +14,11 @@ use memra_engine::formats::gguf::MetaValue;
 use memra_engine::formats::gguf_write::{TensorData, write_gguf};
 use memra_engine::formats::safetensors::{HfFolderSpec, write_hf_folder};
 use memra_engine::loader::load_model;
+use memra_engine::models::ModelWeights;
 use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::quant::DType;
-use memra_engine::request::{Event, ValidRequest};
-use memra_engine::sampling::SamplingParams;
+use memra_engine::request::Event;
+use memra_engine::testing::text_request;
 use memra_engine::tokenizer::Tokenizer;
 
 /// Tokens: the 256 byte symbols, "ab", then three control tokens.
@@ -107,20 +108,26 @@ pub struct GgufParts {
     pub tensors: Vec<GgufTensor>,
 }
 
-impl GgufParts {
-    /// The valid tiny model: q8_0 matrices, f32 norms and a tied embedding.
-    pub fn valid() -> GgufParts {
-        let c = config();
-        let w = random_weights(&c, 7, DType::Q8_0).expect("random weights");
-        let tensors = w
-            .iter()
+impl GgufTensor {
+    /// Every tensor of `w` under its GGUF name.
+    pub fn all_of(w: &ModelWeights) -> Vec<GgufTensor> {
+        w.iter()
             .map(|(role, t)| GgufTensor {
                 name: role.gguf_name(),
                 dtype: t.dtype,
                 dims: t.shape.iter().rev().map(|&d| d as u64).collect(),
                 data: t.data.to_vec(),
             })
-            .collect();
+            .collect()
+    }
+}
+
+impl GgufParts {
+    /// The valid tiny model: q8_0 matrices, f32 norms and a tied embedding.
+    pub fn valid() -> GgufParts {
+        let c = config();
+        let w = random_weights(&c, 7, DType::Q8_0).expect("random weights");
+        let tensors = GgufTensor::all_of(&w);
         let mut meta = shape_meta(&c);
         meta.extend(tokenizer_meta());
         GgufParts { meta, tensors }
@@ -151,21 +158,23 @@ impl GgufParts {
         self
     }
 
+    /// The tensors as the engine's GGUF writer takes them.
+    pub fn data(&self) -> Vec<TensorData<'_>> {
+        let t = self.tensors.iter();
+        t.map(|t| {
+            (
+                t.name.as_str(),
+                t.dtype,
+                t.dims.as_slice(),
+                t.data.as_slice(),
+            )
+        })
+        .collect()
+    }
+
     /// Writes the file with the engine's GGUF writer.
     pub fn write(&self, path: &Path) {
-        let data: Vec<TensorData<'_>> = self
-            .tensors
-            .iter()
-            .map(|t| {
-                (
-                    t.name.as_str(),
-                    t.dtype,
-                    t.dims.as_slice(),
-                    t.data.as_slice(),
-                )
-            })
-            .collect();
-        write_gguf(path, &self.meta, &data).expect("write the GGUF");
+        write_gguf(path, &self.meta, &self.data()).expect("write the GGUF");
     }
 
     /// The file's bytes.
@@ -276,21 +285,7 @@ pub fn load_whole(path: &Path) -> Result<Served, String> {
     };
     let engine = Engine::start(vec![("m".into(), m, cfg)], AdmissionLimits::default())
         .map_err(|e: Error| e.to_string())?;
-    let req = ValidRequest {
-        media: Vec::new(),
-        model: "m".into(),
-        tenant: "t".into(),
-        prompt,
-        max_tokens: 3,
-        params: SamplingParams::default(),
-        stop: Vec::new(),
-        logprobs: None,
-        cache_salt: None,
-        ignore_eos: true,
-        tenant_max_in_flight: None,
-        speculative: false,
-        grammar: None,
-    };
+    let req = text_request(prompt, 3);
     let mut served = Served {
         tokens: Vec::new(),
         error: None,

@@ -16,6 +16,7 @@ use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::quant::DType;
 use memra_engine::request::{Event, EventStream, SubmitError, Usage, ValidRequest};
 use memra_engine::sampling::SamplingParams;
+use memra_engine::testing::text_request;
 use memra_engine::tokenizer::Tokenizer;
 use memra_engine::vision::random::{random_tower, tiny_tower, write_mmproj};
 use memra_engine::vision::{MediaSpan, TowerParams, VisionTower};
@@ -25,9 +26,7 @@ const HIDDEN: usize = 64;
 
 /// A 64x64 RGB test pattern that depends on `seed`.
 pub fn pattern(seed: u32) -> Vec<u8> {
-    (0..64 * 64 * 3)
-        .map(|i: u32| ((i.wrapping_mul(2_654_435_761).wrapping_add(seed * 7919)) >> 11) as u8)
-        .collect()
+    common::image(64, 64, seed)
 }
 
 #[test]
@@ -208,22 +207,15 @@ fn image_request(pre: &[u32], img: Option<&[u8]>, post: &[u32], seed: u64) -> Va
 fn request(prompt: Vec<u32>, media: Vec<MediaSpan>, seed: u64) -> ValidRequest {
     ValidRequest {
         model: "tiny".into(),
-        tenant: "t".into(),
-        prompt,
-        max_tokens: 8,
         params: SamplingParams {
             temperature: if seed == 0 { 0.0 } else { 0.8 },
             seed,
             ..Default::default()
         },
-        stop: Vec::new(),
         logprobs: Some(2),
-        cache_salt: None,
-        ignore_eos: true,
-        tenant_max_in_flight: None,
         speculative: true,
-        grammar: None,
         media,
+        ..text_request(prompt, 8)
     }
 }
 

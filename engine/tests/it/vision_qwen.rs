@@ -7,6 +7,7 @@
 
 use crate::common;
 use crate::common::run_request as run;
+use crate::common::{bits, image};
 
 use std::sync::Arc;
 
@@ -20,17 +21,6 @@ use memra_engine::vision::{MediaSpan, QwenKind, QwenParams, VisionTower};
 
 const HIDDEN: usize = 64;
 const KINDS: [QwenKind; 3] = [QwenKind::Qwen2Vl, QwenKind::Qwen25Vl, QwenKind::Qwen3Vl];
-
-/// A `w x h` RGB test pattern that depends on `seed`.
-fn image(w: usize, h: usize, seed: u32) -> Vec<u8> {
-    (0..(w * h * 3) as u32)
-        .map(|i| ((i.wrapping_mul(2_654_435_761).wrapping_add(seed * 7919)) >> 11) as u8)
-        .collect()
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
 
 #[test]
 fn mmproj_round_trip_shapes_and_tokens() {
@@ -261,7 +251,7 @@ fn hostile_qwen_mmproj_files_are_refused() {
 }
 
 fn start(arch: Arch, budget: usize) -> EngineHandle {
-    common::start_tiny(arch, common::cpu_engine_config(96, budget))
+    common::start_cpu(arch, 96, budget)
 }
 
 fn request(prompt: Vec<u32>, media: Vec<MediaSpan>) -> ValidRequest {

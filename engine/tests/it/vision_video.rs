@@ -9,6 +9,7 @@
 
 use crate::common;
 use crate::common::run_request as run;
+use crate::common::{bits, image as frame};
 
 use std::sync::Arc;
 
@@ -20,16 +21,6 @@ use memra_engine::vision::video::{self, Clock, Layout};
 use memra_engine::vision::{MediaSpan, QwenKind, check_spans, mrope};
 
 const HIDDEN: usize = 64;
-
-fn frame(w: usize, h: usize, seed: u32) -> Vec<u8> {
-    (0..(w * h * 3) as u32)
-        .map(|i| ((i.wrapping_mul(2_654_435_761).wrapping_add(seed * 7919)) >> 11) as u8)
-        .collect()
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
 
 /// Frames two at a time: a group's rows are its pair's (not the two frames' images'), an odd
 /// count repeats its last frame, a one-frame video is the image, groups are independent.
@@ -199,7 +190,7 @@ fn video_times_are_checked() {
 }
 
 fn start(arch: Arch, budget: usize) -> EngineHandle {
-    common::start_tiny(arch, common::cpu_engine_config(128, budget))
+    common::start_cpu(arch, 128, budget)
 }
 
 fn request(prompt: Vec<u32>, media: Vec<MediaSpan>) -> ValidRequest {

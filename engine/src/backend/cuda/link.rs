@@ -23,7 +23,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DriverError};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, DriverError};
 
 use super::CudaOps;
 use crate::error::{Error, Result};
@@ -39,6 +39,21 @@ struct Parcel {
     sent: Option<CudaEvent>,
     /// Recorded on the receiving stream after the delivery read it.
     read: Option<CudaEvent>,
+}
+
+impl Parcel {
+    /// The parcel holds `n` values once `stream`'s work queued so far (the copy or the
+    /// receive) has run; `from`'s device names the error.
+    fn filled(&mut self, n: usize, stream: &CudaStream, from: &CudaOps) -> Result<()> {
+        self.n = n;
+        self.sent = Some(stream.record_event(None).map_err(fail(from))?);
+        Ok(())
+    }
+}
+
+/// The error of a failed CUDA call of the hand-over, on `ops`'s device.
+fn fail(ops: &CudaOps) -> impl Fn(DriverError) -> Error + Copy + '_ {
+    move |e| ops.gpu.err(format!("pipeline hand-over: {e:?}"))
 }
 
 /// The parcels of one link, on the receiving device.
@@ -64,15 +79,31 @@ impl Parcels {
             };
             // The old buffer is freed on `to`'s stream: after any copy `writer` queued into
             // it; the new one is written by `writer` after its zeroing.
-            let fail = |e: DriverError| to.gpu.err(format!("pipeline hand-over: {e:?}"));
-            to.gpu.stream.join(writer).map_err(fail)?;
-            writer.join(&to.gpu.stream).map_err(fail)?;
+            to.gpu.stream.join(writer).map_err(fail(to))?;
+            writer.join(&to.gpu.stream).map_err(fail(to))?;
             match self.0.get_mut(slot) {
                 Some(p) => *p = fresh,
                 None => self.0.push(fresh),
             }
         }
         Ok(&mut self.0[slot])
+    }
+
+    /// Parcel `slot` ready for `writer` to fill with `n` values: [`Parcels::get`], then
+    /// `writer` waits for the last delivery that read it; `from`'s device names the error.
+    fn ready(
+        &mut self,
+        from: &CudaOps,
+        to: &CudaOps,
+        slot: usize,
+        n: usize,
+        writer: &CudaStream,
+    ) -> Result<&mut Parcel> {
+        let p = self.get(to, slot, n, writer)?;
+        if let Some(read) = p.read.take() {
+            writer.wait(&read).map_err(fail(from))?;
+        }
+        Ok(p)
     }
 
     /// Delivers parcel `slot` to `to`: `to`'s stream waits for its copy, then takes its rows
@@ -84,17 +115,16 @@ impl Parcels {
                 .gpu
                 .err(format!("pipeline hand-over: parcel {slot} was never sent")));
         };
-        let fail = |e: DriverError| format!("pipeline hand-over: {e:?}");
-        to.gpu.stream.wait(&sent).map_err(|e| to.gpu.err(fail(e)))?;
+        to.gpu.stream.wait(&sent).map_err(fail(to))?;
         to.hidden_in_from(&p.buf, p.n)?;
         let read = to.gpu.stream.record_event(None);
-        p.read = Some(read.map_err(|e| to.gpu.err(fail(e)))?);
+        p.read = Some(read.map_err(fail(to))?);
         Ok(())
     }
 }
 
-/// The rows `0..rows` of `from`'s activation `x`: their device address and value count.
-fn rows_of(from: &CudaOps, x: Act, rows: usize, to: &CudaOps) -> Result<(u64, usize)> {
+/// The rows `0..rows` of `from`'s activation `x`: its first `rows * x.width` values.
+fn rows_of<'a>(from: &'a CudaOps, x: Act, rows: usize, to: &CudaOps) -> Result<CudaView<'a, f32>> {
     if x.width != to.hidden {
         return Err(to.gpu.err(format!(
             "pipeline hand-over: rows of {} values into a stage of hidden size {}",
@@ -102,13 +132,11 @@ fn rows_of(from: &CudaOps, x: Act, rows: usize, to: &CudaOps) -> Result<(u64, us
         )));
     }
     let n = rows * x.width;
-    let ok = from.acts[x.id].buf.as_ref().is_some_and(|b| b.len() >= n);
-    if !ok {
-        return Err(from
-            .gpu
-            .err(format!("pipeline hand-over: no {n} values to send")));
-    }
-    Ok((from.ptr(x)?, n))
+    let src = from.acts[x.id].buf.as_ref().and_then(|b| b.try_slice(..n));
+    src.ok_or_else(|| {
+        from.gpu
+            .err(format!("pipeline hand-over: no {n} values to send"))
+    })
 }
 
 /// A device-to-device (`peer: false`) or peer (`peer: true`) copy of the hand-over rows.
@@ -170,13 +198,12 @@ impl StageLink<CudaOps> for DeviceLink {
         to: &mut CudaOps,
         slot: usize,
     ) -> Result<()> {
-        let (src, n) = rows_of(from, x, rows, to)?;
+        let view = rows_of(from, x, rows, to)?;
+        let n = view.len();
+        let src = view.device_ptr(&from.gpu.stream).0;
         let s_from = Arc::clone(&from.gpu.stream);
-        let p = self.parcels.get(to, slot, n, &s_from)?;
-        let fail = |e: DriverError| from.gpu.err(format!("pipeline hand-over: {e:?}"));
-        if let Some(read) = p.read.take() {
-            s_from.wait(&read).map_err(fail)?;
-        }
+        let p = self.parcels.ready(from, to, slot, n, &s_from)?;
+        let fail = fail(from);
         let bytes = n * std::mem::size_of::<f32>();
         let dst = to.gpu.ptr(&p.buf);
         from.gpu.ctx.bind_to_thread().map_err(fail)?;
@@ -200,9 +227,7 @@ impl StageLink<CudaOps> for DeviceLink {
             }
         };
         copied.map_err(fail)?;
-        p.n = n;
-        p.sent = Some(s_from.record_event(None).map_err(fail)?);
-        Ok(())
+        p.filled(n, &s_from, from)
     }
 
     fn deliver(&mut self, to: &mut CudaOps, slot: usize) -> Result<()> {
@@ -291,24 +316,21 @@ impl StageLink<CudaOps> for NcclLink {
         to: &mut CudaOps,
         slot: usize,
     ) -> Result<()> {
-        let (_, n) = rows_of(from, x, rows, to)?;
+        let src = rows_of(from, x, rows, to)?;
+        let n = src.len();
         let [c0, c1] = self.comms.0.as_slice() else {
             return Err(Error::Unsupported(
                 "nccl: the communicator has not 2 ranks".into(),
             ));
         };
         let (side0, side1) = (c0.stream(), c1.stream());
-        let p = self.parcels.get(to, slot, n, &side1)?;
-        let fail = |e: DriverError| from.gpu.err(format!("pipeline hand-over: {e:?}"));
+        let fail = fail(from);
         // The send reads the rows after the sender's forward; the receive overwrites the
-        // parcel after its last delivery read it.
+        // parcel after its last delivery read it (`ready`).
         side0.join(&from.gpu.stream).map_err(fail)?;
-        if let Some(read) = p.read.take() {
-            side1.wait(&read).map_err(fail)?;
-        }
-        let src = from.acts[x.id].buf.as_ref().and_then(|b| b.try_slice(..n));
+        let p = self.parcels.ready(from, to, slot, n, &side1)?;
         let mut dst = p.buf.try_slice_mut(..n);
-        let (Some(src), Some(dst)) = (src, dst.as_mut()) else {
+        let Some(dst) = dst.as_mut() else {
             return Err(from
                 .gpu
                 .err(format!("pipeline hand-over: no {n} values to send")));
@@ -324,9 +346,7 @@ impl StageLink<CudaOps> for NcclLink {
         sent.and(recv)?;
         // The sender's next forward overwrites the rows: after the send.
         from.gpu.stream.join(&side0).map_err(fail)?;
-        p.n = n;
-        p.sent = Some(side1.record_event(None).map_err(fail)?);
-        Ok(())
+        p.filled(n, &side1, from)
     }
 
     fn deliver(&mut self, to: &mut CudaOps, slot: usize) -> Result<()> {
