@@ -398,6 +398,7 @@ fn delta_launch(
 ) -> Result<()> {
     let p = &l.p;
     let u = |v: usize, what| g.u32_of(v, what);
+    let tw = delta_tile(n_seqs, p.n_v_heads, p.head_v, g.sms);
     let args = [
         Arg::Ptr(qkv),
         Arg::Ptr(ba),
@@ -413,8 +414,9 @@ fn delta_launch(
         Arg::U32(u(p.n_k_heads, "key heads")?),
         Arg::U32(u(p.n_v_heads, "value heads")?),
         Arg::U32(u(p.head_v, "value head size")?),
+        Arg::U32(tw as u32),
     ];
-    let tiles = p.head_v.div_ceil(32) * p.n_v_heads;
+    let tiles = p.head_v.div_ceil(tw) * p.n_v_heads;
     let grid = (u(tiles, "delta blocks")?, n_seqs as u32);
     let block = 32 * delta_warps(p.head_k);
     match conv {
@@ -435,6 +437,19 @@ fn delta_launch(
             )
         }
     }
+}
+
+/// State columns a delta block takes (`tw` of kernels/cu/delta.cu: 32, 16 or 8): the widest
+/// whose blocks (sequences x value heads x column tiles) number at least four per
+/// multiprocessor, else 8. Each block walks the step's positions as one dependent chain, so a
+/// step of few sequences runs faster on more, narrower blocks. Speed only: a column's
+/// arithmetic does not depend on it.
+pub fn delta_tile(n_seqs: usize, n_v_heads: usize, head_v: usize, sms: u32) -> usize {
+    let mut tw = 32;
+    while tw > 8 && n_seqs * n_v_heads * head_v.div_ceil(tw) < 4 * sms as usize {
+        tw /= 2;
+    }
+    tw
 }
 
 /// `n` values of `src` from `from` into `dst` at `to` (stream-ordered).
@@ -516,10 +531,17 @@ mod tests {
     #[test]
     fn the_delta_kernels_take_the_launch_s_arguments() {
         // delta_launch: qkv, ba, a, dt, out, S, D, per slot, inputs, plan, sequences, key heads,
-        // value heads, value head size; the conv kernel then the conv inputs, weights, ring, taps.
+        // value heads, value head size, tile width; the conv kernel then the conv inputs,
+        // weights, ring, taps.
         let mut args = vec![Arg::Ptr(1); 7];
         args.extend([Arg::U32(1), Arg::Ptr(1), Arg::Ptr(1)]);
-        args.extend([Arg::U32(1), Arg::U32(16), Arg::U32(32), Arg::U32(128)]);
+        args.extend([
+            Arg::U32(1),
+            Arg::U32(16),
+            Arg::U32(32),
+            Arg::U32(128),
+            Arg::U32(8),
+        ]);
         let conv = [Arg::Ptr(1), Arg::Ptr(1), Arg::Ptr(1), Arg::U32(4)];
         for hk in HEAD_K {
             assert_eq!(check_args(&format!("gated_delta_k{hk}"), &args), Ok(()));
@@ -527,5 +549,16 @@ mod tests {
             let name = format!("gated_delta_conv_k{hk}");
             assert_eq!(check_args(&name, &with_conv), Ok(()), "{name}");
         }
+    }
+
+    #[test]
+    fn narrow_delta_tiles_where_a_step_has_few_sequences() {
+        // qwen3-next: 32 value heads of 128 on an H100 (132 SMs).
+        assert_eq!(delta_tile(1, 32, 128, 132), 8);
+        assert_eq!(delta_tile(4, 32, 128, 132), 16);
+        assert_eq!(delta_tile(8, 32, 128, 132), 32);
+        assert_eq!(delta_tile(64, 32, 128, 132), 32);
+        // A tiny model never goes below 8.
+        assert_eq!(delta_tile(1, 2, 16, 132), 8);
     }
 }
