@@ -471,7 +471,7 @@ struct Mms {
 
 // Stage k-tile kt of the block's row tiles and tokens into `st` (one commit group per call); L
 // (Mms<F> or Mwg<F>) gives the block's TILES, TOKS, the staged token row's bytes BROW and ABYTES.
-// With G (mms_grouped), staged token i is activation row gather[i] / xdiv (as tok_rows).
+// With G (mms_grouped), staged token i is activation row gather[i] / xdiv (as product_smem's G).
 template <class F, class L = Mms<F>, bool G = false>
 __device__ __forceinline__ void mms_stage(u8* st, const u8* __restrict__ W, const u8* __restrict__ X, u32 kt,
                                           u32 rt0, u32 nrt, u32 nkt, u32 m0, u32 M, u32 kp,
@@ -512,8 +512,8 @@ __device__ __forceinline__ uint2 tile_order() {
 }
 
 // G (mms_grouped_<type>): the block's tokens are rows m0 .. of the gathered rows (token i reads
-// activation row gather[i] / xdiv and writes output row gather[i], as `product`'s G), m0 and the
-// row-tile group from the caller (blockIdx.x; no TILE_GROUP order). Only addresses move.
+// activation row gather[i] / xdiv and writes output row gather[i]), m0 from the caller and the
+// row-tile group from blockIdx.x (no TILE_GROUP order). Only addresses move.
 template <class F, bool G = false>
 __device__ __forceinline__ void product_smem(const u8* __restrict__ W, const u8* __restrict__ X,
                                              const float* __restrict__ Xs, const Outs& out, const float* R,

@@ -581,9 +581,7 @@ impl Gpu {
         }
         self.launch_fn(func, &name, grid, threads, smem, &args)
     }
-}
 
-impl Gpu {
     /// Dynamic shared memory of the shared-memory launch `l` of a `dtype` product (`name`, for
     /// the message), refused where this device cannot give it.
     pub(super) fn smem_of(&self, l: &Launch, dtype: DType, name: &str) -> Result<u32> {
