@@ -95,13 +95,9 @@ struct DeltaConv {
 // DELTA_NW(HK) rows of the block's state columns.
 #define DELTA_NW(HK) ((HK) >= 64 ? (HK) / 32 : 1)
 
-// The gated delta rule of value head h of sequence blockIdx.y, columns tile * tw + lane (lane <
-// tw <= 32) of its state (HK x hv, row-major per head in S[slot][head]), blockIdx.x = h * tiles +
-// tile with tiles = ceil(hv / tw). A column's arithmetic is the same whatever tw (the lanes past
-// tw only join the q / k norms, which every warp computes whole): the host takes narrower tiles
-// where a step's blocks would leave SMs idle (delta.rs `delta_tile`: the 80B hybrid's 32 value
-// heads are 128 blocks of 32 columns, one a multiprocessor, each a latency-bound chain a
-// position). NW = DELTA_NW(HK) warps; lane j of warp w owns state column j, rows
+// The gated delta rule of value head h of sequence blockIdx.y, columns tile * 32 + lane of its
+// state (HK x hv, row-major per head in S[slot][head]), blockIdx.x = h * tiles + tile with
+// tiles = ceil(hv / 32). NW = DELTA_NW(HK) warps; lane j of warp w owns state column j, rows
 // w * R .. w * R + R - 1 (R = HK / NW, in registers): the state's products run NW times
 // shorter chains on NW times more warps. Each warp's partial of S^T k (and S^T q) over its rows
 // (delta_dot), then the NW partials in warp order (a fixed order: the same bits at every M).
@@ -145,8 +141,7 @@ template <int HK, bool CONV>
 __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* BA, const float* A, const float* DT,
                                                  float* O, const float* S, float* D, u32 d_per_slot,
                                                  const float* inputs, const u32* plan, u32 n_seqs, u32 nk, u32 nv,
-                                                 u32 hv, u32 tw,
-                                                 const DeltaConv cv = DeltaConv{nullptr, nullptr, nullptr, 0}) {
+                                                 u32 hv, const DeltaConv cv = DeltaConv{nullptr, nullptr, nullptr, 0}) {
     constexpr int NW = DELTA_NW(HK);
     constexpr int R = HK / NW;
     constexpr int QL = (HK + 31) / 32;  // q / k channels a lane
@@ -163,10 +158,10 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
     const SeqPlan p = seq_plan(plan, n_seqs, blockIdx.y);
     if (p.n_rows == 0 && p.first == p.replay_from) return;
     const u32 lane = threadIdx.x % 32, w = threadIdx.x / 32;
-    const u32 tiles = (hv + tw - 1) / tw;
+    const u32 tiles = (hv + 31) / 32;
     const u32 h = blockIdx.x / tiles, tile = blockIdx.x % tiles;
-    const u32 j = tile * tw + lane;
-    const bool col = lane < tw && j < hv;
+    const u32 j = tile * 32 + lane;
+    const bool col = j < hv;
     const u32 r = nv / nk, g = h / r, jj = h % r;
     const u32 conv_dim = 2 * nk * HK + nv * hv;
     const u32 iw = conv_dim + 2 * nv;
@@ -191,8 +186,8 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
         auto chan = [&](u32 ci) -> u32 {
             if (ci < HK) return g * HK + ci;
             if (ci < 2 * HK) return (nk + g) * HK + (ci - HK);
-            const u32 lc = ci - 2 * HK, jc = tile * tw + lc;
-            return ci < CH && lc < tw && jc < hv ? 2 * nk * HK + h * hv + jc : ~0u;
+            const u32 jc = tile * 32 + (ci - 2 * HK);
+            return ci < CH && jc < hv ? 2 * nk * HK + h * hv + jc : ~0u;
         };
 #pragma unroll
         for (u32 u = 0; u < PER; u++) {
@@ -319,9 +314,9 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
     extern "C" __global__ void gated_delta_k##HK(const float* QKV, const float* BA, const float* A,              \
                                                  const float* DT, float* O, const float* S, float* D,           \
                                                  u32 d_per_slot, const float* inputs, const u32* plan,          \
-                                                 u32 n_seqs, u32 nk, u32 nv, u32 hv, u32 tw) {                  \
+                                                 u32 n_seqs, u32 nk, u32 nv, u32 hv) {                          \
         pdl_entry();                                                                                             \
-        gated_delta_body<HK, false>(QKV, BA, A, DT, O, S, D, d_per_slot, inputs, plan, n_seqs, nk, nv, hv, tw);         \
+        gated_delta_body<HK, false>(QKV, BA, A, DT, O, S, D, d_per_slot, inputs, plan, n_seqs, nk, nv, hv);             \
     }
 
 GATED_DELTA_KERNEL(16)
@@ -336,10 +331,10 @@ GATED_DELTA_KERNEL(128)
     extern "C" __global__ void gated_delta_conv_k##HK(float* QKV, const float* BA, const float* A,              \
                                                       const float* DT, float* O, const float* S, float* D,      \
                                                       u32 d_per_slot, const float* inputs, const u32* plan,     \
-                                                      u32 n_seqs, u32 nk, u32 nv, u32 hv, u32 tw, const float* X, \
+                                                      u32 n_seqs, u32 nk, u32 nv, u32 hv, const float* X,        \
                                                       const float* W, float* ring, u32 kernel) {                \
         pdl_entry();                                                                                             \
-        gated_delta_body<HK, true>(QKV, BA, A, DT, O, S, D, d_per_slot, inputs, plan, n_seqs, nk, nv, hv, tw,    \
+        gated_delta_body<HK, true>(QKV, BA, A, DT, O, S, D, d_per_slot, inputs, plan, n_seqs, nk, nv, hv,        \
                              DeltaConv{X, W, ring, kernel});                                                     \
     }
 

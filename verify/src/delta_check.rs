@@ -7,8 +7,7 @@
 //! - Row invariance on the GPU, bitwise: the first sequence computed again one position per
 //!   step (the conv inside the delta kernel, `gated_delta_conv_k<HK>`) gives every position's
 //!   outputs the bits the multi-row steps gave; a second state running every step of at most
-//!   RING rows with that kernel gives the three kernels' bits step by step. The three runs take
-//!   delta blocks of 32, 8 and 16 state columns (`delta_tile`): the same bits.
+//!   RING rows with that kernel gives the three kernels' bits step by step.
 //! - `sigmoid_mul` (one gate per value, per row, per group) and partial RoPE (`rope` and
 //!   `rope_kv` rotating fewer pairs than head_dim / 2) against the CPU.
 
@@ -69,15 +68,14 @@ struct Dev {
 type StepOut = (Vec<f32>, Vec<f32>);
 
 /// Runs one step on the GPU: the three kernels as the backend launches them, or with `fused`
-/// the conv inside the delta kernel (gated_delta_conv_k<HK>, steps of at most RING rows), the
-/// delta blocks `tw` state columns wide (32, 16 or 8: `delta_tile`'s choices).
+/// the conv inside the delta kernel (gated_delta_conv_k<HK>, steps of at most RING rows).
 fn gpu_step(
     g: &Gpu,
     p: &DeltaParams,
     d: &Dev,
     plans: &[SeqPlan],
     (x, ba): (&[f32], &[f32]),
-    (fused, tw): (bool, usize),
+    fused: bool,
 ) -> Result<StepOut> {
     let (cd, nv) = (p.conv_dim(), p.n_v_heads);
     let m = x.len() / cd;
@@ -116,9 +114,8 @@ fn gpu_step(
         Arg::U32(p.n_k_heads as u32),
         Arg::U32(nv as u32),
         Arg::U32(p.head_v as u32),
-        Arg::U32(tw as u32),
     ];
-    let tiles = (p.head_v.div_ceil(tw) * nv) as u32;
+    let tiles = (p.head_v.div_ceil(32) * nv) as u32;
     let threads = 32 * delta_warps(p.head_k);
     if fused {
         let with_conv = [&delta[..], &[conv[0], conv[2], conv[3], conv[7]]].concat();
@@ -228,9 +225,8 @@ fn delta_shape(g: &Gpu, seed: u64, p: DeltaParams, out: &mut Vec<Case>) -> Resul
             x.extend(xr);
             ba.extend(br);
         }
-        // The second state in blocks of 8 columns: the same bits as 32 (delta_tile).
-        let (gy, go) = gpu_step(g, &p, &d, &pg, (&x, &ba), (false, 32))?;
-        let (fy, fo) = gpu_step(g, &p, &df, &pg, (&x, &ba), (rows.len() <= RING, 8))?;
+        let (gy, go) = gpu_step(g, &p, &d, &pg, (&x, &ba), false)?;
+        let (fy, fo) = gpu_step(g, &p, &df, &pg, (&x, &ba), rows.len() <= RING)?;
         if !same(&fy, &gy) || !same(&fo, &go) {
             fused_differ.get_or_insert(si);
         }
@@ -260,8 +256,8 @@ fn delta_shape(g: &Gpu, seed: u64, p: DeltaParams, out: &mut Vec<Case>) -> Resul
         let b = batch(&[(0, pos)], &[RERUN_SLOT]);
         let pg = book_g.plan(&b)?;
         let (x, ba) = row_inputs(seed, &p, 0, pos);
-        // One row a step: the conv inside the delta kernel, blocks of 16 columns.
-        let (gy, go) = gpu_step(g, &p, &d, &pg, (&x, &ba), (true, 16))?;
+        // One row a step: the conv inside the delta kernel.
+        let (gy, go) = gpu_step(g, &p, &d, &pg, (&x, &ba), true)?;
         book_g.commit(&pg);
         if !same(&gy, wy) || !same(&go, wo) {
             bits_differ.get_or_insert(pos);

@@ -2,22 +2,21 @@
 // double-precision reference of the rule (one sequence, a whole prompt in one step), then the
 // promises the engine's invariance rests on, bit for bit: one row a step, steps of three rows
 // that first replay a pending position from the kept inputs (keep_inputs), and
-// gated_delta_conv_k<HK> against conv1d_silu then gated_delta_k<HK>; the whole step in blocks of
-// 32 state columns, the others in blocks of 8 or 16 (the same bits). Included once, by
+// gated_delta_conv_k<HK> against conv1d_silu then gated_delta_k<HK>. Included once, by
 // kernels.cpp, after check_util.h (rng, randv, check, fails).
 #pragma once
 
 // Launch shims: the kernels by HK.
 template <int HK>
 void delta_call(const float* QKV, const float* BA, const float* A, const float* DT, float* O, const float* S, float* D,
-                u32 per_slot, const float* inputs, const u32* plan, u32 n_seqs, u32 nk, u32 nv, u32 hv, u32 tw) {
-    gated_delta_body<HK, false>(QKV, BA, A, DT, O, S, D, per_slot, inputs, plan, n_seqs, nk, nv, hv, tw);
+                u32 per_slot, const float* inputs, const u32* plan, u32 n_seqs, u32 nk, u32 nv, u32 hv) {
+    gated_delta_body<HK, false>(QKV, BA, A, DT, O, S, D, per_slot, inputs, plan, n_seqs, nk, nv, hv);
 }
 template <int HK>
 void delta_conv_call(float* QKV, const float* BA, const float* A, const float* DT, float* O, const float* S, float* D,
-                     u32 per_slot, const float* inputs, const u32* plan, u32 n_seqs, u32 nk, u32 nv, u32 hv, u32 tw,
+                     u32 per_slot, const float* inputs, const u32* plan, u32 n_seqs, u32 nk, u32 nv, u32 hv,
                      const float* X, const float* W, float* ring, u32 taps) {
-    gated_delta_body<HK, true>(QKV, BA, A, DT, O, S, D, per_slot, inputs, plan, n_seqs, nk, nv, hv, tw,
+    gated_delta_body<HK, true>(QKV, BA, A, DT, O, S, D, per_slot, inputs, plan, n_seqs, nk, nv, hv,
                                DeltaConv{X, W, ring, taps});
 }
 
@@ -46,8 +45,7 @@ struct DeltaRun {
         for (auto& v : a) v = -std::fabs(v) - 0.1f;
         dt = randv(g.nv, 0.5f);
     }
-    u32 tw = 32;  // state columns a block (delta_tile: 32, 16 or 8)
-    u32 blocks() const { return (g.hv + tw - 1) / tw * g.nv; }
+    u32 blocks() const { return (g.hv + 31) / 32 * g.nv; }
     u32 threads() const { return 32 * DELTA_NW(HK); }
     size_t state_len() const { return (size_t)g.nv * HK * g.hv; }
 
@@ -80,12 +78,12 @@ struct DeltaRun {
             float* rg = const_cast<float*>(ring->data());
             emu_launch(blocks(), 1, threads(), [&] {
                 delta_conv_call<HK>(qkv.data(), bas, a.data(), dt.data(), o.data(), s.data(), s.data(), 1,
-                                    kept.data(), pl.data(), 1, g.nk, g.nv, g.hv, tw, xs, w.data(), rg, g.taps);
+                                    kept.data(), pl.data(), 1, g.nk, g.nv, g.hv, xs, w.data(), rg, g.taps);
             });
         } else {
             emu_launch(blocks(), 1, threads(), [&] {
                 delta_call<HK>(qkv.data(), bas, a.data(), dt.data(), o.data(), s.data(), s.data(), 1, kept.data(),
-                               pl.data(), 1, g.nk, g.nv, g.hv, tw);
+                               pl.data(), 1, g.nk, g.nv, g.hv);
             });
         }
         emu_launch(4, 1, 128, [&] { keep_inputs(qkv.data(), bas, kept.data(), pl.data(), 1, conv_dim, g.nv); });
@@ -159,8 +157,7 @@ static void delta_case(DeltaGeo geo) {
     d.step(0, 0, T, T, qkv, s, kept, whole);
     check(what, whole, d.rule_ref(), 2e-5);
     const std::vector<float> s_whole = s;
-    // One row a step (the state committed after each), blocks of 8 state columns.
-    d.tw = 8;
+    // One row a step (the state committed after each).
     {
         std::vector<float> s1(d.state_len(), 0.0f), k1((size_t)RING * d.iw, 0.0f), rg1((size_t)CONV_RING * d.conv_dim, 0.0f);
         std::vector<float> out((size_t)T * ow, NAN), q1(d.conv_dim), o1(ow);
@@ -173,8 +170,7 @@ static void delta_case(DeltaGeo geo) {
         bits_case(what, same_bits(out, whole) && same_bits(s1, s_whole));
     }
     // Steps of three rows, each replaying the previous step's last position from the kept
-    // inputs first (committed one position behind: the speculative verify's rule); blocks of 16.
-    d.tw = 16;
+    // inputs first (committed one position behind: the speculative verify's rule).
     {
         std::vector<float> s3(d.state_len(), 0.0f), k3((size_t)RING * d.iw, 0.0f), rg3((size_t)CONV_RING * d.conv_dim, 0.0f);
         std::vector<float> out((size_t)T * ow, NAN);
@@ -188,8 +184,7 @@ static void delta_case(DeltaGeo geo) {
         snprintf(what, sizeof what, "gated_delta_k%d steps of 3 replaying 1 == whole", HK);
         bits_case(what, same_bits(out, whole) && same_bits(s3, s_whole));
     }
-    // gated_delta_conv_k: the conv inside, steps of 5 rows (at most RING), blocks of 8.
-    d.tw = 8;
+    // gated_delta_conv_k: the conv inside, steps of 5 rows (at most RING).
     {
         std::vector<float> sc(d.state_len(), 0.0f), kc((size_t)RING * d.iw, 0.0f), rgc((size_t)CONV_RING * d.conv_dim, 0.0f);
         std::vector<float> out((size_t)T * ow, NAN), yq((size_t)T * d.conv_dim, NAN);

@@ -276,8 +276,7 @@ impl CudaOps {
             Some((w, x)) => Some((self.ptr(x)?, g.ptr(w), g.ptr(&l.conv))),
             None => None,
         };
-        let step = (plan, n_seqs, self.n(qkv));
-        delta_launch(g, l, rows, [g.ptr(a), g.ptr(dt)], dst, step, conv)?;
+        delta_launch(g, l, rows, [g.ptr(a), g.ptr(dt)], dst, (plan, n_seqs), conv)?;
         let keep = [
             Arg::Ptr(pq),
             Arg::Ptr(pb),
@@ -332,7 +331,7 @@ impl CudaOps {
                 (0, 0, 0),
                 [a, dt],
                 (dst, false),
-                (g.ptr(&words), 1, 0),
+                (g.ptr(&words), 1),
                 None,
             )?;
             let ring = CONV_RING * l.p.conv_dim();
@@ -385,8 +384,7 @@ impl CudaOps {
     }
 }
 
-/// The delta kernel of layer `l` over `plan` (its address, entries, the step's rows):
-/// `(qkv, ba, out)` rows,
+/// The delta kernel of layer `l` over `plan` (its address, entries): `(qkv, ba, out)` rows,
 /// `[a_coef, dt]`, the commit target (`D` and whether it is per slot); with `conv` = (conv
 /// inputs, weights, ring) the kernel that convolves the step's rows first.
 fn delta_launch(
@@ -395,12 +393,11 @@ fn delta_launch(
     (qkv, ba, out): (u64, u64, u64),
     [a, dt]: [u64; 2],
     (dst, per_slot): (u64, bool),
-    (plan, n_seqs, rows): (u64, usize, usize),
+    (plan, n_seqs): (u64, usize),
     conv: Option<(u64, u64, u64)>,
 ) -> Result<()> {
     let p = &l.p;
     let u = |v: usize, what| g.u32_of(v, what);
-    let tw = delta_tile((n_seqs, rows), p.n_v_heads, p.head_v, g.sms);
     let args = [
         Arg::Ptr(qkv),
         Arg::Ptr(ba),
@@ -416,9 +413,8 @@ fn delta_launch(
         Arg::U32(u(p.n_k_heads, "key heads")?),
         Arg::U32(u(p.n_v_heads, "value heads")?),
         Arg::U32(u(p.head_v, "value head size")?),
-        Arg::U32(tw as u32),
     ];
-    let tiles = p.head_v.div_ceil(tw) * p.n_v_heads;
+    let tiles = p.head_v.div_ceil(32) * p.n_v_heads;
     let grid = (u(tiles, "delta blocks")?, n_seqs as u32);
     let block = 32 * delta_warps(p.head_k);
     match conv {
@@ -439,29 +435,6 @@ fn delta_launch(
             )
         }
     }
-}
-
-/// State columns a delta block takes (`tw` of kernels/cu/delta.cu: 32, 16 or 8) for a step of
-/// `rows` rows over `n_seqs` sequences: 32 for steps of at most [`RING`] rows a sequence
-/// (decode, verify, snapshots: a block's chain is short, its conv prologue the same at any
-/// width), else the widest whose blocks (sequences x value heads x column tiles) number at
-/// least four per multiprocessor, down to 8: each block walks the step's positions as one
-/// dependent chain, so a prefill of few sequences runs faster on more, narrower blocks. Speed
-/// only: a column's arithmetic does not depend on it.
-pub fn delta_tile(
-    (n_seqs, rows): (usize, usize),
-    n_v_heads: usize,
-    head_v: usize,
-    sms: u32,
-) -> usize {
-    let mut tw = 32;
-    if rows <= RING * n_seqs {
-        return tw;
-    }
-    while tw > 8 && n_seqs * n_v_heads * head_v.div_ceil(tw) < 4 * sms as usize {
-        tw /= 2;
-    }
-    tw
 }
 
 /// `n` values of `src` from `from` into `dst` at `to` (stream-ordered).
@@ -543,17 +516,10 @@ mod tests {
     #[test]
     fn the_delta_kernels_take_the_launch_s_arguments() {
         // delta_launch: qkv, ba, a, dt, out, S, D, per slot, inputs, plan, sequences, key heads,
-        // value heads, value head size, tile width; the conv kernel then the conv inputs,
-        // weights, ring, taps.
+        // value heads, value head size; the conv kernel then the conv inputs, weights, ring, taps.
         let mut args = vec![Arg::Ptr(1); 7];
         args.extend([Arg::U32(1), Arg::Ptr(1), Arg::Ptr(1)]);
-        args.extend([
-            Arg::U32(1),
-            Arg::U32(16),
-            Arg::U32(32),
-            Arg::U32(128),
-            Arg::U32(8),
-        ]);
+        args.extend([Arg::U32(1), Arg::U32(16), Arg::U32(32), Arg::U32(128)]);
         let conv = [Arg::Ptr(1), Arg::Ptr(1), Arg::Ptr(1), Arg::U32(4)];
         for hk in HEAD_K {
             assert_eq!(check_args(&format!("gated_delta_k{hk}"), &args), Ok(()));
@@ -561,20 +527,5 @@ mod tests {
             let name = format!("gated_delta_conv_k{hk}");
             assert_eq!(check_args(&name, &with_conv), Ok(()), "{name}");
         }
-    }
-
-    #[test]
-    fn narrow_delta_tiles_where_a_step_has_few_sequences() {
-        // qwen3-next: 32 value heads of 128 on an H100 (132 SMs), prefill-sized steps.
-        assert_eq!(delta_tile((1, 512), 32, 128, 132), 8);
-        assert_eq!(delta_tile((4, 512), 32, 128, 132), 16);
-        assert_eq!(delta_tile((8, 4096), 32, 128, 132), 32);
-        assert_eq!(delta_tile((64, 4096), 32, 128, 132), 32);
-        // A tiny model never goes below 8.
-        assert_eq!(delta_tile((1, 100), 2, 16, 132), 8);
-        // Decode, verify and snapshot steps keep 32.
-        assert_eq!(delta_tile((1, 1), 32, 128, 132), 32);
-        assert_eq!(delta_tile((4, 64), 32, 128, 132), 32);
-        assert_eq!(delta_tile((1, 0), 32, 128, 132), 32);
     }
 }
