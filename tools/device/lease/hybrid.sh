@@ -25,10 +25,11 @@
 #   sbs      (HYBRID_SBS, default q3n:Q4_K_M) qwen3-next-80b-a3b Q4_K_M (synthetic, LEASE_SYNTH=q3n) side by side with llama.cpp
 #   decode   memra decode alone on that file (one run), then its op profile (plain steps);
 #            DECODE_VS=<memra-bench of another build>: both builds' decode and pp512, alternated
+#            (function vs: also in moe30, on qwen3-30b-a3b)
 #   pprof    a 512-token prefill's op profile and the decode kernels' times (ncu, ~one step)
 #   inv80    invariance on that file
 #   moe30    qwen3-30b-a3b Q4_K_M in its place (removes $Q3N): side by side with llama.cpp,
-#            invariance, the 512-token prefill's kernels under ncu; then removes it
+#            DECODE_VS's alternation as in decode, invariance, the 512-token prefill's kernels under ncu; then removes it
 #   mtp80    MTP speculation vs plain at the 80B shape (issue 34): removes $Q3N (the disk holds
 #            one 48 GB file), synthesizes qwen3-next-80b-a3b Q4_K_M wired as the MTP oracle
 #            (synth --mtp-oracle: its MTP layer drafts the model's own picks) with synth.sh's
@@ -102,17 +103,21 @@ if on ab; then  # an A/B of one switch (AB_VAR, values AB_VALUES, default "0 1")
   done
 fi
 if on sbs; then peerwait; sbs ${HYBRID_SBS:-q3n:Q4_K_M}; fi
+# vs KEY FILE SHAPE: with DECODE_VS=<another build's memra-bench> (copied to the device outside
+# the repo copy, e.g. `cp .stage/mb-vs $HOME/mb-vs; DECODE_VS=$HOME/mb-vs ...`), its decode and
+# pp512 rows against this build's, alternated twice on FILE (Q4_K_M) into vs.jsonl (run ids
+# $RUN-vs and $RUN-this); nothing without it.
+vs() {
+  [ -n "${DECODE_VS:-}" ] || return 0
+  for who in vs this vs this; do
+    bin=$B/memra-bench; [ $who = vs ] && bin=$DECODE_VS
+    run $1-$who-decode 200 $bin decode $2 --device cuda:0 --prompt 512 --gen 128 --runs 1 --shape $3 --dtype q4_k_m --run $RUN-$who --out $O/vs.jsonl --quiet
+    run $1-$who-pp512 200 $bin prefill $2 --device cuda:0 --prompt 512 --runs 3 --shape $3 --dtype q4_k_m --run $RUN-$who --out $O/vs.jsonl --quiet
+  done
+}
 if on decode && waitf $Q3N 400; then
   run q3n-decode1 200 $MB decode $Q3N --device cuda:0 --prompt 512 --gen 128 --runs 1 --shape qwen3-next-80b-a3b --dtype q4_k_m
-  # DECODE_VS=<another build's memra-bench>: its decode and pp512 rows against this build's,
-  # alternated twice on the same file (into vs.jsonl: run ids $RUN-vs and $RUN-this)
-  if [ -n "${DECODE_VS:-}" ]; then
-    for who in vs this vs this; do
-      bin=$B/memra-bench; [ $who = vs ] && bin=$DECODE_VS
-      run q3n-$who-decode 200 $bin decode $Q3N --device cuda:0 --prompt 512 --gen 128 --runs 1 --shape qwen3-next-80b-a3b --dtype q4_k_m --run $RUN-$who --out $O/vs.jsonl --quiet
-      run q3n-$who-pp512 200 $bin prefill $Q3N --device cuda:0 --prompt 512 --runs 3 --shape qwen3-next-80b-a3b --dtype q4_k_m --run $RUN-$who --out $O/vs.jsonl --quiet
-    done
-  fi
+  vs q3n $Q3N qwen3-next-80b-a3b
   MEMRA_PROFILE_OPS=1 run q3n-profile 200 $B/run-gen $Q3N --device cuda:0 --prompt "The capital of France is a city that" --max-tokens 48 --no-cuda-graph
   grep -A12 "op profile" $O/logs/q3n-profile.log >> $S
 fi
@@ -137,6 +142,7 @@ if on moe30; then
   rm -f $Q3N $Q3N.tmp
   run synth-moe 600 $B/memra-bench synth --shape qwen3-30b-a3b --dtype q4_k_m --tokenizer-from $M/tok.gguf --out $MOE --quiet
   peerwait; sbs moe:Q4_K_M
+  vs moe $MOE qwen3-30b-a3b
   run inv-moe 420 $B/memra-verify invariance $MOE --device cuda:0 --max-m 8 --prompt-len 80
   KERN_CLOCK=none KERN_PROMPT=512 kern moe:Q4_K_M:0:700
   rm -f $MOE
