@@ -108,9 +108,12 @@ struct DeltaConv {
 // beta = sigmoid(b), decay = exp(a_coef * softplus(a + dt)); S *= decay; kv = S^T k;
 // S += k ((v - kv) beta)^T; o = S^T q.
 //
-// Each lane reads a position's inputs (its q and k channels lane, lane + 32, ... below HK, its v
-// column, beta's and the decay's inputs, the step row) one position ahead: the loads of position
-// n + 1 are in flight while position n computes (the values and operations are the same).
+// The positions go in chunks of DC = 4 NW: first every warp prepares 4 of the chunk's positions
+// (their loads in flight together: q and k channels lane, lane + 32, ... below HK, v of the
+// lane's column, beta's and the decay's inputs, the step row; then q and k L2-normalised, beta
+// and the decay) into shared memory, then the chain walks the chunk holding only the state's
+// operations. Each value is computed by the operations the CPU order fixes whichever warp runs
+// them, so the chunking changes no bit (and one row a step prepares a chunk of one).
 //
 // CONV (gated_delta_conv_k<HK>, steps of at most RING rows a sequence): first the step's rows are
 // convolved, conv1d_silu's operations (conv_silu_at), every thread of the block a share of the
@@ -146,8 +149,14 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
     constexpr int R = HK / NW;
     constexpr int QL = (HK + 31) / 32;  // q / k channels a lane
     constexpr int CR = CONV ? RING : 1;
-    __shared__ float qs_all[NW][HK];
-    __shared__ float ks_all[NW][HK];
+    // The chunk's positions, prepared (DC of them; PW a warp): q and k normalised, v the
+    // block's columns, beta, the decay, the step row.
+    constexpr int PW = 4, DC = PW * NW;
+    __shared__ float qn[DC][HK];
+    __shared__ float kn[DC][HK];
+    __shared__ float vn[DC][32];
+    __shared__ float bn[DC], dn[DC];
+    __shared__ u32 rn[DC];
     // Partials of S^T k (two buffers by position parity: a replayed position has one barrier)
     // and of S^T q.
     __shared__ float part_kv[2][NW][32];
@@ -166,8 +175,6 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
     const u32 conv_dim = 2 * nk * HK + nv * hv;
     const u32 iw = conv_dim + 2 * nv;
     const u32 i0 = w * R;  // this warp's first state row
-    float* qs = qs_all[w];
-    float* ks = ks_all[w];
     const float* sb = S + ((u64)p.slot * nv + h) * HK * hv;
     float* db = D + ((d_per_slot ? (u64)p.slot * nv : 0) + h) * HK * hv;
     float s[R];
@@ -246,67 +253,84 @@ __device__ __forceinline__ void gated_delta_body(const float* QKV, const float* 
     const float scale = 1.0f / sqrtf((float)HK);
     const float a_coef = A[h], dt = DT[h];
     const u32 total = p.first - p.replay_from + p.n_rows;
-    DeltaIn<HK> next;
-    if (total > 0) load(0, next);
-    for (u32 n = 0; n < total; n++) {
-        const DeltaIn<HK> in = next;
-        if (n + 1 < total) load(n + 1, next);
-        const u32 pos = p.replay_from + n;
-        // Every warp normalises the whole q and k (the same operations: the same bits).
-        float sq = 0.0f, sk = 0.0f;
+    for (u32 n0 = 0; n0 < total; n0 += DC) {
+        const u32 nc = total - n0 < DC ? total - n0 : DC;
+        // The chunk's inputs, off the chain: warp w takes positions n0 + w, n0 + w + NW, ...
+        // (its loads in flight together), each normalised by one warp with the operations
+        // every warp ran on it before (lane partials in m order, the xor tree).
+        DeltaIn<HK> in[PW];
 #pragma unroll
-        for (int m = 0; m < QL; m++) {
-            const u32 i = lane + 32 * m;
-            if (i >= HK) continue;
-            qs[i] = in.q[m];
-            ks[i] = in.k[m];
-            sq += in.q[m] * in.q[m];
-            sk += in.k[m] * in.k[m];
-        }
+        for (int u = 0; u < PW; u++)
+            if (w + u * NW < nc) load(n0 + w + u * NW, in[u]);
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            sq += __shfl_xor_sync(FULL_MASK, sq, o);
-            sk += __shfl_xor_sync(FULL_MASK, sk, o);
-        }
-        const float iq = 1.0f / sqrtf(sq + 1e-6f), ik = 1.0f / sqrtf(sk + 1e-6f);
-        for (u32 i = lane; i < HK; i += 32) {
-            qs[i] = qs[i] * iq * scale;
-            ks[i] = ks[i] * ik * 1.0f;
-        }
-        __syncwarp();
-        const float beta = sigmoid_of(in.b);
-        const float a = in.a + dt;
-        const float sp = a > 20.0f ? a : log1pf(expf(a));
-        const float decay = expf(a_coef * sp);
-        const float v = in.v;
+        for (int u = 0; u < PW; u++) {
+            const u32 c = w + u * NW;
+            if (c >= nc) continue;
+            float sq = 0.0f, sk = 0.0f;
 #pragma unroll
-        for (int i = 0; i < R; i++) s[i] *= decay;
-        float kv = delta_dot<R>(s, ks + i0);
-        float* pk = part_kv[n & 1][0];
-        pk[w * 32 + lane] = kv;
-        __syncthreads();
-        kv = pk[lane];
+            for (int m = 0; m < QL; m++) {
+                const u32 i = lane + 32 * m;
+                if (i >= HK) continue;
+                sq += in[u].q[m] * in[u].q[m];
+                sk += in[u].k[m] * in[u].k[m];
+            }
 #pragma unroll
-        for (int q = 1; q < NW; q++) kv += pk[q * 32 + lane];
-        const float d = (v - kv) * beta;
+            for (int o = 16; o > 0; o >>= 1) {
+                sq += __shfl_xor_sync(FULL_MASK, sq, o);
+                sk += __shfl_xor_sync(FULL_MASK, sk, o);
+            }
+            const float iq = 1.0f / sqrtf(sq + 1e-6f), ik = 1.0f / sqrtf(sk + 1e-6f);
 #pragma unroll
-        for (int i = 0; i < R; i++) s[i] += ks[i0 + i] * d;
-        if (pos >= p.first) {  // the same for the whole block
-            float o = delta_dot<R>(s, qs + i0);
-            part_o[w][lane] = o;
-            __syncthreads();
-            if (w == 0 && col) {
-                o = part_o[0][lane];
-#pragma unroll
-                for (int q = 1; q < NW; q++) o += part_o[q][lane];
-                O[(u64)in.row * nv * hv + (u64)h * hv + j] = o;
+            for (int m = 0; m < QL; m++) {
+                const u32 i = lane + 32 * m;
+                if (i >= HK) continue;
+                qn[c][i] = in[u].q[m] * iq * scale;
+                kn[c][i] = in[u].k[m] * ik * 1.0f;
+            }
+            vn[c][lane] = in[u].v;
+            if (lane == 0) {
+                const float a = in[u].a + dt;
+                const float sp = a > 20.0f ? a : log1pf(expf(a));
+                bn[c] = sigmoid_of(in[u].b);
+                dn[c] = expf(a_coef * sp);
+                rn[c] = in[u].row;
             }
         }
-        if (col && pos + 1 == p.commit_to) {
+        __syncthreads();
+        for (u32 c = 0; c < nc; c++) {
+            const u32 n = n0 + c, pos = p.replay_from + n;
+            const float* ks = kn[c];
+            const float* qs = qn[c];
+            const float beta = bn[c], decay = dn[c], v = vn[c][lane];
 #pragma unroll
-            for (int i = 0; i < R; i++) db[(u64)(i0 + i) * hv + j] = s[i];
+            for (int i = 0; i < R; i++) s[i] *= decay;
+            float kv = delta_dot<R>(s, ks + i0);
+            float* pk = part_kv[n & 1][0];
+            pk[w * 32 + lane] = kv;
+            __syncthreads();
+            kv = pk[lane];
+#pragma unroll
+            for (int q = 1; q < NW; q++) kv += pk[q * 32 + lane];
+            const float d = (v - kv) * beta;
+#pragma unroll
+            for (int i = 0; i < R; i++) s[i] += ks[i0 + i] * d;
+            if (pos >= p.first) {  // the same for the whole block
+                float o = delta_dot<R>(s, qs + i0);
+                part_o[w][lane] = o;
+                __syncthreads();
+                if (w == 0 && col) {
+                    o = part_o[0][lane];
+#pragma unroll
+                    for (int q = 1; q < NW; q++) o += part_o[q][lane];
+                    O[(u64)rn[c] * nv * hv + (u64)h * hv + j] = o;
+                }
+            }
+            if (col && pos + 1 == p.commit_to) {
+#pragma unroll
+                for (int i = 0; i < R; i++) db[(u64)(i0 + i) * hv + j] = s[i];
+            }
         }
-        __syncwarp();
+        __syncthreads();  // every warp is done with the chunk before the next one is written
     }
 }
 

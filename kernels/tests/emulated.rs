@@ -50,11 +50,11 @@ fn delta_kernels_on_the_emulator() {
     assert!(out.contains("delta: all ok (0 failures)"), "{out}");
     assert!(out.contains("f32rows: all ok (0 failures)"), "{out}");
     assert!(out.contains("moe_tile: all ok (0 failures)"), "{out}");
-    // Every head size and every promise ran: 6 geometries (one longer than the conv ring)
-    // x 4 cases, 5 F32 row shapes x 2, and 12 expert counts of the tile lookup.
+    // Every head size and every promise ran: 7 geometries (one longer than the conv ring, one
+    // of three position chunks) x 4 cases, 5 F32 row shapes x 2, and 12 expert counts of the tile lookup.
     assert_eq!(
         out.lines().filter(|l| l.starts_with("ok ")).count(),
-        46,
+        50,
         "{out}"
     );
 }

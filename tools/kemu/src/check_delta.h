@@ -207,6 +207,8 @@ extern "C" int kemu_check_delta() {
     delta_case<64>({2, 2, 48, 11, 3});
     delta_case<128>({1, 2, 64, 13, 4});
     delta_case<128>({2, 4, 32, 7, 4});
+    // More positions than a chunk of the four-warp kernel (16): three chunks, the last short.
+    delta_case<128>({1, 1, 32, 37, 4});
     // Longer than the conv ring (CONV_RING rows): conv1d_silu keeps the last ones.
     delta_case<32>({1, 2, 32, 30, 4});
     printf("delta: %s (%d failures)\n", fails > before ? "FAILED" : "all ok", fails - before);
