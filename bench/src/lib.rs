@@ -9,6 +9,7 @@ pub mod kblocks;
 pub mod kernel_cache;
 pub mod kernels;
 pub mod load;
+pub mod model_hash;
 pub mod peer;
 pub mod peer_build;
 pub mod peer_import;

@@ -6,7 +6,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use memra_engine::error::{Error, Result};
 
@@ -268,7 +267,8 @@ pub fn read_dir(dir: &Path) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// A model file's reference: name, size and sha256 prefix (a folder: its name, no hash).
+/// A model file's reference: name, size and sha256 prefix (a folder: its name, no hash; the
+/// prefix remembered across runs: [`crate::model_hash`]).
 pub fn model_ref(path: &Path) -> Result<ModelRef> {
     let file = path
         .file_name()
@@ -281,14 +281,7 @@ pub fn model_ref(path: &Path) -> Result<ModelRef> {
             bytes: None,
         });
     }
-    let err = |e: std::io::Error| Error::Input(format!("{}: {e}", path.display()));
-    let mut f = std::fs::File::open(path).map_err(err)?;
-    let mut h = Sha256::new();
-    let bytes = std::io::copy(&mut f, &mut h).map_err(err)?;
-    let hex: String = h.finalize()[..6]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let (hex, bytes) = crate::model_hash::sha256_prefix(path)?;
     Ok(ModelRef {
         file,
         sha256: Some(hex),
