@@ -204,10 +204,15 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
             "--gen must be at least 2 for decode (1 for prefill and ttft)".into(),
         ));
     }
-    let mref: ModelRef = record::model_ref(model)?;
     if a.schema.is_some() && a.kind != Kind::Decode {
         return Err(Error::Input("--schema applies to decode only".into()));
     }
+    // The file's hash (tens of seconds for a large file the first time) beside the load.
+    let hashing = std::thread::spawn({
+        let p = model.to_path_buf();
+        move || record::model_ref(&p)
+    });
+    let t_load = Instant::now();
     let m = load_model(model)?;
     let vocab = m.config.vocab;
     let grammar = a
@@ -230,7 +235,31 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
         max_queued: 4,
     };
     cfg.scheduler.max_running = limits.max_in_flight_per_tenant;
+    let t_start = Instant::now();
+    let read_s = (t_start - t_load).as_secs_f64();
     let engine = Engine::start(vec![("bench".into(), m, cfg)], limits)?;
+    let start_s = t_start.elapsed().as_secs_f64();
+    let mref: ModelRef = hashing
+        .join()
+        .map_err(|_| Error::Input("hashing the model file failed".into()))??;
+    if a.progress {
+        let l = memra_engine::backend::cuda::load_stats::load_stats();
+        let cuda = if l.upload_bytes > 0 {
+            format!(
+                " (repacking {:.1} s, host to device {:.1} s for {:.1} GB)",
+                l.repack_s,
+                l.upload_s,
+                l.upload_bytes as f64 / 1e9
+            )
+        } else {
+            String::new()
+        };
+        eprintln!(
+            "model: read {read_s:.1} s, engine start {start_s:.1} s{cuda}, the file's hash \
+             ready {:.1} s after the read began",
+            t_load.elapsed().as_secs_f64()
+        );
+    }
     let info = engine
         .models()
         .into_iter()

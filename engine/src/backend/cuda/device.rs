@@ -430,12 +430,9 @@ impl Gpu {
     }
 
     pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
-        self.stream.clone_htod(data).map_err(|e| {
-            self.err(format!(
-                "upload of {} bytes: {e:?}",
-                std::mem::size_of_val(data)
-            ))
-        })
+        let bytes = std::mem::size_of_val(data);
+        super::load_stats::uploading(bytes, || self.stream.clone_htod(data))
+            .map_err(|e| self.err(format!("upload of {bytes} bytes: {e:?}")))
     }
 
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>> {

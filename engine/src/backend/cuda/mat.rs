@@ -228,13 +228,16 @@ impl Products {
         let (packed, data, stride) = if self.v2 && products::product_supports(t.dtype) {
             let mut bytes = Vec::new();
             let mut first = None;
-            for x in 0..e {
-                let p = repack(t.dtype, &t.data[x * stored..(x + 1) * stored], rows, cols)?;
-                if x == 0 {
-                    first = Some((p.padded_cols(), p.col_tiles, p.data.len()));
+            super::load_stats::repacking(|| -> Result<()> {
+                for x in 0..e {
+                    let p = repack(t.dtype, &t.data[x * stored..(x + 1) * stored], rows, cols)?;
+                    if x == 0 {
+                        first = Some((p.padded_cols(), p.col_tiles, p.data.len()));
+                    }
+                    bytes.extend_from_slice(&p.data);
                 }
-                bytes.extend_from_slice(&p.data);
-            }
+                Ok(())
+            })?;
             let (kp, col_tiles, stride) =
                 first.ok_or_else(|| g.err("expert stack without experts"))?;
             let pm = PMat {

@@ -18,6 +18,7 @@ mod device;
 mod graph;
 mod hidden;
 pub mod link;
+pub mod load_stats;
 mod mat;
 pub mod moe;
 mod opprof;

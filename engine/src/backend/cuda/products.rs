@@ -112,7 +112,8 @@ impl Gpu {
         rows: usize,
         cols: usize,
     ) -> Result<PMat> {
-        self.upload_tiles(profile, &repack(dtype, src, rows, cols)?)
+        let p = super::load_stats::repacking(|| repack(dtype, src, rows, cols))?;
+        self.upload_tiles(profile, &p)
     }
 
     /// Uploads a matrix already in the tile layout.
