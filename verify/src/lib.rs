@@ -34,5 +34,6 @@ pub mod tokens;
 pub mod vision;
 mod vision_check;
 pub mod vision_qwen;
+mod vision_rows;
 pub mod vision_text;
 pub mod vision_video;

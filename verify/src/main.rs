@@ -261,6 +261,10 @@ enum Cmd {
         /// prefix-cache hit of that many tokens in the warm phase); 0: none.
         #[arg(long, default_value_t = 0)]
         context: usize,
+        /// A vision tower (mmproj GGUF) the model takes rows of: one request in three carries
+        /// an image, encoded by the tower on --device.
+        #[arg(long)]
+        mmproj: Option<PathBuf>,
         #[command(flatten)]
         pp: PpArgs,
     },
@@ -458,27 +462,7 @@ fn gate_vision(a: &memra_verify::vision::VisionArgs, json: Option<&Path>) -> Res
         );
     }
     if let Some(v) = &r.video {
-        let (w, h) = v.size;
-        let text = match (v.positions_equal, v.text_rel_error) {
-            (Some(p), Some(e)) => format!(
-                "; text model positions {} HF's, logits {e:.2e} apart",
-                if p { "equal to" } else { "DIFFERENT from" }
-            ),
-            _ => String::new(),
-        };
-        println!(
-            "vision: video of {} frames {w}x{h} ({} groups, {} tokens; times {:?}, timestamps \
-             {:?}) vs the numpy reference: {:.2e} of the largest value (tolerance {:.0e}){text}; \
-             greedy tokens {}",
-            v.frames,
-            v.groups,
-            v.tokens,
-            v.times,
-            v.seconds,
-            v.rel_error,
-            a.tolerance,
-            if v.tokens_equal { "equal" } else { "DIFFERENT" }
-        );
+        println!("{}", v.summary());
     }
     println!(
         "vision: greedy tokens equal on {}/{} image prompts (memra's vs the reference's rows)",
@@ -809,6 +793,7 @@ fn gate_serve(
     device: Device,
     (requests, max_tokens, context): (usize, usize, usize),
     pp: &PpConfig,
+    mmproj: Option<PathBuf>,
 ) -> Result<usize> {
     let opts = serve_invariance::Options {
         device,
@@ -817,6 +802,7 @@ fn gate_serve(
         context,
         kv_dtype: kv_dtype(),
         pp: pp.clone(),
+        mmproj,
     };
     let rep = serve_invariance::run(model, &opts)?;
     print!("{}", serve_invariance::summary(&rep));
@@ -1218,7 +1204,7 @@ fn gate_all(
         "serve-invariance",
         Box::new(|| {
             let sizes = (if cuda { 32 } else { 6 }, 12, 0);
-            gate_serve(model, device, sizes, &PpConfig::default())
+            gate_serve(model, device, sizes, &PpConfig::default(), None)
         }),
     ));
     let mut summary = Vec::new();
@@ -1325,12 +1311,14 @@ fn run(cli: Cli) -> Result<usize> {
             requests,
             max_tokens,
             context,
+            mmproj,
             pp,
         } => gate_serve(
             &model,
             device,
             (requests, max_tokens, context),
             &pp.config()?,
+            mmproj,
         ),
         Cmd::Pp {
             model,

@@ -6,20 +6,25 @@
 //! = 8, no load cut-off); one request in three opts out of speculation. Every token, text byte
 //! and logprob bit must be identical. Half the requests are sampled (temperature 0.8, top-p
 //! 0.95, top-k 40, a repetition penalty, a seed per request); one in four is constrained by a
-//! JSON schema (structured output), so grammar masks run in the mixed load too.
+//! JSON schema (structured output), so grammar masks run in the mixed load too. With a vision
+//! tower (`--mmproj`), one request in three carries an image (two images, each in several
+//! requests; encoded once by the tower on the gate's device, a CUDA device's CUDA tower), placed
+//! before the request's text: image rows under the same staggered load, preemption, prefix
+//! hits (of the image's blocks too) and speculation, with the same bytes as alone.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use memra_engine::backend::Device;
 use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle, KvBudget};
 use memra_engine::grammar::{Grammar, GrammarSpec, Grammars};
-use memra_engine::loader::load_model;
+use memra_engine::loader::{Model, load_model};
 use memra_engine::request::{Event, EventStream, SubmitError, ValidRequest};
 use memra_engine::sampling::SamplingParams;
 use memra_engine::scheduler::SchedulerConfig;
 use memra_engine::spec::SpecConfig;
 use memra_engine::tokenizer::Tokenizer;
+use memra_engine::vision::{ImageTokens, MediaSpan, VisionTower};
 use memra_engine::{Error, Result};
 
 /// What to run.
@@ -35,6 +40,9 @@ pub struct Options {
     pub context: usize,
     /// Pipeline stages the engine serves the model on (default: unsplit).
     pub pp: memra_engine::pipeline::PpConfig,
+    /// A vision tower the model takes rows of (an mmproj GGUF): one request in three carries
+    /// an image.
+    pub mmproj: Option<PathBuf>,
 }
 
 /// One request's output: tokens, text, logprob bits (own and top alternatives), finish reason.
@@ -67,6 +75,11 @@ pub struct Report {
     pub drafter: String,
     /// Draft tokens accepted from sampled requests (speculative phases).
     pub sampled_accepted: usize,
+    /// Requests with an image, and where the tower encoded them (`cpu`, `cuda:0 (...)`).
+    pub image_requests: usize,
+    /// Prompt tokens of the requests with an image served from the prefix cache when warm.
+    pub image_cached_tokens: usize,
+    pub tower: String,
     pub failures: Vec<String>,
 }
 
@@ -99,22 +112,95 @@ fn context_tokens(tok: &Tokenizer, n: usize) -> Result<Vec<u32>> {
     Ok(unit.iter().copied().cycle().take(n).collect())
 }
 
+/// A prompt's ids and its image, if any.
+struct Prompt {
+    ids: Vec<u32>,
+    media: Vec<MediaSpan>,
+}
+
+/// The images of the image requests, encoded once by the tower on the gate's device: each
+/// one's span (its rows, the part the model takes; hash; token grid) at position 0.
+struct Images {
+    spans: Vec<MediaSpan>,
+    tokens: ImageTokens,
+    /// Where the tower ran.
+    tower: String,
+}
+
+/// Two images (the vision gate's first two: for the Qwen ViT a square and a wide one) through
+/// the tower of `mmproj` on `device`.
+fn images(mmproj: &Path, m: &Model, device: Device) -> Result<Images> {
+    let mut tower = VisionTower::open(mmproj)?;
+    let take = crate::vision_qwen::rows_taken(&tower, &m.config)?;
+    tower.place(device)?;
+    let width = tower.out_width();
+    let spans = crate::vision_qwen::images(&tower, 2)?
+        .iter()
+        .map(|i| {
+            let r = tower.encode_image(i.w, i.h, &i.rgb)?;
+            Ok(MediaSpan {
+                start: 0,
+                embeds: Arc::from(crate::vision_qwen::main_rows(&r, width, take)),
+                width: take,
+                hash: tower.hash_image(i.w, i.h, &i.rgb),
+                grid: Some(tower.grid_for(i.w, i.h)),
+                times: Vec::new(),
+            })
+        })
+        .collect::<Result<_>>()?;
+    Ok(Images {
+        spans,
+        tokens: ImageTokens::from_tokenizer(&m.tokenizer),
+        tower: tower.runs_on(),
+    })
+}
+
+/// Which image request `i` carries (with a tower; modulo the images' count): one request in
+/// three, from the first, the images in turn, so each image is in several requests.
+fn with_image(i: usize) -> Option<usize> {
+    i.is_multiple_of(3).then_some(i / 3)
+}
+
 /// Prompts of mixed lengths; most share a long common prefix (`context` filler tokens, then
-/// the shared instructions), one in four is short.
-fn prompts(tok: &Tokenizer, n: usize, context: usize) -> Result<Vec<Vec<u32>>> {
+/// the shared instructions), one in four is short. With `images`, one in three has an image
+/// before its text (after the context): those with the same image share it in their prefix.
+fn prompts(
+    tok: &Tokenizer,
+    n: usize,
+    context: usize,
+    images: Option<&Images>,
+) -> Result<Vec<Prompt>> {
     let bos = tok.add_bos_default();
     let ctx = context_tokens(tok, context)?;
     (0..n)
         .map(|i| {
             let q = QUESTIONS[i % QUESTIONS.len()];
-            if i % 4 == 3 {
-                return tok.encode(&format!("{q} ({i})"), bos);
+            let short = i % 4 == 3;
+            let image = images.zip(with_image(i));
+            if short && image.is_none() {
+                let ids = tok.encode(&format!("{q} ({i})"), bos)?;
+                return Ok(Prompt { ids, media: vec![] });
             }
-            let tail = tok.encode(&format!("{SHARED} {q} ({i})"), false)?;
-            let mut p = tok.encode("", bos)?;
-            p.extend_from_slice(&ctx);
-            p.extend_from_slice(&tail);
-            Ok(p)
+            let mut ids = tok.encode("", bos)?;
+            if !short {
+                ids.extend_from_slice(&ctx);
+            }
+            let mut media = Vec::new();
+            if let Some((im, k)) = image {
+                let span = &im.spans[k % im.spans.len()];
+                let (toks, first) = im.tokens.expand(span.rows());
+                media.push(MediaSpan {
+                    start: ids.len() + first,
+                    ..span.clone()
+                });
+                ids.extend(toks);
+            }
+            let text = match short {
+                true => format!("{q} ({i})"),
+                false => format!("{SHARED} {q} ({i})"),
+            };
+            ids.extend(tok.encode(&text, false)?);
+            Ok(Prompt { ids, media })
         })
         .collect()
 }
@@ -156,15 +242,16 @@ fn schema_grammar(tok: &Tokenizer) -> Result<Arc<Grammar>> {
     Grammars::new(tok).compile(&GrammarSpec::JsonSchema(schema))
 }
 
-fn request(prompt: &[u32], i: usize, max_tokens: usize, g: &Arc<Grammar>) -> ValidRequest {
+fn request(prompt: &Prompt, i: usize, max_tokens: usize, g: &Arc<Grammar>) -> ValidRequest {
     ValidRequest {
         tenant: "verify".into(),
+        media: prompt.media.clone(),
         params: params(i),
         logprobs: Some(2),
         ignore_eos: false,
         speculative: speculates(i),
         grammar: constrained(i).then(|| g.clone()),
-        ..memra_engine::testing::text_request(prompt.to_vec(), max_tokens)
+        ..memra_engine::testing::text_request(prompt.ids.clone(), max_tokens)
     }
 }
 
@@ -214,7 +301,7 @@ fn drain(mut s: EventStream, mut o: Output) -> Result<Output> {
 /// after the first request has produced each further token.
 fn together(
     e: &EngineHandle,
-    p: &[Vec<u32>],
+    p: &[Prompt],
     max_tokens: usize,
     g: &Arc<Grammar>,
 ) -> Result<Vec<Output>> {
@@ -282,13 +369,19 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
     }
     let m = load_model(model)?;
     let tok = m.tokenizer.clone();
-    let p = prompts(&tok, opts.requests, opts.context)?;
+    let im = match &opts.mmproj {
+        Some(f) => Some(images(f, &m, opts.device)?),
+        None => None,
+    };
+    let p = prompts(&tok, opts.requests, opts.context, im.as_ref())?;
     let g = schema_grammar(&tok)?;
     let bs = 16;
     let per: Vec<usize> = p
         .iter()
-        .map(|q| (q.len() + opts.max_tokens).div_ceil(bs))
+        .map(|q| (q.ids.len() + opts.max_tokens).div_ceil(bs))
         .collect();
+    // An image's rows are computed in one step: the budget holds the largest and a few rows.
+    let image_rows = p.iter().flat_map(|q| &q.media).map(|s| s.rows()).max();
     let largest = per.iter().copied().max().unwrap_or(1);
     // Room for about half the requests at once: the together phases preempt.
     let blocks = (per.iter().sum::<usize>() / 2).max(largest + 2);
@@ -299,7 +392,7 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
         kv: KvBudget::Blocks(blocks),
         kv_dtype: opts.kv_dtype,
         scheduler: SchedulerConfig {
-            max_batch_tokens: 48,
+            max_batch_tokens: image_rows.map_or(48, |r| 48.max(r + 4)),
             max_running: 64,
             max_running_per_tenant: 64,
             admit_reserve_blocks: 1,
@@ -323,6 +416,8 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
             .unwrap_or_default(),
         requests: p.len(),
         constrained: (0..p.len()).filter(|&i| constrained(i)).count(),
+        image_requests: p.iter().filter(|q| !q.media.is_empty()).count(),
+        tower: im.map(|i| i.tower).unwrap_or_default(),
         ..Default::default()
     };
     let mut alone = Vec::new();
@@ -337,6 +432,12 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
     let warm = together(&e, &p, opts.max_tokens, &g)?;
     compare("warm", &alone, &warm, &mut rep);
     rep.warm_cached_tokens = warm.iter().map(|o| o.cached_tokens).sum();
+    rep.image_cached_tokens = p
+        .iter()
+        .zip(&warm)
+        .filter(|(q, _)| !q.media.is_empty())
+        .map(|(_, o)| o.cached_tokens)
+        .sum();
     rep.preemptions = e.stats().models.iter().map(|m| m.preemptions_total).sum();
     if rep.warm_cached_tokens == 0 && p.len() > 1 {
         rep.failures
@@ -376,8 +477,16 @@ pub fn run(model: &Path, opts: &Options) -> Result<Report> {
 
 /// The summary printed by the subcommand.
 pub fn summary(r: &Report) -> String {
+    let images = match r.image_requests {
+        0 => String::new(),
+        n => format!(
+            ", {n} with an image from the tower on {}: {} of their prompt tokens from the cache \
+             when warm",
+            r.tower, r.image_cached_tokens
+        ),
+    };
     let mut s = format!(
-        "serve-invariance on {}: {} requests ({} constrained by a JSON schema) alone / together \
+        "serve-invariance on {}: {} requests ({} constrained by a JSON schema{images}) alone / together \
          (staggered) / warm prefix cache / default speculation / speculative for all; {} tokens compared, {} prompt tokens from the cache when warm, {} preemptions, \
          drafter {}: {} drafts ({} accepted, {} of them in sampled requests), {} differences\n",
         r.backend,

@@ -15,9 +15,11 @@
 //!   the Qwen ViT's images are of several sizes and aspect ratios (vision_qwen.rs);
 //! - `tokens`: greedy tokens of image prompts fed memra's embeddings vs fed the reference's
 //!   (numpy's when it ran, else the Rust one's): equal;
-//! - `video` (the Qwen ViT, numpy reference): a 3-frame video through the tower's video path
-//!   against the numpy reference's, its M-RoPE positions and text-model logits against HF's
-//!   rule, its greedy tokens fed either rows (vision_video.rs);
+//! - `video` (the Qwen ViT): a 3-frame video through the tower's video path against the numpy
+//!   reference's, its M-RoPE positions and text-model logits against HF's rule; or, on a CUDA
+//!   device without numpy (`--reference none`), the CUDA tower's video path against the CPU
+//!   tower's as the images are (`--cuda-tolerance`, a second encoding the same bits); its
+//!   greedy tokens fed either rows (vision_video.rs);
 //! - `serve`: image requests and text requests submitted together to one engine (a step
 //!   budget of one image and 4 rows, so prefills are chunked beside each other; a KV pool
 //!   that holds them all, so nothing is evicted) give the tokens and logprob bits each gives
@@ -49,6 +51,7 @@ use memra_engine::vision::{ImageTokens, MediaSpan, VisionTower};
 
 pub use crate::vision_qwen::Family;
 use crate::vision_qwen::{Image, main_rows};
+use crate::vision_rows::{Against, on_device, rel_error};
 
 /// The default largest max |cuda - cpu| / max |cpu| of one image's embeddings (docs/VERIFY.md
 /// "The CUDA tower"): the CUDA tower rounds the inputs of its products and attention (and the
@@ -89,7 +92,8 @@ pub enum RefChoice {
     /// Both, and each against the other.
     Both,
     /// Neither (a real-size tower, whose float64 references take too long): on a CUDA device
-    /// the CPU tower is the reference (the tokens check feeds its rows).
+    /// the CPU tower is the reference (the tokens check feeds its rows; the Qwen ViT's video
+    /// too).
     None,
 }
 
@@ -137,8 +141,8 @@ pub struct VisionReport {
     /// The Qwen-VL text model against its numpy reference (M-RoPE positions, logits;
     /// vision_text.rs), when the numpy reference runs for a Qwen family.
     pub text: Option<crate::vision_text::TextReport>,
-    /// The Qwen ViT's video path against the numpy reference's (vision_video.rs), when the
-    /// numpy reference runs for a Qwen family.
+    /// The Qwen ViT's video path (vision_video.rs) against the numpy reference's when it runs,
+    /// else on a CUDA device against the CPU tower's.
     pub video: Option<crate::vision_video::VideoReport>,
     /// Where the gate's rows came from (`cpu`, or the CUDA tower's device).
     pub tower: String,
@@ -156,7 +160,7 @@ pub fn test_image(size: usize, seed: u32) -> Vec<u8> {
     crate::vision_qwen::test_image(size, size, seed)
 }
 
-fn model(a: &VisionArgs) -> Result<Model> {
+pub(crate) fn model(a: &VisionArgs) -> Result<Model> {
     match a.model.as_deref() {
         Some(p) => memra_engine::loader::load_model(p),
         None => {
@@ -294,23 +298,6 @@ fn reference(
         .collect()
 }
 
-pub(crate) fn rel_error(a: &[f32], r: &[f32]) -> f32 {
-    if a.len() != r.len() {
-        return f32::INFINITY;
-    }
-    let max = r.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-    // A NaN anywhere is a NaN error (f32::max would drop it).
-    let d = a.iter().zip(r).fold(0f32, |m, (x, y)| {
-        let e = (x - y).abs();
-        if e.is_nan() || m.is_nan() {
-            f32::NAN
-        } else {
-            m.max(e)
-        }
-    });
-    d / max
-}
-
 /// The gate's tower: MMPROJ, or the family's tiny random one written into `dir`.
 fn open_tower(a: &VisionArgs, hidden: usize, dir: &Path) -> Result<(PathBuf, VisionTower)> {
     let mmproj = match &a.mmproj {
@@ -332,22 +319,10 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
     let hidden = m.config.hidden;
     let (mmproj, mut tower) = open_tower(a, hidden, dir.path())?;
     let qwen = tower.qwen_params().is_some();
-    if !crate::vision_qwen::text_model_fits(&tower, m.config.arch) {
-        return Err(Error::Input(format!(
-            "vision: the text model is {}, which does not take this tower's rows (Gemma 3's: \
-             gemma3; the Qwen ViT's: qwen2, qwen3)",
-            m.config.arch.gguf_name()
-        )));
-    }
     let width = tower.out_width();
     // What the text model takes: whole rows (a qwen3vl takes the deepstack values too), or
     // a plain qwen3's main rows of a Qwen3-VL tower.
-    let take = m.config.embed_width();
-    if width != take && tower.qwen_params().is_none_or(|q| q.text_hidden != take) {
-        return Err(Error::Input(format!(
-            "vision: the tower's rows have {width} values, the model's embeddings {take}"
-        )));
-    }
+    let take = crate::vision_qwen::rows_taken(&tower, &m.config)?;
     if qwen && a.reference.f64() {
         return Err(Error::Input(
             "vision: the Rust float64 reference covers Gemma 3's tower only; for the Qwen ViT \
@@ -408,23 +383,8 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
         }
         rep.text = Some(t);
     }
-    if qwen && a.reference.numpy() {
-        let args = crate::vision_video::VideoArgs {
-            python: &a.python,
-            mmproj: &mmproj,
-            tower: &tower,
-            model: &|| model(a),
-            device: a.device,
-            max_tokens: a.max_tokens,
-            dir: dir.path(),
-        };
-        // The video runs through the gate's tower: on a CUDA device its rows (and the logits
-        // they give) carry the CUDA tower's f16 rounding too.
-        let tol = match rep.tower.as_str() {
-            "cpu" => a.tolerance,
-            _ => a.tolerance + a.cuda_tolerance,
-        };
-        rep.video = Some(crate::vision_video::check(args, tol, &mut rep.failures)?);
+    if qwen {
+        video(a, &mmproj, &tower, dir.path(), &mut rep)?;
     }
     let ours: Vec<Arc<[f32]>> = full
         .iter()
@@ -446,6 +406,41 @@ pub fn check(a: &VisionArgs) -> Result<VisionReport> {
     tokens_check(a, &fed, &refs, &mut rep)?;
     serve(a, &prompts, &ours, &hashes, take, m.config.vocab, &mut rep)?;
     Ok(rep)
+}
+
+/// The Qwen ViT's video case (vision_video.rs) through the gate's tower: against the numpy
+/// reference where it runs (on a CUDA device its rows, and the logits they give, carry the
+/// CUDA tower's f16 rounding too: `--tolerance` + `--cuda-tolerance`); else, with the tower on
+/// a CUDA device, against the CPU tower as the images are (`--cuda-tolerance`); on the CPU
+/// without numpy, not at all (the CPU tower against itself).
+fn video(
+    a: &VisionArgs,
+    mmproj: &Path,
+    tower: &VisionTower,
+    dir: &Path,
+    rep: &mut VisionReport,
+) -> Result<()> {
+    use crate::vision_video::{VideoArgs, VideoRef};
+    let cuda = rep.tower != "cpu";
+    let (reference, tol) = match (a.reference.numpy(), cuda) {
+        (true, _) => {
+            let python = &a.python;
+            let tol = a.tolerance + if cuda { a.cuda_tolerance } else { 0.0 };
+            (VideoRef::Numpy { python, mmproj }, tol)
+        }
+        (false, true) => (VideoRef::CpuTower, a.cuda_tolerance),
+        (false, false) => return Ok(()),
+    };
+    let args = VideoArgs {
+        reference,
+        tower,
+        model: &|| model(a),
+        device: a.device,
+        max_tokens: a.max_tokens,
+        dir,
+    };
+    rep.video = Some(crate::vision_video::check(args, tol, &mut rep.failures)?);
+    Ok(())
 }
 
 /// The tower's rows of each image against the float64 references that run (`rep`'s errors);
@@ -475,27 +470,19 @@ fn references(
         }
         false => None,
     };
-    let mut against = |what: &str, refs: &[Vec<f32>], errs: &mut Vec<f32>| {
-        for (i, (o, r)) in ours.iter().zip(refs).enumerate() {
-            let e = rel_error(o, r);
-            errs.push(e);
-            if e.is_nan() || e > a.tolerance {
-                rep.failures.push(format!(
-                    "image {i}: embeddings differ from the {what} reference by {e:.2e} of the \
-                     largest (tolerance {:.0e})",
-                    a.tolerance
-                ));
-            }
-        }
+    let image = |i: usize| format!("image {i}");
+    let mut against = |what: &str, refs: &[Vec<f32>]| {
+        let what = format!("embeddings differ from the {what} reference");
+        let cmp = Against {
+            what: &what,
+            item: &image,
+            tol: a.tolerance,
+        };
+        cmp.errors(ours, refs, &mut rep.failures)
     };
-    let (mut e_np, mut e_64) = (Vec::new(), Vec::new());
-    if let Some(r) = &numpy {
-        against("numpy", r, &mut e_np);
-    }
-    if let Some(r) = &f64s {
-        against("Rust float64", r, &mut e_64);
-    }
-    (rep.rel_errors, rep.rel_errors_f64) = (e_np, e_64);
+    let e_np = numpy.as_ref().map(|r| against("numpy", r));
+    let e_64 = f64s.as_ref().map(|r| against("Rust float64", r));
+    (rep.rel_errors, rep.rel_errors_f64) = (e_np.unwrap_or_default(), e_64.unwrap_or_default());
     if let (Some(n), Some(f)) = (&numpy, &f64s) {
         let d = n
             .iter()
@@ -591,30 +578,16 @@ fn device_rows(
             .map(|i| tower.encode_image(i.w, i.h, &i.rgb))
             .collect()
     };
-    let first = encode()?;
-    let t0 = std::time::Instant::now();
-    let second = encode()?;
-    rep.cuda_encode_ms_per_image =
-        Some(t0.elapsed().as_secs_f64() * 1e3 / images.len().max(1) as f64);
-    let bits = |v: &[Vec<f32>]| -> Vec<u32> { v.iter().flatten().map(|x| x.to_bits()).collect() };
-    let same = bits(&first) == bits(&second);
-    rep.cuda_repeat_equal = Some(same);
-    if !same {
-        rep.failures
-            .push("the CUDA tower gave other bits for the same images the second time".into());
-    }
-    for (i, (g, c)) in first.iter().zip(cpu).enumerate() {
-        let e = rel_error(g, c);
-        rep.cuda_vs_cpu.push(e);
-        if e.is_nan() || e > a.cuda_tolerance {
-            rep.failures.push(format!(
-                "image {i}: the CUDA tower's embeddings differ from the CPU tower's by {e:.2e} \
-                 of the largest (tolerance {:.0e})",
-                a.cuda_tolerance
-            ));
-        }
-    }
-    Ok(first.into_iter().map(Arc::from).collect())
+    let cmp = Against {
+        what: "the CUDA tower's embeddings differ from the CPU tower's",
+        item: &|i| format!("image {i}"),
+        tol: a.cuda_tolerance,
+    };
+    let d = on_device(&encode, cpu, "images", &cmp, &mut rep.failures)?;
+    rep.cuda_encode_ms_per_image = Some(d.ms / images.len().max(1) as f64);
+    rep.cuda_repeat_equal = Some(d.repeat_equal);
+    rep.cuda_vs_cpu = d.errors;
+    Ok(d.rows.into_iter().map(Arc::from).collect())
 }
 
 /// Image and text requests together vs alone; prefix hits on the same image.

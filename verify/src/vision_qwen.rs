@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
-use memra_engine::config::Arch;
-use memra_engine::error::Result;
+use memra_engine::config::{Arch, ModelConfig};
+use memra_engine::error::{Error, Result};
 use memra_engine::quant::DType;
 use memra_engine::vision::random::{random_qwen, random_tower, write_mmproj, write_qwen_mmproj};
 use memra_engine::vision::{QwenKind, QwenParams, TowerParams, VisionTower};
@@ -69,6 +69,27 @@ pub fn text_model_fits(tower: &VisionTower, arch: Arch) -> bool {
             Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen2Vl | Arch::Qwen3Vl
         ),
     }
+}
+
+/// The values of each of `tower`'s rows a text model of `cfg` takes: its embedding width (whole
+/// rows, a qwen3vl's with the deepstack values; or a Qwen3-VL tower's main rows for a plain
+/// qwen3); an error when the model takes none of them.
+pub fn rows_taken(tower: &VisionTower, cfg: &ModelConfig) -> Result<usize> {
+    if !text_model_fits(tower, cfg.arch) {
+        return Err(Error::Input(format!(
+            "the text model is {}, which does not take this tower's rows (Gemma 3's: gemma3; \
+             the Qwen ViT's: qwen2, qwen3)",
+            cfg.arch.gguf_name()
+        )));
+    }
+    let width = tower.out_width();
+    let take = cfg.embed_width();
+    if width != take && tower.qwen_params().is_none_or(|q| q.text_hidden != take) {
+        return Err(Error::Input(format!(
+            "the tower's rows have {width} values, the model's embeddings {take}"
+        )));
+    }
+    Ok(take)
 }
 
 /// One test image at an input size of the tower.

@@ -12,7 +12,9 @@
 #   vision   image input on CUDA (issue 38): the vision kernels, the CUDA tower against the CPU
 #            tower and its float64 reference on SmolLM2, 225-row images from a tiny tower
 #            (prefix hits under load), the Qwen ViT's CUDA tower feeding tiny M-RoPE text models
-#            (qwen2vl, qwen25vl, qwen3vl) on CUDA (piece smol); runs while llama.cpp builds
+#            (qwen2vl, qwen25vl, qwen3vl) on CUDA, its video path against the CPU tower's,
+#            serve-invariance with image requests (gemma3, qwen2vl, qwen3vl) (piece smol); runs
+#            while llama.cpp builds
 #   vg3      a real-size random F16 Gemma 3 tower served by Gemma 3 270M (pieces gemma)
 #   mtmd     the vision side by side (issue 38): memra-bench vision (the CUDA tower's images/s
 #            at 896x896, the TTFT of a one-image request) and llama-mtmd-cli on the same Gemma 3
@@ -88,9 +90,19 @@ if on vision; then
   run kernels-vision 300 $B/memra-verify kernels --device cuda:0 --only vision
   # The Qwen ViT's CUDA tower (against its CPU tower) feeding M-RoPE text models on CUDA
   # (rope_*_mrope, deepstack rows): tiny random text models with SmolLM2's tokenizer (tok.gguf:
-  # no pieces needed)
+  # no pieces needed). With --reference none the video too: the CUDA tower's video path against
+  # the CPU tower's (2e-3), a second encoding bit-identical, greedy tokens of a video prompt fed
+  # either rows equal (and, informative, a CPU engine's)
   for fam in qwen2vl qwen25vl qwen3vl; do
     MEMRA_TEST_MODEL=$M/tok.gguf run vision-$fam 300 $B/memra-verify vision --family $fam --device cuda:0 --reference none --images 3 --prompts 4
+  done
+  # serve-invariance with image requests (one in three; the CUDA tower's rows) on tiny text
+  # model files: staggered load, preemption, prefix hits over the image, speculation, sampled
+  # and constrained requests, byte-identical to alone (TEXT:TOWER: synth / synth-mmproj shapes)
+  for p in gemma3:tiny qwen2vl:tiny-qwen25vl qwen3vl:tiny-qwen3vl; do tx=${p%%:*} mm=${p#*:}
+    $B/memra-bench synth --shape tiny-$tx --dtype q8_0 --tokenizer-from $M/tok.gguf --out $M/vl-$tx.gguf --quiet &&
+      run mm-$mm 60 $B/memra-bench synth-mmproj --shape $mm --text-hidden 64 --out $M/mm-$mm.gguf &&
+      run serve-img-$tx 300 $B/memra-verify serve-invariance $M/vl-$tx.gguf --mmproj $M/mm-$mm.gguf --device cuda:0 --requests 16
   done
   waitf $HOME/smol.ok 200 && MEMRA_TEST_MODEL=$SMOL run vision 200 $B/memra-verify vision --device cuda:0 --reference f64
   # 225-row images (near the real tower's 256) from a cheap tower: serving, prefix hits under load

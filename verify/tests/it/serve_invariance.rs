@@ -52,6 +52,7 @@ fn serve_invariance_with_a_long_shared_context() {
         kv_dtype: Default::default(),
         context: 300,
         pp: Default::default(),
+        mmproj: None,
     };
     let rep = run(&real_model(), &opts).expect("serve-invariance");
     assert!(rep.failures.is_empty(), "{:?}", rep.failures);
@@ -74,6 +75,7 @@ fn serve_invariance_library_compares_every_request() {
         kv_dtype: Default::default(),
         context: 0,
         pp: Default::default(),
+        mmproj: None,
     };
     let rep = run(&real_model(), &opts).expect("serve-invariance");
     assert_eq!(rep.requests, 3);
@@ -123,20 +125,55 @@ fn serve_invariance_passes_split_over_two_stages() {
     assert!(rep.spec_accepted > 0, "{rep:?}");
 }
 
-/// [`tiny_serve`], with an oracle MTP layer when `mtp`, over `pp` pipeline stages; returns
-/// the report.
-fn tiny_serve_with(
-    arch: memra_engine::config::Arch,
-    context: usize,
-    mtp: bool,
-    pp: usize,
-) -> memra_verify::serve_invariance::Report {
+/// Image requests in the serve gate (`--mmproj`): a tiny Gemma 3 tower on a tiny gemma3, and
+/// the Qwen ViT's (Qwen2.5-VL: windows; Qwen3-VL: deepstack rows) on the M-RoPE text models
+/// (each image's rows placed by its grid). Three of 8 requests carry an image (one of them a
+/// short prompt; the first image in two), under staggered load, preemption, a warm prefix
+/// cache (over the image's blocks too) and speculation: byte-identical to each alone.
+#[test]
+fn serve_invariance_with_image_requests() {
     use memra_engine::backend::Device;
+    use memra_verify::serve_invariance::{Options, run};
+    use memra_verify::vision::Family;
+    for family in [Family::Gemma3, Family::Qwen25vl, Family::Qwen3vl] {
+        let arch = family.text_arch();
+        let path = tiny_model_file(arch, false, "image");
+        let mmproj = path.with_extension("mmproj.gguf");
+        let hidden = memra_engine::models::random::tiny_config(arch, 49152).hidden;
+        family.write_tiny(hidden, &mmproj).expect("tower");
+        let opts = Options {
+            device: Device::Cpu,
+            requests: 8,
+            max_tokens: 10,
+            kv_dtype: Default::default(),
+            context: 0,
+            pp: Default::default(),
+            mmproj: Some(mmproj.clone()),
+        };
+        let rep = run(&path, &opts);
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(&mmproj);
+        let rep = rep.expect("serve-invariance");
+        assert_eq!((rep.requests, rep.image_requests), (8, 3), "{family:?}");
+        assert_eq!(rep.tower, "cpu");
+        assert!(rep.tokens_compared > 0);
+        // The image's blocks too come from the cache when warm (the same bytes).
+        assert!(rep.image_cached_tokens > 0, "{rep:?}");
+        assert!(rep.failures.is_empty(), "{family:?}: {:?}", rep.failures);
+        assert!(
+            memra_verify::serve_invariance::summary(&rep).contains("3 with an image"),
+            "{rep:?}"
+        );
+    }
+}
+
+/// A tiny random model of `arch` with SmolLM2's tokenizer (an oracle MTP layer when `mtp`),
+/// written to a temporary file named by `tag`.
+fn tiny_model_file(arch: memra_engine::config::Arch, mtp: bool, tag: &str) -> PathBuf {
     use memra_engine::formats::gguf::Gguf;
     use memra_engine::models::random::{random_weights, tiny_config};
     use memra_engine::quant::DType;
     use memra_engine::testing::tiny_gguf::{gguf_meta, write_model};
-    use memra_verify::serve_invariance::{Options, run};
     let real = Gguf::open(&real_model()).expect("SmolLM2");
     let tok: Vec<_> = real
         .metadata()
@@ -156,12 +193,26 @@ fn tiny_serve_with(
     let mut meta = gguf_meta(&w.config);
     meta.extend(tok);
     let name = format!(
-        "memra-serve-{}-mtp{mtp}-pp{pp}-{}.gguf",
+        "memra-serve-{}-mtp{mtp}-{tag}-{}.gguf",
         arch.gguf_name(),
         std::process::id()
     );
     let path = std::env::temp_dir().join(name);
     write_model(&w, &meta, &path).expect("write");
+    path
+}
+
+/// [`tiny_serve`], with an oracle MTP layer when `mtp`, over `pp` pipeline stages; returns
+/// the report.
+fn tiny_serve_with(
+    arch: memra_engine::config::Arch,
+    context: usize,
+    mtp: bool,
+    pp: usize,
+) -> memra_verify::serve_invariance::Report {
+    use memra_engine::backend::Device;
+    use memra_verify::serve_invariance::{Options, run};
+    let path = tiny_model_file(arch, mtp, &format!("pp{pp}"));
     let opts = Options {
         device: Device::Cpu,
         requests: 4,
@@ -172,6 +223,7 @@ fn tiny_serve_with(
             stages: pp,
             ..Default::default()
         },
+        mmproj: None,
     };
     let rep = run(&path, &opts);
     let _ = std::fs::remove_file(&path);
