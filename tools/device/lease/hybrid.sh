@@ -26,7 +26,7 @@
 #            (into ab.jsonl; the switch is deleted with the loser once measured)
 #   sbs      (HYBRID_SBS, default q3n:Q4_K_M) qwen3-next-80b-a3b Q4_K_M (synthetic, LEASE_SYNTH=q3n) side by side with llama.cpp
 #   decode   memra decode alone on that file (one run), then its op profile (plain steps);
-#            DECODE_VS=<memra-bench of another build>: both builds' decode and pp512, alternated
+#            DECODE_VS=<memra-bench of another build>: both builds' decode, alternated
 #            (function vs: also in moe30, on qwen3-30b-a3b)
 #   pprof    a 512-token prefill's op profile and the decode kernels' times (ncu, ~one step)
 #   inv80    invariance on that file
@@ -116,15 +116,17 @@ if on ab; then  # an A/B of one switch (AB_VAR, values AB_VALUES, default "0 1")
 fi
 if on sbs; then peerwait; sbs ${HYBRID_SBS:-q3n:Q4_K_M}; fi
 # vs KEY FILE SHAPE: with DECODE_VS=<another build's memra-bench> (copied to the device outside
-# the repo copy, e.g. `cp .stage/mb-vs $HOME/mb-vs; DECODE_VS=$HOME/mb-vs ...`), its decode and
-# pp512 rows against this build's, alternated twice on FILE (Q4_K_M) into vs.jsonl (run ids
+# the repo copy, e.g. `gunzip -c .stage/mb-vs.gz > $HOME/mb-vs; DECODE_VS=$HOME/mb-vs ...`), its
+# decode row against this build's on FILE (Q4_K_M), alternated VS_ROUNDS times (default 2; each
+# run loads the file: ~70 s for qwen3-30b-a3b, ~3 min for the 80B) into vs.jsonl (run ids
 # $RUN-vs and $RUN-this); nothing without it.
 vs() {
   [ -n "${DECODE_VS:-}" ] || return 0
-  for who in vs this vs this; do
-    bin=$B/memra-bench; [ $who = vs ] && bin=$DECODE_VS
-    run $1-$who-decode 200 $bin decode $2 --device cuda:0 --prompt 512 --gen 128 --runs 1 --shape $3 --dtype q4_k_m --run $RUN-$who --out $O/vs.jsonl --quiet
-    run $1-$who-pp512 200 $bin prefill $2 --device cuda:0 --prompt 512 --runs 3 --shape $3 --dtype q4_k_m --run $RUN-$who --out $O/vs.jsonl --quiet
+  for i in $(seq ${VS_ROUNDS:-2}); do
+    for who in vs this; do
+      bin=$B/memra-bench; [ $who = vs ] && bin=$DECODE_VS
+      run $1-$who-decode$i 200 $bin decode $2 --device cuda:0 --prompt 512 --gen 128 --runs 1 --shape $3 --dtype q4_k_m --run $RUN-$who --out $O/vs.jsonl --quiet
+    done
   done
 }
 if on decode && waitf $Q3N 400; then
