@@ -1,6 +1,6 @@
 //! The sha256 prefix of a model file, remembered per (path, size, modification time) for
 //! files of 256 MiB and more in
-//! `~/.cache/memra/model-sha256.tsv` (`$XDG_CACHE_HOME/memra/...` where set): hashing a 48 GB
+//! `~/.cache/memra/model-sha256.tsv` (the home folder of memra_engine::settings): hashing a 48 GB
 //! file takes tens of seconds, and every `memra-bench` run of a lease hashed it again. A file
 //! that changed (its size or mtime) is hashed anew; a cache that cannot be read or written
 //! only costs the hash.
@@ -22,10 +22,7 @@ const CACHE_MIN_BYTES: u64 = 256 << 20;
 
 /// The cache file.
 fn cache_file() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("memra/model-sha256.tsv"))
+    Some(memra_engine::settings::home()?.join(".cache/memra/model-sha256.tsv"))
 }
 
 /// The cache key of `path`: its canonical path, size and mtime (ns), tab-separated.
