@@ -312,17 +312,69 @@ fn get_bits(tile: &[u8], (at, shift, bits): (usize, u32, u32)) -> u16 {
     }
 }
 
-/// Writes tile (rt, kt) from the codes and heads of its 16 rows (`None` = a padding row).
-fn write_tile(dtype: DType, f: TileFormat, kt: usize, rows: &[Option<RowCodes>], tile: &mut [u8]) {
+/// One value slot of a tile, packed small (a Q6_K tile has 4,096): the row and column (within
+/// the tile) of its value, and its [`spot`]'s byte, shift and width (`hi_bits` 0: no high bits).
+#[derive(Clone, Copy)]
+struct Slot {
+    lo_at: u16,
+    hi_at: u16,
+    col: u16,
+    row: u8,
+    lo_shift: u8,
+    lo_bits: u8,
+    hi_shift: u8,
+    hi_bits: u8,
+}
+
+/// Every slot of a `dtype` tile in [`each_slot`]'s order: the same for every tile, so a repack
+/// computes it once instead of a [`spot`] per value.
+fn slots(dtype: DType, f: TileFormat) -> Vec<Slot> {
+    let mut v = Vec::with_capacity(16 * f.kt);
     each_slot(f, |s, lane, r, h, row, col| {
-        let Some(rc) = &rows[row] else { return };
-        let c = rc.codes[kt * f.kt + col];
         let sp = spot(dtype, s, lane, r, h);
-        put_bits(tile, sp.lo, c);
-        if let Some(hi) = sp.hi {
-            put_bits(tile, hi, c >> 4);
-        }
+        let (hi_at, hi_shift, hi_bits) = sp.hi.unwrap_or((0, 0, 0));
+        v.push(Slot {
+            lo_at: sp.lo.0 as u16,
+            hi_at: hi_at as u16,
+            col: col as u16,
+            row: row as u8,
+            lo_shift: sp.lo.1 as u8,
+            lo_bits: sp.lo.2 as u8,
+            hi_shift: hi_shift as u8,
+            hi_bits: hi_bits as u8,
+        })
     });
+    v
+}
+
+/// Writes tile (rt, kt) from the codes and heads of its 16 rows (`None` = a padding row);
+/// `slots`: [`slots`] of the type.
+fn write_tile(
+    dtype: DType,
+    f: TileFormat,
+    kt: usize,
+    rows: &[Option<RowCodes>],
+    slots: &[Slot],
+    tile: &mut [u8],
+) {
+    for sl in slots {
+        let Some(rc) = &rows[sl.row as usize] else {
+            continue;
+        };
+        let c = rc.codes[kt * f.kt + sl.col as usize];
+        put_bits(
+            tile,
+            (sl.lo_at as usize, sl.lo_shift as u32, sl.lo_bits as u32),
+            c,
+        );
+        if sl.hi_bits > 0 {
+            put_bits(
+                tile,
+                (sl.hi_at as usize, sl.hi_shift as u32, sl.hi_bits as u32),
+                c >> 4,
+            );
+        }
+    }
     let hpt = heads_per_tile(dtype);
     for (row, rc) in rows.iter().enumerate() {
         let Some(rc) = rc else { continue };
@@ -423,6 +475,7 @@ pub fn repack(dtype: DType, src: &[u8], rows: usize, cols: usize) -> Result<Pack
     let padded = col_tiles * f.kt;
     let tile_row_bytes = col_tiles * f.tile_bytes;
     let mut data = vec![0u8; row_tiles * tile_row_bytes];
+    let slots = slots(dtype, f);
     let fill = |(rt, out): (usize, &mut [u8])| {
         let codes: Vec<Option<RowCodes>> = (0..16)
             .map(|r| {
@@ -431,7 +484,7 @@ pub fn repack(dtype: DType, src: &[u8], rows: usize, cols: usize) -> Result<Pack
             })
             .collect();
         for (kt, tile) in out.chunks_exact_mut(f.tile_bytes).enumerate() {
-            write_tile(dtype, f, kt, &codes, tile);
+            write_tile(dtype, f, kt, &codes, &slots, tile);
         }
     };
     {
