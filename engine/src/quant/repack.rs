@@ -312,18 +312,11 @@ fn get_bits(tile: &[u8], (at, shift, bits): (usize, u32, u32)) -> u16 {
     }
 }
 
-/// One value slot of a tile, packed small (a Q6_K tile has 4,096): the row and column (within
-/// the tile) of its value, and its [`spot`]'s byte, shift and width (`hi_bits` 0: no high bits).
-#[derive(Clone, Copy)]
+/// One value slot of a tile: the row and column (within the tile) of its value, and its [`spot`].
 struct Slot {
-    lo_at: u16,
-    hi_at: u16,
-    col: u16,
-    row: u8,
-    lo_shift: u8,
-    lo_bits: u8,
-    hi_shift: u8,
-    hi_bits: u8,
+    row: usize,
+    col: usize,
+    spot: Spot,
 }
 
 /// Every slot of a `dtype` tile in [`each_slot`]'s order: the same for every tile, so a repack
@@ -331,17 +324,10 @@ struct Slot {
 fn slots(dtype: DType, f: TileFormat) -> Vec<Slot> {
     let mut v = Vec::with_capacity(16 * f.kt);
     each_slot(f, |s, lane, r, h, row, col| {
-        let sp = spot(dtype, s, lane, r, h);
-        let (hi_at, hi_shift, hi_bits) = sp.hi.unwrap_or((0, 0, 0));
         v.push(Slot {
-            lo_at: sp.lo.0 as u16,
-            hi_at: hi_at as u16,
-            col: col as u16,
-            row: row as u8,
-            lo_shift: sp.lo.1 as u8,
-            lo_bits: sp.lo.2 as u8,
-            hi_shift: hi_shift as u8,
-            hi_bits: hi_bits as u8,
+            row,
+            col,
+            spot: spot(dtype, s, lane, r, h),
         })
     });
     v
@@ -358,21 +344,11 @@ fn write_tile(
     tile: &mut [u8],
 ) {
     for sl in slots {
-        let Some(rc) = &rows[sl.row as usize] else {
-            continue;
-        };
-        let c = rc.codes[kt * f.kt + sl.col as usize];
-        put_bits(
-            tile,
-            (sl.lo_at as usize, sl.lo_shift as u32, sl.lo_bits as u32),
-            c,
-        );
-        if sl.hi_bits > 0 {
-            put_bits(
-                tile,
-                (sl.hi_at as usize, sl.hi_shift as u32, sl.hi_bits as u32),
-                c >> 4,
-            );
+        let Some(rc) = &rows[sl.row] else { continue };
+        let c = rc.codes[kt * f.kt + sl.col];
+        put_bits(tile, sl.spot.lo, c);
+        if let Some(hi) = sl.spot.hi {
+            put_bits(tile, hi, c >> 4);
         }
     }
     let hpt = heads_per_tile(dtype);
