@@ -28,25 +28,23 @@ pub fn load_stats() -> LoadStats {
     }
 }
 
-fn add_since(total: &AtomicU64, t0: Instant) {
+/// Runs `f`, adding its time to `total`.
+fn timed<R>(total: &AtomicU64, f: impl FnOnce() -> R) -> R {
+    let t0 = Instant::now();
+    let r = f();
     total.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    r
 }
 
 /// Runs a repack, counting its time.
 pub(super) fn repacking<R>(f: impl FnOnce() -> R) -> R {
-    let t0 = Instant::now();
-    let r = f();
-    add_since(&REPACK_NS, t0);
-    r
+    timed(&REPACK_NS, f)
 }
 
 /// Runs a host-to-device copy of `bytes`, counting its time and bytes.
 pub(super) fn uploading<R>(bytes: usize, f: impl FnOnce() -> R) -> R {
-    let t0 = Instant::now();
-    let r = f();
-    add_since(&UPLOAD_NS, t0);
     UPLOAD_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
-    r
+    timed(&UPLOAD_NS, f)
 }
 
 #[cfg(test)]
