@@ -13,4 +13,4 @@ mkdir -p $HOME/models && cat "${pieces[@]}" >> $P && ls -la $P
 if [ -n "$final" ]; then
   echo "$(cat "$(dirname "$0")/$name.sha")  $P" | sha256sum -c - && mv $P $HOME/models/$final && touch $HOME/$name.ok
 fi
-[ -e $HOME/dev/.device/COMMIT ] || echo "LEASE NOT STARTED on this machine: call start.sh (carry bins.tgz, tok.gguf, llama.tgz)"
+[ -e $HOME/dev/.device/COMMIT ] || echo "LEASE NOT STARTED on this machine: call start.sh (carry bins.txz, tok.gguf, llama.tgz)"

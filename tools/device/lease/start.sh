@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # start.sh QUEUE [POLL_S]: the first call of a lease, from the repo root on the device with
-# .stage/bins.tgz (tools/device/pack.sh; tar czf .stage/bins.tgz .device), .stage/tok.gguf (a
+# .stage/bins.txz (tools/device/stage.sh: pack.sh, then tar + xz of .device), .stage/tok.gguf (a
 # GGUF with the tokenizer, for synthetic models), .stage/llama.tgz (peer-src.sh) carried.
 # Unpacks the binaries, copies tools/ and verify/ to $HOME/repo, starts the llama.cpp build,
 # the synthetic models (synth.sh: LEASE_SYNTH, default "q4 moe") and QUEUE (a script sourcing
@@ -8,7 +8,7 @@
 set -u
 Q=${1:?queue script}
 mkdir -p $HOME/dev $HOME/models $HOME/repo/.stage $HOME/q/logs
-tar xzf .stage/bins.tgz -C $HOME/dev; cat $HOME/dev/.device/COMMIT
+tar xf $(ls .stage/bins.t*z | head -1) -C $HOME/dev; cat $HOME/dev/.device/COMMIT
 mkdir -p $HOME/repo/bench; cp -r tools verify kernels $HOME/repo/; cp -r bench/workloads $HOME/repo/bench/; cp .stage/llama.tgz $HOME/repo/.stage/ 2>/dev/null
 cp .stage/peer*.json .stage/peer*.bin $HOME/repo/.stage/ 2>/dev/null   # peer logits (tools/peer)
 cp .stage/tok.gguf $HOME/models/tok.gguf
