@@ -42,6 +42,10 @@ struct SpeedFlags {
     /// after a context of that many tokens (llama-bench -d)
     #[arg(long, value_delimiter = ',')]
     depth: Vec<usize>,
+    /// decode only: prefill rows of these prompt lengths too (comma-separated), measured after
+    /// the decode rows by the same loaded engine (one load of a large file, not two)
+    #[arg(long, value_delimiter = ',')]
+    prefill: Vec<usize>,
     /// ttft only: the cached row measures a new turn of N tokens after the cached prompt (a
     /// conversation's next user message) instead of the same prompt again.
     #[arg(long, default_value_t = 0)]
@@ -863,9 +867,9 @@ fn server_speed(
 
 fn speed(kind: memra_bench::speed::Kind, f: SpeedFlags) -> Result<()> {
     if let Some(addr) = f.server.clone() {
-        if !f.depth.is_empty() || f.schema.is_some() {
+        if !f.depth.is_empty() || f.schema.is_some() || !f.prefill.is_empty() {
             return Err(Error::Input(
-                "--depth and --schema are not supported with --server".into(),
+                "--depth, --schema and --prefill are not supported with --server".into(),
             ));
         }
         if f.turn > 0 && kind != memra_bench::speed::Kind::Ttft {
@@ -879,6 +883,7 @@ fn speed(kind: memra_bench::speed::Kind, f: SpeedFlags) -> Result<()> {
         device: f.device.parse()?,
         prompts: f.prompt.clone(),
         depths: f.depth.clone(),
+        prefill_prompts: f.prefill.clone(),
         turn: f.turn,
         gen_tokens: f.gen_tokens,
         runs: f.runs,

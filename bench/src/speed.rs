@@ -43,6 +43,9 @@ pub struct SpeedArgs {
     /// Decode only: context depths, one more decode row each (the context of D tokens is the
     /// prompt; `depth` = D on the row, as llama-bench `-d D -n GEN`).
     pub depths: Vec<usize>,
+    /// Decode only: prefill rows of these prompt lengths too, after the decode rows, from the
+    /// same loaded engine (one load of a large file instead of two processes' loads).
+    pub prefill_prompts: Vec<usize>,
     /// Ttft only: the cached row's new turn in tokens (0: the same prompt again). Each timed run
     /// sends the cached prompt plus fresh turn tokens; its tokens must equal an untimed run of
     /// the same ids under a fresh salt. The row's `prompt` is the whole prompt, `depth` the
@@ -207,6 +210,9 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
     if a.schema.is_some() && a.kind != Kind::Decode {
         return Err(Error::Input("--schema applies to decode only".into()));
     }
+    if !a.prefill_prompts.is_empty() && a.kind != Kind::Decode {
+        return Err(Error::Input("--prefill applies to decode only".into()));
+    }
     // The file's hash (tens of seconds for a large file the first time) beside the load.
     let hashing = std::thread::spawn({
         let p = model.to_path_buf();
@@ -266,13 +272,13 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
         .next()
         .ok_or_else(|| Error::Input("the engine serves no model".into()))?;
     let (device, copy_bw) = device_ref(&info.backend)?;
-    let n_gen = match a.kind {
+    let gen_of = |k: Kind| match k {
         Kind::Decode => a.gen_tokens,
         Kind::Prefill | Kind::Ttft => 1,
     };
     let per_prompt = if a.kind == Kind::Ttft { 2 } else { 1 };
     let bar = if a.progress {
-        let n = a.prompts.len() + a.depths.len();
+        let n = a.prompts.len() + a.depths.len() + a.prefill_prompts.len();
         let b = ProgressBar::new((n * per_prompt * (a.runs + 1)) as u64);
         b.set_style(
             ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} runs")
@@ -288,7 +294,7 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
         shape: a.shape.clone(),
         dtype: a.dtype.clone(),
         batch: Some(1),
-        generated: Some(n_gen as u64),
+        generated: Some(gen_of(a.kind) as u64),
         depth: Some(0),
         kv_dtype: Some(info.kv_dtype.to_string()),
         constraint: grammar.as_ref().map(|_| "json_schema".to_string()),
@@ -328,13 +334,18 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
     if a.kind != Kind::Ttft && a.turn > 0 {
         return Err(Error::Input("--turn applies to ttft only".into()));
     }
-    // (prompt, depth): the prompt rows at depth 0, then one decode row per depth.
+    // (kind, prompt, depth): the prompt rows at depth 0, then one decode row per depth, then
+    // the prefill rows a decode run was asked for.
     let items = a
         .prompts
         .iter()
-        .map(|&p| (p, 0))
-        .chain(a.depths.iter().map(|&d| (d.max(1), d)));
-    for (p, depth) in items {
+        .map(|&p| (a.kind, p, 0))
+        .chain(a.depths.iter().map(|&d| (Kind::Decode, d.max(1), d)))
+        .chain(a.prefill_prompts.iter().map(|&p| (Kind::Prefill, p, 0)));
+    for (kind, p, depth) in items {
+        let n_gen = gen_of(kind);
+        // A prefill row of a decode run: its own rows' constraint-free requests.
+        let g = if kind == a.kind { g } else { None };
         if p == 0 || p + a.turn + n_gen > info.max_positions {
             return Err(Error::Input(format!(
                 "prompt {p} + turn {} + {n_gen} generated tokens does not fit the model's {} \
@@ -343,7 +354,7 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
             )));
         }
         let ids = prompt_ids(p, vocab);
-        bar.set_message(format!("{:?} prompt {p}", a.kind));
+        bar.set_message(format!("{kind:?} prompt {p}"));
         let reference = once(&engine, request(ids.clone(), n_gen, fresh(), g))?;
         bar.inc(1);
         if g.is_some() {
@@ -375,10 +386,13 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
                 min: mmm.map(|x| x.1),
                 max: mmm.map(|x| x.2),
                 valid,
+                generated: Some(n_gen as u64),
+                constraint: g.and(base.constraint.clone()),
+                schema: g.and(base.schema.clone()),
                 ..base.clone()
             }
         };
-        match a.kind {
+        match kind {
             Kind::Decode => {
                 // A grammar may end the output before `n_gen` tokens: the row counts the tokens
                 // generated (every timed run gave the reference's, or the row is invalid).

@@ -129,6 +129,7 @@ fn speed_rows_on_the_real_model_are_valid() {
         device: Device::Cpu,
         prompts: vec![24],
         depths: Vec::new(),
+        prefill_prompts: Vec::new(),
         turn: 0,
         gen_tokens: 4,
         runs: 2,
@@ -143,14 +144,38 @@ fn speed_rows_on_the_real_model_are_valid() {
         &model,
         &SpeedArgs {
             depths: vec![40],
+            prefill_prompts: vec![32],
             ..args(Kind::Decode)
         },
     )
     .unwrap();
-    assert_eq!(rows.len(), 2);
+    assert_eq!(rows.len(), 3);
     // The depth row: a 40-token context, then the decode.
     assert_eq!((rows[1].prompt, rows[1].depth), (Some(40), Some(40)));
     assert_eq!((rows[1].workload, rows[1].valid), (Workload::Decode, true));
+    // The prefill row of the same engine: one generated token, its own prompt.
+    let p = &rows[2];
+    assert_eq!(
+        (p.workload, p.valid, p.unit.as_str()),
+        (Workload::Prefill, true, "tok/s")
+    );
+    assert_eq!(
+        (p.prompt, p.depth, p.generated),
+        (Some(32), Some(0), Some(1))
+    );
+    assert!(p.value.unwrap() > 0.0);
+    let e = memra_bench::speed::run(
+        &model,
+        &SpeedArgs {
+            prefill_prompts: vec![32],
+            ..args(Kind::Prefill)
+        },
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("--prefill applies to decode only"),
+        "{e}"
+    );
     assert!(
         memra_bench::speed::run(
             &model,

@@ -69,12 +69,18 @@ pick() { k=${1%%:*}; dt=${1##*:}
     smol) f=$SMOL sh=smollm2-135m ;; moe) f=$MOE sh=qwen3-30b-a3b ;; gemma) f=$GEMMA sh=gemma3-270m ;;
     q3n) f=$Q3N sh=qwen3-next-80b-a3b ;; esac; }
 # sbs k:DTYPE...: the side-by-side rows of each model (memra decode, llama.cpp tg128 at depth
-# 512, memra prefill 512 / 4096, llama.cpp pp512 / pp4096, on the same file; after peerwait).
+# 512, memra prefill 512 / 4096 (the decode run's --prefill: one load), llama.cpp pp512 / pp4096, on the same file; after peerwait).
 sbs() { for x in "$@"; do
   pick $x; waitf $f 60 || continue
-  run $k-decode 300 $MB decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt
+  # decode and prefill rows from one load (a 48 GB file loads in minutes), then llama.cpp's
+  # (a memra-bench older than --prefill: two runs)
+  if $B/memra-bench decode --help | grep -q -- --prefill; then
+    run $k-decode 540 $MB decode $f --device cuda:0 --prompt 512 --gen 128 --prefill 512,4096 --runs 3 --shape $sh --dtype $dt
+  else
+    run $k-decode 300 $MB decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt
+    run $k-prefill 240 $MB prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt
+  fi
   peer $k-tg -m $f -p 0 -n 128 -d 512
-  run $k-prefill 240 $MB prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt
   peer $k-pp -m $f -p 512,4096 -n 0
 done; }
 # load_row: TTFT and the 64-client load row through memra-server and llama-server (Q4_K_M).
