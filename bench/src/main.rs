@@ -504,7 +504,7 @@ struct VisionFlags {
     /// No table, the rows as JSON lines.
     #[arg(long)]
     json: bool,
-    /// Accepted for the lease scripts (mb.sh); nothing is drawn either way.
+    /// Accepted for the lease queue (lib.sh's `mb`); nothing is drawn either way.
     #[arg(long)]
     quiet: bool,
 }

@@ -248,7 +248,8 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
     let mref: ModelRef = hashing
         .join()
         .map_err(|_| Error::Input("hashing the model file failed".into()))??;
-    if a.progress {
+    // Where a load's time went (stderr, with --quiet too: the lease logs keep it).
+    {
         let l = memra_engine::backend::cuda::load_stats::load_stats();
         let cuda = if l.upload_bytes > 0 {
             format!(

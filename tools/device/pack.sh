@@ -21,7 +21,7 @@ if [ "${PACK_KCACHE:-1}" != 0 ]; then
     "$TARGET/release/memra-bench" kernel-cache --arch sm_90a --out .device/kcache
   # Variants of products.cu, precompiled too (a lease compiling one in the process took > 240 s
   # in session 11): PACK_KVARS="t16:TILE_GROUP=16" writes .device/kvar/NAME/
-  # products.cu = "#define TILE_GROUP 16" + products.cu (a queue passes MEMRA_KERNEL_DIR=
+  # products.cu = "#define TILE_GROUP 16" + products.cu (queue.sh's kvar passes MEMRA_KERNEL_DIR=
   # $HOME/dev/.device/kvar/NAME; the cache key is the source's hash, so the bytes must be these)
   # and its builds into .device/kcache (kernel-cache keeps the cubins already there: only the
   # products builds the variant changes are compiled).

@@ -13,11 +13,11 @@
 # Every measurement is a row of ONE run id in $OUT/data.jsonl (docs/BENCH.md): copy it into
 # reports/data/ and run `memra-bench report`. A markdown summary goes to $OUT/sidebyside.md;
 # logs to $OUT/sbs-logs.tgz.
-#   (the gates run in the lease queue that calls this script: tools/device/lease/close.sh)
+#   (the gates run in the lease queue that calls this script: tools/device/lease/queue.sh)
 #   5. (step depth, not in the default list) decode at context depths SBS_DEPTHS (default
 #      2048,8000) on the q4_k_m file, memra-bench decode --depth and llama-bench -d
-# Env: SBS_STEPS (default "synth memra peer load"), RUNS (default 3). The lease queues
-# (lib.sh load_row) run its load step only; docs/DEVICE.md.
+# Env: SBS_STEPS (default "synth memra peer load"), RUNS (default 3). The lease queue (step
+# load, lib.sh load_row) runs its load step only; docs/DEVICE.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/memra-sbs}"

@@ -1,6 +1,8 @@
-# Helpers for a lease queue (sourced by the queue scripts; runs ON the GPU machine from
-# $HOME/repo). Logs and the summary go to $HOME/q, NOT $OUT (the device tool empties $OUT at
-# every call); poll.sh copies them into $OUT. docs/DEVICE.md step 3.
+# Helpers of the lease queue (sourced by queue.sh and synth.sh; runs ON the GPU machine from
+# $HOME/repo): paths, the step primitives (row, run, mb, waitf, peer, peerwait, pick) and the
+# gate groups and measurements more than one step of queue.sh runs. Logs and the summary go to
+# $HOME/q, NOT $OUT (the device tool empties $OUT at every call); poll.sh copies them into $OUT.
+# docs/DEVICE.md step 3.
 B=$HOME/dev/.device/bin
 export MEMRA_KERNEL_CACHE=$HOME/.cache/memra/kernels MEMRA_COMMIT=$(cat $HOME/dev/.device/COMMIT 2>/dev/null)
 M=$HOME/models
@@ -11,6 +13,8 @@ MOE=$M/moe.gguf    # qwen3-30b-a3b Q4_K_M
 Q3N=$M/q3n.gguf    # qwen3-next-80b-a3b Q4_K_M (~45 GB)
 Q8=$M/q8.gguf F16=$M/f16.gguf
 FP8=$M/fp8-hf NVFP4=$M/nvfp4-hf   # llama3-8b HF checkpoints (synth.sh fp8 / nvfp4)
+Q3T=$M/q3n-tiny-q8.gguf Q3TF=$M/q3n-tiny-f32.gguf   # tiny random qwen3next files (tiny_q3n)
+KV=$HOME/dev/.device/kvar   # staged products.cu variants (PACK_KVARS, tools/device/pack.sh)
 O=$HOME/q; mkdir -p $O/logs; S=$O/summary.txt
 LB=$HOME/llama.cpp/build/bin/llama-bench
 LS=$HOME/llama.cpp/build/bin/llama-server
@@ -32,15 +36,15 @@ peer() { local n=$1; shift
   [ -x $LB ] || { row "peer-$n" "no llama-bench"; return; }
   local t0=$SECONDS; timeout 240 $LB "$@" -ngl 99 -fa 1 -r 3 -o jsonl >> $O/peer.jsonl 2>> $O/logs/peer-$n.err
   row "peer-$n" "rc=$? $((SECONDS-t0))s $(tail -n 1 $O/peer.jsonl | grep -oE '"avg_ts": [0-9.]+')"; }
-# peerwait: until the background llama.cpp build has ended
-peerwait() { for i in $(seq 1 400); do grep -q "build rc=" $HOME/llama-build.log 2>/dev/null && break; sleep 1; done
+# peerwait: until the background llama.cpp build has ended (once it has, later calls return at once)
+peerwait() { [ -n "${PEER_BUILT:-}" ] && return 0
+  for i in $(seq 1 400); do grep -q "build rc=" $HOME/llama-build.log 2>/dev/null && { PEER_BUILT=1; break; }; sleep 1; done
   row peer-build "$(tail -n 1 $HOME/llama-build.log 2>/dev/null)"; }
-# $MB ARGS...: memra-bench with the queue's run id ($RUN) and rows file appended (mb.sh; a
-# script, not a function, so that `run` can put it under `timeout`)
-MB=$HOME/repo/tools/device/lease/mb.sh
+# mb NAME TIMEOUT ARGS...: `run` of memra-bench ARGS with the queue's run id ($RUN) and rows file
+# appended: the default-configuration rows that go to reports/data/h200.jsonl.
+mb() { local n=$1 t=$2; shift 2; run $n $t $B/memra-bench "$@" --run "$RUN" --out "$O/memra.jsonl" --quiet; }
 # The issue-8 gates on SmolLM2 (golden, invariance, graph, tokens, serve-invariance of 32
-# requests, n-gram speculation; after its pieces arrived) and on the llama3-8b files (the whole kernels gate;
-# invariance and graph on Q4_K_M; F16 invariance, prompt 700, M to 8).
+# requests, n-gram speculation; after its pieces arrived). The llama3-8b ones are queue.sh's 8b.
 gates_smol() {
   waitf $HOME/smol.ok 300 && {
     run golden 300 $B/memra-verify golden $SMOL --device cuda:0
@@ -54,15 +58,6 @@ gates_smol() {
     run spec-smol 300 $B/memra-verify spec $SMOL --device cuda:0 --drafters ngram --k-max 6
   }
 }
-gates_8b() {
-  run kernels 600 $B/memra-verify kernels --device cuda:0
-  grep -E "FAIL|differ|ALL" $O/logs/kernels.log | head -6 >> $S
-  # The attention group once more on the CUDA-core split kernel for every launch (the kernel the
-  # shapes without a tensor-core kernel take).
-  run kernels-attn-split 300 $B/memra-verify kernels --device cuda:0 --only attention --attn-split
-  waitf $Q4 && run inv-q4 420 $B/memra-verify invariance $Q4 --device cuda:0 && run graph-q4 300 $B/memra-verify graph $Q4 --device cuda:0
-  waitf $F16 && run inv-f16 420 $B/memra-verify invariance $F16 --device cuda:0 --prompt-len 700 --max-m 8
-}
 # pick k:DTYPE -> $k, $dt, $f (the model file), $sh (its shape label).
 pick() { k=${1%%:*}; dt=${1##*:}
   case $k in q4) f=$Q4 sh=llama3-8b ;; q8) f=$Q8 sh=llama3-8b ;; f16) f=$F16 sh=llama3-8b ;;
@@ -73,13 +68,7 @@ pick() { k=${1%%:*}; dt=${1##*:}
 sbs() { for x in "$@"; do
   pick $x; waitf $f 60 || continue
   # decode and prefill rows from one load (a 48 GB file loads in minutes), then llama.cpp's
-  # (a memra-bench older than --prefill: two runs)
-  if $B/memra-bench decode --help | grep -q -- --prefill; then
-    run $k-decode 540 $MB decode $f --device cuda:0 --prompt 512 --gen 128 --prefill 512,4096 --runs 3 --shape $sh --dtype $dt
-  else
-    run $k-decode 300 $MB decode $f --device cuda:0 --prompt 512 --gen 128 --runs 3 --shape $sh --dtype $dt
-    run $k-prefill 240 $MB prefill $f --device cuda:0 --prompt 512,4096 --runs 3 --shape $sh --dtype $dt
-  fi
+  mb $k-decode 540 decode $f --device cuda:0 --prompt 512 --gen 128 --prefill 512,4096 --runs 3 --shape $sh --dtype $dt
   peer $k-tg -m $f -p 0 -n 128 -d 512
   peer $k-pp -m $f -p 512,4096 -n 0
 done; }
@@ -144,7 +133,7 @@ spec_peer() { [ -x $LS ] || { row spec-peer "no $LS (tools/device/peer.sh build)
   kill $p1 $p2; wait $p1 $p2 2>/dev/null
 done; }
 # gates_gemma: the real Gemma 3 270M (pieces NAME gemma): invariance, graph, tokens against the
-# reference fixture, serve-invariance (the kernels gate runs once, in gates_8b / regate.sh).
+# reference fixture, serve-invariance (the kernels gate is queue.sh's step kgate).
 gates_gemma() {
   waitf $HOME/gemma.ok 300 && {
     run inv-gemma 300 $B/memra-verify invariance $GEMMA --device cuda:0
@@ -255,6 +244,7 @@ done; }
 # then invariance, graph and serve-invariance with --pp 2 on SmolLM2.
 gates_pp() {
   local d=${PP_DEVICES:-cuda:0,cuda:0}
+  row pp "both stages on $d"
   for t in llama gemma3 qwen3next qwen3moe; do
     run pp-tiny-$t 240 $B/memra-verify pp --tiny $t --device cuda:0 --devices $d --max-m 64
   done
@@ -276,8 +266,32 @@ long_ctx() {
   for kv in f16 q8_0; do
     run serve-inv-5k7-$kv 400 $B/memra-verify --kv-dtype $kv serve-invariance $Q4 --device cuda:0 --requests 8 --max-tokens 16 --context 5700
   done
-  run ttft-turn 200 $MB ttft $Q4 --device cuda:0 --prompt 5700 --turn 50 --gen 1 --runs 5 --shape llama3-8b --dtype Q4_K_M
+  mb ttft-turn 200 ttft $Q4 --device cuda:0 --prompt 5700 --turn 50 --gen 1 --runs 5 --shape llama3-8b --dtype Q4_K_M
   for kv in f16 bf16 q8_0; do
-    run decode-depth-$kv 300 $MB decode $Q4 --device cuda:0 --prompt 512 --depth 8192,32768 --gen 128 --runs 3 --kv-dtype $kv --shape llama3-8b --dtype Q4_K_M
+    mb decode-depth-$kv 300 decode $Q4 --device cuda:0 --prompt 512 --depth 8192,32768 --gen 128 --runs 3 --kv-dtype $kv --shape llama3-8b --dtype Q4_K_M
+  done
+}
+# tiny_q3n: the tiny random qwen3next files (q8_0 $Q3T, f32 $Q3TF) with SmolLM2's tokenizer.
+tiny_q3n() {
+  [ -e $Q3T ] || $B/memra-bench synth --shape tiny-qwen3next --dtype q8_0 --tokenizer-from $M/tok.gguf --out $Q3T --quiet
+  [ -e $Q3TF ] || $B/memra-bench synth --shape tiny-qwen3next --dtype f32 --tokenizer-from $M/tok.gguf --out $Q3TF --quiet
+}
+# fp8_tiny T...: invariance and graph on tiny FP8 / NVFP4 models (--tiny llama+fp8, qwen3+nvfp4, ...).
+fp8_tiny() { for t in "$@"; do
+  run inv-$t 200 $B/memra-verify invariance --device cuda:0 --tiny $t
+  run graph-$t 200 $B/memra-verify graph --device cuda:0 --tiny $t
+done; }
+# vs KEY FILE SHAPE: with DECODE_VS=<another build's memra-bench> (copied to the device outside
+# the repo copy, e.g. `gunzip -c .stage/mb-vs.gz > $HOME/mb-vs; DECODE_VS=$HOME/mb-vs ...`), its
+# decode row against this build's on FILE (Q4_K_M), alternated VS_ROUNDS times (default 2; each
+# run loads the file: ~70 s for qwen3-30b-a3b, ~3 min for the 80B) into vs.jsonl (run ids
+# $RUN-vs and $RUN-this); nothing without it.
+vs() {
+  [ -n "${DECODE_VS:-}" ] || return 0
+  for i in $(seq ${VS_ROUNDS:-2}); do
+    for who in vs this; do
+      bin=$B/memra-bench; [ $who = vs ] && bin=$DECODE_VS
+      run $1-$who-decode$i 200 $bin decode $2 --device cuda:0 --prompt 512 --gen 128 --runs 1 --shape $3 --dtype q4_k_m --run $RUN-$who --out $O/vs.jsonl --quiet
+    done
   done
 }
