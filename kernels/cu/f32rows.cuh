@@ -34,13 +34,7 @@ __device__ __forceinline__ void matmul_f32_rows_body(const u8* __restrict__ W, c
             for (int t = 0; t < 8; ++t)
                 if ((u32)t < mt) acc[t] = __fmaf_rn(wv, x0[(u64)t * K + k], acc[t]);
         }
-#pragma unroll
-        for (int t = 0; t < 8; ++t) {
-            float s = acc[t];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL_MASK, s, o));
-            if (lane == 0) part[warp][t] = s;
-        }
+        warp_sums8(acc, part[warp]);
         __syncthreads();
         if (threadIdx.x < mt) {
             float v = -0.0f;

@@ -317,13 +317,7 @@ extern "C" __global__ void __launch_bounds__(MOE_RT) moe_norm_route(const float*
         for (int r = 0; r < 8; ++r)
             if ((u32)r < M) acc[r] = __fmaf_rn(wv, hs[r * K + c], acc[r]);
     }
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-        float s = acc[r];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL_MASK, s, o));
-        if (lane == 0) part[warp][r] = s;
-    }
+    warp_sums8(acc, part[warp]);
     __syncthreads();
     if (t < M) {
         float v = -0.0f;

@@ -67,6 +67,20 @@ __device__ __forceinline__ float tree16(float s) {
     return s;
 }
 
+// Eight accumulators' warp sums by the fixed xor tree (offsets 16, 8, 4, 2, 1; after each level
+// a lane holds its own and its partner's sum), lane 0 storing sum t at out[t]: the F32 row
+// products (f32rows.cuh) and the MoE router's logits (moe.cu moe_norm_route) write their
+// per-warp partials with it, so both sum in one order. All 32 lanes must call it.
+__device__ __forceinline__ void warp_sums8(const float (&acc)[8], float* out) {
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+        float s = acc[t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL_MASK, s, o));
+        if ((threadIdx.x & 31) == 0) out[t] = s;
+    }
+}
+
 // The RMSNorm scale 1 / sqrt(mean(x^2) + eps) of a row of `width` at x, computed by one warp
 // (every lane gets it) with the sum of squares in the CPU's dot_f32 order (16 lane sums, tree16,
 // the tail in order): rms_norm (norm.cu) and add_norm_prep (products.cu) share it, so their
