@@ -553,6 +553,34 @@ mod tests {
             .collect()
     }
 
+    /// An expert stack of whole 16-row tiles repacked as one matrix is its experts' repacks one
+    /// after the other (the CUDA load repacks a stack in one call: backend/cuda/mat.rs
+    /// `upload_experts`).
+    #[test]
+    fn a_stack_of_whole_tiles_repacks_as_its_experts_one_after_the_other() {
+        for (dtype, cols) in [
+            (DType::Q4_K, 512),
+            (DType::Q6_K, 256),
+            (DType::Q8_0, 96),
+            (DType::F16, 40),
+        ] {
+            let (e, rows) = (5, 32);
+            let rb = dtype.bytes_for(cols as u64).unwrap() as usize;
+            let src = bytes(e * rows * rb, cols as u64);
+            let whole = repack(dtype, &src, e * rows, cols).unwrap();
+            let mut each = Vec::new();
+            for x in 0..e {
+                let p = repack(dtype, &src[x * rows * rb..][..rows * rb], rows, cols).unwrap();
+                assert_eq!(
+                    (p.col_tiles, p.padded_cols()),
+                    (whole.col_tiles, whole.padded_cols())
+                );
+                each.extend_from_slice(&p.data);
+            }
+            assert!(whole.data == each, "{dtype}");
+        }
+    }
+
     #[test]
     fn repack_then_unpack_gives_the_original_blocks() {
         let cases: &[(DType, &[usize])] = &[

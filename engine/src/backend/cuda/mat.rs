@@ -200,9 +200,10 @@ impl Products {
         })
     }
 
-    /// Uploads a stack of experts `[E, rows, cols]` (3-D tensor) for [`Products::moe`]: each
-    /// expert repacked on its own into the tile layout when the v2 products read the type (the
-    /// experts' tiles one after the other), else the stored layout. `pairs`: when the stack's
+    /// Uploads a stack of experts `[E, rows, cols]` (3-D tensor) for [`Products::moe`]: the
+    /// experts repacked into the tile layout when the v2 products read the type (the experts'
+    /// tiles one after the other; a stack of whole 16-row tiles in one repack), else the stored
+    /// layout. `pairs`: when the stack's
     /// input is the (row, slot) pairs of the FFN (the down stack), the pairs per step row (the
     /// experts per row), so that [`Products::reserve`] sizes their prepared activations;
     /// otherwise its input is the step's rows.
@@ -226,20 +227,29 @@ impl Products {
             )));
         }
         let (packed, data, stride) = if self.v2 && products::product_supports(t.dtype) {
-            let mut bytes = Vec::new();
-            let mut first = None;
-            super::load_stats::repacking(|| -> Result<()> {
+            // With whole 16-row tiles an expert's tiles are the stack's tile rows x * rows / 16
+            // onwards: the stack repacks as one matrix of e * rows rows (every tile row in
+            // parallel, no per-expert copy), the same bytes as expert by expert.
+            let (bytes, kp, col_tiles, stride) = super::load_stats::repacking(|| -> Result<_> {
+                if rows.is_multiple_of(16) {
+                    let p = repack(t.dtype, &t.data, e * rows, cols)?;
+                    let (kp, col_tiles, stride) = (p.padded_cols(), p.col_tiles, p.data.len() / e);
+                    return Ok((p.data, kp, col_tiles, stride));
+                }
+                let mut bytes = Vec::new();
+                let mut first = None;
                 for x in 0..e {
                     let p = repack(t.dtype, &t.data[x * stored..(x + 1) * stored], rows, cols)?;
                     if x == 0 {
                         first = Some((p.padded_cols(), p.col_tiles, p.data.len()));
+                        bytes.reserve_exact(e * p.data.len());
                     }
                     bytes.extend_from_slice(&p.data);
                 }
-                Ok(())
+                let (kp, col_tiles, stride) =
+                    first.ok_or_else(|| g.err("expert stack without experts"))?;
+                Ok((bytes, kp, col_tiles, stride))
             })?;
-            let (kp, col_tiles, stride) =
-                first.ok_or_else(|| g.err("expert stack without experts"))?;
             let pm = PMat {
                 data: g.upload(&bytes)?,
                 dtype: t.dtype,
