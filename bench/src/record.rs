@@ -27,7 +27,8 @@ pub struct ModelRef {
     pub file: String,
     /// The first 12 hex digits of the file's sha256 (null where it was not recorded).
     pub sha256: Option<String>,
-    /// The file's size in bytes: the weight bytes a decode step reads, for the roofline.
+    /// The file's size in bytes (the roofline's weight bytes of a dense model's decode row
+    /// without `weight_bytes_per_token`).
     pub bytes: Option<u64>,
 }
 
@@ -110,9 +111,15 @@ pub struct Row {
     /// The peer's standard deviation, where that is what it reports instead of min/max.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stddev: Option<f64>,
-    /// Achieved weight bandwidth of a decode row: model bytes x tok/s (GB/s).
+    /// Achieved weight bandwidth of a decode row: `weight_bytes_per_token` x tok/s (GB/s); on
+    /// rows without that field (older memra rows, the peer's), the model file's bytes x tok/s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_gb_s: Option<f64>,
+    /// The weight bytes one batch-1 decode token reads (memra's decode rows): the engine's
+    /// `ModelInfo::weight_token_bytes`, the routed experts of an MoE model only, one embedding
+    /// row, the whole head. With the KV bytes (`kv_gb_s` / tok/s), the roofline's bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_bytes_per_token: Option<u64>,
     /// The KV cache's element format (`bf16`, `f16`, `q8_0`, `f32`; llama.cpp: `-ctk`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_dtype: Option<String>,
@@ -168,6 +175,7 @@ impl Row {
             max: None,
             stddev: None,
             weight_gb_s: None,
+            weight_bytes_per_token: None,
             kv_dtype: None,
             kv_gb_s: None,
             constraint: None,
@@ -401,6 +409,7 @@ mod tests {
             max: Some(2.0),
             stddev: None,
             weight_gb_s: None,
+            weight_bytes_per_token: Some(7),
             kv_dtype: Some("bf16".into()),
             kv_gb_s: Some(0.5),
             constraint: None,

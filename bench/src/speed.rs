@@ -2,8 +2,9 @@
 //!
 //! Correctness first: an untimed reference run (which is also the warm-up) gives the token ids;
 //! every timed run must give the same ids, else the row is reported invalid and carries no value.
-//! Then the median of the timed runs with min and max. Decode rows carry the model file's bytes and
-//! the achieved weight GB/s; on a GPU the run also records the device copy bandwidth (the roofline).
+//! Then the median of the timed runs with min and max. Decode rows carry the weight bytes a token
+//! reads (`weight_bytes_per_token`) and the achieved weight and KV GB/s; on a GPU the run also
+//! records the device copy bandwidth (the roofline).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -409,9 +410,9 @@ pub fn run(model: &Path, a: &SpeedArgs) -> Result<Vec<Row>> {
                     .collect();
                 let mut r = row(Workload::Decode, "tok/s", v, valid);
                 r.generated = Some(got as u64);
-                if let (Some(b), Some(v)) = (mref.bytes, r.value) {
-                    r.weight_gb_s = Some(b as f64 * v / 1e9);
-                }
+                // The weights a token reads (the routed experts of an MoE, not the file).
+                r.weight_bytes_per_token = Some(info.weight_token_bytes as u64);
+                r.weight_gb_s = r.value.map(|v| info.weight_token_bytes as f64 * v / 1e9);
                 // Generated token i (0-based) reads the KV of the p + i positions before it.
                 let mean_ctx = p as f64 + (got - 1) as f64 / 2.0;
                 r.kv_gb_s = r

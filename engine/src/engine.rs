@@ -103,6 +103,10 @@ pub struct ModelInfo {
     /// capacity in positions is `kv_blocks * block_size`.
     pub kv_dtype: KvDtype,
     pub kv_token_bytes: usize,
+    /// The weight bytes one batch-1 decode token reads
+    /// ([`crate::models::ModelWeights::decode_read_bytes`]: the routed experts of an MoE, one
+    /// embedding row, the whole head); the roofline's bytes with `kv_token_bytes` x context.
+    pub weight_token_bytes: usize,
     /// Speculative decoding: the drafter in use (`ngram`, `mtp+ngram`, ...) and its most
     /// drafts per step; `None` when the model decodes plainly.
     pub spec: Option<(String, usize)>,

@@ -4,6 +4,7 @@
 //! files (no clock, no hash-map order).
 
 mod plot;
+mod roof;
 mod table;
 
 use std::path::{Path, PathBuf};

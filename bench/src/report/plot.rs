@@ -204,22 +204,25 @@ fn decode_figure(rows: &[&Row]) -> Result<Option<String>> {
         .map(|r| r.engine.clone())
         .unwrap_or_default();
     let mut series = vec![("memra".to_string(), pick(true)), (peer, pick(false))];
-    let copy = in_run
-        .iter()
-        .find(|r| r.workload == Workload::CopyBandwidth)
-        .and_then(|r| r.value);
-    if let Some(bw) = copy {
-        let roof = groups
+    // The roofline: the run's copy bandwidth over the bytes memra's row says a token reads.
+    if let Some(bw) = super::roof::copy_bandwidth(rows, run) {
+        let roof: Vec<Option<f64>> = groups
             .iter()
             .map(|g| {
                 in_run
                     .iter()
-                    .find(|r| r.workload == Workload::Decode && &r.model_label() == g)
-                    .and_then(|r| r.model.as_ref()?.bytes)
-                    .map(|b| bw * 1e9 / b as f64)
+                    .find(|r| {
+                        r.workload == Workload::Decode
+                            && r.engine == "memra"
+                            && &r.model_label() == g
+                    })
+                    .and_then(|r| super::roof::bytes_per_token(r))
+                    .map(|b| bw * 1e9 / b)
             })
             .collect();
-        series.push(("roofline (copy GB/s / model bytes)".into(), roof));
+        if roof.iter().any(Option::is_some) {
+            series.push(("roofline (copy GB/s / bytes per token)".into(), roof));
+        }
     }
     let title = format!("Decode tok/s, batch 1 ({run})");
     bar_chart(&title, "tok/s", &groups, &series).map(Some)

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use super::roof;
 use crate::record::{Row, Workload};
 
 /// A value as the tables print it: thousands separated, one decimal below 1,000.
@@ -44,6 +45,12 @@ fn ratio(a: Option<&&Row>, b: Option<&&Row>, lower_is_better: bool) -> String {
         _ => "—".into(),
     }
 }
+
+/// What the tables' % of roofline is (docs/BENCH.md, The report).
+const ROOF_NOTE: &str = "% of roofline (decode): the bytes a token reads (its weights, of an MoE \
+model only the routed experts, and the KV cache at the mean context) x tok/s over the copy \
+bandwidth measured in the same run; the peer's with memra's bytes of the same model; — where \
+the run measured no copy bandwidth or the row does not say its bytes.\n";
 
 /// Runs that hold rows of memra and of a peer, oldest first.
 pub fn side_by_side_runs<'a>(rows: &[&'a Row]) -> Vec<&'a str> {
@@ -133,7 +140,7 @@ fn side_by_side(rows: &[&Row], run: &str, only: Option<&[String]>) -> String {
     );
     let _ = writeln!(
         s,
-        "| model | memra decode tok/s | peer decode tok/s | ratio | memra prefill tok/s | peer prefill tok/s | ratio |\n|---|---|---|---|---|---|---|"
+        "| model | memra decode tok/s | peer decode tok/s | ratio | decode % of roofline (memra / peer) | memra prefill tok/s | peer prefill tok/s | ratio |\n|---|---|---|---|---|---|---|---|"
     );
     let mut models: Vec<String> = Vec::new();
     for r in &in_run {
@@ -154,10 +161,11 @@ fn side_by_side(rows: &[&Row], run: &str, only: Option<&[String]>) -> String {
         );
         let _ = writeln!(
             s,
-            "| {m} | {} | {} | {} | {} | {} | {} |",
+            "| {m} | {} | {} | {} | {} | {} | {} | {} |",
             cell(md),
             cell(pd.as_ref()),
             ratio(md, pd.as_ref(), false),
+            roof::pair(rows, md.copied(), pd),
             cell(mp),
             cell(pp),
             ratio(mp, pp, false)
@@ -223,7 +231,7 @@ fn side_by_side(rows: &[&Row], run: &str, only: Option<&[String]>) -> String {
             };
             let _ = writeln!(
                 s,
-                "| {what} | {} {} | {} {} | {} | | | |",
+                "| {what} | {} {} | {} {} | {} | | | | |",
                 cell(Some(&r)),
                 r.unit,
                 cell(p),
@@ -270,13 +278,18 @@ fn latest_memra(rows: &[&Row]) -> String {
         }
     }
     let mut s = String::from(
-        "| device | model | workload | batch | prompt | KV | memra | run |\n|---|---|---|---|---|---|---|---|\n",
+        "| device | model | workload | batch | prompt | KV | memra | % of roofline | run |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for ((dev, model, w, prompt, batch, kv), (_, r)) in &latest {
         let kv = if kv.is_empty() { "—" } else { kv.as_str() };
+        // The roofline is decode's (a step's bytes over its time); other workloads: blank.
+        let roofline = match w {
+            Workload::Decode => roof::fmt_percent(roof::percent(rows, r, r)),
+            _ => String::new(),
+        };
         let _ = writeln!(
             s,
-            "| {dev} | {model} | {} | {} | {} | {kv} | {} {} | `{}` |",
+            "| {dev} | {model} | {} | {} | {} | {kv} | {} {} | {roofline} | `{}` |",
             w.name(),
             opt(batch),
             opt(prompt),
@@ -329,7 +342,7 @@ fn depth_table(rows: &[&Row], run: &str) -> String {
         return String::new();
     }
     let mut s = format!(
-        "Decode at depth, run `{run}` (context = tokens before the measured ones):\n\n| model | KV | context | memra tok/s | peer tok/s | ratio |\n|---|---|---|---|---|---|\n"
+        "Decode at depth, run `{run}` (context = tokens before the measured ones):\n\n| model | KV | context | memra tok/s | peer tok/s | ratio | % of roofline (memra / peer) |\n|---|---|---|---|---|---|---|\n"
     );
     for m in decode.iter().filter(|r| r.engine == "memra") {
         let peer = decode.iter().find(|p| {
@@ -340,13 +353,14 @@ fn depth_table(rows: &[&Row], run: &str) -> String {
         });
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             m.model_label(),
             m.kv_dtype.as_deref().unwrap_or("—"),
             opt(&ctx(m)),
             cell(Some(m)),
             peer.map_or("—".into(), |p| cell(Some(p))),
-            ratio(Some(m), peer, false)
+            ratio(Some(m), peer, false),
+            roof::pair(rows, Some(*m), peer.copied())
         );
     }
     s
@@ -418,6 +432,10 @@ pub fn readme_section(valid: &[&Row]) -> String {
         }
         s.push_str(&side_by_side(valid, run, Some(keys)));
     }
+    if !lines.is_empty() {
+        s.push('\n');
+        s.push_str(ROOF_NOTE);
+    }
     s.push_str(
         "\nThe newest memra numbers (each from its own run; a ratio only ever joins rows of one run):\n\n",
     );
@@ -431,8 +449,10 @@ pub fn reports_readme(all: &[Row], valid: &[&Row], figures: &[String]) -> String
     let mut s = String::from(
         "# Benchmark records\n\nGenerated by `memra-bench report` from the rows in reports/data/*.jsonl \
          (docs/BENCH.md: fields and method); do not edit. Every number is a recorded row; a ratio \
-         joins memra and a peer of the SAME run only.\n\n## Side by side\n\n",
+         joins memra and a peer of the SAME run only.\n\n",
     );
+    s.push_str(ROOF_NOTE);
+    s.push_str("\n## Side by side\n\n");
     let runs = side_by_side_runs(valid);
     if runs.is_empty() {
         s.push_str("No run with memra and a peer recorded yet.\n");

@@ -67,6 +67,7 @@ fn row(run: &str, engine: &str, w: Workload, value: f64) -> Row {
         max: None,
         stddev: None,
         weight_gb_s: None,
+        weight_bytes_per_token: None,
         kv_dtype: None,
         kv_gb_s: None,
         constraint: None,
@@ -190,7 +191,11 @@ fn speed_rows_on_the_real_model_are_valid() {
     assert_eq!(r.depth, Some(0));
     assert_eq!((r.workload, r.valid, r.runs), (Workload::Decode, true, 2));
     assert!(r.value.unwrap() > 0.0 && r.min <= r.value && r.value <= r.max);
-    assert!(r.weight_gb_s.unwrap() > 0.0);
+    // The weights a token reads: SmolLM2's tied table as the head, one row as the embedding,
+    // the rest whole; less than the file (which holds the tokenizer too).
+    let read = r.weight_bytes_per_token.unwrap();
+    assert!(read > 0 && read < r.model.as_ref().unwrap().bytes.unwrap());
+    assert_eq!(r.weight_gb_s, Some(read as f64 * r.value.unwrap() / 1e9));
     assert_eq!(r.kv_dtype.as_deref(), Some("f16"));
     assert!(r.kv_gb_s.unwrap() > 0.0, "decode reads the KV cache");
     assert_eq!(r.model.as_ref().unwrap().sha256.as_ref().unwrap().len(), 12);
@@ -293,6 +298,153 @@ fn depth_rows_are_matched_by_context_and_kv_format_and_stay_out_of_the_headline(
     );
     assert!(
         all.contains("| m Q4_K_M | q8_0 | 8000 | 120.0 | 240.0 | 0.50x |"),
+        "{all}"
+    );
+}
+
+/// A decode row of `shape` in `run`: `weight_bytes_per_token` where given, the file's bytes,
+/// and the KV bytes per token as the engine records them (`kv_gb_s` = bytes x tok/s).
+fn decode(run: &str, engine: &str, shape: &str, value: f64, wbpt: Option<u64>, kv: f64) -> Row {
+    Row {
+        shape: Some(shape.into()),
+        model: Some(memra_bench::record::ModelRef {
+            file: format!("{shape}.gguf"),
+            sha256: None,
+            bytes: Some(if shape.contains("a3b") { 18e9 } else { 5e9 } as u64),
+        }),
+        weight_bytes_per_token: wbpt,
+        kv_gb_s: (engine == "memra").then_some(kv * value / 1e9),
+        ..row(run, engine, Workload::Decode, value)
+    }
+}
+
+#[test]
+fn decode_rows_report_their_share_of_the_roofline() {
+    let copy = |gb_s: f64| Row {
+        shape: None,
+        unit: "GB/s".into(),
+        ..row("roof", "memra", Workload::CopyBandwidth, gb_s)
+    };
+    let bare = |engine: &str, value: f64| Row {
+        time: "2026-12-02T00:00:00Z".into(),
+        dtype: Some("Q8_0".into()),
+        ..decode("bare", engine, "llama3-8b", value, Some(4_500_000_000), 5e8)
+    };
+    let rows = [
+        // The run's copy bandwidth: the median of its rows, 3,000 GB/s.
+        copy(3100.0),
+        copy(2900.0),
+        copy(3000.0),
+        // Dense: 4.5 GB of weights + 0.5 GB of KV a token; 5 GB x 300 tok/s = 1,500 GB/s
+        // = 50%; the peer reads the same 5 GB: x 240 tok/s = 40%.
+        decode(
+            "roof",
+            "memra",
+            "llama3-8b",
+            300.0,
+            Some(4_500_000_000),
+            5e8,
+        ),
+        decode("roof", "llama.cpp", "llama3-8b", 240.0, None, 0.0),
+        // MoE: 1.8 GB of its 18 GB file a token (the routed experts) + 0.2 GB of KV; 2 GB x
+        // 500 tok/s = 33%, the peer's 2 GB x 450 tok/s = 30%.
+        decode(
+            "roof",
+            "memra",
+            "qwen3-30b-a3b",
+            500.0,
+            Some(1_800_000_000),
+            2e8,
+        ),
+        decode("roof", "llama.cpp", "qwen3-30b-a3b", 450.0, None, 0.0),
+        // Recorded before the field: a dense shape falls back to its file (5 GB + 0.1 GB of KV
+        // x 100 tok/s = 17%, the peer's x 90 tok/s = 15%), an MoE one has no figure.
+        decode("roof", "memra", "smollm2-135m", 100.0, None, 1e8),
+        decode("roof", "llama.cpp", "smollm2-135m", 90.0, None, 0.0),
+        decode("roof", "memra", "qwen3-next-80b-a3b", 250.0, None, 1e8),
+        decode("roof", "llama.cpp", "qwen3-next-80b-a3b", 200.0, None, 0.0),
+        // At depth 8000: 4.5 GB + 1.5 GB of KV a token; 6 GB x 200 tok/s = 40%, x 150 = 30%.
+        Row {
+            prompt: Some(8000),
+            depth: Some(8000),
+            ..decode(
+                "roof",
+                "memra",
+                "llama3-8b",
+                200.0,
+                Some(4_500_000_000),
+                1.5e9,
+            )
+        },
+        Row {
+            prompt: Some(0),
+            depth: Some(8000),
+            ..decode("roof", "llama.cpp", "llama3-8b", 150.0, None, 0.0)
+        },
+        // A run without a copy bandwidth row: no figure.
+        bare("memra", 310.0),
+        bare("llama.cpp", 250.0),
+    ];
+    let readme = format!(
+        "x\n{}\n{}\n",
+        memra_bench::report::BEGIN,
+        memra_bench::report::END
+    );
+    let files = render(&rows, Some(&readme)).unwrap();
+    let text = |name: &str| {
+        files
+            .iter()
+            .find(|f| f.0 == Path::new(name))
+            .unwrap()
+            .1
+            .clone()
+    };
+    insta::assert_snapshot!(text("../README.md"), @r"
+    x
+    <!-- memra-bench report: begin (generated from reports/data; do not edit) -->
+    Run `bare` on GPU (2026-12-02T00:00:00Z): memra (commit not recorded) and llama.cpp (version not recorded), same model files, batch 1.
+
+    | model | memra decode tok/s | peer decode tok/s | ratio | decode % of roofline (memra / peer) | memra prefill tok/s | peer prefill tok/s | ratio |
+    |---|---|---|---|---|---|---|---|
+    | llama3-8b Q8_0 | 310.0 | 250.0 | 1.24x | — | — | — | — |
+
+    Run `roof` on GPU (2026-12-01T00:00:00Z): memra (commit not recorded) and llama.cpp (version not recorded), same model files, batch 1.
+
+    | model | memra decode tok/s | peer decode tok/s | ratio | decode % of roofline (memra / peer) | memra prefill tok/s | peer prefill tok/s | ratio |
+    |---|---|---|---|---|---|---|---|
+    | llama3-8b Q4_K_M | 300.0 | 240.0 | 1.25x | 50% / 40% | — | — | — |
+    | qwen3-30b-a3b Q4_K_M | 500.0 | 450.0 | 1.11x | 33% / 30% | — | — | — |
+    | smollm2-135m Q4_K_M | 100.0 | 90.0 | 1.11x | 17% / 15% | — | — | — |
+    | qwen3-next-80b-a3b Q4_K_M | 250.0 | 200.0 | 1.25x | — | — | — | — |
+
+    % of roofline (decode): the bytes a token reads (its weights, of an MoE model only the routed experts, and the KV cache at the mean context) x tok/s over the copy bandwidth measured in the same run; the peer's with memra's bytes of the same model; — where the run measured no copy bandwidth or the row does not say its bytes.
+
+    The newest memra numbers (each from its own run; a ratio only ever joins rows of one run):
+
+    | device | model | workload | batch | prompt | KV | memra | % of roofline | run |
+    |---|---|---|---|---|---|---|---|---|
+    | GPU | llama3-8b Q4_K_M | decode | 1 | 512 | — | 300.0 tok/s | 50% | `roof` |
+    | GPU | llama3-8b Q4_K_M | decode | 1 | 8000 | — | 200.0 tok/s | 40% | `roof` |
+    | GPU | llama3-8b Q8_0 | decode | 1 | 512 | — | 310.0 tok/s | — | `bare` |
+    | GPU | qwen3-30b-a3b Q4_K_M | decode | 1 | 512 | — | 500.0 tok/s | 33% | `roof` |
+    | GPU | qwen3-next-80b-a3b Q4_K_M | decode | 1 | 512 | — | 250.0 tok/s | — | `roof` |
+    | GPU | smollm2-135m Q4_K_M | decode | 1 | 512 | — | 100.0 tok/s | 17% | `roof` |
+
+    Generated by `memra-bench report` from reports/data (figures and every run: reports/README.md).
+    <!-- memra-bench report: end -->
+    ");
+    // reports/README.md: the same cells.
+    let all = text("README.md");
+    assert!(
+        all.contains("| llama3-8b Q4_K_M | 300.0 | 240.0 | 1.25x | 50% / 40% |"),
+        "{all}"
+    );
+    assert!(
+        all.contains("| llama3-8b Q8_0 | 310.0 | 250.0 | 1.24x | — |"),
+        "{all}"
+    );
+    assert!(
+        all.contains("| llama3-8b Q4_K_M | — | 8000 | 200.0 | 150.0 | 1.33x | 40% / 30% |"),
         "{all}"
     );
 }

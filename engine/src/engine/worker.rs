@@ -226,6 +226,7 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
     let vocab = weights.config.vocab;
     let kv_token_bytes =
         kv_block_bytes(&weights.config, cfg.block_size, cfg.kv_dtype) / cfg.block_size;
+    let weight_token_bytes = weights.decode_read_bytes();
     let opts = OpenOptions {
         kv_blocks: blocks,
         block_size: cfg.block_size,
@@ -266,6 +267,7 @@ fn open(a: &mut Option<WorkerArgs>) -> Result<(Worker, ModelInfo)> {
         block_size: cfg.block_size,
         kv_dtype: cfg.kv_dtype,
         kv_token_bytes,
+        weight_token_bytes,
         spec: spec.as_ref().map(|s| (s.name(), s.cfg.k)),
         spec_notes,
         pipeline: backend.pipeline(),

@@ -192,6 +192,34 @@ impl ModelWeights {
     pub fn nbytes(&self) -> usize {
         self.tensors.values().map(|t| t.data.len()).sum()
     }
+
+    /// The weight bytes one batch-1 decode token reads (plain decoding, no drafter), from the
+    /// stored tensors whatever the backend makes of them: every tensor's bytes, except that an
+    /// expert stack `[n_experts, rows, cols]` counts the `n_used` experts a token is routed to
+    /// (`n_used / n_experts` of its bytes; a shared expert and the router count whole), the
+    /// token embedding counts the one row a token looks up, the output head counts whole (the
+    /// embedding table when tied), and the MTP layers (past `n_layers`, read only by a drafter)
+    /// count nothing. The roofline's numerator: memra-bench's `weight_bytes_per_token`.
+    pub fn decode_read_bytes(&self) -> usize {
+        let c = &self.config;
+        let mut bytes = 0;
+        for (role, t) in self.iter() {
+            bytes += match role {
+                _ if role.layer().is_some_and(|l| l >= c.n_layers) => 0,
+                Role::TokenEmbd => t.row_bytes(),
+                _ if role.is_experts() => match c.moe {
+                    Some(m) if m.n_experts > 0 => t.data.len() / m.n_experts * m.n_used,
+                    _ => t.data.len(),
+                },
+                _ => t.data.len(),
+            };
+        }
+        // A tied head is the embedding table, read whole.
+        if self.opt(Role::Output).is_none() {
+            bytes += self.opt(Role::TokenEmbd).map_or(0, |t| t.data.len());
+        }
+        bytes
+    }
 }
 
 /// A checkpoint-type (FP8, NVFP4) tensor as F16 of its exact values, or BF16 when one is beyond

@@ -459,3 +459,68 @@ fn malformed_moe_files_are_refused_clearly() {
     let e = load_err(&write_hf_model(&dir.path().join("hf-used"), used, &all));
     assert!(e.contains("must be in 1..=8"), "{e}");
 }
+
+/// The weight bytes one decode token reads, counted by hand from a model's tensor list (GGUF
+/// names): every tensor whole, but `n_used / n_experts` of each expert stack (`*_exps`), one
+/// row of the token embedding, and the embedding table again when it is the (tied) head; the
+/// MTP layers (past `n_layers`) not at all.
+fn read_by_hand(w: &ModelWeights) -> usize {
+    let c = &w.config;
+    let (mut whole, mut stacks) = (0, 0);
+    for (role, t) in w.iter() {
+        let name = role.gguf_name();
+        let layer = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .map(|l| l.parse::<usize>().unwrap());
+        if layer.is_some_and(|l| l >= c.n_layers) {
+            continue;
+        }
+        match name.as_str() {
+            "token_embd.weight" => whole += t.data.len() / c.vocab,
+            n if n.ends_with("_exps.weight") => stacks += t.data.len(),
+            _ => whole += t.data.len(),
+        }
+    }
+    if c.tie_embeddings {
+        whole += w.get(Role::TokenEmbd).unwrap().data.len();
+    }
+    let moe = c.moe.unwrap();
+    whole + stacks * moe.n_used / moe.n_experts
+}
+
+/// `ModelInfo::weight_token_bytes` of the tiny MoE models (qwen3moe; qwen3next with its shared
+/// expert and DeltaNet layers) is the hand count: 3 of 8 experts read, the rest whole.
+#[test]
+fn a_decode_token_reads_the_routed_experts_only() {
+    for arch in [Arch::Qwen3Moe, Arch::Qwen3Next] {
+        let m = crate::common::tiny_model(arch);
+        let want = read_by_hand(&m.weights);
+        assert_eq!(m.weights.decode_read_bytes(), want, "{arch:?}");
+        let stacks: usize = m
+            .weights
+            .iter()
+            .filter(|(r, _)| r.is_experts())
+            .map(|(_, t)| t.data.len())
+            .sum();
+        let embd = m.weights.get(Role::TokenEmbd).unwrap().data.len();
+        assert!(stacks > 0 && m.weights.opt(Role::Output).is_some());
+        assert_eq!(
+            want,
+            m.weights.nbytes() - embd + embd / m.config.vocab - stacks / 8 * 5,
+            "{arch:?}"
+        );
+        let e = crate::common::start_cpu(arch, 32, 16);
+        assert_eq!(e.models()[0].weight_token_bytes, want, "{arch:?}");
+        e.shutdown();
+    }
+    // Tied embeddings (the head reads the table) and an MTP layer (a drafter's only).
+    let c = memra_engine::config::ModelConfig {
+        mtp_layers: 1,
+        tie_embeddings: true,
+        ..tiny_config(Arch::Qwen3Next, VOCAB)
+    };
+    let w = random_weights(&c, 12, DType::Q8_0).expect("weights");
+    assert!(w.opt(Role::Output).is_none() && w.iter().any(|(r, _)| r.layer() == Some(2)));
+    assert_eq!(w.decode_read_bytes(), read_by_hand(&w));
+}
