@@ -166,6 +166,10 @@ pub struct ModelStats {
     /// The counters of looked-up (n-gram) drafts per length of the match that proposed them:
     /// 1, 2, 3, 4 or more tokens ([`crate::spec::MATCH_LABELS`]).
     pub spec_by_match: [crate::spec::SpecCounts; crate::spec::control::MATCH_BUCKETS],
+    /// The counters of drafts from the traffic store (crate::spec::traffic: the outputs of
+    /// earlier requests of the same tenant and `cache_salt`), drafted where the sequence's own
+    /// context had no match of 2 or more tokens.
+    pub spec_by_traffic: crate::spec::SpecCounts,
 }
 
 /// A snapshot of the whole engine.

@@ -48,7 +48,8 @@ pub struct DrafterLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MatchLabels {
     pub model: String,
-    /// The length of the suffix match that proposed an n-gram draft: `1`, `2`, `3`, `4+`.
+    /// The length of the suffix match that proposed an n-gram draft: `1`, `2`, `3`, `4+`, or
+    /// `traffic` for a draft from the traffic store (earlier requests' outputs).
     pub match_len: String,
 }
 
@@ -290,13 +291,13 @@ impl Metrics {
         registry.register(
             "model_spec_match_draft_tokens",
             "n-gram draft tokens a model's verify steps checked, by the length of the suffix \
-             match that proposed the draft (1, 2, 3, 4+)",
+             match that proposed the draft (1, 2, 3, 4+; traffic: from earlier requests' outputs)",
             m.spec_match_drafted.clone(),
         );
         registry.register(
             "model_spec_match_accepted_tokens",
             "n-gram draft tokens a model accepted, by the length of the suffix match that \
-             proposed the draft (1, 2, 3, 4+)",
+             proposed the draft (1, 2, 3, 4+; traffic: from earlier requests' outputs)",
             m.spec_match_accepted.clone(),
         );
         Metrics { registry, ..m }
@@ -393,10 +394,12 @@ impl Metrics {
         }
         // Series per match length once the model has drafted by lookup (none for a model
         // whose drafts all come from its MTP layers or a draft model).
-        if m.spec_by_match.iter().any(|c| c.drafted > 0) {
+        if m.spec_by_match.iter().any(|c| c.drafted > 0) || m.spec_by_traffic.drafted > 0 {
+            let traffic = std::iter::once((&"traffic", &m.spec_by_traffic));
             for (label, c) in memra_engine::spec::MATCH_LABELS
                 .iter()
                 .zip(&m.spec_by_match)
+                .chain(traffic)
             {
                 let l = MatchLabels {
                     model: model.clone(),
@@ -502,6 +505,11 @@ mod tests {
                 accepted: a,
                 steps: 0,
             }),
+            spec_by_traffic: SpecCounts {
+                drafted: 5,
+                accepted: 4,
+                steps: 2,
+            },
             spec_by_drafter: vec![
                 (
                     "mtp".into(),
@@ -568,7 +576,13 @@ mod tests {
             &t,
             r#"memra_model_spec_fallbacks_total{model="chat",reason="error"} 0"#,
         );
-        for (m, d, a) in [("1", 4, 1), ("2", 3, 2), ("3", 0, 0), ("4+", 3, 7)] {
+        for (m, d, a) in [
+            ("1", 4, 1),
+            ("2", 3, 2),
+            ("3", 0, 0),
+            ("4+", 3, 7),
+            ("traffic", 5, 4),
+        ] {
             line(
                 &t,
                 &format!(

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """A cross-request n-gram table replayed on recorded SmolLM2 generations: where the context has no
 match of 2 or more tokens, draft from the latest occurrence of the longest suffix (4..2 tokens)
-in the OTHER generations' prompts and outputs (leave-one-out: a request never sees its own
-output). Two replays, each the table over today's drafter in tokens per unit of step time:
+in the OTHER generations' outputs (leave-one-out: a request never sees its own output; with
+`prompts`, their prompts are indexed too, each before its output). Two replays, each the table over today's drafter in tokens per unit of step time:
 K = 4 every step (ngram_sim.py's replay), and the engine's rule (depth_sim.py: the controller,
 the depth from the match length, K = 8; the table's drafts get their own match-length bucket,
 learned like the others from the sampled priors of 1-token matches).
-Usage: tools/spec/global_sim.py MODE (greedy or sampled); reports/spec/ngram-sampled-cpu.md."""
+The engine's traffic store (engine/src/spec/traffic.rs) implements the outputs-only policy.
+Usage: tools/spec/global_sim.py MODE [prompts] (MODE greedy or sampled);
+reports/spec/ngram-sampled-cpu.md."""
 import collections
 import json
 import os
@@ -69,6 +71,7 @@ def rule_replay(prompt, out, prop, r, k=8):
 
 if __name__ == "__main__":
     mode = sys.argv[1]
+    with_prompts = sys.argv[2:] == ["prompts"]
     seqs = []
     for f in FILES:
         for line in open(f):
@@ -80,7 +83,8 @@ if __name__ == "__main__":
     for r in (0.03, 0.1, 0.3):
         res = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
         for i, (kind, p, out) in enumerate(seqs):
-            prop = with_table(build_index(o for j, (_, _, o) in enumerate(seqs) if j != i))
+            prop = with_table(build_index((pr + o if with_prompts else o)
+                                          for j, (_, pr, o) in enumerate(seqs) if j != i))
             rows = [replay([(p, out)], propose, r)[0], replay([(p, out)], prop, r)[0],
                     rule_replay(p, out, propose, r), rule_replay(p, out, prop, r)]
             for key in ("grounded" if kind in grounded else "other", "all"):

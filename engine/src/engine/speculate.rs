@@ -5,13 +5,28 @@
 //! Every decode step of a sequence that may speculate and checks no draft is counted with its
 //! reason ([`SpecFallbacks`]): backing off after low acceptance, the load cut-off, no room, the
 //! drafter had nothing, the drafter failed.
+//!
+//! A lookup drafter's sequence whose own context has no match of [`traffic::MIN_N`] or more
+//! tokens drafts from the model's traffic store instead ([`TrafficStore`]: the outputs of
+//! finished requests of the same scope, tenant and `cache_salt`), when the store has a match.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::error::Result;
 use crate::scheduler::{Scheduler, SchedulerOutput, SeqId};
 use crate::spec::control::{MATCH_BUCKETS, MatchRates, SpecControl, StepCost};
+use crate::spec::traffic::{self, TrafficStore};
 use crate::spec::{DraftReq, Drafter, SpecConfig, SpecCounts, SpecFallbacks};
+
+/// Where a looked-up draft came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lookup {
+    /// The sequence's own context, by a match of this many tokens.
+    Own(usize),
+    /// The traffic store.
+    Traffic,
+}
 
 /// A model's speculation state (owned by its engine thread).
 pub(crate) struct Speculation {
@@ -29,8 +44,15 @@ pub(crate) struct Speculation {
     /// model-wide (the replay found per-sequence tables no better, and a sequence has few drafts
     /// per bucket to learn from).
     matched: [MatchRates; 2],
-    /// The match length of each sequence's draft set this step, until [`Self::checked`].
-    match_of: HashMap<SeqId, usize>,
+    /// Acceptance of drafts from the traffic store, greedy and sampled: a class of its own
+    /// (one bucket, the prior of a 1-token match), as the replay measured it (tools/spec/
+    /// global_sim.py: such drafts are accepted less often than the context's own matches of
+    /// the same length).
+    traffic_rates: [MatchRates; 2],
+    /// The model's traffic store (fed only while the drafter looks its drafts up).
+    traffic: TrafficStore,
+    /// Where each sequence's looked-up draft set this step came from, until [`Self::checked`].
+    match_of: HashMap<SeqId, Lookup>,
     /// The target's vocabulary: a draft token outside it ends the draft there.
     vocab: usize,
     /// Drafts set this step (sequence, tokens), until [`Self::planned`] sees the plan.
@@ -42,6 +64,8 @@ pub(crate) struct Speculation {
     pub(crate) fallbacks: SpecFallbacks,
     /// Model totals of looked-up drafts per match-length bucket (for /metrics).
     pub(crate) by_match: [SpecCounts; MATCH_BUCKETS],
+    /// Model totals of drafts from the traffic store (for /metrics).
+    pub(crate) by_traffic: SpecCounts,
 }
 
 /// What the worker knows of a request, for drafting.
@@ -53,6 +77,9 @@ pub(crate) struct DraftCandidate {
     /// The request's sampling: a model drafter picks its drafts as the target will, and a
     /// request that samples reads the sampled steps' fit for its depth.
     pub(crate) params: crate::sampling::SamplingParams,
+    /// The request's scope in the traffic store: its prefix-cache namespace (tenant and
+    /// `cache_salt`).
+    pub(crate) scope: Arc<[u8]>,
 }
 
 impl Speculation {
@@ -64,6 +91,8 @@ impl Speculation {
             cost: Default::default(),
             sampled: HashMap::new(),
             matched: [MatchRates::new(false), MatchRates::new(true)],
+            traffic_rates: [MatchRates::new(false), MatchRates::new(true)],
+            traffic: TrafficStore::default(),
             match_of: HashMap::new(),
             vocab,
             set: HashMap::new(),
@@ -71,6 +100,7 @@ impl Speculation {
             counts: SpecCounts::default(),
             fallbacks: SpecFallbacks::default(),
             by_match: Default::default(),
+            by_traffic: SpecCounts::default(),
         }
     }
 
@@ -96,7 +126,10 @@ impl Speculation {
     /// row must be accepted to pay): for a drafter that reports the match length behind each
     /// draft, the drafter is asked for up to `k` (and the room) and each draft is cut to
     /// [`MatchRates::depth`] of its match length; for others, [`SpecControl::depth`]. Either
-    /// way a sequence the controller backs off does not draft.
+    /// way a sequence the controller backs off does not draft. A lookup drafter's sequence
+    /// without a match of [`traffic::MIN_N`] or more tokens in its own context drafts from the
+    /// traffic store of its scope when that has a match (cut to the depth of the store's own
+    /// acceptance class).
     pub(crate) fn draft(&mut self, sched: &mut Scheduler, cands: &[DraftCandidate]) -> Result<()> {
         self.set.clear();
         if cands.is_empty() {
@@ -152,17 +185,29 @@ impl Speculation {
             }
         };
         let ids: Vec<(SeqId, usize)> = reqs.iter().map(|r| (r.id, r.k)).collect();
+        let scopes: HashMap<SeqId, &Arc<[u8]>> =
+            asks.iter().map(|(c, _)| (c.id, &c.scope)).collect();
         for ((id, k), (mut d, matched)) in ids.into_iter().zip(drafts) {
-            let k = match matched {
-                Some(m) => {
-                    let sampled = self.sampled.get(&id).copied().unwrap_or(false);
-                    let depth =
-                        self.matched[usize::from(sampled)].depth(m, self.row_cost_of(sampled), k);
-                    self.match_of.insert(id, m);
-                    depth
+            let sampled = self.sampled.get(&id).copied().unwrap_or(false);
+            let r = self.row_cost_of(sampled);
+            let mut lookup = matched.map(Lookup::Own);
+            if matches
+                && matched.is_none_or(|m| m < traffic::MIN_N)
+                && let (Some(scope), Some(tokens)) = (scopes.get(&id), sched.tokens(id))
+            {
+                let (t, n) = self.traffic.propose(scope, tokens, k);
+                if n > 0 {
+                    (d, lookup) = (t, Some(Lookup::Traffic));
                 }
+            }
+            let k = match lookup {
+                Some(Lookup::Own(m)) => self.matched[usize::from(sampled)].depth(m, r, k),
+                Some(Lookup::Traffic) => self.traffic_rates[usize::from(sampled)].depth(1, r, k),
                 None => k,
             };
+            if let Some(l) = lookup {
+                self.match_of.insert(id, l);
+            }
             d.truncate(k);
             if let Some(bad) = d.iter().position(|&t| t as usize >= self.vocab) {
                 d.truncate(bad);
@@ -237,17 +282,33 @@ impl Speculation {
         if let Some(c) = self.controls.get_mut(&id) {
             c.verified(drafted, accepted, r);
         }
-        if let Some(m) = self.match_of.remove(&id) {
-            let sampled = self.sampled.get(&id).copied().unwrap_or(false);
-            self.matched[usize::from(sampled)].verified(m, drafted, accepted);
-            if drafted > 0 {
-                self.by_match[MatchRates::bucket(m)].add(drafted, accepted);
+        let sampled = usize::from(self.sampled.get(&id).copied().unwrap_or(false));
+        match self.match_of.remove(&id) {
+            Some(Lookup::Own(m)) => {
+                self.matched[sampled].verified(m, drafted, accepted);
+                if drafted > 0 {
+                    self.by_match[MatchRates::bucket(m)].add(drafted, accepted);
+                }
             }
+            Some(Lookup::Traffic) => {
+                self.traffic_rates[sampled].verified(1, drafted, accepted);
+                self.by_traffic.add(drafted, accepted);
+            }
+            None => {}
         }
         if drafted > 0 {
             self.drafter.verified(id, drafted, accepted);
         }
         self.counts.add(drafted, accepted);
+    }
+
+    /// A sequence of `scope` that may speculate ended with `output` (its generated tokens):
+    /// into the traffic store, while the drafter looks its drafts up (the store serves no
+    /// other).
+    pub(crate) fn finished(&mut self, scope: &[u8], output: &[u32]) {
+        if self.drafter.matches() {
+            self.traffic.feed(scope, output);
+        }
     }
 
     /// The sequence ended.
@@ -350,6 +411,7 @@ mod tests {
             id: 1,
             room,
             params,
+            scope: Arc::from(&b"t"[..]),
         };
         spec.draft(sched, &[c]).unwrap();
         let n = spec.set.get(&1).copied().unwrap_or(0);
@@ -413,6 +475,46 @@ mod tests {
         spec.checked(1, 0, 0);
         assert_eq!(spec.matched[1].rate(4), p);
         assert!(spec.match_of.is_empty());
+    }
+
+    #[test]
+    fn the_traffic_store_stands_in_for_a_short_own_match_of_the_same_scope() {
+        // Sequence 1 is [2, 3, 4, 5]: in scope `t` the store has [4, 5] followed by 6, 7, 8,
+        // in scope `u` by 9.
+        for (own, from_store) in [(1, true), (2, false)] {
+            let (mut spec, mut sched, _) = one_decoding(Some(own), 8);
+            spec.finished(b"t", &[4, 5, 6, 7, 8]);
+            spec.finished(b"u", &[4, 5, 9, 9, 9]);
+            let c = DraftCandidate {
+                id: 1,
+                room: 100,
+                params: crate::sampling::SamplingParams::GREEDY,
+                scope: Arc::from(&b"t"[..]),
+            };
+            spec.draft(&mut sched, &[c]).unwrap();
+            let plan = sched.schedule();
+            let drafts = plan.seqs[0].drafts.clone();
+            if from_store {
+                // The store's class starts from the 1-token prior: one draft at r = 0.1.
+                assert_eq!(drafts, vec![6]);
+                assert_eq!(spec.match_of.get(&1), Some(&Lookup::Traffic));
+            } else {
+                assert_eq!(drafts, vec![1; 3], "a 2-token own match keeps its draft");
+                assert_eq!(spec.match_of.get(&1), Some(&Lookup::Own(2)));
+            }
+            spec.checked(1, drafts.len(), 1);
+            let traffic = SpecCounts {
+                drafted: 1,
+                accepted: 1,
+                steps: 1,
+            };
+            assert_eq!(spec.by_traffic == traffic, from_store);
+            assert_eq!(spec.by_match[1].drafted > 0, !from_store);
+        }
+        // A drafter without lookups neither feeds nor reads the store.
+        let (mut spec, _, _) = one_decoding(None, 8);
+        spec.finished(b"t", &[4, 5, 6, 7, 8]);
+        assert!(spec.traffic.is_empty());
     }
 
     #[test]

@@ -65,6 +65,11 @@ struct Active {
     constraint: Option<Constraint>,
     /// A grammar failure met while computing a mask; the request ends with it.
     failed: Option<String>,
+    /// Its scope in the traffic store (spec/traffic.rs): its prefix-cache namespace.
+    scope: Arc<[u8]>,
+    /// The last token, emitted but not appended to the sequence (the request ended by length
+    /// or a complete grammar): the traffic store gets it with the others.
+    tail: Option<u32>,
 }
 
 struct Worker {
@@ -417,6 +422,7 @@ impl Worker {
             Command::Submit(s) => *s,
         };
         let ns = namespace(&s.req.tenant, s.req.cache_salt.as_deref());
+        let scope = Arc::from(ns.as_slice());
         self.sched.add(NewSeq {
             id: s.id,
             tenant: s.req.tenant.clone(),
@@ -434,6 +440,8 @@ impl Worker {
             spec: SpecCounts::default(),
             constraint,
             failed: None,
+            scope,
+            tail: None,
         };
         self.active.insert(s.id, a);
     }
@@ -615,6 +623,7 @@ impl Worker {
                     id,
                     room: by_max.min(by_ctx),
                     params: a.req.params.clone(),
+                    scope: a.scope.clone(),
                 })
             })
             .collect();
@@ -725,7 +734,9 @@ impl Worker {
             usage: usage(a.generated),
         });
         self.generated_total += 1;
-        if !last {
+        if last {
+            a.tail = Some(tok);
+        } else {
             self.sched.append_token(id, tok);
         }
         let t = RawToken {
@@ -755,8 +766,19 @@ impl Worker {
         }
     }
 
-    /// Removes a request everywhere and frees its KV blocks.
+    /// Removes a request everywhere and frees its KV blocks. A request that may speculate
+    /// leaves its output in its scope of the traffic store (spec/traffic.rs).
     fn end(&mut self, id: SeqId) {
+        if let (Some(s), Some(a), Some(tokens)) = (
+            self.spec.as_mut(),
+            self.active.get(&id),
+            self.sched.tokens(id),
+        ) && a.req.speculative
+        {
+            let mut output = tokens[a.req.prompt.len().min(tokens.len())..].to_vec();
+            output.extend(a.tail);
+            s.finished(&a.scope, &output);
+        }
         self.sched.finish(id);
         if let Some(s) = self.spec.as_mut() {
             s.forget(id);
@@ -803,6 +825,7 @@ impl Worker {
                 }
                 s.spec_by_drafter = sp.by_drafter();
                 s.spec_by_match = sp.by_match;
+                s.spec_by_traffic = sp.by_traffic;
             }
         }
     }

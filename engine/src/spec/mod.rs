@@ -10,6 +10,8 @@
 //! - [`control::MatchRates`]: the depth of a looked-up draft from the length of the match that
 //!   proposed it.
 //! - [`control::SpecControl`]: the per-sequence fallback (depth K, off and back on).
+//! - [`traffic::TrafficStore`]: n-gram drafts from earlier requests' outputs (per model and
+//!   scope: tenant and `cache_salt`), where a sequence's own context has no match.
 //! - [`generate::generate_spec`]: one sequence, speculatively (run-gen, memra-verify).
 //! - The engine loop (engine/worker.rs) drafts for many sequences at once and verifies them in
 //!   the same step as plain sequences.
@@ -20,6 +22,7 @@ pub mod generate;
 pub mod mtp;
 pub mod ngram;
 pub mod pick;
+pub mod traffic;
 
 use std::path::PathBuf;
 

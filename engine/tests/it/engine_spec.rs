@@ -157,9 +157,11 @@ fn speculative_engine_streams_equal_plain_under_batching() {
             .map(|i| got[i].2)
             .sum();
         assert!(sampled > 0, "k={k}: no sampled request accepted a draft");
-        // Every n-gram draft has a match length: the buckets add up to the model's totals.
+        // Every n-gram draft has a match length or came from the traffic store (the outputs
+        // of the requests that finished before it, all of tenant `t`): the buckets add up to
+        // the model's totals.
         let by = |f: fn(&memra_engine::spec::SpecCounts) -> u64| -> u64 {
-            m.spec_by_match.iter().map(f).sum()
+            m.spec_by_match.iter().map(f).sum::<u64>() + f(&m.spec_by_traffic)
         };
         assert_eq!(by(|c| c.drafted), m.spec_drafted_total, "k={k}");
         assert_eq!(by(|c| c.accepted), m.spec_accepted_total, "k={k}");

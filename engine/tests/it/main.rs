@@ -34,6 +34,7 @@ mod settings;
 mod spec_config;
 mod spec_generate;
 mod spec_mtp;
+mod spec_traffic;
 mod tiny_files;
 mod tokenizer;
 mod vision;
