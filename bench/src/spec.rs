@@ -322,10 +322,14 @@ pub struct Sample {
     pub error: Option<String>,
 }
 
-/// The body of request `(i, s)` of `a` in `mode`: item `i` under sampling `s` with seed
-/// `a.seed + i`, to `mode`'s model; with one model for both modes, the `off` side opts out of
-/// speculation per request (`"speculative": false`).
-pub fn body(a: &SpecArgs, mode: Mode, i: usize, s: usize) -> String {
+/// The body of request `(i, s, r)` of `a` in `mode`: item `i` under sampling `s` with seed
+/// `a.seed + i`, round `r`, to `mode`'s model; with one model for both modes, the `off` side
+/// opts out of speculation per request (`"speculative": false`). Each (sampling, round) has a
+/// `cache_salt` of its own, so every item is sent once per prefix-cache namespace: the engine's
+/// traffic store (drafts from earlier outputs of the same namespace) never drafts an item from
+/// its own earlier output, which real traffic rarely has (reports/spec/ngram-sampled-cpu.md).
+pub fn body(a: &SpecArgs, mode: Mode, i: usize, s: usize, r: usize) -> String {
+    let salt = format!("memra-bench-spec-s{s}-r{r}");
     let (item, s) = (&a.items[i], &a.samplings[s]);
     let max_tokens = if a.max_tokens > 0 {
         item.max_tokens.min(a.max_tokens)
@@ -341,6 +345,7 @@ pub fn body(a: &SpecArgs, mode: Mode, i: usize, s: usize) -> String {
         "seed": a.seed + i as u64,
         "stream": true,
         "stream_options": {"include_usage": true},
+        "cache_salt": salt,
     });
     if s.top_k > 0 {
         v["top_k"] = serde_json::json!(s.top_k);
@@ -437,7 +442,7 @@ fn work(a: &SpecArgs) -> Vec<(usize, usize, usize)> {
 }
 
 fn one(a: &SpecArgs, mode: Mode, (i, s, r): (usize, usize, usize)) -> Sample {
-    let b = body(a, mode, i, s);
+    let b = body(a, mode, i, s, r);
     let mut out = send(a.target(mode), a.api_key.as_deref(), &b).unwrap_or_else(|e| Sample {
         error: Some(e),
         ..Default::default()
@@ -938,7 +943,7 @@ mod tests {
             max_tokens: 64,
             api_key: None,
         };
-        let v: Value = serde_json::from_str(&body(&a, Mode::On, 0, 0)).unwrap();
+        let v: Value = serde_json::from_str(&body(&a, Mode::On, 0, 0, 0)).unwrap();
         assert_eq!(v["model"], "on");
         assert_eq!(v["max_tokens"], 64);
         assert_eq!(v["top_k"], 40);
@@ -948,7 +953,7 @@ mod tests {
         assert!(v.get("speculative").is_none());
         a.items[0].response_format = None;
         a.max_tokens = 0;
-        let g: Value = serde_json::from_str(&body(&a, Mode::Off, 0, 1)).unwrap();
+        let g: Value = serde_json::from_str(&body(&a, Mode::Off, 0, 1, 0)).unwrap();
         assert_eq!(g["temperature"], 0.0);
         assert_eq!(g["max_tokens"], 400);
         assert!(g.get("top_k").is_none() && g.get("response_format").is_none());
@@ -956,9 +961,15 @@ mod tests {
         assert_eq!(g["model"], "off");
         assert!(g.get("speculative").is_none());
         a.off = a.on.clone();
-        let same = |mode| -> Value { serde_json::from_str(&body(&a, mode, 0, 1)).unwrap() };
+        let same = |mode| -> Value { serde_json::from_str(&body(&a, mode, 0, 1, 0)).unwrap() };
         assert_eq!(same(Mode::Off)["speculative"], false);
         assert!(same(Mode::On).get("speculative").is_none());
+        // A namespace per (sampling, round): an item never drafts from its own earlier output.
+        let salt =
+            |s, r| body(&a, Mode::On, 0, s, r).parse::<Value>().unwrap()["cache_salt"].clone();
+        assert_eq!(salt(1, 0), salt(1, 0));
+        assert_ne!(salt(1, 0), salt(0, 0));
+        assert_ne!(salt(1, 0), salt(1, 1));
     }
 
     #[test]
