@@ -260,20 +260,7 @@ fn depth_rows_are_matched_by_context_and_kv_format_and_stay_out_of_the_headline(
         at("memra", 8000, 8000, "q8_0", 120.0),
         at("llama.cpp", 0, 8000, "q8_0", 240.0),
     ];
-    let readme = format!(
-        "x\n{}\n{}\n",
-        memra_bench::report::BEGIN,
-        memra_bench::report::END
-    );
-    let files = render(&rows, Some(&readme)).unwrap();
-    let text = |name: &str| {
-        files
-            .iter()
-            .find(|f| f.0 == Path::new(name))
-            .unwrap()
-            .1
-            .clone()
-    };
+    let text = rendered(&rows);
     // The headline takes the model's newest comparison; the depth rows stay out of it.
     let top = text("../README.md");
     assert!(
@@ -385,20 +372,7 @@ fn decode_rows_report_their_share_of_the_roofline() {
         bare("memra", 310.0),
         bare("llama.cpp", 250.0),
     ];
-    let readme = format!(
-        "x\n{}\n{}\n",
-        memra_bench::report::BEGIN,
-        memra_bench::report::END
-    );
-    let files = render(&rows, Some(&readme)).unwrap();
-    let text = |name: &str| {
-        files
-            .iter()
-            .find(|f| f.0 == Path::new(name))
-            .unwrap()
-            .1
-            .clone()
-    };
+    let text = rendered(&rows);
     insta::assert_snapshot!(text("../README.md"), @r"
     x
     <!-- memra-bench report: begin (generated from reports/data; do not edit) -->
@@ -447,4 +421,23 @@ fn decode_rows_report_their_share_of_the_roofline() {
         all.contains("| llama3-8b Q4_K_M | — | 8000 | 200.0 | 150.0 | 1.33x | 40% / 30% |"),
         "{all}"
     );
+}
+
+/// The report of `rows` rendered into a README holding only the markers: a generated file's
+/// text by its path.
+fn rendered(rows: &[Row]) -> impl Fn(&str) -> String {
+    let readme = format!(
+        "x\n{}\n{}\n",
+        memra_bench::report::BEGIN,
+        memra_bench::report::END
+    );
+    let files = render(rows, Some(&readme)).unwrap();
+    move |name| {
+        files
+            .iter()
+            .find(|f| f.0 == Path::new(name))
+            .unwrap()
+            .1
+            .clone()
+    }
 }

@@ -27,7 +27,8 @@ fn start(spec: Option<SpecConfig>) -> EngineHandle {
     start_with(weights, spec)
 }
 
-fn start_with(weights: ModelWeights, spec: Option<SpecConfig>) -> EngineHandle {
+/// A CPU engine serving `weights` as model `tiny` (SmolLM2's tokenizer), speculating with `spec`.
+pub(crate) fn start_with(weights: ModelWeights, spec: Option<SpecConfig>) -> EngineHandle {
     let tokenizer = Tokenizer::from_gguf(&Gguf::open(&common::real_model()).unwrap()).unwrap();
     let model = Model {
         path: "tiny".into(),
@@ -84,10 +85,10 @@ fn fixed_cost(spec: SpecConfig) -> SpecConfig {
 }
 
 /// Per token: id, logprob bits, top alternatives' bits.
-type Tokens = Vec<(u32, Option<u32>, Vec<(u32, u32)>)>;
+pub(crate) type Tokens = Vec<(u32, Option<u32>, Vec<(u32, u32)>)>;
 
 /// Tokens, the finish reason and the accepted drafts of a stream.
-fn collect(mut s: EventStream) -> (Tokens, String, usize) {
+pub(crate) fn collect(mut s: EventStream) -> (Tokens, String, usize) {
     let mut v = Vec::new();
     loop {
         match s.blocking_recv() {

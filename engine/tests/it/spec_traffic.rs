@@ -3,19 +3,15 @@
 //! of what it holds, its bounds and its scopes; then in the engine: a request drafts from an
 //! earlier request's output of its own tenant only, and its stream is plain decoding's.
 
-use crate::common;
-
+use crate::engine_spec::Tokens;
 use memra_engine::config::Arch;
-use memra_engine::engine::{AdmissionLimits, Engine, EngineConfig, EngineHandle};
-use memra_engine::formats::gguf::Gguf;
-use memra_engine::loader::Model;
+use memra_engine::engine::EngineHandle;
 use memra_engine::models::random::{random_weights, tiny_config};
 use memra_engine::quant::DType;
-use memra_engine::request::{Event, EventStream, ValidRequest};
+use memra_engine::request::{EventStream, ValidRequest};
 use memra_engine::spec::traffic::{MAX_N, MIN_N, TrafficStore};
 use memra_engine::spec::{DrafterKind, SpecConfig, SpecCounts};
 use memra_engine::testing::text_request;
-use memra_engine::tokenizer::Tokenizer;
 
 #[test]
 fn traffic_store_proposes_what_followed_up_to_the_sequence_end() {
@@ -186,23 +182,7 @@ const VOCAB: usize = 512;
 
 fn start(spec: Option<SpecConfig>) -> EngineHandle {
     let weights = random_weights(&tiny_config(Arch::Llama, VOCAB), 11, DType::Q8_0).unwrap();
-    let tokenizer = Tokenizer::from_gguf(&Gguf::open(&common::real_model()).unwrap()).unwrap();
-    let model = Model {
-        path: "tiny".into(),
-        config: weights.config.clone(),
-        weights,
-        tokenizer,
-        chat: None,
-    };
-    let cfg = EngineConfig {
-        spec,
-        ..common::cpu_engine_config(96, 24)
-    };
-    Engine::start(
-        vec![("tiny".into(), model, cfg)],
-        AdmissionLimits::default(),
-    )
-    .unwrap()
+    crate::engine_spec::start_with(weights, spec)
 }
 
 fn request(tenant: &str, salt: Option<&str>, speculative: bool) -> ValidRequest {
@@ -217,27 +197,9 @@ fn request(tenant: &str, salt: Option<&str>, speculative: bool) -> ValidRequest 
     }
 }
 
-/// Per token: id, logprob bits, top alternatives' bits.
-type Tokens = Vec<(u32, Option<u32>, Vec<(u32, u32)>)>;
-
-fn collect(mut s: EventStream) -> Tokens {
-    let mut v = Vec::new();
-    loop {
-        match s.blocking_recv() {
-            Some(Event::Token(t)) => v.push((
-                t.id,
-                t.logprob.map(f32::to_bits),
-                t.top_logprobs
-                    .iter()
-                    .map(|(i, l)| (*i, l.to_bits()))
-                    .collect(),
-            )),
-            Some(Event::Text(_)) => {}
-            Some(Event::Done { .. }) => return v,
-            Some(Event::Error(e)) => panic!("request failed: {e}"),
-            None => panic!("stream ended without Done"),
-        }
-    }
+/// The tokens of a stream (engine_spec's `collect`).
+fn collect(s: EventStream) -> Tokens {
+    crate::engine_spec::collect(s).0
 }
 
 /// Runs `req` alone on `e`; its tokens and the model's traffic-store draft counters after it
