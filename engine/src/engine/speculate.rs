@@ -166,17 +166,19 @@ impl Speculation {
         if asks.is_empty() {
             return Ok(());
         }
-        let reqs: Vec<DraftReq> = asks
+        // Each request beside its scope in the traffic store.
+        let (reqs, scopes): (Vec<DraftReq>, Vec<&Arc<[u8]>>) = asks
             .iter()
             .filter_map(|&(c, k)| {
-                Some(DraftReq {
+                let req = DraftReq {
                     id: c.id,
                     tokens: sched.tokens(c.id)?,
                     k,
                     params: &c.params,
-                })
+                };
+                Some((req, &c.scope))
             })
-            .collect();
+            .unzip();
         let drafts = match self.drafter.draft_matched(&reqs) {
             Ok(d) => d,
             Err(e) => {
@@ -185,15 +187,13 @@ impl Speculation {
             }
         };
         let ids: Vec<(SeqId, usize)> = reqs.iter().map(|r| (r.id, r.k)).collect();
-        let scopes: HashMap<SeqId, &Arc<[u8]>> =
-            asks.iter().map(|(c, _)| (c.id, &c.scope)).collect();
-        for ((id, k), (mut d, matched)) in ids.into_iter().zip(drafts) {
+        for (((id, k), scope), (mut d, matched)) in ids.into_iter().zip(scopes).zip(drafts) {
             let sampled = self.sampled.get(&id).copied().unwrap_or(false);
             let r = self.row_cost_of(sampled);
             let mut lookup = matched.map(Lookup::Own);
             if matches
                 && matched.is_none_or(|m| m < traffic::MIN_N)
-                && let (Some(scope), Some(tokens)) = (scopes.get(&id), sched.tokens(id))
+                && let Some(tokens) = sched.tokens(id)
             {
                 let (t, n) = self.traffic.propose(scope, tokens, k);
                 if n > 0 {

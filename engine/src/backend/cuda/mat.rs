@@ -203,10 +203,9 @@ impl Products {
     /// Uploads a stack of experts `[E, rows, cols]` (3-D tensor) for [`Products::moe`]: the
     /// experts repacked into the tile layout when the v2 products read the type (the experts'
     /// tiles one after the other; a stack of whole 16-row tiles in one repack), else the stored
-    /// layout. `pairs`: when the stack's
-    /// input is the (row, slot) pairs of the FFN (the down stack), the pairs per step row (the
-    /// experts per row), so that [`Products::reserve`] sizes their prepared activations;
-    /// otherwise its input is the step's rows.
+    /// layout. `pairs`: when the stack's input is the (row, slot) pairs of the FFN (the down
+    /// stack), the pairs per step row (the experts per row), so that [`Products::reserve`]
+    /// sizes their prepared activations; otherwise its input is the step's rows.
     pub fn upload_experts(&mut self, g: &Gpu, t: &Tensor, pairs: Option<usize>) -> Result<Mat> {
         let (e, rows, cols) = match t.shape[..] {
             [e, r, c] if e > 0 => (e, r, c),
