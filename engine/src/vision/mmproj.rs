@@ -202,7 +202,7 @@ impl TowerParams {
     }
 }
 
-fn meta_usize(g: &Gguf, key: &str) -> Result<usize> {
+pub(super) fn meta_usize(g: &Gguf, key: &str) -> Result<usize> {
     g.get_u64(key)
         .and_then(|v| usize::try_from(v).ok())
         .ok_or_else(|| Error::Config(format!("mmproj: missing or invalid `{key}`")))
@@ -268,21 +268,24 @@ pub fn params(g: &Gguf) -> Result<TowerParams> {
     Ok(p)
 }
 
+/// The tensor `name` of an mmproj file dequantized to f32, its shape checked.
+pub(super) fn tensor_f32(g: &Gguf, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    let t = g
+        .tensor(name)
+        .ok_or_else(|| Error::Weights(format!("mmproj: missing tensor {name}")))?;
+    if t.shape != shape {
+        return Err(Error::Weights(format!(
+            "mmproj: {name} has shape {:?}, expected {shape:?}",
+            t.shape
+        )));
+    }
+    t.to_f32()
+}
+
 /// Loads the tower: its shape and every tensor dequantized to f32, shapes checked.
 pub fn load(g: &Gguf) -> Result<(TowerParams, TowerWeights)> {
     let p = params(g)?;
-    let get = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
-        let t = g
-            .tensor(name)
-            .ok_or_else(|| Error::Weights(format!("mmproj: missing tensor {name}")))?;
-        if t.shape != shape {
-            return Err(Error::Weights(format!(
-                "mmproj: {name} has shape {:?}, expected {shape:?}",
-                t.shape
-            )));
-        }
-        t.to_f32()
-    };
+    let get = |name: &str, shape: &[usize]| tensor_f32(g, name, shape);
     let (h, f, ps) = (p.hidden, p.ffn, p.patch_size);
     let mut layers = Vec::with_capacity(p.layers);
     for i in 0..p.layers {

@@ -30,6 +30,7 @@ pub mod qwenvit;
 pub mod random;
 mod siglip;
 pub mod video;
+mod vit_ops;
 
 use std::sync::Arc;
 

@@ -18,6 +18,7 @@
 //! own limits and no video positions), and
 //! `clip.use_silu` / `clip.use_gelu` choosing the block FFN's activation (neither: QuickGELU).
 
+use super::mmproj::{meta_triplet, meta_usize, tensor_f32};
 use super::qwenvit::{
     CLIP_MEAN, CLIP_STD, Merger, QwenKind, QwenLayer, QwenParams, QwenWeights, VitAct,
 };
@@ -243,12 +244,6 @@ fn default_mean(kind: QwenKind) -> ([f32; 3], [f32; 3]) {
     }
 }
 
-fn meta_usize(g: &Gguf, key: &str) -> Result<usize> {
-    g.get_u64(key)
-        .and_then(|v| usize::try_from(v).ok())
-        .ok_or_else(|| Error::Config(format!("mmproj: missing or invalid `{key}`")))
-}
-
 fn meta_opt(g: &Gguf, key: &str, default: usize) -> Result<usize> {
     match g.get(key) {
         None => Ok(default),
@@ -328,8 +323,8 @@ pub fn params(g: &Gguf, kind: QwenKind) -> Result<QwenParams> {
             .get_f64(&k("attention.layer_norm_epsilon"))
             .unwrap_or(1e-6) as f32,
         text_hidden,
-        mean: super::mmproj::meta_triplet(g, &k("image_mean"), mean)?,
-        std: super::mmproj::meta_triplet(g, &k("image_std"), std)?,
+        mean: meta_triplet(g, &k("image_mean"), mean)?,
+        std: meta_triplet(g, &k("image_std"), std)?,
         wa_pattern: meta_opt(g, &k("n_wa_pattern"), 0)?,
         window: meta_opt(g, &k("window_size"), 112)?,
         pos_grid,
@@ -562,18 +557,7 @@ pub fn file_tensors(p: &QwenParams, w: &QwenWeights) -> Vec<(String, Vec<usize>,
 /// Loads the tower: its shape and every tensor dequantized to f32, shapes checked.
 pub fn load(g: &Gguf, kind: QwenKind) -> Result<(QwenParams, QwenWeights)> {
     let p = params(g, kind)?;
-    let mut get = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
-        let t = g
-            .tensor(name)
-            .ok_or_else(|| Error::Weights(format!("mmproj: missing tensor {name}")))?;
-        if t.shape != shape {
-            return Err(Error::Weights(format!(
-                "mmproj: {name} has shape {:?}, expected {shape:?}",
-                t.shape
-            )));
-        }
-        t.to_f32()
-    };
+    let mut get = |name: &str, shape: &[usize]| tensor_f32(g, name, shape);
     let has = |name: &str| g.tensor_info(name).is_some();
     let w = build(&p, &mut get, &has)?;
     Ok((p, w))

@@ -27,11 +27,9 @@
 //! not depend on the thread count. Keys of a window are visited in patch order.
 
 use rayon::prelude::*;
-use sha2::{Digest, Sha256};
 
-use super::siglip::{gelu_tanh, layer_norm, linear};
+use super::vit_ops::{attention, digest, gelu_tanh, layer_norm, linear};
 use crate::error::{Error, Result};
-use crate::quant::dot_f32;
 
 /// The member of the family (llama.cpp's projector type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -348,15 +346,7 @@ impl QwenWeights {
 
     /// SHA-256 of the shape and every weight's bits: the tower's identity in content hashes.
     pub fn digest(&self, p: &QwenParams) -> [u8; 32] {
-        let mut h = Sha256::new();
-        h.update(format!("qwen vit {p:?}").as_bytes());
-        for t in self.tensors() {
-            h.update((t.len() as u64).to_le_bytes());
-            for v in t {
-                h.update(v.to_le_bytes());
-            }
-        }
-        h.finalize().into()
+        digest(&format!("qwen vit {p:?}"), &self.tensors())
     }
 }
 
@@ -584,42 +574,6 @@ impl Groups {
     }
 }
 
-/// Softmax attention of each row over its group, `heads` heads of `d`.
-fn attention(q: &[f32], k: &[f32], v: &[f32], heads: usize, d: usize, gr: &Groups) -> Vec<f32> {
-    let w = heads * d;
-    let scale = 1.0 / (d as f32).sqrt();
-    let mut out = vec![0f32; q.len()];
-    out.par_chunks_mut(w).enumerate().for_each(|(i, row)| {
-        let keys = &gr.groups[gr.of[i] as usize];
-        let mut s = vec![0f32; keys.len()];
-        for h in 0..heads {
-            let qi = &q[i * w + h * d..i * w + (h + 1) * d];
-            let mut max = f32::NEG_INFINITY;
-            for (sj, &j) in s.iter_mut().zip(keys) {
-                let j = j as usize;
-                *sj = dot_f32(qi, &k[j * w + h * d..j * w + (h + 1) * d]) * scale;
-                max = max.max(*sj);
-            }
-            let mut sum = 0f32;
-            for sj in s.iter_mut() {
-                *sj = (*sj - max).exp();
-                sum += *sj;
-            }
-            let o = &mut row[h * d..(h + 1) * d];
-            for (&pj, &j) in s.iter().zip(keys) {
-                let j = j as usize;
-                for (a, &b) in o.iter_mut().zip(&v[j * w + h * d..j * w + (h + 1) * d]) {
-                    *a += pj * b;
-                }
-            }
-            for a in o.iter_mut() {
-                *a /= sum;
-            }
-        }
-    });
-    out
-}
-
 /// One block: `x += attn(norm1 x)`, `x += ffn(norm2 x)`.
 fn block(p: &QwenParams, l: &QwenLayer, x: &mut [f32], table: &[(f32, f32)], gr: &Groups) {
     let (h, d) = (p.hidden, p.head_dim());
@@ -629,7 +583,7 @@ fn block(p: &QwenParams, l: &QwenLayer, x: &mut [f32], table: &[(f32, f32)], gr:
     let v = linear(&a, h, &l.v_w, &l.v_b);
     rope(&mut q, table, p.heads, d);
     rope(&mut k, table, p.heads, d);
-    let att = attention(&q, &k, &v, p.heads, d, gr);
+    let att = attention(&q, &k, &v, p.heads, d, |i| &gr.groups[gr.of[i] as usize]);
     let o = linear(&att, h, &l.o_w, &l.o_b);
     x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
     let a = norm(x, &l.norm2_w, &l.norm2_b, p.eps);

@@ -8,10 +8,9 @@
 //! order, so the result does not depend on the thread count.
 
 use rayon::prelude::*;
-use sha2::{Digest, Sha256};
 
 use super::TowerParams;
-use crate::quant::dot_f32;
+use super::vit_ops::{attention, digest, gelu_tanh, layer_norm, linear};
 
 /// One encoder block's weights (matrices `[out][in]`, row-major).
 pub struct Layer {
@@ -119,84 +118,8 @@ impl TowerWeights {
 
     /// SHA-256 of the shape and every weight's bits: the tower's identity in content hashes.
     pub fn digest(&self, p: &TowerParams) -> [u8; 32] {
-        let mut h = Sha256::new();
-        h.update(format!("{p:?}").as_bytes());
-        for t in self.tensors() {
-            h.update((t.len() as u64).to_le_bytes());
-            for v in t {
-                h.update(v.to_le_bytes());
-            }
-        }
-        h.finalize().into()
+        digest(&format!("{p:?}"), &self.tensors())
     }
-}
-
-/// `y[r] = W x[r] + b` for `m` rows of `k` values (W `[n][k]`).
-pub(super) fn linear(x: &[f32], k: usize, w: &[f32], b: &[f32]) -> Vec<f32> {
-    let n = b.len();
-    let m = x.len() / k;
-    let mut y = vec![0f32; m * n];
-    y.par_chunks_mut(n).enumerate().for_each(|(r, out)| {
-        let xr = &x[r * k..(r + 1) * k];
-        for (j, o) in out.iter_mut().enumerate() {
-            *o = dot_f32(&w[j * k..(j + 1) * k], xr) + b[j];
-        }
-    });
-    y
-}
-
-/// LayerNorm of each row (mean and variance over the row, two passes).
-pub(super) fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32) -> Vec<f32> {
-    let h = w.len();
-    let mut y = x.to_vec();
-    y.par_chunks_mut(h).for_each(|row| {
-        let mean = row.iter().sum::<f32>() / h as f32;
-        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / h as f32;
-        let inv = 1.0 / (var + eps).sqrt();
-        for ((v, &g), &c) in row.iter_mut().zip(w).zip(b) {
-            *v = (*v - mean) * inv * g + c;
-        }
-    });
-    y
-}
-
-pub(super) fn gelu_tanh(x: f32) -> f32 {
-    const C: f32 = 0.797_884_6; // sqrt(2 / pi)
-    0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh())
-}
-
-/// Full attention of `n` rows over `heads` heads of `d`: returns `n x heads*d`.
-fn attention(q: &[f32], k: &[f32], v: &[f32], n: usize, heads: usize, d: usize) -> Vec<f32> {
-    let w = heads * d;
-    let scale = 1.0 / (d as f32).sqrt();
-    let mut out = vec![0f32; n * w];
-    out.par_chunks_mut(w).enumerate().for_each(|(i, row)| {
-        let mut s = vec![0f32; n];
-        for h in 0..heads {
-            let qi = &q[i * w + h * d..i * w + (h + 1) * d];
-            let mut max = f32::NEG_INFINITY;
-            for (j, sj) in s.iter_mut().enumerate() {
-                *sj = dot_f32(qi, &k[j * w + h * d..j * w + (h + 1) * d]) * scale;
-                max = max.max(*sj);
-            }
-            let mut sum = 0f32;
-            for sj in s.iter_mut() {
-                *sj = (*sj - max).exp();
-                sum += *sj;
-            }
-            let o = &mut row[h * d..(h + 1) * d];
-            for (j, &p) in s.iter().enumerate() {
-                let vj = &v[j * w + h * d..j * w + (h + 1) * d];
-                for (a, &b) in o.iter_mut().zip(vj) {
-                    *a += p * b;
-                }
-            }
-            for a in o.iter_mut() {
-                *a /= sum;
-            }
-        }
-    });
-    out
 }
 
 /// The patch rows: each patch's `3 x patch x patch` values (channel, y, x) times the
@@ -262,14 +185,16 @@ fn project(p: &TowerParams, w: &TowerWeights, x: &[f32]) -> Vec<f32> {
 
 /// The embedding rows (`tokens_per_image x text_hidden`) of one image's input values.
 pub fn forward(p: &TowerParams, w: &TowerWeights, px: &[f32]) -> Vec<f32> {
-    let (h, n) = (p.hidden, p.patches());
+    let h = p.hidden;
+    // Full (bidirectional) attention: every row over every patch.
+    let all: Vec<u32> = (0..p.patches() as u32).collect();
     let mut x = embed_patches(p, w, px);
     for l in &w.layers {
         let a = layer_norm(&x, &l.ln1_w, &l.ln1_b, p.eps);
         let q = linear(&a, h, &l.q_w, &l.q_b);
         let k = linear(&a, h, &l.k_w, &l.k_b);
         let v = linear(&a, h, &l.v_w, &l.v_b);
-        let att = attention(&q, &k, &v, n, p.heads, p.head_dim());
+        let att = attention(&q, &k, &v, p.heads, p.head_dim(), |_| &all);
         let o = linear(&att, h, &l.o_w, &l.o_b);
         x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
         let a = layer_norm(&x, &l.ln2_w, &l.ln2_b, p.eps);
