@@ -80,6 +80,16 @@ fn stride_grid(n: usize) -> (u32, u32) {
     (n.div_ceil(BLOCK as usize).clamp(1, 1 << 16) as u32, 1)
 }
 
+/// Refuses a head dimension without an attention kernel ([`HEAD_DIMS`]).
+fn check_head(d: usize) -> Result<()> {
+    if !HEAD_DIMS.contains(&d) {
+        return Err(Error::Unsupported(format!(
+            "the CUDA tower has no attention kernel for heads of {d}"
+        )));
+    }
+    Ok(())
+}
+
 /// The launchers, on one device.
 pub struct TowerKernels<'a, D: TowerDevice> {
     pub dev: &'a D,
@@ -145,17 +155,7 @@ impl<D: TowerDevice> TowerKernels<'_, D> {
         width: usize,
         eps: f32,
     ) -> Result<()> {
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(w),
-            Arg::Ptr(b),
-            Arg::Ptr(y),
-            Arg::U32(u32_of(rows, "rows")?),
-            Arg::U32(u32_of(width, "width")?),
-            Arg::F32(eps),
-        ];
-        let grid = (u32_of(rows.div_ceil(8), "norm blocks")?, 1);
-        self.dev.launch("vit_layer_norm", grid, BLOCK, &args)
+        self.row_norm("vit_layer_norm", &[x, w, b, y], rows, width, eps)
     }
 
     /// Q, K and V of `qkv` (`[rows][3 heads d]`, f32) as f16 into `half` ([`half_qkv_len`]
@@ -180,11 +180,7 @@ impl<D: TowerDevice> TowerKernels<'_, D> {
     /// Every row of `half` (the f16 Q / K / V of `n` rows, [`TowerKernels::half_qkv`]) attends
     /// to all `n` rows, per head, scale `1 / sqrt(d)`, into `out` (`[n][heads d]`, f32).
     pub fn attention(&self, half: u64, out: u64, n: usize, heads: usize, d: usize) -> Result<()> {
-        if !HEAD_DIMS.contains(&d) {
-            return Err(Error::Unsupported(format!(
-                "the CUDA tower has no attention kernel for heads of {d}"
-            )));
-        }
+        check_head(d)?;
         let args = [
             Arg::Ptr(half),
             Arg::Ptr(out),
@@ -265,11 +261,7 @@ impl<D: TowerDevice> TowerKernels<'_, D> {
         heads: usize,
         d: usize,
     ) -> Result<()> {
-        if !HEAD_DIMS.contains(&d) {
-            return Err(Error::Unsupported(format!(
-                "the CUDA tower has no attention kernel for heads of {d}"
-            )));
-        }
+        check_head(d)?;
         if count == 0 {
             return Ok(());
         }
@@ -316,16 +308,27 @@ impl<D: TowerDevice> TowerKernels<'_, D> {
         width: usize,
         eps: f32,
     ) -> Result<()> {
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(w),
-            Arg::Ptr(y),
+        self.row_norm("rms_norm", &[x, w, y], rows, width, eps)
+    }
+
+    /// A row-norm kernel (8 rows a block): its pointers (`x`, the weights, `y`), then `rows`,
+    /// `width` and `eps`.
+    fn row_norm(
+        &self,
+        kernel: &str,
+        ptrs: &[u64],
+        rows: usize,
+        width: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let mut args: Vec<Arg> = ptrs.iter().map(|&p| Arg::Ptr(p)).collect();
+        args.extend([
             Arg::U32(u32_of(rows, "rows")?),
             Arg::U32(u32_of(width, "width")?),
             Arg::F32(eps),
-        ];
+        ]);
         let grid = (u32_of(rows.div_ceil(8), "norm blocks")?, 1);
-        self.dev.launch("rms_norm", grid, BLOCK, &args)
+        self.dev.launch(kernel, grid, BLOCK, &args)
     }
 
     /// elementwise.cu `add_in_place`: `x[i] += y[i]` for `n` values.
