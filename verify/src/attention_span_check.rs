@@ -16,11 +16,12 @@
 
 use memra_engine::Result;
 use memra_engine::backend::KvDtype;
-use memra_engine::backend::cuda::{AttnArgs, Gpu, attn_mma_kernel, attn_part_floats};
+use memra_engine::backend::cuda::{Gpu, attn_mma_kernel};
 use memra_engine::backend::spans::attn_range;
 use memra_engine::models::random::unit;
 
 use crate::attention_check::{Shape, mma_tol, reference, store};
+use crate::attention_rig::{Launch, Rig, poison};
 use crate::attention_window_check::WINDOW_SHAPES;
 use crate::case::same_bits;
 use crate::case::{Case, compare};
@@ -45,17 +46,6 @@ fn is_image(pos: usize) -> bool {
     IMAGES.iter().any(|&(a, b)| (a..b).contains(&pos))
 }
 
-/// Launches over one uploaded cache.
-struct Rig<'a> {
-    g: &'a Gpu,
-    s: &'a Shape,
-    kv: KvDtype,
-    dk: u64,
-    dv: u64,
-    doff: u64,
-    dtab: u64,
-}
-
 /// How a launch is run.
 #[derive(Clone, Copy)]
 struct How {
@@ -68,65 +58,37 @@ struct How {
     one_each: bool,
 }
 
-impl Rig<'_> {
-    /// Rows at `pos` (sequence 0) with queries `q` in one launch under `window`.
-    fn run(&self, pos: &[usize], q: &[f32], window: Option<usize>, how: How) -> Result<Vec<f32>> {
-        let (g, s) = (self.g, self.s);
-        let qd = s.n_heads * s.head_dim;
-        let p32: Vec<u32> = pos.iter().map(|&p| p as u32).collect();
-        let sp: Vec<u32> = pos
-            .iter()
-            .flat_map(|&p| {
-                let (a, b) = if how.one_each {
-                    (p, p + 1)
-                } else {
-                    spans_of(p)
-                };
-                [a as u32, b as u32]
-            })
-            .collect();
-        let seq = vec![0u32; pos.len()];
-        let (dq, dpos, dseq, dsp) = (
-            g.upload(q)?,
-            g.upload(&p32)?,
-            g.upload(&seq)?,
-            g.upload(&sp)?,
-        );
-        let n = pos.len() * qd;
-        let dout = g.zeros::<f32>(n)?;
-        g.fill(g.ptr(&dout), f32::NAN, n)?;
-        let parts = pos.len() * s.n_heads * attn_part_floats(how.ctx, s.head_dim);
-        let dsc = g.zeros::<f32>(parts)?;
-        g.fill(g.ptr(&dsc), f32::NAN, parts)?;
-        let a = AttnArgs {
-            q: g.ptr(&dq),
-            out: g.ptr(&dout),
-            k_cache: self.dk,
-            v_cache: self.dv,
-            kv: self.kv,
-            pos: g.ptr(&dpos),
-            row_seq: g.ptr(&dseq),
-            table_off: self.doff,
-            tables: self.dtab,
-            scores: g.ptr(&dsc),
-            ctx: how.ctx,
-            rows: pos.len(),
-            n_heads: s.n_heads,
-            n_kv_heads: s.n_kv_heads,
-            head_dim: s.head_dim,
-            block_size: s.block_size,
-            scale: 1.0 / (s.head_dim as f32).sqrt(),
-            prep: None,
-            tile_tokens: how.tile_tokens,
-            fold: how.fold,
-            stages: 0,
-            grid_y: 0,
-            window,
-            spans: if how.spans { g.ptr(&dsp) } else { 0 },
-        };
-        g.attention(&a)?;
-        g.download(&dout)
-    }
+/// Rows at `pos` (sequence 0) with queries `q` in one launch under `window`.
+fn run(
+    rig: &Rig<'_>,
+    pos: &[usize],
+    q: &[f32],
+    window: Option<usize>,
+    how: How,
+) -> Result<Vec<f32>> {
+    let p32: Vec<u32> = pos.iter().map(|&p| p as u32).collect();
+    let sp: Vec<u32> = pos
+        .iter()
+        .flat_map(|&p| {
+            let (a, b) = if how.one_each {
+                (p, p + 1)
+            } else {
+                spans_of(p)
+            };
+            [a as u32, b as u32]
+        })
+        .collect();
+    let seq = vec![0u32; pos.len()];
+    rig.launch(&Launch {
+        seq: &seq,
+        pos: &p32,
+        q,
+        ctx: how.ctx,
+        window,
+        tile_tokens: how.tile_tokens,
+        fold: how.fold,
+        spans: how.spans.then_some(&sp[..]),
+    })
 }
 
 pub fn span_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
@@ -157,12 +119,8 @@ fn case(g: &Gpu, seed: u64, kv: KvDtype, s: &Shape, w: Option<usize>, st: u64) -
     let n = blocks * s.block_size * width;
     let mut k32: Vec<f32> = (0..n as u64).map(|i| unit(seed, st, i)).collect();
     let mut v32: Vec<f32> = (0..n as u64).map(|i| unit(seed, st + 1, i)).collect();
-    let bad = if kv == KvDtype::Q8_0 { 1e4 } else { f32::NAN };
-    for p in (0..lowest).chain(LAST + 1..SEQ_LEN) {
-        let row = table[p / s.block_size] as usize * s.block_size + p % s.block_size;
-        k32[row * width..(row + 1) * width].fill(bad);
-        v32[row * width..(row + 1) * width].fill(bad);
-    }
+    let poisoned = (0..lowest).chain(LAST + 1..SEQ_LEN);
+    poison(s, kv, &table, width, (&mut k32, &mut v32), poisoned);
     let ((kb, kc), (vb, vc)) = (store(kv, &k32, width), store(kv, &v32, width));
     let qd = s.n_heads * s.head_dim;
     let q: Vec<f32> = (0..(pos.len() * qd) as u64)
@@ -197,7 +155,7 @@ fn case(g: &Gpu, seed: u64, kv: KvDtype, s: &Shape, w: Option<usize>, st: u64) -
         spans: true,
         one_each: false,
     };
-    let got = rig.run(&pos, &q, w, how)?;
+    let got = run(&rig, &pos, &q, w, how)?;
     let group = s.n_heads / s.n_kv_heads;
     let mma = g.uses_attn_mma(s.head_dim, group, w, kv);
     let shape = format!(
@@ -220,13 +178,13 @@ fn case(g: &Gpu, seed: u64, kv: KvDtype, s: &Shape, w: Option<usize>, st: u64) -
     for (r, &p) in pos.iter().enumerate() {
         let ctx = spans_of(p).1.max(p + 1);
         let one = How { ctx, ..how };
-        alone.extend(rig.run(&[p], &q[r * qd..(r + 1) * qd], w, one)?);
+        alone.extend(run(&rig, &[p], &q[r * qd..(r + 1) * qd], w, one)?);
     }
     bits("one launch per row", &alone, &|_| true);
     let long = How { ctx: 8192, ..how };
     bits(
         "a launch for ctx 8192",
-        &rig.run(&pos, &q, w, long)?,
+        &run(&rig, &pos, &q, w, long)?,
         &|_| true,
     );
     // Fold mode where the launch has a fold kernel (none for head_dim 256).
@@ -242,7 +200,7 @@ fn case(g: &Gpu, seed: u64, kv: KvDtype, s: &Shape, w: Option<usize>, st: u64) -
                 ..how
             };
             let what = format!("{tpt} tokens per tile (folded {fold})");
-            bits(&what, &rig.run(&pos, &q, w, t)?, &|_| true);
+            bits(&what, &run(&rig, &pos, &q, w, t)?, &|_| true);
         }
     }
     // The text rows without spans (a null pointer: the text-only path).
@@ -250,7 +208,7 @@ fn case(g: &Gpu, seed: u64, kv: KvDtype, s: &Shape, w: Option<usize>, st: u64) -
         spans: false,
         ..how
     };
-    let none = rig.run(&pos, &q, w, plain)?;
+    let none = run(&rig, &pos, &q, w, plain)?;
     bits("the launch without spans (text rows)", &none, &|p| {
         !is_image(p)
     });
@@ -259,7 +217,7 @@ fn case(g: &Gpu, seed: u64, kv: KvDtype, s: &Shape, w: Option<usize>, st: u64) -
         one_each: true,
         ..how
     };
-    let ones = rig.run(&pos, &q, w, one_each)?;
+    let ones = run(&rig, &pos, &q, w, one_each)?;
     if !same_bits(&ones, &none) && case.problem.is_none() {
         case.problem = Some("one-position spans differ from no spans".into());
     }

@@ -16,10 +16,11 @@
 
 use memra_engine::Result;
 use memra_engine::backend::KvDtype;
-use memra_engine::backend::cuda::{AttnArgs, Gpu, attn_part_floats, attn_window_start};
+use memra_engine::backend::cuda::{Gpu, attn_window_start};
 use memra_engine::models::random::{splitmix, unit};
 
 use crate::attention_check::{Shape, mma_tol, reference, store};
+use crate::attention_rig::{Launch, Rig, poison};
 use crate::case::same_bits;
 use crate::case::{Case, compare};
 
@@ -48,12 +49,12 @@ struct Kv {
     tables: Vec<Vec<u32>>,
 }
 
-/// One sequence of [`SEQ_LEN`] positions over permuted blocks per entry of `poison`; sequence
-/// i's positions below `poison[i]` hold NaN (1e4 in Q8_0: it would read NaN back as 0).
-fn caches(s: &Shape, kv: KvDtype, seed: u64, st: u64, poison: &[usize]) -> Kv {
+/// One sequence of [`SEQ_LEN`] positions over permuted blocks per entry of `below`; sequence
+/// i's positions below `below[i]` hold NaN (1e4 in Q8_0: it would read NaN back as 0).
+fn caches(s: &Shape, kv: KvDtype, seed: u64, st: u64, below: &[usize]) -> Kv {
     let width = s.n_kv_heads * s.head_dim;
     let per_seq = SEQ_LEN / s.block_size;
-    let blocks = per_seq * poison.len();
+    let blocks = per_seq * below.len();
     let mut perm: Vec<u32> = (0..blocks as u32).collect();
     for i in (1..perm.len()).rev() {
         let j = (splitmix(seed, st + 2, i as u64) % (i as u64 + 1)) as usize;
@@ -63,13 +64,8 @@ fn caches(s: &Shape, kv: KvDtype, seed: u64, st: u64, poison: &[usize]) -> Kv {
     let n = blocks * s.block_size * width;
     let mut k32: Vec<f32> = (0..n as u64).map(|i| unit(seed, st, i)).collect();
     let mut v32: Vec<f32> = (0..n as u64).map(|i| unit(seed, st + 1, i)).collect();
-    let bad = if kv == KvDtype::Q8_0 { 1e4 } else { f32::NAN };
-    for (table, &below) in tables.iter().zip(poison) {
-        for p in 0..below {
-            let row = table[p / s.block_size] as usize * s.block_size + p % s.block_size;
-            k32[row * width..(row + 1) * width].fill(bad);
-            v32[row * width..(row + 1) * width].fill(bad);
-        }
+    for (table, &below) in tables.iter().zip(below) {
+        poison(s, kv, table, width, (&mut k32, &mut v32), 0..below);
     }
     let ((kb, kc), (vb, vc)) = (store(kv, &k32, width), store(kv, &v32, width));
     Kv {
@@ -81,80 +77,38 @@ fn caches(s: &Shape, kv: KvDtype, seed: u64, st: u64, poison: &[usize]) -> Kv {
     }
 }
 
-/// The uploaded caches of a [`Kv`]: attention launches over them.
-struct Rig<'a> {
-    g: &'a Gpu,
-    s: &'a Shape,
-    kv: KvDtype,
-    /// Device caches and block tables (flat, with offsets).
-    dk: u64,
-    dv: u64,
-    doff: u64,
-    dtab: u64,
+/// Rows `(sequence, pos)` with queries `q` in one launch sized for `ctx`, under `window`: the
+/// output rows in the order of `rows` (every value written: the output starts as NaN).
+fn run(
+    rig: &Rig<'_>,
+    rows: &[(u32, u32)],
+    q: &[f32],
+    ctx: usize,
+    window: Option<usize>,
+) -> Result<Vec<f32>> {
+    let seq: Vec<u32> = rows.iter().map(|r| r.0).collect();
+    let pos: Vec<u32> = rows.iter().map(|r| r.1).collect();
+    rig.launch(&Launch {
+        seq: &seq,
+        pos: &pos,
+        q,
+        ctx,
+        window,
+        tile_tokens: 0,
+        fold: None,
+        spans: None,
+    })
 }
 
-impl Rig<'_> {
-    /// Rows `(sequence, pos)` with queries `q` in one launch sized for `ctx`, under `window`:
-    /// the output rows in the order of `rows` (every value written: the output starts as NaN).
-    fn run(
-        &self,
-        rows: &[(u32, u32)],
-        q: &[f32],
-        ctx: usize,
-        window: Option<usize>,
-    ) -> Result<Vec<f32>> {
-        let (g, s) = (self.g, self.s);
-        let qd = s.n_heads * s.head_dim;
-        let seq: Vec<u32> = rows.iter().map(|r| r.0).collect();
-        let pos: Vec<u32> = rows.iter().map(|r| r.1).collect();
-        let (dq, dpos, dseq) = (g.upload(q)?, g.upload(&pos)?, g.upload(&seq)?);
-        let n = rows.len() * qd;
-        let dout = g.zeros::<f32>(n)?;
-        g.fill(g.ptr(&dout), f32::NAN, n)?;
-        let parts = rows.len() * s.n_heads * attn_part_floats(ctx, s.head_dim);
-        let dsc = g.zeros::<f32>(parts)?;
-        // Stale partials must not matter: the splits below a window are never folded.
-        g.fill(g.ptr(&dsc), f32::NAN, parts)?;
-        let a = AttnArgs {
-            q: g.ptr(&dq),
-            out: g.ptr(&dout),
-            k_cache: self.dk,
-            v_cache: self.dv,
-            kv: self.kv,
-            pos: g.ptr(&dpos),
-            row_seq: g.ptr(&dseq),
-            table_off: self.doff,
-            tables: self.dtab,
-            scores: g.ptr(&dsc),
-            ctx,
-            rows: rows.len(),
-            n_heads: s.n_heads,
-            n_kv_heads: s.n_kv_heads,
-            head_dim: s.head_dim,
-            block_size: s.block_size,
-            scale: 1.0 / (s.head_dim as f32).sqrt(),
-            prep: None,
-            tile_tokens: 0,
-            fold: None,
-            stages: 0,
-            grid_y: 0,
-            window,
-            spans: 0,
-        };
-        g.attention(&a)?;
-        g.download(&dout)
+/// Each row alone (a launch per row, ctx = its own pos + 1).
+fn alone(rig: &Rig<'_>, rows: &[(u32, u32)], q: &[f32], window: Option<usize>) -> Result<Vec<f32>> {
+    let qd = rig.s.n_heads * rig.s.head_dim;
+    let mut out = Vec::with_capacity(q.len());
+    for (r, &row) in rows.iter().enumerate() {
+        let ctx = row.1 as usize + 1;
+        out.extend(run(rig, &[row], &q[r * qd..(r + 1) * qd], ctx, window)?);
     }
-
-    /// Each row alone (a launch per row, ctx = its own pos + 1).
-    fn alone(&self, rows: &[(u32, u32)], q: &[f32], window: Option<usize>) -> Result<Vec<f32>> {
-        let qd = self.s.n_heads * self.s.head_dim;
-        let mut out = Vec::with_capacity(q.len());
-        for (r, &row) in rows.iter().enumerate() {
-            let ctx = row.1 as usize + 1;
-            out.extend(self.run(&[row], &q[r * qd..(r + 1) * qd], ctx, window)?);
-        }
-        Ok(out)
-    }
+    Ok(out)
 }
 
 /// The CPU's output of `rows` under `window`.
@@ -252,11 +206,11 @@ fn decode_case(
         .enumerate()
         .map(|(i, &p)| (i as u32, p as u32))
         .collect();
-    let poison: Vec<usize> = rows
+    let below: Vec<usize> = rows
         .iter()
         .map(|r| attn_window_start(r.1 as usize, Some(w)))
         .collect();
-    let kv = caches(s, kvd, seed, st, &poison);
+    let kv = caches(s, kvd, seed, st, &below);
     let q = queries(s, rows.len(), seed, st + 3);
     let case = with_rig(g, s, kvd, &kv, |rig| decode_checks(rig, &kv, &rows, &q, w))?;
     out.push(case);
@@ -267,7 +221,7 @@ fn decode_case(
 fn decode_checks(rig: &Rig<'_>, kv: &Kv, rows: &[(u32, u32)], q: &[f32], w: usize) -> Result<Case> {
     let (g, s, kvd) = (rig.g, rig.s, rig.kv);
     let ctx = SEQ_LEN;
-    let got = rig.run(rows, q, ctx, Some(w))?;
+    let got = run(rig, rows, q, ctx, Some(w))?;
     let shape = format!(
         "kv={kvd} decode rows={} heads={}/{} hd={} window={w} ctx={ctx}",
         rows.len(),
@@ -287,23 +241,23 @@ fn decode_checks(rig: &Rig<'_>, kv: &Kv, rows: &[(u32, u32)], q: &[f32], w: usiz
             case.problem = Some(format!("rows differ between one launch and {what}"));
         }
     };
-    bits("one launch per row", &rig.alone(rows, q, Some(w))?);
+    bits("one launch per row", &alone(rig, rows, q, Some(w))?);
     // The rows reversed: another batch around each row.
     let qd = s.n_heads * s.head_dim;
     let rev_rows: Vec<(u32, u32)> = rows.iter().rev().copied().collect();
     let rev_q: Vec<f32> = q.chunks(qd).rev().flatten().copied().collect();
-    let rev = rig.run(&rev_rows, &rev_q, ctx, Some(w))?;
+    let rev = run(rig, &rev_rows, &rev_q, ctx, Some(w))?;
     let unrev: Vec<f32> = rev.chunks(qd).rev().flatten().copied().collect();
     bits("the rows reversed", &unrev);
     // A launch sized for a longer context: more grid blocks, another partial stride.
-    bits("a launch for ctx 8192", &rig.run(rows, q, 8192, Some(w))?);
+    bits("a launch for ctx 8192", &run(rig, rows, q, 8192, Some(w))?);
     // A window over every row's whole past is the unwindowed kernel (when the launch without a
     // window runs the same family: both the split kernel, or both attn_mma).
     let group = s.n_heads / s.n_kv_heads;
     let same = g.uses_attn_mma(s.head_dim, group, Some(w), kvd)
         == g.uses_attn_mma(s.head_dim, group, None, kvd);
     if w >= ctx && same {
-        bits("no window", &rig.run(rows, q, ctx, None)?);
+        bits("no window", &run(rig, rows, q, ctx, None)?);
     }
     Ok(case)
 }
@@ -320,13 +274,13 @@ fn prefill_case(
     out: &mut Vec<Case>,
 ) -> Result<()> {
     let rows: Vec<(u32, u32)> = (120u32..=140).map(|p| (0, p)).collect();
-    let poison = attn_window_start(120, Some(w));
-    let kv = caches(s, kvd, seed, st, &[poison]);
+    let below = attn_window_start(120, Some(w));
+    let kv = caches(s, kvd, seed, st, &[below]);
     let q = queries(s, rows.len(), seed, st + 3);
     let (got, alone) = with_rig(g, s, kvd, &kv, |rig| {
         Ok((
-            rig.run(&rows, &q, 141, Some(w))?,
-            rig.alone(&rows, &q, Some(w))?,
+            run(rig, &rows, &q, 141, Some(w))?,
+            alone(rig, &rows, &q, Some(w))?,
         ))
     })?;
     let shape = format!(

@@ -14,12 +14,13 @@
 
 use memra_engine::Result;
 use memra_engine::backend::KvDtype;
+use memra_engine::backend::cuda::Gpu;
 use memra_engine::backend::cuda::products::{ActBuf, ActKind};
-use memra_engine::backend::cuda::{Gpu, RopeKvArgs};
 use memra_engine::models::random::unit;
 use memra_engine::ops::rope::Rope;
 
 use crate::case::{Case, bytes_of, same_bytes};
+use crate::rope_kv_run::{Heads, Table, rope_kv_bytes, tables};
 
 /// A case that passes when `got` and `want` have the same bits.
 fn same_bits(name: &str, shape: String, got: &[u8], want: &[u8]) -> Case {
@@ -138,67 +139,18 @@ fn rope_norm_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     for (i, &(rows, heads, kv_heads, hd, rot)) in shapes.iter().enumerate() {
         let st = 32_000 + 10 * i as u64;
         let rope = Rope::new(2 * rot, 1.0e6, None, None);
-        let (mut cos, mut sin) = (Vec::new(), Vec::new());
-        for p in 0..64u32 {
-            let (c, s) = rope.cos_sin(p);
-            cos.extend(c);
-            sin.extend(s);
-        }
-        let pos: Vec<u32> = [0u32, 17, 63][..rows].to_vec();
-        let slot: Vec<u32> = [4u32, 0, 2][..rows].to_vec();
-        let (qw, kw) = (heads * hd, kv_heads * hd);
-        let q = rand(seed, st, rows * qw, 3.0);
-        let k = rand(seed, st + 1, rows * kw, 3.0);
-        let v = rand(seed, st + 2, rows * kw, 3.0);
-        let (qn, kn) = (rand(seed, st + 3, hd, 1.5), rand(seed, st + 4, hd, 1.5));
-        let (dp, dc, ds, dslot) = (
-            g.upload(&pos)?,
-            g.upload(&cos)?,
-            g.upload(&sin)?,
-            g.upload(&slot)?,
-        );
-        let (dqn, dkn, dv) = (g.upload(&qn)?, g.upload(&kn)?, g.upload(&v)?);
-        let eps = 1e-6f32;
+        let (cos, sin) = tables(&rope, 64);
+        let table = Table {
+            pos: [0u32, 17, 63][..rows].to_vec(),
+            sections: None,
+            cos,
+            sin,
+            slot: [4u32, 0, 2][..rows].to_vec(),
+            slots: 5,
+        };
+        let c = Heads::random(seed, st, (rows, heads, kv_heads, hd, rot));
         for kv in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16, KvDtype::Q8_0] {
-            let rb = kv.row_bytes(kw);
-            let run = |fused: bool| -> Result<Vec<u8>> {
-                let (dq, dk) = (g.upload(&q)?, g.upload(&k)?);
-                let (kc, vc) = (g.zeros::<u8>(5 * rb)?, g.zeros::<u8>(5 * rb)?);
-                if !fused {
-                    g.rms_norm(g.ptr(&dq), g.ptr(&dqn), g.ptr(&dq), rows * heads, hd, eps)?;
-                    g.rms_norm(
-                        g.ptr(&dk),
-                        g.ptr(&dkn),
-                        g.ptr(&dk),
-                        rows * kv_heads,
-                        hd,
-                        eps,
-                    )?;
-                }
-                g.rope_kv(&RopeKvArgs {
-                    q: g.ptr(&dq),
-                    k: g.ptr(&dk),
-                    v: g.ptr(&dv),
-                    pos: g.ptr(&dp).into(),
-                    cos: g.ptr(&dc),
-                    sin: g.ptr(&ds),
-                    k_cache: g.ptr(&kc),
-                    v_cache: g.ptr(&vc),
-                    slot: g.ptr(&dslot),
-                    rows,
-                    n_heads: heads,
-                    n_kv_heads: kv_heads,
-                    head_dim: hd,
-                    rot,
-                    kv,
-                    norm: fused.then(|| (g.ptr(&dqn), g.ptr(&dkn), eps)),
-                })?;
-                let mut b = bytes_of(&g.download(&dq)?);
-                b.extend(bytes_of(&g.download(&dk)?));
-                b.extend(g.download(&kc)?);
-                b.extend(g.download(&vc)?);
-                Ok(b)
-            };
+            let run = |fused: bool| rope_kv_bytes(g, &c, &table, kv, (true, fused));
             let (want, got) = (run(false)?, run(true)?);
             let shape = format!("rows={rows} heads={heads}/{kv_heads} hd={hd} rot={rot} kv={kv}");
             out.push(same_bits("rope_kv_norm", shape, &got, &want));

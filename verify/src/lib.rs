@@ -7,6 +7,7 @@
 //! reference, image prompts under load and in the prefix cache).
 
 mod attention_check;
+mod attention_rig;
 mod attention_span_check;
 mod attention_window_check;
 pub mod case;
@@ -27,6 +28,7 @@ pub mod peer_logits;
 pub mod peer_vision;
 pub mod pp;
 mod products_check;
+mod rope_kv_run;
 pub mod serve_invariance;
 mod siglip_f64;
 pub mod spec;

@@ -151,6 +151,106 @@ fn upload_stacks(
     Ok((prods, mats, [dg, du, dd]))
 }
 
+/// A `moe` call's zeroed device scratch for up to `rows` rows of `k` pairs each (`e` experts,
+/// hidden `h`, expert FFN `f`): f32 `out`, `wts`, `gate`, `up`, `y` and u32 `ids`, `order`,
+/// `offs`, allocated by `f32s` / `u32s` (device buffers, read back by the caller).
+struct Scratch<F, U> {
+    out: F,
+    wts: F,
+    gate: F,
+    up: F,
+    y: F,
+    ids: U,
+    order: U,
+    offs: U,
+}
+
+impl<F, U> Scratch<F, U> {
+    fn new(
+        rows: usize,
+        [e, k, h, f]: [usize; 4],
+        f32s: impl Fn(usize) -> Result<F>,
+        u32s: impl Fn(usize) -> Result<U>,
+    ) -> Result<Self> {
+        let pairs = rows * k;
+        Ok(Scratch {
+            out: f32s(rows * h)?,
+            wts: f32s(pairs)?,
+            gate: f32s(pairs * f)?,
+            up: f32s(pairs * f)?,
+            y: f32s(pairs * h)?,
+            ids: u32s(pairs)?,
+            order: u32s(pairs)?,
+            offs: u32s(group_offsets_len(e))?,
+        })
+    }
+
+    /// The call's buffers over the inputs `x` and `router` (`pf` / `pu`: a buffer's device
+    /// address), nothing routed or prepared, no residual.
+    fn bufs(
+        &self,
+        (x, router): (u64, u64),
+        shared: bool,
+        pf: impl Fn(&F) -> u64,
+        pu: impl Fn(&U) -> u64,
+    ) -> MoeBufs {
+        let [out, wts, gate, up, y] = [&self.out, &self.wts, &self.gate, &self.up, &self.y].map(pf);
+        let [ids, order, offs] = [&self.ids, &self.order, &self.offs].map(pu);
+        MoeBufs {
+            x,
+            router,
+            out,
+            ids,
+            wts,
+            gate,
+            up,
+            y,
+            order,
+            offs,
+            res: 0,
+            routed: false,
+            prepared: false,
+            shared,
+        }
+    }
+}
+
+/// The CPU's routes of one row of logits over `e` routed experts (`k` of them picked); with
+/// `shared`, then the shared expert's slot `(e, sigmoid(logits[e]))`.
+fn cpu_route(logits: &[f32], e: usize, k: usize, norm: bool, shared: bool) -> Vec<(usize, f32)> {
+    let mut r = route(&logits[..e], k, norm);
+    if shared {
+        r.push((e, sigmoid(logits[e])));
+    }
+    r
+}
+
+/// `moe_route`'s ids (exactly) and weights (within [`ROUTE_TOL`]) against the CPU's `routes`.
+fn route_compare(shape: String, ids: &[u32], wts: &[f32], routes: &[(usize, f32)]) -> [Case; 2] {
+    let want_ids: Vec<f32> = routes.iter().map(|&(i, _)| i as f32).collect();
+    let want_wts: Vec<f32> = routes.iter().map(|&(_, w)| w).collect();
+    let got_ids: Vec<f32> = ids.iter().map(|&i| i as f32).collect();
+    [
+        compare("moe_route ids", shape.clone(), &got_ids, &want_ids, 0.0),
+        compare("moe_route wts", shape, wts, &want_wts, ROUTE_TOL),
+    ]
+}
+
+/// The f64 reference of every row of `x` (`h` values each), row `r` over `routes[r]`.
+fn reference(
+    x: &[f32],
+    routes: &[Vec<(usize, f32)>],
+    w: [&[f32]; 3],
+    (f, h): (usize, usize),
+    kind: Glu,
+) -> Vec<f32> {
+    let mut want = Vec::with_capacity(routes.len() * h);
+    for (r, rt) in routes.iter().enumerate() {
+        want.extend(reference_row(&x[r * h..(r + 1) * h], rt, w, (f, h), kind));
+    }
+    want
+}
+
 /// The whole FFN of one shape; with `shared`, the stacks' last expert is a shared expert
 /// every row takes as its last slot, weighted by the sigmoid of its last logit (`e` and `k`
 /// count it; qwen3next's folded shared expert).
@@ -176,72 +276,39 @@ fn one_shape(
     let x = vals(seed, s + 3, M * h, 1.0);
     let logits = vals(seed, s + 4, M * e, 2.0);
     let (dx, dr) = (g.upload(&x)?, g.upload(&logits)?);
-    let (dout, dwts) = (g.zeros::<f32>(M * h)?, g.zeros::<f32>(M * k)?);
-    let dids = g.zeros::<u32>(M * k)?;
-    let (dgate, dup) = (g.zeros::<f32>(M * k * f)?, g.zeros::<f32>(M * k * f)?);
-    let dy = g.zeros::<f32>(M * k * h)?;
-    let (dorder, doffs) = (
-        g.zeros::<u32>(M * k)?,
-        g.zeros::<u32>(group_offsets_len(e))?,
-    );
+    let sc = Scratch::new(
+        M,
+        [e, k, h, f],
+        |n| g.zeros::<f32>(n),
+        |n| g.zeros::<u32>(n),
+    )?;
     // Rows r0.. of the inputs; outputs and scratch from their start.
-    let at = |r0: usize| MoeBufs {
-        x: g.ptr(&dx) + (r0 * h * 4) as u64,
-        router: g.ptr(&dr) + (r0 * e * 4) as u64,
-        out: g.ptr(&dout),
-        ids: g.ptr(&dids),
-        wts: g.ptr(&dwts),
-        gate: g.ptr(&dgate),
-        up: g.ptr(&dup),
-        y: g.ptr(&dy),
-        order: g.ptr(&dorder),
-        offs: g.ptr(&doffs),
-        res: 0,
-        routed: false,
-        prepared: false,
-        shared,
+    let at = |r0: usize| {
+        let x = g.ptr(&dx) + (r0 * h * 4) as u64;
+        let router = g.ptr(&dr) + (r0 * e * 4) as u64;
+        sc.bufs((x, router), shared, |b| g.ptr(b), |b| g.ptr(b))
     };
     let w = [&mats[0], &mats[1], &mats[2]];
     let run = |r0: usize, m: usize| -> Result<(Vec<f32>, Vec<u32>, Vec<f32>)> {
-        g.fill(g.ptr(&dout), f32::NAN, M * h)?;
-        g.fill(g.ptr(&dwts), f32::NAN, M * k)?;
+        g.fill(g.ptr(&sc.out), f32::NAN, M * h)?;
+        g.fill(g.ptr(&sc.wts), f32::NAN, M * k)?;
         prods.moe(g, w, &at(r0), m, &p)?;
         Ok((
-            g.download_range(&dout, 0, m * h)?,
-            g.download_range(&dids, 0, m * k)?,
-            g.download_range(&dwts, 0, m * k)?,
+            g.download_range(&sc.out, 0, m * h)?,
+            g.download_range(&sc.ids, 0, m * k)?,
+            g.download_range(&sc.wts, 0, m * k)?,
         ))
     };
     let (out, ids, wts) = run(0, M)?;
     let routes: Vec<Vec<(usize, f32)>> = logits
         .chunks_exact(e)
-        .map(|l| {
-            let mut r = route(&l[..e - ns], k - ns, p.norm_topk);
-            if shared {
-                r.push((e - 1, sigmoid(l[e - 1])));
-            }
-            r
-        })
+        .map(|l| cpu_route(l, e - ns, k - ns, p.norm_topk, shared))
         .collect();
-    let want_ids: Vec<f32> = routes.iter().flatten().map(|&(i, _)| i as f32).collect();
-    let want_wts: Vec<f32> = routes.iter().flatten().map(|&(_, w)| w).collect();
     let shared_tag = if shared { " shared" } else { "" };
     let shape = format!("{dtype} E={e} k={k}{shared_tag} h={h} f={f} {kind:?} M={M}");
-    let mut cases = vec![
-        compare(
-            "moe_route ids",
-            shape.clone(),
-            &ids.iter().map(|&i| i as f32).collect::<Vec<_>>(),
-            &want_ids,
-            0.0,
-        ),
-        compare("moe_route wts", shape.clone(), &wts, &want_wts, ROUTE_TOL),
-    ];
-    let mut want = Vec::with_capacity(M * h);
-    for (r, rt) in routes.iter().enumerate() {
-        let xr = &x[r * h..(r + 1) * h];
-        want.extend(reference_row(xr, rt, [&dg, &du, &dd], (f, h), kind));
-    }
+    let flat: Vec<(usize, f32)> = routes.iter().flatten().copied().collect();
+    let mut cases = Vec::from(route_compare(shape.clone(), &ids, &wts, &flat));
+    let want = reference(&x, &routes, [&dg, &du, &dd], (f, h), kind);
     let name = if v2 {
         format!("moe_{dtype}")
     } else {
@@ -329,18 +396,8 @@ fn grouped_shape(
     let w = [&mats[0], &mats[1], &mats[2]];
     let x = vals(seed, s + 3, rows_max * h, 1.0);
     let dx = g.upload(&x)?;
-    let pairs_max = rows_max * k;
-    let dout = g.zeros::<f32>(rows_max * h)?;
-    let (dids, dwts) = (g.zeros::<u32>(pairs_max)?, g.zeros::<f32>(pairs_max)?);
-    let (dgate, dup) = (
-        g.zeros::<f32>(pairs_max * f)?,
-        g.zeros::<f32>(pairs_max * f)?,
-    );
-    let dy = g.zeros::<f32>(pairs_max * h)?;
-    let (dorder, doffs) = (
-        g.zeros::<u32>(pairs_max)?,
-        g.zeros::<u32>(group_offsets_len(e))?,
-    );
+    let dims = [e, k, h, f];
+    let sc = Scratch::new(rows_max, dims, |n| g.zeros::<f32>(n), |n| g.zeros::<u32>(n))?;
     let mut cases = Vec::new();
     for (ri, routing) in ROUTINGS.into_iter().enumerate() {
         for &m in &GROUP_ROWS {
@@ -353,49 +410,29 @@ fn grouped_shape(
                 }
             }
             let dr = g.upload(&logits)?;
-            let bufs = MoeBufs {
-                x: g.ptr(&dx),
-                router: g.ptr(&dr),
-                out: g.ptr(&dout),
-                ids: g.ptr(&dids),
-                wts: g.ptr(&dwts),
-                gate: g.ptr(&dgate),
-                up: g.ptr(&dup),
-                y: g.ptr(&dy),
-                order: g.ptr(&dorder),
-                offs: g.ptr(&doffs),
-                res: 0,
-                routed: false,
-                prepared: false,
-                shared: false,
-            };
+            let inputs = (g.ptr(&dx), g.ptr(&dr));
+            let bufs = sc.bufs(inputs, false, |b| g.ptr(b), |b| g.ptr(b));
             let mut run = |grouped: bool| -> Result<Vec<f32>> {
                 // Poisoned: a pair the grouped products skip leaves NaN in the output.
                 for (buf, n) in [
-                    (&dout, m * h),
-                    (&dgate, m * k * f),
-                    (&dup, m * k * f),
-                    (&dy, m * k * h),
+                    (&sc.out, m * h),
+                    (&sc.gate, m * k * f),
+                    (&sc.up, m * k * f),
+                    (&sc.y, m * k * h),
                 ] {
                     g.fill(g.ptr(buf), f32::NAN, n)?;
                 }
                 prods.profile.moe_grouped = Some(grouped);
                 prods.moe(g, w, &bufs, m, &p)?;
-                g.download_range(&dout, 0, m * h)
+                g.download_range(&sc.out, 0, m * h)
             };
             let per_pair = run(false)?;
             let grouped = run(true)?;
-            let mut want = Vec::with_capacity(m * h);
-            for (r, l) in logits.chunks_exact(e).enumerate() {
-                let rt = route(l, k, p.norm_topk);
-                want.extend(reference_row(
-                    &x[r * h..(r + 1) * h],
-                    &rt,
-                    [&dg, &du, &dd],
-                    (f, h),
-                    kind,
-                ));
-            }
+            let routes: Vec<Vec<(usize, f32)>> = logits
+                .chunks_exact(e)
+                .map(|l| route(l, k, p.norm_topk))
+                .collect();
+            let want = reference(&x, &routes, [&dg, &du, &dd], (f, h), kind);
             let shape = format!("{dtype} E={e} k={k} h={h} f={f} {kind:?} M={m} {routing:?}");
             let mut c = compare(
                 &format!("moe_grouped_{dtype}"),
@@ -427,23 +464,12 @@ pub fn moe_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     // The shapes above run per pair or grouped as the profile picks for their M rows (by
     // default grouped only for the 8-of-128 batch of 37, whose sub-batches run per pair: the
     // invariance check there compares the two paths too); the grouped cases force each path.
-    for (i, &sh) in SHAPES.iter().enumerate() {
-        out.extend(one_shape(
-            g,
-            &profile,
-            (seed, 20_000 + 10 * i as u64),
-            sh,
-            false,
-        )?);
-    }
-    for (i, &sh) in SHARED_SHAPES.iter().enumerate() {
-        out.extend(one_shape(
-            g,
-            &profile,
-            (seed, 20_500 + 10 * i as u64),
-            sh,
-            true,
-        )?);
+    // Streams 20_000 + 10 i without a shared expert, 20_500 + 10 i with one.
+    for (shapes, base, shared) in [(&SHAPES[..], 20_000, false), (&SHARED_SHAPES, 20_500, true)] {
+        for (i, &sh) in shapes.iter().enumerate() {
+            let st = base + 10 * i as u64;
+            out.extend(one_shape(g, &profile, (seed, st), sh, shared)?);
+        }
     }
     for (i, &sh) in GROUP_SHAPES.iter().enumerate() {
         out.extend(grouped_shape(
@@ -482,32 +508,11 @@ fn route_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         g.moe_route(g.ptr(&dl), (g.ptr(&ids), g.ptr(&wts)), ROWS, r)?;
         let routes: Vec<(usize, f32)> = logits
             .chunks_exact(le)
-            .flat_map(|l| {
-                let mut rt = route(&l[..e], k, norm);
-                if shared {
-                    rt.push((e, sigmoid(l[e])));
-                }
-                rt
-            })
+            .flat_map(|l| cpu_route(l, e, k, norm, shared))
             .collect();
-        let want_ids: Vec<f32> = routes.iter().map(|&(i, _)| i as f32).collect();
-        let want_wts: Vec<f32> = routes.iter().map(|&(_, w)| w).collect();
-        let got_ids: Vec<f32> = g.download(&ids)?.iter().map(|&i| i as f32).collect();
         let shape = format!("E={e} k={k} norm={norm} shared={shared} M={ROWS}");
-        out.push(compare(
-            "moe_route ids",
-            shape.clone(),
-            &got_ids,
-            &want_ids,
-            0.0,
-        ));
-        out.push(compare(
-            "moe_route wts",
-            shape,
-            &g.download(&wts)?,
-            &want_wts,
-            ROUTE_TOL,
-        ));
+        let (got_ids, got_wts) = (g.download(&ids)?, g.download(&wts)?);
+        out.extend(route_compare(shape, &got_ids, &got_wts, &routes));
     }
     Ok(())
 }

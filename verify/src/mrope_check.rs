@@ -8,11 +8,12 @@
 use memra_engine::Result;
 use memra_engine::backend::KvDtype;
 use memra_engine::backend::cpu::ops;
-use memra_engine::backend::cuda::{Gpu, RopeKvArgs, RopePos};
+use memra_engine::backend::cuda::{Gpu, RopePos};
 use memra_engine::models::random::{splitmix, unit};
 use memra_engine::ops::rope::{Rope, Sections};
 
 use crate::case::{Case, bytes_of, compare, same_bytes};
+use crate::rope_kv_run::{Heads, Table, rope_kv_bytes, tables};
 
 /// A case that passes when `got` and `want` have the same bits.
 fn same_bits(name: &str, shape: String, got: &[u8], want: &[u8]) -> Case {
@@ -45,17 +46,6 @@ fn sections(half: usize) -> [Sections; 2] {
     ]
 }
 
-/// The `[position][half]` cos and sin tables of `rope` over [`LEN`] positions.
-fn tables(rope: &Rope) -> (Vec<f32>, Vec<f32>) {
-    let (mut cos, mut sin) = (Vec::new(), Vec::new());
-    for p in 0..LEN {
-        let (c, s) = rope.cos_sin(p);
-        cos.extend(c);
-        sin.extend(s);
-    }
-    (cos, sin)
-}
-
 /// Random triples (each below [`LEN`]) for `rows` rows.
 fn triples(seed: u64, stream: u64, rows: usize) -> Vec<[u32; 3]> {
     (0..rows as u64)
@@ -73,7 +63,7 @@ fn rope_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     for (i, &(rows, heads, hd)) in [(1, 1, 64), (7, 3, 64), (9, 4, 128)].iter().enumerate() {
         for s in sections(hd / 2) {
             let rope = Rope::new(hd, 1.0e6, None, None).with_sections(Some(s));
-            let (cos, sin) = tables(&rope);
+            let (cos, sin) = tables(&rope, LEN);
             let st = 40_000 + 10 * i as u64 + u64::from(s.interleaved);
             let pos3 = triples(seed, st, rows);
             let x = rand(seed, st + 5, rows * heads * hd, 1.0);
@@ -142,70 +132,20 @@ fn fused_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     for (i, &(rows, heads, kv_heads, hd, rot)) in shapes.iter().enumerate() {
         for s in sections(rot) {
             let rope = Rope::new(2 * rot, 1.0e6, None, None).with_sections(Some(s));
-            let (cos, sin) = tables(&rope);
+            let (cos, sin) = tables(&rope, LEN);
             let st = 41_000 + 10 * i as u64 + u64::from(s.interleaved);
-            let pos3: Vec<u32> = triples(seed, st, rows).into_iter().flatten().collect();
-            let slot: Vec<u32> = (0..rows as u32).map(|r| (r * 3 + 1) % 8).collect();
-            let (qw, kw) = (heads * hd, kv_heads * hd);
-            let q = rand(seed, st + 1, rows * qw, 3.0);
-            let k = rand(seed, st + 2, rows * kw, 3.0);
-            let v = rand(seed, st + 3, rows * kw, 3.0);
-            let (qn, kn) = (rand(seed, st + 4, hd, 1.5), rand(seed, st + 5, hd, 1.5));
-            let (dp, dc, ds, dslot) = (
-                g.upload(&pos3)?,
-                g.upload(&cos)?,
-                g.upload(&sin)?,
-                g.upload(&slot)?,
-            );
-            let (dqn, dkn, dv) = (g.upload(&qn)?, g.upload(&kn)?, g.upload(&v)?);
-            let pos = RopePos::M {
-                pos3: g.ptr(&dp),
-                sections: s.words(),
+            let table = Table {
+                pos: triples(seed, st, rows).into_iter().flatten().collect(),
+                sections: Some(s.words()),
+                cos,
+                sin,
+                slot: (0..rows as u32).map(|r| (r * 3 + 1) % 8).collect(),
+                slots: 8,
             };
-            let eps = 1e-6f32;
+            let c = Heads::random(seed, st + 1, (rows, heads, kv_heads, hd, rot));
             for kv in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16, KvDtype::Q8_0] {
-                let rb = kv.row_bytes(kw);
                 // `fused`: one rope_kv(_norm)_mrope launch; else the composition.
-                let run = |norm: bool, fused: bool| -> Result<Vec<u8>> {
-                    let (dq, dk) = (g.upload(&q)?, g.upload(&k)?);
-                    let (kc, vc) = (g.zeros::<u8>(8 * rb)?, g.zeros::<u8>(8 * rb)?);
-                    let (pq, pk) = (g.ptr(&dq), g.ptr(&dk));
-                    if norm && !fused {
-                        g.rms_norm(pq, g.ptr(&dqn), pq, rows * heads, hd, eps)?;
-                        g.rms_norm(pk, g.ptr(&dkn), pk, rows * kv_heads, hd, eps)?;
-                    }
-                    if fused || norm {
-                        g.rope_kv(&RopeKvArgs {
-                            q: pq,
-                            k: pk,
-                            v: g.ptr(&dv),
-                            pos,
-                            cos: g.ptr(&dc),
-                            sin: g.ptr(&ds),
-                            k_cache: g.ptr(&kc),
-                            v_cache: g.ptr(&vc),
-                            slot: g.ptr(&dslot),
-                            rows,
-                            n_heads: heads,
-                            n_kv_heads: kv_heads,
-                            head_dim: hd,
-                            rot,
-                            kv,
-                            norm: (norm && fused).then(|| (g.ptr(&dqn), g.ptr(&dkn), eps)),
-                        })?;
-                    } else {
-                        let tabs = (g.ptr(&dc), g.ptr(&ds), rot);
-                        g.rope(pq, pos, tabs, rows, heads, hd)?;
-                        g.rope(pk, pos, tabs, rows, kv_heads, hd)?;
-                        let caches = (g.ptr(&kc), g.ptr(&vc));
-                        g.kv_write(kv, caches, (pk, g.ptr(&dv)), g.ptr(&dslot), rows, kw)?;
-                    }
-                    let mut b = bytes_of(&g.download(&dq)?);
-                    b.extend(bytes_of(&g.download(&dk)?));
-                    b.extend(g.download(&kc)?);
-                    b.extend(g.download(&vc)?);
-                    Ok(b)
-                };
+                let run = |norm: bool, fused: bool| rope_kv_bytes(g, &c, &table, kv, (norm, fused));
                 let layout = if s.interleaved {
                     "interleaved"
                 } else {
