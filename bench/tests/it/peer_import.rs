@@ -54,54 +54,34 @@ fn bench_line(
     )
 }
 
+/// One test's measurement: (n_prompt, n_gen, n_depth), test_time, avg_ts, stddev_ts,
+/// samples_ts.
+type Test<'a> = ((u64, u64, u64), &'a str, f64, f64, &'a [f64]);
+
+/// The lines of `-ngl 99 -ctk q8_0 -ctv q8_0` runs of `model`, one a test.
+fn q8_lines(model: &str, tests: &[Test<'_>]) -> String {
+    tests
+        .iter()
+        .map(|&(npd, time, avg, sd, samples)| {
+            bench_line(model, "q8_0", npd, time, avg, sd, samples, 99)
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// `llama-bench -m /root/m.gguf -ngl 99 -fa 1 -p 512 -n 128 -d 0,8192 -r 3 -ctk q8_0 -ctv q8_0
 /// -o jsonl`: pp512 and tg128 at depth 0, then at depth 8192.
+#[rustfmt::skip]
+const SAMPLE: [Test<'static>; 4] = [
+    ((512, 0, 0), "2026-12-03T10:00:01Z", 9278.5, 1305.6, &[7770.89, 10041.3, 10023.4]),
+    ((0, 128, 0), "2026-12-03T10:00:02Z", 280.5, 1.5, &[279.0, 280.5, 282.0]),
+    ((512, 0, 8192), "2026-12-03T10:00:05Z", 7000.25, 10.0, &[6990.0, 7000.0, 7010.75]),
+    ((0, 128, 8192), "2026-12-03T10:00:09Z", 203.9, 1.6, &[202.0, 204.0, 205.7]),
+];
+
+/// [`SAMPLE`]'s lines.
 fn sample() -> String {
-    let m = "/root/m.gguf";
-    [
-        bench_line(
-            m,
-            "q8_0",
-            (512, 0, 0),
-            "2026-12-03T10:00:01Z",
-            9278.5,
-            1305.6,
-            &[7770.89, 10041.3, 10023.4],
-            99,
-        ),
-        bench_line(
-            m,
-            "q8_0",
-            (0, 128, 0),
-            "2026-12-03T10:00:02Z",
-            280.5,
-            1.5,
-            &[279.0, 280.5, 282.0],
-            99,
-        ),
-        bench_line(
-            m,
-            "q8_0",
-            (512, 0, 8192),
-            "2026-12-03T10:00:05Z",
-            7000.25,
-            10.0,
-            &[6990.0, 7000.0, 7010.75],
-            99,
-        ),
-        bench_line(
-            m,
-            "q8_0",
-            (0, 128, 8192),
-            "2026-12-03T10:00:09Z",
-            203.9,
-            1.6,
-            &[202.0, 204.0, 205.7],
-            99,
-        ),
-    ]
-    .join("\n")
-        + "\n"
+    q8_lines("/root/m.gguf", &SAMPLE) + "\n"
 }
 
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
@@ -198,30 +178,12 @@ const COMMITTED: &str = concat!(
 fn the_committed_hand_converted_rows_come_from_the_run_s_memra_rows() {
     let dir = tempfile::tempdir().unwrap();
     let out = write(dir.path(), "h200.jsonl", &format!("{OUR_ROW}\n"));
-    let m = "/root/q4.gguf";
-    let text = [
-        bench_line(
-            m,
-            "q8_0",
-            (0, 128, 512),
-            "2026-12-02T08:04:54Z",
-            251.033889,
-            3.180445,
-            &[247.373, 252.611, 253.117],
-            99,
-        ),
-        bench_line(
-            m,
-            "q8_0",
-            (0, 128, 2048),
-            "2026-12-02T08:04:56Z",
-            237.148252,
-            2.19717,
-            &[234.622, 238.61, 238.2],
-            99,
-        ),
-    ]
-    .join("\n");
+    #[rustfmt::skip]
+    let tests: [Test<'_>; 2] = [
+        ((0, 128, 512), "2026-12-02T08:04:54Z", 251.033889, 3.180445, &[247.373, 252.611, 253.117]),
+        ((0, 128, 2048), "2026-12-02T08:04:56Z", 237.148252, 2.19717, &[234.622, 238.61, 238.2]),
+    ];
+    let text = q8_lines("/root/q4.gguf", &tests);
     let input = write(dir.path(), "depth-q8.jsonl", &text);
     // No GGUF here, no labels: only the run and the file.
     let a = ImportArgs::new(vec![input], "h200-20261202-s6-b", &out);

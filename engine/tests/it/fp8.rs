@@ -109,8 +109,24 @@ fn raw<'a>(dtype: &'a str, shape: &'a [usize], data: Vec<u8>) -> Raw<'a> {
     }
 }
 
-/// Checks `t`'s reference products against the fixture's float64 ones and the fixed order.
-fn check_products(t: &memra_engine::weights::Tensor, x: &[f32], y: &[f64], what: &str) {
+/// A fixture case's `(n, k)`.
+fn dims(c: &Value) -> (usize, usize) {
+    (
+        c["n"].as_u64().unwrap() as usize,
+        c["k"].as_u64().unwrap() as usize,
+    )
+}
+
+/// Checks `t`'s reference products of the fixture case `c`'s `x` against its float64 `y`
+/// and the fixed order.
+fn check_products(t: &memra_engine::weights::Tensor, c: &Value, what: &str) {
+    let x = &f32s(&c["x_bits"]);
+    let y: Vec<f64> = c["y"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
     let ymax = y.iter().fold(0f64, |m, v| m.max(v.abs()));
     let mut worst = 0f64;
     let mut row = vec![0f32; x.len()];
@@ -132,10 +148,7 @@ fn check_products(t: &memra_engine::weights::Tensor, x: &[f32], y: &[f64], what:
 fn fp8_block_product_matches_the_float64_reference() {
     let f = fixture();
     let c = &f["fp8"];
-    let (n, k) = (
-        c["n"].as_u64().unwrap() as usize,
-        c["k"].as_u64().unwrap() as usize,
-    );
+    let (n, k) = dims(c);
     let scales: Vec<u8> = f32s(&c["scale_inv_bits"])
         .iter()
         .flat_map(|s| s.to_le_bytes())
@@ -151,23 +164,14 @@ fn fp8_block_product_matches_the_float64_reference() {
     };
     let t = build(Path::new("fixture"), scheme, "a.weight", w, &get).expect("build");
     assert_eq!((t.dtype, t.shape.clone()), (DType::FP8, vec![n, k]));
-    let y: Vec<f64> = c["y"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
-    check_products(&t, &f32s(&c["x_bits"]), &y, "fp8 130x256");
+    check_products(&t, c, "fp8 130x256");
 }
 
 #[test]
 fn nvfp4_product_matches_the_float64_reference() {
     let f = fixture();
     let c = &f["nvfp4"];
-    let (n, k) = (
-        c["n"].as_u64().unwrap() as usize,
-        c["k"].as_u64().unwrap() as usize,
-    );
+    let (n, k) = dims(c);
     let g = f32::from_bits(c["global_bits"].as_u64().unwrap() as u32);
     let (wshape, sshape) = ([n, k / 2], [n, k / 16]);
     let w = raw("U8", &wshape, bytes(&c["packed"]));
@@ -179,13 +183,7 @@ fn nvfp4_product_matches_the_float64_reference() {
     };
     let t = build(Path::new("fixture"), Scheme::Nvfp4, "a.weight", w, &get).expect("build");
     assert_eq!((t.dtype, t.shape.clone()), (DType::NVFP4, vec![n, k]));
-    let y: Vec<f64> = c["y"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
-    check_products(&t, &f32s(&c["x_bits"]), &y, "nvfp4 6x64");
+    check_products(&t, c, "nvfp4 6x64");
 }
 
 /// Values of a row: uniform in +-0.05 with every 37th value `outlier` times larger (activation
@@ -392,6 +390,22 @@ fn logits(w: memra_engine::models::ModelWeights) -> Vec<f32> {
     out.logits.concat()
 }
 
+/// An edit of a checkpoint's tensors.
+type Edit = Box<dyn FnOnce(&mut Vec<Entry>)>;
+
+/// An edit of the first entry whose name ends with `suffix`.
+fn edit_entry(suffix: impl Into<String>, f: impl FnOnce(&mut Entry) + 'static) -> Edit {
+    let suffix = suffix.into();
+    Box::new(move |e: &mut Vec<Entry>| {
+        f(e.iter_mut().find(|x| x.0.name.ends_with(&suffix)).unwrap())
+    })
+}
+
+/// No edit.
+fn keep() -> Edit {
+    Box::new(|_: &mut Vec<Entry>| {})
+}
+
 fn set_dtype(name: &'static str, st: &'static str) -> impl FnOnce(&mut Vec<Entry>) {
     move |e| {
         let d = &mut e.iter_mut().find(|x| x.0.name == name).expect(name).0;
@@ -407,8 +421,7 @@ fn broken_checkpoints_are_refused_naming_the_tensor() {
     let fp8 = Ckpt::Fp8.config();
     let nv = Ckpt::Nvfp4.config();
     let drop = |n: &'static str| move |e: &mut Vec<Entry>| e.retain(|x| x.0.name != n);
-    #[allow(clippy::type_complexity)]
-    let cases: Vec<(&str, Ckpt, Value, Box<dyn FnOnce(&mut Vec<Entry>)>, &[&str])> = vec![
+    let cases: Vec<(&str, Ckpt, Value, Edit, &[&str])> = vec![
         (
             "fp8 missing scale",
             Ckpt::Fp8,
@@ -420,13 +433,7 @@ fn broken_checkpoints_are_refused_naming_the_tensor() {
             "fp8 scale shape",
             Ckpt::Fp8,
             fp8.clone(),
-            Box::new(|e: &mut Vec<Entry>| {
-                let d = e
-                    .iter_mut()
-                    .find(|x| x.0.name.ends_with("k_proj.weight_scale_inv"))
-                    .unwrap();
-                d.0.shape = vec![1, 1, 1];
-            }),
+            edit_entry("k_proj.weight_scale_inv", |d| d.0.shape = vec![1, 1, 1]),
             &[
                 "k_proj.weight_scale_inv",
                 "shape [1, 1, 1]",
@@ -447,12 +454,8 @@ fn broken_checkpoints_are_refused_naming_the_tensor() {
             "fp8 NaN scale",
             Ckpt::Fp8,
             fp8.clone(),
-            Box::new(|e: &mut Vec<Entry>| {
-                let d = e
-                    .iter_mut()
-                    .find(|x| x.0.name.ends_with("o_proj.weight_scale_inv"))
-                    .unwrap();
-                d.1 = f32::NAN.to_le_bytes().to_vec();
+            edit_entry("o_proj.weight_scale_inv", |d| {
+                d.1 = f32::NAN.to_le_bytes().to_vec()
             }),
             &["o_proj.weight_scale_inv", "non-finite"],
         ),
@@ -460,41 +463,35 @@ fn broken_checkpoints_are_refused_naming_the_tensor() {
             "fp8 NaN code",
             Ckpt::Fp8,
             fp8.clone(),
-            Box::new(move |e: &mut Vec<Entry>| {
-                let d = e
-                    .iter_mut()
-                    .find(|x| x.0.name == format!("{q}.weight"))
-                    .unwrap();
-                d.1[77] = 0xff;
-            }),
+            edit_entry(format!("{q}.weight"), |d| d.1[77] = 0xff),
             &["q_proj.weight", "NaN code at element 77"],
         ),
         (
             "fp8 block not dividing rows",
             Ckpt::Fp8,
             json!({"quant_method": "fp8", "weight_block_size": [128, 48]}),
-            Box::new(|_: &mut Vec<Entry>| {}),
+            keep(),
             &["weight_block_size [128, 48]", "multiple of 32"],
         ),
         (
             "fp8 fmt",
             Ckpt::Fp8,
             json!({"quant_method": "fp8", "fmt": "e5m2"}),
-            Box::new(|_: &mut Vec<Entry>| {}),
+            keep(),
             &["e5m2"],
         ),
         (
             "unknown method",
             Ckpt::Fp8,
             json!({"quant_method": "gptq"}),
-            Box::new(|_: &mut Vec<Entry>| {}),
+            keep(),
             &["quant_method `gptq`"],
         ),
         (
             "no quantization_config",
             Ckpt::Fp8,
             json!(null),
-            Box::new(|_: &mut Vec<Entry>| {}),
+            keep(),
             &["F8_E4M3", "quantization_config"],
         ),
         (
@@ -515,24 +512,14 @@ fn broken_checkpoints_are_refused_naming_the_tensor() {
             "nvfp4 block scale dtype",
             Ckpt::Nvfp4,
             nv.clone(),
-            Box::new(|e: &mut Vec<Entry>| {
-                let d = e
-                    .iter_mut()
-                    .find(|x| x.0.name.ends_with("gate_proj.weight_scale"))
-                    .unwrap();
-                d.0.raw = Some("U8");
-            }),
+            edit_entry("gate_proj.weight_scale", |d| d.0.raw = Some("U8")),
             &["gate_proj.weight_scale", "dtype U8", "expected F8_E4M3"],
         ),
         (
             "nvfp4 block scale shape",
             Ckpt::Nvfp4,
             nv.clone(),
-            Box::new(|e: &mut Vec<Entry>| {
-                let d = e
-                    .iter_mut()
-                    .find(|x| x.0.name.ends_with("q_proj.weight_scale"))
-                    .unwrap();
+            edit_entry("q_proj.weight_scale", |d| {
                 let n = d.0.shape[0] * d.0.shape[1];
                 d.0.shape = vec![n / 2, 2];
             }),
@@ -542,11 +529,7 @@ fn broken_checkpoints_are_refused_naming_the_tensor() {
             "nvfp4 scale_2 shape",
             Ckpt::Nvfp4,
             nv.clone(),
-            Box::new(|e: &mut Vec<Entry>| {
-                let d = e
-                    .iter_mut()
-                    .find(|x| x.0.name.ends_with("k_proj.weight_scale_2"))
-                    .unwrap();
+            edit_entry("k_proj.weight_scale_2", |d| {
                 d.0.shape = vec![2];
                 d.1 = [1f32, 1.0].iter().flat_map(|v| v.to_le_bytes()).collect();
             }),
@@ -556,14 +539,14 @@ fn broken_checkpoints_are_refused_naming_the_tensor() {
             "nvfp4 group size",
             Ckpt::Nvfp4,
             json!({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 32}),
-            Box::new(|_: &mut Vec<Entry>| {}),
+            keep(),
             &["group_size 32"],
         ),
         (
             "nvfp4 as fp8",
             Ckpt::Nvfp4,
             fp8.clone(),
-            Box::new(|_: &mut Vec<Entry>| {}),
+            keep(),
             &["U8", "quantization_config"],
         ),
     ];

@@ -470,9 +470,15 @@ fn edit_index(out: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
 }
 
+type Damage = Box<dyn FnOnce(&Path)>;
+
+/// Maps tensor `name` to `shard` in the folder's index.
+fn map_to(name: &'static str, shard: &'static str) -> Damage {
+    Box::new(move |o: &Path| edit_index(o, |v| v["weight_map"][name] = shard.into()))
+}
+
 #[test]
 fn corrupt_folders() {
-    type Damage = Box<dyn FnOnce(&Path)>;
     let cases: Vec<(&str, Damage, &str)> = vec![
         (
             "missing shard",
@@ -483,21 +489,15 @@ fn corrupt_folders() {
         ),
         (
             "tensor missing from its shard",
-            Box::new(|o: &Path| {
-                edit_index(o, |v| {
-                    v["weight_map"]["model.layers.0.extra.weight"] =
-                        "model-00001-of-00002.safetensors".into()
-                })
-            }),
+            map_to(
+                "model.layers.0.extra.weight",
+                "model-00001-of-00002.safetensors",
+            ),
             "`model.layers.0.extra.weight` is mapped to model-00001-of-00002.safetensors, which has no such tensor",
         ),
         (
             "tensor mapped to the wrong shard",
-            Box::new(|o: &Path| {
-                edit_index(o, |v| {
-                    v["weight_map"]["model.norm.weight"] = "model-00001-of-00002.safetensors".into()
-                })
-            }),
+            map_to("model.norm.weight", "model-00001-of-00002.safetensors"),
             "but is in",
         ),
         (
@@ -515,11 +515,7 @@ fn corrupt_folders() {
         ),
         (
             "path traversal in shard name",
-            Box::new(|o: &Path| {
-                edit_index(o, |v| {
-                    v["weight_map"]["model.norm.weight"] = "../evil.safetensors".into()
-                })
-            }),
+            map_to("model.norm.weight", "../evil.safetensors"),
             "not a plain file name",
         ),
         (
@@ -576,39 +572,33 @@ fn corrupt_folders() {
     }
 }
 
-#[test]
-fn bad_configs() {
-    let set = |o: &Path, v: serde_json::Value| {
-        std::fs::write(o.join("config.json"), v.to_string()).unwrap()
-    };
+/// The error of opening a valid folder whose config.json is the tiny config's with `edit`.
+fn open_with_config(edit: impl FnOnce(&mut serde_json::Value)) -> Error {
     let (_d, out) = damaged_folder(|o| {
         let mut v = tiny_config().to_hf_json(None, None);
-        v["architectures"] = serde_json::json!(["GPT2LMHeadModel"]);
-        set(o, v)
+        edit(&mut v);
+        std::fs::write(o.join("config.json"), v.to_string()).unwrap()
     });
-    let e = HfModel::open(&out).unwrap_err();
+    HfModel::open(&out).unwrap_err()
+}
+
+#[test]
+fn bad_configs() {
+    let e = open_with_config(|v| v["architectures"] = serde_json::json!(["GPT2LMHeadModel"]));
     assert!(
         matches!(&e, Error::Unsupported(m) if m.contains("GPT2LMHeadModel") && m.contains("config.json")),
         "{e}"
     );
 
-    let (_d, out) = damaged_folder(|o| {
-        let mut v = tiny_config().to_hf_json(None, None);
+    let e = open_with_config(|v| {
         v.as_object_mut().unwrap().remove("hidden_size");
-        set(o, v)
     });
-    let e = HfModel::open(&out).unwrap_err();
     assert!(
         matches!(&e, Error::Config(m) if m.contains("hidden_size")),
         "{e}"
     );
 
-    let (_d, out) = damaged_folder(|o| {
-        let mut v = tiny_config().to_hf_json(None, None);
-        v["num_key_value_heads"] = 3.into();
-        set(o, v)
-    });
-    let e = HfModel::open(&out).unwrap_err();
+    let e = open_with_config(|v| v["num_key_value_heads"] = 3.into());
     assert!(
         matches!(&e, Error::Config(m) if m.contains("n_kv_heads")),
         "{e}"
