@@ -142,56 +142,11 @@ impl Tensor {
         Tensor::new(self.name.clone(), self.dtype, shape, self.data.clone())
     }
 
-    /// A stack `[n, rows, cols]` with `extra` (`[rows, cols]`, the same type) appended as its
-    /// matrix `n`: `[n + 1, rows, cols]`, the bytes copied.
-    pub fn stacked(&self, extra: &Tensor) -> Result<Tensor> {
-        if self.shape.len() != 3 || extra.shape[..] != self.shape[1..] || extra.dtype != self.dtype
-        {
-            return Err(Error::Weights(format!(
-                "{}: {:?} {:?} cannot take {} ({:?} {:?}) as one more matrix",
-                self.name, self.dtype, self.shape, extra.name, extra.dtype, extra.shape
-            )));
-        }
-        let mut data = Vec::with_capacity(self.data.len() + extra.data.len());
-        data.extend_from_slice(&self.data);
-        data.extend_from_slice(&extra.data);
-        let shape = vec![self.shape[0] + 1, self.shape[1], self.shape[2]];
-        Tensor::new(self.name.clone(), self.dtype, shape, Bytes::owned(data))
-    }
-
     /// All values dequantized to f32.
     pub fn to_f32(&self) -> Result<Vec<f32>> {
         let mut out = vec![0f32; self.numel()];
         crate::quant::dequantize_row(self.dtype, &self.data, &mut out)
             .map_err(|e| Error::Weights(format!("{}: {e}", self.name)))?;
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stacked_appends_one_matrix_and_refuses_another_shape_or_type() {
-        let stack = Tensor::from_f32(
-            "s",
-            vec![2, 2, 3],
-            &[1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12.],
-        )
-        .unwrap();
-        let extra = Tensor::from_f32("e", vec![2, 3], &[13., 14., 15., 16., 17., 18.]).unwrap();
-        let t = stack.stacked(&extra).unwrap();
-        assert_eq!(t.shape, vec![3, 2, 3]);
-        let v = t.to_f32().unwrap();
-        assert_eq!(v.len(), 18);
-        assert_eq!(&v[12..], &[13., 14., 15., 16., 17., 18.]);
-        assert_eq!(&v[..12], &stack.to_f32().unwrap()[..]);
-        let wrong = Tensor::from_f32("w", vec![3, 2], &[0.; 6]).unwrap();
-        let err = stack.stacked(&wrong).unwrap_err().to_string();
-        assert!(err.contains("cannot take w"), "{err}");
-        let half = Tensor::new("h", DType::F16, vec![2, 3], Bytes::owned(vec![0; 12])).unwrap();
-        assert!(stack.stacked(&half).is_err());
-        assert!(extra.stacked(&extra).is_err());
     }
 }

@@ -66,72 +66,97 @@ fn frag16(lane: usize, r: usize, h: usize) -> (usize, usize) {
     (g + 8 * (r & 1), 8 * (r >> 1) + 2 * t + h)
 }
 
-/// One row of a matrix taken apart: a code per column (the stored integer of a quantized value,
-/// or the 16 bits of a float) and the row's scale bytes per block, in GGUF order.
-struct RowCodes<'a> {
-    codes: Vec<u16>,
-    /// Per GGUF block: the bytes that are not codes (d, m, dmin, scales).
-    heads: Vec<&'a [u8]>,
-}
-
-/// Splits one GGUF block of `dtype` into its codes (appended) and its scale bytes.
-fn split_block<'a>(dtype: DType, b: &'a [u8], codes: &mut Vec<u16>) -> &'a [u8] {
+/// Splits one GGUF block of `dtype` into its codes (written to `codes`, one per value of the
+/// block, in column order: the stored integer of a quantized value) and its scale bytes.
+fn split_block<'a>(dtype: DType, b: &'a [u8], codes: &mut [u16]) -> &'a [u8] {
     match dtype {
         DType::Q8_0 => {
-            codes.extend(b[2..34].iter().map(|&q| q as u16));
+            for (c, &q) in codes.iter_mut().zip(&b[2..34]) {
+                *c = q as u16;
+            }
             &b[..2]
         }
         DType::Q4_0 | DType::Q4_1 => {
             let h = if dtype == DType::Q4_0 { 2 } else { 4 };
-            let qs = &b[h..h + 16];
-            codes.extend(qs.iter().map(|&q| (q & 15) as u16));
-            codes.extend(qs.iter().map(|&q| (q >> 4) as u16));
+            let (lo, hi) = codes.split_at_mut(16);
+            for ((l, u), &q) in lo.iter_mut().zip(hi).zip(&b[h..h + 16]) {
+                *l = (q & 15) as u16;
+                *u = (q >> 4) as u16;
+            }
             &b[..h]
         }
         DType::Q5_0 | DType::Q5_1 => {
             let h = if dtype == DType::Q5_0 { 2 } else { 4 };
             let qh = u32::from_le_bytes([b[h], b[h + 1], b[h + 2], b[h + 3]]);
-            let qs = &b[h + 4..h + 20];
             let fifth = |j: usize| (((qh >> j) & 1) << 4) as u16;
-            codes.extend(
-                qs.iter()
-                    .enumerate()
-                    .map(|(j, &q)| (q & 15) as u16 | fifth(j)),
-            );
-            codes.extend(
-                qs.iter()
-                    .enumerate()
-                    .map(|(j, &q)| (q >> 4) as u16 | fifth(j + 16)),
-            );
+            let (lo, hi) = codes.split_at_mut(16);
+            for (j, ((l, u), &q)) in lo.iter_mut().zip(hi).zip(&b[h + 4..h + 20]).enumerate() {
+                *l = (q & 15) as u16 | fifth(j);
+                *u = (q >> 4) as u16 | fifth(j + 16);
+            }
             &b[..h]
         }
         DType::Q4_K | DType::Q5_K => {
+            // Sub-block j (32 values) is the low or high nibbles of qs[32 (j / 2)..][..32] and,
+            // for Q5_K, bit j of qh[l] above them.
             let (qh, qs) = if dtype == DType::Q4_K {
-                (None, &b[16..144])
+                (&[0u8; 32][..], &b[16..144])
             } else {
-                (Some(&b[16..48]), &b[48..176])
+                (&b[16..48], &b[48..176])
             };
-            for j in 0..8 {
+            for (j, sub) in codes.chunks_exact_mut(32).enumerate() {
                 let sh = 4 * (j & 1);
-                for l in 0..32 {
-                    let lo = (qs[32 * (j / 2) + l] >> sh) & 15;
-                    let hi = qh.map_or(0, |qh| (qh[l] >> j) & 1);
-                    codes.push((lo | (hi << 4)) as u16);
+                let q = &qs[32 * (j / 2)..][..32];
+                for ((c, &lo), &hi) in sub.iter_mut().zip(q).zip(qh) {
+                    *c = (((lo >> sh) & 15) | (((hi >> j) & 1) << 4)) as u16;
                 }
             }
             &b[..16]
         }
         DType::Q6_K => {
+            // Value 128 jj + 32 k + ll: the nibble (k >> 1) of ql[64 jj + 32 (k & 1) + ll] and
+            // bits 2 k of qh[32 jj + ll] above it.
             let (ql, qh) = (&b[..128], &b[128..192]);
-            for e in 0..256 {
-                let (jj, k, ll) = (e / 128, (e % 128) / 32, e % 32);
-                let lo = (ql[64 * jj + ll + 32 * (k & 1)] >> (4 * (k >> 1))) & 15;
-                let hi = (qh[32 * jj + ll] >> (2 * k)) & 3;
-                codes.push((lo | (hi << 4)) as u16);
+            for (i, sub) in codes.chunks_exact_mut(32).enumerate() {
+                let (jj, k) = (i / 4, i % 4);
+                let l = &ql[64 * jj + 32 * (k & 1)..][..32];
+                let h = &qh[32 * jj..][..32];
+                let (ls, hs) = (4 * (k >> 1), 2 * k);
+                for ((c, &lo), &hi) in sub.iter_mut().zip(l).zip(h) {
+                    *c = (((lo >> ls) & 15) | (((hi >> hs) & 3) << 4)) as u16;
+                }
             }
             &b[192..210]
         }
         _ => unreachable!("split_block: {dtype} has no tile format"),
+    }
+}
+
+/// The codes of row `r` of a tile row from its GGUF bytes `row` into `codes`, laid out by tile
+/// (`[col_tiles][16][kt]`: a tile's 16 rows of `kt` codes together; the columns past the row's
+/// values are left as they are), and its scale bytes per block, in GGUF order, into `heads`.
+fn row_codes<'a>(
+    dtype: DType,
+    (row, r): (&'a [u8], usize),
+    kt: usize,
+    codes: &mut [u16],
+    heads: &mut Vec<&'a [u8]>,
+) {
+    heads.clear();
+    let at = |col: usize| (col / kt) * 16 * kt + r * kt + col % kt;
+    if dtype.is_float() {
+        for (i, chunk) in row.chunks(2 * kt).enumerate() {
+            let out = &mut codes[at(i * kt)..][..chunk.len() / 2];
+            for (c, b) in out.iter_mut().zip(chunk.chunks_exact(2)) {
+                *c = u16::from_le_bytes([b[0], b[1]]);
+            }
+        }
+        return;
+    }
+    // A block's columns lie in one tile (the block size divides kt).
+    let bs = dtype.block_size();
+    for (i, b) in row.chunks_exact(dtype.block_bytes()).enumerate() {
+        heads.push(split_block(dtype, b, &mut codes[at(i * bs)..][..bs]));
     }
 }
 
@@ -183,28 +208,6 @@ fn join_block(dtype: DType, codes: &[u16], head: &[u8], out: &mut Vec<u8>) {
         }
         _ => unreachable!("join_block: {dtype} has no tile format"),
     }
-}
-
-fn row_codes(dtype: DType, row: &[u8], padded_cols: usize) -> RowCodes<'_> {
-    let bb = dtype.block_bytes();
-    let mut codes = Vec::with_capacity(padded_cols);
-    if dtype.is_float() {
-        codes.extend(
-            row.chunks_exact(2)
-                .map(|b| u16::from_le_bytes([b[0], b[1]])),
-        );
-        codes.resize(padded_cols, 0);
-        return RowCodes {
-            codes,
-            heads: Vec::new(),
-        };
-    }
-    let heads = row
-        .chunks_exact(bb)
-        .map(|b| split_block(dtype, b, &mut codes))
-        .collect();
-    codes.resize(padded_cols, 0);
-    RowCodes { codes, heads }
 }
 
 /// Where the code of value (step `s`, `lane`, register `r`, half `h`) of a tile lives: its low
@@ -296,14 +299,6 @@ fn each_slot(f: TileFormat, mut g: impl FnMut(usize, usize, usize, usize, usize,
     }
 }
 
-fn put_bits(tile: &mut [u8], (at, shift, bits): (usize, u32, u32), v: u16) {
-    if bits == 16 {
-        tile[at..at + 2].copy_from_slice(&v.to_le_bytes());
-    } else {
-        tile[at] |= ((v as u8) & ((1u16 << bits) - 1) as u8) << shift;
-    }
-}
-
 fn get_bits(tile: &[u8], (at, shift, bits): (usize, u32, u32)) -> u16 {
     if bits == 16 {
         u16::from_le_bytes([tile[at], tile[at + 1]])
@@ -312,50 +307,79 @@ fn get_bits(tile: &[u8], (at, shift, bits): (usize, u32, u32)) -> u16 {
     }
 }
 
-/// One value slot of a tile: the row and column (within the tile) of its value, and its [`spot`].
-struct Slot {
-    row: usize,
-    col: usize,
-    spot: Spot,
+/// One code's bits in a tile: `tile[at] |= ((code >> rshift) as u8 & mask) << lshift`, with
+/// `code` the tile's code at `src` = row * kt + column. A value's low bits and its bits above
+/// the nibble are a term each; a 16-bit float's two bytes are two. (Small fields: a tile's
+/// terms, up to 8,192, stay in the core's caches.)
+struct Term {
+    at: u16,
+    src: u16,
+    rshift: u8,
+    mask: u8,
+    lshift: u8,
 }
 
-/// Every slot of a `dtype` tile in [`each_slot`]'s order: the same for every tile, so a repack
-/// computes it once instead of a [`spot`] per value.
-fn slots(dtype: DType, f: TileFormat) -> Vec<Slot> {
-    let mut v = Vec::with_capacity(16 * f.kt);
+/// The terms of every value slot of a `dtype` tile, in [`each_slot`]'s order (each [`spot`]
+/// once for the whole repack).
+fn terms(dtype: DType, f: TileFormat) -> Vec<Term> {
+    let mut v = Vec::with_capacity(32 * f.kt);
     each_slot(f, |s, lane, r, h, row, col| {
-        v.push(Slot {
-            row,
-            col,
-            spot: spot(dtype, s, lane, r, h),
-        })
+        // Tiles are at most 3,360 bytes of 16 x 256 values: both fit 16 bits.
+        let src = (row * f.kt + col) as u16;
+        let sp = spot(dtype, s, lane, r, h);
+        let mut put = |(at, shift, bits): (usize, u32, u32), rshift: u8| {
+            let at = at as u16;
+            if bits == 16 {
+                v.push(Term {
+                    at,
+                    src,
+                    rshift: 0,
+                    mask: 0xff,
+                    lshift: 0,
+                });
+                v.push(Term {
+                    at: at + 1,
+                    src,
+                    rshift: 8,
+                    mask: 0xff,
+                    lshift: 0,
+                });
+            } else {
+                let mask = ((1u16 << bits) - 1) as u8;
+                v.push(Term {
+                    at,
+                    src,
+                    rshift,
+                    mask,
+                    lshift: shift as u8,
+                });
+            }
+        };
+        put(sp.lo, 0);
+        if let Some(hi) = sp.hi {
+            put(hi, 4);
+        }
     });
     v
 }
 
-/// Writes tile (rt, kt) from the codes and heads of its 16 rows (`None` = a padding row);
-/// `slots`: [`slots`] of the type.
+/// Writes tile (rt, kt) (zeroed before) from the codes of its 16 rows (`codes`: 16 x kt, zero
+/// in the padding rows and columns) and the heads of its `live` rows; `terms`: [`terms`] of the
+/// type.
 fn write_tile(
     dtype: DType,
-    f: TileFormat,
     kt: usize,
-    rows: &[Option<RowCodes>],
-    slots: &[Slot],
+    (codes, heads, live): (&[u16], &[Vec<&[u8]>], usize),
+    terms: &[Term],
     tile: &mut [u8],
 ) {
-    for sl in slots {
-        let Some(rc) = &rows[sl.row] else { continue };
-        let c = rc.codes[kt * f.kt + sl.col];
-        put_bits(tile, sl.spot.lo, c);
-        if let Some(hi) = sl.spot.hi {
-            put_bits(tile, hi, c >> 4);
-        }
+    for t in terms {
+        tile[t.at as usize] |= ((codes[t.src as usize] >> t.rshift) as u8 & t.mask) << t.lshift;
     }
     let hpt = heads_per_tile(dtype);
-    for (row, rc) in rows.iter().enumerate() {
-        let Some(rc) = rc else { continue };
+    for (row, rh) in heads.iter().enumerate().take(live) {
         for blk in 0..hpt {
-            let Some(head) = rc.heads.get(hpt * kt + blk) else {
+            let Some(head) = rh.get(hpt * kt + blk) else {
                 continue;
             };
             if dtype == DType::Q4_K {
@@ -431,6 +455,48 @@ pub fn interleave_glu(gate: &[u8], up: &[u8], ff: usize, row_bytes: usize) -> Re
     Ok(out)
 }
 
+/// One repack's constants: the GGUF rows in `src` and the tile terms of their type.
+struct Job<'a> {
+    dtype: DType,
+    f: TileFormat,
+    src: &'a [u8],
+    rows: usize,
+    row_bytes: usize,
+    padded: usize,
+    terms: Vec<Term>,
+}
+
+/// A worker's buffers: the 16 rows' codes by tile (`[col_tiles][16][kt]`, zero past a row's
+/// values and in the rows past the matrix) and their heads.
+type Scratch<'a> = (Vec<u16>, Vec<Vec<&'a [u8]>>);
+
+impl<'a> Job<'a> {
+    fn scratch(&self) -> Scratch<'a> {
+        (vec![0u16; 16 * self.padded], vec![Vec::new(); 16])
+    }
+
+    /// Tile row `rt` into `out` (zeroed).
+    fn fill(&self, (codes, heads): &mut Scratch<'a>, rt: usize, out: &mut [u8]) {
+        let live = self.rows.saturating_sub(rt * 16).min(16);
+        let kt = self.f.kt;
+        for (r, h) in heads.iter_mut().enumerate() {
+            if r < live {
+                let row = &self.src[(rt * 16 + r) * self.row_bytes..][..self.row_bytes];
+                row_codes(self.dtype, (row, r), kt, codes, h);
+            } else {
+                h.clear();
+                for tile in codes.chunks_exact_mut(16 * kt) {
+                    tile[r * kt..(r + 1) * kt].fill(0);
+                }
+            }
+        }
+        let tiles = out.chunks_exact_mut(self.f.tile_bytes);
+        for (kt, (tile, c)) in tiles.zip(codes.chunks_exact(16 * kt)).enumerate() {
+            write_tile(self.dtype, kt, (c, heads, live), &self.terms, tile);
+        }
+    }
+}
+
 /// Repacks `rows` x `cols` values of `dtype` stored as GGUF rows in `src`.
 pub fn repack(dtype: DType, src: &[u8], rows: usize, cols: usize) -> Result<Packed> {
     let f = tile_format(dtype)
@@ -451,23 +517,20 @@ pub fn repack(dtype: DType, src: &[u8], rows: usize, cols: usize) -> Result<Pack
     let padded = col_tiles * f.kt;
     let tile_row_bytes = col_tiles * f.tile_bytes;
     let mut data = vec![0u8; row_tiles * tile_row_bytes];
-    let slots = slots(dtype, f);
-    let fill = |(rt, out): (usize, &mut [u8])| {
-        let codes: Vec<Option<RowCodes>> = (0..16)
-            .map(|r| {
-                let row = rt * 16 + r;
-                (row < rows).then(|| row_codes(dtype, &src[row * row_bytes..][..row_bytes], padded))
-            })
-            .collect();
-        for (kt, tile) in out.chunks_exact_mut(f.tile_bytes).enumerate() {
-            write_tile(dtype, f, kt, &codes, &slots, tile);
-        }
+    let job = Job {
+        dtype,
+        f,
+        src,
+        rows,
+        row_bytes,
+        padded,
+        terms: terms(dtype, f),
     };
     {
         use rayon::prelude::*;
         data.par_chunks_mut(tile_row_bytes.max(1))
             .enumerate()
-            .for_each(fill);
+            .for_each_init(|| job.scratch(), |s, (rt, out)| job.fill(s, rt, out));
     }
     Ok(Packed {
         dtype,

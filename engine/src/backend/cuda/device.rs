@@ -435,6 +435,23 @@ impl Gpu {
             .map_err(|e| self.err(format!("upload of {bytes} bytes: {e:?}")))
     }
 
+    /// Uploads `parts` one after the other into one device buffer (an expert stack and a
+    /// folded shared expert: no host copy of the whole).
+    pub fn upload_parts(&self, parts: &[&[u8]]) -> Result<CudaSlice<u8>> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let mut buf = self.zeros::<u8>(total)?;
+        let mut at = 0;
+        for p in parts {
+            let mut dst = buf
+                .try_slice_mut(at..at + p.len())
+                .ok_or_else(|| self.err(format!("upload of part {at}..+{}", p.len())))?;
+            super::load_stats::uploading(p.len(), || self.stream.memcpy_htod(*p, &mut dst))
+                .map_err(|e| self.err(format!("upload of {} bytes: {e:?}", p.len())))?;
+            at += p.len();
+        }
+        Ok(buf)
+    }
+
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>> {
         self.stream.alloc_zeros(n.max(1)).map_err(|e| {
             self.err(format!(

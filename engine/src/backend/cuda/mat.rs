@@ -207,56 +207,62 @@ impl Products {
     /// stack), the pairs per step row (the experts per row), so that [`Products::reserve`]
     /// sizes their prepared activations; otherwise its input is the step's rows.
     pub fn upload_experts(&mut self, g: &Gpu, t: &Tensor, pairs: Option<usize>) -> Result<Mat> {
-        let (e, rows, cols) = match t.shape[..] {
-            [e, r, c] if e > 0 => (e, r, c),
-            _ => {
-                return Err(g.err(format!(
-                    "expert stack {} has shape {:?}, expected [experts, rows, cols]",
-                    t.name, t.shape
-                )));
-            }
+        self.upload_expert_parts(g, &[t], pairs)
+    }
+
+    /// [`Products::upload_experts`] for a stack given in parts: each a stack `[e, rows, cols]`
+    /// or one matrix `[rows, cols]` of the same type, their experts one after the other (a
+    /// folded shared expert after the routed ones) in one device buffer, with no host copy of
+    /// the whole stack.
+    pub fn upload_expert_parts(
+        &mut self,
+        g: &Gpu,
+        parts: &[&Tensor],
+        pairs: Option<usize>,
+    ) -> Result<Mat> {
+        let first = parts
+            .first()
+            .ok_or_else(|| g.err("an expert stack of no parts"))?;
+        let (rows, cols) = match first.shape[..] {
+            [_, r, c] | [r, c] => (r, c),
+            _ => (0, 0),
         };
+        let t = first;
         let row_bytes = t.row_bytes();
         let stored = rows * row_bytes;
-        if t.data.len() != e * stored {
-            return Err(g.err(format!(
-                "expert stack {}: {} bytes for {e} x {rows} rows of {row_bytes}",
-                t.name,
-                t.data.len()
-            )));
+        let mut e = 0;
+        for p in parts {
+            let n = match p.shape[..] {
+                [n, r, c] if n > 0 && (r, c) == (rows, cols) => n,
+                [r, c] if (r, c) == (rows, cols) && parts.len() > 1 => 1,
+                _ => 0,
+            };
+            if n == 0 || p.dtype != t.dtype || p.data.len() != n * stored {
+                return Err(g.err(format!(
+                    "expert stack {}: part {} ({:?} {:?}, {} bytes) is not [experts, {rows}, \
+                     {cols}] of {:?} in {row_bytes}-byte rows",
+                    t.name,
+                    p.name,
+                    p.dtype,
+                    p.shape,
+                    p.data.len(),
+                    t.dtype
+                )));
+            }
+            e += n;
         }
-        let (packed, data, stride) = if self.v2 && products::product_supports(t.dtype) {
-            // With whole 16-row tiles an expert's tiles are the stack's tile rows x * rows / 16
-            // onwards: the stack repacks as one matrix of e * rows rows (every tile row in
-            // parallel, no per-expert copy), the same bytes as expert by expert.
-            let (bytes, kp, col_tiles, stride) = super::load_stats::repacking(|| -> Result<_> {
-                if rows.is_multiple_of(16) {
-                    let p = repack(t.dtype, &t.data, e * rows, cols)?;
-                    let (kp, col_tiles, stride) = (p.padded_cols(), p.col_tiles, p.data.len() / e);
-                    return Ok((p.data, kp, col_tiles, stride));
-                }
-                let mut bytes = Vec::new();
-                let mut first = None;
-                for x in 0..e {
-                    let p = repack(t.dtype, &t.data[x * stored..(x + 1) * stored], rows, cols)?;
-                    if x == 0 {
-                        first = Some((p.padded_cols(), p.col_tiles, p.data.len()));
-                        bytes.reserve_exact(e * p.data.len());
-                    }
-                    bytes.extend_from_slice(&p.data);
-                }
-                let (kp, col_tiles, stride) =
-                    first.ok_or_else(|| g.err("expert stack without experts"))?;
-                Ok((bytes, kp, col_tiles, stride))
-            })?;
+        if self.v2 && products::product_supports(t.dtype) {
+            let tiles = super::load_stats::repacking(|| repack_parts(t.dtype, parts, rows, cols))?;
+            let (stride, kp) = (tiles.stride, tiles.kp);
+            let bytes: Vec<&[u8]> = tiles.parts.iter().map(|p| p.as_slice()).collect();
             let pm = PMat {
-                data: g.upload(&bytes)?,
+                data: g.upload_parts(&bytes)?,
                 dtype: t.dtype,
                 rows,
                 cols,
                 kp,
-                col_tiles,
-                nseg: self.profile.nseg(rows, col_tiles),
+                col_tiles: tiles.col_tiles,
+                nseg: self.profile.nseg(rows, tiles.col_tiles),
             };
             let kind = pm.act();
             match pairs {
@@ -286,19 +292,27 @@ impl Products {
                 }
                 _ => {}
             }
-            (Some(pm), None, stride)
-        } else {
-            (None, Some(g.upload(&t.data)?), stored)
-        };
+            return Ok(Mat {
+                data: None,
+                packed: Some(pm),
+                dtype: t.dtype,
+                rows,
+                cols,
+                row_bytes,
+                experts: e,
+                expert_stride: stride,
+            });
+        }
+        let bytes: Vec<&[u8]> = parts.iter().map(|p| &p.data[..]).collect();
         Ok(Mat {
-            data,
-            packed,
+            data: Some(g.upload_parts(&bytes)?),
+            packed: None,
             dtype: t.dtype,
             rows,
             cols,
             row_bytes,
             experts: e,
-            expert_stride: stride,
+            expert_stride: stored,
         })
     }
 
@@ -701,5 +715,113 @@ impl Products {
             m,
             table.cols,
         )
+    }
+}
+
+/// An expert stack in the tile layout, part by part ([`repack_parts`]).
+struct StackTiles {
+    parts: Vec<Vec<u8>>,
+    kp: usize,
+    col_tiles: usize,
+    /// Bytes from one expert to the next.
+    stride: usize,
+}
+
+/// The tile layout of an expert stack given in parts (each `[e, rows, cols]` or `[rows, cols]`
+/// of `dtype` in whole experts, checked by the caller), the experts' tiles one after the other
+/// across the parts. With whole 16-row tiles an expert's tiles are its part's tile rows
+/// x * rows / 16 onwards, so a part repacks as one matrix of e * rows rows (every tile row in
+/// parallel, no per-expert copy); otherwise expert by expert. The same bytes either way.
+fn repack_parts(dtype: DType, parts: &[&Tensor], rows: usize, cols: usize) -> Result<StackTiles> {
+    let mut out = StackTiles {
+        parts: Vec::with_capacity(parts.len()),
+        kp: 0,
+        col_tiles: 0,
+        stride: 0,
+    };
+    for p in parts {
+        let stored = rows * p.row_bytes();
+        let e = p.data.len().checked_div(stored).unwrap_or(0);
+        let bytes = if rows.is_multiple_of(16) {
+            let t = repack(dtype, &p.data, e * rows, cols)?;
+            (out.kp, out.col_tiles) = (t.padded_cols(), t.col_tiles);
+            out.stride = t.data.len() / e.max(1);
+            t.data
+        } else {
+            let mut bytes = Vec::new();
+            for x in 0..e {
+                let t = repack(dtype, &p.data[x * stored..(x + 1) * stored], rows, cols)?;
+                (out.kp, out.col_tiles, out.stride) = (t.padded_cols(), t.col_tiles, t.data.len());
+                bytes.reserve_exact(e * t.data.len());
+                bytes.extend_from_slice(&t.data);
+            }
+            bytes
+        };
+        out.parts.push(bytes);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic pseudo-random bytes (any bit pattern is a valid block to repack).
+    fn bytes(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect()
+    }
+
+    /// A stack in parts (routed experts, then a folded shared expert) gives the bytes of the
+    /// whole stack repacked expert by expert, whole 16-row tiles or not.
+    #[test]
+    fn a_stack_in_parts_repacks_as_the_whole_stack() {
+        for (dtype, rows, cols) in [
+            (DType::Q4_K, 32, 512),
+            (DType::Q6_K, 24, 256),
+            (DType::Q8_0, 16, 96),
+        ] {
+            let rb = dtype.bytes_for(cols as u64).unwrap() as usize;
+            let (e, stored) = (3, rows * rb);
+            let all = bytes((e + 1) * stored, rows as u64);
+            let stack = Tensor::new(
+                "s",
+                dtype,
+                vec![e, rows, cols],
+                Bytes::owned(all[..e * stored].to_vec()),
+            )
+            .unwrap();
+            let shared = Tensor::new(
+                "x",
+                dtype,
+                vec![rows, cols],
+                Bytes::owned(all[e * stored..].to_vec()),
+            )
+            .unwrap();
+            let got = repack_parts(dtype, &[&stack, &shared], rows, cols).unwrap();
+            let mut want = Vec::new();
+            for x in 0..=e {
+                let t = repack(dtype, &all[x * stored..(x + 1) * stored], rows, cols).unwrap();
+                assert_eq!(
+                    (got.kp, got.col_tiles, got.stride),
+                    (t.padded_cols(), t.col_tiles, t.data.len())
+                );
+                want.extend_from_slice(&t.data);
+            }
+            assert_eq!(got.parts.len(), 2);
+            assert!(got.parts.concat() == want, "{dtype} {rows} rows");
+            assert_eq!(
+                got.parts[1].len(),
+                got.stride,
+                "{dtype}: the shared expert is one expert"
+            );
+        }
     }
 }

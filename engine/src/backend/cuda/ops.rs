@@ -82,7 +82,7 @@ impl CudaOps {
 
     /// Uploads an expert stack of `e` experts for calls of `k` pairs a row, with the MoE
     /// scratch (grouped offsets and ticket, pair buffers) sized for the largest such call.
-    fn experts_for(&mut self, t: &Tensor, e: usize, k: usize) -> Result<Mat> {
+    fn experts_for(&mut self, parts: &[&Tensor], e: usize, k: usize) -> Result<Mat> {
         let (p, hidden) = self.moe_cfg.ok_or_else(|| {
             self.gpu
                 .err("expert weights for a model without expert parameters")
@@ -103,8 +103,11 @@ impl CudaOps {
             });
         }
         // The down stack ([E, hidden, f]) reads the (row, slot) pairs; gate and up the rows.
-        let pairs = (t.shape[1..] == [hidden, f]).then_some(k);
-        self.products.upload_experts(&self.gpu, t, pairs)
+        let first = parts
+            .first()
+            .ok_or_else(|| self.gpu.err("an expert stack of no parts"))?;
+        let pairs = (first.shape[1..] == [hidden, f]).then_some(k);
+        self.products.upload_expert_parts(&self.gpu, parts, pairs)
     }
 
     /// [`Ops::norm_moe`]; with `shared`, the stacks' last expert and `p`'s last slot are a
@@ -424,7 +427,7 @@ impl Ops for CudaOps {
             self.gpu
                 .err("expert weights for a model without expert parameters")
         })?;
-        self.experts_for(t, p.n_experts, p.n_used)
+        self.experts_for(&[t], p.n_experts, p.n_used)
     }
 
     fn fold_shared_expert(
@@ -450,12 +453,12 @@ impl Ops for CudaOps {
         rows.extend(gate.to_f32()?);
         let r = Tensor::from_f32(router.name.clone(), vec![e, hidden], &rows)?;
         let router = self.mat(&r)?;
-        let [g, u, d] = [0, 1, 2].map(|i| stacks[i].stacked(shared[i]));
+        // The shared expert after the routed ones, in the same device buffer.
         Ok(Some([
             router,
-            self.experts_for(&g?, e, k)?,
-            self.experts_for(&u?, e, k)?,
-            self.experts_for(&d?, e, k)?,
+            self.experts_for(&[stacks[0], shared[0]], e, k)?,
+            self.experts_for(&[stacks[1], shared[1]], e, k)?,
+            self.experts_for(&[stacks[2], shared[2]], e, k)?,
         ]))
     }
 
