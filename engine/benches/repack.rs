@@ -10,19 +10,7 @@ use std::time::Duration;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use memra_engine::quant::DType;
 use memra_engine::quant::repack::repack;
-
-/// Deterministic pseudo-random bytes: any bit pattern is a valid block to repack.
-fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
+use memra_engine::testing::pseudo_bytes;
 
 fn bench(c: &mut Criterion) {
     let (rows, cols) = (32 * 512, 2048);
@@ -37,7 +25,7 @@ fn bench(c: &mut Criterion) {
         DType::F16,
     ] {
         let rb = dtype.bytes_for(cols as u64).expect("whole blocks") as usize;
-        let src = bytes(rows * rb, 7);
+        let src = pseudo_bytes(rows * rb, 7);
         g.throughput(Throughput::Bytes(src.len() as u64));
         g.bench_function(format!("{dtype}"), |b| {
             b.iter(|| repack(dtype, black_box(&src), rows, cols).expect("repack"))

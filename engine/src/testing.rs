@@ -40,6 +40,20 @@ pub fn pseudo_normal(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// Deterministic pseudo-random bytes (xorshift): any bit pattern is a valid quantized block for a
+/// byte round trip (the repack, GGUF and expert-stack tests, the repack bench).
+pub fn pseudo_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        })
+        .collect()
+}
+
 /// A CPU backend over `w` with a small KV pool (2 threads, 64 blocks of 4 positions): the
 /// speculation tests' backend.
 pub fn small_cpu(w: crate::models::ModelWeights) -> crate::backend::cpu::CpuBackend {

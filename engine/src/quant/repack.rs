@@ -603,18 +603,7 @@ mod tests {
 
     use super::*;
 
-    /// Deterministic pseudo-random bytes (any bit pattern is a valid block for a byte round trip).
-    fn bytes(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
-            .collect()
-    }
+    use crate::testing::pseudo_bytes as bytes;
 
     /// An expert stack of whole 16-row tiles repacked as one matrix is its experts' repacks one
     /// after the other (the CUDA load repacks a stack in one call: backend/cuda/mat.rs

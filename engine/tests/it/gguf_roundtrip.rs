@@ -118,18 +118,7 @@ fn real_smollm2_file() {
 use memra_engine::Error;
 use memra_engine::formats::gguf_write::{GgufWriter, TensorData, write_gguf, write_gguf_split};
 
-/// Deterministic pseudo-random bytes.
-fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 24) as u8
-        })
-        .collect()
-}
+use memra_engine::testing::pseudo_bytes as bytes;
 
 fn all_types_meta() -> Vec<(String, MetaValue)> {
     use MetaValue::*;

@@ -766,19 +766,6 @@ fn repack_parts(dtype: DType, parts: &[&Tensor], rows: usize, cols: usize) -> Re
 mod tests {
     use super::*;
 
-    /// Deterministic pseudo-random bytes (any bit pattern is a valid block to repack).
-    fn bytes(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
-            .collect()
-    }
-
     /// A stack in parts (routed experts, then a folded shared expert) gives the bytes of the
     /// whole stack repacked expert by expert, whole 16-row tiles or not.
     #[test]
@@ -790,7 +777,7 @@ mod tests {
         ] {
             let rb = dtype.bytes_for(cols as u64).unwrap() as usize;
             let (e, stored) = (3, rows * rb);
-            let all = bytes((e + 1) * stored, rows as u64);
+            let all = crate::testing::pseudo_bytes((e + 1) * stored, rows as u64);
             let stack = Tensor::new(
                 "s",
                 dtype,
