@@ -752,7 +752,9 @@ fn repack_parts(dtype: DType, parts: &[&Tensor], rows: usize, cols: usize) -> Re
             for x in 0..e {
                 let t = repack(dtype, &p.data[x * stored..(x + 1) * stored], rows, cols)?;
                 (out.kp, out.col_tiles, out.stride) = (t.padded_cols(), t.col_tiles, t.data.len());
-                bytes.reserve_exact(e * t.data.len());
+                if x == 0 {
+                    bytes.reserve_exact(e * t.data.len());
+                }
                 bytes.extend_from_slice(&t.data);
             }
             bytes
