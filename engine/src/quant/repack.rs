@@ -320,7 +320,7 @@ struct Term {
 }
 
 /// The terms of every value slot of a `dtype` tile, in [`each_slot`]'s order (each [`spot`]
-/// once for the whole repack).
+/// once for the whole repack), but the low nibbles that [`write_nibbles`] writes.
 fn terms(dtype: DType, f: TileFormat) -> Vec<Term> {
     let mut v = Vec::with_capacity(32 * f.kt);
     each_slot(f, |s, lane, r, h, row, col| {
@@ -355,12 +355,43 @@ fn terms(dtype: DType, f: TileFormat) -> Vec<Term> {
                 });
             }
         };
-        put(sp.lo, 0);
+        if !nibbles(dtype) {
+            put(sp.lo, 0);
+        }
         if let Some(hi) = sp.hi {
             put(hi, 4);
         }
     });
     v
+}
+
+/// Whether `dtype`'s codes keep their low 4 bits in [`spot`]'s nibble planes (every tile format
+/// but Q8_0 and the floats).
+fn nibbles(dtype: DType) -> bool {
+    !matches!(dtype, DType::Q8_0 | DType::F16 | DType::BF16)
+}
+
+/// The nibble planes of a tile from its codes (`codes`: 16 rows of `kt`): [`spot`]'s `nib` as a
+/// loop. Byte (s / 4) 512 + 16 lane + 4 (s % 4) + j of step s (16 columns) holds the low nibbles
+/// of column 16 s + [0, 8, 1, 9][j] + 2 t of row g (bits 0-3) and row g + 8 (bits 4-7), lane =
+/// 4 g + t: the values i = 2 j and 2 j + 1 of the lane's m16n8k16 A fragment.
+fn write_nibbles(codes: &[u16], tile: &mut [u8]) {
+    const COL: [usize; 4] = [0, 8, 1, 9];
+    let kt = codes.len() / 16;
+    for s in 0..kt / 16 {
+        let base = (s / 4) * 512 + 4 * (s % 4);
+        for g in 0..8 {
+            let lo = &codes[g * kt + 16 * s..][..16];
+            let hi = &codes[(g + 8) * kt + 16 * s..][..16];
+            for t in 0..4 {
+                let out = &mut tile[base + (4 * g + t) * 16..][..4];
+                for (b, c) in out.iter_mut().zip(COL) {
+                    let c = c + 2 * t;
+                    *b = (lo[c] as u8 & 15) | ((hi[c] as u8 & 15) << 4);
+                }
+            }
+        }
+    }
 }
 
 /// Writes tile (rt, kt) (zeroed before) from the codes of its 16 rows (`codes`: 16 x kt, zero
@@ -373,6 +404,9 @@ fn write_tile(
     terms: &[Term],
     tile: &mut [u8],
 ) {
+    if nibbles(dtype) {
+        write_nibbles(codes, tile);
+    }
     for t in terms {
         tile[t.at as usize] |= ((codes[t.src as usize] >> t.rshift) as u8 & t.mask) << t.lshift;
     }
