@@ -99,6 +99,14 @@ impl Case {
     }
 }
 
+/// `n` random values in `[-scale, scale)` from stream `s` of `seed` (`models::random::unit`):
+/// the checks' inputs.
+pub fn rand_vec(seed: u64, s: u64, n: usize, scale: f32) -> Vec<f32> {
+    (0..n as u64)
+        .map(|i| scale * memra_engine::models::random::unit(seed, s, i))
+        .collect()
+}
+
 /// Whether `a` and `b` hold the same values bit for bit (and as many).
 pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())

@@ -18,11 +18,10 @@ use memra_engine::backend::cuda::delta::{conv1d_dims, delta_warps, plan_words};
 use memra_engine::backend::cuda::{Arg, Gpu, RopeKvArgs};
 use memra_engine::backend::state::{CONV_RING, RING, SeqPlan, StateBook};
 use memra_engine::backend::{KvDtype, StepBatch, StepRow};
-use memra_engine::models::random::unit;
 use memra_engine::ops::DeltaParams;
 use memra_engine::ops::rope::Rope;
 
-use crate::case::{Case, compare};
+use crate::case::{Case, compare, rand_vec};
 
 /// The delta rule against the CPU: `expf` / `log1pf` / `sqrtf` and the L2 norms' summation
 /// order differ, then the state carries the differences through every later position.
@@ -41,16 +40,12 @@ const SLOTS: [u32; 2] = [2, 0];
 const RERUN_SLOT: u32 = 5;
 const N_SLOTS: usize = 6;
 
-fn vals(seed: u64, s: u64, n: usize, scale: f32) -> Vec<f32> {
-    (0..n as u64).map(|i| scale * unit(seed, s, i)).collect()
-}
-
 /// The conv input and `[b a]` of (sequence, position): the same values in every step.
 fn row_inputs(seed: u64, p: &DeltaParams, seq: usize, pos: usize) -> (Vec<f32>, Vec<f32>) {
     let s = 4000 + 1000 * seq as u64 + pos as u64;
     (
-        vals(seed, s, p.conv_dim(), 1.0),
-        vals(seed, s + 500, 2 * p.n_v_heads, 2.0),
+        rand_vec(seed, s, p.conv_dim(), 1.0),
+        rand_vec(seed, s + 500, 2 * p.n_v_heads, 2.0),
     )
 }
 
@@ -164,9 +159,12 @@ fn delta_shape(g: &Gpu, seed: u64, p: DeltaParams, out: &mut Vec<Case>) -> Resul
         "k-heads={} v-heads={} hk={} hv={} kernel={}",
         p.n_k_heads, nv, p.head_k, p.head_v, p.conv_kernel
     );
-    let w = vals(seed, 3000, cd * p.conv_kernel, 0.5);
-    let a: Vec<f32> = vals(seed, 3001, nv, 0.5).iter().map(|v| -1.0 - v).collect();
-    let dt = vals(seed, 3002, nv, 0.5);
+    let w = rand_vec(seed, 3000, cd * p.conv_kernel, 0.5);
+    let a: Vec<f32> = rand_vec(seed, 3001, nv, 0.5)
+        .iter()
+        .map(|v| -1.0 - v)
+        .collect();
+    let dt = rand_vec(seed, 3002, nv, 0.5);
     let slot_floats = |per: usize| N_SLOTS * per;
     let bufs = [
         g.upload(&w)?,
@@ -282,8 +280,8 @@ fn delta_shape(g: &Gpu, seed: u64, p: DeltaParams, out: &mut Vec<Case>) -> Resul
 fn sigmoid_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     let (rows, width) = (5usize, 64usize);
     for gw in [1usize, 8, 64] {
-        let x = vals(seed, 3100, rows * width, 3.0);
-        let gates = vals(seed, 3101, rows * gw, 4.0);
+        let x = rand_vec(seed, 3100, rows * width, 3.0);
+        let gates = rand_vec(seed, 3101, rows * gw, 4.0);
         let (dx, dg) = (g.upload(&x)?, g.upload(&gates)?);
         g.sigmoid_mul(g.ptr(&dx), g.ptr(&dg), rows, width, gw)?;
         let mut want = x.clone();
@@ -314,9 +312,9 @@ fn partial_rope_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         sin.extend(s);
     }
     let pos: Vec<u32> = vec![0, 17, 63];
-    let q = vals(seed, 3200, rows * heads * hd, 1.0);
-    let k = vals(seed, 3201, rows * kv_heads * hd, 1.0);
-    let v = vals(seed, 3202, rows * kv_heads * hd, 1.0);
+    let q = rand_vec(seed, 3200, rows * heads * hd, 1.0);
+    let k = rand_vec(seed, 3201, rows * kv_heads * hd, 1.0);
+    let v = rand_vec(seed, 3202, rows * kv_heads * hd, 1.0);
     let rotated = |x: &[f32], w: usize| {
         let mut y = x.to_vec();
         for (r, row) in y.chunks_exact_mut(w).enumerate() {

@@ -16,10 +16,9 @@ use memra_engine::Result;
 use memra_engine::backend::KvDtype;
 use memra_engine::backend::cuda::Gpu;
 use memra_engine::backend::cuda::products::{ActBuf, ActKind};
-use memra_engine::models::random::unit;
 use memra_engine::ops::rope::Rope;
 
-use crate::case::{Case, bytes_of, same_bytes};
+use crate::case::{Case, bytes_of, rand_vec, same_bytes};
 use crate::rope_kv_run::{Heads, Table, rope_kv_bytes, tables};
 
 /// A case that passes when `got` and `want` have the same bits.
@@ -34,12 +33,6 @@ fn prepared(g: &Gpu, a: &ActBuf, m: usize) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-fn rand(seed: u64, stream: u64, n: usize, scale: f32) -> Vec<f32> {
-    (0..n as u64)
-        .map(|j| scale * unit(seed, stream, j))
-        .collect()
-}
-
 pub fn fused_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     rope_norm_cases(g, seed, out)?;
     norm_route_cases(g, seed, out)?;
@@ -50,10 +43,10 @@ pub fn fused_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     {
         let st = 31_000 + 10 * i as u64;
         let n = m * width;
-        let (o, x) = (rand(seed, st, n, 4.0), rand(seed, st + 1, n, 2.0));
+        let (o, x) = (rand_vec(seed, st, n, 4.0), rand_vec(seed, st + 1, n, 2.0));
         let (wp, w) = (
-            rand(seed, st + 2, width, 1.5),
-            rand(seed, st + 3, width, 1.5),
+            rand_vec(seed, st + 2, width, 1.5),
+            rand_vec(seed, st + 3, width, 1.5),
         );
         let kp = width.next_multiple_of(64);
         let (dwp, dw) = (g.upload(&wp)?, g.upload(&w)?);
@@ -100,7 +93,10 @@ pub fn fused_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             ));
         }
         // GeGLU prepared for a product: geglu_tanh then prepare_h16, against geglu_prep.
-        let (gv, uv) = (rand(seed, st + 4, n, 3.0), rand(seed, st + 5, n, 2.0));
+        let (gv, uv) = (
+            rand_vec(seed, st + 4, n, 3.0),
+            rand_vec(seed, st + 5, n, 2.0),
+        );
         let du = g.upload(&uv)?;
         let ug = g.upload(&gv)?;
         let ua = g.act_buf(ActKind::F16, m, kp, false)?;
@@ -178,15 +174,15 @@ fn norm_route_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         let st = 33_000 + 10 * i as u64;
         let r = Route { e, k, norm, shared };
         let (le, ks) = (r.logits(), r.slots());
-        let gw = rand(seed, st, width, 1.5);
-        let router = rand(seed, st + 1, le * width, 0.2);
+        let gw = rand_vec(seed, st, width, 1.5);
+        let router = rand_vec(seed, st + 1, le * width, 0.2);
         let (dg, dw) = (g.upload(&gw)?, g.upload(&router)?);
         let ticket = g.zeros::<u32>(1)?;
         let eps = 1e-6f32;
         // Rows up to 8 as its shared memory holds them (4 of 2048).
         let fits = |m: &usize| m * width * 4 <= memra_engine::backend::cuda::moe::NORM_ROUTE_SMEM;
         for m in [1usize, 3, 4, 8].into_iter().filter(fits) {
-            let x = rand(seed, st + 2 + m as u64, m * width, 2.0);
+            let x = rand_vec(seed, st + 2 + m as u64, m * width, 2.0);
             let dx = g.upload(&x)?;
             let kp = width.next_multiple_of(64);
             // `prep`: the fused launch also prepares h (bf16 for the 512-expert router), the
@@ -247,8 +243,8 @@ fn delta_tail_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         let st = 36_000 + 10 * i as u64;
         let (width, eps) = (group * heads, 1e-6f32);
         let n = m * width;
-        let (c, z) = (rand(seed, st, n, 3.0), rand(seed, st + 1, n, 4.0));
-        let dw = g.upload(&rand(seed, st + 2, group, 1.5))?;
+        let (c, z) = (rand_vec(seed, st, n, 3.0), rand_vec(seed, st + 1, n, 4.0));
+        let dw = g.upload(&rand_vec(seed, st + 2, group, 1.5))?;
         let kp = width.next_multiple_of(64);
         let shape = format!("M={m} width={width} group={group}");
         for kind in [ActKind::F16, ActKind::BF16] {
@@ -275,11 +271,11 @@ fn delta_tail_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         // The shared expert's output `s`, gated per row, into `o` and the residual `x`.
         let rows = m;
         let (s, o, x) = (
-            rand(seed, st + 3, n, 2.0),
-            rand(seed, st + 4, n, 2.0),
-            rand(seed, st + 5, n, 2.0),
+            rand_vec(seed, st + 3, n, 2.0),
+            rand_vec(seed, st + 4, n, 2.0),
+            rand_vec(seed, st + 5, n, 2.0),
         );
-        let gates = rand(seed, st + 6, rows, 4.0);
+        let gates = rand_vec(seed, st + 6, rows, 4.0);
         let dg = g.upload(&gates)?;
         let (us, uo, ux) = (g.upload(&s)?, g.upload(&o)?, g.upload(&x)?);
         g.sigmoid_mul(g.ptr(&us), g.ptr(&dg), rows, width, 1)?;

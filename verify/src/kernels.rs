@@ -5,18 +5,13 @@
 use memra_engine::backend::cpu::ops;
 use memra_engine::backend::cuda::Gpu;
 use memra_engine::config::Arch;
-use memra_engine::models::random::{splitmix, tiny_config, unit};
+use memra_engine::models::random::{splitmix, tiny_config};
 use memra_engine::ops::rope::Rope;
 use memra_engine::quant::{DType, dequantize_row, dot_row, quantize};
 use memra_engine::{Error, Result};
 
 use crate::case::compare;
-pub use crate::case::{Case, report};
-
-/// Fresh random values in `[-scale, scale)` for stream `s`.
-fn rand_vec(seed: u64, s: u64, n: usize, scale: f32) -> Vec<f32> {
-    (0..n as u64).map(|i| scale * unit(seed, s, i)).collect()
-}
+pub use crate::case::{Case, rand_vec, report};
 
 /// Relative tolerance per weight type. The kernels follow the CPU's operation order, so all are
 /// expected to be exact, except F32 (matmul_f32_rows: 8 K chunks, fma, a lane tree: the GPU's

@@ -20,12 +20,11 @@ use memra_engine::backend::cpu::moe::route;
 use memra_engine::backend::cuda::moe::{MoeBufs, Route, group_offsets_len};
 use memra_engine::backend::cuda::profile::Profile;
 use memra_engine::backend::cuda::{Gpu, Mat, Products};
-use memra_engine::models::random::unit;
 use memra_engine::ops::{Glu, MoeParams};
 use memra_engine::quant::{DType, dequantize_row, quantize};
 use memra_engine::weights::{Bytes, Tensor};
 
-use crate::case::{Case, compare};
+use crate::case::{Case, compare, rand_vec};
 use crate::products_check::product_tol;
 
 /// Router weights: relative error of the GPU's softmax (expf, its own summation order) and
@@ -70,14 +69,10 @@ fn sigmoid(g: f32) -> f32 {
 const M: usize = 37;
 const SUBS: [(usize, usize); 4] = [(0, 1), (13, 1), (36, 1), (3, 5)];
 
-fn vals(seed: u64, s: u64, n: usize, scale: f32) -> Vec<f32> {
-    (0..n as u64).map(|i| scale * unit(seed, s, i)).collect()
-}
-
 /// A random `[e, rows, cols]` stack in `dtype` and its dequantized values.
 fn stack(seed: u64, s: u64, dtype: DType, shape: [usize; 3]) -> Result<(Tensor, Vec<f32>)> {
     let [e, rows, cols] = shape;
-    let v = vals(seed, s, e * rows * cols, 0.5);
+    let v = rand_vec(seed, s, e * rows * cols, 0.5);
     let q = quantize(dtype, &v)?;
     let rb = q.len() / (e * rows);
     let mut d = vec![0f32; v.len()];
@@ -273,8 +268,8 @@ fn one_shape(
     let (mut prods, mats, [dg, du, dd]) =
         upload_stacks(g, profile, v2, (seed, s), dtype, [e, k, h, f])?;
     prods.reserve(g, M)?;
-    let x = vals(seed, s + 3, M * h, 1.0);
-    let logits = vals(seed, s + 4, M * e, 2.0);
+    let x = rand_vec(seed, s + 3, M * h, 1.0);
+    let logits = rand_vec(seed, s + 4, M * e, 2.0);
     let (dx, dr) = (g.upload(&x)?, g.upload(&logits)?);
     let sc = Scratch::new(
         M,
@@ -394,14 +389,14 @@ fn grouped_shape(
     let rows_max = GROUP_ROWS.iter().copied().max().unwrap_or(1);
     prods.reserve(g, rows_max)?;
     let w = [&mats[0], &mats[1], &mats[2]];
-    let x = vals(seed, s + 3, rows_max * h, 1.0);
+    let x = rand_vec(seed, s + 3, rows_max * h, 1.0);
     let dx = g.upload(&x)?;
     let dims = [e, k, h, f];
     let sc = Scratch::new(rows_max, dims, |n| g.zeros::<f32>(n), |n| g.zeros::<u32>(n))?;
     let mut cases = Vec::new();
     for (ri, routing) in ROUTINGS.into_iter().enumerate() {
         for &m in &GROUP_ROWS {
-            let mut logits = vals(seed, s + 4 + ri as u64, m * e, 2.0);
+            let mut logits = rand_vec(seed, s + 4 + ri as u64, m * e, 2.0);
             for (i, l) in logits.iter_mut().enumerate() {
                 match routing {
                     Routing::First if i % e < k => *l += 40.0,
@@ -501,7 +496,7 @@ fn route_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     for (i, &(e, k, norm, shared)) in widths.iter().enumerate() {
         let r = Route { e, k, norm, shared };
         let (le, ks) = (r.logits(), r.slots());
-        let logits = vals(seed, 22_000 + i as u64, ROWS * le, 3.0);
+        let logits = rand_vec(seed, 22_000 + i as u64, ROWS * le, 3.0);
         let dl = g.upload(&logits)?;
         let (ids, wts) = (g.zeros::<u32>(ROWS * ks)?, g.zeros::<f32>(ROWS * ks)?);
         g.fill(g.ptr(&wts), f32::NAN, ROWS * ks)?;

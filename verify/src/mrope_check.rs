@@ -9,10 +9,10 @@ use memra_engine::Result;
 use memra_engine::backend::KvDtype;
 use memra_engine::backend::cpu::ops;
 use memra_engine::backend::cuda::{Gpu, RopePos};
-use memra_engine::models::random::{splitmix, unit};
+use memra_engine::models::random::splitmix;
 use memra_engine::ops::rope::{Rope, Sections};
 
-use crate::case::{Case, bytes_of, compare, same_bytes};
+use crate::case::{Case, bytes_of, compare, rand_vec, same_bytes};
 use crate::rope_kv_run::{Heads, Table, rope_kv_bytes, tables};
 
 /// A case that passes when `got` and `want` have the same bits.
@@ -22,12 +22,6 @@ fn same_bits(name: &str, shape: String, got: &[u8], want: &[u8]) -> Case {
 
 /// Table positions.
 const LEN: u32 = 256;
-
-fn rand(seed: u64, stream: u64, n: usize, scale: f32) -> Vec<f32> {
-    (0..n as u64)
-        .map(|j| scale * unit(seed, stream, j))
-        .collect()
-}
 
 /// Qwen2-VL's contiguous and Qwen3-VL's interleaved sections over `half` pairs (the real
 /// models' proportions: [16, 24, 24] and [24, 20, 20] of 64).
@@ -66,7 +60,7 @@ fn rope_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             let (cos, sin) = tables(&rope, LEN);
             let st = 40_000 + 10 * i as u64 + u64::from(s.interleaved);
             let pos3 = triples(seed, st, rows);
-            let x = rand(seed, st + 5, rows * heads * hd, 1.0);
+            let x = rand_vec(seed, st + 5, rows * heads * hd, 1.0);
             let mut want = x.clone();
             for (r, row) in want.chunks_exact_mut(heads * hd).enumerate() {
                 let (c, sn) = rope.cos_sin_at(pos3[r]);

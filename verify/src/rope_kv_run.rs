@@ -6,10 +6,9 @@
 use memra_engine::Result;
 use memra_engine::backend::KvDtype;
 use memra_engine::backend::cuda::{Gpu, RopeKvArgs, RopePos};
-use memra_engine::models::random::unit;
 use memra_engine::ops::rope::Rope;
 
-use crate::case::bytes_of;
+use crate::case::{bytes_of, rand_vec};
 
 /// The heads' norm epsilon.
 const EPS: f32 = 1e-6;
@@ -40,17 +39,15 @@ impl Heads {
     /// `st + 4` (the q and k norms, scale 1.5).
     pub fn random(seed: u64, st: u64, dims: Dims) -> Heads {
         let (rows, heads, kv_heads, hd, _) = dims;
-        let rand = |stream: u64, n: usize, scale: f32| -> Vec<f32> {
-            (0..n as u64)
-                .map(|j| scale * unit(seed, stream, j))
-                .collect()
-        };
         Heads {
             dims,
-            q: rand(st, rows * heads * hd, 3.0),
-            k: rand(st + 1, rows * kv_heads * hd, 3.0),
-            v: rand(st + 2, rows * kv_heads * hd, 3.0),
-            norms: [rand(st + 3, hd, 1.5), rand(st + 4, hd, 1.5)],
+            q: rand_vec(seed, st, rows * heads * hd, 3.0),
+            k: rand_vec(seed, st + 1, rows * kv_heads * hd, 3.0),
+            v: rand_vec(seed, st + 2, rows * kv_heads * hd, 3.0),
+            norms: [
+                rand_vec(seed, st + 3, hd, 1.5),
+                rand_vec(seed, st + 4, hd, 1.5),
+            ],
         }
     }
 }

@@ -27,9 +27,8 @@ use memra_engine::backend::cuda::Gpu;
 use memra_engine::backend::cuda::vision_kernels::{
     Epilogue, HEAD_DIMS, Product, TowerKernels, half_qkv_len, padded_head, padded_k,
 };
-use memra_engine::models::random::unit;
 
-use crate::case::{Case, compare};
+use crate::case::{Case, compare, rand_vec};
 
 /// The f32 kernels (LayerNorm) against float64: a few ulps (expf / tanhf are the GPU's own).
 pub const VIT_TOL: f64 = 1e-5;
@@ -46,10 +45,6 @@ pub const ATT_TOL: f64 = 5e-4;
 
 fn f16r(v: f32) -> f32 {
     half::f16::from_f32(v).to_f32()
-}
-
-fn rand(seed: u64, s: u64, n: usize, scale: f32) -> Vec<f32> {
-    (0..n as u64).map(|i| scale * unit(seed, s, i)).collect()
 }
 
 fn gelu(x: f64) -> f64 {
@@ -121,10 +116,10 @@ fn product_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
     let k = TowerKernels { dev: g };
     for (i, &(m, n, kk)) in PRODUCTS.iter().enumerate() {
         let st = 60_000 + 10 * i as u64;
-        let x = rand(seed, st, m * kk, 1.0);
-        let wf = rand(seed, st + 1, n * kk, 1.0 / (kk as f32).sqrt());
-        let bias = rand(seed, st + 2, n, 0.5);
-        let y0 = rand(seed, st + 3, m * n, 2.0);
+        let x = rand_vec(seed, st, m * kk, 1.0);
+        let wf = rand_vec(seed, st + 1, n * kk, 1.0 / (kk as f32).sqrt());
+        let bias = rand_vec(seed, st + 2, n, 0.5);
+        let y0 = rand_vec(seed, st + 3, m * n, 2.0);
         // The weights as the tower uploads them: f16 rows padded with zeros to kp.
         let kp = padded_k(kk);
         let mut wh = vec![0u16; n * kp];
@@ -216,13 +211,13 @@ fn layer_norm_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         .enumerate()
     {
         let st = 61_000 + 10 * i as u64;
-        let x: Vec<f32> = rand(seed, st, rows * width, 3.0)
+        let x: Vec<f32> = rand_vec(seed, st, rows * width, 3.0)
             .iter()
             .map(|v| v + 1.5)
             .collect();
         let (w, b) = (
-            rand(seed, st + 1, width, 1.0),
-            rand(seed, st + 2, width, 0.5),
+            rand_vec(seed, st + 1, width, 1.0),
+            rand_vec(seed, st + 2, width, 0.5),
         );
         let mut want = vec![0f32; rows * width];
         for (o, r) in want.chunks_exact_mut(width).zip(x.chunks_exact(width)) {
@@ -346,7 +341,7 @@ fn attention_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         for (n, heads) in [(1usize, 1usize), (17, 3), (130, 2), (300, 1)] {
             st += 1;
             let wd = heads * d;
-            let qkv = rand(seed, st, n * 3 * wd, 2.0);
+            let qkv = rand_vec(seed, st, n * 3 * wd, 2.0);
             let mut want = vec![0f32; n * wd];
             for i in 0..n {
                 for h in 0..heads {
@@ -385,7 +380,7 @@ fn pool_patch_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         .iter()
         .enumerate()
     {
-        let x = rand(seed, 63_000 + i as u64, grid * grid * width, 2.0);
+        let x = rand_vec(seed, 63_000 + i as u64, grid * grid * width, 2.0);
         let side = grid / pool;
         let inv = 1.0 / (pool * pool) as f32;
         let mut want = vec![0f32; side * side * width];
@@ -409,7 +404,7 @@ fn pool_patch_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         out.push(compare("vit_pool", shape, &g.download(&dy)?, &want, 0.0));
     }
     for (i, &(size, patch)) in [(64usize, 8usize), (42, 14), (896, 14)].iter().enumerate() {
-        let px = rand(seed, 63_100 + i as u64, 3 * size * size, 1.0);
+        let px = rand_vec(seed, 63_100 + i as u64, 3 * size * size, 1.0);
         let gs = size / patch;
         let per = 3 * patch * patch;
         let mut want = vec![0f32; gs * gs * per];
@@ -442,8 +437,8 @@ fn qwen_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         .iter()
         .enumerate()
     {
-        let px = rand(seed, 64_000 + i as u64, 3 * w * h, 1.0);
-        let px1 = rand(seed, 64_050 + i as u64, 3 * w * h, 1.0);
+        let px = rand_vec(seed, 64_000 + i as u64, 3 * w * h, 1.0);
+        let px1 = rand_vec(seed, 64_050 + i as u64, 3 * w * h, 1.0);
         let (gw, gh) = (w / patch, h / patch);
         let rows = gw * gh;
         let per = 3 * patch * patch;
@@ -494,8 +489,8 @@ fn qwen_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
         .enumerate()
     {
         let wd = heads * d;
-        let qkv = rand(seed, 64_100 + i as u64, rows * 3 * wd, 2.0);
-        let table = rand(seed, 64_150 + i as u64, rows * d, 1.0);
+        let qkv = rand_vec(seed, 64_100 + i as u64, rows * 3 * wd, 2.0);
+        let table = rand_vec(seed, 64_150 + i as u64, rows * d, 1.0);
         let half = d / 2;
         let mut want = qkv.clone();
         for r in 0..rows {
@@ -526,7 +521,7 @@ fn qwen_cases(g: &Gpu, seed: u64, out: &mut Vec<Case>) -> Result<()> {
             st += 1;
             let n: usize = sizes.iter().sum();
             let wd = heads * d;
-            let qkv = rand(seed, st, n * 3 * wd, 2.0);
+            let qkv = rand_vec(seed, st, n * 3 * wd, 2.0);
             let (mut tiles, mut win) = (Vec::new(), Vec::new());
             let mut k0 = 0;
             for &sz in sizes {
