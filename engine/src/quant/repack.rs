@@ -525,8 +525,8 @@ impl<'a> Job<'a> {
             }
         }
         let tiles = out.chunks_exact_mut(self.f.tile_bytes);
-        for (kt, (tile, c)) in tiles.zip(codes.chunks_exact(16 * kt)).enumerate() {
-            write_tile(self.dtype, kt, (c, heads, live), &self.terms, tile);
+        for (i, (tile, c)) in tiles.zip(codes.chunks_exact(16 * kt)).enumerate() {
+            write_tile(self.dtype, i, (c, heads, live), &self.terms, tile);
         }
     }
 }
@@ -641,7 +641,7 @@ mod tests {
 
     /// An expert stack of whole 16-row tiles repacked as one matrix is its experts' repacks one
     /// after the other (the CUDA load repacks a stack in one call: backend/cuda/mat.rs
-    /// `upload_experts`).
+    /// `repack_parts`).
     #[test]
     fn a_stack_of_whole_tiles_repacks_as_its_experts_one_after_the_other() {
         for (dtype, cols) in [

@@ -220,17 +220,17 @@ impl Products {
         parts: &[&Tensor],
         pairs: Option<usize>,
     ) -> Result<Mat> {
-        let first = parts
+        let t = parts
             .first()
             .ok_or_else(|| g.err("an expert stack of no parts"))?;
-        let (rows, cols) = match first.shape[..] {
+        let (rows, cols) = match t.shape[..] {
             [_, r, c] | [r, c] => (r, c),
             _ => (0, 0),
         };
-        let t = first;
         let row_bytes = t.row_bytes();
         let stored = rows * row_bytes;
-        let mut e = 0;
+        // Each part's bytes and experts.
+        let mut each = Vec::with_capacity(parts.len());
         for p in parts {
             let n = match p.shape[..] {
                 [n, r, c] if n > 0 && (r, c) == (rows, cols) => n,
@@ -249,10 +249,11 @@ impl Products {
                     t.dtype
                 )));
             }
-            e += n;
+            each.push((&p.data[..], n));
         }
+        let e = each.iter().map(|&(_, n)| n).sum();
         if self.v2 && products::product_supports(t.dtype) {
-            let tiles = super::load_stats::repacking(|| repack_parts(t.dtype, parts, rows, cols))?;
+            let tiles = super::load_stats::repacking(|| repack_parts(t.dtype, &each, rows, cols))?;
             let (stride, kp) = (tiles.stride, tiles.kp);
             let bytes: Vec<&[u8]> = tiles.parts.iter().map(|p| p.as_slice()).collect();
             let pm = PMat {
@@ -303,7 +304,7 @@ impl Products {
                 expert_stride: stride,
             });
         }
-        let bytes: Vec<&[u8]> = parts.iter().map(|p| &p.data[..]).collect();
+        let bytes: Vec<&[u8]> = each.iter().map(|&(b, _)| b).collect();
         Ok(Mat {
             data: Some(g.upload_parts(&bytes)?),
             packed: None,
@@ -727,30 +728,34 @@ struct StackTiles {
     stride: usize,
 }
 
-/// The tile layout of an expert stack given in parts (each `[e, rows, cols]` or `[rows, cols]`
-/// of `dtype` in whole experts, checked by the caller), the experts' tiles one after the other
+/// The tile layout of an expert stack given in parts (each the GGUF bytes of `e` experts of
+/// `rows` x `cols` of `dtype`, checked by the caller), the experts' tiles one after the other
 /// across the parts. With whole 16-row tiles an expert's tiles are its part's tile rows
 /// x * rows / 16 onwards, so a part repacks as one matrix of e * rows rows (every tile row in
 /// parallel, no per-expert copy); otherwise expert by expert. The same bytes either way.
-fn repack_parts(dtype: DType, parts: &[&Tensor], rows: usize, cols: usize) -> Result<StackTiles> {
+fn repack_parts(
+    dtype: DType,
+    parts: &[(&[u8], usize)],
+    rows: usize,
+    cols: usize,
+) -> Result<StackTiles> {
     let mut out = StackTiles {
         parts: Vec::with_capacity(parts.len()),
         kp: 0,
         col_tiles: 0,
         stride: 0,
     };
-    for p in parts {
-        let stored = rows * p.row_bytes();
-        let e = p.data.len().checked_div(stored).unwrap_or(0);
+    for &(data, e) in parts {
+        let stored = data.len() / e.max(1);
         let bytes = if rows.is_multiple_of(16) {
-            let t = repack(dtype, &p.data, e * rows, cols)?;
+            let t = repack(dtype, data, e * rows, cols)?;
             (out.kp, out.col_tiles) = (t.padded_cols(), t.col_tiles);
             out.stride = t.data.len() / e.max(1);
             t.data
         } else {
             let mut bytes = Vec::new();
             for x in 0..e {
-                let t = repack(dtype, &p.data[x * stored..(x + 1) * stored], rows, cols)?;
+                let t = repack(dtype, &data[x * stored..(x + 1) * stored], rows, cols)?;
                 (out.kp, out.col_tiles, out.stride) = (t.padded_cols(), t.col_tiles, t.data.len());
                 if x == 0 {
                     bytes.reserve_exact(e * t.data.len());
@@ -780,21 +785,8 @@ mod tests {
             let rb = dtype.bytes_for(cols as u64).unwrap() as usize;
             let (e, stored) = (3, rows * rb);
             let all = crate::testing::pseudo_bytes((e + 1) * stored, rows as u64);
-            let stack = Tensor::new(
-                "s",
-                dtype,
-                vec![e, rows, cols],
-                Bytes::owned(all[..e * stored].to_vec()),
-            )
-            .unwrap();
-            let shared = Tensor::new(
-                "x",
-                dtype,
-                vec![rows, cols],
-                Bytes::owned(all[e * stored..].to_vec()),
-            )
-            .unwrap();
-            let got = repack_parts(dtype, &[&stack, &shared], rows, cols).unwrap();
+            let (stack, shared) = all.split_at(e * stored);
+            let got = repack_parts(dtype, &[(stack, e), (shared, 1)], rows, cols).unwrap();
             let mut want = Vec::new();
             for x in 0..=e {
                 let t = repack(dtype, &all[x * stored..(x + 1) * stored], rows, cols).unwrap();
